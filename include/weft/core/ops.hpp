@@ -1,0 +1,64 @@
+#pragma once
+// Reduction operators. An operator is any callable a(acc, acc) -> acc on the element type's
+// accumulation type (float for half and bfloat16). Like NCCL and MPI, weft assumes operators
+// are commutative and associative; it fixes the order of every reduction, so all ranks get
+// bitwise identical results even where rounding makes the order matter.
+#include <weft/core/config.hpp>
+#include <weft/core/types.hpp>
+
+#include <concepts>
+#include <string_view>
+#include <type_traits>
+
+namespace weft::op {
+
+struct sum {
+  static constexpr std::string_view name = "sum";
+  template <class A>
+  WEFT_HOST_DEVICE constexpr A operator()(A a, A b) const { return a + b; }
+};
+struct prod {
+  static constexpr std::string_view name = "prod";
+  template <class A>
+  WEFT_HOST_DEVICE constexpr A operator()(A a, A b) const { return a * b; }
+};
+struct min {
+  static constexpr std::string_view name = "min";
+  template <class A>
+  WEFT_HOST_DEVICE constexpr A operator()(A a, A b) const { return b < a ? b : a; }
+};
+struct max {
+  static constexpr std::string_view name = "max";
+  template <class A>
+  WEFT_HOST_DEVICE constexpr A operator()(A a, A b) const { return a < b ? b : a; }
+};
+/// Sum, then divide by the number of ranks (integer division for integer types), like ncclAvg.
+struct avg : sum {
+  static constexpr std::string_view name = "avg";
+};
+
+} // namespace weft::op
+
+namespace weft {
+
+/// Op reduces elements of T: callable on T's accumulation type.
+template <class Op, class T>
+concept reduction_for = element<T> && std::copy_constructible<Op> &&
+    requires(const Op& op, accumulate_t<T> a) {
+      { op(a, a) } -> std::convertible_to<accumulate_t<T>>;
+    };
+
+template <class Op>
+inline constexpr bool is_average_v = std::is_base_of_v<op::avg, Op>;
+
+/// The printable name of an operator: its `name` member, or "user" for a user functor.
+template <class Op>
+constexpr std::string_view op_name() {
+  if constexpr (requires { Op::name; }) {
+    return Op::name;
+  } else {
+    return "user";
+  }
+}
+
+} // namespace weft
