@@ -1,0 +1,93 @@
+#pragma once
+// direct: every rank reads its peers' buffers itself (load/store access, as over NVLink or
+// shared memory). Needs a transport with the peer_access capability.
+//
+//   two-shot all-reduce (large):      one-shot all-reduce (small):
+//     sync                              sync
+//     rank r reduces block r of         every rank reduces everything from all
+//     every rank's input -> its out     inputs into scratch
+//     sync                              sync
+//     rank r loads block s from rank s  copy scratch -> out
+//     sync                              (in place, a rank may not overwrite its input
+//                                        while peers still read it, hence scratch)
+// Reductions run over the ranks in rank order, so every rank computes bitwise the same value.
+#include <weft/comm/algorithm/generator.hpp>
+
+#include <numeric>
+
+namespace weft::algo {
+
+struct direct {
+  static constexpr std::string_view name = "direct";
+  /// All-reduces of at most this many bytes take the one-shot path.
+  static constexpr std::size_t one_shot_bytes = 16 * 1024;
+
+  static constexpr bool serves(collective) { return true; }
+
+  static plan make_plan(const plan_request& q) {
+    detail::check_request(q, name);
+    plan pl(q);
+    const int p = q.size;
+    const int r = q.rank;
+    const std::size_t n = q.count;
+    if (p == 1) {
+      local_only(pl, q);
+      return pl;
+    }
+    std::vector<int> everyone(static_cast<std::size_t>(p));
+    std::iota(everyone.begin(), everyone.end(), 0);
+    const int all = pl.add_group(everyone);
+    pl.sync(all);
+    switch (q.coll) {
+      case collective::all_reduce:
+        if (n * q.element_size <= one_shot_bytes) {
+          pl.need_scratch(n);
+          pl.load_reduce(all, buffer::input, 0, buffer::scratch, 0, n);
+          pl.sync(all);
+          pl.copy(buffer::scratch, 0, buffer::output, 0, n);
+          return pl;
+        } else {
+          const auto mine = detail::split_block(n, static_cast<std::size_t>(p), static_cast<std::size_t>(r));
+          pl.load_reduce(all, buffer::input, mine.begin, buffer::output, mine.begin, mine.count);
+          pl.sync(all);
+          for (int k = 1; k < p; ++k) {
+            const int s = (r + k) % p;  // staggered, so ranks do not all read rank 0 first
+            const auto b = detail::split_block(n, static_cast<std::size_t>(p), static_cast<std::size_t>(s));
+            pl.load(s, buffer::output, b.begin, buffer::output, b.begin, b.count);
+          }
+        }
+        break;
+      case collective::reduce_scatter:
+        pl.load_reduce(all, buffer::input, static_cast<std::size_t>(r) * n, buffer::output, 0, n);
+        break;
+      case collective::all_gather:
+        for (int k = 0; k < p; ++k) {
+          const int s = (r + k) % p;
+          pl.load(s, buffer::input, 0, buffer::output, static_cast<std::size_t>(s) * n, n);
+        }
+        break;
+      case collective::broadcast:
+        if (r != q.root) pl.load(q.root, buffer::output, 0, buffer::output, 0, n);
+        break;
+      case collective::reduce:
+        if (r == q.root) pl.load_reduce(all, buffer::input, 0, buffer::output, 0, n);
+        break;
+      case collective::all_to_all:
+        for (int k = 0; k < p; ++k) {
+          const int s = (r + k) % p;
+          pl.load(s, buffer::input, static_cast<std::size_t>(r) * n, buffer::output, static_cast<std::size_t>(s) * n, n);
+        }
+        break;
+    }
+    pl.sync(all);
+    return pl;
+  }
+
+private:
+  // One rank: every collective is a copy from input to output (broadcast: nothing).
+  static void local_only(plan& pl, const plan_request& q) {
+    if (q.coll != collective::broadcast) pl.copy(buffer::input, 0, buffer::output, 0, q.count);
+  }
+};
+
+} // namespace weft::algo

@@ -1,0 +1,64 @@
+#pragma once
+// Element-wise kernels on host memory. Each element is combined in the operator's
+// accumulation type and rounded once, so half and bfloat16 sum in float.
+#include <weft/core/config.hpp>
+#include <weft/core/ops.hpp>
+#include <weft/core/types.hpp>
+
+#include <cstddef>
+#include <cstring>
+
+namespace weft::detail {
+
+template <class T, class Op>
+WEFT_HOST_DEVICE inline T combine(const Op& op, T a, T b) {
+  using A = accumulate_t<T>;
+  return static_cast<T>(op(static_cast<A>(a), static_cast<A>(b)));
+}
+
+template <class T>
+inline void copy_n(T* dst, const T* src, std::size_t n) {
+  if (n != 0 && dst != src) std::memmove(dst, src, n * sizeof(T));
+}
+
+/// dst[i] = a[i] op b[i]; dst may alias a or b.
+template <class T, class Op>
+inline void reduce2(T* dst, const T* a, const T* b, std::size_t n, const Op& op) {
+  for (std::size_t i = 0; i < n; ++i) dst[i] = combine(op, a[i], b[i]);
+}
+
+/// dst[i] = src[0][i] op src[1][i] op ... op src[k-1][i], left to right, accumulated and rounded
+/// once. dst may alias any source (each element is read before it is written).
+template <class T, class Op>
+inline void reduce_many(T* dst, const T* const* src, std::size_t k, std::size_t n, const Op& op) {
+  using A = accumulate_t<T>;
+  if (k == 0) return;
+  if (k == 1) {
+    copy_n(dst, src[0], n);
+    return;
+  }
+  constexpr std::size_t tile = 1024;  // keeps the accumulators in L1 across sources
+  A acc[tile];
+  for (std::size_t base = 0; base < n; base += tile) {
+    const std::size_t m = n - base < tile ? n - base : tile;
+    const T* s0 = src[0] + base;
+    const T* s1 = src[1] + base;
+    for (std::size_t i = 0; i < m; ++i) acc[i] = op(static_cast<A>(s0[i]), static_cast<A>(s1[i]));
+    for (std::size_t j = 2; j < k; ++j) {
+      const T* sj = src[j] + base;
+      for (std::size_t i = 0; i < m; ++i) acc[i] = op(acc[i], static_cast<A>(sj[i]));
+    }
+    T* d = dst + base;
+    for (std::size_t i = 0; i < m; ++i) d[i] = static_cast<T>(acc[i]);
+  }
+}
+
+/// The avg operator's last step: divide by the number of ranks, in the accumulation type.
+template <class T>
+inline void divide(T* data, std::size_t n, int ranks) {
+  using A = accumulate_t<T>;
+  const A d = static_cast<A>(ranks);
+  for (std::size_t i = 0; i < n; ++i) data[i] = static_cast<T>(static_cast<A>(data[i]) / d);
+}
+
+} // namespace weft::detail

@@ -1,0 +1,243 @@
+#pragma once
+// The schedule IR. A collective algorithm does not move bytes: for one rank of one call it
+// emits a plan, a list of steps over element ranges of three buffers (the caller's input
+// and output, and a scratch buffer the plan sizes), addressed to peers. A transport runs a
+// plan over real memory; the simulator prices it; tests run every rank's plan on a serial
+// model. Plans count elements and never name the element type, so they are built once per
+// key and shared by every type.
+//
+// Execution model, which every transport implements:
+//   - Steps are grouped into rounds. At the start of a round the rank posts all of the
+//     round's sends; then it runs the round's other steps in order; the round ends when
+//     its receives are done and its sends have been consumed by their receivers. So the
+//     source range of a send must stay unchanged until the round ends, and a round may
+//     send and receive in both directions without deadlock.
+//   - Messages between one pair of ranks match in order (MPI's non-overtaking rule).
+//   - `load` and `load_reduce` read a peer's buffer directly (peer_access plans only).
+//     A `sync` among the plan's group makes the peers' writes before it visible after it.
+//     Peer-access plans start and end with a sync over every rank that reads from them.
+//   - Reductions follow a fixed order, so all ranks get bitwise identical results.
+#include <weft/core/error.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace weft {
+
+enum class collective : std::uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all };
+
+constexpr std::string_view name_of(collective c) noexcept {
+  switch (c) {
+    case collective::all_reduce: return "all_reduce";
+    case collective::reduce_scatter: return "reduce_scatter";
+    case collective::all_gather: return "all_gather";
+    case collective::broadcast: return "broadcast";
+    case collective::reduce: return "reduce";
+    case collective::all_to_all: return "all_to_all";
+  }
+  return "?";
+}
+
+/// Which buffer a step addresses. Buffer sizes, in elements, for a call of `count` on p ranks:
+///   all_reduce       input count,     output count     (input may alias output: in place)
+///   reduce_scatter   input count*p,   output count     (output = reduced block `rank`)
+///   all_gather       input count,     output count*p   (block r of output = rank r's input)
+///   broadcast        input = output,  output count     (root's output holds the data)
+///   reduce           input count,     output count on the root, maybe empty elsewhere
+///   all_to_all       input count*p,   output count*p   (output block s = rank s's input block `rank`)
+enum class buffer : std::uint8_t { input, output, scratch };
+
+enum class step_kind : std::uint8_t {
+  send,         // send src[src_offset, +count) to peer
+  recv,         // dst[dst_offset, +count) = message from peer
+  recv_reduce,  // dst[dst_offset + i] = src[src_offset + i] (op) message[i] from peer
+  copy,         // dst[dst_offset + i] = src[src_offset + i]            (local)
+  reduce,       // dst[dst_offset + i] = dst[dst_offset + i] (op) src[src_offset + i]   (local)
+  load,         // dst[dst_offset + i] = peer's src[src_offset + i]      (peer access)
+  load_reduce,  // dst[dst_offset + i] = reduction over the ranks g of group `peer`, in the
+                // group's order, of g's src[src_offset + i], accumulated in the op's
+                // accumulation type and rounded once                   (peer access)
+  sync,         // every rank of group `peer` reaches this point         (peer access)
+};
+
+constexpr std::string_view name_of(step_kind k) noexcept {
+  switch (k) {
+    case step_kind::send: return "send";
+    case step_kind::recv: return "recv";
+    case step_kind::recv_reduce: return "recv_reduce";
+    case step_kind::copy: return "copy";
+    case step_kind::reduce: return "reduce";
+    case step_kind::load: return "load";
+    case step_kind::load_reduce: return "load_reduce";
+    case step_kind::sync: return "sync";
+  }
+  return "?";
+}
+
+struct step {
+  step_kind kind = step_kind::copy;
+  buffer src = buffer::input;
+  buffer dst = buffer::output;
+  int peer = -1;  // a rank for send/recv/recv_reduce/load; a group index for load_reduce/sync
+  std::size_t src_offset = 0;
+  std::size_t dst_offset = 0;
+  std::size_t count = 0;
+  std::uint32_t round = 0;
+};
+
+/// What a plan is built for. `node_of[r]` is the node of rank r (empty: all on one node);
+/// only topology-aware algorithms look at it.
+struct plan_request {
+  collective coll = collective::all_reduce;
+  int size = 1;
+  int rank = 0;
+  std::size_t count = 0;  // elements per rank, in the sense of the table above
+  int root = 0;
+  std::vector<int> node_of;
+  std::size_t element_size = 4;  // bytes; only size-dependent choices (protocols, pricing) read it
+
+  friend bool operator==(const plan_request&, const plan_request&) = default;
+};
+
+/// One rank's steps for one call. Build with the helpers; each helper appends to the
+/// current round; next_round() closes it (empty rounds are skipped).
+class plan {
+public:
+  plan() = default;
+  explicit plan(const plan_request& r) : coll_(r.coll), size_(r.size), rank_(r.rank), count_(r.count), root_(r.root) {}
+
+  // --- building -----------------------------------------------------------------------
+  void send(int peer, buffer src, std::size_t src_offset, std::size_t count) {
+    push({step_kind::send, src, src, peer, src_offset, src_offset, count, round_});
+  }
+  void recv(int peer, buffer dst, std::size_t dst_offset, std::size_t count) {
+    push({step_kind::recv, dst, dst, peer, dst_offset, dst_offset, count, round_});
+  }
+  void recv_reduce(int peer, buffer src, std::size_t src_offset, buffer dst, std::size_t dst_offset,
+                   std::size_t count) {
+    push({step_kind::recv_reduce, src, dst, peer, src_offset, dst_offset, count, round_});
+  }
+  void copy(buffer src, std::size_t src_offset, buffer dst, std::size_t dst_offset, std::size_t count) {
+    push({step_kind::copy, src, dst, -1, src_offset, dst_offset, count, round_});
+  }
+  void reduce(buffer src, std::size_t src_offset, buffer dst, std::size_t dst_offset, std::size_t count) {
+    push({step_kind::reduce, src, dst, -1, src_offset, dst_offset, count, round_});
+  }
+  void load(int peer, buffer src, std::size_t src_offset, buffer dst, std::size_t dst_offset, std::size_t count) {
+    peer_access_ = true;
+    push({step_kind::load, src, dst, peer, src_offset, dst_offset, count, round_});
+  }
+  void load_reduce(int group, buffer src, std::size_t src_offset, buffer dst, std::size_t dst_offset,
+                   std::size_t count) {
+    peer_access_ = true;
+    push({step_kind::load_reduce, src, dst, group, src_offset, dst_offset, count, round_});
+  }
+  void sync(int group) {
+    peer_access_ = true;
+    next_round();
+    steps_.push_back({step_kind::sync, buffer::scratch, buffer::scratch, group, 0, 0, 0, round_});
+    ++round_;
+  }
+  /// Registers a group of ranks (for load_reduce and sync); returns its index.
+  int add_group(std::vector<int> ranks) {
+    groups_.push_back(std::move(ranks));
+    return static_cast<int>(groups_.size() - 1);
+  }
+  void next_round() {
+    if (!steps_.empty() && steps_.back().round == round_) {
+      ++round_;
+    }
+  }
+  /// The scratch buffer must hold at least n elements.
+  void need_scratch(std::size_t n) { scratch_ = n > scratch_ ? n : scratch_; }
+  /// Appends a plan made for a subgroup: its ranks map through rank_map, its buffers
+  /// through buffer_map (offset added), and its rounds follow this plan's.
+  struct buffer_binding {
+    buffer to;
+    std::size_t offset;
+  };
+  void append(const plan& sub, const std::vector<int>& rank_map, buffer_binding input, buffer_binding output,
+              buffer_binding scratch) {
+    next_round();
+    const auto bind = [&](buffer b) -> const buffer_binding& {
+      return b == buffer::input ? input : (b == buffer::output ? output : scratch);
+    };
+    std::vector<int> group_map;
+    for (const auto& g : sub.groups_) {
+      std::vector<int> mapped;
+      for (int r : g) mapped.push_back(rank_map.at(static_cast<std::size_t>(r)));
+      group_map.push_back(add_group(std::move(mapped)));
+    }
+    std::uint32_t base = round_;
+    for (step s : sub.steps_) {
+      const buffer_binding& sb = bind(s.src);
+      const buffer_binding& db = bind(s.dst);
+      s.src = sb.to;
+      s.src_offset += sb.offset;
+      s.dst = db.to;
+      s.dst_offset += db.offset;
+      if (s.kind == step_kind::load_reduce || s.kind == step_kind::sync) {
+        s.peer = group_map.at(static_cast<std::size_t>(s.peer));
+      } else if (s.peer >= 0) {
+        s.peer = rank_map.at(static_cast<std::size_t>(s.peer));
+      }
+      s.round += base;
+      round_ = s.round;
+      steps_.push_back(s);
+    }
+    if (!sub.steps_.empty()) ++round_;
+    peer_access_ = peer_access_ || sub.peer_access_;
+    need_scratch(scratch.to == buffer::scratch ? scratch.offset + sub.scratch_ : 0);
+  }
+
+  // --- reading ------------------------------------------------------------------------
+  [[nodiscard]] const std::vector<step>& steps() const noexcept { return steps_; }
+  [[nodiscard]] const std::vector<int>& group(int g) const { return groups_.at(static_cast<std::size_t>(g)); }
+  [[nodiscard]] const std::vector<std::vector<int>>& groups() const noexcept { return groups_; }
+  [[nodiscard]] std::size_t scratch_count() const noexcept { return scratch_; }
+  [[nodiscard]] bool peer_access() const noexcept { return peer_access_; }
+  [[nodiscard]] collective coll() const noexcept { return coll_; }
+  [[nodiscard]] int size() const noexcept { return size_; }
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] std::size_t count() const noexcept { return count_; }
+  [[nodiscard]] int root() const noexcept { return root_; }
+  [[nodiscard]] std::uint32_t rounds() const noexcept { return steps_.empty() ? 0 : steps_.back().round + 1; }
+
+  /// Human-readable listing, for tests' failure messages and debugging.
+  [[nodiscard]] std::string to_string() const {
+    std::string s = std::string(name_of(coll_)) + " rank " + std::to_string(rank_) + "/" + std::to_string(size_) +
+                    " count " + std::to_string(count_) + " scratch " + std::to_string(scratch_) + "\n";
+    static constexpr const char* bufs[] = {"in", "out", "scr"};
+    for (const step& st : steps_) {
+      s += "  r" + std::to_string(st.round) + " " + std::string(name_of(st.kind));
+      if (st.kind != step_kind::sync) {
+        s += " " + std::string(bufs[static_cast<int>(st.src)]) + "[" + std::to_string(st.src_offset) + "] -> " +
+             bufs[static_cast<int>(st.dst)] + "[" + std::to_string(st.dst_offset) + "] x" + std::to_string(st.count);
+      }
+      if (st.peer >= 0) s += " peer " + std::to_string(st.peer);
+      s += "\n";
+    }
+    return s;
+  }
+
+private:
+  void push(const step& s) {
+    if (s.count > 0) steps_.push_back(s);
+  }
+
+  std::vector<step> steps_;
+  std::vector<std::vector<int>> groups_;
+  std::size_t scratch_ = 0;
+  std::uint32_t round_ = 0;
+  bool peer_access_ = false;
+  collective coll_ = collective::all_reduce;
+  int size_ = 1;
+  int rank_ = 0;
+  std::size_t count_ = 0;
+  int root_ = 0;
+};
+
+} // namespace weft
