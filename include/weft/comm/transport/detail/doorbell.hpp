@@ -1,0 +1,91 @@
+#pragma once
+// Waiting without burning the cores: a rank that must wait polls briefly, then yields, then
+// sleeps on its doorbell (a futex on Linux) in short slices, so it notices an abort or its
+// deadline promptly. Whoever changes state another rank may be waiting on rings that rank's
+// doorbell after the change. All ordering is carried by the atomics; the futex only sleeps.
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <thread>
+
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+#endif
+
+namespace weft::detail {
+
+class doorbell {
+public:
+  void ring() noexcept {
+    bell_.fetch_add(1, std::memory_order_seq_cst);
+    if (sleeping_.load(std::memory_order_seq_cst) != 0) {
+#if defined(__linux__)
+      syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&bell_), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+#endif
+    }
+  }
+
+  /// Waits until ready() holds; returns false if `until` passed first or give_up() held
+  /// (both are checked at least every slice).
+  template <class Ready, class GiveUp>
+  bool wait(Ready&& ready, GiveUp&& give_up, std::chrono::steady_clock::time_point until) {
+    for (int i = 0; i < 64; ++i) {
+      if (ready()) return true;
+      pause();
+    }
+    for (int i = 0; i < 32; ++i) {
+      if (ready()) return true;
+      std::this_thread::yield();
+    }
+    constexpr auto slice = std::chrono::milliseconds(20);
+    for (;;) {
+      sleeping_.fetch_add(1, std::memory_order_seq_cst);
+      const std::uint32_t seen = bell_.load(std::memory_order_seq_cst);
+      if (ready()) {
+        sleeping_.fetch_sub(1, std::memory_order_seq_cst);
+        return true;
+      }
+      if (give_up()) {
+        sleeping_.fetch_sub(1, std::memory_order_seq_cst);
+        return ready();  // what the peer did before giving cause to give up is visible now
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= until) {
+        sleeping_.fetch_sub(1, std::memory_order_seq_cst);
+        return ready();
+      }
+      const auto left = until - now < slice ? until - now : std::chrono::steady_clock::duration(slice);
+      sleep(seen, left);
+      sleeping_.fetch_sub(1, std::memory_order_seq_cst);
+    }
+  }
+
+private:
+  static void pause() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
+
+  void sleep(std::uint32_t seen, std::chrono::steady_clock::duration d) {
+#if defined(__linux__)
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+    timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+    syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&bell_), FUTEX_WAIT_PRIVATE, seen, &ts, nullptr, 0);
+#else
+    (void)seen;
+    std::this_thread::sleep_for(d < std::chrono::microseconds(200) ? d : std::chrono::microseconds(200));
+#endif
+  }
+
+  static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t));
+  alignas(64) std::atomic<std::uint32_t> bell_{0};
+  std::atomic<std::uint32_t> sleeping_{0};
+};
+
+} // namespace weft::detail

@@ -1,0 +1,431 @@
+#pragma once
+// weft::local: N ranks as threads of one process, sharing an address space.
+//
+//   weft::local::run(4, [](weft::local::communicator& c) { ... });        // 4 ranks, one node
+//   weft::local::run(weft::topology::parse("2x4"), [](auto& c) { ... });  // 8 ranks in 2 emulated nodes
+//
+// Plans run single-copy: a receiver copies or reduces straight from the sender's buffer, and
+// peer-access plans (algo::direct) load from peers' buffers after a sync. Every wait has a
+// deadline (communicator::set_timeout, default 5 minutes); when a rank throws, returns early
+// or stalls, the ranks waiting on it get a weft::error naming the operation and the rank,
+// and run() rethrows the first failure.
+#include <weft/comm/detail/kernels.hpp>
+#include <weft/comm/plan.hpp>
+#include <weft/comm/transport/detail/local_state.hpp>
+#include <weft/core/error.hpp>
+#include <weft/core/types.hpp>
+#include <weft/topology/topology.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace weft::local {
+
+struct options {
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+};
+
+class communicator {
+public:
+  /// Ranks of this transport can read each other's buffers (algo::direct needs this).
+  static constexpr bool peer_access = true;
+  static constexpr std::string_view transport_name = "local";
+
+  communicator(std::shared_ptr<detail::local_group> group, int rank, std::chrono::milliseconds timeout)
+      : group_(std::move(group)), rank_(rank), timeout_(timeout), synced_(static_cast<std::size_t>(group_->size)) {
+    node_of_.reserve(static_cast<std::size_t>(group_->size));
+    for (int w : group_->world_rank) node_of_.push_back(group_->world->cluster.node_of(w));
+  }
+  communicator(communicator&&) noexcept = default;
+  communicator& operator=(communicator&&) noexcept = default;
+  communicator(const communicator&) = delete;
+  communicator& operator=(const communicator&) = delete;
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return group_->size; }
+  /// This rank's index in the world of its local::run (its device in the cluster).
+  [[nodiscard]] int world_rank(int r) const { return group_->world_rank.at(static_cast<std::size_t>(r)); }
+  [[nodiscard]] const std::vector<int>& devices() const noexcept { return group_->world_rank; }
+  [[nodiscard]] const std::vector<int>& node_of() const noexcept { return node_of_; }
+  [[nodiscard]] const topology::cluster& cluster() const noexcept { return group_->world->cluster; }
+  [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+
+  // --- point to point (eager: send copies and returns; recv blocks) ------------------------
+  template <element T>
+  void send(std::span<const T> data, int peer, int tag = 0) {
+    check_peer(peer, "send");
+    auto owned = std::make_unique<std::byte[]>(data.size_bytes() == 0 ? 1 : data.size_bytes());
+    if (!data.empty()) std::memcpy(owned.get(), data.data(), data.size_bytes());
+    const void* copy = owned.get();  // before the move below: argument order is unspecified
+    post(peer, copy, data.size(), dtype_of<T>, tag, std::move(owned), "send");
+  }
+  template <element T>
+  void send(std::span<T> data, int peer, int tag = 0) {
+    send(std::span<const T>(data), peer, tag);
+  }
+  template <element T>
+  void recv(std::span<T> data, int peer, int tag = 0) {
+    check_peer(peer, "recv");
+    consume(peer, data.size(), dtype_of<T>, tag, "recv", [&](const void* src) {
+      detail::copy_n(data.data(), static_cast<const T*>(src), data.size());
+    });
+  }
+  template <element T>
+  void sendrecv(std::span<const T> out, int to, std::span<T> in, int from, int tag = 0) {
+    send(out, to, tag);
+    recv(in, from, tag);
+  }
+
+  void barrier() { sync_with(all_ranks(), "barrier"); }
+
+  /// Splits into communicators of the ranks with the same color (>= 0), ordered by (key, rank).
+  /// Collective over this communicator.
+  communicator split(int color, int key) {
+    WEFT_EXPECTS(color >= 0, "local::communicator::split: color must be >= 0");
+    auto& me = group_->slots[static_cast<std::size_t>(rank_)];
+    me.words[0] = static_cast<std::uint64_t>(color);
+    me.words[1] = static_cast<std::uint64_t>(static_cast<std::int64_t>(key));
+    sync_with(all_ranks(), "split");
+    std::vector<std::pair<std::int64_t, int>> members;  // (key, rank) of my color
+    for (int r = 0; r < size(); ++r) {
+      const auto& s = group_->slots[static_cast<std::size_t>(r)];
+      if (s.words[0] == static_cast<std::uint64_t>(color)) members.emplace_back(static_cast<std::int64_t>(s.words[1]), r);
+    }
+    std::sort(members.begin(), members.end());
+    const bool leader = members.front().second == rank_;
+    if (leader) {
+      std::vector<int> world;
+      for (auto [k, r] : members) world.push_back(group_->world_rank[static_cast<std::size_t>(r)]);
+      me.child = std::make_shared<detail::local_group>(group_->world, std::move(world));
+    }
+    sync_with(all_ranks(), "split");
+    std::shared_ptr<detail::local_group> child = group_->slots[static_cast<std::size_t>(members.front().second)].child;
+    int new_rank = 0;
+    while (members[static_cast<std::size_t>(new_rank)].second != rank_) ++new_rank;
+    sync_with(all_ranks(), "split");
+    if (leader) me.child.reset();
+    return communicator(std::move(child), new_rank, timeout_);
+  }
+
+  /// Runs one rank's plan over its buffers. `in`/`out` hold in_count/out_count elements
+  /// (in may equal out: in place).
+  template <element T, class Op>
+  void execute(const plan& pl, const T* in, std::size_t in_count, T* out, std::size_t out_count, const Op& op,
+               std::string_view operation) {
+    T* scratch = scratch_for<T>(pl.scratch_count());
+    T* bufs[3] = {const_cast<T*>(in), out, scratch};  // input is only ever read
+    const std::size_t sizes[3] = {in_count, out_count, pl.scratch_count()};
+    if (pl.peer_access()) {
+      auto& me = group_->slots[static_cast<std::size_t>(rank_)];
+      for (int b = 0; b < 3; ++b) {
+        me.buffers[b] = bufs[b];
+        me.sizes[b] = sizes[b];
+      }
+    }
+    const auto range = [&](buffer b, std::size_t off, std::size_t n) -> T* {
+      const auto i = static_cast<std::size_t>(b);
+      if (off + n > sizes[i]) {
+        throw error(operation, rank_, error::unknown,
+                    "plan step addresses elements [" + std::to_string(off) + ", " + std::to_string(off + n) +
+                        ") of a buffer of " + std::to_string(sizes[i]));
+      }
+      return bufs[i] + off;
+    };
+    pending_guard pending(*this);
+    const auto& steps = pl.steps();
+    std::size_t i = 0;
+    while (i < steps.size()) {
+      const std::uint32_t round = steps[i].round;
+      std::size_t end = i;
+      while (end < steps.size() && steps[end].round == round) ++end;
+      for (std::size_t k = i; k < end; ++k) {
+        const step& s = steps[k];
+        if (s.kind == step_kind::send) {
+          check_peer(s.peer, operation);
+          pending.add(s.peer, post(s.peer, range(s.src, s.src_offset, s.count), s.count, dtype_of<T>, plan_tag, nullptr,
+                                   operation));
+        }
+      }
+      for (std::size_t k = i; k < end; ++k) {
+        const step& s = steps[k];
+        switch (s.kind) {
+          case step_kind::send: break;
+          case step_kind::recv: {
+            T* dst = range(s.dst, s.dst_offset, s.count);
+            consume(s.peer, s.count, dtype_of<T>, plan_tag, operation,
+                    [&](const void* src) { detail::copy_n(dst, static_cast<const T*>(src), s.count); });
+            break;
+          }
+          case step_kind::recv_reduce: {
+            const T* a = range(s.src, s.src_offset, s.count);
+            T* dst = range(s.dst, s.dst_offset, s.count);
+            consume(s.peer, s.count, dtype_of<T>, plan_tag, operation,
+                    [&](const void* src) { detail::reduce2(dst, a, static_cast<const T*>(src), s.count, op); });
+            break;
+          }
+          case step_kind::copy:
+            detail::copy_n(range(s.dst, s.dst_offset, s.count), range(s.src, s.src_offset, s.count), s.count);
+            break;
+          case step_kind::reduce: {
+            T* d = range(s.dst, s.dst_offset, s.count);
+            detail::reduce2(d, d, range(s.src, s.src_offset, s.count), s.count, op);
+            break;
+          }
+          case step_kind::load:
+            detail::copy_n(range(s.dst, s.dst_offset, s.count), peer_range<T>(s.peer, s.src, s.src_offset, s.count, operation),
+                           s.count);
+            break;
+          case step_kind::load_reduce: {
+            const auto& g = pl.group(s.peer);
+            srcs_.clear();
+            for (int q : g) srcs_.push_back(peer_range<T>(q, s.src, s.src_offset, s.count, operation));
+            detail::reduce_many(range(s.dst, s.dst_offset, s.count), reinterpret_cast<const T* const*>(srcs_.data()),
+                                srcs_.size(), s.count, op);
+            break;
+          }
+          case step_kind::sync: sync_with(pl.group(s.peer), operation); break;
+        }
+      }
+      pending.wait_all(operation);
+      i = end;
+    }
+  }
+
+private:
+  static constexpr int plan_tag = -1;
+
+  std::vector<int> all_ranks() const {
+    std::vector<int> v(static_cast<std::size_t>(size()));
+    for (int r = 0; r < size(); ++r) v[static_cast<std::size_t>(r)] = r;
+    return v;
+  }
+
+  void check_peer(int peer, std::string_view operation) const {
+    if (peer < 0 || peer >= size() || peer == rank_) {
+      throw error(operation, rank_, peer, "peer outside the communicator of " + std::to_string(size()) + " ranks");
+    }
+  }
+
+  template <class T>
+  const T* peer_range(int peer, buffer b, std::size_t off, std::size_t n, std::string_view operation) const {
+    const auto& s = group_->slots[static_cast<std::size_t>(peer)];
+    const auto i = static_cast<std::size_t>(b);
+    if (off + n > s.sizes[i]) {
+      throw error(operation, rank_, peer, "plan loads elements [" + std::to_string(off) + ", " +
+                                              std::to_string(off + n) + ") of a peer buffer of " + std::to_string(s.sizes[i]));
+    }
+    return static_cast<const T*>(s.buffers[i]) + off;
+  }
+
+  template <class T>
+  T* scratch_for(std::size_t n) {
+    const std::size_t bytes = n * sizeof(T);
+    if (scratch_.size() * sizeof(std::max_align_t) < bytes) scratch_.resize(bytes / sizeof(std::max_align_t) + 1);
+    return reinterpret_cast<T*>(scratch_.data());
+  }
+
+  // Waits until ready(); on a failed world, a peer that left or failed, or the deadline,
+  // throws weft::error naming the operation and the peer (-1: any of the group).
+  template <class Ready>
+  void wait(Ready&& ready, std::string_view operation, int peer, std::string_view what) {
+    auto& world = *group_->world;
+    const auto peer_gone = [&] {
+      return peer >= 0 && world.status_of(group_->world_rank[static_cast<std::size_t>(peer)]) != detail::rank_status::running;
+    };
+    const auto give_up = [&] { return world.failed.load(std::memory_order_acquire) || peer_gone(); };
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    auto& bell = world.bells[static_cast<std::size_t>(group_->world_rank[static_cast<std::size_t>(rank_)])];
+    if (bell.wait(ready, give_up, deadline)) return;
+    if (peer >= 0 && peer_gone()) {
+      const int w = group_->world_rank[static_cast<std::size_t>(peer)];
+      if (world.status_of(w) == detail::rank_status::failed) {
+        throw error(operation, rank_, peer, "waiting to " + std::string(what) + ", but that rank failed (" +
+                                                world.failure() + ")");
+      }
+      throw error(operation, rank_, peer, "waiting to " + std::string(what) +
+                                              ", but that rank returned without joining the operation");
+    }
+    if (world.failed.load(std::memory_order_acquire)) {
+      throw error(operation, rank_, peer, "aborted while waiting to " + std::string(what) + ": " + world.failure());
+    }
+    throw error(operation, rank_, peer, "timed out after " + std::to_string(timeout_.count()) + " ms waiting to " +
+                                            std::string(what));
+  }
+
+  // Appends a message to the channel to `peer`; returns its sequence number.
+  std::uint64_t post(int peer, const void* data, std::size_t count, dtype type, int tag,
+                     std::unique_ptr<std::byte[]> owned, std::string_view operation) {
+    detail::channel& ch = group_->chan(rank_, peer);
+    const std::uint64_t seq = ch.tail.load(std::memory_order_relaxed);
+    if (seq - ch.head.load(std::memory_order_acquire) >= detail::channel::capacity) {
+      wait([&] { return seq - ch.head.load(std::memory_order_acquire) < detail::channel::capacity; }, operation, peer,
+           "post a message (the channel is full)");
+    }
+    detail::message_slot& m = ch.slots[seq % detail::channel::capacity];
+    m.data = data;
+    m.count = count;
+    m.type = type;
+    m.tag = tag;
+    m.owned = std::move(owned);
+    m.state.store(static_cast<std::uint32_t>(detail::slot_state::posted), std::memory_order_relaxed);
+    ch.tail.store(seq + 1, std::memory_order_release);
+    group_->bell(peer).ring();
+    return seq;
+  }
+
+  // Waits for the next message from `peer`, checks it, hands its data to f, marks it consumed.
+  template <class F>
+  void consume(int peer, std::size_t count, dtype type, int tag, std::string_view operation, F&& f) {
+    detail::channel& ch = group_->chan(peer, rank_);
+    const std::uint64_t seq = ch.head.load(std::memory_order_relaxed);
+    wait([&] { return ch.tail.load(std::memory_order_acquire) > seq; }, operation, peer, "receive from it");
+    detail::message_slot& m = ch.slots[seq % detail::channel::capacity];
+    auto expected = static_cast<std::uint32_t>(detail::slot_state::posted);
+    if (!m.state.compare_exchange_strong(expected, static_cast<std::uint32_t>(detail::slot_state::reading),
+                                         std::memory_order_acquire)) {
+      throw error(operation, rank_, peer, "the sender withdrew its message: it failed");
+    }
+    if (m.tag != tag || m.type != type || m.count != count) {
+      const auto describe = [](int t, dtype d, std::size_t n) {
+        return std::to_string(n) + " x " + std::string(name_of(d)) +
+               (t == plan_tag ? std::string(" (collective)") : " tag " + std::to_string(t));
+      };
+      m.state.store(static_cast<std::uint32_t>(detail::slot_state::posted), std::memory_order_release);
+      throw error(operation, rank_, peer, "expected " + describe(tag, type, count) + " but the peer sent " +
+                                              describe(m.tag, m.type, m.count) +
+                                              ": the ranks disagree on the call (set WEFT_CHECK_CALLS=1 to find where)");
+    }
+    f(m.data);
+    m.owned.reset();
+    m.state.store(static_cast<std::uint32_t>(detail::slot_state::consumed), std::memory_order_release);
+    ch.head.store(seq + 1, std::memory_order_release);
+    group_->bell(peer).ring();
+  }
+
+  // The sends of the current round. On the way out by exception it withdraws those not yet
+  // consumed, so no peer reads a buffer that the unwinding is about to free.
+  class pending_guard {
+  public:
+    explicit pending_guard(communicator& c) : c_(c) {}
+    pending_guard(const pending_guard&) = delete;
+    pending_guard& operator=(const pending_guard&) = delete;
+    ~pending_guard() {
+      for (auto [peer, seq] : sends_) {
+        detail::message_slot& m = c_.group_->chan(c_.rank_, peer).slots[seq % detail::channel::capacity];
+        auto expected = static_cast<std::uint32_t>(detail::slot_state::posted);
+        if (!m.state.compare_exchange_strong(expected, static_cast<std::uint32_t>(detail::slot_state::retracted),
+                                             std::memory_order_acq_rel)) {
+          while (m.state.load(std::memory_order_acquire) == static_cast<std::uint32_t>(detail::slot_state::reading)) {
+            std::this_thread::yield();  // a peer is mid-copy; it finishes without waiting on anyone
+          }
+        }
+      }
+    }
+    void add(int peer, std::uint64_t seq) { sends_.emplace_back(peer, seq); }
+    void wait_all(std::string_view operation) {
+      for (const auto& sent : sends_) {
+        const int peer = sent.first;
+        const std::uint64_t seq = sent.second;
+        detail::channel& ch = c_.group_->chan(c_.rank_, peer);
+        c_.wait([&] { return ch.head.load(std::memory_order_acquire) > seq; }, operation, peer,
+                "have its message consumed");
+      }
+      sends_.clear();
+    }
+
+  private:
+    communicator& c_;
+    std::vector<std::pair<int, std::uint64_t>> sends_;
+  };
+
+  // Returns when every rank of `members` (ranks of this communicator, including this one)
+  // has arrived; what they wrote before arriving is visible after.
+  void sync_with(const std::vector<int>& members, std::string_view operation) {
+    for (int q : members) {
+      if (q == rank_) continue;
+      group_->syncs(q, rank_).fetch_add(1, std::memory_order_acq_rel);
+      group_->bell(q).ring();
+    }
+    for (int q : members) {
+      if (q == rank_) continue;
+      const std::uint64_t want = ++synced_[static_cast<std::size_t>(q)];
+      auto& count = group_->syncs(rank_, q);
+      if (count.load(std::memory_order_acquire) < want) {
+        wait([&] { return count.load(std::memory_order_acquire) >= want; }, operation, q, "synchronise with it");
+      }
+    }
+  }
+
+  std::shared_ptr<detail::local_group> group_;
+  int rank_;
+  std::chrono::milliseconds timeout_;
+  std::vector<std::uint64_t> synced_;  // syncs completed with each peer
+  std::vector<int> node_of_;
+  std::vector<std::max_align_t> scratch_;
+  std::vector<const void*> srcs_;
+};
+
+} // namespace weft::local
+
+namespace weft::detail {
+
+template <class F>
+void run_ranks(topology::cluster cluster, F&& f, local::options opt) {
+  auto world = std::make_shared<local_world>(std::move(cluster));
+  const int n = world->size;
+  std::vector<int> everyone(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) everyone[static_cast<std::size_t>(r)] = r;
+  auto group = std::make_shared<local_group>(world, everyone);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  const auto body = [&](int r) {
+    try {
+      local::communicator c(group, r, opt.timeout);
+      f(c);
+      world->finish(r);
+    } catch (const std::exception& e) {
+      errors[static_cast<std::size_t>(r)] = std::current_exception();
+      world->fail(r, e.what());
+    } catch (...) {
+      errors[static_cast<std::size_t>(r)] = std::current_exception();
+      world->fail(r, "unknown exception");
+    }
+  };
+  {
+    std::vector<std::jthread> threads;
+    threads.reserve(static_cast<std::size_t>(n));
+    for (int r = 1; r < n; ++r) threads.emplace_back(body, r);
+    body(0);
+  }
+  if (world->first_failed >= 0) std::rethrow_exception(errors[static_cast<std::size_t>(world->first_failed)]);
+}
+
+} // namespace weft::detail
+
+namespace weft::local {
+
+/// Runs f(communicator&) on n ranks, each a thread, all on one node. Returns when all have
+/// returned; rethrows the first failure.
+template <class F>
+void run(int n, F&& f, options opt = {}) {
+  WEFT_EXPECTS(n >= 1, "local::run: the number of ranks must be at least 1");
+  detail::run_ranks(topology::host(n), std::forward<F>(f), opt);
+}
+
+/// Runs f on one rank per device of the cluster; ranks are grouped into its nodes, and the
+/// cluster's links price plans for algo::automatic.
+template <class F>
+void run(const topology::cluster& cluster, F&& f, options opt = {}) {
+  detail::run_ranks(cluster, std::forward<F>(f), opt);
+}
+
+} // namespace weft::local

@@ -1,0 +1,198 @@
+#include <weft/comm/algorithm/direct.hpp>
+#include <weft/comm/transport/local.hpp>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string failure_of(auto&& body) {
+  try {
+    body();
+  } catch (const weft::error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(local, ranks_and_sizes) {
+  for (int n : {1, 2, 3, 8, 16}) {
+    std::atomic<int> seen{0};
+    weft::local::run(n, [&](weft::local::communicator& c) {
+      EXPECT_EQ(c.size(), n);
+      seen.fetch_add(1 << c.rank());
+    });
+    EXPECT_EQ(seen.load(), (1 << n) - 1);
+  }
+}
+
+TEST(local, point_to_point_in_order_with_tags) {
+  weft::local::run(4, [](weft::local::communicator& c) {
+    const int next = (c.rank() + 1) % c.size();
+    const int prev = (c.rank() + c.size() - 1) % c.size();
+    for (int k = 0; k < 60; ++k) {  // eager: sends return before the receiver arrives
+      std::vector<int> out{c.rank(), k};
+      c.send(std::span<const int>(out), next, 5);
+    }
+    for (int k = 0; k < 60; ++k) {
+      std::vector<int> in(2, -1);
+      c.recv(std::span(in), prev, 5);
+      EXPECT_EQ(in[0], prev);
+      EXPECT_EQ(in[1], k);
+    }
+  });
+}
+
+TEST(local, mismatched_receive_is_an_error_naming_both_sides) {
+  const auto msg = failure_of([] {
+    weft::local::run(2, [](weft::local::communicator& c) {
+      if (c.rank() == 0) {
+        std::vector<double> out(3);
+        c.send(std::span<const double>(out), 1, 1);
+      } else {
+        std::vector<float> in(4);
+        c.recv(std::span(in), 0, 1);
+      }
+    });
+  });
+  EXPECT_NE(msg.find("expected 4 x float"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("3 x double"), std::string::npos) << msg;
+}
+
+TEST(local, split_groups_by_color_ordered_by_key) {
+  weft::local::run(6, [](weft::local::communicator& c) {
+    auto sub = c.split(c.rank() % 2, -c.rank());  // reverse order inside each color
+    EXPECT_EQ(sub.size(), 3);
+    // even ranks 4,2,0 -> 0,1,2; odd 5,3,1 -> 0,1,2
+    EXPECT_EQ(sub.rank(), (5 - c.rank()) / 2);
+    EXPECT_EQ(sub.world_rank(sub.rank()), c.rank());
+    auto again = sub.split(0, sub.rank());
+    EXPECT_EQ(again.size(), 3);
+    sub.barrier();
+    // The sub-communicators are independent: traffic in one does not reach the other.
+    std::vector<int> v{c.rank()};
+    if (sub.rank() == 0) {
+      for (int r = 1; r < sub.size(); ++r) sub.send(std::span<const int>(v), r);
+    } else {
+      std::vector<int> in(1);
+      sub.recv(std::span(in), 0);
+      EXPECT_EQ(in[0] % 2, c.rank() % 2);
+    }
+  });
+}
+
+TEST(local, barrier_orders_writes) {
+  std::vector<int> cells(8, 0);
+  weft::local::run(8, [&](weft::local::communicator& c) {
+    for (int round = 1; round <= 50; ++round) {
+      cells[static_cast<std::size_t>(c.rank())] = round;
+      c.barrier();
+      for (int v : cells) EXPECT_EQ(v, round);
+      c.barrier();
+    }
+  });
+}
+
+TEST(local, executes_a_peer_access_plan) {
+  weft::local::run(5, [](weft::local::communicator& c) {
+    std::vector<long> in(1000);
+    std::iota(in.begin(), in.end(), 100L * c.rank());
+    std::vector<long> out(in.size());
+    const auto pl = weft::algo::direct::make_plan({weft::collective::all_reduce, c.size(), c.rank(), in.size(), 0, {}, 8});
+    c.execute(pl, in.data(), in.size(), out.data(), out.size(), weft::op::sum{}, "all_reduce");
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      ASSERT_EQ(out[i], 5L * static_cast<long>(i) + 100L * (0 + 1 + 2 + 3 + 4));
+    }
+  });
+}
+
+TEST(local, a_rank_that_throws_fails_the_others_and_run_rethrows_it) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto msg = failure_of([] {
+    weft::local::run(
+        4,
+        [](weft::local::communicator& c) {
+          if (c.rank() == 2) throw weft::error("user code on rank 2 broke");
+          std::vector<int> v(10, 1);
+          c.barrier();
+        },
+        {.timeout = 60s});
+  });
+  EXPECT_NE(msg.find("user code on rank 2 broke"), std::string::npos) << msg;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "the others must not wait for the deadline";
+}
+
+TEST(local, waiting_ranks_name_the_rank_that_failed) {
+  std::vector<std::string> seen(3);
+  EXPECT_THROW(weft::local::run(3,
+                                [&](weft::local::communicator& c) {
+                                  if (c.rank() == 1) throw weft::error("boom");
+                                  try {
+                                    std::vector<int> in(4);
+                                    c.recv(std::span(in), 1);
+                                  } catch (const weft::error& e) {
+                                    seen[static_cast<std::size_t>(c.rank())] = e.what();
+                                    throw;
+                                  }
+                                }),
+               weft::error);
+  for (int r : {0, 2}) {
+    const auto& m = seen[static_cast<std::size_t>(r)];
+    EXPECT_NE(m.find("rank " + std::to_string(r)), std::string::npos) << m;
+    EXPECT_NE(m.find("peer 1"), std::string::npos) << m;
+    EXPECT_NE(m.find("failed"), std::string::npos) << m;
+  }
+}
+
+TEST(local, a_rank_that_never_arrives_times_out_with_its_name) {
+  std::vector<std::string> seen(4);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(weft::local::run(
+                   4,
+                   [&](weft::local::communicator& c) {
+                     c.set_timeout(200ms);
+                     if (c.rank() == 3) {
+                       std::this_thread::sleep_for(1500ms);  // stalls, then leaves without joining
+                       return;
+                     }
+                     try {
+                       std::vector<float> v(64, 1.f);
+                       const auto pl = weft::algo::direct::make_plan(
+                           {weft::collective::all_reduce, c.size(), c.rank(), v.size(), 0, {}, 4});
+                       c.execute(pl, v.data(), v.size(), v.data(), v.size(), weft::op::sum{}, "all_reduce");
+                     } catch (const weft::error& e) {
+                       seen[static_cast<std::size_t>(c.rank())] = e.what();
+                       throw;
+                     }
+                   }),
+               weft::error);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  int named = 0;
+  for (int r = 0; r < 3; ++r) {
+    const auto& m = seen[static_cast<std::size_t>(r)];
+    EXPECT_NE(m.find("all_reduce"), std::string::npos) << m;
+    named += m.find("peer 3") != std::string::npos ? 1 : 0;
+  }
+  EXPECT_GE(named, 1) << "the first rank to time out names the missing peer";
+}
+
+TEST(local, a_rank_that_returns_early_is_reported) {
+  const auto msg = failure_of([] {
+    weft::local::run(2, [](weft::local::communicator& c) {
+      if (c.rank() == 0) return;
+      std::vector<int> in(1);
+      c.recv(std::span(in), 0);
+    });
+  });
+  EXPECT_NE(msg.find("returned without joining"), std::string::npos) << msg;
+}
+
+} // namespace
