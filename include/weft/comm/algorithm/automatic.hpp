@@ -1,0 +1,226 @@
+#pragma once
+// automatic: picks, for each call, the algorithm the cost model prices cheapest on the
+// call's topology. It does not move anything itself: it builds every candidate's plans for
+// all ranks of the call, runs them through sim::price, and hands back the cheapest.
+//
+//   choose(request, cluster, device_of, peer_access)
+//     for each candidate, in table order:
+//       skip it if it does not plan the collective, needs peer access the transport lacks,
+//       or is hierarchical and the group sits on one node
+//       price = sim::price(its plans for ranks 0 .. size-1)
+//     the cheapest wins; a tie goes to the earlier entry
+//
+// The choice depends only on the arguments (never on the calling rank), so every rank of
+// a call picks the same algorithm without talking to the others. Choices are remembered,
+// since a communicator asks for every call.
+#include <weft/comm/algorithm/detail/node_layout.hpp>
+#include <weft/comm/algorithm/direct.hpp>
+#include <weft/comm/algorithm/generator.hpp>
+#include <weft/comm/algorithm/halving_doubling.hpp>
+#include <weft/comm/algorithm/hierarchical.hpp>
+#include <weft/comm/algorithm/ring.hpp>
+#include <weft/comm/algorithm/tree.hpp>
+#include <weft/sim/cost_model.hpp>
+#include <weft/topology/topology.hpp>
+
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace weft::algo {
+
+/// One algorithm automatic may pick, as plain function pointers.
+struct candidate {
+  std::string_view name;
+  bool (*serves)(collective);
+  plan (*make_plan)(const plan_request&);
+  bool needs_peer_access; // its plans load from peers (direct)
+  bool needs_nodes;       // it only helps across nodes (hierarchical)
+};
+
+} // namespace weft::algo
+
+namespace weft::detail {
+
+template <class A>
+constexpr algo::candidate candidate_of(bool needs_peer_access, bool needs_nodes) {
+  return {A::name, &A::serves, &A::make_plan, needs_peer_access, needs_nodes};
+}
+
+inline constexpr std::array candidate_table = {
+    candidate_of<algo::direct>(true, false),
+    candidate_of<algo::ring>(false, false),
+    candidate_of<algo::tree>(false, false),
+    candidate_of<algo::halving_doubling>(false, false),
+    candidate_of<algo::hierarchical<algo::ring, algo::ring>>(false, true),
+    candidate_of<algo::hierarchical<algo::direct, algo::ring>>(true, true),
+    candidate_of<algo::hierarchical<algo::ring, algo::tree>>(false, true),
+};
+
+// Everything a choice depends on. The cluster is kept by its figures, not its address, so
+// a cluster rebuilt equal hits and one rebuilt different misses.
+struct choice_key {
+  collective coll;
+  int size;
+  std::size_t count;
+  int root;
+  std::size_t element_size;
+  std::vector<int> node_of;
+  std::vector<int> device_of;
+  bool peer_access;
+  std::vector<int> devices_per_node;
+  topology::link intra;
+  topology::link inter;
+  int nics;
+  double reduce;
+
+  friend bool operator==(const choice_key&, const choice_key&) = default;
+};
+
+struct choice_hash {
+  std::size_t operator()(const choice_key& k) const noexcept {
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    const auto mix = [&](std::uint64_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+    const auto mix_link = [&](const topology::link& l) {
+      mix(static_cast<std::uint64_t>(l.kind));
+      mix(std::bit_cast<std::uint64_t>(l.bandwidth));
+      mix(std::bit_cast<std::uint64_t>(l.latency));
+    };
+    mix(static_cast<std::uint64_t>(k.coll));
+    mix(static_cast<std::uint64_t>(k.size));
+    mix(k.count);
+    mix(static_cast<std::uint64_t>(k.root));
+    mix(k.element_size);
+    for (int v : k.node_of)
+      mix(static_cast<std::uint64_t>(v));
+    mix(0xffff);
+    for (int v : k.device_of)
+      mix(static_cast<std::uint64_t>(v));
+    mix(k.peer_access ? 1 : 2);
+    for (int v : k.devices_per_node)
+      mix(static_cast<std::uint64_t>(v));
+    mix_link(k.intra);
+    mix_link(k.inter);
+    mix(static_cast<std::uint64_t>(k.nics));
+    mix(std::bit_cast<std::uint64_t>(k.reduce));
+    return static_cast<std::size_t>(h);
+  }
+};
+
+// Remembered choices (indices into the candidate table), shared by every thread.
+struct choice_cache {
+  static constexpr std::size_t capacity = 4096; // then start over: counts vary without end
+  std::mutex mutex;
+  std::unordered_map<choice_key, std::size_t, choice_hash> choices;
+};
+
+inline choice_cache& choices() {
+  static choice_cache cache;
+  return cache;
+}
+
+inline bool spans_nodes(const std::vector<int>& node_of) {
+  for (int n : node_of) {
+    if (n != node_of.front()) return true;
+  }
+  return false;
+}
+
+} // namespace weft::detail
+
+namespace weft::algo {
+
+/// The algorithms automatic chooses among, in tie-break order.
+inline std::span<const candidate> candidates() noexcept { return detail::candidate_table; }
+
+/// The candidate the cost model prices cheapest for q on cluster c, where rank r runs on
+/// device device_of[r] (device r when empty). Hierarchical candidates only when q.node_of
+/// spans more than one node; peer-access candidates only when peer_access. q.rank does not
+/// matter. Throws weft::error for a bad request or when no candidate plans q.coll.
+inline const candidate& choose(const plan_request& q, const topology::cluster& c,
+                               const std::vector<int>& device_of, bool peer_access) {
+  detail::check_request(q, "automatic");
+  const bool rooted = q.coll == collective::broadcast || q.coll == collective::reduce;
+  detail::choice_key key{.coll = q.coll,
+                         .size = q.size,
+                         .count = q.count,
+                         .root = rooted ? q.root : 0,
+                         .element_size = q.element_size,
+                         .node_of = q.node_of,
+                         .device_of = device_of,
+                         .peer_access = peer_access,
+                         .devices_per_node = c.devices_per_node(),
+                         .intra = c.intra(),
+                         .inter = c.inter(),
+                         .nics = c.nics_per_node(),
+                         .reduce = c.reduce_bandwidth()};
+  auto& cache = detail::choices();
+  {
+    const std::lock_guard lock(cache.mutex);
+    if (const auto it = cache.choices.find(key); it != cache.choices.end())
+      return candidates()[it->second];
+  }
+  const bool nodes = detail::spans_nodes(q.node_of);
+  const auto table = candidates();
+  std::size_t best = table.size();
+  double best_price = 0;
+  for (std::size_t i = 0; i < table.size(); ++i) {
+    const candidate& a = table[i];
+    if (!a.serves(q.coll) || (a.needs_peer_access && !peer_access) || (a.needs_nodes && !nodes))
+      continue;
+    const double t = sim::price(sim::plans_of(a.make_plan, q), c, device_of, q.element_size);
+    if (best == table.size() || t < best_price) {
+      best = i;
+      best_price = t;
+    }
+  }
+  if (best == table.size()) {
+    throw error(name_of(q.coll), q.rank, error::unknown,
+                std::string("automatic: no algorithm plans ") + std::string(name_of(q.coll)) +
+                    (peer_access ? "" : " without peer access"));
+  }
+  {
+    const std::lock_guard lock(cache.mutex);
+    if (cache.choices.size() >= detail::choice_cache::capacity) cache.choices.clear();
+    cache.choices.emplace(std::move(key), best);
+  }
+  return table[best];
+}
+
+/// The policy: an explicit algorithm tag always overrides it. Given a cluster, a
+/// communicator calls choose(); make_plan alone knows only the request, so it prices on
+/// the default links (shared memory within a node, Ethernet between nodes, nodes as
+/// node_of groups them) and picks among the algorithms every transport runs (no peer access).
+struct automatic {
+  static constexpr std::string_view name = "automatic";
+
+  static constexpr bool serves(collective) { return true; }
+
+  static plan make_plan(const plan_request& q) {
+    detail::check_request(q, name);
+    // Devices numbered node-major, as a cluster numbers them.
+    const detail::node_layout lay = detail::layout_nodes(q, name);
+    std::vector<int> devices;
+    std::vector<int> device_of(static_cast<std::size_t>(q.size));
+    int first = 0;
+    for (const auto& ranks : lay.ranks) {
+      for (std::size_t j = 0; j < ranks.size(); ++j) {
+        device_of[static_cast<std::size_t>(ranks[j])] = first + static_cast<int>(j);
+      }
+      devices.push_back(static_cast<int>(ranks.size()));
+      first += static_cast<int>(ranks.size());
+    }
+    const topology::cluster c(devices, topology::default_link(topology::link_kind::shm),
+                              topology::default_link(topology::link_kind::ethernet));
+    return choose(q, c, device_of, false).make_plan(q);
+  }
+};
+
+} // namespace weft::algo
