@@ -1,0 +1,193 @@
+#pragma once
+// The path every collective call takes: check the arguments, pick the algorithm (the
+// explicit policy, or the cost model's choice for automatic), fetch the rank's plan from a
+// cache, optionally check that all ranks make the same call, run the plan, finish avg.
+#include <weft/comm/algorithm/automatic.hpp>
+#include <weft/comm/algorithm/generator.hpp>
+#include <weft/comm/communicator.hpp>
+#include <weft/comm/detail/kernels.hpp>
+#include <weft/comm/plan.hpp>
+#include <weft/core/error.hpp>
+#include <weft/core/ops.hpp>
+#include <weft/core/types.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
+namespace weft::detail {
+
+template <class A>
+inline constexpr bool needs_peer_access_v = [] {
+  if constexpr (requires { A::needs_peer_access; }) {
+    return static_cast<bool>(A::needs_peer_access);
+  } else {
+    return false;
+  }
+}();
+
+/// A rank's plans, by algorithm and request. Plans depend only on their key, so one cache
+/// per thread (a rank of the local transport, or an MPI process) is enough.
+class plan_cache {
+public:
+  template <class Make>
+  const plan& get(std::string_view algorithm, const plan_request& q, Make&& make) {
+    key k{algorithm, q};
+    auto it = plans_.find(k);
+    if (it != plans_.end()) return it->second;
+    if (plans_.size() >= max_entries) plans_.clear();  // a bound, for programs with many distinct sizes
+    return plans_.emplace(std::move(k), make(q)).first->second;
+  }
+  static plan_cache& mine() {
+    thread_local plan_cache cache;
+    return cache;
+  }
+
+private:
+  static constexpr std::size_t max_entries = 1024;
+  struct key {
+    std::string_view algorithm;  // names are static strings
+    plan_request request;
+    friend bool operator==(const key&, const key&) = default;
+  };
+  struct hash {
+    std::size_t operator()(const key& k) const noexcept {
+      std::size_t h = std::hash<std::string_view>{}(k.algorithm);
+      const auto mix = [&](std::size_t v) { h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2); };
+      mix(static_cast<std::size_t>(k.request.coll));
+      mix(static_cast<std::size_t>(k.request.size));
+      mix(static_cast<std::size_t>(k.request.rank));
+      mix(k.request.count);
+      mix(static_cast<std::size_t>(k.request.root));
+      mix(k.request.element_size);
+      for (int n : k.request.node_of) mix(static_cast<std::size_t>(n));
+      return h;
+    }
+  };
+  std::unordered_map<key, plan, hash> plans_;
+};
+
+inline bool check_calls_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("WEFT_CHECK_CALLS");
+    return v != nullptr && *v != '\0' && std::string_view(v) != "0";
+  }();
+  return on;
+}
+
+inline std::uint64_t fnv1a(std::string_view s) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return h;
+}
+
+struct call_signature {
+  collective coll;
+  std::string_view algorithm;
+  std::size_t count;
+  dtype type;
+  std::string_view op;
+  int root;
+};
+
+inline std::string describe(const call_signature& s) {
+  return std::string(name_of(s.coll)) + "<" + std::string(s.algorithm) + "> of " + std::to_string(s.count) + " x " +
+         std::string(name_of(s.type)) + ", op " + std::string(s.op) + ", root " + std::to_string(s.root);
+}
+
+/// Every rank sends its call's fingerprint to rank 0, which returns the whole table to all;
+/// if any differ, every rank throws the same description of who disagrees and how.
+template <class Comm>
+void check_same_call(Comm& comm, const call_signature& sig) {
+  const int p = comm.size();
+  if (p == 1) return;
+  constexpr std::size_t words = 6;
+  constexpr int tag = 0x7e57;
+  const std::int64_t mine[words] = {static_cast<std::int64_t>(sig.coll),
+                                    static_cast<std::int64_t>(fnv1a(sig.algorithm)),
+                                    static_cast<std::int64_t>(sig.count),
+                                    static_cast<std::int64_t>(sig.type),
+                                    static_cast<std::int64_t>(fnv1a(sig.op)),
+                                    sig.root};
+  std::vector<std::int64_t> table(words * static_cast<std::size_t>(p));
+  if (comm.rank() == 0) {
+    std::copy(mine, mine + words, table.begin());
+    for (int r = 1; r < p; ++r) {
+      comm.recv(std::span<std::int64_t>(table.data() + words * static_cast<std::size_t>(r), words), r, tag);
+    }
+    for (int r = 1; r < p; ++r) comm.send(std::span<const std::int64_t>(table), r, tag);
+  } else {
+    comm.send(std::span<const std::int64_t>(mine, words), 0, tag);
+    comm.recv(std::span<std::int64_t>(table), 0, tag);
+  }
+  std::string diff;
+  for (int r = 1; r < p; ++r) {
+    for (std::size_t w = 0; w < words; ++w) {
+      if (table[words * static_cast<std::size_t>(r) + w] != table[w]) {
+        static constexpr const char* what[] = {"collective", "algorithm", "count", "type", "op", "root"};
+        diff += "; rank " + std::to_string(r) + " differs from rank 0 in " + what[w];
+        break;
+      }
+    }
+  }
+  if (!diff.empty()) {
+    throw error(name_of(sig.coll), comm.rank(), error::unknown,
+                "the ranks called different collectives (WEFT_CHECK_CALLS): this rank called " + describe(sig) + diff);
+  }
+}
+
+inline bool overlap(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
+  const auto x = reinterpret_cast<std::uintptr_t>(a);
+  const auto y = reinterpret_cast<std::uintptr_t>(b);
+  return a_bytes != 0 && b_bytes != 0 && x < y + b_bytes && y < x + a_bytes;
+}
+
+/// Runs collective C with algorithm Algo on comm. `in`/`out` are the rank's buffers as the
+/// table in plan.hpp describes them; `count` is the per-rank count in that table's sense.
+template <collective C, class Algo, class Comm, class T, class Op>
+void run_collective(Comm& comm, const T* in, std::size_t in_n, T* out, std::size_t out_n, std::size_t count, int root,
+                    const Op& op) {
+  static_assert(algo::plan_generator<Algo> || std::is_same_v<Algo, algo::automatic>,
+                "weft: the algorithm policy must be a weft::algo tag (ring, tree, halving_doubling, direct, "
+                "hierarchical<Intra, Inter>, automatic)");
+  static_assert(plan_executor<Comm>, "weft: this communicator cannot run collectives (no execute())");
+  constexpr bool can_load = requires { requires Comm::peer_access; };
+  if constexpr (!std::is_same_v<Algo, algo::automatic>) {
+    static_assert(Algo::serves(C),
+                  "weft: this algorithm cannot run this collective. all_reduce: ring, tree, halving_doubling, direct, "
+                  "hierarchical, automatic; reduce_scatter and all_gather: ring, halving_doubling, direct, "
+                  "automatic; broadcast and reduce: ring, tree, direct, automatic; all_to_all: direct, automatic");
+    static_assert(!needs_peer_access_v<Algo> || can_load,
+                  "weft: this algorithm loads from peers' buffers (algo::direct) and needs a communicator with the "
+                  "peer_access capability, such as weft::local; use algo::ring or algo::automatic here");
+  }
+  const std::string_view opname = name_of(C);
+  if (root < 0 || root >= comm.size()) {
+    throw error(opname, comm.rank(), error::unknown,
+                "root " + std::to_string(root) + " outside the communicator of " + std::to_string(comm.size()) + " ranks");
+  }
+  plan_request q{C, comm.size(), comm.rank(), count, root, comm.node_of(), sizeof(T)};
+  std::string_view algorithm;
+  const plan* pl = nullptr;
+  if constexpr (std::is_same_v<Algo, algo::automatic>) {
+    const auto& chosen = algo::choose(q, comm.cluster(), comm.devices(), can_load);
+    algorithm = chosen.name;
+    pl = &plan_cache::mine().get(chosen.name, q, chosen.make_plan);
+  } else {
+    algorithm = Algo::name;
+    pl = &plan_cache::mine().get(Algo::name, q, [](const plan_request& r) { return Algo::make_plan(r); });
+  }
+  if (check_calls_enabled()) check_same_call(comm, {C, algorithm, count, dtype_of<T>, op_name<Op>(), root});
+  comm.execute(*pl, in, in_n, out, out_n, op, opname);
+  if constexpr (is_average_v<Op>) {
+    if (C != collective::reduce || comm.rank() == root) divide(out, C == collective::reduce ? count : out_n, comm.size());
+  }
+}
+
+} // namespace weft::detail

@@ -1,0 +1,32 @@
+#pragma once
+// weft: everything that compiles with a plain C++20 host compiler. CUDA: <weft/cuda.hpp>.
+#include <weft/core/error.hpp>
+#include <weft/core/half.hpp>
+#include <weft/core/ops.hpp>
+#include <weft/core/types.hpp>
+
+#include <weft/topology/topology.hpp>
+
+#include <weft/mesh/make_comms.hpp>
+#include <weft/mesh/mesh.hpp>
+
+#include <weft/comm/algorithm/automatic.hpp>
+#include <weft/comm/algorithm/direct.hpp>
+#include <weft/comm/algorithm/halving_doubling.hpp>
+#include <weft/comm/algorithm/pairwise.hpp>
+#include <weft/comm/algorithm/hierarchical.hpp>
+#include <weft/comm/algorithm/ring.hpp>
+#include <weft/comm/algorithm/tree.hpp>
+#include <weft/comm/all_gather.hpp>
+#include <weft/comm/all_reduce.hpp>
+#include <weft/comm/all_to_all.hpp>
+#include <weft/comm/barrier.hpp>
+#include <weft/comm/broadcast.hpp>
+#include <weft/comm/communicator.hpp>
+#include <weft/comm/plan.hpp>
+#include <weft/comm/reduce.hpp>
+#include <weft/comm/reduce_scatter.hpp>
+#include <weft/comm/send_recv.hpp>
+#include <weft/comm/transport/local.hpp>
+
+#include <weft/sim/cost_model.hpp>
