@@ -21,7 +21,9 @@ TEST(reduce, root_output_must_match_and_others_may_be_empty) {
       EXPECT_EQ(out, std::vector<int>(5, 6));
     }
     std::vector<int> bad(4);
-    if (c.rank() == 0) EXPECT_THROW(reduce(c, std::span<const int>(in), std::span(bad), 0), error);
+    if (c.rank() == 0) {
+      EXPECT_THROW(reduce(c, std::span<const int>(in), std::span(bad), 0), error);
+    }
   });
 }
 

@@ -64,13 +64,15 @@ std::vector<std::vector<T>> reference(collective c, int p, std::size_t count, in
   std::vector<std::vector<T>> out(static_cast<std::size_t>(p));
   const auto reduce_at = [&](std::size_t idx) {
     if constexpr (std::is_integral_v<T>) {
+      // Integer sums and products wrap modulo 2^bits, as in NCCL and MPI implementations.
+      using U = std::make_unsigned_t<T>;
       T acc = in[0][idx];
       for (int r = 1; r < p; ++r) {
         T v = in[static_cast<std::size_t>(r)][idx];
-        if constexpr (std::is_base_of_v<op::prod, Op>) acc = static_cast<T>(acc * v);
+        if constexpr (std::is_base_of_v<op::prod, Op>) acc = static_cast<T>(static_cast<U>(acc) * static_cast<U>(v));
         else if constexpr (std::is_base_of_v<op::min, Op>) acc = v < acc ? v : acc;
         else if constexpr (std::is_base_of_v<op::max, Op>) acc = acc < v ? v : acc;
-        else acc = static_cast<T>(acc + v);
+        else acc = static_cast<T>(static_cast<U>(acc) + static_cast<U>(v));
       }
       if constexpr (is_average_v<Op>) acc = static_cast<T>(acc / p);
       return acc;

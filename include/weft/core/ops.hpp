@@ -10,17 +10,33 @@
 #include <string_view>
 #include <type_traits>
 
+namespace weft::detail {
+
+// Signed integers wrap modulo 2^bits on overflow, as they do in NCCL and MPI libraries,
+// instead of being undefined behaviour: computed in the unsigned type.
+template <class A>
+using wrap_t = std::conditional_t<std::is_integral_v<A> && std::is_signed_v<A>, std::make_unsigned<A>,
+                                  std::type_identity<A>>::type;
+
+} // namespace weft::detail
+
 namespace weft::op {
 
 struct sum {
   static constexpr std::string_view name = "sum";
   template <class A>
-  WEFT_HOST_DEVICE constexpr A operator()(A a, A b) const { return a + b; }
+  WEFT_HOST_DEVICE constexpr A operator()(A a, A b) const {
+    using W = detail::wrap_t<A>;
+    return static_cast<A>(static_cast<W>(a) + static_cast<W>(b));
+  }
 };
 struct prod {
   static constexpr std::string_view name = "prod";
   template <class A>
-  WEFT_HOST_DEVICE constexpr A operator()(A a, A b) const { return a * b; }
+  WEFT_HOST_DEVICE constexpr A operator()(A a, A b) const {
+    using W = detail::wrap_t<A>;
+    return static_cast<A>(static_cast<W>(a) * static_cast<W>(b));
+  }
 };
 struct min {
   static constexpr std::string_view name = "min";
