@@ -1,0 +1,115 @@
+# shellcheck shell=bash
+# Shared set-up for scripts/test and scripts/demo: sourced, never run. It moves to the repo
+# root and makes sure the build dependencies are present, installing only what is missing.
+
+weft_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$weft_root" || exit 1
+
+# Debian packages weft's build needs. Later needs (openmpi-bin libopenmpi-dev, ...) go here;
+# a package without a special case in weft_package_present is checked with dpkg.
+WEFT_APT_PACKAGES="cmake ninja-build g++ libgtest-dev libbenchmark-dev"
+
+# shellcheck disable=SC2034 # used by the scripts that source this file
+weft_jobs="$(nproc 2>/dev/null || echo 2)"
+
+weft_log() {
+  printf '[weft] %s\n' "$*" >&2
+}
+
+weft_die() {
+  printf '[weft] error: %s\n' "$*" >&2
+  exit 1
+}
+
+weft_dpkg_installed() {
+  command -v dpkg-query >/dev/null 2>&1 &&
+    dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'
+}
+
+# Whether find_package(<name> CONFIG) would find a package config in a standard prefix.
+weft_cmake_config_present() {
+  local name="$1" dir
+  for dir in /usr/lib/*/cmake/"$name" /usr/lib/cmake/"$name" /usr/share/cmake/"$name" \
+    /usr/local/lib/*/cmake/"$name" /usr/local/lib/cmake/"$name"; do
+    [[ -d "$dir" ]] && return 0
+  done
+  return 1
+}
+
+# A tool or library counts as present if it is usable, however it was installed (a
+# source-built googletest in /usr/local is fine); dpkg is the fallback for the rest.
+weft_package_present() {
+  case "$1" in
+    cmake) command -v cmake >/dev/null 2>&1 ;;
+    ninja-build) command -v ninja >/dev/null 2>&1 ;;
+    g++) command -v g++ >/dev/null 2>&1 ;;
+    libgtest-dev)
+      { [[ -f /usr/include/gtest/gtest.h ]] || [[ -f /usr/local/include/gtest/gtest.h ]]; } &&
+        { weft_cmake_config_present GTest || weft_dpkg_installed libgtest-dev; } ;;
+    libbenchmark-dev)
+      { [[ -f /usr/include/benchmark/benchmark.h ]] ||
+        [[ -f /usr/local/include/benchmark/benchmark.h ]]; } &&
+        weft_cmake_config_present benchmark ;;
+    *) weft_dpkg_installed "$1" ;;
+  esac
+}
+
+weft_ensure_dependencies() {
+  local missing=() pkg
+  for pkg in $WEFT_APT_PACKAGES; do
+    weft_package_present "$pkg" || missing+=("$pkg")
+  done
+  if [[ -n "${CXX:-}" ]] && ! command -v "${CXX%% *}" >/dev/null 2>&1; then
+    weft_die "CXX=$CXX is not on PATH; install it or unset CXX"
+  fi
+  ((${#missing[@]} == 0)) && return 0
+
+  weft_log "missing: ${missing[*]}"
+  local install="apt-get install -y --no-install-recommends ${missing[*]}"
+  local sudo=()
+  if [[ "$(id -u)" != 0 ]]; then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+      sudo=(sudo)
+    else
+      weft_log "not root and no password-less sudo; install them with:"
+      printf '  sudo apt-get update && sudo %s\n' "$install" >&2
+      exit 1
+    fi
+  fi
+  command -v apt-get >/dev/null 2>&1 ||
+    weft_die "apt-get not found; install the equivalents of: ${missing[*]}"
+  # CI runs without a terminal or stdin: no prompts, ever.
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo[@]}" apt-get update
+  "${sudo[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
+  for pkg in "${missing[@]}"; do
+    weft_package_present "$pkg" || weft_die "$pkg still missing after apt-get install"
+  done
+}
+
+# Configure <build dir> with Ninja and the given cache options. A folder configured earlier
+# with another generator or compiler is reset first: CMake cannot switch either in place,
+# and CXX is only read on the first configure.
+weft_configure() {
+  local dir="$1"
+  shift
+  local cache="$dir/CMakeCache.txt"
+  if [[ -f "$cache" ]]; then
+    local generator cached want cxx="${CXX:-c++}"
+    generator="$(sed -n 's/^CMAKE_GENERATOR:INTERNAL=//p' "$cache")"
+    cached="$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$cache")"
+    want="$(command -v "${cxx%% *}" 2>/dev/null || true)"
+    if [[ "$generator" != Ninja ]] ||
+      { [[ -n "$want" && -n "$cached" ]] &&
+        [[ "$(readlink -f "$cached")" != "$(readlink -f "$want")" ]]; }; then
+      weft_log "$dir was configured with ${generator:-?} / ${cached:-?}; reconfiguring from scratch"
+      rm -rf "$cache" "$dir/CMakeFiles"
+    fi
+  fi
+  cmake -S "$weft_root" -B "$dir" -G Ninja "$@"
+}
+
+# The plain build's options: shared by scripts/test and scripts/demo so that neither
+# reconfigures the other's build/.
+# shellcheck disable=SC2034
+WEFT_PLAIN_OPTIONS=(-DCMAKE_BUILD_TYPE=Release -DWEFT_WARNINGS_AS_ERRORS=ON -DWEFT_SANITIZE=)
