@@ -1,0 +1,72 @@
+#pragma once
+// Measurement helpers shared by the benchmarks: nccl-tests' bandwidth definitions, the
+// machine's streaming bandwidth, and timing of a collective across in-process ranks.
+#include <weft/comm/transport/local.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <thread>
+#include <vector>
+
+namespace weft::bench {
+
+/// nccl-tests: algbw = bytes / time; busbw = algbw * factor, with factor 2(n-1)/n for
+/// all-reduce, (n-1)/n for reduce-scatter, all-gather and all-to-all, 1 for broadcast/reduce.
+inline double bus_factor_all_reduce(int n) { return n > 1 ? 2.0 * (n - 1) / n : 1.0; }
+
+/// Bytes per second of `a[i] += b[i]` over float arrays of `bytes` each, counting the two
+/// reads and the write (3 x bytes per pass), run on `threads` threads at once, best of `reps`.
+inline double stream_add_bandwidth(std::size_t bytes, int threads, int reps = 5) {
+  const std::size_t n = bytes / sizeof(float);
+  std::vector<float> a(n, 1.0f), b(n, 2.0f);
+  double best = 0;
+  for (int rep = 0; rep < reps; ++rep) {
+    std::vector<std::jthread> pool;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        const std::size_t lo = n * static_cast<std::size_t>(t) / static_cast<std::size_t>(threads);
+        const std::size_t hi = n * static_cast<std::size_t>(t + 1) / static_cast<std::size_t>(threads);
+        float* __restrict pa = a.data();
+        const float* __restrict pb = b.data();
+        for (std::size_t i = lo; i < hi; ++i) pa[i] += pb[i];
+      });
+    }
+    pool.clear();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 3.0 * static_cast<double>(n * sizeof(float)) / s);
+  }
+  if (a[n / 2] < 0) std::terminate();  // keeps the work observable
+  return best;
+}
+
+/// Runs `call` on every rank of c `iters` times between two barriers; returns seconds per
+/// call as rank 0 saw it.
+template <class Call>
+double time_calls(local::communicator& c, int iters, Call&& call) {
+  c.barrier();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) call();
+  c.barrier();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+}
+
+/// Times `call` on all ranks: warms up, picks an iteration count that fills about
+/// `target` seconds (the same on every rank), and returns the best of `reps` runs.
+template <class Call>
+double time_collective(local::communicator& c, Call&& call, double target = 0.2, int reps = 3) {
+  static std::atomic<int> agreed{0};
+  call();
+  double once = time_calls(c, 2, call);
+  if (c.rank() == 0) agreed.store(std::clamp(static_cast<int>(target / reps / std::max(once, 1e-9)), 1, 100000));
+  c.barrier();
+  const int iters = agreed.load();
+  c.barrier();
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) best = std::min(best, time_calls(c, iters, call));
+  return best;
+}
+
+} // namespace weft::bench
