@@ -23,7 +23,7 @@ TYPED_TEST(all_reduce_algorithms, on_emulated_nodes) {
     const auto cluster = topology::parse(spec);
     test::shared_outputs<float> shared(cluster.size());
     local::run(cluster, [&](local::communicator& c) {
-      for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{1001}, std::size_t{70000}}) {
+      for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{1001}, test::scaled(70000)}) {
         test::call_and_check<TypeParam, collective::all_reduce, std::int64_t, op::sum>(c, count, 0, test::pattern::exact,
                                                                                       true);
         test::call_and_check<TypeParam, collective::all_reduce, float, op::max>(c, count, 0, test::pattern::random,
