@@ -12,6 +12,7 @@
 #include <weft/core/types.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -73,13 +74,15 @@ private:
   std::unordered_map<key, plan, hash> plans_;
 };
 
-inline bool check_calls_enabled() {
-  static const bool on = [] {
+inline std::atomic<bool>& check_calls_flag() {
+  static std::atomic<bool> on = [] {
     const char* v = std::getenv("WEFT_CHECK_CALLS");
     return v != nullptr && *v != '\0' && std::string_view(v) != "0";
   }();
   return on;
 }
+
+inline bool check_calls_enabled() { return check_calls_flag().load(std::memory_order_relaxed); }
 
 inline std::uint64_t fnv1a(std::string_view s) {
   std::uint64_t h = 1469598103934665603ull;
@@ -191,3 +194,13 @@ void run_collective(Comm& comm, const T* in, std::size_t in_n, T* out, std::size
 }
 
 } // namespace weft::detail
+
+namespace weft {
+
+/// Turns the call check on or off for the whole process (default: the WEFT_CHECK_CALLS
+/// environment variable, on when set and not "0"). When on, before every collective the
+/// ranks compare the operation, algorithm, count, element type, operator and root, and a
+/// mismatch is a weft::error on every rank, raised before any data moves.
+inline void check_calls(bool on) { detail::check_calls_flag().store(on); }
+
+} // namespace weft
