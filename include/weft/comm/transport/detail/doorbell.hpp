@@ -19,6 +19,8 @@ namespace weft::detail {
 
 class doorbell {
 public:
+  static constexpr std::chrono::microseconds yield_for{50};
+
   void ring() noexcept {
     bell_.fetch_add(1, std::memory_order_seq_cst);
     if (sleeping_.load(std::memory_order_seq_cst) != 0) {
@@ -36,9 +38,13 @@ public:
       if (ready()) return true;
       pause();
     }
-    for (int i = 0; i < 32; ++i) {
+    // Yielding hands the core to another rank that is ready, which is what an oversubscribed
+    // machine needs; past a short while the peer is likely busy for longer, so sleep.
+    const auto yield_until = std::chrono::steady_clock::now() + yield_for;
+    for (int i = 0;; ++i) {
       if (ready()) return true;
       std::this_thread::yield();
+      if (i % 16 == 15 && std::chrono::steady_clock::now() >= yield_until) break;
     }
     constexpr auto slice = std::chrono::milliseconds(20);
     for (;;) {
