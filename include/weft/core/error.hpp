@@ -1,6 +1,8 @@
 #pragma once
 // weft::error: the one exception type the library throws. Its message names the operation,
 // the rank and the peer where they are known, so a failure on rank 5 of 64 says where it is.
+#include <weft/core/config.hpp>
+
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -12,9 +14,11 @@ class error : public std::runtime_error {
 public:
   static constexpr int unknown = -1;
 
-  explicit error(const std::string& what) : std::runtime_error(what) {}
+  // Out of line and cold: errors are rare, and the many places that throw one should not
+  // each carry (and each translation unit compile) a copy of the message building.
+  WEFT_COLD explicit error(const std::string& what) : std::runtime_error(what) {}
 
-  error(std::string_view operation, int rank, int peer, std::string_view what)
+  WEFT_COLD error(std::string_view operation, int rank, int peer, std::string_view what)
       : std::runtime_error(compose(operation, rank, peer, what)),
         operation_(operation),
         rank_(rank),
@@ -25,7 +29,7 @@ public:
   [[nodiscard]] int peer() const noexcept { return peer_; }
 
 private:
-  static std::string compose(std::string_view operation, int rank, int peer, std::string_view what) {
+  WEFT_COLD static std::string compose(std::string_view operation, int rank, int peer, std::string_view what) {
     std::string s = "weft: ";
     if (!operation.empty()) {
       s += operation;

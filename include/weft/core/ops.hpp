@@ -15,7 +15,7 @@ namespace weft::detail {
 // Signed integers wrap modulo 2^bits on overflow, as they do in NCCL and MPI libraries,
 // instead of being undefined behaviour: computed in the unsigned type.
 template <class A>
-using wrap_t = std::conditional_t<std::is_integral_v<A> && std::is_signed_v<A>, std::make_unsigned<A>,
+using wrap_t = typename std::conditional_t<std::is_integral_v<A> && std::is_signed_v<A>, std::make_unsigned<A>,
                                   std::type_identity<A>>::type;
 
 } // namespace weft::detail

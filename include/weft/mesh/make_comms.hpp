@@ -27,6 +27,8 @@
 #include <utility>
 #include <vector>
 
+#include <weft/core/detail/planning_begin.hpp>
+
 namespace weft {
 
 namespace placement {
@@ -287,3 +289,5 @@ template <class Mesh, class Placement = placement::strict, class Comm>
 }
 
 } // namespace weft
+
+#include <weft/core/detail/planning_end.hpp>

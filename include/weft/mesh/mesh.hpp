@@ -26,6 +26,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <weft/core/detail/planning_begin.hpp>
+
 namespace weft {
 
 // An axis extent fixed at run time: the world size divided by the product of the other extents.
@@ -497,3 +499,5 @@ public:
 };
 
 } // namespace weft
+
+#include <weft/core/detail/planning_end.hpp>

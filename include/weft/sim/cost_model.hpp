@@ -38,6 +38,8 @@
 #include <utility>
 #include <vector>
 
+#include <weft/core/detail/planning_begin.hpp>
+
 namespace weft::sim {
 
 /// What one call costs, and where its bytes went.
@@ -51,7 +53,7 @@ struct breakdown {
 /// Simulates plans[r] on rank r, which runs on device device_of[r] of `c` (device r when
 /// device_of is empty), for elements of element_size bytes. Throws weft::error on a peer or
 /// device out of range, a deadlock, or a message nobody receives.
-inline breakdown simulate(const std::vector<plan>& plans, const topology::cluster& c,
+WEFT_PLANNING inline breakdown simulate(const std::vector<plan>& plans, const topology::cluster& c,
                           const std::vector<int>& device_of, std::size_t element_size) {
   const int p = static_cast<int>(plans.size());
   const auto up = plans.size();
@@ -349,3 +351,5 @@ double price(const plan_request& q, const topology::cluster& c,
 }
 
 } // namespace weft::sim
+
+#include <weft/core/detail/planning_end.hpp>

@@ -52,6 +52,8 @@
 #include <utility>
 #include <vector>
 
+#include <weft/core/detail/planning_begin.hpp>
+
 namespace weft::topology {
 
 enum class link_kind : std::uint8_t { nvlink, pcie, shm, infiniband, ethernet };
@@ -424,3 +426,5 @@ private:
 }
 
 } // namespace weft::topology
+
+#include <weft/core/detail/planning_end.hpp>

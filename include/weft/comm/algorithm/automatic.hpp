@@ -34,6 +34,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include <weft/core/detail/planning_begin.hpp>
+
 namespace weft::algo {
 
 /// One algorithm automatic may pick, as plain function pointers.
@@ -144,7 +146,7 @@ inline std::span<const candidate> candidates() noexcept { return detail::candida
 /// device device_of[r] (device r when empty). Hierarchical candidates only when q.node_of
 /// spans more than one node; peer-access candidates only when peer_access. q.rank does not
 /// matter. Throws weft::error for a bad request or when no candidate plans q.coll.
-inline const candidate& choose(const plan_request& q, const topology::cluster& c,
+WEFT_PLANNING inline const candidate& choose(const plan_request& q, const topology::cluster& c,
                                const std::vector<int>& device_of, bool peer_access) {
   detail::check_request(q, "automatic");
   const bool rooted = q.coll == collective::broadcast || q.coll == collective::reduce;
@@ -203,7 +205,7 @@ struct automatic {
 
   static constexpr bool serves(collective) { return true; }
 
-  static plan make_plan(const plan_request& q) {
+  WEFT_PLANNING static plan make_plan(const plan_request& q) {
     detail::check_request(q, name);
     // Devices numbered node-major, as a cluster numbers them.
     const detail::node_layout lay = detail::layout_nodes(q, name);
@@ -224,3 +226,5 @@ struct automatic {
 };
 
 } // namespace weft::algo
+
+#include <weft/core/detail/planning_end.hpp>

@@ -15,6 +15,8 @@
 
 #include <numeric>
 
+#include <weft/core/detail/planning_begin.hpp>
+
 namespace weft::algo {
 
 struct direct {
@@ -24,7 +26,7 @@ struct direct {
 
   static constexpr bool serves(collective) { return true; }
 
-  static plan make_plan(const plan_request& q) {
+  WEFT_PLANNING static plan make_plan(const plan_request& q) {
     detail::check_request(q, name);
     plan pl(q);
     const int p = q.size;
@@ -91,3 +93,5 @@ private:
 };
 
 } // namespace weft::algo
+
+#include <weft/core/detail/planning_end.hpp>

@@ -3,6 +3,7 @@
 // plan generator. Generators are plain functions of the request, not templates over the
 // element type, so one compiled generator serves every type.
 #include <weft/comm/plan.hpp>
+#include <weft/core/config.hpp>
 
 #include <concepts>
 #include <string_view>

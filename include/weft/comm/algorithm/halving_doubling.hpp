@@ -37,6 +37,8 @@
 #include <string>
 #include <string_view>
 
+#include <weft/core/detail/planning_begin.hpp>
+
 namespace weft::algo {
 
 struct halving_doubling {
@@ -47,7 +49,7 @@ struct halving_doubling {
            c == collective::all_gather;
   }
 
-  static plan make_plan(const plan_request& q) {
+  WEFT_PLANNING static plan make_plan(const plan_request& q) {
     detail::check_request(q, name);
     if (!serves(q.coll)) {
       throw error(name_of(q.coll), q.rank, error::unknown,
@@ -221,3 +223,5 @@ private:
 };
 
 } // namespace weft::algo
+
+#include <weft/core/detail/planning_end.hpp>

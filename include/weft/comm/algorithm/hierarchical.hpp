@@ -42,6 +42,8 @@
 #include <string_view>
 #include <vector>
 
+#include <weft/core/detail/planning_begin.hpp>
+
 namespace weft::algo {
 
 template <class Intra = ring, class Inter = ring>
@@ -74,7 +76,7 @@ public:
     }
   }
 
-  static plan make_plan(const plan_request& q) {
+  WEFT_PLANNING static plan make_plan(const plan_request& q) {
     detail::check_request(q, name);
     if (!serves(q.coll)) {
       throw error(name_of(q.coll), q.rank, error::unknown,
@@ -234,3 +236,5 @@ private:
 };
 
 } // namespace weft::algo
+
+#include <weft/core/detail/planning_end.hpp>

@@ -10,6 +10,8 @@
 // same by loading from peers where they can be read directly).
 #include <weft/comm/algorithm/generator.hpp>
 
+#include <weft/core/detail/planning_begin.hpp>
+
 namespace weft::algo {
 
 struct pairwise {
@@ -17,7 +19,7 @@ struct pairwise {
 
   static constexpr bool serves(collective c) { return c == collective::all_to_all; }
 
-  static plan make_plan(const plan_request& q) {
+  WEFT_PLANNING static plan make_plan(const plan_request& q) {
     detail::check_request(q, name);
     if (!serves(q.coll)) {
       throw error(name_of(q.coll), q.rank, error::unknown, "pairwise plans all_to_all only");
@@ -40,3 +42,5 @@ struct pairwise {
 };
 
 } // namespace weft::algo
+
+#include <weft/core/detail/planning_end.hpp>

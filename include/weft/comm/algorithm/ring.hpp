@@ -43,6 +43,8 @@
 #include <cstddef>
 #include <string_view>
 
+#include <weft/core/detail/planning_begin.hpp>
+
 namespace weft::algo {
 
 struct ring {
@@ -58,7 +60,7 @@ struct ring {
 
   static constexpr bool serves(collective c) { return c != collective::all_to_all; }
 
-  static plan make_plan(const plan_request& q) {
+  WEFT_PLANNING static plan make_plan(const plan_request& q) {
     detail::check_request(q, name);
     if (q.coll == collective::all_to_all) {
       throw error(name_of(q.coll), q.rank, error::unknown, "ring does not plan all_to_all");
@@ -258,3 +260,5 @@ private:
 };
 
 } // namespace weft::algo
+
+#include <weft/core/detail/planning_end.hpp>

@@ -52,6 +52,8 @@
 #include <utility>
 #include <vector>
 
+#include <weft/core/detail/planning_begin.hpp>
+
 namespace weft::algo {
 
 struct tree {
@@ -66,7 +68,7 @@ struct tree {
     return c == collective::all_reduce || c == collective::broadcast || c == collective::reduce;
   }
 
-  static plan make_plan(const plan_request& q) {
+  WEFT_PLANNING static plan make_plan(const plan_request& q) {
     detail::check_request(q, name);
     if (!serves(q.coll)) {
       throw error(name_of(q.coll), q.rank, error::unknown,
@@ -221,3 +223,5 @@ private:
 };
 
 } // namespace weft::algo
+
+#include <weft/core/detail/planning_end.hpp>

@@ -99,7 +99,7 @@ struct call_signature {
   int root;
 };
 
-inline std::string describe(const call_signature& s) {
+WEFT_PLANNING inline std::string describe(const call_signature& s) {
   return std::string(name_of(s.coll)) + "<" + std::string(s.algorithm) + "> of " + std::to_string(s.count) + " x " +
          std::string(name_of(s.type)) + ", op " + std::string(s.op) + ", root " + std::to_string(s.root);
 }
@@ -107,7 +107,7 @@ inline std::string describe(const call_signature& s) {
 /// Every rank sends its call's fingerprint to rank 0, which returns the whole table to all;
 /// if any differ, every rank throws the same description of who disagrees and how.
 template <class Comm>
-void check_same_call(Comm& comm, const call_signature& sig) {
+WEFT_PLANNING void check_same_call(Comm& comm, const call_signature& sig) {
   const int p = comm.size();
   if (p == 1) return;
   constexpr std::size_t words = 6;

@@ -238,6 +238,10 @@ private:
   // throws weft::error naming the operation and the peer (-1: any of the group).
   template <class Ready>
   void wait(Ready&& ready, std::string_view operation, int peer, std::string_view what) {
+    if (!ready()) wait_slow(ready, operation, peer, what);
+  }
+
+  void wait_slow(detail::predicate_ref ready, std::string_view operation, int peer, std::string_view what) {
     auto& world = *group_->world;
     const auto peer_gone = [&] {
       return peer >= 0 && world.status_of(group_->world_rank[static_cast<std::size_t>(peer)]) != detail::rank_status::running;
@@ -245,8 +249,12 @@ private:
     const auto give_up = [&] { return world.failed.load(std::memory_order_acquire) || peer_gone(); };
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     auto& bell = world.bells[static_cast<std::size_t>(group_->world_rank[static_cast<std::size_t>(rank_)])];
-    if (bell.wait(ready, give_up, deadline)) return;
-    if (peer >= 0 && peer_gone()) {
+    if (!bell.wait(ready, give_up, deadline)) fail_wait(operation, peer, what);
+  }
+
+  [[noreturn]] WEFT_PLANNING void fail_wait(std::string_view operation, int peer, std::string_view what) const {
+    auto& world = *group_->world;
+    if (peer >= 0 && world.status_of(group_->world_rank[static_cast<std::size_t>(peer)]) != detail::rank_status::running) {
       const int w = group_->world_rank[static_cast<std::size_t>(peer)];
       if (world.status_of(w) == detail::rank_status::failed) {
         throw error(operation, rank_, peer, "waiting to " + std::string(what) + ", but that rank failed (" +

@@ -21,6 +21,8 @@
 #include <system_error>
 #include <vector>
 
+#include <weft/core/detail/planning_begin.hpp>
+
 namespace weft::detail::spec {
 
 // Messages are built by appending, not with operator+ on temporaries: GCC 12 reports a
@@ -432,3 +434,5 @@ inline std::vector<int> preset_nodes(std::string_view preset, int nodes, int dev
 }
 
 } // namespace weft::detail::spec
+
+#include <weft/core/detail/planning_end.hpp>

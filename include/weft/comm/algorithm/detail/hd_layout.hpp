@@ -5,6 +5,8 @@
 
 #include <cstddef>
 
+#include <weft/core/detail/planning_begin.hpp>
+
 namespace weft::detail {
 
 /// Largest power of two <= p (p >= 1).
@@ -82,3 +84,5 @@ static_assert(hd_layout{hd_fold(6), 5, true}.range(2, 3).begin == 20 &&
               hd_layout{hd_fold(6), 5, true}.range(2, 3).count == 5);
 
 } // namespace weft::detail
+
+#include <weft/core/detail/planning_end.hpp>

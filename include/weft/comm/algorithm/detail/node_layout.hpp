@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include <weft/core/detail/planning_begin.hpp>
+
 namespace weft::detail {
 
 /// The ranks of a group by node. Nodes are numbered in increasing order of their node_of
@@ -78,3 +80,5 @@ struct composed_name {
 static_assert(composed_name{"a<", "b", ", ", "c", ">"}.view() == "a<b, c>");
 
 } // namespace weft::detail
+
+#include <weft/core/detail/planning_end.hpp>

@@ -20,6 +20,8 @@
 #include <cstddef>
 #include <vector>
 
+#include <weft/core/detail/planning_begin.hpp>
+
 namespace weft::detail {
 
 /// Position of the root of the in-order tree on q >= 1 nodes.
@@ -127,3 +129,5 @@ inline std::array<tree_links, 2> double_binary_tree(int p) {
 }
 
 } // namespace weft::detail
+
+#include <weft/core/detail/planning_end.hpp>

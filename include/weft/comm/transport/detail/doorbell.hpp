@@ -17,6 +17,20 @@
 
 namespace weft::detail {
 
+/// A non-owning reference to a `bool()` callable: keeps the waiting code out of templates,
+/// so it is compiled once rather than once per condition.
+class predicate_ref {
+public:
+  template <class F>
+  predicate_ref(F& f) noexcept  // NOLINT(google-explicit-constructor): a reference, like a span
+      : ctx_(&f), fn_([](const void* c) { return static_cast<bool>((*static_cast<const F*>(c))()); }) {}
+  bool operator()() const { return fn_(ctx_); }
+
+private:
+  const void* ctx_;
+  bool (*fn_)(const void*);
+};
+
 class doorbell {
 public:
   static constexpr std::chrono::microseconds yield_for{50};
@@ -32,8 +46,7 @@ public:
 
   /// Waits until ready() holds; returns false if `until` passed first or give_up() held
   /// (both are checked at least every slice).
-  template <class Ready, class GiveUp>
-  bool wait(Ready&& ready, GiveUp&& give_up, std::chrono::steady_clock::time_point until) {
+  bool wait(predicate_ref ready, predicate_ref give_up, std::chrono::steady_clock::time_point until) {
     for (int i = 0; i < 64; ++i) {
       if (ready()) return true;
       pause();
