@@ -18,6 +18,7 @@
 #include <weft/comm/algorithm/generator.hpp>
 #include <weft/comm/algorithm/halving_doubling.hpp>
 #include <weft/comm/algorithm/hierarchical.hpp>
+#include <weft/comm/algorithm/pairwise.hpp>
 #include <weft/comm/algorithm/ring.hpp>
 #include <weft/comm/algorithm/tree.hpp>
 #include <weft/sim/cost_model.hpp>
@@ -61,6 +62,7 @@ inline constexpr std::array candidate_table = {
     candidate_of<algo::ring>(false, false),
     candidate_of<algo::tree>(false, false),
     candidate_of<algo::halving_doubling>(false, false),
+    candidate_of<algo::pairwise>(false, false),
     candidate_of<algo::hierarchical<algo::ring, algo::ring>>(false, true),
     candidate_of<algo::hierarchical<algo::direct, algo::ring>>(true, true),
     candidate_of<algo::hierarchical<algo::ring, algo::tree>>(false, true),
