@@ -1,0 +1,659 @@
+#pragma once
+// weft::mpi: ranks as MPI processes, on one machine or many. The plans that run on threads
+// (weft::local) run here on processes, launched by mpirun or srun.
+//
+//   weft::mpi::environment env(argc, argv);               // MPI_Init_thread ... MPI_Finalize
+//   auto world = weft::mpi::world();                      // MPI_COMM_WORLD, borrowed
+//   weft::all_reduce(world, std::span(grad));             // automatic, over real or emulated nodes
+//   auto c = weft::mpi::communicator::borrow(my_comm);    // the user's MPI_Comm, never freed by
+//   weft
+//
+// Traffic. A communicator wraps an MPI_Comm (borrowed, or owned and then freed by weft) and
+// keeps a private duplicate of it (MPI_Comm_idup) for all of weft's messages, so messages the
+// program sends on its own communicator never match weft's. Plans use one tag of their own
+// (MPI_TAG_UB); point-to-point messages use the caller's tags, below it.
+//
+// Plan execution. Each round posts MPI_Isend for all of its sends straight from the
+// caller's buffers, then runs the other steps in order: a recv posts MPI_Irecv into its
+// destination; a recv_reduce receives into a small staging area, a few pieces in flight,
+// and reduces each piece with weft's own kernel as it lands (so half and bfloat16 need no
+// MPI_Op, and every rank reduces in the same order). The round ends when its sends are
+// done. A step's message goes as pieces of at most message_bytes, cut the same way on both
+// sides; the MPI datatype is the element's own (half and bfloat16: 2-byte integers).
+// There is no peer access between processes: algo::direct does not compile with this
+// communicator, hierarchical<direct, ...> is refused when it runs (weft::error), and
+// automatic picks neither.
+//
+// Threads. A communicator is used by one thread at a time. MPI_THREAD_SERIALIZED (what
+// environment asks for) is enough for that; MPI_THREAD_MULTIPLE lets different
+// communicators run collectives from different threads at once.
+//
+// Node locality, which hierarchical<> and automatic use, comes from the first of:
+//   options::topology    a weft::topology::cluster given in code: emulated nodes
+//   WEFT_TOPOLOGY        a topology spec in the environment ("2x4", "3+5,ib=50GB/s"): emulated
+//   the real nodes       MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)
+// An emulated topology's size must equal the communicator's (else weft::error); rank r is
+// its device r. Real nodes are numbered by their lowest rank and their processes
+// node-major, so devices()[r] is rank r's device in cluster(), as topology::cluster numbers
+// them, whatever order the launcher placed the processes in.
+//
+// Failure. Every wait has a deadline (set_timeout, default 5 minutes): a peer that stalls
+// or left gives a weft::error naming the operation, this rank and the peer, not a hang.
+// MPI errors become weft::error (WEFT_MPI_TRY) naming the MPI call, its error and where.
+// After such an error the communicator must not be used again: what was in flight is
+// cancelled where MPI allows and the ranks no longer agree on where they are. End the job:
+// environment's destructor calls MPI_Abort when it runs during stack unwinding, so the
+// other processes, blocked in a collective with this one, are ended too (see environment).
+#include <weft/comm/detail/kernels.hpp>
+#include <weft/comm/plan.hpp>
+#include <weft/comm/transport/detail/mpi_comm_handle.hpp>
+#include <weft/comm/transport/detail/mpi_datatype.hpp>
+#include <weft/comm/transport/detail/mpi_error.hpp>
+#include <weft/comm/transport/detail/mpi_requests.hpp>
+#include <weft/core/error.hpp>
+#include <weft/core/types.hpp>
+#include <weft/topology/topology.hpp>
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstddef>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace weft::mpi {
+
+/// Owns MPI's lifetime for a program that wants weft to start and end it.
+///
+/// The constructor calls MPI_Init_thread asking for `required` (MPI_THREAD_SERIALIZED by
+/// default: weft calls MPI from one thread at a time); thread_level() says what MPI
+/// provided. If MPI is already initialized, this object neither initializes nor finalizes.
+///
+/// The destructor calls MPI_Finalize, except when it runs while an exception unwinds the
+/// stack past it: then it calls MPI_Abort(MPI_COMM_WORLD, 1), because the other processes
+/// are likely blocked in a collective with this one, and MPI_Finalize would hang with them.
+/// The launcher then ends every process of the job with that errorcode as its exit status;
+/// Open MPI's mpirun prints
+///   "MPI_ABORT was invoked on rank 3 in communicator MPI_COMM_WORLD with errorcode 1"
+/// (Open MPI 4.1 sometimes loses that text when its output is not a terminal, and prints
+/// an "ORTE_ERROR_LOG ... show_help.c" line instead).
+/// The exception's own message is not printed by anyone on that path: to see it, catch it
+/// inside the environment's scope, print it, and call abort() yourself.
+class environment {
+public:
+  environment() : environment(nullptr, nullptr, MPI_THREAD_SERIALIZED) {}
+  environment(int& argc, char**& argv, int required = MPI_THREAD_SERIALIZED)
+      : environment(&argc, &argv, required) {}
+  environment(const environment&) = delete;
+  environment& operator=(const environment&) = delete;
+  ~environment() {
+    if (!owns_ || !detail::mpi_alive()) return;
+    if (std::uncaught_exceptions() > uncaught_) MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Finalize();
+  }
+
+  /// The thread support MPI provides (MPI_THREAD_SINGLE ... MPI_THREAD_MULTIPLE).
+  [[nodiscard]] int thread_level() const noexcept { return provided_; }
+  /// Whether this object initialized MPI (and so finalizes it).
+  [[nodiscard]] bool owns() const noexcept { return owns_; }
+  /// Ends every process of the job with `code` (MPI_Abort on MPI_COMM_WORLD).
+  void abort(int code = 1) const noexcept { MPI_Abort(MPI_COMM_WORLD, code); }
+
+private:
+  environment(int* argc, char*** argv, int required) : uncaught_(std::uncaught_exceptions()) {
+    int initialized = 0;
+    WEFT_MPI_TRY(MPI_Initialized(&initialized));
+    if (initialized != 0) {
+      WEFT_MPI_TRY(MPI_Query_thread(&provided_));
+      return;
+    }
+    WEFT_MPI_TRY(MPI_Init_thread(argc, argv, required, &provided_));
+    owns_ = true;
+  }
+
+  int uncaught_ = 0;
+  int provided_ = MPI_THREAD_SINGLE;
+  bool owns_ = false;
+};
+
+struct options {
+  /// Deadline of every wait (and of the collective set-up calls).
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  /// Emulated nodes: ranks grouped as this cluster's nodes, rank r on its device r; its
+  /// size must equal the communicator's. Empty: WEFT_TOPOLOGY, else the real nodes.
+  std::optional<topology::cluster> topology;
+};
+
+class communicator;
+inline void broadcast_bytes(communicator& comm, std::span<std::byte> data, int root);
+
+class communicator {
+public:
+  /// Processes do not share memory: plans that load from peers (algo::direct) cannot run.
+  static constexpr bool peer_access = false;
+  static constexpr std::string_view transport_name = "mpi";
+  /// A plan step's message is cut into MPI messages of at most this many bytes, so that a
+  /// received piece is reduced while the next arrives. Each MPI message is a rendezvous
+  /// (a synchronisation with the sender), so pieces must not be small: 1 MiB, the size ring
+  /// already cuts its steps to, measured best among 128 KiB .. 64 MiB (4 processes, 1-64 MiB).
+  static constexpr std::size_t message_bytes = std::size_t{1} << 20;
+  /// Pieces of one recv_reduce in flight at once (the staging area holds this many).
+  static constexpr std::size_t pieces_in_flight = 2;
+
+  /// Wraps the caller's communicator; weft never frees it and never changes its error
+  /// handler. Collective over `comm`. Throws weft::error if MPI is not initialized.
+  static communicator borrow(MPI_Comm comm, const options& opt = {}) {
+    return communicator(detail::mpi_comm_handle(comm, false), opt);
+  }
+  /// Takes `comm` over: weft sets MPI_ERRORS_RETURN on it and frees it when done (also if
+  /// this call throws). Collective over `comm`.
+  static communicator adopt(MPI_Comm comm, const options& opt = {}) {
+    return communicator(detail::mpi_comm_handle(comm, true), opt);
+  }
+
+  communicator(communicator&&) noexcept = default;
+  communicator& operator=(communicator&&) noexcept = default;
+  communicator(const communicator&) = delete;
+  communicator& operator=(const communicator&) = delete;
+  ~communicator() = default;
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return size_; }
+  /// Rank r's rank in MPI_COMM_WORLD.
+  [[nodiscard]] int world_rank(int r) const { return world_ranks_.at(static_cast<std::size_t>(r)); }
+  /// devices()[r]: rank r's device in cluster() (node-major numbering).
+  [[nodiscard]] const std::vector<int>& devices() const noexcept { return devices_; }
+  /// node_of()[r]: the node of rank r, an index into cluster()'s nodes.
+  [[nodiscard]] const std::vector<int>& node_of() const noexcept { return node_of_; }
+  [[nodiscard]] const topology::cluster& cluster() const noexcept { return *cluster_; }
+  /// Whether the nodes are emulated (options::topology or WEFT_TOPOLOGY), not detected.
+  [[nodiscard]] bool emulated_nodes() const noexcept { return emulated_; }
+  [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+  /// The wrapped communicator, for the program's own MPI calls (weft's traffic is on a
+  /// private duplicate and never matches them).
+  [[nodiscard]] MPI_Comm native() const noexcept { return base_.get(); }
+
+  // --- point to point -------------------------------------------------------------------
+  // MPI semantics: send returns once the buffer may be reused, which for a large message
+  // can mean once the receiver has matched it; a receive must name the count and type that
+  // were sent (anything else is a weft::error). Both wait at most timeout().
+
+  template <element T>
+  void send(std::span<const T> data, int peer, int tag = 0) {
+    check_peer(peer, "send");
+    check_tag(tag, "send");
+    const detail::mpi_wait_context ctx{"send", rank_, timeout_};
+    const abandon_on_exit guard{p2p_};
+    post_sends(data.data(), data.size(), peer, tag, max_message, p2p_, ctx.operation);
+    p2p_.wait_all(detail::mpi_datatype<T>(), dtype_traits<T>::name, ctx);
+  }
+  template <element T>
+  void send(std::span<T> data, int peer, int tag = 0) {
+    send(std::span<const T>(data), peer, tag);
+  }
+  template <element T>
+  void recv(std::span<T> data, int peer, int tag = 0) {
+    check_peer(peer, "recv");
+    check_tag(tag, "recv");
+    const detail::mpi_wait_context ctx{"recv", rank_, timeout_};
+    const abandon_on_exit guard{p2p_};
+    post_recvs(data.data(), data.size(), peer, tag, max_message, p2p_, ctx.operation);
+    p2p_.wait_all(detail::mpi_datatype<T>(), dtype_traits<T>::name, ctx);
+  }
+  /// Sends `out` to `to` and receives `in` from `from` at the same time (no deadlock when
+  /// two ranks exchange).
+  template <element T>
+  void sendrecv(std::span<const T> out, int to, std::span<T> in, int from, int tag = 0) {
+    check_peer(to, "sendrecv");
+    check_peer(from, "sendrecv");
+    check_tag(tag, "sendrecv");
+    const detail::mpi_wait_context ctx{"sendrecv", rank_, timeout_};
+    const abandon_on_exit guard{p2p_};
+    post_recvs(in.data(), in.size(), from, tag, max_message, p2p_, ctx.operation);
+    post_sends(out.data(), out.size(), to, tag, max_message, p2p_, ctx.operation);
+    p2p_.wait_all(detail::mpi_datatype<T>(), dtype_traits<T>::name, ctx);
+  }
+
+  void barrier() {
+    const detail::mpi_wait_context ctx{"barrier", rank_, timeout_};
+    MPI_Request req = MPI_REQUEST_NULL;
+    WEFT_MPI_TRY(MPI_Ibarrier(dup_.get(), &req), ctx.operation, rank_);
+    detail::mpi_wait(req, ctx, "have every rank enter the barrier");
+  }
+
+  /// Splits into communicators of the ranks with the same color (>= 0), ordered by (key,
+  /// rank), as MPI_Comm_split. Collective. The result owns its MPI_Comm and keeps this
+  /// communicator's cluster: its rank r sits on the same device as before.
+  communicator split(int color, int key) {
+    WEFT_EXPECTS(color >= 0, "mpi::communicator::split: color must be >= 0");
+    const detail::mpi_wait_context ctx{"split", rank_, timeout_};
+    // Gathering first, with a deadline, means MPI_Comm_split below (which has none) starts
+    // only when every rank has arrived; the table also gives the children's placement.
+    constexpr int fields = 4;
+    const int mine[fields] = {color, key, devices_[static_cast<std::size_t>(rank_)],
+                              world_ranks_[static_cast<std::size_t>(rank_)]};
+    std::vector<int> table(static_cast<std::size_t>(fields * size_));
+    all_gather_ints(mine, fields, table, ctx);
+    std::vector<std::pair<int, int>> members; // (key, rank) of my color
+    for (int r = 0; r < size_; ++r) {
+      if (table[static_cast<std::size_t>(fields * r)] == color) {
+        members.emplace_back(table[static_cast<std::size_t>(fields * r + 1)], r);
+      }
+    }
+    std::sort(members.begin(), members.end());
+    std::vector<int> devices;
+    std::vector<int> world_ranks;
+    int new_rank = -1;
+    for (const auto& [k, r] : members) {
+      if (r == rank_) new_rank = static_cast<int>(devices.size());
+      devices.push_back(table[static_cast<std::size_t>(fields * r + 2)]);
+      world_ranks.push_back(table[static_cast<std::size_t>(fields * r + 3)]);
+    }
+    MPI_Comm child = MPI_COMM_NULL;
+    WEFT_MPI_TRY(MPI_Comm_split(dup_.get(), color, key, &child), ctx.operation, rank_);
+    detail::mpi_comm_handle owned(child, true);
+    WEFT_MPI_TRY(MPI_Comm_set_errhandler(child, MPI_ERRORS_RETURN), ctx.operation, rank_);
+    return communicator(std::move(owned), new_rank, std::move(devices), std::move(world_ranks),
+                        cluster_, emulated_, timeout_);
+  }
+
+  /// Runs one rank's plan over its buffers. `in`/`out` hold in_count/out_count elements
+  /// (in may equal out: in place).
+  template <element T, class Op>
+  void execute(const plan& pl, const T* in, std::size_t in_count, T* out, std::size_t out_count,
+               const Op& op, std::string_view operation) {
+    if (pl.peer_access()) {
+      throw error(operation, rank_, error::unknown,
+                  "the plan loads from peers' buffers (algo::direct, alone or inside "
+                  "hierarchical<>), and MPI processes do not share memory: use ring, tree, "
+                  "halving_doubling, hierarchical<ring, ...> or automatic");
+    }
+    if (pl.size() != size_ || pl.rank() != rank_) {
+      throw error(operation, rank_, error::unknown,
+                  "the plan is for rank " + std::to_string(pl.rank()) + " of " +
+                      std::to_string(pl.size()) + ", not rank " + std::to_string(rank_) + " of " +
+                      std::to_string(size_));
+    }
+    T* const scratch = storage<T>(scratch_, pl.scratch_count());
+    T* const bufs[3] = {const_cast<T*>(in), out, scratch}; // input is only ever read
+    const std::size_t sizes[3] = {in_count, out_count, pl.scratch_count()};
+    const auto range = [&](buffer b, std::size_t off, std::size_t n) -> T* {
+      const auto i = static_cast<std::size_t>(b);
+      if (off + n > sizes[i]) {
+        throw error(operation, rank_, error::unknown,
+                    "plan step addresses elements [" + std::to_string(off) + ", " +
+                        std::to_string(off + n) + ") of a buffer of " + std::to_string(sizes[i]));
+      }
+      return bufs[i] + off;
+    };
+    const detail::mpi_wait_context ctx{operation, rank_, timeout_};
+    const MPI_Datatype type = detail::mpi_datatype<T>();
+    constexpr std::string_view type_name = dtype_traits<T>::name;
+    constexpr std::size_t piece = message_bytes / sizeof(T) > 0 ? message_bytes / sizeof(T) : 1;
+    const abandon_on_exit guard{sends_, recvs_};
+    const auto& steps = pl.steps();
+    std::size_t i = 0;
+    while (i < steps.size()) {
+      const std::uint32_t round = steps[i].round;
+      std::size_t end = i;
+      while (end < steps.size() && steps[end].round == round)
+        ++end;
+      for (std::size_t k = i; k < end; ++k) {
+        const step& s = steps[k];
+        if (s.kind != step_kind::send) continue;
+        check_peer(s.peer, operation);
+        post_sends(range(s.src, s.src_offset, s.count), s.count, s.peer, plan_tag_, piece, sends_,
+                   operation);
+      }
+      for (std::size_t k = i; k < end; ++k) {
+        const step& s = steps[k];
+        switch (s.kind) {
+          case step_kind::send: break;
+          case step_kind::recv:
+            check_peer(s.peer, operation);
+            post_recvs(range(s.dst, s.dst_offset, s.count), s.count, s.peer, plan_tag_, piece,
+                       recvs_, operation);
+            recvs_.wait_all(type, type_name, ctx);
+            break;
+          case step_kind::recv_reduce:
+            check_peer(s.peer, operation);
+            recv_reduce(range(s.src, s.src_offset, s.count), range(s.dst, s.dst_offset, s.count),
+                        s.count, s.peer, piece, op, ctx);
+            break;
+          case step_kind::copy:
+            detail::copy_n(range(s.dst, s.dst_offset, s.count), range(s.src, s.src_offset, s.count),
+                           s.count);
+            break;
+          case step_kind::reduce: {
+            T* d = range(s.dst, s.dst_offset, s.count);
+            detail::reduce2(d, d, range(s.src, s.src_offset, s.count), s.count, op);
+            break;
+          }
+          case step_kind::load:
+          case step_kind::load_reduce:
+          case step_kind::sync:
+            throw error(operation, rank_, s.peer,
+                        "the MPI transport cannot run a peer-access step");
+        }
+      }
+      sends_.wait_all(type, type_name, ctx);
+      i = end;
+    }
+  }
+
+private:
+  friend void broadcast_bytes(communicator& comm, std::span<std::byte> data, int root);
+
+  // Whatever is still in flight when a call ends is abandoned: nothing, unless it ends by
+  // an exception, and then MPI must not go on writing into the caller's buffers.
+  struct abandon_on_exit {
+    detail::mpi_requests& a;
+    detail::mpi_requests* b = nullptr;
+    explicit abandon_on_exit(detail::mpi_requests& x) : a(x) {}
+    abandon_on_exit(detail::mpi_requests& x, detail::mpi_requests& y) : a(x), b(&y) {}
+    abandon_on_exit(const abandon_on_exit&) = delete;
+    abandon_on_exit& operator=(const abandon_on_exit&) = delete;
+    ~abandon_on_exit() {
+      a.abandon();
+      if (b != nullptr) b->abandon();
+    }
+  };
+
+  // The most elements of one MPI message (MPI counts are int).
+  static constexpr std::size_t max_message = static_cast<std::size_t>(INT_MAX);
+
+  // A root communicator: duplicates `base`, then places its ranks on nodes.
+  communicator(detail::mpi_comm_handle base, const options& opt)
+      : base_(std::move(base)), timeout_(opt.timeout) {
+    if (!detail::mpi_alive()) {
+      throw error("weft: mpi::communicator: MPI is not initialized (or already finalized): "
+                  "call MPI_Init, or create a weft::mpi::environment first");
+    }
+    WEFT_EXPECTS(base_.get() != MPI_COMM_NULL, "mpi::communicator: the MPI_Comm is MPI_COMM_NULL");
+    if (base_.owned())
+      WEFT_MPI_TRY(MPI_Comm_set_errhandler(base_.get(), MPI_ERRORS_RETURN), "mpi::communicator");
+    duplicate(base_.get());
+    std::vector<int> world(static_cast<std::size_t>(size_));
+    translate_to_world(world);
+    world_ranks_ = std::move(world);
+    std::optional<topology::cluster> emulated = opt.topology;
+    std::string source = "the topology in mpi::options";
+    if (!emulated) {
+      const char* spec = std::getenv("WEFT_TOPOLOGY");
+      if (spec != nullptr && *spec != '\0') {
+        emulated = topology::parse(spec);
+        source = "WEFT_TOPOLOGY=\"" + std::string(spec) + "\"";
+      }
+    }
+    if (emulated) {
+      if (emulated->size() != size_) {
+        throw error("mpi::communicator", rank_, error::unknown,
+                    source + " describes " + std::to_string(emulated->size()) +
+                        " ranks, but the MPI communicator has " + std::to_string(size_) +
+                        " processes: launch " + std::to_string(emulated->size()) +
+                        " processes, or give a topology of " + std::to_string(size_) +
+                        " ranks (unset WEFT_TOPOLOGY to use the real nodes)");
+      }
+      emulated_ = true;
+      devices_.resize(static_cast<std::size_t>(size_));
+      for (int r = 0; r < size_; ++r)
+        devices_[static_cast<std::size_t>(r)] = r;
+      cluster_ = std::make_shared<const topology::cluster>(std::move(*emulated));
+    } else {
+      detect_nodes();
+    }
+    set_node_of();
+  }
+
+  // A communicator made by split: owns `base`, inherits the parent's cluster.
+  communicator(detail::mpi_comm_handle base, int rank, std::vector<int> devices,
+               std::vector<int> world_ranks, std::shared_ptr<const topology::cluster> cluster,
+               bool emulated, std::chrono::milliseconds timeout)
+      : base_(std::move(base)),
+        world_ranks_(std::move(world_ranks)),
+        devices_(std::move(devices)),
+        cluster_(std::move(cluster)),
+        emulated_(emulated),
+        timeout_(timeout) {
+    duplicate(base_.get());
+    if (rank_ != rank || size_ != static_cast<int>(devices_.size())) {
+      throw error("split", rank_, error::unknown,
+                  "MPI_Comm_split placed this process at rank " + std::to_string(rank_) + " of " +
+                      std::to_string(size_) + ", weft expected rank " + std::to_string(rank) +
+                      " of " + std::to_string(devices_.size()));
+    }
+    set_node_of();
+  }
+
+  // dup_ = a private duplicate of `comm` for all of weft's traffic; rank_, size_, plan_tag_.
+  void duplicate(MPI_Comm comm) {
+    int rank = 0;
+    WEFT_MPI_TRY(MPI_Comm_rank(comm, &rank), "mpi::communicator");
+    const detail::mpi_wait_context ctx{"mpi::communicator", rank, timeout_};
+    MPI_Comm dup = MPI_COMM_NULL;
+    MPI_Request req = MPI_REQUEST_NULL;
+    WEFT_MPI_TRY(MPI_Comm_idup(comm, &dup, &req), ctx.operation, rank);
+    detail::mpi_wait(req, ctx, "duplicate the communicator (MPI_Comm_idup) with every rank");
+    dup_ = detail::mpi_comm_handle(dup, true);
+    WEFT_MPI_TRY(MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN), ctx.operation, rank);
+    WEFT_MPI_TRY(MPI_Comm_rank(dup, &rank_), ctx.operation, rank);
+    WEFT_MPI_TRY(MPI_Comm_size(dup, &size_), ctx.operation, rank);
+    // MPI defines the largest tag on MPI_COMM_WORLD, for every communicator.
+    void* value = nullptr;
+    int found = 0;
+    WEFT_MPI_TRY(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &value, &found), ctx.operation,
+                 rank);
+    plan_tag_ = found != 0 && value != nullptr ? *static_cast<int*>(value) : 32767; // MPI's least
+  }
+
+  void translate_to_world(std::vector<int>& world) const {
+    MPI_Group mine = MPI_GROUP_NULL;
+    MPI_Group all = MPI_GROUP_NULL;
+    WEFT_MPI_TRY(MPI_Comm_group(dup_.get(), &mine), "mpi::communicator", rank_);
+    WEFT_MPI_TRY(MPI_Comm_group(MPI_COMM_WORLD, &all), "mpi::communicator", rank_);
+    std::vector<int> ranks(static_cast<std::size_t>(size_));
+    for (int r = 0; r < size_; ++r)
+      ranks[static_cast<std::size_t>(r)] = r;
+    const int rc = MPI_Group_translate_ranks(mine, size_, ranks.data(), all, world.data());
+    MPI_Group_free(&mine);
+    MPI_Group_free(&all);
+    WEFT_MPI_TRY(rc, "mpi::communicator", rank_);
+  }
+
+  // Real nodes: the processes that share memory with this one, each node named by its
+  // lowest rank; nodes in the order of those ranks, devices node-major.
+  void detect_nodes() {
+    const detail::mpi_wait_context ctx{"mpi::communicator", rank_, timeout_};
+    MPI_Comm node = MPI_COMM_NULL;
+    WEFT_MPI_TRY(MPI_Comm_split_type(dup_.get(), MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
+                 ctx.operation, rank_);
+    const detail::mpi_comm_handle node_handle(node, true);
+    MPI_Group node_group = MPI_GROUP_NULL;
+    MPI_Group group = MPI_GROUP_NULL;
+    WEFT_MPI_TRY(MPI_Comm_group(node, &node_group), ctx.operation, rank_);
+    WEFT_MPI_TRY(MPI_Comm_group(dup_.get(), &group), ctx.operation, rank_);
+    const int first = 0;
+    int leader = MPI_UNDEFINED;
+    const int rc = MPI_Group_translate_ranks(node_group, 1, &first, group, &leader);
+    MPI_Group_free(&node_group);
+    MPI_Group_free(&group);
+    WEFT_MPI_TRY(rc, ctx.operation, rank_);
+    std::vector<int> leaders(static_cast<std::size_t>(size_));
+    all_gather_ints(&leader, 1, leaders, ctx);
+    std::vector<int> ids = leaders; // node names, in rank order of their leaders
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    std::vector<int> per_node(ids.size(), 0);
+    std::vector<int> node_index(static_cast<std::size_t>(size_));
+    for (int r = 0; r < size_; ++r) {
+      const auto n =
+          std::lower_bound(ids.begin(), ids.end(), leaders[static_cast<std::size_t>(r)]) -
+          ids.begin();
+      node_index[static_cast<std::size_t>(r)] = static_cast<int>(n);
+      ++per_node[static_cast<std::size_t>(n)];
+    }
+    std::vector<int> next(ids.size(), 0); // next free device of each node
+    for (std::size_t n = 1; n < ids.size(); ++n)
+      next[n] = next[n - 1] + per_node[n - 1];
+    devices_.resize(static_cast<std::size_t>(size_));
+    for (int r = 0; r < size_; ++r) {
+      devices_[static_cast<std::size_t>(r)] =
+          next[static_cast<std::size_t>(node_index[static_cast<std::size_t>(r)])]++;
+    }
+    cluster_ = std::make_shared<const topology::cluster>(
+        per_node, topology::default_link(topology::link_kind::shm),
+        topology::default_link(topology::link_kind::ethernet));
+  }
+
+  void set_node_of() {
+    node_of_.resize(devices_.size());
+    for (std::size_t r = 0; r < devices_.size(); ++r)
+      node_of_[r] = cluster_->node_of(devices_[r]);
+  }
+
+  void all_gather_ints(const int* mine, int n, std::vector<int>& all,
+                       const detail::mpi_wait_context& ctx) {
+    MPI_Request req = MPI_REQUEST_NULL;
+    WEFT_MPI_TRY(MPI_Iallgather(mine, n, MPI_INT, all.data(), n, MPI_INT, dup_.get(), &req),
+                 ctx.operation, rank_);
+    detail::mpi_wait(req, ctx, "gather from every rank");
+  }
+
+  void check_peer(int peer, std::string_view operation) const {
+    if (peer < 0 || peer >= size_ || peer == rank_) {
+      throw error(operation, rank_, peer,
+                  "peer outside the communicator of " + std::to_string(size_) + " ranks");
+    }
+  }
+
+  void check_tag(int tag, std::string_view operation) const {
+    if (tag < 0 || tag >= plan_tag_) {
+      throw error(
+          operation, rank_, error::unknown,
+          "tag " + std::to_string(tag) + " outside [0, " + std::to_string(plan_tag_) +
+              "): MPI tags are non-negative, and weft keeps MPI_TAG_UB for its collectives");
+    }
+  }
+
+  // The messages of one step: pieces of at most `piece` elements, posted in order.
+  template <class T>
+  void post_sends(const T* data, std::size_t count, int peer, int tag, std::size_t piece,
+                  detail::mpi_requests& set, std::string_view operation) {
+    const MPI_Datatype type = detail::mpi_datatype<T>();
+    std::size_t off = 0;
+    do { // a count of 0 is still one (empty) message
+      const std::size_t n = std::min(piece, count - off);
+      WEFT_MPI_TRY(MPI_Isend(data + off, static_cast<int>(n), type, peer, tag, dup_.get(),
+                             &set.add_send(peer)),
+                   operation, rank_, peer);
+      off += n;
+    } while (off < count);
+  }
+  template <class T>
+  void post_recvs(T* data, std::size_t count, int peer, int tag, std::size_t piece,
+                  detail::mpi_requests& set, std::string_view operation) {
+    const MPI_Datatype type = detail::mpi_datatype<T>();
+    std::size_t off = 0;
+    do {
+      const std::size_t n = std::min(piece, count - off);
+      WEFT_MPI_TRY(MPI_Irecv(data + off, static_cast<int>(n), type, peer, tag, dup_.get(),
+                             &set.add_recv(peer, n)),
+                   operation, rank_, peer);
+      off += n;
+    } while (off < count);
+  }
+
+  // dst = a (op) message from peer, piece by piece: up to pieces_in_flight pieces land in
+  // the staging slots while the oldest is reduced.
+  template <class T, class Op>
+  void recv_reduce(const T* a, T* dst, std::size_t count, int peer, std::size_t piece, const Op& op,
+                   const detail::mpi_wait_context& ctx) {
+    const MPI_Datatype type = detail::mpi_datatype<T>();
+    const std::size_t pieces = (count + piece - 1) / piece;
+    const std::size_t depth = std::min(pieces, pieces_in_flight);
+    const std::size_t stride = std::min(count, piece);
+    T* const stage = storage<T>(staging_, depth * stride);
+    recvs_.resize(depth);
+    const auto post = [&](std::size_t p) {
+      const std::size_t off = p * piece;
+      const std::size_t n = std::min(piece, count - off);
+      const std::size_t slot = p % depth;
+      WEFT_MPI_TRY(MPI_Irecv(stage + slot * stride, static_cast<int>(n), type, peer, plan_tag_,
+                             dup_.get(), &recvs_.set_recv(slot, peer, n)),
+                   ctx.operation, rank_, peer);
+    };
+    for (std::size_t p = 0; p < depth; ++p)
+      post(p);
+    for (std::size_t p = 0; p < pieces; ++p) {
+      const std::size_t off = p * piece;
+      const std::size_t n = std::min(piece, count - off);
+      const std::size_t slot = p % depth;
+      recvs_.wait(slot, type, dtype_traits<T>::name, ctx);
+      detail::reduce2(dst + off, a + off, stage + slot * stride, n, op);
+      if (p + depth < pieces) post(p + depth);
+    }
+    recvs_.resize(0);
+  }
+
+  template <class T>
+  static T* storage(std::vector<std::max_align_t>& v, std::size_t n) {
+    const std::size_t bytes = n * sizeof(T);
+    if (v.size() * sizeof(std::max_align_t) < bytes) v.resize(bytes / sizeof(std::max_align_t) + 1);
+    return reinterpret_cast<T*>(v.data());
+  }
+
+  detail::mpi_comm_handle base_; // the wrapped communicator (borrowed or owned)
+  detail::mpi_comm_handle dup_;  // weft's private duplicate of it, always owned
+  int rank_ = 0;
+  int size_ = 0;
+  int plan_tag_ = 32767;
+  std::vector<int> world_ranks_;
+  std::vector<int> devices_;
+  std::vector<int> node_of_;
+  std::shared_ptr<const topology::cluster> cluster_;
+  bool emulated_ = false;
+  std::chrono::milliseconds timeout_;
+  std::vector<std::max_align_t> scratch_;
+  std::vector<std::max_align_t> staging_;
+  // In-flight requests; empty between calls. Members so that their storage is reused.
+  detail::mpi_requests sends_;
+  detail::mpi_requests recvs_;
+  detail::mpi_requests p2p_;
+};
+
+/// A communicator over MPI_COMM_WORLD (borrowed). Collective over all processes.
+inline communicator world(const options& opt = {}) {
+  return communicator::borrow(MPI_COMM_WORLD, opt);
+}
+
+/// Broadcasts `data` from `root` to every rank of `comm`, which must all pass the same
+/// number of bytes: the bootstrap of another library's communicator (NCCL's ncclUniqueId,
+/// made on one rank and needed by all). Waits at most comm.timeout().
+inline void broadcast_bytes(communicator& comm, std::span<std::byte> data, int root) {
+  const detail::mpi_wait_context ctx{"broadcast_bytes", comm.rank_, comm.timeout_};
+  if (root < 0 || root >= comm.size_) {
+    throw error(ctx.operation, comm.rank_, error::unknown,
+                "root " + std::to_string(root) + " outside the communicator of " +
+                    std::to_string(comm.size_) + " ranks");
+  }
+  if (data.size() > communicator::max_message) {
+    throw error(ctx.operation, comm.rank_, error::unknown, "more than INT_MAX bytes");
+  }
+  MPI_Request req = MPI_REQUEST_NULL;
+  WEFT_MPI_TRY(
+      MPI_Ibcast(data.data(), static_cast<int>(data.size()), MPI_BYTE, root, comm.dup_.get(), &req),
+      ctx.operation, comm.rank_);
+  detail::mpi_wait(req, ctx, "receive the broadcast from rank " + std::to_string(root));
+}
+
+} // namespace weft::mpi
