@@ -62,6 +62,7 @@ BENCHMARK(stream_add)->Iterations(1);
 BENCHMARK(all_reduce_local<weft::algo::ring>)->Name("all_reduce/local4/ring")->Apply(sizes);
 BENCHMARK(all_reduce_local<weft::algo::tree>)->Name("all_reduce/local4/tree")->Apply(sizes);
 BENCHMARK(all_reduce_local<weft::algo::halving_doubling>)->Name("all_reduce/local4/halving_doubling")->Apply(sizes);
+BENCHMARK(all_reduce_local<weft::algo::recursive_doubling>)->Name("all_reduce/local4/recursive_doubling")->Apply(sizes);
 BENCHMARK(all_reduce_local<weft::algo::direct>)->Name("all_reduce/local4/direct")->Apply(sizes);
 BENCHMARK(all_reduce_local<weft::algo::automatic>)->Name("all_reduce/local4/automatic")->Apply(sizes);
 

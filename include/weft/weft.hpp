@@ -13,8 +13,9 @@
 #include <weft/comm/algorithm/automatic.hpp>
 #include <weft/comm/algorithm/direct.hpp>
 #include <weft/comm/algorithm/halving_doubling.hpp>
-#include <weft/comm/algorithm/pairwise.hpp>
 #include <weft/comm/algorithm/hierarchical.hpp>
+#include <weft/comm/algorithm/pairwise.hpp>
+#include <weft/comm/algorithm/recursive_doubling.hpp>
 #include <weft/comm/algorithm/ring.hpp>
 #include <weft/comm/algorithm/tree.hpp>
 #include <weft/comm/all_gather.hpp>

@@ -6,7 +6,7 @@ using namespace weft;
 
 template <class Algo>
 class all_reduce_algorithms : public ::testing::Test {};
-using algorithms = ::testing::Types<algo::ring, algo::tree, algo::halving_doubling, algo::direct, algo::hierarchical<>,
+using algorithms = ::testing::Types<algo::ring, algo::tree, algo::halving_doubling, algo::recursive_doubling, algo::direct, algo::hierarchical<>,
                                     algo::hierarchical<algo::direct, algo::tree>, algo::automatic>;
 TYPED_TEST_SUITE(all_reduce_algorithms, algorithms);
 

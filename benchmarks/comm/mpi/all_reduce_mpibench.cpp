@@ -166,6 +166,7 @@ int main(int argc, char** argv) {
     add<weft::algo::ring>("ring");
     add<weft::algo::tree>("tree");
     add<weft::algo::halving_doubling>("halving_doubling");
+    add<weft::algo::recursive_doubling>("recursive_doubling");
     add<weft::algo::hierarchical<weft::algo::ring, weft::algo::ring>>("hierarchical<ring,ring>");
     add<weft::algo::hierarchical<weft::algo::ring, weft::algo::tree>>("hierarchical<ring,tree>");
     if (rank == 0) {

@@ -57,7 +57,7 @@ TEST(automatic, table) {
   for (const candidate& a : candidates())
     names.insert(a.name);
   EXPECT_EQ(names, (std::set<std::string_view>{
-                       "direct", "ring", "tree", "halving_doubling", "pairwise", "hierarchical<ring, ring>",
+                       "direct", "ring", "tree", "halving_doubling", "recursive_doubling", "pairwise", "hierarchical<ring, ring>",
                        "hierarchical<direct, ring>", "hierarchical<ring, tree>"}));
   for (const candidate& a : candidates()) {
     EXPECT_EQ(a.needs_peer_access, a.name.find("direct") != std::string_view::npos) << a.name;
@@ -68,10 +68,11 @@ TEST(automatic, table) {
 TEST(automatic, tiny_all_reduce_on_shared_memory) {
   const auto c = topo::host(4);
   const plan_request q{collective::all_reduce, 4, 0, 1, 0, {}, 4};
-  // One element: direct's one-shot takes three latencies, the others at least 2 log2 4.
-  EXPECT_EQ(choose(q, c, {}, true).name, "direct");
+  // One element: recursive_doubling takes log2 4 = 2 latencies, direct's one-shot three
+  // (sync, load, sync), the others at least 2 log2 4.
+  EXPECT_EQ(choose(q, c, {}, true).name, "recursive_doubling");
   const candidate& without = choose(q, c, {}, false);
-  EXPECT_NE(without.name, "direct");
+  EXPECT_EQ(without.name, "recursive_doubling");
   EXPECT_FALSE(without.needs_peer_access);
   expect_cheapest(q, c, {}, true);
   expect_cheapest(q, c, {}, false);

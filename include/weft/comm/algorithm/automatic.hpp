@@ -19,6 +19,7 @@
 #include <weft/comm/algorithm/halving_doubling.hpp>
 #include <weft/comm/algorithm/hierarchical.hpp>
 #include <weft/comm/algorithm/pairwise.hpp>
+#include <weft/comm/algorithm/recursive_doubling.hpp>
 #include <weft/comm/algorithm/ring.hpp>
 #include <weft/comm/algorithm/tree.hpp>
 #include <weft/sim/cost_model.hpp>
@@ -62,6 +63,7 @@ inline constexpr std::array candidate_table = {
     candidate_of<algo::ring>(false, false),
     candidate_of<algo::tree>(false, false),
     candidate_of<algo::halving_doubling>(false, false),
+    candidate_of<algo::recursive_doubling>(false, false),
     candidate_of<algo::pairwise>(false, false),
     candidate_of<algo::hierarchical<algo::ring, algo::ring>>(false, true),
     candidate_of<algo::hierarchical<algo::direct, algo::ring>>(true, true),

@@ -157,14 +157,14 @@ template <collective C, class Algo, class Comm, class T, class Op>
 void run_collective(Comm& comm, const T* in, std::size_t in_n, T* out, std::size_t out_n, std::size_t count, int root,
                     const Op& op) {
   static_assert(algo::plan_generator<Algo> || std::is_same_v<Algo, algo::automatic>,
-                "weft: the algorithm policy must be a weft::algo tag (ring, tree, halving_doubling, direct, "
-                "hierarchical<Intra, Inter>, automatic)");
+                "weft: the algorithm policy must be a weft::algo tag (ring, tree, halving_doubling, recursive_doubling, "
+                "direct, pairwise, hierarchical<Intra, Inter>, automatic)");
   static_assert(plan_executor<Comm>, "weft: this communicator cannot run collectives (no execute())");
   constexpr bool can_load = requires { requires Comm::peer_access; };
   if constexpr (!std::is_same_v<Algo, algo::automatic>) {
     static_assert(Algo::serves(C),
-                  "weft: this algorithm cannot run this collective. all_reduce: ring, tree, halving_doubling, direct, "
-                  "hierarchical, automatic; reduce_scatter and all_gather: ring, halving_doubling, direct, "
+                  "weft: this algorithm cannot run this collective. all_reduce: ring, tree, halving_doubling, "
+                  "recursive_doubling, direct, hierarchical, automatic; reduce_scatter and all_gather: ring, halving_doubling, direct, "
                   "automatic; broadcast and reduce: ring, tree, direct, automatic; all_to_all: direct, automatic");
     static_assert(!needs_peer_access_v<Algo> || can_load,
                   "weft: this algorithm loads from peers' buffers (algo::direct) and needs a communicator with the "
