@@ -66,7 +66,7 @@ TEST(cost_model, a_message_across_nodes_costs_the_inter_link) {
   EXPECT_NEAR(price(pl, make({2, 2}), {0, 3}, 1), alpha_x + 1e6 / beta_x, rel);
 }
 
-TEST(cost_model, ranks_of_a_node_share_its_nic_in_a_round) {
+TEST(cost_model, ranks_of_a_node_share_its_nics) {
   // Ranks 0, 1 on node 0 each send 1 MB to node 1 in the same round.
   auto pl = blank(4);
   pl[0].send(2, buffer::input, 0, 1'000'000);
@@ -77,15 +77,26 @@ TEST(cost_model, ranks_of_a_node_share_its_nic_in_a_round) {
   // Two NICs: each transfer has one to itself; more NICs do not make one faster.
   EXPECT_NEAR(price(pl, make({2, 2}, 2), {}, 1), alpha_x + 1e6 / beta_x, rel);
   EXPECT_NEAR(price(pl, make({2, 2}, 8), {}, 1), alpha_x + 1e6 / beta_x, rel);
-  // In different rounds they do not share: rank 1 sends after a round of its own.
+  // Apart in time they do not share: rank 1 first copies 10 MB (2 ms), and by then rank 0's
+  // transfer (1 ms) has left the NIC.
   auto apart = blank(4);
   apart[0].send(2, buffer::input, 0, 1'000'000);
   apart[2].recv(0, buffer::output, 0, 1'000'000);
-  apart[1].copy(buffer::input, 0, buffer::output, 0, 1);
+  apart[1].copy(buffer::input, 0, buffer::output, 0, 10'000'000);
   apart[1].next_round();
   apart[1].send(3, buffer::input, 0, 1'000'000);
   apart[3].recv(1, buffer::output, 0, 1'000'000);
-  EXPECT_NEAR(price(apart, make({2, 2}, 1), {}, 1), 1 / gamma_r + alpha_x + 1e6 / beta_x, rel);
+  EXPECT_NEAR(price(apart, make({2, 2}, 1), {}, 1), 1e7 / gamma_r + alpha_x + 1e6 / beta_x, rel);
+  // Overlapping in time they do: rank 1 copies 1 MB (0.2 ms) first, then queues behind rank
+  // 0's transfer, which holds the NIC until 1 ms; its own ends 1 ms later.
+  auto overlap = blank(4);
+  overlap[0].send(2, buffer::input, 0, 1'000'000);
+  overlap[2].recv(0, buffer::output, 0, 1'000'000);
+  overlap[1].copy(buffer::input, 0, buffer::output, 0, 1'000'000);
+  overlap[1].next_round();
+  overlap[1].send(3, buffer::input, 0, 1'000'000);
+  overlap[3].recv(1, buffer::output, 0, 1'000'000);
+  EXPECT_NEAR(price(overlap, make({2, 2}, 1), {}, 1), 2e6 / beta_x + alpha_x, rel);
 }
 
 TEST(cost_model, sends_of_one_rank_in_a_round_share_its_link) {

@@ -16,13 +16,15 @@
 //     sync        waits for every member to arrive, plus one latency
 //     end         when the round's steps are done and its sends have been received
 //
-//   shared NICs: the ranks of one node whose sends leave the node in the same round (by
-//   round index) share the node's nics * inter bandwidth; each gets at most one NIC's worth.
+//   shared NICs: a message that leaves its node also queues on the node's NICs, one pipe of
+//                nics * inter bandwidth shared by all its ranks, in the order the transfers
+//                start; each transfer still gets at most one NIC's worth. (local::options::
+//                emulate_links paces real transfers by these same rules.)
 //
 // Matching of messages (FIFO per pair of ranks) and of syncs (the k-th sync over the same
-// ranks) is the serial model's. Every time is a max or a sum of earlier times, so the result
-// does not depend on the order the simulation visits ranks in: it is deterministic, and the
-// work is linear in the number of steps (sync groups count once per member).
+// ranks) is the serial model's. The simulation always advances the rank with the earliest
+// clock (ties: the lower rank) by one step, so transfers take the NIC pipes in time order; it
+// is deterministic, and the work is O(steps log ranks) (sync groups count once per member).
 #include <weft/comm/algorithm/generator.hpp>
 #include <weft/comm/plan.hpp>
 #include <weft/core/error.hpp>
@@ -31,8 +33,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
+#include <functional>
 #include <map>
+#include <queue>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -87,24 +90,9 @@ WEFT_PLANNING inline breakdown simulate(const std::vector<plan>& plans, const to
   };
   const auto rank_ok = [&](int q) { return q >= 0 && q < p; };
 
-  // Ranks per (node, round) that send off their node: they share the node's NICs.
-  std::unordered_map<std::uint64_t, int> leaving;
-  const auto nic_key = [](int n, std::uint32_t round) {
-    return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(n)) << 32) | round;
-  };
-  for (int r = 0; r < p; ++r) {
-    bool counted = false;
-    std::uint32_t round = 0;
-    for (const step& x : plans[static_cast<std::size_t>(r)].steps()) {
-      if (x.kind != step_kind::send) continue;
-      if (!rank_ok(x.peer) || x.peer == r) throw bad_peer(r, x);
-      if (node[static_cast<std::size_t>(x.peer)] == node[static_cast<std::size_t>(r)]) continue;
-      if (counted && round == x.round) continue;
-      counted = true;
-      round = x.round;
-      ++leaving[nic_key(node[static_cast<std::size_t>(r)], x.round)];
-    }
-  }
+  // When each node's NIC pipe is next free: messages leaving the node queue on it.
+  std::vector<double> nic_free(static_cast<std::size_t>(c.nodes()), 0.0);
+  const double nic_pipe = static_cast<double>(c.nics_per_node()) * c.inter().bandwidth;
 
   // Sync groups, interned by their members so that plans built apart still match.
   std::map<std::vector<int>, int> group_ids;
@@ -121,6 +109,8 @@ WEFT_PLANNING inline breakdown simulate(const std::vector<plan>& plans, const to
   struct message {
     double ready;    // when the sender's link can start it
     double duration; // latency + bytes / bandwidth
+    double bytes;
+    int from_node;   // the sender's node, when the message leaves it; -1 otherwise
     double end = 0;
     bool consumed = false;
   };
@@ -150,14 +140,16 @@ WEFT_PLANNING inline breakdown simulate(const std::vector<plan>& plans, const to
   };
   std::map<std::pair<int, std::uint64_t>, sync_instance> syncs;
   std::vector<rank_state> st(up);
-  std::deque<int> ready;
+  // Runnable ranks, earliest clock first (then lowest rank).
+  using entry = std::pair<double, int>;
+  std::priority_queue<entry, std::vector<entry>, std::greater<>> ready;
   for (int r = 0; r < p; ++r)
-    ready.push_back(r);
+    ready.emplace(0.0, r);
   const auto wake = [&](int q) {
     auto& s = st[static_cast<std::size_t>(q)];
     if (s.blocked) {
       s.blocked = false;
-      ready.push_back(q);
+      ready.emplace(s.clock, q);
     }
   };
   const auto count_bytes = [&](int a, int b, double bytes) {
@@ -183,18 +175,15 @@ WEFT_PLANNING inline breakdown simulate(const std::vector<plan>& plans, const to
         for (std::size_t i = s.pc; i < steps.size() && steps[i].round == round; ++i) {
           const step& x = steps[i];
           if (x.kind != step_kind::send) continue;
+          if (!rank_ok(x.peer) || x.peer == r) throw bad_peer(r, x);
           const double bytes = static_cast<double>(x.count) * es;
           const topology::link& l = link_of(r, x.peer);
-          double bw = l.bandwidth;
-          if (node[ur] != node[static_cast<std::size_t>(x.peer)]) {
-            const double shared = static_cast<double>(c.nics_per_node()) * c.inter().bandwidth /
-                                  static_cast<double>(leaving.at(nic_key(node[ur], round)));
-            bw = std::min(bw, shared);
-          }
+          const bool leaves = node[ur] != node[static_cast<std::size_t>(x.peer)];
           const std::uint64_t key = channel_key(r, x.peer);
           channel& ch = channels[key];
-          ch.messages.push_back(message{s.clock + busy, l.latency + bytes / bw});
-          busy += bytes / bw;
+          ch.messages.push_back(
+              message{s.clock + busy, l.latency + bytes / l.bandwidth, bytes, leaves ? node[ur] : -1});
+          busy += bytes / l.bandwidth;
           s.sent.emplace_back(key, ch.messages.size() - 1);
           count_bytes(r, x.peer, bytes);
           wake(x.peer);
@@ -230,7 +219,13 @@ WEFT_PLANNING inline breakdown simulate(const std::vector<plan>& plans, const to
             return;
           }
           message& m = ch.messages[ch.next++];
-          m.end = std::max(s.clock, m.ready) + m.duration;
+          const double start = std::max(s.clock, m.ready);
+          m.end = start + m.duration;
+          if (m.from_node >= 0) {
+            double& pipe = nic_free[static_cast<std::size_t>(m.from_node)];
+            pipe = std::max(pipe, start) + m.bytes / nic_pipe;
+            m.end = std::max(m.end, pipe + c.inter().latency);
+          }
           m.consumed = true;
           s.clock = m.end;
           if (x.kind == step_kind::recv_reduce) s.clock += bytes / reduce_bw;
@@ -293,12 +288,16 @@ WEFT_PLANNING inline breakdown simulate(const std::vector<plan>& plans, const to
         case step_kind::send: break;
       }
       ++s.pc;
+      if (!ready.empty() && ready.top() < entry{s.clock, r}) {  // someone is earlier: let them go first
+        ready.emplace(s.clock, r);
+        return;
+      }
     }
   };
 
   while (!ready.empty()) {
-    const int r = ready.front();
-    ready.pop_front();
+    const int r = ready.top().second;
+    ready.pop();
     advance(r);
   }
 

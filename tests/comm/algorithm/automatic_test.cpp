@@ -30,8 +30,9 @@ std::vector<int> two_nodes_of_8() {
 
 bool eligible(const candidate& a, const plan_request& q, bool peer_access) {
   std::set<int> nodes(q.node_of.begin(), q.node_of.end());
+  const bool flat_loads_across_nodes = a.needs_peer_access && !a.needs_nodes && nodes.size() > 1;
   return a.serves(q.coll) && (peer_access || !a.needs_peer_access) &&
-         (nodes.size() > 1 || !a.needs_nodes);
+         (nodes.size() > 1 || !a.needs_nodes) && !flat_loads_across_nodes;
 }
 
 double price_of(const candidate& a, const plan_request& q, const topo::cluster& c,
@@ -214,6 +215,20 @@ TEST(automatic, as_a_policy_its_plans_are_correct) {
   EXPECT_FALSE(weft::algo::automatic::make_plan({collective::all_to_all, 4, 0, 1, 0, {}, 4}).peer_access());
   EXPECT_THROW(weft::algo::automatic::make_plan({collective::all_reduce, 4, 0, 1, 0, {0, 0, 1}, 4}),
                weft::error);
+}
+
+// Peers on other nodes cannot be read directly, even where the transport could (the local
+// transport emulates nodes in one process): across nodes, direct is never chosen, though
+// the model prices it cheapest from 1 MiB on here (its loads do not queue on the NICs).
+TEST(automatic, never_loads_across_nodes) {
+  const auto c = topo::parse("2x4,intra=shm:8GB/s:2us,inter=net:0.5GB/s:20us");
+  std::vector<int> node_of{0, 0, 0, 0, 1, 1, 1, 1};
+  for (std::size_t count : {std::size_t{1}, std::size_t{1} << 18, std::size_t{1} << 22}) {
+    const plan_request q{collective::all_reduce, 8, 0, count, 0, node_of, 4};
+    const candidate& got = choose(q, c, {}, true);
+    EXPECT_FALSE(got.needs_peer_access && !got.needs_nodes) << got.name << " count " << count;
+    expect_cheapest(q, c, {}, true);
+  }
 }
 
 } // namespace

@@ -5,8 +5,8 @@
 //
 //   choose(request, cluster, device_of, peer_access)
 //     for each candidate, in table order:
-//       skip it if it does not plan the collective, needs peer access the transport lacks,
-//       or is hierarchical and the group sits on one node
+//       skip it if it does not plan the collective, needs peer access the transport lacks
+//       (or would load across nodes), or is hierarchical and the group sits on one node
 //       price = sim::price(its plans for ranks 0 .. size-1)
 //     the cheapest wins; a tie goes to the earlier entry
 //
@@ -179,7 +179,11 @@ WEFT_PLANNING inline const candidate& choose(const plan_request& q, const topolo
   double best_price = 0;
   for (std::size_t i = 0; i < table.size(); ++i) {
     const candidate& a = table[i];
-    if (!a.serves(q.coll) || (a.needs_peer_access && !peer_access) || (a.needs_nodes && !nodes))
+    // A flat peer-access plan would read buffers on other nodes, which real machines cannot
+    // (the local transport can only because its nodes are emulated in one process).
+    const bool flat_loads_across_nodes = a.needs_peer_access && !a.needs_nodes && nodes;
+    if (!a.serves(q.coll) || (a.needs_peer_access && !peer_access) || (a.needs_nodes && !nodes) ||
+        flat_loads_across_nodes)
       continue;
     const double t = sim::price(sim::plans_of(a.make_plan, q), c, device_of, q.element_size);
     if (best == table.size() || t < best_price) {
