@@ -32,6 +32,9 @@ namespace weft::local {
 
 struct options {
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  /// Pace every transfer at the figures of the cluster's links (latency, bandwidth, shared
+  /// NICs), as sim::simulate prices them, so one machine shows what a fabric does.
+  bool emulate_links = false;
 };
 
 class communicator {
@@ -169,8 +172,10 @@ public:
           case step_kind::recv_reduce: {
             const T* a = range(s.src, s.src_offset, s.count);
             T* dst = range(s.dst, s.dst_offset, s.count);
-            consume(s.peer, s.count, dtype_of<T>, plan_tag, operation,
-                    [&](const void* src) { detail::reduce2(dst, a, static_cast<const T*>(src), s.count, op); });
+            consume(
+                s.peer, s.count, dtype_of<T>, plan_tag, operation,
+                [&](const void* src) { detail::reduce2(dst, a, static_cast<const T*>(src), s.count, op); },
+                arrival::before_use);
             break;
           }
           case step_kind::copy:
@@ -181,19 +186,32 @@ public:
             detail::reduce2(d, d, range(s.src, s.src_offset, s.count), s.count, op);
             break;
           }
-          case step_kind::load:
+          case step_kind::load: {
+            const std::int64_t arrived = pace_loads(std::span(&s.peer, 1), s.count * sizeof(T));
             detail::copy_n(range(s.dst, s.dst_offset, s.count), peer_range<T>(s.peer, s.src, s.src_offset, s.count, operation),
                            s.count);
+            detail::link_pacer::wait_until(arrived);
             break;
+          }
           case step_kind::load_reduce: {
             const auto& g = pl.group(s.peer);
             srcs_.clear();
             for (int q : g) srcs_.push_back(peer_range<T>(q, s.src, s.src_offset, s.count, operation));
+            detail::link_pacer::wait_until(pace_loads(g, s.count * sizeof(T)));
             detail::reduce_many(range(s.dst, s.dst_offset, s.count), reinterpret_cast<const T* const*>(srcs_.data()),
                                 srcs_.size(), s.count, op);
             break;
           }
-          case step_kind::sync: sync_with(pl.group(s.peer), operation); break;
+          case step_kind::sync: {
+            const auto& g = pl.group(s.peer);
+            sync_with(g, operation);
+            if (auto* pacer = group_->world->pacer.get()) {
+              devs_.clear();
+              for (int q : g) devs_.push_back(world_rank(q));
+              detail::link_pacer::wait_until(pacer->synced(devs_));
+            }
+            break;
+          }
         }
       }
       pending.wait_all(operation);
@@ -249,7 +267,7 @@ private:
     const auto give_up = [&] { return world.failed.load(std::memory_order_acquire) || peer_gone(); };
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     auto& bell = world.bells[static_cast<std::size_t>(group_->world_rank[static_cast<std::size_t>(rank_)])];
-    if (!bell.wait(ready, give_up, deadline)) fail_wait(operation, peer, what);
+    if (!bell.wait(ready, give_up, deadline, world.spins)) fail_wait(operation, peer, what);
   }
 
   [[noreturn]] WEFT_PLANNING void fail_wait(std::string_view operation, int peer, std::string_view what) const {
@@ -270,6 +288,16 @@ private:
                                             std::string(what));
   }
 
+  // Emulated links: when loads of `bytes` from each of `peers` would have arrived (0: now).
+  template <class Peers>
+  std::int64_t pace_loads(const Peers& peers, std::size_t bytes) {
+    auto* pacer = group_->world->pacer.get();
+    if (pacer == nullptr) return 0;
+    devs_.clear();
+    for (int q : peers) devs_.push_back(world_rank(q));
+    return pacer->loads(world_rank(rank_), devs_, static_cast<double>(bytes));
+  }
+
   // Appends a message to the channel to `peer`; returns its sequence number.
   std::uint64_t post(int peer, const void* data, std::size_t count, dtype type, int tag,
                      std::unique_ptr<std::byte[]> owned, std::string_view operation) {
@@ -285,15 +313,22 @@ private:
     m.type = type;
     m.tag = tag;
     m.owned = std::move(owned);
+    if (auto* pacer = group_->world->pacer.get()) {
+      m.ready = pacer->post(world_rank(rank_), world_rank(peer), static_cast<double>(count * size_of(type)));
+    }
     m.state.store(static_cast<std::uint32_t>(detail::slot_state::posted), std::memory_order_relaxed);
     ch.tail.store(seq + 1, std::memory_order_release);
     group_->bell(peer).ring();
     return seq;
   }
 
+  // With emulated links, a copy overlaps the message's transfer, a reduction waits for it.
+  enum class arrival { overlaps_use, before_use };
+
   // Waits for the next message from `peer`, checks it, hands its data to f, marks it consumed.
   template <class F>
-  void consume(int peer, std::size_t count, dtype type, int tag, std::string_view operation, F&& f) {
+  void consume(int peer, std::size_t count, dtype type, int tag, std::string_view operation, F&& f,
+               arrival pacing = arrival::overlaps_use) {
     detail::channel& ch = group_->chan(peer, rank_);
     const std::uint64_t seq = ch.head.load(std::memory_order_relaxed);
     wait([&] { return ch.tail.load(std::memory_order_acquire) > seq; }, operation, peer, "receive from it");
@@ -313,7 +348,15 @@ private:
                                               describe(m.tag, m.type, m.count) +
                                               ": the ranks disagree on the call (set WEFT_CHECK_CALLS=1 to find where)");
     }
-    f(m.data);
+    if (auto* pacer = group_->world->pacer.get()) {
+      const std::int64_t arrived = pacer->arrival(world_rank(peer), world_rank(rank_),
+                                                  static_cast<double>(count * size_of(type)), m.ready);
+      if (pacing == arrival::before_use) detail::link_pacer::wait_until(arrived);
+      f(m.data);
+      detail::link_pacer::wait_until(arrived);
+    } else {
+      f(m.data);
+    }
     m.owned.reset();
     m.state.store(static_cast<std::uint32_t>(detail::slot_state::consumed), std::memory_order_release);
     ch.head.store(seq + 1, std::memory_order_release);
@@ -381,6 +424,7 @@ private:
   std::vector<int> node_of_;
   std::vector<std::max_align_t> scratch_;
   std::vector<const void*> srcs_;
+  std::vector<int> devs_;  // scratch for the pacer's device lists
 };
 
 } // namespace weft::local
@@ -389,7 +433,7 @@ namespace weft::detail {
 
 template <class F>
 void run_ranks(topology::cluster cluster, F&& f, local::options opt) {
-  auto world = std::make_shared<local_world>(std::move(cluster));
+  auto world = std::make_shared<local_world>(std::move(cluster), opt.emulate_links);
   const int n = world->size;
   std::vector<int> everyone(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) everyone[static_cast<std::size_t>(r)] = r;
@@ -397,6 +441,7 @@ void run_ranks(topology::cluster cluster, F&& f, local::options opt) {
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
   const auto body = [&](int r) {
     try {
+      if (opt.emulate_links) link_pacer::precise_sleeps();
       local::communicator c(group, r, opt.timeout);
       f(c);
       world->finish(r);

@@ -45,9 +45,11 @@ public:
   }
 
   /// Waits until ready() holds; returns false if `until` passed first or give_up() held
-  /// (both are checked at least every slice).
-  bool wait(predicate_ref ready, predicate_ref give_up, std::chrono::steady_clock::time_point until) {
-    for (int i = 0; i < 64; ++i) {
+  /// (both are checked at least every slice). It first polls `spins` times: worth it when
+  /// every waiter has a core of its own; where ranks outnumber cores, a spinning waiter only
+  /// delays the rank it waits for, so the caller passes 0 and the wait yields at once.
+  bool wait(predicate_ref ready, predicate_ref give_up, std::chrono::steady_clock::time_point until, int spins = 64) {
+    for (int i = 0; i < spins; ++i) {
       if (ready()) return true;
       pause();
     }

@@ -5,6 +5,7 @@
 // (single copy: the receiver copies or reduces straight from it), and the sender's round
 // waits until the receiver has consumed it.
 #include <weft/comm/transport/detail/doorbell.hpp>
+#include <weft/comm/transport/detail/link_pacer.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/types.hpp>
 #include <weft/topology/topology.hpp>
@@ -15,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace weft::detail {
@@ -22,11 +24,13 @@ namespace weft::detail {
 enum class rank_status : int { running = 0, finished = 1, failed = 2 };
 
 struct local_world {
-  explicit local_world(topology::cluster c)
+  explicit local_world(topology::cluster c, bool emulate_links = false)
       : cluster(std::move(c)),
         size(cluster.size()),
         bells(std::make_unique<doorbell[]>(static_cast<std::size_t>(size))),
-        status(std::make_unique<std::atomic<int>[]>(static_cast<std::size_t>(size))) {
+        status(std::make_unique<std::atomic<int>[]>(static_cast<std::size_t>(size))),
+        pacer(emulate_links ? std::make_unique<link_pacer>(cluster) : nullptr),
+        spins(static_cast<unsigned>(size) > std::thread::hardware_concurrency() ? 0 : 64) {
     for (int r = 0; r < size; ++r) status[static_cast<std::size_t>(r)].store(0);
   }
 
@@ -62,6 +66,8 @@ struct local_world {
   int size;
   std::unique_ptr<doorbell[]> bells;
   std::unique_ptr<std::atomic<int>[]> status;
+  std::unique_ptr<link_pacer> pacer;  // set when the links are emulated
+  int spins;                          // polls before a wait yields: none when ranks outnumber cores
   std::atomic<bool> failed{false};
   std::mutex mutex;
   int first_failed = -1;
@@ -76,6 +82,7 @@ struct message_slot {
   dtype type = dtype::float32;
   int tag = 0;
   std::unique_ptr<std::byte[]> owned;  // eager point-to-point sends own a copy
+  std::int64_t ready = 0;              // emulated links: when the sender's link can start it
   std::atomic<std::uint32_t> state{0};
 };
 

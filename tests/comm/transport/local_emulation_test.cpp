@@ -1,0 +1,115 @@
+// Emulated links (local::options::emulate_links): transfers take at least what the cluster's
+// links say, results stay exact, and the pacing follows the cost model's rules (a rank's
+// sends queue on its link; ranks leaving a node share its NICs). Only lower bounds are
+// checked here, since a loaded machine can always be slower; the benchmark suite compares
+// measured times with the model's predictions.
+#include <weft/comm/algorithm/hierarchical.hpp>
+#include <weft/comm/algorithm/ring.hpp>
+#include <weft/comm/all_reduce.hpp>
+#include <weft/comm/transport/local.hpp>
+#include <weft/sim/cost_model.hpp>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <vector>
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+constexpr weft::local::options emulated{.emulate_links = true};
+
+// 1 MiB over a 0.25 GB/s link with 1 ms latency: at least 4 ms + 1 ms.
+TEST(local_emulation, one_message_takes_latency_plus_bytes_over_bandwidth) {
+  const auto cluster = weft::topology::parse("2x1,inter=net:0.25GB/s:1ms");
+  const std::size_t n = (std::size_t{1} << 20) / sizeof(float);
+  double took = 0;
+  weft::local::run(
+      cluster,
+      [&](weft::local::communicator& c) {
+        std::vector<float> buf(n, static_cast<float>(c.rank() + 1));
+        c.barrier();
+        const auto t0 = clock_type::now();
+        if (c.rank() == 0) {
+          c.send(std::span<const float>(buf), 1);
+        } else {
+          c.recv(std::span(buf), 0);
+          took = seconds_since(t0);
+          EXPECT_EQ(buf.front(), 1.0f);
+          EXPECT_EQ(buf.back(), 1.0f);
+        }
+      },
+      emulated);
+  EXPECT_GE(took, 1e-3 + double(1 << 20) / 0.25e9);
+}
+
+// Without emulation the same message is a memory copy: far below the emulated time.
+TEST(local_emulation, off_by_default) {
+  const auto cluster = weft::topology::parse("2x1,inter=net:0.25GB/s:1ms");
+  double took = 1;
+  weft::local::run(cluster, [&](weft::local::communicator& c) {
+    std::vector<float> buf(1 << 18, 1.0f);
+    c.barrier();
+    const auto t0 = clock_type::now();
+    if (c.rank() == 0) c.send(std::span<const float>(buf), 1);
+    else c.recv(std::span(buf), 0), took = seconds_since(t0);
+  });
+  EXPECT_LT(took, 1e-3 + double(1 << 20) / 0.25e9);
+}
+
+// Two ranks of node 0 each send 1 MiB off the node at once through one NIC: the second
+// message waits for the first, so the pair takes at least two transfer times.
+TEST(local_emulation, ranks_leaving_a_node_share_its_nics) {
+  const auto cluster = weft::topology::parse("2x2,inter=net:0.5GB/s:10us,nics=1");
+  const std::size_t n = (std::size_t{1} << 20) / sizeof(float);
+  double took = 0;
+  weft::local::run(
+      cluster,
+      [&](weft::local::communicator& c) {
+        std::vector<float> buf(n, 1.0f);
+        c.barrier();
+        const auto t0 = clock_type::now();
+        if (c.rank() < 2) c.send(std::span<const float>(buf), c.rank() + 2);
+        else c.recv(std::span(buf), c.rank() - 2);
+        c.barrier();
+        if (c.rank() == 0) took = seconds_since(t0);
+      },
+      emulated);
+  EXPECT_GE(took, 2.0 * double(1 << 20) / 0.5e9);
+}
+
+// A whole collective: exact results, and no faster than the cost model allows for the
+// bandwidth terms of its plans (the model's price minus its latencies is a lower bound).
+TEST(local_emulation, all_reduce_is_exact_and_no_faster_than_the_links) {
+  const auto cluster = weft::topology::parse("2x2,intra=shm:2GB/s:5us,inter=net:0.2GB/s:20us");
+  const std::size_t n = (std::size_t{1} << 20) / sizeof(float);
+  double took = 0;
+  weft::local::run(
+      cluster,
+      [&](weft::local::communicator& c) {
+        std::vector<float> in(n), out(n);
+        for (std::size_t i = 0; i < n; ++i) in[i] = static_cast<float>((c.rank() + i) % 7);
+        c.barrier();
+        const auto t0 = clock_type::now();
+        weft::all_reduce<weft::algo::hierarchical<>>(c, std::span<const float>(in), std::span(out));
+        c.barrier();
+        if (c.rank() == 0) took = seconds_since(t0);
+        for (std::size_t i = 0; i < n; i += 997) {
+          float want = 0;
+          for (int r = 0; r < c.size(); ++r) want += static_cast<float>((r + i) % 7);
+          ASSERT_EQ(out[i], want) << i;
+        }
+      },
+      emulated);
+  // hierarchical: ring reduce-scatter in each node, then 2-rank all-reduces of a quarter
+  // across nodes (two per node, sharing one NIC), then ring all-gather in each node.
+  const double inter = 2.0 * double(1 << 20) / 2.0 / 0.2e9;  // 2 x (N/2) per node over one NIC
+  EXPECT_GE(took, inter);
+}
+
+} // namespace
