@@ -15,6 +15,17 @@ namespace weft::bench {
 /// nccl-tests: algbw = bytes / time; busbw = algbw * factor, with factor 2(n-1)/n for
 /// all-reduce, (n-1)/n for reduce-scatter, all-gather and all-to-all, 1 for broadcast/reduce.
 inline double bus_factor_all_reduce(int n) { return n > 1 ? 2.0 * (n - 1) / n : 1.0; }
+inline double bus_factor(collective c, int n) {
+  switch (c) {
+    case collective::all_reduce: return bus_factor_all_reduce(n);
+    case collective::reduce_scatter:
+    case collective::all_gather:
+    case collective::all_to_all: return n > 1 ? static_cast<double>(n - 1) / n : 1.0;
+    case collective::broadcast:
+    case collective::reduce: return 1.0;
+  }
+  return 1.0;
+}
 
 /// Bytes per second of `a[i] += b[i]` over float arrays of `bytes` each, counting the two
 /// reads and the write (3 x bytes per pass), run on `threads` threads at once, best of `reps`.
@@ -39,6 +50,34 @@ inline double stream_add_bandwidth(std::size_t bytes, int threads, int reps = 5)
     best = std::max(best, 3.0 * static_cast<double>(n * sizeof(float)) / s);
   }
   if (a[n / 2] < 0) std::terminate();  // keeps the work observable
+  return best;
+}
+
+/// Bytes per second that each of `ranks` threads reduces (dst[i] = a[i] + b[i], float, with
+/// weft's own kernel) while all of them do so at once: what the cost model's reduce
+/// bandwidth is on this machine when every rank of a run computes. Counts the elements'
+/// bytes once per pass, as the model does; the slowest thread's rate, best of `reps`.
+inline double reduce_bandwidth_per_rank(int ranks, std::size_t bytes = std::size_t{8} << 20, int reps = 3) {
+  const std::size_t n = bytes / sizeof(float);
+  std::vector<std::vector<float>> a(static_cast<std::size_t>(ranks), std::vector<float>(n, 1.0f));
+  std::vector<std::vector<float>> b(static_cast<std::size_t>(ranks), std::vector<float>(n, 2.0f));
+  double best = 0;
+  for (int rep = 0; rep < reps; ++rep) {
+    std::vector<double> seconds(static_cast<std::size_t>(ranks));
+    {
+      std::vector<std::jthread> pool;
+      for (int t = 0; t < ranks; ++t) {
+        pool.emplace_back([&, t] {
+          auto& x = a[static_cast<std::size_t>(t)];
+          const auto t0 = std::chrono::steady_clock::now();
+          for (int pass = 0; pass < 4; ++pass) detail::reduce2(x.data(), x.data(), b[static_cast<std::size_t>(t)].data(), n, op::sum{});
+          seconds[static_cast<std::size_t>(t)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        });
+      }
+    }
+    best = std::max(best, 4.0 * static_cast<double>(bytes) / *std::max_element(seconds.begin(), seconds.end()));
+  }
+  if (a[0][n / 2] < 0) std::terminate();  // keeps the work observable
   return best;
 }
 

@@ -1,0 +1,116 @@
+// What the fabric does, on one machine: the local transport with emulated links
+// (local::options::emulate_links) paces every transfer at a cluster's figures, and each row
+// prints the cost model's prediction for the same plans beside the measurement.
+//
+//   flat vs topology-aware all-reduce on 2 and 4 emulated nodes of 8 ranks in all;
+//   a 4-rank tensor-parallel group inside one node vs spread across nodes.
+//
+//   build/benchmarks/comm_emulated_bench --benchmark_counters_tabular=true
+// The links are WEFT_EMULATED_LINKS (default below) appended to each shape, the sizes
+// WEFT_BENCH_SIZES (default 64K:64M:4).
+#include "support/sizes.hpp"
+#include "support/suite.hpp"
+
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace {
+
+using weft::collective;
+namespace algo = weft::algo;
+
+std::string links() {
+  const char* env = std::getenv("WEFT_EMULATED_LINKS");
+  return env != nullptr ? env : "intra=shm:2GB/s:5us,inter=net:0.25GB/s:20us";
+}
+
+// The model's reduce bandwidth is what this machine gives each of 8 ranks reducing at once.
+std::string reduce_figure() {
+  static const std::string r = [] {
+    const double bw = weft::bench::reduce_bandwidth_per_rank(8);
+    std::printf("# reduce bandwidth per rank, 8 ranks at once: %.2f GB/s\n", bw / 1e9);
+    return ",reduce=" + std::to_string(bw / 1e6) + "MB/s";
+  }();
+  return r;
+}
+
+weft::topology::cluster shape(const char* s) {
+  return weft::topology::parse(std::string(s) + "," + links() + reduce_figure());
+}
+
+constexpr weft::local::options emulated{.emulate_links = true};
+
+// Tensor-parallel all-reduces of 4 ranks on a 2x4 cluster, both groups at once: the groups of
+// mesh<tp<4>, dp<2>> (ranks 0-3 and 4-7, each inside a node) vs those of mesh<dp<2>, tp<4>>
+// (ranks 0, 2, 4, 6 and 1, 3, 5, 7, each across both nodes, sharing their NICs). The model
+// prices both groups together, as they run.
+template <bool across>
+void tp_group(benchmark::State& state) {
+  const auto cluster = shape("2x4");
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  const std::size_t count = bytes / sizeof(float);
+  double seconds = 0;
+  weft::bench::prediction model;
+  for (auto _ : state) {
+    weft::local::run(
+        cluster,
+        [&](weft::local::communicator& world) {
+          const int color = across ? world.rank() % 2 : world.rank() / 4;
+          auto tp = world.split(color, world.rank());
+          std::vector<float> in(count, 1.0f), out(count);
+          const double t = weft::bench::time_collective(
+              world, [&] { weft::all_reduce(tp, std::span<const float>(in), std::span(out)); }, 0.1);
+          if (world.rank() == 0) {
+            seconds = t;
+            std::vector<std::vector<int>> groups(2);
+            for (int w = 0; w < world.size(); ++w) groups[static_cast<std::size_t>(across ? w % 2 : w / 4)].push_back(w);
+            model = weft::bench::predict_concurrent<collective::all_reduce, algo::automatic>(groups, cluster, count,
+                                                                                            sizeof(float));
+          }
+        },
+        emulated);
+    state.SetIterationTime(seconds);
+  }
+  state.counters["time_us"] = seconds * 1e6;
+  state.counters["algbw_GBps"] = static_cast<double>(bytes) / seconds / 1e9;
+  state.counters["busbw_GBps"] = static_cast<double>(bytes) / seconds * weft::bench::bus_factor_all_reduce(4) / 1e9;
+  state.counters["model_us"] = model.seconds * 1e6;
+  state.counters["measured_over_model"] = seconds / model.seconds;
+  state.SetLabel(std::string(model.algorithm));
+}
+
+void sizes(benchmark::internal::Benchmark* b) {
+  static const auto range = weft::bench::sizes_from_env("64K:64M:4");
+  for (std::int64_t s : range) b->Arg(s);
+  b->UseManualTime()->Iterations(1)->Unit(benchmark::kMicrosecond);
+}
+
+template <class Algo>
+void add(const char* nodes) {
+  const std::string name = "all_reduce/local8@" + std::string(nodes) + "/" + std::string(Algo::name);
+  benchmark::RegisterBenchmark(name.c_str(), [nodes](benchmark::State& state) {
+    weft::bench::run_local_case<collective::all_reduce, Algo>(state, shape(nodes), emulated,
+                                                              static_cast<std::size_t>(state.range(0)), 0.1);
+  })->Apply(sizes);
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  for (const char* nodes : {"2x4", "4x2"}) {
+    add<algo::ring>(nodes);
+    add<algo::tree>(nodes);
+    add<algo::halving_doubling>(nodes);
+    add<algo::hierarchical<algo::ring, algo::ring>>(nodes);
+    add<algo::hierarchical<algo::ring, algo::tree>>(nodes);
+    add<algo::automatic>(nodes);
+  }
+  benchmark::RegisterBenchmark("all_reduce/tp4@2x4/inside_a_node", tp_group<false>)->Apply(sizes);
+  benchmark::RegisterBenchmark("all_reduce/tp4@2x4/across_nodes", tp_group<true>)->Apply(sizes);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+}

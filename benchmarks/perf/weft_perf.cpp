@@ -1,0 +1,508 @@
+// weft-perf: times and checks weft's collectives the way NVIDIA's nccl-tests time NCCL's, so
+// the figures read like theirs (algbw, busbw, #wrong, average bus bandwidth), and prints
+// beside each measurement what weft's cost model predicts for the same plan.
+//
+//   weft-perf -b 8 -e 64M -f 2 -o all_reduce -d float -a all           # 4 ranks as threads
+//   weft-perf --topology "2x4,intra=shm:8GB/s:2us,inter=net:0.5GB/s:20us" -a ring,hierarchical
+//   mpirun -n 4 weft-perf -t mpi -o all -d all -r all -a all -c 1
+//
+// Each (op, dtype, redop, algorithm) is one table. For every size, all ranks fill their
+// inputs, run -w untimed calls, meet at a barrier, run -n timed calls; the reported time is
+// the mean per call of the slowest rank. With -c 1 one more call runs over poisoned outputs
+// and every rank compares its output with a serial reference (pattern.hpp).
+#include <weft/weft.hpp>
+
+#include "options.hpp"
+#include "pattern.hpp"
+#include "report.hpp"
+
+#if WEFT_PERF_MPI
+#include <weft/comm/transport/mpi.hpp>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "support/measure.hpp"
+
+namespace weft::perf {
+
+// --- names to types ----------------------------------------------------------------------
+
+template <class F>
+decltype(auto) with_collective(collective c, F&& f) {
+  switch (c) {
+    case collective::all_reduce:
+      return f(std::integral_constant<collective, collective::all_reduce>{});
+    case collective::reduce_scatter:
+      return f(std::integral_constant<collective, collective::reduce_scatter>{});
+    case collective::all_gather:
+      return f(std::integral_constant<collective, collective::all_gather>{});
+    case collective::broadcast:
+      return f(std::integral_constant<collective, collective::broadcast>{});
+    case collective::reduce: return f(std::integral_constant<collective, collective::reduce>{});
+    case collective::all_to_all: break;
+  }
+  return f(std::integral_constant<collective, collective::all_to_all>{});
+}
+
+template <class F>
+decltype(auto) with_algorithm(algorithm a, F&& f) {
+  switch (a) {
+    case algorithm::ring: return f(std::type_identity<algo::ring>{});
+    case algorithm::tree: return f(std::type_identity<algo::tree>{});
+    case algorithm::halving_doubling: return f(std::type_identity<algo::halving_doubling>{});
+    case algorithm::recursive_doubling: return f(std::type_identity<algo::recursive_doubling>{});
+    case algorithm::direct: return f(std::type_identity<algo::direct>{});
+    case algorithm::pairwise: return f(std::type_identity<algo::pairwise>{});
+    case algorithm::hierarchical:
+      return f(std::type_identity<algo::hierarchical<algo::ring, algo::ring>>{});
+    case algorithm::hierarchical_ring_tree:
+      return f(std::type_identity<algo::hierarchical<algo::ring, algo::tree>>{});
+    case algorithm::hierarchical_direct_ring:
+      return f(std::type_identity<algo::hierarchical<algo::direct, algo::ring>>{});
+    case algorithm::automatic: break;
+  }
+  return f(std::type_identity<algo::automatic>{});
+}
+
+template <class F>
+decltype(auto) with_type(dtype t, F&& f) {
+  switch (t) {
+    case dtype::float32: return f(std::type_identity<float>{});
+    case dtype::float64: return f(std::type_identity<double>{});
+    case dtype::float16: return f(std::type_identity<half>{});
+    case dtype::bfloat16: return f(std::type_identity<bfloat16>{});
+    case dtype::int32: return f(std::type_identity<std::int32_t>{});
+    case dtype::int64: break;
+  }
+  return f(std::type_identity<std::int64_t>{});
+}
+
+template <class F>
+decltype(auto) with_redop(redop r, F&& f) {
+  switch (r) {
+    case redop::prod: return f(std::type_identity<op::prod>{});
+    case redop::min: return f(std::type_identity<op::min>{});
+    case redop::max: return f(std::type_identity<op::max>{});
+    case redop::avg: return f(std::type_identity<op::avg>{});
+    case redop::sum:
+    case redop::none: break;
+  }
+  return f(std::type_identity<op::sum>{});
+}
+
+/// Algorithms that load from peers' buffers, which only transports with peer access run.
+constexpr bool needs_peer_access(algorithm a) noexcept {
+  return a == algorithm::direct || a == algorithm::hierarchical_direct_ring;
+}
+
+inline bool serves(algorithm a, collective c) {
+  return with_algorithm(a, [&]<class A>(std::type_identity<A>) { return A::serves(c); });
+}
+
+/// Plans that the tool does not time: the algorithm's generator (null for automatic) and name.
+inline std::pair<plan (*)(const plan_request&), std::string_view> generator_of(algorithm a) {
+  return with_algorithm(a,
+                        [&]<class A>(std::type_identity<A>)
+                            -> std::pair<plan (*)(const plan_request&), std::string_view> {
+                          if constexpr (std::is_same_v<A, algo::automatic>) {
+                            return {nullptr, A::name};
+                          } else {
+                            return {&A::make_plan, A::name};
+                          }
+                        });
+}
+
+// --- one table -----------------------------------------------------------------------------
+
+struct table_case {
+  collective op;
+  dtype type;
+  redop rop;
+  algorithm algo;
+};
+
+/// Every table the options ask for that the transport can run, in the order given.
+inline std::vector<table_case> cases_of(const config& cfg, bool peer_access) {
+  std::vector<table_case> out;
+  for (collective c : cfg.ops) {
+    for (dtype t : cfg.dtypes) {
+      const std::vector<redop> rops = reduces(c) ? cfg.redops : std::vector<redop>{redop::none};
+      for (redop r : rops) {
+        for (algorithm a : cfg.algorithms) {
+          if (!serves(a, c) || (needs_peer_access(a) && !peer_access)) continue;
+          out.push_back({c, t, r, a});
+        }
+      }
+    }
+  }
+  return out;
+}
+
+/// One line per algorithm asked for that skips some of the ops asked for, and why.
+inline std::vector<std::string> skipped_of(const config& cfg, bool peer_access,
+                                           std::string_view transport) {
+  std::vector<std::string> notes;
+  for (algorithm a : cfg.algorithms) {
+    std::string ops;
+    for (collective c : cfg.ops) {
+      if (!serves(a, c)) ops += (ops.empty() ? "" : ", ") + std::string(name_of(c));
+    }
+    if (needs_peer_access(a) && !peer_access) {
+      notes.push_back(std::string(name_of(a)) + ": loads from peers' buffers, which the " +
+                      std::string(transport) + " transport cannot");
+    } else if (!ops.empty()) {
+      notes.push_back(std::string(name_of(a)) + ": does not plan " + ops);
+    }
+  }
+  return notes;
+}
+
+// Buffer sizes per rank in elements, for a per-rank count in plan.hpp's sense.
+constexpr bool blocked(collective c) noexcept {
+  return c == collective::reduce_scatter || c == collective::all_gather ||
+         c == collective::all_to_all;
+}
+constexpr std::size_t input_count(collective c, std::size_t count, std::size_t p) noexcept {
+  return c == collective::reduce_scatter || c == collective::all_to_all ? count * p : count;
+}
+constexpr std::size_t output_count(collective c, std::size_t count, std::size_t p) noexcept {
+  return c == collective::all_gather || c == collective::all_to_all ? count * p : count;
+}
+
+template <class Comm, class T>
+using call_fn = void (*)(Comm&, std::span<const T>, std::span<T>, std::size_t, int);
+
+/// One call of collective C with Algo and Op over the leading elements of the rank's buffers.
+template <collective C, class Algo, class Op, class Comm, class T>
+void call(Comm& c, std::span<const T> in, std::span<T> out, std::size_t count, int root) {
+  const auto p = static_cast<std::size_t>(c.size());
+  if constexpr (C == collective::all_reduce) {
+    weft::all_reduce<Algo>(c, in.first(count), out.first(count), Op{});
+  } else if constexpr (C == collective::reduce_scatter) {
+    weft::reduce_scatter<Algo>(c, in.first(count * p), out.first(count), Op{});
+  } else if constexpr (C == collective::all_gather) {
+    weft::all_gather<Algo>(c, in.first(count), out.first(count * p));
+  } else if constexpr (C == collective::broadcast) {
+    weft::broadcast<Algo>(c, out.first(count), root);
+  } else if constexpr (C == collective::reduce) {
+    weft::reduce<Algo>(c, in.first(count), out.first(count), root, Op{});
+  } else {
+    weft::all_to_all<Algo>(c, in.first(count * p), out.first(count * p));
+  }
+}
+
+/// Runs body(call_fn<Comm, T>) with the call of tc's op, algorithm, type and redop.
+template <class Comm, class Body>
+void with_call(const table_case& tc, Body&& body) {
+  with_collective(tc.op, [&]<collective C>(std::integral_constant<collective, C>) {
+    with_algorithm(tc.algo, [&]<class Algo>(std::type_identity<Algo>) {
+      constexpr bool loads = std::is_same_v<Algo, algo::direct>;
+      if constexpr (Algo::serves(C) && (!loads || Comm::peer_access)) {
+        with_type(tc.type, [&]<class T>(std::type_identity<T>) {
+          if constexpr (reduces(C)) {
+            with_redop(tc.rop, [&]<class Op>(std::type_identity<Op>) {
+              body(static_cast<call_fn<Comm, T>>(&call<C, Algo, Op, Comm, T>));
+            });
+          } else {
+            body(static_cast<call_fn<Comm, T>>(&call<C, Algo, op::sum, Comm, T>));
+          }
+        });
+      } else {
+        throw error("weft-perf: " + std::string(name_of(tc.algo)) + " cannot run " +
+                    std::string(name_of(C)) + " here"); // cases_of() leaves these out
+      }
+    });
+  });
+}
+
+/// Counts rank r's wrong output elements after one call of tc.op.
+template <class T>
+std::int64_t check_output(collective op, const pattern& pat, int r, int p, int root,
+                          std::size_t count, std::span<const T> out) {
+  const auto ur = static_cast<std::size_t>(r);
+  switch (op) {
+    case collective::all_reduce:
+      return count_wrong(out.first(count), [&](std::size_t i) { return pat.reduced(i); });
+    case collective::reduce_scatter:
+      return count_wrong(out.first(count),
+                         [&](std::size_t i) { return pat.reduced(ur * count + i); });
+    case collective::all_gather:
+      return count_wrong(out.first(count * static_cast<std::size_t>(p)), [&](std::size_t i) {
+        return static_cast<double>(pat.input(static_cast<int>(i / count), i % count));
+      });
+    case collective::broadcast:
+      return count_wrong(out.first(count),
+                         [&](std::size_t i) { return static_cast<double>(pat.input(root, i)); });
+    case collective::reduce:
+      return r == root
+                 ? count_wrong(out.first(count), [&](std::size_t i) { return pat.reduced(i); })
+                 : 0;
+    case collective::all_to_all:
+      return count_wrong(out.first(count * static_cast<std::size_t>(p)), [&](std::size_t i) {
+        return static_cast<double>(pat.input(static_cast<int>(i / count), ur * count + i % count));
+      });
+  }
+  return 0;
+}
+
+/// Runs one table on this rank. `agree` gives every rank the max and the sum of a value over
+/// the ranks; `rep` is non-null on rank 0 only. Returns the table's wrong elements (all ranks).
+template <class Comm, class T, class Agree>
+std::int64_t run_table(Comm& c, Agree& agree, const config& cfg, const table_case& tc,
+                       call_fn<Comm, T> fn, reporter* rep) {
+  using clock = std::chrono::steady_clock;
+  const int p = c.size();
+  const int r = c.rank();
+  const auto up = static_cast<std::size_t>(p);
+  const int root = rooted(tc.op) ? cfg.root : 0;
+  const pattern pat(tc.op, tc.rop, tc.type, p);
+  const auto [make_plan, algorithm_name] = generator_of(tc.algo);
+  // Every size fits buffers of max_bytes (the blocked ops' count x ranks never exceeds it).
+  std::vector<T> in_buf(cfg.max_bytes / sizeof(T));
+  std::vector<T> out_buf(cfg.max_bytes / sizeof(T));
+  std::int64_t table_wrong = 0;
+  for (const std::size_t bytes : cfg.sizes()) {
+    const std::size_t elements = bytes / sizeof(T);
+    const std::size_t count = blocked(tc.op) ? elements / up : elements;
+    const std::size_t total = blocked(tc.op) ? count * up : count;
+    const std::span<T> in(in_buf.data(), input_count(tc.op, count, up));
+    const std::span<T> out(out_buf.data(), output_count(tc.op, count, up));
+    fill_input(pat, r, in);
+    // Broadcast works in place on `out`: the root's holds the data.
+    if (tc.op == collective::broadcast && r == root) fill_input(pat, r, out);
+    const auto once = [&] { fn(c, std::span<const T>(in), out, count, root); };
+
+    for (int i = 0; i < cfg.warmup; ++i)
+      once();
+    c.barrier();
+    const auto t0 = clock::now();
+    for (int i = 0; i < cfg.iters; ++i)
+      once();
+    const double mine = std::chrono::duration<double>(clock::now() - t0).count() / cfg.iters;
+    const double seconds = agree.max(c, mine);
+
+    std::int64_t wrong = -1;
+    if (cfg.check) {
+      if (tc.op == collective::broadcast && r == root) {
+        fill_input(pat, r, out);
+      } else {
+        fill_poison(out);
+      }
+      c.barrier();
+      once();
+      wrong = agree.sum(c, check_output<T>(tc.op, pat, r, p, root, count, out));
+      table_wrong += wrong;
+    }
+
+    if (rep != nullptr) {
+      // The model prices the plans this call ran: automatic's pick, found as dispatch finds it.
+      const plan_request q{tc.op, p, 0, count, root, c.node_of(), sizeof(T)};
+      plan (*generator)(const plan_request&) = make_plan;
+      std::string chosen(algorithm_name);
+      if (generator == nullptr) {
+        const algo::candidate& pick = algo::choose(q, c.cluster(), c.devices(), Comm::peer_access);
+        generator = pick.make_plan;
+        chosen = pick.name;
+      }
+      const double model =
+          sim::price(sim::plans_of(generator, q), c.cluster(), c.devices(), sizeof(T));
+      const double algbw = static_cast<double>(total * sizeof(T)) / seconds / 1e9;
+      rep->add(row{tc.op, tc.type, tc.rop, tc.algo, chosen, total * sizeof(T), count,
+                   rooted(tc.op) ? root : -1, seconds * 1e6, algbw,
+                   algbw * bench::bus_factor(tc.op, p), model * 1e6, wrong});
+    }
+  }
+  return table_wrong;
+}
+
+// --- transports ----------------------------------------------------------------------------
+
+/// Max and sum over the threads of one local::run, through memory they share.
+class local_agree {
+public:
+  explicit local_agree(int ranks)
+      : d_(static_cast<std::size_t>(ranks)), n_(static_cast<std::size_t>(ranks)) {}
+  double max(local::communicator& c, double v) {
+    d_[static_cast<std::size_t>(c.rank())] = v;
+    c.barrier(); // every rank's store is visible after it
+    const double m = *std::max_element(d_.begin(), d_.end());
+    c.barrier(); // nobody overwrites a slot before all have read
+    return m;
+  }
+  std::int64_t sum(local::communicator& c, std::int64_t v) {
+    n_[static_cast<std::size_t>(c.rank())] = v;
+    c.barrier();
+    std::int64_t s = 0;
+    for (std::int64_t x : n_)
+      s += x;
+    c.barrier();
+    return s;
+  }
+
+private:
+  std::vector<double> d_;
+  std::vector<std::int64_t> n_;
+};
+
+inline std::string describe(const table_case& tc) {
+  return std::string(name_of(tc.op)) + " " + std::string(name_of(tc.type)) + " " +
+         std::string(name_of(tc.rop)) + " " + std::string(name_of(tc.algo));
+}
+
+/// Every table on ranks as threads, each table in its own local::run so that one that throws
+/// ends only itself. Returns the exit status.
+inline int run_local(const config& cfg) {
+  const topology::cluster cluster = cfg.cluster ? *cfg.cluster : topology::host(cfg.ranks);
+  const local::options opt{.emulate_links = cfg.cluster.has_value()};
+  const std::vector<table_case> cases = cases_of(cfg, local::communicator::peer_access);
+  if (cases.empty()) {
+    std::fprintf(
+        stderr,
+        "weft-perf: none of the algorithms given serves the ops given (see weft-perf -h)\n");
+    return 2;
+  }
+  reporter rep(cfg);
+  std::vector<int> devices(static_cast<std::size_t>(cluster.size()));
+  for (std::size_t i = 0; i < devices.size(); ++i)
+    devices[i] = static_cast<int>(i);
+  rep.header(cluster, devices, opt.emulate_links);
+  rep.skipped(skipped_of(cfg, local::communicator::peer_access, "local"));
+  bool threw = false;
+  for (const table_case& tc : cases) {
+    rep.table_header(tc.op, tc.type, tc.rop, tc.algo);
+    try {
+      with_call<local::communicator>(tc, [&]<class T>(call_fn<local::communicator, T> fn) {
+        local_agree agree(cluster.size());
+        local::run(
+            cluster,
+            [&](local::communicator& c) {
+              run_table<local::communicator, T>(c, agree, cfg, tc, fn,
+                                                c.rank() == 0 ? &rep : nullptr);
+            },
+            opt);
+      });
+    } catch (const std::exception& e) {
+      threw = true;
+      const std::string what = describe(tc) + ": " + e.what();
+      std::fprintf(stderr, "weft-perf: %s\n", what.c_str());
+      rep.failed(what);
+    }
+  }
+  rep.summary();
+  if (!cfg.json_path.empty()) rep.write_json(cfg.json_path, cluster.to_string());
+  return threw || rep.wrong() > 0 ? 1 : 0;
+}
+
+#if WEFT_PERF_MPI
+/// Max and sum over the processes, with MPI's own reduction (independent of weft's).
+struct mpi_agree {
+  static double max(mpi::communicator& c, double v) {
+    WEFT_MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, c.native()));
+    return v;
+  }
+  static std::int64_t sum(mpi::communicator& c, std::int64_t v) {
+    WEFT_MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT64_T, MPI_SUM, c.native()));
+    return v;
+  }
+};
+
+/// Every table on this process's rank of MPI_COMM_WORLD. An error ends the whole job (the
+/// other processes may be blocked in a collective with this one). Returns the exit status.
+inline int run_mpi(config cfg, int& argc, char**& argv) {
+  mpi::environment env(argc, argv);
+  int rank = 0;
+  int size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  // Options that depend on the job's size: every process sees the same, so all return 2.
+  std::string bad;
+  if (cfg.cluster && cfg.cluster->size() != size) {
+    bad = "--topology has " + std::to_string(cfg.cluster->size()) + " devices but mpirun started " +
+          std::to_string(size) + " processes";
+  } else if (cfg.root >= size) {
+    bad = "--root " + std::to_string(cfg.root) + " is not a rank of " + std::to_string(size);
+  }
+  if (!bad.empty()) {
+    if (rank == 0) std::fprintf(stderr, "weft-perf: %s (see weft-perf -h)\n", bad.c_str());
+    return 2;
+  }
+  cfg.ranks = size;
+  const std::vector<table_case> cases = cases_of(cfg, mpi::communicator::peer_access);
+  if (cases.empty()) {
+    if (rank == 0)
+      std::fprintf(stderr,
+                   "weft-perf: none of the algorithms given serves the ops given over MPI\n");
+    return 2;
+  }
+  std::int64_t wrong = 0;
+  try {
+    mpi::options opt;
+    opt.topology = cfg.cluster;
+    auto world = mpi::communicator::borrow(MPI_COMM_WORLD, opt);
+    std::optional<reporter> rep;
+    if (rank == 0) {
+      rep.emplace(cfg);
+      rep->header(world.cluster(), world.devices(), false);
+      rep->skipped(skipped_of(cfg, mpi::communicator::peer_access, "mpi"));
+    }
+    mpi_agree agree;
+    for (const table_case& tc : cases) {
+      if (rep) rep->table_header(tc.op, tc.type, tc.rop, tc.algo);
+      with_call<mpi::communicator>(tc, [&]<class T>(call_fn<mpi::communicator, T> fn) {
+        wrong += run_table<mpi::communicator, T>(world, agree, cfg, tc, fn, rep ? &*rep : nullptr);
+      });
+    }
+    if (rep) {
+      rep->summary();
+      if (!cfg.json_path.empty()) rep->write_json(cfg.json_path, world.cluster().to_string());
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft-perf: rank %d: %s\n", rank, e.what());
+    std::fflush(stderr);
+    env.abort(1);
+  }
+  return wrong > 0 ? 1 : 0;
+}
+#endif
+
+} // namespace weft::perf
+
+int main(int argc, char** argv) {
+  using namespace weft::perf;
+  config cfg;
+  try {
+    cfg = parse_args(std::vector<std::string_view>(argv + 1, argv + argc));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+  if (cfg.help) {
+    std::fputs(usage_text.data(), stdout);
+    return 0;
+  }
+  try {
+    if (cfg.transport == transport_kind::mpi) {
+#if WEFT_PERF_MPI
+      return run_mpi(cfg, argc, argv);
+#else
+      std::fprintf(stderr, "weft-perf: built without MPI, so -t mpi is not available\n");
+      return 2;
+#endif
+    }
+    return run_local(cfg);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft-perf: %s\n", e.what());
+    return 1;
+  }
+}

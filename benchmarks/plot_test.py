@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""Tests for benchmarks/plot.py: python3 benchmarks/plot_test.py
+
+Runs plot.py as a user would, on the hand-written fixtures in benchmarks/testdata/, and checks
+its files against figures computed here from the fixtures themselves. The plotting tests skip
+when no interpreter with matplotlib is found; the bad-input tests need none.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PLOT = os.path.join(HERE, "plot.py")
+DATA = os.path.join(HERE, "testdata")
+FIXTURES = sorted(os.path.join(DATA, f) for f in os.listdir(DATA) if f.endswith(".json"))
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+MIB = 1 << 20
+
+
+def python_with_matplotlib():
+  """This interpreter if it has matplotlib, else Debian's (a pyenv or venv python3 may shadow it)."""
+  for exe in dict.fromkeys((sys.executable, "/usr/bin/python3")):
+    if os.path.exists(exe) and subprocess.run([exe, "-c", "import matplotlib"], capture_output=True).returncode == 0:
+      return exe
+  return None
+
+
+def run_plot(args, exe=sys.executable):
+  return subprocess.run([exe, PLOT, *args], capture_output=True, text=True, timeout=300)
+
+
+def gbench_row(fixture, name_prefix):
+  with open(os.path.join(DATA, fixture), encoding="utf-8") as f:
+    rows = [b for b in json.load(f)["benchmarks"] if b["name"].startswith(name_prefix)]
+  assert len(rows) == 1, f"fixture {fixture} should hold one {name_prefix}"
+  return rows[0]
+
+
+def summary_line(summary, *parts):
+  return [line for line in summary.splitlines() if all(p in line for p in parts)]
+
+
+def cells(line):
+  return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+class PlotOutput(unittest.TestCase):
+  @classmethod
+  def setUpClass(cls):
+    cls.exe = python_with_matplotlib()
+    if cls.exe is None:
+      raise unittest.SkipTest("matplotlib is missing (Debian: apt-get install python3-matplotlib)")
+    cls.tmp = tempfile.TemporaryDirectory()
+    cls.out = os.path.join(cls.tmp.name, "plots")  # not there yet: plot.py creates it
+    cls.result = run_plot([*FIXTURES, "-o", cls.out], cls.exe)
+    with open(os.path.join(cls.out, "summary.md"), encoding="utf-8") as f:
+      cls.summary = f.read()
+
+  @classmethod
+  def tearDownClass(cls):
+    cls.tmp.cleanup()
+
+  def test_exits_zero(self):
+    self.assertEqual(self.result.returncode, 0, self.result.stderr)
+
+  def test_expected_pngs(self):
+    stems = ["all_reduce_local4", "all_reduce_local8_2x4", "all_reduce_mpi4",
+             "reduce_scatter_local4_2x2_intra_shm_8GB_s_2us_inter_net_0.5GB_s_20us"]
+    expected = [f"{kind}_{stem}.png" for stem in stems for kind in ("busbw", "model")]
+    expected.append("busbw_all_reduce_gloo4.png")  # peers only: no model plot
+    for name in expected:
+      path = os.path.join(self.out, name)
+      self.assertTrue(os.path.isfile(path), f"{name} missing; have {sorted(os.listdir(self.out))}")
+      with open(path, "rb") as f:
+        self.assertEqual(f.read(8), PNG_MAGIC, name)
+    self.assertFalse(os.path.exists(os.path.join(self.out, "model_all_reduce_gloo4.png")))
+
+  def test_file_names_are_sanitized(self):
+    for name in os.listdir(self.out):
+      self.assertFalse(set(name) & set("<>@/ ,:="), name)
+
+  def test_ratio_inside_band(self):
+    # hierarchical on the emulated 2x4 topology at 16 MiB: measured / model, computed here.
+    row = gbench_row("gbench_emulated8.json", "all_reduce/local8@2x4/hierarchical<ring, ring>/16777216/")
+    ratio = row["time_us"] / row["model_us"]
+    self.assertTrue(0.75 <= ratio <= 1.25)  # the fixture is meant to sit inside the band
+    lines = summary_line(self.summary, "| `hierarchical<ring, ring>` |", "| 16MiB |")
+    self.assertEqual(len(lines), 1, self.summary)
+    self.assertIn(f"| {ratio:.2f} | yes |", lines[0])
+
+  def test_ratio_outside_band(self):
+    # weft-perf rows: automatic reduce_scatter at 16 MiB is meant to miss the band.
+    with open(os.path.join(DATA, "perf_reduce_scatter4.json"), encoding="utf-8") as f:
+      row = next(r for r in json.load(f)["rows"] if r["algorithm"] == "automatic" and r["bytes"] == 16 * MIB)
+    ratio = row["time_us"] / row["model_us"]
+    self.assertGreater(abs(ratio - 1), 0.25)
+    lines = summary_line(self.summary, "| `automatic [float sum]`", "| 16MiB |")
+    self.assertEqual(len(lines), 1, self.summary)
+    self.assertIn(f"| {ratio:.2f} | **no** |", lines[0])
+    self.assertIn(f"chose `{row['chosen']}`", lines[0])
+
+  def test_busbw_table_and_peers(self):
+    # MPI_Allreduce (a peer, no model_us) shows beside weft's local4 algorithms, marked with *.
+    row = gbench_row("gbench_peers4.json", "all_reduce/mpi4/MPI_Allreduce/67108864/")
+    section = self.summary.split("## all_reduce on `local4`")[1].split("## ")[0]
+    header = cells(summary_line(section, "| size |")[0])
+    self.assertIn("`mpi4/MPI_Allreduce`*", header)
+    values = cells(summary_line(section, "| 64MiB |")[0])
+    self.assertEqual(values[header.index("`mpi4/MPI_Allreduce`*")], f"{row['busbw_GBps']:.3g}")
+    # Peers never enter the model table.
+    self.assertFalse(summary_line(section, "MPI_Allreduce", "| yes |"))
+
+  def test_repetitions_collapse_to_median(self):
+    # direct at 1 MiB ran twice; of an even count the faster middle run stands for the case.
+    with open(os.path.join(DATA, "gbench_local4.json"), encoding="utf-8") as f:
+      reps = [b for b in json.load(f)["benchmarks"]
+              if b["name"].startswith("all_reduce/local4/direct/1048576/") and b["run_type"] == "iteration"]
+    self.assertEqual(len(reps), 2)
+    fastest = min(reps, key=lambda b: b["time_us"])
+    lines = summary_line(self.summary, "| `direct` |", "| 1MiB |")
+    self.assertEqual(len(lines), 1, self.summary)
+    self.assertEqual(cells(lines[0])[2], f"{fastest['time_us']:.1f}")
+
+  def test_error_and_aggregate_rows_skipped(self):
+    self.assertIn("warning", self.result.stderr)
+    self.assertIn("recursive_doubling", self.result.stderr)
+    self.assertNotIn("recursive_doubling", self.summary)
+    self.assertNotIn("_mean", self.summary)
+    self.assertNotIn("_mean", self.result.stderr)  # aggregates are ignored silently, not warned about
+
+  def test_memcpy_reference(self):
+    row = gbench_row("gbench_local4.json", "memcpy/67108864")
+    self.assertIn(f"memcpy: {row['GBps']:.3g} GB/s at 64MiB", self.summary)
+
+
+class BadInput(unittest.TestCase):
+  """Errors are found before matplotlib is loaded, so these run with any python3."""
+
+  def setUp(self):
+    self.tmp = tempfile.TemporaryDirectory()
+    self.addCleanup(self.tmp.cleanup)
+
+  def write(self, name, text):
+    path = os.path.join(self.tmp.name, name)
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(text)
+    return path
+
+  def assert_fails(self, args, message):
+    result = run_plot([*args, "-o", os.path.join(self.tmp.name, "out")])
+    self.assertEqual(result.returncode, 2, result.stderr)
+    self.assertIn(message, result.stderr)
+    self.assertFalse(os.path.exists(os.path.join(self.tmp.name, "out")))
+    return result
+
+  def test_missing_file(self):
+    self.assert_fails([os.path.join(self.tmp.name, "absent.json")], "cannot read")
+
+  def test_bad_json(self):
+    self.assert_fails([self.write("bad.json", '{"benchmarks": [')], "not valid JSON")
+
+  def test_unknown_format(self):
+    self.assert_fails([self.write("other.json", '{"results": []}')], "neither Google Benchmark")
+
+  def test_no_rows(self):
+    self.assert_fails([self.write("empty.json", '{"context": {}, "benchmarks": []}')], "no benchmark rows")
+
+  def test_only_aggregates_is_no_rows(self):
+    doc = {"benchmarks": [{"name": "all_reduce/local4/ring/4/manual_time_mean", "run_type": "aggregate",
+                           "time_us": 10.0, "busbw_GBps": 0.1}]}
+    result = self.assert_fails([self.write("agg.json", json.dumps(doc))], "no benchmark rows")
+    self.assertNotIn("warning", result.stderr)
+
+  def test_bad_perf_row(self):
+    self.assert_fails([self.write("perf.json", '{"rows": [{"op": "all_reduce"}]}')], "rows[0]")
+
+  def test_missing_outdir_argument(self):
+    result = run_plot(FIXTURES[:1])
+    self.assertEqual(result.returncode, 2)
+    self.assertIn("-o", result.stderr)
+
+  def test_help(self):
+    result = run_plot(["-h"])
+    self.assertEqual(result.returncode, 0)
+    self.assertIn("usage:", result.stdout)
+
+
+if __name__ == "__main__":
+  unittest.main(verbosity=2)
