@@ -219,13 +219,13 @@ TEST(cost_model, prices_grow_with_count) {
 
 TEST(cost_model, one_shot_wins_small_ring_wins_large) {
   const auto c = topo::host(4); // shm: 10 GB/s, 1 us
-  // One float: direct's one-shot is sync, load_reduce from 4 ranks, sync, copy: three
-  // latencies. The ring's one non-empty block travels 2(p-1) = 6 hops and is reduced on the
-  // first p-1 = 3 of them.
+  // One float: direct's one-shot is staged: copy into the staging area, sync, load_reduce
+  // from 4 ranks: two latencies. The ring's one non-empty block travels 2(p-1) = 6 hops and
+  // is reduced on the first p-1 = 3 of them.
   const plan_request tiny{collective::all_reduce, 4, 0, 1, 0, {}, 4};
   const double d = price<weft::algo::direct>(tiny, c);
   const double r = price<weft::algo::ring>(tiny, c);
-  EXPECT_NEAR(d, 3 * 1e-6 + 4 * 4 / 10e9 + 3 * 4 / 10e9 + 4 / 10e9, 1e-12);
+  EXPECT_NEAR(d, 4 / 10e9 + 2 * 1e-6 + 4 * 4 / 10e9 + 3 * 4 / 10e9, 1e-12);
   EXPECT_NEAR(r, 6 * (1e-6 + 4 / 10e9) + 3 * 4 / 10e9, 1e-12);
   EXPECT_LT(d, r);
   // 64 MiB: ring moves 2(p-1)/p of it per rank; direct reads it all, then 3/4 again.

@@ -15,7 +15,11 @@
 //   - Messages between one pair of ranks match in order (MPI's non-overtaking rule).
 //   - `load` and `load_reduce` read a peer's buffer directly (peer_access plans only).
 //     A `sync` among the plan's group makes the peers' writes before it visible after it.
-//     Peer-access plans start and end with a sync over every rank that reads from them.
+//     Peer-access plans start and end with a sync over every rank that reads from them,
+//     except staged plans (plan::stage), whose peers read only their scratch: a staged plan's
+//     scratch is a staging area the communicator keeps, in two copies that successive staged
+//     calls alternate, so the next staged call's first sync, not a closing one, is what keeps
+//     a rank from overwriting what a slower peer still reads. It saves small calls a sync.
 //   - Reductions follow a fixed order, so all ranks get bitwise identical results.
 #include <weft/core/error.hpp>
 
@@ -28,6 +32,10 @@
 namespace weft {
 
 enum class collective : std::uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all };
+
+/// The largest scratch, in bytes, of a staged plan (the staging area every peer-access
+/// transport keeps per rank, twice).
+inline constexpr std::size_t max_staged_scratch_bytes = 16 * 1024;
 
 constexpr std::string_view name_of(collective c) noexcept {
   switch (c) {
@@ -153,6 +161,10 @@ public:
   }
   /// The scratch buffer must hold at least n elements.
   void need_scratch(std::size_t n) { scratch_ = n > scratch_ ? n : scratch_; }
+  /// Makes this plan staged (see the execution model above): its scratch is the transport's
+  /// staging area, at most max_staged_scratch_bytes, and peers load only from their scratch,
+  /// so it needs no closing sync.
+  void stage() { staged_ = true; }
   /// Appends a plan made for a subgroup: its ranks map through rank_map, its buffers
   /// through buffer_map (offset added), and its rounds follow this plan's.
   struct buffer_binding {
@@ -189,6 +201,11 @@ public:
       steps_.push_back(s);
     }
     if (!sub.steps_.empty()) ++round_;
+    // Inside a larger plan the staging area is ordinary scratch; the closing syncs the staged
+    // sub-plan left out are added back.
+    if (sub.staged_) {
+      for (int g : group_map) sync(g);
+    }
     peer_access_ = peer_access_ || sub.peer_access_;
     need_scratch(scratch.to == buffer::scratch ? scratch.offset + sub.scratch_ : 0);
   }
@@ -199,6 +216,7 @@ public:
   [[nodiscard]] const std::vector<std::vector<int>>& groups() const noexcept { return groups_; }
   [[nodiscard]] std::size_t scratch_count() const noexcept { return scratch_; }
   [[nodiscard]] bool peer_access() const noexcept { return peer_access_; }
+  [[nodiscard]] bool staged() const noexcept { return staged_; }
   [[nodiscard]] collective coll() const noexcept { return coll_; }
   [[nodiscard]] int size() const noexcept { return size_; }
   [[nodiscard]] int rank() const noexcept { return rank_; }
@@ -209,7 +227,8 @@ public:
   /// Human-readable listing, for tests' failure messages and debugging.
   [[nodiscard]] std::string to_string() const {
     std::string s = std::string(name_of(coll_)) + " rank " + std::to_string(rank_) + "/" + std::to_string(size_) +
-                    " count " + std::to_string(count_) + " scratch " + std::to_string(scratch_) + "\n";
+                    " count " + std::to_string(count_) + " scratch " + std::to_string(scratch_) +
+                    (staged_ ? " (staged)" : "") + "\n";
     static constexpr const char* bufs[] = {"in", "out", "scr"};
     for (const step& st : steps_) {
       s += "  r" + std::to_string(st.round) + " " + std::string(name_of(st.kind));
@@ -233,6 +252,7 @@ private:
   std::size_t scratch_ = 0;
   std::uint32_t round_ = 0;
   bool peer_access_ = false;
+  bool staged_ = false;
   collective coll_ = collective::all_reduce;
   int size_ = 1;
   int rank_ = 0;

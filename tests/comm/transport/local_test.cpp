@@ -1,7 +1,12 @@
 #include <weft/comm/algorithm/direct.hpp>
+#include <weft/comm/algorithm/ring.hpp>
+#include <weft/comm/all_reduce.hpp>
+#include <weft/comm/broadcast.hpp>
 #include <weft/comm/transport/local.hpp>
 
 #include <gtest/gtest.h>
+
+#include "support/scale.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -110,6 +115,36 @@ TEST(local, executes_a_peer_access_plan) {
     c.execute(pl, in.data(), in.size(), out.data(), out.size(), weft::op::sum{}, "all_reduce");
     for (std::size_t i = 0; i < out.size(); ++i) {
       ASSERT_EQ(out[i], 5L * static_cast<long>(i) + 100L * (0 + 1 + 2 + 3 + 4));
+    }
+  });
+}
+
+// Staged plans (direct's small all-reduce) end without a sync: a fast rank may start its
+// next call while a slow one still reads the last call's staging area. Back-to-back calls
+// with inputs that change every call, a rank that lingers now and then, other collectives
+// in between (a broadcast that does not wait for every rank), and in place: every result
+// must still be exact. (TSan runs this too.)
+TEST(local, staged_calls_back_to_back_stay_exact) {
+  weft::local::run(4, [](weft::local::communicator& c) {
+    std::vector<int> buf(256), out(256);
+    const int calls = weft::test::sanitized ? 200 : 2000;
+    for (int k = 0; k < calls; ++k) {
+      for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = k * 8 + c.rank() + static_cast<int>(i);
+      if (c.rank() == k % 4 && k % 7 == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (k % 2 == 0) {
+        weft::all_reduce<weft::algo::direct>(c, std::span<const int>(buf), std::span(out));
+      } else {
+        weft::all_reduce<weft::algo::direct>(c, std::span(buf));  // in place
+        out = buf;
+      }
+      for (std::size_t i = 0; i < out.size(); ++i) {
+        ASSERT_EQ(out[i], 4 * (k * 8 + static_cast<int>(i)) + 6) << "call " << k << " element " << i;
+      }
+      if (k % 5 == 0) {
+        std::vector<int> b(16, c.rank() == 1 ? k : -1);
+        weft::broadcast<weft::algo::ring>(c, std::span(b), 1);
+        ASSERT_EQ(b[15], k);
+      }
     }
   });
 }

@@ -2,14 +2,14 @@
 // direct: every rank reads its peers' buffers itself (load/store access, as over NVLink or
 // shared memory). Needs a transport with the peer_access capability.
 //
-//   two-shot all-reduce (large):      one-shot all-reduce (small):
-//     sync                              sync
-//     rank r reduces block r of         every rank reduces everything from all
-//     every rank's input -> its out     inputs into scratch
-//     sync                              sync
-//     rank r loads block s from rank s  copy scratch -> out
-//     sync                              (in place, a rank may not overwrite its input
-//                                        while peers still read it, hence scratch)
+//   two-shot all-reduce (large):      one-shot all-reduce (small, a staged plan):
+//     sync                              copy input -> scratch (the staging area)
+//     rank r reduces block r of         sync
+//     every rank's input -> its out     every rank reduces all ranks' staging -> out
+//     sync
+//     rank r loads block s from rank s  Peers read only the staging area, which the next
+//     sync                              staged call leaves alone until its own sync, so
+//                                       the call ends without one: one sync in all.
 // Reductions run over the ranks in rank order, so every rank computes bitwise the same value.
 #include <weft/comm/algorithm/generator.hpp>
 
@@ -22,7 +22,7 @@ namespace weft::algo {
 struct direct {
   static constexpr std::string_view name = "direct";
   /// All-reduces of at most this many bytes take the one-shot path.
-  static constexpr std::size_t one_shot_bytes = 16 * 1024;
+  static constexpr std::size_t one_shot_bytes = max_staged_scratch_bytes;
 
   static constexpr bool serves(collective) { return true; }
 
@@ -39,26 +39,27 @@ struct direct {
     std::vector<int> everyone(static_cast<std::size_t>(p));
     std::iota(everyone.begin(), everyone.end(), 0);
     const int all = pl.add_group(everyone);
+    if (q.coll == collective::all_reduce && n * q.element_size <= one_shot_bytes) {
+      pl.stage();
+      pl.need_scratch(n);
+      pl.copy(buffer::input, 0, buffer::scratch, 0, n);
+      pl.sync(all);
+      pl.load_reduce(all, buffer::scratch, 0, buffer::output, 0, n);
+      return pl;
+    }
     pl.sync(all);
     switch (q.coll) {
-      case collective::all_reduce:
-        if (n * q.element_size <= one_shot_bytes) {
-          pl.need_scratch(n);
-          pl.load_reduce(all, buffer::input, 0, buffer::scratch, 0, n);
-          pl.sync(all);
-          pl.copy(buffer::scratch, 0, buffer::output, 0, n);
-          return pl;
-        } else {
-          const auto mine = detail::split_block(n, static_cast<std::size_t>(p), static_cast<std::size_t>(r));
-          pl.load_reduce(all, buffer::input, mine.begin, buffer::output, mine.begin, mine.count);
-          pl.sync(all);
-          for (int k = 1; k < p; ++k) {
-            const int s = (r + k) % p;  // staggered, so ranks do not all read rank 0 first
-            const auto b = detail::split_block(n, static_cast<std::size_t>(p), static_cast<std::size_t>(s));
-            pl.load(s, buffer::output, b.begin, buffer::output, b.begin, b.count);
-          }
+      case collective::all_reduce: {
+        const auto mine = detail::split_block(n, static_cast<std::size_t>(p), static_cast<std::size_t>(r));
+        pl.load_reduce(all, buffer::input, mine.begin, buffer::output, mine.begin, mine.count);
+        pl.sync(all);
+        for (int k = 1; k < p; ++k) {
+          const int s = (r + k) % p;  // staggered, so ranks do not all read rank 0 first
+          const auto b = detail::split_block(n, static_cast<std::size_t>(p), static_cast<std::size_t>(s));
+          pl.load(s, buffer::output, b.begin, buffer::output, b.begin, b.count);
         }
         break;
+      }
       case collective::reduce_scatter:
         pl.load_reduce(all, buffer::input, static_cast<std::size_t>(r) * n, buffer::output, 0, n);
         break;

@@ -125,10 +125,21 @@ public:
   template <element T, class Op>
   void execute(const plan& pl, const T* in, std::size_t in_count, T* out, std::size_t out_count, const Op& op,
                std::string_view operation) {
-    T* scratch = scratch_for<T>(pl.scratch_count());
+    const bool staged = pl.staged();
+    if (staged) {
+      if (pl.scratch_count() * sizeof(T) > max_staged_scratch_bytes) {
+        throw error(operation, rank_, error::unknown,
+                    "a staged plan needs " + std::to_string(pl.scratch_count() * sizeof(T)) +
+                        " bytes of staging; the local transport has " + std::to_string(max_staged_scratch_bytes));
+      }
+      ++staged_calls_;  // the same count on every rank: they make the same calls
+    }
+    T* scratch = staged ? static_cast<T*>(group_->staging(rank_, staged_calls_)) : scratch_for<T>(pl.scratch_count());
     T* bufs[3] = {const_cast<T*>(in), out, scratch};  // input is only ever read
     const std::size_t sizes[3] = {in_count, out_count, pl.scratch_count()};
-    if (pl.peer_access()) {
+    // A staged plan's peers find its staging area in the group: the buffers published here
+    // may still be read by a slower peer's previous call.
+    if (pl.peer_access() && !staged) {
       auto& me = group_->slots[static_cast<std::size_t>(rank_)];
       for (int b = 0; b < 3; ++b) {
         me.buffers[b] = bufs[b];
@@ -188,15 +199,15 @@ public:
           }
           case step_kind::load: {
             const std::int64_t arrived = pace_loads(std::span(&s.peer, 1), s.count * sizeof(T));
-            detail::copy_n(range(s.dst, s.dst_offset, s.count), peer_range<T>(s.peer, s.src, s.src_offset, s.count, operation),
-                           s.count);
+            detail::copy_n(range(s.dst, s.dst_offset, s.count),
+                           peer_range<T>(s.peer, s.src, s.src_offset, s.count, operation, staged), s.count);
             detail::link_pacer::wait_until(arrived);
             break;
           }
           case step_kind::load_reduce: {
             const auto& g = pl.group(s.peer);
             srcs_.clear();
-            for (int q : g) srcs_.push_back(peer_range<T>(q, s.src, s.src_offset, s.count, operation));
+            for (int q : g) srcs_.push_back(peer_range<T>(q, s.src, s.src_offset, s.count, operation, staged));
             detail::link_pacer::wait_until(pace_loads(g, s.count * sizeof(T)));
             detail::reduce_many(range(s.dst, s.dst_offset, s.count), reinterpret_cast<const T* const*>(srcs_.data()),
                                 srcs_.size(), s.count, op);
@@ -235,7 +246,14 @@ private:
   }
 
   template <class T>
-  const T* peer_range(int peer, buffer b, std::size_t off, std::size_t n, std::string_view operation) const {
+  const T* peer_range(int peer, buffer b, std::size_t off, std::size_t n, std::string_view operation,
+                      bool staged) const {
+    if (staged) {  // the peer's staging area of this call, the only buffer a staged plan reads
+      if (b != buffer::scratch || (off + n) * sizeof(T) > max_staged_scratch_bytes) {
+        throw error(operation, rank_, peer, "a staged plan may load only from its peers' staging area");
+      }
+      return static_cast<const T*>(group_->staging(peer, staged_calls_)) + off;
+    }
     const auto& s = group_->slots[static_cast<std::size_t>(peer)];
     const auto i = static_cast<std::size_t>(b);
     if (off + n > s.sizes[i]) {
@@ -421,6 +439,7 @@ private:
   int rank_;
   std::chrono::milliseconds timeout_;
   std::vector<std::uint64_t> synced_;  // syncs completed with each peer
+  std::uint64_t staged_calls_ = 0;     // staged plans run: its parity picks the staging area
   std::vector<int> node_of_;
   std::vector<std::max_align_t> scratch_;
   std::vector<const void*> srcs_;

@@ -5,6 +5,7 @@
 // (single copy: the receiver copies or reduces straight from it), and the sender's round
 // waits until the receiver has consumed it.
 #include <weft/comm/transport/detail/doorbell.hpp>
+#include <weft/comm/plan.hpp>
 #include <weft/comm/transport/detail/link_pacer.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/types.hpp>
@@ -102,7 +103,8 @@ struct local_group {
         channels(std::make_unique<channel[]>(static_cast<std::size_t>(size) * static_cast<std::size_t>(size))),
         sync_counts(std::make_unique<std::atomic<std::uint64_t>[]>(static_cast<std::size_t>(size) *
                                                                      static_cast<std::size_t>(size))),
-        slots(static_cast<std::size_t>(size)) {
+        slots(static_cast<std::size_t>(size)),
+        staging_area(std::make_unique<staging_block[]>(static_cast<std::size_t>(size) * 2)) {
     for (std::size_t i = 0; i < static_cast<std::size_t>(size) * static_cast<std::size_t>(size); ++i) {
       sync_counts[i].store(0);
     }
@@ -132,6 +134,16 @@ struct local_group {
   std::unique_ptr<channel[]> channels;
   std::unique_ptr<std::atomic<std::uint64_t>[]> sync_counts;
   std::vector<exchange> slots;
+
+  /// Rank r's staging area of parity 0 or 1 (plan::stage): owned by the group, so that a peer
+  /// still reading it never reads freed memory, whatever the owner does meanwhile.
+  struct alignas(64) staging_block {
+    std::byte bytes[max_staged_scratch_bytes];
+  };
+  void* staging(int r, std::uint64_t parity) {
+    return staging_area[static_cast<std::size_t>(r) * 2 + static_cast<std::size_t>(parity & 1)].bytes;
+  }
+  std::unique_ptr<staging_block[]> staging_area;
 };
 
 } // namespace weft::detail
