@@ -99,6 +99,23 @@ TEST(cost_model, ranks_of_a_node_share_its_nics) {
   EXPECT_NEAR(price(overlap, make({2, 2}, 1), {}, 1), 2e6 / beta_x + alpha_x, rel);
 }
 
+// Ranks 2 and 3 (node 1) each load 1 MB from rank 0 (node 0) at once: the reads leave node 0
+// through its one NIC, one after the other, as messages would.
+TEST(cost_model, loads_across_nodes_queue_on_the_nics) {
+  auto pl = blank(4);
+  for (int r : {0, 2, 3}) {
+    plan& x = pl[static_cast<std::size_t>(r)];
+    const int g = x.add_group({0, 2, 3});
+    x.sync(g);
+    if (r != 0) x.load(0, buffer::input, 0, buffer::output, 0, 1'000'000);
+    x.sync(g);
+  }
+  const double sync_latency = alpha_x;  // the group spans both nodes
+  EXPECT_NEAR(price(pl, make({2, 2}, 1), {}, 1), sync_latency + 2e6 / beta_x + alpha_x + sync_latency, rel);
+  // Two NICs: both reads at once.
+  EXPECT_NEAR(price(pl, make({2, 2}, 2), {}, 1), sync_latency + 1e6 / beta_x + alpha_x + sync_latency, rel);
+}
+
 TEST(cost_model, sends_of_one_rank_in_a_round_share_its_link) {
   auto pl = blank(3);
   pl[0].send(1, buffer::input, 0, 1000);

@@ -12,7 +12,8 @@
 //                 lasts latency + bytes / bandwidth of the link between the two devices
 //     reduce      recv_reduce, reduce and copy add bytes / reduce_bandwidth of local work
 //     load        latency + bytes / bandwidth from the peer's device; load_reduce loads
-//                 from every member in turn, then reduces (k - 1 passes)
+//                 from every member in turn, then reduces (k - 1 passes); a load from
+//                 another node queues on that node's NICs like a message
 //     sync        waits for every member to arrive, plus one latency
 //     end         when the round's steps are done and its sends have been received
 //
@@ -161,6 +162,19 @@ WEFT_PLANNING inline breakdown simulate(const std::vector<plan>& plans, const to
     return c.link_between(dev[static_cast<std::size_t>(a)], dev[static_cast<std::size_t>(b)]);
   };
 
+  // Rank r reads `bytes` of rank q's memory from time t: when the bytes are in (without the
+  // latency). A read from another node queues on that node's NICs, as a message would.
+  const auto pull = [&](int q, int r, double t, double bytes) {
+    const topology::link& l = link_of(r, q);
+    double end = t + bytes / l.bandwidth;
+    if (node[static_cast<std::size_t>(q)] != node[static_cast<std::size_t>(r)]) {
+      double& pipe = nic_free[static_cast<std::size_t>(node[static_cast<std::size_t>(q)])];
+      pipe = std::max(pipe, t) + bytes / nic_pipe;
+      end = std::max(end, pipe);
+    }
+    return end;
+  };
+
   // Runs rank r until it blocks or finishes.
   const auto advance = [&](int r) {
     const auto ur = static_cast<std::size_t>(r);
@@ -237,7 +251,7 @@ WEFT_PLANNING inline breakdown simulate(const std::vector<plan>& plans, const to
         case step_kind::load: {
           if (!rank_ok(x.peer)) throw bad_peer(r, x);
           const topology::link& l = link_of(r, x.peer);
-          s.clock += l.latency + bytes / l.bandwidth;
+          s.clock = pull(x.peer, r, s.clock, bytes) + l.latency;
           count_bytes(r, x.peer, bytes);
           break;
         }
@@ -246,9 +260,8 @@ WEFT_PLANNING inline breakdown simulate(const std::vector<plan>& plans, const to
           double latency = 0;
           for (int q : g) {
             if (!rank_ok(q)) throw bad_peer(r, x);
-            const topology::link& l = link_of(r, q);
-            latency = std::max(latency, l.latency);
-            s.clock += bytes / l.bandwidth;
+            latency = std::max(latency, link_of(r, q).latency);
+            s.clock = pull(q, r, s.clock, bytes);
             count_bytes(r, q, bytes);
           }
           s.clock += latency;

@@ -218,8 +218,7 @@ TEST(automatic, as_a_policy_its_plans_are_correct) {
 }
 
 // Peers on other nodes cannot be read directly, even where the transport could (the local
-// transport emulates nodes in one process): across nodes, direct is never chosen, though
-// the model prices it cheapest from 1 MiB on here (its loads do not queue on the NICs).
+// transport emulates nodes in one process): across nodes, direct is never chosen.
 TEST(automatic, never_loads_across_nodes) {
   const auto c = topo::parse("2x4,intra=shm:8GB/s:2us,inter=net:0.5GB/s:20us");
   std::vector<int> node_of{0, 0, 0, 0, 1, 1, 1, 1};

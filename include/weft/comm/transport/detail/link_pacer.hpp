@@ -9,8 +9,9 @@
 //   receive       starts at max(now, ready) and ends latency + bytes / bandwidth later; a
 //                 message that leaves its node also queues on that node's NICs, one pipe of
 //                 nics_per_node x inter bandwidth shared by every rank of the node
-//   load          latency + bytes / bandwidth from now; load_reduce pays every member's
-//                 bytes in turn and the largest latency
+//   load          latency + bytes / bandwidth from now, queueing on the source node's NICs
+//                 when it reads across nodes; load_reduce pays every member's bytes in turn
+//                 and the largest latency
 //   sync          the group's latency once everyone has arrived
 //
 // Times are nanoseconds of steady_clock. The real copy of a plain receive or load overlaps the
@@ -57,33 +58,19 @@ public:
 
   /// The receiver has reached a message posted with `ready`: when it has arrived.
   std::int64_t arrival(int a, int b, double bytes, std::int64_t ready) {
-    const topology::link& l = link(a, b);
-    const std::int64_t start = std::max(now(), ready);
-    std::int64_t end = start + ns(l.latency + bytes / l.bandwidth);
-    if (cluster_.node_of(a) != cluster_.node_of(b)) {
-      const double pipe = static_cast<double>(cluster_.nics_per_node()) * cluster_.inter().bandwidth;
-      auto& nic = nic_free_[static_cast<std::size_t>(cluster_.node_of(a))];
-      std::int64_t seen = nic.load(std::memory_order_relaxed);
-      std::int64_t done = 0;
-      do {
-        done = std::max(start, seen) + ns(bytes / pipe);
-      } while (!nic.compare_exchange_weak(seen, done, std::memory_order_relaxed));
-      end = std::max(end, done + ns(l.latency));
-    }
-    return end;
+    return pull(a, b, std::max(now(), ready), bytes) + ns(link(a, b).latency);
   }
 
   /// Device `reader` loads `bytes` from each of `sources`, in turn: when the last has arrived.
   template <class Sources>
-  std::int64_t loads(int reader, const Sources& sources, double bytes) const {
-    double seconds = 0;
+  std::int64_t loads(int reader, const Sources& sources, double bytes) {
+    std::int64_t t = now();
     double latency = 0;
     for (int s : sources) {
-      const topology::link& l = link(s, reader);
-      seconds += bytes / l.bandwidth;
-      latency = std::max(latency, l.latency);
+      t = pull(s, reader, t, bytes);
+      latency = std::max(latency, link(s, reader).latency);
     }
-    return now() + ns(seconds + latency);
+    return t + ns(latency);
   }
 
   /// A sync over `devices` has completed now: when its latency has passed.
@@ -122,6 +109,23 @@ public:
   }
 
 private:
+  // `bytes` of device a's memory go to device b from time t: when they are through (without
+  // the latency). Off a's node they also queue on its NICs, one pipe of nics x inter bandwidth.
+  std::int64_t pull(int a, int b, std::int64_t t, double bytes) {
+    std::int64_t end = t + ns(bytes / link(a, b).bandwidth);
+    if (cluster_.node_of(a) != cluster_.node_of(b)) {
+      const double pipe = static_cast<double>(cluster_.nics_per_node()) * cluster_.inter().bandwidth;
+      auto& nic = nic_free_[static_cast<std::size_t>(cluster_.node_of(a))];
+      std::int64_t seen = nic.load(std::memory_order_relaxed);
+      std::int64_t done = 0;
+      do {
+        done = std::max(t, seen) + ns(bytes / pipe);
+      } while (!nic.compare_exchange_weak(seen, done, std::memory_order_relaxed));
+      end = std::max(end, done);
+    }
+    return end;
+  }
+
   static std::int64_t ns(double seconds) { return static_cast<std::int64_t>(seconds * 1e9); }
   const topology::link& link(int a, int b) const { return cluster_.link_between(a, b); }
 
