@@ -24,7 +24,7 @@ namespace algo = weft::algo;
 
 std::string links() {
   const char* env = std::getenv("WEFT_EMULATED_LINKS");
-  return env != nullptr ? env : "intra=shm:2GB/s:5us,inter=net:0.25GB/s:20us";
+  return env != nullptr ? env : "intra=shm:1GB/s:5us,inter=net:0.25GB/s:20us";
 }
 
 // The model's reduce bandwidth is what this machine gives each of 8 ranks reducing at once.

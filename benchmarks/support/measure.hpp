@@ -53,14 +53,18 @@ inline double stream_add_bandwidth(std::size_t bytes, int threads, int reps = 5)
   return best;
 }
 
-/// Bytes per second that each of `ranks` threads reduces (dst[i] = a[i] + b[i], float, with
-/// weft's own kernel) while all of them do so at once: what the cost model's reduce
-/// bandwidth is on this machine when every rank of a run computes. Counts the elements'
-/// bytes once per pass, as the model does; the slowest thread's rate, best of `reps`.
+/// Bytes per second that each of `ranks` threads reduces (dst[i] = a[i] + b[i], float, three
+/// distinct arrays, with weft's own kernel) while all of them do so at once: what the cost
+/// model's reduce bandwidth is on this machine when every rank of a run computes (a plan's
+/// reductions mostly write a buffer other than their sources: recv_reduce into the output).
+/// Counts the elements' bytes once per pass, as the model does; the slowest thread's rate,
+/// best of `reps`.
 inline double reduce_bandwidth_per_rank(int ranks, std::size_t bytes = std::size_t{8} << 20, int reps = 3) {
   const std::size_t n = bytes / sizeof(float);
-  std::vector<std::vector<float>> a(static_cast<std::size_t>(ranks), std::vector<float>(n, 1.0f));
-  std::vector<std::vector<float>> b(static_cast<std::size_t>(ranks), std::vector<float>(n, 2.0f));
+  const auto per_rank = [&](float v) {
+    return std::vector<std::vector<float>>(static_cast<std::size_t>(ranks), std::vector<float>(n, v));
+  };
+  auto a = per_rank(1.0f), b = per_rank(2.0f), d = per_rank(0.0f);
   double best = 0;
   for (int rep = 0; rep < reps; ++rep) {
     std::vector<double> seconds(static_cast<std::size_t>(ranks));
@@ -68,16 +72,16 @@ inline double reduce_bandwidth_per_rank(int ranks, std::size_t bytes = std::size
       std::vector<std::jthread> pool;
       for (int t = 0; t < ranks; ++t) {
         pool.emplace_back([&, t] {
-          auto& x = a[static_cast<std::size_t>(t)];
+          const auto u = static_cast<std::size_t>(t);
           const auto t0 = std::chrono::steady_clock::now();
-          for (int pass = 0; pass < 4; ++pass) detail::reduce2(x.data(), x.data(), b[static_cast<std::size_t>(t)].data(), n, op::sum{});
-          seconds[static_cast<std::size_t>(t)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          for (int pass = 0; pass < 4; ++pass) detail::reduce2(d[u].data(), a[u].data(), b[u].data(), n, op::sum{});
+          seconds[u] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         });
       }
     }
     best = std::max(best, 4.0 * static_cast<double>(bytes) / *std::max_element(seconds.begin(), seconds.end()));
   }
-  if (a[0][n / 2] < 0) std::terminate();  // keeps the work observable
+  if (d[0][n / 2] < 0) std::terminate();  // keeps the work observable
   return best;
 }
 
