@@ -24,19 +24,14 @@ namespace algo = weft::algo;
 
 constexpr int ranks = 4;
 
-std::vector<std::int64_t> sizes() {
+const std::vector<std::int64_t>& sizes() {
   static const auto s = weft::bench::sizes_from_env("4:256M:2");
   return s;
 }
 
-// Sizes too small to give every rank an element are left out, as nccl-tests does.
-void apply_sizes(benchmark::internal::Benchmark* b, std::int64_t at_least) {
-  for (std::int64_t s : sizes()) {
-    if (s >= at_least) b->Arg(s);
-  }
-  b->Iterations(1)->UseManualTime()->Unit(benchmark::kMicrosecond);
+void apply_sizes(benchmark::internal::Benchmark* b, std::int64_t at_least = 1) {
+  weft::bench::apply_sizes(b, sizes(), at_least);
 }
-void apply_sizes(benchmark::internal::Benchmark* b) { apply_sizes(b, 1); }
 
 template <collective C, class Algo>
 void add() {
@@ -72,7 +67,7 @@ void add_all() {
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   benchmark::RegisterBenchmark("stream_add", weft::bench::stream_add_row)->Iterations(1);
-  benchmark::RegisterBenchmark("memcpy", weft::bench::memcpy_row)->Apply(apply_sizes);
+  benchmark::RegisterBenchmark("memcpy", weft::bench::memcpy_row)->Apply([](auto* b) { apply_sizes(b); });
   add_all<collective::all_reduce>();
   add_all<collective::reduce_scatter>();
   add_all<collective::all_gather>();

@@ -84,8 +84,7 @@ void tp_group(benchmark::State& state) {
 
 void sizes(benchmark::internal::Benchmark* b) {
   static const auto range = weft::bench::sizes_from_env("64K:64M:4");
-  for (std::int64_t s : range) b->Arg(s);
-  b->UseManualTime()->Iterations(1)->Unit(benchmark::kMicrosecond);
+  weft::bench::apply_sizes(b, range);
 }
 
 template <class Algo>

@@ -67,13 +67,8 @@ const std::vector<std::int64_t>& sizes() {
   return s;
 }
 
-// The suite's sizes from at_least bytes on (reduce-scatter, all-gather and all-to-all need a
-// float per rank), one iteration of manual time: each row times its own calls.
 void apply_sizes(benchmark::internal::Benchmark* b, std::int64_t at_least) {
-  for (std::int64_t s : sizes()) {
-    if (s >= at_least) b->Arg(s);
-  }
-  b->Iterations(1)->UseManualTime()->Unit(benchmark::kMicrosecond);
+  weft::bench::apply_sizes(b, sizes(), at_least);
 }
 
 // Calls per timed run, fixed by size (the same on every rank, which MPI's collectives need):

@@ -57,4 +57,15 @@ inline std::vector<std::int64_t> sizes_from_env(std::string_view fallback) {
   return out;
 }
 
+/// Registers `sizes` from `at_least` bytes on as a benchmark's arguments (smaller ones cannot
+/// give every rank an element, and nccl-tests leaves them out too), with one iteration of
+/// manual time in microseconds: each row times its own calls.
+inline void apply_sizes(benchmark::internal::Benchmark* b, const std::vector<std::int64_t>& sizes,
+                        std::int64_t at_least = 1) {
+  for (std::int64_t s : sizes) {
+    if (s >= at_least) b->Arg(s);
+  }
+  b->Iterations(1)->UseManualTime()->Unit(benchmark::kMicrosecond);
+}
+
 } // namespace weft::bench
