@@ -74,12 +74,7 @@ void tp_group(benchmark::State& state) {
         emulated);
     state.SetIterationTime(seconds);
   }
-  state.counters["time_us"] = seconds * 1e6;
-  state.counters["algbw_GBps"] = static_cast<double>(bytes) / seconds / 1e9;
-  state.counters["busbw_GBps"] = static_cast<double>(bytes) / seconds * weft::bench::bus_factor_all_reduce(4) / 1e9;
-  state.counters["model_us"] = model.seconds * 1e6;
-  state.counters["measured_over_model"] = seconds / model.seconds;
-  state.SetLabel(std::string(model.algorithm));
+  weft::bench::set_counters(state, bytes, seconds, weft::bench::bus_factor_all_reduce(4), model);
 }
 
 void sizes(benchmark::internal::Benchmark* b) {

@@ -103,6 +103,19 @@ prediction predict_concurrent(const std::vector<std::vector<int>>& groups, const
   return out;
 }
 
+/// The suite's counters for one row: time_us, algbw_GBps, busbw_GBps (nccl-tests' factor),
+/// model_us and measured_over_model; the label names the algorithm the model priced.
+inline void set_counters(benchmark::State& state, std::size_t bytes, double seconds, double bus_factor,
+                         const prediction& model) {
+  const double algbw = static_cast<double>(bytes) / seconds;
+  state.counters["time_us"] = seconds * 1e6;
+  state.counters["algbw_GBps"] = algbw / 1e9;
+  state.counters["busbw_GBps"] = algbw * bus_factor / 1e9;
+  state.counters["model_us"] = model.seconds * 1e6;
+  state.counters["measured_over_model"] = seconds / model.seconds;
+  state.SetLabel(std::string(model.algorithm));
+}
+
 /// Times collective C with Algo on local ranks laid out as `cluster` (links emulated when
 /// opt says so) for one nccl-tests size, and sets the suite's counters: time_us, algbw_GBps,
 /// busbw_GBps, model_us (the model's price of the same plans) and measured_over_model.
@@ -129,13 +142,7 @@ void run_local_case(benchmark::State& state, const topology::cluster& cluster, l
         opt);
     state.SetIterationTime(seconds);
   }
-  const double algbw = static_cast<double>(bytes) / seconds;
-  state.counters["time_us"] = seconds * 1e6;
-  state.counters["algbw_GBps"] = algbw / 1e9;
-  state.counters["busbw_GBps"] = algbw * bus_factor(C, p) / 1e9;
-  state.counters["model_us"] = model.seconds * 1e6;
-  state.counters["measured_over_model"] = seconds / model.seconds;
-  state.SetLabel(std::string(model.algorithm));
+  set_counters(state, bytes, seconds, bus_factor(C, p), model);
 }
 
 } // namespace weft::bench
