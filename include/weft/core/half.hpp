@@ -26,7 +26,7 @@ namespace weft::detail {
 template <class To, class From>
 WEFT_HOST_DEVICE constexpr To bit_cast(const From& from) noexcept {
 #if defined(__CUDACC__)
-  return cuda::std::bit_cast<To>(from);
+  return ::cuda::std::bit_cast<To>(from);
 #else
   return std::bit_cast<To>(from);
 #endif

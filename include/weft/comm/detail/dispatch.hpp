@@ -189,7 +189,14 @@ void run_collective(Comm& comm, const T* in, std::size_t in_n, T* out, std::size
   if (check_calls_enabled()) check_same_call(comm, {C, algorithm, count, dtype_of<T>, op_name<Op>(), root});
   comm.execute(*pl, in, in_n, out, out_n, op, opname);
   if constexpr (is_average_v<Op>) {
-    if (C != collective::reduce || comm.rank() == root) divide(out, C == collective::reduce ? count : out_n, comm.size());
+    if (C != collective::reduce || comm.rank() == root) {
+      const std::size_t n = C == collective::reduce ? count : out_n;
+      if constexpr (requires { comm.divide(out, n); }) {
+        comm.divide(out, n);  // buffers the host cannot touch (device memory): the transport's kernel
+      } else {
+        divide(out, n, comm.size());
+      }
+    }
   }
 }
 

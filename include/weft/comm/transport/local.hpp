@@ -10,6 +10,7 @@
 // or stalls, the ranks waiting on it get a weft::error naming the operation and the rank,
 // and run() rethrows the first failure.
 #include <weft/comm/detail/kernels.hpp>
+#include <weft/comm/detail/scratch.hpp>
 #include <weft/comm/plan.hpp>
 #include <weft/comm/transport/detail/local_state.hpp>
 #include <weft/core/error.hpp>
@@ -134,7 +135,7 @@ public:
       }
       ++staged_calls_;  // the same count on every rank: they make the same calls
     }
-    T* scratch = staged ? static_cast<T*>(group_->staging(rank_, staged_calls_)) : scratch_for<T>(pl.scratch_count());
+    T* scratch = staged ? static_cast<T*>(group_->staging(rank_, staged_calls_)) : scratch_.get<T>(pl.scratch_count());
     T* bufs[3] = {const_cast<T*>(in), out, scratch};  // input is only ever read
     const std::size_t sizes[3] = {in_count, out_count, pl.scratch_count()};
     // A staged plan's peers find its staging area in the group: the buffers published here
@@ -261,13 +262,6 @@ private:
                                               std::to_string(off + n) + ") of a peer buffer of " + std::to_string(s.sizes[i]));
     }
     return static_cast<const T*>(s.buffers[i]) + off;
-  }
-
-  template <class T>
-  T* scratch_for(std::size_t n) {
-    const std::size_t bytes = n * sizeof(T);
-    if (scratch_.size() * sizeof(std::max_align_t) < bytes) scratch_.resize(bytes / sizeof(std::max_align_t) + 1);
-    return reinterpret_cast<T*>(scratch_.data());
   }
 
   // Waits until ready(); on a failed world, a peer that left or failed, or the deadline,
@@ -441,7 +435,7 @@ private:
   std::vector<std::uint64_t> synced_;  // syncs completed with each peer
   std::uint64_t staged_calls_ = 0;     // staged plans run: its parity picks the staging area
   std::vector<int> node_of_;
-  std::vector<std::max_align_t> scratch_;
+  detail::scratch_buffer scratch_;
   std::vector<const void*> srcs_;
   std::vector<int> devs_;  // scratch for the pacer's device lists
 };

@@ -45,6 +45,7 @@
 // environment's destructor calls MPI_Abort when it runs during stack unwinding, so the
 // other processes, blocked in a collective with this one, are ended too (see environment).
 #include <weft/comm/detail/kernels.hpp>
+#include <weft/comm/detail/scratch.hpp>
 #include <weft/comm/plan.hpp>
 #include <weft/comm/transport/detail/mpi_comm_handle.hpp>
 #include <weft/comm/transport/detail/mpi_datatype.hpp>
@@ -284,7 +285,7 @@ public:
                       std::to_string(pl.size()) + ", not rank " + std::to_string(rank_) + " of " +
                       std::to_string(size_));
     }
-    T* const scratch = storage<T>(scratch_, pl.scratch_count());
+    T* const scratch = scratch_.get<T>(pl.scratch_count());
     T* const bufs[3] = {const_cast<T*>(in), out, scratch}; // input is only ever read
     const std::size_t sizes[3] = {in_count, out_count, pl.scratch_count()};
     const auto range = [&](buffer b, std::size_t off, std::size_t n) -> T* {
@@ -582,7 +583,7 @@ private:
     const std::size_t pieces = (count + piece - 1) / piece;
     const std::size_t depth = std::min(pieces, pieces_in_flight);
     const std::size_t stride = std::min(count, piece);
-    T* const stage = storage<T>(staging_, depth * stride);
+    T* const stage = staging_.get<T>(depth * stride);
     recvs_.resize(depth);
     const auto post = [&](std::size_t p) {
       const std::size_t off = p * piece;
@@ -605,13 +606,6 @@ private:
     recvs_.resize(0);
   }
 
-  template <class T>
-  static T* storage(std::vector<std::max_align_t>& v, std::size_t n) {
-    const std::size_t bytes = n * sizeof(T);
-    if (v.size() * sizeof(std::max_align_t) < bytes) v.resize(bytes / sizeof(std::max_align_t) + 1);
-    return reinterpret_cast<T*>(v.data());
-  }
-
   detail::mpi_comm_handle base_; // the wrapped communicator (borrowed or owned)
   detail::mpi_comm_handle dup_;  // weft's private duplicate of it, always owned
   int rank_ = 0;
@@ -623,8 +617,8 @@ private:
   std::shared_ptr<const topology::cluster> cluster_;
   bool emulated_ = false;
   std::chrono::milliseconds timeout_;
-  std::vector<std::max_align_t> scratch_;
-  std::vector<std::max_align_t> staging_;
+  detail::scratch_buffer scratch_;
+  detail::scratch_buffer staging_;
   // In-flight requests; empty between calls. Members so that their storage is reused.
   detail::mpi_requests sends_;
   detail::mpi_requests recvs_;

@@ -1,0 +1,106 @@
+#pragma once
+// Device kernels on stream: element-wise reduce of k sources, copy, and avg's divide, for
+// every weft element type and operator. Each runs weft's WEFT_HOST_DEVICE functors
+// (comm/detail/elementwise.hpp) in a grid-stride loop: 16-byte packs when every pointer is
+// 16-byte aligned, then the elements past the last whole pack one by one; element by element
+// when a pointer is not aligned. Low-precision types accumulate in float and round once,
+// left to right over the sources, so the result is the host's to the bit.
+#include <weft/comm/detail/elementwise.hpp>
+#include <weft/core/error.hpp>
+#include <weft/core/ops.hpp>
+#include <weft/core/types.hpp>
+#include <weft/cuda/error.cuh>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+
+namespace weft::cuda {
+namespace detail {
+
+template <class F>
+__global__ void for_each_index(F f, std::size_t n) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) f(i);
+}
+
+inline constexpr int block_threads = 512;
+
+/// Enough blocks to cover n indices, at most a few waves of the current device's SMs (the
+/// grid-stride loop does the rest).
+inline unsigned grid_for(std::size_t n) {
+  thread_local int device = -1;
+  thread_local int sms = 0;
+  int d = 0;
+  WEFT_CUDA_TRY(cudaGetDevice(&d));
+  if (d != device) {
+    WEFT_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d));
+    device = d;
+  }
+  const std::size_t wanted = (n + block_threads - 1) / block_threads;
+  return static_cast<unsigned>(std::max<std::size_t>(1, std::min<std::size_t>(wanted, static_cast<std::size_t>(sms) * 8)));
+}
+
+template <class F>
+void launch(const F& f, std::size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  for_each_index<<<grid_for(n), block_threads, 0, s>>>(f, n);
+  WEFT_CUDA_TRY(cudaGetLastError());
+}
+
+} // namespace detail
+
+/// dst[i] = src[0][i] op ... op src[k-1][i] for i < n, on stream s. dst may equal a source
+/// (each element is read before it is written); 1 <= k <= weft::detail::max_sources.
+template <element T, class Op>
+void reduce(T* dst, const T* const* src, int k, std::size_t n, const Op& op, cudaStream_t s) {
+  using weft::detail::max_sources;
+  if (k < 1 || k > max_sources) {
+    throw error("weft: cuda::reduce of " + std::to_string(k) + " sources; it takes 1 to " + std::to_string(max_sources));
+  }
+  bool aligned = weft::detail::is_pack_aligned(dst);
+  for (int j = 0; j < k; ++j) aligned = aligned && weft::detail::is_pack_aligned(src[j]);
+  constexpr int w = weft::detail::packed<T>::width;
+  const std::size_t packs = aligned ? n / w : 0;
+  if (packs != 0) {
+    weft::detail::reduce_sources_packed<T, Op> f{dst, {}, k, op};
+    std::copy(src, src + k, f.src);
+    detail::launch(f, packs, s);
+  }
+  const std::size_t done = packs * w;
+  if (done < n) {
+    weft::detail::reduce_sources<T, Op> f{dst + done, {}, k, op};
+    for (int j = 0; j < k; ++j) f.src[j] = src[j] + done;
+    detail::launch(f, n - done, s);
+  }
+}
+
+/// dst[i] = a[i] op b[i] (the two-source case of reduce).
+template <element T, class Op>
+void reduce(T* dst, const T* a, const T* b, std::size_t n, const Op& op, cudaStream_t s) {
+  const T* src[2] = {a, b};
+  reduce(dst, src, 2, n, op, s);
+}
+
+/// dst[i] = src[i] for i < n with 16-byte loads and stores where aligned; the ranges are the
+/// same or disjoint.
+template <element T>
+void copy(T* dst, const T* src, std::size_t n, cudaStream_t s) {
+  if (dst == src || n == 0) return;
+  constexpr int w = weft::detail::packed<T>::width;
+  const bool aligned = weft::detail::is_pack_aligned(dst) && weft::detail::is_pack_aligned(src);
+  const std::size_t packs = aligned ? n / w : 0;
+  if (packs != 0) detail::launch(weft::detail::copy_packed<T>{dst, src}, packs, s);
+  const std::size_t done = packs * w;
+  if (done < n) detail::launch(weft::detail::copy_elements<T>{dst + done, src + done}, n - done, s);
+}
+
+/// data[i] /= ranks in the accumulation type (the avg operator's last step).
+template <element T>
+void divide(T* data, std::size_t n, int ranks, cudaStream_t s) {
+  detail::launch(weft::detail::divide_elements<T>{data, ranks}, n, s);
+}
+
+} // namespace weft::cuda

@@ -1,0 +1,125 @@
+#pragma once
+// Owning handles for device resources (buffers, streams, events) and device discovery.
+// Streams and events can also be borrowed: a handle made from the user's cudaStream_t never
+// destroys it.
+#include <weft/cuda/error.cuh>
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <utility>
+
+namespace weft::cuda {
+
+/// How many devices this process sees; 0 (not an error) where there is no driver or device.
+inline int device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky "no device" status
+    return 0;
+  }
+  return n;
+}
+
+/// Why device code cannot run here ("" when it can): what a GPU test prints when it skips.
+inline std::string no_device_reason() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return std::string("no CUDA device: ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+  }
+  return n == 0 ? "no CUDA device" : "";
+}
+
+/// n elements of T in device memory, uninitialised.
+template <class T>
+class device_buffer {
+public:
+  device_buffer() = default;
+  explicit device_buffer(std::size_t n) : n_(n) {
+    if (n != 0) WEFT_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)));
+  }
+  device_buffer(device_buffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  device_buffer& operator=(device_buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      p_ = std::exchange(o.p_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+    }
+    return *this;
+  }
+  ~device_buffer() { release(); }
+
+  [[nodiscard]] T* data() const noexcept { return p_; }
+  [[nodiscard]] std::size_t size() const noexcept { return n_; }
+  [[nodiscard]] std::size_t size_bytes() const noexcept { return n_ * sizeof(T); }
+
+private:
+  void release() noexcept {
+    if (p_ != nullptr) (void)cudaFree(p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+  T* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+/// A stream, owned (created non-blocking, destroyed with the handle) or borrowed.
+class stream {
+public:
+  /// A new non-blocking stream on the current device.
+  stream() { WEFT_CUDA_TRY(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
+  /// The caller's stream; never destroyed here.
+  static stream borrow(cudaStream_t s) noexcept { return stream(s, false); }
+
+  stream(stream&& o) noexcept : s_(std::exchange(o.s_, nullptr)), owned_(std::exchange(o.owned_, false)) {}
+  stream& operator=(stream&& o) noexcept {
+    if (this != &o) {
+      release();
+      s_ = std::exchange(o.s_, nullptr);
+      owned_ = std::exchange(o.owned_, false);
+    }
+    return *this;
+  }
+  ~stream() { release(); }
+
+  [[nodiscard]] cudaStream_t get() const noexcept { return s_; }
+  [[nodiscard]] bool owned() const noexcept { return owned_; }
+  void synchronize() const { WEFT_CUDA_TRY(cudaStreamSynchronize(s_)); }
+
+private:
+  stream(cudaStream_t s, bool owned) noexcept : s_(s), owned_(owned) {}
+  void release() noexcept {
+    if (owned_ && s_ != nullptr) (void)cudaStreamDestroy(s_);
+    s_ = nullptr;
+    owned_ = false;
+  }
+  cudaStream_t s_ = nullptr;
+  bool owned_ = false;
+};
+
+/// An event without timing (cheap to record and wait on), owned.
+class event {
+public:
+  event() { WEFT_CUDA_TRY(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming)); }
+  event(event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
+  event& operator=(event&& o) noexcept {
+    if (this != &o) {
+      if (e_ != nullptr) (void)cudaEventDestroy(e_);
+      e_ = std::exchange(o.e_, nullptr);
+    }
+    return *this;
+  }
+  ~event() {
+    if (e_ != nullptr) (void)cudaEventDestroy(e_);
+  }
+  [[nodiscard]] cudaEvent_t get() const noexcept { return e_; }
+  void record(cudaStream_t s) const { WEFT_CUDA_TRY(cudaEventRecord(e_, s)); }
+
+private:
+  cudaEvent_t e_ = nullptr;
+};
+
+} // namespace weft::cuda
