@@ -110,6 +110,12 @@ weft_configure() {
   cmake -S "$weft_root" -B "$dir" -G Ninja "$@"
 }
 
+# nvcc where the CUDA toolkit installs it, when it is not on PATH: CMake then finds it, and
+# WEFT_ENABLE_CUDA turns on by itself.
+if ! command -v nvcc >/dev/null 2>&1 && [[ -z "${CUDACXX:-}" && -x /usr/local/cuda/bin/nvcc ]]; then
+  export CUDACXX=/usr/local/cuda/bin/nvcc
+fi
+
 # The plain build's options: shared by scripts/test and scripts/demo so that neither
 # reconfigures the other's build/.
 # shellcheck disable=SC2034
