@@ -18,6 +18,7 @@
 #include <weft/comm/algorithm/recursive_doubling.hpp>
 #include <weft/comm/algorithm/ring.hpp>
 #include <weft/comm/algorithm/tree.hpp>
+#include <weft/comm/algorithm/vendor.hpp>
 #include <weft/comm/all_gather.hpp>
 #include <weft/comm/all_reduce.hpp>
 #include <weft/comm/all_to_all.hpp>
@@ -31,3 +32,5 @@
 #include <weft/comm/transport/local.hpp>
 
 #include <weft/sim/cost_model.hpp>
+
+#include <weft/pipeline.hpp>

@@ -3,10 +3,11 @@
 // call's topology. It does not move anything itself: it builds every candidate's plans for
 // all ranks of the call, runs them through sim::price, and hands back the cheapest.
 //
-//   choose(request, cluster, device_of, peer_access)
+//   choose(request, cluster, device_of, peer_access, messages)
 //     for each candidate, in table order:
 //       skip it if it does not plan the collective, needs peer access the transport lacks
-//       (or would load across nodes), or is hierarchical and the group sits on one node
+//       (or would load across nodes), sends messages a load-only transport cannot (p2p),
+//       or is hierarchical and the group sits on one node
 //       price = sim::price(its plans for ranks 0 .. size-1)
 //     the cheapest wins; a tie goes to the earlier entry
 //
@@ -47,6 +48,7 @@ struct candidate {
   plan (*make_plan)(const plan_request&);
   bool needs_peer_access; // its plans load from peers (direct)
   bool needs_nodes;       // it only helps across nodes (hierarchical)
+  bool needs_messages;    // its plans send and receive (all but direct)
 };
 
 } // namespace weft::algo
@@ -54,12 +56,12 @@ struct candidate {
 namespace weft::detail {
 
 template <class A>
-constexpr algo::candidate candidate_of(bool needs_peer_access, bool needs_nodes) {
-  return {A::name, &A::serves, &A::make_plan, needs_peer_access, needs_nodes};
+constexpr algo::candidate candidate_of(bool needs_peer_access, bool needs_nodes, bool needs_messages = true) {
+  return {A::name, &A::serves, &A::make_plan, needs_peer_access, needs_nodes, needs_messages};
 }
 
 inline constexpr std::array candidate_table = {
-    candidate_of<algo::direct>(true, false),
+    candidate_of<algo::direct>(true, false, false),
     candidate_of<algo::ring>(false, false),
     candidate_of<algo::tree>(false, false),
     candidate_of<algo::halving_doubling>(false, false),
@@ -81,6 +83,7 @@ struct choice_key {
   std::vector<int> node_of;
   std::vector<int> device_of;
   bool peer_access;
+  bool messages;
   std::vector<int> devices_per_node;
   topology::link intra;
   topology::link inter;
@@ -110,6 +113,7 @@ struct choice_hash {
     for (int v : k.device_of)
       mix(static_cast<std::uint64_t>(v));
     mix(k.peer_access ? 1 : 2);
+    mix(k.messages ? 3 : 4);
     for (int v : k.devices_per_node)
       mix(static_cast<std::uint64_t>(v));
     mix_link(k.intra);
@@ -151,7 +155,7 @@ inline std::span<const candidate> candidates() noexcept { return detail::candida
 /// spans more than one node; peer-access candidates only when peer_access. q.rank does not
 /// matter. Throws weft::error for a bad request or when no candidate plans q.coll.
 WEFT_PLANNING inline const candidate& choose(const plan_request& q, const topology::cluster& c,
-                               const std::vector<int>& device_of, bool peer_access) {
+                               const std::vector<int>& device_of, bool peer_access, bool messages = true) {
   detail::check_request(q, "automatic");
   const bool rooted = q.coll == collective::broadcast || q.coll == collective::reduce;
   detail::choice_key key{.coll = q.coll,
@@ -162,6 +166,7 @@ WEFT_PLANNING inline const candidate& choose(const plan_request& q, const topolo
                          .node_of = q.node_of,
                          .device_of = device_of,
                          .peer_access = peer_access,
+                         .messages = messages,
                          .devices_per_node = c.devices_per_node(),
                          .intra = c.intra(),
                          .inter = c.inter(),
@@ -182,8 +187,8 @@ WEFT_PLANNING inline const candidate& choose(const plan_request& q, const topolo
     // A flat peer-access plan would read buffers on other nodes, which real machines cannot
     // (the local transport can only because its nodes are emulated in one process).
     const bool flat_loads_across_nodes = a.needs_peer_access && !a.needs_nodes && nodes;
-    if (!a.serves(q.coll) || (a.needs_peer_access && !peer_access) || (a.needs_nodes && !nodes) ||
-        flat_loads_across_nodes)
+    if (!a.serves(q.coll) || (a.needs_peer_access && !peer_access) || (a.needs_messages && !messages) ||
+        (a.needs_nodes && !nodes) || flat_loads_across_nodes)
       continue;
     const double t = sim::price(sim::plans_of(a.make_plan, q), c, device_of, q.element_size);
     if (best == table.size() || t < best_price) {
@@ -194,7 +199,7 @@ WEFT_PLANNING inline const candidate& choose(const plan_request& q, const topolo
   if (best == table.size()) {
     throw error(name_of(q.coll), q.rank, error::unknown,
                 std::string("automatic: no algorithm plans ") + std::string(name_of(q.coll)) +
-                    (peer_access ? "" : " without peer access"));
+                    (peer_access ? "" : " without peer access") + (messages ? "" : " without messages"));
   }
   {
     const std::lock_guard lock(cache.mutex);

@@ -21,6 +21,10 @@ namespace weft::algo {
 
 struct direct {
   static constexpr std::string_view name = "direct";
+  /// Its plans load from peers' buffers and never send: it runs on communicators with peer
+  /// access (weft::local, weft::cuda::p2p, the one-GPU harness) and only there.
+  static constexpr bool needs_peer_access = true;
+  static constexpr bool needs_messages = false;
   /// All-reduces of at most this many bytes take the one-shot path.
   static constexpr std::size_t one_shot_bytes = max_staged_scratch_bytes;
 

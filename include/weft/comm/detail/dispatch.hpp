@@ -4,6 +4,7 @@
 // cache, optionally check that all ranks make the same call, run the plan, finish avg.
 #include <weft/comm/algorithm/automatic.hpp>
 #include <weft/comm/algorithm/generator.hpp>
+#include <weft/comm/algorithm/vendor.hpp>
 #include <weft/comm/communicator.hpp>
 #include <weft/comm/detail/kernels.hpp>
 #include <weft/comm/plan.hpp>
@@ -23,6 +24,16 @@
 #include <vector>
 
 namespace weft::detail {
+
+// Whether algorithm A's plans send messages: all but those that say otherwise (direct).
+template <class A>
+inline constexpr bool needs_messages_v = [] {
+  if constexpr (requires { A::needs_messages; }) {
+    return static_cast<bool>(A::needs_messages);
+  } else {
+    return true;
+  }
+}();
 
 template <class A>
 inline constexpr bool needs_peer_access_v = [] {
@@ -151,16 +162,45 @@ inline bool overlap(const void* a, std::size_t a_bytes, const void* b, std::size
   return a_bytes != 0 && b_bytes != 0 && x < y + b_bytes && y < x + a_bytes;
 }
 
-/// Runs collective C with algorithm Algo on comm. `in`/`out` are the rank's buffers as the
-/// table in plan.hpp describes them; `count` is the per-rank count in that table's sense.
+template <class Comm>
+void check_root(const Comm& comm, int root, std::string_view opname) {
+  if (root < 0 || root >= comm.size()) {
+    throw error(opname, comm.rank(), error::unknown,
+                "root " + std::to_string(root) + " outside the communicator of " + std::to_string(comm.size()) + " ranks");
+  }
+}
+
+/// A communicator with a collective of its own for C (what algo::vendor calls): the member
+/// template comm.vendor<C>(in, in_n, out, out_n, count, root, op), which also finishes avg.
+template <class Comm, collective C, class T, class Op>
+concept vendor_collective = requires(Comm& comm, const T* in, T* out, std::size_t n, int root, const Op& op) {
+  comm.template vendor<C>(in, n, out, n, n, root, op);
+};
+
+template <collective C, class Comm, class T, class Op>
+void run_vendor(Comm& comm, const T* in, std::size_t in_n, T* out, std::size_t out_n, std::size_t count, int root,
+                const Op& op) {
+  static_assert(vendor_collective<Comm, C, T, Op>,
+                "weft: algo::vendor forwards to the transport's own collective library, and this communicator has "
+                "none (weft::local and weft::mpi run weft's plans only): use algo::automatic or an explicit algorithm "
+                "such as algo::ring, or a weft::cuda::nccl::communicator for NCCL's own collectives");
+  if constexpr (vendor_collective<Comm, C, T, Op>) {
+    check_root(comm, root, name_of(C));
+    if (check_calls_enabled()) check_same_call(comm, {C, algo::vendor::name, count, dtype_of<T>, op_name<Op>(), root});
+    comm.template vendor<C>(in, in_n, out, out_n, count, root, op);  // avg included: nothing to divide here
+  }
+}
+
 template <collective C, class Algo, class Comm, class T, class Op>
-void run_collective(Comm& comm, const T* in, std::size_t in_n, T* out, std::size_t out_n, std::size_t count, int root,
-                    const Op& op) {
+void run_planned(Comm& comm, const T* in, std::size_t in_n, T* out, std::size_t out_n, std::size_t count, int root,
+                 const Op& op) {
   static_assert(algo::plan_generator<Algo> || std::is_same_v<Algo, algo::automatic>,
                 "weft: the algorithm policy must be a weft::algo tag (ring, tree, halving_doubling, recursive_doubling, "
-                "direct, pairwise, hierarchical<Intra, Inter>, automatic)");
+                "direct, pairwise, hierarchical<Intra, Inter>, automatic, vendor)");
   static_assert(plan_executor<Comm>, "weft: this communicator cannot run collectives (no execute())");
   constexpr bool can_load = requires { requires Comm::peer_access; };
+  // A load-only transport (weft::cuda::p2p) says so with `static constexpr bool messages = false`.
+  constexpr bool can_send = !requires { requires !Comm::messages; };
   if constexpr (!std::is_same_v<Algo, algo::automatic>) {
     static_assert(Algo::serves(C),
                   "weft: this algorithm cannot run this collective. all_reduce: ring, tree, halving_doubling, "
@@ -169,17 +209,17 @@ void run_collective(Comm& comm, const T* in, std::size_t in_n, T* out, std::size
     static_assert(!needs_peer_access_v<Algo> || can_load,
                   "weft: this algorithm loads from peers' buffers (algo::direct) and needs a communicator with the "
                   "peer_access capability, such as weft::local; use algo::ring or algo::automatic here");
+    static_assert(!needs_messages_v<Algo> || can_send,
+                  "weft: this algorithm sends messages, and this communicator only loads from its peers "
+                  "(weft::cuda::p2p): use algo::direct or algo::automatic here");
   }
   const std::string_view opname = name_of(C);
-  if (root < 0 || root >= comm.size()) {
-    throw error(opname, comm.rank(), error::unknown,
-                "root " + std::to_string(root) + " outside the communicator of " + std::to_string(comm.size()) + " ranks");
-  }
+  check_root(comm, root, opname);
   plan_request q{C, comm.size(), comm.rank(), count, root, comm.node_of(), sizeof(T)};
   std::string_view algorithm;
   const plan* pl = nullptr;
   if constexpr (std::is_same_v<Algo, algo::automatic>) {
-    const auto& chosen = algo::choose(q, comm.cluster(), comm.devices(), can_load);
+    const auto& chosen = algo::choose(q, comm.cluster(), comm.devices(), can_load, can_send);
     algorithm = chosen.name;
     pl = &plan_cache::mine().get(chosen.name, q, chosen.make_plan);
   } else {
@@ -197,6 +237,20 @@ void run_collective(Comm& comm, const T* in, std::size_t in_n, T* out, std::size
         divide(out, n, comm.size());
       }
     }
+  }
+}
+
+/// Runs collective C with algorithm Algo on comm. `in`/`out` are the rank's buffers as the
+/// table in plan.hpp describes them; `count` is the per-rank count in that table's sense.
+/// algo::vendor hands the call to the communicator's own collective; every other policy
+/// runs a plan.
+template <collective C, class Algo, class Comm, class T, class Op>
+void run_collective(Comm& comm, const T* in, std::size_t in_n, T* out, std::size_t out_n, std::size_t count, int root,
+                    const Op& op) {
+  if constexpr (std::is_same_v<Algo, algo::vendor>) {
+    run_vendor<C>(comm, in, in_n, out, out_n, count, root, op);
+  } else {
+    run_planned<C, Algo>(comm, in, in_n, out, out_n, count, root, op);
   }
 }
 

@@ -1,0 +1,373 @@
+#pragma once
+// What one rank of a p2p communicator holds on the device (weft/cuda/p2p.cuh): its registered
+// memory, its peers' workspace addresses, its stream, and the syncs (detail/p2p_sync.cuh).
+// Nothing here knows how the addresses were traded; the communicator does that over its host
+// communicator.
+#include <weft/core/error.hpp>
+#include <weft/cuda/detail/p2p_plan.cuh>
+#include <weft/cuda/detail/p2p_sync.cuh>
+#include <weft/cuda/error.cuh>
+#include <weft/cuda/memory.cuh>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace weft::cuda::detail {
+
+[[noreturn]] WEFT_COLD inline void p2p_cuda_fail(cudaError_t e, std::string_view call,
+                                                 std::string_view operation, int rank,
+                                                 int peer = error::unknown) {
+  throw error(operation, rank, peer, std::string(call) + " failed: " + cuda_error_text(e));
+}
+
+inline void p2p_cuda_check(cudaError_t e, std::string_view call, std::string_view operation,
+                           int rank, int peer = error::unknown) {
+  if (e != cudaSuccess) p2p_cuda_fail(e, call, operation, rank, peer);
+}
+
+/// "weft: x" -> "x", for an error quoted inside another.
+inline std::string_view p2p_without_prefix(std::string_view what) noexcept {
+  constexpr std::string_view prefix = "weft: ";
+  return what.substr(0, prefix.size()) == prefix ? what.substr(prefix.size()) : what;
+}
+
+inline bool p2p_capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  WEFT_CUDA_TRY(cudaStreamIsCapturing(s, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+/// Makes `device` current for its lifetime, then restores the previous one.
+class p2p_device_scope {
+public:
+  explicit p2p_device_scope(int device) {
+    WEFT_CUDA_TRY(cudaGetDevice(&previous_));
+    if (previous_ == device) {
+      previous_ = -1;
+    } else {
+      WEFT_CUDA_TRY(cudaSetDevice(device));
+    }
+  }
+  p2p_device_scope(const p2p_device_scope&) = delete;
+  p2p_device_scope& operator=(const p2p_device_scope&) = delete;
+  ~p2p_device_scope() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+
+private:
+  int previous_ = -1;
+};
+
+/// One rank's registered memory: its workspace on `device`, and the host-mapped word its syncs
+/// report a timeout in. Freed on destruction, unless leak() said a peer may still use it.
+class p2p_rank_memory {
+public:
+  p2p_rank_memory(int device, std::size_t workspace_bytes, std::string_view operation, int rank)
+      : device_(device) {
+    const p2p_device_scope on(device);
+    p2p_cuda_check(cudaMalloc(reinterpret_cast<void**>(&workspace_), workspace_bytes),
+                   "cudaMalloc of the workspace", operation, rank);
+    void* word = nullptr;
+    const cudaError_t e =
+        cudaHostAlloc(&word, sizeof(std::uint64_t), cudaHostAllocMapped | cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+      (void)cudaFree(workspace_);
+      p2p_cuda_fail(e, "cudaHostAlloc of the error word", operation, rank);
+    }
+    error_host_ = static_cast<std::uint64_t*>(word);
+    *error_host_ = 0;
+    const cudaError_t m =
+        cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_device_), word, 0);
+    if (m != cudaSuccess) {
+      release();
+      p2p_cuda_fail(m, "cudaHostGetDevicePointer of the error word", operation, rank);
+    }
+  }
+  p2p_rank_memory(const p2p_rank_memory&) = delete;
+  p2p_rank_memory& operator=(const p2p_rank_memory&) = delete;
+  ~p2p_rank_memory() { release(); }
+
+  [[nodiscard]] int device() const noexcept { return device_; }
+  [[nodiscard]] std::byte* workspace() const noexcept { return workspace_; }
+  [[nodiscard]] std::uint64_t* error_device() const noexcept { return error_device_; }
+  /// The error word as the host reads it (the device writes it behind the compiler's back).
+  [[nodiscard]] std::uint64_t error_word() const noexcept {
+    return *static_cast<volatile std::uint64_t*>(error_host_);
+  }
+  /// Never frees: for when a peer may still read or write this memory.
+  void leak() noexcept {
+    workspace_ = nullptr;
+    error_host_ = nullptr;
+  }
+
+private:
+  void release() noexcept {
+    if (workspace_ == nullptr && error_host_ == nullptr) return;
+    int previous = -1;
+    const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device_ &&
+                          cudaSetDevice(device_) == cudaSuccess;
+    if (workspace_ != nullptr) (void)cudaFree(workspace_);
+    if (error_host_ != nullptr) (void)cudaFreeHost(error_host_);
+    if (switched) (void)cudaSetDevice(previous);
+    workspace_ = nullptr;
+    error_host_ = nullptr;
+  }
+
+  int device_;
+  std::byte* workspace_ = nullptr;
+  std::uint64_t* error_host_ = nullptr;
+  std::uint64_t* error_device_ = nullptr;
+};
+
+/// The memory of every communicator of one p2p::run, freed when the run ends: after a rank
+/// has moved on, returned or failed, its peers' queued kernels may still read its workspace
+/// and store flags into it, so no rank frees its own.
+class p2p_world {
+public:
+  p2p_world() = default;
+  p2p_world(const p2p_world&) = delete;
+  p2p_world& operator=(const p2p_world&) = delete;
+  ~p2p_world() {
+    // The queued work ends by itself: a sync waits at most its timeout.
+    int previous = -1;
+    (void)cudaGetDevice(&previous);
+    std::vector<int> synced;
+    for (const auto& m : memory_) {
+      if (std::find(synced.begin(), synced.end(), m->device()) != synced.end()) continue;
+      synced.push_back(m->device());
+      if (cudaSetDevice(m->device()) == cudaSuccess) (void)cudaDeviceSynchronize();
+    }
+    memory_.clear();
+    if (previous >= 0) (void)cudaSetDevice(previous);
+  }
+
+  void keep(std::shared_ptr<p2p_rank_memory> m) {
+    const std::lock_guard lock(mutex_);
+    memory_.push_back(std::move(m));
+  }
+
+private:
+  std::mutex mutex_;
+  std::vector<std::shared_ptr<p2p_rank_memory>> memory_;
+};
+
+/// One rank of a p2p communicator on its device. Made in two steps: the constructor allocates
+/// and zeroes the workspace (before any peer learns its address), connect() takes the peers'
+/// addresses. With `closing_sync` (processes, where no run outlives the ranks) the destructor
+/// syncs with every rank and frees its memory only once that sync shows that no peer will
+/// touch it again; otherwise (threads) the run's p2p_world frees it.
+class p2p_endpoint {
+public:
+  p2p_endpoint(int device, int rank, int size, std::size_t data_bytes,
+               std::chrono::milliseconds sync_timeout, std::chrono::milliseconds timeout,
+               bool closing_sync, cudaStream_t after, std::string_view operation)
+      : device_(device),
+        rank_(rank),
+        size_(size),
+        layout_(p2p_lay_out_workspace(size, data_bytes)),
+        sync_timeout_(sync_timeout),
+        timeout_(timeout),
+        closing_sync_(closing_sync),
+        stream_(new_stream(device)) {
+    const p2p_device_scope on(device);
+    memory_ = std::make_shared<p2p_rank_memory>(device, layout_.total, operation, rank);
+    // Flags and counters start at zero, on the device before any peer can store a flag.
+    p2p_cuda_check(cudaMemsetAsync(memory_->workspace(), 0, layout_.staging, stream_.get()),
+                   "cudaMemsetAsync", operation, rank);
+    p2p_cuda_check(cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize", operation, rank);
+    if (after != nullptr) order_after(stream_.get(), after);
+    for (int q = 0; q < size; ++q)
+      everyone_.push_back(q);
+  }
+  p2p_endpoint(const p2p_endpoint&) = delete;
+  p2p_endpoint& operator=(const p2p_endpoint&) = delete;
+  ~p2p_endpoint() {
+    if (closing_sync_) close();
+  }
+
+  [[nodiscard]] int device() const noexcept { return device_; }
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return size_; }
+  [[nodiscard]] cudaStream_t stream() const noexcept { return stream_.get(); }
+  [[nodiscard]] const p2p_workspace_layout& layout() const noexcept { return layout_; }
+  [[nodiscard]] const std::shared_ptr<p2p_rank_memory>& memory() const noexcept { return memory_; }
+  [[nodiscard]] std::byte* workspace() const noexcept { return memory_->workspace(); }
+  [[nodiscard]] const std::vector<int>& everyone() const noexcept { return everyone_; }
+  [[nodiscard]] std::chrono::milliseconds sync_timeout() const noexcept { return sync_timeout_; }
+  void set_sync_timeout(std::chrono::milliseconds t) noexcept { sync_timeout_ = t; }
+  [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  void set_timeout(std::chrono::milliseconds t) noexcept { timeout_ = t; }
+
+  /// The peers' workspaces, bases[q] in this rank's address space (its own included), and the
+  /// IPC mappings among them that the destructor closes.
+  void connect(std::vector<std::byte*> bases, std::vector<void*> imported) {
+    bases_ = std::move(bases);
+    imported_ = std::move(imported);
+  }
+
+  /// Rank q's data area and staging area `area`.
+  [[nodiscard]] std::byte* data(int q) const noexcept {
+    return bases_[static_cast<std::size_t>(q)] + layout_.data;
+  }
+  [[nodiscard]] std::byte* staging(int q, int area) const noexcept {
+    return bases_[static_cast<std::size_t>(q)] + layout_.staging +
+           static_cast<std::size_t>(area) * layout_.staging_stride;
+  }
+
+  /// Queues a sync over `members` (ranks, this one may be among them) on the stream.
+  void sync(const std::vector<int>& members, std::string_view operation) {
+    p2p_sync_args a{};
+    a.count = static_cast<int>(members.size());
+    a.rank = rank_;
+    for (std::size_t j = 0; j < members.size(); ++j) {
+      const int q = members[j];
+      a.members[j] = q;
+      a.peer_flags[j] =
+          reinterpret_cast<std::uint64_t*>(bases_[static_cast<std::size_t>(q)] + layout_.flags);
+    }
+    std::byte* const mine = workspace();
+    a.flags = reinterpret_cast<std::uint64_t*>(mine + layout_.flags);
+    a.counters = reinterpret_cast<std::uint64_t*>(mine + layout_.counters);
+    a.error = memory_->error_device();
+    a.timeout_ns = static_cast<std::uint64_t>(std::chrono::nanoseconds(sync_timeout_).count());
+    a.sync = syncs_ & 0x7fffffffu;
+    sync_names_[syncs_ % sync_names_.size()] = operation;
+    ++syncs_;
+    p2p_sync_kernel<<<1, p2p_sync_threads, 0, stream()>>>(a);
+    p2p_cuda_check(cudaGetLastError(), "launching the sync kernel", operation, rank_);
+  }
+
+  /// Throws weft::error if a sync of this rank has timed out (at any time before now, once
+  /// the device has written it): naming that sync's operation, this rank and the peer that did
+  /// not arrive. Reads host memory only.
+  void check(std::string_view operation) const {
+    const std::uint64_t w = memory_->error_word();
+    if (w != 0) fail(w, operation);
+  }
+
+  /// Waits until the stream is idle, at most timeout(), then reports a sync's timeout. After a
+  /// timeout the stream still drains (the rank's later syncs give up at once), so the caller's
+  /// buffers are no longer in use when this throws.
+  void wait_idle(std::string_view operation, std::string_view what) {
+    if (p2p_capturing(stream())) {
+      throw error(
+          operation, rank_, error::unknown,
+          "a blocking call cannot run while the stream is being captured into a CUDA graph");
+    }
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + timeout_;
+    for (int polls = 0;; ++polls) {
+      const cudaError_t e = cudaStreamQuery(stream());
+      if (e == cudaSuccess) break;
+      if (e != cudaErrorNotReady) p2p_cuda_fail(e, "cudaStreamQuery", operation, rank_);
+      (void)cudaGetLastError(); // "not ready" is recorded as the last error; it is none
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
+        check(operation);
+        throw error(
+            operation, rank_, error::unknown,
+            "timed out after " + std::to_string(timeout_.count()) + " ms waiting to " +
+                std::string(what) +
+                " (the stream's work did not finish; a kernel of the program's own may be stuck)");
+      }
+      // Spin briefly for work about to finish, then stop competing with the peers for a core.
+      if (polls < 64) continue;
+      if (now - start < std::chrono::milliseconds(10)) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    }
+    check(operation);
+  }
+
+  /// Queues later work on `s` instead, after what the current stream holds; `s` is borrowed.
+  void set_stream(cudaStream_t s) {
+    order_after(s, stream());
+    stream_ = cuda::stream::borrow(s);
+  }
+
+private:
+  static cuda::stream new_stream(int device) {
+    const p2p_device_scope on(device);
+    return cuda::stream();
+  }
+
+  static void order_after(cudaStream_t later, cudaStream_t earlier) {
+    if (later == earlier) return;
+    const cuda::event e;
+    e.record(earlier);
+    WEFT_CUDA_TRY(cudaStreamWaitEvent(later, e.get(), 0));
+  }
+
+  [[noreturn]] WEFT_COLD void fail(std::uint64_t w, std::string_view operation) const {
+    const p2p_timeout t = p2p_read_timeout_word(w);
+    // The sync's name, if it is among the last few this rank queued (a graph's replay keeps
+    // the number the sync had when it was captured).
+    const std::uint32_t age = (static_cast<std::uint32_t>(syncs_) - t.sync) & 0x7fffffffu;
+    const bool known = age >= 1 && age <= sync_names_.size();
+    const std::string name =
+        known ? sync_names_[t.sync % sync_names_.size()] : std::string(operation);
+    std::string what =
+        "timed out after " + std::to_string(sync_timeout_.count()) +
+        " ms at a sync, waiting for that rank to arrive (every rank must make the same calls in "
+        "the "
+        "same order: one that failed, returned or called something else never arrives)";
+    if (name != operation) what += "; found by " + std::string(operation);
+    throw error(name, rank_, t.peer, what + ". The communicator cannot be used any more");
+  }
+
+  // Frees the memory only once a sync with every rank has completed: then no peer reads it
+  // or stores a flag into it again. Otherwise (unwinding, a failed sync, no peers yet) it is
+  // left allocated; a process that is failing ends soon anyway.
+  void close() noexcept {
+    try {
+      const p2p_device_scope on(device_);
+      bool done = std::uncaught_exceptions() == 0 &&
+                  bases_.size() == static_cast<std::size_t>(size_) && memory_->error_word() == 0 &&
+                  !p2p_capturing(stream());
+      if (done) {
+        sync(everyone_, "close");
+        wait_idle("close", "sync with every rank before freeing the workspace");
+      }
+      if (!done) {
+        memory_->leak();
+        return;
+      }
+      for (void* p : imported_)
+        (void)cudaIpcCloseMemHandle(p);
+    } catch (...) {
+      memory_->leak();
+    }
+  }
+
+  int device_;
+  int rank_;
+  int size_;
+  p2p_workspace_layout layout_;
+  std::chrono::milliseconds sync_timeout_;
+  std::chrono::milliseconds timeout_;
+  bool closing_sync_;
+  cuda::stream stream_;
+  std::shared_ptr<p2p_rank_memory> memory_;
+  std::vector<std::byte*> bases_;
+  std::vector<void*> imported_;
+  std::vector<int> everyone_;
+  std::uint64_t syncs_ = 0;
+  std::array<std::string, 256> sync_names_; // the operation of each of the last syncs
+};
+
+} // namespace weft::cuda::detail

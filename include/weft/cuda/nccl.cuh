@@ -1,0 +1,994 @@
+#pragma once
+// weft::cuda::nccl: ranks as GPUs joined by an NCCL communicator. Collectives take device
+// buffers and run stream-ordered on the communicator's stream, with weft's plans (NCCL's
+// send and receive between the ranks, weft's kernels for the local copies and reductions)
+// or, with algo::vendor, with NCCL's own collective.
+//
+//   ncclComm_t comm = ...;  cudaStream_t stream = ...;                     // the program's own
+//   auto c = weft::cuda::nccl::communicator::borrow(comm, stream);         // weft never destroys them
+//   weft::all_reduce(c, std::span(grad, n));                               // grad: device memory
+//   weft::all_reduce<weft::algo::vendor>(c, std::span(grad, n));           // ncclAllReduce itself
+//   auto owned = weft::cuda::nccl::communicator::init_rank(id, rank, size); // ncclCommInitRank
+//
+// Plan execution. Each round is one ncclGroupStart/ncclGroupEnd holding all of its sends
+// and receives, followed by its local steps in plan order as kernels on the stream (the
+// device execution rule): a receive lands straight in its destination unless an earlier
+// step of its round reads or writes an overlapping range of that buffer (in place, input
+// and output are one buffer); then, like every recv_reduce, it lands in a temporary, copied
+// or reduced into place when its turn comes. Nothing waits on the host, so a collective can
+// be captured into a CUDA graph. NCCL ranks cannot load from each other (peer_access is
+// false): a plan with peer-access steps (algo::direct, hierarchical<direct, ...>) is refused
+// with a weft::error before anything is queued, and automatic never picks one.
+//
+// Device memory. The plan's scratch and the temporaries live in one device buffer the
+// communicator keeps and grows to the largest call. It grows stream-ordered: cudaMallocAsync
+// for the new block, cudaFreeAsync for the old one on the same stream, so the old block is
+// released only after the work already queued (which may still use it) and the host never
+// waits. Inside a CUDA graph capture it cannot grow (the graph would free memory it did
+// not allocate): run the call once before capturing, or reserve() the bytes first, and do
+// not let the scratch grow while a graph that uses it lives.
+//
+// Blocking calls. barrier(), split(), synchronize() and the host-span send/recv/sendrecv
+// (what WEFT_CHECK_CALLS uses) wait on the host until the stream is idle, polling with the
+// communicator's deadline (set_timeout, default 5 minutes); they cannot run while the
+// stream is being captured. send/recv stage through a small device buffer and first send a
+// header (tag, count, type), so a receiver that expects another message gets a weft::error,
+// not a hang or truncated data. NCCL has no tags: messages between two ranks match in order,
+// and the tag is only checked.
+//
+// Threads. One host thread or process per rank: a plan's rounds are separate NCCL groups
+// with kernels between them, so one thread cannot drive several ranks (their groups would
+// wait on each other). A communicator is used by one thread at a time; it makes its device
+// current around each call. NCCL's communicators must be blocking (NCCL's default).
+//
+// Node locality, which hierarchical<> and automatic use, comes from the first of:
+//   options::topology   a weft::topology::cluster: emulated nodes, rank r on its device r
+//   WEFT_TOPOLOGY       a topology spec in the environment: emulated likewise
+//   options::node_of    a node label per rank (from_mpi fills it with the real nodes)
+//   one node            every rank on one node
+// Links are NVLink within a node and InfiniBand across, at the topology defaults, unless a
+// topology gives them. devices()[r] is rank r's device in cluster(), numbered node-major.
+//
+// Failure. CUDA and NCCL errors become weft::error naming the call, the operation, the
+// rank and, where there is one, the peer. After a failed or timed-out wait the ranks no
+// longer agree on where they are: the communicator must not be used again, and an owned
+// NCCL communicator is then aborted (ncclCommAbort) rather than destroyed.
+#include <weft/comm/plan.hpp>
+#include <weft/core/error.hpp>
+#include <weft/core/ops.hpp>
+#include <weft/core/types.hpp>
+#include <weft/cuda/error.cuh>
+#include <weft/cuda/kernels.cuh>
+#include <weft/cuda/memory.cuh>
+#include <weft/cuda/types.cuh>
+#include <weft/topology/topology.hpp>
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace weft::cuda {
+
+/// The operators NCCL's own collectives have: weft's sum, prod, min, max and avg.
+template <class Op>
+concept nccl_reduction = std::same_as<Op, op::sum> || std::same_as<Op, op::prod> || std::same_as<Op, op::min> ||
+                         std::same_as<Op, op::max> || std::same_as<Op, op::avg>;
+
+/// NCCL's name for a weft operator.
+template <nccl_reduction Op>
+inline constexpr ncclRedOp_t nccl_op_of = [] {
+  if constexpr (std::same_as<Op, op::sum>) return ncclSum;
+  else if constexpr (std::same_as<Op, op::prod>) return ncclProd;
+  else if constexpr (std::same_as<Op, op::min>) return ncclMin;
+  else if constexpr (std::same_as<Op, op::max>) return ncclMax;
+  else return ncclAvg;
+}();
+
+namespace detail {
+
+[[noreturn]] WEFT_COLD inline void nccl_fail(ncclResult_t r, std::string_view call, std::string_view operation,
+                                             int rank, int peer, ncclComm_t comm) {
+  std::string what = std::string(call) + " failed: " + nccl_error_text(r);
+  const char* last = comm != nullptr ? ncclGetLastError(comm) : nullptr;
+  if (last != nullptr && *last != '\0') what += ": " + std::string(last);
+  throw error(operation, rank, peer, what);
+}
+
+inline void nccl_check(ncclResult_t r, std::string_view call, std::string_view operation, int rank,
+                       int peer = error::unknown, ncclComm_t comm = nullptr) {
+  if (r != ncclSuccess) nccl_fail(r, call, operation, rank, peer, comm);
+}
+
+[[noreturn]] WEFT_COLD inline void cuda_fail(cudaError_t e, std::string_view call, std::string_view operation,
+                                             int rank) {
+  throw error(operation, rank, error::unknown, std::string(call) + " failed: " + cuda_error_text(e));
+}
+
+inline void cuda_check(cudaError_t e, std::string_view call, std::string_view operation, int rank) {
+  if (e != cudaSuccess) cuda_fail(e, call, operation, rank);
+}
+
+inline bool capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  WEFT_CUDA_TRY(cudaStreamIsCapturing(s, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+/// Makes `device` current for its lifetime, then restores the previous one.
+class device_scope {
+public:
+  explicit device_scope(int device) {
+    WEFT_CUDA_TRY(cudaGetDevice(&previous_));
+    if (previous_ == device) {
+      previous_ = -1;
+    } else {
+      WEFT_CUDA_TRY(cudaSetDevice(device));
+    }
+  }
+  device_scope(const device_scope&) = delete;
+  device_scope& operator=(const device_scope&) = delete;
+  ~device_scope() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+
+private:
+  int previous_ = -1;
+};
+
+/// Device memory used by the work of one stream, allocated and freed in that stream's order.
+/// It keeps the stream alive until the memory is released.
+class stream_memory {
+public:
+  explicit stream_memory(std::shared_ptr<const stream> s) : stream_(std::move(s)) {}
+  stream_memory(stream_memory&& o) noexcept
+      : stream_(std::move(o.stream_)), p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  stream_memory& operator=(stream_memory&& o) noexcept {
+    if (this != &o) {
+      release();
+      stream_ = std::move(o.stream_);
+      p_ = std::exchange(o.p_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+    }
+    return *this;
+  }
+  stream_memory(const stream_memory&) = delete;
+  stream_memory& operator=(const stream_memory&) = delete;
+  ~stream_memory() { release(); }
+
+  [[nodiscard]] std::size_t size() const noexcept { return n_; }
+
+  /// At least `bytes` for work queued from now on (contents unspecified). The device whose
+  /// memory it is must be current.
+  std::byte* reserve(std::size_t bytes, std::string_view operation, int rank) {
+    if (bytes <= n_) return p_;
+    if (capturing(stream_->get())) {
+      throw error(operation, rank, error::unknown,
+                  "needs " + std::to_string(bytes) + " bytes of device scratch and has " + std::to_string(n_) +
+                      ", and its stream is being captured into a CUDA graph, where weft cannot allocate: run the "
+                      "call once before capturing it, or reserve() the scratch first");
+    }
+    constexpr std::size_t granule = std::size_t{64} << 10;  // fewer regrowths for slowly rising sizes
+    const std::size_t want = (bytes + granule - 1) / granule * granule;
+    void* p = nullptr;
+    cuda_check(cudaMallocAsync(&p, want, stream_->get()), "cudaMallocAsync", operation, rank);
+    release();  // stream-ordered: after the queued work that may still use the old block
+    p_ = static_cast<std::byte*>(p);
+    n_ = want;
+    return p_;
+  }
+
+private:
+  void release() noexcept {
+    if (p_ != nullptr) (void)cudaFreeAsync(p_, stream_->get());
+    p_ = nullptr;
+    n_ = 0;
+  }
+
+  std::shared_ptr<const stream> stream_;
+  std::byte* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+/// An ncclComm_t, destroyed on destruction when owned and never when it is the user's. An
+/// owned communicator marked failed is aborted instead: destroying it would wait for peers
+/// that may never arrive.
+class nccl_comm_handle {
+public:
+  nccl_comm_handle() = default;
+  nccl_comm_handle(ncclComm_t comm, bool owned) noexcept : comm_(comm), owned_(owned) {}
+  nccl_comm_handle(nccl_comm_handle&& o) noexcept
+      : comm_(std::exchange(o.comm_, nullptr)),
+        owned_(std::exchange(o.owned_, false)),
+        failed_(std::exchange(o.failed_, false)) {}
+  nccl_comm_handle& operator=(nccl_comm_handle&& o) noexcept {
+    if (this != &o) {
+      release();
+      comm_ = std::exchange(o.comm_, nullptr);
+      owned_ = std::exchange(o.owned_, false);
+      failed_ = std::exchange(o.failed_, false);
+    }
+    return *this;
+  }
+  nccl_comm_handle(const nccl_comm_handle&) = delete;
+  nccl_comm_handle& operator=(const nccl_comm_handle&) = delete;
+  ~nccl_comm_handle() { release(); }
+
+  [[nodiscard]] ncclComm_t get() const noexcept { return comm_; }
+  [[nodiscard]] bool owned() const noexcept { return owned_; }
+  void mark_failed() noexcept { failed_ = true; }
+
+private:
+  void release() noexcept {
+    if (owned_ && comm_ != nullptr) (void)(failed_ ? ncclCommAbort(comm_) : ncclCommDestroy(comm_));
+    comm_ = nullptr;
+    owned_ = false;
+    failed_ = false;
+  }
+
+  ncclComm_t comm_ = nullptr;
+  bool owned_ = false;
+  bool failed_ = false;
+};
+
+/// Where the ranks of a communicator sit.
+struct rank_placement {
+  std::shared_ptr<const topology::cluster> cluster;
+  std::vector<int> devices;  // devices[r]: rank r's device in *cluster, node-major
+  std::vector<int> node_of;  // node_of[r]: rank r's node in *cluster
+  bool emulated = false;
+};
+
+/// Places `size` ranks by the first of: `topology` (rank r on its device r), the spec
+/// `env_spec` (WEFT_TOPOLOGY; null or empty: none), `node_label` (ranks with equal labels
+/// share a node; nodes in the order of their lowest rank, devices numbered node-major), one
+/// node. A topology must describe exactly `size` ranks, and node_label must have one label
+/// per rank, else weft::error.
+inline rank_placement place_ranks(int size, const std::optional<topology::cluster>& topology,
+                                  const char* env_spec, const std::vector<int>& node_label) {
+  constexpr std::string_view where = "nccl::communicator";
+  rank_placement pl;
+  std::optional<topology::cluster> emulated = topology;
+  std::string source = "the topology in nccl::options";
+  if (!emulated && env_spec != nullptr && *env_spec != '\0') {
+    emulated = topology::parse(env_spec);
+    source = "WEFT_TOPOLOGY=\"" + std::string(env_spec) + "\"";
+  }
+  if (emulated) {
+    if (emulated->size() != size) {
+      throw error(where, error::unknown, error::unknown,
+                  source + " describes " + std::to_string(emulated->size()) +
+                      " ranks, but the NCCL communicator has " + std::to_string(size) + ": give a topology of " +
+                      std::to_string(size) + " ranks (unset WEFT_TOPOLOGY to use options::node_of or one node)");
+    }
+    pl.emulated = true;
+    for (int r = 0; r < size; ++r) pl.devices.push_back(r);
+    pl.cluster = std::make_shared<const topology::cluster>(std::move(*emulated));
+  } else {
+    std::vector<int> label = node_label;
+    if (label.empty()) label.assign(static_cast<std::size_t>(size), 0);
+    if (label.size() != static_cast<std::size_t>(size)) {
+      throw error(where, error::unknown, error::unknown,
+                  "options::node_of has " + std::to_string(label.size()) + " labels for a communicator of " +
+                      std::to_string(size) + " ranks: give one per rank, or none");
+    }
+    std::vector<int> names;  // labels in the order of each node's lowest rank
+    std::vector<int> node(label.size());
+    for (std::size_t r = 0; r < label.size(); ++r) {
+      const auto it = std::find(names.begin(), names.end(), label[r]);
+      node[r] = static_cast<int>(it - names.begin());
+      if (it == names.end()) names.push_back(label[r]);
+    }
+    std::vector<int> per_node(names.size(), 0);
+    for (int n : node) ++per_node[static_cast<std::size_t>(n)];
+    std::vector<int> next(names.size(), 0);  // the next free device of each node
+    for (std::size_t n = 1; n < names.size(); ++n) next[n] = next[n - 1] + per_node[n - 1];
+    for (int n : node) pl.devices.push_back(next[static_cast<std::size_t>(n)]++);
+    pl.cluster = std::make_shared<const topology::cluster>(per_node, topology::default_link(topology::link_kind::nvlink),
+                                                           topology::default_link(topology::link_kind::infiniband));
+  }
+  for (int d : pl.devices) pl.node_of.push_back(pl.cluster->node_of(d));
+  return pl;
+}
+
+/// How one rank's plan runs on a device: every step checked, and each receive landing
+/// either straight in its destination (temp[k] == direct) or in a temporary at byte offset
+/// temp[k] of its round's temporaries, which follow the plan's scratch.
+struct device_plan_layout {
+  static constexpr std::size_t direct = static_cast<std::size_t>(-1);
+  static constexpr std::size_t alignment = 256;  // of the scratch and of every temporary
+
+  std::vector<std::size_t> temp;  // one per step
+  std::size_t scratch_bytes = 0;  // the plan's scratch, rounded up to the alignment
+  std::size_t temp_bytes = 0;     // the most that one round's temporaries take
+
+  [[nodiscard]] std::size_t bytes() const noexcept { return scratch_bytes + temp_bytes; }
+  static constexpr std::size_t aligned(std::size_t bytes) noexcept {
+    return (bytes + alignment - 1) / alignment * alignment;
+  }
+};
+
+/// Checks rank `rank`'s plan `pl` on `size` ranks against its buffers (sizes[b] elements of
+/// element_size bytes; in_place: input and output are the same memory) and lays out its
+/// temporaries by the device execution rule: recv_reduce always lands in a temporary; a recv
+/// does when an earlier step of its round touches an overlapping range of its destination.
+/// Throws weft::error naming `operation` on a peer-access step, a peer outside the ranks, or
+/// a range outside its buffer.
+inline void lay_out(const plan& pl, int rank, int size, const std::size_t (&sizes)[3], std::size_t element_size,
+                    bool in_place, std::string_view operation, device_plan_layout& out) {
+  const auto& steps = pl.steps();
+  out.temp.assign(steps.size(), device_plan_layout::direct);
+  out.scratch_bytes = device_plan_layout::aligned(pl.scratch_count() * element_size);
+  out.temp_bytes = 0;
+  const auto check_peer = [&](const step& s) {
+    if (s.peer < 0 || s.peer >= size || s.peer == rank) {
+      throw error(operation, rank, s.peer, "peer outside the communicator of " + std::to_string(size) + " ranks");
+    }
+  };
+  const auto check_range = [&](buffer b, std::size_t off, std::size_t n) {
+    const std::size_t have = sizes[static_cast<std::size_t>(b)];
+    if (n > have || off > have - n) {
+      throw error(operation, rank, error::unknown,
+                  "plan step addresses elements [" + std::to_string(off) + ", " + std::to_string(off + n) +
+                      ") of a buffer of " + std::to_string(have));
+    }
+  };
+  const auto same = [&](buffer b) { return in_place && b == buffer::output ? buffer::input : b; };
+  // Whether step s reads or writes elements [off, off + n) of buffer b.
+  const auto touches = [&](const step& s, buffer b, std::size_t off, std::size_t n) {
+    const auto hit = [&](buffer sb, std::size_t soff) {
+      return same(sb) == same(b) && soff < off + n && off < soff + s.count;
+    };
+    switch (s.kind) {
+      case step_kind::send: return hit(s.src, s.src_offset);
+      case step_kind::recv: return hit(s.dst, s.dst_offset);
+      default: return hit(s.src, s.src_offset) || hit(s.dst, s.dst_offset);
+    }
+  };
+  std::size_t i = 0;
+  while (i < steps.size()) {
+    std::size_t end = i;
+    while (end < steps.size() && steps[end].round == steps[i].round) ++end;
+    std::size_t round_bytes = 0;
+    for (std::size_t k = i; k < end; ++k) {
+      const step& s = steps[k];
+      bool temporary = false;
+      switch (s.kind) {
+        case step_kind::send:
+          check_peer(s);
+          check_range(s.src, s.src_offset, s.count);
+          break;
+        case step_kind::recv:
+          check_peer(s);
+          check_range(s.dst, s.dst_offset, s.count);
+          for (std::size_t j = i; j < k && !temporary; ++j) temporary = touches(steps[j], s.dst, s.dst_offset, s.count);
+          break;
+        case step_kind::recv_reduce:
+          check_peer(s);
+          temporary = true;
+          [[fallthrough]];
+        case step_kind::copy:
+        case step_kind::reduce:
+          check_range(s.src, s.src_offset, s.count);
+          check_range(s.dst, s.dst_offset, s.count);
+          break;
+        case step_kind::load:
+        case step_kind::load_reduce:
+        case step_kind::sync:
+          throw error(operation, rank, error::unknown,
+                      "the plan has a " + std::string(name_of(s.kind)) +
+                          " step, which needs peer access, and NCCL ranks cannot read each other's memory");
+      }
+      if (temporary) {
+        out.temp[k] = round_bytes;
+        round_bytes += device_plan_layout::aligned(s.count * element_size);
+      }
+    }
+    out.temp_bytes = std::max(out.temp_bytes, round_bytes);
+    i = end;
+  }
+}
+
+} // namespace detail
+
+namespace nccl {
+
+struct options {
+  /// Deadline of every host-side wait (barrier, split, synchronize, send/recv).
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  /// Emulated nodes: ranks grouped as this cluster's nodes, rank r on its device r; its size
+  /// must equal the communicator's.
+  std::optional<topology::cluster> topology;
+  /// node_of[r]: a label of rank r's node (ranks with equal labels share one), e.g. from the
+  /// launcher. Empty: one node. Used when neither topology nor WEFT_TOPOLOGY is given.
+  std::vector<int> node_of;
+};
+
+class communicator {
+public:
+  /// NCCL ranks cannot load from each other's buffers: plans of algo::direct are refused.
+  static constexpr bool peer_access = false;
+  static constexpr std::string_view transport_name = "nccl";
+
+  /// Wraps the program's communicator and stream; weft destroys neither, and both keep
+  /// working after this object is gone. Both must outlive it. `stream` runs everything
+  /// weft queues (nullptr: the legacy default stream); it must belong to comm's device.
+  static communicator borrow(ncclComm_t comm, cudaStream_t stream, const options& opt = {}) {
+    return communicator(detail::nccl_comm_handle(comm, false), stream, false, opt);
+  }
+  /// Takes `comm` over: it is destroyed with this object (also when this call throws). A
+  /// non-null `stream` is borrowed; nullptr makes a stream of its own on comm's device.
+  static communicator adopt(ncclComm_t comm, cudaStream_t stream = nullptr, const options& opt = {}) {
+    return communicator(detail::nccl_comm_handle(comm, true), stream, stream == nullptr, opt);
+  }
+  /// A new communicator (ncclCommInitRank) on the current device, as rank `rank` of `size`
+  /// ranks that share `id` (made by ncclGetUniqueId on one rank and given to all). Collective:
+  /// every rank calls it, from its own thread or process. `stream` as for adopt().
+  static communicator init_rank(const ncclUniqueId& id, int rank, int size, cudaStream_t stream = nullptr,
+                                const options& opt = {}) {
+    ncclComm_t comm = nullptr;
+    detail::nccl_check(ncclCommInitRank(&comm, size, id, rank), "ncclCommInitRank", "nccl::communicator", rank);
+    return adopt(comm, stream, opt);
+  }
+  /// One communicator per device of `cuda_devices` (ncclCommInitAll, rank r on
+  /// cuda_devices[r]), each owning a stream on its device. Drive each from its own thread.
+  static std::vector<communicator> init_all(const std::vector<int>& cuda_devices, const options& opt = {}) {
+    std::vector<ncclComm_t> comms(cuda_devices.size(), nullptr);
+    detail::nccl_check(ncclCommInitAll(comms.data(), static_cast<int>(comms.size()), cuda_devices.data()),
+                       "ncclCommInitAll", "nccl::communicator", error::unknown);
+    std::vector<detail::nccl_comm_handle> owned;  // so that all are destroyed if one adopt throws
+    for (ncclComm_t c : comms) owned.emplace_back(c, true);
+    std::vector<communicator> all;
+    for (auto& c : owned) all.push_back(communicator(std::move(c), nullptr, true, opt));
+    return all;
+  }
+
+  communicator(communicator&&) noexcept = default;
+  communicator& operator=(communicator&&) noexcept = default;
+  communicator(const communicator&) = delete;
+  communicator& operator=(const communicator&) = delete;
+  /// Destroys what it owns. An owned NCCL communicator is destroyed once the stream's work is
+  /// done, or aborted if that takes longer than timeout() or the communicator failed.
+  ~communicator() {
+    if (comm_.owned() && comm_.get() != nullptr && !drained()) comm_.mark_failed();
+  }
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return size_; }
+  /// The CUDA device of this rank (ncclCommCuDevice).
+  [[nodiscard]] int cuda_device() const noexcept { return device_; }
+  [[nodiscard]] ncclComm_t native() const noexcept { return comm_.get(); }
+  [[nodiscard]] cudaStream_t stream() const noexcept { return stream_->get(); }
+  [[nodiscard]] bool owns_comm() const noexcept { return comm_.owned(); }
+  [[nodiscard]] bool owns_stream() const noexcept { return stream_->owned(); }
+  /// devices()[r]: rank r's device in cluster() (node-major numbering).
+  [[nodiscard]] const std::vector<int>& devices() const noexcept { return place_.devices; }
+  /// node_of()[r]: the node of rank r, an index into cluster()'s nodes.
+  [[nodiscard]] const std::vector<int>& node_of() const noexcept { return place_.node_of; }
+  [[nodiscard]] const topology::cluster& cluster() const noexcept { return *place_.cluster; }
+  /// Whether the nodes are emulated (options::topology or WEFT_TOPOLOGY).
+  [[nodiscard]] bool emulated_nodes() const noexcept { return place_.emulated; }
+  [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+
+  /// Grows the device scratch to at least `bytes` now (stream-ordered), so that calls up to
+  /// that size can be captured into a CUDA graph.
+  void reserve(std::size_t bytes) {
+    const detail::device_scope on(device_);
+    scratch_.reserve(bytes, "reserve", rank_);
+  }
+
+  /// Waits until the work queued on the stream is done, at most timeout(): a peer that
+  /// never joins gives a weft::error instead of a hang.
+  void synchronize() { wait_idle("synchronize", error::unknown, "finish the work queued on the stream"); }
+
+  // --- point to point: blocking host calls on host spans (see the header comment) ------
+
+  template <element T>
+  void send(std::span<const T> data, int peer, int tag = 0) {
+    check_peer(peer, "send");
+    exchange<T>(data.data(), data.size(), peer, nullptr, 0, -1, tag, "send");
+  }
+  template <element T>
+  void send(std::span<T> data, int peer, int tag = 0) {
+    send(std::span<const T>(data), peer, tag);
+  }
+  template <element T>
+  void recv(std::span<T> data, int peer, int tag = 0) {
+    check_peer(peer, "recv");
+    exchange<T>(nullptr, 0, -1, data.data(), data.size(), peer, tag, "recv");
+  }
+  /// Sends `out` to `to` and receives `in` from `from` at once (no deadlock when two ranks
+  /// exchange).
+  template <element T>
+  void sendrecv(std::span<const T> out, int to, std::span<T> in, int from, int tag = 0) {
+    check_peer(to, "sendrecv");
+    check_peer(from, "sendrecv");
+    exchange<T>(out.data(), out.size(), to, in.data(), in.size(), from, tag, "sendrecv");
+  }
+
+  /// An all-reduce of one int on the device, then a wait for it: every rank has entered
+  /// when it returns. Blocking (see the header comment).
+  void barrier() {
+    constexpr std::string_view operation = "barrier";
+    const detail::device_scope on(device_);
+    begin_host_call(operation, error::unknown);
+    auto* word = reinterpret_cast<int*>(staging_.reserve(sizeof(int), operation, rank_));
+    detail::cuda_check(cudaMemsetAsync(word, 0, sizeof(int), stream()), "cudaMemsetAsync", operation, rank_);
+    check_nccl(ncclAllReduce(word, word, 1, ncclInt32, ncclSum, comm_.get(), stream()), "ncclAllReduce", operation);
+    wait_idle(operation, error::unknown, "have every rank enter the barrier");
+  }
+
+  /// Splits into communicators of the ranks with the same color (>= 0), ordered by (key,
+  /// rank), with ncclCommSplit. Collective and blocking. The result owns its NCCL
+  /// communicator, shares this one's stream (so their work stays in order) and keeps its
+  /// cluster: its rank r sits on the same device as before.
+  communicator split(int color, int key) {
+    WEFT_EXPECTS(color >= 0, "nccl::communicator::split: color must be >= 0");
+    constexpr std::string_view operation = "split";
+    const detail::device_scope on(device_);
+    // Gathering first, with a deadline, means ncclCommSplit (which has none) starts only
+    // when every rank has arrived; the table also gives the children's placement.
+    const int mine[2] = {color, key};
+    const std::vector<int> table = all_gather_ints(mine, operation);
+    std::vector<std::pair<int, int>> members;  // (key, rank) of my color
+    for (int r = 0; r < size_; ++r) {
+      if (table[static_cast<std::size_t>(2 * r)] == color) members.emplace_back(table[static_cast<std::size_t>(2 * r + 1)], r);
+    }
+    std::sort(members.begin(), members.end());
+    detail::rank_placement child_place;
+    child_place.cluster = place_.cluster;
+    child_place.emulated = place_.emulated;
+    int expected_rank = -1;
+    for (const auto& [k, r] : members) {
+      if (r == rank_) expected_rank = static_cast<int>(child_place.devices.size());
+      child_place.devices.push_back(place_.devices[static_cast<std::size_t>(r)]);
+      child_place.node_of.push_back(place_.node_of[static_cast<std::size_t>(r)]);
+    }
+    ncclComm_t child = nullptr;
+    check_nccl(ncclCommSplit(comm_.get(), color, key, &child, nullptr), "ncclCommSplit", operation);
+    communicator c(detail::nccl_comm_handle(child, true), stream_, std::move(child_place), timeout_);
+    if (c.rank_ != expected_rank || c.size_ != static_cast<int>(members.size())) {
+      throw error(operation, rank_, error::unknown,
+                  "ncclCommSplit placed this rank at " + std::to_string(c.rank_) + " of " + std::to_string(c.size_) +
+                      ", weft expected " + std::to_string(expected_rank) + " of " + std::to_string(members.size()));
+    }
+    return c;
+  }
+
+  /// Queues one rank's plan over its device buffers on the stream (no host wait). `in`/`out`
+  /// hold in_count/out_count elements (in may equal out: in place).
+  template <element T, class Op>
+  void execute(const plan& pl, const T* in, std::size_t in_count, T* out, std::size_t out_count, const Op& op,
+               std::string_view operation) {
+    if (pl.peer_access()) {
+      throw error(operation, rank_, error::unknown,
+                  "the plan loads from peers' buffers (algo::direct, alone or inside hierarchical<>), and NCCL ranks "
+                  "cannot: use ring, tree, halving_doubling, hierarchical<ring, ...>, automatic or vendor");
+    }
+    if (pl.size() != size_ || pl.rank() != rank_) {
+      throw error(operation, rank_, error::unknown,
+                  "the plan is for rank " + std::to_string(pl.rank()) + " of " + std::to_string(pl.size()) +
+                      ", not rank " + std::to_string(rank_) + " of " + std::to_string(size_));
+    }
+    // Everything is checked before anything is queued: a bad call leaves the stream as it was.
+    const std::size_t sizes[3] = {in_count, out_count, pl.scratch_count()};
+    const bool in_place = in_count != 0 && static_cast<const void*>(in) == static_cast<const void*>(out);
+    detail::lay_out(pl, rank_, size_, sizes, sizeof(T), in_place, operation, layout_);
+    const detail::device_scope on(device_);
+    check_buffers(in, in_count, out, out_count, operation);
+    std::byte* const base = scratch_.reserve(layout_.bytes(), operation, rank_);
+    std::byte* const temps = base + layout_.scratch_bytes;
+    T* const bufs[3] = {const_cast<T*>(in), out, reinterpret_cast<T*>(base)};  // input is only ever read
+    const auto src = [&](const step& s) -> T* { return bufs[static_cast<std::size_t>(s.src)] + s.src_offset; };
+    const auto dst = [&](const step& s) -> T* { return bufs[static_cast<std::size_t>(s.dst)] + s.dst_offset; };
+    const auto landing = [&](std::size_t k) -> T* {
+      const std::size_t t = layout_.temp[k];
+      return t == detail::device_plan_layout::direct ? dst(pl.steps()[k]) : reinterpret_cast<T*>(temps + t);
+    };
+    constexpr ncclDataType_t type = nccl_type_of<T>;
+    const cudaStream_t s = stream();
+    const auto& steps = pl.steps();
+    std::size_t i = 0;
+    while (i < steps.size()) {
+      std::size_t end = i;
+      bool messages = false;
+      while (end < steps.size() && steps[end].round == steps[i].round) {
+        const step_kind kind = steps[end].kind;
+        messages = messages || kind == step_kind::send || kind == step_kind::recv || kind == step_kind::recv_reduce;
+        ++end;
+      }
+      if (messages) {
+        group g(*this, operation);
+        for (std::size_t k = i; k < end; ++k) {
+          const step& st = steps[k];
+          if (st.kind == step_kind::send) {
+            check_nccl(ncclSend(src(st), st.count, type, st.peer, comm_.get(), s), "ncclSend", operation, st.peer);
+          }
+        }
+        for (std::size_t k = i; k < end; ++k) {
+          const step& st = steps[k];
+          if (st.kind == step_kind::recv || st.kind == step_kind::recv_reduce) {
+            check_nccl(ncclRecv(landing(k), st.count, type, st.peer, comm_.get(), s), "ncclRecv", operation, st.peer);
+          }
+        }
+        g.end();
+      }
+      for (std::size_t k = i; k < end; ++k) {
+        const step& st = steps[k];
+        switch (st.kind) {
+          case step_kind::recv:
+            if (layout_.temp[k] != detail::device_plan_layout::direct) cuda::copy(dst(st), landing(k), st.count, s);
+            break;
+          case step_kind::recv_reduce: cuda::reduce(dst(st), src(st), landing(k), st.count, op, s); break;
+          case step_kind::copy: cuda::copy(dst(st), src(st), st.count, s); break;
+          case step_kind::reduce: cuda::reduce(dst(st), dst(st), src(st), st.count, op, s); break;
+          default: break;  // sends are queued; lay_out refused peer-access steps
+        }
+      }
+      i = end;
+    }
+  }
+
+  /// NCCL's own collective C (algo::vendor), on the same buffers and counts as execute's
+  /// plans use (plan.hpp's table). op::avg is NCCL's ncclAvg, so the caller does not divide.
+  template <collective C, element T, class Op>
+  void vendor(const T* in, std::size_t in_count, T* out, std::size_t out_count, std::size_t count, int root,
+              const Op&) {
+    static_assert(nccl_reduction<Op>,
+                  "weft: algo::vendor runs NCCL's own collectives, whose operators are weft::op::sum, prod, min, max "
+                  "and avg; for a user functor use one of weft's algorithms (algo::ring, algo::tree, "
+                  "algo::automatic, ...)");
+    if constexpr (nccl_reduction<Op>) vendor_run<C>(in, in_count, out, out_count, count, root, nccl_op_of<Op>);
+  }
+
+  /// out[i] /= size() on the stream: avg's last step after a plan (device buffers).
+  template <element T>
+  void divide(T* out, std::size_t n) {
+    const detail::device_scope on(device_);
+    cuda::divide(out, n, size_, stream());
+  }
+
+private:
+  template <collective C, element T>
+  void vendor_run(const T* in, std::size_t in_count, T* out, std::size_t out_count, std::size_t count, int root,
+                  ncclRedOp_t op) {
+    constexpr std::string_view operation = name_of(C);
+    const auto p = static_cast<std::size_t>(size_);
+    const bool blocks_in = C == collective::reduce_scatter || C == collective::all_to_all;
+    const bool blocks_out = C == collective::all_gather || C == collective::all_to_all;
+    const std::size_t want_in = blocks_in ? count * p : count;
+    const std::size_t want_out = blocks_out ? count * p : count;
+    const bool output_used = C != collective::reduce || rank_ == root;
+    if (in_count != want_in || (output_used && out_count != want_out)) {
+      throw error(operation, rank_, error::unknown,
+                  "vendor " + std::string(operation) + " of " + std::to_string(count) + " on " +
+                      std::to_string(size_) + " ranks needs an input of " + std::to_string(want_in) +
+                      " elements and an output of " + std::to_string(output_used ? want_out : 0) + ", not " +
+                      std::to_string(in_count) + " and " + std::to_string(out_count));
+    }
+    if (count == 0) return;  // the same on every rank: nobody calls NCCL
+    const detail::device_scope on(device_);
+    check_buffers(in, in_count, out, output_used ? out_count : 0, operation);
+    constexpr ncclDataType_t type = nccl_type_of<T>;
+    const cudaStream_t s = stream();
+    ncclComm_t c = comm_.get();
+    if constexpr (C == collective::all_reduce) {
+      check_nccl(ncclAllReduce(in, out, count, type, op, c, s), "ncclAllReduce", operation);
+    } else if constexpr (C == collective::reduce_scatter) {
+      check_nccl(ncclReduceScatter(in, out, count, type, op, c, s), "ncclReduceScatter", operation);
+    } else if constexpr (C == collective::all_gather) {
+      check_nccl(ncclAllGather(in, out, count, type, c, s), "ncclAllGather", operation);
+    } else if constexpr (C == collective::broadcast) {
+      check_nccl(ncclBroadcast(in, out, count, type, root, c, s), "ncclBroadcast", operation);
+    } else if constexpr (C == collective::reduce) {
+      check_nccl(ncclReduce(in, out, count, type, op, root, c, s), "ncclReduce", operation);
+    } else {
+      if (size_ > 1) {
+        group g(*this, operation);
+        for (int q = 0; q < size_; ++q) {
+          if (q == rank_) continue;
+          const std::size_t at = static_cast<std::size_t>(q) * count;
+          check_nccl(ncclSend(in + at, count, type, q, c, s), "ncclSend", operation, q);
+          check_nccl(ncclRecv(out + at, count, type, q, c, s), "ncclRecv", operation, q);
+        }
+        g.end();
+      }
+      const std::size_t mine = static_cast<std::size_t>(rank_) * count;
+      cuda::copy(out + mine, in + mine, count, s);
+    }
+  }
+
+  // One ncclGroupStart/ncclGroupEnd; closed on the way out by an exception too, so the
+  // thread's NCCL group state stays balanced.
+  class group {
+  public:
+    group(communicator& c, std::string_view operation) : c_(c), operation_(operation) {
+      c_.check_nccl(ncclGroupStart(), "ncclGroupStart", operation_);
+    }
+    group(const group&) = delete;
+    group& operator=(const group&) = delete;
+    ~group() {
+      if (open_) (void)ncclGroupEnd();
+    }
+    void end() {
+      open_ = false;
+      c_.check_nccl(ncclGroupEnd(), "ncclGroupEnd", operation_);
+    }
+
+  private:
+    communicator& c_;
+    std::string_view operation_;
+    bool open_ = true;
+  };
+
+  // What a host-span message announces before its data.
+  struct message_header {
+    std::int64_t tag = 0;
+    std::int64_t count = 0;
+    std::int64_t type = 0;
+    friend bool operator==(const message_header&, const message_header&) = default;
+  };
+  static constexpr std::size_t header_words = sizeof(message_header) / sizeof(std::int64_t);
+
+  communicator(detail::nccl_comm_handle comm, cudaStream_t s, bool own_stream, const options& opt)
+      : comm_(std::move(comm)), timeout_(opt.timeout) {
+    constexpr std::string_view operation = "nccl::communicator";
+    WEFT_EXPECTS(comm_.get() != nullptr, "nccl::communicator: the ncclComm_t is null");
+    read_comm(operation);
+    if (own_stream) {
+      const detail::device_scope on(device_);
+      stream_ = std::make_shared<const cuda::stream>();
+    } else {
+      if (s != nullptr) {
+        int d = -1;
+        detail::cuda_check(cudaStreamGetDevice(s, &d), "cudaStreamGetDevice", operation, rank_);
+        if (d != device_) {
+          throw error(operation, rank_, error::unknown,
+                      "the stream belongs to device " + std::to_string(d) + " and the NCCL communicator to device " +
+                          std::to_string(device_) + ": give a stream of the communicator's device");
+        }
+      }
+      stream_ = std::make_shared<const cuda::stream>(cuda::stream::borrow(s));
+    }
+    place_ = detail::place_ranks(size_, opt.topology, std::getenv("WEFT_TOPOLOGY"), opt.node_of);
+    scratch_ = detail::stream_memory(stream_);
+    staging_ = detail::stream_memory(stream_);
+  }
+
+  // A communicator made by split: owns `comm`, shares the parent's stream and cluster.
+  communicator(detail::nccl_comm_handle comm, std::shared_ptr<const cuda::stream> s, detail::rank_placement place,
+               std::chrono::milliseconds timeout)
+      : stream_(std::move(s)),
+        comm_(std::move(comm)),
+        place_(std::move(place)),
+        timeout_(timeout),
+        scratch_(stream_),
+        staging_(stream_) {
+    read_comm("split");
+  }
+
+  void read_comm(std::string_view operation) {
+    check_nccl(ncclCommUserRank(comm_.get(), &rank_), "ncclCommUserRank", operation);
+    check_nccl(ncclCommCount(comm_.get(), &size_), "ncclCommCount", operation);
+    check_nccl(ncclCommCuDevice(comm_.get(), &device_), "ncclCommCuDevice", operation);
+  }
+
+  void check_nccl(ncclResult_t r, std::string_view call, std::string_view operation, int peer = error::unknown) {
+    if (r != ncclSuccess) {
+      comm_.mark_failed();
+      detail::nccl_fail(r, call, operation, rank_, peer, comm_.get());
+    }
+  }
+
+  void check_peer(int peer, std::string_view operation) const {
+    if (peer < 0 || peer >= size_ || peer == rank_) {
+      throw error(operation, rank_, peer, "peer outside the communicator of " + std::to_string(size_) + " ranks");
+    }
+  }
+
+  // Plain host memory would reach NCCL or a kernel as an invalid address: say so instead.
+  // Skipped while the stream is captured, where weft makes no calls beyond the capture's.
+  template <class T>
+  void check_buffers(const T* in, std::size_t in_count, const T* out, std::size_t out_count,
+                     std::string_view operation) const {
+    if (detail::capturing(stream())) return;
+    check_device_memory(in, in_count, "input", operation);
+    check_device_memory(out, out_count, "output", operation);
+  }
+  void check_device_memory(const void* p, std::size_t n, std::string_view which, std::string_view operation) const {
+    if (n == 0) return;
+    cudaPointerAttributes a{};
+    const cudaError_t e = p == nullptr ? cudaErrorInvalidValue : cudaPointerGetAttributes(&a, p);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw error(operation, rank_, error::unknown,
+                  "the " + std::string(which) + " (" + std::to_string(n) + " elements) is not a valid device buffer: " +
+                      detail::cuda_error_text(e));
+    }
+    if (a.type == cudaMemoryTypeUnregistered) {
+      throw error(operation, rank_, error::unknown,
+                  "the " + std::string(which) + " is host memory, and the NCCL transport runs on device buffers "
+                  "(cudaMalloc, cudaMallocAsync or managed memory)");
+    }
+    if (a.type == cudaMemoryTypeDevice && a.device != device_) {
+      throw error(operation, rank_, error::unknown,
+                  "the " + std::string(which) + " is on device " + std::to_string(a.device) +
+                      ", and this rank's NCCL communicator on device " + std::to_string(device_));
+    }
+  }
+
+  // A host-visible call starts from an idle stream: the earlier work must not be waited
+  // for without a deadline (a pageable copy would), and a capture cannot be waited for.
+  void begin_host_call(std::string_view operation, int peer) {
+    if (detail::capturing(stream())) {
+      throw error(operation, rank_, peer,
+                  "a blocking call cannot run while the stream is being captured into a CUDA graph "
+                  "(turn WEFT_CHECK_CALLS off around captures)");
+    }
+    wait_idle(operation, peer, "finish the work queued on the stream before it");
+  }
+
+  // Polls the stream until it is idle, at most timeout(); NCCL's asynchronous errors and
+  // the deadline become weft::error (and the communicator is then marked failed).
+  void wait_idle(std::string_view operation, int peer, std::string_view what) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + timeout_;
+    for (int polls = 0;; ++polls) {
+      const cudaError_t e = cudaStreamQuery(stream());
+      if (e == cudaSuccess) return;
+      if (e != cudaErrorNotReady) {
+        comm_.mark_failed();
+        detail::cuda_fail(e, "cudaStreamQuery", operation, rank_);
+      }
+      (void)cudaGetLastError();  // "not ready" is recorded as the last error; it is none
+      ncclResult_t async = ncclSuccess;
+      check_nccl(ncclCommGetAsyncError(comm_.get(), &async), "ncclCommGetAsyncError", operation, peer);
+      if (async != ncclSuccess && async != ncclInProgress) {
+        comm_.mark_failed();
+        detail::nccl_fail(async, "an NCCL operation (asynchronous error)", operation, rank_, peer, comm_.get());
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
+        comm_.mark_failed();
+        throw error(operation, rank_, peer,
+                    "timed out after " + std::to_string(timeout_.count()) + " ms waiting to " + std::string(what) +
+                        " (is every rank alive and making the same calls in the same order?)");
+      }
+      // Spin briefly for a hand-off in flight, then stop competing with the peers for a core.
+      if (polls < 64) continue;
+      if (now - start < std::chrono::milliseconds(10)) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    }
+  }
+
+  // Whether the stream's work finishes within timeout(); never throws (for the destructor).
+  bool drained() const noexcept {
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    for (;;) {
+      const cudaError_t e = cudaStreamQuery(stream());
+      if (e == cudaSuccess) return true;
+      (void)cudaGetLastError();
+      if (e != cudaErrorNotReady || std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
+  void to_device(void* dst, const void* src, std::size_t bytes, std::string_view operation) {
+    if (bytes == 0) return;
+    detail::cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()), "cudaMemcpyAsync",
+                       operation, rank_);
+  }
+  // The stream is idle when this is called, so the copy neither waits for a peer nor blocks.
+  void to_host(void* dst, const void* src, std::size_t bytes, std::string_view operation) {
+    if (bytes == 0) return;
+    detail::cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync",
+                       operation, rank_);
+    wait_idle(operation, error::unknown, "copy a message to the host");
+  }
+
+  // Sends out[0, out_n) to `to` and receives in[0, in_n) from `from` (-1: none), headers
+  // first: both directions' headers, checked, then both directions' data, each exchange one
+  // NCCL group so that two ranks that send to each other do not deadlock.
+  template <element T>
+  void exchange(const T* out, std::size_t out_n, int to, T* in, std::size_t in_n, int from, int tag,
+                std::string_view operation) {
+    const int peer = from >= 0 ? from : to;
+    const detail::device_scope on(device_);
+    begin_host_call(operation, peer);
+    constexpr std::size_t a = detail::device_plan_layout::alignment;
+    const std::size_t out_at = 2 * a;
+    const std::size_t in_at = out_at + detail::device_plan_layout::aligned(out_n * sizeof(T));
+    std::byte* const base = staging_.reserve(in_at + in_n * sizeof(T), operation, rank_);
+    const auto describe = [](const message_header& h) {
+      const auto type = static_cast<dtype>(h.type);
+      return std::to_string(h.count) + " x " + std::string(name_of(type)) + " tag " + std::to_string(h.tag);
+    };
+    const message_header mine{tag, static_cast<std::int64_t>(out_n), static_cast<std::int64_t>(dtype_of<T>)};
+    const message_header expected{tag, static_cast<std::int64_t>(in_n), static_cast<std::int64_t>(dtype_of<T>)};
+    if (to >= 0) {
+      to_device(base, &mine, sizeof mine, operation);
+      to_device(base + out_at, out, out_n * sizeof(T), operation);
+    }
+    {
+      group g(*this, operation);
+      if (to >= 0) check_nccl(ncclSend(base, header_words, ncclInt64, to, comm_.get(), stream()), "ncclSend", operation, to);
+      if (from >= 0) {
+        check_nccl(ncclRecv(base + a, header_words, ncclInt64, from, comm_.get(), stream()), "ncclRecv", operation, from);
+      }
+      g.end();
+    }
+    wait_idle(operation, peer, "exchange message headers with it");
+    if (from >= 0) {
+      message_header theirs;
+      to_host(&theirs, base + a, sizeof theirs, operation);
+      if (!(theirs == expected)) {
+        comm_.mark_failed();  // the sender's data will never be received: the ranks are out of step
+        throw error(operation, rank_, from,
+                    "expected " + describe(expected) + " but the peer sent " + describe(theirs) +
+                        ": the ranks disagree on the call (set WEFT_CHECK_CALLS=1 to find where)");
+      }
+    }
+    const bool sending = to >= 0 && out_n != 0;
+    const bool receiving = from >= 0 && in_n != 0;
+    if (!sending && !receiving) return;
+    {
+      group g(*this, operation);
+      if (sending) {
+        check_nccl(ncclSend(base + out_at, out_n, nccl_type_of<T>, to, comm_.get(), stream()), "ncclSend", operation, to);
+      }
+      if (receiving) {
+        check_nccl(ncclRecv(base + in_at, in_n, nccl_type_of<T>, from, comm_.get(), stream()), "ncclRecv", operation, from);
+      }
+      g.end();
+    }
+    wait_idle(operation, peer, sending && receiving ? "exchange a message with it" : (sending ? "send to it" : "receive from it"));
+    if (receiving) to_host(in, base + in_at, in_n * sizeof(T), operation);
+  }
+
+  // Every rank's n ints, rank-major. Blocking, with the deadline.
+  template <std::size_t N>
+  std::vector<int> all_gather_ints(const int (&mine)[N], std::string_view operation) {
+    begin_host_call(operation, error::unknown);
+    const std::size_t all_at = detail::device_plan_layout::alignment;
+    std::byte* const base = staging_.reserve(all_at + N * sizeof(int) * static_cast<std::size_t>(size_), operation, rank_);
+    to_device(base, mine, sizeof mine, operation);
+    check_nccl(ncclAllGather(base, base + all_at, N, ncclInt32, comm_.get(), stream()), "ncclAllGather", operation);
+    wait_idle(operation, error::unknown, "gather from every rank");
+    std::vector<int> all(N * static_cast<std::size_t>(size_));
+    to_host(all.data(), base + all_at, all.size() * sizeof(int), operation);
+    return all;
+  }
+
+  // Declaration order is destruction order reversed: the memory (which keeps the stream
+  // alive itself) goes first, then the NCCL communicator, then the stream.
+  std::shared_ptr<const cuda::stream> stream_;
+  detail::nccl_comm_handle comm_;
+  int rank_ = 0;
+  int size_ = 0;
+  int device_ = 0;
+  detail::rank_placement place_;
+  std::chrono::milliseconds timeout_;
+  detail::stream_memory scratch_{nullptr};  // the plan's scratch, then the temporaries
+  detail::stream_memory staging_{nullptr};  // barrier, split and send/recv
+  detail::device_plan_layout layout_;       // of the current call; a member so its storage is reused
+};
+
+} // namespace nccl
+} // namespace weft::cuda

@@ -1,0 +1,519 @@
+#pragma once
+// weft::cuda::p2p: ranks on the GPUs of one node that load from and store to each other's
+// memory (peer access over NVLink or PCIe, or several ranks on one GPU), running weft's
+// peer-access plans (algo::direct) entirely on the device: no host wait inside a call, so a
+// call can be captured into a CUDA graph. This is the small-message regime, where a one-shot
+// all-reduce (copy to a staging area, one sync, every rank reduces every peer's staging) or a
+// two-shot one (reduce-scatter by loads, sync, gather by loads) beats a ring of messages.
+//
+//   weft::cuda::p2p::run({0, 1, 2, 3}, [](weft::cuda::p2p::communicator& c) {   // rank r on GPU r
+//     weft::all_reduce<weft::algo::direct>(c, std::span(d_grad, n));            // on c.stream()
+//   });
+//   weft::cuda::p2p::run({0, 0, 0}, f);                  // three ranks sharing GPU 0
+//   auto c = weft::cuda::p2p::from_mpi(node_comm);        // processes (weft/cuda/p2p_mpi.cuh)
+//
+// Registered workspace. At creation each rank allocates one workspace (options::workspace_bytes
+// of data, plus its flags and staging areas, detail/p2p_plan.cuh) and learns every peer's
+// address once: plain pointers between threads (peer access enabled between distinct devices,
+// else weft::error), CUDA IPC handles between processes. Peers never touch the caller's
+// buffers. A call copies its input into its workspace's input region, runs the plan with the
+// input, output and scratch buffers mapped to workspace regions (a load from rank q's buffer b
+// reads q's region of b), then copies the output region to the caller's output; a call whose
+// regions do not fit is a weft::error naming the sizes. A staged plan (direct's small
+// all-reduce) skips both copies: its peers load only its scratch, which is a staging area, two
+// of them alternated by the staged calls as in weft::local.
+//
+// Steps, all queued on the rank's stream in plan order: copy and reduce are weft::cuda's
+// kernels; load is a copy kernel reading the peer's memory; load_reduce reduces the group's
+// regions in group order (so every rank gets the same bits); sync is the flag kernel of
+// detail/p2p_sync.cuh. send, recv and recv_reduce are refused (weft::error): p2p runs
+// peer-access plans only, so algo::ring and the other message-passing algorithms need another
+// transport, and algo::automatic works here only where it picks direct.
+//
+// CUDA graphs. Syncs count on the device, so a captured call stays right when it is replayed.
+// A captured staged call uses a third staging area and ends with a sync (a replay cannot
+// alternate), so captured and direct calls mix in any order. Capture the same calls on every
+// rank, in thread-local or relaxed mode (global mode forbids the peers' threads the calls they
+// make meanwhile). barrier(), synchronize() and split() wait for the stream: not during a
+// capture. send/recv (and so WEFT_CHECK_CALLS) use the host communicator only, so they may.
+//
+// Failure. A sync waits for its peers at most options::sync_timeout on the device; then it
+// writes the rank and the missing peer into a host-mapped word and returns. The host reads
+// that word when it next looks (every call, barrier(), synchronize(), check()) and throws
+// weft::error naming the operation whose sync timed out, the rank and the peer. After that the
+// communicator cannot be used again; results since the timeout are garbage. Host waits have
+// options::timeout as their deadline. Ranks that share a device rely on their streams running
+// at once: see detail/p2p_sync.cuh on CUDA_DEVICE_MAX_CONNECTIONS.
+#include <weft/comm/algorithm/ring.hpp>
+#include <weft/comm/all_gather.hpp>
+#include <weft/comm/communicator.hpp>
+#include <weft/comm/plan.hpp>
+#include <weft/comm/transport/local.hpp>
+#include <weft/core/error.hpp>
+#include <weft/core/ops.hpp>
+#include <weft/core/types.hpp>
+#include <weft/cuda/detail/p2p_endpoint.cuh>
+#include <weft/cuda/detail/p2p_plan.cuh>
+#include <weft/cuda/error.cuh>
+#include <weft/cuda/kernels.cuh>
+#include <weft/cuda/memory.cuh>
+#include <weft/topology/topology.hpp>
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace weft::cuda::p2p {
+
+struct options {
+  /// Bytes of each rank's data area: a call's input, output and scratch regions must fit in
+  /// it (staged all-reduces need none of it). Every rank must give the same.
+  std::size_t workspace_bytes = std::size_t{64} << 20;
+  /// How long a sync waits on the device for its peers before it reports a timeout: the most
+  /// that ranks may drift apart between two syncs.
+  std::chrono::milliseconds sync_timeout = std::chrono::seconds(30);
+  /// Deadline of every host-side wait (creation, barrier, synchronize, split, send/recv).
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+};
+
+template <class Host>
+class basic_communicator;
+
+} // namespace weft::cuda::p2p
+
+namespace weft::cuda::detail {
+
+/// Ranks whose host communicator is weft::local are threads of one process: they trade plain
+/// pointers. Any other (weft::mpi) trades CUDA IPC handles.
+template <class Host>
+inline constexpr bool p2p_same_process = std::is_same_v<Host, local::communicator>;
+
+/// Makes communicators for run() and from_mpi(), whose constructor takes internals.
+struct p2p_factory {
+  template <class Host, class... Args>
+  static p2p::basic_communicator<Host> make(Args&&... args) {
+    return p2p::basic_communicator<Host>(std::forward<Args>(args)...);
+  }
+};
+
+/// What a rank tells its peers about its workspace at creation, as int64 words.
+struct p2p_address {
+  static constexpr std::size_t ipc_words = (sizeof(cudaIpcMemHandle_t) + 7) / 8;
+  static constexpr std::size_t words = 3 + ipc_words; // pointer, device, bytes, IPC handle
+};
+
+} // namespace weft::cuda::detail
+
+namespace weft::cuda::p2p {
+
+/// A rank of a p2p communicator whose host-side traffic (creation, split, send/recv) goes
+/// over Host: weft::local::communicator for threads (p2p::communicator, made by run()),
+/// weft::mpi::communicator for processes (p2p::mpi_communicator, made by from_mpi()).
+template <class Host>
+class basic_communicator {
+public:
+  /// Ranks load from each other's workspaces: what algo::direct needs.
+  static constexpr bool peer_access = true;
+  /// Loads only: no sends or receives, so algo::automatic offers only algo::direct here and
+  /// an explicit message-passing algorithm is a compile-time error.
+  static constexpr bool messages = false;
+  static constexpr std::string_view transport_name = "p2p";
+
+  basic_communicator(basic_communicator&&) noexcept = default;
+  basic_communicator& operator=(basic_communicator&&) noexcept = default;
+  basic_communicator(const basic_communicator&) = delete;
+  basic_communicator& operator=(const basic_communicator&) = delete;
+  ~basic_communicator() = default;
+
+  [[nodiscard]] int rank() const noexcept { return ep_->rank(); }
+  [[nodiscard]] int size() const noexcept { return ep_->size(); }
+  /// The CUDA device of this rank.
+  [[nodiscard]] int device() const noexcept { return ep_->device(); }
+  /// The stream this rank's collectives are queued on.
+  [[nodiscard]] cudaStream_t stream() const noexcept { return ep_->stream(); }
+  /// devices()[r]: rank r's device in cluster(), which is one node of NVLink-joined devices.
+  [[nodiscard]] const std::vector<int>& devices() const noexcept { return host_->devices(); }
+  [[nodiscard]] const std::vector<int>& node_of() const noexcept { return host_->node_of(); }
+  [[nodiscard]] const topology::cluster& cluster() const noexcept { return *cluster_; }
+  /// Bytes of this rank's data area (options::workspace_bytes, rounded up).
+  [[nodiscard]] std::size_t workspace_bytes() const noexcept { return ep_->layout().data_bytes; }
+  [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return ep_->timeout(); }
+  void set_timeout(std::chrono::milliseconds t) {
+    WEFT_EXPECTS(t.count() > 0,
+                 "cuda::p2p::communicator::set_timeout: the timeout must be positive");
+    ep_->set_timeout(t);
+    host_->set_timeout(t);
+  }
+  /// How long a sync queued from now on waits for its peers on the device.
+  [[nodiscard]] std::chrono::milliseconds sync_timeout() const noexcept {
+    return ep_->sync_timeout();
+  }
+  void set_sync_timeout(std::chrono::milliseconds t) {
+    WEFT_EXPECTS(t.count() > 0,
+                 "cuda::p2p::communicator::set_sync_timeout: the timeout must be positive");
+    ep_->set_sync_timeout(t);
+  }
+  /// The host communicator that creation, split and send/recv use.
+  [[nodiscard]] Host& host() noexcept { return *host_; }
+
+  /// Queues later collectives on s, the caller's stream (of this rank's device; never
+  /// destroyed here), after the work already queued on the current one.
+  void set_stream(cudaStream_t s) {
+    const detail::p2p_device_scope on(device());
+    ep_->set_stream(s);
+  }
+  /// Waits until this rank's queued work is done (at most timeout()); throws weft::error if
+  /// a sync timed out.
+  void synchronize() {
+    const detail::p2p_device_scope on(device());
+    ep_->wait_idle("synchronize", "finish the work queued on the stream");
+  }
+  /// Throws weft::error if a sync of this rank has timed out so far (it reads a host word,
+  /// and waits for nothing: what the device has not finished yet shows later).
+  void check() const { ep_->check("check"); }
+
+  // --- point to point on host memory, what WEFT_CHECK_CALLS uses: the host communicator's ----
+  // (threads: weft::local's mailbox; processes: MPI). They never touch the device or stream.
+  template <element T>
+  void send(std::span<const T> data, int peer, int tag = 0) {
+    host_->send(data, peer, tag);
+  }
+  template <element T>
+  void send(std::span<T> data, int peer, int tag = 0) {
+    host_->send(std::span<const T>(data), peer, tag);
+  }
+  template <element T>
+  void recv(std::span<T> data, int peer, int tag = 0) {
+    host_->recv(data, peer, tag);
+  }
+  template <element T>
+  void sendrecv(std::span<const T> out, int to, std::span<T> in, int from, int tag = 0) {
+    host_->sendrecv(out, to, in, from, tag);
+  }
+
+  /// A sync of every rank on the stream, then a wait for it: every rank has entered when it
+  /// returns. Blocking.
+  void barrier() {
+    constexpr std::string_view operation = "barrier";
+    const detail::p2p_device_scope on(device());
+    not_capturing(operation);
+    ep_->check(operation);
+    ep_->sync(ep_->everyone(), operation);
+    ep_->wait_idle(operation, "have every rank enter the barrier");
+  }
+
+  /// The ranks with the same color (>= 0), ordered by (key, rank), with workspaces of their
+  /// own (this one's options) and a new stream that starts after the work queued on this one.
+  /// Collective over this communicator; blocking.
+  basic_communicator split(int color, int key) {
+    WEFT_EXPECTS(color >= 0, "cuda::p2p::communicator::split: color must be >= 0");
+    constexpr std::string_view operation = "split";
+    const detail::p2p_device_scope on(device());
+    not_capturing(operation);
+    ep_->check(operation);
+    auto child = std::make_unique<Host>(host_->split(color, key));
+    options opt{.workspace_bytes = ep_->layout().data_bytes,
+                .sync_timeout = sync_timeout(),
+                .timeout = timeout()};
+    return basic_communicator(nullptr, std::move(child), device(), opt, world_, stream(),
+                              operation);
+  }
+
+  /// avg's last step, on this rank's stream.
+  template <element T>
+  void divide(T* data, std::size_t n) {
+    const detail::p2p_device_scope on(device());
+    cuda::divide(data, n, size(), stream());
+  }
+
+  /// Queues one rank's plan over device buffers on stream() and returns: nothing waits on the
+  /// host. `in`/`out` hold in_count/out_count elements (in may equal out: in place). Every
+  /// check comes before anything is queued, so a refused call leaves the stream as it was.
+  template <element T, class Op>
+  void execute(const plan& pl, const T* in, std::size_t in_count, T* out, std::size_t out_count,
+               const Op& op, std::string_view operation) {
+    ep_->check(operation);
+    const std::size_t sizes[3] = {in_count, out_count, pl.scratch_count()};
+    const detail::p2p_call_layout lay = detail::p2p_lay_out_call(
+        pl, rank(), size(), sizes, sizeof(T), ep_->layout().data_bytes, operation);
+    const detail::p2p_device_scope on(device());
+    const cudaStream_t s = stream();
+    const bool capturing = detail::p2p_capturing(s);
+    if (!capturing) { // weft makes no calls beyond the capture's while capturing
+      check_device_buffer(in, in_count, "input", operation);
+      check_device_buffer(out, out_count, "output", operation);
+    }
+    // A replayed graph cannot alternate staging areas: captured staged calls have their own.
+    int area = 0;
+    if (lay.staged)
+      area = capturing ? detail::p2p_captured_staging : static_cast<int>(++staged_calls_ % 2);
+    // Rank q's buffer b: its staging area for a staged plan's scratch, else its region of b.
+    const auto region = [&](int q, buffer b) -> T* {
+      if (lay.staged) return reinterpret_cast<T*>(ep_->staging(q, area));
+      return reinterpret_cast<T*>(ep_->data(q) + lay.offset[static_cast<std::size_t>(b)]);
+    };
+    T* const mine[3] = {
+        lay.staged ? const_cast<T*>(in) : region(rank(), buffer::input), // input is only read
+        lay.staged ? out : region(rank(), buffer::output), region(rank(), buffer::scratch)};
+    const auto at = [&](buffer b, std::size_t off) {
+      return mine[static_cast<std::size_t>(b)] + off;
+    };
+    try {
+      // A broadcast's input region is its output region (the layout gives both offset 0).
+      if (!lay.staged) cuda::copy(mine[0], in, in_count, s);
+      for (const step& st : pl.steps()) {
+        switch (st.kind) {
+          case step_kind::copy:
+            cuda::copy(at(st.dst, st.dst_offset), at(st.src, st.src_offset), st.count, s);
+            break;
+          case step_kind::reduce: {
+            T* const d = at(st.dst, st.dst_offset);
+            cuda::reduce(d, d, at(st.src, st.src_offset), st.count, op, s);
+            break;
+          }
+          case step_kind::load:
+            cuda::copy(at(st.dst, st.dst_offset), region(st.peer, st.src) + st.src_offset, st.count,
+                       s);
+            break;
+          case step_kind::load_reduce: {
+            const auto& group = pl.group(st.peer);
+            std::array<const T*, detail::p2p_max_ranks> sources{};
+            for (std::size_t j = 0; j < group.size(); ++j)
+              sources[j] = region(group[j], st.src) + st.src_offset;
+            cuda::reduce(at(st.dst, st.dst_offset), sources.data(), static_cast<int>(group.size()),
+                         st.count, op, s);
+            break;
+          }
+          case step_kind::sync: ep_->sync(pl.group(st.peer), operation); break;
+          default: break; // message steps: refused by p2p_lay_out_call
+        }
+      }
+      // Its peers load a staged plan's staging area after the call; a captured call, whose
+      // area is the same at every replay, waits for them instead.
+      if (lay.staged && capturing) {
+        for (const auto& group : pl.groups())
+          ep_->sync(group, operation);
+      }
+      if (!lay.staged) cuda::copy(out, mine[1], out_count, s);
+    } catch (const error& e) {
+      if (!e.operation().empty()) throw;
+      throw error(operation, rank(), error::unknown,
+                  detail::p2p_without_prefix(e.what())); // a kernel launch's failure
+    }
+  }
+
+private:
+  friend struct detail::p2p_factory;
+
+  // Collective over the host communicator: allocates this rank's workspace and trades
+  // addresses with every peer. `borrowed` or else `owned` is the host communicator; `world`
+  // (threads) keeps the memory until the run ends; `after`: a stream the new one starts after.
+  basic_communicator(Host* borrowed, std::unique_ptr<Host> owned, int device, const options& opt,
+                     std::shared_ptr<detail::p2p_world> world, cudaStream_t after,
+                     std::string_view operation)
+      : owned_host_(std::move(owned)),
+        host_(borrowed != nullptr ? borrowed : owned_host_.get()),
+        world_(std::move(world)) {
+    const int r = host_->rank();
+    const int n = host_->size();
+    if (n > detail::p2p_max_ranks) {
+      throw error(operation, r, error::unknown,
+                  std::to_string(n) + " ranks; a p2p communicator has at most " +
+                      std::to_string(detail::p2p_max_ranks));
+    }
+    cluster_ = std::make_shared<const topology::cluster>(
+        host_->cluster().devices_per_node(), topology::default_link(topology::link_kind::nvlink),
+        topology::default_link(topology::link_kind::infiniband));
+    ep_ = std::make_unique<detail::p2p_endpoint>(device, r, n, opt.workspace_bytes,
+                                                 opt.sync_timeout, opt.timeout,
+                                                 !detail::p2p_same_process<Host>, after, operation);
+    if (world_) world_->keep(ep_->memory());
+    connect(operation);
+  }
+
+  // Every rank learns every workspace's address in its own address space.
+  void connect(std::string_view operation) {
+    using address = detail::p2p_address;
+    const int r = rank();
+    const int n = size();
+    const detail::p2p_device_scope on(device());
+    std::array<std::int64_t, address::words> mine{};
+    mine[0] = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(ep_->workspace()));
+    mine[1] = device();
+    mine[2] = static_cast<std::int64_t>(ep_->layout().total);
+    if constexpr (!detail::p2p_same_process<Host>) {
+      cudaIpcMemHandle_t handle{};
+      detail::p2p_cuda_check(cudaIpcGetMemHandle(&handle, ep_->workspace()), "cudaIpcGetMemHandle",
+                             operation, r);
+      std::memcpy(mine.data() + 3, &handle, sizeof handle);
+    }
+    std::vector<std::int64_t> table(address::words * static_cast<std::size_t>(n));
+    try {
+      all_gather<algo::ring>(*host_, std::span<const std::int64_t>(mine), std::span(table));
+    } catch (const error& e) {
+      throw error(
+          operation, r, e.peer(),
+          "trading workspace addresses: " + std::string(detail::p2p_without_prefix(e.what())));
+    }
+    std::vector<std::byte*> bases(static_cast<std::size_t>(n), nullptr);
+    std::vector<void*> imported;
+    try {
+      for (int q = 0; q < n; ++q) {
+        const std::int64_t* theirs = table.data() + address::words * static_cast<std::size_t>(q);
+        if (theirs[2] != mine[2]) {
+          throw error(operation, r, q,
+                      "that rank's workspace has " + std::to_string(theirs[2]) +
+                          " bytes and this rank's " + std::to_string(mine[2]) +
+                          ": every rank must give the same p2p::options::workspace_bytes");
+        }
+        if (q == r) {
+          bases[static_cast<std::size_t>(q)] = ep_->workspace();
+          continue;
+        }
+        if constexpr (detail::p2p_same_process<Host>) {
+          enable_peer_access(static_cast<int>(theirs[1]), q, operation);
+          bases[static_cast<std::size_t>(q)] =
+              reinterpret_cast<std::byte*>(static_cast<std::uintptr_t>(theirs[0]));
+        } else {
+          cudaIpcMemHandle_t handle{};
+          std::memcpy(&handle, theirs + 3, sizeof handle);
+          void* p = nullptr;
+          const cudaError_t e = cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess);
+          if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            throw error(
+                operation, r, q,
+                "cudaIpcOpenMemHandle of that rank's workspace failed: " +
+                    detail::cuda_error_text(e) +
+                    " (the processes must share a node, and their devices must have peer access)");
+          }
+          imported.push_back(p);
+          bases[static_cast<std::size_t>(q)] = static_cast<std::byte*>(p);
+        }
+      }
+    } catch (...) {
+      for (void* p : imported)
+        (void)cudaIpcCloseMemHandle(p);
+      throw;
+    }
+    ep_->connect(std::move(bases), std::move(imported));
+  }
+
+  // This rank's device reads and writes the memory of `peer_device` (threads only; IPC
+  // handles enable it themselves).
+  void enable_peer_access(int peer_device, int peer, std::string_view operation) {
+    if (peer_device == device()) return;
+    int can = 0;
+    detail::p2p_cuda_check(cudaDeviceCanAccessPeer(&can, device(), peer_device),
+                           "cudaDeviceCanAccessPeer", operation, rank(), peer);
+    if (can == 0) {
+      throw error(operation, rank(), peer,
+                  "device " + std::to_string(device()) + " cannot access the memory of device " +
+                      std::to_string(peer_device) +
+                      " (cudaDeviceCanAccessPeer): put the ranks on devices with peer access, or "
+                      "use the nccl "
+                      "transport");
+    }
+    const cudaError_t e = cudaDeviceEnablePeerAccess(peer_device, 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled) {
+      (void)cudaGetLastError(); // another rank on this device enabled it: fine
+      return;
+    }
+    detail::p2p_cuda_check(e, "cudaDeviceEnablePeerAccess", operation, rank(), peer);
+  }
+
+  void not_capturing(std::string_view operation) const {
+    if (detail::p2p_capturing(stream())) {
+      throw error(
+          operation, rank(), error::unknown,
+          "a blocking call cannot run while the stream is being captured into a CUDA graph");
+    }
+  }
+
+  // Host memory, or another device's, would reach a kernel as a bad address: say so instead.
+  void check_device_buffer(const void* p, std::size_t n, std::string_view which,
+                           std::string_view operation) const {
+    if (n == 0) return;
+    cudaPointerAttributes a{};
+    const cudaError_t e = p == nullptr ? cudaErrorInvalidValue : cudaPointerGetAttributes(&a, p);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw error(operation, rank(), error::unknown,
+                  "the " + std::string(which) + " (" + std::to_string(n) +
+                      " elements) is not a valid device buffer: " + detail::cuda_error_text(e));
+    }
+    if (a.type == cudaMemoryTypeUnregistered) {
+      throw error(operation, rank(), error::unknown,
+                  "the " + std::string(which) +
+                      " is host memory, and the p2p transport runs on device buffers (cudaMalloc, "
+                      "cudaMallocAsync or "
+                      "managed memory)");
+    }
+    if (a.type == cudaMemoryTypeDevice && a.device != device()) {
+      throw error(operation, rank(), error::unknown,
+                  "the " + std::string(which) + " is on device " + std::to_string(a.device) +
+                      ", and this rank on device " + std::to_string(device()));
+    }
+  }
+
+  // Declaration order is destruction order reversed: the endpoint (which may sync with the
+  // peers before it frees its memory) goes before the host communicator.
+  std::unique_ptr<Host> owned_host_; // split's and from_mpi's; run() lends its own
+  Host* host_;
+  std::shared_ptr<detail::p2p_world> world_;
+  std::shared_ptr<const topology::cluster> cluster_;
+  std::unique_ptr<detail::p2p_endpoint> ep_;
+  std::uint64_t staged_calls_ =
+      0; // staged plans run outside captures: its parity picks the staging area
+};
+
+/// Ranks as threads of one process (made by run()).
+using communicator = basic_communicator<local::communicator>;
+
+/// Runs fn(communicator&) on one rank per entry of `devices`, each a thread with its own stream
+/// on its device (rank r on devices[r]; a device may repeat). Returns when all have returned
+/// and their streams are idle; rethrows the first failure. Checks its arguments and that the
+/// devices exist (weft::error) before any thread starts. The communicators (and their splits)
+/// must not outlive the run: their workspaces are freed when it ends, once every device is idle.
+template <class F>
+void run(std::vector<int> devices, F&& fn, options opt = {}) {
+  constexpr std::string_view who = "cuda::p2p::run";
+  detail::p2p_check_device_list(devices, who);
+  detail::p2p_check_options(opt.workspace_bytes, opt.sync_timeout, opt.timeout, who);
+  if (const std::string why = no_device_reason(); !why.empty())
+    throw error("weft: " + std::string(who) + ": " + why);
+  const int visible = device_count();
+  for (std::size_t r = 0; r < devices.size(); ++r) {
+    if (devices[r] >= visible) {
+      throw error("weft: " + std::string(who) + ": rank " + std::to_string(r) +
+                  " is given device " + std::to_string(devices[r]) + ", and this process sees " +
+                  std::to_string(visible));
+    }
+  }
+  auto world =
+      std::make_shared<detail::p2p_world>(); // declared first: freed after every rank is done
+  local::run(
+      static_cast<int>(devices.size()),
+      [&](local::communicator& host) {
+        const int device = devices[static_cast<std::size_t>(host.rank())];
+        WEFT_CUDA_TRY(cudaSetDevice(device));
+        communicator c = detail::p2p_factory::make<local::communicator>(
+            &host, std::unique_ptr<local::communicator>(), device, opt, world, cudaStream_t{}, who);
+        fn(c);
+        c.synchronize();
+      },
+      local::options{.timeout = opt.timeout});
+}
+
+} // namespace weft::cuda::p2p

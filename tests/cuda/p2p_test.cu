@@ -1,0 +1,791 @@
+// weft::cuda::p2p: ranks that load from each other's workspaces. On one GPU every rank shares
+// device 0; every collective of algo::direct is checked against the serial reference of
+// tests/support/reference.hpp, bitwise identical across ranks where all hold the result. The
+// host-only tests at the top (arguments, workspace and call layouts, plan checks) run
+// everywhere; the others skip themselves where there is no device.
+#include <weft/comm/algorithm/direct.hpp>
+#include <weft/comm/algorithm/ring.hpp>
+#include <weft/comm/all_gather.hpp>
+#include <weft/comm/all_reduce.hpp>
+#include <weft/comm/all_to_all.hpp>
+#include <weft/comm/broadcast.hpp>
+#include <weft/comm/reduce.hpp>
+#include <weft/comm/reduce_scatter.hpp>
+#include <weft/cuda/p2p.cuh>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "support/cuda.cuh"
+#include "support/reference.hpp"
+
+namespace {
+
+using namespace weft;
+namespace p2p = weft::cuda::p2p;
+namespace wd = weft::cuda::detail;
+using namespace std::chrono_literals;
+
+// Up to 8 ranks' streams, a split's and the tests' own on one device: each must have a
+// hardware queue of its own, or a rank's work can wait behind another's spinning sync
+// (detail/p2p_sync.cuh). Set before the first CUDA call, which comes after static init.
+const bool connections_set = [] { return setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0) == 0; }();
+
+static_assert(weft::communicator<p2p::communicator>);
+static_assert(weft::plan_executor<p2p::communicator>);
+static_assert(weft::peer_access<p2p::communicator>,
+              "algo::direct must compile with the p2p transport");
+
+std::string failure_of(auto&& body) {
+  try {
+    body();
+  } catch (const weft::error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+#define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
+
+// --- host only ---------------------------------------------------------------------------
+
+TEST(p2p_host, run_checks_its_arguments_before_looking_for_a_device) {
+  ASSERT_TRUE(connections_set);
+  bool started = false;
+  const auto body = [&](p2p::communicator&) { started = true; };
+  EXPECT_HAS(failure_of([&] { p2p::run({}, body); }), "device list is empty");
+  EXPECT_HAS(failure_of([&] { p2p::run(std::vector<int>(65, 0), body); }), "at most 64");
+  EXPECT_HAS(failure_of([&] { p2p::run({0, -1}, body); }), "rank 1 is given device -1");
+  EXPECT_HAS(failure_of([&] { p2p::run({0}, body, {.workspace_bytes = 0}); }),
+             "workspace_bytes is 0");
+  EXPECT_HAS(failure_of([&] { p2p::run({0}, body, {.sync_timeout = 0ms}); }),
+             "sync_timeout must be positive");
+  EXPECT_HAS(failure_of([&] { p2p::run({0}, body, {.timeout = -1ms}); }),
+             "timeout must be positive");
+  EXPECT_FALSE(started);
+}
+
+TEST(p2p_host, run_without_a_device_says_why_before_starting_ranks) {
+  if (weft::cuda::device_count() > 0) GTEST_SKIP() << "a device is present";
+  bool started = false;
+  const auto msg = failure_of([&] {
+    p2p::run({0, 0}, [&](p2p::communicator&) { started = true; });
+  });
+  EXPECT_HAS(msg, "cuda::p2p::run");
+  EXPECT_HAS(msg, "no CUDA device");
+  EXPECT_FALSE(started);
+}
+
+TEST(p2p_host, the_workspace_keeps_flags_counters_three_staging_areas_then_data) {
+  constexpr auto w = wd::p2p_lay_out_workspace(4, 1000);
+  EXPECT_EQ(w.flags, 0u);
+  EXPECT_EQ(w.counters, 256u);
+  EXPECT_EQ(w.staging, 512u);
+  EXPECT_EQ(w.staging_stride, max_staged_scratch_bytes);
+  EXPECT_EQ(w.data, 512u + 3 * max_staged_scratch_bytes);
+  EXPECT_EQ(w.data_bytes, 1024u);
+  EXPECT_EQ(w.total, w.data + 1024u);
+  // 64 ranks' words take more than one line.
+  EXPECT_EQ(wd::p2p_lay_out_workspace(64, 1).counters, 512u);
+}
+
+plan direct_plan(collective c, int p, int r, std::size_t count, int root = 0,
+                 std::size_t element_size = 4) {
+  return algo::direct::make_plan(plan_request{c, p, r, count, root, {}, element_size});
+}
+
+TEST(p2p_host, a_staged_all_reduce_runs_in_the_callers_buffers_and_a_staging_area) {
+  const plan pl = direct_plan(collective::all_reduce, 4, 1, 100);
+  ASSERT_TRUE(pl.staged());
+  const std::size_t sizes[3] = {100, 100, pl.scratch_count()};
+  const auto lay = wd::p2p_lay_out_call(pl, 1, 4, sizes, 4, 1 << 20, "all_reduce");
+  EXPECT_TRUE(lay.staged);
+  EXPECT_EQ(lay.bytes, 0u);
+  EXPECT_EQ(lay.capacity[2], max_staged_scratch_bytes / 4);
+  // It needs no data area at all: a workspace of one byte is enough.
+  EXPECT_NO_THROW(wd::p2p_lay_out_call(pl, 1, 4, sizes, 4, 1, "all_reduce"));
+}
+
+TEST(p2p_host, other_plans_get_regions_sized_by_the_collective_the_same_on_every_rank) {
+  {
+    const plan pl = direct_plan(collective::all_reduce, 4, 2, 10000); // two-shot
+    ASSERT_FALSE(pl.staged());
+    const std::size_t sizes[3] = {10000, 10000, pl.scratch_count()};
+    const auto lay = wd::p2p_lay_out_call(pl, 2, 4, sizes, 4, 1 << 20, "all_reduce");
+    EXPECT_EQ(lay.offset[0], 0u);
+    EXPECT_EQ(lay.offset[1], 40192u); // 40000 bytes, on a 256-byte boundary
+    EXPECT_EQ(lay.offset[2], 80384u);
+    EXPECT_EQ(lay.bytes, 80384u);
+    EXPECT_EQ(lay.capacity[0], 10000u);
+    EXPECT_EQ(lay.capacity[1], 10000u);
+  }
+  {
+    // reduce: a rank other than the root passes no output; its region is there all the same.
+    const plan root = direct_plan(collective::reduce, 3, 0, 50, 0);
+    const plan other = direct_plan(collective::reduce, 3, 1, 50, 0);
+    const std::size_t root_sizes[3] = {50, 50, 0};
+    const std::size_t other_sizes[3] = {50, 0, 0};
+    const auto a = wd::p2p_lay_out_call(root, 0, 3, root_sizes, 8, 1 << 20, "reduce");
+    const auto b = wd::p2p_lay_out_call(other, 1, 3, other_sizes, 8, 1 << 20, "reduce");
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(a.offset[i], b.offset[i]) << i;
+    EXPECT_EQ(a.bytes, b.bytes);
+  }
+  {
+    // broadcast: input and output are one region.
+    const plan pl = direct_plan(collective::broadcast, 3, 1, 10, 0);
+    const std::size_t sizes[3] = {10, 10, 0};
+    const auto lay = wd::p2p_lay_out_call(pl, 1, 3, sizes, 4, 1 << 20, "broadcast");
+    EXPECT_EQ(lay.offset[0], lay.offset[1]);
+    EXPECT_EQ(lay.region_bytes[0], 0u);
+    EXPECT_EQ(lay.capacity[0], 10u);
+    EXPECT_EQ(lay.bytes, 256u);
+  }
+  {
+    // all_to_all: blocks of every rank in and out.
+    const plan pl = direct_plan(collective::all_to_all, 4, 3, 64);
+    const std::size_t sizes[3] = {256, 256, 0};
+    const auto lay = wd::p2p_lay_out_call(pl, 3, 4, sizes, 2, 1 << 20, "all_to_all");
+    EXPECT_EQ(lay.capacity[0], 256u);
+    EXPECT_EQ(lay.capacity[1], 256u);
+    EXPECT_EQ(lay.offset[1], 512u);
+  }
+}
+
+TEST(p2p_host, a_call_too_large_for_the_workspace_names_the_sizes) {
+  const plan pl = direct_plan(collective::all_gather, 2, 0, 1000);
+  const std::size_t sizes[3] = {1000, 2000, 0};
+  const auto msg =
+      failure_of([&] { (void)wd::p2p_lay_out_call(pl, 0, 2, sizes, 4, 8192, "all_gather"); });
+  EXPECT_HAS(msg, "all_gather on rank 0");
+  EXPECT_HAS(msg, "needs 12288 bytes of workspace (input 4096, output 8192, scratch 0)");
+  EXPECT_HAS(msg, "workspace has 8192");
+  EXPECT_HAS(msg, "workspace_bytes");
+  EXPECT_NO_THROW((void)wd::p2p_lay_out_call(pl, 0, 2, sizes, 4, 12288, "all_gather"));
+}
+
+TEST(p2p_host, buffers_larger_than_the_collective_takes_are_refused) {
+  const plan pl = direct_plan(collective::all_reduce, 2, 0, 10000);
+  const std::size_t sizes[3] = {10001, 10000, 0};
+  EXPECT_HAS(
+      failure_of([&] { (void)wd::p2p_lay_out_call(pl, 0, 2, sizes, 4, 1 << 20, "all_reduce"); }),
+      "input has 10001 elements, and all_reduce of 10000 on 2 ranks takes at most 10000");
+}
+
+TEST(p2p_host, message_steps_are_refused_with_what_to_use_instead) {
+  const plan pl = algo::ring::make_plan(plan_request{collective::all_reduce, 4, 1, 1000, 0, {}, 4});
+  const std::size_t sizes[3] = {1000, 1000, pl.scratch_count()};
+  const auto msg =
+      failure_of([&] { (void)wd::p2p_lay_out_call(pl, 1, 4, sizes, 4, 1 << 20, "all_reduce"); });
+  EXPECT_HAS(msg, "all_reduce on rank 1 (peer");
+  EXPECT_HAS(msg, "peer-access plans only");
+  EXPECT_HAS(msg, "algo::direct");
+}
+
+TEST(p2p_host, plan_checks_name_the_operation_rank_and_peer) {
+  const plan_request q{collective::all_reduce, 4, 1, 10, 0, {}, 4};
+  const std::size_t sizes[3] = {10, 10, 0};
+  const auto lay_out = [&](const plan& pl, const std::size_t(&s)[3]) {
+    return failure_of([&] { (void)wd::p2p_lay_out_call(pl, 1, 4, s, 4, 1 << 20, "all_reduce"); });
+  };
+  {
+    plan pl(q);
+    pl.copy(buffer::input, 5, buffer::output, 0, 6); // [5, 11) of 10
+    EXPECT_HAS(lay_out(pl, sizes), "[5, 11) of a buffer of 10");
+  }
+  {
+    plan pl(q);
+    pl.load(4, buffer::input, 0, buffer::output, 0, 1);
+    EXPECT_HAS(lay_out(pl, sizes),
+               "all_reduce on rank 1 (peer 4): peer outside the communicator of 4 ranks");
+  }
+  {
+    plan pl(q);
+    pl.load(2, buffer::input, 5, buffer::output, 0, 6); // a peer's input region holds 10
+    EXPECT_HAS(lay_out(pl, sizes),
+               "(peer 2): plan loads elements [5, 11) of a peer's input region of 10");
+  }
+  {
+    plan pl(q);
+    const int g = pl.add_group({0, 1, 0});
+    pl.sync(g);
+    EXPECT_HAS(lay_out(pl, sizes), "(peer 0): plan group 0 names this rank twice");
+  }
+  {
+    plan pl(q);
+    pl.sync(3);
+    EXPECT_HAS(lay_out(pl, sizes), "names group 3 of 0");
+  }
+  {
+    plan pl(q);
+    pl.stage();
+    pl.need_scratch(10);
+    const int g = pl.add_group({0, 1, 2, 3});
+    pl.sync(g);
+    pl.load_reduce(g, buffer::input, 0, buffer::output, 0,
+                   10); // staged, but not from the staging area
+    const std::size_t with_scratch[3] = {10, 10, 10};
+    EXPECT_HAS(lay_out(pl, with_scratch),
+               "a staged plan may load only from its peers' staging area");
+  }
+  {
+    plan pl(q);
+    pl.stage();
+    pl.need_scratch(max_staged_scratch_bytes / 4 + 1);
+    const std::size_t big[3] = {10, 10, max_staged_scratch_bytes / 4 + 1};
+    EXPECT_HAS(lay_out(pl, big),
+               "a staged plan needs 16388 bytes of staging; the p2p transport has 16384");
+  }
+  {
+    const plan other = direct_plan(collective::all_reduce, 4, 2, 10);
+    EXPECT_HAS(lay_out(other, sizes), "the plan is for rank 2 of 4, not rank 1 of 4");
+  }
+}
+
+// --- on the device -----------------------------------------------------------------------
+
+const p2p::options test_options{.sync_timeout = 20s, .timeout = 60s};
+
+std::vector<int> on_device_zero(int p) { return std::vector<int>(static_cast<std::size_t>(p), 0); }
+
+template <class T>
+void upload(T* dst, const std::vector<T>& src, cudaStream_t s) {
+  if (!src.empty())
+    WEFT_CUDA_TRY(
+        cudaMemcpyAsync(dst, src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice, s));
+}
+
+template <class T>
+std::vector<T> download(const T* src, std::size_t n, cudaStream_t s) {
+  std::vector<T> v(n);
+  if (n != 0)
+    WEFT_CUDA_TRY(cudaMemcpyAsync(v.data(), src, n * sizeof(T), cudaMemcpyDeviceToHost, s));
+  WEFT_CUDA_TRY(cudaStreamSynchronize(s));
+  return v;
+}
+
+// A rank's device buffers, grown and reused across calls. Replacing one is safe: the rank's
+// stream is idle after each check, and peers never read the caller's buffers.
+class rank_memory {
+public:
+  template <class T>
+  T* input(std::size_t n) {
+    return at_least<T>(in_, n);
+  }
+  template <class T>
+  T* output(std::size_t n) {
+    return at_least<T>(out_, n);
+  }
+
+private:
+  template <class T>
+  static T* at_least(weft::cuda::device_buffer<std::byte>& b, std::size_t n) {
+    if (b.size() < n * sizeof(T))
+      b = weft::cuda::device_buffer<std::byte>(std::max(n * sizeof(T), 2 * b.size()));
+    return reinterpret_cast<T*>(b.data());
+  }
+  weft::cuda::device_buffer<std::byte> in_;
+  weft::cuda::device_buffer<std::byte> out_;
+};
+
+// Every rank's output of one call, to compare them bit for bit.
+struct shared_outputs {
+  explicit shared_outputs(int p) : bytes(static_cast<std::size_t>(p)) {}
+  std::vector<std::vector<std::byte>> bytes;
+};
+
+template <class T>
+void expect_identical(p2p::communicator& c, shared_outputs& shared, const std::vector<T>& mine,
+                      const std::string& what) {
+  auto& slot = shared.bytes[static_cast<std::size_t>(c.rank())];
+  slot.resize(mine.size() * sizeof(T));
+  if (!mine.empty()) std::memcpy(slot.data(), mine.data(), slot.size());
+  c.barrier();
+  if (c.rank() != 0)
+    EXPECT_TRUE(slot == shared.bytes[0]) << what << ": rank " << c.rank() << " differs from rank 0";
+  c.barrier();
+}
+
+constexpr bool replicates(collective c) {
+  return c == collective::all_reduce || c == collective::all_gather || c == collective::broadcast;
+}
+
+/// One direct call of collective C on device buffers, checked against the reference (and the
+/// input checked unchanged). Returns the rank's output.
+template <collective C, class T, class Op>
+std::vector<T> call_and_check(p2p::communicator& c, rank_memory& mem, std::size_t count, int root,
+                              test::pattern pat, bool in_place) {
+  using direct = algo::direct;
+  const int p = c.size();
+  const int r = c.rank();
+  std::vector<std::vector<T>> inputs(static_cast<std::size_t>(p));
+  for (int s = 0; s < p; ++s) {
+    for (std::size_t i = 0; i < test::input_count(C, p, count); ++i) {
+      inputs[static_cast<std::size_t>(s)].push_back(test::input_value<T, Op>(s, i, pat));
+    }
+  }
+  const auto want = test::reference<T, Op>(C, p, count, root, inputs)[static_cast<std::size_t>(r)];
+  const std::vector<T>& mine = inputs[static_cast<std::size_t>(r)];
+  const std::size_t out_n = test::output_count(C, p, count, r, root);
+  const cudaStream_t s = c.stream();
+  T* in = mem.input<T>(mine.size());
+  T* out = mem.output<T>(out_n);
+  upload(in, mine, s);
+  if (out_n != 0)
+    WEFT_CUDA_TRY(cudaMemsetAsync(out, 0xa5, out_n * sizeof(T), s)); // what no step wrote shows
+  if constexpr (C == collective::all_reduce) {
+    if (in_place) {
+      upload(out, mine, s);
+      all_reduce<direct>(c, std::span(out, count), Op{});
+    } else {
+      all_reduce<direct>(c, std::span<const T>(in, count), std::span(out, count), Op{});
+    }
+  } else if constexpr (C == collective::reduce_scatter) {
+    reduce_scatter<direct>(c, std::span<const T>(in, mine.size()), std::span(out, count), Op{});
+  } else if constexpr (C == collective::all_gather) {
+    all_gather<direct>(c, std::span<const T>(in, count), std::span(out, out_n));
+  } else if constexpr (C == collective::broadcast) {
+    upload(out, r == root ? mine : std::vector<T>(count, T{}), s);
+    broadcast<direct>(c, std::span(out, count), root);
+  } else if constexpr (C == collective::reduce) {
+    reduce<direct>(c, std::span<const T>(in, count), std::span(out, out_n), root, Op{});
+  } else {
+    all_to_all<direct>(c, std::span<const T>(in, mine.size()), std::span(out, out_n));
+  }
+  const std::vector<T> got = download(out, out_n, s);
+  const bool exact = pat == test::pattern::exact || std::is_integral_v<T>;
+  const std::string diff = test::compare(got, want, exact, test::tolerance<T>(p));
+  const auto what = [&] {
+    return std::string(name_of(C)) + " " + std::string(dtype_traits<T>::name) + " " +
+           std::string(op_name<Op>()) + " p=" + std::to_string(p) + " rank " + std::to_string(r) +
+           " count " + std::to_string(count) + " root " + std::to_string(root) +
+           (in_place ? " in place" : "");
+  };
+  EXPECT_TRUE(diff.empty()) << what() << ": " << diff;
+  if (!in_place && C != collective::broadcast) {
+    const std::vector<T> after = download(in, mine.size(), s);
+    EXPECT_TRUE(mine.empty() ||
+                std::memcmp(after.data(), mine.data(), mine.size() * sizeof(T)) == 0)
+        << what() << ": the input changed";
+  }
+  return got;
+}
+
+/// Integers exact, half, bfloat16 and float on random values within the reference's
+/// tolerance; every operator where the collective reduces, every type where it moves data.
+template <collective C>
+void check_all_types(p2p::communicator& c, rank_memory& mem, shared_outputs& shared,
+                     std::size_t count, int root) {
+  const auto each = [&]<class T, class Op>(test::pattern pat) {
+    auto out = call_and_check<C, T, Op>(c, mem, count, root, pat, false);
+    if constexpr (replicates(C))
+      expect_identical(c, shared, out, std::string(name_of(C)) + " count " + std::to_string(count));
+  };
+  const auto each_op = [&]<class T>(test::pattern pat) {
+    each.template operator()<T, op::sum>(pat);
+    each.template operator()<T, op::prod>(pat);
+    each.template operator()<T, op::min>(pat);
+    each.template operator()<T, op::max>(pat);
+    each.template operator()<T, op::avg>(pat);
+  };
+  if constexpr (C == collective::all_reduce || C == collective::reduce_scatter ||
+                C == collective::reduce) {
+    each_op.template operator()<std::int32_t>(test::pattern::exact);
+    each_op.template operator()<std::int64_t>(test::pattern::exact);
+    each_op.template operator()<float>(test::pattern::random);
+    each_op.template operator()<weft::half>(test::pattern::random);
+    each_op.template operator()<weft::bfloat16>(test::pattern::random);
+  } else {
+    each.template operator()<std::int32_t, op::sum>(test::pattern::exact);
+    each.template operator()<std::int64_t, op::sum>(test::pattern::random);
+    each.template operator()<float, op::sum>(test::pattern::random);
+    each.template operator()<weft::half, op::sum>(test::pattern::random);
+    each.template operator()<weft::bfloat16, op::sum>(test::pattern::random);
+  }
+  if constexpr (C == collective::all_reduce) {
+    call_and_check<C, std::int64_t, op::sum>(c, mem, count, root, test::pattern::exact, true);
+    call_and_check<C, float, op::sum>(c, mem, count, root, test::pattern::random, true);
+    call_and_check<C, weft::bfloat16, op::avg>(c, mem, count, root, test::pattern::random, true);
+  }
+}
+
+/// Counts for p ranks: zero, one, fewer than the ranks, not divisible, 3001 (staged for 4-byte
+/// and 2-byte all-reduces, two-shot for 8-byte ones), and one past the staging area for every
+/// type (two-shot only).
+std::vector<std::size_t> counts_for(int p) {
+  const auto up = static_cast<std::size_t>(p);
+  return {0, 1, up > 1 ? up - 1 : 2, up + 3, 3001, max_staged_scratch_bytes / 2 + 1};
+}
+
+template <collective C>
+void sweep() {
+  for (int p : {1, 2, 3, 4, 5, 8}) {
+    shared_outputs shared(p);
+    p2p::run(
+        on_device_zero(p),
+        [&](p2p::communicator& c) {
+          rank_memory mem;
+          for (std::size_t count : counts_for(p))
+            check_all_types<C>(c, mem, shared, count, p - 1);
+          if constexpr (C == collective::broadcast || C == collective::reduce) {
+            for (int root = 0; root < p - 1; ++root) {
+              call_and_check<C, std::int32_t, op::sum>(c, mem, 7, root, test::pattern::exact,
+                                                       false);
+            }
+          }
+          if constexpr (C ==
+                        collective::all_reduce) { // a large two-shot call: many blocks per kernel
+            call_and_check<C, float, op::sum>(c, mem, (std::size_t{1} << 20) + 3, 0,
+                                              test::pattern::random, false);
+          }
+        },
+        test_options);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(p2p, all_reduce_matches_the_serial_reference) {
+  WEFT_REQUIRE_DEVICE();
+  sweep<collective::all_reduce>();
+}
+TEST(p2p, reduce_scatter_matches_the_serial_reference) {
+  WEFT_REQUIRE_DEVICE();
+  sweep<collective::reduce_scatter>();
+}
+TEST(p2p, all_gather_matches_the_serial_reference) {
+  WEFT_REQUIRE_DEVICE();
+  sweep<collective::all_gather>();
+}
+TEST(p2p, broadcast_matches_the_serial_reference) {
+  WEFT_REQUIRE_DEVICE();
+  sweep<collective::broadcast>();
+}
+TEST(p2p, reduce_matches_the_serial_reference) {
+  WEFT_REQUIRE_DEVICE();
+  sweep<collective::reduce>();
+}
+TEST(p2p, all_to_all_matches_the_serial_reference) {
+  WEFT_REQUIRE_DEVICE();
+  sweep<collective::all_to_all>();
+}
+
+// --- stream ordering, graphs, failures, the communicator's own API -------------------------
+
+__global__ void spin(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+
+__global__ void add_pattern(std::int64_t* x, std::size_t n, std::int64_t v) {
+  const std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] += v * static_cast<std::int64_t>(i % 5 + 1);
+}
+
+// Calls queued back to back with no host synchronisation, a different rank held back before
+// each, local kernels between them: a staging area reused while a peer reads it, or a
+// workspace region overwritten early, shows as a wrong value. A host model gives the result.
+TEST(p2p, back_to_back_calls_are_ordered_by_the_device_alone) {
+  WEFT_REQUIRE_DEVICE();
+  constexpr int calls = 24;
+  for (int p : {2, 3, 4}) {
+    for (std::size_t n : {std::size_t{1000}, std::size_t{5000}}) { // one-shot, and two-shot
+      std::vector<std::vector<std::int64_t>> model(static_cast<std::size_t>(p),
+                                                   std::vector<std::int64_t>(n, 1));
+      for (int k = 0; k < calls; ++k) {
+        for (int r = 0; r < p; ++r) {
+          for (std::size_t i = 0; i < n; ++i)
+            model[static_cast<std::size_t>(r)][i] += (r + k) * static_cast<std::int64_t>(i % 5 + 1);
+        }
+        if (k % 4 == 3) {
+          for (auto& m : model)
+            m = model[static_cast<std::size_t>(k % p)];
+        } else {
+          std::vector<std::int64_t> sum(n, 0);
+          for (const auto& m : model) {
+            for (std::size_t i = 0; i < n; ++i)
+              sum[i] += m[i];
+          }
+          for (auto& m : model)
+            m = sum;
+        }
+      }
+      p2p::run(
+          on_device_zero(p),
+          [&](p2p::communicator& c) {
+            const cudaStream_t s = c.stream();
+            weft::cuda::device_buffer<std::int64_t> a(n), b(n);
+            upload(a.data(), std::vector<std::int64_t>(n, 1), s);
+            std::int64_t* x = a.data();
+            std::int64_t* y = b.data();
+            const unsigned blocks = static_cast<unsigned>((n + 255) / 256);
+            for (int k = 0; k < calls; ++k) {
+              if (c.rank() == k % p) spin<<<1, 1, 0, s>>>(200000); // about 0.1 ms behind the others
+              add_pattern<<<blocks, 256, 0, s>>>(x, n, c.rank() + k);
+              switch (k % 4) {
+                case 1:
+                  all_reduce<algo::direct>(c, std::span<const std::int64_t>(x, n), std::span(y, n));
+                  std::swap(x, y);
+                  break;
+                case 3: broadcast<algo::direct>(c, std::span(x, n), k % p); break;
+                default: all_reduce<algo::direct>(c, std::span(x, n)); break;
+              }
+            }
+            WEFT_CUDA_TRY(cudaGetLastError());
+            const auto got = download(x, n, s);
+            const std::string diff =
+                test::compare(got, model[static_cast<std::size_t>(c.rank())], true, 0);
+            EXPECT_TRUE(diff.empty())
+                << "p=" << p << " n=" << n << " rank " << c.rank() << ": " << diff;
+          },
+          test_options);
+    }
+  }
+}
+
+// A captured all-reduce replayed again and again, direct calls between the replays: in place
+// on int64, so every call multiplies the (by then equal) values by p, exactly.
+TEST(p2p, an_all_reduce_captured_in_a_cuda_graph_replays_right) {
+  WEFT_REQUIRE_DEVICE();
+  constexpr int replays = 6;
+  for (int p : {2, 3, 5}) {
+    for (std::size_t n : {std::size_t{1000}, std::size_t{5000}}) { // staged, and two-shot
+      p2p::run(
+          on_device_zero(p),
+          [&](p2p::communicator& c) {
+            const cudaStream_t s = c.stream();
+            weft::cuda::device_buffer<std::int64_t> x(n);
+            std::vector<std::int64_t> start(n);
+            for (std::size_t i = 0; i < n; ++i)
+              start[i] = (c.rank() + 1) * static_cast<std::int64_t>(i % 3 + 1);
+            upload(x.data(), start, s);
+            const std::span<std::int64_t> data(x.data(), n);
+            all_reduce<algo::direct>(
+                c, data); // outside the graph first: nothing is made during capture
+            cudaGraph_t graph = nullptr;
+            WEFT_CUDA_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+            all_reduce<algo::direct>(c, data);
+            WEFT_CUDA_TRY(cudaStreamEndCapture(s, &graph));
+            cudaGraphExec_t exec = nullptr;
+            WEFT_CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
+            int calls = 1;
+            for (int k = 0; k < replays; ++k) {
+              WEFT_CUDA_TRY(cudaGraphLaunch(exec, s));
+              ++calls;
+              if (k % 2 == 1) {
+                all_reduce<algo::direct>(c, data);
+                ++calls;
+              }
+            }
+            const auto got = download(x.data(), n, s);
+            std::int64_t scale = static_cast<std::int64_t>(p) * (p + 1) / 2;
+            for (int k = 1; k < calls; ++k)
+              scale *= p;
+            std::vector<std::int64_t> want(n);
+            for (std::size_t i = 0; i < n; ++i)
+              want[i] = scale * static_cast<std::int64_t>(i % 3 + 1);
+            const std::string diff = test::compare(got, want, true, 0);
+            EXPECT_TRUE(diff.empty())
+                << "p=" << p << " n=" << n << " rank " << c.rank() << ": " << diff;
+            WEFT_CUDA_TRY(cudaGraphExecDestroy(exec));
+            WEFT_CUDA_TRY(cudaGraphDestroy(graph));
+          },
+          test_options);
+    }
+  }
+}
+
+TEST(p2p, a_call_too_large_for_the_workspace_is_refused_and_leaves_the_stream_usable) {
+  WEFT_REQUIRE_DEVICE();
+  std::vector<std::string> seen(2);
+  p2p::run(on_device_zero(2),
+           [&](p2p::communicator& c) {
+             constexpr std::size_t big = std::size_t{1} << 18; // 1 MiB of floats in, 1 MiB out
+             weft::cuda::device_buffer<float> x(big);
+             EXPECT_EQ(c.workspace_bytes(), std::size_t{256} << 10);
+             seen[static_cast<std::size_t>(c.rank())] =
+                 failure_of([&] { all_reduce<algo::direct>(c, std::span(x.data(), big)); });
+             constexpr std::size_t n = 20000; // 160 KiB in all: fits
+             upload(x.data(), std::vector<float>(n, static_cast<float>(c.rank() + 1)), c.stream());
+             all_reduce<algo::direct>(c, std::span(x.data(), n));
+             EXPECT_EQ(download(x.data(), n, c.stream()), std::vector<float>(n, 3.0f));
+           },
+           {.workspace_bytes = std::size_t{256} << 10, .sync_timeout = 20s});
+  for (int r = 0; r < 2; ++r) {
+    const auto& m = seen[static_cast<std::size_t>(r)];
+    EXPECT_HAS(m, "all_reduce on rank " + std::to_string(r));
+    EXPECT_HAS(m, "needs 2097152 bytes of workspace");
+    EXPECT_HAS(m, "workspace has 262144");
+  }
+}
+
+TEST(p2p, a_rank_that_never_reaches_a_barrier_is_named_not_waited_for) {
+  WEFT_REQUIRE_DEVICE();
+  std::vector<std::string> seen(3);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(p2p::run(on_device_zero(3),
+                        [&](p2p::communicator& c) {
+                          if (c.rank() == 2) return; // leaves without joining
+                          try {
+                            c.barrier();
+                          } catch (const error& e) {
+                            seen[static_cast<std::size_t>(c.rank())] = e.what();
+                            throw;
+                          }
+                        },
+                        {.sync_timeout = 300ms}),
+               error);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+  for (int r = 0; r < 2; ++r) {
+    const auto& m = seen[static_cast<std::size_t>(r)];
+    EXPECT_HAS(m, "barrier on rank " + std::to_string(r) + " (peer 2)");
+    EXPECT_HAS(m, "timed out after 300 ms");
+  }
+}
+
+TEST(p2p, a_sync_timeout_inside_a_call_names_the_call_when_the_host_looks) {
+  WEFT_REQUIRE_DEVICE();
+  std::vector<std::string> seen(3);
+  std::vector<weft::cuda::device_buffer<float>>
+      bufs; // outside the run, as a failing caller's should be
+  for (int r = 0; r < 3; ++r)
+    bufs.emplace_back(100);
+  EXPECT_THROW(p2p::run(on_device_zero(3),
+                        [&](p2p::communicator& c) {
+                          if (c.rank() == 1) return;
+                          float* x = bufs[static_cast<std::size_t>(c.rank())].data();
+                          all_reduce<algo::direct>(c, std::span(x, 100)); // queued: returns at once
+                          try {
+                            c.synchronize();
+                          } catch (const error& e) {
+                            seen[static_cast<std::size_t>(c.rank())] = e.what();
+                            throw;
+                          }
+                        },
+                        {.sync_timeout = 300ms}),
+               error);
+  for (int r : {0, 2}) {
+    const auto& m = seen[static_cast<std::size_t>(r)];
+    EXPECT_HAS(m, "all_reduce on rank " + std::to_string(r) + " (peer 1)");
+    EXPECT_HAS(m, "found by synchronize");
+  }
+}
+
+TEST(p2p, split_gives_communicators_with_workspaces_and_streams_of_their_own) {
+  WEFT_REQUIRE_DEVICE();
+  p2p::run(
+      on_device_zero(5),
+      [](p2p::communicator& c) {
+        constexpr std::size_t n = 6000; // 24000 bytes: two-shot
+        weft::cuda::device_buffer<std::int32_t> d(n);
+        // Queued on the parent's stream before the split: the half's stream starts after it.
+        upload(d.data(), std::vector<std::int32_t>(n, c.rank() + 1), c.stream());
+        p2p::communicator half =
+            c.split(c.rank() % 2, -c.rank()); // reversed order within each half
+        EXPECT_NE(half.stream(), c.stream());
+        EXPECT_EQ(half.device(), c.device());
+        const std::vector<int> members =
+            c.rank() % 2 == 0 ? std::vector<int>{4, 2, 0} : std::vector<int>{3, 1};
+        ASSERT_EQ(half.size(), static_cast<int>(members.size()));
+        EXPECT_EQ(members[static_cast<std::size_t>(half.rank())], c.rank());
+        std::int32_t want = 0;
+        for (int m : members)
+          want += m + 1;
+        all_reduce<algo::direct>(half, std::span(d.data(), n));
+        all_reduce<algo::direct>(half, std::span(d.data(), 100), op::max{}); // staged
+        half.barrier();
+        EXPECT_EQ(download(d.data(), n, half.stream()), std::vector<std::int32_t>(n, want))
+            << "rank " << c.rank();
+        // The parent still works (the download above left the half's stream idle).
+        all_reduce<algo::direct>(c, std::span(d.data(), 10));
+        std::int32_t total = 0;
+        for (int r = 0; r < 5; ++r)
+          total += r % 2 == 0 ? 9 : 6; // each rank holds its half's sum
+        EXPECT_EQ(download(d.data(), 10, c.stream()), std::vector<std::int32_t>(10, total));
+      },
+      test_options);
+}
+
+TEST(p2p, a_rank_may_lend_its_own_stream) {
+  WEFT_REQUIRE_DEVICE();
+  std::vector<cudaStream_t> streams(3);
+  for (auto& s : streams)
+    WEFT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  p2p::run(on_device_zero(3), [&](p2p::communicator& c) {
+    weft::cuda::device_buffer<float> d(100);
+    upload(d.data(), std::vector<float>(100, static_cast<float>(c.rank())),
+           c.stream()); // on the old stream
+    const cudaStream_t mine = streams[static_cast<std::size_t>(c.rank())];
+    c.set_stream(mine);
+    EXPECT_EQ(c.stream(), mine);
+    all_reduce<algo::direct>(c, std::span(d.data(), 100));
+    EXPECT_EQ(download(d.data(), 100, mine), std::vector<float>(100, 3.0f));
+  });
+  for (auto s : streams)
+    WEFT_CUDA_TRY(cudaStreamDestroy(s)); // borrowed: still valid after the run
+}
+
+TEST(p2p, the_call_check_runs_over_the_host_mailbox) {
+  WEFT_REQUIRE_DEVICE();
+  struct restore {
+    ~restore() { check_calls(false); }
+  } guard;
+  check_calls(true);
+  std::vector<std::string> seen(3);
+  EXPECT_THROW(p2p::run(
+                   on_device_zero(3),
+                   [&](p2p::communicator& c) {
+                     weft::cuda::device_buffer<float> d(16);
+                     try {
+                       broadcast<algo::direct>(c, std::span(d.data(), 16), c.rank() == 1 ? 1 : 0);
+                     } catch (const error& e) {
+                       seen[static_cast<std::size_t>(c.rank())] = e.what();
+                       throw;
+                     }
+                   },
+                   test_options),
+               error);
+  for (const auto& m : seen)
+    EXPECT_HAS(m, "rank 1 differs from rank 0 in root");
+}
+
+TEST(p2p, host_memory_is_refused_before_anything_is_queued) {
+  WEFT_REQUIRE_DEVICE();
+  p2p::run(on_device_zero(2), [](p2p::communicator& c) {
+    std::vector<float> host(10, 1.0f);
+    EXPECT_HAS(failure_of([&] { all_reduce<algo::direct>(c, std::span(host)); }), "is host memory");
+    c.barrier(); // both refused the same call: still in step
+  });
+}
+
+// Ranks on distinct devices, with peer access between them, where the machine has several.
+TEST(p2p, ranks_on_distinct_devices_load_over_peer_access) {
+  WEFT_REQUIRE_DEVICE();
+  if (weft::cuda::device_count() < 2) GTEST_SKIP() << "one device";
+  int can = 0;
+  WEFT_CUDA_TRY(cudaDeviceCanAccessPeer(&can, 0, 1));
+  if (can == 0) GTEST_SKIP() << "devices 0 and 1 have no peer access";
+  for (const std::vector<int>& devices : {std::vector<int>{0, 1}, std::vector<int>{0, 1, 1, 0}}) {
+    const int p = static_cast<int>(devices.size());
+    shared_outputs shared(p);
+    p2p::run(
+        devices,
+        [&](p2p::communicator& c) {
+          rank_memory mem;
+          for (std::size_t count : counts_for(p))
+            check_all_types<collective::all_reduce>(c, mem, shared, count, 0);
+          check_all_types<collective::all_gather>(c, mem, shared, 3001, 0);
+        },
+        test_options);
+  }
+}
+
+} // namespace
