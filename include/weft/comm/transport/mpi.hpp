@@ -62,6 +62,8 @@
 #include <climits>
 #include <cstddef>
 #include <cstdlib>
+#include <cstring>
+#include <deque>
 #include <exception>
 #include <memory>
 #include <optional>
@@ -211,6 +213,38 @@ public:
     post_recvs(data.data(), data.size(), peer, tag, max_message, p2p_, ctx.operation);
     p2p_.wait_all(detail::mpi_datatype<T>(), dtype_traits<T>::name, ctx);
   }
+  /// A buffered send, like weft::local's: copies `data`, starts sending the copy and returns
+  /// at once, whatever the size, so two ranks that both post before they receive cannot
+  /// deadlock (a pipeline's neighbours do). The copy is freed once delivered: later calls
+  /// of post() free what has arrived, and flush() waits, at most timeout(), until every
+  /// posted message has been delivered. Messages to one peer arrive in order with send's.
+  template <element T>
+  void post(std::span<const T> data, int peer, int tag = 0) {
+    check_peer(peer, "post");
+    check_tag(tag, "post");
+    const detail::mpi_wait_context ctx{"post", rank_, timeout_};
+    while (!posted_.empty() && posted_.front().requests.test_all(posted_.front().type_name, ctx)) posted_.pop_front();
+    posted_message& m = posted_.emplace_back();
+    m.type_name = dtype_traits<T>::name;
+    m.copy = std::make_unique<std::byte[]>(data.size_bytes() == 0 ? 1 : data.size_bytes());
+    if (!data.empty()) std::memcpy(m.copy.get(), data.data(), data.size_bytes());
+    post_sends(reinterpret_cast<const T*>(m.copy.get()), data.size(), peer, tag, max_message, m.requests,
+               ctx.operation);
+  }
+  template <element T>
+  void post(std::span<T> data, int peer, int tag = 0) {
+    post(std::span<const T>(data), peer, tag);
+  }
+  /// Waits until every posted message has been delivered (at most timeout(), then a
+  /// weft::error naming the peer that did not take its message).
+  void flush() {
+    const detail::mpi_wait_context ctx{"flush", rank_, timeout_};
+    while (!posted_.empty()) {
+      posted_.front().requests.wait_all(MPI_BYTE, posted_.front().type_name, ctx);
+      posted_.pop_front();
+    }
+  }
+
   /// Sends `out` to `to` and receives `in` from `from` at the same time (no deadlock when
   /// two ranks exchange).
   template <element T>
@@ -619,6 +653,47 @@ private:
   std::chrono::milliseconds timeout_;
   detail::scratch_buffer scratch_;
   detail::scratch_buffer staging_;
+  // post()'s messages in flight, oldest first, each with its own copy of the data.
+  struct posted_message {
+    std::unique_ptr<std::byte[]> copy;
+    detail::mpi_requests requests;
+    std::string_view type_name;
+  };
+  // Dropping a message not yet delivered (the communicator destroyed or assigned over first)
+  // lets MPI finish it in the background: its request is freed, its copy leaked, since MPI may
+  // still read it. Correct programs' peers take every message, so little or nothing leaks.
+  class outbox : public std::deque<posted_message> {
+  public:
+    outbox() = default;
+    outbox(outbox&&) noexcept = default;
+    outbox& operator=(outbox&& o) noexcept {
+      if (this != &o) {
+        settle();
+        std::deque<posted_message>::operator=(std::move(o));
+      }
+      return *this;
+    }
+    outbox(const outbox&) = delete;
+    outbox& operator=(const outbox&) = delete;
+    ~outbox() { settle(); }
+
+  private:
+    void settle() noexcept {
+      for (posted_message& m : *this) {
+        bool delivered = false;
+        try {
+          delivered = detail::mpi_alive() && m.requests.test_all(m.type_name, {"post", error::unknown, {}});
+        } catch (...) {
+        }
+        if (!delivered) {
+          m.requests.abandon();
+          (void)m.copy.release();
+        }
+      }
+      clear();
+    }
+  };
+  outbox posted_;
   // In-flight requests; empty between calls. Members so that their storage is reused.
   detail::mpi_requests sends_;
   detail::mpi_requests recvs_;

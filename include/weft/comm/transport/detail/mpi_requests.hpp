@@ -174,6 +174,20 @@ public:
     entries_.clear();
   }
 
+  /// Whether every request has completed, without waiting; when they have, forgets them all.
+  /// A failed request is a weft::error, as in wait_all.
+  bool test_all(std::string_view type_name, const mpi_wait_context& ctx) {
+    if (requests_.empty()) return true;
+    int flag = 0;
+    const int rc = MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag,
+                               MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS) fail(rc, "MPI_Testall", entry{}, ctx, type_name);
+    if (flag == 0) return false;
+    requests_.clear();
+    entries_.clear();
+    return true;
+  }
+
   /// Cancels the receives still in flight, gives them a moment to finish cancelling, and
   /// releases whatever is left. Never throws.
   void abandon() noexcept {
