@@ -25,12 +25,14 @@
 #include <vector>
 
 #include "support/cuda.cuh"
+#include "support/device_collectives.cuh"
 #include "support/reference.hpp"
 
 namespace {
 
 using namespace weft;
 namespace p2p = weft::cuda::p2p;
+using namespace weft::test::device;
 namespace wd = weft::cuda::detail;
 using namespace std::chrono_literals;
 
@@ -256,136 +258,13 @@ const p2p::options test_options{.sync_timeout = 20s, .timeout = 60s};
 
 std::vector<int> on_device_zero(int p) { return std::vector<int>(static_cast<std::size_t>(p), 0); }
 
-template <class T>
-void upload(T* dst, const std::vector<T>& src, cudaStream_t s) {
-  if (!src.empty())
-    WEFT_CUDA_TRY(
-        cudaMemcpyAsync(dst, src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice, s));
-}
-
-template <class T>
-std::vector<T> download(const T* src, std::size_t n, cudaStream_t s) {
-  std::vector<T> v(n);
-  if (n != 0)
-    WEFT_CUDA_TRY(cudaMemcpyAsync(v.data(), src, n * sizeof(T), cudaMemcpyDeviceToHost, s));
-  WEFT_CUDA_TRY(cudaStreamSynchronize(s));
-  return v;
-}
-
-// A rank's device buffers, grown and reused across calls. Replacing one is safe: the rank's
-// stream is idle after each check, and peers never read the caller's buffers.
-class rank_memory {
-public:
-  template <class T>
-  T* input(std::size_t n) {
-    return at_least<T>(in_, n);
-  }
-  template <class T>
-  T* output(std::size_t n) {
-    return at_least<T>(out_, n);
-  }
-
-private:
-  template <class T>
-  static T* at_least(weft::cuda::device_buffer<std::byte>& b, std::size_t n) {
-    if (b.size() < n * sizeof(T))
-      b = weft::cuda::device_buffer<std::byte>(std::max(n * sizeof(T), 2 * b.size()));
-    return reinterpret_cast<T*>(b.data());
-  }
-  weft::cuda::device_buffer<std::byte> in_;
-  weft::cuda::device_buffer<std::byte> out_;
-};
-
-// Every rank's output of one call, to compare them bit for bit.
-struct shared_outputs {
-  explicit shared_outputs(int p) : bytes(static_cast<std::size_t>(p)) {}
-  std::vector<std::vector<std::byte>> bytes;
-};
-
-template <class T>
-void expect_identical(p2p::communicator& c, shared_outputs& shared, const std::vector<T>& mine,
-                      const std::string& what) {
-  auto& slot = shared.bytes[static_cast<std::size_t>(c.rank())];
-  slot.resize(mine.size() * sizeof(T));
-  if (!mine.empty()) std::memcpy(slot.data(), mine.data(), slot.size());
-  c.barrier();
-  if (c.rank() != 0)
-    EXPECT_TRUE(slot == shared.bytes[0]) << what << ": rank " << c.rank() << " differs from rank 0";
-  c.barrier();
-}
-
-constexpr bool replicates(collective c) {
-  return c == collective::all_reduce || c == collective::all_gather || c == collective::broadcast;
-}
-
-/// One direct call of collective C on device buffers, checked against the reference (and the
-/// input checked unchanged). Returns the rank's output.
-template <collective C, class T, class Op>
-std::vector<T> call_and_check(p2p::communicator& c, rank_memory& mem, std::size_t count, int root,
-                              test::pattern pat, bool in_place) {
-  using direct = algo::direct;
-  const int p = c.size();
-  const int r = c.rank();
-  std::vector<std::vector<T>> inputs(static_cast<std::size_t>(p));
-  for (int s = 0; s < p; ++s) {
-    for (std::size_t i = 0; i < test::input_count(C, p, count); ++i) {
-      inputs[static_cast<std::size_t>(s)].push_back(test::input_value<T, Op>(s, i, pat));
-    }
-  }
-  const auto want = test::reference<T, Op>(C, p, count, root, inputs)[static_cast<std::size_t>(r)];
-  const std::vector<T>& mine = inputs[static_cast<std::size_t>(r)];
-  const std::size_t out_n = test::output_count(C, p, count, r, root);
-  const cudaStream_t s = c.stream();
-  T* in = mem.input<T>(mine.size());
-  T* out = mem.output<T>(out_n);
-  upload(in, mine, s);
-  if (out_n != 0)
-    WEFT_CUDA_TRY(cudaMemsetAsync(out, 0xa5, out_n * sizeof(T), s)); // what no step wrote shows
-  if constexpr (C == collective::all_reduce) {
-    if (in_place) {
-      upload(out, mine, s);
-      all_reduce<direct>(c, std::span(out, count), Op{});
-    } else {
-      all_reduce<direct>(c, std::span<const T>(in, count), std::span(out, count), Op{});
-    }
-  } else if constexpr (C == collective::reduce_scatter) {
-    reduce_scatter<direct>(c, std::span<const T>(in, mine.size()), std::span(out, count), Op{});
-  } else if constexpr (C == collective::all_gather) {
-    all_gather<direct>(c, std::span<const T>(in, count), std::span(out, out_n));
-  } else if constexpr (C == collective::broadcast) {
-    upload(out, r == root ? mine : std::vector<T>(count, T{}), s);
-    broadcast<direct>(c, std::span(out, count), root);
-  } else if constexpr (C == collective::reduce) {
-    reduce<direct>(c, std::span<const T>(in, count), std::span(out, out_n), root, Op{});
-  } else {
-    all_to_all<direct>(c, std::span<const T>(in, mine.size()), std::span(out, out_n));
-  }
-  const std::vector<T> got = download(out, out_n, s);
-  const bool exact = pat == test::pattern::exact || std::is_integral_v<T>;
-  const std::string diff = test::compare(got, want, exact, test::tolerance<T>(p));
-  const auto what = [&] {
-    return std::string(name_of(C)) + " " + std::string(dtype_traits<T>::name) + " " +
-           std::string(op_name<Op>()) + " p=" + std::to_string(p) + " rank " + std::to_string(r) +
-           " count " + std::to_string(count) + " root " + std::to_string(root) +
-           (in_place ? " in place" : "");
-  };
-  EXPECT_TRUE(diff.empty()) << what() << ": " << diff;
-  if (!in_place && C != collective::broadcast) {
-    const std::vector<T> after = download(in, mine.size(), s);
-    EXPECT_TRUE(mine.empty() ||
-                std::memcmp(after.data(), mine.data(), mine.size() * sizeof(T)) == 0)
-        << what() << ": the input changed";
-  }
-  return got;
-}
-
 /// Integers exact, half, bfloat16 and float on random values within the reference's
 /// tolerance; every operator where the collective reduces, every type where it moves data.
 template <collective C>
 void check_all_types(p2p::communicator& c, rank_memory& mem, shared_outputs& shared,
                      std::size_t count, int root) {
   const auto each = [&]<class T, class Op>(test::pattern pat) {
-    auto out = call_and_check<C, T, Op>(c, mem, count, root, pat, false);
+    auto out = call_and_check<algo::direct, C, T, Op>(c, mem, count, root, pat, false);
     if constexpr (replicates(C))
       expect_identical(c, shared, out, std::string(name_of(C)) + " count " + std::to_string(count));
   };
@@ -411,9 +290,9 @@ void check_all_types(p2p::communicator& c, rank_memory& mem, shared_outputs& sha
     each.template operator()<weft::bfloat16, op::sum>(test::pattern::random);
   }
   if constexpr (C == collective::all_reduce) {
-    call_and_check<C, std::int64_t, op::sum>(c, mem, count, root, test::pattern::exact, true);
-    call_and_check<C, float, op::sum>(c, mem, count, root, test::pattern::random, true);
-    call_and_check<C, weft::bfloat16, op::avg>(c, mem, count, root, test::pattern::random, true);
+    call_and_check<algo::direct, C, std::int64_t, op::sum>(c, mem, count, root, test::pattern::exact, true);
+    call_and_check<algo::direct, C, float, op::sum>(c, mem, count, root, test::pattern::random, true);
+    call_and_check<algo::direct, C, weft::bfloat16, op::avg>(c, mem, count, root, test::pattern::random, true);
   }
 }
 
@@ -437,13 +316,13 @@ void sweep() {
             check_all_types<C>(c, mem, shared, count, p - 1);
           if constexpr (C == collective::broadcast || C == collective::reduce) {
             for (int root = 0; root < p - 1; ++root) {
-              call_and_check<C, std::int32_t, op::sum>(c, mem, 7, root, test::pattern::exact,
+              call_and_check<algo::direct, C, std::int32_t, op::sum>(c, mem, 7, root, test::pattern::exact,
                                                        false);
             }
           }
           if constexpr (C ==
                         collective::all_reduce) { // a large two-shot call: many blocks per kernel
-            call_and_check<C, float, op::sum>(c, mem, (std::size_t{1} << 20) + 3, 0,
+            call_and_check<algo::direct, C, float, op::sum>(c, mem, (std::size_t{1} << 20) + 3, 0,
                                               test::pattern::random, false);
           }
         },

@@ -1,0 +1,152 @@
+#pragma once
+// For GPU tests of the device transports: moving a rank's data to and from the device, its
+// reusable device buffers, and one collective call on device buffers checked against the
+// serial reference of support/reference.hpp, for any communicator (one-GPU harness, p2p).
+#include <weft/comm/all_gather.hpp>
+#include <weft/comm/all_reduce.hpp>
+#include <weft/comm/all_to_all.hpp>
+#include <weft/comm/broadcast.hpp>
+#include <weft/comm/reduce.hpp>
+#include <weft/comm/reduce_scatter.hpp>
+#include <weft/cuda/memory.cuh>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "support/reference.hpp"
+
+namespace weft::test::device {
+
+template <class T>
+void upload(T* dst, const std::vector<T>& src, cudaStream_t s) {
+  if (!src.empty())
+    WEFT_CUDA_TRY(
+        cudaMemcpyAsync(dst, src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice, s));
+}
+
+template <class T>
+std::vector<T> download(const T* src, std::size_t n, cudaStream_t s) {
+  std::vector<T> v(n);
+  if (n != 0)
+    WEFT_CUDA_TRY(cudaMemcpyAsync(v.data(), src, n * sizeof(T), cudaMemcpyDeviceToHost, s));
+  WEFT_CUDA_TRY(cudaStreamSynchronize(s));
+  return v;
+}
+
+// A rank's device buffers, grown and reused across calls (a cudaMalloc per call would
+// dominate the sweep). Replacing one is safe: the rank's stream is idle after each check,
+// and every peer's read of its buffers is ordered before that (or peers never read them).
+class rank_memory {
+public:
+  template <class T>
+  T* input(std::size_t n) {
+    return at_least<T>(in_, n);
+  }
+  template <class T>
+  T* output(std::size_t n) {
+    return at_least<T>(out_, n);
+  }
+
+private:
+  template <class T>
+  static T* at_least(weft::cuda::device_buffer<std::byte>& b, std::size_t n) {
+    if (b.size() < n * sizeof(T))
+      b = weft::cuda::device_buffer<std::byte>(std::max(n * sizeof(T), 2 * b.size()));
+    return reinterpret_cast<T*>(b.data());
+  }
+  weft::cuda::device_buffer<std::byte> in_;
+  weft::cuda::device_buffer<std::byte> out_;
+};
+
+// Every rank's output of one call, to compare them bit for bit.
+struct shared_outputs {
+  explicit shared_outputs(int p) : bytes(static_cast<std::size_t>(p)) {}
+  std::vector<std::vector<std::byte>> bytes;
+};
+
+template <class T, class Comm>
+void expect_identical(Comm& c, shared_outputs& shared, const std::vector<T>& mine,
+                      const std::string& what) {
+  auto& slot = shared.bytes[static_cast<std::size_t>(c.rank())];
+  slot.resize(mine.size() * sizeof(T));
+  if (!mine.empty()) std::memcpy(slot.data(), mine.data(), slot.size());
+  c.barrier();
+  if (c.rank() != 0) {
+    EXPECT_TRUE(slot == shared.bytes[0]) << what << ": rank " << c.rank() << " differs from rank 0";
+  }
+  c.barrier();
+}
+
+constexpr bool replicates(collective c) {
+  return c == collective::all_reduce || c == collective::all_gather || c == collective::broadcast;
+}
+
+/// One call of collective C with algorithm Algo on device buffers, checked against the
+/// reference (and the input checked unchanged). Returns the rank's output.
+template <class Algo, collective C, class T, class Op, class Comm>
+std::vector<T> call_and_check(Comm& c, rank_memory& mem, std::size_t count, int root,
+                              test::pattern pat, bool in_place) {
+  const int p = c.size();
+  const int r = c.rank();
+  std::vector<std::vector<T>> inputs(static_cast<std::size_t>(p));
+  for (int s = 0; s < p; ++s) {
+    for (std::size_t i = 0; i < test::input_count(C, p, count); ++i) {
+      inputs[static_cast<std::size_t>(s)].push_back(test::input_value<T, Op>(s, i, pat));
+    }
+  }
+  const auto want = test::reference<T, Op>(C, p, count, root, inputs)[static_cast<std::size_t>(r)];
+  const std::vector<T>& mine = inputs[static_cast<std::size_t>(r)];
+  const std::size_t out_n = test::output_count(C, p, count, r, root);
+  const cudaStream_t s = c.stream();
+  T* in = mem.input<T>(mine.size());
+  T* out = mem.output<T>(out_n);
+  upload(in, mine, s);
+  if (out_n != 0)
+    WEFT_CUDA_TRY(cudaMemsetAsync(out, 0xa5, out_n * sizeof(T), s)); // what no step wrote shows
+  if constexpr (C == collective::all_reduce) {
+    if (in_place) {
+      upload(out, mine, s);
+      all_reduce<Algo>(c, std::span(out, count), Op{});
+    } else {
+      all_reduce<Algo>(c, std::span<const T>(in, count), std::span(out, count), Op{});
+    }
+  } else if constexpr (C == collective::reduce_scatter) {
+    reduce_scatter<Algo>(c, std::span<const T>(in, mine.size()), std::span(out, count), Op{});
+  } else if constexpr (C == collective::all_gather) {
+    all_gather<Algo>(c, std::span<const T>(in, count), std::span(out, out_n));
+  } else if constexpr (C == collective::broadcast) {
+    upload(out, r == root ? mine : std::vector<T>(count, T{}), s);
+    broadcast<Algo>(c, std::span(out, count), root);
+  } else if constexpr (C == collective::reduce) {
+    reduce<Algo>(c, std::span<const T>(in, count), std::span(out, out_n), root, Op{});
+  } else {
+    all_to_all<Algo>(c, std::span<const T>(in, mine.size()), std::span(out, out_n));
+  }
+  const std::vector<T> got = download(out, out_n, s);
+  const bool exact = pat == test::pattern::exact || std::is_integral_v<T>;
+  const std::string diff = test::compare(got, want, exact, test::tolerance<T>(p));
+  const auto what = [&] {
+    return std::string(name_of(C)) + "<" + std::string(Algo::name) + "> " +
+           std::string(dtype_traits<T>::name) + " " + std::string(op_name<Op>()) +
+           " p=" + std::to_string(p) + " rank " + std::to_string(r) + " count " +
+           std::to_string(count) + " root " + std::to_string(root) + (in_place ? " in place" : "") +
+           (pat == test::pattern::random ? " random" : "");
+  };
+  EXPECT_TRUE(diff.empty()) << what() << ": " << diff;
+  if (!in_place && C != collective::broadcast) {
+    const std::vector<T> after = download(in, mine.size(), s);
+    EXPECT_TRUE(mine.empty() ||
+                std::memcmp(after.data(), mine.data(), mine.size() * sizeof(T)) == 0)
+        << what() << ": the input changed";
+  }
+  return got;
+}
+
+} // namespace weft::test::device
