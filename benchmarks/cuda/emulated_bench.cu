@@ -39,19 +39,6 @@ namespace emulated = weft::cuda::emulated;
 constexpr int warmup_calls = 3;
 constexpr int timed_calls = 20;
 
-// A CUDA event that records time (weft::cuda::event does not, to stay cheap).
-class timing_event {
-public:
-  timing_event() { WEFT_CUDA_TRY(cudaEventCreate(&e_)); }
-  timing_event(const timing_event&) = delete;
-  timing_event& operator=(const timing_event&) = delete;
-  ~timing_event() { (void)cudaEventDestroy(e_); }
-  [[nodiscard]] cudaEvent_t get() const noexcept { return e_; }
-
-private:
-  cudaEvent_t e_ = nullptr;
-};
-
 // Seconds per all_reduce of `count` floats on the ranks of `shape`.
 template <class Algo>
 double seconds_per_call(const weft::topology::cluster& shape, std::size_t count) {
@@ -63,17 +50,14 @@ double seconds_per_call(const weft::topology::cluster& shape, std::size_t count)
         cudaMemsetAsync(data.data(), 0, count * sizeof(float), c.stream())); // zeros stay finite
     for (int i = 0; i < warmup_calls; ++i)
       weft::all_reduce<Algo>(c, span);
-    const timing_event start, stop;
+    const weft::cuda::event start(true), stop(true);
     c.synchronize();
     c.barrier(); // every stream idle: each start below marks the same moment
-    WEFT_CUDA_TRY(cudaEventRecord(start.get(), c.stream()));
+    start.record(c.stream());
     for (int i = 0; i < timed_calls; ++i)
       weft::all_reduce<Algo>(c, span);
-    WEFT_CUDA_TRY(cudaEventRecord(stop.get(), c.stream()));
-    WEFT_CUDA_TRY(cudaEventSynchronize(stop.get()));
-    float ms = 0;
-    WEFT_CUDA_TRY(cudaEventElapsedTime(&ms, start.get(), stop.get()));
-    seconds[static_cast<std::size_t>(c.rank())] = ms * 1e-3 / timed_calls;
+    stop.record(c.stream());
+    seconds[static_cast<std::size_t>(c.rank())] = stop.elapsed_ms(start) * 1e-3 / timed_calls;
   });
   return *std::max_element(seconds.begin(), seconds.end());
 }

@@ -27,30 +27,18 @@ std::map<std::size_t, double>& memcpy_gbps() {
   return m;
 }
 
-// cudaEventElapsedTime needs timing events; memory.cuh's weft::cuda::event disables timing.
-struct timing_event {
-  timing_event() { WEFT_CUDA_TRY(cudaEventCreate(&e)); }
-  ~timing_event() { (void)cudaEventDestroy(e); }
-  timing_event(const timing_event&) = delete;
-  timing_event& operator=(const timing_event&) = delete;
-  cudaEvent_t e = nullptr;
-};
-
 // Seconds per call of f (which enqueues on s), best of 5 batches of `calls` calls.
 template <class F>
 double time_calls(cudaStream_t s, int calls, F&& f) {
-  timing_event start, stop;
+  const weft::cuda::event start(true), stop(true);
   f();
   WEFT_CUDA_TRY(cudaStreamSynchronize(s));
   double best = 1e30;
   for (int batch = 0; batch < 5; ++batch) {
-    WEFT_CUDA_TRY(cudaEventRecord(start.e, s));
+    start.record(s);
     for (int i = 0; i < calls; ++i) f();
-    WEFT_CUDA_TRY(cudaEventRecord(stop.e, s));
-    WEFT_CUDA_TRY(cudaEventSynchronize(stop.e));
-    float ms = 0;
-    WEFT_CUDA_TRY(cudaEventElapsedTime(&ms, start.e, stop.e));
-    best = std::min(best, static_cast<double>(ms) * 1e-3 / calls);
+    stop.record(s);
+    best = std::min(best, static_cast<double>(stop.elapsed_ms(start)) * 1e-3 / calls);
   }
   return best;
 }

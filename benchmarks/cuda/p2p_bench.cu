@@ -27,15 +27,6 @@ namespace {
 
 namespace p2p = weft::cuda::p2p;
 
-// cudaEventElapsedTime needs timing events; memory.cuh's weft::cuda::event disables timing.
-struct timing_event {
-  timing_event() { WEFT_CUDA_TRY(cudaEventCreate(&e)); }
-  ~timing_event() { (void)cudaEventDestroy(e); }
-  timing_event(const timing_event&) = delete;
-  timing_event& operator=(const timing_event&) = delete;
-  cudaEvent_t e = nullptr;
-};
-
 int calls_for(std::size_t bytes) {
   return static_cast<int>(std::clamp<std::size_t>((std::size_t{1} << 28) / bytes, 5, 200));
 }
@@ -50,19 +41,17 @@ double time_all_reduce(const std::vector<int>& devices, std::size_t bytes) {
     const std::span<float> data(x.data(), n);
     weft::all_reduce<weft::algo::direct>(
         c, data); // the plan and the kernels' launch figures, made once
-    const timing_event start, stop;
+    const weft::cuda::event start(true), stop(true);
     const int calls = calls_for(bytes);
     double t = 1e30;
     for (int batch = 0; batch < 5; ++batch) {
       c.barrier();
-      WEFT_CUDA_TRY(cudaEventRecord(start.e, c.stream()));
+      start.record(c.stream());
       for (int i = 0; i < calls; ++i)
         weft::all_reduce<weft::algo::direct>(c, data);
-      WEFT_CUDA_TRY(cudaEventRecord(stop.e, c.stream()));
-      c.synchronize();
-      float ms = 0;
-      WEFT_CUDA_TRY(cudaEventElapsedTime(&ms, start.e, stop.e));
-      t = std::min(t, static_cast<double>(ms) * 1e-3 / calls);
+      stop.record(c.stream());
+      c.synchronize();  // also reports a sync that timed out
+      t = std::min(t, static_cast<double>(stop.elapsed_ms(start)) * 1e-3 / calls);
     }
     if (c.rank() == 0) best = t;
   });

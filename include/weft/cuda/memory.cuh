@@ -100,10 +100,13 @@ private:
   bool owned_ = false;
 };
 
-/// An event without timing (cheap to record and wait on), owned.
+/// An event, owned. Without timing by default (cheaper to record and wait on); with
+/// `timing`, two of them measure the time between their records (elapsed_ms).
 class event {
 public:
-  event() { WEFT_CUDA_TRY(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming)); }
+  explicit event(bool timing = false) {
+    WEFT_CUDA_TRY(cudaEventCreateWithFlags(&e_, timing ? cudaEventDefault : cudaEventDisableTiming));
+  }
   event(event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
   event& operator=(event&& o) noexcept {
     if (this != &o) {
@@ -117,6 +120,14 @@ public:
   }
   [[nodiscard]] cudaEvent_t get() const noexcept { return e_; }
   void record(cudaStream_t s) const { WEFT_CUDA_TRY(cudaEventRecord(e_, s)); }
+  /// Milliseconds from `start`'s record to this one's, once this one has completed (both
+  /// made with timing).
+  [[nodiscard]] float elapsed_ms(const event& start) const {
+    WEFT_CUDA_TRY(cudaEventSynchronize(e_));
+    float ms = 0;
+    WEFT_CUDA_TRY(cudaEventElapsedTime(&ms, start.e_, e_));
+    return ms;
+  }
 
 private:
   cudaEvent_t e_ = nullptr;
