@@ -345,17 +345,6 @@ TYPED_TEST(emulated_on_nodes, all_reduce_broadcast_and_reduce_match_the_serial_r
 
 // --- stream ordering, failures, the communicator's own API ---------------------------------
 
-__global__ void spin(long long cycles) {
-  const long long start = clock64();
-  while (clock64() - start < cycles) {
-  }
-}
-
-__global__ void add_pattern(std::int64_t* x, std::size_t n, std::int64_t v) {
-  const std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) x[i] += v * static_cast<std::int64_t>(i % 5 + 1);
-}
-
 // Calls queued back to back with no host synchronisation, a different rank's stream held
 // back before each, local kernels between them: any missing dependency between the ranks'
 // streams (a source overwritten early, a staging area reused while a peer reads it) shows
@@ -366,26 +355,7 @@ TEST(emulated, back_to_back_calls_are_ordered_by_the_streams_alone) {
   for (int p : {3, 4}) {
     for (std::size_t n :
          {std::size_t{1000}, std::size_t{5000}}) { // direct's one-shot, and its two-shot
-      std::vector<std::vector<std::int64_t>> model(static_cast<std::size_t>(p),
-                                                   std::vector<std::int64_t>(n, 1));
-      for (int k = 0; k < calls; ++k) {
-        for (int r = 0; r < p; ++r) {
-          for (std::size_t i = 0; i < n; ++i)
-            model[static_cast<std::size_t>(r)][i] += (r + k) * static_cast<std::int64_t>(i % 5 + 1);
-        }
-        if (k % 8 == 4) {
-          for (auto& m : model)
-            m = model[static_cast<std::size_t>(k % p)];
-        } else {
-          std::vector<std::int64_t> sum(n, 0);
-          for (const auto& m : model) {
-            for (std::size_t i = 0; i < n; ++i)
-              sum[i] += m[i];
-          }
-          for (auto& m : model)
-            m = sum;
-        }
-      }
+      const auto model = back_to_back_model(p, n, calls, [](int k) { return k % 8 == 4; });
       emu::run(
           p,
           [&](emu::communicator& c) {

@@ -358,17 +358,6 @@ TEST(p2p, all_to_all_matches_the_serial_reference) {
 
 // --- stream ordering, graphs, failures, the communicator's own API -------------------------
 
-__global__ void spin(long long cycles) {
-  const long long start = clock64();
-  while (clock64() - start < cycles) {
-  }
-}
-
-__global__ void add_pattern(std::int64_t* x, std::size_t n, std::int64_t v) {
-  const std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) x[i] += v * static_cast<std::int64_t>(i % 5 + 1);
-}
-
 // Calls queued back to back with no host synchronisation, a different rank held back before
 // each, local kernels between them: a staging area reused while a peer reads it, or a
 // workspace region overwritten early, shows as a wrong value. A host model gives the result.
@@ -377,26 +366,7 @@ TEST(p2p, back_to_back_calls_are_ordered_by_the_device_alone) {
   constexpr int calls = 24;
   for (int p : {2, 3, 4}) {
     for (std::size_t n : {std::size_t{1000}, std::size_t{5000}}) { // one-shot, and two-shot
-      std::vector<std::vector<std::int64_t>> model(static_cast<std::size_t>(p),
-                                                   std::vector<std::int64_t>(n, 1));
-      for (int k = 0; k < calls; ++k) {
-        for (int r = 0; r < p; ++r) {
-          for (std::size_t i = 0; i < n; ++i)
-            model[static_cast<std::size_t>(r)][i] += (r + k) * static_cast<std::int64_t>(i % 5 + 1);
-        }
-        if (k % 4 == 3) {
-          for (auto& m : model)
-            m = model[static_cast<std::size_t>(k % p)];
-        } else {
-          std::vector<std::int64_t> sum(n, 0);
-          for (const auto& m : model) {
-            for (std::size_t i = 0; i < n; ++i)
-              sum[i] += m[i];
-          }
-          for (auto& m : model)
-            m = sum;
-        }
-      }
+      const auto model = back_to_back_model(p, n, calls, [](int k) { return k % 4 == 3; });
       p2p::run(
           on_device_zero(p),
           [&](p2p::communicator& c) {

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <span>
 #include <string>
@@ -147,6 +148,44 @@ std::vector<T> call_and_check(Comm& c, rank_memory& mem, std::size_t count, int 
         << what() << ": the input changed";
   }
   return got;
+}
+
+// --- back-to-back calls, queued with no host synchronisation -------------------------------
+
+/// Holds its stream back for about `cycles` clock ticks (a rank made late on purpose).
+static __global__ void spin(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+
+/// x[i] += v * (i % 5 + 1): what each rank adds before each call of the sequence.
+static __global__ void add_pattern(std::int64_t* x, std::size_t n, std::int64_t v) {
+  const std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] += v * static_cast<std::int64_t>(i % 5 + 1);
+}
+
+/// Every rank's data after `calls` rounds of: rank r adds the pattern of (r + k), then call k
+/// is a sum all-reduce, or a broadcast from rank k % p where broadcast_at(k). All ranks start
+/// from ones. The host model the back-to-back tests compare the device with.
+template <class BroadcastAt>
+std::vector<std::vector<std::int64_t>> back_to_back_model(int p, std::size_t n, int calls, BroadcastAt broadcast_at) {
+  std::vector<std::vector<std::int64_t>> model(static_cast<std::size_t>(p), std::vector<std::int64_t>(n, 1));
+  for (int k = 0; k < calls; ++k) {
+    for (int r = 0; r < p; ++r) {
+      for (std::size_t i = 0; i < n; ++i) model[static_cast<std::size_t>(r)][i] += (r + k) * static_cast<std::int64_t>(i % 5 + 1);
+    }
+    if (broadcast_at(k)) {
+      for (auto& m : model) m = model[static_cast<std::size_t>(k % p)];
+    } else {
+      std::vector<std::int64_t> sum(n, 0);
+      for (const auto& m : model) {
+        for (std::size_t i = 0; i < n; ++i) sum[i] += m[i];
+      }
+      for (auto& m : model) m = sum;
+    }
+  }
+  return model;
 }
 
 } // namespace weft::test::device
