@@ -8,7 +8,7 @@ cd "$weft_root" || exit 1
 # Debian packages weft's build needs. Later needs (openmpi-bin libopenmpi-dev, ...) go here;
 # a package without a special case in weft_package_present is checked with dpkg.
 WEFT_APT_PACKAGES="cmake ninja-build g++ libgtest-dev libbenchmark-dev openmpi-bin libopenmpi-dev libgloo-dev
-  python3-matplotlib"
+  python3-matplotlib libopenblas-dev"
 
 # shellcheck disable=SC2034 # used by the scripts that source this file
 weft_jobs="$(nproc 2>/dev/null || echo 2)"

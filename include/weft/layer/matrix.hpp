@@ -1,0 +1,148 @@
+#pragma once
+// The layers' only tensor type: a row-major matrix view (rows, cols, leading dimension) over
+// host or device memory, and an owning host matrix. Not a tensor library: a batch of tokens is
+// a matrix of rows x hidden, a weight is out x in, and that is all the layers need.
+//
+//   weft::matrix<float> w(out, in);                  // zero-filled, owning, host memory
+//   weft::matrix_view<float> top = w.view().rows_from(0, out / 2);
+//   weft::matrix_view<const float> cw = w;           // views convert to const views
+//
+// The element (r, c) of a view lives at data()[r * ld() + c]. Device memory (weft::device_space)
+// has its owning matrix in <weft/layer/cuda/matrix.cuh>; views do not care where the data is, but
+// only host views may be indexed on the host.
+#include <weft/core/config.hpp>
+#include <weft/core/error.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace weft {
+
+/// Where a matrix's memory lives.
+struct host_space {};
+struct device_space {};
+
+template <class T>
+class matrix_view {
+public:
+  using value_type = std::remove_const_t<T>;
+
+  constexpr matrix_view() = default;
+  WEFT_HOST_DEVICE constexpr matrix_view(T* data, std::size_t rows, std::size_t cols, std::size_t ld)
+      : data_(data), rows_(rows), cols_(cols), ld_(ld) {}
+  WEFT_HOST_DEVICE constexpr matrix_view(T* data, std::size_t rows, std::size_t cols)
+      : matrix_view(data, rows, cols, cols) {}
+
+  /// A mutable view converts to a const one.
+  template <class U>
+    requires(std::is_const_v<T> && std::same_as<const U, T>)
+  WEFT_HOST_DEVICE constexpr matrix_view(matrix_view<U> v) : matrix_view(v.data(), v.rows(), v.cols(), v.ld()) {}
+
+  [[nodiscard]] WEFT_HOST_DEVICE constexpr T* data() const noexcept { return data_; }
+  [[nodiscard]] WEFT_HOST_DEVICE constexpr std::size_t rows() const noexcept { return rows_; }
+  [[nodiscard]] WEFT_HOST_DEVICE constexpr std::size_t cols() const noexcept { return cols_; }
+  [[nodiscard]] WEFT_HOST_DEVICE constexpr std::size_t ld() const noexcept { return ld_; }
+  [[nodiscard]] WEFT_HOST_DEVICE constexpr std::size_t size() const noexcept { return rows_ * cols_; }
+  [[nodiscard]] WEFT_HOST_DEVICE constexpr bool contiguous() const noexcept { return ld_ == cols_ || rows_ <= 1; }
+
+  [[nodiscard]] WEFT_HOST_DEVICE constexpr T& operator()(std::size_t r, std::size_t c) const noexcept {
+    return data_[r * ld_ + c];
+  }
+  /// Row r as a span (host memory only, if it is to be read).
+  [[nodiscard]] constexpr std::span<T> row(std::size_t r) const noexcept { return {data_ + r * ld_, cols_}; }
+  /// All elements as one span; the view must be contiguous.
+  [[nodiscard]] std::span<T> flat() const {
+    if (!contiguous()) throw error("matrix_view::flat: the view is not contiguous (ld " + std::to_string(ld_) +
+                                   " > cols " + std::to_string(cols_) + ")");
+    return {data_, size()};
+  }
+
+  /// Rows [first, first + count) / columns [first, first + count), as views into the same memory.
+  [[nodiscard]] matrix_view rows_from(std::size_t first, std::size_t count) const {
+    if (first + count > rows_) throw error("matrix_view::rows_from: rows [" + std::to_string(first) + ", " +
+                                           std::to_string(first + count) + ") of " + std::to_string(rows_));
+    return {data_ + first * ld_, count, cols_, ld_};
+  }
+  [[nodiscard]] matrix_view cols_from(std::size_t first, std::size_t count) const {
+    if (first + count > cols_) throw error("matrix_view::cols_from: columns [" + std::to_string(first) + ", " +
+                                           std::to_string(first + count) + ") of " + std::to_string(cols_));
+    return {data_ + first, rows_, count, ld_};
+  }
+
+private:
+  T* data_ = nullptr;
+  std::size_t rows_ = 0;
+  std::size_t cols_ = 0;
+  std::size_t ld_ = 0;
+};
+
+template <class T>
+matrix_view(T*, std::size_t, std::size_t) -> matrix_view<T>;
+template <class T>
+matrix_view(T*, std::size_t, std::size_t, std::size_t) -> matrix_view<T>;
+
+/// An owning matrix; host_space here, device_space in <weft/layer/cuda/matrix.cuh>.
+template <class T, class Space = host_space>
+class matrix;
+
+template <class T>
+class matrix<T, host_space> {
+public:
+  using value_type = T;
+  using space = host_space;
+
+  matrix() = default;
+  matrix(std::size_t rows, std::size_t cols, T fill = T{}) : rows_(rows), cols_(cols), data_(rows * cols, fill) {}
+
+  [[nodiscard]] std::size_t rows() const noexcept { return rows_; }
+  [[nodiscard]] std::size_t cols() const noexcept { return cols_; }
+  [[nodiscard]] std::size_t size() const noexcept { return data_.size(); }
+  [[nodiscard]] T* data() noexcept { return data_.data(); }
+  [[nodiscard]] const T* data() const noexcept { return data_.data(); }
+  [[nodiscard]] std::span<T> flat() noexcept { return data_; }
+  [[nodiscard]] std::span<const T> flat() const noexcept { return data_; }
+
+  [[nodiscard]] T& operator()(std::size_t r, std::size_t c) noexcept { return data_[r * cols_ + c]; }
+  [[nodiscard]] const T& operator()(std::size_t r, std::size_t c) const noexcept { return data_[r * cols_ + c]; }
+
+  [[nodiscard]] matrix_view<T> view() noexcept { return {data_.data(), rows_, cols_, cols_}; }
+  [[nodiscard]] matrix_view<const T> view() const noexcept { return {data_.data(), rows_, cols_, cols_}; }
+  operator matrix_view<T>() noexcept { return view(); }                   // NOLINT: views are cheap
+  operator matrix_view<const T>() const noexcept { return view(); }       // NOLINT
+
+  /// Reshape to rows x cols, zero-filled; keeps the allocation where it is large enough.
+  void resize(std::size_t rows, std::size_t cols) {
+    rows_ = rows;
+    cols_ = cols;
+    data_.assign(rows * cols, T{});
+  }
+  void fill(T v) { std::fill(data_.begin(), data_.end(), v); }
+
+private:
+  std::size_t rows_ = 0;
+  std::size_t cols_ = 0;
+  std::vector<T> data_;
+};
+
+namespace detail {
+
+[[noreturn]] WEFT_COLD inline void shape_error(std::string_view where, std::string_view what, std::size_t got_r,
+                                               std::size_t got_c, std::size_t want_r, std::size_t want_c) {
+  throw error(std::string(where) + ": " + std::string(what) + " is " + std::to_string(got_r) + " x " +
+              std::to_string(got_c) + ", expected " + std::to_string(want_r) + " x " + std::to_string(want_c));
+}
+
+} // namespace detail
+
+/// Throws weft::error naming `where` and `what` unless v is rows x cols.
+template <class T>
+void expect_shape(std::string_view where, std::string_view what, matrix_view<T> v, std::size_t rows,
+                  std::size_t cols) {
+  if (v.rows() != rows || v.cols() != cols) detail::shape_error(where, what, v.rows(), v.cols(), rows, cols);
+}
+
+} // namespace weft
