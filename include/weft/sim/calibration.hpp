@@ -1,0 +1,57 @@
+#pragma once
+// The simulator's calibration: every fitted constant, one set per GPU type, in this one file.
+// Nothing is tuned per run: the published runs of data/published_runs.csv marked `tune` fixed
+// these figures, and tests/sim/published_runs_test.cpp checks every row (held-out rows too)
+// against them.
+//
+//   GEMM time      2 m n k / (peak * e(m, n, k)),  e = gemm_peak_fraction * q(m) q(n) q(k),
+//                  q(d) = d / (d + gemm_half_dim): a GEMM with a small side fills the tensor
+//                  cores poorly (tiles half empty, too few thread blocks, wave quantization),
+//                  a large one reaches gemm_peak_fraction. Never faster than its operands
+//                  cross HBM.
+//   elementwise    bytes / (hbm_bandwidth * hbm_fraction): layer norms, dropout, residual
+//                  adds, GeLU, softmax (the byte counts are in step.hpp; they are counted, not
+//                  fitted).
+//   links          the cost model runs on the node's links with their bandwidth scaled by
+//                  nvlink_fraction and ib_fraction: the share of the wire a collective library
+//                  reaches (nccl-tests on DGX A100 report all-reduce bus bandwidths near
+//                  230 GB/s of NVLink3's 300 GB/s, and near 23 GB/s of HDR's 25 GB/s per NIC).
+//   per layer      kernel launches and synchronisation of one layer's forward or backward pass.
+//
+// H200 has no published run here: it takes H100's constants (the same compute die); its
+// predictions are uncalibrated.
+#include <weft/core/error.hpp>
+#include <weft/sim/hardware.hpp>
+
+#include <string>
+#include <string_view>
+
+namespace weft::sim {
+
+struct calibration {
+  std::string_view gpu;             // the preset's name
+  double gemm_peak_fraction = 0.8;  // the most of peak FLOP/s a large GEMM reaches
+  double gemm_half_dim = 64;        // the GEMM side at which q(d) is one half
+  double hbm_fraction = 0.8;        // achieved share of HBM bandwidth of elementwise kernels
+  double nvlink_fraction = 0.77;    // achieved share of the NVLink bandwidth of collectives
+  double ib_fraction = 0.9;         // achieved share of the InfiniBand bandwidth
+  double layer_overhead_s = 0;      // fixed cost of one layer pass (launches, syncs)
+};
+
+// A100: fitted on the rows of data/published_runs.csv marked `tune` (a grid over the first
+// three figures, minimising the largest error; see data/README.md). hbm_fraction 1.0 stands
+// for Megatron-LM's fused elementwise kernels, which move fewer bytes than step.hpp counts.
+// H100: gemm_peak_fraction fitted to its one tuning row (Llama 3 405B on 8,192 GPUs); the
+// other figures set by hand.
+inline constexpr calibration a100_calibration{"a100-80gb", 0.68, 90, 1.00, 0.77, 0.90, 0};
+inline constexpr calibration h100_calibration{"h100-sxm", 0.76, 200, 0.70, 0.77, 0.90, 20e-6};
+inline constexpr calibration h200_calibration{"h200", 0.76, 200, 0.70, 0.77, 0.90, 20e-6};
+
+/// The constants of GPU `g`.
+[[nodiscard]] inline calibration calibration_of(const gpu& g) {
+  for (const calibration& c : {a100_calibration, h100_calibration, h200_calibration})
+    if (c.gpu == g.name) return c;
+  throw error("weft: sim: no calibration for GPU '" + std::string(g.name) + "'");
+}
+
+} // namespace weft::sim

@@ -1,0 +1,193 @@
+#pragma once
+// The transformer the simulator trains: its shape, its parameter count and FLOPs (Narayanan
+// et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM",
+// SC21, arXiv:2104.04473, Eq. 2 and 3), its activation memory per layer (Korthikanti et al.,
+// "Reducing Activation Recomputation in Large Transformer Models", arXiv:2205.05198, 2022,
+// Table 2) and the per-GPU memory of weights, gradients and optimizer state under ZeRO
+// (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+// Models", SC20, arXiv:1910.02054, section 5 and Figure 1).
+//
+//   one layer, per token, forward FLOPs (2 per multiply-add), h hidden, a heads, g KV heads,
+//   f FFN size, s sequence:
+//     QKV        2 h (h + 2 h g / a)        attention out   2 h h
+//     MLP        2 h f (x2, x3 if gated)    attention core  4 s h  (QK^T and AV, no causal saving)
+//   GPT (g = a, f = 4h, not gated): 24 h^2 + 4 s h = 24 h^2 (1 + s / 6h), SC21's count.
+//   Logits: 2 h V per token. Backward: twice the forward. Full recompute: one more forward
+//   of the layers (not of the logits): SC21 Eq. 3, 96 B s l h^2 (1 + s/6h + V/16lh).
+#include <weft/core/error.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace weft::sim {
+
+/// Activation recomputation (Korthikanti et al. 2022).
+enum class recompute : std::uint8_t {
+  none,      // store every activation
+  selective, // recompute the attention core (QK^T, softmax, dropout, AV) only
+  full,      // store each layer's input, recompute the whole layer in the backward
+};
+
+[[nodiscard]] constexpr std::string_view name_of(recompute r) noexcept {
+  switch (r) {
+    case recompute::none: return "none";
+    case recompute::selective: return "selective";
+    case recompute::full: return "full";
+  }
+  return "?";
+}
+
+[[nodiscard]] inline recompute recompute_named(std::string_view s) {
+  for (recompute r : {recompute::none, recompute::selective, recompute::full})
+    if (name_of(r) == s) return r;
+  throw error("weft: sim: unknown recompute '" + std::string(s) +
+              "': expected none, selective or full");
+}
+
+/// A decoder-only transformer.
+struct model_spec {
+  std::string name;
+  int layers = 0;
+  int hidden = 0;
+  int heads = 0;
+  int seq = 0;
+  int vocab = 0;
+  int ffn = 0;                  // 0: 4 * hidden
+  int kv_heads = 0;             // 0: heads (no grouped-query attention)
+  bool gated = false;           // SwiGLU-style MLP: three h x f matrices instead of two
+  bool learned_positions = true;// a position embedding of seq x hidden (GPT); false: rotary
+  bool flash_attention = false; // attention core fused: no s x s matrices in memory
+
+  [[nodiscard]] double h() const noexcept { return hidden; }
+  [[nodiscard]] double f() const noexcept { return ffn > 0 ? ffn : 4.0 * hidden; }
+  [[nodiscard]] double kv() const noexcept { return kv_heads > 0 ? kv_heads : heads; }
+  [[nodiscard]] double mlp_matrices() const noexcept { return gated ? 3.0 : 2.0; }
+  /// Width of the fused QKV projection's output.
+  [[nodiscard]] double qkv_width() const noexcept { return h() * (1.0 + 2.0 * kv() / heads); }
+
+  /// Throws weft::error naming the first field out of range.
+  void check() const {
+    const auto positive = [&](const char* what, int v) {
+      if (v < 1)
+        throw error("weft: sim: model " + name + ": " + what + " must be at least 1, not " +
+                    std::to_string(v));
+    };
+    positive("layers", layers);
+    positive("hidden", hidden);
+    positive("heads", heads);
+    positive("seq", seq);
+    positive("vocab", vocab);
+    if (ffn < 0 || kv_heads < 0)
+      throw error("weft: sim: model " + name + ": ffn and kv_heads must not be negative");
+    if (hidden % heads != 0)
+      throw error("weft: sim: model " + name + ": hidden " + std::to_string(hidden) +
+                  " is not a multiple of heads " + std::to_string(heads));
+    if (kv_heads > 0 && heads % kv_heads != 0)
+      throw error("weft: sim: model " + name + ": heads " + std::to_string(heads) +
+                  " is not a multiple of kv_heads " + std::to_string(kv_heads));
+  }
+
+  /// Weights of one layer: projections, MLP, biases and two layer norms (13 h for GPT).
+  [[nodiscard]] double layer_parameters() const noexcept {
+    return h() * qkv_width() + h() * h() + mlp_matrices() * h() * f() + 9.0 * h() + f();
+  }
+
+  /// All weights: the layers, the (tied) word embedding and the position embedding. For GPT
+  /// this is SC21 Eq. 2, P = 12 l h^2 (1 + 13/12h + (V + s)/12lh).
+  [[nodiscard]] double parameters() const noexcept {
+    return layers * layer_parameters() + static_cast<double>(vocab) * h() +
+           (learned_positions ? static_cast<double>(seq) * h() : 0.0);
+  }
+
+  /// Forward FLOPs of one layer per token, split into the GEMMs and the attention core.
+  [[nodiscard]] double layer_gemm_flops_per_token() const noexcept {
+    return 2.0 * h() * qkv_width() + 2.0 * h() * h() + 2.0 * mlp_matrices() * h() * f();
+  }
+  [[nodiscard]] double layer_attention_flops_per_token() const noexcept {
+    return 4.0 * static_cast<double>(seq) * h();
+  }
+  [[nodiscard]] double logit_flops_per_token() const noexcept {
+    return 2.0 * h() * static_cast<double>(vocab);
+  }
+
+  /// Model FLOPs of one iteration of `batch` sequences: forward and backward, no recompute.
+  [[nodiscard]] double model_flops(double batch) const noexcept {
+    const double tokens = batch * seq;
+    return 3.0 * tokens *
+           (layers * (layer_gemm_flops_per_token() + layer_attention_flops_per_token()) +
+            logit_flops_per_token());
+  }
+
+  /// FLOPs the hardware runs with recomputation: full adds one forward of every layer,
+  /// selective one forward of the attention core.
+  [[nodiscard]] double hardware_flops(double batch, recompute r) const noexcept {
+    const double tokens = batch * seq;
+    double extra = 0;
+    if (r == recompute::full)
+      extra = layer_gemm_flops_per_token() + layer_attention_flops_per_token();
+    if (r == recompute::selective) extra = layer_attention_flops_per_token();
+    return model_flops(batch) + tokens * layers * extra;
+  }
+};
+
+/// SC21 Eq. 2: P = 12 l h^2 (1 + 13/(12 h) + (V + s)/(12 l h)).
+[[nodiscard]] constexpr double sc21_parameters(double l, double h, double V, double s) noexcept {
+  return 12.0 * l * h * h * (1.0 + 13.0 / (12.0 * h) + (V + s) / (12.0 * l * h));
+}
+
+/// SC21 Eq. 3: F = 96 B s l h^2 (1 + s/(6 h) + V/(16 l h)), FLOPs of one iteration with full
+/// recomputation; Megatron-LM reports "TFLOP/s per GPU" as F / (iteration time * GPUs) in
+/// this convention whatever the recomputation.
+[[nodiscard]] constexpr double sc21_flops(double B, double s, double l, double h,
+                                          double V) noexcept {
+  return 96.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * l * h));
+}
+
+/// Korthikanti et al. 2022, Table 2: bytes of activations one layer keeps for the backward,
+/// per micro-batch of b sequences, with t-way tensor parallelism (t = 1: none), sequence
+/// parallelism or not, and the recomputation. 16-bit activations, 1-byte dropout masks.
+///   none          s b h (10 + 24/t + 5 a s/(h t))    with SP: s b h/t (34 + 5 a s/h)
+///   selective     s b h (10 + 24/t)                  with SP: 34 s b h/t
+///   full          2 s b h (the layer's input)        with SP: 2 s b h/t
+/// Flash attention keeps no a s^2 term: it stores what selective recompute stores.
+[[nodiscard]] inline double activation_bytes_per_layer(const model_spec& m, double b, int t,
+                                                       bool sequence_parallel, recompute r) {
+  const double s = m.seq, h = m.h(), a = m.heads, tt = t;
+  const double sbh = s * b * h;
+  if (r == recompute::full) return sequence_parallel ? 2.0 * sbh / tt : 2.0 * sbh;
+  const bool core_kept = r == recompute::none && !m.flash_attention;
+  const double core = core_kept ? 5.0 * a * s / h : 0.0;
+  if (sequence_parallel) return sbh / tt * (34.0 + core);
+  return sbh * (10.0 + 24.0 / tt + core / tt);
+}
+
+/// Bytes per GPU of the model states under ZeRO stage 0 (replicated) to 3 with mixed-precision
+/// Adam: 2 bytes of 16-bit weights, 2 of 16-bit gradients, K = 12 of optimizer state (fp32
+/// master weights, momentum and variance) per parameter, `params` parameters, sharded over
+/// `dp` data-parallel ranks: stage 1 shards the optimizer state, 2 the gradients too, 3 the
+/// weights too. (ZeRO, section 5: 7.5B parameters on 64 GPUs give 120, 31.4, 16.6, 1.9 GB.)
+struct state_memory {
+  double weights = 0;
+  double gradients = 0;
+  double optimizer = 0;
+  [[nodiscard]] double total() const noexcept { return weights + gradients + optimizer; }
+};
+
+inline constexpr double adam_state_bytes = 12;
+
+[[nodiscard]] inline state_memory zero_memory(double params, int dp, int stage,
+                                              double grad_bytes = 2) {
+  if (stage < 0 || stage > 3)
+    throw error("weft: sim: ZeRO stage must be 0, 1, 2 or 3, not " + std::to_string(stage));
+  if (dp < 1) throw error("weft: sim: data-parallel degree must be at least 1, not " + std::to_string(dp));
+  const double n = dp;
+  state_memory m;
+  m.weights = 2.0 * params / (stage >= 3 ? n : 1.0);
+  m.gradients = grad_bytes * params / (stage >= 2 ? n : 1.0);
+  m.optimizer = adam_state_bytes * params / (stage >= 1 ? n : 1.0);
+  return m;
+}
+
+} // namespace weft::sim

@@ -1,0 +1,575 @@
+#pragma once
+// One training step of a TP x PP x DP layout, simulated: what it costs in time and memory.
+//
+//   per micro-batch, per pipeline rank (the busiest TP rank of it):
+//     F  = its layers' forward: GEMMs (calibration.hpp's efficiency model), the attention
+//          core, elementwise kernels at HBM speed, and 2 TP collectives per layer (all-reduce;
+//          all-gather + reduce-scatter with sequence parallelism) priced by the cost model on
+//          the TP group's devices; the last rank adds the logits, cross-entropy
+//     B  = twice the forward's GEMMs and elementwise work, 2 TP collectives per layer, and the
+//          forward again under full recompute (the attention core under selective); split
+//          schedules (zb-h1) run it as B (input gradient) and W (weight gradient)
+//   the step = the pipeline schedule of weft::pipeline's generators run with those costs,
+//          activations sent between stages over the link their placement implies (each TP
+//          rank sends 1/t of it, SC21's scatter/gather), then the exposed part of the DP
+//          gradient reduction (bucketed: all but the last bucket overlaps the last backward),
+//          then the optimizer step at HBM speed.
+//   links    the node's links at the calibrated share a collective library reaches; the TP
+//          (or DP) groups with members on one node run their collectives at once and split
+//          its NICs; groups over 64 ranks and messages over 64 MiB per rank are priced from
+//          smaller plans and extrapolated (price_group), so a search stays fast.
+//
+// Placement: ranks are numbered TP fastest, then DP, then PP (Megatron-LM's order), so a TP
+// group of 8 fills one DGX; tp_across_nodes numbers TP slowest instead, one TP rank per node
+// when dp * pp >= 8, which is the mistake the planner warns of.
+#include <weft/comm/algorithm/hierarchical.hpp>
+#include <weft/comm/algorithm/ring.hpp>
+#include <weft/comm/plan.hpp>
+#include <weft/core/error.hpp>
+#include <weft/pipeline/generators.hpp>
+#include <weft/pipeline/schedule.hpp>
+#include <weft/pipeline/stats.hpp>
+#include <weft/pipeline/validate.hpp>
+#include <weft/sim/calibration.hpp>
+#include <weft/sim/cost_model.hpp>
+#include <weft/sim/hardware.hpp>
+#include <weft/sim/model.hpp>
+#include <weft/topology/topology.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace weft::sim {
+
+/// How the model is spread, and how it trains.
+struct layout {
+  int tp = 1;
+  int pp = 1;
+  int dp = 1;
+  int chunks = 1;        // V: model chunks per pipeline rank (interleaved schedule)
+  int micro_batch = 1;   // sequences per micro-batch
+  int global_batch = 0;  // sequences per step; 0: one micro-batch per DP rank
+  pipeline::schedule_kind schedule = pipeline::schedule_kind::one_f_one_b;
+  int zero = 0;                   // ZeRO stage 0..3 over the DP group
+  bool sequence_parallel = false; // Korthikanti et al.: layer norms and dropout split over TP
+  recompute recomputation = recompute::none;
+  bool tp_across_nodes = false;   // number TP slowest: its ranks on different nodes
+  bool overlap_dp = true;         // DP reduction overlaps the last backward (bucketed)
+  int dp_buckets = 4;             // gradient buckets per pipeline rank
+  bool p2p_scatter_gather = true; // each TP rank sends 1/tp of an activation (SC21 4.1)
+  bool p2p_blocking = false;      // sends and receives hold the rank (DeepSpeed's pipeline
+                                  // engine) instead of overlapping its compute (Megatron-LM)
+  double grad_bytes = 2;          // bytes per gradient element in the DP reduction
+
+  [[nodiscard]] int gpus() const noexcept { return tp * pp * dp; }
+  [[nodiscard]] int batch() const noexcept { return global_batch > 0 ? global_batch : dp * micro_batch; }
+  [[nodiscard]] int microbatches() const noexcept { return batch() / (dp * micro_batch); }
+
+  /// Device of the rank at (tp index, pp index, dp index).
+  [[nodiscard]] int device(int t, int p, int d) const noexcept {
+    return tp_across_nodes ? d + dp * (p + pp * t) : t + tp * (d + dp * p);
+  }
+};
+
+/// Time of one axis' communication over a step, as one GPU sees it.
+struct axis_time {
+  double seconds = 0;        // on the critical path of the busiest rank (TP, PP) or in all (DP)
+  double per_call_s = 0;     // one collective / message
+  std::string_view link;     // "nvlink", "ib", ... or "none"
+};
+
+struct step_result {
+  int microbatches = 0;
+  double step_time_s = 0;
+  double tflops_per_gpu = 0;       // SC21 Eq. 3 convention (full recompute counted)
+  double model_tflops_per_gpu = 0; // model FLOPs only (MFU's numerator)
+  double mfu = 0;                  // model FLOPs / (peak * step time * GPUs)
+  double bubble = 0;               // pipeline bubble over ideal compute
+  double idle_fraction = 0;
+  double pipeline_s = 0;           // the schedule's makespan
+  double forward_s = 0;            // per micro-batch on the busiest rank, TP comm included
+  double backward_s = 0;
+  double weight_s = 0;             // split schedules only
+  axis_time tp, pp, dp;
+  double dp_exposed_s = 0;
+  double optimizer_s = 0;
+  state_memory states;             // bytes per GPU on the rank holding the most
+  double activation_bytes = 0;
+  [[nodiscard]] double memory_bytes() const noexcept { return states.total() + activation_bytes; }
+  pipeline::schedule schedule;     // the simulated step, for traces
+  pipeline::timeline timeline;
+};
+
+namespace detail {
+
+/// The node's links as collectives achieve them.
+inline topology::cluster achieved(const topology::cluster& c, const calibration& k) {
+  topology::link intra = c.intra();
+  topology::link inter = c.inter();
+  intra.bandwidth *= k.nvlink_fraction;
+  inter.bandwidth *= k.ib_fraction;
+  return topology::cluster(c.devices_per_node(), intra, inter, c.nics_per_node(),
+                           c.reduce_bandwidth());
+}
+
+inline double price_group(collective coll, const std::vector<int>& devices, std::size_t count,
+                          std::size_t element_size, const topology::cluster& c);
+
+/// Beyond this many bytes per rank a collective is priced at two smaller sizes and
+/// extrapolated: past a few chunks per block its time is affine in the bytes (each extra
+/// chunk adds one round of fixed cost and its bytes), and plans of gigabytes would take
+/// seconds to build.
+inline constexpr std::size_t extrapolate_above_bytes = std::size_t{64} << 20;
+
+/// Groups larger than this are priced from two of their subgroups (the plans of p ranks hold
+/// O(p^2) steps).
+inline constexpr int max_priced_group = 64;
+
+/// Prices `coll` of `count` elements of `element_size` bytes among `devices` with the ring,
+/// and where the group spans nodes also the two-level ring: the cheaper, as a collective
+/// library would pick.
+inline double price_group(collective coll, const std::vector<int>& devices, std::size_t count,
+                          std::size_t element_size, const topology::cluster& c) {
+  const int n = static_cast<int>(devices.size());
+  if (n <= 1 || count == 0) return 0;
+  // Prices are kept: a search prices the same DP and TP groups for many variants.
+  static std::mutex mutex;
+  static std::map<std::tuple<int, std::vector<int>, std::size_t, std::size_t, std::string>, double> cache;
+  auto key = std::make_tuple(static_cast<int>(coll), devices, count, element_size, c.to_string());
+  {
+    const std::lock_guard lock(mutex);
+    if (const auto it = cache.find(key); it != cache.end()) return it->second;
+  }
+  const auto keep = [&](double t) {
+    const std::lock_guard lock(mutex);
+    if (cache.size() > 4096) cache.clear();
+    cache.emplace(std::move(key), t);
+    return t;
+  };
+  if (n > max_priced_group) {
+    // A collective of S bytes over p ranks costs about a (p - 1) + b (p - 1) / p (rounds of
+    // fixed cost, and the share of the bytes each rank's link carries); fit a and b to the
+    // plans of the group's first 32 and 64 members, whose placement repeats the group's.
+    const bool per_rank = coll == collective::reduce_scatter || coll == collective::all_gather;
+    const double total = static_cast<double>(count) * (per_rank ? n : 1);
+    const auto at = [&](int q) {
+      const std::vector<int> sub(devices.begin(), devices.begin() + q);
+      const auto cq = static_cast<std::size_t>(per_rank ? total / q : total);
+      return price_group(coll, sub, cq > 0 ? cq : 1, element_size, c);
+    };
+    const double p1 = max_priced_group / 2.0, p2 = max_priced_group;
+    const double t1 = at(max_priced_group / 2), t2 = at(max_priced_group);
+    // t = a (p-1) + b (p-1)/p at p1 and p2
+    const double x1 = p1 - 1, y1 = (p1 - 1) / p1, x2 = p2 - 1, y2 = (p2 - 1) / p2;
+    const double det = x1 * y2 - x2 * y1;
+    const double a = (t1 * y2 - t2 * y1) / det;
+    const double b = (x1 * t2 - x2 * t1) / det;
+    return keep(std::max(t2, a * (n - 1) + b * (n - 1.0) / n));
+  }
+  if (count * element_size > extrapolate_above_bytes) {
+    const std::size_t c2 = extrapolate_above_bytes / element_size;
+    const std::size_t c1 = c2 / 2;
+    const double t1 = price_group(coll, devices, c1, element_size, c);
+    const double t2 = price_group(coll, devices, c2, element_size, c);
+    return keep(t2 + (t2 - t1) / static_cast<double>(c2 - c1) * static_cast<double>(count - c2));
+  }
+  plan_request q;
+  q.coll = coll;
+  q.size = n;
+  q.count = count;
+  q.element_size = element_size;
+  for (int d : devices)
+    q.node_of.push_back(c.node_of(d));
+  double best = price(plans_of(&algo::ring::make_plan, q), c, devices, element_size);
+  const bool spans = std::any_of(q.node_of.begin(), q.node_of.end(),
+                                 [&](int x) { return x != q.node_of.front(); });
+  if (spans && coll == collective::all_reduce) {
+    best = std::min(best, price(plans_of(&algo::hierarchical<algo::ring, algo::ring>::make_plan, q),
+                                c, devices, element_size));
+  }
+  return keep(best);
+}
+
+/// `c` as one of `sharing` groups that run at once with members on every node sees it: the
+/// node's NICs split among them (at least one each).
+inline topology::cluster nic_share(const topology::cluster& c, int sharing) {
+  if (sharing <= 1) return c;
+  return topology::cluster(c.devices_per_node(), c.intra(), c.inter(),
+                           std::max(1, c.nics_per_node() / sharing), c.reduce_bandwidth());
+}
+
+inline std::string_view link_name(const std::vector<int>& devices, const topology::cluster& c) {
+  if (devices.size() <= 1) return "none";
+  for (int d : devices)
+    if (c.node_of(d) != c.node_of(devices.front())) return topology::name_of(c.inter().kind);
+  return topology::name_of(c.intra().kind);
+}
+
+/// Seconds of a GEMM m x n x k (times `batch` independent ones) on `g`.
+inline double gemm_time(double m, double n, double k, double batch, const gpu& g,
+                        const calibration& cal) {
+  const auto q = [&](double d) { return d / (d + cal.gemm_half_dim); };
+  const double eff = cal.gemm_peak_fraction * q(m) * q(n) * q(k);
+  const double compute = 2.0 * m * n * k * batch / (g.peak_flops * eff);
+  const double traffic = 2.0 * (m * k + k * n + m * n) * batch / (g.hbm_bandwidth * cal.hbm_fraction);
+  return std::max(compute, traffic);
+}
+
+} // namespace detail
+
+/// Compute seconds of one layer's forward on one TP rank, for a micro-batch of b sequences,
+/// without communication: the GEMMs, the attention core, and the elementwise kernels. Their
+/// bytes per token, an estimate: 15h for the two layer norms (each reads and writes h 16-bit
+/// values: 8h) and the two fused bias-dropout-residual adds (7h in all), replicated on every
+/// TP rank unless sequence parallel; the activation function reads and writes f/t 16-bit
+/// values (4f/t; 6f/t gated); the attention core's softmax and dropout read and write the
+/// b a/t s^2 scores (9 bytes each: 2+2 softmax, 2+2 dropout, a 1-byte mask) unless fused.
+struct layer_cost {
+  double gemm_s = 0;
+  double attention_s = 0;
+  double elementwise_s = 0;
+  [[nodiscard]] double total() const noexcept { return gemm_s + attention_s + elementwise_s; }
+};
+
+[[nodiscard]] inline layer_cost layer_forward(const model_spec& m, double b, int t, bool sp,
+                                              const gpu& g, const calibration& cal) {
+  const double T = b * m.seq, h = m.h(), f = m.f(), tt = t;
+  layer_cost c;
+  c.gemm_s = detail::gemm_time(T, m.qkv_width() / tt, h, 1, g, cal) +
+             detail::gemm_time(T, h, h / tt, 1, g, cal) +
+             detail::gemm_time(T, f * (m.mlp_matrices() - 1) / tt, h, 1, g, cal) +
+             detail::gemm_time(T, h, f / tt, 1, g, cal);
+  const double heads = m.heads / tt * b;
+  const double hd = h / m.heads;
+  c.attention_s = 2.0 * detail::gemm_time(m.seq, m.seq, hd, heads, g, cal);
+  const double hbm = g.hbm_bandwidth * cal.hbm_fraction;
+  double bytes = 15.0 * T * h / (sp ? tt : 1.0) + (m.gated ? 6.0 : 4.0) * T * f / tt;
+  if (!m.flash_attention) bytes += 9.0 * heads * m.seq * static_cast<double>(m.seq);
+  c.elementwise_s = bytes / hbm + cal.layer_overhead_s;
+  return c;
+}
+
+namespace detail {
+
+inline void check_layout(const model_spec& m, const machine& mc, const layout& l) {
+  const auto fail = [&](const std::string& what) { throw error("weft: sim: layout: " + what); };
+  for (auto [name, v] : {std::pair{"tp", l.tp}, {"pp", l.pp}, {"dp", l.dp}, {"chunks", l.chunks},
+                         {"micro_batch", l.micro_batch}}) {
+    if (v < 1) fail(std::string(name) + " must be at least 1, not " + std::to_string(v));
+  }
+  if (l.gpus() > mc.cluster.size())
+    fail("tp * pp * dp = " + std::to_string(l.gpus()) + " GPUs, more than the cluster's " +
+         std::to_string(mc.cluster.size()));
+  if (l.global_batch < 0 || l.batch() % (l.dp * l.micro_batch) != 0)
+    fail("global batch " + std::to_string(l.batch()) + " is not a multiple of dp * micro_batch = " +
+         std::to_string(l.dp * l.micro_batch));
+  if (m.heads % l.tp != 0)
+    fail("tp " + std::to_string(l.tp) + " does not divide the " + std::to_string(m.heads) + " heads");
+  if (m.layers < l.pp * l.chunks)
+    fail(std::to_string(m.layers) + " layers cannot fill pp * chunks = " +
+         std::to_string(l.pp * l.chunks) + " model chunks");
+  if (l.zero < 0 || l.zero > 3) fail("zero must be 0..3, not " + std::to_string(l.zero));
+  if (l.dp_buckets < 1) fail("dp_buckets must be at least 1");
+  if (l.chunks > 1 && l.schedule != pipeline::schedule_kind::interleaved)
+    fail("chunks > 1 needs the interleaved schedule");
+}
+
+} // namespace detail
+
+namespace detail {
+
+/// Layers of each pipeline rank: as even as possible, the extra ones on the middle ranks (the
+/// first holds the embedding, the last the logits).
+inline std::vector<int> layers_per_rank(const model_spec& m, int p) {
+  std::vector<int> layers_of(static_cast<std::size_t>(p), m.layers / p);
+  for (int extra = m.layers % p, i = 0; extra > 0; ++i, --extra)
+    ++layers_of[static_cast<std::size_t>((p / 2 + (i % 2 == 0 ? i / 2 : -(i + 1) / 2) + p) % p)];
+  return layers_of;
+}
+
+/// Weights held by the pipeline rank with the most of them, per TP rank.
+inline double rank_parameters(const model_spec& m, const layout& l, const std::vector<int>& layers_of) {
+  const double embed = static_cast<double>(m.vocab) * m.h() + (m.learned_positions ? m.seq * m.h() : 0.0);
+  const int max_layers = *std::max_element(layers_of.begin(), layers_of.end());
+  return std::max(layers_of.front() * m.layer_parameters() + embed,
+                  max_layers * m.layer_parameters() + (l.pp == 1 ? embed : 0.0)) /
+         l.tp;
+}
+
+/// Model states and activations of the fullest rank, given how many (micro-batch, chunk)
+/// pairs each pipeline rank holds at its peak (a chunk's pair holds 1/V of the rank's layers).
+inline std::pair<state_memory, double> memory_of(const model_spec& m, const layout& l,
+                                                 const std::vector<int>& layers_of,
+                                                 const std::vector<int>& peak) {
+  const int t = l.tp, p = l.pp;
+  const double b = l.micro_batch, T = b * m.seq, h = m.h(), v = l.chunks;
+  const state_memory states = zero_memory(rank_parameters(m, l, layers_of), l.dp, l.zero, l.grad_bytes);
+  const double per_layer = activation_bytes_per_layer(m, b, t, l.sequence_parallel, l.recomputation);
+  double worst = 0;
+  for (int r = 0; r < p; ++r) {
+    const double held = peak[static_cast<std::size_t>(r)];
+    double a = per_layer * layers_of[static_cast<std::size_t>(r)] * held / v;
+    if (l.recomputation == recompute::full) // one layer's activations live while recomputed
+      a += activation_bytes_per_layer(m, b, t, l.sequence_parallel, recompute::none);
+    if (r == 0) a += 2.0 * T * h / (l.sequence_parallel ? t : 1) * held / v; // embedding output
+    if (r == p - 1) a += 4.0 * T * m.vocab / t;                                  // fp32 logits
+    worst = std::max(worst, a);
+  }
+  return {states, worst};
+}
+
+/// The most (micro-batch, chunk) pairs each rank of `s` holds at once: from its F until its
+/// B (W when the backward is split).
+inline std::vector<int> peak_in_flight(const pipeline::schedule& s) {
+  std::vector<int> peak(static_cast<std::size_t>(s.stages), 0);
+  for (int r = 0; r < s.stages; ++r) {
+    int held = 0;
+    auto& top = peak[static_cast<std::size_t>(r)];
+    for (const pipeline::action& a : s.ranks[static_cast<std::size_t>(r)]) {
+      if (a.kind == pipeline::action_kind::forward)
+        top = std::max(top, ++held);
+      else if (a.kind == (s.split_backward ? pipeline::action_kind::weight : pipeline::action_kind::backward))
+        --held;
+    }
+  }
+  return peak;
+}
+
+} // namespace detail
+
+/// Bytes per GPU of `l` (model states and activations) without simulating the step: what the
+/// planner checks before it simulates.
+/// `peak`: the (micro-batch, chunk) pairs each pipeline rank holds at most
+/// (detail::peak_in_flight of the layout's schedule), when the caller has it.
+[[nodiscard]] inline double estimate_memory(const model_spec& m, const layout& l, const std::vector<int>& peak) {
+  const auto mem = detail::memory_of(m, l, detail::layers_per_rank(m, l.pp), peak);
+  return mem.first.total() + mem.second;
+}
+
+[[nodiscard]] inline double estimate_memory(const model_spec& m, const layout& l) {
+  return estimate_memory(
+      m, l, detail::peak_in_flight(pipeline::generate(l.schedule, l.pp, l.microbatches(), l.chunks)));
+}
+
+/// Simulates one step of `m` on `mc` laid out as `l`, with the constants `cal`. Throws
+/// weft::error naming what is wrong with the layout or schedule.
+[[nodiscard]] inline step_result simulate_step(const model_spec& m, const machine& mc,
+                                               const layout& l, const calibration& cal) {
+  m.check();
+  detail::check_layout(m, mc, l);
+  const gpu& g = mc.device;
+  const topology::cluster net = detail::achieved(mc.cluster, cal);
+  const int t = l.tp, p = l.pp;
+  const double b = l.micro_batch;
+  const double T = b * m.seq, h = m.h();
+  step_result out;
+  out.microbatches = l.microbatches();
+
+  // --- communication prices --------------------------------------------------------------
+  std::vector<int> tp_group, pp_group, dp_group;
+  for (int i = 0; i < t; ++i)
+    tp_group.push_back(l.device(i, 0, 0));
+  for (int i = 0; i < p; ++i)
+    pp_group.push_back(l.device(0, i, 0));
+  for (int i = 0; i < l.dp; ++i)
+    dp_group.push_back(l.device(0, 0, i));
+  // How many TP and DP groups have members on one node (the first): they run their
+  // collectives at once and share its NICs.
+  int tp_sharing = 0, dp_sharing = 0;
+  {
+    std::vector<std::pair<int, int>> tp_keys, dp_keys;
+    const int first_node = std::min(mc.cluster.devices_on(0), l.gpus());
+    for (int dev = 0; dev < first_node; ++dev) {
+      int ti = 0, pi = 0, di = 0;
+      if (l.tp_across_nodes) {
+        di = dev % l.dp;
+        pi = dev / l.dp % l.pp;
+        ti = dev / (l.dp * l.pp);
+      } else {
+        ti = dev % l.tp;
+        di = dev / l.tp % l.dp;
+        pi = dev / (l.tp * l.dp);
+      }
+      tp_keys.emplace_back(pi, di);
+      dp_keys.emplace_back(ti, pi);
+    }
+    for (auto* keys : {&tp_keys, &dp_keys}) {
+      std::sort(keys->begin(), keys->end());
+      keys->erase(std::unique(keys->begin(), keys->end()), keys->end());
+    }
+    tp_sharing = static_cast<int>(tp_keys.size());
+    dp_sharing = static_cast<int>(dp_keys.size());
+  }
+  const topology::cluster tp_net = detail::nic_share(net, tp_sharing);
+  const topology::cluster dp_net = detail::nic_share(net, dp_sharing);
+  const auto act = static_cast<std::size_t>(T * h);
+  // One of a layer's two TP collectives per pass: an all-reduce, or with sequence parallelism
+  // an all-gather before the block and a reduce-scatter after it.
+  double tp_call = 0;
+  if (t > 1) {
+    tp_call = l.sequence_parallel
+                  ? detail::price_group(collective::all_gather, tp_group, act / static_cast<std::size_t>(t), 2, tp_net) +
+                        detail::price_group(collective::reduce_scatter, tp_group, act / static_cast<std::size_t>(t), 2, tp_net)
+                  : detail::price_group(collective::all_reduce, tp_group, act, 2, tp_net);
+  }
+  out.tp = {0, tp_call, detail::link_name(tp_group, mc.cluster)};
+
+  // Activation messages between pipeline neighbours: the link between stage 0 and stage 1.
+  const std::size_t msg_bytes =
+      static_cast<std::size_t>(2.0 * T * h / (l.p2p_scatter_gather && t > 1 ? t : 1));
+  double p2p_latency = 0, p2p_bw = 0;
+  if (p > 1) {
+    const topology::link& lk = net.link_between(pp_group[0], pp_group[1]);
+    p2p_latency = lk.latency;
+    p2p_bw = lk.bandwidth;
+  }
+  const double p2p_call = p > 1 ? p2p_latency + static_cast<double>(msg_bytes) / p2p_bw : 0.0;
+  out.pp = {0, p2p_call, detail::link_name(pp_group, mc.cluster)};
+
+  // --- compute per micro-batch per rank ----------------------------------------------------
+  const layer_cost fwd = layer_forward(m, b, t, l.sequence_parallel, g, cal);
+  const double layer_f = fwd.total() + 2.0 * tp_call;
+  // The backward: input-gradient GEMMs (as many FLOPs as the forward's), the attention core and
+  // the elementwise kernels twice over, two TP collectives, and what is recomputed; the
+  // weight-gradient GEMMs (W) as many FLOPs as the forward's again.
+  double layer_b_input = fwd.gemm_s + 2.0 * (fwd.attention_s + fwd.elementwise_s) + 2.0 * tp_call;
+  const double layer_b_weight = fwd.gemm_s;
+  if (l.recomputation == recompute::full) layer_b_input += layer_f;
+  if (l.recomputation == recompute::selective) layer_b_input += fwd.attention_s;
+
+  // The logits and the cross-entropy (fp32, read and written three times) on the last rank.
+  const double logit_gemm = detail::gemm_time(T, m.vocab / static_cast<double>(t), h, 1, g, cal);
+  const double logit_f = logit_gemm + 3.0 * 4.0 * T * m.vocab / t / (g.hbm_bandwidth * cal.hbm_fraction);
+  const double logit_w = logit_gemm;
+
+  const std::vector<int> layers_of = detail::layers_per_rank(m, p);
+
+  struct rank_cost {
+    double f, b, w;
+  };
+  std::vector<rank_cost> cost(static_cast<std::size_t>(p));
+  const bool split = l.schedule == pipeline::schedule_kind::zero_bubble_h1;
+  for (int r = 0; r < p; ++r) {
+    const double L = layers_of[static_cast<std::size_t>(r)];
+    rank_cost& c = cost[static_cast<std::size_t>(r)];
+    c.f = L * layer_f;
+    c.b = L * layer_b_input;
+    c.w = L * layer_b_weight;
+    if (l.p2p_blocking && p > 1) { // each F receives and sends an activation, each B a gradient
+      const double messages = (r > 0 ? 1.0 : 0.0) + (r < p - 1 ? 1.0 : 0.0);
+      c.f += messages * p2p_call * l.chunks;
+      c.b += messages * p2p_call * l.chunks;
+    }
+    if (r == p - 1) {
+      c.f += logit_f;
+      c.b += logit_w + 2.0 * (logit_f - logit_w);
+      c.w += logit_w;
+    }
+    if (!split) {
+      c.b += c.w;
+      c.w = 0;
+    }
+  }
+  const auto busiest = std::max_element(cost.begin(), cost.end(), [](const rank_cost& a, const rank_cost& x) {
+    return a.f + a.b + a.w < x.f + x.b + x.w;
+  });
+  out.forward_s = busiest->f;
+  out.backward_s = busiest->b;
+  out.weight_s = busiest->w;
+
+  // --- the pipeline ------------------------------------------------------------------------
+  pipeline::options po;
+  po.activation_bytes = msg_bytes;
+  po.gradient_bytes = msg_bytes;
+  out.schedule = pipeline::generate(l.schedule, p, out.microbatches, l.chunks, po);
+  pipeline::validate(out.schedule);
+  const pipeline::schedule& s = out.schedule;
+  const double v = s.chunks;
+  auto times = pipeline::detail::run(
+      s, "simulating schedule " + s.name,
+      [&](int r, const pipeline::action& a) {
+        const rank_cost& c = cost[static_cast<std::size_t>(r)];
+        switch (a.kind) {
+          case pipeline::action_kind::forward: return c.f / v;
+          case pipeline::action_kind::backward: return c.b / v;
+          case pipeline::action_kind::weight: return c.w / v;
+          default: return 0.0;
+        }
+      },
+      [&](const pipeline::action& a) {
+        if (l.p2p_blocking) return 0.0; // already in the compute actions' costs
+        return p2p_latency + (p2p_bw > 0 ? static_cast<double>(a.bytes) / p2p_bw : 0.0);
+      });
+  out.timeline = pipeline::timeline{std::move(times.start), std::move(times.end), 0.0};
+  double busiest_busy = 0;
+  double idle = 0;
+  std::vector<double> busy(static_cast<std::size_t>(p), 0.0);
+  for (int r = 0; r < p; ++r) {
+    const auto ur = static_cast<std::size_t>(r);
+    const auto& ends = out.timeline.end[ur];
+    if (!ends.empty()) out.timeline.step_time = std::max(out.timeline.step_time, ends.back());
+    busy[ur] = out.microbatches * (cost[ur].f + cost[ur].b + cost[ur].w);
+    busiest_busy = std::max(busiest_busy, busy[ur]);
+  }
+  out.pipeline_s = out.timeline.step_time;
+  for (double x : busy)
+    idle += out.pipeline_s - x;
+  out.bubble = busiest_busy > 0 ? (out.pipeline_s - busiest_busy) / busiest_busy : 0.0;
+  out.idle_fraction = out.pipeline_s > 0 ? idle / (p * out.pipeline_s) : 0.0;
+  out.tp.seconds = t > 1 ? out.microbatches * layers_of[static_cast<std::size_t>(busiest - cost.begin())] *
+                               tp_call * (l.recomputation == recompute::full ? 6.0 : 4.0)
+                         : 0.0;
+  out.pp.seconds = p > 1 ? 2.0 * out.microbatches * s.chunks * p2p_call : 0.0;
+
+  // --- data parallelism and the optimizer ---------------------------------------------------
+  const double rank_params = detail::rank_parameters(m, l, layers_of);
+  const auto grad_elems = static_cast<std::size_t>(rank_params);
+  const auto grad_size = static_cast<std::size_t>(l.grad_bytes);
+  double dp_time = 0;
+  if (l.dp > 1) {
+    // ZeRO-1 and 2 reduce-scatter the gradients and all-gather the updated weights: the two
+    // halves of a ring all-reduce, priced as one. ZeRO-3 gathers the weights once more, for
+    // the backward (1.5x the traffic, as the ZeRO paper counts it).
+    dp_time = detail::price_group(collective::all_reduce, dp_group, grad_elems, grad_size, dp_net);
+    if (l.zero >= 3)
+      dp_time += detail::price_group(collective::all_gather, dp_group, grad_elems / static_cast<std::size_t>(l.dp), 2, dp_net);
+  }
+  out.dp = {dp_time, dp_time, detail::link_name(dp_group, mc.cluster)};
+  if (l.overlap_dp) {
+    const double window = out.backward_s + out.weight_s; // the last micro-batch's backward
+    out.dp_exposed_s = std::max(dp_time / l.dp_buckets, dp_time - window);
+  } else {
+    out.dp_exposed_s = dp_time;
+  }
+  const double shard = l.zero >= 1 ? l.dp : 1;
+  out.optimizer_s = rank_params / shard * 32.0 / (g.hbm_bandwidth * cal.hbm_fraction);
+  out.step_time_s = out.pipeline_s + out.dp_exposed_s + out.optimizer_s;
+
+  // --- throughput ----------------------------------------------------------------------------
+  const double gpus = l.gpus();
+  const double batch = l.batch();
+  out.tflops_per_gpu = m.hardware_flops(batch, recompute::full) / (out.step_time_s * gpus) / 1e12;
+  out.model_tflops_per_gpu = m.model_flops(batch) / (out.step_time_s * gpus) / 1e12;
+  out.mfu = out.model_tflops_per_gpu * 1e12 / g.peak_flops;
+
+  // --- memory ----------------------------------------------------------------------------
+  const std::vector<int> peak = detail::peak_in_flight(s);
+  const auto mem = detail::memory_of(m, l, layers_of, peak);
+  out.states = mem.first;
+  out.activation_bytes = mem.second;
+  return out;
+}
+
+[[nodiscard]] inline step_result simulate_step(const model_spec& m, const machine& mc, const layout& l) {
+  return simulate_step(m, mc, l, calibration_of(mc.device));
+}
+
+} // namespace weft::sim

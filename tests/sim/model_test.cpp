@@ -1,0 +1,115 @@
+// The model spec's arithmetic against the published formulas and figures: SC21 Eq. 2 and 3
+// written out here, the parameter counts of SC21 Table 1, the ZeRO paper's memory example,
+// Korthikanti et al.'s Table 2, and the 1F1B bubble of the mission brief.
+#include <weft/pipeline/generators.hpp>
+#include <weft/pipeline/stats.hpp>
+#include <weft/sim/model.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+
+namespace {
+
+using weft::sim::model_spec;
+using weft::sim::recompute;
+
+model_spec gpt(int layers, int hidden, int heads, int vocab = 51200, int seq = 2048) {
+  model_spec m;
+  m.name = "gpt";
+  m.layers = layers;
+  m.hidden = hidden;
+  m.heads = heads;
+  m.seq = seq;
+  m.vocab = vocab;
+  return m;
+}
+
+TEST(sim_model, parameters_follow_sc21_eq2_and_table1) {
+  // SC21 Table 1: (layers, hidden, heads, published billions).
+  struct row {
+    int l, h, a;
+    double billions;
+  };
+  for (const row r : {row{24, 2304, 24, 1.7}, row{40, 6144, 48, 18.4}, row{80, 12288, 96, 145.6},
+                      row{96, 16384, 128, 310.1}, row{128, 25600, 160, 1008.0}}) {
+    const model_spec m = gpt(r.l, r.h, r.a);
+    const double l = r.l, h = r.h, V = 51200, s = 2048;
+    const double eq2 = 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h));
+    EXPECT_NEAR(m.parameters(), eq2, eq2 * 1e-12) << r.billions;
+    EXPECT_NEAR(weft::sim::sc21_parameters(l, h, V, s), eq2, eq2 * 1e-12);
+    // The published figure, rounded to its digits.
+    EXPECT_NEAR(m.parameters() / 1e9, r.billions, 0.06 + r.billions * 0.002) << r.billions;
+  }
+}
+
+TEST(sim_model, flops_with_full_recompute_are_sc21_eq3) {
+  const model_spec m = gpt(105, 20480, 128, 50272);
+  const double B = 1920, s = 2048, l = 105, h = 20480, V = 50272;
+  const double eq3 = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
+  EXPECT_NEAR(m.hardware_flops(B, recompute::full), eq3, eq3 * 1e-12);
+  EXPECT_NEAR(weft::sim::sc21_flops(B, s, l, h, V), eq3, eq3 * 1e-12);
+  // Without recompute: three passes, 72 B s l h^2 (1 + s/6h) + 6 B s h V.
+  const double model = 72 * B * s * l * h * h * (1 + s / (6 * h)) + 6 * B * s * h * V;
+  EXPECT_NEAR(m.model_flops(B), model, model * 1e-12);
+  // MT-NLG (Smith et al. 2022): 60.1 s per iteration on 2,240 GPUs is 126 TFLOP/s per GPU.
+  EXPECT_NEAR(eq3 / (60.1 * 2240) / 1e12, 126, 0.5);
+}
+
+TEST(sim_model, zero_paper_example) {
+  // ZeRO section 5 / Figure 1: 7.5B parameters, mixed-precision Adam (K = 12), 64 GPUs.
+  const double psi = 7.5e9;
+  const double expected[] = {120, 31.4, 16.6, 1.9}; // GB, as the paper rounds them
+  for (int stage = 0; stage <= 3; ++stage) {
+    const auto mem = weft::sim::zero_memory(psi, 64, stage);
+    EXPECT_NEAR(mem.total() / 1e9, expected[stage], 0.05) << "ZeRO-" << stage;
+    std::printf("  7.5B parameters on 64 GPUs, ZeRO-%d: %.1f GB per GPU\n", stage, mem.total() / 1e9);
+  }
+  const auto z1 = weft::sim::zero_memory(psi, 64, 1);
+  EXPECT_DOUBLE_EQ(z1.weights, 2 * psi);
+  EXPECT_DOUBLE_EQ(z1.gradients, 2 * psi);
+  EXPECT_DOUBLE_EQ(z1.optimizer, 12 * psi / 64);
+  EXPECT_THROW((void)weft::sim::zero_memory(psi, 64, 4), weft::error);
+  EXPECT_THROW((void)weft::sim::zero_memory(psi, 0, 1), weft::error);
+}
+
+TEST(sim_model, activation_memory_is_korthikanti_table2) {
+  const model_spec m = gpt(96, 12288, 96); // GPT-3 175B
+  const double s = 2048, b = 1, h = 12288, a = 96, t = 8;
+  const auto act = [&](bool sp, recompute r) {
+    return weft::sim::activation_bytes_per_layer(m, b, static_cast<int>(t), sp, r);
+  };
+  EXPECT_DOUBLE_EQ(act(false, recompute::none), s * b * h * (10 + 24 / t + 5 * a * s / (h * t)));
+  EXPECT_DOUBLE_EQ(act(true, recompute::none), s * b * h / t * (34 + 5 * a * s / h));
+  EXPECT_DOUBLE_EQ(act(false, recompute::selective), s * b * h * (10 + 24 / t));
+  EXPECT_DOUBLE_EQ(act(true, recompute::selective), s * b * h * 34 / t);
+  EXPECT_DOUBLE_EQ(act(false, recompute::full), 2 * s * b * h);
+  // No parallelism: s b h (34 + 5 a s / h).
+  EXPECT_DOUBLE_EQ(weft::sim::activation_bytes_per_layer(m, b, 1, false, recompute::none),
+                   s * b * h * (34 + 5 * a * s / h));
+  // The paper's headline: selective recompute with sequence parallelism keeps about a fifth
+  // of what tensor parallelism alone keeps for GPT-3 (its Figure 7: 5x less memory).
+  const double ratio = act(false, recompute::none) / act(true, recompute::selective);
+  EXPECT_GT(ratio, 4.5);
+  EXPECT_LT(ratio, 6.5);
+}
+
+TEST(sim_model, one_f_one_b_bubble_with_8_stages_and_64_microbatches_is_about_11_percent) {
+  const auto s = weft::pipeline::one_f_one_b::make(8, 64);
+  const auto st = weft::pipeline::analyze(s, weft::pipeline::costs{1, 2, 0});
+  EXPECT_NEAR(st.bubble_over_ideal, 7.0 / 64, 1e-9); // (p - 1) / m = 10.9%
+  EXPECT_NEAR(st.bubble_over_ideal, 0.11, 0.005);
+  std::printf("  1F1B, 8 stages, 64 micro-batches: bubble %.1f%% of ideal compute\n", 100 * st.bubble_over_ideal);
+}
+
+TEST(sim_model, bad_specs_throw) {
+  model_spec m = gpt(2, 64, 3);
+  EXPECT_THROW(m.check(), weft::error); // 64 is not a multiple of 3 heads
+  m = gpt(0, 64, 4);
+  EXPECT_THROW(m.check(), weft::error);
+  EXPECT_THROW((void)weft::sim::recompute_named("some"), weft::error);
+  EXPECT_EQ(weft::sim::recompute_named("selective"), recompute::selective);
+}
+
+} // namespace

@@ -1,0 +1,138 @@
+// The planner: the published MT-NLG mesh among the top 5, the pruning of memory savers checked
+// against brute force on a small cluster, and memory limits honoured.
+#include <weft/sim/planner.hpp>
+
+#include <gtest/gtest.h>
+
+#include <ctime>
+#include <cstdio>
+#include <map>
+#include <tuple>
+
+namespace {
+
+using namespace weft::sim;
+namespace pl = weft::pipeline;
+
+model_spec gpt(std::string name, int layers, int hidden, int heads, int vocab) {
+  model_spec m;
+  m.name = std::move(name);
+  m.layers = layers;
+  m.hidden = hidden;
+  m.heads = heads;
+  m.seq = 2048;
+  m.vocab = vocab;
+  return m;
+}
+
+TEST(sim_planner, mt_nlg_published_mesh_is_in_the_top_5) {
+  const model_spec m = gpt("mt-nlg-530b", 105, 20480, 128, 50272);
+  const machine mc = dgx(a100_80gb, 280);
+  search_options o;
+  o.global_batch = 1920;
+  const std::clock_t start = std::clock(); // CPU time: the machine may be shared
+  const search_result s = search(m, mc, o);
+  const double seconds = static_cast<double>(std::clock() - start) / CLOCKS_PER_SEC;
+  std::size_t rank = 0;
+  for (std::size_t i = 0; i < s.ranked.size(); ++i)
+    if (s.ranked[i].l.tp == 8 && s.ranked[i].l.pp == 35 && s.ranked[i].l.dp == 8) rank = i + 1;
+  std::printf("  MT-NLG 530B on 280 DGX A100: tp 8 pp 35 dp 8 ranks #%zu of %zu (search %.2f s)\n", rank,
+              s.ranked.size(), seconds);
+  EXPECT_GE(rank, 1u);
+  EXPECT_LE(rank, 5u);
+  // Every ranked layout fits, and the best keeps TP inside a node.
+  for (const auto& x : s.ranked)
+    EXPECT_LE(x.r.memory_bytes(), a100_80gb.hbm_bytes) << describe(x.l);
+  EXPECT_LE(s.ranked.front().l.tp, 8);
+  const std::string why = explain(s, mc);
+  EXPECT_NE(why.find("Why TP stays inside a node"), std::string::npos) << why;
+  EXPECT_NE(why.find("What the bubble costs"), std::string::npos) << why;
+}
+
+TEST(sim_planner, search_of_a_1t_model_on_3072_gpus_takes_under_a_minute) {
+#ifdef WEFT_TEST_SANITIZED
+  GTEST_SKIP() << "timing is meaningless under a sanitizer (10-40x slower)";
+#else
+  const model_spec m = gpt("gpt-1t", 128, 25600, 160, 51200);
+  search_options o;
+  o.global_batch = 3072;
+  const std::clock_t start = std::clock(); // CPU time: the machine may be shared
+  const search_result s = search(m, dgx(a100_80gb, 384), o);
+  const double seconds = static_cast<double>(std::clock() - start) / CLOCKS_PER_SEC;
+  std::printf("  1T on 3072 A100: %d meshes, %d layouts simulated in %.2f s; best %s\n", s.meshes, s.simulated,
+              seconds, describe(s.ranked.front().l).c_str());
+  EXPECT_LT(seconds, 60.0);
+  EXPECT_GT(s.simulated, 100);
+#endif
+}
+
+TEST(sim_planner, pruning_recompute_and_zero_matches_brute_force) {
+  const model_spec m = gpt("gpt-2.7b", 32, 2560, 32, 51200);
+  const machine mc = dgx(a100_80gb, 2);
+  search_options o;
+  o.global_batch = 64;
+  o.memory_limit = 24e9; // tight, so that memory savers matter
+  const search_result s = search(m, mc, o);
+  // Brute force: every variant the search could take, best fitting one per mesh.
+  std::map<std::tuple<int, int, int>, double> best;
+  for (const auto& x : s.ranked) {
+    const layout& base = x.l;
+    for (int mb : o.micro_batches) {
+      for (pl::schedule_kind kind : o.schedules) {
+        for (recompute rc : {recompute::none, recompute::selective, recompute::full}) {
+          for (int zero = 0; zero <= 3; ++zero) {
+            layout l = base;
+            l.micro_batch = mb;
+            l.schedule = kind;
+            l.chunks = kind == pl::schedule_kind::interleaved ? 2 : 1;
+            l.recomputation = rc;
+            l.zero = zero;
+            if (o.global_batch % (l.dp * mb) != 0) continue;
+            step_result r;
+            try {
+              r = simulate_step(m, mc, l);
+            } catch (const weft::error&) {
+              continue; // a schedule that cannot take this many micro-batches
+            }
+            if (r.memory_bytes() > o.memory_limit) continue;
+            auto& b = best.try_emplace({l.tp, l.pp, l.dp}, r.step_time_s).first->second;
+            b = std::min(b, r.step_time_s);
+          }
+        }
+      }
+    }
+  }
+  for (const auto& x : s.ranked) {
+    const auto it = best.find({x.l.tp, x.l.pp, x.l.dp});
+    ASSERT_NE(it, best.end()) << describe(x.l);
+    EXPECT_NEAR(x.r.step_time_s, it->second, it->second * 1e-9) << describe(x.l);
+  }
+}
+
+TEST(sim_planner, memory_estimate_is_the_simulated_memory) {
+  const model_spec m = gpt("gpt-6.7b", 32, 4096, 32, 51200);
+  const machine mc = dgx(a100_80gb, 1);
+  for (pl::schedule_kind kind : {pl::schedule_kind::one_f_one_b, pl::schedule_kind::interleaved,
+                                 pl::schedule_kind::zero_bubble_h1, pl::schedule_kind::gpipe}) {
+    layout l;
+    l.tp = 2;
+    l.pp = 4;
+    l.global_batch = 16;
+    l.schedule = kind;
+    l.chunks = kind == pl::schedule_kind::interleaved ? 2 : 1;
+    const step_result r = simulate_step(m, mc, l);
+    EXPECT_NEAR(estimate_memory(m, l), r.memory_bytes(), r.memory_bytes() * 1e-12)
+        << pl::name_of(kind);
+  }
+}
+
+TEST(sim_planner, nothing_fits_throws) {
+  const model_spec m = gpt("gpt-175b", 96, 12288, 96, 51200);
+  search_options o;
+  o.global_batch = 8;
+  EXPECT_THROW((void)search(m, dgx(a100_80gb, 1), o), weft::error);
+  o.global_batch = 0;
+  EXPECT_THROW((void)search(m, dgx(a100_80gb, 1), o), weft::error);
+}
+
+} // namespace

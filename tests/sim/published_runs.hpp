@@ -1,0 +1,103 @@
+#pragma once
+// Reads data/published_runs.csv (the repository's calibration data) into models and layouts.
+#include <weft/core/error.hpp>
+#include <weft/sim/hardware.hpp>
+#include <weft/sim/model.hpp>
+#include <weft/sim/step.hpp>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace weft_test {
+
+struct published_run {
+  std::string source, id, set, flops, assumed;
+  weft::sim::gpu device;
+  weft::sim::model_spec model;
+  weft::sim::layout layout;
+  int gpus = 0;
+  double measured_tflops = 0;
+};
+
+/// The repository's data folder, found from this file's path (CMake compiles by absolute path).
+inline std::string data_dir() {
+  std::string here = __FILE__;
+  return here.substr(0, here.rfind("/tests/sim/")) + "/data";
+}
+
+inline std::vector<published_run> read_published_runs(const std::string& path = data_dir() + "/published_runs.csv") {
+  std::ifstream in(path);
+  if (!in) throw weft::error("cannot open " + path);
+  std::vector<std::string> header;
+  std::vector<published_run> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::vector<std::string> cells;
+    std::stringstream ss(line);
+    std::string cell;
+    while (std::getline(ss, cell, ','))
+      cells.push_back(cell);
+    if (line.back() == ',') cells.emplace_back();
+    if (header.empty()) {
+      header = cells;
+      continue;
+    }
+    if (cells.size() != header.size())
+      throw weft::error(path + ": a row of " + std::to_string(cells.size()) + " cells under a header of " +
+                        std::to_string(header.size()) + ": " + line);
+    std::map<std::string, std::string> row;
+    for (std::size_t i = 0; i < cells.size(); ++i)
+      row[header[i]] = cells[i];
+    const auto num = [&](const char* k) { return std::stod(row.at(k)); };
+    const auto integer = [&](const char* k) { return std::stoi(row.at(k)); };
+    published_run r;
+    r.source = row.at("source");
+    r.id = row.at("id");
+    r.set = row.at("set");
+    r.flops = row.at("flops");
+    r.assumed = row.at("assumed");
+    r.device = weft::sim::gpu_named(row.at("gpu"));
+    r.model.name = r.id;
+    r.model.layers = integer("layers");
+    r.model.hidden = integer("hidden");
+    r.model.heads = integer("heads");
+    r.model.kv_heads = integer("kv_heads");
+    r.model.ffn = integer("ffn");
+    r.model.gated = integer("gated") != 0;
+    r.model.seq = integer("seq");
+    r.model.vocab = integer("vocab");
+    r.model.flash_attention = integer("flash") != 0;
+    r.model.learned_positions = !r.model.gated; // the GPTs learn positions; Llama uses rotary
+    r.layout.tp = integer("tp");
+    r.layout.pp = integer("pp");
+    r.layout.dp = integer("dp");
+    r.layout.chunks = integer("chunks");
+    r.layout.micro_batch = integer("micro_batch");
+    r.layout.global_batch = integer("global_batch");
+    r.layout.schedule = row.at("schedule") == "interleaved" ? weft::pipeline::schedule_kind::interleaved
+                                                             : weft::pipeline::schedule_kind::one_f_one_b;
+    r.layout.recomputation = weft::sim::recompute_named(row.at("recompute"));
+    r.layout.sequence_parallel = integer("sp") != 0;
+    const std::string stack = row.at("stack");
+    if (stack != "megatron" && stack != "deepspeed") throw weft::error(path + ": unknown stack '" + stack + "'");
+    r.layout.p2p_scatter_gather = stack == "megatron";
+    r.layout.p2p_blocking = stack == "deepspeed";
+    r.gpus = integer("gpus");
+    r.measured_tflops = num("tflops_per_gpu");
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+/// The predicted TFLOP/s per GPU of a run, in the convention its source reports.
+inline double predicted_tflops(const published_run& r, const weft::sim::calibration& cal) {
+  const auto mc = weft::sim::dgx(r.device, (r.gpus + 7) / 8);
+  const auto res = weft::sim::simulate_step(r.model, mc, r.layout, cal);
+  return r.flops == "model" ? res.model_tflops_per_gpu : res.tflops_per_gpu;
+}
+
+} // namespace weft_test

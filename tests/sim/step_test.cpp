@@ -1,0 +1,247 @@
+// The step simulation against published runs (data/published_runs.csv), the mission brief's
+// placement claim, and the mechanics a reader can check by hand.
+#include "sim/published_runs.hpp"
+
+#include <weft/sim/groups.hpp>
+#include <weft/sim/step.hpp>
+
+#include <gtest/gtest.h>
+
+#include <ctime>
+#include <cmath>
+#include <cstdio>
+
+namespace {
+
+using namespace weft::sim;
+
+TEST(sim_step, published_runs_within_10_percent_with_one_constant_set_per_gpu) {
+  const auto runs = weft_test::read_published_runs();
+  ASSERT_GE(runs.size(), 15u);
+  int tune = 0, holdout = 0, holdout_within = 0;
+  double worst_tune = 0, worst_holdout = 0;
+  for (const auto& r : runs) {
+    const double pred = weft_test::predicted_tflops(r, calibration_of(r.device));
+    const double err = pred / r.measured_tflops - 1;
+    std::printf("  %-8s %-17s %-10s measured %6.1f predicted %6.1f TFLOP/s per GPU (%s): %+5.1f%%\n",
+                r.set.c_str(), r.id.c_str(), std::string(r.device.name).c_str(), r.measured_tflops,
+                pred, r.flops.c_str(), 100 * err);
+    if (r.set == "tune") {
+      ++tune;
+      worst_tune = std::max(worst_tune, std::abs(err));
+      EXPECT_LT(std::abs(err), 0.10) << r.id;
+    } else {
+      ++holdout;
+      holdout_within += std::abs(err) < 0.10 ? 1 : 0;
+      worst_holdout = std::max(worst_holdout, std::abs(err));
+      // The goal is 10% here too, and most rows meet it; Korthikanti et al.'s 2022 runs of
+      // the same shapes on the same GPUs (sequence parallelism, selective recompute) ran
+      // faster than SC21's constants predict: 20% is the bound this calibration is held to.
+      EXPECT_LT(std::abs(err), 0.20) << r.id;
+    }
+  }
+  std::printf("  tuning rows: %d, worst %.1f%%; held-out rows: %d, %d within 10%%, worst %.1f%%\n",
+              tune, 100 * worst_tune, holdout, holdout_within, 100 * worst_holdout);
+  EXPECT_GE(tune, 5);
+  EXPECT_GE(holdout, 10);
+  EXPECT_GE(holdout_within, 8); // of 12: what the README reports
+}
+
+model_spec llama_70b() {
+  model_spec m;
+  m.name = "llama-70b";
+  m.layers = 80;
+  m.hidden = 8192;
+  m.heads = 64;
+  m.kv_heads = 8;
+  m.ffn = 28672;
+  m.gated = true;
+  m.learned_positions = false;
+  m.flash_attention = true;
+  m.seq = 4096;
+  m.vocab = 32000;
+  return m;
+}
+
+TEST(sim_step, tp8_across_dgx_h100_nodes_loses_more_than_half_the_throughput) {
+  const model_spec m = llama_70b();
+  const machine mc = dgx(h100_sxm, 8);
+  layout l;
+  l.tp = 8;
+  l.pp = 1;
+  l.dp = 8;
+  l.global_batch = 128;
+  l.zero = 1;
+  l.sequence_parallel = true;
+  l.recomputation = recompute::selective;
+  const step_result inside = simulate_step(m, mc, l);
+  l.tp_across_nodes = true;
+  const step_result across = simulate_step(m, mc, l);
+  std::printf("  70B on 8 DGX H100, TP 8 inside a node: %.1f TFLOP/s per GPU (TP %s); across nodes: %.1f (TP %s): %.2fx\n",
+              inside.model_tflops_per_gpu, std::string(inside.tp.link).c_str(),
+              across.model_tflops_per_gpu, std::string(across.tp.link).c_str(),
+              inside.model_tflops_per_gpu / across.model_tflops_per_gpu);
+  EXPECT_EQ(inside.tp.link, "nvlink");
+  EXPECT_EQ(across.tp.link, "ib");
+  EXPECT_EQ(across.dp.link, "nvlink"); // the DP group now sits inside a node
+  EXPECT_GT(inside.model_tflops_per_gpu, 2 * across.model_tflops_per_gpu);
+  // The hand check: a layer's TP collective (with sequence parallelism an all-gather and a
+  // reduce-scatter of b s h bf16 elements over an 8-rank ring) moves 2 (7/8) of them through
+  // each rank's link; across nodes that link is one NDR NIC.
+  const double bytes = 4096.0 * 8192 * 2;
+  const double ib = 50e9 * calibration_of(h100_sxm).ib_fraction;
+  EXPECT_GT(across.tp.per_call_s, 2 * 7.0 / 8 * bytes / ib);
+  EXPECT_LT(across.tp.per_call_s, 1.3 * 2 * 7.0 / 8 * bytes / ib);
+}
+
+TEST(sim_step, pipeline_bubble_and_memory_of_a_simple_layout) {
+  model_spec m;
+  m.name = "gpt-small";
+  m.layers = 16;
+  m.hidden = 2048;
+  m.heads = 16;
+  m.seq = 2048;
+  m.vocab = 128; // logits too small to unbalance the last stage
+  layout l;
+  l.pp = 8;
+  l.dp = 1;
+  l.global_batch = 64; // 64 micro-batches of 1
+  const step_result r = simulate_step(m, dgx(a100_80gb, 1), l);
+  EXPECT_EQ(r.microbatches, 64);
+  std::printf("  simulated step, 1F1B, 8 stages, 64 micro-batches: bubble %.1f%%\n", 100 * r.bubble);
+  // 1F1B, 8 stages, 64 micro-batches: (p-1)/m = 10.9%, a little more for the p2p latency.
+  EXPECT_GT(r.bubble, 7.0 / 64 - 0.002);
+  EXPECT_LT(r.bubble, 0.13);
+  // Rank 0 of 1F1B holds p micro-batches of its 2 layers, as Korthikanti Table 2 counts them
+  // (t = 1, no recompute), plus the embedding output.
+  const double sbh = 2048.0 * 2048;
+  const double per_layer = sbh * (34 + 5.0 * 16 * 2048 / 2048);
+  EXPECT_GE(r.activation_bytes, 8 * 2 * per_layer);
+  // Weights of the first stage: 2 layers and the embedding, 16 bytes each without ZeRO.
+  const double params = 2 * (12.0 * 2048 * 2048 + 13 * 2048) + (128.0 + 2048) * 2048;
+  EXPECT_NEAR(r.states.total(), 16 * params, 16 * params * 1e-9);
+  // The step is the pipeline, the DP part (none) and the optimizer.
+  EXPECT_NEAR(r.step_time_s, r.pipeline_s + r.dp_exposed_s + r.optimizer_s, 1e-12);
+  EXPECT_EQ(r.dp_exposed_s, 0);
+  EXPECT_EQ(r.pp.link, "nvlink");
+}
+
+TEST(sim_step, dp_groups_sharing_a_nodes_nics_are_priced_as_if_run_together) {
+  // tp 2 x dp 8 on 2 DGX A100: the two DP groups {0,2,..,14} and {1,3,..,15} cross the nodes at
+  // once through the same NICs. The step splits the NICs between them; pricing both groups'
+  // merged plans (groups.hpp) is the reference.
+  model_spec m;
+  m.name = "gpt-1.3b";
+  m.layers = 24;
+  m.hidden = 2048;
+  m.heads = 16;
+  m.seq = 2048;
+  m.vocab = 51200;
+  layout l;
+  l.tp = 2;
+  l.dp = 8;
+  l.global_batch = 8;
+  const calibration cal = calibration_of(a100_80gb);
+  const double grads = (24 * (12.0 * 2048 * 2048 + 13 * 2048) + (51200.0 + 2048) * 2048) / 2;
+  std::vector<int> even, odd;
+  for (int i = 0; i < 8; ++i) {
+    even.push_back(2 * i);
+    odd.push_back(2 * i + 1);
+  }
+  // DGX A100's 8 NICs, and a node of 2 NICs, where the groups really contend.
+  for (int nics : {8, 2}) {
+    const auto& d = dgx(a100_80gb, 2).cluster;
+    const machine mc{a100_80gb, weft::topology::cluster(d.devices_per_node(), d.intra(), d.inter(), nics,
+                                                        d.reduce_bandwidth())};
+    const step_result r = simulate_step(m, mc, l);
+    const weft::topology::cluster net(d.devices_per_node(),
+                                      {d.intra().kind, d.intra().bandwidth * cal.nvlink_fraction, d.intra().latency},
+                                      {d.inter().kind, d.inter().bandwidth * cal.ib_fraction, d.inter().latency},
+                                      nics, d.reduce_bandwidth());
+    double together = 1e300;
+    for (auto make : {&weft::algo::ring::make_plan, &weft::algo::hierarchical<weft::algo::ring, weft::algo::ring>::make_plan})
+      together = std::min(together, price_groups(weft::collective::all_reduce, {even, odd}, net,
+                                                 static_cast<std::size_t>(grads), 2, make));
+    std::printf("  DP 8 x 2 groups on 2 nodes of %d NICs: the step prices %.1f ms, both groups' merged plans %.1f ms\n",
+                nics, r.dp.seconds * 1e3, together * 1e3);
+    EXPECT_EQ(r.dp.link, "ib");
+    EXPECT_NEAR(r.dp.seconds, together, 0.25 * together) << nics << " NICs";
+  }
+}
+
+TEST(sim_step, gemm_efficiency_saturates_and_bounds_by_memory) {
+  const calibration cal = calibration_of(a100_80gb);
+  // A huge square GEMM runs near gemm_peak_fraction of peak.
+  const double n = 16384;
+  const double t = detail::gemm_time(n, n, n, 1, a100_80gb, cal);
+  const double achieved = 2 * n * n * n / t / a100_80gb.peak_flops;
+  EXPECT_GT(achieved, 0.95 * cal.gemm_peak_fraction);
+  EXPECT_LE(achieved, cal.gemm_peak_fraction);
+  // A matrix-vector product is memory bound: the matrix crosses HBM once.
+  const double mv = detail::gemm_time(1, n, n, 1, a100_80gb, cal);
+  EXPECT_GE(mv, 2 * n * n / (a100_80gb.hbm_bandwidth * cal.hbm_fraction));
+}
+
+TEST(sim_step, one_layout_of_a_1t_model_on_3072_gpus_takes_under_a_second) {
+  model_spec m;
+  m.name = "gpt-1t";
+  m.layers = 128;
+  m.hidden = 25600;
+  m.heads = 160;
+  m.seq = 2048;
+  m.vocab = 51200;
+  layout l;
+  l.tp = 8;
+  l.pp = 64;
+  l.dp = 6;
+  l.global_batch = 3072;
+  l.schedule = weft::pipeline::schedule_kind::interleaved;
+  l.chunks = 2;
+  l.recomputation = recompute::full;
+  const std::clock_t start = std::clock(); // CPU time: the machine may be shared
+  const step_result r = simulate_step(m, dgx(a100_80gb, 384), l);
+  const double seconds = static_cast<double>(std::clock() - start) / CLOCKS_PER_SEC;
+  std::printf("  1T on 3072 A100: %.1f TFLOP/s per GPU, step %.1f s, simulated in %.3f s\n",
+              r.tflops_per_gpu, r.step_time_s, seconds);
+#ifndef WEFT_TEST_SANITIZED
+  EXPECT_LT(seconds, 1.0);
+#endif
+  EXPECT_GT(r.tflops_per_gpu, 100);
+}
+
+TEST(sim_step, bad_layouts_throw_and_say_why) {
+  model_spec m;
+  m.name = "m";
+  m.layers = 4;
+  m.hidden = 256;
+  m.heads = 4;
+  m.seq = 128;
+  m.vocab = 1000;
+  const machine mc = dgx(a100_80gb, 1);
+  const auto message = [&](layout l) {
+    try {
+      (void)simulate_step(m, mc, l);
+    } catch (const weft::error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  layout l;
+  l.tp = 16;
+  EXPECT_NE(message(l).find("more than the cluster's 8"), std::string::npos) << message(l);
+  l = {};
+  l.tp = 3;
+  EXPECT_NE(message(l).find("does not divide the 4 heads"), std::string::npos) << message(l);
+  l = {};
+  l.pp = 8;
+  EXPECT_NE(message(l).find("4 layers cannot fill"), std::string::npos) << message(l);
+  l = {};
+  l.dp = 2;
+  l.global_batch = 3;
+  EXPECT_NE(message(l).find("not a multiple of dp * micro_batch"), std::string::npos) << message(l);
+  l = {};
+  l.chunks = 2;
+  EXPECT_NE(message(l).find("interleaved"), std::string::npos) << message(l);
+}
+
+} // namespace

@@ -1,0 +1,371 @@
+// weft-plan: predicts the step time, throughput and memory of a TP x PP x DP layout of a
+// transformer on a GPU cluster, or searches all layouts and explains the best.
+//
+//   weft-plan --model mt-nlg-530b --gpu a100-80gb --nodes 280 --global-batch 1920 --search
+//   weft-plan --layers 80 --hidden 8192 --heads 64 --seq 4096 --vocab 32000 --gpu h100-sxm
+//             --nodes 8 --global-batch 128 --tp 8 --pp 1 --zero 1 --json
+//   weft-plan --model gpt-1t --gpu a100-80gb --nodes 384 --global-batch 3072 --tp 8 --pp 64
+//             --schedule interleaved --chunks 2 --recompute full --trace step.json
+//
+// Exit status: 0; 2 for bad arguments (the message says which and what it takes); 1 when the
+// layout cannot be simulated or nothing fits.
+#include <weft/sim.hpp>
+
+#include <charconv>
+#include <cstdio>
+#include <exception>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+namespace {
+
+namespace sim = weft::sim;
+namespace pl = weft::pipeline;
+
+constexpr std::string_view usage_text =
+    R"(usage: weft-plan MODEL CLUSTER --global-batch B (LAYOUT | --search) [output]
+
+model, by preset or by shape:
+  --model NAME         gpt3-175b | mt-nlg-530b | gpt-1t | bloom-176b | llama2-70b | llama3-405b
+  --layers L --hidden H --heads A --seq S --vocab V
+  --ffn F              FFN size (default 4H)       --kv-heads G   grouped-query attention
+  --gated              SwiGLU MLP                  --flash        fused attention
+cluster (DGX nodes of the GPU: NVLink/NVSwitch inside, InfiniBand NICs between):
+  --gpu NAME           a100-80gb | h100-sxm | h200
+  --nodes N            nodes (default: enough for the layout)
+  --gpus-per-node G    default 8
+  --global-batch B     sequences per step
+layout (one simulation):
+  --tp T --pp P --dp D D defaults to the GPUs left: nodes * G / (T * P)
+  --schedule NAME      1f1b (default) | gpipe | interleaved | zb-h1
+  --chunks V           model chunks per rank (interleaved; default 2 there)
+  --micro-batch b      sequences per micro-batch (default 1)
+  --zero Z             ZeRO stage 0..3 over the DP group (default 0)
+  --recompute R        none (default) | selective | full
+  --sequence-parallel  split layer norms and dropout over TP
+  --tp-across-nodes    place the TP group one rank per node (the mistake, to measure it)
+search:
+  --search             rank every mesh that fits; with --tp and --pp, say where that one ranks
+  --top N              layouts to explain (default 5)
+  --memory-limit GIB   per GPU (default: the GPU's memory)
+output:
+  --json               machine-readable: tflops_per_gpu (SC21 Eq. 3), step_time_s, bubble,
+                       memory_gib, communication per axis
+  --trace FILE         the simulated step as a Chrome trace (one layout)
+  -h, --help           this text
+)";
+
+struct config {
+  sim::model_spec model;
+  std::string gpu = "a100-80gb";
+  int nodes = 0;
+  int gpus_per_node = 8;
+  int global_batch = 0;
+  sim::layout layout;
+  std::optional<int> tp, pp, dp, chunks;
+  bool search = false;
+  int top = 5;
+  double memory_limit_gib = 0;
+  bool json = false;
+  std::string trace;
+  bool help = false;
+};
+
+[[noreturn]] void bad(const std::string& what) { throw weft::error("weft-plan: " + what); }
+
+int whole(std::string_view flag, std::string_view text, int least) {
+  int v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size())
+    bad(std::string(flag) + " takes a whole number, not '" + std::string(text) + "'");
+  if (v < least) bad(std::string(flag) + " must be at least " + std::to_string(least) + ", not " + std::string(text));
+  return v;
+}
+
+double real(std::string_view flag, std::string_view text) {
+  double v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || !(v > 0) || v > 1e300)
+    bad(std::string(flag) + " takes a positive number, not '" + std::string(text) + "'");
+  return v;
+}
+
+sim::model_spec preset(std::string_view name) {
+  sim::model_spec m;
+  m.name = std::string(name);
+  const auto gpt = [&](int l, int h, int a, int v) {
+    m.layers = l;
+    m.hidden = h;
+    m.heads = a;
+    m.seq = 2048;
+    m.vocab = v;
+  };
+  const auto llama = [&](int l, int h, int a, int g, int f, int s, int v) {
+    gpt(l, h, a, v);
+    m.kv_heads = g;
+    m.ffn = f;
+    m.seq = s;
+    m.gated = true;
+    m.flash_attention = true;
+    m.learned_positions = false;
+  };
+  if (name == "gpt3-175b") gpt(96, 12288, 96, 51200);
+  else if (name == "mt-nlg-530b") gpt(105, 20480, 128, 50272);
+  else if (name == "gpt-1t") gpt(128, 25600, 160, 51200);
+  else if (name == "bloom-176b") gpt(70, 14336, 112, 250880);
+  else if (name == "llama2-70b") llama(80, 8192, 64, 8, 28672, 4096, 32000);
+  else if (name == "llama3-405b") llama(126, 16384, 128, 8, 53248, 8192, 128256);
+  else
+    bad("unknown model '" + std::string(name) +
+        "' (gpt3-175b, mt-nlg-530b, gpt-1t, bloom-176b, llama2-70b or llama3-405b)");
+  return m;
+}
+
+config parse(const std::vector<std::string_view>& args) {
+  config c;
+  c.model.name = "model";
+  bool has_preset = false, has_shape = false;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    std::string_view flag = args[i];
+    std::optional<std::string_view> inline_value;
+    if (const auto eq = flag.find('='); flag.starts_with("--") && eq != std::string_view::npos) {
+      inline_value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    }
+    if (flag == "-h" || flag == "--help") {
+      c.help = true;
+      continue;
+    }
+    // Switches.
+    if (flag == "--gated") { c.model.gated = true; continue; }
+    if (flag == "--flash") { c.model.flash_attention = true; continue; }
+    if (flag == "--sequence-parallel") { c.layout.sequence_parallel = true; continue; }
+    if (flag == "--tp-across-nodes") { c.layout.tp_across_nodes = true; continue; }
+    if (flag == "--search") { c.search = true; continue; }
+    if (flag == "--json") { c.json = true; continue; }
+    static constexpr std::string_view valued[] = {
+        "--model", "--layers", "--hidden", "--heads", "--seq", "--vocab", "--ffn", "--kv-heads",
+        "--gpu", "--nodes", "--gpus-per-node", "--global-batch", "--tp", "--pp", "--dp",
+        "--schedule", "--chunks", "--micro-batch", "--zero", "--recompute", "--top",
+        "--memory-limit", "--trace"};
+    bool known = false;
+    for (std::string_view k : valued)
+      known = known || flag == k;
+    if (!known) bad("unknown option '" + std::string(args[i]) + "' (see weft-plan --help)");
+    if (!inline_value && i + 1 == args.size()) bad(std::string(flag) + " needs a value");
+    const std::string_view v = inline_value ? *inline_value : args[++i];
+    if (flag == "--model") {
+      const auto keep = c.model;
+      c.model = preset(v);
+      has_preset = true;
+      if (keep.gated) c.model.gated = true;
+      if (keep.flash_attention) c.model.flash_attention = true;
+    } else if (flag == "--layers") { c.model.layers = whole(flag, v, 1); has_shape = true; }
+    else if (flag == "--hidden") { c.model.hidden = whole(flag, v, 1); has_shape = true; }
+    else if (flag == "--heads") { c.model.heads = whole(flag, v, 1); has_shape = true; }
+    else if (flag == "--seq") { c.model.seq = whole(flag, v, 1); has_shape = true; }
+    else if (flag == "--vocab") { c.model.vocab = whole(flag, v, 1); has_shape = true; }
+    else if (flag == "--ffn") c.model.ffn = whole(flag, v, 1);
+    else if (flag == "--kv-heads") c.model.kv_heads = whole(flag, v, 1);
+    else if (flag == "--gpu") c.gpu = std::string(v);
+    else if (flag == "--nodes") c.nodes = whole(flag, v, 1);
+    else if (flag == "--gpus-per-node") c.gpus_per_node = whole(flag, v, 1);
+    else if (flag == "--global-batch") c.global_batch = whole(flag, v, 1);
+    else if (flag == "--tp") c.tp = whole(flag, v, 1);
+    else if (flag == "--pp") c.pp = whole(flag, v, 1);
+    else if (flag == "--dp") c.dp = whole(flag, v, 1);
+    else if (flag == "--chunks") c.chunks = whole(flag, v, 1);
+    else if (flag == "--micro-batch") c.layout.micro_batch = whole(flag, v, 1);
+    else if (flag == "--zero") {
+      c.layout.zero = whole(flag, v, 0);
+      if (c.layout.zero > 3) bad("--zero takes a stage 0..3, not " + std::string(v));
+    } else if (flag == "--recompute") {
+      c.layout.recomputation = sim::recompute_named(v);
+    } else if (flag == "--schedule") {
+      if (v == "1f1b") c.layout.schedule = pl::schedule_kind::one_f_one_b;
+      else if (v == "gpipe") c.layout.schedule = pl::schedule_kind::gpipe;
+      else if (v == "interleaved") c.layout.schedule = pl::schedule_kind::interleaved;
+      else if (v == "zb-h1") c.layout.schedule = pl::schedule_kind::zero_bubble_h1;
+      else bad("unknown schedule '" + std::string(v) + "' (1f1b, gpipe, interleaved or zb-h1)");
+    } else if (flag == "--top") c.top = whole(flag, v, 1);
+    else if (flag == "--memory-limit") c.memory_limit_gib = real(flag, v);
+    else if (flag == "--trace") c.trace = std::string(v);
+  }
+  if (c.help) return c;
+  if (has_preset && has_shape) bad("--model and shape flags (--layers ...) exclude each other");
+  if (!has_preset && !has_shape) bad("a model is required: --model NAME or --layers --hidden --heads --seq --vocab");
+  if (c.global_batch == 0) bad("--global-batch is required");
+  if (!c.search && (!c.tp || !c.pp)) bad("give a layout (--tp and --pp) or --search");
+  if (c.search && !c.trace.empty()) bad("--trace draws one layout; leave out --search");
+  if (c.search && c.nodes == 0) bad("--search needs --nodes");
+  if (c.chunks && c.layout.schedule != pl::schedule_kind::interleaved)
+    bad("--chunks applies to --schedule interleaved only");
+  c.layout.chunks = c.chunks.value_or(c.layout.schedule == pl::schedule_kind::interleaved ? 2 : 1);
+  c.layout.global_batch = c.global_batch;
+  return c;
+}
+
+sim::machine make_machine(const config& c, int gpus_needed) {
+  const sim::gpu g = sim::gpu_named(c.gpu);
+  const int nodes = c.nodes > 0 ? c.nodes : (gpus_needed + c.gpus_per_node - 1) / c.gpus_per_node;
+  const sim::machine dgx = sim::dgx(g, 1);
+  const auto& k = dgx.cluster;
+  return {g, weft::topology::cluster(std::vector<int>(static_cast<std::size_t>(nodes), c.gpus_per_node),
+                                     k.intra(), k.inter(), k.nics_per_node(), k.reduce_bandwidth())};
+}
+
+std::string num(double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.6g", x);
+  return buf;
+}
+
+std::string q(std::string_view s) { return "\"" + std::string(s) + "\""; }
+
+std::string json(const sim::model_spec& m, const sim::layout& l, const sim::step_result& r,
+                 std::string_view gpu) {
+  const double gib = 1024.0 * 1024 * 1024;
+  const auto axis = [&](const sim::axis_time& a) {
+    return "{\"seconds\": " + num(a.seconds) + ", \"per_call_s\": " + num(a.per_call_s) +
+           ", \"link\": " + q(a.link) + "}";
+  };
+  std::string o = "{\n";
+  o += "  \"model\": " + q(m.name) + ", \"parameters\": " + num(m.parameters()) + ", \"gpu\": " + q(gpu) + ",\n";
+  o += "  \"layout\": {\"tp\": " + std::to_string(l.tp) + ", \"pp\": " + std::to_string(l.pp) +
+       ", \"dp\": " + std::to_string(l.dp) + ", \"chunks\": " + std::to_string(l.chunks) +
+       ", \"micro_batch\": " + std::to_string(l.micro_batch) + ", \"global_batch\": " + std::to_string(l.batch()) +
+       ", \"schedule\": " + q(pl::name_of(l.schedule)) + ", \"zero\": " + std::to_string(l.zero) +
+       ", \"recompute\": " + q(sim::name_of(l.recomputation)) +
+       ", \"sequence_parallel\": " + (l.sequence_parallel ? "true" : "false") +
+       ", \"tp_across_nodes\": " + (l.tp_across_nodes ? "true" : "false") + "},\n";
+  o += "  \"microbatches\": " + std::to_string(r.microbatches) + ",\n";
+  o += "  \"step_time_s\": " + num(r.step_time_s) + ",\n";
+  o += "  \"tflops_per_gpu\": " + num(r.tflops_per_gpu) + ",\n";
+  o += "  \"model_tflops_per_gpu\": " + num(r.model_tflops_per_gpu) + ",\n";
+  o += "  \"mfu\": " + num(r.mfu) + ",\n";
+  o += "  \"bubble\": " + num(r.bubble) + ",\n";
+  o += "  \"memory_gib\": {\"weights\": " + num(r.states.weights / gib) + ", \"gradients\": " +
+       num(r.states.gradients / gib) + ", \"optimizer\": " + num(r.states.optimizer / gib) +
+       ", \"activations\": " + num(r.activation_bytes / gib) + ", \"total\": " + num(r.memory_bytes() / gib) + "},\n";
+  o += "  \"forward_s\": " + num(r.forward_s) + ", \"backward_s\": " + num(r.backward_s) +
+       ", \"weight_s\": " + num(r.weight_s) + ",\n";
+  o += "  \"communication\": {\"tp\": " + axis(r.tp) + ", \"pp\": " + axis(r.pp) + ", \"dp\": " + axis(r.dp) +
+       ", \"dp_exposed_s\": " + num(r.dp_exposed_s) + "},\n";
+  o += "  \"optimizer_s\": " + num(r.optimizer_s) + "\n}\n";
+  return o;
+}
+
+std::string text(const sim::model_spec& m, const sim::layout& l, const sim::step_result& r,
+                 const sim::machine& mc) {
+  const double gib = 1024.0 * 1024 * 1024;
+  char buf[512];
+  std::string o = m.name + " (" + num(m.parameters() / 1e9) + "B parameters) on " +
+                  std::to_string(mc.cluster.size()) + " " + std::string(mc.device.name) + ": " +
+                  sim::describe(l) + "\n";
+  std::snprintf(buf, sizeof buf,
+                "  step %.3f s, %d micro-batches; %.1f TFLOP/s per GPU (SC21 Eq. 3), %.1f model TFLOP/s (MFU %.1f%%)\n"
+                "  bubble %.1f%% of ideal compute; per micro-batch on the busiest rank: forward %.4f s, backward %.4f s\n"
+                "  memory per GPU %.1f GiB: weights %.1f, gradients %.1f, optimizer %.1f, activations %.1f (of %.0f GiB)\n",
+                r.step_time_s, r.microbatches, r.tflops_per_gpu, r.model_tflops_per_gpu, 100 * r.mfu,
+                100 * r.bubble, r.forward_s, r.backward_s, r.memory_bytes() / gib, r.states.weights / gib,
+                r.states.gradients / gib, r.states.optimizer / gib, r.activation_bytes / gib,
+                mc.device.hbm_bytes / gib);
+  o += buf;
+  std::snprintf(buf, sizeof buf,
+                "  communication per step: TP %.3f s on %s, PP %.3f s on %s, DP %.3f s on %s (%.3f s exposed)\n",
+                r.tp.seconds, std::string(r.tp.link).c_str(), r.pp.seconds, std::string(r.pp.link).c_str(),
+                r.dp.seconds, std::string(r.dp.link).c_str(), r.dp_exposed_s);
+  o += buf;
+  if (r.memory_bytes() > mc.device.hbm_bytes) o += "  warning: this layout does not fit the GPU's memory\n";
+  return o;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  config c;
+  try {
+    c = parse(std::vector<std::string_view>(argv + 1, argv + argc));
+    if (c.help) {
+      std::fputs(usage_text.data(), stdout);
+      return 0;
+    }
+    c.model.check();
+    (void)sim::gpu_named(c.gpu);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+  try {
+    if (c.search) {
+      const sim::machine mc = make_machine(c, 0);
+      sim::search_options o;
+      o.global_batch = c.global_batch;
+      o.memory_limit = c.memory_limit_gib * 1024.0 * 1024 * 1024;
+      const sim::search_result s = sim::search(c.model, mc, o);
+      std::string out;
+      if (c.json) {
+        out = "{\"ranked\": [\n";
+        for (std::size_t i = 0; i < s.ranked.size() && i < static_cast<std::size_t>(c.top); ++i)
+          out += (i ? ",\n" : "") + json(c.model, s.ranked[i].l, s.ranked[i].r, c.gpu);
+        out += "], \"meshes\": " + std::to_string(s.meshes) + ", \"simulated\": " + std::to_string(s.simulated) + "}\n";
+      } else {
+        out = c.model.name + " on " + std::to_string(mc.cluster.size()) + " " + c.gpu + " (" +
+              std::to_string(c.nodes) + " nodes), global batch " + std::to_string(c.global_batch) + ":\n";
+        out += sim::explain(s, mc, static_cast<std::size_t>(c.top));
+        if (c.tp && c.pp) {
+          const int dp = c.dp.value_or(mc.cluster.size() / (*c.tp * *c.pp));
+          std::size_t rank = 0;
+          for (std::size_t i = 0; i < s.ranked.size() && rank == 0; ++i)
+            if (s.ranked[i].l.tp == *c.tp && s.ranked[i].l.pp == *c.pp && s.ranked[i].l.dp == dp) rank = i + 1;
+          out += "The layout tp " + std::to_string(*c.tp) + " pp " + std::to_string(*c.pp) + " dp " + std::to_string(dp) +
+                 (rank ? " ranks #" + std::to_string(rank) + " of " + std::to_string(s.ranked.size()) + ".\n"
+                       : " is not among the " + std::to_string(s.ranked.size()) + " layouts that fit.\n");
+          if (rank > static_cast<std::size_t>(c.top)) {
+            const auto& x = s.ranked[rank - 1];
+            char buf[256];
+            std::snprintf(buf, sizeof buf, "  as %s: step %.2f s, %.1f TFLOP/s per GPU, %.1f%% slower than #1\n",
+                          sim::describe(x.l).c_str(), x.r.step_time_s, x.r.tflops_per_gpu,
+                          100 * (x.r.step_time_s / s.ranked.front().r.step_time_s - 1));
+            out += buf;
+          }
+        }
+      }
+      std::fputs(out.c_str(), stdout);
+      return 0;
+    }
+    sim::layout l = c.layout;
+    l.tp = *c.tp;
+    l.pp = *c.pp;
+    int gpus = 0;
+    if (c.dp) {
+      l.dp = *c.dp;
+      gpus = l.gpus();
+    } else {
+      if (c.nodes == 0) throw weft::error("weft-plan: give --dp or --nodes");
+      const int all = c.nodes * c.gpus_per_node;
+      if (all % (l.tp * l.pp) != 0)
+        throw weft::error("weft-plan: tp * pp = " + std::to_string(l.tp * l.pp) + " does not divide the " +
+                          std::to_string(all) + " GPUs; give --dp");
+      l.dp = all / (l.tp * l.pp);
+      gpus = all;
+    }
+    const sim::machine mc = make_machine(c, gpus);
+    const sim::step_result r = sim::simulate_step(c.model, mc, l);
+    std::fputs((c.json ? json(c.model, l, r, c.gpu) : text(c.model, l, r, mc)).c_str(), stdout);
+    if (!c.trace.empty()) {
+      std::ofstream f(c.trace);
+      if (!f) throw weft::error("weft-plan: cannot write " + c.trace);
+      f << sim::to_chrome_trace(r, c.model.name + " " + sim::describe(l));
+      if (!f) throw weft::error("weft-plan: cannot write " + c.trace);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}
