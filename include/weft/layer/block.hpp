@@ -1,0 +1,143 @@
+#pragma once
+// A pre-LayerNorm transformer block over a tensor-parallel group:
+//
+//   h = x + attention(layer_norm_1(x))
+//   y = h + mlp(layer_norm_2(h))
+//
+// Communication per block, forward and backward (tp > 1; with `full` recompute the backward runs the
+// forward's again first):
+//   no_sequence_parallel: forward 2 all-reduces (attention out, MLP out), backward 2 (their inputs)
+//   sequence_parallel:    forward 2 all-gathers + 2 reduce-scatters, backward the same;
+//                         the LayerNorm and bias gradients are partial (reduce_sequence_parallel_grads)
+//
+// Tensor ids tensor_id .. tensor_id + 3 (attention QKV and output, MLP in and out).
+#include <weft/comm/communicator.hpp>
+#include <weft/layer/attention.hpp>
+#include <weft/layer/cblas.hpp>
+#include <weft/layer/layer_norm.hpp>
+#include <weft/layer/linear.hpp>
+#include <weft/layer/matrix.hpp>
+#include <weft/layer/mlp.hpp>
+#include <weft/layer/parameter.hpp>
+#include <weft/layer/policy.hpp>
+#include <weft/layer/recompute.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace weft::layer {
+
+struct block_shape {
+  std::size_t hidden = 0;
+  std::size_t heads = 0;
+  std::size_t ffn = 0;  // 0: 4 * hidden
+  std::size_t seq = 0;
+};
+
+template <class T, communicator Comm, class Gemm = cblas, class SP = no_sequence_parallel,
+          recompute::policy Recompute = recompute::none>
+class transformer_block {
+public:
+  static constexpr std::uint64_t tensor_ids = 4;
+
+  transformer_block(Comm& tp, block_shape shape, std::uint64_t seed, std::uint64_t tensor_id, Gemm gemm = {})
+      : hidden_(shape.hidden), ln1_(shape.hidden), attn_(tp, shape.hidden, shape.heads, shape.seq, seed, tensor_id, gemm),
+        ln2_(shape.hidden),
+        mlp_(tp, shape.hidden, shape.ffn == 0 ? 4 * shape.hidden : shape.ffn, seed, tensor_id + 2, gemm) {
+    attn_.keep_probabilities(!std::is_same_v<Recompute, recompute::selective>);
+  }
+
+  /// x, y: tokens x hidden (sequence_parallel: this rank's rows).
+  void forward(matrix_view<const T> x, matrix_view<T> y) {
+    expect_shape("transformer_block::forward", "y", y, x.rows(), hidden_);
+    if (x.cols() != hidden_) expect_shape("transformer_block::forward", "x", x, x.rows(), hidden_);
+    if constexpr (std::is_same_v<Recompute, recompute::full>) {
+      detail::assign(input_, x);
+      run_forward(detail::cview(input_.view()), y);
+      drop_activations();
+    } else {
+      run_forward(x, y);
+    }
+  }
+
+  /// dy: like y; dx: like x.
+  void backward(matrix_view<const T> dy, matrix_view<T> dx) {
+    expect_shape("transformer_block::backward", "dx", dx, dy.rows(), hidden_);
+    if constexpr (std::is_same_v<Recompute, recompute::full>) {
+      scratch_.resize(input_.rows(), hidden_);
+      run_forward(detail::cview(input_.view()), scratch_.view());
+    }
+    const std::size_t rows = dy.rows();
+    t1_.resize(rows, hidden_);
+    t2_.resize(rows, hidden_);
+    mlp_.backward(dy, t1_.view());                 // d(mlp input)
+    ln2_.backward(detail::cview(t1_.view()), t2_.view());  // through the second norm
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t c = 0; c < hidden_; ++c) t2_(r, c) += dy(r, c);  // dh: the residual adds dy
+    attn_.backward(detail::cview(t2_.view()), t1_.view());
+    ln1_.backward(detail::cview(t1_.view()), dx);
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t c = 0; c < hidden_; ++c) dx(r, c) += t2_(r, c);
+  }
+
+  [[nodiscard]] std::vector<parameter<T>> parameters() {
+    std::vector<parameter<T>> ps;
+    append(ps, "ln1.", ln1_.parameters());
+    append(ps, "attention.", attn_.parameters());
+    append(ps, "ln2.", ln2_.parameters());
+    append(ps, "mlp.", mlp_.parameters());
+    return ps;
+  }
+  void zero_grad() {
+    ln1_.zero_grad();
+    attn_.zero_grad();
+    ln2_.zero_grad();
+    mlp_.zero_grad();
+  }
+
+  parallel_attention<T, Comm, Gemm, SP>& attention() noexcept { return attn_; }
+  parallel_mlp<T, Comm, Gemm, SP>& mlp() noexcept { return mlp_; }
+
+private:
+  static void append(std::vector<parameter<T>>& to, const char* prefix, std::vector<parameter<T>> ps) {
+    for (auto& p : ps) {
+      p.name = prefix + p.name;
+      to.push_back(std::move(p));
+    }
+  }
+
+  void run_forward(matrix_view<const T> x, matrix_view<T> y) {
+    const std::size_t rows = x.rows();
+    a_.resize(rows, hidden_);
+    h_.resize(rows, hidden_);
+    ln1_.forward(x, a_.view());
+    attn_.forward(detail::cview(a_.view()), h_.view());
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t c = 0; c < hidden_; ++c) h_(r, c) += x(r, c);
+    ln2_.forward(detail::cview(h_.view()), a_.view());
+    mlp_.forward(detail::cview(a_.view()), y);
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t c = 0; c < hidden_; ++c) y(r, c) += h_(r, c);
+  }
+
+  // Full recompute: nothing but the input survives the forward. The sub-layers' own copies are
+  // rebuilt by the forward that backward runs first.
+  void drop_activations() {
+    a_ = {};
+    h_ = {};
+  }
+
+  std::size_t hidden_;
+  layer_norm<T, SP> ln1_;
+  parallel_attention<T, Comm, Gemm, SP> attn_;
+  layer_norm<T, SP> ln2_;
+  parallel_mlp<T, Comm, Gemm, SP> mlp_;
+  matrix<T> input_;        // full recompute: the block's input
+  matrix<T> a_, h_;        // forward scratch: normed input, the residual stream after attention
+  matrix<T> t1_, t2_, scratch_;
+};
+
+} // namespace weft::layer

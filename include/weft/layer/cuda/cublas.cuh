@@ -1,0 +1,133 @@
+#pragma once
+// The device GEMM policy: cuBLAS on row-major views of device memory, on the policy's stream.
+//
+//   weft::layer::cublas gemm(stream.get());                       // own handle, bound to the stream
+//   gemm(trans::n, trans::t, 1.0f, x, w, 0.0f, y);                // y = x w^T, all device views
+//
+// cuBLAS is column-major, and a row-major m x n matrix with leading dimension ld is the column-
+// major n x m matrix (its transpose) with the same ld. So C = op(A) op(B) in row-major is
+// C^T = op(B)^T op(A)^T in column-major: one cublas<t>gemm with the operands swapped, the same
+// transpose flags, and m and n exchanged. No copy, no transpose kernel.
+//
+// Copies of the policy share one handle (layers take the policy by value). Float uses the
+// default math mode (full FP32: no TF32 unless allow_tf32 is set, since the layers promise
+// float results within 1e-5 of the reference). Calls are asynchronous on the stream.
+#include <weft/core/error.hpp>
+#include <weft/cuda/error.cuh>
+#include <weft/layer/gemm.hpp>
+#include <weft/layer/matrix.hpp>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <concepts>
+#include <memory>
+#include <string>
+
+namespace weft::layer::detail {
+
+[[noreturn]] WEFT_COLD inline void throw_cublas(cublasStatus_t s, const char* call, const char* file, int line) {
+  throw weft::error(cuda::detail::describe_failure(
+      call, file, line, std::string(cublasGetStatusName(s)) + " (" + cublasGetStatusString(s) + ")"));
+}
+
+} // namespace weft::layer::detail
+
+/// Runs a cuBLAS call; on failure throws weft::error naming the call, file:line and the status.
+#define WEFT_CUBLAS_TRY(call)                                                              \
+  do {                                                                                     \
+    const cublasStatus_t weft_cublas_status_ = (call);                                     \
+    if (weft_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                    \
+      ::weft::layer::detail::throw_cublas(weft_cublas_status_, #call, __FILE__, __LINE__); \
+    }                                                                                      \
+  } while (false)
+
+namespace weft::layer {
+
+class cublas {
+public:
+  /// A new handle on the current device, on the default stream.
+  cublas() : cublas(nullptr) {}
+  /// allow_tf32: float GEMMs on tensor cores in TF32 (about 1e-3 relative error).
+  explicit cublas(cudaStream_t stream, bool allow_tf32 = false) : state_(std::make_shared<state>()) {
+    WEFT_CUBLAS_TRY(cublasCreate(&state_->handle));
+    WEFT_CUBLAS_TRY(cublasSetStream(state_->handle, stream));
+    WEFT_CUBLAS_TRY(cublasSetMathMode(state_->handle, allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    state_->stream = stream;
+  }
+
+  [[nodiscard]] cublasHandle_t handle() const noexcept { return state_->handle; }
+  [[nodiscard]] cudaStream_t stream() const noexcept { return state_->stream; }
+
+  /// C = alpha op(A) op(B) + beta C on row-major device views (beta == 0: C's old contents, NaN
+  /// included, are ignored).
+  template <class T>
+    requires std::same_as<T, float> || std::same_as<T, double>
+  void operator()(trans ta, trans tb, T alpha, matrix_view<const T> a, matrix_view<const T> b, T beta,
+                  matrix_view<T> c) const {
+    const auto [m, n, k] = detail::check_gemm("cublas", ta, tb, a, b, c);
+    if (m == 0 || n == 0) return;
+    const int ldc = ld_of(c.rows(), c.ld(), c.cols(), "ldc");
+    const int mi = to_int(m, "m");
+    const int ni = to_int(n, "n");
+    if (k == 0) {  // C = beta C, as the BLAS definition has it (beta == 0: zeros)
+      if (beta == T{}) {
+        WEFT_CUDA_TRY(cudaMemset2DAsync(c.data(), c.ld() * sizeof(T), 0, n * sizeof(T), m, state_->stream));
+      } else {
+        const T zero{};
+        if constexpr (std::same_as<T, float>) {
+          WEFT_CUBLAS_TRY(cublasSgeam(state_->handle, CUBLAS_OP_N, CUBLAS_OP_N, ni, mi, &beta, c.data(), ldc, &zero,
+                                      c.data(), ldc, c.data(), ldc));
+        } else {
+          WEFT_CUBLAS_TRY(cublasDgeam(state_->handle, CUBLAS_OP_N, CUBLAS_OP_N, ni, mi, &beta, c.data(), ldc, &zero,
+                                      c.data(), ldc, c.data(), ldc));
+        }
+      }
+      return;
+    }
+    const int lda = ld_of(a.rows(), a.ld(), a.cols(), "lda");
+    const int ldb = ld_of(b.rows(), b.ld(), b.cols(), "ldb");
+    const int ki = to_int(k, "k");
+    const cublasOperation_t op_a = ta == trans::n ? CUBLAS_OP_N : CUBLAS_OP_T;
+    const cublasOperation_t op_b = tb == trans::n ? CUBLAS_OP_N : CUBLAS_OP_T;
+    // Column-major: C^T (n x m) = op(B)^T (n x k) op(A)^T (k x m).
+    if constexpr (std::same_as<T, float>) {
+      WEFT_CUBLAS_TRY(cublasSgemm(state_->handle, op_b, op_a, ni, mi, ki, &alpha, b.data(), ldb, a.data(), lda, &beta,
+                                  c.data(), ldc));
+    } else {
+      WEFT_CUBLAS_TRY(cublasDgemm(state_->handle, op_b, op_a, ni, mi, ki, &alpha, b.data(), ldb, a.data(), lda, &beta,
+                                  c.data(), ldc));
+    }
+  }
+
+private:
+  struct state {
+    cublasHandle_t handle = nullptr;
+    cudaStream_t stream = nullptr;
+    state() = default;
+    state(const state&) = delete;
+    state& operator=(const state&) = delete;
+    ~state() {
+      if (handle != nullptr) (void)cublasDestroy(handle);
+    }
+  };
+
+  static int to_int(std::size_t v, const char* what) {
+    if (v > static_cast<std::size_t>(INT_MAX)) {
+      throw error(std::string("cublas: ") + what + " = " + std::to_string(v) + " exceeds cuBLAS's int range");
+    }
+    return static_cast<int>(v);
+  }
+  // A one-row view may have ld < cols; cuBLAS wants ld >= the row length (and >= 1).
+  static int ld_of(std::size_t rows, std::size_t ld, std::size_t cols, const char* what) {
+    return to_int(std::max<std::size_t>({rows <= 1 ? std::max(ld, cols) : ld, std::size_t{1}}), what);
+  }
+
+  std::shared_ptr<state> state_;
+};
+
+static_assert(gemm_for<cublas, float> && gemm_for<cublas, double>);
+
+} // namespace weft::layer

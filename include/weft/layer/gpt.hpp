@@ -1,0 +1,150 @@
+#pragma once
+// A GPT-style language model over a tensor-parallel group, built from the layers: the model the
+// layer tests, the benchmark and the 3D strategy train.
+//
+//   vocab-parallel embedding -> `layers` transformer blocks -> final LayerNorm
+//     -> LM head (column-parallel, no bias, vocabulary split like the embedding) -> vocab-parallel cross entropy
+//
+//   weft::layer::gpt<float, weft::local::communicator> model(tp, {.vocab = 1000, .hidden = 256, .heads = 8,
+//                                                                 .seq = 64, .layers = 4}, seed);
+//   double loss = model.forward(ids, targets);   // ids, targets: batch * seq tokens, sequence after sequence
+//   model.backward();                             // gradients accumulate until zero_grad()
+//
+// The loss is the mean over the tokens. Under sequence parallelism backward ends with the one
+// all-reduce of the replicated parameters' partial gradients (reduce_sequence_parallel_grads).
+// Tensor ids: embedding 0, blocks from 1 (4 each), LM head after them; one seed makes the same
+// model at every TP size.
+#include <weft/comm/communicator.hpp>
+#include <weft/core/error.hpp>
+#include <weft/layer/block.hpp>
+#include <weft/layer/cblas.hpp>
+#include <weft/layer/cross_entropy.hpp>
+#include <weft/layer/embedding.hpp>
+#include <weft/layer/layer_norm.hpp>
+#include <weft/layer/linear.hpp>
+#include <weft/layer/matrix.hpp>
+#include <weft/layer/parameter.hpp>
+#include <weft/layer/policy.hpp>
+#include <weft/layer/recompute.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace weft::layer {
+
+struct gpt_shape {
+  std::size_t vocab = 0;
+  std::size_t hidden = 0;
+  std::size_t heads = 0;
+  std::size_t ffn = 0;  // 0: 4 * hidden
+  std::size_t seq = 0;
+  std::size_t layers = 0;
+};
+
+template <class T, communicator Comm, class Gemm = cblas, class SP = no_sequence_parallel,
+          recompute::policy Recompute = recompute::none>
+class gpt {
+public:
+  using block_type = transformer_block<T, Comm, Gemm, SP, Recompute>;
+
+  gpt(Comm& tp, gpt_shape shape, std::uint64_t seed, Gemm gemm = {})
+      : tp_(&tp), shape_(shape), embedding_(tp, shape.vocab, shape.hidden, seed, 0), final_norm_(shape.hidden),
+        head_(tp, shape.hidden, shape.vocab, seed, 1 + block_type::tensor_ids * shape.layers, {.bias = false}, gemm),
+        loss_(tp, shape.vocab) {
+    if (shape.layers == 0) throw error("gpt: a model needs at least one layer");
+    blocks_.reserve(shape.layers);
+    for (std::size_t l = 0; l < shape.layers; ++l) {
+      blocks_.emplace_back(tp, block_shape{shape.hidden, shape.heads, shape.ffn, shape.seq}, seed,
+                           1 + block_type::tensor_ids * l, gemm);
+    }
+  }
+
+  [[nodiscard]] const gpt_shape& shape() const noexcept { return shape_; }
+
+  /// The mean loss over the tokens of `ids` (batch * seq of them) predicting `targets`.
+  double forward(std::span<const std::int32_t> ids, std::span<const std::int32_t> targets) {
+    if (ids.size() != targets.size() || ids.empty() || ids.size() % shape_.seq != 0) {
+      throw error("gpt::forward: " + std::to_string(ids.size()) + " ids and " + std::to_string(targets.size()) +
+                  " targets; both must be the same whole number of sequences of " + std::to_string(shape_.seq));
+    }
+    const std::size_t tokens = ids.size();
+    const std::size_t rows = SP::enabled ? detail::check_sequence_split("gpt::forward", tokens, tp_->size()) : tokens;
+    acts_.resize(shape_.layers + 1);
+    acts_[0].resize(rows, shape_.hidden);
+    embedding_.forward(ids, acts_[0].view());
+    for (std::size_t l = 0; l < shape_.layers; ++l) {
+      acts_[l + 1].resize(rows, shape_.hidden);
+      blocks_[l].forward(detail::cview(acts_[l].view()), acts_[l + 1].view());
+    }
+    normed_.resize(rows, shape_.hidden);
+    final_norm_.forward(detail::cview(acts_.back().view()), normed_.view());
+    logits_.resize(tokens, head_.out_local());
+    head_.forward(detail::cview(normed_.view()), logits_.view());
+    for (auto& a : acts_) a = {};  // the blocks keep what their backward needs
+    return loss_.forward(detail::cview(logits_.view()), targets);
+  }
+
+  /// Gradients of the last forward's loss, accumulated into every parameter's grad.
+  void backward() {
+    const std::size_t rows = normed_.rows();
+    dlogits_.resize(logits_.rows(), logits_.cols());
+    loss_.backward(dlogits_.view());
+    d_a_.resize(rows, shape_.hidden);
+    d_b_.resize(rows, shape_.hidden);
+    head_.backward(detail::cview(dlogits_.view()), d_a_.view());
+    final_norm_.backward(detail::cview(d_a_.view()), d_b_.view());
+    for (std::size_t l = shape_.layers; l-- > 0;) {
+      blocks_[l].backward(detail::cview(d_b_.view()), d_a_.view());
+      std::swap(d_a_, d_b_);
+    }
+    embedding_.backward(detail::cview(d_b_.view()));
+    if constexpr (SP::enabled) {
+      auto ps = parameters();
+      reduce_sequence_parallel_grads(*tp_, ps);
+    }
+  }
+
+  [[nodiscard]] std::vector<parameter<T>> parameters() {
+    std::vector<parameter<T>> ps;
+    append(ps, "embedding.", embedding_.parameters());
+    for (std::size_t l = 0; l < shape_.layers; ++l) {
+      append(ps, "block" + std::to_string(l) + ".", blocks_[l].parameters());
+    }
+    append(ps, "final_norm.", final_norm_.parameters());
+    append(ps, "head.", head_.parameters());
+    return ps;
+  }
+  void zero_grad() {
+    embedding_.zero_grad();
+    for (auto& b : blocks_) b.zero_grad();
+    final_norm_.zero_grad();
+    head_.zero_grad();
+  }
+
+  /// The logits of the last forward: tokens x this rank's vocabulary columns.
+  [[nodiscard]] matrix_view<const T> logits() const noexcept { return logits_.view(); }
+  block_type& block(std::size_t l) { return blocks_.at(l); }
+
+private:
+  static void append(std::vector<parameter<T>>& to, const std::string& prefix, std::vector<parameter<T>> ps) {
+    for (auto& p : ps) {
+      p.name = prefix + p.name;
+      to.push_back(std::move(p));
+    }
+  }
+
+  Comm* tp_;
+  gpt_shape shape_;
+  vocab_parallel_embedding<T, Comm, SP> embedding_;
+  std::vector<block_type> blocks_;
+  layer_norm<T, SP> final_norm_;
+  column_parallel_linear<T, Comm, Gemm, SP> head_;
+  vocab_parallel_cross_entropy<T, Comm> loss_;
+  std::vector<matrix<T>> acts_;
+  matrix<T> normed_, logits_, dlogits_, d_a_, d_b_;
+};
+
+} // namespace weft::layer

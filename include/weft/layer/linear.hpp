@@ -1,0 +1,354 @@
+#pragma once
+// Tensor-parallel linear layers (Megatron-style): y = x W^T + b with W stored out x in, tokens as
+// rows, and the communication inside the layer.
+//
+//   column_parallel_linear: W split on the output dimension; rank r holds rows out_range() of W.
+//       forward:  x (every token) --identity "f"--> x W_r^T + b_r      (optional all-gather of y)
+//       backward: dx = all-reduce_r(dy_r W_r)                           (the "f" backward)
+//   row_parallel_linear: W split on the input dimension; rank r holds columns in_range() of W.
+//       forward:  y = all-reduce_r(x_r W_r^T) + b  ("g"; the bias once, after the reduction)
+//       backward: dx_r = dy W_r                     (identity; dy is the same on every rank)
+//
+// Under sequence_parallel (policy.hpp) the tokens outside the pair are split over the ranks: the
+// column layer all-gathers its input rows first and reduce-scatters dx; the row layer reduce-
+// scatters y to the rank's rows and all-gathers dy. A column -> row pair is then
+//   all-gather | GEMM | ... | GEMM | reduce-scatter     instead of     GEMM | ... | GEMM | all-reduce.
+//
+// Both keep a copy of their (gathered) input between forward and backward; a second forward
+// overwrites it. Gradients accumulate (+=) until zero_grad(). Weights are initialised by
+// init_normal over the full shape (the same model at every TP size), biases to zero.
+#include <weft/comm/all_gather.hpp>
+#include <weft/comm/all_reduce.hpp>
+#include <weft/comm/communicator.hpp>
+#include <weft/comm/reduce_scatter.hpp>
+#include <weft/core/error.hpp>
+#include <weft/layer/cblas.hpp>
+#include <weft/layer/gemm.hpp>
+#include <weft/layer/init.hpp>
+#include <weft/layer/matrix.hpp>
+#include <weft/layer/parameter.hpp>
+#include <weft/layer/policy.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace weft::layer {
+
+namespace detail {
+
+template <class T>
+[[nodiscard]] matrix_view<const T> cview(matrix_view<T> v) noexcept {
+  return matrix_view<const T>(v.data(), v.rows(), v.cols(), v.ld());
+}
+template <class T>
+[[nodiscard]] matrix_view<const T> cview(const matrix<T>& m) noexcept {
+  return m.view();
+}
+
+/// dst = src (resized to src's shape).
+template <class T>
+void assign(matrix<T>& dst, matrix_view<const T> src) {
+  if (dst.rows() != src.rows() || dst.cols() != src.cols()) dst.resize(src.rows(), src.cols());
+  if (src.cols() == 0) return;
+  for (std::size_t r = 0; r < src.rows(); ++r) std::copy_n(src.data() + r * src.ld(), src.cols(), dst.data() + r * src.cols());
+}
+
+template <class T>
+void copy_view(matrix_view<const T> src, matrix_view<T> dst) {
+  for (std::size_t r = 0; r < src.rows(); ++r) {
+    for (std::size_t c = 0; c < src.cols(); ++c) dst(r, c) = src(r, c);
+  }
+}
+
+/// The tokens, given a rank's row count, where rows are split evenly over the TP group.
+[[nodiscard]] inline std::size_t check_sequence_split(std::string_view who, std::size_t tokens, int tp) {
+  const auto p = static_cast<std::size_t>(tp);
+  if (tokens % p != 0) {
+    throw error(std::string(who) + ": sequence parallelism splits the " + std::to_string(tokens) +
+                " tokens over " + std::to_string(tp) + " ranks, and they do not divide");
+  }
+  return tokens / p;
+}
+
+/// full = the rows of every rank's `local`, rank after rank (all-gather along the tokens).
+template <class T, communicator Comm>
+void gather_rows(Comm& tp, matrix_view<const T> local, matrix<T>& full, std::vector<T>& staging) {
+  const std::size_t p = static_cast<std::size_t>(tp.size());
+  full.resize(local.rows() * p, local.cols());
+  if (p == 1) {
+    copy_view(local, full.view());
+    return;
+  }
+  std::span<const T> in;
+  if (local.contiguous()) {
+    in = std::span<const T>(local.data(), local.size());
+  } else {
+    staging.resize(local.size());
+    copy_view(local, matrix_view<T>(staging.data(), local.rows(), local.cols()));
+    in = std::span<const T>(staging);
+  }
+  all_gather(tp, in, full.flat());
+}
+
+/// out = this rank's block of rows of the sum over ranks of `full` (contiguous).
+template <class T, communicator Comm>
+void reduce_scatter_rows(Comm& tp, matrix<T>& full, matrix_view<T> out, std::vector<T>& staging) {
+  if (tp.size() == 1) {
+    copy_view(cview(full), out);
+    return;
+  }
+  if (out.contiguous()) {
+    reduce_scatter(tp, std::span<const T>(full.flat()), out.flat());
+  } else {
+    staging.resize(out.size());
+    reduce_scatter(tp, std::span<const T>(full.flat()), std::span<T>(staging));
+    copy_view(matrix_view<const T>(staging.data(), out.rows(), out.cols()), out);
+  }
+}
+
+/// out = the sum over ranks of `part` (contiguous; summed in place).
+template <class T, communicator Comm>
+void all_reduce_into(Comm& tp, matrix<T>& part, matrix_view<T> out) {
+  if (tp.size() > 1) all_reduce(tp, part.flat());
+  copy_view(cview(part), out);
+}
+
+template <class T>
+void add_row_vector(matrix_view<T> y, const matrix<T>& b) {
+  for (std::size_t r = 0; r < y.rows(); ++r) {
+    for (std::size_t c = 0; c < y.cols(); ++c) y(r, c) += b(0, c);
+  }
+}
+
+template <class T>
+void accumulate_column_sums(matrix_view<const T> dy, matrix<T>& db) {
+  for (std::size_t r = 0; r < dy.rows(); ++r) {
+    for (std::size_t c = 0; c < dy.cols(); ++c) db(0, c) += dy(r, c);
+  }
+}
+
+template <class T>
+void zero(matrix<T>& m) {
+  m.fill(T{});
+}
+
+} // namespace detail
+
+template <class T, communicator Comm, class Gemm = cblas, class SP = no_sequence_parallel>
+class column_parallel_linear {
+  static_assert(gemm_for<Gemm, T>, "weft: column_parallel_linear: Gemm must be a GEMM policy for T (gemm.hpp)");
+
+public:
+  struct options {
+    bool bias = true;
+    bool gather_output = false;
+    double init_std = 0.02;
+  };
+
+  column_parallel_linear(Comm& tp, std::size_t in, std::size_t out, std::uint64_t seed, std::uint64_t tensor_id,
+                         options opt = {}, Gemm gemm = {})
+      : tp_(&tp), in_(in), out_(out), opt_(opt), gemm_(std::move(gemm)), range_(split_range(out, tp.size(), tp.rank())),
+        w_(range_.size(), in), dw_(range_.size(), in), b_(opt.bias ? 1 : 0, range_.size()),
+        db_(opt.bias ? 1 : 0, range_.size()) {
+    if (in == 0 || out == 0) throw error("column_parallel_linear: in and out must be positive");
+    init_normal(w_.view(), in, range_.begin, 0, seed, tensor_id, opt.init_std);
+  }
+
+  [[nodiscard]] range out_range() const noexcept { return range_; }
+  [[nodiscard]] std::size_t out_local() const noexcept { return range_.size(); }
+  [[nodiscard]] std::size_t in_features() const noexcept { return in_; }
+  [[nodiscard]] std::size_t out_features() const noexcept { return out_; }
+  [[nodiscard]] const options& config() const noexcept { return opt_; }
+  [[nodiscard]] Comm& comm() const noexcept { return *tp_; }
+
+  /// x: tokens x in (sequence_parallel: this rank's tokens / tp rows). y: tokens x out_local(), or
+  /// tokens x out with gather_output.
+  void forward(matrix_view<const T> x, matrix_view<T> y) {
+    static constexpr std::string_view who = "column_parallel_linear::forward";
+    if (x.cols() != in_) ::weft::detail::shape_error(who, "x", x.rows(), x.cols(), x.rows(), in_);
+    if constexpr (SP::enabled) {
+      detail::gather_rows(*tp_, x, x_, staging_);
+    } else {
+      detail::assign(x_, x);
+    }
+    const std::size_t tokens = x_.rows();
+    expect_shape(who, "y", y, tokens, opt_.gather_output ? out_ : range_.size());
+    forwarded_ = true;
+    if (!opt_.gather_output) {
+      matmul_forward(y);
+      return;
+    }
+    // Gather the output columns: every rank's block padded to the largest, then unpacked.
+    const std::size_t widest = split_range(out_, tp_->size(), 0).size();
+    part_.resize(tokens, widest);
+    matmul_forward(part_.view().cols_from(0, range_.size()));
+    if (tp_->size() == 1) {
+      detail::copy_view(detail::cview(part_), y);
+      return;
+    }
+    gathered_.resize(tokens * static_cast<std::size_t>(tp_->size()), widest);
+    all_gather(*tp_, std::span<const T>(part_.flat()), gathered_.flat());
+    for (int r = 0; r < tp_->size(); ++r) {
+      const range rr = split_range(out_, tp_->size(), r);
+      const auto block = gathered_.view().rows_from(static_cast<std::size_t>(r) * tokens, tokens);
+      detail::copy_view(detail::cview(block.cols_from(0, rr.size())), y.cols_from(rr.begin, rr.size()));
+    }
+  }
+
+  /// dy: like y. dx: like x (all-reduced over the group; sequence_parallel: reduce-scattered).
+  void backward(matrix_view<const T> dy, matrix_view<T> dx) {
+    static constexpr std::string_view who = "column_parallel_linear::backward";
+    if (!forwarded_) throw error(std::string(who) + ": called before forward");
+    const std::size_t tokens = x_.rows();
+    expect_shape(who, "dy", dy, tokens, opt_.gather_output ? out_ : range_.size());
+    const std::size_t rows_out = SP::enabled ? tokens / static_cast<std::size_t>(tp_->size()) : tokens;
+    expect_shape(who, "dx", dx, rows_out, in_);
+    const matrix_view<const T> g = opt_.gather_output ? dy.cols_from(range_.begin, range_.size()) : dy;
+    // dW += dy^T x, db += column sums of dy.
+    gemm_(trans::t, trans::n, T{1}, g, detail::cview(x_), T{1}, dw_.view());
+    if (opt_.bias) detail::accumulate_column_sums(g, db_);
+    // dx = (sum over ranks) dy_r W_r.
+    dx_.resize(tokens, in_);
+    gemm_(trans::n, trans::n, T{1}, g, detail::cview(w_), T{0}, dx_.view());
+    if constexpr (SP::enabled) {
+      detail::reduce_scatter_rows(*tp_, dx_, dx, staging_);
+    } else {
+      detail::all_reduce_into(*tp_, dx_, dx);
+    }
+  }
+
+  [[nodiscard]] std::vector<parameter<T>> parameters() {
+    std::vector<parameter<T>> ps;
+    ps.push_back({"weight", w_.view(), dw_.view(), false, false, range_.begin, 0, out_, in_});
+    if (opt_.bias) ps.push_back({"bias", b_.view(), db_.view(), false, false, 0, range_.begin, 1, out_});
+    return ps;
+  }
+  void zero_grad() {
+    detail::zero(dw_);
+    detail::zero(db_);
+  }
+
+  /// This rank's shard: weight out_local x in, bias 1 x out_local (empty without bias).
+  [[nodiscard]] matrix_view<T> weight() noexcept { return w_.view(); }
+  [[nodiscard]] matrix_view<T> bias() noexcept { return b_.view(); }
+
+private:
+  void matmul_forward(matrix_view<T> y) {
+    gemm_(trans::n, trans::t, T{1}, detail::cview(x_), detail::cview(w_), T{0}, y);
+    if (opt_.bias) detail::add_row_vector(y, b_);
+  }
+
+  Comm* tp_;
+  std::size_t in_;
+  std::size_t out_;
+  options opt_;
+  Gemm gemm_;
+  range range_;
+  matrix<T> w_, dw_, b_, db_;
+  matrix<T> x_;          // the (gathered) input, kept for backward
+  matrix<T> dx_;         // dx before its reduction
+  matrix<T> part_;       // gather_output: this rank's columns, padded
+  matrix<T> gathered_;   // gather_output: every rank's
+  std::vector<T> staging_;
+  bool forwarded_ = false;
+};
+
+template <class T, communicator Comm, class Gemm = cblas, class SP = no_sequence_parallel>
+class row_parallel_linear {
+  static_assert(gemm_for<Gemm, T>, "weft: row_parallel_linear: Gemm must be a GEMM policy for T (gemm.hpp)");
+
+public:
+  struct options {
+    bool bias = true;
+    double init_std = 0.02;
+  };
+
+  row_parallel_linear(Comm& tp, std::size_t in, std::size_t out, std::uint64_t seed, std::uint64_t tensor_id,
+                      options opt = {}, Gemm gemm = {})
+      : tp_(&tp), in_(in), out_(out), opt_(opt), gemm_(std::move(gemm)), range_(split_range(in, tp.size(), tp.rank())),
+        w_(out, range_.size()), dw_(out, range_.size()), b_(opt.bias ? 1 : 0, out), db_(opt.bias ? 1 : 0, out) {
+    if (in == 0 || out == 0) throw error("row_parallel_linear: in and out must be positive");
+    init_normal(w_.view(), in, 0, range_.begin, seed, tensor_id, opt.init_std);
+  }
+
+  [[nodiscard]] range in_range() const noexcept { return range_; }
+  [[nodiscard]] std::size_t in_local() const noexcept { return range_.size(); }
+  [[nodiscard]] std::size_t in_features() const noexcept { return in_; }
+  [[nodiscard]] std::size_t out_features() const noexcept { return out_; }
+  [[nodiscard]] const options& config() const noexcept { return opt_; }
+  [[nodiscard]] Comm& comm() const noexcept { return *tp_; }
+
+  /// x: tokens x in_local(). y: tokens x out, summed over the group (sequence_parallel: this
+  /// rank's tokens / tp rows of it); the bias is added after the reduction.
+  void forward(matrix_view<const T> x, matrix_view<T> y) {
+    static constexpr std::string_view who = "row_parallel_linear::forward";
+    if (x.cols() != range_.size()) ::weft::detail::shape_error(who, "x", x.rows(), x.cols(), x.rows(), range_.size());
+    const std::size_t tokens = x.rows();
+    const std::size_t rows_out = SP::enabled ? detail::check_sequence_split(who, tokens, tp_->size()) : tokens;
+    expect_shape(who, "y", y, rows_out, out_);
+    detail::assign(x_, x);
+    part_.resize(tokens, out_);
+    gemm_(trans::n, trans::t, T{1}, detail::cview(x_), detail::cview(w_), T{0}, part_.view());
+    if constexpr (SP::enabled) {
+      detail::reduce_scatter_rows(*tp_, part_, y, staging_);
+    } else {
+      detail::all_reduce_into(*tp_, part_, y);
+    }
+    if (opt_.bias) detail::add_row_vector(y, b_);
+    forwarded_ = true;
+  }
+
+  /// dy: like y (sequence_parallel: this rank's rows, all-gathered here). dx: tokens x in_local().
+  void backward(matrix_view<const T> dy, matrix_view<T> dx) {
+    static constexpr std::string_view who = "row_parallel_linear::backward";
+    if (!forwarded_) throw error(std::string(who) + ": called before forward");
+    const std::size_t tokens = x_.rows();
+    const std::size_t rows_in = SP::enabled ? tokens / static_cast<std::size_t>(tp_->size()) : tokens;
+    expect_shape(who, "dy", dy, rows_in, out_);
+    expect_shape(who, "dx", dx, tokens, range_.size());
+    if (opt_.bias) detail::accumulate_column_sums(dy, db_);  // SP: this rank's rows only
+    matrix_view<const T> g = dy;
+    if constexpr (SP::enabled) {
+      detail::gather_rows(*tp_, dy, dy_, staging_);
+      g = detail::cview(dy_);
+    }
+    gemm_(trans::t, trans::n, T{1}, g, detail::cview(x_), T{1}, dw_.view());
+    gemm_(trans::n, trans::n, T{1}, g, detail::cview(w_), T{0}, dx);
+  }
+
+  [[nodiscard]] std::vector<parameter<T>> parameters() {
+    std::vector<parameter<T>> ps;
+    ps.push_back({"weight", w_.view(), dw_.view(), false, false, 0, range_.begin, out_, in_});
+    if (opt_.bias) ps.push_back({"bias", b_.view(), db_.view(), true, SP::enabled, 0, 0, 1, out_});
+    return ps;
+  }
+  void zero_grad() {
+    detail::zero(dw_);
+    detail::zero(db_);
+  }
+
+  /// This rank's shard: weight out x in_local, bias 1 x out (replicated; empty without bias).
+  [[nodiscard]] matrix_view<T> weight() noexcept { return w_.view(); }
+  [[nodiscard]] matrix_view<T> bias() noexcept { return b_.view(); }
+
+private:
+  Comm* tp_;
+  std::size_t in_;
+  std::size_t out_;
+  options opt_;
+  Gemm gemm_;
+  range range_;
+  matrix<T> w_, dw_, b_, db_;
+  matrix<T> x_;     // the input, kept for backward
+  matrix<T> part_;  // x W^T before its reduction
+  matrix<T> dy_;    // sequence_parallel: the gathered dy
+  std::vector<T> staging_;
+  bool forwarded_ = false;
+};
+
+} // namespace weft::layer

@@ -1,0 +1,78 @@
+#pragma once
+// The tensor-parallel MLP of a transformer block: column-parallel (hidden -> ffn, output left
+// split) -> GELU on the rank's ffn columns -> row-parallel (ffn -> hidden). The GELU needs no
+// communication because each rank holds whole columns of the intermediate activation, so the
+// block costs one all-reduce forward and one backward (sequence_parallel: an all-gather and a
+// reduce-scatter each way).
+//
+//   weft::layer::parallel_mlp<float, Comm> mlp(tp, 1024, 4096, seed, /*tensor ids*/ 10);   // 10, 11
+//   mlp.forward(x, y);      // x, y: tokens x hidden (sequence_parallel: this rank's rows)
+//   mlp.backward(dy, dx);
+#include <weft/layer/activation.hpp>
+#include <weft/layer/linear.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace weft::layer {
+
+template <class T, communicator Comm, class Gemm = cblas, class SP = no_sequence_parallel>
+class parallel_mlp {
+public:
+  using column_type = column_parallel_linear<T, Comm, Gemm, SP>;
+  using row_type = row_parallel_linear<T, Comm, Gemm, SP>;
+
+  parallel_mlp(Comm& tp, std::size_t hidden, std::size_t ffn, std::uint64_t seed, std::uint64_t tensor_id,
+               Gemm gemm = {})
+      : tp_(&tp), hidden_(hidden), fc1_(tp, hidden, ffn, seed, tensor_id, {}, gemm),
+        fc2_(tp, ffn, hidden, seed, tensor_id + 1, {}, gemm) {}
+
+  void forward(matrix_view<const T> x, matrix_view<T> y) {
+    if (x.cols() != hidden_) ::weft::detail::shape_error("parallel_mlp::forward", "x", x.rows(), x.cols(), x.rows(), hidden_);
+    const std::size_t tokens = SP::enabled ? x.rows() * static_cast<std::size_t>(tp_->size()) : x.rows();
+    h_.resize(tokens, fc1_.out_local());
+    a_.resize(tokens, fc1_.out_local());
+    fc1_.forward(x, h_.view());
+    gelu_forward<T>(h_.view(), a_.view());
+    fc2_.forward(a_.view(), y);
+  }
+
+  void backward(matrix_view<const T> dy, matrix_view<T> dx) {
+    da_.resize(h_.rows(), h_.cols());
+    fc2_.backward(dy, da_.view());
+    gelu_backward<T>(h_.view(), da_.view(), da_.view());
+    fc1_.backward(da_.view(), dx);
+  }
+
+  /// fc1.weight, fc1.bias, fc2.weight, fc2.bias.
+  [[nodiscard]] std::vector<parameter<T>> parameters() {
+    std::vector<parameter<T>> ps;
+    for (auto& p : fc1_.parameters()) {
+      p.name = "fc1." + p.name;
+      ps.push_back(std::move(p));
+    }
+    for (auto& p : fc2_.parameters()) {
+      p.name = "fc2." + p.name;
+      ps.push_back(std::move(p));
+    }
+    return ps;
+  }
+  void zero_grad() {
+    fc1_.zero_grad();
+    fc2_.zero_grad();
+  }
+
+  [[nodiscard]] column_type& fc1() noexcept { return fc1_; }
+  [[nodiscard]] row_type& fc2() noexcept { return fc2_; }
+
+private:
+  Comm* tp_;
+  std::size_t hidden_;
+  column_type fc1_;
+  row_type fc2_;
+  matrix<T> h_, a_, da_;  // fc1's output (kept for GELU's backward), GELU's output, its gradient
+};
+
+} // namespace weft::layer

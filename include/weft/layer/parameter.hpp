@@ -1,0 +1,73 @@
+#pragma once
+// A layer's parameters as the optimizer and the tests see them: the rank's shard of each weight
+// and its gradient, as host views of the same shape, with what a data-parallel or sequence-
+// parallel reduction needs to know about it.
+//
+//   for (auto& p : mlp.parameters()) sgd_step(p.value, p.grad, lr);
+//   weft::layer::reduce_sequence_parallel_grads(tp, std::span(params));   // under sequence_parallel
+//
+// A replicated parameter (LayerNorm's gamma and beta, the row-parallel bias) is the same on every
+// TP rank. Under sequence parallelism each rank sees only its own tokens, so such a parameter's
+// gradient is a partial sum over the rank's rows (sequence_partial) and must be summed over the
+// TP group before the optimizer step; reduce_sequence_parallel_grads does that in one all-reduce.
+#include <weft/comm/all_reduce.hpp>
+#include <weft/comm/communicator.hpp>
+#include <weft/layer/matrix.hpp>
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace weft::layer {
+
+template <class T>
+struct parameter {
+  std::string name;
+  matrix_view<T> value;
+  matrix_view<T> grad;
+  bool replicated = false;        // the same on every TP rank
+  bool sequence_partial = false;  // grad is a partial sum over this rank's rows (sequence parallelism)
+  // Where the shard sits in the full (unsplit) tensor: rows [row0, row0 + value.rows()) and
+  // columns [col0, col0 + value.cols()) of a full_rows x full_cols matrix. For checkpoints that
+  // reshard, and for comparing a split model with the unsplit one.
+  std::size_t row0 = 0;
+  std::size_t col0 = 0;
+  std::size_t full_rows = 0;
+  std::size_t full_cols = 0;
+};
+
+/// Sums over the TP group the gradients of the parameters marked sequence_partial, packed into one
+/// all-reduce. Every rank of `tp` must pass the same parameters in the same order. No call when
+/// none is marked.
+template <class T, communicator Comm>
+void reduce_sequence_parallel_grads(Comm& tp, std::span<parameter<T>> ps) {
+  std::size_t n = 0;
+  for (const auto& p : ps) {
+    if (p.sequence_partial) n += p.grad.size();
+  }
+  if (n == 0 || tp.size() == 1) return;
+  std::vector<T> buf(n);
+  std::size_t at = 0;
+  for (const auto& p : ps) {
+    if (!p.sequence_partial) continue;
+    for (std::size_t r = 0; r < p.grad.rows(); ++r) {
+      for (std::size_t c = 0; c < p.grad.cols(); ++c) buf[at++] = p.grad(r, c);
+    }
+  }
+  all_reduce(tp, std::span<T>(buf));
+  at = 0;
+  for (const auto& p : ps) {
+    if (!p.sequence_partial) continue;
+    for (std::size_t r = 0; r < p.grad.rows(); ++r) {
+      for (std::size_t c = 0; c < p.grad.cols(); ++c) p.grad(r, c) = buf[at++];
+    }
+  }
+}
+
+template <class T, communicator Comm>
+void reduce_sequence_parallel_grads(Comm& tp, std::vector<parameter<T>>& ps) {
+  reduce_sequence_parallel_grads(tp, std::span<parameter<T>>(ps));
+}
+
+} // namespace weft::layer

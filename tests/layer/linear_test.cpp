@@ -1,0 +1,280 @@
+// column_parallel_linear and row_parallel_linear at TP 1..4 (uneven splits included), with and
+// without sequence parallelism, in float and double, against the unsplit layer written out in
+// double in layer_support.hpp: outputs, input gradients, weight and bias gradients (accumulated
+// over two backward passes), the communication each one issues (through weft::traced), and the
+// shape errors.
+#include <weft/comm/traced.hpp>
+#include <weft/layer/linear.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "layer/layer_support.hpp"
+
+namespace {
+
+namespace wl = weft::layer;
+namespace tl = weft::test::layer;
+using tl::dmat;
+using weft::collective;
+
+template <class T, class SP>
+struct config {
+  using type = T;
+  using sp = SP;
+};
+
+template <class C>
+class linear : public ::testing::Test {};
+
+using configs = ::testing::Types<config<float, wl::no_sequence_parallel>, config<double, wl::no_sequence_parallel>,
+                                 config<float, wl::sequence_parallel>, config<double, wl::sequence_parallel>>;
+TYPED_TEST_SUITE(linear, configs);
+
+constexpr std::size_t tokens = 12;  // divides by 1..4
+constexpr std::uint64_t seed = 42;
+
+template <class T>
+dmat full_weight(std::size_t out, std::size_t in, std::uint64_t id, double stddev) {
+  dmat w(out, in);
+  wl::init_normal(w.view(), in, 0, 0, seed, id, stddev);
+  tl::round_to<T>(w);
+  return w;
+}
+
+template <class T, class SP>
+void check_column(int tp, std::size_t in, std::size_t out, bool gather_output, bool bias, bool strided = false) {
+  dmat x = tl::random_dmat(tokens, in, 1);
+  dmat dy = tl::random_dmat(tokens, out, 2);
+  dmat b = tl::random_dmat(1, out, 3);
+  tl::round_to<T>(x);
+  tl::round_to<T>(dy);
+  tl::round_to<T>(b);
+  const dmat w = full_weight<T>(out, in, 7, 0.5);
+  const dmat y_ref = tl::ref_linear(x, w, bias ? &b : nullptr);
+  const dmat dx_ref = tl::ref_linear_dx(dy, w);
+  const dmat dw_ref = tl::ref_linear_dw(dy, x);
+  const dmat db_ref = tl::ref_colsum(dy, 0, tokens);
+  const double tol = tl::tolerance<T>;
+  tl::run_ranks(tp, [&](weft::local::communicator& c) {
+    weft::traced<weft::local::communicator> comm(std::move(c), "tp");
+    using layer_t = wl::column_parallel_linear<T, decltype(comm), wl::cblas, SP>;
+    typename layer_t::options opt;
+    opt.bias = bias;
+    opt.gather_output = gather_output;
+    opt.init_std = 0.5;
+    layer_t fc(comm, in, out, seed, 7, opt);
+    const wl::range o = fc.out_range();
+    EXPECT_EQ(o, wl::split_range(out, tp, comm.rank()));
+    const std::size_t p = static_cast<std::size_t>(tp);
+    const std::size_t rank = static_cast<std::size_t>(comm.rank());
+    const std::size_t local = SP::enabled ? tokens / p : tokens;
+    const std::size_t row0 = SP::enabled ? rank * local : 0;
+    const std::string where = "tp=" + std::to_string(tp) + " rank " + std::to_string(rank) +
+                              (gather_output ? " gather_output" : "") + (bias ? "" : " no bias");
+    EXPECT_EQ(tl::rel_err(fc.weight(), tl::block(w, o.begin, o.size(), 0, in)), 0.0) << where;
+    if (bias) {
+      auto bl = tl::to<T>(tl::block(b, 0, 1, o.begin, o.size()));
+      std::copy(bl.flat().begin(), bl.flat().end(), fc.bias().data());
+    }
+    tl::embedded<T> xl(tl::to<T>(tl::block(x, row0, local, 0, in)), strided);
+    const std::size_t ycols = gather_output ? out : o.size();
+    tl::embedded<T> dyl(tl::to<T>(tl::block(dy, 0, tokens, gather_output ? 0 : o.begin, ycols)), strided);
+    tl::embedded<T> y(tokens, ycols, strided), dx(local, in, strided);
+    for (int pass = 1; pass <= 2; ++pass) {
+      comm.clear();
+      fc.forward(xl.cview(), y.view());
+      const auto fwd = comm.ops();
+      comm.clear();
+      fc.backward(dyl.cview(), dx.view());
+      const auto bwd = comm.ops();
+      EXPECT_LT(tl::rel_err(y.view(), tl::block(y_ref, 0, tokens, gather_output ? 0 : o.begin, ycols)), tol) << where;
+      EXPECT_LT(tl::rel_err(dx.view(), tl::block(dx_ref, row0, local, 0, in)), tol) << where;
+      EXPECT_TRUE(y.border_intact() && dx.border_intact()) << where;
+      const auto params = fc.parameters();
+      ASSERT_EQ(params.size(), bias ? 2u : 1u);
+      EXPECT_FALSE(params[0].replicated);
+      EXPECT_LT(tl::rel_err(params[0].grad, tl::scaled(tl::block(dw_ref, o.begin, o.size(), 0, in), pass)), tol)
+          << where << " pass " << pass;
+      if (bias) {
+        EXPECT_LT(tl::rel_err(params[1].grad, tl::scaled(tl::block(db_ref, 0, 1, o.begin, o.size()), pass)), tol)
+            << where;
+        EXPECT_FALSE(params[1].sequence_partial);
+      }
+      // Communication: f is the identity forward, an all-reduce backward; SP: all-gather / reduce-scatter.
+      std::vector<weft::traced_op> want_fwd, want_bwd;
+      if (tp > 1) {
+        if (SP::enabled) {
+          want_fwd.push_back({collective::all_gather, local * in, weft::dtype_of<T>, "tp"});
+          want_bwd.push_back({collective::reduce_scatter, local * in, weft::dtype_of<T>, "tp"});
+        } else {
+          want_bwd.push_back({collective::all_reduce, tokens * in, weft::dtype_of<T>, "tp"});
+        }
+        if (gather_output) {
+          want_fwd.push_back({collective::all_gather, tokens * wl::split_range(out, tp, 0).size(),
+                              weft::dtype_of<T>, "tp"});
+        }
+      }
+      EXPECT_EQ(fwd, want_fwd) << where;
+      EXPECT_EQ(bwd, want_bwd) << where;
+    }
+    fc.zero_grad();
+    for (const auto& prm : fc.parameters())
+      for (std::size_t i = 0; i < prm.grad.rows(); ++i)
+        for (std::size_t j = 0; j < prm.grad.cols(); ++j) EXPECT_EQ(prm.grad(i, j), T{0});
+  });
+}
+
+template <class T, class SP>
+void check_row(int tp, std::size_t in, std::size_t out, bool bias, bool strided = false) {
+  dmat x = tl::random_dmat(tokens, in, 4);
+  dmat dy = tl::random_dmat(tokens, out, 5);
+  dmat b = tl::random_dmat(1, out, 6);
+  tl::round_to<T>(x);
+  tl::round_to<T>(dy);
+  tl::round_to<T>(b);
+  const dmat w = full_weight<T>(out, in, 9, 0.5);
+  const dmat y_ref = tl::ref_linear(x, w, bias ? &b : nullptr);
+  const dmat dx_ref = tl::ref_linear_dx(dy, w);
+  const dmat dw_ref = tl::ref_linear_dw(dy, x);
+  const double tol = tl::tolerance<T>;
+  tl::run_ranks(tp, [&](weft::local::communicator& c) {
+    weft::traced<weft::local::communicator> comm(std::move(c), "tp");
+    using layer_t = wl::row_parallel_linear<T, decltype(comm), wl::cblas, SP>;
+    typename layer_t::options opt;
+    opt.bias = bias;
+    opt.init_std = 0.5;
+    layer_t fc(comm, in, out, seed, 9, opt);
+    const wl::range ir = fc.in_range();
+    EXPECT_EQ(ir, wl::split_range(in, tp, comm.rank()));
+    const std::size_t p = static_cast<std::size_t>(tp);
+    const std::size_t rank = static_cast<std::size_t>(comm.rank());
+    const std::size_t local = SP::enabled ? tokens / p : tokens;
+    const std::size_t row0 = SP::enabled ? rank * local : 0;
+    const std::string where = "tp=" + std::to_string(tp) + " rank " + std::to_string(rank) + (bias ? "" : " no bias");
+    EXPECT_EQ(tl::rel_err(fc.weight(), tl::block(w, 0, out, ir.begin, ir.size())), 0.0) << where;
+    if (bias) {
+      auto bl = tl::to<T>(b);
+      std::copy(bl.flat().begin(), bl.flat().end(), fc.bias().data());
+    }
+    tl::embedded<T> xl(tl::to<T>(tl::block(x, 0, tokens, ir.begin, ir.size())), strided);
+    tl::embedded<T> dyl(tl::to<T>(tl::block(dy, row0, local, 0, out)), strided);
+    tl::embedded<T> y(local, out, strided), dx(tokens, ir.size(), strided);
+    for (int pass = 1; pass <= 2; ++pass) {
+      comm.clear();
+      fc.forward(xl.cview(), y.view());
+      const auto fwd = comm.ops();
+      comm.clear();
+      fc.backward(dyl.cview(), dx.view());
+      const auto bwd = comm.ops();
+      EXPECT_LT(tl::rel_err(y.view(), tl::block(y_ref, row0, local, 0, out)), tol) << where;
+      if (ir.size() > 0) {
+        EXPECT_LT(tl::rel_err(dx.view(), tl::block(dx_ref, 0, tokens, ir.begin, ir.size())), tol) << where;
+      }
+      EXPECT_TRUE(y.border_intact() && dx.border_intact()) << where;
+      auto params = fc.parameters();
+      ASSERT_EQ(params.size(), bias ? 2u : 1u);
+      if (ir.size() > 0) {
+        EXPECT_LT(tl::rel_err(params[0].grad, tl::scaled(tl::block(dw_ref, 0, out, ir.begin, ir.size()), pass)), tol)
+            << where;
+      }
+      if (bias) {
+        EXPECT_TRUE(params[1].replicated);
+        EXPECT_EQ(params[1].sequence_partial, SP::enabled);
+        // Without SP every rank has every token's dy: the full sum. With it, this rank's rows only.
+        EXPECT_LT(tl::rel_err(params[1].grad, tl::scaled(tl::ref_colsum(dy, row0, local), pass)), tol) << where;
+      }
+      std::vector<weft::traced_op> want_fwd, want_bwd;
+      if (tp > 1) {
+        if (SP::enabled) {
+          want_fwd.push_back({collective::reduce_scatter, local * out, weft::dtype_of<T>, "tp"});
+          want_bwd.push_back({collective::all_gather, local * out, weft::dtype_of<T>, "tp"});
+        } else {
+          want_fwd.push_back({collective::all_reduce, tokens * out, weft::dtype_of<T>, "tp"});
+        }
+      }
+      EXPECT_EQ(fwd, want_fwd) << where;
+      EXPECT_EQ(bwd, want_bwd) << where;
+    }
+    if (bias) {
+      // After the sequence-parallel reduction every rank holds the full bias gradient (x2 passes).
+      comm.clear();
+      auto params = fc.parameters();
+      wl::reduce_sequence_parallel_grads(comm, std::span<wl::parameter<T>>(params));
+      EXPECT_EQ(comm.ops().size(), (SP::enabled && tp > 1) ? 1u : 0u);
+      EXPECT_LT(tl::rel_err(params[1].grad, tl::scaled(tl::ref_colsum(dy, 0, tokens), 2)), tol) << where;
+    }
+  });
+}
+
+TYPED_TEST(linear, ColumnParallelMatchesSerial) {
+  using T = typename TypeParam::type;
+  using SP = typename TypeParam::sp;
+  for (int tp = 1; tp <= 4; ++tp) {
+    check_column<T, SP>(tp, 7, 10, false, true);  // 10 over 3 and 4: uneven
+    check_column<T, SP>(tp, 5, 6, false, false);
+  }
+}
+
+TYPED_TEST(linear, ColumnParallelGatherOutput) {
+  using T = typename TypeParam::type;
+  using SP = typename TypeParam::sp;
+  for (int tp = 1; tp <= 4; ++tp) check_column<T, SP>(tp, 7, 10, true, true);
+}
+
+TYPED_TEST(linear, RowParallelMatchesSerial) {
+  using T = typename TypeParam::type;
+  using SP = typename TypeParam::sp;
+  for (int tp = 1; tp <= 4; ++tp) {
+    check_row<T, SP>(tp, 10, 7, true);  // in = 10 over 3 and 4: uneven
+    check_row<T, SP>(tp, 6, 5, false);
+  }
+}
+
+TYPED_TEST(linear, MoreRanksThanFeatures) {
+  using T = typename TypeParam::type;
+  using SP = typename TypeParam::sp;
+  check_column<T, SP>(4, 5, 3, false, true);  // rank 3 holds no output column
+  check_row<T, SP>(4, 3, 5, true);            // rank 3 holds no input column
+}
+
+TYPED_TEST(linear, StridedViews) {  // inputs and outputs with ld > cols, and the memory around them untouched
+  using T = typename TypeParam::type;
+  using SP = typename TypeParam::sp;
+  for (int tp = 1; tp <= 4; ++tp) {
+    check_column<T, SP>(tp, 7, 10, false, true, true);
+    check_column<T, SP>(tp, 7, 10, true, true, true);
+    check_row<T, SP>(tp, 10, 7, true, true);
+  }
+}
+
+TEST(LinearErrors, BadShapes) {
+  tl::run_ranks(2, [](weft::local::communicator& c) {
+    wl::column_parallel_linear<float, weft::local::communicator> col(c, 4, 6, seed, 1);
+    wl::row_parallel_linear<float, weft::local::communicator> row(c, 6, 4, seed, 2);
+    weft::matrix<float> x(8, 4), bad_x(8, 5), y(8, 3), bad_y(8, 6), dx(8, 4);
+    tl::expect_error([&] { col.backward(y.view(), dx.view()); }, "before forward");
+    tl::expect_error([&] { col.forward(bad_x, y.view()); }, "column_parallel_linear::forward: x is 8 x 5");
+    tl::expect_error([&] { col.forward(x, bad_y.view()); }, "y is 8 x 6, expected 8 x 3");
+    col.forward(x, y.view());
+    tl::expect_error([&] { col.backward(y, bad_x.view()); }, "dx is 8 x 5");
+    weft::matrix<float> rx(8, 3), ry(8, 4), bad_ry(4, 4), rdx(8, 3);
+    tl::expect_error([&] { row.backward(ry, rdx.view()); }, "before forward");
+    tl::expect_error([&] { row.forward(x, ry.view()); }, "row_parallel_linear::forward: x is 8 x 4");
+    tl::expect_error([&] { row.forward(rx, bad_ry.view()); }, "y is 4 x 4, expected 8 x 4");
+    tl::expect_error([] { (void)wl::split_range(4, 0, 0); }, "split_range");
+  });
+}
+
+TEST(LinearErrors, SequenceParallelTokensMustDivide) {
+  tl::run_ranks(2, [](weft::local::communicator& c) {
+    wl::row_parallel_linear<double, weft::local::communicator, wl::cblas, wl::sequence_parallel> row(c, 6, 4, seed, 2);
+    weft::matrix<double> x(7, 3), y(3, 4);
+    tl::expect_error([&] { row.forward(x, y.view()); }, "7 tokens over 2 ranks");
+  });
+}
+
+} // namespace
