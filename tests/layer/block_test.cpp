@@ -246,4 +246,25 @@ TEST(Block, SelectiveRecomputeKeepsNoProbabilities) {
   });
 }
 
+TEST(Block, FullRecomputeKeepsOnlyTheInput) {
+  const weft::layer::block_shape shape{.hidden = 8, .heads = 2, .ffn = 16, .seq = 16};
+  run_ranks(2, [&](comm_t& c) {
+    weft::layer::transformer_block<float, comm_t> keep(c, shape, seed, 1);
+    weft::layer::transformer_block<float, comm_t, weft::layer::cblas, no_sequence_parallel, recompute::full> drop(
+        c, shape, seed, 1);
+    const auto x = to<float>(random_dmat(2 * shape.seq, shape.hidden, 5));
+    weft::matrix<float> y(x.rows(), shape.hidden), dx1(x.rows(), shape.hidden), dx2(x.rows(), shape.hidden);
+    keep.forward(x.view(), y.view());
+    drop.forward(x.view(), y.view());
+    EXPECT_EQ(drop.saved_bytes(), x.size() * sizeof(float));
+    // Without recompute the block holds at least the first norm's input (as x-hat, in double), this
+    // rank's q/k/v (32 rows x 3 * 8 / 2 columns) and its probabilities (2 sequences x 1 head x 16 x 16).
+    EXPECT_GE(keep.saved_bytes(), x.size() * sizeof(double) + (32 * 12 + 2 * 16 * 16) * sizeof(float));
+    keep.backward(y.view(), dx1.view());
+    drop.backward(y.view(), dx2.view());
+    for (std::size_t i = 0; i < x.rows(); ++i)
+      for (std::size_t j = 0; j < shape.hidden; ++j) EXPECT_EQ(dx1(i, j), dx2(i, j));
+  });
+}
+
 } // namespace

@@ -125,10 +125,19 @@ public:
     out_.zero_grad();
   }
 
-  /// Bytes of activations the core keeps for backward (q, k, v, the context and, unless
-  /// selective recompute dropped them, the probabilities); the linear layers' copies not counted.
+  /// Bytes kept from forward for backward: q, k, v, the context, the probabilities unless
+  /// selective recompute dropped them, and the two linear layers' input copies. release() frees
+  /// them all; backward then needs a new forward (full recompute).
   [[nodiscard]] std::size_t saved_bytes() const noexcept {
-    return (qkv_out_.size() + ctx_.size() + (kept_probs_ ? probs_.size() : 0)) * sizeof(T);
+    return (qkv_out_.size() + ctx_.size() + (kept_probs_ ? probs_.size() : 0)) * sizeof(T) + qkv_.saved_bytes() +
+           out_.saved_bytes();
+  }
+  void release() {
+    qkv_.release();
+    out_.release();
+    qkv_out_ = {};
+    ctx_ = {};
+    probs_ = {};
   }
 
 private:

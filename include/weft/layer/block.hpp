@@ -98,6 +98,12 @@ public:
     mlp_.zero_grad();
   }
 
+  /// Bytes held between forward and backward: with `full` recompute only the block's input.
+  [[nodiscard]] std::size_t saved_bytes() const noexcept {
+    return (input_.size() + a_.size() + h_.size()) * sizeof(T) + ln1_.saved_bytes() + attn_.saved_bytes() +
+           ln2_.saved_bytes() + mlp_.saved_bytes();
+  }
+
   parallel_attention<T, Comm, Gemm, SP>& attention() noexcept { return attn_; }
   parallel_mlp<T, Comm, Gemm, SP>& mlp() noexcept { return mlp_; }
 
@@ -123,9 +129,13 @@ private:
       for (std::size_t c = 0; c < hidden_; ++c) y(r, c) += h_(r, c);
   }
 
-  // Full recompute: nothing but the input survives the forward. The sub-layers' own copies are
-  // rebuilt by the forward that backward runs first.
+  // Full recompute: nothing but the input survives the forward; the forward that backward runs
+  // first rebuilds the rest.
   void drop_activations() {
+    ln1_.release();
+    attn_.release();
+    ln2_.release();
+    mlp_.release();
     a_ = {};
     h_ = {};
   }

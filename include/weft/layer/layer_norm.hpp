@@ -99,6 +99,14 @@ public:
     dbeta_.fill(T{});
   }
 
+  /// Bytes kept from forward for backward; release() frees them (see linear.hpp).
+  [[nodiscard]] std::size_t saved_bytes() const noexcept { return (xhat_.size() + rstd_.size()) * sizeof(double); }
+  void release() {
+    xhat_ = {};
+    rstd_ = {};
+    forwarded_ = false;
+  }
+
   [[nodiscard]] matrix_view<T> gamma() noexcept { return gamma_.view(); }
   [[nodiscard]] matrix_view<T> beta() noexcept { return beta_.view(); }
 

@@ -233,6 +233,14 @@ public:
     detail::zero(db_);
   }
 
+  /// Bytes kept from forward for backward (the input copy); release() frees them, after which
+  /// backward needs a new forward (full recompute).
+  [[nodiscard]] std::size_t saved_bytes() const noexcept { return x_.size() * sizeof(T); }
+  void release() {
+    x_ = {};
+    forwarded_ = false;
+  }
+
   /// This rank's shard: weight out_local x in, bias 1 x out_local (empty without bias).
   [[nodiscard]] matrix_view<T> weight() noexcept { return w_.view(); }
   [[nodiscard]] matrix_view<T> bias() noexcept { return b_.view(); }
@@ -330,6 +338,14 @@ public:
   void zero_grad() {
     detail::zero(dw_);
     detail::zero(db_);
+  }
+
+  /// Bytes kept from forward for backward (the input copy); release() frees them, after which
+  /// backward needs a new forward (full recompute).
+  [[nodiscard]] std::size_t saved_bytes() const noexcept { return x_.size() * sizeof(T); }
+  void release() {
+    x_ = {};
+    forwarded_ = false;
   }
 
   /// This rank's shard: weight out x in_local, bias 1 x out (replicated; empty without bias).

@@ -64,6 +64,18 @@ public:
     fc2_.zero_grad();
   }
 
+  /// Bytes held from forward for backward (both layers' inputs, fc1's output, scratch); release() frees them.
+  [[nodiscard]] std::size_t saved_bytes() const noexcept {
+    return fc1_.saved_bytes() + fc2_.saved_bytes() + (h_.size() + a_.size() + da_.size()) * sizeof(T);
+  }
+  void release() {
+    fc1_.release();
+    fc2_.release();
+    h_ = {};
+    a_ = {};
+    da_ = {};
+  }
+
   [[nodiscard]] column_type& fc1() noexcept { return fc1_; }
   [[nodiscard]] row_type& fc2() noexcept { return fc2_; }
 
