@@ -34,17 +34,19 @@ TEST(sim_step, published_runs_within_10_percent_with_one_constant_set_per_gpu) {
       ++holdout;
       holdout_within += std::abs(err) < 0.10 ? 1 : 0;
       worst_holdout = std::max(worst_holdout, std::abs(err));
-      // The goal is 10% here too, and most rows meet it; Korthikanti et al.'s 2022 runs of
-      // the same shapes on the same GPUs (sequence parallelism, selective recompute) ran
-      // faster than SC21's constants predict: 20% is the bound this calibration is held to.
-      EXPECT_LT(std::abs(err), 0.20) << r.id;
+      // The goal is 10% here too, and 10 of 12 rows meet it. Korthikanti et al.'s 2022
+      // runs of SC21's 530B and 1T pipelines read 11-13% low: their Megatron-LM ran those same
+      // pipelines, full recompute and all, 6 points faster against this model than SC21's
+      // did, and the A100 constants are a compromise with MT-NLG, which reads high (see
+      // docs/sim.md). 14% is the bound this calibration is held to.
+      EXPECT_LT(std::abs(err), 0.14) << r.id;
     }
   }
   std::printf("  tuning rows: %d, worst %.1f%%; held-out rows: %d, %d within 10%%, worst %.1f%%\n",
               tune, 100 * worst_tune, holdout, holdout_within, 100 * worst_holdout);
   EXPECT_GE(tune, 5);
   EXPECT_GE(holdout, 10);
-  EXPECT_GE(holdout_within, 8); // of 12: what the README reports
+  EXPECT_GE(holdout_within, 10); // of 12: what docs/sim.md reports
 }
 
 model_spec llama_70b() {
@@ -167,6 +169,83 @@ TEST(sim_step, dp_groups_sharing_a_nodes_nics_are_priced_as_if_run_together) {
     EXPECT_EQ(r.dp.link, "ib");
     EXPECT_NEAR(r.dp.seconds, together, 0.25 * together) << nics << " NICs";
   }
+}
+
+TEST(sim_step, tp_collectives_on_nvlink_reach_the_calibrated_bus_bandwidth) {
+  // A large all-reduce on the 8 GPUs of a DGX A100: a collective library streams the ring's
+  // chunks, so its bus bandwidth 2 (p-1)/p S / t approaches nvlink_fraction x 300 GB/s (the
+  // cost model alone, paying the latency on every 1 MiB chunk, reaches two thirds of it).
+  const calibration cal = calibration_of(a100_80gb);
+  const auto net = detail::achieved(dgx(a100_80gb, 1).cluster, cal);
+  const std::vector<int> group{0, 1, 2, 3, 4, 5, 6, 7};
+  const double bytes = 100e6;
+  const double t = detail::price_group(weft::collective::all_reduce, group, static_cast<std::size_t>(bytes / 2), 2, net);
+  const double busbw = 2 * 7.0 / 8 * bytes / t;
+  std::printf("  all-reduce of 100 MB on 8 A100 over NVLink: %.3f ms, bus bandwidth %.0f GB/s\n", t * 1e3, busbw / 1e9);
+  EXPECT_GT(busbw, 0.85 * cal.nvlink_fraction * 300e9);
+  EXPECT_LT(busbw, cal.nvlink_fraction * 300e9);
+  // A small one is latency: 2 (p-1) rounds of at least one NVLink latency each.
+  const double small = detail::price_group(weft::collective::all_reduce, group, 8, 2, net);
+  EXPECT_GE(small, 14 * dgx(a100_80gb, 1).cluster.intra().latency);
+}
+
+model_spec gpt_22b() {
+  model_spec m;
+  m.name = "gpt-22b";
+  m.layers = 4;
+  m.hidden = 6144;
+  m.heads = 64;
+  m.seq = 2048;
+  m.vocab = 64; // no logits to speak of
+  return m;
+}
+
+TEST(sim_step, selective_recompute_reruns_the_attention_core_with_its_softmax_and_dropout) {
+  const model_spec m = gpt_22b();
+  const calibration cal = calibration_of(a100_80gb);
+  layout l;
+  l.tp = 8;
+  l.micro_batch = 4;
+  l.global_batch = 4;
+  const step_result none = simulate_step(m, dgx(a100_80gb, 1), l);
+  l.recomputation = recompute::selective;
+  const step_result sel = simulate_step(m, dgx(a100_80gb, 1), l);
+  // Reference: per layer, QK^T and AV (b a/t batched s x s x d GEMMs) and the softmax and
+  // dropout over the b a/t s^2 scores (9 bytes each) at the calibrated HBM speed.
+  const double batched = 4.0 * 64 / 8, s = 2048, d = 6144.0 / 64;
+  const double core = 2 * detail::gemm_time(s, s, d, batched, a100_80gb, cal) +
+                      9 * batched * s * s / (a100_80gb.hbm_bandwidth * cal.hbm_fraction);
+  std::printf("  22B layer, b 4, tp 8: selective recompute adds %.2f ms per layer to the backward\n",
+              (sel.backward_s - none.backward_s) / 4 * 1e3);
+  EXPECT_NEAR(sel.backward_s - none.backward_s, 4 * core, 1e-9);
+  EXPECT_EQ(sel.forward_s, none.forward_s);
+}
+
+TEST(sim_step, tp_overlap_hides_the_column_parallel_collectives_of_the_backward) {
+  const model_spec m = gpt_22b();
+  const machine mc = dgx(a100_80gb, 1);
+  layout l;
+  l.tp = 8;
+  l.micro_batch = 4;
+  l.global_batch = 4;
+  const step_result plain = simulate_step(m, mc, l);
+  l.tp_overlap = true;
+  const step_result overlapped = simulate_step(m, mc, l);
+  // Without SP both backward all-reduces run behind a weight-gradient GEMM (each shorter than
+  // it at this size): the backward loses exactly two all-reduces per layer.
+  EXPECT_NEAR(plain.backward_s - overlapped.backward_s, 4 * 2 * plain.tp.per_call_s, 1e-9);
+  EXPECT_EQ(plain.forward_s, overlapped.forward_s);
+  // With SP the reduce-scatters hide, the gathers of the gradient stay: the backward loses
+  // two reduce-scatters per layer.
+  l.sequence_parallel = true;
+  const step_result sp = simulate_step(m, mc, l);
+  l.tp_overlap = false;
+  const step_result sp_plain = simulate_step(m, mc, l);
+  const auto net = detail::achieved(mc.cluster, calibration_of(a100_80gb));
+  const std::vector<int> group{0, 1, 2, 3, 4, 5, 6, 7};
+  const double rs = detail::price_group(weft::collective::reduce_scatter, group, 4 * 2048 * 6144 / 8, 2, net);
+  EXPECT_NEAR(sp_plain.backward_s - sp.backward_s, 4 * 2 * rs, 1e-9);
+  EXPECT_GT(sp.backward_s, overlapped.backward_s - 1e-12); // the gathers still show
 }
 
 TEST(sim_step, gemm_efficiency_saturates_and_bounds_by_memory) {

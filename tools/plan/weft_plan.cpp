@@ -48,6 +48,7 @@ layout (one simulation):
   --recompute R        none (default) | selective | full
   --sequence-parallel  split layer norms and dropout over TP
   --tp-across-nodes    place the TP group one rank per node (the mistake, to measure it)
+  --tp-overlap         the backward's TP collectives overlap GEMMs (Megatron-LM since 2021)
 search:
   --search             rank every mesh that fits; with --tp and --pp, say where that one ranks
   --top N              layouts to explain (default 5)
@@ -145,6 +146,7 @@ config parse(const std::vector<std::string_view>& args) {
     if (flag == "--flash") { c.model.flash_attention = true; continue; }
     if (flag == "--sequence-parallel") { c.layout.sequence_parallel = true; continue; }
     if (flag == "--tp-across-nodes") { c.layout.tp_across_nodes = true; continue; }
+    if (flag == "--tp-overlap") { c.layout.tp_overlap = true; continue; }
     if (flag == "--search") { c.search = true; continue; }
     if (flag == "--json") { c.json = true; continue; }
     static constexpr std::string_view valued[] = {
@@ -241,7 +243,8 @@ std::string json(const sim::model_spec& m, const sim::layout& l, const sim::step
        ", \"schedule\": " + q(pl::name_of(l.schedule)) + ", \"zero\": " + std::to_string(l.zero) +
        ", \"recompute\": " + q(sim::name_of(l.recomputation)) +
        ", \"sequence_parallel\": " + (l.sequence_parallel ? "true" : "false") +
-       ", \"tp_across_nodes\": " + (l.tp_across_nodes ? "true" : "false") + "},\n";
+       ", \"tp_across_nodes\": " + (l.tp_across_nodes ? "true" : "false") +
+       ", \"tp_overlap\": " + (l.tp_overlap ? "true" : "false") + "},\n";
   o += "  \"microbatches\": " + std::to_string(r.microbatches) + ",\n";
   o += "  \"step_time_s\": " + num(r.step_time_s) + ",\n";
   o += "  \"tflops_per_gpu\": " + num(r.tflops_per_gpu) + ",\n";
@@ -306,6 +309,7 @@ int main(int argc, char** argv) {
       sim::search_options o;
       o.global_batch = c.global_batch;
       o.memory_limit = c.memory_limit_gib * 1024.0 * 1024 * 1024;
+      o.tp_overlap = c.layout.tp_overlap;
       const sim::search_result s = sim::search(c.model, mc, o);
       std::string out;
       if (c.json) {

@@ -37,6 +37,7 @@ struct search_options {
                                                     pipeline::schedule_kind::zero_bubble_h1};
   int max_tp = 0;                // 0: twice the devices of a node
   bool sequence_parallel = true; // with TP > 1
+  bool tp_overlap = false;        // layout::tp_overlap of every variant
 };
 
 /// One mesh's fastest variant.
@@ -83,6 +84,7 @@ struct search_result {
           l.global_batch = o.global_batch;
           l.schedule = kind;
           l.sequence_parallel = o.sequence_parallel && tp > 1;
+          l.tp_overlap = o.tp_overlap;
           if (kind == pipeline::schedule_kind::interleaved) {
             l.chunks = 2;
             if (pp < 2 || m.layers % (2 * pp) != 0 || micro % pp != 0) continue;

@@ -6,15 +6,19 @@
 //          core, elementwise kernels at HBM speed, and 2 TP collectives per layer (all-reduce;
 //          all-gather + reduce-scatter with sequence parallelism) priced by the cost model on
 //          the TP group's devices; the last rank adds the logits, cross-entropy
-//     B  = twice the forward's GEMMs and elementwise work, 2 TP collectives per layer, and the
-//          forward again under full recompute (the attention core under selective); split
-//          schedules (zb-h1) run it as B (input gradient) and W (weight gradient)
+//     B  = twice the forward's GEMMs and elementwise work, 2 TP collectives per layer (with
+//          tp_overlap, as Megatron-LM since late 2021, the column-parallel linears' ones run
+//          behind their GEMMs and only the excess shows), and the forward again under full
+//          recompute (under selective the attention core: QK^T, AV, softmax and dropout);
+//          split schedules (zb-h1) run it as B (input gradient) and W (weight gradient)
 //   the step = the pipeline schedule of weft::pipeline's generators run with those costs,
 //          activations sent between stages over the link their placement implies (each TP
 //          rank sends 1/t of it, SC21's scatter/gather), then the exposed part of the DP
 //          gradient reduction (bucketed: all but the last bucket overlaps the last backward),
 //          then the optimizer step at HBM speed.
-//   links    the node's links at the calibrated share a collective library reaches; the TP
+//   links    the node's links at the calibrated share a collective library reaches, the plans'
+//          bytes on them plus one link latency per round of the plan (a library streams a
+//          ring's chunks; the cost model alone charges the latency per chunk); the TP
 //          (or DP) groups with members on one node run their collectives at once and split
 //          its NICs; groups over 64 ranks and messages over 64 MiB per rank are priced from
 //          smaller plans and extrapolated (price_group), so a search stays fast.
@@ -39,6 +43,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <string>
@@ -67,6 +72,11 @@ struct layout {
   bool p2p_scatter_gather = true; // each TP rank sends 1/tp of an activation (SC21 4.1)
   bool p2p_blocking = false;      // sends and receives hold the rank (DeepSpeed's pipeline
                                   // engine) instead of overlapping its compute (Megatron-LM)
+  bool tp_overlap = false;        // the backward's TP collectives run during GEMMs (Megatron-LM
+                                  // since late 2021: a column-parallel linear's input-gradient
+                                  // all-reduce, or reduce-scatter with SP, during its
+                                  // weight-gradient GEMM, SP's re-gather of its input during
+                                  // its input-gradient GEMM); false: on the critical path
   double grad_bytes = 2;          // bytes per gradient element in the DP reduction
 
   [[nodiscard]] int gpus() const noexcept { return tp * pp * dp; }
@@ -188,13 +198,27 @@ inline double price_group(collective coll, const std::vector<int>& devices, std:
   q.element_size = element_size;
   for (int d : devices)
     q.node_of.push_back(c.node_of(d));
-  double best = price(plans_of(&algo::ring::make_plan, q), c, devices, element_size);
   const bool spans = std::any_of(q.node_of.begin(), q.node_of.end(),
                                  [&](int x) { return x != q.node_of.front(); });
-  if (spans && coll == collective::all_reduce) {
-    best = std::min(best, price(plans_of(&algo::hierarchical<algo::ring, algo::ring>::make_plan, q),
-                                c, devices, element_size));
-  }
+  // The cost model charges every message its link's latency in turn, as weft's transports
+  // (and the emulated links) pay it; a collective library on real links streams a ring's
+  // chunks back to back and pays the latency once per round. So: the plans' bytes on
+  // latency-free links, plus one latency per round (the inter-node one when the group
+  // spans nodes). Without this a ring of 1 MiB chunks on NVLink3 reaches two thirds of the
+  // bus bandwidth nvlink_fraction stands for.
+  const topology::link intra{c.intra().kind, c.intra().bandwidth, 0.0};
+  const topology::link inter{c.inter().kind, c.inter().bandwidth, 0.0};
+  const topology::cluster wire(c.devices_per_node(), intra, inter, c.nics_per_node(), c.reduce_bandwidth());
+  const double latency = spans ? std::max(c.intra().latency, c.inter().latency) : c.intra().latency;
+  const auto streamed = [&](const std::vector<plan>& plans) {
+    std::uint32_t rounds = 0;
+    for (const plan& pl : plans)
+      if (!pl.steps().empty()) rounds = std::max(rounds, pl.steps().back().round + 1);
+    return price(plans, wire, devices, element_size) + rounds * latency;
+  };
+  double best = streamed(plans_of(&algo::ring::make_plan, q));
+  if (spans && coll == collective::all_reduce)
+    best = std::min(best, streamed(plans_of(&algo::hierarchical<algo::ring, algo::ring>::make_plan, q)));
   return keep(best);
 }
 
@@ -235,7 +259,10 @@ inline double gemm_time(double m, double n, double k, double batch, const gpu& g
 struct layer_cost {
   double gemm_s = 0;
   double attention_s = 0;
-  double elementwise_s = 0;
+  double elementwise_s = 0;      // all of them, core_elementwise_s included
+  double core_elementwise_s = 0; // the attention core's softmax and dropout (0 when fused)
+  double qkv_gemm_s = 0;         // the column-parallel GEMMs, whose backward collectives
+  double up_gemm_s = 0;          // Megatron-LM overlaps (layout::tp_overlap)
   [[nodiscard]] double total() const noexcept { return gemm_s + attention_s + elementwise_s; }
 };
 
@@ -243,17 +270,17 @@ struct layer_cost {
                                               const gpu& g, const calibration& cal) {
   const double T = b * m.seq, h = m.h(), f = m.f(), tt = t;
   layer_cost c;
-  c.gemm_s = detail::gemm_time(T, m.qkv_width() / tt, h, 1, g, cal) +
-             detail::gemm_time(T, h, h / tt, 1, g, cal) +
-             detail::gemm_time(T, f * (m.mlp_matrices() - 1) / tt, h, 1, g, cal) +
+  c.qkv_gemm_s = detail::gemm_time(T, m.qkv_width() / tt, h, 1, g, cal);
+  c.up_gemm_s = detail::gemm_time(T, f * (m.mlp_matrices() - 1) / tt, h, 1, g, cal);
+  c.gemm_s = c.qkv_gemm_s + detail::gemm_time(T, h, h / tt, 1, g, cal) + c.up_gemm_s +
              detail::gemm_time(T, h, f / tt, 1, g, cal);
   const double heads = m.heads / tt * b;
   const double hd = h / m.heads;
   c.attention_s = 2.0 * detail::gemm_time(m.seq, m.seq, hd, heads, g, cal);
   const double hbm = g.hbm_bandwidth * cal.hbm_fraction;
   double bytes = 15.0 * T * h / (sp ? tt : 1.0) + (m.gated ? 6.0 : 4.0) * T * f / tt;
-  if (!m.flash_attention) bytes += 9.0 * heads * m.seq * static_cast<double>(m.seq);
-  c.elementwise_s = bytes / hbm + cal.layer_overhead_s;
+  if (!m.flash_attention) c.core_elementwise_s = 9.0 * heads * m.seq * static_cast<double>(m.seq) / hbm;
+  c.elementwise_s = bytes / hbm + c.core_elementwise_s + cal.layer_overhead_s;
   return c;
 }
 
@@ -413,12 +440,13 @@ inline std::vector<int> peak_in_flight(const pipeline::schedule& s) {
   const auto act = static_cast<std::size_t>(T * h);
   // One of a layer's two TP collectives per pass: an all-reduce, or with sequence parallelism
   // an all-gather before the block and a reduce-scatter after it.
-  double tp_call = 0;
-  if (t > 1) {
-    tp_call = l.sequence_parallel
-                  ? detail::price_group(collective::all_gather, tp_group, act / static_cast<std::size_t>(t), 2, tp_net) +
-                        detail::price_group(collective::reduce_scatter, tp_group, act / static_cast<std::size_t>(t), 2, tp_net)
-                  : detail::price_group(collective::all_reduce, tp_group, act, 2, tp_net);
+  double tp_call = 0, tp_gather = 0, tp_scatter = 0;
+  if (t > 1 && l.sequence_parallel) {
+    tp_gather = detail::price_group(collective::all_gather, tp_group, act / static_cast<std::size_t>(t), 2, tp_net);
+    tp_scatter = detail::price_group(collective::reduce_scatter, tp_group, act / static_cast<std::size_t>(t), 2, tp_net);
+    tp_call = tp_gather + tp_scatter;
+  } else if (t > 1) {
+    tp_call = detail::price_group(collective::all_reduce, tp_group, act, 2, tp_net);
   }
   out.tp = {0, tp_call, detail::link_name(tp_group, mc.cluster)};
 
@@ -435,15 +463,29 @@ inline std::vector<int> peak_in_flight(const pipeline::schedule& s) {
   out.pp = {0, p2p_call, detail::link_name(pp_group, mc.cluster)};
 
   // --- compute per micro-batch per rank ----------------------------------------------------
+  const bool split = l.schedule == pipeline::schedule_kind::zero_bubble_h1;
   const layer_cost fwd = layer_forward(m, b, t, l.sequence_parallel, g, cal);
   const double layer_f = fwd.total() + 2.0 * tp_call;
+  // The backward's TP collectives: two, like the forward's, on the critical path; with
+  // tp_overlap the two column-parallel linears' collectives run during their GEMMs (only what
+  // outlasts a GEMM shows), and with SP the gathers of the gradient before the two
+  // row-parallel linears remain. A split schedule runs the weight-gradient GEMMs apart.
+  double tp_backward = 2.0 * tp_call;
+  if (l.tp_overlap && !split && t > 1) {
+    const auto shows = [](double comm, double gemm) { return std::max(0.0, comm - gemm); };
+    tp_backward = l.sequence_parallel
+                      ? 2.0 * tp_gather + shows(tp_gather, fwd.qkv_gemm_s) + shows(tp_scatter, fwd.qkv_gemm_s) +
+                            shows(tp_gather, fwd.up_gemm_s) + shows(tp_scatter, fwd.up_gemm_s)
+                      : shows(tp_call, fwd.qkv_gemm_s) + shows(tp_call, fwd.up_gemm_s);
+  }
   // The backward: input-gradient GEMMs (as many FLOPs as the forward's), the attention core and
-  // the elementwise kernels twice over, two TP collectives, and what is recomputed; the
-  // weight-gradient GEMMs (W) as many FLOPs as the forward's again.
-  double layer_b_input = fwd.gemm_s + 2.0 * (fwd.attention_s + fwd.elementwise_s) + 2.0 * tp_call;
+  // the elementwise kernels twice over, the TP collectives, and what is recomputed (full: the
+  // whole forward; selective: the attention core, its QK^T and AV GEMMs and its softmax and
+  // dropout); the weight-gradient GEMMs (W) as many FLOPs as the forward's again.
+  double layer_b_input = fwd.gemm_s + 2.0 * (fwd.attention_s + fwd.elementwise_s) + tp_backward;
   const double layer_b_weight = fwd.gemm_s;
   if (l.recomputation == recompute::full) layer_b_input += layer_f;
-  if (l.recomputation == recompute::selective) layer_b_input += fwd.attention_s;
+  if (l.recomputation == recompute::selective) layer_b_input += fwd.attention_s + fwd.core_elementwise_s;
 
   // The logits and the cross-entropy (fp32, read and written three times) on the last rank.
   const double logit_gemm = detail::gemm_time(T, m.vocab / static_cast<double>(t), h, 1, g, cal);
@@ -456,7 +498,6 @@ inline std::vector<int> peak_in_flight(const pipeline::schedule& s) {
     double f, b, w;
   };
   std::vector<rank_cost> cost(static_cast<std::size_t>(p));
-  const bool split = l.schedule == pipeline::schedule_kind::zero_bubble_h1;
   for (int r = 0; r < p; ++r) {
     const double L = layers_of[static_cast<std::size_t>(r)];
     rank_cost& c = cost[static_cast<std::size_t>(r)];
@@ -525,7 +566,7 @@ inline std::vector<int> peak_in_flight(const pipeline::schedule& s) {
   out.bubble = busiest_busy > 0 ? (out.pipeline_s - busiest_busy) / busiest_busy : 0.0;
   out.idle_fraction = out.pipeline_s > 0 ? idle / (p * out.pipeline_s) : 0.0;
   out.tp.seconds = t > 1 ? out.microbatches * layers_of[static_cast<std::size_t>(busiest - cost.begin())] *
-                               tp_call * (l.recomputation == recompute::full ? 6.0 : 4.0)
+                               (tp_call * (l.recomputation == recompute::full ? 4.0 : 2.0) + tp_backward)
                          : 0.0;
   out.pp.seconds = p > 1 ? 2.0 * out.microbatches * s.chunks * p2p_call : 0.0;
 
