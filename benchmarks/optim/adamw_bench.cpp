@@ -1,0 +1,90 @@
+// The optimizer step on the host: AdamW over 64M float parameters (fp32 weights, gradients
+// and both moments: 28 bytes of memory traffic per parameter, 16 read and 12 written), the
+// same functor and loop data_parallel runs, on all cores and on one; and beside it, measured
+// in the same run, the streaming bandwidth of a[i] += b[i] on all cores
+// (bench::stream_bandwidth()). of_stream is the step's bandwidth over it; the target
+// (issue 8) is at least 0.5.
+//
+//   build/benchmarks/optim_adamw_bench --benchmark_counters_tabular=true
+//   WEFT_BENCH_PARAMS=16M ... (fewer parameters, for a quick run)
+//
+// Also rows for bfloat16 parameters with fp32 master weights (gradients in bf16, 26 bytes per
+// parameter: master, two moments read and written, the gradient read, the bf16 copy written).
+#include "support/references.hpp"
+
+#include <weft/optim/optimizers.hpp>
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace wo = weft::optim;
+
+std::size_t parameters() {
+  if (const char* v = std::getenv("WEFT_BENCH_PARAMS")) {
+    std::string s(v);
+    std::size_t mul = 1;
+    if (!s.empty() && (s.back() == 'M' || s.back() == 'K')) {
+      mul = s.back() == 'M' ? (1u << 20) : (1u << 10);
+      s.pop_back();
+    }
+    return std::stoull(s) * mul;
+  }
+  return std::size_t{64} << 20;
+}
+
+template <class P>
+void adamw_step(benchmark::State& state) {
+  const int threads = state.range(0) == 0 ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))
+                                          : static_cast<int>(state.range(0));
+  const std::size_t n = parameters();
+  std::vector<float> master(n, 0.5f), moments(2 * wo::slot_stride(n), 0.0f);
+  std::vector<P> grad(n, P(0.001f)), param(std::is_same_v<P, float> ? 0 : n, P(0.5f));
+  const wo::adamw rule{.lr = 1e-3f};
+  long t = 0;
+  double best = 1e30;
+  // First touch from the threads that will use the memory (a NUMA machine cares).
+  {
+    const wo::update_ref<wo::adamw::kernel, P, P> u{rule.at(1, 0.0f), master.data(), grad.data(), moments.data(),
+                                                    param.data(), wo::slot_stride(n)};
+    wo::apply_parallel(u, n, threads);
+  }
+  for (auto _ : state) {
+    const wo::update_ref<wo::adamw::kernel, P, P> u{rule.at(++t, 1.0f), master.data(), grad.data(), moments.data(),
+                                                    param.data(), wo::slot_stride(n)};
+    const auto t0 = std::chrono::steady_clock::now();
+    wo::apply_parallel(u, n, threads);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::min(best, s);
+    state.SetIterationTime(s);
+  }
+  benchmark::DoNotOptimize(master[n / 2]);
+  const double bytes_per = std::is_same_v<P, float> ? 28.0 : 26.0;
+  const double gbps = bytes_per * static_cast<double>(n) / best / 1e9;
+  const double stream = weft::bench::stream_bandwidth() / 1e9;  // right after the rows, within 10 s
+  state.counters["params_M"] = static_cast<double>(n) / (1 << 20);
+  state.counters["threads"] = threads;
+  state.counters["best_ms"] = best * 1e3;
+  state.counters["GBps"] = gbps;
+  state.counters["stream_GBps"] = stream;
+  state.counters["of_stream"] = gbps / stream;
+}
+
+BENCHMARK(adamw_step<float>)->Name("adamw_step/float")->Arg(0)->Arg(1)->UseManualTime()->Iterations(10)->Unit(benchmark::kMillisecond);
+BENCHMARK(adamw_step<weft::bfloat16>)
+    ->Name("adamw_step/bfloat16_master_fp32")
+    ->Arg(0)
+    ->UseManualTime()
+    ->Iterations(10)
+    ->Unit(benchmark::kMillisecond);
+
+} // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,605 @@
+#pragma once
+// data_parallel: one optimizer over the data-parallel group, with the sharding chosen by a
+// policy type (zero<0..3>, hybrid<zero<k>, zero<0>>) and the update by a rule (sgd, adam,
+// adamw); P is the parameter and gradient type (float, or half/bfloat16 with fp32 master
+// weights and, for half, dynamic loss scaling).
+//
+//   weft::optim::param_set ps;  ps.add("fc1.w", {64, 32});  ...
+//   auto opt = weft::optim::make_data_parallel<weft::optim::zero<2>>(dp_comm, ps, weft::optim::adamw{.lr = 1e-3f});
+//   opt->set_parameters(initial);                // the full model, the same on every rank
+//   auto w = opt->param("fc1.w");                 // zero<3>: gathers fc1.w's bucket, prefetches the next
+//   auto g = opt->grad("fc1.w");  ... g[i] = ...;  opt->grad_ready("fc1.w");   // a complete bucket's
+//                                                // reduction starts now, on the progress thread
+//   opt->step(1.0f / global_batch);              // waits, clips, updates, queues the all-gathers
+//
+// Collectives run on a progress thread (options::overlap) over private splits of the
+// communicator: the shard group S (size N: the ranks a bucket is sharded over) and the
+// replica group R (ranks holding the same shard). zero<0>: N = 1, R = all; zero<k>: N = all,
+// R = 1; hybrid: N = a node (or options::inner_size), R = the nodes.
+//
+// Gradients are summed over the group; step(multiplier) multiplies the sum by
+// multiplier / loss_scale and, with max_grad_norm, by min(1, max / (norm + 1e-6)). The global
+// norm is computed from the raw summed shards (squared partials in double, all-reduced once
+// over S, or over the group set_norm_group names to span tensor and pipeline parallelism; so
+// replicas count once) and multiplied by |multiplier| / loss_scale after the square root: with
+// integer-valued gradients it does not depend on the reduction order. A non-finite norm (an
+// overflow on any rank) skips the step on every rank.
+#include <weft/comm/all_gather.hpp>
+#include <weft/comm/all_reduce.hpp>
+#include <weft/comm/async.hpp>
+#include <weft/comm/communicator.hpp>
+#include <weft/comm/reduce_scatter.hpp>
+#include <weft/core/error.hpp>
+#include <weft/core/types.hpp>
+#include <weft/optim/loss_scale.hpp>
+#include <weft/optim/optimizers.hpp>
+#include <weft/optim/param_set.hpp>
+#include <weft/optim/sharding.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+namespace weft::optim {
+
+/// Per-rank bytes of what data_parallel allocated, by kind.
+struct memory_report {
+  std::size_t parameters = 0;       // the parameter buffer (full, or the shard under zero<3>)
+  std::size_t gradients = 0;        // the persistent gradient buffer (full, or the shard from zero<2>)
+  std::size_t optimizer_state = 0;  // the rule's state (Adam: two fp32 words per element of the shard)
+  std::size_t master_weights = 0;   // fp32 copies of half/bfloat16 parameters (the shard)
+  std::size_t padding_elements = 0; // elements added to make every bucket divide by the shard group
+  std::size_t transient_peak = 0;   // most bytes of short-lived buffers at once (buckets, gathers)
+  std::size_t slot_gap = 0;         // bytes between the state's slots (optim::slot_stride), not counted above
+  [[nodiscard]] std::size_t total() const noexcept {
+    return parameters + gradients + optimizer_state + master_weights + slot_gap;
+  }
+};
+
+struct step_result {
+  bool skipped = false;     // the gradients overflowed: nothing was updated
+  double grad_norm = 0.0;   // the global norm of multiplier x gradient / loss scale (when computed)
+  float loss_scale = 1.0f;  // the scale used for this step's gradients
+};
+
+struct data_parallel_options {
+  std::size_t bucket_elements = 0;  // 0: default_bucket_elements(data-parallel size)
+  bool overlap = true;              // collectives on a progress thread; false: on the caller's
+  float max_grad_norm = 0.0f;       // > 0: clip by the global norm
+  int inner_size = 0;               // hybrid: ranks per shard group (0: the ranks of a node)
+  int update_threads = 0;           // host threads for the update (0: all cores, for shards of 128K elements or more)
+  std::optional<bool> loss_scaling = std::nullopt;  // default: on for half parameters
+  loss_scale_options scaling = {};
+};
+
+template <sharding_policy Policy, update_rule Rule, class P, communicator Comm>
+class data_parallel {
+  static_assert(std::is_same_v<P, float> || std::is_same_v<P, half> || std::is_same_v<P, bfloat16>,
+                "weft::optim::data_parallel<Policy, Rule, P>: P (parameters and gradients) must be float, "
+                "weft::half or weft::bfloat16");
+
+public:
+  static constexpr int stage = Policy::stage;
+  static constexpr bool mixed = !std::is_same_v<P, float>;
+  using options = data_parallel_options;
+
+  data_parallel(Comm& dp, const param_set& ps, Rule rule, options o = {})
+      : rule_(rule), opt_(o), dp_rank_(dp.rank()), dp_size_(dp.size()),
+        shard_(dp.split(shard_color(dp, o), dp.rank())), replica_(dp.split(replica_color(dp, o), dp.rank())),
+        layout_(ps, o.bucket_elements != 0 ? o.bucket_elements : default_bucket_elements(dp.size()), shard_.size()),
+        scaler_(o.scaling), queue_(std::make_unique<progress_queue>(!o.overlap)) {
+    if (!(o.max_grad_norm >= 0.0f)) throw error("data_parallel: max_grad_norm must be >= 0 (0: no clipping)");
+    update_threads_ = o.update_threads > 0 ? o.update_threads
+                                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    scaling_ = o.loss_scaling.value_or(std::is_same_v<P, half>);
+    if (!scaling_) scaler_ = loss_scaler(loss_scale_options{.initial = 1.0f});
+    const auto padded = layout_.padded_elements();
+    const auto shard = layout_.shard_elements();
+    params_.assign(stage == 3 ? shard : padded, P(0.0f));
+    grads_.assign(stage >= 2 ? shard : padded, P(0.0f));
+    if constexpr (mixed) master_.assign(shard, 0.0f);
+    state_.assign(rule_.slots() > 0 ? slot_stride(shard) * static_cast<std::size_t>(rule_.slots()) : 0, 0.0f);
+    const auto nb = layout_.buckets().size();
+    ready_.assign(nb, 0);
+    submitted_.assign(nb, false);
+    reductions_.assign(nb, work{});
+    staging_.resize(nb);
+    gathered_.resize(nb);
+    gathers_.assign(nb, work{});
+    gather_started_.assign(nb, false);
+    resident_.assign(nb, false);
+  }
+  data_parallel(const data_parallel&) = delete;  // queued jobs point into this object
+  data_parallel& operator=(const data_parallel&) = delete;
+  ~data_parallel() {
+    try {
+      wait_all();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): already reported by the call that waited, or the rank is failing
+    }
+  }
+
+  [[nodiscard]] const layout& buckets() const noexcept { return layout_; }
+  [[nodiscard]] int shard_rank() const noexcept { return shard_rank_cached(); }
+  [[nodiscard]] int shard_size() const noexcept { return layout_.shards(); }
+  [[nodiscard]] int replica_size() const noexcept { return dp_size_ / layout_.shards(); }
+  /// This rank's index among the ranks holding the same shard (0: the one that saves it).
+  [[nodiscard]] int replica_rank() const noexcept { return replica_.rank(); }
+  [[nodiscard]] int dp_rank() const noexcept { return dp_rank_; }
+  [[nodiscard]] int dp_size() const noexcept { return dp_size_; }
+  [[nodiscard]] long steps() const noexcept { return step_; }
+  [[nodiscard]] float loss_scale() const noexcept { return scaler_.scale(); }
+  [[nodiscard]] const Rule& rule() const noexcept { return rule_; }
+
+  /// Sets every parameter from the full model (unpadded, param_set order; the same on every rank).
+  void set_parameters(std::span<const float> full) {
+    check_full(full.size(), "set_parameters");
+    wait_all();
+    std::vector<float> padded(layout_.padded_elements(), 0.0f);
+    layout_.for_each_tensor([&](std::size_t u, std::size_t p, std::size_t n) {
+      std::copy_n(full.begin() + static_cast<std::ptrdiff_t>(u), n, padded.begin() + static_cast<std::ptrdiff_t>(p));
+    });
+    if constexpr (stage < 3) {
+      for (std::size_t i = 0; i < padded.size(); ++i) params_[i] = static_cast<P>(padded[i]);
+    }
+    for_each_shard([&](const bucket_info& b, std::size_t from) {
+      for (std::size_t i = 0; i < b.shard; ++i) {
+        if constexpr (stage == 3) params_[b.shard_offset + i] = static_cast<P>(padded[from + i]);
+        if constexpr (mixed) master_[b.shard_offset + i] = padded[from + i];
+      }
+    });
+    drop_gathers();
+  }
+
+  /// The full model as float (unpadded). Collective under zero<3>.
+  [[nodiscard]] std::vector<float> gather_parameters() {
+    wait_all();
+    std::vector<P> padded;
+    if constexpr (stage == 3) {
+      padded.assign(layout_.padded_elements(), P(0.0f));
+      queue_->submit([&] {
+                const auto& bs = layout_.buckets();
+                for (const auto& b : bs) {
+                  gather_into(std::span<const P>(params_.data() + b.shard_offset, b.shard),
+                              std::span<P>(padded.data() + b.offset, b.padded));
+                }
+              })
+          .wait();
+    }
+    const std::vector<P>& src = stage == 3 ? padded : params_;
+    std::vector<float> full(layout_.elements());
+    layout_.for_each_tensor([&](std::size_t u, std::size_t p, std::size_t n) {
+      for (std::size_t i = 0; i < n; ++i) full[u + i] = static_cast<float>(src[p + i]);
+    });
+    return full;
+  }
+
+  /// Tensor `name`'s parameters. Under zero<3> this gathers its bucket (waiting for a
+  /// prefetch already started) and starts gathering the next one in the pass's direction
+  /// (forward: the next bucket; after the first grad() of the step: the previous one).
+  [[nodiscard]] std::span<const P> param(std::string_view name) {
+    const auto t = layout_index(name);
+    const auto& ti = layout_.tensors()[t];
+    if constexpr (stage < 3) {
+      gathers_[ti.bucket].wait();  // zero<1>/<2>: the bucket's all-gather after the last step
+      return {params_.data() + layout_.padded_offset(t), ti.count};
+    } else {
+      acquire(ti.bucket);
+      const auto nb = layout_.buckets().size();
+      if (!backward_ && ti.bucket + 1 < nb) start_gather(ti.bucket + 1);
+      if (backward_ && ti.bucket > 0) start_gather(ti.bucket - 1);
+      return {gathered_[ti.bucket].data() + ti.bucket_offset, ti.count};
+    }
+  }
+
+  /// zero<3>: frees the gathered parameters of `name`'s bucket (no-op otherwise).
+  void release(std::string_view name) {
+    if constexpr (stage == 3) {
+      const auto b = layout_.tensors()[layout_index(name)].bucket;
+      if (gather_started_[b]) gathers_[b].wait();
+      free_transient(gathered_[b]);
+      gather_started_[b] = false;
+      resident_[b] = false;
+    }
+  }
+
+  /// Tensor `name`'s gradient, zero at the start of a step; write (or add) it, then call grad_ready.
+  [[nodiscard]] std::span<P> grad(std::string_view name) {
+    const auto t = layout_index(name);
+    const auto& ti = layout_.tensors()[t];
+    backward_ = true;
+    if (submitted_[ti.bucket]) {
+      throw error("data_parallel::grad: the bucket of tensor '" + ti.name + "' is already being reduced this step");
+    }
+    if constexpr (stage >= 2) {
+      auto& s = staging_[ti.bucket];
+      if (s.empty()) alloc_transient(s, layout_.buckets()[ti.bucket].padded);
+      return {s.data() + ti.bucket_offset, ti.count};
+    } else {
+      return {grads_.data() + layout_.padded_offset(t), ti.count};
+    }
+  }
+
+  /// Marks `name`'s gradient complete; the bucket's reduction starts once all its tensors are.
+  void grad_ready(std::string_view name) {
+    const auto& ti = layout_.tensors()[layout_index(name)];
+    const auto& b = layout_.buckets()[ti.bucket];
+    if (submitted_[ti.bucket] || ready_[ti.bucket] >= b.end_tensor - b.first_tensor) {
+      throw error("data_parallel::grad_ready: tensor '" + ti.name + "' marked ready twice in one step");
+    }
+    if (++ready_[ti.bucket] == b.end_tensor - b.first_tensor) submit_reduction(ti.bucket);
+  }
+
+  /// Starts the reductions of every bucket not yet started (in bucket order): what step()
+  /// does first; call it to reduce after the backward instead of during it.
+  void reduce_gradients() {
+    for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
+      if (!submitted_[b]) submit_reduction(b);
+    }
+  }
+
+  /// Reduces what is left, then updates: see the header comment for `multiplier`.
+  step_result step(float multiplier = 1.0f) {
+    reduce_gradients();
+    wait_all();  // the reductions, and any zero<3> gather still reading the parameters
+    step_result r;
+    r.loss_scale = scaler_.scale();
+    const bool clip = opt_.max_grad_norm > 0.0f;
+    float mul = multiplier;
+    if (scaling_) mul = mul / scaler_.scale();
+    if (clip || scaling_) {
+      double sq = squared_norm_partial();
+      if (norm_) {
+        queue_->submit([&] { all_reduce(*norm_, std::span<double>(&sq, 1)); }).wait();
+      } else if (shard_.size() > 1) {
+        queue_->submit([&] { all_reduce(shard_, std::span<double>(&sq, 1)); }).wait();
+      }
+      r.grad_norm = std::sqrt(sq) * std::fabs(static_cast<double>(mul));
+      const bool overflow = !std::isfinite(r.grad_norm);
+      if (scaling_) scaler_.update(overflow);
+      if (overflow) {
+        r.skipped = true;
+        finish_step();
+        return r;
+      }
+      if (clip) {
+        const auto coef = static_cast<float>(static_cast<double>(opt_.max_grad_norm) / (r.grad_norm + 1e-6));
+        if (coef < 1.0f) mul = mul * coef;
+      }
+    }
+    ++step_;
+    const auto k = rule_.at(step_, mul);
+    for_each_shard([&](const bucket_info& b, std::size_t from) {
+      float* master = nullptr;
+      P* out = stage == 3 ? params_.data() + b.shard_offset : params_.data() + from;
+      if constexpr (mixed) {
+        master = master_.data() + b.shard_offset;
+      } else {
+        master = out;
+      }
+      const update_ref<decltype(k), P, P> u{k, master, grad_shard(b), state_.data() + b.shard_offset, out,
+                                            slot_stride(layout_.shard_elements())};
+      apply_parallel(u, b.shard, update_threads_);
+    });
+    finish_step();
+    if constexpr (stage == 1 || stage == 2) {
+      // One all-gather per bucket, queued now and waited for by param(): the next forward
+      // starts on the first bucket while the others are still being gathered.
+      if (shard_.size() > 1) {
+        for (std::size_t bi = 0; bi < layout_.buckets().size(); ++bi) {
+          gathers_[bi] = queue_->submit([this, &b = layout_.buckets()[bi]] {
+            std::vector<P> mine;
+            alloc_transient(mine, b.shard);
+            std::copy_n(params_.begin() + static_cast<std::ptrdiff_t>(shard_begin(b)), b.shard, mine.begin());
+            all_gather(shard_, std::span<const P>(mine), std::span<P>(params_.data() + b.offset, b.padded));
+            free_transient(mine);
+          });
+        }
+      }
+    }
+    return r;
+  }
+
+  /// Makes the global gradient norm (clipping, overflow detection) span model-parallel ranks
+  /// too: the squared partials are all-reduced once over `group` instead of the shard group.
+  /// `group` must hold the shard group of every model-parallel rank, and no two replicas of a
+  /// shard: with tensor and pipeline parallelism, the ranks with this rank's replica index
+  /// (zero<k>: the whole world). Tensors added as replicated count only where
+  /// model_parallel_rank == 0. Collective over group.
+  void set_norm_group(Comm& group, int model_parallel_rank) {
+    wait_all();
+    if (model_parallel_rank < 0) throw error("data_parallel::set_norm_group: model_parallel_rank must be >= 0");
+    norm_.emplace(group.split(0, group.rank()));
+    mp_rank_ = model_parallel_rank;
+  }
+
+  /// Per-rank bytes allocated, by kind (compare with the ZeRO paper's formulas).
+  [[nodiscard]] memory_report memory() const {
+    memory_report m;
+    m.parameters = params_.size() * sizeof(P);
+    m.gradients = grads_.size() * sizeof(P);
+    m.optimizer_state = layout_.shard_elements() * slots() * sizeof(float);
+    m.slot_gap = state_.size() * sizeof(float) - m.optimizer_state;
+    m.master_weights = master_.size() * sizeof(float);
+    m.padding_elements = layout_.padding();
+    m.transient_peak = transient_peak_.load();
+    return m;
+  }
+
+  // --- access for checkpoints: this rank's shard ---------------------------------------------
+  /// The fp32 weights of this rank's shard (master weights, or the float parameters), by bucket.
+  /// Waits for every queued collective (what save and load do first).
+  void synchronize() { wait_all(); }
+  [[nodiscard]] std::span<float> shard_weights(const bucket_info& b) {
+    if constexpr (mixed) {
+      return {master_.data() + b.shard_offset, b.shard};
+    } else {
+      return {params_.data() + (stage == 3 ? b.shard_offset : b.offset + shard_rank_cached() * b.shard), b.shard};
+    }
+  }
+  /// Slot j of the rule's state for bucket b's shard.
+  [[nodiscard]] std::span<float> shard_state(const bucket_info& b, std::size_t j) {
+    return {state_.data() + j * slot_stride(layout_.shard_elements()) + b.shard_offset, b.shard};
+  }
+  [[nodiscard]] std::size_t slots() const noexcept { return static_cast<std::size_t>(rule_.slots()); }
+  /// Restores the counters a checkpoint holds, then the parameters from the shards' weights.
+  void restore_counters(long steps, float scale, int good_steps) {
+    step_ = steps;
+    scaler_.restore(scale, good_steps);
+  }
+  [[nodiscard]] int good_steps() const noexcept { return scaler_.good_steps(); }
+  /// After writing shard_weights(): rebuilds the parameters (all-gathered under zero<1>/<2>).
+  void refresh_parameters_from_shards() {
+    wait_all();
+    for_each_shard([&](const bucket_info& b, std::size_t from) {
+      const auto w = shard_weights(b);
+      P* out = stage == 3 ? params_.data() + b.shard_offset : params_.data() + from;
+      for (std::size_t i = 0; i < b.shard; ++i) out[i] = static_cast<P>(w[i]);
+    });
+    if constexpr (stage < 3) {
+      queue_->submit([&] {
+              for (const auto& b : layout_.buckets()) {
+                std::vector<P> mine(params_.begin() + static_cast<std::ptrdiff_t>(b.offset + shard_rank_cached() * b.shard),
+                                    params_.begin() + static_cast<std::ptrdiff_t>(b.offset + (shard_rank_cached() + 1) * b.shard));
+                gather_into(std::span<const P>(mine), std::span<P>(params_.data() + b.offset, b.padded));
+              }
+            })
+          .wait();
+    }
+    drop_gathers();
+  }
+  /// Where bucket b's shard starts in the padded flat layout, for this rank.
+  [[nodiscard]] std::size_t shard_begin(const bucket_info& b) const noexcept {
+    return b.offset + static_cast<std::size_t>(shard_rank_cached()) * b.shard;
+  }
+
+private:
+  static int shard_color(const Comm& dp, const options& o) {
+    if constexpr (stage == 0) {
+      return dp.rank();
+    } else if constexpr (!Policy::is_hybrid) {
+      return 0;
+    } else {
+      return inner_group(dp, o).first;
+    }
+  }
+  static int replica_color(const Comm& dp, const options& o) {
+    if constexpr (stage == 0) {
+      return 0;
+    } else if constexpr (!Policy::is_hybrid) {
+      return dp.rank();
+    } else {
+      return inner_group(dp, o).second;
+    }
+  }
+  // (which inner group, position in it) of this rank, for hybrid sharding.
+  static std::pair<int, int> inner_group(const Comm& dp, const options& o) {
+    const int n = dp.size();
+    if (o.inner_size > 0) {
+      if (n % o.inner_size != 0) {
+        throw error("data_parallel", dp.rank(), error::unknown,
+                    "hybrid: inner_size " + std::to_string(o.inner_size) + " does not divide the data-parallel size " +
+                        std::to_string(n));
+      }
+      return {dp.rank() / o.inner_size, dp.rank() % o.inner_size};
+    }
+    const std::vector<int>& node = dp.node_of();
+    int mine = 0, pos = 0, first_count = -1;
+    std::vector<int> nodes(node.begin(), node.end());
+    std::sort(nodes.begin(), nodes.end());
+    nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
+    for (int nd : nodes) {
+      const auto c = static_cast<int>(std::count(node.begin(), node.end(), nd));
+      if (first_count < 0) first_count = c;
+      if (c != first_count) {
+        throw error("data_parallel", dp.rank(), error::unknown,
+                    "hybrid: nodes hold different numbers of data-parallel ranks (" + std::to_string(first_count) +
+                        " and " + std::to_string(c) + "); set options::inner_size");
+      }
+    }
+    for (int r = 0; r < dp.rank(); ++r) pos += node[static_cast<std::size_t>(r)] == node[static_cast<std::size_t>(dp.rank())];
+    mine = static_cast<int>(std::lower_bound(nodes.begin(), nodes.end(), node[static_cast<std::size_t>(dp.rank())]) -
+                            nodes.begin());
+    return {mine, pos};
+  }
+
+  int shard_rank_cached() const noexcept { return shard_.rank(); }
+
+  std::size_t layout_index(std::string_view name) const {
+    const auto& ts = layout_.tensors();
+    for (std::size_t i = 0; i < ts.size(); ++i) {
+      if (ts[i].name == name) return i;
+    }
+    throw error("data_parallel", dp_rank_, error::unknown, "no tensor named '" + std::string(name) + "'");
+  }
+  void check_full(std::size_t n, std::string_view what) const {
+    if (n != layout_.elements()) {
+      throw error("data_parallel::" + std::string(what), dp_rank_, error::unknown,
+                  "expected the full model of " + std::to_string(layout_.elements()) + " elements, got " +
+                      std::to_string(n));
+    }
+  }
+
+  // f(bucket, where this rank's shard of it starts in the padded layout)
+  template <class F>
+  void for_each_shard(F&& f) {
+    for (const auto& b : layout_.buckets()) f(b, shard_begin(b));
+  }
+  P* grad_shard(const bucket_info& b) {
+    return stage >= 2 ? grads_.data() + b.shard_offset : grads_.data() + shard_begin(b);
+  }
+
+  // Sum of squares of this rank's shard of the summed gradients (in double: exact for
+  // integer-valued gradients), without replicated tensors off model-parallel rank 0.
+  double squared_norm_partial() {
+    double sq = 0.0;
+    const auto& ts = layout_.tensors();
+    for (const auto& b : layout_.buckets()) {
+      const P* g = grad_shard(b);
+      const std::size_t lo = shard_begin(b), hi = lo + b.shard;
+      for (std::size_t t = b.first_tensor; t < b.end_tensor; ++t) {
+        if (mp_rank_ != 0 && ts[t].replicated) continue;
+        const std::size_t p = layout_.padded_offset(t);
+        for (std::size_t i = std::max(lo, p); i < std::min(hi, p + ts[t].count); ++i) {
+          const auto v = static_cast<double>(static_cast<float>(g[i - lo]));
+          sq += v * v;
+        }
+      }
+    }
+    return sq;
+  }
+
+  // Gathers a shard over S into a bucket-sized span (a copy when S has one rank).
+  void gather_into(std::span<const P> mine, std::span<P> out) {
+    if (shard_.size() == 1) {
+      std::copy(mine.begin(), mine.end(), out.begin());
+    } else {
+      all_gather(shard_, mine, out);
+    }
+  }
+
+  void submit_reduction(std::size_t bi) {
+    submitted_[bi] = true;
+    const bucket_info& b = layout_.buckets()[bi];
+    if constexpr (stage == 0) {
+      reductions_[bi] = queue_->submit([this, &b] {
+        if (replica_.size() > 1) all_reduce(replica_, std::span<P>(grads_.data() + b.offset, b.padded));
+      });
+    } else {
+      std::vector<P> full;
+      if constexpr (stage >= 2) {
+        full = std::move(staging_[bi]);
+        if (full.empty()) alloc_transient(full, b.padded);  // no grad() this step: zeros
+      }
+      reductions_[bi] = queue_->submit([this, &b, full = std::move(full)]() mutable {
+        std::span<const P> in = stage >= 2 ? std::span<const P>(full) : std::span<const P>(grads_.data() + b.offset, b.padded);
+        std::vector<P> tmp;
+        alloc_transient(tmp, b.shard);
+        if (shard_.size() > 1) {
+          reduce_scatter(shard_, in, std::span<P>(tmp));
+        } else {
+          std::copy(in.begin(), in.end(), tmp.begin());
+        }
+        if (replica_.size() > 1) all_reduce(replica_, std::span<P>(tmp));
+        std::copy(tmp.begin(), tmp.end(), grad_shard(b));
+        free_transient(tmp);
+        if constexpr (stage >= 2) free_transient(full);  // the full-size bucket is gone once reduced
+      });
+    }
+  }
+
+  void start_gather(std::size_t bi) {
+    if (gather_started_[bi] || resident_[bi]) return;
+    gather_started_[bi] = true;
+    const bucket_info& b = layout_.buckets()[bi];
+    alloc_transient(gathered_[bi], b.padded);
+    gathers_[bi] = queue_->submit([this, &b, bi] {
+      gather_into(std::span<const P>(params_.data() + b.shard_offset, b.shard), std::span<P>(gathered_[bi]));
+    });
+  }
+  void acquire(std::size_t bi) {
+    if (resident_[bi]) return;
+    start_gather(bi);
+    gathers_[bi].wait();
+    resident_[bi] = true;
+  }
+  void drop_gathers() {
+    if constexpr (stage < 3) {
+      for (auto& w : gathers_) w.wait();
+      return;
+    }
+    for (std::size_t b = 0; b < gathered_.size(); ++b) {
+      if (gather_started_[b]) gathers_[b].wait();
+      free_transient(gathered_[b]);
+      gather_started_[b] = false;
+      resident_[b] = false;
+    }
+  }
+
+  void wait_all() {
+    for (auto& w : reductions_) w.wait();
+    for (auto& w : gathers_) w.wait();
+  }
+  void finish_step() {
+    if constexpr (stage < 2) std::fill(grads_.begin(), grads_.end(), P(0.0f));
+    for (auto& s : staging_) free_transient(s);
+    std::fill(ready_.begin(), ready_.end(), 0);
+    std::fill(submitted_.begin(), submitted_.end(), false);
+    for (auto& w : reductions_) w = work{};
+    drop_gathers();
+    backward_ = false;
+  }
+
+  // Short-lived buffers, counted for memory(): allocated by either thread.
+  void alloc_transient(std::vector<P>& v, std::size_t n) {
+    v.assign(n, P(0.0f));
+    const auto now = transient_.fetch_add(n * sizeof(P)) + n * sizeof(P);
+    auto peak = transient_peak_.load();
+    while (now > peak && !transient_peak_.compare_exchange_weak(peak, now)) {
+    }
+  }
+  void free_transient(std::vector<P>& v) {
+    transient_.fetch_sub(v.size() * sizeof(P));
+    std::vector<P>().swap(v);
+  }
+
+  Rule rule_;
+  options opt_;
+  int dp_rank_, dp_size_;
+  Comm shard_, replica_;  // used only by the jobs of queue_
+  std::optional<Comm> norm_;
+  int mp_rank_ = 0;
+  layout layout_;
+  loss_scaler scaler_;
+  bool scaling_ = false;
+  int update_threads_ = 1;
+  long step_ = 0;
+  bool backward_ = false;
+  std::vector<P> params_, grads_;
+  std::vector<float> master_, state_;
+  std::vector<std::size_t> ready_;
+  std::vector<bool> submitted_;
+  std::vector<work> reductions_;
+  std::vector<std::vector<P>> staging_, gathered_;
+  std::vector<work> gathers_;
+  std::vector<bool> gather_started_, resident_;
+  std::atomic<std::size_t> transient_{0}, transient_peak_{0};
+  std::unique_ptr<progress_queue> queue_;  // last: its thread stops before the buffers go
+};
+
+/// data_parallel with the rule and communicator types deduced (it is neither copyable nor
+/// movable: its queued jobs point into it).
+template <sharding_policy Policy, class P = float, update_rule Rule, communicator Comm>
+[[nodiscard]] auto make_data_parallel(Comm& dp, const param_set& ps, Rule rule, data_parallel_options o = {}) {
+  return std::make_unique<data_parallel<Policy, Rule, P, Comm>>(dp, ps, rule, o);
+}
+
+} // namespace weft::optim

@@ -1,0 +1,145 @@
+#pragma once
+// A parameter set: named tensors (shape, offset) laid out in one flat buffer, split into
+// buckets, and each bucket split into equal shards, one per rank of a sharding group.
+//
+//   flat (unpadded)   | a.w (6) | a.b (2) | b.w (6) | b.b (2) |
+//   buckets (>= 8)    | bucket 0: a.w a.b     | bucket 1: b.w b.b     |
+//   padded, N = 3     | 8 + 1 pad             | 8 + 1 pad             |
+//   shard of rank r   | elements [3r, 3r+3) of every bucket, bucket after bucket
+//
+// Every bucket is padded to a multiple of N with zeros, so the shards are equal (balanced to
+// within one element per bucket); padding() says how many elements that costs. A tensor is
+// never split across buckets; a bucket closes once it holds at least bucket_elements.
+#include <weft/core/error.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace weft::optim {
+
+struct tensor_info {
+  std::string name;
+  std::vector<std::size_t> shape;
+  std::size_t offset = 0;  // in the unpadded flat layout (param_set order)
+  std::size_t count = 0;
+  std::size_t bucket = 0;
+  std::size_t bucket_offset = 0;  // position inside its bucket
+  bool replicated = false;        // the same on every model-parallel rank (counted once in the norm)
+};
+
+/// Megatron-core DDP's default bucket size: max(4e7, 1e6 x data-parallel size) elements.
+[[nodiscard]] constexpr std::size_t default_bucket_elements(int dp) noexcept {
+  return std::max<std::size_t>(40'000'000, std::size_t{1'000'000} * static_cast<std::size_t>(dp));
+}
+
+/// The named tensors of a model, in registration order.
+class param_set {
+public:
+  /// Adds a tensor; returns its index. Names must be unique and non-empty. `replicated`: the
+  /// tensor is the same on every rank of the model-parallel group (a tensor-parallel layer's
+  /// bias or norm), so a global gradient norm counts it once (see data_parallel::set_norm_group).
+  std::size_t add(std::string name, std::vector<std::size_t> shape, bool replicated = false) {
+    if (name.empty()) throw error("param_set::add: empty tensor name");
+    for (const auto& t : tensors_) {
+      if (t.name == name) throw error("param_set::add: tensor '" + name + "' added twice");
+    }
+    tensor_info t;
+    t.count = std::accumulate(shape.begin(), shape.end(), std::size_t{1}, std::multiplies<>{});
+    t.name = std::move(name);
+    t.shape = std::move(shape);
+    t.offset = total_;
+    t.replicated = replicated;
+    total_ += t.count;
+    tensors_.push_back(std::move(t));
+    return tensors_.size() - 1;
+  }
+  [[nodiscard]] const std::vector<tensor_info>& tensors() const noexcept { return tensors_; }
+  /// Elements of all tensors (Psi).
+  [[nodiscard]] std::size_t elements() const noexcept { return total_; }
+  [[nodiscard]] std::size_t index_of(std::string_view name) const {
+    for (std::size_t i = 0; i < tensors_.size(); ++i) {
+      if (tensors_[i].name == name) return i;
+    }
+    throw error("param_set: no tensor named '" + std::string(name) + "'");
+  }
+
+private:
+  std::vector<tensor_info> tensors_;
+  std::size_t total_ = 0;
+};
+
+struct bucket_info {
+  std::size_t first_tensor = 0, end_tensor = 0;  // [first, end) of the tensors
+  std::size_t elements = 0;                      // unpadded
+  std::size_t offset = 0;                        // in the padded flat layout
+  std::size_t padded = 0;                        // elements, a multiple of shards
+  std::size_t shard = 0;                         // padded / shards
+  std::size_t shard_offset = 0;                  // where this bucket's shard starts in a rank's shard buffer
+};
+
+/// The bucket and shard layout of a param_set for a group of `shards` ranks.
+class layout {
+public:
+  layout() = default;
+  layout(const param_set& ps, std::size_t bucket_elements, int shards) : shards_(shards) {
+    if (shards < 1) throw error("optim::layout: the number of shards must be >= 1, got " + std::to_string(shards));
+    if (bucket_elements == 0) throw error("optim::layout: bucket size must be > 0 elements");
+    tensors_ = ps.tensors();
+    const auto n = static_cast<std::size_t>(shards);
+    bucket_info b;
+    const auto close = [&](std::size_t end) {
+      b.end_tensor = end;
+      b.padded = (b.elements + n - 1) / n * n;
+      b.shard = b.padded / n;
+      b.offset = padded_total_;
+      b.shard_offset = shard_total_;
+      padded_total_ += b.padded;
+      shard_total_ += b.shard;
+      buckets_.push_back(b);
+      b = bucket_info{};
+      b.first_tensor = end;
+    };
+    for (std::size_t i = 0; i < tensors_.size(); ++i) {
+      tensors_[i].bucket = buckets_.size();
+      tensors_[i].bucket_offset = b.elements;
+      b.elements += tensors_[i].count;
+      if (b.elements >= bucket_elements) close(i + 1);
+    }
+    if (b.elements > 0 || buckets_.empty()) close(tensors_.size());
+    elements_ = ps.elements();
+  }
+
+  [[nodiscard]] int shards() const noexcept { return shards_; }
+  [[nodiscard]] const std::vector<bucket_info>& buckets() const noexcept { return buckets_; }
+  [[nodiscard]] const std::vector<tensor_info>& tensors() const noexcept { return tensors_; }
+  [[nodiscard]] std::size_t elements() const noexcept { return elements_; }
+  /// Elements of the padded flat buffer (a multiple of shards per bucket).
+  [[nodiscard]] std::size_t padded_elements() const noexcept { return padded_total_; }
+  /// Zero elements added so that every bucket divides by the number of shards.
+  [[nodiscard]] std::size_t padding() const noexcept { return padded_total_ - elements_; }
+  /// Elements of one rank's shard (the same on every rank).
+  [[nodiscard]] std::size_t shard_elements() const noexcept { return shard_total_; }
+  /// Where tensor t starts in the padded flat layout.
+  [[nodiscard]] std::size_t padded_offset(std::size_t t) const {
+    const auto& ti = tensors_.at(t);
+    return buckets_[ti.bucket].offset + ti.bucket_offset;
+  }
+  /// Calls f(unpadded_offset, padded_offset, count) for each tensor: for copying between layouts.
+  template <class F>
+  void for_each_tensor(F&& f) const {
+    for (std::size_t t = 0; t < tensors_.size(); ++t) f(tensors_[t].offset, padded_offset(t), tensors_[t].count);
+  }
+
+private:
+  int shards_ = 1;
+  std::vector<tensor_info> tensors_;
+  std::vector<bucket_info> buckets_;
+  std::size_t elements_ = 0, padded_total_ = 0, shard_total_ = 0;
+};
+
+} // namespace weft::optim

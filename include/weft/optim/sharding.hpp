@@ -1,0 +1,42 @@
+#pragma once
+// Sharding policies for data parallelism (the ZeRO stages), as empty tag types:
+//
+//   zero<0>   everything replicated; gradients all-reduced               (plain DDP)
+//   zero<1>   optimizer state and fp32 master weights sharded: gradients reduce-scattered,
+//             each rank updates its shard, parameters all-gathered
+//   zero<2>   gradients sharded too: each bucket is reduce-scattered as soon as it is complete
+//             and its full-size buffer freed
+//   zero<3>   parameters sharded too: a bucket's parameters are all-gathered before use (with
+//             the next bucket prefetched) and freed after
+//   hybrid<zero<k>, zero<0>>   zero<k> inside a node, replicated across nodes (HSDP): the
+//             shards are reduced across the nodes' replicas with an all-reduce
+#include <concepts>
+#include <type_traits>
+
+namespace weft::optim {
+
+template <int Stage>
+struct zero {
+  static_assert(Stage >= 0 && Stage <= 3, "weft::optim::zero<Stage>: Stage must be 0, 1, 2 or 3");
+  static constexpr int stage = Stage;
+  static constexpr bool is_hybrid = false;
+};
+
+template <class Inner, class Outer>
+struct hybrid {
+  static_assert(Inner::stage >= 1 && !Inner::is_hybrid,
+                "weft::optim::hybrid<Inner, Outer>: Inner must be zero<1>, zero<2> or zero<3> (the sharding inside a node)");
+  static_assert(std::is_same_v<Outer, zero<0>>,
+                "weft::optim::hybrid<Inner, Outer>: Outer must be zero<0> (replication across nodes); sharding across "
+                "nodes too is plain zero<Stage> over the whole data-parallel group");
+  static constexpr int stage = Inner::stage;
+  static constexpr bool is_hybrid = true;
+};
+
+template <class P>
+concept sharding_policy = requires {
+  { P::stage } -> std::convertible_to<int>;
+  { P::is_hybrid } -> std::convertible_to<bool>;
+};
+
+} // namespace weft::optim

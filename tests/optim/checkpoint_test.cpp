@@ -1,0 +1,255 @@
+// Checkpoints: saved at DP=4 under zero<2>, loaded at DP=2 under zero<1> and at DP=8 under
+// zero<3>, training continues bitwise as if uninterrupted (AdamW on integer-valued gradients,
+// whose sums are exact on any number of ranks); a save that crashes leaves the previous
+// checkpoint loadable; damaged files are reported with the file and the tensor.
+#include "optim/support.hpp"
+
+#include <weft/optim/checkpoint.hpp>
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <type_traits>
+#include <unistd.h>
+
+namespace {
+
+using namespace weft;
+using namespace weft::test::optim;
+namespace wo = weft::optim;
+namespace ck = weft::optim::checkpoint;
+namespace fs = std::filesystem;
+
+constexpr int batch = 24;  // divides by 1, 2, 3, 4, 8
+const wo::adamw rule{.lr = 0.01f, .weight_decay = 0.1f};
+const wo::data_parallel_options opts{.bucket_elements = 5};
+
+struct temp_dir {
+  fs::path path;
+  explicit temp_dir(const std::string& tag)
+      : path(fs::temp_directory_path() / ("weft_ckpt_" + tag + "_" + std::to_string(::getpid()))) {
+    fs::remove_all(path);
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+template <class Opt>
+void train(Opt& opt, const l1_linear& m, int rank, int dp, int steps) {
+  const int begin = batch * rank / dp, end = batch * (rank + 1) / dp;
+  for (int s = 0; s < steps; ++s) {
+    std::vector<float> w(m.params.elements());
+    for (const auto& t : m.params.tensors()) {
+      auto p = opt.param(t.name);
+      for (std::size_t i = 0; i < t.count; ++i) w[t.offset + i] = static_cast<float>(p[i]);
+      opt.release(t.name);
+    }
+    const auto g = m.gradient(w, begin, end);
+    for (const auto& t : m.params.tensors()) {
+      auto gs = opt.grad(t.name);
+      using P = std::remove_reference_t<decltype(gs[0])>;
+      for (std::size_t i = 0; i < t.count; ++i) gs[i] = static_cast<P>(g[t.offset + i] * opt.loss_scale());
+      opt.grad_ready(t.name);
+    }
+    (void)opt.step(1.0f / batch);
+  }
+}
+
+// Trains `steps` steps from the checkpoint in dir (or from the start) on dp ranks; optionally
+// saves at the end; returns the parameters.
+template <class Policy>
+std::vector<float> resume(const l1_linear& m, int dp, const fs::path& dir, bool load, int steps, bool save_after,
+                          ck::save_options so = {}) {
+  std::vector<float> out;
+  local::run(dp, [&](local::communicator& c) {
+    auto opt = wo::make_data_parallel<Policy, float>(c, m.params, rule, opts);
+    opt->set_parameters(m.initial());
+    if (load) ck::load(*opt, c, dir);
+    train(*opt, m, c.rank(), dp, steps);
+    if (save_after) ck::save(*opt, c, dir, so);
+    auto p = opt->gather_parameters();
+    if (c.rank() == 0) out = p;
+  });
+  return out;
+}
+
+TEST(checkpoint, reshards_across_dp_sizes_and_stages_bitwise) {
+  const l1_linear m(batch);
+  const auto uninterrupted = train_parallel<wo::zero<2>>(m, batch, 4, rule, 10, 1.0f / batch, opts);
+  temp_dir d("reshard");
+  (void)resume<wo::zero<2>>(m, 4, d.path, false, 5, true);
+  EXPECT_EQ(resume<wo::zero<1>>(m, 2, d.path, true, 5, false), uninterrupted);
+  EXPECT_EQ(resume<wo::zero<3>>(m, 8, d.path, true, 5, false), uninterrupted);
+  EXPECT_EQ((resume<wo::hybrid<wo::zero<2>, wo::zero<0>>>(m, 4, d.path, true, 5, false)), uninterrupted);
+  EXPECT_EQ(resume<wo::zero<0>>(m, 3, d.path, true, 5, false), uninterrupted);
+  // Without the checkpoint the continuation differs (the test can fail).
+  EXPECT_NE(resume<wo::zero<1>>(m, 2, d.path, false, 5, false), uninterrupted);
+}
+
+TEST(checkpoint, a_crashed_save_leaves_the_previous_checkpoint_loadable) {
+  const l1_linear m(batch);
+  const auto uninterrupted = train_parallel<wo::zero<2>>(m, batch, 4, rule, 10, 1.0f / batch, opts);
+  temp_dir d("crash");
+  (void)resume<wo::zero<2>>(m, 4, d.path, false, 5, true);  // the good checkpoint, step 5
+  EXPECT_THROW(resume<wo::zero<2>>(m, 4, d.path, false, 7, true, {.crash = ck::simulated_crash::while_writing_rank_files}),
+               error);
+  EXPECT_THROW(resume<wo::zero<2>>(m, 4, d.path, false, 7, true, {.crash = ck::simulated_crash::before_index}), error);
+  std::size_t leftovers = 0;
+  for (const auto& f : fs::directory_iterator(d.path)) leftovers += f.path().filename().string().find("g2-") == 0;
+  EXPECT_GT(leftovers, 0u);  // the crashed saves did leave files behind
+  EXPECT_EQ(resume<wo::zero<1>>(m, 2, d.path, true, 5, false), uninterrupted);
+  // A later good save cleans up what the crashes left.
+  (void)resume<wo::zero<1>>(m, 2, d.path, true, 0, true);
+  for (const auto& f : fs::directory_iterator(d.path)) {
+    const auto name = f.path().filename().string();
+    EXPECT_TRUE(name == "index.json" || name.find("-of2.weft") != std::string::npos) << name;
+  }
+}
+
+std::vector<std::byte> slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::vector<char> c((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> b(c.size());
+  std::memcpy(b.data(), c.data(), c.size());
+  return b;
+}
+void spit(const fs::path& p, const std::vector<std::byte>& b) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+}
+
+std::string load_error(const l1_linear& m, const fs::path& dir) {
+  std::string what;
+  try {
+    (void)resume<wo::zero<1>>(m, 2, dir, true, 0, false);
+  } catch (const error& e) {
+    what = e.what();
+  }
+  return what;
+}
+
+TEST(checkpoint, damage_is_reported_with_file_and_tensor) {
+  const l1_linear m(batch);
+  temp_dir d("damage");
+  (void)resume<wo::zero<2>>(m, 4, d.path, false, 3, true);
+  const auto idx = ck::parse_index(slurp(d.path / "index.json"));
+  const fs::path victim = d.path / idx.files[1];
+  const auto good = slurp(victim);
+  const auto h = ck::parse_header(good, victim.string());
+  ASSERT_FALSE(h.entries.empty());
+  const auto& e = h.entries.back();
+
+  auto flipped = good;
+  flipped[static_cast<std::size_t>(h.data_start + e.offset + 1)] ^= std::byte{0x10};
+  spit(victim, flipped);
+  auto what = load_error(m, d.path);
+  EXPECT_NE(what.find(victim.string()), std::string::npos) << what;
+  EXPECT_NE(what.find(e.name), std::string::npos) << what;
+  EXPECT_NE(what.find("checksum"), std::string::npos) << what;
+
+  auto truncated = good;
+  truncated.resize(static_cast<std::size_t>(h.data_start + e.offset + 2));
+  spit(victim, truncated);
+  what = load_error(m, d.path);
+  EXPECT_NE(what.find(victim.string()), std::string::npos) << what;
+  EXPECT_NE(what.find(e.name), std::string::npos) << what;
+  EXPECT_NE(what.find("truncated"), std::string::npos) << what;
+
+  spit(victim, good);
+  EXPECT_EQ(load_error(m, d.path), "");
+}
+
+// What a fuzzer will do: every prefix and every single-byte change of a real file's header
+// either parses or throws weft::error (never crashes, never reads outside the span).
+TEST(checkpoint, parse_header_survives_truncation_and_flips) {
+  const l1_linear m(batch);
+  temp_dir d("fuzz");
+  (void)resume<wo::zero<2>>(m, 2, d.path, false, 1, true);
+  const auto idx = ck::parse_index(slurp(d.path / "index.json"));
+  const auto good = slurp(d.path / idx.files[0]);
+  const auto h = ck::parse_header(good);
+  std::size_t rejected = 0;
+  for (std::size_t n = 0; n < good.size(); ++n) {
+    try {
+      (void)ck::parse_header(std::span(good.data(), n));
+    } catch (const error&) {
+      ++rejected;
+    }
+  }
+  EXPECT_GE(rejected, static_cast<std::size_t>(h.data_start));  // no header is complete before data_start
+  for (std::size_t i = 0; i < h.data_start; ++i) {
+    for (std::byte x : {std::byte{0x01}, std::byte{0x20}, std::byte{0x80}}) {
+      auto bad = good;
+      bad[i] ^= x;
+      try {
+        (void)ck::parse_header(bad);
+      } catch (const error&) {
+      }
+    }
+  }
+  EXPECT_THROW((void)ck::parse_index(std::span<const std::byte>()), error);
+  const auto index_bytes = slurp(d.path / "index.json");
+  for (std::size_t n = 0; n + 2 < index_bytes.size(); ++n) {  // (the last two bytes: "}" and a newline)
+    EXPECT_THROW((void)ck::parse_index(std::span(index_bytes.data(), n)), error) << n;
+  }
+  // Counts kept in an int must fit one (a world of 2^32 + 1 must not wrap to 1).
+  const std::string wraps =
+      R"({"format": "weft-checkpoint-index", "generation": 1, "world": 4294967297, "step": 3, "rule": "sgd", )"
+      R"("loss_scale": 1, "good_steps": 0, "slots": [], "files": ["a"], "tensors": []})";
+  EXPECT_THROW((void)ck::parse_index(std::as_bytes(std::span(wraps.data(), wraps.size()))), error);
+  std::string deep(100, '[');
+  EXPECT_THROW((void)ck::parse_index(std::as_bytes(std::span(deep.data(), deep.size()))), error);
+}
+
+// Half parameters: the fp32 master weights and the loss scaler's state travel; the half
+// copies are rebuilt from the masters.
+TEST(checkpoint, half_parameters_keep_master_weights_and_loss_scale) {
+  const l1_linear m(batch);
+  temp_dir d("half");
+  std::vector<float> saved;
+  wo::data_parallel_options o = opts;
+  o.scaling = {.initial = 1024.0f, .interval = 2};
+  local::run(2, [&](local::communicator& c) {
+    auto opt = wo::make_data_parallel<wo::zero<2>, half>(c, m.params, rule, o);
+    opt->set_parameters(m.initial());
+    train(*opt, m, c.rank(), 2, 3);  // three good steps: the scale grew once (interval 2)
+    EXPECT_EQ(opt->loss_scale(), 2048.0f);
+    ck::save(*opt, c, d.path);
+    auto p = opt->gather_parameters();
+    if (c.rank() == 0) saved = p;
+  });
+  local::run(4, [&](local::communicator& c) {
+    auto opt = wo::make_data_parallel<wo::zero<3>, half>(c, m.params, rule, o);
+    ck::load(*opt, c, d.path);
+    EXPECT_EQ(opt->loss_scale(), 2048.0f);
+    EXPECT_EQ(opt->steps(), 3);
+    EXPECT_EQ(opt->gather_parameters(), saved);
+    train(*opt, m, c.rank(), 4, 1);  // one more good step: the second of the interval
+    EXPECT_EQ(opt->loss_scale(), 4096.0f);
+  });
+}
+
+TEST(checkpoint, rejects_another_rule_or_model) {
+  const l1_linear m(batch);
+  temp_dir d("mismatch");
+  (void)resume<wo::zero<2>>(m, 2, d.path, false, 1, true);
+  EXPECT_THROW(local::run(2,
+                          [&](local::communicator& c) {
+                            auto opt = wo::make_data_parallel<wo::zero<1>, float>(c, m.params, sgd_rule(), opts);
+                            ck::load(*opt, c, d.path);
+                          }),
+               error);
+  const mlp other(batch);
+  EXPECT_THROW(local::run(2,
+                          [&](local::communicator& c) {
+                            auto opt = wo::make_data_parallel<wo::zero<1>, float>(c, other.params, rule, opts);
+                            ck::load(*opt, c, d.path);
+                          }),
+               error);
+}
+
+} // namespace

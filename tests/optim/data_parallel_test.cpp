@@ -1,0 +1,235 @@
+// Sharded data-parallel training equals single-rank training on the full batch: every ZeRO
+// stage and hybrid sharding, DP = 1..4, SGD / Adam / AdamW, with and without clipping.
+#include "optim/support.hpp"
+#include "support/scale.hpp"
+
+#include <weft/optim.hpp>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+namespace {
+
+using namespace weft;
+using namespace weft::test::optim;
+namespace wo = weft::optim;
+
+constexpr int batch = 12;  // divides by 1..4
+constexpr int steps = 10;
+
+template <class Policy>
+class sharded_training : public ::testing::Test {};
+using policies = ::testing::Types<wo::zero<0>, wo::zero<1>, wo::zero<2>, wo::zero<3>, wo::hybrid<wo::zero<1>, wo::zero<0>>,
+                                  wo::hybrid<wo::zero<3>, wo::zero<0>>>;
+TYPED_TEST_SUITE(sharded_training, policies);
+
+wo::data_parallel_options small_buckets(int dp, float max_norm) {
+  // 20 elements: fc1.w alone (35), fc1.b + fc2.w (28), fc2.b (3); none divides by 3 or 4.
+  return {.bucket_elements = 20, .max_grad_norm = max_norm, .inner_size = dp % 2 == 0 ? 2 : 1};
+}
+
+template <class Policy, class Rule>
+double check_float(const mlp& m, rule_kind k, Rule rule, int dp, float max_norm) {
+  const auto expected = train_serial(m, batch, k, steps, 1.0f, max_norm);
+  const auto got = train_parallel<Policy>(m, batch, dp, rule, steps, 1.0f, small_buckets(dp, max_norm));
+  const double err = relative_error(got, expected);
+  EXPECT_LT(err, 1e-5) << name_of(k) << " dp " << dp << " clip " << max_norm;
+  // The run must have moved the weights (a test that cannot fail is no test).
+  EXPECT_GT(relative_error(m.initial(), expected), 1e-2);
+  return err;
+}
+
+TYPED_TEST(sharded_training, float_mlp_matches_full_batch_training) {
+  const mlp m(batch);
+  double worst = 0;
+  for (int dp = 1; dp <= 4; ++dp) {
+    for (float clip : {0.0f, 0.05f}) {  // 0.05: below the gradients' norm, so every step clips
+      worst = std::max(worst, check_float<TypeParam>(m, rule_kind::sgd, sgd_rule(), dp, clip));
+      worst = std::max(worst, check_float<TypeParam>(m, rule_kind::adam, adam_rule(), dp, clip));
+      worst = std::max(worst, check_float<TypeParam>(m, rule_kind::adamw, adamw_rule(), dp, clip));
+    }
+  }
+  std::printf("worst relative error against full-batch training: %.3g\n", worst);
+}
+
+TYPED_TEST(sharded_training, integer_data_sgd_is_bitwise) {
+  const l1_linear m(batch);
+  for (int dp = 1; dp <= 4; ++dp) {
+    for (float clip : {0.0f, 0.5f}) {
+      const auto expected = train_serial(m, batch, rule_kind::sgd, steps, 1.0f / batch, clip);
+      const auto got = train_parallel<TypeParam>(m, batch, dp, sgd_rule(), steps, 1.0f / batch, small_buckets(dp, clip));
+      EXPECT_EQ(got, expected) << "dp " << dp << " clip " << clip;
+    }
+  }
+}
+
+// Half and bfloat16 parameters with fp32 master weights; half with loss scaling (256: the
+// scaled integer gradients stay exact). The reference rounds its fp32 weights at the end.
+template <class P>
+void check_mixed(bool scaling) {
+  const l1_linear m(batch);
+  const auto master = train_serial(m, batch, rule_kind::sgd, steps, 1.0f / batch, 0.0f);
+  std::vector<float> expected;
+  for (float v : master) expected.push_back(static_cast<float>(static_cast<P>(v)));
+  for (int dp : {1, 3, 4}) {
+    auto o = small_buckets(dp, 0.0f);
+    o.loss_scaling = scaling;
+    o.scaling.initial = 256.0f;
+    EXPECT_EQ((train_parallel<wo::zero<0>, P>(m, batch, dp, sgd_rule(), steps, 1.0f / batch, o)), expected) << dp;
+    EXPECT_EQ((train_parallel<wo::zero<1>, P>(m, batch, dp, sgd_rule(), steps, 1.0f / batch, o)), expected) << dp;
+    EXPECT_EQ((train_parallel<wo::zero<2>, P>(m, batch, dp, sgd_rule(), steps, 1.0f / batch, o)), expected) << dp;
+    EXPECT_EQ((train_parallel<wo::zero<3>, P>(m, batch, dp, sgd_rule(), steps, 1.0f / batch, o)), expected) << dp;
+    EXPECT_EQ((train_parallel<wo::hybrid<wo::zero<2>, wo::zero<0>>, P>(m, batch, dp, sgd_rule(), steps, 1.0f / batch, o)),
+              expected)
+        << dp;
+  }
+}
+
+TEST(mixed_precision, half_with_loss_scaling_keeps_fp32_master_weights) { check_mixed<half>(true); }
+TEST(mixed_precision, bfloat16_keeps_fp32_master_weights) { check_mixed<bfloat16>(false); }
+
+TEST(mixed_precision, overflow_skips_the_step_on_every_rank_and_backs_off) {
+  const l1_linear m(batch);
+  local::run(3, [&](local::communicator& c) {
+    wo::data_parallel_options o{.bucket_elements = 8};
+    o.scaling.initial = 65536.0f;
+    auto opt = wo::make_data_parallel<wo::zero<2>, half>(c, m.params, sgd_rule(), o);
+    opt->set_parameters(m.initial());
+    const auto before = opt->gather_parameters();
+    // Only rank 1 overflows (in one element): every rank must skip.
+    for (const auto& t : m.params.tensors()) {
+      auto g = opt->grad(t.name);
+      for (auto& v : g) v = half(1.0f);
+      if (c.rank() == 1 && t.name == "b") g[0] = half(60000.0f * 2.0f);  // rounds to infinity
+      opt->grad_ready(t.name);
+    }
+    const auto r = opt->step(1.0f);
+    EXPECT_TRUE(r.skipped);
+    EXPECT_EQ(opt->loss_scale(), 32768.0f);
+    EXPECT_EQ(opt->steps(), 0);
+    EXPECT_EQ(opt->gather_parameters(), before);
+    // The next, finite step goes through.
+    for (const auto& t : m.params.tensors()) {
+      for (auto& v : opt->grad(t.name)) v = half(1.0f);
+      opt->grad_ready(t.name);
+    }
+    EXPECT_FALSE(opt->step(1.0f).skipped);
+    EXPECT_EQ(opt->steps(), 1);
+    EXPECT_NE(opt->gather_parameters(), before);
+  });
+}
+
+TEST(data_parallel, bad_input_is_reported) {
+  const l1_linear m(batch);
+  local::run(2, [&](local::communicator& c) {
+    auto opt = wo::make_data_parallel<wo::zero<1>>(c, m.params, sgd_rule(), {.bucket_elements = 8});
+    EXPECT_THROW(opt->set_parameters(std::vector<float>(3)), error);
+    EXPECT_THROW((void)opt->param("nope"), error);
+    (void)opt->grad("w");
+    opt->grad_ready("w");
+    EXPECT_THROW(opt->grad_ready("w"), error);  // twice
+    (void)opt->step();
+  });
+  EXPECT_THROW(local::run(3,
+                          [&](local::communicator& c) {
+                            auto opt = wo::make_data_parallel<wo::hybrid<wo::zero<2>, wo::zero<0>>>(
+                                c, m.params, sgd_rule(), {.inner_size = 2});
+                          }),
+               error);
+  wo::param_set ps;
+  ps.add("a", {2});
+  EXPECT_THROW(ps.add("a", {3}), error);
+}
+
+// TP = 2 x DP = 2 on 4 ranks: "a" is split across the tensor-parallel pair (each holds a
+// different half), "ln" is replicated on both. The global norm the step reports must be the
+// whole model's: a's halves both counted, ln once, the DP shards summed.
+template <class Policy>
+void check_model_parallel_norm() {
+  wo::param_set ps;
+  ps.add("a", {5});
+  ps.add("ln", {3}, /*replicated=*/true);
+  double expected_sq = 0;
+  const auto grad = [](const std::string& name, int tp, int dp, std::size_t i) {
+    return static_cast<float>(name == "a" ? (tp * 7 + dp * 3 + static_cast<int>(i)) % 5 - 2
+                                          : (dp * 2 + static_cast<int>(i)) % 3 + 1);  // ln: the same on both tp ranks
+  };
+  for (int tp = 0; tp < 2; ++tp) {
+    for (std::size_t i = 0; i < 5; ++i) {
+      const double s = grad("a", tp, 0, i) + grad("a", tp, 1, i);
+      expected_sq += s * s;
+    }
+  }
+  for (std::size_t i = 0; i < 3; ++i) {
+    const double s = grad("ln", 0, 0, i) + grad("ln", 0, 1, i);
+    expected_sq += s * s;
+  }
+  local::run(4, [&](local::communicator& world) {
+    const int tp = world.rank() % 2, dp = world.rank() / 2;
+    auto dp_comm = world.split(tp, world.rank());
+    auto opt = wo::make_data_parallel<Policy, float>(dp_comm, ps, wo::sgd{}, {.bucket_elements = 4, .max_grad_norm = 1e9f});
+    auto norm_group = world.split(opt->replica_rank(), world.rank());  // shard group x TP, one replica
+    opt->set_norm_group(norm_group, tp);
+    for (const auto& t : ps.tensors()) {
+      auto g = opt->grad(t.name);
+      for (std::size_t i = 0; i < g.size(); ++i) g[i] = grad(t.name, tp, dp, i);
+      opt->grad_ready(t.name);
+    }
+    EXPECT_EQ(opt->step(1.0f).grad_norm, std::sqrt(expected_sq));
+  });
+}
+
+TEST(data_parallel, clipping_norm_spans_tensor_parallel_ranks_counting_replicated_tensors_once) {
+  check_model_parallel_norm<wo::zero<0>>();
+  check_model_parallel_norm<wo::zero<1>>();
+  check_model_parallel_norm<wo::zero<3>>();
+}
+
+TEST(data_parallel, hybrid_shards_within_a_node_by_default) {
+  const l1_linear m(batch);
+  const auto expected = train_serial(m, batch, rule_kind::sgd, steps, 1.0f / batch, 0.0f);
+  std::vector<float> got;
+  local::run(topology::parse("2x2"), [&](local::communicator& c) {
+    auto opt = wo::make_data_parallel<wo::hybrid<wo::zero<2>, wo::zero<0>>, float>(c, m.params, sgd_rule(),
+                                                                                   {.bucket_elements = 5});
+    EXPECT_EQ(opt->shard_size(), 2);
+    EXPECT_EQ(opt->replica_size(), 2);
+    opt->set_parameters(m.initial());
+    const int begin = batch * c.rank() / 4, end = batch * (c.rank() + 1) / 4;
+    for (int s = 0; s < steps; ++s) {
+      const auto w = opt->gather_parameters();
+      const auto g = m.gradient(w, begin, end);
+      for (const auto& t : m.params.tensors()) {
+        auto gs = opt->grad(t.name);
+        for (std::size_t i = 0; i < t.count; ++i) gs[i] = g[t.offset + i];
+        opt->grad_ready(t.name);
+      }
+      (void)opt->step(1.0f / batch);
+    }
+    const auto p = opt->gather_parameters();
+    if (c.rank() == 0) got = p;
+  });
+  EXPECT_EQ(got, expected);
+}
+
+TEST(layout, buckets_pad_to_equal_shards) {
+  wo::param_set ps;
+  ps.add("a", {5});
+  ps.add("b", {2, 3});
+  ps.add("c", {1});
+  const wo::layout l(ps, 6, 4);
+  ASSERT_EQ(l.buckets().size(), 2u);                 // {a, b} = 11, {c} = 1
+  EXPECT_EQ(l.buckets()[0].padded, 12u);
+  EXPECT_EQ(l.buckets()[1].padded, 4u);
+  EXPECT_EQ(l.padding(), 4u);
+  EXPECT_EQ(l.shard_elements(), 4u);
+  EXPECT_EQ(l.padded_offset(2), 12u);
+  EXPECT_EQ(wo::default_bucket_elements(8), 40'000'000u);
+  EXPECT_EQ(wo::default_bucket_elements(64), 64'000'000u);
+}
+
+} // namespace

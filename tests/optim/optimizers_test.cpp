@@ -1,0 +1,109 @@
+// The update rules' functors against the published formulas, written here in double, and
+// the host loop (vectorized for Adam) against the functor applied element by element.
+#include <weft/optim/optimizers.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+namespace wo = weft::optim;
+
+float value(std::uint32_t& s, float lo, float hi) {
+  s = s * 1664525u + 1013904223u;
+  return lo + (hi - lo) * static_cast<float>(s >> 8) / 16777216.0f;
+}
+
+TEST(sgd, momentum_nesterov_and_weight_decay_follow_the_formulas) {
+  for (bool nesterov : {false, true}) {
+    const wo::sgd r{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.01f, .nesterov = nesterov};
+    EXPECT_EQ(r.slots(), 1);
+    float w = 1.0f, buf = 0.0f;
+    double wr = 1.0, br = 0.0;
+    for (int t = 1; t <= 5; ++t) {
+      const float g = 0.5f * static_cast<float>(t);
+      r.at(t, 0.5f)(w, g, &buf, 1);
+      double gd = 0.5 * g + 0.01 * wr;
+      br = 0.9 * br + gd;
+      gd = nesterov ? gd + 0.9 * br : br;
+      wr -= 0.1 * gd;
+      EXPECT_NEAR(w, wr, 1e-6 * std::fabs(wr) + 1e-7) << t;
+    }
+  }
+  EXPECT_EQ((wo::sgd{.momentum = 0.0f}.slots()), 0);
+}
+
+TEST(adam, adam_and_adamw_follow_the_formulas) {
+  for (bool decoupled : {false, true}) {
+    const float lr = 0.01f, wd = 0.1f;
+    float w = 0.7f, s[2] = {0.0f, 0.0f};
+    double wr = 0.7, m = 0, v = 0;
+    for (int t = 1; t <= 20; ++t) {
+      const float g = std::sin(static_cast<float>(t));
+      if (decoupled) {
+        wo::adamw{.lr = lr, .weight_decay = wd}.at(t, 2.0f)(w, g, s, 1);
+      } else {
+        wo::adam{.lr = lr, .weight_decay = wd}.at(t, 2.0f)(w, g, s, 1);
+      }
+      double gd = 2.0 * g;
+      if (!decoupled) gd += wd * wr;
+      m = 0.9 * m + 0.1 * gd;
+      v = 0.999 * v + 0.001 * gd * gd;
+      if (decoupled) wr -= lr * wd * wr;
+      wr -= lr * (m / (1 - std::pow(0.9, t))) / (std::sqrt(v / (1 - std::pow(0.999, t))) + 1e-8);
+      EXPECT_NEAR(w, wr, 2e-6) << t << (decoupled ? " adamw" : " adam");
+    }
+  }
+}
+
+template <class Rule>
+void loop_equals_functor(Rule rule) {
+  const std::size_t n = 1003;  // not a multiple of the vector width
+  std::uint32_t seed = 99;
+  std::vector<float> w(n), g(n), st(2 * n);
+  for (auto& x : w) x = value(seed, -1, 1);
+  for (auto& x : g) x = value(seed, -1, 1);
+  for (auto& x : st) x = value(seed, 0, 0.1f);
+  auto w2 = w, st2 = st;
+  for (long t = 3; t <= 5; ++t) {
+    const auto k = rule.at(t, 0.25f);
+    const wo::update_ref<decltype(k), float, float> u{k, w.data(), g.data(), st.data(), nullptr, n};
+    wo::apply(u, 0, n);
+    for (std::size_t i = 0; i < n; ++i) k(w2[i], g[i], st2.data() + i, n);
+  }
+  EXPECT_EQ(w, w2);
+  EXPECT_EQ(st, st2);
+  // and across threads
+  std::vector<float> big_g(1 << 18, 0.01f);
+  std::vector<float> big_w(1 << 18, 0.5f), big_s(2 << 18, 0.0f);
+  auto bw2 = big_w, bs2 = big_s;
+  const auto k = rule.at(1, 1.0f);
+  wo::apply_parallel(wo::update_ref<decltype(k), float, float>{k, big_w.data(), big_g.data(), big_s.data(), nullptr, 1 << 18},
+                     1 << 18, 3);
+  wo::apply(wo::update_ref<decltype(k), float, float>{k, bw2.data(), big_g.data(), bs2.data(), nullptr, 1 << 18}, 0,
+            1 << 18);
+  EXPECT_EQ(big_w, bw2);
+  EXPECT_EQ(big_s, bs2);
+}
+
+TEST(update_ref, host_loop_is_bitwise_the_functor) {
+  loop_equals_functor(wo::adam{.weight_decay = 0.01f});
+  loop_equals_functor(wo::adamw{});
+  loop_equals_functor(wo::sgd{.lr = 0.1f, .momentum = 0.9f, .nesterov = true});
+}
+
+TEST(update_ref, low_precision_parameters_get_the_rounded_master) {
+  float master[3] = {1.0f, 2.0f, 3.0f};
+  const weft::bfloat16 grad[3] = {weft::bfloat16(1.0f), weft::bfloat16(-1.0f), weft::bfloat16(0.5f)};
+  weft::bfloat16 param[3] = {};
+  const auto k = wo::sgd{.lr = 0.001f}.at(1, 1.0f);
+  wo::apply(wo::update_ref<decltype(k), weft::bfloat16, weft::bfloat16>{k, master, grad, nullptr, param, 3}, 0, 3);
+  EXPECT_EQ(master[0], 1.0f - 0.001f);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(param[i], weft::bfloat16(master[i]));
+  EXPECT_NE(static_cast<float>(param[0]), master[0]);  // the fp32 master keeps what bf16 cannot
+}
+
+} // namespace
