@@ -556,6 +556,14 @@ TEST(ParseErrors, BadShape) {
   expect_rejected("65536x65536", "65536x65536");  // 2^32 devices
 }
 
+// Found by tests/fuzz/topology_spec_fuzz.cpp: a node count that fits in an int but would
+// allocate gigabytes of per-node data is refused, with the bound in the message.
+TEST(ParseErrors, TooManyNodes) {
+  expect_rejected("2000000000x1", "2000000000x1");
+  EXPECT_THAT(parse_error("100000000x2"), HasSubstr("more than 65536 nodes"));
+  EXPECT_NO_THROW((void)weft::topology::parse("65536x1"));
+}
+
 TEST(ParseErrors, ZeroNodesOrDevices) {
   expect_rejected("0x4", "0x4");
   EXPECT_THAT(parse_error("0x4"), HasSubstr("at least one node"));

@@ -331,6 +331,10 @@ inline int parse_shape_count(std::string_view spec, std::string_view shape, std:
   return *n;
 }
 
+// A bound on the nodes of a shape: a cluster stores per-node data, so "2000000000x1" must be
+// an error, not an 8 GB allocation (found by tests/fuzz/topology_spec_fuzz.cpp).
+inline constexpr int max_nodes = 1 << 16;
+
 inline std::vector<int> parse_shape(std::string_view spec, std::string_view shape) {
   if (shape.empty()) {
     fail(spec, "bad shape ", quoted(shape), ": ", shape_expected);
@@ -342,6 +346,9 @@ inline std::vector<int> parse_shape(std::string_view spec, std::string_view shap
     const int m = parse_shape_count(spec, shape, shape.substr(x + 1));
     if (n < 1) {
       fail(spec, "bad shape ", quoted(shape), ": a cluster needs at least one node");
+    }
+    if (n > max_nodes) {
+      fail(spec, "bad shape ", quoted(shape), ": more than ", std::to_string(max_nodes), " nodes");
     }
     if (m < 1) {
       fail(spec, "bad shape ", quoted(shape), ": a node needs at least one device");
