@@ -14,6 +14,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <concepts>
+#include <cstring>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -95,6 +97,19 @@ inline std::atomic<bool>& check_calls_flag() {
 
 inline bool check_calls_enabled() { return check_calls_flag().load(std::memory_order_relaxed); }
 
+/// Whether a call on comm is checked: for every communicator when the process-wide switch is
+/// on, and for a communicator that asks for it (local::options::check_calls,
+/// communicator::set_check_calls, weft::checked_calls).
+template <class Comm>
+bool check_calls_enabled(const Comm& comm) {
+  if (check_calls_enabled()) return true;
+  if constexpr (requires { { comm.check_calls() } -> std::convertible_to<bool>; }) {
+    return static_cast<bool>(comm.check_calls());
+  } else {
+    return false;
+  }
+}
+
 inline std::uint64_t fnv1a(std::string_view s) {
   std::uint64_t h = 1469598103934665603ull;
   for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
@@ -115,20 +130,51 @@ WEFT_PLANNING inline std::string describe(const call_signature& s) {
          std::string(name_of(s.type)) + ", op " + std::string(s.op) + ", root " + std::to_string(s.root);
 }
 
+// A call's fingerprint as it travels: the fields that must agree, then the names of the
+// algorithm and the operator (up to 32 and 16 characters), so a rank can print another's call.
+inline constexpr std::size_t fingerprint_words = 6;
+inline constexpr std::size_t fingerprint_name_words = 6;
+
+inline void pack_name(std::string_view name, std::int64_t* words, std::size_t n) {
+  char bytes[8 * 6] = {};
+  const std::size_t len = name.size() < 8 * n ? name.size() : 8 * n;
+  std::copy_n(name.data(), len, bytes);
+  std::memcpy(words, bytes, 8 * n);
+}
+
+inline std::string unpack_name(const std::int64_t* words, std::size_t n) {
+  char bytes[8 * 6 + 1] = {};
+  std::memcpy(bytes, words, 8 * n);
+  return std::string(bytes);
+}
+
+// A table row back as text: "all_reduce<ring> of 6 x int32, op sum, root 0".
+WEFT_PLANNING inline std::string describe_row(const std::int64_t* row) {
+  const auto coll = static_cast<collective>(row[0]);
+  const auto type = static_cast<dtype>(row[3]);
+  return std::string(name_of(coll)) + "<" + unpack_name(row + fingerprint_words, 4) + "> of " +
+         std::to_string(row[2]) + " x " + std::string(name_of(type)) + ", op " +
+         unpack_name(row + fingerprint_words + 4, 2) + ", root " + std::to_string(row[5]);
+}
+
 /// Every rank sends its call's fingerprint to rank 0, which returns the whole table to all;
-/// if any differ, every rank throws the same description of who disagrees and how.
+/// if any differ, every rank throws the same description of who disagrees and how. Only the
+/// fingerprints move, so a mismatch is reported before any of the call's data does.
 template <class Comm>
 WEFT_PLANNING void check_same_call(Comm& comm, const call_signature& sig) {
   const int p = comm.size();
   if (p == 1) return;
-  constexpr std::size_t words = 6;
+  constexpr std::size_t fields = fingerprint_words;
+  constexpr std::size_t words = fingerprint_words + fingerprint_name_words;
   constexpr int tag = 0x7e57;
-  const std::int64_t mine[words] = {static_cast<std::int64_t>(sig.coll),
-                                    static_cast<std::int64_t>(fnv1a(sig.algorithm)),
-                                    static_cast<std::int64_t>(sig.count),
-                                    static_cast<std::int64_t>(sig.type),
-                                    static_cast<std::int64_t>(fnv1a(sig.op)),
-                                    sig.root};
+  std::int64_t mine[words] = {static_cast<std::int64_t>(sig.coll),
+                              static_cast<std::int64_t>(fnv1a(sig.algorithm)),
+                              static_cast<std::int64_t>(sig.count),
+                              static_cast<std::int64_t>(sig.type),
+                              static_cast<std::int64_t>(fnv1a(sig.op)),
+                              sig.root};
+  pack_name(sig.algorithm, mine + fields, 4);
+  pack_name(sig.op, mine + fields + 4, 2);
   std::vector<std::int64_t> table(words * static_cast<std::size_t>(p));
   if (comm.rank() == 0) {
     std::copy(mine, mine + words, table.begin());
@@ -141,18 +187,31 @@ WEFT_PLANNING void check_same_call(Comm& comm, const call_signature& sig) {
     comm.recv(std::span<std::int64_t>(table), 0, tag);
   }
   std::string diff;
+  std::vector<int> agree{0};
   for (int r = 1; r < p; ++r) {
-    for (std::size_t w = 0; w < words; ++w) {
-      if (table[words * static_cast<std::size_t>(r) + w] != table[w]) {
+    const std::int64_t* row = table.data() + words * static_cast<std::size_t>(r);
+    std::string how;
+    for (std::size_t w = 0; w < fields; ++w) {
+      if (row[w] != table[w]) {
         static constexpr const char* what[] = {"collective", "algorithm", "count", "type", "op", "root"};
-        diff += "; rank " + std::to_string(r) + " differs from rank 0 in " + what[w];
-        break;
+        how += how.empty() ? " in " : ", ";
+        how += what[w];
       }
+    }
+    if (how.empty()) {
+      agree.push_back(r);
+    } else {
+      diff += "; rank " + std::to_string(r) + " differs from rank 0" + how + ": it called " + describe_row(row);
     }
   }
   if (!diff.empty()) {
+    std::string same = agree.size() == 1 ? "rank 0" : "ranks";
+    if (agree.size() > 1) {
+      for (std::size_t i = 0; i < agree.size(); ++i) same += (i == 0 ? " " : ",") + std::to_string(agree[i]);
+    }
     throw error(name_of(sig.coll), comm.rank(), error::unknown,
-                "the ranks called different collectives (WEFT_CHECK_CALLS): this rank called " + describe(sig) + diff);
+                "the ranks called different collectives (call check), no data moved: this rank called " +
+                    describe(sig) + "; " + same + " called " + describe_row(table.data()) + diff);
   }
 }
 
@@ -186,7 +245,7 @@ void run_vendor(Comm& comm, const T* in, std::size_t in_n, T* out, std::size_t o
                 "such as algo::ring, or a weft::cuda::nccl::communicator for NCCL's own collectives");
   if constexpr (vendor_collective<Comm, C, T, Op>) {
     check_root(comm, root, name_of(C));
-    if (check_calls_enabled()) check_same_call(comm, {C, algo::vendor::name, count, dtype_of<T>, op_name<Op>(), root});
+    if (check_calls_enabled(comm)) check_same_call(comm, {C, algo::vendor::name, count, dtype_of<T>, op_name<Op>(), root});
     comm.template vendor<C>(in, in_n, out, out_n, count, root, op);  // avg included: nothing to divide here
   }
 }
@@ -226,7 +285,7 @@ void run_planned(Comm& comm, const T* in, std::size_t in_n, T* out, std::size_t 
     algorithm = Algo::name;
     pl = &plan_cache::mine().get(Algo::name, q, [](const plan_request& r) { return Algo::make_plan(r); });
   }
-  if (check_calls_enabled()) check_same_call(comm, {C, algorithm, count, dtype_of<T>, op_name<Op>(), root});
+  if (check_calls_enabled(comm)) check_same_call(comm, {C, algorithm, count, dtype_of<T>, op_name<Op>(), root});
   comm.execute(*pl, in, in_n, out, out_n, op, opname);
   if constexpr (is_average_v<Op>) {
     if (C != collective::reduce || comm.rank() == root) {

@@ -5,13 +5,21 @@
 //   weft::local::run(weft::topology::parse("2x4"), [](auto& c) { ... });  // 8 ranks in 2 emulated nodes
 //
 // Plans run single-copy: a receiver copies or reduces straight from the sender's buffer, and
-// peer-access plans (algo::direct) load from peers' buffers after a sync. Every wait has a
-// deadline (communicator::set_timeout, default 5 minutes); when a rank throws, returns early
-// or stalls, the ranks waiting on it get a weft::error naming the operation and the rank,
-// and run() rethrows the first failure.
+// peer-access plans (algo::direct) load from peers' buffers after a sync.
+//
+// Failure behaviour. Every rank records its progress (operation, sequence number, plan step,
+// the peer it waits on: weft/comm/progress.hpp), and every wait has a deadline, the watchdog
+// (communicator::set_timeout, default 5 minutes; options::watchdog = false waits forever).
+// When a rank throws or returns early, the ranks waiting on it get a weft::error naming the
+// operation and that rank. When a rank stalls, the first wait to pass its deadline follows
+// the waits to the culprit, aborts the world with a message naming the culprit's operation,
+// sequence number and step and the dump of every rank's pending operations, and every other
+// rank fails promptly with that message. After a failure the survivors may call shrink() to
+// continue on a communicator of the ranks that are left. run() rethrows the first failure.
 #include <weft/comm/detail/kernels.hpp>
 #include <weft/comm/detail/scratch.hpp>
 #include <weft/comm/plan.hpp>
+#include <weft/comm/progress.hpp>
 #include <weft/comm/transport/detail/local_state.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/types.hpp>
@@ -33,6 +41,10 @@ namespace weft::local {
 
 struct options {
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  /// The deadline on every wait; off, a stalled rank holds the others forever.
+  bool watchdog = true;
+  /// Compare every collective call across the ranks before it runs (as WEFT_CHECK_CALLS=1).
+  bool check_calls = false;
   /// Pace every transfer at the figures of the cluster's links (latency, bandwidth, shared
   /// NICs), as sim::simulate prices them, so one machine shows what a fabric does.
   bool emulate_links = false;
@@ -46,6 +58,7 @@ public:
 
   communicator(std::shared_ptr<detail::local_group> group, int rank, std::chrono::milliseconds timeout)
       : group_(std::move(group)), rank_(rank), timeout_(timeout), synced_(static_cast<std::size_t>(group_->size)) {
+    WEFT_EXPECTS(rank_ >= 0 && rank_ < group_->size, "local::communicator: rank outside the group");
     node_of_.reserve(static_cast<std::size_t>(group_->size));
     for (int w : group_->world_rank) node_of_.push_back(group_->world->cluster.node_of(w));
   }
@@ -63,11 +76,97 @@ public:
   [[nodiscard]] const topology::cluster& cluster() const noexcept { return group_->world->cluster; }
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+  /// The watchdog: off, waits have no deadline (a failed rank still fails its waiters).
+  [[nodiscard]] bool watchdog() const noexcept { return watchdog_; }
+  void set_watchdog(bool on) noexcept { watchdog_ = on; }
+  /// Whether collectives on this communicator compare the call across ranks first (the
+  /// dispatch also does so for all communicators when WEFT_CHECK_CALLS=1 or check_calls(true)).
+  [[nodiscard]] bool check_calls() const noexcept { return check_calls_; }
+  void set_check_calls(bool on) noexcept { check_calls_ = on; }
+  /// This communicator's number in its world, as the dumps name it.
+  [[nodiscard]] int id() const noexcept { return group_->id; }
+  /// How many collective operations (plans, barriers, splits) this rank has begun here.
+  [[nodiscard]] std::uint64_t sequence() const noexcept { return seq_; }
+
+  /// The flight recorder: every rank's position in the world of this communicator now.
+  [[nodiscard]] std::vector<rank_progress> progress() const { return detail::world_progress(*group_->world); }
+  /// The same as text, one line per rank (weft::to_string(progress())).
+  [[nodiscard]] std::string pending_operations() const { return weft::to_string(progress()); }
+
+  /// Fails every pending and later operation of this world, on every rank, with `why`.
+  void abort(const std::string& why) { group_->world->abort(world_rank(rank_), why); }
+  /// Whether this communicator's world failed or was aborted.
+  [[nodiscard]] bool aborted() const noexcept { return group_->world->failed.load(std::memory_order_acquire); }
+
+  /// After a failure: a communicator of the ranks that are left, in their order here.
+  /// Collective over the ranks still running: it returns once every rank of this
+  /// communicator has called it or has failed or returned, or at the deadline, after which
+  /// ranks that had not called it are left out (a stalled rank that comes back later gets a
+  /// weft::error). The new communicator lives in a new world, untouched by the old failure.
+  /// Once per communicator.
+  communicator shrink() {
+    auto& sh = group_->shrinking;
+    auto& old_world = *group_->world;
+    {
+      std::lock_guard lock(sh.mutex);
+      if (sh.closed) {
+        throw error("shrink", rank_, error::unknown,
+                    "this communicator has already been shrunk (this rank came too late, or calls it twice)");
+      }
+      if (sh.joined.empty()) sh.joined.assign(static_cast<std::size_t>(size()), 0);
+      sh.joined[static_cast<std::size_t>(rank_)] = 1;
+    }
+    old_world.ring_all();
+    const auto close = [&] {  // under sh.mutex
+      sh.closed = true;
+      for (int r = 0; r < size(); ++r) {
+        if (sh.joined[static_cast<std::size_t>(r)] != 0) sh.survivors.push_back(r);
+      }
+      auto world = std::make_shared<detail::local_world>(old_world.cluster, old_world.pacer != nullptr);
+      std::vector<int> members;
+      for (int r : sh.survivors) members.push_back(world_rank(r));
+      for (int w = 0; w < world->size; ++w) {
+        if (std::find(members.begin(), members.end(), w) == members.end()) {
+          world->status[static_cast<std::size_t>(w)].store(static_cast<int>(detail::rank_status::left));
+        }
+      }
+      old_world.add_successor(world);
+      sh.result = detail::local_group::make(std::move(world), std::move(members));
+    };
+    const auto settled = [&] {
+      std::lock_guard lock(sh.mutex);
+      if (sh.closed) return true;
+      for (int r = 0; r < size(); ++r) {
+        if (sh.joined[static_cast<std::size_t>(r)] == 0 &&
+            old_world.status_of(world_rank(r)) == detail::rank_status::running) {
+          return false;
+        }
+      }
+      close();
+      return true;
+    };
+    const auto never = [] { return false; };
+    const auto deadline = watchdog_ ? std::chrono::steady_clock::now() + timeout_
+                                    : std::chrono::steady_clock::time_point::max();
+    auto& bell = old_world.bells[static_cast<std::size_t>(world_rank(rank_))];
+    if (!bell.wait(settled, never, deadline, 0)) {
+      std::lock_guard lock(sh.mutex);
+      if (!sh.closed) close();  // the deadline: whoever has not come is left out
+    }
+    old_world.ring_all();  // the others need not wait for their next slice to see it closed
+    std::lock_guard lock(sh.mutex);
+    const auto it = std::find(sh.survivors.begin(), sh.survivors.end(), rank_);
+    communicator c(sh.result, static_cast<int>(it - sh.survivors.begin()), timeout_);
+    c.watchdog_ = watchdog_;
+    c.check_calls_ = check_calls_;
+    return c;
+  }
 
   // --- point to point (eager: send copies and returns; recv blocks) ------------------------
   template <element T>
   void send(std::span<const T> data, int peer, int tag = 0) {
     check_peer(peer, "send");
+    const p2p_scope scope(*this, "send");
     auto owned = std::make_unique<std::byte[]>(data.size_bytes() == 0 ? 1 : data.size_bytes());
     if (!data.empty()) std::memcpy(owned.get(), data.data(), data.size_bytes());
     const void* copy = owned.get();  // before the move below: argument order is unspecified
@@ -80,6 +179,7 @@ public:
   template <element T>
   void recv(std::span<T> data, int peer, int tag = 0) {
     check_peer(peer, "recv");
+    const p2p_scope scope(*this, "recv");
     consume(peer, data.size(), dtype_of<T>, tag, "recv", [&](const void* src) {
       detail::copy_n(data.data(), static_cast<const T*>(src), data.size());
     });
@@ -90,12 +190,16 @@ public:
     recv(in, from, tag);
   }
 
-  void barrier() { sync_with(all_ranks(), "barrier"); }
+  void barrier() {
+    const op_scope scope(*this, "barrier");
+    sync_with(all_ranks(), "barrier");
+  }
 
   /// Splits into communicators of the ranks with the same color (>= 0), ordered by (key, rank).
   /// Collective over this communicator.
   communicator split(int color, int key) {
     WEFT_EXPECTS(color >= 0, "local::communicator::split: color must be >= 0");
+    const op_scope scope(*this, "split");
     auto& me = group_->slots[static_cast<std::size_t>(rank_)];
     me.words[0] = static_cast<std::uint64_t>(color);
     me.words[1] = static_cast<std::uint64_t>(static_cast<std::int64_t>(key));
@@ -110,7 +214,7 @@ public:
     if (leader) {
       std::vector<int> world;
       for (auto [k, r] : members) world.push_back(group_->world_rank[static_cast<std::size_t>(r)]);
-      me.child = std::make_shared<detail::local_group>(group_->world, std::move(world));
+      me.child = detail::local_group::make(group_->world, std::move(world));
     }
     sync_with(all_ranks(), "split");
     std::shared_ptr<detail::local_group> child = group_->slots[static_cast<std::size_t>(members.front().second)].child;
@@ -118,7 +222,10 @@ public:
     while (members[static_cast<std::size_t>(new_rank)].second != rank_) ++new_rank;
     sync_with(all_ranks(), "split");
     if (leader) me.child.reset();
-    return communicator(std::move(child), new_rank, timeout_);
+    communicator c(std::move(child), new_rank, timeout_);
+    c.watchdog_ = watchdog_;
+    c.check_calls_ = check_calls_;
+    return c;
   }
 
   /// Runs one rank's plan over its buffers. `in`/`out` hold in_count/out_count elements
@@ -126,6 +233,7 @@ public:
   template <element T, class Op>
   void execute(const plan& pl, const T* in, std::size_t in_count, T* out, std::size_t out_count, const Op& op,
                std::string_view operation) {
+    const op_scope scope(*this, operation, pl.steps().size());
     const bool staged = pl.staged();
     if (staged) {
       if (pl.scratch_count() * sizeof(T) > max_staged_scratch_bytes) {
@@ -166,6 +274,7 @@ public:
       for (std::size_t k = i; k < end; ++k) {
         const step& s = steps[k];
         if (s.kind == step_kind::send) {
+          record().at_step(round, k, s.kind);
           check_peer(s.peer, operation);
           pending.add(s.peer, post(s.peer, range(s.src, s.src_offset, s.count), s.count, dtype_of<T>, plan_tag, nullptr,
                                    operation));
@@ -173,6 +282,7 @@ public:
       }
       for (std::size_t k = i; k < end; ++k) {
         const step& s = steps[k];
+        if (s.kind != step_kind::send) record().at_step(round, k, s.kind);
         switch (s.kind) {
           case step_kind::send: break;
           case step_kind::recv: {
@@ -266,23 +376,30 @@ private:
 
   // Waits until ready(); on a failed world, a peer that left or failed, or the deadline,
   // throws weft::error naming the operation and the peer (-1: any of the group).
+  // `what` is a string literal that completes "waiting to ...".
   template <class Ready>
-  void wait(Ready&& ready, std::string_view operation, int peer, std::string_view what) {
+  void wait(Ready&& ready, std::string_view operation, int peer, const char* what) {
     if (!ready()) wait_slow(ready, operation, peer, what);
   }
 
-  void wait_slow(detail::predicate_ref ready, std::string_view operation, int peer, std::string_view what) {
+  void wait_slow(detail::predicate_ref ready, std::string_view operation, int peer, const char* what) {
     auto& world = *group_->world;
+    struct waiting_scope {
+      detail::progress_record& r;
+      ~waiting_scope() { r.not_waiting(); }
+    } const waiting{record()};
+    record().waiting(peer, what);
     const auto peer_gone = [&] {
       return peer >= 0 && world.status_of(group_->world_rank[static_cast<std::size_t>(peer)]) != detail::rank_status::running;
     };
     const auto give_up = [&] { return world.failed.load(std::memory_order_acquire) || peer_gone(); };
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    const auto deadline =
+        watchdog_ ? std::chrono::steady_clock::now() + timeout_ : std::chrono::steady_clock::time_point::max();
     auto& bell = world.bells[static_cast<std::size_t>(group_->world_rank[static_cast<std::size_t>(rank_)])];
     if (!bell.wait(ready, give_up, deadline, world.spins)) fail_wait(operation, peer, what);
   }
 
-  [[noreturn]] WEFT_PLANNING void fail_wait(std::string_view operation, int peer, std::string_view what) const {
+  [[noreturn]] WEFT_PLANNING void fail_wait(std::string_view operation, int peer, std::string_view what) {
     auto& world = *group_->world;
     if (peer >= 0 && world.status_of(group_->world_rank[static_cast<std::size_t>(peer)]) != detail::rank_status::running) {
       const int w = group_->world_rank[static_cast<std::size_t>(peer)];
@@ -296,9 +413,70 @@ private:
     if (world.failed.load(std::memory_order_acquire)) {
       throw error(operation, rank_, peer, "aborted while waiting to " + std::string(what) + ": " + world.failure());
     }
-    throw error(operation, rank_, peer, "timed out after " + std::to_string(timeout_.count()) + " ms waiting to " +
-                                            std::string(what));
+    // The watchdog: find who holds everyone up, tell every rank, and give the dump.
+    const int me = world_rank(rank_);
+    std::string why = "timed out after " + std::to_string(timeout_.count()) + " ms waiting to " + std::string(what);
+    if (peer >= 0) why += " (world rank " + std::to_string(world_rank(peer)) + ")";
+    why += " in " + record().snapshot(me, "running").position() + " on comm " + std::to_string(group_->id);
+    const std::string culprit = peer >= 0 ? detail::find_culprit(group_, peer) : std::string();
+    const auto ranks = detail::world_progress(world);
+    if (!culprit.empty()) why += "; " + culprit;
+    why += "\npending operations (world ranks):\n" + weft::to_string(ranks);
+    world.abort(me, why);
+    throw error(operation, rank_, peer, why);
   }
+
+  detail::progress_record& record() const {
+    return group_->progress[static_cast<std::size_t>(rank_)];
+  }
+
+  // An operation fails at once on a failed or aborted world.
+  void check_alive(std::string_view operation) const {
+    if (group_->world->failed.load(std::memory_order_acquire)) {
+      throw error(operation, rank_, error::unknown,
+                  "the communicator was aborted: " + group_->world->failure() +
+                      " (the ranks left may continue on communicator::shrink())");
+    }
+  }
+
+  // Records a collective operation in the progress counters while it runs; one that ends by
+  // an exception stays recorded, so the dump shows where it failed.
+  class op_scope {
+  public:
+    op_scope(communicator& c, std::string_view operation, std::size_t steps = 0)
+        : c_(c), uncaught_(std::uncaught_exceptions()) {
+      c.check_alive(operation);
+      c.record().begin(operation, ++c.seq_, c.group_->id, c.rank_, c.size(), steps);
+    }
+    op_scope(const op_scope&) = delete;
+    op_scope& operator=(const op_scope&) = delete;
+    ~op_scope() {
+      if (std::uncaught_exceptions() == uncaught_) c_.record().done();
+    }
+
+  private:
+    communicator& c_;
+    int uncaught_;
+  };
+  // The same for point-to-point calls, numbered on their own (the call check sends
+  // different numbers of messages on different ranks, collectives stay aligned).
+  class p2p_scope {
+  public:
+    // No check_alive here: an eager send never waits, and a receive whose message is already
+    // there may complete (the call check's table reaches every rank even when one has thrown).
+    p2p_scope(communicator& c, std::string_view operation) : c_(c), uncaught_(std::uncaught_exceptions()) {
+      c.record().begin(operation, ++c.p2p_seq_, c.group_->id, c.rank_, c.size());
+    }
+    p2p_scope(const p2p_scope&) = delete;
+    p2p_scope& operator=(const p2p_scope&) = delete;
+    ~p2p_scope() {
+      if (std::uncaught_exceptions() == uncaught_) c_.record().done();
+    }
+
+  private:
+    communicator& c_;
+    int uncaught_;
+  };
 
   // Emulated links: when loads of `bytes` from each of `peers` would have arrived (0: now).
   template <class Peers>
@@ -432,6 +610,10 @@ private:
   std::shared_ptr<detail::local_group> group_;
   int rank_;
   std::chrono::milliseconds timeout_;
+  bool watchdog_ = true;
+  bool check_calls_ = false;
+  std::uint64_t seq_ = 0;      // collective operations begun
+  std::uint64_t p2p_seq_ = 0;  // point-to-point calls begun
   std::vector<std::uint64_t> synced_;  // syncs completed with each peer
   std::uint64_t staged_calls_ = 0;     // staged plans run: its parity picks the staging area
   std::vector<int> node_of_;
@@ -450,12 +632,14 @@ void run_ranks(topology::cluster cluster, F&& f, local::options opt) {
   const int n = world->size;
   std::vector<int> everyone(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) everyone[static_cast<std::size_t>(r)] = r;
-  auto group = std::make_shared<local_group>(world, everyone);
+  auto group = local_group::make(world, everyone);
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
   const auto body = [&](int r) {
     try {
       if (opt.emulate_links) link_pacer::precise_sleeps();
       local::communicator c(group, r, opt.timeout);
+      c.set_watchdog(opt.watchdog);
+      c.set_check_calls(opt.check_calls);
       f(c);
       world->finish(r);
     } catch (const std::exception& e) {
@@ -472,7 +656,10 @@ void run_ranks(topology::cluster cluster, F&& f, local::options opt) {
     for (int r = 1; r < n; ++r) threads.emplace_back(body, r);
     body(0);
   }
-  if (world->first_failed >= 0) std::rethrow_exception(errors[static_cast<std::size_t>(world->first_failed)]);
+  // A rank that caught its error (and went on, on a shrunk communicator) rethrows nothing.
+  if (world->first_failed >= 0 && errors[static_cast<std::size_t>(world->first_failed)]) {
+    std::rethrow_exception(errors[static_cast<std::size_t>(world->first_failed)]);
+  }
 }
 
 } // namespace weft::detail

@@ -38,7 +38,13 @@
 // them, whatever order the launcher placed the processes in.
 //
 // Failure. Every wait has a deadline (set_timeout, default 5 minutes): a peer that stalls
-// or left gives a weft::error naming the operation, this rank and the peer, not a hang.
+// or left gives a weft::error naming the operation, this rank and the peer, not a hang, and
+// this rank's position from its progress counters: the operation's sequence number on this
+// communicator, the plan round and step (progress() returns them; a process sees only its
+// own, so the other ranks' positions are in their own errors, one per process in the job's
+// output). A process that dies (a signal, exit without MPI_Finalize) is noticed by the
+// launcher, which ends the job (Open MPI's mpirun: "exited on signal"/"exiting improperly");
+// if it does not, the peers' deadlines pass and they fail with the message above.
 // MPI errors become weft::error (WEFT_MPI_TRY) naming the MPI call, its error and where.
 // After such an error the communicator must not be used again: what was in flight is
 // cancelled where MPI allows and the ranks no longer agree on where they are. End the job:
@@ -47,6 +53,7 @@
 #include <weft/comm/detail/kernels.hpp>
 #include <weft/comm/detail/scratch.hpp>
 #include <weft/comm/plan.hpp>
+#include <weft/comm/progress.hpp>
 #include <weft/comm/transport/detail/mpi_comm_handle.hpp>
 #include <weft/comm/transport/detail/mpi_datatype.hpp>
 #include <weft/comm/transport/detail/mpi_error.hpp>
@@ -182,6 +189,18 @@ public:
   [[nodiscard]] bool emulated_nodes() const noexcept { return emulated_; }
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+  /// Whether collectives on this communicator compare the call across ranks first (as
+  /// WEFT_CHECK_CALLS=1 does for every communicator of the process).
+  [[nodiscard]] bool check_calls() const noexcept { return check_calls_; }
+  void set_check_calls(bool on) noexcept { check_calls_ = on; }
+  /// How many plans, barriers and splits this rank has begun on this communicator.
+  [[nodiscard]] std::uint64_t sequence() const noexcept { return seq_; }
+  /// This process's progress counters: its operation, sequence number and plan step now (a
+  /// process cannot see the others': each reports its own in its errors).
+  [[nodiscard]] rank_progress progress() const {
+    return progress_->snapshot(world_ranks_.empty() ? rank_ : world_ranks_[static_cast<std::size_t>(rank_)],
+                               "running");
+  }
   /// The wrapped communicator, for the program's own MPI calls (weft's traffic is on a
   /// private duplicate and never matches them).
   [[nodiscard]] MPI_Comm native() const noexcept { return base_.get(); }
@@ -260,7 +279,8 @@ public:
   }
 
   void barrier() {
-    const detail::mpi_wait_context ctx{"barrier", rank_, timeout_};
+    const recorded scope(*this, "barrier");
+    const detail::mpi_wait_context ctx{"barrier", rank_, timeout_, progress_.get()};
     MPI_Request req = MPI_REQUEST_NULL;
     WEFT_MPI_TRY(MPI_Ibarrier(dup_.get(), &req), ctx.operation, rank_);
     detail::mpi_wait(req, ctx, "have every rank enter the barrier");
@@ -271,7 +291,8 @@ public:
   /// communicator's cluster: its rank r sits on the same device as before.
   communicator split(int color, int key) {
     WEFT_EXPECTS(color >= 0, "mpi::communicator::split: color must be >= 0");
-    const detail::mpi_wait_context ctx{"split", rank_, timeout_};
+    const recorded scope(*this, "split");
+    const detail::mpi_wait_context ctx{"split", rank_, timeout_, progress_.get()};
     // Gathering first, with a deadline, means MPI_Comm_split below (which has none) starts
     // only when every rank has arrived; the table also gives the children's placement.
     constexpr int fields = 4;
@@ -298,8 +319,10 @@ public:
     WEFT_MPI_TRY(MPI_Comm_split(dup_.get(), color, key, &child), ctx.operation, rank_);
     detail::mpi_comm_handle owned(child, true);
     WEFT_MPI_TRY(MPI_Comm_set_errhandler(child, MPI_ERRORS_RETURN), ctx.operation, rank_);
-    return communicator(std::move(owned), new_rank, std::move(devices), std::move(world_ranks),
-                        cluster_, emulated_, timeout_);
+    communicator c(std::move(owned), new_rank, std::move(devices), std::move(world_ranks), cluster_, emulated_,
+                   timeout_);
+    c.check_calls_ = check_calls_;
+    return c;
   }
 
   /// Runs one rank's plan over its buffers. `in`/`out` hold in_count/out_count elements
@@ -331,7 +354,8 @@ public:
       }
       return bufs[i] + off;
     };
-    const detail::mpi_wait_context ctx{operation, rank_, timeout_};
+    const recorded scope(*this, operation, pl.steps().size());
+    const detail::mpi_wait_context ctx{operation, rank_, timeout_, progress_.get()};
     const MPI_Datatype type = detail::mpi_datatype<T>();
     constexpr std::string_view type_name = dtype_traits<T>::name;
     constexpr std::size_t piece = message_bytes / sizeof(T) > 0 ? message_bytes / sizeof(T) : 1;
@@ -346,12 +370,14 @@ public:
       for (std::size_t k = i; k < end; ++k) {
         const step& s = steps[k];
         if (s.kind != step_kind::send) continue;
+        progress_->at_step(round, k, s.kind);
         check_peer(s.peer, operation);
         post_sends(range(s.src, s.src_offset, s.count), s.count, s.peer, plan_tag_, piece, sends_,
                    operation);
       }
       for (std::size_t k = i; k < end; ++k) {
         const step& s = steps[k];
+        if (s.kind != step_kind::send) progress_->at_step(round, k, s.kind);
         switch (s.kind) {
           case step_kind::send: break;
           case step_kind::recv:
@@ -388,6 +414,25 @@ public:
 
 private:
   friend void broadcast_bytes(communicator& comm, std::span<std::byte> data, int root);
+
+  // Records an operation in the progress counters while it runs; one that ends by an
+  // exception stays recorded (progress() then shows where it failed).
+  class recorded {
+  public:
+    recorded(communicator& c, std::string_view operation, std::size_t steps = 0)
+        : c_(c), uncaught_(std::uncaught_exceptions()) {
+      c.progress_->begin(operation, ++c.seq_, 0, c.rank_, c.size_, steps);
+    }
+    recorded(const recorded&) = delete;
+    recorded& operator=(const recorded&) = delete;
+    ~recorded() {
+      if (std::uncaught_exceptions() == uncaught_) c_.progress_->done();
+    }
+
+  private:
+    communicator& c_;
+    int uncaught_;
+  };
 
   // Whatever is still in flight when a call ends is abandoned: nothing, unless it ends by
   // an exception, and then MPI must not go on writing into the caller's buffers.
@@ -651,6 +696,9 @@ private:
   std::shared_ptr<const topology::cluster> cluster_;
   bool emulated_ = false;
   std::chrono::milliseconds timeout_;
+  bool check_calls_ = false;
+  std::uint64_t seq_ = 0;
+  std::unique_ptr<detail::progress_record> progress_ = std::make_unique<detail::progress_record>();
   detail::scratch_buffer scratch_;
   detail::scratch_buffer staging_;
   // post()'s messages in flight, oldest first, each with its own copy of the data.

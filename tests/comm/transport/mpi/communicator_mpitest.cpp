@@ -378,6 +378,40 @@ TEST(mpi_communicator, check_calls_finds_ranks_that_disagree) {
       false); // still usable
 }
 
+TEST(mpi_communicator, a_timeout_names_the_sequence_number_and_plan_step) {
+  auto c = mpi::world({.timeout = 1000ms, .topology = {}});
+  std::vector<float> v(1000, 1.0f);
+  all_reduce<algo::ring>(c, std::span(v));  // #1, with everyone
+  c.barrier();                              // #2
+  EXPECT_EQ(c.sequence(), 2u);
+  EXPECT_FALSE(c.progress().in_operation());
+  std::string msg;
+  if (c.rank() != 1) {  // rank 1 does not join #3
+    msg = failure_of([&] { all_reduce<algo::ring>(c, std::span(v)); });
+    EXPECT_TRUE(contains(msg, "timed out after 1000 ms"));
+    // The ring's plan: a round and a step of it, on this rank's third operation.
+    EXPECT_TRUE(contains(msg, " in all_reduce #3 round "));
+    EXPECT_TRUE(contains(msg, " step "));
+    const auto p = c.progress();  // left where it failed
+    EXPECT_EQ(p.operation, "all_reduce");
+    EXPECT_EQ(p.sequence, 3u);
+    EXPECT_GT(p.steps, 0u);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST(mpi_communicator, set_check_calls_checks_this_communicator_only) {
+  auto& world = test::mpi_world();
+  auto c = world.split(0, world.rank());
+  c.set_check_calls(true);
+  EXPECT_TRUE(c.split(0, c.rank()).check_calls()) << "a split inherits the check";
+  std::vector<int> v(c.rank() == 1 ? 50 : 100, 1);
+  const auto msg = failure_of([&] { all_reduce<algo::ring>(c, std::span(v)); });
+  EXPECT_TRUE(contains(msg, "no data moved"));
+  EXPECT_TRUE(contains(msg, "rank 1 differs from rank 0 in count: it called all_reduce<ring> of 50 x int32"));
+  for (int x : v) EXPECT_EQ(x, 1) << "data moved";
+}
+
 TEST(mpi_environment, reports_mpi_already_initialized) {
   const mpi::environment env; // main() made the one that owns MPI
   EXPECT_FALSE(env.owns());

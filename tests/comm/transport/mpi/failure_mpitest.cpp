@@ -9,11 +9,15 @@
 //                            passes and they print a weft::error naming the peer, then abort
 //   failure_mpitest unwind   rank 1's exception leaves the environment's scope uncaught;
 //                            its destructor calls MPI_Abort, and the launcher ends the job
+//   failure_mpitest die      rank 1's process dies inside the second all_reduce (_Exit, no
+//                            MPI_Finalize, as a crash or the OOM killer would end it): the
+//                            launcher or the others' 2 s deadline ends the job, never a hang
 #include <weft/comm/transport/mpi.hpp>
 #include <weft/weft.hpp>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <span>
 #include <string>
@@ -45,8 +49,12 @@ void steps(weft::mpi::communicator& world, const std::string& mode) {
       std::this_thread::sleep_for(60s); // never joins; the job is over long before this ends
       continue;
     }
+    if (mode == "die" && culprit) {
+      std::fflush(nullptr);
+      std::_Exit(7);
+    }
     weft::all_reduce<weft::algo::ring>(world, std::span(grad),
-                                       failing_sum{world.rank(), mode != "stall" && culprit});
+                                       failing_sum{world.rank(), (mode == "throw" || mode == "unwind") && culprit});
   }
 }
 
@@ -54,8 +62,8 @@ void steps(weft::mpi::communicator& world, const std::string& mode) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode != "throw" && mode != "stall" && mode != "unwind") {
-    std::fprintf(stderr, "usage: failure_mpitest throw|stall|unwind\n");
+  if (mode != "throw" && mode != "stall" && mode != "unwind" && mode != "die") {
+    std::fprintf(stderr, "usage: failure_mpitest throw|stall|unwind|die\n");
     return 2;
   }
   if (mode == "unwind") {

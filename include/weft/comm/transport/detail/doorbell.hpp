@@ -5,6 +5,7 @@
 // doorbell after the change. All ordering is carried by the atomics; the futex only sleeps.
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cstdint>
 #include <thread>
 
@@ -39,7 +40,9 @@ public:
     bell_.fetch_add(1, std::memory_order_seq_cst);
     if (sleeping_.load(std::memory_order_seq_cst) != 0) {
 #if defined(__linux__)
-      syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&bell_), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+      // Every sleeper: a rank may have two threads waiting here (its own and the progress
+      // thread of an async communicator), and waking only one could leave the other a slice.
+      syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&bell_), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
 #endif
     }
   }

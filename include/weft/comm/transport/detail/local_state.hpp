@@ -4,8 +4,9 @@
 // single-consumer ring of descriptors; a plan's message points at the sender's own buffer
 // (single copy: the receiver copies or reduces straight from it), and the sender's round
 // waits until the receiver has consumed it.
-#include <weft/comm/transport/detail/doorbell.hpp>
 #include <weft/comm/plan.hpp>
+#include <weft/comm/progress.hpp>
+#include <weft/comm/transport/detail/doorbell.hpp>
 #include <weft/comm/transport/detail/link_pacer.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/types.hpp>
@@ -22,7 +23,20 @@
 
 namespace weft::detail {
 
-enum class rank_status : int { running = 0, finished = 1, failed = 2 };
+// left: a rank of the world that a shrink() did not take into the new one.
+struct local_group;
+
+enum class rank_status : int { running = 0, finished = 1, failed = 2, left = 3 };
+
+inline const char* name_of(rank_status s) noexcept {
+  switch (s) {
+    case rank_status::running: return "running";
+    case rank_status::finished: return "finished";
+    case rank_status::failed: return "failed";
+    case rank_status::left: return "left";
+  }
+  return "?";
+}
 
 struct local_world {
   explicit local_world(topology::cluster c, bool emulate_links = false)
@@ -44,6 +58,7 @@ struct local_world {
   void finish(int world_rank) {
     status[static_cast<std::size_t>(world_rank)].store(static_cast<int>(rank_status::finished), std::memory_order_release);
     ring_all();
+    for (auto& w : successors_of(world_rank)) w->finish(world_rank);
   }
   /// Records a rank's failure; the first one recorded is what local::run rethrows.
   void fail(int world_rank, const std::string& what) {
@@ -57,10 +72,51 @@ struct local_world {
     status[static_cast<std::size_t>(world_rank)].store(static_cast<int>(rank_status::failed), std::memory_order_release);
     failed.store(true, std::memory_order_release);
     ring_all();
+    for (auto& w : successors_of(world_rank)) w->fail(world_rank, what);
+  }
+  /// A world that shrink() made from this one: a rank's end (local::run's thread returning or
+  /// throwing) is recorded here and passed on to every successor it is a member of, so its
+  /// peers there learn of it at once too.
+  void add_successor(std::shared_ptr<local_world> w) {
+    std::lock_guard lock(mutex);
+    successors.push_back(std::move(w));
+  }
+  std::vector<std::shared_ptr<local_world>> successors_of(int world_rank) {
+    std::lock_guard lock(mutex);
+    std::vector<std::shared_ptr<local_world>> v;
+    for (const auto& w : successors) {
+      if (w->status_of(world_rank) != rank_status::left) v.push_back(w);
+    }
+    return v;
+  }
+  /// Fails every pending and later operation of this world without failing a rank (the
+  /// watchdog, or communicator::abort): the first reason recorded is what the others report.
+  void abort(int world_rank, const std::string& why) {
+    {
+      std::lock_guard lock(mutex);
+      if (abort_reason.empty() && first_failed < 0) abort_reason = "rank " + std::to_string(world_rank) + " aborted: " + why;
+    }
+    failed.store(true, std::memory_order_release);
+    ring_all();
   }
   std::string failure() {
     std::lock_guard lock(mutex);
+    if (first_failed < 0) return abort_reason;
     return "rank " + std::to_string(first_failed) + " failed: " + first_error;
+  }
+  /// The communicators of this world still in use (for the dumps).
+  void add_group(const std::shared_ptr<local_group>& g) {
+    std::lock_guard lock(mutex);
+    std::erase_if(groups, [](const std::weak_ptr<local_group>& w) { return w.expired(); });
+    groups.push_back(g);
+  }
+  std::vector<std::shared_ptr<local_group>> live_groups() {
+    std::lock_guard lock(mutex);
+    std::vector<std::shared_ptr<local_group>> v;
+    for (const auto& w : groups) {
+      if (auto g = w.lock()) v.push_back(std::move(g));
+    }
+    return v;
   }
 
   topology::cluster cluster;
@@ -73,6 +129,10 @@ struct local_world {
   std::mutex mutex;
   int first_failed = -1;
   std::string first_error;
+  std::string abort_reason;
+  std::vector<std::shared_ptr<local_world>> successors;  // worlds shrink() made from this one
+  std::vector<std::weak_ptr<local_group>> groups;        // its communicators
+  std::atomic<int> communicators{0};  // numbers the groups, for the dumps
 };
 
 enum class slot_state : std::uint32_t { posted = 1, reading = 2, consumed = 3, retracted = 4 };
@@ -100,10 +160,12 @@ struct local_group {
       : world(std::move(w)),
         size(static_cast<int>(members.size())),
         world_rank(std::move(members)),
+        id(world->communicators.fetch_add(1, std::memory_order_relaxed)),
         channels(std::make_unique<channel[]>(static_cast<std::size_t>(size) * static_cast<std::size_t>(size))),
         sync_counts(std::make_unique<std::atomic<std::uint64_t>[]>(static_cast<std::size_t>(size) *
                                                                      static_cast<std::size_t>(size))),
         slots(static_cast<std::size_t>(size)),
+        progress(std::make_unique<progress_record[]>(static_cast<std::size_t>(size))),
         staging_area(std::make_unique<staging_block[]>(static_cast<std::size_t>(size) * 2)) {
     for (std::size_t i = 0; i < static_cast<std::size_t>(size) * static_cast<std::size_t>(size); ++i) {
       sync_counts[i].store(0);
@@ -131,9 +193,18 @@ struct local_group {
   std::shared_ptr<local_world> world;
   int size;
   std::vector<int> world_rank;
+  int id;  // this communicator's number in its world
   std::unique_ptr<channel[]> channels;
   std::unique_ptr<std::atomic<std::uint64_t>[]> sync_counts;
   std::vector<exchange> slots;
+  std::unique_ptr<progress_record[]> progress;  // per rank of the group, written by that rank
+
+  /// Makes a group and registers it with its world, where the dumps find it.
+  static std::shared_ptr<local_group> make(std::shared_ptr<local_world> w, std::vector<int> members) {
+    auto g = std::make_shared<local_group>(std::move(w), std::move(members));
+    g->world->add_group(g);
+    return g;
+  }
 
   /// Rank r's staging area of parity 0 or 1 (plan::stage): owned by the group, so that a peer
   /// still reading it never reads freed memory, whatever the owner does meanwhile.
@@ -144,6 +215,107 @@ struct local_group {
     return staging_area[static_cast<std::size_t>(r) * 2 + static_cast<std::size_t>(parity & 1)].bytes;
   }
   std::unique_ptr<staging_block[]> staging_area;
+
+  /// communicator::shrink's rendezvous: who joined, and once closed, the new group.
+  struct shrink_state {
+    std::mutex mutex;
+    std::vector<char> joined;
+    bool closed = false;
+    std::vector<int> survivors;  // ranks of this group, in order
+    std::shared_ptr<local_group> result;
+  };
+  shrink_state shrinking;
 };
+
+/// The flight recorder: every operation in progress in the world, one line each (a rank may
+/// have one per communicator, e.g. its progress thread's), and one line for each rank in
+/// none, with the last operations it finished. Sorted by world rank.
+inline std::vector<rank_progress> world_progress(local_world& world) {
+  const auto groups = world.live_groups();
+  std::vector<rank_progress> out;
+  for (int w = 0; w < world.size; ++w) {
+    const std::string status = name_of(world.status_of(w));
+    std::size_t lines = 0;
+    const progress_record* latest = nullptr;
+    for (const auto& g : groups) {
+      for (int r = 0; r < g->size; ++r) {
+        if (g->world_rank[static_cast<std::size_t>(r)] != w) continue;
+        const progress_record& rec = g->progress[static_cast<std::size_t>(r)];
+        if (rec.active()) {
+          auto p = rec.snapshot(w, status, &g->world_rank);
+          if (p.in_operation()) {
+            out.push_back(std::move(p));
+            ++lines;
+          }
+        } else if (latest == nullptr || rec.last_done() > latest->last_done()) {
+          latest = &rec;
+        }
+      }
+    }
+    if (lines == 0) {
+      rank_progress p = latest != nullptr ? latest->snapshot(w, status) : rank_progress{};
+      p.rank = w;
+      p.status = status;
+      p.operation.clear();
+      out.push_back(std::move(p));
+    }
+  }
+  return out;
+}
+
+/// The watchdog's verdict: starting from rank `peer` of group `g`, which a rank has waited on
+/// past its deadline, follows "waits on" (within a communicator, and to a rank's operation on
+/// another communicator when it is not in this one's) to the rank holding everyone up.
+inline std::string find_culprit(const std::shared_ptr<local_group>& start, int peer) {
+  local_world& world = *start->world;
+  const auto groups = world.live_groups();
+  std::vector<std::pair<int, int>> seen;  // (communicator, rank) visited
+  const local_group* g = start.get();
+  int r = peer;
+  std::string said;
+  for (;;) {
+    const int w = g->world_rank[static_cast<std::size_t>(r)];
+    for (std::size_t i = 0; i < seen.size(); ++i) {
+      if (seen[i] == std::pair{g->id, r}) {
+        return said + "ranks wait on each other in a cycle (they are in different calls, or in different orders; "
+                      "run with WEFT_CHECK_CALLS=1 to find the call)";
+      }
+    }
+    seen.emplace_back(g->id, r);
+    const rank_status st = world.status_of(w);
+    if (st != rank_status::running) {
+      return said + "rank " + std::to_string(w) + " " + name_of(st) + " and will not arrive";
+    }
+    rank_progress p = g->progress[static_cast<std::size_t>(r)].snapshot(w, "running", &g->world_rank);
+    if (!p.in_operation()) {  // not in this communicator's call: in another's?
+      const local_group* other = nullptr;
+      int other_rank = -1;
+      for (const auto& h : groups) {
+        for (int q = 0; q < h->size && other == nullptr; ++q) {
+          if (h.get() != g && h->world_rank[static_cast<std::size_t>(q)] == w &&
+              h->progress[static_cast<std::size_t>(q)].active()) {
+            other = h.get();
+            other_rank = q;
+          }
+        }
+      }
+      if (other == nullptr) {
+        return said + "rank " + std::to_string(w) + " is outside any weft operation: it has not made the call" +
+               (p.history.empty() ? std::string() : " (its last was " + p.history.back() + ")");
+      }
+      p = other->progress[static_cast<std::size_t>(other_rank)].snapshot(w, "running", &other->world_rank);
+      said += "rank " + std::to_string(w) + " has not made the call on comm " + std::to_string(g->id) +
+              ": it is in " + p.position() + " on comm " + std::to_string(other->id) + "; ";
+      g = other;
+      r = other_rank;
+      if (!p.in_operation()) continue;
+    }
+    if (p.waiting_on_comm_rank < 0) {
+      return said + "rank " + std::to_string(w) + " is stalled inside " + p.position() + " for " +
+             std::to_string(static_cast<long long>(p.busy_ms)) + " ms, waiting on no rank (its own code or reduction)";
+    }
+    r = p.waiting_on_comm_rank;
+  }
+}
 
 } // namespace weft::detail

@@ -7,6 +7,7 @@
 // the peer it was waiting for.
 #include <weft/comm/transport/detail/mpi_comm_handle.hpp>
 #include <weft/comm/transport/detail/mpi_error.hpp>
+#include <weft/comm/progress.hpp>
 #include <weft/core/error.hpp>
 
 #include <mpi.h>
@@ -26,6 +27,9 @@ struct mpi_wait_context {
   std::string_view operation;
   int rank = error::unknown;
   std::chrono::milliseconds timeout{};
+  // The rank's progress counters (operation, sequence number, plan step), for the message of
+  // a timeout; null outside a recorded operation.
+  const progress_record* progress = nullptr;
 };
 
 /// Polls done() until it returns true (then true) or the deadline passes (then false).
@@ -51,10 +55,15 @@ bool mpi_poll(Done&& done, std::chrono::milliseconds timeout) {
 }
 
 [[noreturn]] inline void mpi_timeout(const mpi_wait_context& ctx, int peer, std::string_view what) {
+  std::string where;
+  if (ctx.progress != nullptr && ctx.progress->active()) {
+    where = " in " + ctx.progress->snapshot(ctx.rank, "running").position();
+  }
   throw error(ctx.operation, ctx.rank, peer,
               "timed out after " + std::to_string(ctx.timeout.count()) + " ms waiting to " +
-                  std::string(what) +
-                  " (is every rank alive and making the same calls in the same order?)");
+                  std::string(what) + where +
+                  " (is every rank alive and making the same calls in the same order? The peer's "
+                  "own error, if it has one, names its position)");
 }
 
 /// Waits for one request that has no peer of its own (a collective: barrier, broadcast,
