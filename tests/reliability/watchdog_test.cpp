@@ -125,7 +125,11 @@ TEST(watchdog, a_rank_in_another_communicators_call_is_followed_there) {
                                 [&](weft::local::communicator& c) {
                                   c.set_timeout(300ms);
                                   auto sub = c.split(0, c.rank());  // comm 1; split is #1 on comm 0
-                                  sub.set_timeout(300ms);
+                                  // Rank 2's barrier waits longer than comm 0's deadline, so that
+                                  // comm 0's watchdog is the one to fire and follow rank 2 into comm
+                                  // 1 (with equal deadlines, rank 2's own timeout could fire first:
+                                  // seen under TSan, where rank 2 was then reported as failed).
+                                  sub.set_timeout(5000ms);
                                   try {
                                     if (c.rank() == 2) {
                                       sub.barrier();  // the others are in comm 0's all_reduce
