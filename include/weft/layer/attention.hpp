@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace weft::layer {
@@ -138,6 +139,28 @@ public:
     qkv_out_ = {};
     ctx_ = {};
     probs_ = {};
+  }
+
+  /// What backward needs from forward, moved out and back (see linear.hpp).
+  struct activations {
+    typename qkv_layer::activations qkv;
+    typename out_layer::activations out;
+    matrix<T> qkv_out, ctx, probs;
+    std::size_t batch = 0;
+    bool kept_probs = true;
+  };
+  [[nodiscard]] activations stash() {
+    return {qkv_.stash(),           out_.stash(), std::exchange(qkv_out_, {}), std::exchange(ctx_, {}),
+            std::exchange(probs_, {}), batch_,    kept_probs_};
+  }
+  void restore(activations a) {
+    qkv_.restore(std::move(a.qkv));
+    out_.restore(std::move(a.out));
+    qkv_out_ = std::move(a.qkv_out);
+    ctx_ = std::move(a.ctx);
+    probs_ = std::move(a.probs);
+    batch_ = a.batch;
+    kept_probs_ = a.kept_probs;
   }
 
 private:

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace weft::layer {
@@ -102,6 +103,26 @@ public:
   [[nodiscard]] std::size_t saved_bytes() const noexcept {
     return (input_.size() + a_.size() + h_.size()) * sizeof(T) + ln1_.saved_bytes() + attn_.saved_bytes() +
            ln2_.saved_bytes() + mlp_.saved_bytes();
+  }
+
+  /// What backward needs from forward, moved out and back (see linear.hpp): a pipeline stage
+  /// keeps one per microbatch in flight, so the recompute policy holds per microbatch too.
+  struct activations {
+    typename layer_norm<T, SP>::activations ln1;
+    typename parallel_attention<T, Comm, Gemm, SP>::activations attn;
+    typename layer_norm<T, SP>::activations ln2;
+    typename parallel_mlp<T, Comm, Gemm, SP>::activations mlp;
+    matrix<T> input;
+  };
+  [[nodiscard]] activations stash() {
+    return {ln1_.stash(), attn_.stash(), ln2_.stash(), mlp_.stash(), std::exchange(input_, {})};
+  }
+  void restore(activations a) {
+    ln1_.restore(std::move(a.ln1));
+    attn_.restore(std::move(a.attn));
+    ln2_.restore(std::move(a.ln2));
+    mlp_.restore(std::move(a.mlp));
+    input_ = std::move(a.input);
   }
 
   parallel_attention<T, Comm, Gemm, SP>& attention() noexcept { return attn_; }

@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace weft::layer {
@@ -83,6 +84,17 @@ public:
     return {{"weight", w_.view(), dw_.view(), false, false, range_.begin, 0, vocab_, hidden_}};
   }
   void zero_grad() { dw_.fill(T{}); }
+
+  /// What backward needs from forward (the ids), moved out and back (see linear.hpp).
+  struct activations {
+    std::vector<std::int32_t> ids;
+    bool forwarded = false;
+  };
+  [[nodiscard]] activations stash() { return {std::exchange(ids_, {}), std::exchange(forwarded_, false)}; }
+  void restore(activations a) {
+    ids_ = std::move(a.ids);
+    forwarded_ = a.forwarded;
+  }
 
   /// This rank's rows of the table: vocab_range().size() x hidden.
   [[nodiscard]] matrix_view<T> weight() noexcept { return w_.view(); }

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace weft::layer {
@@ -105,6 +106,21 @@ public:
     xhat_ = {};
     rstd_ = {};
     forwarded_ = false;
+  }
+
+  /// What backward needs from forward, moved out and back (see linear.hpp).
+  struct activations {
+    matrix<double> xhat;
+    std::vector<double> rstd;
+    bool forwarded = false;
+  };
+  [[nodiscard]] activations stash() {
+    return {std::exchange(xhat_, {}), std::exchange(rstd_, {}), std::exchange(forwarded_, false)};
+  }
+  void restore(activations a) {
+    xhat_ = std::move(a.xhat);
+    rstd_ = std::move(a.rstd);
+    forwarded_ = a.forwarded;
   }
 
   [[nodiscard]] matrix_view<T> gamma() noexcept { return gamma_.view(); }

@@ -35,6 +35,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace weft::layer {
@@ -241,6 +242,20 @@ public:
     forwarded_ = false;
   }
 
+  /// What backward needs from forward, moved out (the layer is left as after release()) and
+  /// back: a pipeline keeps one per microbatch in flight.
+  struct activations {
+    matrix<T> x;
+    bool forwarded = false;
+  };
+  [[nodiscard]] activations stash() {
+    return {std::exchange(x_, {}), std::exchange(forwarded_, false)};
+  }
+  void restore(activations a) {
+    x_ = std::move(a.x);
+    forwarded_ = a.forwarded;
+  }
+
   /// This rank's shard: weight out_local x in, bias 1 x out_local (empty without bias).
   [[nodiscard]] matrix_view<T> weight() noexcept { return w_.view(); }
   [[nodiscard]] matrix_view<T> bias() noexcept { return b_.view(); }
@@ -346,6 +361,20 @@ public:
   void release() {
     x_ = {};
     forwarded_ = false;
+  }
+
+  /// What backward needs from forward, moved out (the layer is left as after release()) and
+  /// back: a pipeline keeps one per microbatch in flight.
+  struct activations {
+    matrix<T> x;
+    bool forwarded = false;
+  };
+  [[nodiscard]] activations stash() {
+    return {std::exchange(x_, {}), std::exchange(forwarded_, false)};
+  }
+  void restore(activations a) {
+    x_ = std::move(a.x);
+    forwarded_ = a.forwarded;
   }
 
   /// This rank's shard: weight out x in_local, bias 1 x out (replicated; empty without bias).

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace weft::layer {
@@ -74,6 +75,19 @@ public:
     h_ = {};
     a_ = {};
     da_ = {};
+  }
+
+  /// What backward needs from forward, moved out and back (see linear.hpp).
+  struct activations {
+    typename column_type::activations fc1;
+    typename row_type::activations fc2;
+    matrix<T> h;
+  };
+  [[nodiscard]] activations stash() { return {fc1_.stash(), fc2_.stash(), std::exchange(h_, {})}; }
+  void restore(activations a) {
+    fc1_.restore(std::move(a.fc1));
+    fc2_.restore(std::move(a.fc2));
+    h_ = std::move(a.h);
   }
 
   [[nodiscard]] column_type& fc1() noexcept { return fc1_; }

@@ -1,0 +1,483 @@
+#pragma once
+// weft::strategy<Mesh, Schedule, Sharding, Recompute, SequenceParallel>: the whole 3D composition.
+// A GPT-style model (vocab-parallel embedding, transformer blocks, final LayerNorm, LM head,
+// vocab-parallel cross entropy; weft/layer/gpt.hpp's model, the same parameters from the same
+// seed) trained over a TP x PP x DP mesh:
+//
+//   using S = weft::strategy<weft::mesh<weft::tp<2>, weft::pp<2>, weft::dp<2>>, weft::pipeline::interleaved<2>,
+//                            weft::optim::zero<1>, weft::layer::recompute::selective>;
+//   weft::local::run(S::size, [&](weft::local::communicator& world) {
+//     auto trainer = S::make(world, {.model = {.vocab = 1000, .hidden = 256, .heads = 8, .seq = 64, .layers = 4},
+//                                    .micro_batch = 2, .global_batch = 16}, weft::optim::adamw{.lr = 1e-3f});
+//     double loss = trainer->train_step(ids, targets);   // the global batch, the same on every rank
+//   });
+//
+// What it wires, per rank (make_comms<Mesh> gives the tp, pp and dp communicators):
+//   tp  the layers (weft/layer/): every block, the embedding, the head and the loss split over it
+//   pp  a pipeline::executor<Schedule> over the virtual stages: V * pp of them (V = the
+//       schedule's chunks), virtual stage v = chunk * pp + rank as in Megatron's interleaving.
+//       Stage 0 holds the embedding, the last the final norm, the head and the loss; the blocks
+//       split evenly, or as config::layout says (blocks per virtual stage, or a layout string,
+//       pipeline_layout::parse). Each microbatch in flight keeps its own activations (the
+//       layers' stash()/restore()), so the recompute policy holds per microbatch.
+//   dp  an optim::data_parallel<Sharding> over this rank's parameters (its TP slice of its
+//       stages' layers): each DP rank takes global_batch / dp samples of the batch in
+//       global_batch / (dp * micro_batch) microbatches; the gradients are summed over the
+//       microbatches and the DP group and scaled to the mean over the global batch.
+// With tied embeddings the last stage keeps a copy of the embedding table as the head's weight
+// (initialised the same) and the two gradients are summed between the first and the last
+// pipeline stage before the optimizer, so the copies stay equal (Megatron's embedding group).
+//
+// The loss train_step returns is the mean token loss over the global batch, on every rank.
+// Under zero<3> the optimizer holds the parameters sharded and the layers a working copy, which
+// it refreshes after each step (the memory saving of zero<3> is the optimizer's, not the layers').
+//
+// Compile-time errors name what to change (a mesh that is no weft::mesh or has context/expert
+// axes, zero_bubble_h1 whose split backward the layers do not provide, sequence parallelism
+// without tensor parallelism, V > 1 chunks on one pipeline stage); run-time errors (weft::error)
+// name the bad value: a world that does not match the mesh, layers that do not split as asked,
+// heads or vocabulary against the TP size, batches that do not divide, a TP group across nodes.
+#include <weft/comm/all_reduce.hpp>
+#include <weft/comm/communicator.hpp>
+#include <weft/core/error.hpp>
+#include <weft/layer/block.hpp>
+#include <weft/layer/cblas.hpp>
+#include <weft/layer/cross_entropy.hpp>
+#include <weft/layer/embedding.hpp>
+#include <weft/layer/gpt.hpp>
+#include <weft/layer/layer_norm.hpp>
+#include <weft/layer/linear.hpp>
+#include <weft/layer/matrix.hpp>
+#include <weft/layer/parameter.hpp>
+#include <weft/layer/policy.hpp>
+#include <weft/layer/recompute.hpp>
+#include <weft/mesh/make_comms.hpp>
+#include <weft/mesh/mesh.hpp>
+#include <weft/optim/data_parallel.hpp>
+#include <weft/optim/optimizers.hpp>
+#include <weft/optim/param_set.hpp>
+#include <weft/optim/sharding.hpp>
+#include <weft/pipeline/executor.hpp>
+#include <weft/pipeline/generators.hpp>
+#include <weft/pipeline/layout.hpp>
+#include <weft/topology/topology.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace weft {
+
+/// What the strategy trains and how the batch is cut.
+struct strategy_config {
+  layer::gpt_shape model = {};
+  std::size_t micro_batch = 1;   // sequences per microbatch
+  std::size_t global_batch = 0;  // sequences per step, over all DP ranks
+  std::uint64_t seed = 1;        // the model's initialisation (layer/init.hpp)
+  /// Blocks per virtual stage (V * pp entries); empty: an even split (layers % (V * pp) == 0).
+  std::vector<int> layout = {};
+  bool tie_embeddings = false;
+  /// The cluster, for make_comms's placement check (a TP group must stay inside a node).
+  std::optional<topology::cluster> cluster = std::nullopt;
+  optim::data_parallel_options optimizer = {};
+};
+
+namespace detail {
+
+template <class Mesh, axis A>
+constexpr int static_extent() {
+  for (const auto& e : Mesh::spec) {
+    if (e.kind == A) return e.extent;
+  }
+  return 1;
+}
+
+template <class Mesh>
+constexpr bool mesh_has_only_tp_pp_dp() {
+  for (const auto& e : Mesh::spec) {
+    if (e.kind != axis::tp && e.kind != axis::pp && e.kind != axis::dp) return false;
+  }
+  return true;
+}
+
+template <class S>
+constexpr int schedule_chunks() {
+  if constexpr (requires { S::chunks; }) {
+    return S::chunks;
+  } else {
+    return 1;
+  }
+}
+
+} // namespace detail
+
+template <class Mesh, class Schedule, class Sharding, class Recompute,
+          class SequenceParallel = layer::no_sequence_parallel>
+struct strategy {
+  static_assert(detail::is_mesh_v<Mesh>,
+                "weft::strategy<Mesh, ...>: Mesh must be a weft::mesh<...> of tp, pp and dp axes, "
+                "e.g. weft::mesh<weft::tp<2>, weft::pp<2>, weft::dp<2>>");
+  static_assert(detail::mesh_has_only_tp_pp_dp<Mesh>(),
+                "weft::strategy: the mesh may have only tp, pp and dp axes; context (cp) and expert (ep) "
+                "parallelism are not part of the strategy: drop those axes");
+  static_assert(pipeline::schedule_policy<Schedule>,
+                "weft::strategy<Mesh, Schedule, ...>: Schedule must be a pipeline schedule policy: "
+                "weft::pipeline::gpipe, one_f_one_b or interleaved<V>");
+  static_assert(!Schedule::split_backward,
+                "weft::strategy: the schedule splits the backward into input and weight gradients "
+                "(zero_bubble_h1), which weft's layers compute together: use weft::pipeline::gpipe, "
+                "one_f_one_b or interleaved<V>");
+  static_assert(optim::sharding_policy<Sharding>,
+                "weft::strategy<Mesh, Schedule, Sharding, ...>: Sharding must be weft::optim::zero<0..3> or "
+                "weft::optim::hybrid<zero<k>, zero<0>>");
+  static_assert(layer::recompute::policy<Recompute>,
+                "weft::strategy<..., Recompute>: Recompute must be weft::layer::recompute::none, selective or full");
+  static_assert(layer::sequence_policy<SequenceParallel>,
+                "weft::strategy<..., SequenceParallel>: must be weft::layer::no_sequence_parallel or "
+                "weft::layer::sequence_parallel");
+
+  static constexpr int tp_size = detail::static_extent<Mesh, axis::tp>();
+  static constexpr int pp_size = detail::static_extent<Mesh, axis::pp>();
+  static constexpr int dp_size = detail::static_extent<Mesh, axis::dp>();
+  static constexpr int chunks = detail::schedule_chunks<Schedule>();
+
+  static_assert(!SequenceParallel::enabled || tp_size != 1,
+                "weft::strategy: sequence parallelism splits the tokens over the tensor-parallel group, "
+                "and this mesh has tp<1>: use weft::layer::no_sequence_parallel or a tp axis of 2 or more");
+  static_assert(chunks == 1 || pp_size != 1,
+                "weft::strategy: an interleaved schedule with V > 1 chunks needs a pipeline of 2 or more "
+                "stages; with pp<1> use weft::pipeline::one_f_one_b (or interleaved<1>)");
+
+  /// The mesh's ranks (0 when an axis is weft::dynamic).
+  static constexpr int size = Mesh::size;
+
+  template <class Rule, communicator Comm>
+  class trainer;
+
+  /// Collective over `world`: splits it by the mesh and builds this rank's part of the model
+  /// and its optimizer (see the header comment).
+  template <class Rule = optim::adamw, communicator Comm>
+  static std::unique_ptr<trainer<Rule, Comm>> make(Comm& world, strategy_config config, Rule rule = {}) {
+    return std::make_unique<trainer<Rule, Comm>>(world, std::move(config), rule);
+  }
+};
+
+template <class Mesh, class Schedule, class Sharding, class Recompute, class SP>
+template <class Rule, communicator Comm>
+class strategy<Mesh, Schedule, Sharding, Recompute, SP>::trainer {
+public:
+  using T = float;
+  using block_type = layer::transformer_block<T, Comm, layer::cblas, SP, Recompute>;
+  using embedding_type = layer::vocab_parallel_embedding<T, Comm, SP>;
+  using head_type = layer::column_parallel_linear<T, Comm, layer::cblas, SP>;
+
+  trainer(Comm& world, strategy_config config, Rule rule)
+      : config_(std::move(config)), comms_(split(world, config_)), tp_(comms_.tp()), pp_(comms_.pp()),
+        dp_(comms_.dp()), rank_(world.rank()) {
+    const auto& m = config_.model;
+    const int p = pp_.size();
+    const int dp = dp_.size();
+    const int vstages = p * chunks;
+    const auto fail = [&](const std::string& what) { throw error("strategy", rank_, error::unknown, what); };
+    if (m.seq == 0 || m.hidden == 0 || m.vocab == 0 || m.layers == 0 || m.heads == 0) {
+      fail("the model needs a positive vocab, hidden, heads, seq and layers");
+    }
+    if (config_.micro_batch == 0) fail("micro_batch must be at least 1");
+    const std::size_t per_step = config_.micro_batch * static_cast<std::size_t>(dp);
+    if (config_.global_batch == 0 || config_.global_batch % per_step != 0) {
+      fail("a global batch of " + std::to_string(config_.global_batch) + " sequences does not split into " +
+           std::to_string(dp) + " data-parallel ranks x microbatches of " + std::to_string(config_.micro_batch));
+    }
+    microbatches_ = static_cast<int>(config_.global_batch / per_step);
+    tokens_ = config_.micro_batch * m.seq;
+    if (SP::enabled && tokens_ % static_cast<std::size_t>(tp_.size()) != 0) {
+      fail("sequence parallelism: a microbatch of " + std::to_string(tokens_) + " tokens does not split over " +
+           std::to_string(tp_.size()) + " tensor-parallel ranks");
+    }
+    rows_ = SP::enabled ? tokens_ / static_cast<std::size_t>(tp_.size()) : tokens_;
+    layout_ = config_.layout.empty() ? pipeline::even_layout(static_cast<int>(m.layers), vstages)
+                                     : config_.layout;
+    pipeline::check_layout(layout_, static_cast<int>(m.layers), vstages);
+    first_layer_.assign(layout_.size() + 1, 0);
+    for (std::size_t v = 0; v < layout_.size(); ++v) first_layer_[v + 1] = first_layer_[v] + layout_[v];
+
+    // This rank's layers: the blocks of its virtual stages, the embedding on the first, the rest on the last.
+    const int r = pp_.rank();
+    const block_shape_t shape{m.hidden, m.heads, m.ffn, m.seq};
+    chunks_.resize(chunks);
+    for (int c = 0; c < chunks; ++c) {
+      const auto v = static_cast<std::size_t>(c * p + r);
+      for (int l = first_layer_[v]; l < first_layer_[v + 1]; ++l) {
+        chunks_[static_cast<std::size_t>(c)].emplace_back(std::make_unique<block_type>(
+            tp_, shape, config_.seed, 1 + block_type::tensor_ids * static_cast<std::uint64_t>(l)));
+      }
+    }
+    if (r == 0) embedding_ = std::make_unique<embedding_type>(tp_, m.vocab, m.hidden, config_.seed, 0);
+    if (r == p - 1) {
+      final_norm_ = std::make_unique<layer::layer_norm<T, SP>>(m.hidden);
+      // Tied: the head's weight is initialised as the embedding table (tensor id 0, the same
+      // split of the vocabulary), untied as the gpt model's head.
+      const std::uint64_t head_id = config_.tie_embeddings ? 0 : 1 + block_type::tensor_ids * m.layers;
+      head_ = std::make_unique<head_type>(tp_, m.hidden, m.vocab, config_.seed, head_id,
+                                          typename head_type::options{.bias = false});
+      loss_ = std::make_unique<layer::vocab_parallel_cross_entropy<T, Comm>>(tp_, m.vocab);
+    }
+    if (config_.tie_embeddings && p > 1) {
+      // The embedding group: the first and the last pipeline stage of this TP and DP position.
+      embedding_group_.emplace(pp_.split(r == 0 || r == p - 1 ? 0 : 1, r));
+    }
+
+    params_ = parameters();
+    optim::param_set ps;
+    std::vector<float> initial;
+    for (const auto& q : params_) {
+      ps.add(q.name, {q.value.rows(), q.value.cols()}, q.replicated);
+      for (std::size_t i = 0; i < q.value.rows(); ++i)
+        for (std::size_t j = 0; j < q.value.cols(); ++j) initial.push_back(q.value(i, j));
+    }
+    optimizer_ = optim::make_data_parallel<Sharding>(dp_, ps, rule, config_.optimizer);
+    optimizer_->set_parameters(initial);
+    executor_.emplace(pp_, microbatches_, rows_ * m.hidden);
+  }
+
+  trainer(const trainer&) = delete;
+  trainer& operator=(const trainer&) = delete;
+
+  /// One optimizer step on the global batch: ids and targets of global_batch sequences of seq
+  /// tokens each, the same on every rank. Returns the mean token loss, on every rank.
+  double train_step(std::span<const std::int32_t> ids, std::span<const std::int32_t> targets) {
+    const std::size_t want = config_.global_batch * config_.model.seq;
+    if (ids.size() != want || targets.size() != want) {
+      throw error("strategy", rank_, error::unknown,
+                  "train_step: " + std::to_string(ids.size()) + " ids and " + std::to_string(targets.size()) +
+                      " targets, expected global_batch x seq = " + std::to_string(want) + " of each");
+    }
+    // This DP rank's samples.
+    const std::size_t mine = want / static_cast<std::size_t>(dp_.size());
+    ids_ = ids.subspan(static_cast<std::size_t>(dp_.rank()) * mine, mine);
+    targets_ = targets.subspan(static_cast<std::size_t>(dp_.rank()) * mine, mine);
+    for (auto& q : params_) zero(q.grad);
+    const auto t0 = clock::now();
+    stage st{*this};
+    const std::vector<double> losses = executor_->run(st);
+    const auto t1 = clock::now();
+    finish_gradients();
+    update();
+    const auto t2 = clock::now();
+    pipeline_seconds_ = std::chrono::duration<double>(t1 - t0).count();
+    optimizer_seconds_ = std::chrono::duration<double>(t2 - t1).count();
+    // The mean over every microbatch of every DP rank: the last stage's sums, reduced over pp and dp.
+    double loss[1] = {0.0};
+    for (double l : losses) loss[0] += l;
+    if (pp_.size() > 1) all_reduce(pp_, std::span<double>(loss));
+    if (dp_.size() > 1) all_reduce(dp_, std::span<double>(loss));
+    return loss[0] / static_cast<double>(microbatches_ * dp_.size());
+  }
+
+  [[nodiscard]] int microbatches() const noexcept { return microbatches_; }
+  /// Blocks per virtual stage.
+  [[nodiscard]] const std::vector<int>& layout() const noexcept { return layout_; }
+  [[nodiscard]] const axis_comms<Comm>& comms() const noexcept { return comms_; }
+  [[nodiscard]] axis_comms<Comm>& comms() noexcept { return comms_; }
+  [[nodiscard]] optim::memory_report optimizer_memory() const { return optimizer_->memory(); }
+  [[nodiscard]] const pipeline::schedule& schedule() const noexcept { return executor_->schedule(); }
+  /// Seconds of the last step in the pipeline (forward, backward and their communication) and
+  /// in the gradient reduction and update.
+  [[nodiscard]] double pipeline_seconds() const noexcept { return pipeline_seconds_; }
+  [[nodiscard]] double optimizer_seconds() const noexcept { return optimizer_seconds_; }
+  /// This rank's parameters (its TP slice of its stages' layers), named as in layer::gpt with
+  /// the block's global index.
+  [[nodiscard]] const std::vector<layer::parameter<T>>& parameters_view() const noexcept { return params_; }
+
+private:
+  using clock = std::chrono::steady_clock;
+  using block_shape_t = layer::block_shape;
+
+  static axis_comms<Comm> split(Comm& world, const strategy_config& c) {
+    if constexpr (Mesh::size > 0) {
+      if (world.size() != Mesh::size) {
+        throw error("strategy", world.rank(), error::unknown,
+                    "the mesh has " + std::to_string(Mesh::size) + " ranks but the world has " +
+                        std::to_string(world.size()));
+      }
+    }
+    return c.cluster ? make_comms<Mesh>(world, *c.cluster) : make_comms<Mesh>(world);
+  }
+
+  static void zero(matrix_view<T> g) {
+    for (std::size_t i = 0; i < g.rows(); ++i)
+      for (std::size_t j = 0; j < g.cols(); ++j) g(i, j) = T{};
+  }
+
+  std::vector<layer::parameter<T>> parameters() {
+    std::vector<layer::parameter<T>> ps;
+    const auto add = [&](const std::string& prefix, std::vector<layer::parameter<T>> from) {
+      for (auto& q : from) {
+        q.name = prefix + q.name;
+        ps.push_back(std::move(q));
+      }
+    };
+    if (embedding_) add("embedding.", embedding_->parameters());
+    const int p = pp_.size();
+    for (int c = 0; c < chunks; ++c) {
+      const auto v = static_cast<std::size_t>(c * p + pp_.rank());
+      for (std::size_t k = 0; k < chunks_[static_cast<std::size_t>(c)].size(); ++k) {
+        add("block" + std::to_string(first_layer_[v] + static_cast<int>(k)) + ".",
+            chunks_[static_cast<std::size_t>(c)][k]->parameters());
+      }
+    }
+    if (final_norm_) {
+      add("final_norm.", final_norm_->parameters());
+      add("head.", head_->parameters());
+    }
+    return ps;
+  }
+
+  // After the pipeline: the gradients that need one more reduction before the DP optimizer.
+  void finish_gradients() {
+    if constexpr (SP::enabled) layer::reduce_sequence_parallel_grads(tp_, std::span(params_));
+    if (!config_.tie_embeddings) return;
+    const int p = pp_.size();
+    const int r = pp_.rank();
+    if (p == 1) {  // both copies here: each gets the sum
+      auto e = embedding_->parameters()[0].grad;
+      auto h = head_->parameters()[0].grad;
+      for (std::size_t i = 0; i < e.rows(); ++i)
+        for (std::size_t j = 0; j < e.cols(); ++j) e(i, j) = h(i, j) = e(i, j) + h(i, j);
+    } else if (r == 0 || r == p - 1) {
+      auto g = (r == 0 ? embedding_->parameters() : head_->parameters())[0].grad;
+      std::vector<T> buf(g.size());
+      for (std::size_t i = 0; i < g.rows(); ++i)
+        for (std::size_t j = 0; j < g.cols(); ++j) buf[i * g.cols() + j] = g(i, j);
+      all_reduce(*embedding_group_, std::span(buf));
+      for (std::size_t i = 0; i < g.rows(); ++i)
+        for (std::size_t j = 0; j < g.cols(); ++j) g(i, j) = buf[i * g.cols() + j];
+    }
+  }
+
+  // The layers' gradients into the optimizer (last tensor first, as a backward completes them),
+  // the step, and the new parameters back into the layers.
+  void update() {
+    for (std::size_t k = params_.size(); k-- > 0;) {
+      const auto& q = params_[k];
+      auto g = optimizer_->grad(q.name);
+      std::size_t at = 0;
+      for (std::size_t i = 0; i < q.grad.rows(); ++i)
+        for (std::size_t j = 0; j < q.grad.cols(); ++j) g[at++] = q.grad(i, j);
+      optimizer_->grad_ready(q.name);
+    }
+    optimizer_->step(1.0f / static_cast<float>(microbatches_ * dp_.size()));
+    for (auto& q : params_) {
+      const auto w = optimizer_->param(q.name);
+      std::size_t at = 0;
+      for (std::size_t i = 0; i < q.value.rows(); ++i)
+        for (std::size_t j = 0; j < q.value.cols(); ++j) q.value(i, j) = w[at++];
+      optimizer_->release(q.name);
+    }
+  }
+
+  // The executor's stage functions (pipeline/executor.hpp) over this rank's chunks.
+  struct stage {
+    trainer& t;
+
+    std::vector<T> input(int) { return {}; }  // the first stage reads the token ids itself
+
+    std::vector<T> forward(int i, int chunk, std::span<const T> in) {
+      const auto v = static_cast<std::size_t>(chunk * t.pp_.size() + t.pp_.rank());
+      const std::size_t hidden = t.config_.model.hidden;
+      auto& saved = t.saved_[{i, chunk}];
+      matrix<T> x(t.rows_, hidden), y(t.rows_, hidden);
+      if (v == 0) {
+        t.embedding_->forward(t.microbatch(t.ids_, i), x.view());
+        saved.embedding = t.embedding_->stash();
+      } else {
+        std::copy(in.begin(), in.end(), x.flat().begin());
+      }
+      for (auto& b : t.chunks_[static_cast<std::size_t>(chunk)]) {
+        b->forward(layer::detail::cview(x.view()), y.view());
+        saved.blocks.push_back(b->stash());
+        std::swap(x, y);
+      }
+      return {x.flat().begin(), x.flat().end()};
+    }
+
+    pipeline::loss_result<T> loss(int i, std::span<const T> out) {
+      const std::size_t hidden = t.config_.model.hidden;
+      const matrix_view<const T> y(out.data(), t.rows_, hidden);
+      matrix<T> normed(t.rows_, hidden), logits(t.tokens_, t.head_->out_local());
+      t.final_norm_->forward(y, normed.view());
+      t.head_->forward(layer::detail::cview(normed.view()), logits.view());
+      const double l = t.loss_->forward(layer::detail::cview(logits.view()), t.microbatch(t.targets_, i));
+      t.loss_->backward(logits.view());  // the logits' gradient, in place
+      t.head_->backward(layer::detail::cview(logits.view()), normed.view());
+      pipeline::loss_result<T> r{l, std::vector<T>(t.rows_ * hidden)};
+      t.final_norm_->backward(layer::detail::cview(normed.view()), matrix_view<T>(r.gradient.data(), t.rows_, hidden));
+      return r;
+    }
+
+    std::vector<T> backward(int i, int chunk, std::span<const T> gout) {
+      const auto v = static_cast<std::size_t>(chunk * t.pp_.size() + t.pp_.rank());
+      const std::size_t hidden = t.config_.model.hidden;
+      auto node = t.saved_.extract({i, chunk});
+      auto& saved = node.mapped();
+      matrix<T> dy(t.rows_, hidden), dx(t.rows_, hidden);
+      std::copy(gout.begin(), gout.end(), dy.flat().begin());
+      auto& blocks = t.chunks_[static_cast<std::size_t>(chunk)];
+      for (std::size_t k = blocks.size(); k-- > 0;) {
+        blocks[k]->restore(std::move(saved.blocks[k]));
+        blocks[k]->backward(layer::detail::cview(dy.view()), dx.view());
+        std::swap(dx, dy);
+      }
+      if (v == 0) {
+        t.embedding_->restore(std::move(saved.embedding));
+        t.embedding_->backward(layer::detail::cview(dy.view()));
+        return {};
+      }
+      return {dy.flat().begin(), dy.flat().end()};
+    }
+  };
+
+  [[nodiscard]] std::span<const std::int32_t> microbatch(std::span<const std::int32_t> all, int i) const {
+    return all.subspan(static_cast<std::size_t>(i) * tokens_, tokens_);
+  }
+
+  struct saved_activations {
+    typename embedding_type::activations embedding;
+    std::vector<typename block_type::activations> blocks;
+  };
+
+  strategy_config config_;
+  axis_comms<Comm> comms_;
+  Comm& tp_;
+  Comm& pp_;
+  Comm& dp_;
+  int rank_ = 0;
+  int microbatches_ = 0;
+  std::size_t tokens_ = 0;  // per microbatch
+  std::size_t rows_ = 0;    // per microbatch on this rank (tokens / tp under sequence parallelism)
+  std::vector<int> layout_;
+  std::vector<int> first_layer_;
+  std::vector<std::vector<std::unique_ptr<block_type>>> chunks_;
+  std::unique_ptr<embedding_type> embedding_;
+  std::unique_ptr<layer::layer_norm<T, SP>> final_norm_;
+  std::unique_ptr<head_type> head_;
+  std::unique_ptr<layer::vocab_parallel_cross_entropy<T, Comm>> loss_;
+  std::optional<Comm> embedding_group_;
+  std::vector<layer::parameter<T>> params_;
+  std::unique_ptr<optim::data_parallel<Sharding, Rule, float, Comm>> optimizer_;
+  std::optional<pipeline::executor<Schedule, Comm, T>> executor_;
+  std::map<std::pair<int, int>, saved_activations> saved_;
+  std::span<const std::int32_t> ids_, targets_;
+  double pipeline_seconds_ = 0, optimizer_seconds_ = 0;
+};
+
+} // namespace weft
