@@ -183,6 +183,11 @@ public:
   trainer(Comm& world, strategy_config config, Rule rule)
       : config_(std::move(config)), comms_(split(world, config_)), tp_(comms_.tp()), pp_(comms_.pp()),
         dp_(comms_.dp()), rank_(world.rank()) {
+    if constexpr (requires(Comm& c) { c.set_axis(std::string()); }) {  // weft::traced: name the axes
+      tp_.set_axis("tp");
+      pp_.set_axis("pp");
+      dp_.set_axis("dp");
+    }
     const auto& m = config_.model;
     const int p = pp_.size();
     const int dp = dp_.size();
@@ -266,6 +271,7 @@ public:
     ids_ = ids.subspan(static_cast<std::size_t>(dp_.rank()) * mine, mine);
     targets_ = targets.subspan(static_cast<std::size_t>(dp_.rank()) * mine, mine);
     for (auto& q : params_) zero(q.grad);
+    timeline_.clear();
     const auto t0 = clock::now();
     stage st{*this};
     const std::vector<double> losses = executor_->run(st);
@@ -273,6 +279,7 @@ public:
     finish_gradients();
     update();
     const auto t2 = clock::now();
+    timeline_.push_back({"optimizer", t1, t2});
     pipeline_seconds_ = std::chrono::duration<double>(t1 - t0).count();
     optimizer_seconds_ = std::chrono::duration<double>(t2 - t1).count();
     // The mean over every microbatch of every DP rank: the last stage's sums, reduced over pp and dp.
@@ -294,6 +301,14 @@ public:
   /// in the gradient reduction and update.
   [[nodiscard]] double pipeline_seconds() const noexcept { return pipeline_seconds_; }
   [[nodiscard]] double optimizer_seconds() const noexcept { return optimizer_seconds_; }
+
+  /// The compute of the last step on this rank: "F3.1" (microbatch 3's forward of chunk 1),
+  /// "B3.1", "loss3", "optimizer" (gradients into the optimizer, its step, parameters back).
+  struct span {
+    std::string name;
+    std::chrono::steady_clock::time_point begin, end;
+  };
+  [[nodiscard]] const std::vector<span>& timeline() const noexcept { return timeline_; }
   /// This rank's parameters (its TP slice of its stages' layers), named as in layer::gpt with
   /// the block's global index.
   [[nodiscard]] const std::vector<layer::parameter<T>>& parameters_view() const noexcept { return params_; }
@@ -385,6 +400,18 @@ private:
     }
   }
 
+  // Adds a span to the timeline when it goes out of scope.
+  struct timed {
+    trainer& t;
+    std::string name;
+    clock::time_point begin = clock::now();
+    timed(trainer& tr, const char* what, int i, int chunk)
+        : t(tr), name(what + std::to_string(i) + (chunk >= 0 ? "." + std::to_string(chunk) : std::string())) {}
+    timed(const timed&) = delete;
+    timed& operator=(const timed&) = delete;
+    ~timed() { t.timeline_.push_back({std::move(name), begin, clock::now()}); }
+  };
+
   // The executor's stage functions (pipeline/executor.hpp) over this rank's chunks.
   struct stage {
     trainer& t;
@@ -392,6 +419,7 @@ private:
     std::vector<T> input(int) { return {}; }  // the first stage reads the token ids itself
 
     std::vector<T> forward(int i, int chunk, std::span<const T> in) {
+      const timed scope(t, "F", i, chunk);
       const auto v = static_cast<std::size_t>(chunk * t.pp_.size() + t.pp_.rank());
       const std::size_t hidden = t.config_.model.hidden;
       auto& saved = t.saved_[{i, chunk}];
@@ -411,6 +439,7 @@ private:
     }
 
     pipeline::loss_result<T> loss(int i, std::span<const T> out) {
+      const timed scope(t, "loss", i, -1);
       const std::size_t hidden = t.config_.model.hidden;
       const matrix_view<const T> y(out.data(), t.rows_, hidden);
       matrix<T> normed(t.rows_, hidden), logits(t.tokens_, t.head_->out_local());
@@ -425,6 +454,7 @@ private:
     }
 
     std::vector<T> backward(int i, int chunk, std::span<const T> gout) {
+      const timed scope(t, "B", i, chunk);
       const auto v = static_cast<std::size_t>(chunk * t.pp_.size() + t.pp_.rank());
       const std::size_t hidden = t.config_.model.hidden;
       auto node = t.saved_.extract({i, chunk});
@@ -478,6 +508,7 @@ private:
   std::map<std::pair<int, int>, saved_activations> saved_;
   std::span<const std::int32_t> ids_, targets_;
   double pipeline_seconds_ = 0, optimizer_seconds_ = 0;
+  std::vector<span> timeline_;
 };
 
 } // namespace weft

@@ -1,7 +1,7 @@
 // weft demo: all-reduce across in-process ranks grouped into emulated nodes, with every
 // algorithm, printed as an nccl-tests-style table.
 //
-//   weft_demo [--topology SPEC] [--min-bytes B] [--max-bytes B] [--iters N] [--no-emulation]
+//   weft_all_reduce [--topology SPEC] [--min-bytes B] [--max-bytes B] [--iters N] [--no-emulation]
 //
 // The topology groups the ranks (threads of this process) into nodes, which decides what
 // hierarchical and automatic do; the local transport paces every transfer at its links
@@ -35,7 +35,7 @@ settings parse_args(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     const auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw weft::error("weft_demo: " + std::string(a) + " needs a value");
+      if (i + 1 >= argc) throw weft::error("weft_all_reduce: " + std::string(a) + " needs a value");
       return argv[++i];
     };
     if (a == "--topology") s.topology = value();
@@ -44,14 +44,14 @@ settings parse_args(int argc, char** argv) {
     else if (a == "--iters") s.iters = std::stoi(value());
     else if (a == "--no-emulation") s.emulate = false;
     else if (a == "--help" || a == "-h") {
-      std::puts("usage: weft_demo [--topology SPEC] [--min-bytes B] [--max-bytes B] [--iters N] [--no-emulation]");
+      std::puts("usage: weft_all_reduce [--topology SPEC] [--min-bytes B] [--max-bytes B] [--iters N] [--no-emulation]");
       std::exit(0);
     } else {
-      throw weft::error("weft_demo: unknown argument '" + std::string(a) + "' (try --help)");
+      throw weft::error("weft_all_reduce: unknown argument '" + std::string(a) + "' (try --help)");
     }
   }
   if (s.min_bytes < sizeof(float) || s.max_bytes < s.min_bytes || s.iters < 1) {
-    throw weft::error("weft_demo: need 4 <= --min-bytes <= --max-bytes and --iters >= 1");
+    throw weft::error("weft_all_reduce: need 4 <= --min-bytes <= --max-bytes and --iters >= 1");
   }
   return s;
 }

@@ -13,15 +13,27 @@
 // It owns the communicator it wraps and models every concept that one does (plan_executor,
 // peer_access), so any algorithm runs through it unchanged. Records are per rank (each rank has
 // its own traced object); split() gives a child traced under the same axis name with its own
-// records. Point-to-point send/recv and barrier pass through unrecorded.
+// records. Point-to-point send/recv and barrier pass through unrecorded there.
+//
+// Timings: every call (collectives, send, recv, barrier) also leaves a traced_span (what, axis,
+// bytes handed to it, begin and end, the calling thread) in a log that a traced communicator
+// shares with every communicator split from it, so the spans of one rank's whole tree, its
+// axes and the optimizer's progress thread, are in one place (spans(); thread-safe). Name a
+// child's axis with set_axis. Message bytes are what the call's API takes per rank (the
+// buffer of an all-reduce, the output of an all-gather), not the bytes on the wire.
 #include <weft/comm/communicator.hpp>
 #include <weft/comm/plan.hpp>
 #include <weft/core/types.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cstddef>
+#include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -35,7 +47,38 @@ struct traced_op {
   friend bool operator==(const traced_op&, const traced_op&) = default;
 };
 
+/// One call on a traced communicator, timed.
+struct traced_span {
+  std::string_view what;  // "all_reduce", "send", "barrier", ... (static strings)
+  std::string axis;
+  std::size_t bytes = 0;
+  std::chrono::steady_clock::time_point begin, end;
+  std::thread::id thread;
+  [[nodiscard]] double seconds() const noexcept { return std::chrono::duration<double>(end - begin).count(); }
+};
+
 namespace detail {
+
+// The spans of a traced communicator and everything split from it.
+class span_log {
+public:
+  void add(traced_span s) {
+    const std::lock_guard lock(mutex_);
+    spans_.push_back(std::move(s));
+  }
+  [[nodiscard]] std::vector<traced_span> copy() const {
+    const std::lock_guard lock(mutex_);
+    return spans_;
+  }
+  void clear() {
+    const std::lock_guard lock(mutex_);
+    spans_.clear();
+  }
+
+private:
+  mutable std::mutex mutex_;
+  std::vector<traced_span> spans_;
+};
 
 template <class C>
 constexpr bool traced_peer_access() {
@@ -62,12 +105,17 @@ public:
   static constexpr bool peer_access = detail::traced_peer_access<Comm>();
   static constexpr bool messages = detail::traced_messages<Comm>();
 
-  explicit traced(Comm comm, std::string axis = {}) : comm_(std::move(comm)), axis_(std::move(axis)) {}
+  explicit traced(Comm comm, std::string axis = {})
+      : comm_(std::move(comm)), axis_(std::move(axis)), log_(std::make_shared<detail::span_log>()) {}
 
   [[nodiscard]] int rank() const { return comm_.rank(); }
   [[nodiscard]] int size() const { return comm_.size(); }
-  void barrier() { comm_.barrier(); }
-  [[nodiscard]] traced split(int color, int key) { return traced(comm_.split(color, key), axis_); }
+  void barrier() {
+    const timer t(*this, "barrier", 0);
+    comm_.barrier();
+  }
+  /// A child under the same axis name, with its own records and this one's span log.
+  [[nodiscard]] traced split(int color, int key) { return traced(comm_.split(color, key), axis_, log_); }
   [[nodiscard]] decltype(auto) node_of() const { return comm_.node_of(); }
   [[nodiscard]] decltype(auto) cluster() const
     requires requires(const Comm& c) { c.cluster(); }
@@ -82,14 +130,17 @@ public:
 
   template <class T>
   void send(std::span<T> data, int peer, int tag = 0) {
+    const timer t(*this, "send", data.size_bytes());
     comm_.send(data, peer, tag);
   }
   template <class T>
   void recv(std::span<T> data, int peer, int tag = 0) {
+    const timer t(*this, "recv", data.size_bytes());
     comm_.recv(data, peer, tag);
   }
   template <class T>
   void sendrecv(std::span<const T> out, int to, std::span<T> in, int from, int tag = 0) {
+    const timer t(*this, "sendrecv", out.size_bytes() + in.size_bytes());
     comm_.sendrecv(out, to, in, from, tag);
   }
 
@@ -98,6 +149,7 @@ public:
   void execute(const plan& pl, const T* in, std::size_t in_count, T* out, std::size_t out_count, const Op& op,
                std::string_view opname) {
     ops_.push_back({pl.coll(), pl.count(), dtype_of<T>, axis_});
+    const timer t(*this, name_of(pl.coll()), std::max(in_count, out_count) * sizeof(T));
     comm_.execute(pl, in, in_count, out, out_count, op, opname);
   }
 
@@ -107,6 +159,7 @@ public:
     requires requires(Comm& c) { c.template vendor<C>(in, in_n, out, out_n, count, root, op); }
   {
     ops_.push_back({C, count, dtype_of<T>, axis_});
+    const timer t(*this, name_of(C), std::max(in_n, out_n) * sizeof(T));
     comm_.template vendor<C>(in, in_n, out, out_n, count, root, op);
   }
 
@@ -126,14 +179,41 @@ public:
   }
   void clear() noexcept { ops_.clear(); }
 
+  /// The timed calls of this communicator and of every one split from it (or it from), in the
+  /// order they ended; clear_spans() empties the shared log.
+  [[nodiscard]] std::vector<traced_span> spans() const { return log_->copy(); }
+  void clear_spans() { log_->clear(); }
+
   [[nodiscard]] const std::string& axis() const noexcept { return axis_; }
+  void set_axis(std::string axis) { axis_ = std::move(axis); }
   [[nodiscard]] Comm& inner() noexcept { return comm_; }
   [[nodiscard]] const Comm& inner() const noexcept { return comm_; }
 
 private:
+  traced(Comm comm, std::string axis, std::shared_ptr<detail::span_log> log)
+      : comm_(std::move(comm)), axis_(std::move(axis)), log_(std::move(log)) {}
+
+  class timer {
+  public:
+    timer(traced& c, std::string_view what, std::size_t bytes)
+        : c_(c), what_(what), bytes_(bytes), begin_(std::chrono::steady_clock::now()) {}
+    timer(const timer&) = delete;
+    timer& operator=(const timer&) = delete;
+    ~timer() {
+      c_.log_->add({what_, c_.axis_, bytes_, begin_, std::chrono::steady_clock::now(), std::this_thread::get_id()});
+    }
+
+  private:
+    traced& c_;
+    std::string_view what_;
+    std::size_t bytes_;
+    std::chrono::steady_clock::time_point begin_;
+  };
+
   Comm comm_;
   std::string axis_;
   std::vector<traced_op> ops_;
+  std::shared_ptr<detail::span_log> log_;
 };
 
 } // namespace weft
