@@ -93,20 +93,53 @@ struct strategy_config {
 
 namespace detail {
 
+// These answer harmlessly for a type that is not what it should be, so that a bad composition
+// shows the one static_assert that names it and no cascade after it.
 template <class Mesh, axis A>
 constexpr int static_extent() {
-  for (const auto& e : Mesh::spec) {
-    if (e.kind == A) return e.extent;
+  if constexpr (is_mesh_v<Mesh>) {
+    for (const auto& e : Mesh::spec) {
+      if (e.kind == A) return e.extent;
+    }
   }
   return 1;
 }
 
 template <class Mesh>
 constexpr bool mesh_has_only_tp_pp_dp() {
-  for (const auto& e : Mesh::spec) {
-    if (e.kind != axis::tp && e.kind != axis::pp && e.kind != axis::dp) return false;
+  if constexpr (is_mesh_v<Mesh>) {
+    for (const auto& e : Mesh::spec) {
+      if (e.kind != axis::tp && e.kind != axis::pp && e.kind != axis::dp) return false;
+    }
   }
   return true;
+}
+
+template <class Mesh>
+constexpr int static_size() {
+  if constexpr (is_mesh_v<Mesh>) {
+    return Mesh::size;
+  } else {
+    return 0;
+  }
+}
+
+template <class S>
+constexpr bool splits_backward() {
+  if constexpr (requires { S::split_backward; }) {
+    return static_cast<bool>(S::split_backward);
+  } else {
+    return false;
+  }
+}
+
+template <class P>
+constexpr bool sequence_parallel_enabled() {
+  if constexpr (requires { P::enabled; }) {
+    return static_cast<bool>(P::enabled);
+  } else {
+    return false;
+  }
 }
 
 template <class S>
@@ -132,7 +165,7 @@ struct strategy {
   static_assert(pipeline::schedule_policy<Schedule>,
                 "weft::strategy<Mesh, Schedule, ...>: Schedule must be a pipeline schedule policy: "
                 "weft::pipeline::gpipe, one_f_one_b or interleaved<V>");
-  static_assert(!Schedule::split_backward,
+  static_assert(!detail::splits_backward<Schedule>(),
                 "weft::strategy: the schedule splits the backward into input and weight gradients "
                 "(zero_bubble_h1), which weft's layers compute together: use weft::pipeline::gpipe, "
                 "one_f_one_b or interleaved<V>");
@@ -150,7 +183,7 @@ struct strategy {
   static constexpr int dp_size = detail::static_extent<Mesh, axis::dp>();
   static constexpr int chunks = detail::schedule_chunks<Schedule>();
 
-  static_assert(!SequenceParallel::enabled || tp_size != 1,
+  static_assert(!detail::sequence_parallel_enabled<SequenceParallel>() || tp_size != 1,
                 "weft::strategy: sequence parallelism splits the tokens over the tensor-parallel group, "
                 "and this mesh has tp<1>: use weft::layer::no_sequence_parallel or a tp axis of 2 or more");
   static_assert(chunks == 1 || pp_size != 1,
@@ -158,7 +191,7 @@ struct strategy {
                 "stages; with pp<1> use weft::pipeline::one_f_one_b (or interleaved<1>)");
 
   /// The mesh's ranks (0 when an axis is weft::dynamic).
-  static constexpr int size = Mesh::size;
+  static constexpr int size = detail::static_size<Mesh>();
 
   template <class Rule, communicator Comm>
   class trainer;

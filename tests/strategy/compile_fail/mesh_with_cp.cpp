@@ -1,0 +1,7 @@
+// A context-parallel axis, which the strategy does not wire.
+// expected error: context (cp) and expert (ep) parallelism are not part of the strategy
+#include <weft/strategy.hpp>
+
+template struct weft::strategy<weft::mesh<weft::tp<2>, weft::cp<2>, weft::dp<2>>,
+                               weft::pipeline::one_f_one_b, weft::optim::zero<1>,
+                               weft::layer::recompute::none>;
