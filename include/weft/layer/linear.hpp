@@ -138,13 +138,59 @@ void zero(matrix<T>& m) {
   m.fill(T{});
 }
 
+// What column_parallel_linear and row_parallel_linear share: this rank's weight and bias with
+// their gradients, and the input kept from forward for backward.
+template <class T>
+class linear_state {
+public:
+  void zero_grad() {
+    zero(dw_);
+    zero(db_);
+  }
+
+  /// Bytes kept from forward for backward (the input copy); release() frees them, after which
+  /// backward needs a new forward (full recompute).
+  [[nodiscard]] std::size_t saved_bytes() const noexcept { return x_.size() * sizeof(T); }
+  void release() {
+    x_ = {};
+    forwarded_ = false;
+  }
+
+  /// What backward needs from forward, moved out (the layer is left as after release()) and
+  /// back: a pipeline keeps one per microbatch in flight.
+  struct activations {
+    matrix<T> x;
+    bool forwarded = false;
+  };
+  [[nodiscard]] activations stash() { return {std::exchange(x_, {}), std::exchange(forwarded_, false)}; }
+  void restore(activations a) {
+    x_ = std::move(a.x);
+    forwarded_ = a.forwarded;
+  }
+
+  /// This rank's shard of the weight and of the bias (empty without bias); shapes in the class.
+  [[nodiscard]] matrix_view<T> weight() noexcept { return w_.view(); }
+  [[nodiscard]] matrix_view<T> bias() noexcept { return b_.view(); }
+
+protected:
+  linear_state(std::size_t rows, std::size_t cols, bool bias, std::size_t bias_cols)
+      : w_(rows, cols), dw_(rows, cols), b_(bias ? 1 : 0, bias_cols), db_(bias ? 1 : 0, bias_cols) {}
+
+  matrix<T> w_, dw_, b_, db_;
+  matrix<T> x_;  // the input (column-parallel under sequence parallelism: gathered), kept for backward
+  bool forwarded_ = false;
+};
+
 } // namespace detail
 
 template <class T, communicator Comm, class Gemm = cblas, class SP = no_sequence_parallel>
-class column_parallel_linear {
+class column_parallel_linear : public detail::linear_state<T> {
   static_assert(gemm_for<Gemm, T>, "weft: column_parallel_linear: Gemm must be a GEMM policy for T (gemm.hpp)");
+  using state = detail::linear_state<T>;
+  using state::b_, state::db_, state::dw_, state::forwarded_, state::w_, state::x_;
 
 public:
+  // This rank's shard: weight out_local x in, bias 1 x out_local.
   struct options {
     bool bias = true;
     bool gather_output = false;
@@ -153,9 +199,8 @@ public:
 
   column_parallel_linear(Comm& tp, std::size_t in, std::size_t out, std::uint64_t seed, std::uint64_t tensor_id,
                          options opt = {}, Gemm gemm = {})
-      : tp_(&tp), in_(in), out_(out), opt_(opt), gemm_(std::move(gemm)), range_(split_range(out, tp.size(), tp.rank())),
-        w_(range_.size(), in), dw_(range_.size(), in), b_(opt.bias ? 1 : 0, range_.size()),
-        db_(opt.bias ? 1 : 0, range_.size()) {
+      : state(split_range(out, tp.size(), tp.rank()).size(), in, opt.bias, split_range(out, tp.size(), tp.rank()).size()),
+        tp_(&tp), in_(in), out_(out), opt_(opt), gemm_(std::move(gemm)), range_(split_range(out, tp.size(), tp.rank())) {
     if (in == 0 || out == 0) throw error("column_parallel_linear: in and out must be positive");
     init_normal(w_.view(), in, range_.begin, 0, seed, tensor_id, opt.init_std);
   }
@@ -229,36 +274,6 @@ public:
     if (opt_.bias) ps.push_back({"bias", b_.view(), db_.view(), false, false, 0, range_.begin, 1, out_});
     return ps;
   }
-  void zero_grad() {
-    detail::zero(dw_);
-    detail::zero(db_);
-  }
-
-  /// Bytes kept from forward for backward (the input copy); release() frees them, after which
-  /// backward needs a new forward (full recompute).
-  [[nodiscard]] std::size_t saved_bytes() const noexcept { return x_.size() * sizeof(T); }
-  void release() {
-    x_ = {};
-    forwarded_ = false;
-  }
-
-  /// What backward needs from forward, moved out (the layer is left as after release()) and
-  /// back: a pipeline keeps one per microbatch in flight.
-  struct activations {
-    matrix<T> x;
-    bool forwarded = false;
-  };
-  [[nodiscard]] activations stash() {
-    return {std::exchange(x_, {}), std::exchange(forwarded_, false)};
-  }
-  void restore(activations a) {
-    x_ = std::move(a.x);
-    forwarded_ = a.forwarded;
-  }
-
-  /// This rank's shard: weight out_local x in, bias 1 x out_local (empty without bias).
-  [[nodiscard]] matrix_view<T> weight() noexcept { return w_.view(); }
-  [[nodiscard]] matrix_view<T> bias() noexcept { return b_.view(); }
 
 private:
   void matmul_forward(matrix_view<T> y) {
@@ -272,20 +287,20 @@ private:
   options opt_;
   Gemm gemm_;
   range range_;
-  matrix<T> w_, dw_, b_, db_;
-  matrix<T> x_;          // the (gathered) input, kept for backward
   matrix<T> dx_;         // dx before its reduction
   matrix<T> part_;       // gather_output: this rank's columns, padded
   matrix<T> gathered_;   // gather_output: every rank's
   std::vector<T> staging_;
-  bool forwarded_ = false;
 };
 
 template <class T, communicator Comm, class Gemm = cblas, class SP = no_sequence_parallel>
-class row_parallel_linear {
+class row_parallel_linear : public detail::linear_state<T> {
   static_assert(gemm_for<Gemm, T>, "weft: row_parallel_linear: Gemm must be a GEMM policy for T (gemm.hpp)");
+  using state = detail::linear_state<T>;
+  using state::b_, state::db_, state::dw_, state::forwarded_, state::w_, state::x_;
 
 public:
+  // This rank's shard: weight out x in_local, bias 1 x out (replicated).
   struct options {
     bool bias = true;
     double init_std = 0.02;
@@ -293,8 +308,8 @@ public:
 
   row_parallel_linear(Comm& tp, std::size_t in, std::size_t out, std::uint64_t seed, std::uint64_t tensor_id,
                       options opt = {}, Gemm gemm = {})
-      : tp_(&tp), in_(in), out_(out), opt_(opt), gemm_(std::move(gemm)), range_(split_range(in, tp.size(), tp.rank())),
-        w_(out, range_.size()), dw_(out, range_.size()), b_(opt.bias ? 1 : 0, out), db_(opt.bias ? 1 : 0, out) {
+      : state(out, split_range(in, tp.size(), tp.rank()).size(), opt.bias, out), tp_(&tp), in_(in), out_(out), opt_(opt),
+        gemm_(std::move(gemm)), range_(split_range(in, tp.size(), tp.rank())) {
     if (in == 0 || out == 0) throw error("row_parallel_linear: in and out must be positive");
     init_normal(w_.view(), in, 0, range_.begin, seed, tensor_id, opt.init_std);
   }
@@ -350,36 +365,6 @@ public:
     if (opt_.bias) ps.push_back({"bias", b_.view(), db_.view(), true, SP::enabled, 0, 0, 1, out_});
     return ps;
   }
-  void zero_grad() {
-    detail::zero(dw_);
-    detail::zero(db_);
-  }
-
-  /// Bytes kept from forward for backward (the input copy); release() frees them, after which
-  /// backward needs a new forward (full recompute).
-  [[nodiscard]] std::size_t saved_bytes() const noexcept { return x_.size() * sizeof(T); }
-  void release() {
-    x_ = {};
-    forwarded_ = false;
-  }
-
-  /// What backward needs from forward, moved out (the layer is left as after release()) and
-  /// back: a pipeline keeps one per microbatch in flight.
-  struct activations {
-    matrix<T> x;
-    bool forwarded = false;
-  };
-  [[nodiscard]] activations stash() {
-    return {std::exchange(x_, {}), std::exchange(forwarded_, false)};
-  }
-  void restore(activations a) {
-    x_ = std::move(a.x);
-    forwarded_ = a.forwarded;
-  }
-
-  /// This rank's shard: weight out x in_local, bias 1 x out (replicated; empty without bias).
-  [[nodiscard]] matrix_view<T> weight() noexcept { return w_.view(); }
-  [[nodiscard]] matrix_view<T> bias() noexcept { return b_.view(); }
 
 private:
   Comm* tp_;
@@ -388,12 +373,9 @@ private:
   options opt_;
   Gemm gemm_;
   range range_;
-  matrix<T> w_, dw_, b_, db_;
-  matrix<T> x_;     // the input, kept for backward
   matrix<T> part_;  // x W^T before its reduction
   matrix<T> dy_;    // sequence_parallel: the gathered dy
   std::vector<T> staging_;
-  bool forwarded_ = false;
 };
 
 } // namespace weft::layer
