@@ -230,6 +230,11 @@ public:
       fail("the model needs a positive vocab, hidden, heads, seq and layers");
     }
     if (config_.micro_batch == 0) fail("micro_batch must be at least 1");
+    if (config_.optimizer.max_grad_norm > 0.0f) {
+      // data_parallel's norm would span the DP group only, and the tied copies would count twice.
+      fail("gradient clipping (optimizer.max_grad_norm) is not supported by the strategy yet: its global norm must "
+           "span the tensor- and pipeline-parallel groups; leave max_grad_norm at 0");
+    }
     const std::size_t per_step = config_.micro_batch * static_cast<std::size_t>(dp);
     if (config_.global_batch == 0 || config_.global_batch % per_step != 0) {
       fail("a global batch of " + std::to_string(config_.global_batch) + " sequences does not split into " +

@@ -183,6 +183,12 @@ TEST(strategy_errors, a_batch_that_does_not_divide) {
                          "a global batch of 8 sequences does not split into 2 data-parallel ranks x microbatches of 3");
 }
 
+TEST(strategy_errors, gradient_clipping_is_refused_rather_than_computed_over_the_wrong_group) {
+  using S = weft::strategy<mesh<tp<1>, pp<1>, dp<2>>, pipeline::one_f_one_b, optim::zero<0>, recompute::none>;
+  expect_every_rank_says(errors_of<S>(2, {.optimizer = {.max_grad_norm = 1.0f}}),
+                         "gradient clipping (optimizer.max_grad_norm) is not supported by the strategy yet");
+}
+
 TEST(strategy_errors, heads_that_do_not_divide_over_tp) {
   using S = weft::strategy<mesh<tp<3>, pp<1>, dp<1>>, pipeline::one_f_one_b, optim::zero<0>, recompute::none>;
   expect_every_rank_says(errors_of<S>(3, {}), "4 heads do not divide over a tensor-parallel group of 3");
