@@ -197,8 +197,17 @@ TEST(emulated_host, plan_checks_name_the_operation_rank_and_peer) {
 
 const emu::options test_options{.timeout = std::chrono::seconds(60)};
 
+/// Where a collective reduces, ring (flat and two-level) runs every operator and the other
+/// algorithms sum and avg: an operator only picks the reduce kernel, which kernels_test checks
+/// for every type and operator bit for bit, while avg adds the plan's division step, the part an
+/// algorithm could get wrong on its own. (Every operator everywhere was ~700 instantiations and
+/// four minutes of nvcc in CI.)
+template <class Algo>
+constexpr bool every_operator =
+    std::is_same_v<Algo, algo::ring> || std::is_same_v<Algo, algo::hierarchical<algo::ring, algo::ring>>;
+
 /// The element types and operators of one (collective, count): integers exact, floating
-/// types on random values within the reference's tolerance; every operator where the
+/// types on random values within the reference's tolerance; the operators above where the
 /// collective reduces, every type where it only moves data.
 template <class Algo, collective C>
 void check_all_types(emu::communicator& c, rank_memory& mem, shared_outputs& shared,
@@ -211,9 +220,11 @@ void check_all_types(emu::communicator& c, rank_memory& mem, shared_outputs& sha
   };
   const auto each_op = [&]<class T>(test::pattern pat) {
     each.template operator()<T, op::sum>(pat);
-    each.template operator()<T, op::prod>(pat);
-    each.template operator()<T, op::min>(pat);
-    each.template operator()<T, op::max>(pat);
+    if constexpr (every_operator<Algo>) {
+      each.template operator()<T, op::prod>(pat);
+      each.template operator()<T, op::min>(pat);
+      each.template operator()<T, op::max>(pat);
+    }
     each.template operator()<T, op::avg>(pat);
   };
   if constexpr (C == collective::all_reduce || C == collective::reduce_scatter ||
