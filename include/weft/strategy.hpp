@@ -28,6 +28,11 @@
 // (initialised the same) and the two gradients are summed between the first and the last
 // pipeline stage before the optimizer, so the copies stay equal (Megatron's embedding group).
 //
+// Gradient clipping (config.optimizer.max_grad_norm) scales by the norm over the whole model:
+// the squared partials all-reduced once over the ranks holding one replica of every shard (TP x
+// PP, and DP under zero<1..3>), tensor-replicated parameters counted on TP rank 0 only and the
+// tied head not at all (the embedding table carries the same gradient), as Megatron counts them.
+//
 // The loss train_step returns is the mean token loss over the global batch, on every rank.
 // Under zero<3> the optimizer holds the parameters sharded and the layers a working copy, which
 // it refreshes after each step (the memory saving of zero<3> is the optimizer's, not the layers').
@@ -230,11 +235,6 @@ public:
       fail("the model needs a positive vocab, hidden, heads, seq and layers");
     }
     if (config_.micro_batch == 0) fail("micro_batch must be at least 1");
-    if (config_.optimizer.max_grad_norm > 0.0f) {
-      // data_parallel's norm would span the DP group only, and the tied copies would count twice.
-      fail("gradient clipping (optimizer.max_grad_norm) is not supported by the strategy yet: its global norm must "
-           "span the tensor- and pipeline-parallel groups; leave max_grad_norm at 0");
-    }
     const std::size_t per_step = config_.micro_batch * static_cast<std::size_t>(dp);
     if (config_.global_batch == 0 || config_.global_batch % per_step != 0) {
       fail("a global batch of " + std::to_string(config_.global_batch) + " sequences does not split into " +
@@ -283,11 +283,21 @@ public:
     optim::param_set ps;
     std::vector<float> initial;
     for (const auto& q : params_) {
-      ps.add(q.name, {q.value.rows(), q.value.cols()}, q.replicated);
+      const std::size_t index = ps.add(q.name, {q.value.rows(), q.value.cols()}, q.replicated);
+      if (config_.tie_embeddings && head_ && q.value.data() == head_->parameters()[0].value.data()) {
+        ps.mark_tied_copy(index);  // the embedding table counts it
+      }
       for (std::size_t i = 0; i < q.value.rows(); ++i)
         for (std::size_t j = 0; j < q.value.cols(); ++j) initial.push_back(q.value(i, j));
     }
     optimizer_ = optim::make_data_parallel<Sharding>(dp_, ps, rule, config_.optimizer);
+    if (tp_.size() * p > 1) {
+      // The global gradient norm (clipping, overflow) over the whole model: every rank that holds
+      // this rank's replica of the optimizer's shards (zero<0>: this DP index; zero<k>: all),
+      // tensor-replicated parameters counted on TP rank 0 only.
+      Comm model_group = world.split(optimizer_->replica_rank(), world.rank());
+      optimizer_->set_norm_group(model_group, tp_.rank());
+    }
     optimizer_->set_parameters(initial);
     executor_.emplace(pp_, microbatches_, rows_ * m.hidden);
   }

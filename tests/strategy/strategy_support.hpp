@@ -49,9 +49,12 @@ inline batch batch_of(int step, std::size_t sequences = global_batch, const laye
 /// written out in double: SGD as PyTorch defines it (L2 decay, momentum buffer b = mu b + g),
 /// AdamW as Loshchilov & Hutter write it (decoupled decay, bias-corrected moments).
 /// Tied: the head's weight is set to the embedding table at the start and both get the sum
-/// of their gradients each step, so they stay one matrix used twice.
+/// of their gradients each step, so they stay one matrix used twice. max_grad_norm > 0: the
+/// gradients are scaled by min(1, max / (norm + 1e-6)), the norm over every parameter once (the
+/// tied matrix once); `norms` (if given) receives each step's norm.
 template <class Rule>
-std::vector<double> reference_losses(const Rule& rule, bool tied = false, std::uint64_t seed = 1, int n = steps) {
+std::vector<double> reference_losses(const Rule& rule, bool tied = false, std::uint64_t seed = 1, int n = steps,
+                                     double max_grad_norm = 0, std::vector<double>* norms = nullptr) {
   std::vector<double> losses;
   local::run(1, [&](local::communicator& c) {
     layer::gpt<float, local::communicator> model(c, shape, seed);
@@ -82,6 +85,18 @@ std::vector<double> reference_losses(const Rule& rule, bool tied = false, std::u
         for (std::size_t r = 0; r < table.grad.rows(); ++r)
           for (std::size_t c = 0; c < table.grad.cols(); ++c) table.grad(r, c) = head.grad(r, c) += table.grad(r, c);
       }
+      double clip = 1.0;
+      if (max_grad_norm > 0) {
+        double sq = 0;
+        for (const auto& q : ps) {
+          if (tied && q.name == "head.weight") continue;
+          for (std::size_t r = 0; r < q.grad.rows(); ++r)
+            for (std::size_t c = 0; c < q.grad.cols(); ++c) sq += double{q.grad(r, c)} * double{q.grad(r, c)};
+        }
+        const double norm = std::sqrt(sq);
+        if (norms) norms->push_back(norm);
+        clip = std::min(1.0, max_grad_norm / (norm + 1e-6));
+      }
       double c1 = 1.0, c2 = 1.0;
       if constexpr (std::is_same_v<Rule, optim::adamw>) {
         c1 = 1.0 - std::pow(double{rule.beta1}, s + 1);
@@ -93,7 +108,7 @@ std::vector<double> reference_losses(const Rule& rule, bool tied = false, std::u
         std::size_t i = 0;
         for (std::size_t r = 0; r < w.rows(); ++r) {
           for (std::size_t col = 0; col < w.cols(); ++col, ++i) {
-            double gi = g(r, col);
+            double gi = clip * g(r, col);
             double wi = w(r, col);
             if constexpr (std::is_same_v<Rule, optim::sgd>) {
               gi += double{rule.weight_decay} * wi;

@@ -458,7 +458,8 @@ private:
   }
 
   // Sum of squares of this rank's shard of the summed gradients (in double: exact for
-  // integer-valued gradients), without replicated tensors off model-parallel rank 0.
+  // integer-valued gradients), without replicated tensors off model-parallel rank 0 and without
+  // the second copies of tied tensors.
   double squared_norm_partial() {
     double sq = 0.0;
     const auto& ts = layout_.tensors();
@@ -466,7 +467,7 @@ private:
       const P* g = grad_shard(b);
       const std::size_t lo = shard_begin(b), hi = lo + b.shard;
       for (std::size_t t = b.first_tensor; t < b.end_tensor; ++t) {
-        if (mp_rank_ != 0 && ts[t].replicated) continue;
+        if ((mp_rank_ != 0 && ts[t].replicated) || ts[t].tied_copy) continue;
         const std::size_t p = layout_.padded_offset(t);
         for (std::size_t i = std::max(lo, p); i < std::min(hi, p + ts[t].count); ++i) {
           const auto v = static_cast<double>(static_cast<float>(g[i - lo]));

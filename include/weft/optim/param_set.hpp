@@ -30,6 +30,7 @@ struct tensor_info {
   std::size_t bucket = 0;
   std::size_t bucket_offset = 0;  // position inside its bucket
   bool replicated = false;        // the same on every model-parallel rank (counted once in the norm)
+  bool tied_copy = false;         // a second copy of a tied tensor (never counted in the norm)
 };
 
 /// Megatron-core DDP's default bucket size: max(4e7, 1e6 x data-parallel size) elements.
@@ -57,6 +58,16 @@ public:
     total_ += t.count;
     tensors_.push_back(std::move(t));
     return tensors_.size() - 1;
+  }
+  /// Marks tensor `index` as the second copy of a tied tensor (a language-model head tied to the
+  /// embedding table, on this or another rank): its gradient is the first copy's, summed over
+  /// both, so a global gradient norm leaves it out and counts the first copy once.
+  void mark_tied_copy(std::size_t index) {
+    if (index >= tensors_.size()) {
+      throw error("param_set::mark_tied_copy: no tensor " + std::to_string(index) + " (the set has " +
+                  std::to_string(tensors_.size()) + ")");
+    }
+    tensors_[index].tied_copy = true;
   }
   [[nodiscard]] const std::vector<tensor_info>& tensors() const noexcept { return tensors_; }
   /// Elements of all tensors (Psi).
