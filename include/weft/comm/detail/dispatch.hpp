@@ -209,9 +209,18 @@ WEFT_PLANNING void check_same_call(Comm& comm, const call_signature& sig) {
     if (agree.size() > 1) {
       for (std::size_t i = 0; i < agree.size(); ++i) same += (i == 0 ? " " : ",") + std::to_string(agree[i]);
     }
-    throw error(name_of(sig.coll), comm.rank(), error::unknown,
-                "the ranks called different collectives (call check), no data moved: this rank called " +
-                    describe(sig) + "; " + same + " called " + describe_row(table.data()) + diff);
+    const error mismatch(name_of(sig.coll), comm.rank(), error::unknown,
+                         "the ranks called different collectives (call check), no data moved: this rank called " +
+                             describe(sig) + "; " + same + " called " + describe_row(table.data()) + diff);
+    // Every rank throws its own report, so none may throw before all hold the table: a rank
+    // that throws aborts the others' pending receives (the local transport's failure rule), and
+    // rank 0 scatters the table one rank at a time. The barrier is left only once every rank
+    // has the table; a rank aborted inside it (another one threw first) still has it.
+    try {
+      comm.barrier();
+    } catch (const error&) {
+    }
+    throw mismatch;
   }
 }
 
