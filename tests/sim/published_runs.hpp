@@ -87,6 +87,7 @@ inline std::vector<published_run> read_published_runs(const std::string& path = 
     r.layout.p2p_scatter_gather = stack == "megatron";
     r.layout.p2p_blocking = stack == "deepspeed";
     r.layout.tp_overlap = integer("tp_overlap") != 0;
+    r.layout.overlap_dp = integer("dp_overlap") != 0;
     r.gpus = integer("gpus");
     r.measured_tflops = num("tflops_per_gpu");
     out.push_back(std::move(r));
