@@ -287,8 +287,8 @@ public:
       if (config_.tie_embeddings && head_ && q.value.data() == head_->parameters()[0].value.data()) {
         ps.mark_tied_copy(index);  // the embedding table counts it
       }
-      for (std::size_t i = 0; i < q.value.rows(); ++i)
-        for (std::size_t j = 0; j < q.value.cols(); ++j) initial.push_back(q.value(i, j));
+      initial.resize(initial.size() + q.value.size());
+      copy_to_flat(q.value, std::span<float>(initial).last(q.value.size()));
     }
     optimizer_ = optim::make_data_parallel<Sharding>(dp_, ps, rule, config_.optimizer);
     if (tp_.size() * p > 1) {
@@ -419,11 +419,9 @@ private:
     } else if (r == 0 || r == p - 1) {
       auto g = (r == 0 ? embedding_->parameters() : head_->parameters())[0].grad;
       std::vector<T> buf(g.size());
-      for (std::size_t i = 0; i < g.rows(); ++i)
-        for (std::size_t j = 0; j < g.cols(); ++j) buf[i * g.cols() + j] = g(i, j);
+      copy_to_flat(g, std::span(buf));
       all_reduce(*embedding_group_, std::span(buf));
-      for (std::size_t i = 0; i < g.rows(); ++i)
-        for (std::size_t j = 0; j < g.cols(); ++j) g(i, j) = buf[i * g.cols() + j];
+      copy_from_flat(std::span<const T>(buf), g);
     }
   }
 
@@ -432,18 +430,12 @@ private:
   void update() {
     for (std::size_t k = params_.size(); k-- > 0;) {
       const auto& q = params_[k];
-      auto g = optimizer_->grad(q.name);
-      std::size_t at = 0;
-      for (std::size_t i = 0; i < q.grad.rows(); ++i)
-        for (std::size_t j = 0; j < q.grad.cols(); ++j) g[at++] = q.grad(i, j);
+      copy_to_flat(q.grad, optimizer_->grad(q.name));
       optimizer_->grad_ready(q.name);
     }
     optimizer_->step(1.0f / static_cast<float>(microbatches_ * dp_.size()));
     for (auto& q : params_) {
-      const auto w = optimizer_->param(q.name);
-      std::size_t at = 0;
-      for (std::size_t i = 0; i < q.value.rows(); ++i)
-        for (std::size_t j = 0; j < q.value.cols(); ++j) q.value(i, j) = w[at++];
+      copy_from_flat(optimizer_->param(q.name), q.value);
       optimizer_->release(q.name);
     }
   }

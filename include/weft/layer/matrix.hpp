@@ -138,6 +138,26 @@ namespace detail {
 
 } // namespace detail
 
+/// Copies the elements of a host view, row after row, into `out`, which must hold exactly
+/// rows x cols of them (a flat buffer for a collective or an optimizer; the view's ld may exceed
+/// its cols). copy_from_flat is the way back.
+template <class T, class U>
+void copy_to_flat(matrix_view<T> v, std::span<U> out) {
+  if (out.size() != v.size()) {
+    throw error("copy_to_flat: a " + std::to_string(v.rows()) + " x " + std::to_string(v.cols()) + " view into " +
+                std::to_string(out.size()) + " elements");
+  }
+  for (std::size_t r = 0; r < v.rows(); ++r) std::copy_n(v.row(r).begin(), v.cols(), out.begin() + r * v.cols());
+}
+template <class T, class U>
+void copy_from_flat(std::span<U> in, matrix_view<T> v) {
+  if (in.size() != v.size()) {
+    throw error("copy_from_flat: " + std::to_string(in.size()) + " elements into a " + std::to_string(v.rows()) +
+                " x " + std::to_string(v.cols()) + " view");
+  }
+  for (std::size_t r = 0; r < v.rows(); ++r) std::copy_n(in.begin() + r * v.cols(), v.cols(), v.row(r).begin());
+}
+
 /// Throws weft::error naming `where` and `what` unless v is rows x cols.
 template <class T>
 void expect_shape(std::string_view where, std::string_view what, matrix_view<T> v, std::size_t rows,

@@ -51,17 +51,15 @@ void reduce_sequence_parallel_grads(Comm& tp, std::span<parameter<T>> ps) {
   std::size_t at = 0;
   for (const auto& p : ps) {
     if (!p.sequence_partial) continue;
-    for (std::size_t r = 0; r < p.grad.rows(); ++r) {
-      for (std::size_t c = 0; c < p.grad.cols(); ++c) buf[at++] = p.grad(r, c);
-    }
+    copy_to_flat(p.grad, std::span<T>(buf).subspan(at, p.grad.size()));
+    at += p.grad.size();
   }
   all_reduce(tp, std::span<T>(buf));
   at = 0;
   for (const auto& p : ps) {
     if (!p.sequence_partial) continue;
-    for (std::size_t r = 0; r < p.grad.rows(); ++r) {
-      for (std::size_t c = 0; c < p.grad.cols(); ++c) p.grad(r, c) = buf[at++];
-    }
+    copy_from_flat(std::span<const T>(buf).subspan(at, p.grad.size()), p.grad);
+    at += p.grad.size();
   }
 }
 
