@@ -2,7 +2,8 @@
 // (1x1x1, 2x1x1, 1x2x1, 1x1x2, 2x2x2, 2x2x1 with V = 2, 1x4x2 with an uneven layout; TP x PP x
 // DP) and each ZeRO stage, the per-step losses of 20 SGD steps (and for 2x2x2 also AdamW) equal
 // those of the same model trained on one rank on the whole batch (strategy_support.hpp), within
-// 1e-5 relative, on every process of the mesh; so do sequence parallelism and tied embeddings.
+// 1e-5 relative, on every process of the mesh; so do sequence parallelism, tied embeddings and
+// gradient clipping.
 // strategy_test.cpp runs the same on threads.
 //
 // ctest starts it with 8 processes. A mesh of N < 8 ranks runs on the first N processes (a split
@@ -60,7 +61,9 @@ template <class S, class Rule>
 void check_on(weft::mpi::communicator& group, const weft::strategy_config& config,
               const std::string& what, const Rule& rule) {
   ASSERT_EQ(group.size(), S::size);
-  const std::vector<double>& want = reference(rule, config.tie_embeddings);
+  const double bound = config.optimizer.max_grad_norm;
+  const std::vector<double> want = bound > 0 ? ts::reference_losses(rule, config.tie_embeddings, 1, ts::steps, bound)
+                                             : reference(rule, config.tie_embeddings);
   const std::vector<double> got = ts::strategy_losses<S>(group, config, rule);
   ts::expect_same_losses(got, want,
                          what + " " + std::string(Rule::name) + " rank " +
@@ -155,6 +158,20 @@ TEST(StrategyMpi, TiedEmbeddings1x4x2Matches) {
                                 recompute::none>>(
       {.micro_batch = 1, .layout = pipeline::parse_layout("Et*2|t|t|L"), .tie_embeddings = true},
       "1x4x2 tied");
+}
+
+// Gradient clipping by the global norm: its one all-reduce spans TP, PP and DP (a split of the
+// world), tensor-replicated parameters and the tied head counted once. 0.2 is under every step's
+// norm (strategy_test checks that), so every step clips.
+TEST(StrategyMpi, GradientClippingMatches) {
+  weft::strategy_config c{.micro_batch = 1};
+  c.optimizer.max_grad_norm = 0.2f;
+  expect_matches<weft::strategy<mesh<tp<2>, pp<2>, dp<2>>, pipeline::one_f_one_b, optim::zero<1>, recompute::none>>(
+      c, "2x2x2 clipped");
+  c.layout = pipeline::parse_layout("Et*2|t|t|L");
+  c.tie_embeddings = true;
+  expect_matches<weft::strategy<mesh<tp<1>, pp<4>, dp<2>>, pipeline::one_f_one_b, optim::zero<3>, recompute::none>>(
+      c, "1x4x2 tied clipped");
 }
 
 } // namespace
