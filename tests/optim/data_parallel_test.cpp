@@ -143,20 +143,23 @@ TEST(data_parallel, bad_input_is_reported) {
   wo::param_set ps;
   ps.add("a", {2});
   EXPECT_THROW(ps.add("a", {3}), error);
+  EXPECT_THROW(ps.mark_tied_copy(ps.tensors().size()), error);
 }
 
 // TP = 2 x DP = 2 on 4 ranks: "a" is split across the tensor-parallel pair (each holds a
-// different half), "ln" is replicated on both. The global norm the step reports must be the
-// whole model's: a's halves both counted, ln once, the DP shards summed.
+// different half), "ln" is replicated on both, "a_tied" is a tied copy of "a" (a head tied to
+// the embedding: the same gradient). The global norm the step reports must be the whole
+// model's: a's halves both counted, ln once, a_tied not at all, the DP shards summed.
 template <class Policy>
 void check_model_parallel_norm() {
   wo::param_set ps;
   ps.add("a", {5});
   ps.add("ln", {3}, /*replicated=*/true);
+  ps.mark_tied_copy(ps.add("a_tied", {5}));
   double expected_sq = 0;
   const auto grad = [](const std::string& name, int tp, int dp, std::size_t i) {
-    return static_cast<float>(name == "a" ? (tp * 7 + dp * 3 + static_cast<int>(i)) % 5 - 2
-                                          : (dp * 2 + static_cast<int>(i)) % 3 + 1);  // ln: the same on both tp ranks
+    return static_cast<float>(name != "ln" ? (tp * 7 + dp * 3 + static_cast<int>(i)) % 5 - 2
+                                           : (dp * 2 + static_cast<int>(i)) % 3 + 1);  // ln: the same on both tp ranks
   };
   for (int tp = 0; tp < 2; ++tp) {
     for (std::size_t i = 0; i < 5; ++i) {
@@ -183,7 +186,7 @@ void check_model_parallel_norm() {
   });
 }
 
-TEST(data_parallel, clipping_norm_spans_tensor_parallel_ranks_counting_replicated_tensors_once) {
+TEST(data_parallel, clipping_norm_spans_tensor_parallel_ranks_counting_replicated_tensors_once_and_tied_copies_never) {
   check_model_parallel_norm<wo::zero<0>>();
   check_model_parallel_norm<wo::zero<1>>();
   check_model_parallel_norm<wo::zero<3>>();

@@ -312,8 +312,9 @@ public:
   /// too: the squared partials are all-reduced once over `group` instead of the shard group.
   /// `group` must hold the shard group of every model-parallel rank, and no two replicas of a
   /// shard: with tensor and pipeline parallelism, the ranks with this rank's replica index
-  /// (zero<k>: the whole world). Tensors added as replicated count only where
-  /// model_parallel_rank == 0. Collective over group.
+  /// (zero<k>: the whole world; in general the ranks with this rank's replica_rank()). Tensors
+  /// added as replicated count only where model_parallel_rank == 0, and tensors marked as tied
+  /// copies (param_set::mark_tied_copy) nowhere. Collective over group.
   void set_norm_group(Comm& group, int model_parallel_rank) {
     wait_all();
     if (model_parallel_rank < 0) throw error("data_parallel::set_norm_group: model_parallel_rank must be >= 0");
