@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace {
@@ -94,6 +95,75 @@ TEST(update_ref, host_loop_is_bitwise_the_functor) {
   loop_equals_functor(wo::adamw{});
   loop_equals_functor(wo::sgd{.lr = 0.1f, .momentum = 0.9f, .nesterov = true});
 }
+
+// bfloat16 parameters with fp32 masters and bf16 gradients: the vectorized Adam path against
+// the functor element by element (master, moments and the rounded parameter, bitwise).
+template <class Rule>
+void bf16_loop_equals_functor(Rule rule) {
+  const std::size_t n = 1003;
+  std::uint32_t seed = 7;
+  std::vector<float> w(n), st(2 * n);
+  std::vector<weft::bfloat16> g(n), p(n);
+  for (auto& x : w) x = value(seed, -1, 1);
+  for (auto& x : g) x = weft::bfloat16(value(seed, -1, 1));
+  for (auto& x : st) x = value(seed, 0, 0.1f);
+  w[5] = 1e-39f;  // a subnormal master
+  w[9] = 3.0e38f; // near the top of the range
+  auto w2 = w, st2 = st;
+  auto p2 = p;
+  for (long t = 1; t <= 3; ++t) {
+    const auto k = rule.at(t, 0.5f);
+    const wo::update_ref<decltype(k), weft::bfloat16, weft::bfloat16> u{k, w.data(), g.data(), st.data(), p.data(), n};
+    wo::apply(u, 0, n);
+    const wo::update_ref<decltype(k), weft::bfloat16, weft::bfloat16> ref{k, w2.data(), g.data(), st2.data(), p2.data(), n};
+    for (std::size_t i = 0; i < n; ++i) ref(i);
+  }
+  EXPECT_EQ(w, w2);
+  EXPECT_EQ(st, st2);
+  for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(p[i].bits(), p2[i].bits()) << "element " << i;
+}
+
+TEST(update_ref, bfloat16_host_loop_is_bitwise_the_functor) {
+  bf16_loop_equals_functor(wo::adam{.weight_decay = 0.01f});
+  bf16_loop_equals_functor(wo::adamw{});
+}
+
+#if defined(__SSE2__)
+// The vector conversions against weft::bfloat16's scalar ones: every bf16 widened; narrowed,
+// every high half with low halves at and around the rounding tie (so every exponent, both
+// signs, infinities, NaNs, subnormals and ties), and a million random patterns.
+TEST(update_ref, bfloat16_vector_conversions_are_the_scalar_ones) {
+  for (std::uint32_t h = 0; h < 65536; h += 4) {
+    weft::bfloat16 in[4];
+    for (std::uint32_t j = 0; j < 4; ++j) in[j] = weft::bfloat16::from_bits(static_cast<std::uint16_t>(h + j));
+    float out[4];
+    _mm_storeu_ps(out, wo::detail::load_bf16x4(in));
+    for (std::uint32_t j = 0; j < 4; ++j) {
+      const float want = static_cast<float>(in[j]);
+      ASSERT_EQ(std::memcmp(&out[j], &want, 4), 0) << "bf16 bits " << h + j;
+    }
+  }
+  std::vector<std::uint32_t> bits;
+  for (std::uint32_t h = 0; h < 65536; ++h) {
+    for (std::uint32_t lo : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xc000u, 0xffffu, 0x3a5cu})
+      bits.push_back(h << 16 | lo);
+  }
+  std::uint32_t seed = 12345;
+  for (int i = 0; i < 1'000'000; ++i) {
+    seed = seed * 1664525u + 1013904223u;
+    bits.push_back(seed);
+  }
+  for (std::size_t i = 0; i + 4 <= bits.size(); i += 4) {
+    float in[4];
+    std::memcpy(in, bits.data() + i, sizeof in);
+    weft::bfloat16 out[4];
+    wo::detail::store_bf16x4(out, _mm_loadu_ps(in));
+    for (std::size_t j = 0; j < 4; ++j) {
+      ASSERT_EQ(out[j].bits(), weft::bfloat16(in[j]).bits()) << "float bits " << std::hex << bits[i + j];
+    }
+  }
+}
+#endif
 
 TEST(update_ref, low_precision_parameters_get_the_rounded_master) {
   float master[3] = {1.0f, 2.0f, 3.0f};

@@ -152,13 +152,45 @@ template <>
 inline constexpr int adam_kernel_kind<adam_rule<true>::kernel> = 2;
 
 #if defined(__SSE2__) && !defined(__CUDACC__)
-// Adam over float buffers, four elements at a time: the functor's operations in the
+// Four bfloat16 values (8 bytes, unaligned) widened to floats: each is the top half of its float.
+inline __m128 load_bf16x4(const bfloat16* p) {
+  const __m128i h = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), h));
+}
+
+// Four floats narrowed to bfloat16 as bfloat16(float) narrows them (core/half.hpp): round to
+// nearest, ties to even, on the bits, (x + 0x7fff + bit 16 of x) >> 16, which carries into the
+// exponent where it should (the largest finite values up to infinity) and leaves infinities
+// alone; a NaN keeps its sign and top payload bits and gets the quiet bit.
+inline void store_bf16x4(bfloat16* p, __m128 v) {
+  const __m128i x = _mm_castps_si128(v);
+  const __m128i odd = _mm_and_si128(_mm_srli_epi32(x, 16), _mm_set1_epi32(1));
+  const __m128i rounded = _mm_srli_epi32(_mm_add_epi32(_mm_add_epi32(x, _mm_set1_epi32(0x7fff)), odd), 16);
+  const __m128i nan = _mm_cmpgt_epi32(_mm_and_si128(x, _mm_set1_epi32(0x7fffffff)), _mm_set1_epi32(0x7f800000));
+  const __m128i quiet = _mm_or_si128(_mm_srli_epi32(x, 16), _mm_set1_epi32(0x40));
+  __m128i r = _mm_or_si128(_mm_and_si128(nan, quiet), _mm_andnot_si128(nan, rounded));
+  r = _mm_srai_epi32(_mm_slli_epi32(r, 16), 16);  // 16-bit values as int16, so the pack does not saturate
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packs_epi32(r, r));
+}
+
+template <class G>
+__m128 load4(const G* p) {
+  if constexpr (std::is_same_v<G, bfloat16>) {
+    return load_bf16x4(p);
+  } else {
+    static_assert(std::is_same_v<G, float>);
+    return _mm_loadu_ps(p);
+  }
+}
+
+// Adam over flat buffers, four elements at a time: the functor's operations in the
 // functor's order, each IEEE-rounded as the scalar instructions round them, so the result is
 // bitwise the functor's (tests/optim/optimizers_test.cpp checks it). It exists because GCC
 // does not vectorize sqrtf where errno may be set (no -fno-math-errno in a header library's
-// users' flags), and the scalar loop runs at a fifth of the memory's speed.
-template <bool Decoupled>
-std::size_t adam_sse(const update_ref<typename adam_rule<Decoupled>::kernel, float, float>& u, std::size_t begin,
+// users' flags), and the scalar loop runs at a fifth of the memory's speed. Gradients and
+// parameters are float, or bfloat16 with fp32 masters (the parameter the master rounded).
+template <bool Decoupled, class G, class P>
+std::size_t adam_sse(const update_ref<typename adam_rule<Decoupled>::kernel, G, P>& u, std::size_t begin,
                      std::size_t end) {
   const auto& k = u.k;
   const __m128 mul = _mm_set1_ps(k.multiplier), wd = _mm_set1_ps(k.weight_decay), b1 = _mm_set1_ps(k.beta1),
@@ -170,7 +202,7 @@ std::size_t adam_sse(const update_ref<typename adam_rule<Decoupled>::kernel, flo
   std::size_t i = begin;
   for (; i + 4 <= end; i += 4) {
     __m128 w = _mm_loadu_ps(u.master + i);
-    __m128 g = _mm_mul_ps(_mm_loadu_ps(u.grad + i), mul);
+    __m128 g = _mm_mul_ps(load4(u.grad + i), mul);
     if constexpr (!Decoupled) g = _mm_add_ps(g, _mm_mul_ps(wd, w));
     const __m128 m = _mm_add_ps(_mm_mul_ps(b1, _mm_loadu_ps(s0 + i)), _mm_mul_ps(c1, g));
     const __m128 v = _mm_add_ps(_mm_mul_ps(b2, _mm_loadu_ps(s1 + i)), _mm_mul_ps(_mm_mul_ps(c2, g), g));
@@ -178,7 +210,9 @@ std::size_t adam_sse(const update_ref<typename adam_rule<Decoupled>::kernel, flo
     _mm_storeu_ps(s1 + i, v);
     if constexpr (Decoupled) w = _mm_sub_ps(w, _mm_mul_ps(lr_wd, w));
     const __m128 denom = _mm_add_ps(_mm_mul_ps(_mm_sqrt_ps(v), isc), eps);
-    _mm_storeu_ps(u.master + i, _mm_sub_ps(w, _mm_div_ps(_mm_mul_ps(step, m), denom)));
+    w = _mm_sub_ps(w, _mm_div_ps(_mm_mul_ps(step, m), denom));
+    _mm_storeu_ps(u.master + i, w);
+    if constexpr (std::is_same_v<P, bfloat16>) store_bf16x4(u.param + i, w);
   }
   return i;
 }
@@ -191,7 +225,9 @@ template <class Kernel, class G, class P>
 void apply(const update_ref<Kernel, G, P>& u, std::size_t begin, std::size_t end) {
   const update_ref<Kernel, G, P> local = u;  // a copy the compiler sees is not written by the loop
 #if defined(__SSE2__) && !defined(__CUDACC__)
-  if constexpr (detail::adam_kernel_kind<Kernel> != 0 && std::is_same_v<G, float> && std::is_same_v<P, float>) {
+  if constexpr (detail::adam_kernel_kind<Kernel> != 0 &&
+                ((std::is_same_v<G, float> && std::is_same_v<P, float>) ||
+                 (std::is_same_v<G, bfloat16> && std::is_same_v<P, bfloat16>))) {
     begin = detail::adam_sse<detail::adam_kernel_kind<Kernel> == 2>(local, begin, end);
   }
 #endif
