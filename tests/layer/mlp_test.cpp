@@ -2,13 +2,16 @@
 // 4, with and without sequence parallelism, float and double, against the unsplit MLP written out
 // in double here: output, input gradient, every parameter gradient, and its communication (one
 // all-reduce each way; with sequence parallelism one all-gather and one reduce-scatter each way).
+// Also with a GEMM policy that runs the element-wise steps backwards, as a device may.
 #include <weft/comm/traced.hpp>
 #include <weft/layer/mlp.hpp>
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <span>
+#include <type_traits>
 
 #include "layer/layer_support.hpp"
 
@@ -31,20 +34,36 @@ double gelu_grad(double x) {
   return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * s * (1.0 + 3 * 0.044715 * x * x);
 }
 
+// The host GEMM with its element-wise steps (bias, GELU, copies, column sums) run backwards, last
+// element first, as a device may run them in any order (exec.hpp): the layers must not depend on
+// the order. It counts the steps it ran, so a test sees that they went through it.
+struct reversed_elements : wl::cblas {
+  std::shared_ptr<std::size_t> steps = std::make_shared<std::size_t>(0);
+};
+template <class F>
+void each_element(const reversed_elements& g, std::size_t rows, std::size_t cols, const F& f) {
+  for (std::size_t i = rows * cols; i-- > 0;) f(i / cols, i % cols);
+  ++*g.steps;
+}
+
 template <class C>
 class mlp : public ::testing::Test {};
-template <class T, class SP>
+template <class T, class SP, class G = wl::cblas>
 struct config {
   using type = T;
   using sp = SP;
+  using gemm = G;
 };
 using configs = ::testing::Types<config<float, wl::no_sequence_parallel>, config<double, wl::no_sequence_parallel>,
-                                 config<float, wl::sequence_parallel>, config<double, wl::sequence_parallel>>;
+                                 config<float, wl::sequence_parallel>, config<double, wl::sequence_parallel>,
+                                 config<float, wl::no_sequence_parallel, reversed_elements>,
+                                 config<double, wl::sequence_parallel, reversed_elements>>;
 TYPED_TEST_SUITE(mlp, configs);
 
 TYPED_TEST(mlp, MatchesSerial) {
   using T = typename TypeParam::type;
   using SP = typename TypeParam::sp;
+  using G = typename TypeParam::gemm;
   dmat x = tl::random_dmat(tokens, hidden, 1), dy = tl::random_dmat(tokens, hidden, 2);
   dmat b1 = tl::random_dmat(1, ffn, 3), b2 = tl::random_dmat(1, hidden, 4);
   dmat w1(ffn, hidden), w2(hidden, ffn);
@@ -68,7 +87,8 @@ TYPED_TEST(mlp, MatchesSerial) {
   for (int tp = 1; tp <= 4; ++tp) {
     tl::run_ranks(tp, [&](weft::local::communicator& c) {
       weft::traced<weft::local::communicator> comm(std::move(c), "tp");
-      wl::parallel_mlp<T, decltype(comm), wl::cblas, SP> m(comm, hidden, ffn, seed, id);
+      const G gemm;
+      wl::parallel_mlp<T, decltype(comm), G, SP> m(comm, hidden, ffn, seed, id, gemm);
       const wl::range fr = m.fc1().out_range();
       const std::size_t local = SP::enabled ? tokens / static_cast<std::size_t>(tp) : tokens;
       const std::size_t row0 = SP::enabled ? local * static_cast<std::size_t>(comm.rank()) : 0;
@@ -92,6 +112,14 @@ TYPED_TEST(mlp, MatchesSerial) {
       comm.clear();
       m.backward(tl::to<T>(tl::block(dy, row0, local, 0, hidden)), dxl.view());
       const auto bwd = comm.ops();
+      if constexpr (std::is_same_v<G, reversed_elements>) {
+        // Every element-wise step went through the policy. Forward: the linears' input copies
+        // (SP: fc1 gathers instead, a copy only at TP 1), two biases, the GELU, the copy out of the
+        // reduction (SP: at TP 1 only); backward: two bias column sums, the GELU's, dx's copy out of
+        // its reduction (SP: at TP 1 only), and SP's dy gather (a copy at TP 1).
+        const std::size_t want = !SP::enabled ? 10 : tp == 1 ? 11 : 7;
+        EXPECT_EQ(*gemm.steps, want) << "tp=" << tp;
+      }
       const std::string where = "tp=" + std::to_string(tp) + " rank " + std::to_string(comm.rank());
       EXPECT_LT(tl::rel_err(yl, tl::block(y, row0, local, 0, hidden)), tol) << where;
       EXPECT_LT(tl::rel_err(dxl, tl::block(dx, row0, local, 0, hidden)), tol) << where;

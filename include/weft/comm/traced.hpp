@@ -127,6 +127,12 @@ public:
   {
     return comm_.devices();
   }
+  /// A device communicator's stream (what a device layer checks its GEMM policy against).
+  [[nodiscard]] decltype(auto) stream() const
+    requires requires(const Comm& c) { c.stream(); }
+  {
+    return comm_.stream();
+  }
 
   template <class T>
   void send(std::span<T> data, int peer, int tag = 0) {

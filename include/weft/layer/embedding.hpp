@@ -108,7 +108,7 @@ private:
   std::vector<std::int32_t> ids_;
   matrix<T> part_;  // this rank's lookups, zeros elsewhere, before the reduction
   matrix<T> dy_;    // sequence_parallel: the gathered dy
-  std::vector<T> staging_;
+  matrix<T> staging_;
   bool forwarded_ = false;
 };
 

@@ -23,6 +23,7 @@
 #include <weft/comm/reduce_scatter.hpp>
 #include <weft/core/error.hpp>
 #include <weft/layer/cblas.hpp>
+#include <weft/layer/exec.hpp>
 #include <weft/layer/gemm.hpp>
 #include <weft/layer/init.hpp>
 #include <weft/layer/matrix.hpp>
@@ -43,27 +44,28 @@ namespace weft::layer {
 namespace detail {
 
 template <class T>
-[[nodiscard]] matrix_view<const T> cview(matrix_view<T> v) noexcept {
+[[nodiscard]] WEFT_HOST_DEVICE matrix_view<const T> cview(matrix_view<T> v) noexcept {
   return matrix_view<const T>(v.data(), v.rows(), v.cols(), v.ld());
 }
-template <class T>
-[[nodiscard]] matrix_view<const T> cview(const matrix<T>& m) noexcept {
+template <class T, class Space>
+[[nodiscard]] matrix_view<const T> cview(const matrix<T, Space>& m) noexcept {
   return m.view();
 }
 
 /// dst = src (resized to src's shape).
+template <class Gemm, class T, class Space>
+void assign(const Gemm& g, matrix<T, Space>& dst, matrix_view<const T> src) {
+  if (dst.rows() != src.rows() || dst.cols() != src.cols()) resize(g, dst, src.rows(), src.cols());
+  copy_view(g, src, dst.view());
+}
 template <class T>
 void assign(matrix<T>& dst, matrix_view<const T> src) {
-  if (dst.rows() != src.rows() || dst.cols() != src.cols()) dst.resize(src.rows(), src.cols());
-  if (src.cols() == 0) return;
-  for (std::size_t r = 0; r < src.rows(); ++r) std::copy_n(src.data() + r * src.ld(), src.cols(), dst.data() + r * src.cols());
+  assign(host_policy{}, dst, src);
 }
 
 template <class T>
 void copy_view(matrix_view<const T> src, matrix_view<T> dst) {
-  for (std::size_t r = 0; r < src.rows(); ++r) {
-    for (std::size_t c = 0; c < src.cols(); ++c) dst(r, c) = src(r, c);
-  }
+  copy_view(host_policy{}, src, dst);
 }
 
 /// The tokens, given a rank's row count, where rows are split evenly over the TP group.
@@ -77,59 +79,77 @@ void copy_view(matrix_view<const T> src, matrix_view<T> dst) {
 }
 
 /// full = the rows of every rank's `local`, rank after rank (all-gather along the tokens).
-template <class T, communicator Comm>
-void gather_rows(Comm& tp, matrix_view<const T> local, matrix<T>& full, std::vector<T>& staging) {
+template <class Gemm, class T, class Space, communicator Comm>
+void gather_rows(const Gemm& g, Comm& tp, matrix_view<const T> local, matrix<T, Space>& full,
+                 matrix<T, Space>& staging) {
   const std::size_t p = static_cast<std::size_t>(tp.size());
-  full.resize(local.rows() * p, local.cols());
+  resize(g, full, local.rows() * p, local.cols());
   if (p == 1) {
-    copy_view(local, full.view());
+    copy_view(g, local, full.view());
     return;
   }
   std::span<const T> in;
   if (local.contiguous()) {
     in = std::span<const T>(local.data(), local.size());
   } else {
-    staging.resize(local.size());
-    copy_view(local, matrix_view<T>(staging.data(), local.rows(), local.cols()));
-    in = std::span<const T>(staging);
+    assign(g, staging, local);
+    in = flat_of(staging);
   }
-  all_gather(tp, in, full.flat());
+  all_gather(tp, in, flat_of(full));
 }
 
 /// out = this rank's block of rows of the sum over ranks of `full` (contiguous).
-template <class T, communicator Comm>
-void reduce_scatter_rows(Comm& tp, matrix<T>& full, matrix_view<T> out, std::vector<T>& staging) {
+template <class Gemm, class T, class Space, communicator Comm>
+void reduce_scatter_rows(const Gemm& g, Comm& tp, matrix<T, Space>& full, matrix_view<T> out,
+                         matrix<T, Space>& staging) {
   if (tp.size() == 1) {
-    copy_view(cview(full), out);
+    copy_view(g, cview(full), out);
     return;
   }
   if (out.contiguous()) {
-    reduce_scatter(tp, std::span<const T>(full.flat()), out.flat());
+    reduce_scatter(tp, std::span<const T>(flat_of(full)), std::span<T>(out.data(), out.size()));
   } else {
-    staging.resize(out.size());
-    reduce_scatter(tp, std::span<const T>(full.flat()), std::span<T>(staging));
-    copy_view(matrix_view<const T>(staging.data(), out.rows(), out.cols()), out);
+    resize(g, staging, out.rows(), out.cols());
+    reduce_scatter(tp, std::span<const T>(flat_of(full)), flat_of(staging));
+    copy_view(g, cview(staging), out);
   }
 }
 
 /// out = the sum over ranks of `part` (contiguous; summed in place).
+template <class Gemm, class T, class Space, communicator Comm>
+void all_reduce_into(const Gemm& g, Comm& tp, matrix<T, Space>& part, matrix_view<T> out) {
+  if (tp.size() > 1) all_reduce(tp, flat_of(part));
+  copy_view(g, cview(part), out);
+}
+
+// The host forms, for the layers without a GEMM policy.
+template <class T, communicator Comm>
+void gather_rows(Comm& tp, matrix_view<const T> local, matrix<T>& full, matrix<T>& staging) {
+  gather_rows(host_policy{}, tp, local, full, staging);
+}
+template <class T, communicator Comm>
+void reduce_scatter_rows(Comm& tp, matrix<T>& full, matrix_view<T> out, matrix<T>& staging) {
+  reduce_scatter_rows(host_policy{}, tp, full, out, staging);
+}
 template <class T, communicator Comm>
 void all_reduce_into(Comm& tp, matrix<T>& part, matrix_view<T> out) {
-  if (tp.size() > 1) all_reduce(tp, part.flat());
-  copy_view(cview(part), out);
+  all_reduce_into(host_policy{}, tp, part, out);
 }
 
-template <class T>
-void add_row_vector(matrix_view<T> y, const matrix<T>& b) {
-  for (std::size_t r = 0; r < y.rows(); ++r) {
-    for (std::size_t c = 0; c < y.cols(); ++c) y(r, c) += b(0, c);
-  }
+template <class Gemm, class T, class Space>
+void add_row_vector(const Gemm& g, matrix_view<T> y, const matrix<T, Space>& b) {
+  for_each_element(g, y.rows(), y.cols(), add_row<T>{y, b.view()});
 }
 
-template <class T>
-void accumulate_column_sums(matrix_view<const T> dy, matrix<T>& db) {
-  for (std::size_t r = 0; r < dy.rows(); ++r) {
-    for (std::size_t c = 0; c < dy.cols(); ++c) db(0, c) += dy(r, c);
+template <class Gemm, class T, class Space>
+void accumulate_column_sums(const Gemm& g, matrix_view<const T> dy, matrix<T, Space>& db) {
+  if constexpr (element_policy<Gemm, add_column_sum<T>>) {
+    for_each_element(g, 1, dy.cols(), add_column_sum<T>{dy, db.view()});
+  } else {  // row by row, for the cache; the same sums in the same order
+    (void)g;
+    for (std::size_t r = 0; r < dy.rows(); ++r) {
+      for (std::size_t c = 0; c < dy.cols(); ++c) db(0, c) += dy(r, c);
+    }
   }
 }
 
@@ -138,14 +158,30 @@ void zero(matrix<T>& m) {
   m.fill(T{});
 }
 
+/// A weight initialised by init_normal over the full shape, in the policy's memory.
+template <class Gemm, class T, class Space>
+void init_weight(const Gemm& g, matrix<T, Space>& w, std::size_t fan_in, std::size_t row0, std::size_t col0,
+                 std::uint64_t seed, std::uint64_t tensor_id, double stddev) {
+  if constexpr (on_device<Gemm>) {
+    matrix<T> host(w.rows(), w.cols());
+    init_normal(host.view(), fan_in, row0, col0, seed, tensor_id, stddev);
+    w.copy_from(host.view(), g.stream());
+  } else {
+    (void)g;
+    init_normal(w.view(), fan_in, row0, col0, seed, tensor_id, stddev);
+  }
+}
+
 // What column_parallel_linear and row_parallel_linear share: this rank's weight and bias with
 // their gradients, and the input kept from forward for backward.
-template <class T>
+template <class T, class Gemm>
 class linear_state {
 public:
+  using space = space_of<Gemm>;
+
   void zero_grad() {
-    zero(dw_);
-    zero(db_);
+    zero(gemm_, dw_);
+    zero(gemm_, db_);
   }
 
   /// Bytes kept from forward for backward (the input copy); release() frees them, after which
@@ -159,7 +195,7 @@ public:
   /// What backward needs from forward, moved out (the layer is left as after release()) and
   /// back: a pipeline keeps one per microbatch in flight.
   struct activations {
-    matrix<T> x;
+    matrix<T, space> x;
     bool forwarded = false;
   };
   [[nodiscard]] activations stash() { return {std::exchange(x_, {}), std::exchange(forwarded_, false)}; }
@@ -169,25 +205,50 @@ public:
   }
 
   /// This rank's shard of the weight and of the bias (empty without bias); shapes in the class.
+  /// In the GEMM policy's memory (device memory for cublas).
   [[nodiscard]] matrix_view<T> weight() noexcept { return w_.view(); }
   [[nodiscard]] matrix_view<T> bias() noexcept { return b_.view(); }
 
 protected:
-  linear_state(std::size_t rows, std::size_t cols, bool bias, std::size_t bias_cols)
-      : w_(rows, cols), dw_(rows, cols), b_(bias ? 1 : 0, bias_cols), db_(bias ? 1 : 0, bias_cols) {}
+  linear_state(Gemm gemm, std::size_t rows, std::size_t cols, bool bias, std::size_t bias_cols)
+      : gemm_(std::move(gemm)) {
+    resize(gemm_, w_, rows, cols);
+    resize(gemm_, dw_, rows, cols);
+    resize(gemm_, b_, bias ? 1 : 0, bias_cols);
+    resize(gemm_, db_, bias ? 1 : 0, bias_cols);
+  }
 
-  matrix<T> w_, dw_, b_, db_;
-  matrix<T> x_;  // the input (column-parallel under sequence parallelism: gathered), kept for backward
+  /// A device policy must share its stream with the communicator, so that the layer's kernels,
+  /// GEMMs and collectives run in the order they are called.
+  template <class Comm>
+  void check_stream(std::string_view who, const Comm& tp) const {
+    if constexpr (on_device<Gemm>) {
+      static_assert(requires { tp.stream(); },
+                    "weft: a device GEMM policy (cublas) needs a device communicator (one with stream())");
+      if (tp.stream() != gemm_.stream()) {
+        throw error(std::string(who) + ": the GEMM policy's stream is not the communicator's stream; "
+                    "make the policy with the communicator's, e.g. cublas(comm.stream())");
+      }
+    } else {
+      (void)who;
+      (void)tp;
+    }
+  }
+
+  Gemm gemm_;
+  matrix<T, space> w_, dw_, b_, db_;
+  matrix<T, space> x_;  // the input (column-parallel under sequence parallelism: gathered), kept for backward
   bool forwarded_ = false;
 };
 
 } // namespace detail
 
 template <class T, communicator Comm, class Gemm = cblas, class SP = no_sequence_parallel>
-class column_parallel_linear : public detail::linear_state<T> {
+class column_parallel_linear : public detail::linear_state<T, Gemm> {
   static_assert(gemm_for<Gemm, T>, "weft: column_parallel_linear: Gemm must be a GEMM policy for T (gemm.hpp)");
-  using state = detail::linear_state<T>;
-  using state::b_, state::db_, state::dw_, state::forwarded_, state::w_, state::x_;
+  using state = detail::linear_state<T, Gemm>;
+  using state::b_, state::db_, state::dw_, state::forwarded_, state::gemm_, state::w_, state::x_;
+  using space = typename state::space;
 
 public:
   // This rank's shard: weight out_local x in, bias 1 x out_local.
@@ -199,10 +260,12 @@ public:
 
   column_parallel_linear(Comm& tp, std::size_t in, std::size_t out, std::uint64_t seed, std::uint64_t tensor_id,
                          options opt = {}, Gemm gemm = {})
-      : state(split_range(out, tp.size(), tp.rank()).size(), in, opt.bias, split_range(out, tp.size(), tp.rank()).size()),
-        tp_(&tp), in_(in), out_(out), opt_(opt), gemm_(std::move(gemm)), range_(split_range(out, tp.size(), tp.rank())) {
+      : state(std::move(gemm), split_range(out, tp.size(), tp.rank()).size(), in, opt.bias,
+              split_range(out, tp.size(), tp.rank()).size()),
+        tp_(&tp), in_(in), out_(out), opt_(opt), range_(split_range(out, tp.size(), tp.rank())) {
     if (in == 0 || out == 0) throw error("column_parallel_linear: in and out must be positive");
-    init_normal(w_.view(), in, range_.begin, 0, seed, tensor_id, opt.init_std);
+    this->check_stream("column_parallel_linear", tp);
+    detail::init_weight(gemm_, w_, in, range_.begin, 0, seed, tensor_id, opt.init_std);
   }
 
   [[nodiscard]] range out_range() const noexcept { return range_; }
@@ -218,9 +281,9 @@ public:
     static constexpr std::string_view who = "column_parallel_linear::forward";
     if (x.cols() != in_) ::weft::detail::shape_error(who, "x", x.rows(), x.cols(), x.rows(), in_);
     if constexpr (SP::enabled) {
-      detail::gather_rows(*tp_, x, x_, staging_);
+      detail::gather_rows(gemm_, *tp_, x, x_, staging_);
     } else {
-      detail::assign(x_, x);
+      detail::assign(gemm_, x_, x);
     }
     const std::size_t tokens = x_.rows();
     expect_shape(who, "y", y, tokens, opt_.gather_output ? out_ : range_.size());
@@ -231,18 +294,18 @@ public:
     }
     // Gather the output columns: every rank's block padded to the largest, then unpacked.
     const std::size_t widest = split_range(out_, tp_->size(), 0).size();
-    part_.resize(tokens, widest);
+    detail::resize(gemm_, part_, tokens, widest);
     matmul_forward(part_.view().cols_from(0, range_.size()));
     if (tp_->size() == 1) {
-      detail::copy_view(detail::cview(part_), y);
+      detail::copy_view(gemm_, detail::cview(part_), y);
       return;
     }
-    gathered_.resize(tokens * static_cast<std::size_t>(tp_->size()), widest);
-    all_gather(*tp_, std::span<const T>(part_.flat()), gathered_.flat());
+    detail::resize(gemm_, gathered_, tokens * static_cast<std::size_t>(tp_->size()), widest);
+    all_gather(*tp_, std::span<const T>(detail::flat_of(part_)), detail::flat_of(gathered_));
     for (int r = 0; r < tp_->size(); ++r) {
       const range rr = split_range(out_, tp_->size(), r);
       const auto block = gathered_.view().rows_from(static_cast<std::size_t>(r) * tokens, tokens);
-      detail::copy_view(detail::cview(block.cols_from(0, rr.size())), y.cols_from(rr.begin, rr.size()));
+      detail::copy_view(gemm_, detail::cview(block.cols_from(0, rr.size())), y.cols_from(rr.begin, rr.size()));
     }
   }
 
@@ -257,14 +320,14 @@ public:
     const matrix_view<const T> g = opt_.gather_output ? dy.cols_from(range_.begin, range_.size()) : dy;
     // dW += dy^T x, db += column sums of dy.
     gemm_(trans::t, trans::n, T{1}, g, detail::cview(x_), T{1}, dw_.view());
-    if (opt_.bias) detail::accumulate_column_sums(g, db_);
+    if (opt_.bias) detail::accumulate_column_sums(gemm_, g, db_);
     // dx = (sum over ranks) dy_r W_r.
-    dx_.resize(tokens, in_);
+    detail::resize(gemm_, dx_, tokens, in_);
     gemm_(trans::n, trans::n, T{1}, g, detail::cview(w_), T{0}, dx_.view());
     if constexpr (SP::enabled) {
-      detail::reduce_scatter_rows(*tp_, dx_, dx, staging_);
+      detail::reduce_scatter_rows(gemm_, *tp_, dx_, dx, staging_);
     } else {
-      detail::all_reduce_into(*tp_, dx_, dx);
+      detail::all_reduce_into(gemm_, *tp_, dx_, dx);
     }
   }
 
@@ -278,26 +341,26 @@ public:
 private:
   void matmul_forward(matrix_view<T> y) {
     gemm_(trans::n, trans::t, T{1}, detail::cview(x_), detail::cview(w_), T{0}, y);
-    if (opt_.bias) detail::add_row_vector(y, b_);
+    if (opt_.bias) detail::add_row_vector(gemm_, y, b_);
   }
 
   Comm* tp_;
   std::size_t in_;
   std::size_t out_;
   options opt_;
-  Gemm gemm_;
   range range_;
-  matrix<T> dx_;         // dx before its reduction
-  matrix<T> part_;       // gather_output: this rank's columns, padded
-  matrix<T> gathered_;   // gather_output: every rank's
-  std::vector<T> staging_;
+  matrix<T, space> dx_;        // dx before its reduction
+  matrix<T, space> part_;      // gather_output: this rank's columns, padded
+  matrix<T, space> gathered_;  // gather_output: every rank's
+  matrix<T, space> staging_;
 };
 
 template <class T, communicator Comm, class Gemm = cblas, class SP = no_sequence_parallel>
-class row_parallel_linear : public detail::linear_state<T> {
+class row_parallel_linear : public detail::linear_state<T, Gemm> {
   static_assert(gemm_for<Gemm, T>, "weft: row_parallel_linear: Gemm must be a GEMM policy for T (gemm.hpp)");
-  using state = detail::linear_state<T>;
-  using state::b_, state::db_, state::dw_, state::forwarded_, state::w_, state::x_;
+  using state = detail::linear_state<T, Gemm>;
+  using state::b_, state::db_, state::dw_, state::forwarded_, state::gemm_, state::w_, state::x_;
+  using space = typename state::space;
 
 public:
   // This rank's shard: weight out x in_local, bias 1 x out (replicated).
@@ -308,10 +371,11 @@ public:
 
   row_parallel_linear(Comm& tp, std::size_t in, std::size_t out, std::uint64_t seed, std::uint64_t tensor_id,
                       options opt = {}, Gemm gemm = {})
-      : state(out, split_range(in, tp.size(), tp.rank()).size(), opt.bias, out), tp_(&tp), in_(in), out_(out), opt_(opt),
-        gemm_(std::move(gemm)), range_(split_range(in, tp.size(), tp.rank())) {
+      : state(std::move(gemm), out, split_range(in, tp.size(), tp.rank()).size(), opt.bias, out), tp_(&tp), in_(in),
+        out_(out), opt_(opt), range_(split_range(in, tp.size(), tp.rank())) {
     if (in == 0 || out == 0) throw error("row_parallel_linear: in and out must be positive");
-    init_normal(w_.view(), in, 0, range_.begin, seed, tensor_id, opt.init_std);
+    this->check_stream("row_parallel_linear", tp);
+    detail::init_weight(gemm_, w_, in, 0, range_.begin, seed, tensor_id, opt.init_std);
   }
 
   [[nodiscard]] range in_range() const noexcept { return range_; }
@@ -329,15 +393,15 @@ public:
     const std::size_t tokens = x.rows();
     const std::size_t rows_out = SP::enabled ? detail::check_sequence_split(who, tokens, tp_->size()) : tokens;
     expect_shape(who, "y", y, rows_out, out_);
-    detail::assign(x_, x);
-    part_.resize(tokens, out_);
+    detail::assign(gemm_, x_, x);
+    detail::resize(gemm_, part_, tokens, out_);
     gemm_(trans::n, trans::t, T{1}, detail::cview(x_), detail::cview(w_), T{0}, part_.view());
     if constexpr (SP::enabled) {
-      detail::reduce_scatter_rows(*tp_, part_, y, staging_);
+      detail::reduce_scatter_rows(gemm_, *tp_, part_, y, staging_);
     } else {
-      detail::all_reduce_into(*tp_, part_, y);
+      detail::all_reduce_into(gemm_, *tp_, part_, y);
     }
-    if (opt_.bias) detail::add_row_vector(y, b_);
+    if (opt_.bias) detail::add_row_vector(gemm_, y, b_);
     forwarded_ = true;
   }
 
@@ -349,10 +413,10 @@ public:
     const std::size_t rows_in = SP::enabled ? tokens / static_cast<std::size_t>(tp_->size()) : tokens;
     expect_shape(who, "dy", dy, rows_in, out_);
     expect_shape(who, "dx", dx, tokens, range_.size());
-    if (opt_.bias) detail::accumulate_column_sums(dy, db_);  // SP: this rank's rows only
+    if (opt_.bias) detail::accumulate_column_sums(gemm_, dy, db_);  // SP: this rank's rows only
     matrix_view<const T> g = dy;
     if constexpr (SP::enabled) {
-      detail::gather_rows(*tp_, dy, dy_, staging_);
+      detail::gather_rows(gemm_, *tp_, dy, dy_, staging_);
       g = detail::cview(dy_);
     }
     gemm_(trans::t, trans::n, T{1}, g, detail::cview(x_), T{1}, dw_.view());
@@ -371,11 +435,10 @@ private:
   std::size_t in_;
   std::size_t out_;
   options opt_;
-  Gemm gemm_;
   range range_;
-  matrix<T> part_;  // x W^T before its reduction
-  matrix<T> dy_;    // sequence_parallel: the gathered dy
-  std::vector<T> staging_;
+  matrix<T, space> part_;  // x W^T before its reduction
+  matrix<T, space> dy_;    // sequence_parallel: the gathered dy
+  matrix<T, space> staging_;
 };
 
 } // namespace weft::layer

@@ -8,6 +8,9 @@
 //   weft::layer::parallel_mlp<float, Comm> mlp(tp, 1024, 4096, seed, /*tensor ids*/ 10);   // 10, 11
 //   mlp.forward(x, y);      // x, y: tokens x hidden (sequence_parallel: this rank's rows)
 //   mlp.backward(dy, dx);
+//
+// With a device GEMM policy (cublas on the communicator's stream) everything lives in device
+// memory and runs on that stream: the views passed in and out are device views.
 #include <weft/layer/activation.hpp>
 #include <weft/layer/linear.hpp>
 
@@ -24,26 +27,27 @@ class parallel_mlp {
 public:
   using column_type = column_parallel_linear<T, Comm, Gemm, SP>;
   using row_type = row_parallel_linear<T, Comm, Gemm, SP>;
+  using space = space_of<Gemm>;  // where the weights and activations live
 
   parallel_mlp(Comm& tp, std::size_t hidden, std::size_t ffn, std::uint64_t seed, std::uint64_t tensor_id,
                Gemm gemm = {})
-      : tp_(&tp), hidden_(hidden), fc1_(tp, hidden, ffn, seed, tensor_id, {}, gemm),
+      : tp_(&tp), hidden_(hidden), gemm_(gemm), fc1_(tp, hidden, ffn, seed, tensor_id, {}, gemm),
         fc2_(tp, ffn, hidden, seed, tensor_id + 1, {}, gemm) {}
 
   void forward(matrix_view<const T> x, matrix_view<T> y) {
     if (x.cols() != hidden_) ::weft::detail::shape_error("parallel_mlp::forward", "x", x.rows(), x.cols(), x.rows(), hidden_);
     const std::size_t tokens = SP::enabled ? x.rows() * static_cast<std::size_t>(tp_->size()) : x.rows();
-    h_.resize(tokens, fc1_.out_local());
-    a_.resize(tokens, fc1_.out_local());
+    detail::resize(gemm_, h_, tokens, fc1_.out_local());
+    detail::resize(gemm_, a_, tokens, fc1_.out_local());
     fc1_.forward(x, h_.view());
-    gelu_forward<T>(h_.view(), a_.view());
+    gelu_forward<Gemm, T>(gemm_, h_.view(), a_.view());
     fc2_.forward(a_.view(), y);
   }
 
   void backward(matrix_view<const T> dy, matrix_view<T> dx) {
-    da_.resize(h_.rows(), h_.cols());
+    detail::resize(gemm_, da_, h_.rows(), h_.cols());
     fc2_.backward(dy, da_.view());
-    gelu_backward<T>(h_.view(), da_.view(), da_.view());
+    gelu_backward<Gemm, T>(gemm_, h_.view(), da_.view(), da_.view());
     fc1_.backward(da_.view(), dx);
   }
 
@@ -81,7 +85,7 @@ public:
   struct activations {
     typename column_type::activations fc1;
     typename row_type::activations fc2;
-    matrix<T> h;
+    matrix<T, space> h;
   };
   [[nodiscard]] activations stash() { return {fc1_.stash(), fc2_.stash(), std::exchange(h_, {})}; }
   void restore(activations a) {
@@ -96,9 +100,10 @@ public:
 private:
   Comm* tp_;
   std::size_t hidden_;
+  Gemm gemm_;
   column_type fc1_;
   row_type fc2_;
-  matrix<T> h_, a_, da_;  // fc1's output (kept for GELU's backward), GELU's output, its gradient
+  matrix<T, space> h_, a_, da_;  // fc1's output (kept for GELU's backward), GELU's output, its gradient
 };
 
 } // namespace weft::layer

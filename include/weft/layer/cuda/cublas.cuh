@@ -9,11 +9,17 @@
 // C^T = op(B)^T op(A)^T in column-major: one cublas<t>gemm with the operands swapped, the same
 // transpose flags, and m and n exchanged. No copy, no transpose kernel.
 //
+// The layers built on it (linear.hpp, mlp.hpp) keep everything in device memory and queue their
+// element-wise kernels on the same stream (exec.hpp); make it with the communicator's stream.
+//
 // Copies of the policy share one handle (layers take the policy by value). Float uses the
 // default math mode (full FP32: no TF32 unless allow_tf32 is set, since the layers promise
 // float results within 1e-5 of the reference). Calls are asynchronous on the stream.
 #include <weft/core/error.hpp>
 #include <weft/cuda/error.cuh>
+#include <weft/cuda/kernels.cuh>
+#include <weft/layer/cuda/matrix.cuh>
+#include <weft/layer/exec.hpp>
 #include <weft/layer/gemm.hpp>
 #include <weft/layer/matrix.hpp>
 
@@ -48,6 +54,10 @@ namespace weft::layer {
 
 class cublas {
 public:
+  /// The layers keep their weights and activations in device memory and run their element-wise
+  /// work as kernels on stream() (exec.hpp).
+  using space = device_space;
+
   /// A new handle on the current device, on the default stream.
   cublas() : cublas(nullptr) {}
   /// allow_tf32: float GEMMs on tensor cores in TF32 (about 1e-3 relative error).
@@ -129,5 +139,24 @@ private:
 };
 
 static_assert(gemm_for<cublas, float> && gemm_for<cublas, double>);
+
+namespace detail {
+
+/// A layer's (row, column) functor over a flat index.
+template <class F>
+struct element_at {
+  F f;
+  std::size_t cols;
+  __device__ void operator()(std::size_t i) const { f(i / cols, i % cols); }
+};
+
+} // namespace detail
+
+/// The layers' element-wise work on the device (found by detail::for_each_element): one thread
+/// per element, on the policy's stream.
+template <class F>
+void each_element(const cublas& g, std::size_t rows, std::size_t cols, const F& f) {
+  cuda::detail::launch(detail::element_at<F>{f, cols}, rows * cols, g.stream());
+}
 
 } // namespace weft::layer

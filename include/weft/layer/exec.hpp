@@ -1,0 +1,134 @@
+#pragma once
+// Where a layer's work runs. A layer's GEMM policy decides it: cblas and reference_gemm work on
+// host memory, cublas (<weft/layer/cuda/cublas.cuh>) on device memory and its stream. Everything
+// else a layer does between its GEMMs (bias, GELU, copies, sums) is written once, as a
+// WEFT_HOST_DEVICE functor of (row, column), and run here: in a loop on the host, or through the
+// policy's `each_element` (found by argument-dependent lookup) as a kernel on its stream. So the
+// host tests check the arithmetic the device runs (and, with a policy that visits the elements
+// backwards, that no step depends on the order: tests/layer/layer_support.hpp).
+//
+//   using space = weft::layer::space_of<Gemm>;              // host_space or device_space
+//   weft::matrix<T, space> h;                               // a layer's own buffers
+//   detail::resize(gemm, h, tokens, cols);                  // zero-filled, stream-ordered on a device
+//   detail::for_each_element(gemm, y.rows(), y.cols(), detail::add_row<T>{y, b});
+#include <weft/core/config.hpp>
+#include <weft/layer/matrix.hpp>
+
+#include <concepts>
+#include <cstddef>
+#include <span>
+
+namespace weft::layer {
+
+namespace detail {
+template <class G>
+struct space_of_policy {
+  using type = host_space;
+};
+template <class G>
+  requires requires { typename G::space; }
+struct space_of_policy<G> {
+  using type = typename G::space;
+};
+} // namespace detail
+
+/// The memory a GEMM policy works on: G::space where it names one, else host_space.
+template <class G>
+using space_of = typename detail::space_of_policy<G>::type;
+
+template <class G>
+inline constexpr bool on_device = std::same_as<space_of<G>, device_space>;
+
+/// The policy of host work that has no GEMM (an embedding's lookup, a block's residuals).
+struct host_policy {};
+
+namespace detail {
+
+/// f(r, c) for every element of a rows x cols range, where the policy works: through the
+/// policy's `each_element(policy, rows, cols, f)` where it has one (found by argument-dependent
+/// lookup: cublas launches a kernel on its stream), else in a row-major loop on the host. f must
+/// write only its own element, since a policy may visit them in any order.
+template <class G, class F>
+concept element_policy = requires(const G& g, std::size_t n, const F& f) { each_element(g, n, n, f); };
+
+template <class Gemm, class F>
+void for_each_element(const Gemm& g, std::size_t rows, std::size_t cols, const F& f) {
+  if constexpr (element_policy<Gemm, F>) {
+    if (rows * cols != 0) each_element(g, rows, cols, f);
+  } else {
+    static_assert(!on_device<Gemm>, "weft: a device policy must define each_element(policy, rows, cols, f)");
+    (void)g;
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t c = 0; c < cols; ++c) f(r, c);
+  }
+}
+
+/// m = rows x cols of zeros (stream-ordered on a device policy's stream).
+template <class Gemm, class T, class Space>
+void resize(const Gemm& g, matrix<T, Space>& m, std::size_t rows, std::size_t cols) {
+  static_assert(std::same_as<Space, space_of<Gemm>>, "weft: a layer buffer in another memory space than its GEMM");
+  if constexpr (on_device<Gemm>) {
+    m.resize(rows, cols, g.stream());
+  } else {
+    (void)g;
+    m.resize(rows, cols);
+  }
+}
+
+template <class T>
+[[nodiscard]] std::span<T> flat_of(matrix<T, host_space>& m) noexcept {
+  return m.flat();
+}
+/// Any owning matrix's elements as one span (device memory for a device matrix: for collectives).
+template <class T, class Space>
+[[nodiscard]] std::span<T> flat_of(matrix<T, Space>& m) noexcept {
+  return {m.data(), m.size()};
+}
+
+template <class T>
+struct copy_element {
+  matrix_view<const T> src;
+  matrix_view<T> dst;
+  WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t c) const { dst(r, c) = src(r, c); }
+};
+
+template <class T>
+struct zero_element {
+  matrix_view<T> m;
+  WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t c) const { m(r, c) = T{}; }
+};
+
+/// y(r, :) += b(0, :).
+template <class T>
+struct add_row {
+  matrix_view<T> y;
+  matrix_view<const T> b;
+  WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t c) const { y(r, c) += b(0, c); }
+};
+
+/// db(0, c) += the sum of dy(:, c), rows in order (one element per column).
+template <class T>
+struct add_column_sum {
+  matrix_view<const T> dy;
+  matrix_view<T> db;
+  WEFT_HOST_DEVICE void operator()(std::size_t, std::size_t c) const {
+    T s = db(0, c);
+    for (std::size_t r = 0; r < dy.rows(); ++r) s += dy(r, c);
+    db(0, c) = s;
+  }
+};
+
+/// dst = src, same shape, any leading dimensions.
+template <class Gemm, class T>
+void copy_view(const Gemm& g, matrix_view<const T> src, matrix_view<T> dst) {
+  for_each_element(g, src.rows(), src.cols(), copy_element<T>{src, dst});
+}
+
+template <class Gemm, class T, class Space>
+void zero(const Gemm& g, matrix<T, Space>& m) {
+  for_each_element(g, m.rows(), m.cols(), zero_element<T>{m.view()});
+}
+
+} // namespace detail
+
+} // namespace weft::layer
