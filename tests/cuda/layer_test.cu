@@ -1,18 +1,22 @@
 // The device path of the layers: weft::layer::cublas (row-major through the column-major call)
 // against reference_gemm on the host, every transpose combination, odd shapes, operands embedded
 // in larger matrices (ld > cols), alpha/beta, k = 0, a one-row view; and matrix<T, device_space>
-// round trips. Skipped, with the reason, where there is no GPU.
+// round trips; layer_norm on the device (one thread per row or column) against the formulas in
+// double. Skipped, with the reason, where there is no GPU.
 #include <weft/layer/cuda/cublas.cuh>
 #include <weft/layer/cuda/matrix.cuh>
 #include <weft/layer/gemm.hpp>
+#include <weft/layer/layer_norm.hpp>
 
 #include "support/cuda.cuh"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <tuple>
+#include <vector>
 
 namespace {
 
@@ -116,6 +120,82 @@ TEST(LayerCuda, ShapeMismatchIsAnError) {
   } catch (const weft::error& e) {
     EXPECT_NE(std::string(e.what()).find("do not multiply"), std::string::npos) << e.what();
   }
+}
+
+// LayerNorm on the device: y = xhat gamma + beta, dx = rstd (g - mean(g) - xhat mean(g xhat)) with
+// g = dy gamma, dgamma = sum dy xhat, dbeta = sum dy, written out in double here; dx in place of dy.
+template <class T>
+void check_layer_norm(double tol) {
+  const std::size_t rows = 37, hidden = 70;
+  const double eps = 1e-5;
+  std::mt19937 g(5);
+  auto x = random_matrix<T>(rows, hidden, g), dy = random_matrix<T>(rows, hidden, g);
+  auto gamma = random_matrix<T>(1, hidden, g), beta = random_matrix<T>(1, hidden, g);
+  std::vector<double> y_ref(rows * hidden), dx_ref(rows * hidden), dgamma_ref(hidden), dbeta_ref(hidden);
+  for (std::size_t r = 0; r < rows; ++r) {
+    double mean = 0, var = 0;
+    for (std::size_t c = 0; c < hidden; ++c) mean += double(x(r, c)) / hidden;
+    for (std::size_t c = 0; c < hidden; ++c) var += (double(x(r, c)) - mean) * (double(x(r, c)) - mean) / hidden;
+    const double rstd = 1 / std::sqrt(var + eps);
+    double mg = 0, mgx = 0;
+    for (std::size_t c = 0; c < hidden; ++c) {
+      const double xh = (double(x(r, c)) - mean) * rstd, gg = double(dy(r, c)) * double(gamma(0, c));
+      y_ref[r * hidden + c] = xh * double(gamma(0, c)) + double(beta(0, c));
+      dgamma_ref[c] += double(dy(r, c)) * xh;
+      dbeta_ref[c] += double(dy(r, c));
+      mg += gg / hidden;
+      mgx += gg * xh / hidden;
+    }
+    for (std::size_t c = 0; c < hidden; ++c) {
+      const double xh = (double(x(r, c)) - mean) * rstd, gg = double(dy(r, c)) * double(gamma(0, c));
+      dx_ref[r * hidden + c] = rstd * (gg - mg - xh * mgx);
+    }
+  }
+  weft::cuda::stream s;
+  const weft::layer::cublas exec(s.get());
+  weft::layer::layer_norm<T, weft::layer::no_sequence_parallel, weft::layer::cublas> ln(hidden, eps, exec);
+  T gamma0{};
+  s.synchronize();
+  WEFT_CUDA_TRY(cudaMemcpy(&gamma0, ln.gamma().data(), sizeof(T), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(gamma0, T{1});  // initialised on the device
+  auto ps = ln.parameters();
+  auto dx = weft::to_device(x.view(), s.get()), dd = weft::to_device(dy.view(), s.get());
+  weft::device_matrix<T> y(rows, hidden, s.get());
+  WEFT_CUDA_TRY(cudaMemcpyAsync(ps[0].value.data(), gamma.data(), hidden * sizeof(T), cudaMemcpyHostToDevice, s.get()));
+  WEFT_CUDA_TRY(cudaMemcpyAsync(ps[1].value.data(), beta.data(), hidden * sizeof(T), cudaMemcpyHostToDevice, s.get()));
+  ln.forward(dx.cview(), y.view());
+  ln.backward(dd.cview(), dd.view());  // dx in place of dy
+  s.synchronize();
+  const auto yh = weft::to_host(y, s.get()), dxh = weft::to_host(dd, s.get());
+  weft::matrix<T> dgamma(1, hidden), dbeta(1, hidden);
+  WEFT_CUDA_TRY(cudaMemcpy(dgamma.data(), ps[0].grad.data(), hidden * sizeof(T), cudaMemcpyDeviceToHost));
+  WEFT_CUDA_TRY(cudaMemcpy(dbeta.data(), ps[1].grad.data(), hidden * sizeof(T), cudaMemcpyDeviceToHost));
+  const auto check = [&](const char* what, const T* got, const std::vector<double>& want) {
+    double diff = 0, scale = 0;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      diff = std::max(diff, std::abs(double(got[i]) - want[i]));
+      scale = std::max(scale, std::abs(want[i]));
+    }
+    EXPECT_LT(diff / scale, tol) << what;
+  };
+  check("y", yh.data(), y_ref);
+  check("dx", dxh.data(), dx_ref);
+  check("dgamma", dgamma.data(), dgamma_ref);
+  check("dbeta", dbeta.data(), dbeta_ref);
+  ln.zero_grad();
+  s.synchronize();
+  WEFT_CUDA_TRY(cudaMemcpy(dgamma.data(), ps[0].grad.data(), hidden * sizeof(T), cudaMemcpyDeviceToHost));
+  for (T v : dgamma.flat()) EXPECT_EQ(v, T{});
+}
+
+TEST(LayerCuda, LayerNormMatchesFormulaFloat) {
+  WEFT_REQUIRE_DEVICE();
+  check_layer_norm<float>(1e-5);
+}
+
+TEST(LayerCuda, LayerNormMatchesFormulaDouble) {
+  WEFT_REQUIRE_DEVICE();
+  check_layer_norm<double>(1e-12);
 }
 
 } // namespace

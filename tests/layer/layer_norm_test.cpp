@@ -2,15 +2,17 @@
 // explicit Jacobian, itself checked by finite differences), with non-trivial gamma and beta, in
 // float and double; under sequence parallelism at TP 1..4 each rank normalises its rows and the
 // gamma/beta gradients, partial per rank, sum to the unsplit ones after
-// reduce_sequence_parallel_grads.
+// reduce_sequence_parallel_grads. Also with its steps run in reverse order, as a device may.
 #include <weft/layer/layer_norm.hpp>
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <span>
+#include <type_traits>
 
 #include "layer/layer_support.hpp"
+#include "layer/reversed_elements.hpp"
 
 namespace {
 
@@ -70,7 +72,7 @@ TEST(LayerNormReference, JacobianMatchesFiniteDifferences) {
   }
 }
 
-template <class T, class SP>
+template <class T, class SP, class Exec = wl::host_policy>
 void check(int tp) {
   const std::size_t tokens = 12, hidden = 10;
   dmat x = tl::random_dmat(tokens, hidden, 5, 3.0), dy = tl::random_dmat(tokens, hidden, 6);
@@ -81,7 +83,8 @@ void check(int tp) {
   tl::run_ranks(tp, [&](weft::local::communicator& comm) {
     const std::size_t local = SP::enabled ? tokens / static_cast<std::size_t>(tp) : tokens;
     const std::size_t row0 = SP::enabled ? local * static_cast<std::size_t>(comm.rank()) : 0;
-    wl::layer_norm<T, SP> ln(hidden, eps);
+    const Exec exec;
+    wl::layer_norm<T, SP, Exec> ln(hidden, eps, exec);
     for (std::size_t j = 0; j < hidden; ++j) {
       EXPECT_EQ(ln.gamma()(0, j), T{1});
       EXPECT_EQ(ln.beta()(0, j), T{0});
@@ -100,6 +103,9 @@ void check(int tp) {
     wl::reduce_sequence_parallel_grads(comm, std::span<wl::parameter<T>>(ps));
     EXPECT_LT(tl::rel_err(ps[0].grad, ref.dgamma), tol) << "tp=" << tp;
     EXPECT_LT(tl::rel_err(ps[1].grad, ref.dbeta), tol) << "tp=" << tp;
+    if constexpr (!std::is_same_v<Exec, wl::host_policy>) {
+      EXPECT_EQ(*exec.steps, 4u);  // gamma's fill, the forward's rows, the gradients' columns, dx's rows
+    }
     ln.zero_grad();
     EXPECT_EQ(ps[0].grad(0, 0), T{0});
   });
@@ -109,6 +115,12 @@ TEST(LayerNorm, MatchesReference) {
   check<float, wl::no_sequence_parallel>(1);
   check<double, wl::no_sequence_parallel>(1);
   check<float, wl::no_sequence_parallel>(2);  // replicated: every rank holds every token
+}
+
+// With the element-wise steps run backwards, as a device may run them (one thread per row or column).
+TEST(LayerNorm, DoesNotDependOnTheOrderOfItsSteps) {
+  check<double, wl::no_sequence_parallel, tl::reversed_elements>(1);
+  check<float, wl::sequence_parallel, tl::reversed_elements>(3);
 }
 
 TEST(LayerNorm, SequenceParallelGradsSumOverRanks) {

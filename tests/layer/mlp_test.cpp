@@ -9,11 +9,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <memory>
 #include <span>
 #include <type_traits>
 
 #include "layer/layer_support.hpp"
+#include "layer/reversed_elements.hpp"
 
 namespace {
 
@@ -34,17 +34,7 @@ double gelu_grad(double x) {
   return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * s * (1.0 + 3 * 0.044715 * x * x);
 }
 
-// The host GEMM with its element-wise steps (bias, GELU, copies, column sums) run backwards, last
-// element first, as a device may run them in any order (exec.hpp): the layers must not depend on
-// the order. It counts the steps it ran, so a test sees that they went through it.
-struct reversed_elements : wl::cblas {
-  std::shared_ptr<std::size_t> steps = std::make_shared<std::size_t>(0);
-};
-template <class F>
-void each_element(const reversed_elements& g, std::size_t rows, std::size_t cols, const F& f) {
-  for (std::size_t i = rows * cols; i-- > 0;) f(i / cols, i % cols);
-  ++*g.steps;
-}
+using tl::reversed_elements;
 
 template <class C>
 class mlp : public ::testing::Test {};
