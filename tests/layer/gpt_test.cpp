@@ -5,121 +5,31 @@
 //
 // The TP = 1 model itself is checked against independent references elsewhere (the layers'
 // tests, the block's finite differences); here each rank's shards are put back into full
-// matrices at their place (parameter::row0/col0) and compared with TP = 1's.
-#include "layer/layer_support.hpp"
-
-#include <weft/layer/gpt.hpp>
-#include <weft/layer/init.hpp>
+// matrices at their place (parameter::row0/col0) and compared with TP = 1's. Also with every
+// element-wise step run backwards (reversed_elements.hpp), as a device may run them.
+#include "layer/gpt_support.hpp"
+#include "layer/reversed_elements.hpp"
 
 #include <gtest/gtest.h>
 
-#include <map>
-#include <mutex>
 #include <string>
-#include <vector>
 
 namespace {
 
 using namespace weft::test::layer;
+using namespace weft::test::layer::gpt_run;
 using weft::layer::no_sequence_parallel;
 using weft::layer::sequence_parallel;
 namespace recompute = weft::layer::recompute;
-using comm_t = weft::local::communicator;
 
-constexpr weft::layer::gpt_shape shape{.vocab = 37, .hidden = 24, .heads = 12, .ffn = 40, .seq = 6, .layers = 2};
-constexpr std::size_t batch = 2;
-constexpr std::size_t tokens = batch * shape.seq;
-constexpr int steps = 3;
-constexpr double learning_rate = 0.5;
-
-struct run_result {
-  std::vector<double> losses;            // one per step, before its update
-  dmat logits;                           // tokens x vocab, first step
-  std::map<std::string, dmat> grads;     // full shapes, first step
-};
-
-std::vector<std::int32_t> ids_from(std::uint32_t s) {
-  std::vector<std::int32_t> v(tokens);
-  std::uint32_t x = s;
-  for (auto& t : v) {
-    x = x * 1664525u + 1013904223u;
-    t = static_cast<std::int32_t>((x >> 8) % shape.vocab);
-  }
-  return v;
-}
-
-/// Copies a rank's shard into the full matrix (creating it from the TP = 1 shape on first use).
-void place(std::map<std::string, dmat>& into, const std::string& name, weft::matrix_view<const double> v,
-           std::size_t row0, std::size_t col0, std::size_t full_rows, std::size_t full_cols) {
-  auto [it, fresh] = into.try_emplace(name, full_rows, full_cols);
-  (void)fresh;
-  for (std::size_t r = 0; r < v.rows(); ++r)
-    for (std::size_t c = 0; c < v.cols(); ++c) it->second(row0 + r, col0 + c) = v(r, c);
-}
-
-template <class T>
-weft::matrix<double> as_double(weft::matrix_view<const T> v) {
-  weft::matrix<double> d(v.rows(), v.cols());
-  for (std::size_t r = 0; r < v.rows(); ++r)
-    for (std::size_t c = 0; c < v.cols(); ++c) d(r, c) = static_cast<double>(v(r, c));
-  return d;
-}
-
-template <class T, class SP, class Recompute>
-run_result train(int tp) {
-  const auto ids = ids_from(1);
-  const auto targets = ids_from(2);
-  run_result out;
-  std::mutex mu;
-  run_ranks(tp, [&](comm_t& c) {
-    weft::layer::gpt<T, comm_t, weft::layer::cblas, SP, Recompute> model(c, shape, 99);
-    for (int step = 0; step < steps; ++step) {
-      model.zero_grad();
-      const double loss = model.forward(ids, targets);
-      model.backward();
-      std::lock_guard lock(mu);
-      if (c.rank() == 0) out.losses.push_back(loss);
-      if (step == 0) {
-        const auto vr = weft::layer::split_range(shape.vocab, tp, c.rank());
-        place(out.grads, "logits", as_double(model.logits()).view(), 0, vr.begin, tokens, shape.vocab);
-        for (auto& p : model.parameters()) {
-          const auto g = as_double(weft::matrix_view<const T>(p.grad.data(), p.grad.rows(), p.grad.cols(), p.grad.ld()));
-          place(out.grads, p.name, g.view(), p.row0, p.col0, p.full_rows, p.full_cols);
-        }
-      }
-      // Plain SGD on every shard.
-      for (auto& p : model.parameters())
-        for (std::size_t r = 0; r < p.value.rows(); ++r)
-          for (std::size_t col = 0; col < p.value.cols(); ++col)
-            p.value(r, col) -= static_cast<T>(learning_rate) * p.grad(r, col);
-    }
-  });
-  out.logits = std::move(out.grads.at("logits"));
-  out.grads.erase("logits");
-  return out;
-}
-
-/// max |got - want| / max |want|, over two full matrices of the same shape.
-double difference(const dmat& got, const dmat& want) {
-  EXPECT_EQ(got.rows(), want.rows());
-  EXPECT_EQ(got.cols(), want.cols());
-  double d = 0.0, scale = 0.0;
-  for (std::size_t r = 0; r < std::min(got.rows(), want.rows()); ++r)
-    for (std::size_t c = 0; c < std::min(got.cols(), want.cols()); ++c) {
-      d = std::max(d, std::isfinite(got(r, c)) ? std::abs(got(r, c) - want(r, c)) : 1e300);
-      scale = std::max(scale, std::abs(want(r, c)));
-    }
-  return scale == 0.0 ? d : d / scale;
-}
-
-template <class T, class SP, class Recompute>
+template <class T, class SP, class Recompute, class Gemm = weft::layer::cblas>
 void matches_tp1() {
   const run_result one = train<T, no_sequence_parallel, recompute::none>(1);
   ASSERT_EQ(one.losses.size(), static_cast<std::size_t>(steps));
   // The model learns something in three steps: the losses fall.
   EXPECT_LT(one.losses.back(), one.losses.front());
   for (int tp : {1, 2, 3, 4}) {
-    const run_result r = train<T, SP, Recompute>(tp);
+    const run_result r = train<T, SP, Recompute, Gemm>(tp);
     SCOPED_TRACE("tp=" + std::to_string(tp));
     ASSERT_EQ(r.losses.size(), one.losses.size());
     for (int s = 0; s < steps; ++s) {
@@ -145,6 +55,12 @@ void every_type_and_sequence_policy() {
 TEST(Gpt, MatchesTp1) { every_type_and_sequence_policy<recompute::none>(); }
 TEST(Gpt, SelectiveRecomputeMatchesTp1) { every_type_and_sequence_policy<recompute::selective>(); }
 TEST(Gpt, FullRecomputeMatchesTp1) { every_type_and_sequence_policy<recompute::full>(); }
+
+// Every element-wise step of the model run backwards, as a device may run them (exec.hpp).
+TEST(Gpt, ElementOrderDoesNotMatter) {
+  matches_tp1<double, no_sequence_parallel, recompute::selective, reversed_elements>();
+  matches_tp1<double, sequence_parallel, recompute::full, reversed_elements>();
+}
 
 TEST(Gpt, BadBatchIsAnError) {
   run_ranks(2, [](comm_t& c) {

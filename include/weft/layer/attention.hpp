@@ -14,9 +14,14 @@
 // The attention core keeps the softmax probabilities (batch x local heads x seq x seq) for its
 // backward unless told not to (keep_probabilities(false): selective recompute, recompute.hpp),
 // in which case backward recomputes them from the kept q, k and v.
+//
+// With a device GEMM policy (cublas on the communicator's stream) all of it lives in device memory:
+// the softmax and its backward are one functor per row (exec.hpp), the per-head products cuBLAS's.
 #include <weft/comm/communicator.hpp>
+#include <weft/core/config.hpp>
 #include <weft/core/error.hpp>
 #include <weft/layer/cblas.hpp>
+#include <weft/layer/exec.hpp>
 #include <weft/layer/gemm.hpp>
 #include <weft/layer/linear.hpp>
 #include <weft/layer/matrix.hpp>
@@ -36,12 +41,14 @@ namespace weft::layer {
 
 namespace detail {
 
-/// Row-wise softmax of the causal scores in place: s(i, j) for j > i is masked (probability 0).
+/// Row i of the softmax of the causal scores, in place: s(i, j) for j > i is masked (probability
+/// 0). Called as (i, 0).
 template <class T>
-void causal_softmax(matrix_view<T> s) {
-  for (std::size_t i = 0; i < s.rows(); ++i) {
+struct causal_softmax_row {
+  matrix_view<T> s;
+  WEFT_HOST_DEVICE void operator()(std::size_t i, std::size_t) const {
     T top = s(i, 0);
-    for (std::size_t j = 1; j <= i; ++j) top = std::max(top, s(i, j));
+    for (std::size_t j = 1; j <= i; ++j) top = s(i, j) > top ? s(i, j) : top;
     T sum{};
     for (std::size_t j = 0; j <= i; ++j) {
       s(i, j) = std::exp(s(i, j) - top);
@@ -51,6 +58,26 @@ void causal_softmax(matrix_view<T> s) {
     for (std::size_t j = 0; j <= i; ++j) s(i, j) *= inv;
     for (std::size_t j = i + 1; j < s.cols(); ++j) s(i, j) = T{};
   }
+};
+
+/// Row i of the softmax's backward, in place: dp(i, j) = p(i, j) (dp(i, j) - sum_k p(i, k) dp(i, k))
+/// on the causal part, 0 above it. Called as (i, 0).
+template <class T>
+struct causal_softmax_backward_row {
+  matrix_view<const T> p;
+  matrix_view<T> dp;
+  WEFT_HOST_DEVICE void operator()(std::size_t i, std::size_t) const {
+    T dot{};
+    for (std::size_t j = 0; j <= i; ++j) dot += p(i, j) * dp(i, j);
+    for (std::size_t j = 0; j <= i; ++j) dp(i, j) = p(i, j) * (dp(i, j) - dot);
+    for (std::size_t j = i + 1; j < dp.cols(); ++j) dp(i, j) = T{};
+  }
+};
+
+/// Row-wise causal softmax in place, where the policy works.
+template <class Exec, class T>
+void causal_softmax(const Exec& exec, matrix_view<T> s) {
+  for_each_element(exec, s.rows(), 1, causal_softmax_row<T>{s});
 }
 
 } // namespace detail
@@ -60,6 +87,7 @@ class parallel_attention {
 public:
   using qkv_layer = column_parallel_linear<T, Comm, Gemm, SP>;
   using out_layer = row_parallel_linear<T, Comm, Gemm, SP>;
+  using space = space_of<Gemm>;  // where q, k, v, the probabilities and the context live
 
   /// Tensor ids tensor_id (QKV) and tensor_id + 1 (output projection).
   parallel_attention(Comm& tp, std::size_t hidden, std::size_t heads, std::size_t seq, std::uint64_t seed,
@@ -85,10 +113,10 @@ public:
                   std::to_string(seq_));
     }
     batch_ = tokens / seq_;
-    qkv_out_.resize(tokens, qkv_.out_local());
+    detail::resize(gemm_, qkv_out_, tokens, qkv_.out_local());
     qkv_.forward(x, qkv_out_.view());
-    ctx_.resize(tokens, local_heads_ * head_dim_);
-    probs_.resize(keep_probs_ ? batch_ * local_heads_ * seq_ : seq_, seq_);
+    detail::resize(gemm_, ctx_, tokens, local_heads_ * head_dim_);
+    detail::resize(gemm_, probs_, keep_probs_ ? batch_ * local_heads_ * seq_ : seq_, seq_);
     for (std::size_t b = 0; b < batch_; ++b) {
       for (std::size_t h = 0; h < local_heads_; ++h) {
         auto p = probabilities(b, h, keep_probs_);
@@ -102,10 +130,10 @@ public:
   /// dy: like y; dx: like x.
   void backward(matrix_view<const T> dy, matrix_view<T> dx) {
     const std::size_t tokens = batch_ * seq_;
-    dctx_.resize(tokens, local_heads_ * head_dim_);
+    detail::resize(gemm_, dctx_, tokens, local_heads_ * head_dim_);
     out_.backward(dy, dctx_.view());
-    dqkv_.resize(tokens, qkv_.out_local());
-    dp_.resize(seq_, seq_);
+    detail::resize(gemm_, dqkv_, tokens, qkv_.out_local());
+    detail::resize(gemm_, dp_, seq_, seq_);
     for (std::size_t b = 0; b < batch_; ++b) {
       for (std::size_t h = 0; h < local_heads_; ++h) {
         auto p = probabilities(b, h, kept_probs_);
@@ -145,7 +173,7 @@ public:
   struct activations {
     typename qkv_layer::activations qkv;
     typename out_layer::activations out;
-    matrix<T> qkv_out, ctx, probs;
+    matrix<T, space> qkv_out, ctx, probs;
     std::size_t batch = 0;
     bool kept_probs = true;
   };
@@ -183,10 +211,10 @@ private:
   }
 
   // Views of head h of sequence b: q, k, v (seq x d) in the QKV output, its context columns.
-  matrix_view<T> part(matrix<T>& m, std::size_t b, std::size_t h, std::size_t which) {
+  matrix_view<T> part(matrix<T, space>& m, std::size_t b, std::size_t h, std::size_t which) {
     return m.view().rows_from(b * seq_, seq_).cols_from((3 * h + which) * head_dim_, head_dim_);
   }
-  matrix_view<T> ctx_of(matrix<T>& m, std::size_t b, std::size_t h) {
+  matrix_view<T> ctx_of(matrix<T, space>& m, std::size_t b, std::size_t h) {
     return m.view().rows_from(b * seq_, seq_).cols_from(h * head_dim_, head_dim_);
   }
   matrix_view<T> probabilities(std::size_t b, std::size_t h, bool kept) {
@@ -198,7 +226,7 @@ private:
   void recompute_probabilities(std::size_t b, std::size_t h, matrix_view<T> p) {
     gemm_(trans::n, trans::t, scale(), detail::cview(part(qkv_out_, b, h, 0)), detail::cview(part(qkv_out_, b, h, 1)),
           T{0}, p);
-    detail::causal_softmax(p);
+    detail::causal_softmax(gemm_, p);
   }
 
   void core_forward(std::size_t b, std::size_t h, matrix_view<T> p) {
@@ -213,12 +241,7 @@ private:
     const auto d_out = detail::cview(ctx_of(dctx_, b, h));
     gemm_(trans::t, trans::n, T{1}, p, d_out, T{0}, part(dqkv_, b, h, 2));
     gemm_(trans::n, trans::t, T{1}, d_out, detail::cview(part(qkv_out_, b, h, 2)), T{0}, dp_.view());
-    for (std::size_t i = 0; i < seq_; ++i) {
-      T dot{};
-      for (std::size_t j = 0; j <= i; ++j) dot += p(i, j) * dp_(i, j);
-      for (std::size_t j = 0; j <= i; ++j) dp_(i, j) = p(i, j) * (dp_(i, j) - dot);
-      for (std::size_t j = i + 1; j < seq_; ++j) dp_(i, j) = T{};
-    }
+    detail::for_each_element(gemm_, seq_, 1, detail::causal_softmax_backward_row<T>{p, dp_.view()});
     const auto ds = detail::cview(dp_.view());
     gemm_(trans::n, trans::n, scale(), ds, detail::cview(part(qkv_out_, b, h, 1)), T{0}, part(dqkv_, b, h, 0));
     gemm_(trans::t, trans::n, scale(), ds, detail::cview(part(qkv_out_, b, h, 0)), T{0}, part(dqkv_, b, h, 1));
@@ -235,8 +258,8 @@ private:
   bool keep_probs_ = true;
   bool kept_probs_ = true;
   std::size_t batch_ = 0;
-  matrix<T> qkv_out_, ctx_, probs_;    // kept between forward and backward
-  matrix<T> dctx_, dqkv_, dp_;         // backward's scratch
+  matrix<T, space> qkv_out_, ctx_, probs_;  // kept between forward and backward
+  matrix<T, space> dctx_, dqkv_, dp_;       // backward's scratch
 };
 
 } // namespace weft::layer

@@ -11,9 +11,13 @@
 //                         the LayerNorm and bias gradients are partial (reduce_sequence_parallel_grads)
 //
 // Tensor ids tensor_id .. tensor_id + 3 (attention QKV and output, MLP in and out).
+//
+// With a device GEMM policy (cublas on the communicator's stream) the whole block, its layer
+// norms and residual adds included, runs in device memory on that stream (exec.hpp).
 #include <weft/comm/communicator.hpp>
 #include <weft/layer/attention.hpp>
 #include <weft/layer/cblas.hpp>
+#include <weft/layer/exec.hpp>
 #include <weft/layer/layer_norm.hpp>
 #include <weft/layer/linear.hpp>
 #include <weft/layer/matrix.hpp>
@@ -43,10 +47,12 @@ template <class T, communicator Comm, class Gemm = cblas, class SP = no_sequence
 class transformer_block {
 public:
   static constexpr std::uint64_t tensor_ids = 4;
+  using space = space_of<Gemm>;
+  using norm_type = layer_norm<T, SP, Gemm>;
 
   transformer_block(Comm& tp, block_shape shape, std::uint64_t seed, std::uint64_t tensor_id, Gemm gemm = {})
-      : hidden_(shape.hidden), ln1_(shape.hidden), attn_(tp, shape.hidden, shape.heads, shape.seq, seed, tensor_id, gemm),
-        ln2_(shape.hidden),
+      : hidden_(shape.hidden), gemm_(gemm), ln1_(shape.hidden, 1e-5, gemm),
+        attn_(tp, shape.hidden, shape.heads, shape.seq, seed, tensor_id, gemm), ln2_(shape.hidden, 1e-5, gemm),
         mlp_(tp, shape.hidden, shape.ffn == 0 ? 4 * shape.hidden : shape.ffn, seed, tensor_id + 2, gemm) {
     attn_.keep_probabilities(!std::is_same_v<Recompute, recompute::selective>);
   }
@@ -56,7 +62,7 @@ public:
     expect_shape("transformer_block::forward", "y", y, x.rows(), hidden_);
     if (x.cols() != hidden_) expect_shape("transformer_block::forward", "x", x, x.rows(), hidden_);
     if constexpr (std::is_same_v<Recompute, recompute::full>) {
-      detail::assign(input_, x);
+      detail::assign(gemm_, input_, x);
       run_forward(detail::cview(input_.view()), y);
       drop_activations();
     } else {
@@ -68,20 +74,18 @@ public:
   void backward(matrix_view<const T> dy, matrix_view<T> dx) {
     expect_shape("transformer_block::backward", "dx", dx, dy.rows(), hidden_);
     if constexpr (std::is_same_v<Recompute, recompute::full>) {
-      scratch_.resize(input_.rows(), hidden_);
+      detail::resize(gemm_, scratch_, input_.rows(), hidden_);
       run_forward(detail::cview(input_.view()), scratch_.view());
     }
     const std::size_t rows = dy.rows();
-    t1_.resize(rows, hidden_);
-    t2_.resize(rows, hidden_);
-    mlp_.backward(dy, t1_.view());                 // d(mlp input)
+    detail::resize(gemm_, t1_, rows, hidden_);
+    detail::resize(gemm_, t2_, rows, hidden_);
+    mlp_.backward(dy, t1_.view());                         // d(mlp input)
     ln2_.backward(detail::cview(t1_.view()), t2_.view());  // through the second norm
-    for (std::size_t r = 0; r < rows; ++r)
-      for (std::size_t c = 0; c < hidden_; ++c) t2_(r, c) += dy(r, c);  // dh: the residual adds dy
+    residual(t2_.view(), dy);                              // dh: the residual adds dy
     attn_.backward(detail::cview(t2_.view()), t1_.view());
     ln1_.backward(detail::cview(t1_.view()), dx);
-    for (std::size_t r = 0; r < rows; ++r)
-      for (std::size_t c = 0; c < hidden_; ++c) dx(r, c) += t2_(r, c);
+    residual(dx, detail::cview(t2_.view()));
   }
 
   [[nodiscard]] std::vector<parameter<T>> parameters() {
@@ -108,11 +112,11 @@ public:
   /// What backward needs from forward, moved out and back (see linear.hpp): a pipeline stage
   /// keeps one per microbatch in flight, so the recompute policy holds per microbatch too.
   struct activations {
-    typename layer_norm<T, SP>::activations ln1;
+    typename norm_type::activations ln1;
     typename parallel_attention<T, Comm, Gemm, SP>::activations attn;
-    typename layer_norm<T, SP>::activations ln2;
+    typename norm_type::activations ln2;
     typename parallel_mlp<T, Comm, Gemm, SP>::activations mlp;
-    matrix<T> input;
+    matrix<T, space> input;
   };
   [[nodiscard]] activations stash() {
     return {ln1_.stash(), attn_.stash(), ln2_.stash(), mlp_.stash(), std::exchange(input_, {})};
@@ -136,18 +140,20 @@ private:
     }
   }
 
+  void residual(matrix_view<T> y, matrix_view<const T> x) {
+    detail::for_each_element(gemm_, y.rows(), y.cols(), detail::add_element<T>{y, x});
+  }
+
   void run_forward(matrix_view<const T> x, matrix_view<T> y) {
     const std::size_t rows = x.rows();
-    a_.resize(rows, hidden_);
-    h_.resize(rows, hidden_);
+    detail::resize(gemm_, a_, rows, hidden_);
+    detail::resize(gemm_, h_, rows, hidden_);
     ln1_.forward(x, a_.view());
     attn_.forward(detail::cview(a_.view()), h_.view());
-    for (std::size_t r = 0; r < rows; ++r)
-      for (std::size_t c = 0; c < hidden_; ++c) h_(r, c) += x(r, c);
+    residual(h_.view(), x);
     ln2_.forward(detail::cview(h_.view()), a_.view());
     mlp_.forward(detail::cview(a_.view()), y);
-    for (std::size_t r = 0; r < rows; ++r)
-      for (std::size_t c = 0; c < hidden_; ++c) y(r, c) += h_(r, c);
+    residual(y, detail::cview(h_.view()));
   }
 
   // Full recompute: nothing but the input survives the forward; the forward that backward runs
@@ -162,13 +168,14 @@ private:
   }
 
   std::size_t hidden_;
-  layer_norm<T, SP> ln1_;
+  Gemm gemm_;
+  norm_type ln1_;
   parallel_attention<T, Comm, Gemm, SP> attn_;
-  layer_norm<T, SP> ln2_;
+  norm_type ln2_;
   parallel_mlp<T, Comm, Gemm, SP> mlp_;
-  matrix<T> input_;        // full recompute: the block's input
-  matrix<T> a_, h_;        // forward scratch: normed input, the residual stream after attention
-  matrix<T> t1_, t2_, scratch_;
+  matrix<T, space> input_;  // full recompute: the block's input
+  matrix<T, space> a_, h_;  // forward scratch: normed input, the residual stream after attention
+  matrix<T, space> t1_, t2_, scratch_;
 };
 
 } // namespace weft::layer

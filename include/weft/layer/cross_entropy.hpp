@@ -11,10 +11,17 @@
 // Computed in T, at least float (so fp32 for float, fp64 for double), in a fixed order: the same
 // loss at every TP size, including a vocabulary that does not divide by it (the uneven columns
 // are split_range's, which the column-parallel layer producing the logits uses too).
+//
+// Exec says where the logits live (exec.hpp): the host by default; with a device policy (cublas
+// on the communicator's stream) the logits, the kept softmax and dlogits are device memory, the
+// row statistics one thread per row, the rest one per element; the targets (a host span, checked
+// there) are copied to the device, and the per-token sums come back to the host for the loss.
 #include <weft/comm/all_reduce.hpp>
 #include <weft/comm/communicator.hpp>
+#include <weft/core/config.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/ops.hpp>
+#include <weft/layer/exec.hpp>
 #include <weft/layer/init.hpp>
 #include <weft/layer/matrix.hpp>
 
@@ -31,20 +38,85 @@
 
 namespace weft::layer {
 
-template <class T, communicator Comm>
+namespace detail {
+
+/// row_max(t, 0) = the largest of token t's local logits. Called as (t, 0).
+template <class T>
+struct row_maximum {
+  matrix_view<const T> logits;
+  matrix_view<T> row_max;
+  WEFT_HOST_DEVICE void operator()(std::size_t t, std::size_t) const {
+    T m = row_max(t, 0);
+    for (std::size_t c = 0; c < logits.cols(); ++c) m = logits(t, c) > m ? logits(t, c) : m;
+    row_max(t, 0) = m;
+  }
+};
+
+/// Token t: sums(0, t) = its target logit minus the row maximum where this rank holds the
+/// target (else 0), sums(1, t) = the sum of exp(logit - maximum) over the local columns, kept
+/// per column in probs. Called as (t, 0).
+template <class T>
+struct shifted_exponentials {
+  matrix_view<const T> logits;
+  const std::int32_t* targets;
+  matrix_view<const T> row_max;
+  matrix_view<T> probs;
+  matrix_view<T> sums;  // 2 x tokens
+  std::size_t begin;
+  WEFT_HOST_DEVICE void operator()(std::size_t t, std::size_t) const {
+    const auto target = static_cast<std::size_t>(targets[t]);
+    const T top = row_max(t, 0);
+    sums(0, t) = target >= begin && target - begin < logits.cols() ? logits(t, target - begin) - top : T{};
+    T s{};
+    for (std::size_t c = 0; c < logits.cols(); ++c) {
+      const T e = std::exp(logits(t, c) - top);
+      probs(t, c) = e;
+      s += e;
+    }
+    sums(1, t) = s;
+  }
+};
+
+template <class T>
+struct normalise_row {
+  matrix_view<T> probs;
+  matrix_view<const T> sums;
+  WEFT_HOST_DEVICE void operator()(std::size_t t, std::size_t c) const { probs(t, c) /= sums(1, t); }
+};
+
+/// d(mean loss)/d(logit) = (softmax - [column == target]) / tokens.
+template <class T>
+struct cross_entropy_gradient {
+  matrix_view<const T> probs;
+  const std::int32_t* targets;
+  matrix_view<T> dlogits;
+  std::size_t begin;
+  T inv;
+  WEFT_HOST_DEVICE void operator()(std::size_t t, std::size_t c) const {
+    const T onehot = begin + c == static_cast<std::size_t>(targets[t]) ? T{1} : T{0};
+    dlogits(t, c) = (probs(t, c) - onehot) * inv;
+  }
+};
+
+} // namespace detail
+
+template <class T, communicator Comm, class Exec = host_policy>
 class vocab_parallel_cross_entropy {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "weft: vocab_parallel_cross_entropy computes in float or double: use T = float or double");
 
 public:
-  vocab_parallel_cross_entropy(Comm& tp, std::size_t vocab)
-      : tp_(&tp), vocab_(vocab), range_(split_range(vocab, tp.size(), tp.rank())) {
+  using space = space_of<Exec>;
+
+  vocab_parallel_cross_entropy(Comm& tp, std::size_t vocab, Exec exec = {})
+      : tp_(&tp), vocab_(vocab), range_(split_range(vocab, tp.size(), tp.rank())), exec_(std::move(exec)) {
     if (vocab == 0) throw error("vocab_parallel_cross_entropy: vocab must be positive");
   }
 
   [[nodiscard]] range vocab_range() const noexcept { return range_; }
 
-  /// logits: tokens x vocab_range().size(); targets: tokens ids in [0, vocab). Returns the mean loss.
+  /// logits: tokens x vocab_range().size(); targets: tokens ids in [0, vocab). Returns the mean loss
+  /// (with a device policy, once the stream has computed it).
   double forward(matrix_view<const T> logits, std::span<const std::int32_t> targets) {
     static constexpr std::string_view who = "vocab_parallel_cross_entropy::forward";
     const std::size_t tokens = targets.size();
@@ -56,34 +128,36 @@ public:
                     ", outside the vocabulary [0, " + std::to_string(vocab_) + ")");
       }
     }
+    targets_.assign(targets.begin(), targets.end());
+    const std::int32_t* target_data = targets_.data();
+    if constexpr (on_device<Exec>) {
+      device_targets_.copy_from(matrix_view<const std::int32_t>(targets_.data(), 1, tokens), exec_.stream());
+      target_data = device_targets_.data();
+    }
     const std::size_t cols = range_.size();
     // 1. The row maxima.
-    std::vector<T> row_max(tokens, std::numeric_limits<T>::lowest());
-    for (std::size_t t = 0; t < tokens; ++t)
-      for (std::size_t c = 0; c < cols; ++c) row_max[t] = std::max(row_max[t], logits(t, c));
-    if (tp_->size() > 1) all_reduce(*tp_, std::span<T>(row_max), op::max{});
+    detail::resize(exec_, row_max_, tokens, 1);
+    detail::for_each_element(exec_, tokens, 1, detail::fill_element<T>{row_max_.view(), std::numeric_limits<T>::lowest()});
+    detail::for_each_element(exec_, tokens, 1, detail::row_maximum<T>{logits, row_max_.view()});
+    if (tp_->size() > 1) all_reduce(*tp_, detail::flat_of(row_max_), op::max{});
     // 2. Target logits (shifted) and sums of exponentials, packed into one all-reduce.
-    std::vector<T> sums(2 * tokens, T{});
-    probs_.resize(tokens, cols);
-    for (std::size_t t = 0; t < tokens; ++t) {
-      const auto target = static_cast<std::size_t>(targets[t]);
-      if (target >= range_.begin && target < range_.end) sums[t] = logits(t, target - range_.begin) - row_max[t];
-      T s{};
-      for (std::size_t c = 0; c < cols; ++c) {
-        const T e = std::exp(logits(t, c) - row_max[t]);
-        probs_(t, c) = e;
-        s += e;
-      }
-      sums[tokens + t] = s;
+    detail::resize(exec_, sums_, 2, tokens);
+    detail::resize(exec_, probs_, tokens, cols);
+    detail::for_each_element(exec_, tokens, 1,
+                             detail::shifted_exponentials<T>{logits, target_data, row_max_.view(), probs_.view(),
+                                                             sums_.view(), range_.begin});
+    if (tp_->size() > 1) all_reduce(*tp_, detail::flat_of(sums_));
+    detail::for_each_element(exec_, tokens, cols, detail::normalise_row<T>{probs_.view(), sums_.view()});
+    // 3. The mean loss, on the host.
+    const T* sums = sums_.data();
+    matrix<T> host_sums;
+    if constexpr (on_device<Exec>) {
+      host_sums.resize(2, tokens);
+      sums_.copy_to(host_sums.view(), exec_.stream());  // waits for the stream
+      sums = host_sums.data();
     }
-    if (tp_->size() > 1) all_reduce(*tp_, std::span<T>(sums));
     double total = 0.0;
-    for (std::size_t t = 0; t < tokens; ++t) {
-      const T sum_exp = sums[tokens + t];
-      total += static_cast<double>(std::log(sum_exp) - sums[t]);
-      for (std::size_t c = 0; c < cols; ++c) probs_(t, c) /= sum_exp;
-    }
-    targets_.assign(targets.begin(), targets.end());
+    for (std::size_t t = 0; t < tokens; ++t) total += static_cast<double>(std::log(sums[tokens + t]) - sums[t]);
     return total / static_cast<double>(tokens);
   }
 
@@ -94,21 +168,22 @@ public:
     const std::size_t tokens = targets_.size();
     expect_shape(who, "dlogits", dlogits, tokens, range_.size());
     const T inv = T{1} / static_cast<T>(tokens);
-    for (std::size_t t = 0; t < tokens; ++t) {
-      const auto target = static_cast<std::size_t>(targets_[t]);
-      for (std::size_t c = 0; c < range_.size(); ++c) {
-        const T onehot = range_.begin + c == target ? T{1} : T{0};
-        dlogits(t, c) = (probs_(t, c) - onehot) * inv;
-      }
-    }
+    const std::int32_t* target_data = targets_.data();
+    if constexpr (on_device<Exec>) target_data = device_targets_.data();
+    detail::for_each_element(exec_, tokens, range_.size(),
+                             detail::cross_entropy_gradient<T>{probs_.view(), target_data, dlogits, range_.begin, inv});
   }
 
 private:
   Comm* tp_;
   std::size_t vocab_;
   range range_;
-  matrix<T> probs_;  // the softmax on local columns, kept for backward
+  Exec exec_;
+  matrix<T, space> probs_;    // the softmax on local columns, kept for backward
+  matrix<T, space> row_max_;  // tokens x 1
+  matrix<T, space> sums_;     // 2 x tokens: shifted target logits, sums of exponentials
   std::vector<std::int32_t> targets_;
+  matrix<std::int32_t, space> device_targets_;  // a device policy's copy of targets_
 };
 
 } // namespace weft::layer

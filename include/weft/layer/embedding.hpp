@@ -7,6 +7,14 @@
 //
 //   weft::layer::vocab_parallel_embedding<float, Comm> emb(tp, 50257, 1024, seed, /*tensor id*/ 0);
 //   emb.forward(ids, y);     // ids: every token; y: tokens x hidden (SP: tokens / tp rows)
+//
+// Exec says where the table and y live (exec.hpp): the host by default; with a device policy
+// (cublas on the communicator's stream) both are device memory, the ids (always a host span,
+// checked there) are copied to the device, the lookup is one thread per element and the
+// gradient one thread per column, adding the tokens' rows in token order (no atomics: the same
+// sums as the host's, whatever ids repeat).
+#include <weft/core/config.hpp>
+#include <weft/layer/exec.hpp>
 #include <weft/layer/init.hpp>
 #include <weft/layer/linear.hpp>
 
@@ -20,15 +28,53 @@
 
 namespace weft::layer {
 
-template <class T, communicator Comm, class SP = no_sequence_parallel>
+namespace detail {
+
+/// part(t, c) = the table's row of token t's id where this rank holds it, else 0.
+template <class T>
+struct embedding_lookup {
+  const std::int32_t* ids;
+  matrix_view<const T> w;
+  matrix_view<T> part;
+  std::size_t begin;
+  WEFT_HOST_DEVICE void operator()(std::size_t t, std::size_t c) const {
+    const auto id = static_cast<std::size_t>(ids[t]);
+    part(t, c) = id >= begin && id - begin < w.rows() ? w(id - begin, c) : T{};
+  }
+};
+
+/// Column c of the table's gradient: dw(id_t, c) += g(t, c) for the local ids, tokens in order.
+/// Called as (0, c).
+template <class T>
+struct embedding_grad_column {
+  const std::int32_t* ids;
+  std::size_t tokens;
+  matrix_view<const T> g;
+  matrix_view<T> dw;
+  std::size_t begin;
+  WEFT_HOST_DEVICE void operator()(std::size_t, std::size_t c) const {
+    for (std::size_t t = 0; t < tokens; ++t) step(t, c);
+  }
+  WEFT_HOST_DEVICE void step(std::size_t t, std::size_t c) const {
+    const auto id = static_cast<std::size_t>(ids[t]);
+    if (id >= begin && id - begin < dw.rows()) dw(id - begin, c) += g(t, c);
+  }
+};
+
+} // namespace detail
+
+template <class T, communicator Comm, class SP = no_sequence_parallel, class Exec = host_policy>
 class vocab_parallel_embedding {
 public:
+  using space = space_of<Exec>;
+
   vocab_parallel_embedding(Comm& tp, std::size_t vocab, std::size_t hidden, std::uint64_t seed, std::uint64_t tensor_id,
-                           double init_std = 0.02)
-      : tp_(&tp), vocab_(vocab), hidden_(hidden), range_(split_range(vocab, tp.size(), tp.rank())),
-        w_(range_.size(), hidden), dw_(range_.size(), hidden) {
+                           double init_std = 0.02, Exec exec = {})
+      : tp_(&tp), vocab_(vocab), hidden_(hidden), range_(split_range(vocab, tp.size(), tp.rank())), exec_(std::move(exec)) {
     if (vocab == 0 || hidden == 0) throw error("vocab_parallel_embedding: vocab and hidden must be positive");
-    init_normal(w_.view(), hidden, range_.begin, 0, seed, tensor_id, init_std);
+    detail::resize(exec_, w_, range_.size(), hidden);
+    detail::resize(exec_, dw_, range_.size(), hidden);
+    detail::init_weight(exec_, w_, hidden, range_.begin, 0, seed, tensor_id, init_std);
   }
 
   [[nodiscard]] range vocab_range() const noexcept { return range_; }
@@ -48,16 +94,18 @@ public:
       }
     }
     ids_.assign(ids.begin(), ids.end());
-    part_.resize(tokens, hidden_);  // zero-filled: ids outside the local range contribute zeros
-    for (std::size_t t = 0; t < tokens; ++t) {
-      const auto id = static_cast<std::size_t>(ids[t]);
-      if (id < range_.begin || id >= range_.end) continue;
-      for (std::size_t c = 0; c < hidden_; ++c) part_(t, c) = w_(id - range_.begin, c);
+    const std::int32_t* id_data = ids_.data();
+    if constexpr (on_device<Exec>) {
+      detail::resize(exec_, device_ids_, 1, tokens);
+      device_ids_.copy_from(matrix_view<const std::int32_t>(ids_.data(), 1, tokens), exec_.stream());
+      id_data = device_ids_.data();
     }
+    detail::resize(exec_, part_, tokens, hidden_);
+    detail::for_each_element(exec_, tokens, hidden_, detail::embedding_lookup<T>{id_data, w_.view(), part_.view(), range_.begin});
     if constexpr (SP::enabled) {
-      detail::reduce_scatter_rows(*tp_, part_, y, staging_);
+      detail::reduce_scatter_rows(exec_, *tp_, part_, y, staging_);
     } else {
-      detail::all_reduce_into(*tp_, part_, y);
+      detail::all_reduce_into(exec_, *tp_, part_, y);
     }
     forwarded_ = true;
   }
@@ -70,33 +118,48 @@ public:
     expect_shape(who, "dy", dy, SP::enabled ? tokens / static_cast<std::size_t>(tp_->size()) : tokens, hidden_);
     matrix_view<const T> g = dy;
     if constexpr (SP::enabled) {
-      detail::gather_rows(*tp_, dy, dy_, staging_);
+      detail::gather_rows(exec_, *tp_, dy, dy_, staging_);
       g = detail::cview(dy_);
     }
-    for (std::size_t t = 0; t < tokens; ++t) {
-      const auto id = static_cast<std::size_t>(ids_[t]);
-      if (id < range_.begin || id >= range_.end) continue;
-      for (std::size_t c = 0; c < hidden_; ++c) dw_(id - range_.begin, c) += g(t, c);
+    if constexpr (on_device<Exec>) {
+      if (device_ids_.cols() != tokens) {  // restored from a stash: the ids are on the host only
+        detail::resize(exec_, device_ids_, 1, tokens);
+        device_ids_.copy_from(matrix_view<const std::int32_t>(ids_.data(), 1, tokens), exec_.stream());
+      }
+      detail::for_each_element(exec_, 1, hidden_,
+                               detail::embedding_grad_column<T>{device_ids_.data(), tokens, g, dw_.view(), range_.begin});
+    } else {  // token by token, for the cache; the same sums in the same order
+      const detail::embedding_grad_column<T> grad{ids_.data(), tokens, g, dw_.view(), range_.begin};
+      if constexpr (detail::element_policy<Exec, detail::embedding_grad_column<T>>) {
+        detail::for_each_element(exec_, 1, hidden_, grad);
+      } else {
+        for (std::size_t t = 0; t < tokens; ++t)
+          for (std::size_t c = 0; c < hidden_; ++c) grad.step(t, c);
+      }
     }
   }
 
   [[nodiscard]] std::vector<parameter<T>> parameters() {
     return {{"weight", w_.view(), dw_.view(), false, false, range_.begin, 0, vocab_, hidden_}};
   }
-  void zero_grad() { dw_.fill(T{}); }
+  void zero_grad() { detail::zero(exec_, dw_); }
 
   /// What backward needs from forward (the ids), moved out and back (see linear.hpp).
   struct activations {
     std::vector<std::int32_t> ids;
     bool forwarded = false;
   };
-  [[nodiscard]] activations stash() { return {std::exchange(ids_, {}), std::exchange(forwarded_, false)}; }
+  [[nodiscard]] activations stash() {
+    device_ids_ = {};
+    return {std::exchange(ids_, {}), std::exchange(forwarded_, false)};
+  }
   void restore(activations a) {
+    device_ids_ = {};  // backward copies the restored ids again
     ids_ = std::move(a.ids);
     forwarded_ = a.forwarded;
   }
 
-  /// This rank's rows of the table: vocab_range().size() x hidden.
+  /// This rank's rows of the table: vocab_range().size() x hidden, in Exec's memory.
   [[nodiscard]] matrix_view<T> weight() noexcept { return w_.view(); }
 
 private:
@@ -104,11 +167,13 @@ private:
   std::size_t vocab_;
   std::size_t hidden_;
   range range_;
-  matrix<T> w_, dw_;
-  std::vector<std::int32_t> ids_;
-  matrix<T> part_;  // this rank's lookups, zeros elsewhere, before the reduction
-  matrix<T> dy_;    // sequence_parallel: the gathered dy
-  matrix<T> staging_;
+  Exec exec_;
+  matrix<T, space> w_, dw_;
+  std::vector<std::int32_t> ids_;               // kept for backward (a stash carries them)
+  matrix<std::int32_t, space> device_ids_;      // a device policy's copy of ids_, 1 x tokens
+  matrix<T, space> part_;  // this rank's lookups, zeros elsewhere, before the reduction
+  matrix<T, space> dy_;    // sequence_parallel: the gathered dy
+  matrix<T, space> staging_;
   bool forwarded_ = false;
 };
 

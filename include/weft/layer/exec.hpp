@@ -93,6 +93,13 @@ struct copy_element {
 };
 
 template <class T>
+struct fill_element {
+  matrix_view<T> m;
+  T v;
+  WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t c) const { m(r, c) = v; }
+};
+
+template <class T>
 struct zero_element {
   matrix_view<T> m;
   WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t c) const { m(r, c) = T{}; }
@@ -104,6 +111,14 @@ struct add_row {
   matrix_view<T> y;
   matrix_view<const T> b;
   WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t c) const { y(r, c) += b(0, c); }
+};
+
+/// y(r, c) += x(r, c) (a residual connection).
+template <class T>
+struct add_element {
+  matrix_view<T> y;
+  matrix_view<const T> x;
+  WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t c) const { y(r, c) += x(r, c); }
 };
 
 /// db(0, c) += the sum of dy(:, c), rows in order (one element per column).

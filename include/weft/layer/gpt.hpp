@@ -14,10 +14,14 @@
 // all-reduce of the replicated parameters' partial gradients (reduce_sequence_parallel_grads).
 // Tensor ids: embedding 0, blocks from 1 (4 each), LM head after them; one seed makes the same
 // model at every TP size.
+//
+// With a device GEMM policy (cublas on the communicator's stream) every layer runs in device
+// memory on that stream; ids and targets stay host spans, and forward waits for the loss.
 #include <weft/comm/communicator.hpp>
 #include <weft/core/error.hpp>
 #include <weft/layer/block.hpp>
 #include <weft/layer/cblas.hpp>
+#include <weft/layer/exec.hpp>
 #include <weft/layer/cross_entropy.hpp>
 #include <weft/layer/embedding.hpp>
 #include <weft/layer/layer_norm.hpp>
@@ -49,11 +53,13 @@ template <class T, communicator Comm, class Gemm = cblas, class SP = no_sequence
 class gpt {
 public:
   using block_type = transformer_block<T, Comm, Gemm, SP, Recompute>;
+  using space = space_of<Gemm>;
 
   gpt(Comm& tp, gpt_shape shape, std::uint64_t seed, Gemm gemm = {})
-      : tp_(&tp), shape_(shape), embedding_(tp, shape.vocab, shape.hidden, seed, 0), final_norm_(shape.hidden),
+      : tp_(&tp), shape_(shape), gemm_(gemm), embedding_(tp, shape.vocab, shape.hidden, seed, 0, 0.02, gemm),
+        final_norm_(shape.hidden, 1e-5, gemm),
         head_(tp, shape.hidden, shape.vocab, seed, 1 + block_type::tensor_ids * shape.layers, {.bias = false}, gemm),
-        loss_(tp, shape.vocab) {
+        loss_(tp, shape.vocab, gemm) {
     if (shape.layers == 0) throw error("gpt: a model needs at least one layer");
     blocks_.reserve(shape.layers);
     for (std::size_t l = 0; l < shape.layers; ++l) {
@@ -73,15 +79,15 @@ public:
     const std::size_t tokens = ids.size();
     const std::size_t rows = SP::enabled ? detail::check_sequence_split("gpt::forward", tokens, tp_->size()) : tokens;
     acts_.resize(shape_.layers + 1);
-    acts_[0].resize(rows, shape_.hidden);
+    detail::resize(gemm_, acts_[0], rows, shape_.hidden);
     embedding_.forward(ids, acts_[0].view());
     for (std::size_t l = 0; l < shape_.layers; ++l) {
-      acts_[l + 1].resize(rows, shape_.hidden);
+      detail::resize(gemm_, acts_[l + 1], rows, shape_.hidden);
       blocks_[l].forward(detail::cview(acts_[l].view()), acts_[l + 1].view());
     }
-    normed_.resize(rows, shape_.hidden);
+    detail::resize(gemm_, normed_, rows, shape_.hidden);
     final_norm_.forward(detail::cview(acts_.back().view()), normed_.view());
-    logits_.resize(tokens, head_.out_local());
+    detail::resize(gemm_, logits_, tokens, head_.out_local());
     head_.forward(detail::cview(normed_.view()), logits_.view());
     for (auto& a : acts_) a = {};  // the blocks keep what their backward needs
     return loss_.forward(detail::cview(logits_.view()), targets);
@@ -90,10 +96,10 @@ public:
   /// Gradients of the last forward's loss, accumulated into every parameter's grad.
   void backward() {
     const std::size_t rows = normed_.rows();
-    dlogits_.resize(logits_.rows(), logits_.cols());
+    detail::resize(gemm_, dlogits_, logits_.rows(), logits_.cols());
     loss_.backward(dlogits_.view());
-    d_a_.resize(rows, shape_.hidden);
-    d_b_.resize(rows, shape_.hidden);
+    detail::resize(gemm_, d_a_, rows, shape_.hidden);
+    detail::resize(gemm_, d_b_, rows, shape_.hidden);
     head_.backward(detail::cview(dlogits_.view()), d_a_.view());
     final_norm_.backward(detail::cview(d_a_.view()), d_b_.view());
     for (std::size_t l = shape_.layers; l-- > 0;) {
@@ -103,7 +109,7 @@ public:
     embedding_.backward(detail::cview(d_b_.view()));
     if constexpr (SP::enabled) {
       auto ps = parameters();
-      reduce_sequence_parallel_grads(*tp_, ps);
+      reduce_sequence_parallel_grads(gemm_, *tp_, std::span<parameter<T>>(ps));
     }
   }
 
@@ -124,7 +130,7 @@ public:
     head_.zero_grad();
   }
 
-  /// The logits of the last forward: tokens x this rank's vocabulary columns.
+  /// The logits of the last forward: tokens x this rank's vocabulary columns (in Gemm's memory).
   [[nodiscard]] matrix_view<const T> logits() const noexcept { return logits_.view(); }
   block_type& block(std::size_t l) { return blocks_.at(l); }
 
@@ -138,13 +144,14 @@ private:
 
   Comm* tp_;
   gpt_shape shape_;
-  vocab_parallel_embedding<T, Comm, SP> embedding_;
+  Gemm gemm_;
+  vocab_parallel_embedding<T, Comm, SP, Gemm> embedding_;
   std::vector<block_type> blocks_;
-  layer_norm<T, SP> final_norm_;
+  layer_norm<T, SP, Gemm> final_norm_;
   column_parallel_linear<T, Comm, Gemm, SP> head_;
-  vocab_parallel_cross_entropy<T, Comm> loss_;
-  std::vector<matrix<T>> acts_;
-  matrix<T> normed_, logits_, dlogits_, d_a_, d_b_;
+  vocab_parallel_cross_entropy<T, Comm, Gemm> loss_;
+  std::vector<matrix<T, space>> acts_;
+  matrix<T, space> normed_, logits_, dlogits_, d_a_, d_b_;
 };
 
 } // namespace weft::layer

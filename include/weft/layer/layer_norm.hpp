@@ -105,13 +105,6 @@ struct layer_norm_backward_row {
   }
 };
 
-template <class T>
-struct fill_element {
-  matrix_view<T> m;
-  T v;
-  WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t c) const { m(r, c) = v; }
-};
-
 } // namespace detail
 
 template <class T, class SP = no_sequence_parallel, class Exec = host_policy>

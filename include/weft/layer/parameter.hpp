@@ -12,6 +12,7 @@
 // TP group before the optimizer step; reduce_sequence_parallel_grads does that in one all-reduce.
 #include <weft/comm/all_reduce.hpp>
 #include <weft/comm/communicator.hpp>
+#include <weft/layer/exec.hpp>
 #include <weft/layer/matrix.hpp>
 
 #include <cstddef>
@@ -38,29 +39,38 @@ struct parameter {
 };
 
 /// Sums over the TP group the gradients of the parameters marked sequence_partial, packed into one
-/// all-reduce. Every rank of `tp` must pass the same parameters in the same order. No call when
-/// none is marked.
-template <class T, communicator Comm>
-void reduce_sequence_parallel_grads(Comm& tp, std::span<parameter<T>> ps) {
+/// all-reduce, in the policy's memory (exec.hpp: device views for a device policy). Every rank of
+/// `tp` must pass the same parameters in the same order. No call when none is marked.
+template <class Exec, class T, communicator Comm>
+void reduce_sequence_parallel_grads(const Exec& exec, Comm& tp, std::span<parameter<T>> ps) {
   std::size_t n = 0;
   for (const auto& p : ps) {
     if (p.sequence_partial) n += p.grad.size();
   }
   if (n == 0 || tp.size() == 1) return;
-  std::vector<T> buf(n);
+  matrix<T, space_of<Exec>> buf;
+  detail::resize(exec, buf, 1, n);
+  const auto packed = [&](const parameter<T>& p, std::size_t at) {
+    return matrix_view<T>(buf.data() + at, p.grad.rows(), p.grad.cols());
+  };
   std::size_t at = 0;
   for (const auto& p : ps) {
     if (!p.sequence_partial) continue;
-    copy_to_flat(p.grad, std::span<T>(buf).subspan(at, p.grad.size()));
+    detail::copy_view(exec, matrix_view<const T>(p.grad), packed(p, at));
     at += p.grad.size();
   }
-  all_reduce(tp, std::span<T>(buf));
+  all_reduce(tp, detail::flat_of(buf));
   at = 0;
   for (const auto& p : ps) {
     if (!p.sequence_partial) continue;
-    copy_from_flat(std::span<const T>(buf).subspan(at, p.grad.size()), p.grad);
+    detail::copy_view(exec, matrix_view<const T>(packed(p, at)), p.grad);
     at += p.grad.size();
   }
+}
+
+template <class T, communicator Comm>
+void reduce_sequence_parallel_grads(Comm& tp, std::span<parameter<T>> ps) {
+  reduce_sequence_parallel_grads(host_policy{}, tp, ps);
 }
 
 template <class T, communicator Comm>
