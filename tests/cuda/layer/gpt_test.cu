@@ -4,7 +4,11 @@
 // against the host model at TP = 1 (cblas, host memory; itself checked against independent
 // references by tests/layer): the loss, the logits and every gradient after one step, and the
 // losses of three SGD steps (the update a kernel on each rank's stream), to issue 6's tolerances.
-// The vocabulary (37) divides by none of the TP sizes. Skipped, with the reason, without a GPU.
+// The vocabulary (37) divides by none of the TP sizes. And one device block's collectives,
+// counted by weft::traced at TP 2: two all-reduces each way (sequence parallelism: two all-gathers
+// and two reduce-scatters; full recompute repeats the forward's). Skipped, with the reason,
+// without a GPU.
+#include <weft/comm/traced.hpp>
 #include <weft/cuda/emulated.cuh>
 #include <weft/layer/cuda/cublas.cuh>
 #include <weft/layer/cuda/matrix.cuh>
@@ -14,8 +18,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -126,6 +132,59 @@ TEST(DeviceGpt, SelectiveRecomputeMatchesHostTp1) {
 TEST(DeviceGpt, FullRecomputeMatchesHostTp1) {
   WEFT_REQUIRE_DEVICE();
   every_type_and_sequence_policy<recompute::full>();
+}
+
+struct counts {
+  std::size_t all_reduce = 0, all_gather = 0, reduce_scatter = 0;
+  bool operator==(const counts&) const = default;
+};
+counts count_ops(const std::vector<weft::traced_op>& ops, std::size_t from, std::size_t to) {
+  counts c;
+  for (std::size_t i = from; i < to; ++i) {
+    c.all_reduce += ops[i].kind == weft::collective::all_reduce ? 1 : 0;
+    c.all_gather += ops[i].kind == weft::collective::all_gather ? 1 : 0;
+    c.reduce_scatter += ops[i].kind == weft::collective::reduce_scatter ? 1 : 0;
+  }
+  EXPECT_EQ(c.all_reduce + c.all_gather + c.reduce_scatter, to - from) << "a collective of another kind";
+  return c;
+}
+
+template <class SP, class Recompute>
+void device_block_communication(counts fwd, counts bwd) {
+  const weft::layer::block_shape bs{.hidden = 8, .heads = 2, .ffn = 16, .seq = 4};
+  const std::size_t tokens = 2 * bs.seq;
+  emulated::run(2, [&](emulated::communicator& c) {
+    using comm = weft::traced<emulated::communicator>;
+    comm tp(std::move(c), "tp");
+    const cudaStream_t s = tp.stream();
+    weft::layer::transformer_block<float, comm, weft::layer::cublas, SP, Recompute> blk(tp, bs, 7, 1,
+                                                                                        weft::layer::cublas(s));
+    const std::size_t rows = SP::enabled ? tokens / 2 : tokens;
+    const auto host_x = to<float>(random_dmat(rows, bs.hidden, 5));
+    auto x = weft::to_device(host_x.view(), s);
+    weft::device_matrix<float> y(rows, bs.hidden, s), dx(rows, bs.hidden, s);
+    blk.forward(x.cview(), y.view());
+    const std::size_t after_forward = tp.ops().size();
+    blk.backward(y.cview(), dx.view());
+    EXPECT_EQ(count_ops(tp.ops(), 0, after_forward), fwd);
+    EXPECT_EQ(count_ops(tp.ops(), after_forward, tp.ops().size()), bwd);
+    for (const auto& op : tp.ops()) {
+      const std::size_t want = op.kind == weft::collective::all_reduce ? tokens * bs.hidden : tokens * bs.hidden / 2;
+      EXPECT_EQ(op.count, want) << weft::name_of(op.kind);
+    }
+    // The block computed something finite on the device.
+    for (float v : weft::to_host(dx, s).flat()) ASSERT_TRUE(std::isfinite(v));
+    WEFT_CUDA_TRY(cudaStreamSynchronize(s));
+    tp.barrier();
+  });
+}
+
+TEST(DeviceBlock, CollectivesAsOnTheHost) {
+  WEFT_REQUIRE_DEVICE();
+  device_block_communication<no_sequence_parallel, recompute::none>({.all_reduce = 2}, {.all_reduce = 2});
+  device_block_communication<no_sequence_parallel, recompute::full>({.all_reduce = 2}, {.all_reduce = 4});
+  device_block_communication<sequence_parallel, recompute::selective>({.all_gather = 2, .reduce_scatter = 2},
+                                                                      {.all_gather = 2, .reduce_scatter = 2});
 }
 
 } // namespace
