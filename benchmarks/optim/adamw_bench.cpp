@@ -8,8 +8,10 @@
 //   build/benchmarks/optim_adamw_bench --benchmark_counters_tabular=true
 //   WEFT_BENCH_PARAMS=16M ... (fewer parameters, for a quick run)
 //
-// Also rows for bfloat16 parameters with fp32 master weights (gradients in bf16, 26 bytes per
-// parameter: master, two moments read and written, the gradient read, the bf16 copy written).
+// Also rows for bfloat16 and half parameters with fp32 master weights (gradients of the same type,
+// 26 bytes per parameter: master, two moments read and written, the gradient read, the 16-bit copy
+// written), and, on one thread, the same step as the functor's plain element loop (`scalar`: what
+// the vectorized loop replaces; compare their GBps with the one-thread rows').
 #include "support/references.hpp"
 
 #include <weft/optim/optimizers.hpp>
@@ -40,7 +42,7 @@ std::size_t parameters() {
   return std::size_t{64} << 20;
 }
 
-template <class P>
+template <class P, bool Scalar = false>
 void adamw_step(benchmark::State& state) {
   const int threads = state.range(0) == 0 ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))
                                           : static_cast<int>(state.range(0));
@@ -60,7 +62,11 @@ void adamw_step(benchmark::State& state) {
     const wo::update_ref<wo::adamw::kernel, P, P> u{rule.at(++t, 1.0f), master.data(), grad.data(), moments.data(),
                                                     param.data(), wo::slot_stride(n)};
     const auto t0 = std::chrono::steady_clock::now();
-    wo::apply_parallel(u, n, threads);
+    if constexpr (Scalar) {
+      for (std::size_t i = 0; i < n; ++i) u(i);
+    } else {
+      wo::apply_parallel(u, n, threads);
+    }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = std::min(best, s);
     state.SetIterationTime(s);
@@ -81,8 +87,28 @@ BENCHMARK(adamw_step<float>)->Name("adamw_step/float")->Arg(0)->Arg(1)->UseManua
 BENCHMARK(adamw_step<weft::bfloat16>)
     ->Name("adamw_step/bfloat16_master_fp32")
     ->Arg(0)
+    ->Arg(1)
     ->UseManualTime()
     ->Iterations(10)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(adamw_step<weft::half>)
+    ->Name("adamw_step/half_master_fp32")
+    ->Arg(0)
+    ->Arg(1)
+    ->UseManualTime()
+    ->Iterations(10)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(adamw_step<weft::bfloat16, true>)
+    ->Name("adamw_step/bfloat16_master_fp32_scalar")
+    ->Arg(1)
+    ->UseManualTime()
+    ->Iterations(5)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(adamw_step<weft::half, true>)
+    ->Name("adamw_step/half_master_fp32_scalar")
+    ->Arg(1)
+    ->UseManualTime()
+    ->Iterations(5)
     ->Unit(benchmark::kMillisecond);
 
 } // namespace

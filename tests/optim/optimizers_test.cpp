@@ -96,26 +96,30 @@ TEST(update_ref, host_loop_is_bitwise_the_functor) {
   loop_equals_functor(wo::sgd{.lr = 0.1f, .momentum = 0.9f, .nesterov = true});
 }
 
-// bfloat16 parameters with fp32 masters and bf16 gradients: the vectorized Adam path against
-// the functor element by element (master, moments and the rounded parameter, bitwise).
-template <class Rule>
-void bf16_loop_equals_functor(Rule rule) {
+// bfloat16 or half parameters with fp32 masters and gradients of their type: the vectorized Adam
+// path against the functor element by element (master, moments and the rounded parameter,
+// bitwise).
+template <class P, class Rule>
+void low_precision_loop_equals_functor(Rule rule) {
   const std::size_t n = 1003;
   std::uint32_t seed = 7;
   std::vector<float> w(n), st(2 * n);
-  std::vector<weft::bfloat16> g(n), p(n);
+  std::vector<P> g(n), p(n);
   for (auto& x : w) x = value(seed, -1, 1);
-  for (auto& x : g) x = weft::bfloat16(value(seed, -1, 1));
+  for (auto& x : g) x = P(value(seed, -1, 1));
   for (auto& x : st) x = value(seed, 0, 0.1f);
   w[5] = 1e-39f;  // a subnormal master
   w[9] = 3.0e38f; // near the top of the range
+  w[13] = 3.0e-6f;  // a half subnormal
+  w[17] = 65519.0f; // rounds to half's largest finite value; 65520 and on to infinity
+  w[21] = 70000.0f;
   auto w2 = w, st2 = st;
   auto p2 = p;
   for (long t = 1; t <= 3; ++t) {
     const auto k = rule.at(t, 0.5f);
-    const wo::update_ref<decltype(k), weft::bfloat16, weft::bfloat16> u{k, w.data(), g.data(), st.data(), p.data(), n};
+    const wo::update_ref<decltype(k), P, P> u{k, w.data(), g.data(), st.data(), p.data(), n};
     wo::apply(u, 0, n);
-    const wo::update_ref<decltype(k), weft::bfloat16, weft::bfloat16> ref{k, w2.data(), g.data(), st2.data(), p2.data(), n};
+    const wo::update_ref<decltype(k), P, P> ref{k, w2.data(), g.data(), st2.data(), p2.data(), n};
     for (std::size_t i = 0; i < n; ++i) ref(i);
   }
   EXPECT_EQ(w, w2);
@@ -124,8 +128,13 @@ void bf16_loop_equals_functor(Rule rule) {
 }
 
 TEST(update_ref, bfloat16_host_loop_is_bitwise_the_functor) {
-  bf16_loop_equals_functor(wo::adam{.weight_decay = 0.01f});
-  bf16_loop_equals_functor(wo::adamw{});
+  low_precision_loop_equals_functor<weft::bfloat16>(wo::adam{.weight_decay = 0.01f});
+  low_precision_loop_equals_functor<weft::bfloat16>(wo::adamw{});
+}
+
+TEST(update_ref, half_host_loop_is_bitwise_the_functor) {
+  low_precision_loop_equals_functor<weft::half>(wo::adam{.weight_decay = 0.01f});
+  low_precision_loop_equals_functor<weft::half>(wo::adamw{});
 }
 
 #if defined(__SSE2__)
@@ -160,6 +169,49 @@ TEST(update_ref, bfloat16_vector_conversions_are_the_scalar_ones) {
     wo::detail::store_bf16x4(out, _mm_loadu_ps(in));
     for (std::size_t j = 0; j < 4; ++j) {
       ASSERT_EQ(out[j].bits(), weft::bfloat16(in[j]).bits()) << "float bits " << std::hex << bits[i + j];
+    }
+  }
+}
+
+// The same for half: every half widened; narrowed, every float exponent and sign with fractions at
+// and around half's rounding ties (13 dropped bits: 0x1000, 0x0fff, 0x1001, with the kept lowest
+// bit odd and even), the subnormal and overflow boundaries, NaNs, and a million random patterns.
+TEST(update_ref, half_vector_conversions_are_the_scalar_ones) {
+  for (std::uint32_t h = 0; h < 65536; h += 4) {
+    weft::half in[4];
+    for (std::uint32_t j = 0; j < 4; ++j) in[j] = weft::half::from_bits(static_cast<std::uint16_t>(h + j));
+    float out[4];
+    _mm_storeu_ps(out, wo::detail::load_half4(in));
+    for (std::uint32_t j = 0; j < 4; ++j) {
+      const float want = static_cast<float>(in[j]);
+      ASSERT_EQ(std::memcmp(&out[j], &want, 4), 0) << "half bits " << std::hex << h + j;
+    }
+  }
+  std::vector<std::uint32_t> bits;
+  for (std::uint32_t top = 0; top < 512; ++top) {  // sign and exponent
+    for (std::uint32_t kept : {0u, 1u, 2u, 3u, 0x1ffu, 0x200u, 0x3feu, 0x3ffu}) {  // the 10 kept fraction bits
+      for (std::uint32_t dropped : {0u, 1u, 0xfffu, 0x1000u, 0x1001u, 0x1fffu, 0x0800u}) {
+        bits.push_back(top << 23 | kept << 13 | dropped);
+      }
+    }
+  }
+  for (std::uint32_t b : {0x477fe000u, 0x477fefffu, 0x477ff000u, 0x477fffffu, 0x47800000u, 0x38800000u, 0x387fffffu,
+                          0x33000000u, 0x33000001u, 0x32ffffffu, 0x7f800001u, 0x7fc00000u, 0xffbfffffu}) {
+    bits.push_back(b);
+  }
+  std::uint32_t seed = 54321;
+  for (int i = 0; i < 1'000'000; ++i) {
+    seed = seed * 1664525u + 1013904223u;
+    bits.push_back(seed);
+  }
+  while (bits.size() % 4 != 0) bits.push_back(0);
+  for (std::size_t i = 0; i + 4 <= bits.size(); i += 4) {
+    float in[4];
+    std::memcpy(in, bits.data() + i, sizeof in);
+    weft::half out[4];
+    wo::detail::store_half4(out, _mm_loadu_ps(in));
+    for (std::size_t j = 0; j < 4; ++j) {
+      ASSERT_EQ(out[j].bits(), weft::half(in[j]).bits()) << "float bits " << std::hex << bits[i + j];
     }
   }
 }

@@ -173,10 +173,61 @@ inline void store_bf16x4(bfloat16* p, __m128 v) {
   _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packs_epi32(r, r));
 }
 
+// Four halves (8 bytes, unaligned) widened to floats exactly, as weft::half's conversion
+// (core/half.hpp): normals rebias the exponent, subnormals (every one a normal float) are their
+// fraction times 2^-24 through an exact int-to-float conversion (so no float subnormal appears and
+// DAZ cannot change the result), infinities and NaNs keep their payload.
+inline __m128 load_half4(const half* p) {
+  const __m128i h = _mm_unpacklo_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), _mm_setzero_si128());
+  const __m128i sign = _mm_slli_epi32(_mm_and_si128(h, _mm_set1_epi32(0x8000)), 16);
+  const __m128i exp = _mm_and_si128(h, _mm_set1_epi32(0x7c00));
+  const __m128i frac = _mm_and_si128(h, _mm_set1_epi32(0x03ff));
+  const __m128i normal = _mm_add_epi32(_mm_slli_epi32(_mm_and_si128(h, _mm_set1_epi32(0x7fff)), 13),
+                                       _mm_set1_epi32((127 - 15) << 23));
+  const __m128i subnormal = _mm_castps_si128(_mm_mul_ps(_mm_cvtepi32_ps(frac), _mm_set1_ps(1.0f / 16777216.0f)));
+  const __m128i special = _mm_or_si128(_mm_slli_epi32(frac, 13), _mm_set1_epi32(0x7f800000));
+  const __m128i is_sub = _mm_cmpeq_epi32(exp, _mm_setzero_si128());
+  const __m128i is_special = _mm_cmpeq_epi32(exp, _mm_set1_epi32(0x7c00));
+  __m128i r = _mm_or_si128(_mm_and_si128(is_sub, subnormal), _mm_andnot_si128(is_sub, normal));
+  r = _mm_or_si128(_mm_and_si128(is_special, special), _mm_andnot_si128(is_special, r));
+  return _mm_castsi128_ps(_mm_or_si128(r, sign));
+}
+
+// Four floats narrowed to half as half(float) narrows them: round to nearest, ties to even. On
+// the magnitude's bits a: at or above 2^16 infinity (or the NaN with the quiet bit and the top
+// payload bits); below 2^-14 a half subnormal, placed by adding 0.5f in float arithmetic, whose
+// rounding is the round to nearest even of the dropped bits (the sum and 0.5 are normal floats,
+// so FTZ and DAZ do not change it, and a float subnormal input rounds to zero either way); else
+// the exponent rebiased and (a + 0xfff + bit 13 of a) >> 13, whose carry runs into the exponent
+// (up to infinity from 65520 on).
+inline void store_half4(half* p, __m128 v) {
+  const __m128i x = _mm_castps_si128(v);
+  const __m128i sign = _mm_and_si128(_mm_srli_epi32(x, 16), _mm_set1_epi32(0x8000));
+  const __m128i a = _mm_and_si128(x, _mm_set1_epi32(0x7fffffff));
+  const __m128i odd = _mm_and_si128(_mm_srli_epi32(a, 13), _mm_set1_epi32(1));
+  const __m128i normal = _mm_srli_epi32(
+      _mm_add_epi32(_mm_add_epi32(a, _mm_set1_epi32(static_cast<int>((15u - 127u) << 23) + 0xfff)), odd), 13);
+  const __m128 half_one = _mm_set1_ps(0.5f);
+  const __m128i subnormal =
+      _mm_sub_epi32(_mm_castps_si128(_mm_add_ps(_mm_castsi128_ps(a), half_one)), _mm_castps_si128(half_one));
+  const __m128i nan = _mm_or_si128(_mm_set1_epi32(0x7e00), _mm_and_si128(_mm_srli_epi32(a, 13), _mm_set1_epi32(0x3ff)));
+  const __m128i is_nan = _mm_cmpgt_epi32(a, _mm_set1_epi32(0x7f800000));
+  const __m128i is_big = _mm_cmpgt_epi32(a, _mm_set1_epi32(0x477fffff));  // >= 2^16: infinity (or NaN)
+  const __m128i is_sub = _mm_cmplt_epi32(a, _mm_set1_epi32(0x38800000));  // < 2^-14
+  __m128i r = _mm_or_si128(_mm_and_si128(is_sub, subnormal), _mm_andnot_si128(is_sub, normal));
+  r = _mm_or_si128(_mm_and_si128(is_big, _mm_set1_epi32(0x7c00)), _mm_andnot_si128(is_big, r));
+  r = _mm_or_si128(_mm_and_si128(is_nan, nan), _mm_andnot_si128(is_nan, r));
+  r = _mm_or_si128(r, sign);
+  r = _mm_srai_epi32(_mm_slli_epi32(r, 16), 16);  // 16-bit values as int16, so the pack does not saturate
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packs_epi32(r, r));
+}
+
 template <class G>
 __m128 load4(const G* p) {
   if constexpr (std::is_same_v<G, bfloat16>) {
     return load_bf16x4(p);
+  } else if constexpr (std::is_same_v<G, half>) {
+    return load_half4(p);
   } else {
     static_assert(std::is_same_v<G, float>);
     return _mm_loadu_ps(p);
@@ -188,7 +239,8 @@ __m128 load4(const G* p) {
 // bitwise the functor's (tests/optim/optimizers_test.cpp checks it). It exists because GCC
 // does not vectorize sqrtf where errno may be set (no -fno-math-errno in a header library's
 // users' flags), and the scalar loop runs at a fifth of the memory's speed. Gradients and
-// parameters are float, or bfloat16 with fp32 masters (the parameter the master rounded).
+// parameters are float, or bfloat16 or half with fp32 masters (the parameter the master rounded;
+// the conversions above assume the default rounding mode, round to nearest).
 template <bool Decoupled, class G, class P>
 std::size_t adam_sse(const update_ref<typename adam_rule<Decoupled>::kernel, G, P>& u, std::size_t begin,
                      std::size_t end) {
@@ -213,6 +265,7 @@ std::size_t adam_sse(const update_ref<typename adam_rule<Decoupled>::kernel, G, 
     w = _mm_sub_ps(w, _mm_div_ps(_mm_mul_ps(step, m), denom));
     _mm_storeu_ps(u.master + i, w);
     if constexpr (std::is_same_v<P, bfloat16>) store_bf16x4(u.param + i, w);
+    if constexpr (std::is_same_v<P, half>) store_half4(u.param + i, w);
   }
   return i;
 }
@@ -227,7 +280,8 @@ void apply(const update_ref<Kernel, G, P>& u, std::size_t begin, std::size_t end
 #if defined(__SSE2__) && !defined(__CUDACC__)
   if constexpr (detail::adam_kernel_kind<Kernel> != 0 &&
                 ((std::is_same_v<G, float> && std::is_same_v<P, float>) ||
-                 (std::is_same_v<G, bfloat16> && std::is_same_v<P, bfloat16>))) {
+                 (std::is_same_v<G, bfloat16> && std::is_same_v<P, bfloat16>) ||
+                 (std::is_same_v<G, half> && std::is_same_v<P, half>))) {
     begin = detail::adam_sse<detail::adam_kernel_kind<Kernel> == 2>(local, begin, end);
   }
 #endif
