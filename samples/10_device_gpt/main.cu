@@ -1,0 +1,146 @@
+// A GPT trained with tensor parallelism on GPUs: the layers of weft/layer with the cuBLAS policy
+// keep weights and activations in device memory and run on each rank's stream; the TP group's
+// collectives go through NCCL. With two or more GPUs: TP over 2 (or 4) of them, one host thread
+// per GPU, communicators from ncclCommInitAll. With one GPU: two TP ranks emulated on it
+// (weft::cuda::emulated). Beside it the same model at TP = 1 on GPU 0. Both print their losses
+// per step; they must agree to float rounding (the model is initialised over the full shapes from
+// one seed, so it is the same model at every TP size).
+//
+//   build/samples/10_device_gpt/weft_device_gpt [--steps N]
+//
+// Without a CUDA device it says so and exits 0.
+#include <weft/cuda.hpp>
+#include <weft/cuda/emulated.cuh>
+#include <weft/layer/cuda/cublas.cuh>
+#include <weft/layer/gpt.hpp>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace wl = weft::layer;
+
+constexpr wl::gpt_shape shape{.vocab = 1000, .hidden = 256, .heads = 8, .ffn = 0, .seq = 64, .layers = 2};
+constexpr std::size_t batch = 4;
+constexpr float learning_rate = 0.05f;
+
+// Plain SGD on one shard, as a layer runs its element-wise steps (weft/layer/exec.hpp).
+struct sgd {
+  weft::matrix_view<float> value;
+  weft::matrix_view<const float> grad;
+  __host__ __device__ void operator()(std::size_t r, std::size_t c) const { value(r, c) -= learning_rate * grad(r, c); }
+};
+
+// A fixed pseudo-random corpus: batch sequences of ids and their next-token targets.
+std::vector<std::int32_t> tokens(std::uint32_t seed) {
+  std::vector<std::int32_t> v(batch * shape.seq);
+  for (auto& t : v) {
+    seed = seed * 1664525u + 1013904223u;
+    t = static_cast<std::int32_t>((seed >> 8) % shape.vocab);
+  }
+  return v;
+}
+
+// Trains `steps` steps on this rank; returns the losses (every rank computes the same).
+template <class Comm>
+std::vector<double> train(Comm& tp, int steps) {
+  const wl::cublas gemm(tp.stream());
+  wl::gpt<float, Comm, wl::cublas, wl::sequence_parallel, wl::recompute::selective> model(tp, shape, 42, gemm);
+  const auto ids = tokens(1), targets = tokens(2);
+  std::vector<double> losses;
+  for (int s = 0; s < steps; ++s) {
+    model.zero_grad();
+    losses.push_back(model.forward(ids, targets));  // waits for the loss
+    model.backward();
+    for (auto& p : model.parameters()) {
+      wl::detail::for_each_element(gemm, p.value.rows(), p.value.cols(), sgd{p.value, p.grad});
+    }
+  }
+  if (cudaStreamSynchronize(tp.stream()) != cudaSuccess) throw std::runtime_error("cudaStreamSynchronize failed");
+  return losses;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  int steps = 5;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], "--steps") == 0) steps = std::max(1, std::atoi(argv[i + 1]));
+  }
+  int gpus = 0;
+  if (const cudaError_t e = cudaGetDeviceCount(&gpus); e != cudaSuccess || gpus == 0) {
+    std::printf("no CUDA device here (%s): nothing to run\n",
+                e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount found none");
+    return 0;
+  }
+  try {
+    // TP = 1 on GPU 0.
+    std::vector<double> one;
+    weft::cuda::emulated::run(1, [&](weft::cuda::emulated::communicator& c) { one = train(c, steps); });
+
+    // TP over GPUs (NCCL), or two ranks emulated on the one GPU.
+    const int tp = gpus >= 4 ? 4 : gpus >= 2 ? 2 : 1;
+    std::vector<double> split;
+    std::string how;
+    if (tp > 1) {
+      std::vector<int> devices(static_cast<std::size_t>(tp));
+      for (int d = 0; d < tp; ++d) devices[static_cast<std::size_t>(d)] = d;
+      auto comms = weft::cuda::nccl::communicator::init_all(devices);
+      std::vector<std::string> failures(devices.size());
+      std::vector<std::thread> threads;
+      for (int d = 0; d < tp; ++d) {
+        threads.emplace_back([&, d] {
+          try {
+            if (cudaSetDevice(d) != cudaSuccess) throw std::runtime_error("cudaSetDevice failed");
+            auto losses = train(comms[static_cast<std::size_t>(d)], steps);
+            if (d == 0) split = std::move(losses);
+          } catch (const std::exception& e) {
+            failures[static_cast<std::size_t>(d)] = e.what();
+          }
+        });
+      }
+      for (auto& t : threads) t.join();
+      for (int d = 0; d < tp; ++d) {
+        if (!failures[static_cast<std::size_t>(d)].empty()) {
+          throw std::runtime_error("GPU " + std::to_string(d) + ": " + failures[static_cast<std::size_t>(d)]);
+        }
+      }
+      how = "TP " + std::to_string(tp) + " over " + std::to_string(tp) + " GPUs (NCCL)";
+    } else {
+      weft::cuda::emulated::run(2, [&](weft::cuda::emulated::communicator& c) {
+        auto losses = train(c, steps);
+        if (c.rank() == 0) split = std::move(losses);
+      });
+      how = "TP 2 emulated on one GPU";
+    }
+
+    std::printf("GPT (vocab %zu, hidden %zu, %zu heads, seq %zu, %zu layers), batch %zu, SGD, sequence parallel,"
+                " selective recompute, float on the device\n",
+                shape.vocab, shape.hidden, shape.heads, shape.seq, shape.layers, batch);
+    std::printf("%6s %14s %14s\n", "step", "TP 1", how.c_str());
+    double worst = 0;
+    for (int s = 0; s < steps; ++s) {
+      const auto i = static_cast<std::size_t>(s);
+      std::printf("%6d %14.6f %14.6f\n", s + 1, one[i], split[i]);
+      worst = std::max(worst, std::abs(split[i] - one[i]) / std::abs(one[i]));
+    }
+    const bool same = worst < 1e-4;
+    std::printf("largest relative difference %.2e: %s\n", worst, same ? "the same training" : "DIFFERENT");
+    return same ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}
