@@ -109,4 +109,18 @@ double difference(const dmat& got, const dmat& want) {
 }
 
 
+/// got's losses, logits and every gradient against want's, each within tol (relative, norm-wise).
+inline void expect_same_training(const run_result& got, const run_result& want, double tol) {
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  for (std::size_t s = 0; s < want.losses.size(); ++s) {
+    EXPECT_NEAR(got.losses[s], want.losses[s], tol * std::abs(want.losses[s])) << "step " << s;
+  }
+  EXPECT_LT(difference(got.logits, want.logits), tol) << "logits";
+  ASSERT_EQ(got.grads.size(), want.grads.size());
+  for (const auto& [name, g] : want.grads) {
+    ASSERT_TRUE(got.grads.count(name)) << name;
+    EXPECT_LT(difference(got.grads.at(name), g), tol) << name;
+  }
+}
+
 } // namespace weft::test::layer::gpt_run

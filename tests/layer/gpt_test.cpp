@@ -31,16 +31,7 @@ void matches_tp1() {
   for (int tp : {1, 2, 3, 4}) {
     const run_result r = train<T, SP, Recompute, Gemm>(tp);
     SCOPED_TRACE("tp=" + std::to_string(tp));
-    ASSERT_EQ(r.losses.size(), one.losses.size());
-    for (int s = 0; s < steps; ++s) {
-      EXPECT_NEAR(r.losses[s], one.losses[s], tolerance<T> * std::abs(one.losses[s])) << "step " << s;
-    }
-    EXPECT_LT(difference(r.logits, one.logits), tolerance<T>) << "logits";
-    ASSERT_EQ(r.grads.size(), one.grads.size());
-    for (const auto& [name, g] : one.grads) {
-      ASSERT_TRUE(r.grads.count(name)) << name;
-      EXPECT_LT(difference(r.grads.at(name), g), tolerance<T>) << name;
-    }
+    expect_same_training(r, one, tolerance<T>);
   }
 }
 

@@ -100,16 +100,7 @@ void matches_host_tp1() {
   for (int tp : {1, 2, 3, 4}) {
     const run_result r = train_on_device<T, SP, Recompute>(tp);
     SCOPED_TRACE("device, tp=" + std::to_string(tp));
-    ASSERT_EQ(r.losses.size(), one.losses.size());
-    for (std::size_t s = 0; s < one.losses.size(); ++s) {
-      EXPECT_NEAR(r.losses[s], one.losses[s], tolerance<T> * std::abs(one.losses[s])) << "step " << s;
-    }
-    EXPECT_LT(difference(r.logits, one.logits), tolerance<T>) << "logits";
-    ASSERT_EQ(r.grads.size(), one.grads.size());
-    for (const auto& [name, g] : one.grads) {
-      ASSERT_TRUE(r.grads.count(name)) << name;
-      EXPECT_LT(difference(r.grads.at(name), g), tolerance<T>) << name;
-    }
+    expect_same_training(r, one, tolerance<T>);
   }
 }
 

@@ -13,6 +13,7 @@
 #include <weft/layer/mlp.hpp>
 
 #include "layer/layer_support.hpp"
+#include "layer/mlp_reference.hpp"
 #include "support/cuda.cuh"
 
 #include <gtest/gtest.h>
@@ -32,15 +33,6 @@ using weft::collective;
 
 constexpr std::size_t tokens = 12, hidden = 6, ffn = 10;
 constexpr std::uint64_t seed = 3, id = 20;
-
-double gelu(double x) {
-  const double s = std::sqrt(2.0 / 3.14159265358979323846);
-  return 0.5 * x * (1.0 + std::tanh(s * (x + 0.044715 * x * x * x)));
-}
-double gelu_grad(double x) {
-  const double s = std::sqrt(2.0 / 3.14159265358979323846), u = s * (x + 0.044715 * x * x * x), t = std::tanh(u);
-  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * s * (1.0 + 3 * 0.044715 * x * x);
-}
 
 /// The host values of a device view (any ld), after the stream's work.
 template <class T>
@@ -79,25 +71,10 @@ TYPED_TEST(device_mlp, MatchesSerial) {
   WEFT_REQUIRE_DEVICE();
   using T = typename TypeParam::type;
   using SP = typename TypeParam::sp;
-  dmat x = tl::random_dmat(tokens, hidden, 1), dy = tl::random_dmat(tokens, hidden, 2);
-  dmat b1 = tl::random_dmat(1, ffn, 3), b2 = tl::random_dmat(1, hidden, 4);
-  dmat w1(ffn, hidden), w2(hidden, ffn);
-  wl::init_normal(w1.view(), hidden, 0, 0, seed, id, 0.02);
-  wl::init_normal(w2.view(), ffn, 0, 0, seed, id + 1, 0.02);
-  const dmat w1_init = w1;  // what the layer initialises itself to, before the test scales it
-  for (auto& v : w1.flat()) v *= 40;
-  for (auto& v : w2.flat()) v *= 40;
-  for (dmat* m : {&x, &dy, &b1, &b2, &w1, &w2}) tl::round_to<T>(*m);
-  // The serial MLP.
-  const dmat h = tl::ref_linear(x, w1, &b1);
-  dmat a(tokens, ffn);
-  for (std::size_t i = 0; i < a.size(); ++i) a.flat()[i] = gelu(h.flat()[i]);
-  const dmat y = tl::ref_linear(a, w2, &b2);
-  const dmat da = tl::ref_linear_dx(dy, w2);
-  dmat dh(tokens, ffn);
-  for (std::size_t i = 0; i < dh.size(); ++i) dh.flat()[i] = da.flat()[i] * gelu_grad(h.flat()[i]);
-  const dmat dx = tl::ref_linear_dx(dh, w1), dw1 = tl::ref_linear_dw(dh, x), dw2 = tl::ref_linear_dw(dy, a);
-  const dmat db1 = tl::ref_colsum(dh, 0, tokens), db2 = tl::ref_colsum(dy, 0, tokens);
+  const tl::mlp_case ref = tl::mlp_reference<T>(tokens, hidden, ffn, seed, id);
+  const dmat &x = ref.x, &dy = ref.dy, &w1 = ref.w1, &b1 = ref.b1, &w2 = ref.w2, &b2 = ref.b2;
+  const dmat &y = ref.y, &dx = ref.dx, &dw1 = ref.dw1, &db1 = ref.db1, &dw2 = ref.dw2, &db2 = ref.db2;
+  const dmat& w1_init = ref.w1_init;  // what the layer initialises itself to
   const double tol = tl::tolerance<T>;
 
   for (int tp = 1; tp <= 4; ++tp) {
