@@ -281,14 +281,17 @@ public:
 
     params_ = parameters();
     optim::param_set ps;
-    std::vector<float> initial;
+    std::size_t elements = 0;
+    for (const auto& q : params_) elements += q.value.size();
+    std::vector<float> initial(elements);
+    std::size_t at = 0;
     for (const auto& q : params_) {
       const std::size_t index = ps.add(q.name, {q.value.rows(), q.value.cols()}, q.replicated);
       if (config_.tie_embeddings && head_ && q.value.data() == head_->parameters()[0].value.data()) {
         ps.mark_tied_copy(index);  // the embedding table counts it
       }
-      initial.resize(initial.size() + q.value.size());
-      copy_to_flat(q.value, std::span<float>(initial).last(q.value.size()));
+      copy_to_flat(q.value, std::span<float>(initial).subspan(at, q.value.size()));
+      at += q.value.size();
     }
     optimizer_ = optim::make_data_parallel<Sharding>(dp_, ps, rule, config_.optimizer);
     if (tp_.size() * p > 1) {
@@ -377,8 +380,7 @@ private:
   }
 
   static void zero(matrix_view<T> g) {
-    for (std::size_t i = 0; i < g.rows(); ++i)
-      for (std::size_t j = 0; j < g.cols(); ++j) g(i, j) = T{};
+    for (std::size_t i = 0; i < g.rows(); ++i) std::fill_n(g.row(i).begin(), g.cols(), T{});
   }
 
   std::vector<layer::parameter<T>> parameters() {

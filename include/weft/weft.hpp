@@ -1,5 +1,9 @@
 #pragma once
-// weft: everything that compiles with a plain C++20 host compiler. CUDA: <weft/cuda.hpp>.
+// weft: the core, topologies, meshes, collectives, the local transport, the cost model and
+// pipelines: what every user of the collectives needs, with a plain C++20 host compiler. Include
+// the rest where it is used: <weft/optim.hpp> (data parallelism, ZeRO, checkpoints), <weft/sim.hpp>
+// (the simulator and planner), <weft/strategy.hpp> and <weft/layer/...> (the layers and the 3D
+// trainer; a CBLAS), <weft/cuda.hpp> (nvcc, NCCL).
 #include <weft/core/error.hpp>
 #include <weft/core/half.hpp>
 #include <weft/core/ops.hpp>

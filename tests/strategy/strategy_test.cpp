@@ -2,8 +2,8 @@
 // 2x2x2, 2x2x1 with V = 2, 1x4x2 with an uneven layout; TP x PP x DP) and each ZeRO stage, the
 // per-step losses of 20 AdamW steps equal those of the same model trained on one rank on the
 // whole batch (strategy_support.hpp), within 1e-5 relative; so do the recompute policies,
-// sequence parallelism and tied embeddings. Bad configurations fail with a weft::error naming
-// what is wrong.
+// sequence parallelism, tied embeddings and gradient clipping by the global norm over the whole
+// mesh. Bad configurations fail with a weft::error naming what is wrong.
 #include "strategy/strategy_support.hpp"
 
 #include <weft/comm/transport/local.hpp>
