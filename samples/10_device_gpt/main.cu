@@ -1,15 +1,20 @@
 // A GPT trained with tensor parallelism on GPUs: the layers of weft/layer with the cuBLAS policy
 // keep weights and activations in device memory and run on each rank's stream; the TP group's
-// collectives go through NCCL. With two or more GPUs: TP over 2 (or 4) of them, one host thread
-// per GPU, communicators from ncclCommInitAll. With one GPU: two TP ranks emulated on it
-// (weft::cuda::emulated). Beside it the same model at TP = 1 on GPU 0. Both print their losses
-// per step; they must agree to float rounding (the model is initialised over the full shapes from
-// one seed, so it is the same model at every TP size).
+// collectives go through NCCL. Under mpirun, one process per GPU (2 or 4 of them; NCCL from MPI,
+// weft::cuda::nccl::from_mpi). Run alone: two TP ranks emulated on GPU 0 (weft::cuda::emulated).
+// Beside it the same model at TP = 1 on one GPU. Both print their losses per step; they must agree
+// to float rounding (the model is initialised over the full shapes from one seed, so it is the
+// same model at every TP size).
 //
-//   build/samples/10_device_gpt/weft_device_gpt [--steps N]
+//   mpirun -n 2 build/samples/10_device_gpt/weft_device_gpt [--steps N]   # one GPU per process
+//   build/samples/10_device_gpt/weft_device_gpt                            # TP 2 emulated on one GPU
 //
+// One process per GPU, not one thread per GPU: cudaMalloc and cudaFree in one thread can wait
+// behind an NCCL kernel that another thread's peer has not launched yet (a known NCCL hazard).
 // Without a CUDA device it says so and exits 0.
+#include <weft/comm/transport/mpi.hpp>
 #include <weft/cuda.hpp>
+#include <weft/cuda/nccl_mpi.cuh>
 #include <weft/cuda/emulated.cuh>
 #include <weft/layer/cuda/cublas.cuh>
 #include <weft/layer/gpt.hpp>
@@ -25,7 +30,6 @@
 #include <exception>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace {
@@ -75,72 +79,60 @@ std::vector<double> train(Comm& tp, int steps) {
 } // namespace
 
 int main(int argc, char** argv) {
+  weft::mpi::environment env(argc, argv);
   int steps = 5;
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--steps") == 0) steps = std::max(1, std::atoi(argv[i + 1]));
   }
+  auto world = weft::mpi::world();
+  const bool root = world.rank() == 0;
   int gpus = 0;
   if (const cudaError_t e = cudaGetDeviceCount(&gpus); e != cudaSuccess || gpus == 0) {
-    std::printf("no CUDA device here (%s): nothing to run\n",
-                e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount found none");
+    if (root) {
+      std::printf("no CUDA device here (%s): nothing to run\n",
+                  e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount found none");
+    }
     return 0;
   }
   try {
-    // TP = 1 on GPU 0.
+    const int tp = world.size();
+    if (tp > 1 && (tp > gpus || shape.heads % static_cast<std::size_t>(tp) != 0)) {
+      throw std::runtime_error("run 2 or 4 processes, one per GPU (" + std::to_string(gpus) + " here)");
+    }
+    // TP = 1 on this process's GPU, for the comparison.
+    if (cudaSetDevice(tp > 1 ? world.rank() % gpus : 0) != cudaSuccess) throw std::runtime_error("cudaSetDevice failed");
     std::vector<double> one;
     weft::cuda::emulated::run(1, [&](weft::cuda::emulated::communicator& c) { one = train(c, steps); });
 
-    // TP over GPUs (NCCL), or two ranks emulated on the one GPU.
-    const int tp = gpus >= 4 ? 4 : gpus >= 2 ? 2 : 1;
     std::vector<double> split;
     std::string how;
     if (tp > 1) {
-      std::vector<int> devices(static_cast<std::size_t>(tp));
-      for (int d = 0; d < tp; ++d) devices[static_cast<std::size_t>(d)] = d;
-      auto comms = weft::cuda::nccl::communicator::init_all(devices);
-      std::vector<std::string> failures(devices.size());
-      std::vector<std::thread> threads;
-      for (int d = 0; d < tp; ++d) {
-        threads.emplace_back([&, d] {
-          try {
-            if (cudaSetDevice(d) != cudaSuccess) throw std::runtime_error("cudaSetDevice failed");
-            auto losses = train(comms[static_cast<std::size_t>(d)], steps);
-            if (d == 0) split = std::move(losses);
-          } catch (const std::exception& e) {
-            failures[static_cast<std::size_t>(d)] = e.what();
-          }
-        });
-      }
-      for (auto& t : threads) t.join();
-      for (int d = 0; d < tp; ++d) {
-        if (!failures[static_cast<std::size_t>(d)].empty()) {
-          throw std::runtime_error("GPU " + std::to_string(d) + ": " + failures[static_cast<std::size_t>(d)]);
-        }
-      }
-      how = "TP " + std::to_string(tp) + " over " + std::to_string(tp) + " GPUs (NCCL)";
+      auto gpu_comm = weft::cuda::nccl::from_mpi(MPI_COMM_WORLD);
+      split = train(gpu_comm, steps);
+      how = "TP " + std::to_string(tp) + " on " + std::to_string(tp) + " GPUs";
     } else {
       weft::cuda::emulated::run(2, [&](weft::cuda::emulated::communicator& c) {
         auto losses = train(c, steps);
         if (c.rank() == 0) split = std::move(losses);
       });
-      how = "TP 2 emulated on one GPU";
+      how = "TP 2 emulated";
     }
-
+    if (!root) return 0;
     std::printf("GPT (vocab %zu, hidden %zu, %zu heads, seq %zu, %zu layers), batch %zu, SGD, sequence parallel,"
                 " selective recompute, float on the device\n",
                 shape.vocab, shape.hidden, shape.heads, shape.seq, shape.layers, batch);
-    std::printf("%6s %14s %14s\n", "step", "TP 1", how.c_str());
+    std::printf("%6s %14s %16s\n", "step", "TP 1", how.c_str());
     double worst = 0;
     for (int s = 0; s < steps; ++s) {
       const auto i = static_cast<std::size_t>(s);
-      std::printf("%6d %14.6f %14.6f\n", s + 1, one[i], split[i]);
+      std::printf("%6d %14.6f %16.6f\n", s + 1, one[i], split[i]);
       worst = std::max(worst, std::abs(split[i] - one[i]) / std::abs(one[i]));
     }
     const bool same = worst < 1e-4;
     std::printf("largest relative difference %.2e: %s\n", worst, same ? "the same training" : "DIFFERENT");
     return same ? 0 : 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s\n", e.what());
+    std::fprintf(stderr, "rank %d: %s\n", world.rank(), e.what());
     return 1;
   }
 }

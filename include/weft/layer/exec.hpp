@@ -5,7 +5,7 @@
 // WEFT_HOST_DEVICE functor of (row, column), and run here: in a loop on the host, or through the
 // policy's `each_element` (found by argument-dependent lookup) as a kernel on its stream. So the
 // host tests check the arithmetic the device runs (and, with a policy that visits the elements
-// backwards, that no step depends on the order: tests/layer/layer_support.hpp).
+// backwards, that no step depends on the order: tests/layer/reversed_elements.hpp).
 //
 //   using space = weft::layer::space_of<Gemm>;              // host_space or device_space
 //   weft::matrix<T, space> h;                               // a layer's own buffers
@@ -75,10 +75,6 @@ void resize(const Gemm& g, matrix<T, Space>& m, std::size_t rows, std::size_t co
   }
 }
 
-template <class T>
-[[nodiscard]] std::span<T> flat_of(matrix<T, host_space>& m) noexcept {
-  return m.flat();
-}
 /// Any owning matrix's elements as one span (device memory for a device matrix: for collectives).
 template <class T, class Space>
 [[nodiscard]] std::span<T> flat_of(matrix<T, Space>& m) noexcept {

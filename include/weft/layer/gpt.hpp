@@ -89,7 +89,11 @@ public:
     final_norm_.forward(detail::cview(acts_.back().view()), normed_.view());
     detail::resize(gemm_, logits_, tokens, head_.out_local());
     head_.forward(detail::cview(normed_.view()), logits_.view());
-    for (auto& a : acts_) a = {};  // the blocks keep what their backward needs
+    // The blocks keep what their backward needs. On a device the buffers stay for the next step:
+    // cudaFree and cudaMalloc synchronize the device (and can stall NCCL peers driven by other threads).
+    if constexpr (!on_device<Gemm>) {
+      for (auto& a : acts_) a = {};
+    }
     return loss_.forward(detail::cview(logits_.view()), targets);
   }
 
@@ -109,7 +113,7 @@ public:
     embedding_.backward(detail::cview(d_b_.view()));
     if constexpr (SP::enabled) {
       auto ps = parameters();
-      reduce_sequence_parallel_grads(gemm_, *tp_, std::span<parameter<T>>(ps));
+      reduce_sequence_parallel_grads(gemm_, *tp_, std::span<parameter<T>>(ps), sp_grads_);
     }
   }
 
@@ -152,6 +156,7 @@ private:
   vocab_parallel_cross_entropy<T, Comm, Gemm> loss_;
   std::vector<matrix<T, space>> acts_;
   matrix<T, space> normed_, logits_, dlogits_, d_a_, d_b_;
+  matrix<T, space> sp_grads_;  // sequence_parallel: the replicated parameters' gradients, packed
 };
 
 } // namespace weft::layer

@@ -41,14 +41,16 @@ struct parameter {
 /// Sums over the TP group the gradients of the parameters marked sequence_partial, packed into one
 /// all-reduce, in the policy's memory (exec.hpp: device views for a device policy). Every rank of
 /// `tp` must pass the same parameters in the same order. No call when none is marked.
+/// `buf` is the packing buffer, kept by the caller between steps (on a device, so that no step
+/// allocates and frees device memory: cudaMalloc and cudaFree synchronize).
 template <class Exec, class T, communicator Comm>
-void reduce_sequence_parallel_grads(const Exec& exec, Comm& tp, std::span<parameter<T>> ps) {
+void reduce_sequence_parallel_grads(const Exec& exec, Comm& tp, std::span<parameter<T>> ps,
+                                    matrix<T, space_of<Exec>>& buf) {
   std::size_t n = 0;
   for (const auto& p : ps) {
     if (p.sequence_partial) n += p.grad.size();
   }
   if (n == 0 || tp.size() == 1) return;
-  matrix<T, space_of<Exec>> buf;
   detail::resize(exec, buf, 1, n);
   const auto packed = [&](const parameter<T>& p, std::size_t at) {
     return matrix_view<T>(buf.data() + at, p.grad.rows(), p.grad.cols());
@@ -70,7 +72,8 @@ void reduce_sequence_parallel_grads(const Exec& exec, Comm& tp, std::span<parame
 
 template <class T, communicator Comm>
 void reduce_sequence_parallel_grads(Comm& tp, std::span<parameter<T>> ps) {
-  reduce_sequence_parallel_grads(host_policy{}, tp, ps);
+  matrix<T> buf;
+  reduce_sequence_parallel_grads(host_policy{}, tp, ps, buf);
 }
 
 template <class T, communicator Comm>
