@@ -58,15 +58,6 @@ void assign(const Gemm& g, matrix<T, Space>& dst, matrix_view<const T> src) {
   if (dst.rows() != src.rows() || dst.cols() != src.cols()) resize(g, dst, src.rows(), src.cols());
   copy_view(g, src, dst.view());
 }
-template <class T>
-void assign(matrix<T>& dst, matrix_view<const T> src) {
-  assign(host_policy{}, dst, src);
-}
-
-template <class T>
-void copy_view(matrix_view<const T> src, matrix_view<T> dst) {
-  copy_view(host_policy{}, src, dst);
-}
 
 /// The tokens, given a rank's row count, where rows are split evenly over the TP group.
 [[nodiscard]] inline std::size_t check_sequence_split(std::string_view who, std::size_t tokens, int tp) {
@@ -122,20 +113,6 @@ void all_reduce_into(const Gemm& g, Comm& tp, matrix<T, Space>& part, matrix_vie
   copy_view(g, cview(part), out);
 }
 
-// The host forms, for the layers without a GEMM policy.
-template <class T, communicator Comm>
-void gather_rows(Comm& tp, matrix_view<const T> local, matrix<T>& full, matrix<T>& staging) {
-  gather_rows(host_policy{}, tp, local, full, staging);
-}
-template <class T, communicator Comm>
-void reduce_scatter_rows(Comm& tp, matrix<T>& full, matrix_view<T> out, matrix<T>& staging) {
-  reduce_scatter_rows(host_policy{}, tp, full, out, staging);
-}
-template <class T, communicator Comm>
-void all_reduce_into(Comm& tp, matrix<T>& part, matrix_view<T> out) {
-  all_reduce_into(host_policy{}, tp, part, out);
-}
-
 template <class Gemm, class T, class Space>
 void add_row_vector(const Gemm& g, matrix_view<T> y, const matrix<T, Space>& b) {
   for_each_element(g, y.rows(), y.cols(), add_row<T>{y, b.view()});
@@ -151,11 +128,6 @@ void accumulate_column_sums(const Gemm& g, matrix_view<const T> dy, matrix<T, Sp
       for (std::size_t c = 0; c < dy.cols(); ++c) db(0, c) += dy(r, c);
     }
   }
-}
-
-template <class T>
-void zero(matrix<T>& m) {
-  m.fill(T{});
 }
 
 /// A weight initialised by init_normal over the full shape, in the policy's memory.
