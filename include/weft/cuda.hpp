@@ -19,4 +19,5 @@
 #include <weft/cuda/memory.cuh>
 #include <weft/cuda/nccl.cuh>
 #include <weft/cuda/p2p.cuh>
+#include <weft/cuda/two_level.cuh>
 #include <weft/cuda/types.cuh>

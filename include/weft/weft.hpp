@@ -34,6 +34,7 @@
 #include <weft/comm/reduce_scatter.hpp>
 #include <weft/comm/send_recv.hpp>
 #include <weft/comm/transport/local.hpp>
+#include <weft/comm/two_level.hpp>
 
 #include <weft/sim/cost_model.hpp>
 

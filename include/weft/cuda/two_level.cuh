@@ -1,0 +1,54 @@
+#pragma once
+// weft::cuda::two_level<Intra, Inter>: weft::two_level (comm/two_level.hpp) over device
+// transports, each level on its own stream: Intra's (p2p or NCCL over NVLink) and Inter's (NCCL
+// over InfiniBand). stream_handoff orders them with an event, recorded on one stream and waited
+// on by the other, so nothing waits on the host and chunk k's inter-node all-reduce runs while
+// chunk k+1's intra-node reduce does; op::avg's divide is a kernel on Inter's stream.
+//
+//   weft::cuda::emulated::run(weft::topology::parse("2x4"), [&](weft::cuda::emulated::communicator& world) {
+//     auto tl = weft::make_two_level(world, {}, weft::cuda::stream_handoff{});
+//     weft::all_reduce(tl, std::span(d_grad, n));   // queued on tl.stream() (the intra level's)
+//   });
+//   auto tl = weft::cuda::two_level_from_mpi(MPI_COMM_WORLD);   // p2p + NCCL (cuda/two_level_mpi.cuh)
+//
+// The event is made on first use, on the device current then: the device of the rank's streams,
+// as the transports leave it. A stream_handoff is shared by the copies of its two_level.
+#include <weft/comm/two_level.hpp>
+#include <weft/cuda/error.cuh>
+#include <weft/cuda/kernels.cuh>
+#include <weft/cuda/memory.cuh>
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <memory>
+
+namespace weft::cuda {
+
+class stream_handoff {
+public:
+  /// Work queued on `to` from now on waits for the work queued on `from` so far.
+  template <class From, class To>
+  void operator()(From& from, To& to) {
+    const cudaStream_t a = from.stream();
+    const cudaStream_t b = to.stream();
+    if (a == b) return;  // one stream: in order already
+    if (!event_) event_ = std::make_shared<event>();
+    event_->record(a);
+    WEFT_CUDA_TRY(cudaStreamWaitEvent(b, event_->get(), 0));
+  }
+  /// data /= ranks, a kernel on comm's stream (op::avg's last step).
+  template <class Comm, class T>
+  void divide(Comm& comm, T* data, std::size_t n, int ranks) {
+    cuda::divide(data, n, ranks, comm.stream());
+  }
+
+private:
+  // Recorded again for each handoff: a wait already queued keeps the record it was queued after.
+  std::shared_ptr<event> event_;
+};
+
+template <class Intra, class Inter = Intra>
+using two_level = weft::two_level<Intra, Inter, stream_handoff>;
+
+} // namespace weft::cuda

@@ -1,0 +1,121 @@
+// weft::cuda::two_level on one GPU: the two levels on their own streams, ordered by
+// stream_handoff, against the serial reference. The one-GPU harness (emulated) gives both
+// levels; p2p gives both with peer loads (ranks sharing the device). The p2p + NCCL pairing of
+// cuda/two_level_mpi.cuh needs one GPU per NCCL rank: samples/11_two_level runs it.
+#include <weft/comm/algorithm/direct.hpp>
+#include <weft/comm/algorithm/ring.hpp>
+#include <weft/comm/algorithm/tree.hpp>
+#include <weft/cuda/emulated.cuh>
+#include <weft/cuda/p2p.cuh>
+#include <weft/cuda/two_level.cuh>
+#include <weft/topology/topology.hpp>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "support/cuda.cuh"
+#include "support/device_collectives.cuh"
+#include "support/reference.hpp"
+
+namespace {
+
+using namespace weft;
+namespace emu = weft::cuda::emulated;
+namespace p2p = weft::cuda::p2p;
+using namespace std::chrono_literals;
+
+// p2p ranks share the device: each stream needs a hardware queue (see tests/cuda/p2p_test.cu).
+const bool connections_set = [] { return setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0) == 0; }();
+
+// Runs one all-reduce on device buffers of every rank and checks it on the host: against the
+// serial reference, and every rank's bits against rank 0's.
+template <class Algo, class T, class Op, class TwoLevel>
+void check(TwoLevel& tl, std::size_t count, test::pattern pat, std::vector<std::vector<T>>& results, std::mutex& m) {
+  const int p = tl.size();
+  const auto r = static_cast<std::size_t>(tl.rank());
+  std::vector<T> mine(count);
+  for (std::size_t i = 0; i < count; ++i) mine[i] = test::input_value<T, Op>(tl.rank(), i, pat);
+  weft::cuda::device_buffer<T> d(count);
+  test::device::upload(d.data(), mine, tl.stream());
+  all_reduce<Algo>(tl, std::span(d.data(), count), Op{});
+  const auto got = test::device::download(d.data(), count, tl.stream());
+  std::vector<std::vector<T>> in(static_cast<std::size_t>(p), std::vector<T>(count));
+  for (int q = 0; q < p; ++q) {
+    for (std::size_t i = 0; i < count; ++i) in[static_cast<std::size_t>(q)][i] = test::input_value<T, Op>(q, i, pat);
+  }
+  const auto want = test::reference<T, Op>(collective::all_reduce, p, count, 0, in)[r];
+  for (std::size_t i = 0; i < count; ++i) {
+    if (pat == test::pattern::exact) {
+      ASSERT_EQ(got[i], want[i]) << "rank " << r << ", element " << i << " of " << count;
+    } else {
+      ASSERT_NEAR(static_cast<double>(got[i]), static_cast<double>(want[i]), 1e-5 * p) << "element " << i;
+    }
+  }
+  const std::lock_guard lock(m);
+  results[r] = got;
+}
+
+template <class T>
+void expect_identical(const std::vector<std::vector<T>>& results) {
+  for (std::size_t r = 1; r < results.size(); ++r) {
+    ASSERT_EQ(results[r].size(), results[0].size());
+    EXPECT_EQ(std::memcmp(results[r].data(), results[0].data(), results[0].size() * sizeof(T)), 0)
+        << "rank " << r << " differs from rank 0";
+  }
+}
+
+TEST(cuda_two_level, emulated_levels_on_their_own_streams_match_the_reference) {
+  WEFT_REQUIRE_DEVICE();
+  for (const char* spec : {"2x2", "3+5", "1+3", "4+2+3"}) {
+    const auto cluster = topology::parse(spec);
+    std::mutex m;
+    std::vector<std::vector<float>> floats(static_cast<std::size_t>(cluster.size()));
+    std::vector<std::vector<std::int32_t>> ints(static_cast<std::size_t>(cluster.size()));
+    emu::run(cluster, [&](emu::communicator& world) {
+      // 1 KiB chunks: the 70001-element calls take dozens, pipelined across the two streams.
+      auto tl = make_two_level(world, {.chunk_bytes = 1024}, weft::cuda::stream_handoff{});
+      EXPECT_NE(tl.intra().stream(), tl.inter().stream()) << "each level has its own stream";
+      for (std::size_t count : {std::size_t{0}, std::size_t{3}, std::size_t{70001}}) {
+        check<algo::stages<>, std::int32_t, op::sum>(tl, count, test::pattern::exact, ints, m);
+        check<algo::stages<algo::ring, algo::tree>, std::int32_t, op::avg>(tl, count, test::pattern::exact, ints, m);
+        check<algo::stages<>, float, op::sum>(tl, count, test::pattern::random, floats, m);
+      }
+    });
+    expect_identical(floats);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(cuda_two_level, p2p_levels_sharing_one_device_match_the_reference) {
+  WEFT_REQUIRE_DEVICE();
+  // Two nodes of two ranks, all on device 0: split by hand, as the node labels say.
+  const std::vector<int> node_of{0, 0, 1, 1};
+  std::mutex m;
+  std::vector<std::vector<float>> floats(4);
+  std::vector<std::vector<std::int32_t>> ints(4);
+  p2p::run(
+      {0, 0, 0, 0},
+      [&](p2p::communicator& c) {
+        const int r = c.rank();
+        auto intra = c.split(r / 2, r);
+        auto inter = c.split(r % 2, r / 2);
+        weft::cuda::two_level<p2p::communicator> tl(std::move(intra), std::move(inter), node_of, r,
+                                                    {.chunk_bytes = 4096});
+        for (std::size_t count : {std::size_t{1}, std::size_t{4097}, std::size_t{100003}}) {
+          check<algo::stages<algo::direct, algo::direct>, std::int32_t, op::sum>(tl, count, test::pattern::exact,
+                                                                                 ints, m);
+          check<algo::stages<algo::direct, algo::direct>, float, op::avg>(tl, count, test::pattern::random, floats, m);
+        }
+      },
+      {.sync_timeout = 20s, .timeout = 60s});
+  expect_identical(floats);
+}
+
+} // namespace
