@@ -13,6 +13,7 @@
 // Not included, because they need MPI too: weft/cuda/nccl_mpi.cuh and weft/cuda/p2p_mpi.cuh.
 #include <weft/weft.hpp>
 
+#include <weft/cuda/async.cuh>
 #include <weft/cuda/emulated.cuh>
 #include <weft/cuda/error.cuh>
 #include <weft/cuda/kernels.cuh>

@@ -536,6 +536,22 @@ public:
   /// rank), with ncclCommSplit. Collective and blocking. The result owns its NCCL
   /// communicator, shares this one's stream (so their work stays in order) and keeps its
   /// cluster: its rank r sits on the same device as before.
+  /// As split(), but the child queues on a stream of its own (made on this communicator's
+  /// device) that starts after the work queued on this one so far: a side stream whose
+  /// collectives overlap this one's work (weft::cuda::async_communicator). Collective.
+  communicator split_with_stream(int color, int key) {
+    communicator c = split(color, key);
+    const detail::device_scope on(device_);
+    auto own = std::make_shared<const cuda::stream>();
+    const cuda::event after;
+    after.record(stream());
+    detail::cuda_check(cudaStreamWaitEvent(own->get(), after.get(), 0), "cudaStreamWaitEvent", "split", rank_);
+    c.stream_ = own;
+    c.scratch_ = detail::stream_memory(own);
+    c.staging_ = detail::stream_memory(own);
+    return c;
+  }
+
   communicator split(int color, int key) {
     WEFT_EXPECTS(color >= 0, "nccl::communicator::split: color must be >= 0");
     constexpr std::string_view operation = "split";
