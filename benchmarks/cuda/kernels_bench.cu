@@ -15,6 +15,8 @@
 
 #include <benchmark/benchmark.h>
 
+#include "support/cuda_timing.cuh"
+
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -22,32 +24,12 @@
 
 namespace {
 
+using weft::bench::skip_without_device;
+using weft::bench::time_calls;
+
 std::map<std::size_t, double>& memcpy_gbps() {
   static std::map<std::size_t, double> m;
   return m;
-}
-
-// Seconds per call of f (which enqueues on s), best of 5 batches of `calls` calls.
-template <class F>
-double time_calls(cudaStream_t s, int calls, F&& f) {
-  const weft::cuda::event start(true), stop(true);
-  f();
-  WEFT_CUDA_TRY(cudaStreamSynchronize(s));
-  double best = 1e30;
-  for (int batch = 0; batch < 5; ++batch) {
-    start.record(s);
-    for (int i = 0; i < calls; ++i) f();
-    stop.record(s);
-    best = std::min(best, static_cast<double>(stop.elapsed_ms(start)) * 1e-3 / calls);
-  }
-  return best;
-}
-
-bool skip_without_device(benchmark::State& state) {
-  const std::string why = weft::cuda::no_device_reason();
-  if (why.empty()) return false;
-  state.SkipWithError(why.c_str());
-  return true;
 }
 
 int calls_for(std::size_t bytes) { return static_cast<int>(std::clamp<std::size_t>((std::size_t{1} << 30) / bytes, 3, 200)); }

@@ -19,6 +19,8 @@
 
 #include <benchmark/benchmark.h>
 
+#include "support/cuda_timing.cuh"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -26,32 +28,14 @@
 
 namespace {
 
+using weft::bench::skip_without_device;
+using weft::bench::time_calls;
+
 double& memcpy_gbps() {
   static double v = 0;
   return v;
 }
 
-template <class F>
-double time_calls(cudaStream_t s, int calls, F&& f) {
-  const weft::cuda::event start(true), stop(true);
-  f();
-  WEFT_CUDA_TRY(cudaStreamSynchronize(s));
-  double best = 1e30;
-  for (int batch = 0; batch < 5; ++batch) {
-    start.record(s);
-    for (int i = 0; i < calls; ++i) f();
-    stop.record(s);
-    best = std::min(best, static_cast<double>(stop.elapsed_ms(start)) * 1e-3 / calls);
-  }
-  return best;
-}
-
-bool skip_without_device(benchmark::State& state) {
-  const std::string why = weft::cuda::no_device_reason();
-  if (why.empty()) return false;
-  state.SkipWithError(why.c_str());
-  return true;
-}
 
 void report(benchmark::State& state, double seconds, double traffic) {
   state.SetIterationTime(seconds);

@@ -286,14 +286,7 @@ template <class Algo = algo::stages<>, class Intra, class Inter, class Handoff, 
           class Op = op::sum>
   requires std::same_as<std::remove_const_t<In>, T> && reduction_for<Op, T>
 void all_reduce(two_level<Intra, Inter, Handoff>& comm, std::span<In> in, std::span<T> out, Op op = {}) {
-  if (in.size() != out.size()) {
-    throw error("all_reduce", comm.rank(), error::unknown,
-                "input has " + std::to_string(in.size()) + " elements but output has " + std::to_string(out.size()));
-  }
-  if (in.data() != out.data() && detail::overlap(in.data(), in.size_bytes(), out.data(), out.size_bytes())) {
-    throw error("all_reduce", comm.rank(), error::unknown,
-                "input and output overlap without being the same buffer (in place: pass one span)");
-  }
+  detail::check_all_reduce_buffers(comm.rank(), in, out);
   comm.template all_reduce<Algo>(in.data(), out.data(), in.size(), op);
 }
 
