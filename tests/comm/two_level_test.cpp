@@ -56,7 +56,9 @@ void check_all_reduce(const std::string& spec, std::size_t count, std::size_t ch
     const auto& g = got[static_cast<std::size_t>(r)];
     ASSERT_EQ(g.size(), count) << what;
     // Every rank holds the same bits as rank 0.
-    if (count != 0) ASSERT_EQ(std::memcmp(g.data(), got[0].data(), count * sizeof(T)), 0) << what << ": rank " << r << " differs";
+    if (count != 0) {
+      ASSERT_EQ(std::memcmp(g.data(), got[0].data(), count * sizeof(T)), 0) << what << ": rank " << r << " differs";
+    }
     for (std::size_t i = 0; i < count; ++i) {
       const auto& w = want[static_cast<std::size_t>(r)][i];
       if (pat == test::pattern::exact) {
