@@ -36,7 +36,6 @@ double& memcpy_gbps() {
   return v;
 }
 
-
 void report(benchmark::State& state, double seconds, double traffic) {
   state.SetIterationTime(seconds);
   state.counters["time_us"] = seconds * 1e6;
@@ -48,15 +47,8 @@ void report(benchmark::State& state, double seconds, double traffic) {
 void memcpy_d2d(benchmark::State& state) {
   if (skip_without_device(state)) return;
   const auto bytes = static_cast<std::size_t>(state.range(0));
-  weft::cuda::device_buffer<std::byte> a(bytes), b(bytes);
-  WEFT_CUDA_TRY(cudaMemset(a.data(), 1, bytes));
-  weft::cuda::stream s;
   double t = 0;
-  for (auto _ : state) {
-    t = time_calls(s.get(), 10, [&] {
-      WEFT_CUDA_TRY(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, s.get()));
-    });
-  }
+  for (auto _ : state) t = weft::bench::memcpy_d2d_seconds(bytes, 10);
   memcpy_gbps() = 2.0 * static_cast<double>(bytes) / t / 1e9;
   report(state, t, 2.0 * static_cast<double>(bytes));
 }

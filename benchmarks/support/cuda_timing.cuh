@@ -6,6 +6,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <string>
 
 namespace weft::bench {
@@ -25,6 +26,17 @@ double time_calls(cudaStream_t s, int calls, F&& f) {
     best = std::min(best, static_cast<double>(stop.elapsed_ms(start)) * 1e-3 / calls);
   }
   return best;
+}
+
+/// Seconds per cudaMemcpyAsync of `bytes` from one device buffer to another (time_calls with
+/// `calls` calls): the bandwidth the device benchmarks divide by. It moves 2 x bytes.
+inline double memcpy_d2d_seconds(std::size_t bytes, int calls) {
+  weft::cuda::device_buffer<std::byte> a(bytes), b(bytes);
+  WEFT_CUDA_TRY(cudaMemset(a.data(), 1, bytes));
+  const weft::cuda::stream s;
+  return time_calls(s.get(), calls, [&] {
+    WEFT_CUDA_TRY(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, s.get()));
+  });
 }
 
 /// True, with the benchmark marked skipped and why, where no CUDA device is present.
