@@ -1,6 +1,7 @@
-// weft::two_level on the local transport: the all-reduce against the serial reference for even
-// and uneven nodes, by chunks, in and out of place, with each level's algorithm named; every
-// rank's bits equal; what crosses the inter-node communicator; bad construction refused.
+// weft::two_level on the local transport: every collective it offers against the serial
+// reference for even, uneven and interleaved nodes, by chunks, in and out of place, from every
+// root, with each level's algorithm named; every rank's bits equal; what crosses the
+// inter-node communicator; bad construction and bad roots refused.
 #include <weft/comm/algorithm/direct.hpp>
 #include <weft/comm/algorithm/halving_doubling.hpp>
 #include <weft/comm/algorithm/ring.hpp>
@@ -24,23 +25,95 @@ namespace {
 
 using namespace weft;
 
-// The layouts: even and uneven nodes, one node, one rank per node, nodes not in rank order.
-const char* const layouts[] = {"2x2", "2x3", "3+5", "1+3", "4+2+3", "4x1", "4"};
+// A layout: the node of each rank. From a topology the nodes are contiguous runs of ranks;
+// the interleaved ones give a node's ranks out of world order.
+struct layout {
+  std::string name;
+  std::vector<int> node_of;
+  bool from_topology = false;  // name is a topology spec: make_two_level splits its world
+};
 
-template <class Algo, class T, class Op>
-void check_all_reduce(const std::string& spec, std::size_t count, std::size_t chunk_bytes, bool in_place,
-                      test::pattern pat) {
+layout from_spec(const std::string& spec) {
   const auto cluster = topology::parse(spec);
-  const int p = cluster.size();
+  layout l{spec, {}, true};
+  for (int r = 0; r < cluster.size(); ++r) l.node_of.push_back(cluster.node_of(r));
+  return l;
+}
+
+// Even and uneven nodes, one node, one rank per node, and interleaved nodes (even; uneven with
+// the smallest node last; uneven with the biggest node's ranks first and last).
+std::vector<layout> layouts() {
+  std::vector<layout> ls;
+  for (const char* spec : {"2x2", "2x3", "3+5", "1+3", "4+2+3", "4x1", "4"}) ls.push_back(from_spec(spec));
+  ls.push_back({"interleaved 0101", {0, 1, 0, 1}});
+  ls.push_back({"interleaved 10120120", {1, 0, 1, 2, 0, 1, 2, 0}});
+  ls.push_back({"interleaved 00101", {0, 0, 1, 0, 1}});
+  return ls;
+}
+
+// f(two_level, rank) on each rank of the layout: from make_two_level on a topology's world, or
+// split by hand as make_two_level splits one (the local transport's nodes are contiguous).
+template <class F>
+void on_two_level(const layout& l, std::size_t chunk_bytes, F&& f) {
+  const int p = static_cast<int>(l.node_of.size());
+  if (l.from_topology) {
+    local::run(topology::parse(l.name), [&](local::communicator& world) {
+      auto tl = make_two_level(world, {.chunk_bytes = chunk_bytes});
+      f(tl, world.rank());
+    });
+    return;
+  }
+  local::run(topology::parse(std::to_string(p)), [&](local::communicator& world) {
+    const int rank = world.rank();
+    const int color = detail::node_color(l.node_of, rank);
+    auto intra = world.split(color, rank);
+    auto inter = world.split(intra.rank(), color);
+    two_level<local::communicator> tl(std::move(intra), std::move(inter), l.node_of, rank,
+                                      {.chunk_bytes = chunk_bytes});
+    f(tl, rank);
+  });
+}
+
+// got[r] against want[r] for every rank: exact, or within the float tolerance.
+template <class T>
+void expect_outputs(const std::vector<std::vector<T>>& got, const std::vector<std::vector<T>>& want,
+                    test::pattern pat, const std::string& what) {
+  const int p = static_cast<int>(want.size());
+  for (int r = 0; r < p; ++r) {
+    const auto& g = got[static_cast<std::size_t>(r)];
+    const auto& w = want[static_cast<std::size_t>(r)];
+    ASSERT_EQ(g.size(), w.size()) << what << ", rank " << r;
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      if (pat == test::pattern::exact) {
+        ASSERT_EQ(g[i], w[i]) << what << ", rank " << r << ", element " << i;
+      } else {
+        ASSERT_NEAR(static_cast<double>(g[i]), static_cast<double>(w[i]), 1e-5 * p) << what << ", element " << i;
+      }
+    }
+  }
+}
+
+template <class T, class Op>
+std::vector<std::vector<T>> inputs(int p, std::size_t count, test::pattern pat) {
   std::vector<std::vector<T>> in(static_cast<std::size_t>(p), std::vector<T>(count));
   for (int r = 0; r < p; ++r) {
     for (std::size_t i = 0; i < count; ++i) in[static_cast<std::size_t>(r)][i] = test::input_value<T, Op>(r, i, pat);
   }
+  return in;
+}
+
+std::string describe(const layout& l, std::size_t count, std::size_t chunk_bytes) {
+  return l.name + ", " + std::to_string(count) + " elements, chunks of " + std::to_string(chunk_bytes) + " B";
+}
+
+template <class Algo, class T, class Op>
+void check_all_reduce(const layout& l, std::size_t count, std::size_t chunk_bytes, bool in_place, test::pattern pat) {
+  const int p = static_cast<int>(l.node_of.size());
+  const auto in = inputs<T, Op>(p, count, pat);
   const auto want = test::reference<T, Op>(collective::all_reduce, p, count, 0, in);
   std::vector<std::vector<T>> got(static_cast<std::size_t>(p));
-  local::run(cluster, [&](local::communicator& world) {
-    auto tl = make_two_level(world, {.chunk_bytes = chunk_bytes});
-    const auto r = static_cast<std::size_t>(world.rank());
+  on_two_level(l, chunk_bytes, [&](auto& tl, int rank) {
+    const auto r = static_cast<std::size_t>(rank);
     std::vector<T> out(count);
     if (in_place) {
       out = in[r];
@@ -50,38 +123,79 @@ void check_all_reduce(const std::string& spec, std::size_t count, std::size_t ch
     }
     got[r] = std::move(out);
   });
-  const std::string what = spec + ", " + std::to_string(count) + " elements, chunks of " +
-                           std::to_string(chunk_bytes) + " B" + (in_place ? ", in place" : ", out of place");
+  const std::string what = describe(l, count, chunk_bytes) + (in_place ? ", in place" : ", out of place");
+  // Every rank holds the same bits as rank 0.
   for (int r = 0; r < p; ++r) {
     const auto& g = got[static_cast<std::size_t>(r)];
     ASSERT_EQ(g.size(), count) << what;
-    // Every rank holds the same bits as rank 0.
     if (count != 0) {
       ASSERT_EQ(std::memcmp(g.data(), got[0].data(), count * sizeof(T)), 0) << what << ": rank " << r << " differs";
     }
-    for (std::size_t i = 0; i < count; ++i) {
-      const auto& w = want[static_cast<std::size_t>(r)][i];
-      if (pat == test::pattern::exact) {
-        ASSERT_EQ(g[i], w) << what << ", rank " << r << ", element " << i;
-      } else {
-        ASSERT_NEAR(static_cast<double>(g[i]), static_cast<double>(w), 1e-5 * p) << what << ", element " << i;
-      }
-    }
   }
+  expect_outputs(got, want, pat, what);
+}
+
+// broadcast (in place: the root's data, -7 elsewhere) or reduce (out of place; in place at the
+// root when in_place) from `root`.
+template <class Algo, class T, class Op = op::sum>
+void check_rooted(collective c, const layout& l, std::size_t count, std::size_t chunk_bytes, int root, bool in_place,
+                  test::pattern pat) {
+  const int p = static_cast<int>(l.node_of.size());
+  const auto in = inputs<T, Op>(p, count, pat);
+  const auto want = test::reference<T, Op>(c, p, count, root, in);
+  std::vector<std::vector<T>> got(static_cast<std::size_t>(p));
+  on_two_level(l, chunk_bytes, [&](auto& tl, int rank) {
+    const auto r = static_cast<std::size_t>(rank);
+    std::vector<T> out;
+    if (c == collective::broadcast) {
+      out = rank == root ? in[r] : std::vector<T>(count, T(-7));
+      broadcast<Algo>(tl, std::span(out), root);
+    } else if (in_place && rank == root) {
+      out = in[r];
+      reduce<Algo>(tl, std::span(out), std::span(out), root, Op{});
+    } else {
+      out.assign(rank == root ? count : 0, T(-7));
+      reduce<Algo>(tl, std::span<const T>(in[r]), std::span(out), root, Op{});
+    }
+    got[r] = std::move(out);
+  });
+  expect_outputs(got, want, pat,
+                 std::string(c == collective::broadcast ? "broadcast" : "reduce") + " from rank " +
+                     std::to_string(root) + ", " + describe(l, count, chunk_bytes) + (in_place ? ", in place" : ""));
+}
+
+// reduce_scatter (in: size() blocks of n) or all_gather (in: n), out of place.
+template <class Algo, class T, class Op = op::sum>
+void check_scatter_gather(collective c, const layout& l, std::size_t n, std::size_t chunk_bytes, test::pattern pat) {
+  const int p = static_cast<int>(l.node_of.size());
+  const auto in = inputs<T, Op>(p, test::input_count(c, p, n), pat);
+  const auto want = test::reference<T, Op>(c, p, n, 0, in);
+  std::vector<std::vector<T>> got(static_cast<std::size_t>(p));
+  on_two_level(l, chunk_bytes, [&](auto& tl, int rank) {
+    const auto r = static_cast<std::size_t>(rank);
+    std::vector<T> out(test::output_count(c, p, n, rank, 0), T(-7));
+    if (c == collective::reduce_scatter) {
+      reduce_scatter<Algo>(tl, std::span<const T>(in[r]), std::span(out), Op{});
+    } else {
+      all_gather<Algo>(tl, std::span<const T>(in[r]), std::span(out));
+    }
+    got[r] = std::move(out);
+  });
+  expect_outputs(got, want, pat, std::string(name_of(c)) + ", " + describe(l, n, chunk_bytes));
 }
 
 TEST(two_level, all_reduce_matches_the_reference_on_every_layout) {
-  for (const char* spec : layouts) {
+  for (const auto& l : layouts()) {
     for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{1000}}) {
       // 64-byte chunks: 16 int32 per chunk, so the 1000 elements take 63 chunks (the last short).
-      check_all_reduce<algo::stages<>, std::int32_t, op::sum>(spec, count, 64, true, test::pattern::exact);
-      check_all_reduce<algo::stages<>, std::int32_t, op::sum>(spec, count, 1 << 20, false, test::pattern::exact);
+      check_all_reduce<algo::stages<>, std::int32_t, op::sum>(l, count, 64, true, test::pattern::exact);
+      check_all_reduce<algo::stages<>, std::int32_t, op::sum>(l, count, 1 << 20, false, test::pattern::exact);
     }
   }
 }
 
 TEST(two_level, operators_and_types) {
-  for (const char* spec : {"2x3", "3+5"}) {
+  for (const auto& spec : {from_spec("2x3"), from_spec("3+5")}) {
     check_all_reduce<algo::stages<>, std::int64_t, op::max>(spec, 777, 256, true, test::pattern::exact);
     check_all_reduce<algo::stages<>, std::int32_t, op::prod>(spec, 301, 128, false, test::pattern::exact);
     check_all_reduce<algo::stages<>, std::int32_t, op::avg>(spec, 301, 128, true, test::pattern::exact);
@@ -91,13 +205,79 @@ TEST(two_level, operators_and_types) {
 }
 
 TEST(two_level, each_level_takes_the_named_algorithm) {
-  for (const char* spec : {"2x4", "3+5", "4+2+3"}) {
+  for (const auto& spec : {from_spec("2x4"), from_spec("3+5"), from_spec("4+2+3")}) {
     check_all_reduce<algo::stages<algo::ring, algo::tree>, std::int32_t, op::sum>(spec, 997, 200, true,
                                                                                    test::pattern::exact);
     check_all_reduce<algo::stages<algo::direct, algo::halving_doubling>, std::int32_t, op::sum>(
         spec, 997, 200, false, test::pattern::exact);
     check_all_reduce<algo::stages<algo::tree, algo::ring>, float, op::sum>(spec, 997, 1 << 16, true,
                                                                           test::pattern::random);
+  }
+}
+
+TEST(two_level, broadcast_and_reduce_from_every_root_on_every_layout) {
+  for (const auto& l : layouts()) {
+    const int p = static_cast<int>(l.node_of.size());
+    for (int root = 0; root < p; ++root) {
+      for (const collective c : {collective::broadcast, collective::reduce}) {
+        for (std::size_t count : {std::size_t{0}, std::size_t{5}, std::size_t{1000}}) {
+          check_rooted<algo::stages<>, std::int32_t>(c, l, count, 64, root, false, test::pattern::exact);
+        }
+        check_rooted<algo::stages<>, std::int32_t>(c, l, 1000, 1 << 20, root, true, test::pattern::exact);
+      }
+    }
+  }
+}
+
+TEST(two_level, reduce_operators_types_and_algorithms) {
+  for (const auto& l : {from_spec("2x3"), from_spec("3+5"), layouts().back()}) {
+    const int last = static_cast<int>(l.node_of.size()) - 1;
+    check_rooted<algo::stages<>, std::int64_t, op::max>(collective::reduce, l, 777, 256, last, false,
+                                                        test::pattern::exact);
+    check_rooted<algo::stages<>, std::int32_t, op::prod>(collective::reduce, l, 301, 128, 1, true,
+                                                         test::pattern::exact);
+    check_rooted<algo::stages<>, std::int32_t, op::avg>(collective::reduce, l, 301, 128, last, true,
+                                                        test::pattern::exact);
+    check_rooted<algo::stages<>, double, op::avg>(collective::reduce, l, 513, 1024, 0, false, test::pattern::exact);
+    check_rooted<algo::stages<>, float, op::sum>(collective::reduce, l, 4099, 4096, last, false,
+                                                 test::pattern::random);
+    check_rooted<algo::stages<algo::ring, algo::tree>, std::int32_t>(collective::reduce, l, 997, 200, last, false,
+                                                                     test::pattern::exact);
+    check_rooted<algo::stages<algo::direct, algo::ring>, double>(collective::broadcast, l, 997, 200,
+                                                                             last, false, test::pattern::exact);
+    check_rooted<algo::stages<algo::tree, algo::ring>, float>(collective::broadcast, l, 997, 1 << 16, 1, false,
+                                                              test::pattern::random);
+  }
+}
+
+TEST(two_level, reduce_scatter_and_all_gather_on_every_layout) {
+  for (const auto& l : layouts()) {
+    for (const collective c : {collective::reduce_scatter, collective::all_gather}) {
+      for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{100}}) {
+        // 64-byte chunks: a block of 100 int32 goes across in 7 pieces.
+        check_scatter_gather<algo::stages<>, std::int32_t>(c, l, n, 64, test::pattern::exact);
+        check_scatter_gather<algo::stages<>, std::int32_t>(c, l, n, 1 << 20, test::pattern::exact);
+      }
+    }
+  }
+}
+
+TEST(two_level, reduce_scatter_operators_types_and_algorithms) {
+  for (const auto& l : {from_spec("2x3"), from_spec("3+5"), layouts().back()}) {
+    check_scatter_gather<algo::stages<>, std::int64_t, op::max>(collective::reduce_scatter, l, 77, 256,
+                                                                test::pattern::exact);
+    check_scatter_gather<algo::stages<>, std::int32_t, op::prod>(collective::reduce_scatter, l, 31, 32,
+                                                                 test::pattern::exact);
+    check_scatter_gather<algo::stages<>, std::int32_t, op::avg>(collective::reduce_scatter, l, 31, 32,
+                                                                test::pattern::exact);
+    check_scatter_gather<algo::stages<>, float, op::sum>(collective::reduce_scatter, l, 409, 1024,
+                                                         test::pattern::random);
+    check_scatter_gather<algo::stages<algo::ring, algo::tree>, double>(collective::reduce_scatter, l, 97, 200,
+                                                                       test::pattern::exact);
+    check_scatter_gather<algo::stages<algo::direct, algo::ring>, double>(collective::all_gather, l, 97, 200,
+                                                                         test::pattern::exact);
+    check_scatter_gather<algo::stages<algo::ring, algo::tree>, float>(collective::all_gather, l, 97, 64,
+                                                                      test::pattern::random);
   }
 }
 
@@ -139,6 +319,74 @@ TEST(two_level, only_the_blocks_cross_between_nodes) {
   }
 }
 
+// Broadcast and reduce move the same blocks: from the root's node (rank 6 of nodes of 3 and 5
+// ranks) each local rank 0-2 broadcasts a third across, or the leaders reduce a third onto it.
+TEST(two_level, broadcast_and_reduce_cross_between_nodes_by_blocks) {
+  const std::size_t count = 3000;
+  const std::size_t chunk = 1200;
+  const int root = 6;  // local rank 3 of the 5-rank node: no leader, so reduce hands every block to it
+  std::mutex m;
+  std::vector<std::size_t> inter_elements(8);
+  local::run(topology::parse("3+5"), [&](local::communicator& c) {
+    traced world(std::move(c), "world");
+    auto tl = make_two_level(world, {.chunk_bytes = chunk * sizeof(std::int32_t)});
+    std::vector<std::int32_t> v(count, world.rank() == root ? 5 : 0);
+    broadcast(tl, std::span(v), root);
+    for (auto x : v) ASSERT_EQ(x, 5);
+    std::vector<std::int32_t> sum(world.rank() == root ? count : 0);
+    reduce(tl, std::span<const std::int32_t>(v), std::span(sum), root);
+    for (auto x : sum) ASSERT_EQ(x, 40);
+    const std::lock_guard lock(m);
+    for (const auto& o : tl.inter().ops()) {
+      EXPECT_TRUE(o.kind == collective::broadcast || o.kind == collective::reduce);
+      inter_elements[static_cast<std::size_t>(world.rank())] += o.count;
+    }
+  });
+  for (std::size_t r = 0; r < 8; ++r) {
+    const bool leader = (r < 3 ? r : r - 3) < 3;
+    EXPECT_EQ(inter_elements[r], leader ? 2 * count / 3 : 0) << "rank " << r;
+  }
+}
+
+// reduce_scatter and all_gather carry whole rank blocks across on local rank i mod m: over
+// nodes of 3 and 5 ranks (m = 3) local rank 0 carries blocks 0 and 3 of the big node and 0 of
+// the small one (3 blocks), local 1 blocks 1, 4 and 1 (3), local 2 blocks 2 and 2 (2); local
+// ranks 3 and 4 carry none. Each block crosses once per call.
+TEST(two_level, reduce_scatter_and_all_gather_cross_between_nodes_by_rank_blocks) {
+  const std::size_t n = 100;
+  std::mutex m;
+  std::vector<std::size_t> inter_elements(8);
+  local::run(topology::parse("3+5"), [&](local::communicator& c) {
+    traced world(std::move(c), "world");
+    auto tl = make_two_level(world);
+    std::vector<std::int32_t> all(8 * n, 1), mine(n);
+    reduce_scatter(tl, std::span<const std::int32_t>(all), std::span(mine));
+    for (auto x : mine) ASSERT_EQ(x, 8);
+    all_gather(tl, std::span<const std::int32_t>(mine), std::span(all));
+    for (auto x : all) ASSERT_EQ(x, 8);
+    const std::lock_guard lock(m);
+    for (const auto& o : tl.inter().ops()) inter_elements[static_cast<std::size_t>(world.rank())] += o.count;
+  });
+  const std::size_t blocks[] = {3, 3, 2, 3, 3, 2, 0, 0};  // by world rank: local ranks 0-2, then 0-4
+  for (std::size_t r = 0; r < 8; ++r) EXPECT_EQ(inter_elements[r], 2 * blocks[r] * n) << "rank " << r;
+}
+
+TEST(two_level, refuses_bad_roots_and_buffers) {
+  local::run(topology::parse("2x2"), [](local::communicator& world) {
+    auto tl = make_two_level(world);
+    std::vector<float> v(8), small(4);
+    EXPECT_THROW(broadcast(tl, std::span(v), 4), error);
+    EXPECT_THROW(broadcast(tl, std::span(v), -1), error);
+    EXPECT_THROW(reduce(tl, std::span<const float>(v), std::span(v), 7), error);
+    if (world.rank() == 1) {  // only the root's output is checked
+      EXPECT_THROW(reduce(tl, std::span<const float>(v), std::span(small), 1), error);
+    }
+    std::vector<float> three(3);
+    EXPECT_THROW(reduce_scatter(tl, std::span<const float>(v), std::span(three)), error);
+    EXPECT_THROW(all_gather(tl, std::span<const float>(three), std::span(v)), error);
+  });
+}
+
 TEST(two_level, barrier_meets_every_rank) {
   local::run(topology::parse("2+3"), [](local::communicator& world) {
     auto tl = make_two_level(world);
@@ -170,6 +418,17 @@ TEST(two_level, refuses_communicators_that_do_not_match_node_of) {
     } catch (const error& e) {
       EXPECT_NE(std::string(e.what()).find("inter-node communicator has 4 ranks, but 2 nodes"), std::string::npos)
           << e.what();
+    }
+  });
+  local::run(topology::parse("2x2"), [](local::communicator& world) {
+    const int node = world.rank() / 2;
+    auto intra = world.split(node, world.rank());
+    auto inter = world.split(world.rank() % 2, -node);  // the nodes in reverse order
+    try {
+      two_level<local::communicator> tl(std::move(intra), std::move(inter), world.node_of(), world.rank());
+      ADD_FAILURE() << "an inter communicator with the nodes out of order must be refused";
+    } catch (const error& e) {
+      EXPECT_NE(std::string(e.what()).find("but its node comes at"), std::string::npos) << e.what();
     }
   });
   local::run(topology::parse("2x2"), [](local::communicator& world) {

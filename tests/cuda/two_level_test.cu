@@ -1,5 +1,6 @@
 // weft::cuda::two_level on one GPU: the two levels on their own streams, ordered by
-// stream_handoff, against the serial reference. The one-GPU harness (emulated) gives both
+// stream_handoff (reduce's scratch stream-ordered device memory), against the serial reference:
+// every collective two_level offers, on even, uneven and interleaved nodes. The one-GPU harness (emulated) gives both
 // levels; p2p gives both with peer loads (ranks sharing the device). The p2p + NCCL pairing of
 // cuda/two_level_mpi.cuh needs one GPU per NCCL rank: samples/11_two_level runs it.
 #include <weft/comm/algorithm/direct.hpp>
@@ -62,6 +63,70 @@ void check(TwoLevel& tl, std::size_t count, test::pattern pat, std::vector<std::
   results[r] = got;
 }
 
+// One broadcast (in place) or reduce (out of place) from `root` on device buffers, checked on the
+// host against the serial reference.
+template <class Algo, class T, class Op = op::sum, class TwoLevel>
+void check_rooted(TwoLevel& tl, collective c, std::size_t count, int root, test::pattern pat) {
+  const int p = tl.size();
+  const auto r = static_cast<std::size_t>(tl.rank());
+  std::vector<std::vector<T>> in(static_cast<std::size_t>(p), std::vector<T>(count));
+  for (int q = 0; q < p; ++q) {
+    for (std::size_t i = 0; i < count; ++i) in[static_cast<std::size_t>(q)][i] = test::input_value<T, Op>(q, i, pat);
+  }
+  const auto want = test::reference<T, Op>(c, p, count, root, in)[r];
+  weft::cuda::device_buffer<T> d(count);
+  test::device::upload(d.data(), c == collective::broadcast && tl.rank() != root ? std::vector<T>(count, T(-7)) : in[r],
+                       tl.stream());
+  std::vector<T> got;
+  if (c == collective::broadcast) {
+    broadcast<Algo>(tl, std::span(d.data(), count), root);
+    got = test::device::download(d.data(), count, tl.stream());
+  } else {
+    const std::size_t n = tl.rank() == root ? count : 0;
+    weft::cuda::device_buffer<T> out(n);
+    reduce<Algo>(tl, std::span<const T>(d.data(), count), std::span(out.data(), n), root, Op{});
+    got = test::device::download(out.data(), n, tl.stream());
+  }
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    if (pat == test::pattern::exact) {
+      ASSERT_EQ(got[i], want[i]) << name_of(c) << " from " << root << ", rank " << r << ", element " << i;
+    } else {
+      ASSERT_NEAR(static_cast<double>(got[i]), static_cast<double>(want[i]), 1e-5 * p) << "element " << i;
+    }
+  }
+}
+
+// One reduce_scatter or all_gather (n elements a rank block) on device buffers, checked on the
+// host against the serial reference.
+template <class Algo, class T, class Op = op::sum, class TwoLevel>
+void check_scatter_gather(TwoLevel& tl, collective c, std::size_t n, test::pattern pat) {
+  const int p = tl.size();
+  const auto r = static_cast<std::size_t>(tl.rank());
+  const std::size_t in_n = test::input_count(c, p, n), out_n = test::output_count(c, p, n, tl.rank(), 0);
+  std::vector<std::vector<T>> in(static_cast<std::size_t>(p), std::vector<T>(in_n));
+  for (int q = 0; q < p; ++q) {
+    for (std::size_t i = 0; i < in_n; ++i) in[static_cast<std::size_t>(q)][i] = test::input_value<T, Op>(q, i, pat);
+  }
+  const auto want = test::reference<T, Op>(c, p, n, 0, in)[r];
+  weft::cuda::device_buffer<T> d(in_n), out(out_n);
+  test::device::upload(d.data(), in[r], tl.stream());
+  if (c == collective::reduce_scatter) {
+    reduce_scatter<Algo>(tl, std::span<const T>(d.data(), in_n), std::span(out.data(), out_n), Op{});
+  } else {
+    all_gather<Algo>(tl, std::span<const T>(d.data(), in_n), std::span(out.data(), out_n));
+  }
+  const auto got = test::device::download(out.data(), out_n, tl.stream());
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    if (pat == test::pattern::exact) {
+      ASSERT_EQ(got[i], want[i]) << name_of(c) << ", rank " << r << ", element " << i;
+    } else {
+      ASSERT_NEAR(static_cast<double>(got[i]), static_cast<double>(want[i]), 1e-5 * p) << "element " << i;
+    }
+  }
+}
+
 template <class T>
 void expect_identical(const std::vector<std::vector<T>>& results) {
   for (std::size_t r = 1; r < results.size(); ++r) {
@@ -93,6 +158,58 @@ TEST(cuda_two_level, emulated_levels_on_their_own_streams_match_the_reference) {
   }
 }
 
+TEST(cuda_two_level, emulated_broadcast_and_reduce_match_the_reference) {
+  WEFT_REQUIRE_DEVICE();
+  for (const char* spec : {"2x2", "3+5", "4+2+3"}) {
+    const auto cluster = topology::parse(spec);
+    const int p = cluster.size();
+    emu::run(cluster, [&](emu::communicator& world) {
+      auto tl = make_two_level(world, {.chunk_bytes = 1024}, weft::cuda::stream_handoff{});
+      for (int root : {0, p / 2, p - 1}) {
+        for (std::size_t count : {std::size_t{0}, std::size_t{3}, std::size_t{70001}}) {
+          check_rooted<algo::stages<>, std::int32_t>(tl, collective::broadcast, count, root, test::pattern::exact);
+          check_rooted<algo::stages<>, std::int32_t>(tl, collective::reduce, count, root, test::pattern::exact);
+          check_rooted<algo::stages<algo::ring, algo::tree>, std::int32_t, op::avg>(tl, collective::reduce, count, root,
+                                                                                   test::pattern::exact);
+          check_rooted<algo::stages<>, float>(tl, collective::reduce, count, root, test::pattern::random);
+        }
+      }
+    });
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(cuda_two_level, emulated_reduce_scatter_and_all_gather_match_the_reference) {
+  WEFT_REQUIRE_DEVICE();
+  const auto run_all = [](auto& tl) {
+    for (std::size_t n : {std::size_t{0}, std::size_t{3}, std::size_t{9001}}) {
+      for (const collective c : {collective::reduce_scatter, collective::all_gather}) {
+        check_scatter_gather<algo::stages<>, std::int32_t>(tl, c, n, test::pattern::exact);
+        check_scatter_gather<algo::stages<algo::ring, algo::tree>, float>(tl, c, n, test::pattern::random);
+      }
+      check_scatter_gather<algo::stages<>, std::int32_t, op::avg>(tl, collective::reduce_scatter, n,
+                                                                  test::pattern::exact);
+    }
+  };
+  for (const char* spec : {"2x2", "3+5", "4+2+3"}) {
+    emu::run(topology::parse(spec), [&](emu::communicator& world) {
+      auto tl = make_two_level(world, {.chunk_bytes = 1024}, weft::cuda::stream_handoff{});
+      run_all(tl);
+    });
+    if (::testing::Test::HasFailure()) return;
+  }
+  // Interleaved nodes (reordered through stream-ordered scratch): split by hand from one node.
+  const std::vector<int> node_of{1, 0, 1, 2, 0, 1, 2, 0};
+  emu::run(topology::parse("8"), [&](emu::communicator& world) {
+    const int r = world.rank();
+    const int color = weft::detail::node_color(node_of, r);
+    auto intra = world.split(color, r);
+    auto inter = world.split(intra.rank(), color);
+    weft::cuda::two_level<emu::communicator> tl(std::move(intra), std::move(inter), node_of, r, {.chunk_bytes = 1024});
+    run_all(tl);
+  });
+}
+
 TEST(cuda_two_level, p2p_levels_sharing_one_device_match_the_reference) {
   WEFT_REQUIRE_DEVICE();
   // Two nodes of two ranks, all on device 0: split by hand, as the node labels say.
@@ -112,6 +229,14 @@ TEST(cuda_two_level, p2p_levels_sharing_one_device_match_the_reference) {
           check<algo::stages<algo::direct, algo::direct>, std::int32_t, op::sum>(tl, count, test::pattern::exact,
                                                                                  ints, m);
           check<algo::stages<algo::direct, algo::direct>, float, op::avg>(tl, count, test::pattern::random, floats, m);
+          check_rooted<algo::stages<algo::direct, algo::direct>, std::int32_t>(tl, collective::broadcast, count, 3,
+                                                                               test::pattern::exact);
+          check_rooted<algo::stages<algo::direct, algo::direct>, std::int32_t>(tl, collective::reduce, count, 1,
+                                                                               test::pattern::exact);
+          check_scatter_gather<algo::stages<algo::direct, algo::direct>, std::int32_t>(
+              tl, collective::reduce_scatter, count, test::pattern::exact);
+          check_scatter_gather<algo::stages<algo::direct, algo::direct>, std::int32_t>(tl, collective::all_gather, count,
+                                                                                       test::pattern::exact);
         }
       },
       {.sync_timeout = 20s, .timeout = 60s});

@@ -33,15 +33,30 @@
 // reduce and broadcast: ring, tree, direct, automatic; InterAlgo all_reduce, or vendor for the
 // transport's own). The default, stages<>, is automatic at both levels.
 //
+// broadcast and reduce (root: a world rank) use the same blocks and chunks: broadcast sends
+// block j of each chunk across nodes from the root's node's local rank j to the other nodes'
+// local ranks j, which spread it on their node; reduce is its mirror image, and on the root's
+// node the blocks that did not end on the root are handed to it. Scratch (a leader's reduced
+// blocks) comes from Handoff::scratch: host memory, or stream-ordered device memory.
+//
 // Ranks are numbered as the world they were split from; rank(), size(), node_of() are the
-// world's. A two_level is not itself split again: split the world, then make one from that.
-// Collectives offered: all_reduce and barrier (the others: use Intra or Inter, or a world
-// communicator of one transport with hierarchical<>).
+// world's; a node's ranks need not be contiguous. A two_level is not itself split again:
+// split the world, then make one from that. Collectives offered: all_reduce, broadcast,
+// reduce, reduce_scatter, all_gather and barrier (all_to_all: use a world communicator).
+//
+// reduce_scatter and all_gather move whole rank blocks: rank block i of a node crosses between
+// nodes on the local ranks i mod m, by pieces of up to a chunk. all_gather first gathers each
+// node's blocks inside it, then broadcasts every block to the other nodes (Inter) and spreads
+// it there (Intra); reduce_scatter reduces each block inside every node onto local rank i mod m
+// (Intra), then onto the block's node (Inter's reduce), landing on its rank. Where a node's
+// ranks interleave with another's in world order, the data is reordered node-major in scratch.
+#include <weft/comm/all_gather.hpp>
 #include <weft/comm/all_reduce.hpp>
 #include <weft/comm/broadcast.hpp>
 #include <weft/comm/communicator.hpp>
 #include <weft/comm/detail/kernels.hpp>
 #include <weft/comm/reduce.hpp>
+#include <weft/comm/reduce_scatter.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/ops.hpp>
 #include <weft/core/types.hpp>
@@ -61,13 +76,16 @@ namespace weft {
 namespace algo {
 
 /// two_level's algorithm: IntraAlgo for the reduce and broadcast inside each node, InterAlgo
-/// for the all-reduce across nodes.
+/// for the all-reduce (broadcast, reduce) across nodes; reduce_scatter and all_gather run on
+/// their reduces and broadcasts (and Intra's all-gather where IntraAlgo plans one).
 template <class IntraAlgo = automatic, class InterAlgo = automatic>
 struct stages {
   using intra = IntraAlgo;
   using inter = InterAlgo;
   static constexpr std::string_view name = "stages";
-  static constexpr bool serves(collective c) { return c == collective::all_reduce; }
+  static constexpr bool serves(collective c) {
+    return c != collective::all_to_all;
+  }
 };
 
 template <class A>
@@ -76,6 +94,34 @@ template <class I, class O>
 inline constexpr bool is_stages_v<stages<I, O>> = true;
 
 } // namespace algo
+
+namespace detail {
+
+/// Each rank's node as an index among the nodes numbered in the order of their first ranks:
+/// split colors (>= 0) that put each node's ranks together.
+inline std::vector<int> node_colors(const std::vector<int>& node_of) {
+  std::map<int, int> color;  // node id -> its number
+  std::vector<int> out;
+  out.reserve(node_of.size());
+  for (const int n : node_of) out.push_back(color.try_emplace(n, static_cast<int>(color.size())).first->second);
+  return out;
+}
+
+/// node_colors(node_of)[rank].
+inline int node_color(const std::vector<int>& node_of, int rank) {
+  return node_colors(node_of)[static_cast<std::size_t>(rank)];
+}
+
+template <class Comm>
+void check_two_level_root(const Comm& comm, const char* what, int root) {
+  if (root < 0 || root >= comm.size()) {
+    throw error(what, comm.rank(), error::unknown,
+                "root " + std::to_string(root) + " is not a rank of the two_level's " + std::to_string(comm.size()) +
+                    " ranks");
+  }
+}
+
+} // namespace detail
 
 /// The order between two_level's levels where each call returns only when its work is done
 /// (the host transports): nothing to do.
@@ -86,6 +132,16 @@ struct host_handoff {
   template <class Comm, class T>
   void divide(Comm&, T* data, std::size_t n, int ranks) {
     detail::divide(data, n, ranks);
+  }
+  /// n elements of working memory for a call on comm, released when the call returns.
+  template <class T, class Comm>
+  std::vector<T> scratch(Comm&, std::size_t n) {
+    return std::vector<T>(n);
+  }
+  /// dst[0, n) = src[0, n), in order with comm's work (disjoint ranges).
+  template <class Comm, class T>
+  void copy(Comm&, T* dst, const T* src, std::size_t n) {
+    std::copy_n(src, n, dst);
   }
 };
 
@@ -123,12 +179,28 @@ public:
       ++per_node[node_of_[static_cast<std::size_t>(r)]];
     }
     nodes_ = static_cast<int>(per_node.size());
+    local_ = local;
     leaders_ = size;
     int with_local = 0;  // nodes that have a rank of this local index
     for (const auto& [node, n] : per_node) {
       leaders_ = std::min(leaders_, n);
       if (n > local) ++with_local;
     }
+    // Node-major order (nodes by first rank, a node's ranks in world order): where each rank's
+    // block sits when every node's blocks are kept together.
+    color_of_ = detail::node_colors(node_of_);
+    node_size_.assign(static_cast<std::size_t>(nodes_), 0);
+    local_of_.resize(static_cast<std::size_t>(size));
+    for (std::size_t r = 0; r < local_of_.size(); ++r) local_of_[r] = node_size_[static_cast<std::size_t>(color_of_[r])]++;
+    node_first_.assign(static_cast<std::size_t>(nodes_), 0);
+    for (std::size_t c = 1; c < node_first_.size(); ++c) node_first_[c] = node_first_[c - 1] + node_size_[c - 1];
+    pos_.resize(static_cast<std::size_t>(size));
+    contiguous_ = true;
+    for (std::size_t r = 0; r < pos_.size(); ++r) {
+      pos_[r] = node_first_[static_cast<std::size_t>(color_of_[r])] + local_of_[r];
+      contiguous_ = contiguous_ && pos_[r] == static_cast<int>(r);
+    }
+    color_ = color_of_[static_cast<std::size_t>(rank_)];
     const int mine = per_node[node_of_[static_cast<std::size_t>(rank_)]];
     if (intra_.size() != mine || intra_.rank() != local) {
       throw error("two_level", rank_, error::unknown,
@@ -140,6 +212,15 @@ public:
       throw error("two_level", rank_, error::unknown,
                   "the inter-node communicator has " + std::to_string(inter_.size()) + " ranks, but " +
                       std::to_string(with_local) + " nodes have a rank of local index " + std::to_string(local));
+    }
+    int inter_rank = 0;  // nodes before this one (by first rank) with a rank of this local index
+    for (int c = 0; c < color_; ++c) inter_rank += node_size_[static_cast<std::size_t>(c)] > local;
+    if (inter_.rank() != inter_rank) {
+      throw error("two_level", rank_, error::unknown,
+                  "the inter-node communicator has this rank at " + std::to_string(inter_.rank()) +
+                      ", but its node comes at " + std::to_string(inter_rank) +
+                      " among the nodes with a rank of local index " + std::to_string(local) +
+                      " (nodes in the order of their first ranks)");
     }
   }
 
@@ -169,9 +250,7 @@ public:
 
   template <class Algo, class T, class Op>
   void all_reduce(const T* in, T* out, std::size_t count, const Op& op) {
-    static_assert(algo::is_stages_v<Algo>,
-                  "weft::two_level: name each level's algorithm with algo::stages<IntraAlgo, InterAlgo>, e.g. "
-                  "stages<algo::direct, algo::vendor>; the default stages<> is automatic at both");
+    check_stages<Algo>();
     using IA = typename Algo::intra;
     using OA = typename Algo::inter;
     if (nodes_ == 1) {
@@ -186,16 +265,9 @@ public:
     constexpr bool average = is_average_v<Op>;
     using stage_op = std::conditional_t<average, op::sum, Op>;
     const stage_op sop = stage_op(op);
-    const std::size_t chunk = std::max<std::size_t>(1, opt_.chunk_bytes / sizeof(T));
-    const std::size_t chunks = (count + chunk - 1) / chunk;
-    const auto span_of = [&](std::size_t k) {
-      const std::size_t first = k * chunk;
-      return std::pair{first, std::min(chunk, count - first)};
-    };
-    const auto block = [&](std::size_t len, int j) {  // [begin, end) of block j of a chunk of len
-      const auto m = static_cast<std::size_t>(leaders_);
-      return std::pair{len * static_cast<std::size_t>(j) / m, len * static_cast<std::size_t>(j + 1) / m};
-    };
+    const std::size_t chunk = chunk_elements<T>();
+    const std::size_t chunks = chunk_count(count, chunk);
+    const auto span_of = [&](std::size_t k) { return chunk_span(k, chunk, count); };
     const auto reduce_chunk = [&](std::size_t k) {
       const auto [first, len] = span_of(k);
       for (int j = 0; j < leaders_; ++j) {
@@ -208,7 +280,7 @@ public:
     };
     const auto reduce_across = [&](std::size_t k) {
       const auto [first, len] = span_of(k);
-      const auto [b, e] = block(len, intra_.rank());
+      const auto [b, e] = block(len, local_);
       if (b == e) return;
       weft::all_reduce<OA>(inter_, std::span<T>(out + first + b, e - b), sop);
       if constexpr (average) handoff_.divide(inter_, out + first + b, e - b, size());
@@ -234,7 +306,308 @@ public:
     }
   }
 
+  /// data from world rank `root` to every rank. Per chunk: the root's node broadcasts it from
+  /// the root (Intra); leader j sends block j from the root's node to the leaders j of the
+  /// other nodes (Inter's broadcast); each other node spreads block j from its local rank j.
+  template <class Algo, class T>
+  void broadcast(T* data, std::size_t count, int root) {
+    check_stages<Algo>();
+    using IA = typename Algo::intra;
+    using OA = typename Algo::inter;
+    const int root_node = color_of_[to_size(root)];
+    const int root_local = local_of_[to_size(root)];
+    if (nodes_ == 1 || nodes_ == size()) {  // one level: one node, or one rank per node
+      if (nodes_ == 1) weft::broadcast<IA>(intra_, std::span<T>(data, count), root_local);
+      else weft::broadcast<OA>(inter_, std::span<T>(data, count), root_node);
+      return;
+    }
+    if (count == 0) return;
+    const std::size_t chunk = chunk_elements<T>();
+    const std::size_t chunks = chunk_count(count, chunk);
+    const bool lead = leader();
+    const auto across = [&](std::size_t k) {
+      const auto [first, len] = chunk_span(k, chunk, count);
+      const auto [b, e] = block(len, local_);
+      if (b != e) weft::broadcast<OA>(inter_, std::span<T>(data + first + b, e - b), root_node);
+    };
+    if (color_ == root_node) {
+      const auto whole = [&](std::size_t k) {
+        const auto [first, len] = chunk_span(k, chunk, count);
+        weft::broadcast<IA>(intra_, std::span<T>(data + first, len), root_local);
+      };
+      whole(0);
+      for (std::size_t k = 0; k < chunks; ++k) {
+        if (lead) {
+          handoff_(intra_, inter_);  // chunk k is here
+          across(k);
+        }
+        if (k + 1 < chunks) whole(k + 1);
+      }
+    } else {
+      if (lead) handoff_(intra_, inter_);  // the caller's earlier work on the buffer
+      for (std::size_t k = 0; k < chunks; ++k) {
+        if (lead) {
+          across(k);
+          handoff_(inter_, intra_);
+        }
+        const auto [first, len] = chunk_span(k, chunk, count);
+        for (int j = 0; j < leaders_; ++j) {
+          const auto [b, e] = block(len, j);
+          if (b != e) weft::broadcast<IA>(intra_, std::span<T>(data + first + b, e - b), j);
+        }
+      }
+    }
+    if (lead) handoff_(inter_, intra_);  // the call ends on Intra's stream
+  }
+
+  /// out (at world rank `root` only) = the reduction of every rank's `in`. Per chunk: every
+  /// node reduces block j onto its local rank j (Intra); the leaders j reduce it onto the root's
+  /// node (Inter); there, blocks held by a local rank other than the root's are broadcast
+  /// (Intra) and the root keeps them. op::avg sums, then the root divides by the world size.
+  template <class Algo, class T, class Op>
+  void reduce(const T* in, T* out, std::size_t count, int root, const Op& op) {
+    check_stages<Algo>();
+    using IA = typename Algo::intra;
+    using OA = typename Algo::inter;
+    const int root_node = color_of_[to_size(root)];
+    const int root_local = local_of_[to_size(root)];
+    const bool at_root = rank_ == root;
+    if (nodes_ == 1 || nodes_ == size()) {
+      const std::span<const T> src(in, count);
+      const std::span<T> dst(out, at_root ? count : 0);
+      if (nodes_ == 1) weft::reduce<IA>(intra_, src, dst, root_local, op);
+      else weft::reduce<OA>(inter_, src, dst, root_node, op);
+      return;
+    }
+    if (count == 0) return;
+    constexpr bool average = is_average_v<Op>;
+    using stage_op = std::conditional_t<average, op::sum, Op>;
+    const stage_op sop = stage_op(op);
+    const std::size_t chunk = chunk_elements<T>();
+    const std::size_t chunks = chunk_count(count, chunk);
+    const bool lead = leader();
+    const bool on_root_node = color_ == root_node;
+    // A leader's block of chunk k, reduced over its node, lives at slot k of `part`; on the
+    // root's node the ranks that only pass blocks on to the root receive them into `sink`.
+    const std::size_t slot = (chunk + static_cast<std::size_t>(leaders_) - 1) / static_cast<std::size_t>(leaders_);
+    auto part = handoff_.template scratch<T>(intra_, lead ? chunks * slot : 0);
+    auto sink = handoff_.template scratch<T>(intra_, on_root_node && !at_root ? slot : 0);
+    const auto reduce_within = [&](std::size_t k) {
+      const auto [first, len] = chunk_span(k, chunk, count);
+      for (int j = 0; j < leaders_; ++j) {
+        const auto [b, e] = block(len, j);
+        if (b == e) continue;
+        const std::span<T> dst(part.data() + k * slot, local_ == j ? e - b : 0);
+        weft::reduce<IA>(intra_, std::span<const T>(in + first + b, e - b), dst, j, sop);
+      }
+    };
+    const auto reduce_across = [&](std::size_t k) {
+      const auto [first, len] = chunk_span(k, chunk, count);
+      const auto [b, e] = block(len, local_);
+      if (b == e) return;
+      T* const mine = part.data() + k * slot;
+      T* const dst = at_root ? out + first + b : mine;  // the root's node's other leaders: in place
+      weft::reduce<OA>(inter_, std::span<const T>(mine, e - b), std::span<T>(dst, on_root_node ? e - b : 0), root_node,
+                       sop);
+    };
+    const auto hand_to_root = [&](std::size_t k) {
+      const auto [first, len] = chunk_span(k, chunk, count);
+      for (int j = 0; j < leaders_; ++j) {
+        const auto [b, e] = block(len, j);
+        if (b == e || j == root_local) continue;
+        T* const buf = at_root ? out + first + b : local_ == j ? part.data() + k * slot : sink.data();
+        weft::broadcast<IA>(intra_, std::span<T>(buf, e - b), j);
+      }
+    };
+    reduce_within(0);
+    for (std::size_t k = 0; k < chunks; ++k) {
+      if (lead) {
+        handoff_(intra_, inter_);
+        reduce_across(k);
+      }
+      if (k + 1 < chunks) reduce_within(k + 1);
+      if (on_root_node) {
+        if (lead) handoff_(inter_, intra_);
+        hand_to_root(k);
+      }
+    }
+    if (lead) handoff_(inter_, intra_);  // ends on Intra's stream, before `part` is released there
+    if constexpr (average) {
+      if (at_root) handoff_.divide(intra_, out, count, size());
+    }
+  }
+
+  /// out (n elements) = the reduction of block rank() (n elements) of every rank's in. Each
+  /// rank's block, by pieces of up to a chunk: every node reduces it onto its local rank
+  /// i mod m (Intra), those leaders reduce it onto the block's node (Inter), where it lands on
+  /// its rank (when i >= m, on uneven nodes, by a broadcast from the leader). Interleaved
+  /// nodes reorder the input into a node-major copy first.
+  template <class Algo, class T, class Op>
+  void reduce_scatter(const T* in, T* out, std::size_t n, const Op& op) {
+    check_stages<Algo>();
+    using IA = typename Algo::intra;
+    using OA = typename Algo::inter;
+    const auto p = static_cast<std::size_t>(size());
+    // One level, where its algorithm plans a reduce_scatter (else the pieces below work too).
+    if constexpr (IA::serves(collective::reduce_scatter)) {
+      if (nodes_ == 1) {
+        weft::reduce_scatter<IA>(intra_, std::span<const T>(in, n * p), std::span<T>(out, n), op);
+        return;
+      }
+    }
+    if constexpr (OA::serves(collective::reduce_scatter)) {
+      if (nodes_ == size()) {
+        weft::reduce_scatter<OA>(inter_, std::span<const T>(in, n * p), std::span<T>(out, n), op);
+        return;
+      }
+    }
+    if (n == 0) return;
+    constexpr bool average = is_average_v<Op>;
+    using stage_op = std::conditional_t<average, op::sum, Op>;
+    const stage_op sop = stage_op(op);
+    auto ordered = handoff_.template scratch<T>(intra_, contiguous_ ? 0 : p * n);
+    const T* x = in;
+    if (!contiguous_) {
+      for (std::size_t r = 0; r < p; ++r) handoff_.copy(intra_, ordered.data() + to_size(pos_[r]) * n, in + r * n, n);
+      x = ordered.data();
+    }
+    const auto pieces = rank_pieces<T>(n);
+    const bool lead = leader();
+    std::size_t carried = 0;  // a leader's rank blocks (i mod m == its local rank)
+    for (int c = 0; c < nodes_; ++c) {
+      for (int i = 0; i < node_size_[to_size(c)]; ++i) carried += lead && i % leaders_ == local_;
+    }
+    auto part = handoff_.template scratch<T>(intra_, carried * n);
+    const bool extras_here = node_size_[to_size(color_)] > leaders_;  // blocks handed on by a broadcast
+    auto sink = handoff_.template scratch<T>(intra_, extras_here ? std::min(n, chunk_elements<T>()) : 0);
+    const auto within = [&](const rank_piece& q) {
+      const std::span<T> dst(part.data() + q.slot, local_ == q.leader ? q.len : 0);
+      weft::reduce<IA>(intra_, std::span<const T>(x + q.offset, q.len), dst, q.leader, sop);
+    };
+    const auto across = [&](const rank_piece& q) {
+      T* const mine = part.data() + q.slot;
+      const bool home = color_ == q.node;
+      T* const dst = home && local_ == q.local ? out + q.first : mine;
+      weft::reduce<OA>(inter_, std::span<const T>(mine, q.len), std::span<T>(dst, home ? q.len : 0), q.node, sop);
+    };
+    const auto hand_on = [&](const rank_piece& q) {
+      T* const buf = local_ == q.local ? out + q.first : local_ == q.leader ? part.data() + q.slot : sink.data();
+      weft::broadcast<IA>(intra_, std::span<T>(buf, q.len), q.leader);
+    };
+    within(pieces.front());
+    for (std::size_t k = 0; k < pieces.size(); ++k) {
+      const auto& q = pieces[k];
+      const bool carries = local_ == q.leader;
+      if (carries) {
+        handoff_(intra_, inter_);
+        across(q);
+      }
+      if (k + 1 < pieces.size()) within(pieces[k + 1]);
+      if (q.local != q.leader && color_ == q.node) {
+        if (carries) handoff_(inter_, intra_);
+        hand_on(q);
+      }
+    }
+    if (lead) handoff_(inter_, intra_);
+    if constexpr (average) handoff_.divide(intra_, out, n, size());
+  }
+
+  /// Block r (n elements) of out = rank r's in, on every rank. The node gathers its own
+  /// ranks' blocks (Intra); then, by pieces of up to a chunk, rank block i of each node goes
+  /// across from that node's local rank i mod m to the other nodes' (Inter's broadcast), which
+  /// spread it on their node. Interleaved nodes gather node-major, then reorder.
+  template <class Algo, class T>
+  void all_gather(const T* in, T* out, std::size_t n) {
+    check_stages<Algo>();
+    using IA = typename Algo::intra;
+    using OA = typename Algo::inter;
+    const auto p = static_cast<std::size_t>(size());
+    if constexpr (IA::serves(collective::all_gather)) {
+      if (nodes_ == 1) {
+        weft::all_gather<IA>(intra_, std::span<const T>(in, n), std::span<T>(out, n * p));
+        return;
+      }
+    }
+    if constexpr (OA::serves(collective::all_gather)) {
+      if (nodes_ == size()) {
+        weft::all_gather<OA>(inter_, std::span<const T>(in, n), std::span<T>(out, n * p));
+        return;
+      }
+    }
+    if (n == 0) return;
+    auto ordered = handoff_.template scratch<T>(intra_, contiguous_ ? 0 : p * n);
+    T* const w = contiguous_ ? out : ordered.data();
+    const auto here = to_size(node_first_[to_size(color_)]) * n;
+    const int mine = node_size_[to_size(color_)];
+    if constexpr (IA::serves(collective::all_gather)) {
+      weft::all_gather<IA>(intra_, std::span<const T>(in, n), std::span<T>(w + here, to_size(mine) * n));
+    } else {  // IA plans broadcasts only (tree): one per rank of the node
+      handoff_.copy(intra_, w + here + to_size(local_) * n, in, n);
+      for (int i = 0; i < mine; ++i) weft::broadcast<IA>(intra_, std::span<T>(w + here + to_size(i) * n, n), i);
+    }
+    const bool lead = leader();
+    if (lead) handoff_(intra_, inter_);
+    for (const auto& q : rank_pieces<T>(n)) {
+      const bool carries = local_ == q.leader;
+      if (carries) weft::broadcast<OA>(inter_, std::span<T>(w + q.offset, q.len), q.node);
+      if (color_ != q.node) {
+        if (carries) handoff_(inter_, intra_);
+        weft::broadcast<IA>(intra_, std::span<T>(w + q.offset, q.len), q.leader);
+      }
+    }
+    if (lead) handoff_(inter_, intra_);
+    if (!contiguous_) {
+      for (std::size_t r = 0; r < p; ++r) handoff_.copy(intra_, out + r * n, w + to_size(pos_[r]) * n, n);
+    }
+  }
+
 private:
+  /// Piece of rank block i of node `node`, carried between nodes by local rank `leader`
+  /// (i mod m): elements [first, first + len) of the block, at `offset` in node-major order;
+  /// `slot`, where the carrying leader keeps it (reduce_scatter).
+  struct rank_piece {
+    int node, local, leader;
+    std::size_t first, len, offset, slot;
+  };
+  template <class T>
+  [[nodiscard]] std::vector<rank_piece> rank_pieces(std::size_t n) const {
+    std::vector<rank_piece> ps;
+    const std::size_t chunk = chunk_elements<T>();
+    std::size_t slot = 0;
+    for (int c = 0; c < nodes_; ++c) {
+      for (int i = 0; i < node_size_[to_size(c)]; ++i) {
+        const int leader = i % leaders_;
+        for (std::size_t first = 0; first < n; first += chunk) {
+          const std::size_t len = std::min(chunk, n - first);
+          ps.push_back({c, i, leader, first, len, to_size(node_first_[to_size(c)] + i) * n + first, slot + first});
+        }
+        if (leader == local_) slot += n;
+      }
+    }
+    return ps;
+  }
+  static constexpr std::size_t to_size(int v) noexcept { return static_cast<std::size_t>(v); }
+  template <class Algo>
+  static constexpr void check_stages() {
+    static_assert(algo::is_stages_v<Algo>,
+                  "weft::two_level: name each level's algorithm with algo::stages<IntraAlgo, InterAlgo>, e.g. "
+                  "stages<algo::direct, algo::vendor>; the default stages<> is automatic at both");
+  }
+  template <class T>
+  [[nodiscard]] std::size_t chunk_elements() const noexcept {
+    return std::max<std::size_t>(1, opt_.chunk_bytes / sizeof(T));
+  }
+  static std::size_t chunk_count(std::size_t count, std::size_t chunk) noexcept { return (count + chunk - 1) / chunk; }
+  /// (first element, length) of chunk k.
+  static std::pair<std::size_t, std::size_t> chunk_span(std::size_t k, std::size_t chunk, std::size_t count) noexcept {
+    const std::size_t first = k * chunk;
+    return {first, std::min(chunk, count - first)};
+  }
+  /// [begin, end) of block j of a chunk of len elements: m blocks, sizes within one.
+  [[nodiscard]] std::pair<std::size_t, std::size_t> block(std::size_t len, int j) const noexcept {
+    const auto m = static_cast<std::size_t>(leaders_);
+    return {len * static_cast<std::size_t>(j) / m, len * static_cast<std::size_t>(j + 1) / m};
+  }
   template <class A, class C, class T, class Op>
   static void run_all_reduce(C& comm, const T* in, T* out, std::size_t count, const Op& op) {
     if (in == out) {
@@ -252,6 +625,12 @@ private:
   two_level_options opt_;
   Handoff handoff_;
   int nodes_ = 1;
+  std::vector<int> node_size_, node_first_;  // by node (numbered by first rank): ranks, node-major offset
+  std::vector<int> color_of_, local_of_;     // by world rank: its node's number, its index there
+  std::vector<int> pos_;                     // world rank -> node-major position
+  bool contiguous_ = true;                   // node-major order is world order
+  int local_ = 0;  // this rank's index on its node (Intra's rank)
+  int color_ = 0;  // this rank's node, numbered by first rank (the inter communicators' rank of it)
   int leaders_ = 1;
 };
 
@@ -261,16 +640,7 @@ template <communicator World, class Handoff = host_handoff>
 two_level<World, World, Handoff> make_two_level(World& world, two_level_options opt = {}, Handoff handoff = {}) {
   const std::vector<int> node_of = world.node_of();
   const int rank = world.rank();
-  const int node = node_of[static_cast<std::size_t>(rank)];
-  // Node colors must be >= 0: number the nodes by their first rank.
-  std::vector<int> first_of;
-  int color = -1;
-  for (int r = 0; r < world.size(); ++r) {
-    const int n = node_of[static_cast<std::size_t>(r)];
-    const bool seen = std::find(first_of.begin(), first_of.end(), n) != first_of.end();
-    if (!seen) first_of.push_back(n);
-    if (n == node && color < 0) color = static_cast<int>(std::find(first_of.begin(), first_of.end(), n) - first_of.begin());
-  }
+  const int color = detail::node_color(node_of, rank);
   World intra = world.split(color, rank);
   World inter = world.split(intra.rank(), color);
   return two_level<World, World, Handoff>(std::move(intra), std::move(inter), node_of, rank, opt, std::move(handoff));
@@ -288,6 +658,41 @@ template <class Algo = algo::stages<>, class Intra, class Inter, class Handoff, 
 void all_reduce(two_level<Intra, Inter, Handoff>& comm, std::span<In> in, std::span<T> out, Op op = {}) {
   detail::check_all_reduce_buffers(comm.rank(), in, out);
   comm.template all_reduce<Algo>(in.data(), out.data(), in.size(), op);
+}
+
+/// out (in.size() / size() elements) = the reduction of block rank() of every rank's in.
+template <class Algo = algo::stages<>, class Intra, class Inter, class Handoff, class In, element T,
+          class Op = op::sum>
+  requires std::same_as<std::remove_const_t<In>, T> && reduction_for<Op, T>
+void reduce_scatter(two_level<Intra, Inter, Handoff>& comm, std::span<In> in, std::span<T> out, Op op = {}) {
+  detail::check_reduce_scatter_buffers(comm.rank(), comm.size(), in, out);
+  comm.template reduce_scatter<Algo>(in.data(), out.data(), out.size(), op);
+}
+
+/// Block r of out (in.size() elements each) = rank r's in, on every rank.
+template <class Algo = algo::stages<>, class Intra, class Inter, class Handoff, class In, element T>
+  requires std::same_as<std::remove_const_t<In>, T>
+void all_gather(two_level<Intra, Inter, Handoff>& comm, std::span<In> in, std::span<T> out) {
+  detail::check_all_gather_buffers(comm.rank(), comm.size(), in, out);
+  comm.template all_gather<Algo>(in.data(), out.data(), in.size());
+}
+
+/// data from world rank `root` to every rank of the two_level.
+template <class Algo = algo::stages<>, class Intra, class Inter, class Handoff, element T>
+void broadcast(two_level<Intra, Inter, Handoff>& comm, std::span<T> data, int root) {
+  detail::check_two_level_root(comm, "broadcast", root);
+  comm.template broadcast<Algo>(data.data(), data.size(), root);
+}
+
+/// out, at world rank `root` (other ranks' out is not touched and may be empty), = the
+/// reduction over every rank's in.
+template <class Algo = algo::stages<>, class Intra, class Inter, class Handoff, class In, element T,
+          class Op = op::sum>
+  requires std::same_as<std::remove_const_t<In>, T> && reduction_for<Op, T>
+void reduce(two_level<Intra, Inter, Handoff>& comm, std::span<In> in, std::span<T> out, int root, Op op = {}) {
+  detail::check_two_level_root(comm, "reduce", root);
+  detail::check_reduce_buffers(comm.rank(), comm.rank() == root, in, out);
+  comm.template reduce<Algo>(in.data(), out.data(), in.size(), root, op);
 }
 
 } // namespace weft

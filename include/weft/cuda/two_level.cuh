@@ -3,7 +3,8 @@
 // transports, each level on its own stream: Intra's (p2p or NCCL over NVLink) and Inter's (NCCL
 // over InfiniBand). stream_handoff orders them with an event, recorded on one stream and waited
 // on by the other, so nothing waits on the host and chunk k's inter-node all-reduce runs while
-// chunk k+1's intra-node reduce does; op::avg's divide is a kernel on Inter's stream.
+// chunk k+1's intra-node reduce does; op::avg's divide is a kernel on Inter's stream, and a
+// call's scratch (reduce's, the reordering of interleaved nodes) is stream-ordered device memory.
 //
 //   weft::cuda::emulated::run(weft::topology::parse("2x4"), [&](weft::cuda::emulated::communicator& world) {
 //     auto tl = weft::make_two_level(world, {}, weft::cuda::stream_handoff{});
@@ -22,8 +23,34 @@
 
 #include <cstddef>
 #include <memory>
+#include <utility>
 
 namespace weft::cuda {
+
+/// Device memory whose allocation and release are queued on a stream (cudaMallocAsync,
+/// cudaFreeAsync): work queued on that stream before the release may still use it, and work
+/// on another stream must be ordered before it by an event.
+template <class T>
+class stream_buffer {
+public:
+  stream_buffer(std::size_t n, cudaStream_t s) : n_(n), s_(s) {
+    if (n_ != 0) WEFT_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&p_), n_ * sizeof(T), s_));
+  }
+  stream_buffer(stream_buffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), s_(o.s_) {}
+  stream_buffer& operator=(stream_buffer&&) = delete;
+  stream_buffer(const stream_buffer&) = delete;
+  stream_buffer& operator=(const stream_buffer&) = delete;
+  ~stream_buffer() {
+    if (p_ != nullptr) (void)cudaFreeAsync(p_, s_);  // a failure here has nowhere to go
+  }
+  [[nodiscard]] T* data() const noexcept { return p_; }
+  [[nodiscard]] std::size_t size() const noexcept { return n_; }
+
+private:
+  T* p_ = nullptr;
+  std::size_t n_ = 0;
+  cudaStream_t s_ = nullptr;
+};
 
 class stream_handoff {
 public:
@@ -41,6 +68,17 @@ public:
   template <class Comm, class T>
   void divide(Comm& comm, T* data, std::size_t n, int ranks) {
     cuda::divide(data, n, ranks, comm.stream());
+  }
+  /// n elements of device memory, allocated and freed in the order of comm's stream
+  /// (cudaMallocAsync / cudaFreeAsync): a call's scratch, used on either level's stream.
+  template <class T, class Comm>
+  stream_buffer<T> scratch(Comm& comm, std::size_t n) {
+    return stream_buffer<T>(n, comm.stream());
+  }
+  /// dst[0, n) = src[0, n), a device copy on comm's stream.
+  template <class Comm, class T>
+  void copy(Comm& comm, T* dst, const T* src, std::size_t n) {
+    if (n != 0) WEFT_CUDA_TRY(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDefault, comm.stream()));
   }
 
 private:

@@ -20,7 +20,6 @@
 
 #include <mpi.h>
 
-#include <algorithm>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -36,14 +35,8 @@ inline mpi_two_level two_level_from_mpi(MPI_Comm comm, two_level_options opt = {
   auto world = mpi::communicator::borrow(comm, world_options);
   const int rank = world.rank();
   const std::vector<int> node_of = world.node_of();  // the shared-memory domains
-  // Nodes numbered by their first rank (colors must be >= 0), ranks inside a node in world order.
-  std::vector<int> firsts;
-  int color = 0;
-  for (int r = 0; r < world.size(); ++r) {
-    const int n = node_of[static_cast<std::size_t>(r)];
-    if (std::find(firsts.begin(), firsts.end(), n) == firsts.end()) firsts.push_back(n);
-    if (r == rank) color = static_cast<int>(std::find(firsts.begin(), firsts.end(), n) - firsts.begin());
-  }
+  // Nodes numbered by their first rank, ranks inside a node in world order.
+  const int color = weft::detail::node_color(node_of, rank);
   struct held_comms {
     mpi::communicator node;
     mpi::communicator local;
