@@ -371,6 +371,116 @@ TEST(two_level, reduce_scatter_and_all_gather_cross_between_nodes_by_rank_blocks
   for (std::size_t r = 0; r < 8; ++r) EXPECT_EQ(inter_elements[r], 2 * blocks[r] * n) << "rank " << r;
 }
 
+// On even nodes (2 of 3 ranks; and 2 of 2 interleaved) reduce_scatter and all_gather take one
+// call per level: Intra's over the N = 2 blocks of each local index (2n elements per rank),
+// Inter's over one block, so each rank sends about n elements between nodes per call.
+TEST(two_level, even_nodes_reduce_scatter_and_all_gather_in_one_call_per_level) {
+  const std::size_t n = 100;
+  for (const auto& l : {from_spec("2x3"), layout{"interleaved 0101", {0, 1, 0, 1}}}) {
+    const int p = static_cast<int>(l.node_of.size());
+    std::mutex m;
+    std::vector<std::vector<traced_op>> intra_ops(static_cast<std::size_t>(p)), inter_ops(static_cast<std::size_t>(p));
+    local::run(topology::parse(std::to_string(p)), [&](local::communicator& c) {
+      traced world(std::move(c), "world");
+      const int rank = world.rank();
+      const int color = detail::node_color(l.node_of, rank);
+      auto intra = world.split(color, rank);
+      auto inter = world.split(intra.rank(), color);
+      two_level<traced<local::communicator>> tl(std::move(intra), std::move(inter), l.node_of, rank);
+      // rank r's block b holds r + 10 b: the sum over ranks of block b is known in closed form.
+      std::vector<std::int32_t> all(static_cast<std::size_t>(p) * n), mine(n);
+      for (std::size_t i = 0; i < all.size(); ++i) all[i] = rank + 10 * static_cast<std::int32_t>(i / n);
+      reduce_scatter(tl, std::span<const std::int32_t>(all), std::span(mine));
+      const std::int32_t want = p * (p - 1) / 2 + 10 * p * rank;
+      for (auto x : mine) ASSERT_EQ(x, want) << l.name << ", rank " << rank;
+      all_gather(tl, std::span<const std::int32_t>(mine), std::span(all));
+      for (std::size_t i = 0; i < all.size(); ++i) {
+        ASSERT_EQ(all[i], p * (p - 1) / 2 + 10 * p * static_cast<std::int32_t>(i / n)) << l.name << ", element " << i;
+      }
+      const std::lock_guard lock(m);
+      intra_ops[static_cast<std::size_t>(rank)] = tl.intra().ops();
+      inter_ops[static_cast<std::size_t>(rank)] = tl.inter().ops();
+    });
+    for (std::size_t r = 0; r < intra_ops.size(); ++r) {
+      const auto& a = intra_ops[r];
+      const auto& b = inter_ops[r];
+      ASSERT_EQ(a.size(), 2u) << l.name << ", rank " << r;
+      ASSERT_EQ(b.size(), 2u) << l.name << ", rank " << r;
+      EXPECT_EQ(a[0].kind, collective::reduce_scatter);
+      EXPECT_EQ(a[0].count, 2 * n);
+      EXPECT_EQ(b[0].kind, collective::reduce_scatter);
+      EXPECT_EQ(b[0].count, n);
+      EXPECT_EQ(b[1].kind, collective::all_gather);
+      EXPECT_EQ(b[1].count, n);
+      EXPECT_EQ(a[1].kind, collective::all_gather);
+      EXPECT_EQ(a[1].count, 2 * n);
+    }
+  }
+}
+
+// On even nodes the all-reduce of each chunk is one Intra reduce_scatter, the leaders'
+// all-reduce of a third, and one Intra all_gather: 602 elements in chunks of 300 over nodes of
+// 3 are 2 chunks of 3 blocks of 100, and the 2 left over go by blocks of 0, 1 and 1 (a reduce
+// and a broadcast each, on local ranks 1 and 2).
+TEST(two_level, even_nodes_all_reduce_by_reduce_scatter_and_all_gather) {
+  const std::size_t count = 602;
+  std::mutex m;
+  std::vector<std::vector<traced_op>> intra_ops(6), inter_ops(6);
+  local::run(topology::parse("2x3"), [&](local::communicator& c) {
+    traced world(std::move(c), "world");
+    auto tl = make_two_level(world, {.chunk_bytes = 300 * sizeof(std::int32_t)});
+    std::vector<std::int32_t> v(count);
+    for (std::size_t i = 0; i < count; ++i) v[i] = world.rank() + static_cast<std::int32_t>(i);
+    all_reduce(tl, std::span(v));
+    for (std::size_t i = 0; i < count; ++i) ASSERT_EQ(v[i], 15 + 6 * static_cast<std::int32_t>(i)) << "element " << i;
+    const std::lock_guard lock(m);
+    intra_ops[static_cast<std::size_t>(world.rank())] = tl.intra().ops();
+    inter_ops[static_cast<std::size_t>(world.rank())] = tl.inter().ops();
+  });
+  const auto kinds = [](const std::vector<traced_op>& ops) {
+    std::vector<std::pair<collective, std::size_t>> out;
+    for (const auto& o : ops) out.emplace_back(o.kind, o.count);
+    return out;
+  };
+  using C = collective;
+  for (std::size_t r = 0; r < 6; ++r) {
+    const std::size_t local = r % 3;
+    // RS 0, RS 1, AG 0, AG 1 (chunk 1's reduce before chunk 0's gather), then the 2 left over.
+    const std::vector<std::pair<C, std::size_t>> intra = {{C::reduce_scatter, 100}, {C::reduce_scatter, 100},
+                                                          {C::all_gather, 100},     {C::all_gather, 100},
+                                                          {C::reduce, 1},           {C::reduce, 1},
+                                                          {C::broadcast, 1},        {C::broadcast, 1}};
+    EXPECT_EQ(kinds(intra_ops[r]), intra) << "rank " << r;
+    std::vector<std::pair<C, std::size_t>> inter = {{C::all_reduce, 100}, {C::all_reduce, 100}};
+    if (local != 0) inter.emplace_back(C::all_reduce, 1);
+    EXPECT_EQ(kinds(inter_ops[r]), inter) << "rank " << r;
+  }
+}
+
+// The host handoff's scratch comes back to its pool and is handed out again where it fits:
+// the smallest free block that holds the request, else a new one.
+TEST(two_level, host_scratch_is_reused_between_calls) {
+  host_handoff h;
+  int comm = 0;  // the host handoff ignores the communicator
+  const float* first = nullptr;
+  {
+    auto a = h.scratch<float>(comm, 1000);
+    first = a.data();
+    a.data()[999] = 1.0f;  // usable to its end
+  }
+  {
+    auto b = h.scratch<float>(comm, 500);   // fits the freed block
+    auto c = h.scratch<float>(comm, 2000);  // does not: a new one
+    EXPECT_EQ(b.data(), first);
+    EXPECT_NE(c.data(), first);
+    c.data()[1999] = 2.0f;
+  }
+  auto d = h.scratch<double>(comm, 900);  // 7200 bytes: only the 8000-byte block fits
+  EXPECT_NE(d.data(), reinterpret_cast<const double*>(first));
+  auto e = h.scratch<float>(comm, 0);
+  EXPECT_EQ(e.data(), nullptr);
+}
+
 TEST(two_level, refuses_bad_roots_and_buffers) {
   local::run(topology::parse("2x2"), [](local::communicator& world) {
     auto tl = make_two_level(world);

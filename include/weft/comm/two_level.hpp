@@ -18,7 +18,10 @@
 //   broadcast  Intra: block j broadcast from local rank j
 // A node with more than m ranks gives its extra ranks no block: they take part in the reduce
 // and the broadcast only, so nodes may hold different numbers of ranks. Chunks are queued as
-// a pipeline, chunk k+1's reduce before chunk k's broadcast; on GPUs Intra and Inter run on
+// a pipeline, chunk k+1's reduce before chunk k's broadcast. On even nodes (L ranks each),
+// where IntraAlgo plans reduce_scatter and all_gather, the m reduces of a chunk are one Intra
+// reduce_scatter and the m broadcasts one all_gather (chunks a multiple of L elements; the
+// last count mod L elements go by blocks as above). On GPUs Intra and Inter run on
 // their own streams, ordered by events (Handoff, weft::cuda::stream_handoff), so the inter-node
 // all-reduce of one chunk overlaps the intra-node reduce of the next. One node: Intra's
 // all-reduce; one rank per node: Inter's.
@@ -50,6 +53,11 @@
 // it there (Intra); reduce_scatter reduces each block inside every node onto local rank i mod m
 // (Intra), then onto the block's node (Inter's reduce), landing on its rank. Where a node's
 // ranks interleave with another's in world order, the data is reordered node-major in scratch.
+// Where every node has the same number of ranks L and both levels' algorithms plan the
+// collective, each takes two calls instead: reduce_scatter copies the blocks local-major (the
+// block of local rank l of node c to place l*N + c), reduce-scatters that inside the node (local
+// rank l keeps the node's sums of the N blocks of local index l) and then across nodes (each
+// rank its own block); all_gather runs the same steps backwards.
 #include <weft/comm/all_gather.hpp>
 #include <weft/comm/all_reduce.hpp>
 #include <weft/comm/broadcast.hpp>
@@ -65,6 +73,7 @@
 #include <cstddef>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -77,7 +86,8 @@ namespace algo {
 
 /// two_level's algorithm: IntraAlgo for the reduce and broadcast inside each node, InterAlgo
 /// for the all-reduce (broadcast, reduce) across nodes; reduce_scatter and all_gather run on
-/// their reduces and broadcasts (and Intra's all-gather where IntraAlgo plans one).
+/// their reduces and broadcasts (and Intra's all-gather where IntraAlgo plans one), or on even
+/// nodes, where both plan them, on one reduce_scatter (all_gather) per level.
 template <class IntraAlgo = automatic, class InterAlgo = automatic>
 struct stages {
   using intra = IntraAlgo;
@@ -112,6 +122,68 @@ inline int node_color(const std::vector<int>& node_of, int rank) {
   return node_colors(node_of)[static_cast<std::size_t>(rank)];
 }
 
+/// The operator two_level's stages apply: op::avg sums (the division comes once, at the end).
+template <class Op>
+using summing_t = std::conditional_t<is_average_v<Op>, op::sum, Op>;
+
+/// Host working memory kept between calls, as a caching allocator keeps device memory: a call's
+/// scratch is taken from blocks freed by earlier calls where one is big enough, so large
+/// buffers are not mapped and faulted in afresh each call. Held until the two_level goes.
+class scratch_pool {
+public:
+  using block = std::unique_ptr<std::max_align_t[]>;
+  struct slab {
+    block mem;
+    std::size_t bytes = 0;
+  };
+  /// A block of at least `bytes`: the smallest free one that fits, else a new one.
+  slab take(std::size_t bytes) {
+    {
+      const std::lock_guard lock(m_);
+      auto best = free_.end();
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (it->bytes >= bytes && (best == free_.end() || it->bytes < best->bytes)) best = it;
+      }
+      if (best != free_.end()) {
+        slab s = std::move(*best);
+        free_.erase(best);
+        return s;
+      }
+    }
+    const std::size_t units = (bytes + sizeof(std::max_align_t) - 1) / sizeof(std::max_align_t);
+    return {std::make_unique_for_overwrite<std::max_align_t[]>(units), units * sizeof(std::max_align_t)};
+  }
+  void give(slab s) {
+    const std::lock_guard lock(m_);
+    free_.push_back(std::move(s));
+  }
+
+private:
+  std::mutex m_;
+  std::vector<slab> free_;
+};
+
+/// n uninitialized elements of T from a scratch_pool, given back when this goes.
+template <class T>
+class host_scratch {
+public:
+  host_scratch(std::shared_ptr<scratch_pool> pool, std::size_t n) : pool_(std::move(pool)) {
+    if (n != 0) s_ = pool_->take(n * sizeof(T));
+  }
+  host_scratch(host_scratch&&) noexcept = default;
+  host_scratch& operator=(host_scratch&&) = delete;
+  host_scratch(const host_scratch&) = delete;
+  host_scratch& operator=(const host_scratch&) = delete;
+  ~host_scratch() {
+    if (s_.mem) pool_->give(std::move(s_));
+  }
+  [[nodiscard]] T* data() const noexcept { return reinterpret_cast<T*>(s_.mem.get()); }
+
+private:
+  std::shared_ptr<scratch_pool> pool_;
+  scratch_pool::slab s_;
+};
+
 template <class Comm>
 void check_two_level_root(const Comm& comm, const char* what, int root) {
   if (root < 0 || root >= comm.size()) {
@@ -133,16 +205,20 @@ struct host_handoff {
   void divide(Comm&, T* data, std::size_t n, int ranks) {
     detail::divide(data, n, ranks);
   }
-  /// n elements of working memory for a call on comm, released when the call returns.
+  /// n elements of working memory for a call on comm, back in the pool when the call returns;
+  /// not zeroed (every use writes before it reads).
   template <class T, class Comm>
-  std::vector<T> scratch(Comm&, std::size_t n) {
-    return std::vector<T>(n);
+  detail::host_scratch<T> scratch(Comm&, std::size_t n) {
+    return detail::host_scratch<T>(pool_, n);
   }
   /// dst[0, n) = src[0, n), in order with comm's work (disjoint ranges).
   template <class Comm, class T>
   void copy(Comm&, T* dst, const T* src, std::size_t n) {
     std::copy_n(src, n, dst);
   }
+
+private:
+  std::shared_ptr<detail::scratch_pool> pool_ = std::make_shared<detail::scratch_pool>();
 };
 
 struct two_level_options {
@@ -171,55 +247,47 @@ public:
                   "rank " + std::to_string(rank_) + " outside a world of " + std::to_string(size) + " ranks (node_of)");
     }
     if (opt_.chunk_bytes == 0) throw error("two_level", rank_, error::unknown, "chunk_bytes must be at least 1");
-    // Ranks per node, and this rank's local index, from node_of.
-    std::map<int, int> per_node;
-    int local = 0;
-    for (int r = 0; r < size; ++r) {
-      if (r < rank_ && node_of_[static_cast<std::size_t>(r)] == node_of_[static_cast<std::size_t>(rank_)]) ++local;
-      ++per_node[node_of_[static_cast<std::size_t>(r)]];
-    }
-    nodes_ = static_cast<int>(per_node.size());
-    local_ = local;
-    leaders_ = size;
-    int with_local = 0;  // nodes that have a rank of this local index
-    for (const auto& [node, n] : per_node) {
-      leaders_ = std::min(leaders_, n);
-      if (n > local) ++with_local;
-    }
-    // Node-major order (nodes by first rank, a node's ranks in world order): where each rank's
+    // Node-major order (nodes numbered by first rank, a node's ranks in world order): each
+    // rank's node, its index there, each node's size and first position; where each rank's
     // block sits when every node's blocks are kept together.
     color_of_ = detail::node_colors(node_of_);
-    node_size_.assign(static_cast<std::size_t>(nodes_), 0);
-    local_of_.resize(static_cast<std::size_t>(size));
-    for (std::size_t r = 0; r < local_of_.size(); ++r) local_of_[r] = node_size_[static_cast<std::size_t>(color_of_[r])]++;
-    node_first_.assign(static_cast<std::size_t>(nodes_), 0);
+    nodes_ = 1 + *std::max_element(color_of_.begin(), color_of_.end());
+    node_size_.assign(to_size(nodes_), 0);
+    local_of_.resize(to_size(size));
+    for (std::size_t r = 0; r < local_of_.size(); ++r) local_of_[r] = node_size_[to_size(color_of_[r])]++;
+    node_first_.assign(to_size(nodes_), 0);
     for (std::size_t c = 1; c < node_first_.size(); ++c) node_first_[c] = node_first_[c - 1] + node_size_[c - 1];
-    pos_.resize(static_cast<std::size_t>(size));
+    pos_.resize(to_size(size));
     contiguous_ = true;
     for (std::size_t r = 0; r < pos_.size(); ++r) {
-      pos_[r] = node_first_[static_cast<std::size_t>(color_of_[r])] + local_of_[r];
+      pos_[r] = node_first_[to_size(color_of_[r])] + local_of_[r];
       contiguous_ = contiguous_ && pos_[r] == static_cast<int>(r);
     }
-    color_ = color_of_[static_cast<std::size_t>(rank_)];
-    const int mine = per_node[node_of_[static_cast<std::size_t>(rank_)]];
-    if (intra_.size() != mine || intra_.rank() != local) {
+    color_ = color_of_[to_size(rank_)];
+    local_ = local_of_[to_size(rank_)];
+    leaders_ = *std::min_element(node_size_.begin(), node_size_.end());
+    even_ = leaders_ == *std::max_element(node_size_.begin(), node_size_.end());
+    const int mine = node_size_[to_size(color_)];
+    const auto with_local =
+        static_cast<int>(std::count_if(node_size_.begin(), node_size_.end(), [&](int n) { return n > local_; }));
+    if (intra_.size() != mine || intra_.rank() != local_) {
       throw error("two_level", rank_, error::unknown,
                   "the intra-node communicator has rank " + std::to_string(intra_.rank()) + " of " +
                       std::to_string(intra_.size()) + ", but node_of puts this rank at local index " +
-                      std::to_string(local) + " of " + std::to_string(mine) + " ranks on its node");
+                      std::to_string(local_) + " of " + std::to_string(mine) + " ranks on its node");
     }
     if (inter_.size() != with_local) {
       throw error("two_level", rank_, error::unknown,
                   "the inter-node communicator has " + std::to_string(inter_.size()) + " ranks, but " +
-                      std::to_string(with_local) + " nodes have a rank of local index " + std::to_string(local));
+                      std::to_string(with_local) + " nodes have a rank of local index " + std::to_string(local_));
     }
     int inter_rank = 0;  // nodes before this one (by first rank) with a rank of this local index
-    for (int c = 0; c < color_; ++c) inter_rank += node_size_[static_cast<std::size_t>(c)] > local;
+    for (int c = 0; c < color_; ++c) inter_rank += node_size_[static_cast<std::size_t>(c)] > local_;
     if (inter_.rank() != inter_rank) {
       throw error("two_level", rank_, error::unknown,
                   "the inter-node communicator has this rank at " + std::to_string(inter_.rank()) +
                       ", but its node comes at " + std::to_string(inter_rank) +
-                      " among the nodes with a rank of local index " + std::to_string(local) +
+                      " among the nodes with a rank of local index " + std::to_string(local_) +
                       " (nodes in the order of their first ranks)");
     }
   }
@@ -261,10 +329,18 @@ public:
       run_all_reduce<OA>(inter_, in, out, count, op);
       return;
     }
+    if constexpr (IA::serves(collective::reduce_scatter) && IA::serves(collective::all_gather)) {
+      if (even_) {
+        const std::size_t head = count - count % to_size(leaders_);
+        all_reduce_even<IA, OA>(in, out, head, op);
+        in += head;
+        out += head;
+        count -= head;  // fewer than L elements left: by blocks below
+      }
+    }
     if (count == 0) return;
     constexpr bool average = is_average_v<Op>;
-    using stage_op = std::conditional_t<average, op::sum, Op>;
-    const stage_op sop = stage_op(op);
+    const detail::summing_t<Op> sop(op);  // avg sums in the stages, then divides once
     const std::size_t chunk = chunk_elements<T>();
     const std::size_t chunks = chunk_count(count, chunk);
     const auto span_of = [&](std::size_t k) { return chunk_span(k, chunk, count); };
@@ -381,8 +457,7 @@ public:
     }
     if (count == 0) return;
     constexpr bool average = is_average_v<Op>;
-    using stage_op = std::conditional_t<average, op::sum, Op>;
-    const stage_op sop = stage_op(op);
+    const detail::summing_t<Op> sop(op);  // avg sums in the stages, then divides once
     const std::size_t chunk = chunk_elements<T>();
     const std::size_t chunks = chunk_count(count, chunk);
     const bool lead = leader();
@@ -462,9 +537,14 @@ public:
       }
     }
     if (n == 0) return;
+    if constexpr (IA::serves(collective::reduce_scatter) && OA::serves(collective::reduce_scatter)) {
+      if (even_) {
+        reduce_scatter_even<IA, OA>(in, out, n, op);
+        return;
+      }
+    }
     constexpr bool average = is_average_v<Op>;
-    using stage_op = std::conditional_t<average, op::sum, Op>;
-    const stage_op sop = stage_op(op);
+    const detail::summing_t<Op> sop(op);  // avg sums in the stages, then divides once
     auto ordered = handoff_.template scratch<T>(intra_, contiguous_ ? 0 : p * n);
     const T* x = in;
     if (!contiguous_) {
@@ -535,6 +615,12 @@ public:
       }
     }
     if (n == 0) return;
+    if constexpr (IA::serves(collective::all_gather) && OA::serves(collective::all_gather)) {
+      if (even_) {
+        all_gather_even<IA, OA>(in, out, n);
+        return;
+      }
+    }
     auto ordered = handoff_.template scratch<T>(intra_, contiguous_ ? 0 : p * n);
     T* const w = contiguous_ ? out : ordered.data();
     const auto here = to_size(node_first_[to_size(color_)]) * n;
@@ -562,6 +648,89 @@ public:
   }
 
 private:
+  /// Where world rank r's block sits in local-major order (local index, then node): the order
+  /// in which one Intra reduce_scatter (all_gather) of N blocks per rank meets, on each local
+  /// rank, the blocks of its local index on every node.
+  [[nodiscard]] std::size_t local_major(std::size_t r) const noexcept {
+    return to_size(local_of_[r]) * to_size(nodes_) + to_size(color_of_[r]);
+  }
+
+  /// all_reduce on even nodes (L ranks each) of a count that L divides, where IntraAlgo plans
+  /// reduce_scatter and all_gather: per chunk (a multiple of L elements) one Intra
+  /// reduce_scatter leaves local rank j block j of the node's sum in scratch, the leaders j
+  /// all-reduce it across nodes (Inter), and one Intra all_gather brings the blocks back. The
+  /// same blocks and pipeline as the general path, in three calls per chunk instead of 2L + 1.
+  template <class IA, class OA, class T, class Op>
+  void all_reduce_even(const T* in, T* out, std::size_t count, const Op& op) {
+    if (count == 0) return;
+    const auto L = to_size(leaders_);
+    const detail::summing_t<Op> sop(op);
+    const std::size_t chunk = std::max(L, chunk_elements<T>() / L * L);
+    const std::size_t chunks = chunk_count(count, chunk);
+    const std::size_t slot = chunk / L;
+    auto part = handoff_.template scratch<T>(intra_, chunks * slot);
+    const auto reduce_chunk = [&](std::size_t k) {
+      const auto [first, len] = chunk_span(k, chunk, count);
+      weft::reduce_scatter<IA>(intra_, std::span<const T>(in + first, len), std::span<T>(part.data() + k * slot, len / L),
+                               sop);
+    };
+    const auto reduce_across = [&](std::size_t k) {
+      const std::size_t len = chunk_span(k, chunk, count).second / L;
+      weft::all_reduce<OA>(inter_, std::span<T>(part.data() + k * slot, len), sop);
+      if constexpr (is_average_v<Op>) handoff_.divide(inter_, part.data() + k * slot, len, size());
+    };
+    const auto gather_chunk = [&](std::size_t k) {
+      const auto [first, len] = chunk_span(k, chunk, count);
+      weft::all_gather<IA>(intra_, std::span<const T>(part.data() + k * slot, len / L), std::span<T>(out + first, len));
+    };
+    reduce_chunk(0);
+    handoff_(intra_, inter_);
+    for (std::size_t k = 0; k < chunks; ++k) {
+      reduce_across(k);
+      if (k + 1 < chunks) {
+        reduce_chunk(k + 1);
+        handoff_(intra_, inter_);  // Inter's next chunk waits for this reduce, not for the gather below
+      }
+      handoff_(inter_, intra_);
+      gather_chunk(k);
+    }
+  }
+
+  /// reduce_scatter on even nodes (L ranks each), where both levels plan one: the blocks copied
+  /// local-major, one Intra reduce_scatter leaves local rank l the node's sums of the N blocks
+  /// of local index l, and one Inter reduce_scatter of those leaves each rank its own block. Two
+  /// calls, and N blocks per rank cross between nodes.
+  template <class IA, class OA, class T, class Op>
+  void reduce_scatter_even(const T* in, T* out, std::size_t n, const Op& op) {
+    const auto p = to_size(size());
+    const auto N = to_size(nodes_);
+    const detail::summing_t<Op> sop(op);
+    auto major = handoff_.template scratch<T>(intra_, p * n);
+    for (std::size_t r = 0; r < p; ++r) handoff_.copy(intra_, major.data() + local_major(r) * n, in + r * n, n);
+    auto sums = handoff_.template scratch<T>(intra_, N * n);
+    weft::reduce_scatter<IA>(intra_, std::span<const T>(major.data(), p * n), std::span<T>(sums.data(), N * n), sop);
+    handoff_(intra_, inter_);
+    weft::reduce_scatter<OA>(inter_, std::span<const T>(sums.data(), N * n), std::span<T>(out, n), sop);
+    handoff_(inter_, intra_);  // ends on Intra's stream, before the scratch is released there
+    if constexpr (is_average_v<Op>) handoff_.divide(intra_, out, n, size());
+  }
+
+  /// all_gather on even nodes, where both levels plan one: Inter gathers the N blocks of this
+  /// local index, Intra gathers those of every local index (local-major), and a copy puts each
+  /// rank's block at its place. Two calls.
+  template <class IA, class OA, class T>
+  void all_gather_even(const T* in, T* out, std::size_t n) {
+    const auto p = to_size(size());
+    const auto N = to_size(nodes_);
+    auto mine = handoff_.template scratch<T>(intra_, N * n);
+    auto major = handoff_.template scratch<T>(intra_, p * n);
+    handoff_(intra_, inter_);  // the caller's work on `in`
+    weft::all_gather<OA>(inter_, std::span<const T>(in, n), std::span<T>(mine.data(), N * n));
+    handoff_(inter_, intra_);
+    weft::all_gather<IA>(intra_, std::span<const T>(mine.data(), N * n), std::span<T>(major.data(), p * n));
+    for (std::size_t r = 0; r < p; ++r) handoff_.copy(intra_, out + r * n, major.data() + local_major(r) * n, n);
+  }
+
   /// Piece of rank block i of node `node`, carried between nodes by local rank `leader`
   /// (i mod m): elements [first, first + len) of the block, at `offset` in node-major order;
   /// `slot`, where the carrying leader keeps it (reduce_scatter).
@@ -632,6 +801,7 @@ private:
   int local_ = 0;  // this rank's index on its node (Intra's rank)
   int color_ = 0;  // this rank's node, numbered by first rank (the inter communicators' rank of it)
   int leaders_ = 1;
+  bool even_ = true;  // every node has leaders_ ranks
 };
 
 /// A two_level of one transport, split from `world` by its node_of(): Intra = the ranks of

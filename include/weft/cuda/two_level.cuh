@@ -3,8 +3,9 @@
 // transports, each level on its own stream: Intra's (p2p or NCCL over NVLink) and Inter's (NCCL
 // over InfiniBand). stream_handoff orders them with an event, recorded on one stream and waited
 // on by the other, so nothing waits on the host and chunk k's inter-node all-reduce runs while
-// chunk k+1's intra-node reduce does; op::avg's divide is a kernel on Inter's stream, and a
-// call's scratch (reduce's, the reordering of interleaved nodes) is stream-ordered device memory.
+// chunk k+1's intra-node reduce does. op::avg's divide is a kernel: all_reduce's on Inter's
+// stream (each leader divides its block), the other collectives' on Intra's. A call's scratch
+// (reduce's, the reordering of interleaved or even nodes) is stream-ordered device memory.
 //
 //   weft::cuda::emulated::run(weft::topology::parse("2x4"), [&](weft::cuda::emulated::communicator& world) {
 //     auto tl = weft::make_two_level(world, {}, weft::cuda::stream_handoff{});
