@@ -3,13 +3,18 @@
 // prints the cost model's prediction for the same plans beside the measurement.
 //
 //   flat vs topology-aware all-reduce on 2 and 4 emulated nodes of 8 ranks in all;
-//   a 4-rank tensor-parallel group inside one node vs spread across nodes.
+//   a 4-rank tensor-parallel group inside one node vs spread across nodes;
+//   reduce-scatter and all-gather on 2x4: flat ring vs weft::two_level, whose even-node path
+//   (one call per level, stages<ring, ring>) is priced as its two calls, and whose rank-block
+//   path (stages<ring, tree>: tree plans neither collective) is timed unpriced.
 //
 //   build/benchmarks/comm_emulated_bench --benchmark_counters_tabular=true
 // The links are WEFT_EMULATED_LINKS (default below) appended to each shape, the sizes
 // WEFT_BENCH_SIZES (default 64K:64M:4).
 #include "support/sizes.hpp"
 #include "support/suite.hpp"
+
+#include <weft/comm/two_level.hpp>
 
 #include <benchmark/benchmark.h>
 
@@ -77,6 +82,58 @@ void tp_group(benchmark::State& state) {
   weft::bench::set_counters(state, bytes, seconds, weft::bench::bus_factor_all_reduce(4), model);
 }
 
+// reduce_scatter or all_gather (C) through make_two_level(world) on 2x4, with Algo =
+// stages<IntraAlgo, InterAlgo>. Where both levels plan C, two_level makes one call per level,
+// and the model prices those two: Intra's over the N blocks of a local index on every node at
+// once, then Inter's over one block on every local index at once (the local-major copies are
+// not priced).
+template <collective C, class Algo>
+void two_level_case(benchmark::State& state) {
+  const auto cluster = shape("2x4");
+  const int p = cluster.size();
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  const std::size_t n = weft::bench::count_for(C, bytes, p, sizeof(float));
+  const auto [in_n, out_n] = weft::bench::buffer_sizes(C, n, p);
+  double seconds = 0;
+  weft::bench::prediction model{0, Algo::name};
+  constexpr bool two_calls = C != collective::all_reduce && Algo::intra::serves(C) && Algo::inter::serves(C);
+  for (auto _ : state) {
+    weft::local::run(
+        cluster,
+        [&](weft::local::communicator& world) {
+          auto tl = weft::make_two_level(world);
+          std::vector<float> in(in_n, 1.0f), out(out_n);
+          const double t = weft::bench::time_collective(
+              world,
+              [&] {
+                if constexpr (C == collective::all_reduce) {
+                  weft::all_reduce<Algo>(tl, std::span<const float>(in), std::span(out));
+                } else if constexpr (C == collective::reduce_scatter) {
+                  weft::reduce_scatter<Algo>(tl, std::span<const float>(in), std::span(out));
+                } else {
+                  weft::all_gather<Algo>(tl, std::span<const float>(in), std::span(out));
+                }
+              },
+              0.1);
+          if (world.rank() != 0) return;
+          seconds = t;
+          if constexpr (two_calls) {
+            std::vector<std::vector<int>> nodes(2), locals(4);
+            for (int w = 0; w < p; ++w) {
+              nodes[static_cast<std::size_t>(w / 4)].push_back(w);
+              locals[static_cast<std::size_t>(w % 4)].push_back(w);
+            }
+            const auto intra = weft::bench::predict_concurrent<C, typename Algo::intra>(nodes, cluster, 2 * n, 4);
+            const auto inter = weft::bench::predict_concurrent<C, typename Algo::inter>(locals, cluster, n, 4);
+            model.seconds = intra.seconds + inter.seconds;
+          }
+        },
+        emulated);
+    state.SetIterationTime(seconds);
+  }
+  weft::bench::set_counters(state, bytes, seconds, weft::bench::bus_factor(C, p), model);
+}
+
 void sizes(benchmark::internal::Benchmark* b) {
   static const auto range = weft::bench::sizes_from_env("64K:64M:4");
   weft::bench::apply_sizes(b, range);
@@ -91,6 +148,26 @@ void add(const char* nodes) {
   })->Apply(sizes);
 }
 
+// C on 2x4: the flat ring, and two_level with ring at both levels (the even-node path) and with
+// tree across (which plans neither collective: the rank-block path).
+template <collective C, class IntraAlgo, class InterAlgo>
+void add_two_level() {
+  const std::string name = std::string(weft::name_of(C)) + "/local8@2x4/two_level<" + std::string(IntraAlgo::name) +
+                           ", " + std::string(InterAlgo::name) + ">";
+  benchmark::RegisterBenchmark(name.c_str(), two_level_case<C, algo::stages<IntraAlgo, InterAlgo>>)->Apply(sizes);
+}
+
+template <collective C>
+void for_scatter_and_gather() {
+  const std::string name = std::string(weft::name_of(C)) + "/local8@2x4/ring";
+  benchmark::RegisterBenchmark(name.c_str(), [](benchmark::State& state) {
+    weft::bench::run_local_case<C, algo::ring>(state, shape("2x4"), emulated, static_cast<std::size_t>(state.range(0)),
+                                               0.1);
+  })->Apply(sizes);
+  add_two_level<C, algo::ring, algo::ring>();
+  add_two_level<C, algo::ring, algo::tree>();
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -103,6 +180,9 @@ int main(int argc, char** argv) {
     add<algo::hierarchical<algo::ring, algo::tree>>(nodes);
     add<algo::automatic>(nodes);
   }
+  for_scatter_and_gather<collective::reduce_scatter>();
+  for_scatter_and_gather<collective::all_gather>();
+  add_two_level<collective::all_reduce, algo::ring, algo::ring>();
   benchmark::RegisterBenchmark("all_reduce/tp4@2x4/inside_a_node", tp_group<false>)->Apply(sizes);
   benchmark::RegisterBenchmark("all_reduce/tp4@2x4/across_nodes", tp_group<true>)->Apply(sizes);
   benchmark::RunSpecifiedBenchmarks();

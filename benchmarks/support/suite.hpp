@@ -111,9 +111,10 @@ inline void set_counters(benchmark::State& state, std::size_t bytes, double seco
   state.counters["time_us"] = seconds * 1e6;
   state.counters["algbw_GBps"] = algbw / 1e9;
   state.counters["busbw_GBps"] = algbw * bus_factor / 1e9;
+  state.SetLabel(std::string(model.algorithm));
+  if (model.seconds <= 0) return;  // a case the model does not price
   state.counters["model_us"] = model.seconds * 1e6;
   state.counters["measured_over_model"] = seconds / model.seconds;
-  state.SetLabel(std::string(model.algorithm));
 }
 
 /// Times collective C with Algo on local ranks laid out as `cluster` (links emulated when
