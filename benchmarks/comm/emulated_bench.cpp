@@ -96,7 +96,8 @@ void two_level_case(benchmark::State& state) {
   const auto [in_n, out_n] = weft::bench::buffer_sizes(C, n, p);
   double seconds = 0;
   weft::bench::prediction model{0, Algo::name};
-  constexpr bool two_calls = C != collective::all_reduce && Algo::intra::serves(C) && Algo::inter::serves(C);
+  constexpr bool two_calls = (C == collective::reduce_scatter || C == collective::all_gather) &&
+                             Algo::intra::serves(C) && Algo::inter::serves(C);
   for (auto _ : state) {
     weft::local::run(
         cluster,
@@ -104,17 +105,7 @@ void two_level_case(benchmark::State& state) {
           auto tl = weft::make_two_level(world);
           std::vector<float> in(in_n, 1.0f), out(out_n);
           const double t = weft::bench::time_collective(
-              world,
-              [&] {
-                if constexpr (C == collective::all_reduce) {
-                  weft::all_reduce<Algo>(tl, std::span<const float>(in), std::span(out));
-                } else if constexpr (C == collective::reduce_scatter) {
-                  weft::reduce_scatter<Algo>(tl, std::span<const float>(in), std::span(out));
-                } else {
-                  weft::all_gather<Algo>(tl, std::span<const float>(in), std::span(out));
-                }
-              },
-              0.1);
+              world, [&] { weft::bench::call<C, Algo>(tl, std::span<const float>(in), std::span(out)); }, 0.1);
           if (world.rank() != 0) return;
           seconds = t;
           if constexpr (two_calls) {
@@ -168,6 +159,21 @@ void for_scatter_and_gather() {
   add_two_level<C, algo::ring, algo::tree>();
 }
 
+// broadcast and reduce from rank 0 on 2x4: the flat ring, hierarchical<ring, ring> and two_level.
+template <collective C>
+void for_rooted() {
+  const std::string prefix = std::string(weft::name_of(C)) + "/local8@2x4/";
+  benchmark::RegisterBenchmark((prefix + "ring").c_str(), [](benchmark::State& state) {
+    weft::bench::run_local_case<C, algo::ring>(state, shape("2x4"), emulated, static_cast<std::size_t>(state.range(0)),
+                                               0.1);
+  })->Apply(sizes);
+  using hier = algo::hierarchical<algo::ring, algo::ring>;
+  benchmark::RegisterBenchmark((prefix + std::string(hier::name)).c_str(), [](benchmark::State& state) {
+    weft::bench::run_local_case<C, hier>(state, shape("2x4"), emulated, static_cast<std::size_t>(state.range(0)), 0.1);
+  })->Apply(sizes);
+  add_two_level<C, algo::ring, algo::ring>();
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -183,6 +189,8 @@ int main(int argc, char** argv) {
   for_scatter_and_gather<collective::reduce_scatter>();
   for_scatter_and_gather<collective::all_gather>();
   add_two_level<collective::all_reduce, algo::ring, algo::ring>();
+  for_rooted<collective::broadcast>();
+  for_rooted<collective::reduce>();
   benchmark::RegisterBenchmark("all_reduce/tp4@2x4/inside_a_node", tp_group<false>)->Apply(sizes);
   benchmark::RegisterBenchmark("all_reduce/tp4@2x4/across_nodes", tp_group<true>)->Apply(sizes);
   benchmark::RunSpecifiedBenchmarks();
