@@ -39,8 +39,12 @@
 // broadcast and reduce (root: a world rank) use the same blocks and chunks: broadcast sends
 // block j of each chunk across nodes from the root's node's local rank j to the other nodes'
 // local ranks j, which spread it on their node; reduce is its mirror image, and on the root's
-// node the blocks that did not end on the root are handed to it. Scratch (a leader's reduced
-// blocks) comes from Handoff::scratch: host memory, or stream-ordered device memory.
+// node the blocks that did not end on the root are handed to it.
+//
+// A Handoff orders the levels (operator()(from, to)) and gives a call what it needs besides the
+// transports: scratch<T>(comm, n) (host memory from a pool kept between calls, or stream-ordered
+// device memory), copy and copy_rows (std::copy_n, or cudaMemcpyAsync and cudaMemcpy2DAsync on
+// comm's stream), and divide (op::avg's last step).
 //
 // Ranks are numbered as the world they were split from; rank(), size(), node_of() are the
 // world's; a node's ranks need not be contiguous. A two_level is not itself split again:
@@ -215,6 +219,12 @@ struct host_handoff {
   template <class Comm, class T>
   void copy(Comm&, T* dst, const T* src, std::size_t n) {
     std::copy_n(src, n, dst);
+  }
+  /// rows x n elements: row i from src + i * src_stride to dst + i * dst_stride (disjoint).
+  template <class Comm, class T>
+  void copy_rows(Comm&, T* dst, std::size_t dst_stride, const T* src, std::size_t src_stride, std::size_t n,
+                 std::size_t rows) {
+    for (std::size_t i = 0; i < rows; ++i) std::copy_n(src + i * src_stride, n, dst + i * dst_stride);
   }
 
 private:
@@ -706,7 +716,12 @@ private:
     const auto N = to_size(nodes_);
     const detail::summing_t<Op> sop(op);
     auto major = handoff_.template scratch<T>(intra_, p * n);
-    for (std::size_t r = 0; r < p; ++r) handoff_.copy(intra_, major.data() + local_major(r) * n, in + r * n, n);
+    if (contiguous_) {  // local index l's blocks are every L-th: one strided copy per local index
+      const auto L = to_size(leaders_);
+      for (std::size_t l = 0; l < L; ++l) handoff_.copy_rows(intra_, major.data() + l * N * n, n, in + l * n, L * n, n, N);
+    } else {
+      for (std::size_t r = 0; r < p; ++r) handoff_.copy(intra_, major.data() + local_major(r) * n, in + r * n, n);
+    }
     auto sums = handoff_.template scratch<T>(intra_, N * n);
     weft::reduce_scatter<IA>(intra_, std::span<const T>(major.data(), p * n), std::span<T>(sums.data(), N * n), sop);
     handoff_(intra_, inter_);
@@ -728,7 +743,12 @@ private:
     weft::all_gather<OA>(inter_, std::span<const T>(in, n), std::span<T>(mine.data(), N * n));
     handoff_(inter_, intra_);
     weft::all_gather<IA>(intra_, std::span<const T>(mine.data(), N * n), std::span<T>(major.data(), p * n));
-    for (std::size_t r = 0; r < p; ++r) handoff_.copy(intra_, out + r * n, major.data() + local_major(r) * n, n);
+    if (contiguous_) {
+      const auto L = to_size(leaders_);
+      for (std::size_t l = 0; l < L; ++l) handoff_.copy_rows(intra_, out + l * n, L * n, major.data() + l * N * n, n, n, N);
+    } else {
+      for (std::size_t r = 0; r < p; ++r) handoff_.copy(intra_, out + r * n, major.data() + local_major(r) * n, n);
+    }
   }
 
   /// Piece of rank block i of node `node`, carried between nodes by local rank `leader`
