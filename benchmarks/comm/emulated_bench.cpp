@@ -33,14 +33,16 @@ std::string links() {
 }
 
 // The model's reduce bandwidth is what this machine gives each of 8 ranks reducing at once.
-std::string reduce_figure() {
-  static const std::string r = [] {
-    const double bw = weft::bench::reduce_bandwidth_per_rank(8);
-    std::printf("# reduce bandwidth per rank, 8 ranks at once: %.2f GB/s\n", bw / 1e9);
-    return ",reduce=" + std::to_string(bw / 1e6) + "MB/s";
+double reduce_bandwidth() {
+  static const double bw = [] {
+    const double b = weft::bench::reduce_bandwidth_per_rank(8);
+    std::printf("# reduce bandwidth per rank, 8 ranks at once: %.2f GB/s\n", b / 1e9);
+    return b;
   }();
-  return r;
+  return bw;
 }
+
+std::string reduce_figure() { return ",reduce=" + std::to_string(reduce_bandwidth() / 1e6) + "MB/s"; }
 
 weft::topology::cluster shape(const char* s) {
   return weft::topology::parse(std::string(s) + "," + links() + reduce_figure());
@@ -85,8 +87,9 @@ void tp_group(benchmark::State& state) {
 // reduce_scatter or all_gather (C) through make_two_level(world) on 2x4, with Algo =
 // stages<IntraAlgo, InterAlgo>. Where both levels plan C, two_level makes one call per level,
 // and the model prices those two: Intra's over the N blocks of a local index on every node at
-// once, then Inter's over one block on every local index at once (the local-major copies are
-// not priced).
+// once, then Inter's over one block on every local index at once, plus the local-major copy of
+// all p blocks: memory traffic at the measured reduce bandwidth, whose kernel moves three
+// streams per element (two reads, a write) where a copy moves two.
 template <collective C, class Algo>
 void two_level_case(benchmark::State& state) {
   const auto cluster = shape("2x4");
@@ -116,7 +119,8 @@ void two_level_case(benchmark::State& state) {
             }
             const auto intra = weft::bench::predict_concurrent<C, typename Algo::intra>(nodes, cluster, 2 * n, 4);
             const auto inter = weft::bench::predict_concurrent<C, typename Algo::inter>(locals, cluster, n, 4);
-            model.seconds = intra.seconds + inter.seconds;
+            const double copy = static_cast<double>(in_n > out_n ? in_n : out_n) * sizeof(float) / (1.5 * reduce_bandwidth());
+            model.seconds = intra.seconds + inter.seconds + copy;
           }
         },
         emulated);
