@@ -7,7 +7,8 @@
 // and stream hand-offs between ranks) uses one device; they are not an interconnect's.
 //
 //   build/benchmarks/cuda_emulated_bench --benchmark_counters_tabular=true
-// Rows: all_reduce/cuda_emulated4/<algorithm>/<bytes>, and cuda_emulated2x2 for 2 nodes of 2.
+// Rows: all_reduce/cuda_emulated4/<algorithm>/<bytes>, and cuda_emulated2x2 for 2 nodes of 2
+// (the hierarchical algorithms, and weft::cuda::two_level with ring at both levels).
 // Sizes: WEFT_BENCH_SIZES (default 1M:256M:4). Each row queues `timed_calls` calls back to
 // back on every rank, with no host synchronisation between them, and times them with CUDA
 // events on each rank's stream; the slowest rank's time counts.
@@ -20,6 +21,7 @@
 #include <weft/comm/algorithm/tree.hpp>
 #include <weft/comm/all_reduce.hpp>
 #include <weft/cuda/emulated.cuh>
+#include <weft/cuda/two_level.cuh>
 #include <weft/topology/topology.hpp>
 
 #include <benchmark/benchmark.h>
@@ -62,6 +64,30 @@ double seconds_per_call(const weft::topology::cluster& shape, std::size_t count)
   return *std::max_element(seconds.begin(), seconds.end());
 }
 
+// The same through weft::cuda::two_level (make_two_level of the emulated world: each level its
+// own communicator and stream, ordered by events), timed on the call's stream (the intra level's).
+template <class Stages>
+double seconds_per_two_level_call(const weft::topology::cluster& shape, std::size_t count) {
+  std::vector<double> seconds(static_cast<std::size_t>(shape.size()));
+  emulated::run(shape, [&](emulated::communicator& c) {
+    auto tl = weft::make_two_level(c, {}, weft::cuda::stream_handoff{});
+    weft::cuda::device_buffer<float> data(count);
+    const std::span<float> span(data.data(), count);
+    WEFT_CUDA_TRY(cudaMemsetAsync(data.data(), 0, count * sizeof(float), tl.stream()));
+    for (int i = 0; i < warmup_calls; ++i)
+      weft::all_reduce<Stages>(tl, span);
+    const weft::cuda::event start(true), stop(true);
+    WEFT_CUDA_TRY(cudaStreamSynchronize(tl.stream()));
+    tl.barrier();
+    start.record(tl.stream());
+    for (int i = 0; i < timed_calls; ++i)
+      weft::all_reduce<Stages>(tl, span);
+    stop.record(tl.stream());
+    seconds[static_cast<std::size_t>(c.rank())] = stop.elapsed_ms(start) * 1e-3 / timed_calls;
+  });
+  return *std::max_element(seconds.begin(), seconds.end());
+}
+
 template <class Algo>
 void all_reduce_float(benchmark::State& state, const weft::topology::cluster& shape) {
   if (const std::string why = weft::cuda::no_device_reason(); !why.empty()) {
@@ -71,7 +97,11 @@ void all_reduce_float(benchmark::State& state, const weft::topology::cluster& sh
   const auto bytes = static_cast<std::size_t>(state.range(0));
   double seconds = 0;
   for (auto _ : state) {
-    seconds = seconds_per_call<Algo>(shape, bytes / sizeof(float));
+    if constexpr (weft::algo::is_stages_v<Algo>) {
+      seconds = seconds_per_two_level_call<Algo>(shape, bytes / sizeof(float));
+    } else {
+      seconds = seconds_per_call<Algo>(shape, bytes / sizeof(float));
+    }
     state.SetIterationTime(seconds);
   }
   const int n = shape.size();
@@ -84,7 +114,11 @@ void all_reduce_float(benchmark::State& state, const weft::topology::cluster& sh
 template <class Algo>
 void add(const std::string& shape_name, const weft::topology::cluster& shape,
          const std::vector<std::int64_t>& sizes) {
-  const std::string name = "all_reduce/cuda_emulated" + shape_name + "/" + std::string(Algo::name);
+  std::string algo_name(Algo::name);
+  if constexpr (weft::algo::is_stages_v<Algo>) {
+    algo_name = "two_level<" + std::string(Algo::intra::name) + ", " + std::string(Algo::inter::name) + ">";
+  }
+  const std::string name = "all_reduce/cuda_emulated" + shape_name + "/" + algo_name;
   auto* b = benchmark::RegisterBenchmark(
       name.c_str(), [shape](benchmark::State& state) { all_reduce_float<Algo>(state, shape); });
   weft::bench::apply_sizes(b, sizes, static_cast<std::int64_t>(shape.size() * sizeof(float)));
@@ -104,6 +138,7 @@ const bool registered = [] {
   add<algo::hierarchical<algo::ring, algo::ring>>("2x2", nodes, sizes);
   add<algo::hierarchical<algo::ring, algo::tree>>("2x2", nodes, sizes);
   add<algo::automatic>("2x2", nodes, sizes);
+  add<algo::stages<algo::ring, algo::ring>>("2x2", nodes, sizes);
   return true;
 }();
 
