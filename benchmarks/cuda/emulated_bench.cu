@@ -41,49 +41,39 @@ namespace emulated = weft::cuda::emulated;
 constexpr int warmup_calls = 3;
 constexpr int timed_calls = 20;
 
-// Seconds per all_reduce of `count` floats on the ranks of `shape`.
+// Seconds per all_reduce<Algo> of `span` on comm, whose calls are queued on and end on stream s.
+template <class Algo, class Comm>
+double time_all_reduce(Comm& comm, cudaStream_t s, std::span<float> span) {
+  WEFT_CUDA_TRY(cudaMemsetAsync(span.data(), 0, span.size_bytes(), s)); // zeros stay finite
+  for (int i = 0; i < warmup_calls; ++i)
+    weft::all_reduce<Algo>(comm, span);
+  const weft::cuda::event start(true), stop(true);
+  WEFT_CUDA_TRY(cudaStreamSynchronize(s));
+  comm.barrier(); // every stream idle: each start below marks the same moment
+  start.record(s);
+  for (int i = 0; i < timed_calls; ++i)
+    weft::all_reduce<Algo>(comm, span);
+  stop.record(s);
+  return stop.elapsed_ms(start) * 1e-3 / timed_calls;
+}
+
+// Seconds per all_reduce of `count` floats on the ranks of `shape`; for algo::stages, through
+// weft::cuda::two_level (make_two_level of the emulated world: each level its own communicator
+// and stream, ordered by events), timed on the call's stream (the intra level's).
 template <class Algo>
 double seconds_per_call(const weft::topology::cluster& shape, std::size_t count) {
   std::vector<double> seconds(static_cast<std::size_t>(shape.size()));
   emulated::run(shape, [&](emulated::communicator& c) {
     weft::cuda::device_buffer<float> data(count);
     const std::span<float> span(data.data(), count);
-    WEFT_CUDA_TRY(
-        cudaMemsetAsync(data.data(), 0, count * sizeof(float), c.stream())); // zeros stay finite
-    for (int i = 0; i < warmup_calls; ++i)
-      weft::all_reduce<Algo>(c, span);
-    const weft::cuda::event start(true), stop(true);
-    c.synchronize();
-    c.barrier(); // every stream idle: each start below marks the same moment
-    start.record(c.stream());
-    for (int i = 0; i < timed_calls; ++i)
-      weft::all_reduce<Algo>(c, span);
-    stop.record(c.stream());
-    seconds[static_cast<std::size_t>(c.rank())] = stop.elapsed_ms(start) * 1e-3 / timed_calls;
-  });
-  return *std::max_element(seconds.begin(), seconds.end());
-}
-
-// The same through weft::cuda::two_level (make_two_level of the emulated world: each level its
-// own communicator and stream, ordered by events), timed on the call's stream (the intra level's).
-template <class Stages>
-double seconds_per_two_level_call(const weft::topology::cluster& shape, std::size_t count) {
-  std::vector<double> seconds(static_cast<std::size_t>(shape.size()));
-  emulated::run(shape, [&](emulated::communicator& c) {
-    auto tl = weft::make_two_level(c, {}, weft::cuda::stream_handoff{});
-    weft::cuda::device_buffer<float> data(count);
-    const std::span<float> span(data.data(), count);
-    WEFT_CUDA_TRY(cudaMemsetAsync(data.data(), 0, count * sizeof(float), tl.stream()));
-    for (int i = 0; i < warmup_calls; ++i)
-      weft::all_reduce<Stages>(tl, span);
-    const weft::cuda::event start(true), stop(true);
-    WEFT_CUDA_TRY(cudaStreamSynchronize(tl.stream()));
-    tl.barrier();
-    start.record(tl.stream());
-    for (int i = 0; i < timed_calls; ++i)
-      weft::all_reduce<Stages>(tl, span);
-    stop.record(tl.stream());
-    seconds[static_cast<std::size_t>(c.rank())] = stop.elapsed_ms(start) * 1e-3 / timed_calls;
+    double t = 0;
+    if constexpr (weft::algo::is_stages_v<Algo>) {
+      auto tl = weft::make_two_level(c, {}, weft::cuda::stream_handoff{});
+      t = time_all_reduce<Algo>(tl, tl.stream(), span);
+    } else {
+      t = time_all_reduce<Algo>(c, c.stream(), span);
+    }
+    seconds[static_cast<std::size_t>(c.rank())] = t;
   });
   return *std::max_element(seconds.begin(), seconds.end());
 }
@@ -97,11 +87,7 @@ void all_reduce_float(benchmark::State& state, const weft::topology::cluster& sh
   const auto bytes = static_cast<std::size_t>(state.range(0));
   double seconds = 0;
   for (auto _ : state) {
-    if constexpr (weft::algo::is_stages_v<Algo>) {
-      seconds = seconds_per_two_level_call<Algo>(shape, bytes / sizeof(float));
-    } else {
-      seconds = seconds_per_call<Algo>(shape, bytes / sizeof(float));
-    }
+    seconds = seconds_per_call<Algo>(shape, bytes / sizeof(float));
     state.SetIterationTime(seconds);
   }
   const int n = shape.size();
