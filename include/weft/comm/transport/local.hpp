@@ -526,7 +526,12 @@ private:
     auto expected = static_cast<std::uint32_t>(detail::slot_state::posted);
     if (!m.state.compare_exchange_strong(expected, static_cast<std::uint32_t>(detail::slot_state::reading),
                                          std::memory_order_acquire)) {
-      throw error(operation, rank_, peer, "the sender withdrew its message: it failed");
+      // The sender's operation ended by an exception; where that was the world's failure, say
+      // whose (a sender withdraws only after the failure is recorded, so the text is there).
+      auto& world = *group_->world;
+      std::string why = "the sender withdrew its message: its operation failed";
+      if (world.failed.load(std::memory_order_acquire)) why += " (" + world.failure() + ")";
+      throw error(operation, rank_, peer, why);
     }
     if (m.tag != tag || m.type != type || m.count != count) {
       const auto describe = [](int t, dtype d, std::size_t n) {
