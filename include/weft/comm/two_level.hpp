@@ -716,12 +716,7 @@ private:
     const auto N = to_size(nodes_);
     const detail::summing_t<Op> sop(op);
     auto major = handoff_.template scratch<T>(intra_, p * n);
-    if (contiguous_) {  // local index l's blocks are every L-th: one strided copy per local index
-      const auto L = to_size(leaders_);
-      for (std::size_t l = 0; l < L; ++l) handoff_.copy_rows(intra_, major.data() + l * N * n, n, in + l * n, L * n, n, N);
-    } else {
-      for (std::size_t r = 0; r < p; ++r) handoff_.copy(intra_, major.data() + local_major(r) * n, in + r * n, n);
-    }
+    reorder(major.data(), in, n, order::local_major);
     auto sums = handoff_.template scratch<T>(intra_, N * n);
     weft::reduce_scatter<IA>(intra_, std::span<const T>(major.data(), p * n), std::span<T>(sums.data(), N * n), sop);
     handoff_(intra_, inter_);
@@ -743,11 +738,35 @@ private:
     weft::all_gather<OA>(inter_, std::span<const T>(in, n), std::span<T>(mine.data(), N * n));
     handoff_(inter_, intra_);
     weft::all_gather<IA>(intra_, std::span<const T>(mine.data(), N * n), std::span<T>(major.data(), p * n));
+    reorder(out, major.data(), n, order::rank);
+  }
+
+  enum class order { rank, local_major };
+  /// Copies the p blocks of n elements from `src` to `dst` into order `to` (from the other
+  /// order), on Intra's stream: where nodes are contiguous, local index l's blocks are every
+  /// L-th in rank order, so one strided copy per local index; else one copy per rank.
+  template <class T>
+  void reorder(T* dst, const T* src, std::size_t n, order to) {
+    const auto N = to_size(nodes_);
     if (contiguous_) {
       const auto L = to_size(leaders_);
-      for (std::size_t l = 0; l < L; ++l) handoff_.copy_rows(intra_, out + l * n, L * n, major.data() + l * N * n, n, n, N);
-    } else {
-      for (std::size_t r = 0; r < p; ++r) handoff_.copy(intra_, out + r * n, major.data() + local_major(r) * n, n);
+      for (std::size_t l = 0; l < L; ++l) {
+        if (to == order::local_major) {
+          handoff_.copy_rows(intra_, dst + l * N * n, n, src + l * n, L * n, n, N);
+        } else {
+          handoff_.copy_rows(intra_, dst + l * n, L * n, src + l * N * n, n, n, N);
+        }
+      }
+      return;
+    }
+    for (std::size_t r = 0; r < to_size(size()); ++r) {
+      const std::size_t major = local_major(r) * n;
+      const std::size_t ranked = r * n;
+      if (to == order::local_major) {
+        handoff_.copy(intra_, dst + major, src + ranked, n);
+      } else {
+        handoff_.copy(intra_, dst + ranked, src + major, n);
+      }
     }
   }
 
