@@ -39,7 +39,9 @@
 // broadcast and reduce (root: a world rank) use the same blocks and chunks: broadcast sends
 // block j of each chunk across nodes from the root's node's local rank j to the other nodes'
 // local ranks j, which spread it on their node; reduce is its mirror image, and on the root's
-// node the blocks that did not end on the root are handed to it.
+// node the blocks that did not end on the root are handed to it. On even nodes, where
+// IntraAlgo plans all_gather (and, for reduce, reduce_scatter), the spreading is one Intra
+// all_gather per chunk instead of m broadcasts, and reduce's m reduces one reduce_scatter.
 //
 // A Handoff orders the levels (operator()(from, to)) and gives a call what it needs besides the
 // transports: scratch<T>(comm, n) (host memory from a pool kept between calls, or stream-ordered
@@ -394,7 +396,8 @@ public:
 
   /// data from world rank `root` to every rank. Per chunk: the root's node broadcasts it from
   /// the root (Intra); leader j sends block j from the root's node to the leaders j of the
-  /// other nodes (Inter's broadcast); each other node spreads block j from its local rank j.
+  /// other nodes (Inter's broadcast); each other node spreads block j from its local rank j
+  /// (on even nodes by broadcast_even, but for the last count mod L elements).
   template <class Algo, class T>
   void broadcast(T* data, std::size_t count, int root) {
     check_stages<Algo>();
@@ -406,6 +409,14 @@ public:
       if (nodes_ == 1) weft::broadcast<IA>(intra_, std::span<T>(data, count), root_local);
       else weft::broadcast<OA>(inter_, std::span<T>(data, count), root_node);
       return;
+    }
+    if constexpr (IA::serves(collective::all_gather)) {
+      if (even_) {
+        const std::size_t head = count - count % to_size(leaders_);
+        broadcast_even<IA, OA>(data, head, root);
+        data += head;
+        count -= head;  // fewer than L elements left: by blocks below
+      }
     }
     if (count == 0) return;
     const std::size_t chunk = chunk_elements<T>();
@@ -450,6 +461,7 @@ public:
   /// node reduces block j onto its local rank j (Intra); the leaders j reduce it onto the root's
   /// node (Inter); there, blocks held by a local rank other than the root's are broadcast
   /// (Intra) and the root keeps them. op::avg sums, then the root divides by the world size.
+  /// On even nodes by reduce_even, but for the last count mod L elements.
   template <class Algo, class T, class Op>
   void reduce(const T* in, T* out, std::size_t count, int root, const Op& op) {
     check_stages<Algo>();
@@ -464,6 +476,15 @@ public:
       if (nodes_ == 1) weft::reduce<IA>(intra_, src, dst, root_local, op);
       else weft::reduce<OA>(inter_, src, dst, root_node, op);
       return;
+    }
+    if constexpr (IA::serves(collective::reduce_scatter) && IA::serves(collective::all_gather)) {
+      if (even_) {
+        const std::size_t head = count - count % to_size(leaders_);
+        reduce_even<IA, OA>(in, out, head, root, op);
+        in += head;
+        out += at_root ? head : 0;
+        count -= head;  // fewer than L elements left: by blocks below
+      }
     }
     if (count == 0) return;
     constexpr bool average = is_average_v<Op>;
@@ -703,6 +724,98 @@ private:
       }
       handoff_(inter_, intra_);
       gather_chunk(k);
+    }
+  }
+
+  /// broadcast on even nodes (L ranks each) of a count that L divides, where IntraAlgo plans
+  /// all_gather: per chunk (a multiple of L elements) the root's node broadcasts it from the
+  /// root (Intra), its local rank j sends block j to the other nodes' local ranks j (Inter),
+  /// which receive it into scratch, and one Intra all_gather spreads the blocks on each of those
+  /// nodes. One Intra call per chunk on every node instead of L.
+  template <class IA, class OA, class T>
+  void broadcast_even(T* data, std::size_t count, int root) {
+    if (count == 0) return;
+    const auto L = to_size(leaders_);
+    const int root_node = color_of_[to_size(root)];
+    const std::size_t chunk = std::max(L, chunk_elements<T>() / L * L);
+    const std::size_t chunks = chunk_count(count, chunk);
+    const std::size_t slot = chunk / L;
+    if (color_ == root_node) {
+      const int root_local = local_of_[to_size(root)];
+      const auto whole = [&](std::size_t k) {
+        const auto [first, len] = chunk_span(k, chunk, count);
+        weft::broadcast<IA>(intra_, std::span<T>(data + first, len), root_local);
+      };
+      whole(0);
+      for (std::size_t k = 0; k < chunks; ++k) {
+        handoff_(intra_, inter_);  // chunk k is here
+        const auto [first, len] = chunk_span(k, chunk, count);
+        weft::broadcast<OA>(inter_, std::span<T>(data + first + to_size(local_) * (len / L), len / L), root_node);
+        if (k + 1 < chunks) whole(k + 1);
+      }
+    } else {
+      auto part = handoff_.template scratch<T>(intra_, chunks * slot);
+      handoff_(intra_, inter_);  // the caller's earlier work on the buffer, and the scratch
+      for (std::size_t k = 0; k < chunks; ++k) {
+        const auto [first, len] = chunk_span(k, chunk, count);
+        const std::span<T> block(part.data() + k * slot, len / L);
+        weft::broadcast<OA>(inter_, block, root_node);
+        handoff_(inter_, intra_);
+        weft::all_gather<IA>(intra_, std::span<const T>(block), std::span<T>(data + first, len));
+      }
+    }
+    handoff_(inter_, intra_);  // the call ends on Intra's stream, after the scratch's last use
+  }
+
+  /// reduce on even nodes (L ranks each) of a count that L divides, where IntraAlgo plans
+  /// reduce_scatter and all_gather: per chunk (a multiple of L elements) one Intra
+  /// reduce_scatter leaves local rank j block j of its node's sum, the leaders j reduce it onto
+  /// the root's node (Inter), and there one Intra all_gather brings the blocks to the root (the
+  /// others of that node receive them into scratch). Three calls per chunk instead of 2L.
+  template <class IA, class OA, class T, class Op>
+  void reduce_even(const T* in, T* out, std::size_t count, int root, const Op& op) {
+    if (count == 0) return;
+    const auto L = to_size(leaders_);
+    const int root_node = color_of_[to_size(root)];
+    const bool on_root_node = color_ == root_node;
+    const bool at_root = rank_ == root;
+    const detail::summing_t<Op> sop(op);
+    const std::size_t chunk = std::max(L, chunk_elements<T>() / L * L);
+    const std::size_t chunks = chunk_count(count, chunk);
+    const std::size_t slot = chunk / L;
+    auto part = handoff_.template scratch<T>(intra_, chunks * slot);
+    auto sink = handoff_.template scratch<T>(intra_, on_root_node && !at_root ? chunk : 0);
+    const auto reduce_chunk = [&](std::size_t k) {
+      const auto [first, len] = chunk_span(k, chunk, count);
+      weft::reduce_scatter<IA>(intra_, std::span<const T>(in + first, len), std::span<T>(part.data() + k * slot, len / L),
+                               sop);
+    };
+    const auto reduce_across = [&](std::size_t k) {
+      const std::size_t len = chunk_span(k, chunk, count).second / L;
+      T* const mine = part.data() + k * slot;  // in place on the root's node
+      weft::reduce<OA>(inter_, std::span<const T>(mine, len), std::span<T>(mine, on_root_node ? len : 0), root_node, sop);
+    };
+    const auto gather_chunk = [&](std::size_t k) {
+      const auto [first, len] = chunk_span(k, chunk, count);
+      T* const dst = at_root ? out + first : sink.data();
+      weft::all_gather<IA>(intra_, std::span<const T>(part.data() + k * slot, len / L), std::span<T>(dst, len));
+    };
+    reduce_chunk(0);
+    handoff_(intra_, inter_);
+    for (std::size_t k = 0; k < chunks; ++k) {
+      reduce_across(k);
+      if (k + 1 < chunks) {
+        reduce_chunk(k + 1);
+        handoff_(intra_, inter_);  // Inter's next chunk waits for this reduce, not for the gather below
+      }
+      if (on_root_node) {
+        handoff_(inter_, intra_);
+        gather_chunk(k);
+      }
+    }
+    handoff_(inter_, intra_);  // ends on Intra's stream, before the scratch is released there
+    if constexpr (is_average_v<Op>) {
+      if (at_root) handoff_.divide(intra_, out, count, size());
     }
   }
 
