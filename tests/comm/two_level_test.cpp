@@ -418,12 +418,33 @@ TEST(two_level, even_nodes_reduce_scatter_and_all_gather_in_one_call_per_level) 
   }
 }
 
-// A traced level's calls as (kind, element count).
-std::vector<std::pair<collective, std::size_t>> kinds_of(const std::vector<traced_op>& ops) {
-  std::vector<std::pair<collective, std::size_t>> out;
-  for (const auto& o : ops) out.emplace_back(o.kind, o.count);
-  return out;
+// Each rank's calls on each level, as (kind, element count), after f(two_level, world rank)
+// on nodes of 3 (2x3) in chunks of 300 int32 elements.
+using calls = std::vector<std::pair<collective, std::size_t>>;
+struct level_calls {
+  std::vector<calls> intra = std::vector<calls>(6), inter = std::vector<calls>(6);
+};
+template <class F>
+level_calls trace_on_2x3(F&& f) {
+  const auto kinds_of = [](const std::vector<traced_op>& ops) {
+    calls out;
+    for (const auto& o : ops) out.emplace_back(o.kind, o.count);
+    return out;
+  };
+  std::mutex m;
+  level_calls got;
+  local::run(topology::parse("2x3"), [&](local::communicator& c) {
+    traced world(std::move(c), "world");
+    auto tl = make_two_level(world, {.chunk_bytes = 300 * sizeof(std::int32_t)});
+    f(tl, world.rank());
+    const std::lock_guard lock(m);
+    got.intra[static_cast<std::size_t>(world.rank())] = kinds_of(tl.intra().ops());
+    got.inter[static_cast<std::size_t>(world.rank())] = kinds_of(tl.inter().ops());
+  });
+  return got;
 }
+
+using C = collective;
 
 // On even nodes the all-reduce of each chunk is one Intra reduce_scatter, the leaders'
 // all-reduce of a third, and one Intra all_gather: 602 elements in chunks of 300 over nodes of
@@ -431,105 +452,73 @@ std::vector<std::pair<collective, std::size_t>> kinds_of(const std::vector<trace
 // and a broadcast each, on local ranks 1 and 2).
 TEST(two_level, even_nodes_all_reduce_by_reduce_scatter_and_all_gather) {
   const std::size_t count = 602;
-  std::mutex m;
-  std::vector<std::vector<traced_op>> intra_ops(6), inter_ops(6);
-  local::run(topology::parse("2x3"), [&](local::communicator& c) {
-    traced world(std::move(c), "world");
-    auto tl = make_two_level(world, {.chunk_bytes = 300 * sizeof(std::int32_t)});
+  const auto got = trace_on_2x3([&](auto& tl, int rank) {
     std::vector<std::int32_t> v(count);
-    for (std::size_t i = 0; i < count; ++i) v[i] = world.rank() + static_cast<std::int32_t>(i);
+    for (std::size_t i = 0; i < count; ++i) v[i] = rank + static_cast<std::int32_t>(i);
     all_reduce(tl, std::span(v));
     for (std::size_t i = 0; i < count; ++i) ASSERT_EQ(v[i], 15 + 6 * static_cast<std::int32_t>(i)) << "element " << i;
-    const std::lock_guard lock(m);
-    intra_ops[static_cast<std::size_t>(world.rank())] = tl.intra().ops();
-    inter_ops[static_cast<std::size_t>(world.rank())] = tl.inter().ops();
   });
-  using C = collective;
   for (std::size_t r = 0; r < 6; ++r) {
-    const std::size_t local = r % 3;
     // RS 0, RS 1, AG 0, AG 1 (chunk 1's reduce before chunk 0's gather), then the 2 left over.
-    const std::vector<std::pair<C, std::size_t>> intra = {{C::reduce_scatter, 100}, {C::reduce_scatter, 100},
-                                                          {C::all_gather, 100},     {C::all_gather, 100},
-                                                          {C::reduce, 1},           {C::reduce, 1},
-                                                          {C::broadcast, 1},        {C::broadcast, 1}};
-    EXPECT_EQ(kinds_of(intra_ops[r]), intra) << "rank " << r;
-    std::vector<std::pair<C, std::size_t>> inter = {{C::all_reduce, 100}, {C::all_reduce, 100}};
-    if (local != 0) inter.emplace_back(C::all_reduce, 1);
-    EXPECT_EQ(kinds_of(inter_ops[r]), inter) << "rank " << r;
+    const calls intra = {{C::reduce_scatter, 100}, {C::reduce_scatter, 100}, {C::all_gather, 100}, {C::all_gather, 100},
+                         {C::reduce, 1},           {C::reduce, 1},           {C::broadcast, 1},   {C::broadcast, 1}};
+    EXPECT_EQ(got.intra[r], intra) << "rank " << r;
+    calls inter = {{C::all_reduce, 100}, {C::all_reduce, 100}};
+    if (r % 3 != 0) inter.emplace_back(C::all_reduce, 1);
+    EXPECT_EQ(got.inter[r], inter) << "rank " << r;
   }
 }
 
 // On even nodes the broadcast of each chunk goes from the root across its node (Intra), a third
 // from each of its ranks to the other node (Inter) into scratch, and there one Intra
-// all_gather spreads it: 602 elements in chunks of 300 over nodes of 3 from root 4 (local rank
-// 1 of node 1). The 2 left over go by blocks of 0, 1 and 1: the root's node broadcasts them,
-// local ranks 1 and 2 send theirs across, the other node broadcasts those 2 blocks.
+// all_gather spreads it: 602 elements from root 4 (local rank 1 of node 1). The 2 left over go
+// by blocks of 0, 1 and 1: the root's node broadcasts them, local ranks 1 and 2 send theirs
+// across, the other node broadcasts those 2 blocks.
 TEST(two_level, even_nodes_broadcast_by_all_gather) {
   const std::size_t count = 602;
   const int root = 4;
-  std::mutex m;
-  std::vector<std::vector<traced_op>> intra_ops(6), inter_ops(6);
-  local::run(topology::parse("2x3"), [&](local::communicator& c) {
-    traced world(std::move(c), "world");
-    auto tl = make_two_level(world, {.chunk_bytes = 300 * sizeof(std::int32_t)});
+  const auto got = trace_on_2x3([&](auto& tl, int rank) {
     std::vector<std::int32_t> v(count, -1);
-    if (world.rank() == root) {
+    if (rank == root) {
       for (std::size_t i = 0; i < count; ++i) v[i] = 7 * static_cast<std::int32_t>(i);
     }
     broadcast(tl, std::span(v), root);
     for (std::size_t i = 0; i < count; ++i) ASSERT_EQ(v[i], 7 * static_cast<std::int32_t>(i)) << "element " << i;
-    const std::lock_guard lock(m);
-    intra_ops[static_cast<std::size_t>(world.rank())] = tl.intra().ops();
-    inter_ops[static_cast<std::size_t>(world.rank())] = tl.inter().ops();
   });
-  using C = collective;
   for (std::size_t r = 0; r < 6; ++r) {
-    const std::size_t local = r % 3;
-    const std::vector<std::pair<C, std::size_t>> intra =
-        r >= 3 ? std::vector<std::pair<C, std::size_t>>{{C::broadcast, 300}, {C::broadcast, 300}, {C::broadcast, 2}}
-               : std::vector<std::pair<C, std::size_t>>{{C::all_gather, 100}, {C::all_gather, 100},
-                                                        {C::broadcast, 1},    {C::broadcast, 1}};
-    EXPECT_EQ(kinds_of(intra_ops[r]), intra) << "rank " << r;
-    std::vector<std::pair<C, std::size_t>> inter = {{C::broadcast, 100}, {C::broadcast, 100}};
-    if (local != 0) inter.emplace_back(C::broadcast, 1);
-    EXPECT_EQ(kinds_of(inter_ops[r]), inter) << "rank " << r;
+    const calls intra = r >= 3 ? calls{{C::broadcast, 300}, {C::broadcast, 300}, {C::broadcast, 2}}
+                               : calls{{C::all_gather, 100}, {C::all_gather, 100}, {C::broadcast, 1}, {C::broadcast, 1}};
+    EXPECT_EQ(got.intra[r], intra) << "rank " << r;
+    calls inter = {{C::broadcast, 100}, {C::broadcast, 100}};
+    if (r % 3 != 0) inter.emplace_back(C::broadcast, 1);
+    EXPECT_EQ(got.inter[r], inter) << "rank " << r;
   }
 }
 
 // On even nodes the reduce of each chunk is one Intra reduce_scatter, the leaders' reduce of a
-// third onto the root's node, and there one Intra all_gather: 602 elements in chunks of 300
-// over nodes of 3 to root 4 (local rank 1 of node 1). The 2 left over go by blocks of 0, 1 and
-// 1: reduces on local ranks 1 and 2, and on the root's node local rank 2's block handed to the
-// root by a broadcast.
+// third onto the root's node, and there one Intra all_gather: 602 elements to root 4. The 2
+// left over go by blocks of 0, 1 and 1: reduces on local ranks 1 and 2, and on the root's node
+// local rank 2's block handed to the root by a broadcast.
 TEST(two_level, even_nodes_reduce_by_reduce_scatter_and_all_gather) {
   const std::size_t count = 602;
   const int root = 4;
-  std::mutex m;
-  std::vector<std::vector<traced_op>> intra_ops(6), inter_ops(6);
-  local::run(topology::parse("2x3"), [&](local::communicator& c) {
-    traced world(std::move(c), "world");
-    auto tl = make_two_level(world, {.chunk_bytes = 300 * sizeof(std::int32_t)});
-    std::vector<std::int32_t> v(count), sum(world.rank() == root ? count : 0);
-    for (std::size_t i = 0; i < count; ++i) v[i] = world.rank() + static_cast<std::int32_t>(i);
+  const auto got = trace_on_2x3([&](auto& tl, int rank) {
+    std::vector<std::int32_t> v(count), sum(rank == root ? count : 0);
+    for (std::size_t i = 0; i < count; ++i) v[i] = rank + static_cast<std::int32_t>(i);
     reduce(tl, std::span<const std::int32_t>(v), std::span(sum), root);
     for (std::size_t i = 0; i < sum.size(); ++i) ASSERT_EQ(sum[i], 15 + 6 * static_cast<std::int32_t>(i)) << "element " << i;
-    const std::lock_guard lock(m);
-    intra_ops[static_cast<std::size_t>(world.rank())] = tl.intra().ops();
-    inter_ops[static_cast<std::size_t>(world.rank())] = tl.inter().ops();
   });
-  using C = collective;
   for (std::size_t r = 0; r < 6; ++r) {
-    const std::size_t local = r % 3;
     const bool root_node = r >= 3;
     // RS 0, RS 1 (chunk 1's before chunk 0's gather), AG 0, AG 1 on the root's node only.
-    std::vector<std::pair<C, std::size_t>> intra = {{C::reduce_scatter, 100}, {C::reduce_scatter, 100}};
+    calls intra = {{C::reduce_scatter, 100}, {C::reduce_scatter, 100}};
     if (root_node) intra.insert(intra.end(), {{C::all_gather, 100}, {C::all_gather, 100}});
     intra.insert(intra.end(), {{C::reduce, 1}, {C::reduce, 1}});
     if (root_node) intra.emplace_back(C::broadcast, 1);
-    EXPECT_EQ(kinds_of(intra_ops[r]), intra) << "rank " << r;
-    std::vector<std::pair<C, std::size_t>> inter = {{C::reduce, 100}, {C::reduce, 100}};
-    if (local != 0) inter.emplace_back(C::reduce, 1);
-    EXPECT_EQ(kinds_of(inter_ops[r]), inter) << "rank " << r;
+    EXPECT_EQ(got.intra[r], intra) << "rank " << r;
+    calls inter = {{C::reduce, 100}, {C::reduce, 100}};
+    if (r % 3 != 0) inter.emplace_back(C::reduce, 1);
+    EXPECT_EQ(got.inter[r], inter) << "rank " << r;
   }
 }
 

@@ -687,59 +687,91 @@ private:
   }
 
   /// all_reduce on even nodes (L ranks each) of a count that L divides, where IntraAlgo plans
-  /// reduce_scatter and all_gather: per chunk (a multiple of L elements) one Intra
-  /// reduce_scatter leaves local rank j block j of the node's sum in scratch, the leaders j
-  /// all-reduce it across nodes (Inter), and one Intra all_gather brings the blocks back. The
-  /// same blocks and pipeline as the general path, in three calls per chunk instead of 2L + 1.
+  /// reduce_scatter and all_gather: per chunk one Intra reduce_scatter leaves local rank j block
+  /// j of the node's sum in scratch, the leaders j all-reduce it across nodes (Inter), and one
+  /// Intra all_gather brings the blocks back. The same blocks and pipeline as the general path,
+  /// in three calls per chunk instead of 2L + 1.
   template <class IA, class OA, class T, class Op>
   void all_reduce_even(const T* in, T* out, std::size_t count, const Op& op) {
+    const detail::summing_t<Op> sop(op);
+    const auto across = [&](std::span<T> block) {
+      weft::all_reduce<OA>(inter_, block, sop);
+      if constexpr (is_average_v<Op>) handoff_.divide(inter_, block.data(), block.size(), size());
+    };
+    reduce_by_blocks<IA>(in, count, sop, across, [&](std::size_t first) { return out + first; });
+  }
+
+  /// reduce on even nodes (L ranks each) of a count that L divides, where IntraAlgo plans
+  /// reduce_scatter and all_gather: per chunk one Intra reduce_scatter leaves local rank j block
+  /// j of its node's sum, the leaders j reduce it onto the root's node (Inter), and there one
+  /// Intra all_gather brings the blocks to the root (the others of that node receive them into
+  /// scratch). Two or three calls per chunk instead of 2L.
+  template <class IA, class OA, class T, class Op>
+  void reduce_even(const T* in, T* out, std::size_t count, int root, const Op& op) {
+    const int root_node = color_of_[to_size(root)];
+    const bool on_root_node = color_ == root_node;
+    const bool at_root = rank_ == root;
+    const detail::summing_t<Op> sop(op);
+    auto sink = handoff_.template scratch<T>(intra_, on_root_node && !at_root ? std::min(count, even_chunk<T>()) : 0);
+    const auto across = [&](std::span<T> block) {  // in place on the root's node
+      weft::reduce<OA>(inter_, std::span<const T>(block), block.first(on_root_node ? block.size() : 0), root_node, sop);
+    };
+    reduce_by_blocks<IA>(in, count, sop, across, [&](std::size_t first) -> T* {
+      return !on_root_node ? nullptr : at_root ? out + first : sink.data();
+    });
+    if constexpr (is_average_v<Op>) {
+      if (at_root) handoff_.divide(intra_, out, count, size());
+    }
+  }
+
+  /// The pipeline of all_reduce_even and reduce_even over even_chunk()s of `in`: per chunk k one
+  /// Intra reduce_scatter into block k of scratch (this local rank's len / L elements of the
+  /// node's sum), across(block) on Inter, and, where into(first element) gives a destination,
+  /// one Intra all_gather of the chunk's blocks there. Chunk k + 1's reduce_scatter is queued
+  /// before chunk k's all_gather, so on GPUs Inter's work on chunk k overlaps it.
+  template <class IA, class T, class Op, class Across, class Into>
+  void reduce_by_blocks(const T* in, std::size_t count, const Op& sop, const Across& across, const Into& into) {
     if (count == 0) return;
     const auto L = to_size(leaders_);
-    const detail::summing_t<Op> sop(op);
-    const std::size_t chunk = std::max(L, chunk_elements<T>() / L * L);
+    const std::size_t chunk = even_chunk<T>();
     const std::size_t chunks = chunk_count(count, chunk);
-    const std::size_t slot = chunk / L;
-    auto part = handoff_.template scratch<T>(intra_, chunks * slot);
+    auto part = handoff_.template scratch<T>(intra_, count / L);
+    const auto block = [&](std::size_t k) {
+      return std::span<T>(part.data() + k * (chunk / L), chunk_span(k, chunk, count).second / L);
+    };
     const auto reduce_chunk = [&](std::size_t k) {
       const auto [first, len] = chunk_span(k, chunk, count);
-      weft::reduce_scatter<IA>(intra_, std::span<const T>(in + first, len), std::span<T>(part.data() + k * slot, len / L),
-                               sop);
-    };
-    const auto reduce_across = [&](std::size_t k) {
-      const std::size_t len = chunk_span(k, chunk, count).second / L;
-      weft::all_reduce<OA>(inter_, std::span<T>(part.data() + k * slot, len), sop);
-      if constexpr (is_average_v<Op>) handoff_.divide(inter_, part.data() + k * slot, len, size());
-    };
-    const auto gather_chunk = [&](std::size_t k) {
-      const auto [first, len] = chunk_span(k, chunk, count);
-      weft::all_gather<IA>(intra_, std::span<const T>(part.data() + k * slot, len / L), std::span<T>(out + first, len));
+      weft::reduce_scatter<IA>(intra_, std::span<const T>(in + first, len), block(k), sop);
     };
     reduce_chunk(0);
     handoff_(intra_, inter_);
     for (std::size_t k = 0; k < chunks; ++k) {
-      reduce_across(k);
+      across(block(k));
       if (k + 1 < chunks) {
         reduce_chunk(k + 1);
         handoff_(intra_, inter_);  // Inter's next chunk waits for this reduce, not for the gather below
       }
-      handoff_(inter_, intra_);
-      gather_chunk(k);
+      const auto [first, len] = chunk_span(k, chunk, count);
+      if (T* const dst = into(first)) {
+        handoff_(inter_, intra_);
+        weft::all_gather<IA>(intra_, std::span<const T>(block(k)), std::span<T>(dst, len));
+      }
     }
+    handoff_(inter_, intra_);  // ends on Intra's stream, before the scratch is released there
   }
 
   /// broadcast on even nodes (L ranks each) of a count that L divides, where IntraAlgo plans
-  /// all_gather: per chunk (a multiple of L elements) the root's node broadcasts it from the
-  /// root (Intra), its local rank j sends block j to the other nodes' local ranks j (Inter),
-  /// which receive it into scratch, and one Intra all_gather spreads the blocks on each of those
-  /// nodes. One Intra call per chunk on every node instead of L.
+  /// all_gather: per chunk the root's node broadcasts it from the root (Intra), its local rank j
+  /// sends block j to the other nodes' local ranks j (Inter), which receive it into scratch, and
+  /// one Intra all_gather spreads the blocks on each of those nodes. One Intra call per chunk on
+  /// every node instead of L.
   template <class IA, class OA, class T>
   void broadcast_even(T* data, std::size_t count, int root) {
     if (count == 0) return;
     const auto L = to_size(leaders_);
     const int root_node = color_of_[to_size(root)];
-    const std::size_t chunk = std::max(L, chunk_elements<T>() / L * L);
+    const std::size_t chunk = even_chunk<T>();
     const std::size_t chunks = chunk_count(count, chunk);
-    const std::size_t slot = chunk / L;
     if (color_ == root_node) {
       const int root_local = local_of_[to_size(root)];
       const auto whole = [&](std::size_t k) {
@@ -754,69 +786,17 @@ private:
         if (k + 1 < chunks) whole(k + 1);
       }
     } else {
-      auto part = handoff_.template scratch<T>(intra_, chunks * slot);
+      auto part = handoff_.template scratch<T>(intra_, count / L);
       handoff_(intra_, inter_);  // the caller's earlier work on the buffer, and the scratch
       for (std::size_t k = 0; k < chunks; ++k) {
         const auto [first, len] = chunk_span(k, chunk, count);
-        const std::span<T> block(part.data() + k * slot, len / L);
+        const std::span<T> block(part.data() + k * (chunk / L), len / L);
         weft::broadcast<OA>(inter_, block, root_node);
         handoff_(inter_, intra_);
         weft::all_gather<IA>(intra_, std::span<const T>(block), std::span<T>(data + first, len));
       }
     }
     handoff_(inter_, intra_);  // the call ends on Intra's stream, after the scratch's last use
-  }
-
-  /// reduce on even nodes (L ranks each) of a count that L divides, where IntraAlgo plans
-  /// reduce_scatter and all_gather: per chunk (a multiple of L elements) one Intra
-  /// reduce_scatter leaves local rank j block j of its node's sum, the leaders j reduce it onto
-  /// the root's node (Inter), and there one Intra all_gather brings the blocks to the root (the
-  /// others of that node receive them into scratch). Three calls per chunk instead of 2L.
-  template <class IA, class OA, class T, class Op>
-  void reduce_even(const T* in, T* out, std::size_t count, int root, const Op& op) {
-    if (count == 0) return;
-    const auto L = to_size(leaders_);
-    const int root_node = color_of_[to_size(root)];
-    const bool on_root_node = color_ == root_node;
-    const bool at_root = rank_ == root;
-    const detail::summing_t<Op> sop(op);
-    const std::size_t chunk = std::max(L, chunk_elements<T>() / L * L);
-    const std::size_t chunks = chunk_count(count, chunk);
-    const std::size_t slot = chunk / L;
-    auto part = handoff_.template scratch<T>(intra_, chunks * slot);
-    auto sink = handoff_.template scratch<T>(intra_, on_root_node && !at_root ? chunk : 0);
-    const auto reduce_chunk = [&](std::size_t k) {
-      const auto [first, len] = chunk_span(k, chunk, count);
-      weft::reduce_scatter<IA>(intra_, std::span<const T>(in + first, len), std::span<T>(part.data() + k * slot, len / L),
-                               sop);
-    };
-    const auto reduce_across = [&](std::size_t k) {
-      const std::size_t len = chunk_span(k, chunk, count).second / L;
-      T* const mine = part.data() + k * slot;  // in place on the root's node
-      weft::reduce<OA>(inter_, std::span<const T>(mine, len), std::span<T>(mine, on_root_node ? len : 0), root_node, sop);
-    };
-    const auto gather_chunk = [&](std::size_t k) {
-      const auto [first, len] = chunk_span(k, chunk, count);
-      T* const dst = at_root ? out + first : sink.data();
-      weft::all_gather<IA>(intra_, std::span<const T>(part.data() + k * slot, len / L), std::span<T>(dst, len));
-    };
-    reduce_chunk(0);
-    handoff_(intra_, inter_);
-    for (std::size_t k = 0; k < chunks; ++k) {
-      reduce_across(k);
-      if (k + 1 < chunks) {
-        reduce_chunk(k + 1);
-        handoff_(intra_, inter_);  // Inter's next chunk waits for this reduce, not for the gather below
-      }
-      if (on_root_node) {
-        handoff_(inter_, intra_);
-        gather_chunk(k);
-      }
-    }
-    handoff_(inter_, intra_);  // ends on Intra's stream, before the scratch is released there
-    if constexpr (is_average_v<Op>) {
-      if (at_root) handoff_.divide(intra_, out, count, size());
-    }
   }
 
   /// reduce_scatter on even nodes (L ranks each), where both levels plan one: the blocks copied
@@ -917,6 +897,12 @@ private:
   template <class T>
   [[nodiscard]] std::size_t chunk_elements() const noexcept {
     return std::max<std::size_t>(1, opt_.chunk_bytes / sizeof(T));
+  }
+  /// The even paths' chunk: chunk_bytes rounded down to a multiple of L elements, at least L.
+  template <class T>
+  [[nodiscard]] std::size_t even_chunk() const noexcept {
+    const auto L = to_size(leaders_);
+    return std::max(L, chunk_elements<T>() / L * L);
   }
   static std::size_t chunk_count(std::size_t count, std::size_t chunk) noexcept { return (count + chunk - 1) / chunk; }
   /// (first element, length) of chunk k.
