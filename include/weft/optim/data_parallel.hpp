@@ -24,6 +24,13 @@
 // replicas count once) and multiplied by |multiplier| / loss_scale after the square root: with
 // integer-valued gradients it does not depend on the reduction order. A non-finite norm (an
 // overflow on any rank) skips the step on every rank.
+//
+// Memory: the communicator decides (detail::dp_memory, optim/detail/memory.hpp). Over a host
+// transport the buffers are host vectors and the collectives run on the progress thread; over
+// a device communicator (include <weft/cuda/data_parallel.cuh>) they are device memory, the
+// updates and norms are kernels, and the collectives are queued on a side stream: the same
+// code, each buffer operation labelled with the lane (the caller's order, or the queued
+// collectives') it runs in (tests/optim/lanes_test.cpp checks the labels on the host).
 #include <weft/comm/all_gather.hpp>
 #include <weft/comm/all_reduce.hpp>
 #include <weft/comm/async.hpp>
@@ -31,6 +38,7 @@
 #include <weft/comm/reduce_scatter.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/types.hpp>
+#include <weft/optim/detail/memory.hpp>
 #include <weft/optim/loss_scale.hpp>
 #include <weft/optim/optimizers.hpp>
 #include <weft/optim/param_set.hpp>
@@ -87,16 +95,24 @@ class data_parallel {
                 "weft::optim::data_parallel<Policy, Rule, P>: P (parameters and gradients) must be float, "
                 "weft::half or weft::bfloat16");
 
+  using space = detail::dp_memory<Comm>;
+  template <class T>
+  using buffer = typename space::template buffer<T>;
+  using work_t = typename space::work;
+  using lane = detail::lane;
+
 public:
   static constexpr int stage = Policy::stage;
   static constexpr bool mixed = !std::is_same_v<P, float>;
+  /// Whether the buffers are device memory (a CUDA communicator; <weft/cuda/data_parallel.cuh>).
+  static constexpr bool on_device = space::on_device;
   using options = data_parallel_options;
 
   data_parallel(Comm& dp, const param_set& ps, Rule rule, options o = {})
-      : rule_(rule), opt_(o), dp_rank_(dp.rank()), dp_size_(dp.size()),
-        shard_(dp.split(shard_color(dp, o), dp.rank())), replica_(dp.split(replica_color(dp, o), dp.rank())),
+      : rule_(rule), opt_(o), dp_rank_(dp.rank()), dp_size_(dp.size()), mem_(dp),
+        shard_(mem_.split(dp, shard_color(dp, o), dp.rank())), replica_(mem_.split(dp, replica_color(dp, o), dp.rank())),
         layout_(ps, o.bucket_elements != 0 ? o.bucket_elements : default_bucket_elements(dp.size()), shard_.size()),
-        scaler_(o.scaling), queue_(std::make_unique<progress_queue>(!o.overlap)) {
+        scaler_(o.scaling), queue_(mem_.make_queue(o.overlap)) {
     if (!(o.max_grad_norm >= 0.0f)) throw error("data_parallel: max_grad_norm must be >= 0 (0: no clipping)");
     update_threads_ = o.update_threads > 0 ? o.update_threads
                                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -104,17 +120,18 @@ public:
     if (!scaling_) scaler_ = loss_scaler(loss_scale_options{.initial = 1.0f});
     const auto padded = layout_.padded_elements();
     const auto shard = layout_.shard_elements();
-    params_.assign(stage == 3 ? shard : padded, P(0.0f));
-    grads_.assign(stage >= 2 ? shard : padded, P(0.0f));
-    if constexpr (mixed) master_.assign(shard, 0.0f);
-    state_.assign(rule_.slots() > 0 ? slot_stride(shard) * static_cast<std::size_t>(rule_.slots()) : 0, 0.0f);
+    mem_.zeros(params_, stage == 3 ? shard : padded, lane::main);
+    mem_.zeros(grads_, stage >= 2 ? shard : padded, lane::main);
+    if constexpr (mixed) mem_.zeros(master_, shard, lane::main);
+    mem_.zeros(state_, rule_.slots() > 0 ? slot_stride(shard) * static_cast<std::size_t>(rule_.slots()) : 0, lane::main);
+    mem_.zeros(norm_partial_, 1, lane::main);
     const auto nb = layout_.buckets().size();
     ready_.assign(nb, 0);
     submitted_.assign(nb, false);
-    reductions_.assign(nb, work{});
+    reductions_.assign(nb, work_t{});
     staging_.resize(nb);
     gathered_.resize(nb);
-    gathers_.assign(nb, work{});
+    gathers_.assign(nb, work_t{});
     gather_started_.assign(nb, false);
     resident_.assign(nb, false);
   }
@@ -123,6 +140,7 @@ public:
   ~data_parallel() {
     try {
       wait_all();
+      mem_.synchronize();
     } catch (...) {  // NOLINT(bugprone-empty-catch): already reported by the call that waited, or the rank is failing
     }
   }
@@ -147,24 +165,30 @@ public:
     layout_.for_each_tensor([&](std::size_t u, std::size_t p, std::size_t n) {
       std::copy_n(full.begin() + static_cast<std::ptrdiff_t>(u), n, padded.begin() + static_cast<std::ptrdiff_t>(p));
     });
+    // Built on the host, then copied into params_ and master_ (the same on a device).
+    std::vector<P> params(params_.size(), P(0.0f));
+    std::vector<float> master(master_.size(), 0.0f);
     if constexpr (stage < 3) {
-      for (std::size_t i = 0; i < padded.size(); ++i) params_[i] = static_cast<P>(padded[i]);
+      for (std::size_t i = 0; i < padded.size(); ++i) params[i] = static_cast<P>(padded[i]);
     }
     for_each_shard([&](const bucket_info& b, std::size_t from) {
       for (std::size_t i = 0; i < b.shard; ++i) {
-        if constexpr (stage == 3) params_[b.shard_offset + i] = static_cast<P>(padded[from + i]);
-        if constexpr (mixed) master_[b.shard_offset + i] = padded[from + i];
+        if constexpr (stage == 3) params[b.shard_offset + i] = static_cast<P>(padded[from + i]);
+        if constexpr (mixed) master[b.shard_offset + i] = padded[from + i];
       }
     });
+    mem_.upload(params_.data(), params.data(), params.size());
+    if constexpr (mixed) mem_.upload(master_.data(), master.data(), master.size());
     drop_gathers();
   }
 
   /// The full model as float (unpadded). Collective under zero<3>.
   [[nodiscard]] std::vector<float> gather_parameters() {
     wait_all();
-    std::vector<P> padded;
+    std::vector<P> src(layout_.padded_elements(), P(0.0f));
     if constexpr (stage == 3) {
-      padded.assign(layout_.padded_elements(), P(0.0f));
+      buffer<P> padded;
+      mem_.zeros(padded, layout_.padded_elements(), lane::main);
       queue_->submit([&] {
                 const auto& bs = layout_.buckets();
                 for (const auto& b : bs) {
@@ -173,8 +197,11 @@ public:
                 }
               })
           .wait();
+      mem_.download(src.data(), padded.data(), src.size());
+      mem_.release(padded, lane::main);
+    } else {
+      mem_.download(src.data(), params_.data(), src.size());
     }
-    const std::vector<P>& src = stage == 3 ? padded : params_;
     std::vector<float> full(layout_.elements());
     layout_.for_each_tensor([&](std::size_t u, std::size_t p, std::size_t n) {
       for (std::size_t i = 0; i < n; ++i) full[u + i] = static_cast<float>(src[p + i]);
@@ -205,7 +232,7 @@ public:
     if constexpr (stage == 3) {
       const auto b = layout_.tensors()[layout_index(name)].bucket;
       if (gather_started_[b]) gathers_[b].wait();
-      free_transient(gathered_[b]);
+      free_transient(gathered_[b], lane::main);
       gather_started_[b] = false;
       resident_[b] = false;
     }
@@ -221,7 +248,7 @@ public:
     }
     if constexpr (stage >= 2) {
       auto& s = staging_[ti.bucket];
-      if (s.empty()) alloc_transient(s, layout_.buckets()[ti.bucket].padded);
+      if (s.empty()) alloc_transient(s, layout_.buckets()[ti.bucket].padded, lane::main);
       return {s.data() + ti.bucket_offset, ti.count};
     } else {
       return {grads_.data() + layout_.padded_offset(t), ti.count};
@@ -256,12 +283,15 @@ public:
     float mul = multiplier;
     if (scaling_) mul = mul / scaler_.scale();
     if (clip || scaling_) {
-      double sq = squared_norm_partial();
+      const std::span<double> partial(norm_partial_.data(), 1);
+      squared_norm_partial(partial.data());
       if (norm_) {
-        queue_->submit([&] { all_reduce(*norm_, std::span<double>(&sq, 1)); }).wait();
+        queue_->submit([&] { mem_.run(*norm_, [&](Comm& c) { all_reduce(c, partial); }); }).wait();
       } else if (shard_.size() > 1) {
-        queue_->submit([&] { all_reduce(shard_, std::span<double>(&sq, 1)); }).wait();
+        queue_->submit([&] { mem_.run(shard_, [&](Comm& c) { all_reduce(c, partial); }); }).wait();
       }
+      double sq = 0.0;
+      mem_.download(&sq, partial.data(), 1);
       r.grad_norm = std::sqrt(sq) * std::fabs(static_cast<double>(mul));
       const bool overflow = !std::isfinite(r.grad_norm);
       if (scaling_) scaler_.update(overflow);
@@ -287,7 +317,7 @@ public:
       }
       const update_ref<decltype(k), P, P> u{k, master, grad_shard(b), state_.data() + b.shard_offset, out,
                                             slot_stride(layout_.shard_elements())};
-      apply_parallel(u, b.shard, update_threads_);
+      mem_.update(u, b.shard, update_threads_);
     });
     finish_step();
     if constexpr (stage == 1 || stage == 2) {
@@ -296,11 +326,13 @@ public:
       if (shard_.size() > 1) {
         for (std::size_t bi = 0; bi < layout_.buckets().size(); ++bi) {
           gathers_[bi] = queue_->submit([this, &b = layout_.buckets()[bi]] {
-            std::vector<P> mine;
-            alloc_transient(mine, b.shard);
-            std::copy_n(params_.begin() + static_cast<std::ptrdiff_t>(shard_begin(b)), b.shard, mine.begin());
-            all_gather(shard_, std::span<const P>(mine), std::span<P>(params_.data() + b.offset, b.padded));
-            free_transient(mine);
+            buffer<P> mine;
+            alloc_transient(mine, b.shard, lane::side);
+            mem_.copy(mine.data(), params_.data() + shard_begin(b), b.shard, lane::side);
+            mem_.run(shard_, [&](Comm& c) {
+              all_gather(c, std::span<const P>(mine.data(), b.shard), std::span<P>(params_.data() + b.offset, b.padded));
+            });
+            free_transient(mine, lane::side);
           });
         }
       }
@@ -335,11 +367,16 @@ public:
     return m;
   }
 
-  // --- access for checkpoints: this rank's shard ---------------------------------------------
+  // --- access for checkpoints: this rank's shard (host memory only, for now) -----------------
+  /// Waits for every queued collective (what save and load do first); on a device, until the
+  /// streams have done all the work queued so far.
+  void synchronize() {
+    wait_all();
+    mem_.synchronize();
+  }
   /// The fp32 weights of this rank's shard (master weights, or the float parameters), by bucket.
-  /// Waits for every queued collective (what save and load do first).
-  void synchronize() { wait_all(); }
   [[nodiscard]] std::span<float> shard_weights(const bucket_info& b) {
+    static_assert(!on_device, "weft::optim: checkpoints of a data_parallel in device memory are not supported yet");
     if constexpr (mixed) {
       return {master_.data() + b.shard_offset, b.shard};
     } else {
@@ -348,6 +385,7 @@ public:
   }
   /// Slot j of the rule's state for bucket b's shard.
   [[nodiscard]] std::span<float> shard_state(const bucket_info& b, std::size_t j) {
+    static_assert(!on_device, "weft::optim: checkpoints of a data_parallel in device memory are not supported yet");
     return {state_.data() + j * slot_stride(layout_.shard_elements()) + b.shard_offset, b.shard};
   }
   [[nodiscard]] std::size_t slots() const noexcept { return static_cast<std::size_t>(rule_.slots()); }
@@ -359,6 +397,7 @@ public:
   [[nodiscard]] int good_steps() const noexcept { return scaler_.good_steps(); }
   /// After writing shard_weights(): rebuilds the parameters (all-gathered under zero<1>/<2>).
   void refresh_parameters_from_shards() {
+    static_assert(!on_device, "weft::optim: checkpoints of a data_parallel in device memory are not supported yet");
     wait_all();
     for_each_shard([&](const bucket_info& b, std::size_t from) {
       const auto w = shard_weights(b);
@@ -461,8 +500,9 @@ private:
   // Sum of squares of this rank's shard of the summed gradients (in double: exact for
   // integer-valued gradients), without replicated tensors off model-parallel rank 0 and without
   // the second copies of tied tensors.
-  double squared_norm_partial() {
-    double sq = 0.0;
+  // Writes it to *out (this memory), on the main lane.
+  void squared_norm_partial(double* out) {
+    std::vector<detail::norm_range<P>> ranges;
     const auto& ts = layout_.tensors();
     for (const auto& b : layout_.buckets()) {
       const P* g = grad_shard(b);
@@ -470,21 +510,19 @@ private:
       for (std::size_t t = b.first_tensor; t < b.end_tensor; ++t) {
         if ((mp_rank_ != 0 && ts[t].replicated) || ts[t].tied_copy) continue;
         const std::size_t p = layout_.padded_offset(t);
-        for (std::size_t i = std::max(lo, p); i < std::min(hi, p + ts[t].count); ++i) {
-          const auto v = static_cast<double>(static_cast<float>(g[i - lo]));
-          sq += v * v;
-        }
+        const std::size_t from = std::max(lo, p), to = std::min(hi, p + ts[t].count);
+        if (from < to) ranges.push_back({g + (from - lo), to - from});
       }
     }
-    return sq;
+    mem_.sum_squares(std::span<const detail::norm_range<P>>(ranges), out);
   }
 
-  // Gathers a shard over S into a bucket-sized span (a copy when S has one rank).
+  // Gathers a shard over S into a bucket-sized span (a copy when S has one rank); in a job.
   void gather_into(std::span<const P> mine, std::span<P> out) {
     if (shard_.size() == 1) {
-      std::copy(mine.begin(), mine.end(), out.begin());
+      mem_.copy(out.data(), mine.data(), mine.size(), lane::side);
     } else {
-      all_gather(shard_, mine, out);
+      mem_.run(shard_, [&](Comm& c) { all_gather(c, mine, out); });
     }
   }
 
@@ -493,27 +531,30 @@ private:
     const bucket_info& b = layout_.buckets()[bi];
     if constexpr (stage == 0) {
       reductions_[bi] = queue_->submit([this, &b] {
-        if (replica_.size() > 1) all_reduce(replica_, std::span<P>(grads_.data() + b.offset, b.padded));
+        if (replica_.size() > 1) {
+          mem_.run(replica_, [&](Comm& c) { all_reduce(c, std::span<P>(grads_.data() + b.offset, b.padded)); });
+        }
       });
     } else {
-      std::vector<P> full;
+      buffer<P> full;
       if constexpr (stage >= 2) {
         full = std::move(staging_[bi]);
-        if (full.empty()) alloc_transient(full, b.padded);  // no grad() this step: zeros
+        if (full.empty()) alloc_transient(full, b.padded, lane::main);  // no grad() this step: zeros
       }
       reductions_[bi] = queue_->submit([this, &b, full = std::move(full)]() mutable {
-        std::span<const P> in = stage >= 2 ? std::span<const P>(full) : std::span<const P>(grads_.data() + b.offset, b.padded);
-        std::vector<P> tmp;
-        alloc_transient(tmp, b.shard);
+        const P* in = stage >= 2 ? full.data() : grads_.data() + b.offset;
+        buffer<P> tmp;
+        alloc_transient(tmp, b.shard, lane::side);
+        const std::span<P> out(tmp.data(), b.shard);
         if (shard_.size() > 1) {
-          reduce_scatter(shard_, in, std::span<P>(tmp));
+          mem_.run(shard_, [&](Comm& c) { reduce_scatter(c, std::span<const P>(in, b.padded), out); });
         } else {
-          std::copy(in.begin(), in.end(), tmp.begin());
+          mem_.copy(out.data(), in, b.padded, lane::side);
         }
-        if (replica_.size() > 1) all_reduce(replica_, std::span<P>(tmp));
-        std::copy(tmp.begin(), tmp.end(), grad_shard(b));
-        free_transient(tmp);
-        if constexpr (stage >= 2) free_transient(full);  // the full-size bucket is gone once reduced
+        if (replica_.size() > 1) mem_.run(replica_, [&](Comm& c) { all_reduce(c, out); });
+        mem_.copy(grad_shard(b), out.data(), b.shard, lane::side);
+        free_transient(tmp, lane::side);
+        if constexpr (stage >= 2) free_transient(full, lane::side);  // the full-size bucket is gone once reduced
       });
     }
   }
@@ -522,9 +563,9 @@ private:
     if (gather_started_[bi] || resident_[bi]) return;
     gather_started_[bi] = true;
     const bucket_info& b = layout_.buckets()[bi];
-    alloc_transient(gathered_[bi], b.padded);
+    alloc_transient(gathered_[bi], b.padded, lane::main);
     gathers_[bi] = queue_->submit([this, &b, bi] {
-      gather_into(std::span<const P>(params_.data() + b.shard_offset, b.shard), std::span<P>(gathered_[bi]));
+      gather_into(std::span<const P>(params_.data() + b.shard_offset, b.shard), std::span<P>(gathered_[bi].data(), b.padded));
     });
   }
   void acquire(std::size_t bi) {
@@ -536,13 +577,13 @@ private:
   void drop_gathers() {
     if constexpr (stage < 3) {
       for (auto& w : gathers_) w.wait();
-      return;
-    }
-    for (std::size_t b = 0; b < gathered_.size(); ++b) {
-      if (gather_started_[b]) gathers_[b].wait();
-      free_transient(gathered_[b]);
-      gather_started_[b] = false;
-      resident_[b] = false;
+    } else {
+      for (std::size_t b = 0; b < gathered_.size(); ++b) {
+        if (gather_started_[b]) gathers_[b].wait();
+        free_transient(gathered_[b], lane::main);
+        gather_started_[b] = false;
+        resident_[b] = false;
+      }
     }
   }
 
@@ -551,31 +592,32 @@ private:
     for (auto& w : gathers_) w.wait();
   }
   void finish_step() {
-    if constexpr (stage < 2) std::fill(grads_.begin(), grads_.end(), P(0.0f));
-    for (auto& s : staging_) free_transient(s);
+    if constexpr (stage < 2) mem_.fill_zero(grads_.data(), grads_.size(), lane::main);
+    for (auto& s : staging_) free_transient(s, lane::main);
     std::fill(ready_.begin(), ready_.end(), 0);
     std::fill(submitted_.begin(), submitted_.end(), false);
-    for (auto& w : reductions_) w = work{};
+    for (auto& w : reductions_) w = work_t{};
     drop_gathers();
     backward_ = false;
   }
 
   // Short-lived buffers, counted for memory(): allocated by either thread.
-  void alloc_transient(std::vector<P>& v, std::size_t n) {
-    v.assign(n, P(0.0f));
+  void alloc_transient(buffer<P>& v, std::size_t n, lane l) {
+    mem_.zeros(v, n, l);
     const auto now = transient_.fetch_add(n * sizeof(P)) + n * sizeof(P);
     auto peak = transient_peak_.load();
     while (now > peak && !transient_peak_.compare_exchange_weak(peak, now)) {
     }
   }
-  void free_transient(std::vector<P>& v) {
+  void free_transient(buffer<P>& v, lane l) {
     transient_.fetch_sub(v.size() * sizeof(P));
-    std::vector<P>().swap(v);
+    mem_.release(v, l);
   }
 
   Rule rule_;
   options opt_;
   int dp_rank_, dp_size_;
+  space mem_;             // before the communicators: it may make their streams
   Comm shard_, replica_;  // used only by the jobs of queue_
   std::optional<Comm> norm_;
   int mp_rank_ = 0;
@@ -585,16 +627,17 @@ private:
   int update_threads_ = 1;
   long step_ = 0;
   bool backward_ = false;
-  std::vector<P> params_, grads_;
-  std::vector<float> master_, state_;
+  buffer<P> params_, grads_;
+  buffer<float> master_, state_;
+  buffer<double> norm_partial_;  // the squared norm's partial sum, where the collectives read it
   std::vector<std::size_t> ready_;
   std::vector<bool> submitted_;
-  std::vector<work> reductions_;
-  std::vector<std::vector<P>> staging_, gathered_;
-  std::vector<work> gathers_;
+  std::vector<work_t> reductions_;
+  std::vector<buffer<P>> staging_, gathered_;
+  std::vector<work_t> gathers_;
   std::vector<bool> gather_started_, resident_;
   std::atomic<std::size_t> transient_{0}, transient_peak_{0};
-  std::unique_ptr<progress_queue> queue_;  // last: its thread stops before the buffers go
+  std::unique_ptr<typename space::queue> queue_;  // last: its thread stops before the buffers go
 };
 
 /// data_parallel with the rule and communicator types deduced (it is neither copyable nor
