@@ -9,11 +9,13 @@
 //   weft/cuda/nccl.cuh      weft::cuda::nccl::communicator: weft's plans and algo::vendor on NCCL
 //   weft/cuda/p2p.cuh       weft::cuda::p2p: algo::direct by loads from peers' device memory
 //   weft/cuda/emulated.cuh  weft::cuda::emulated: N ranks on one GPU, to test device paths
+//   weft/cuda/data_parallel.cuh  weft::optim::data_parallel (ZeRO) in device memory, on streams
 //
 // Not included, because they need MPI too: weft/cuda/nccl_mpi.cuh and weft/cuda/p2p_mpi.cuh.
 #include <weft/weft.hpp>
 
 #include <weft/cuda/async.cuh>
+#include <weft/cuda/data_parallel.cuh>
 #include <weft/cuda/emulated.cuh>
 #include <weft/cuda/error.cuh>
 #include <weft/cuda/kernels.cuh>

@@ -1,0 +1,272 @@
+#pragma once
+// weft::optim::data_parallel on GPUs: the same class (every ZeRO stage, hybrid sharding,
+// bucketed overlapped reduction, clipping, mixed precision, loss scaling), with its buffers in
+// device memory, its element work as kernels and its collectives stream-ordered. Include this
+// header and make the optimizer over a device communicator (cuda::nccl, cuda::p2p,
+// cuda::emulated, or a two_level of them): param() and grad() then give device spans.
+//
+//   weft::cuda::nccl::communicator dp = ...;               // its stream: where the model runs
+//   auto opt = weft::optim::make_data_parallel<weft::optim::zero<2>>(dp, ps, weft::optim::adamw{});
+//   opt->set_parameters(initial);                          // host floats, copied to the device
+//   auto w = opt->param("fc1.w");                          // device memory, ready on dp.stream()
+//   my_backward<<<..., dp.stream()>>>(opt->grad("fc1.w").data(), ...);
+//   opt->grad_ready("fc1.w");   // the bucket's reduction is queued on a side stream after the
+//                               // kernels queued on dp.stream() so far; the host does not wait
+//   opt->step(1.0f / global_batch);   // dp.stream() waits for the reductions, then the update
+//
+// Streams. The main stream is the data-parallel communicator's; everything the user queues
+// there before grad_ready() is what the reduction reads. The collectives run in one order, a
+// side stream's (options::overlap; without it the main stream's), handed to the split
+// communicators' own streams and back by events. A wait on queued work is a wait of the main
+// stream, never of the host; the host waits only where it reads a result: the global norm of a
+// step that clips or scales the loss (one device-to-host copy), gather_parameters and
+// set_parameters. Buffers are stream-ordered allocations (cudaMallocAsync / cudaFreeAsync).
+// Checkpoints (optim/checkpoint.hpp) read host memory and are not supported here yet.
+#include <weft/cuda/error.cuh>
+#include <weft/cuda/kernels.cuh>
+#include <weft/cuda/memory.cuh>
+#include <weft/cuda/types.cuh>
+#include <weft/optim/data_parallel.hpp>
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace weft::cuda::detail {
+
+/// Device memory allocated and freed on a stream; zero-filled when allocated.
+template <class T>
+class dp_buffer {
+public:
+  dp_buffer() = default;
+  dp_buffer(dp_buffer&& o) noexcept
+      : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), s_(std::exchange(o.s_, nullptr)) {}
+  dp_buffer& operator=(dp_buffer&& o) noexcept {
+    if (this != &o) {
+      drop();
+      p_ = std::exchange(o.p_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+      s_ = std::exchange(o.s_, nullptr);
+    }
+    return *this;
+  }
+  dp_buffer(const dp_buffer&) = delete;
+  dp_buffer& operator=(const dp_buffer&) = delete;
+  ~dp_buffer() { drop(); }
+
+  [[nodiscard]] T* data() const noexcept { return p_; }
+  [[nodiscard]] std::size_t size() const noexcept { return n_; }
+  [[nodiscard]] bool empty() const noexcept { return n_ == 0; }
+
+  /// n zeros, queued on s (the old block is freed on s first).
+  void allocate(std::size_t n, cudaStream_t s) {
+    release(s);
+    if (n == 0) return;
+    WEFT_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&p_), n * sizeof(T), s));
+    n_ = n;
+    s_ = s;
+    WEFT_CUDA_TRY(cudaMemsetAsync(p_, 0, n * sizeof(T), s));
+  }
+  /// Frees the block after the work queued on s so far.
+  void release(cudaStream_t s) {
+    if (p_ != nullptr) WEFT_CUDA_TRY(cudaFreeAsync(p_, s));
+    p_ = nullptr;
+    n_ = 0;
+  }
+
+private:
+  void drop() noexcept {
+    if (p_ != nullptr) (void)cudaFreeAsync(p_, s_);  // a destructor's failure has nowhere to go
+    p_ = nullptr;
+    n_ = 0;
+  }
+  T* p_ = nullptr;
+  std::size_t n_ = 0;
+  cudaStream_t s_ = nullptr;  // where it was allocated: the main stream, for the long-lived ones
+};
+
+/// Queued collectives: a job's calls are queued at once, in the side stream's order; its work
+/// is an event the main stream can wait for.
+class dp_work {
+public:
+  dp_work() = default;
+  dp_work(std::shared_ptr<const event> done, cudaStream_t main) : done_(std::move(done)), main_(main) {}
+  /// The main stream's later work runs after the job (the host does not wait).
+  void wait() const {
+    if (done_) WEFT_CUDA_TRY(cudaStreamWaitEvent(main_, done_->get(), 0));
+  }
+
+private:
+  std::shared_ptr<const event> done_;
+  cudaStream_t main_ = nullptr;
+};
+
+class dp_queue {
+public:
+  dp_queue(cudaStream_t main, cudaStream_t side) : main_(main), side_(side) {}
+  /// Queues f's work on the side stream after the main stream's work so far.
+  template <class F>
+  dp_work submit(F&& f) {
+    if (side_ != main_) {
+      fork_.record(main_);
+      WEFT_CUDA_TRY(cudaStreamWaitEvent(side_, fork_.get(), 0));
+    }
+    std::forward<F>(f)();
+    auto done = std::make_shared<const event>();
+    done->record(side_);
+    return dp_work(std::move(done), main_);
+  }
+
+private:
+  cudaStream_t main_, side_;
+  event fork_;
+};
+
+/// Sum over ranges of float(g)^2 in double: one block per range, a fixed tree in the block.
+template <class P>
+__global__ void dp_range_squares(const optim::detail::norm_range<P>* ranges, double* partial) {
+  constexpr unsigned threads = 256;
+  __shared__ double s[threads];
+  const auto r = ranges[blockIdx.x];
+  using D = device_type_t<P>;
+  const D* g = reinterpret_cast<const D*>(r.data);
+  double acc = 0.0;
+  for (std::size_t i = threadIdx.x; i < r.n; i += threads) {
+    const auto v = static_cast<double>(static_cast<float>(g[i]));
+    acc += v * v;
+  }
+  s[threadIdx.x] = acc;
+  __syncthreads();
+  for (unsigned w = threads / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) s[threadIdx.x] += s[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = s[0];
+}
+
+/// *out = partial[0] + ... + partial[n - 1], in order.
+__global__ inline void dp_sum_in_order(const double* partial, std::size_t n, double* out) {
+  double t = 0.0;
+  for (std::size_t i = 0; i < n; ++i) t += partial[i];
+  *out = t;
+}
+
+} // namespace weft::cuda::detail
+
+namespace weft::optim::detail {
+
+/// Device memory and streams, for a communicator with a stream (see the header comment).
+template <class Comm>
+  requires streamed_communicator<Comm>
+class dp_memory<Comm> {
+public:
+  static constexpr bool on_device = true;
+  template <class T>
+  using buffer = cuda::detail::dp_buffer<T>;
+  using queue = cuda::detail::dp_queue;
+  using work = cuda::detail::dp_work;
+
+  explicit dp_memory(Comm& dp) : main_(dp.stream()) {}
+  dp_memory(const dp_memory&) = delete;
+  dp_memory& operator=(const dp_memory&) = delete;
+
+  /// A split queuing on a stream of its own where the transport can make one.
+  [[nodiscard]] Comm split(Comm& c, int color, int key) {
+    if constexpr (requires { c.split_with_stream(color, key); }) {
+      return c.split_with_stream(color, key);
+    } else {
+      return c.split(color, key);
+    }
+  }
+  [[nodiscard]] std::unique_ptr<queue> make_queue(bool overlap) {
+    if (overlap) side_owned_.emplace();
+    return std::make_unique<queue>(main_, side());
+  }
+
+  template <class T>
+  void zeros(buffer<T>& b, std::size_t n, lane l) {
+    b.allocate(n, stream_of(l));
+  }
+  template <class T>
+  void release(buffer<T>& b, lane l) {
+    b.release(stream_of(l));
+  }
+  template <class T>
+  void fill_zero(T* p, std::size_t n, lane l) {
+    if (n != 0) WEFT_CUDA_TRY(cudaMemsetAsync(p, 0, n * sizeof(T), stream_of(l)));
+  }
+  template <class T>
+  void copy(T* dst, const T* src, std::size_t n, lane l) {
+    if (n != 0 && dst != src) {
+      WEFT_CUDA_TRY(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToDevice, stream_of(l)));
+    }
+  }
+  template <class T>
+  void upload(T* dst, const T* src, std::size_t n) {
+    if (n == 0) return;
+    WEFT_CUDA_TRY(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyHostToDevice, main_));
+    WEFT_CUDA_TRY(cudaStreamSynchronize(main_));  // src is the caller's, pageable
+  }
+  template <class T>
+  void download(T* dst, const T* src, std::size_t n) {
+    if (n == 0) return;
+    WEFT_CUDA_TRY(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToHost, main_));
+    WEFT_CUDA_TRY(cudaStreamSynchronize(main_));
+  }
+  template <class Kernel, class G, class P>
+  void update(const update_ref<Kernel, G, P>& u, std::size_t n, int) {
+    cuda::detail::launch(u, n, main_);
+  }
+  template <class P>
+  void sum_squares(std::span<const norm_range<P>> ranges, double* out) {
+    if (ranges.empty()) {
+      WEFT_CUDA_TRY(cudaMemsetAsync(out, 0, sizeof(double), main_));
+      return;
+    }
+    buffer<norm_range<P>> r;
+    buffer<double> partial;
+    r.allocate(ranges.size(), main_);
+    partial.allocate(ranges.size(), main_);
+    upload(r.data(), ranges.data(), ranges.size());
+    cuda::detail::dp_range_squares<P><<<static_cast<unsigned>(ranges.size()), 256, 0, main_>>>(r.data(), partial.data());
+    WEFT_CUDA_TRY(cudaGetLastError());
+    cuda::detail::dp_sum_in_order<<<1, 1, 0, main_>>>(partial.data(), ranges.size(), out);
+    WEFT_CUDA_TRY(cudaGetLastError());
+    r.release(main_);
+    partial.release(main_);
+  }
+  /// f(c) in the side stream's order: c's stream waits for the side stream, and the side
+  /// stream for what f queued there.
+  template <class F>
+  void run(Comm& c, F&& f) {
+    const cudaStream_t cs = c.stream();
+    if (cs != side()) {
+      hop_.record(side());
+      WEFT_CUDA_TRY(cudaStreamWaitEvent(cs, hop_.get(), 0));
+    }
+    std::forward<F>(f)(c);
+    if (cs != side()) {
+      hop_.record(cs);
+      WEFT_CUDA_TRY(cudaStreamWaitEvent(side(), hop_.get(), 0));
+    }
+  }
+  void synchronize() {
+    WEFT_CUDA_TRY(cudaStreamSynchronize(side()));
+    WEFT_CUDA_TRY(cudaStreamSynchronize(main_));
+  }
+
+private:
+  [[nodiscard]] cudaStream_t side() const noexcept { return side_owned_ ? side_owned_->get() : main_; }
+  [[nodiscard]] cudaStream_t stream_of(lane l) const noexcept { return l == lane::main ? main_ : side(); }
+
+  cudaStream_t main_;
+  std::optional<cuda::stream> side_owned_;
+  cuda::event hop_;
+};
+
+} // namespace weft::optim::detail

@@ -1,0 +1,178 @@
+// weft::optim::data_parallel over device communicators (include/weft/cuda/data_parallel.cuh):
+// the host tests' models (tests/optim/support.hpp) trained on N emulated ranks of one GPU,
+// parameters and gradients in device memory, against the same serial full-batch reference the
+// host tests use: bitwise for integer data with SGD (every ZeRO stage, hybrid, clipping, half
+// with loss scaling, bfloat16), to 1e-5 for the float MLP with SGD, Adam and AdamW.
+#include <weft/cuda/data_parallel.cuh>
+#include <weft/cuda/emulated.cuh>
+#include <weft/optim.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "optim/support.hpp"
+#include "support/cuda.cuh"
+
+namespace {
+
+using namespace weft;
+using namespace weft::test::optim;
+namespace wo = weft::optim;
+namespace emu = weft::cuda::emulated;
+
+static_assert(wo::data_parallel<wo::zero<2>, wo::adamw, float, emu::communicator>::on_device);
+static_assert(!wo::data_parallel<wo::zero<2>, wo::adamw, float, weft::local::communicator>::on_device);
+
+constexpr int batch = 12;  // divides by 1..4
+constexpr int steps = 6;
+
+wo::data_parallel_options small_buckets(int dp, float max_norm) {
+  // 20 elements: buckets that do not divide by 3 or 4 (padding), as in the host tests.
+  return {.bucket_elements = 20, .max_grad_norm = max_norm, .inner_size = dp % 2 == 0 ? 2 : 1};
+}
+
+/// train_parallel of tests/optim/support.hpp on the device: the forward reads each tensor back
+/// from device memory, the host computes the gradient, the backward writes it into the device
+/// gradient buffer on the communicator's stream, last tensor first.
+template <class Policy, class P = float, class Rule>
+std::vector<float> train_on_device(const model& m, int dp, Rule rule, float multiplier, wo::data_parallel_options o) {
+  std::vector<std::vector<float>> result(static_cast<std::size_t>(dp));
+  emu::run(dp, [&](emu::communicator& c) {
+    auto opt = wo::make_data_parallel<Policy, P>(c, m.params, rule, o);
+    opt->set_parameters(m.initial());
+    const cudaStream_t s = c.stream();
+    const int begin = batch * c.rank() / dp, end = batch * (c.rank() + 1) / dp;
+    const auto& ts = m.params.tensors();
+    for (int t = 0; t < steps; ++t) {
+      std::vector<float> w(m.params.elements());
+      for (const auto& ti : ts) {
+        const auto p = opt->param(ti.name);
+        std::vector<P> h(ti.count);
+        WEFT_CUDA_TRY(cudaMemcpyAsync(h.data(), p.data(), ti.count * sizeof(P), cudaMemcpyDeviceToHost, s));
+        WEFT_CUDA_TRY(cudaStreamSynchronize(s));
+        for (std::size_t i = 0; i < ti.count; ++i) w[ti.offset + i] = static_cast<float>(h[i]);
+        opt->release(ti.name);
+      }
+      const std::vector<float> g = m.gradient(w, begin, end);
+      const float scale = opt->loss_scale();
+      for (auto it = ts.rbegin(); it != ts.rend(); ++it) {
+        (void)opt->param(it->name);
+        const auto gs = opt->grad(it->name);
+        std::vector<P> h(it->count);
+        for (std::size_t i = 0; i < it->count; ++i) h[i] = static_cast<P>(g[it->offset + i] * scale);
+        WEFT_CUDA_TRY(cudaMemcpyAsync(gs.data(), h.data(), it->count * sizeof(P), cudaMemcpyHostToDevice, s));
+        WEFT_CUDA_TRY(cudaStreamSynchronize(s));  // h is pageable and goes at the end of this pass
+        opt->grad_ready(it->name);
+        opt->release(it->name);
+      }
+      (void)opt->step(multiplier);
+    }
+    result[static_cast<std::size_t>(c.rank())] = opt->gather_parameters();
+  });
+  for (int r = 1; r < dp; ++r) {
+    EXPECT_EQ(result[static_cast<std::size_t>(r)], result[0]) << "rank " << r << " differs from rank 0";
+  }
+  return result[0];
+}
+
+template <class Policy>
+class device_sharded_training : public ::testing::Test {};
+using policies = ::testing::Types<wo::zero<0>, wo::zero<1>, wo::zero<2>, wo::zero<3>, wo::hybrid<wo::zero<1>, wo::zero<0>>,
+                                  wo::hybrid<wo::zero<3>, wo::zero<0>>>;
+TYPED_TEST_SUITE(device_sharded_training, policies);
+
+TYPED_TEST(device_sharded_training, integer_data_sgd_is_bitwise) {
+  WEFT_REQUIRE_DEVICE();
+  const l1_linear m(batch);
+  for (int dp = 1; dp <= 4; ++dp) {
+    for (float clip : {0.0f, 0.5f}) {
+      const auto expected = train_serial(m, batch, rule_kind::sgd, steps, 1.0f / batch, clip);
+      const auto got = train_on_device<TypeParam>(m, dp, sgd_rule(), 1.0f / batch, small_buckets(dp, clip));
+      EXPECT_EQ(got, expected) << "dp " << dp << " clip " << clip;
+    }
+  }
+}
+
+TYPED_TEST(device_sharded_training, float_mlp_matches_full_batch_training) {
+  WEFT_REQUIRE_DEVICE();
+  const mlp m(batch);
+  double worst = 0;
+  for (int dp : {2, 3}) {
+    const auto check = [&](rule_kind k, auto rule) {
+      const auto expected = train_serial(m, batch, k, steps, 1.0f, 0.05f);
+      const auto got = train_on_device<TypeParam>(m, dp, rule, 1.0f, small_buckets(dp, 0.05f));
+      const double err = relative_error(got, expected);
+      EXPECT_LT(err, 1e-5) << name_of(k) << " dp " << dp;
+      EXPECT_GT(relative_error(m.initial(), expected), 1e-2);  // the run moved the weights
+      worst = std::max(worst, err);
+    };
+    check(rule_kind::sgd, sgd_rule());
+    check(rule_kind::adam, adam_rule());
+    check(rule_kind::adamw, adamw_rule());
+  }
+  std::printf("worst relative error against full-batch training: %.3g\n", worst);
+}
+
+// Half parameters with loss scaling (256: the scaled integer gradients stay exact) and
+// bfloat16, fp32 master weights on the device; the reference rounds its weights at the end.
+template <class P>
+void check_mixed(bool scaling) {
+  const l1_linear m(batch);
+  const auto master = train_serial(m, batch, rule_kind::sgd, steps, 1.0f / batch, 0.0f);
+  std::vector<float> expected;
+  for (float v : master) expected.push_back(static_cast<float>(static_cast<P>(v)));
+  for (int dp : {1, 3, 4}) {
+    auto o = small_buckets(dp, 0.0f);
+    o.loss_scaling = scaling;
+    o.scaling.initial = 256.0f;
+    EXPECT_EQ((train_on_device<wo::zero<1>, P>(m, dp, sgd_rule(), 1.0f / batch, o)), expected) << dp;
+    EXPECT_EQ((train_on_device<wo::zero<3>, P>(m, dp, sgd_rule(), 1.0f / batch, o)), expected) << dp;
+  }
+}
+
+TEST(device_mixed_precision, half_with_loss_scaling_keeps_fp32_master_weights) {
+  WEFT_REQUIRE_DEVICE();
+  check_mixed<weft::half>(true);
+}
+TEST(device_mixed_precision, bfloat16_keeps_fp32_master_weights) {
+  WEFT_REQUIRE_DEVICE();
+  check_mixed<weft::bfloat16>(false);
+}
+
+TEST(device_data_parallel, without_overlap_the_collectives_run_on_the_main_stream_with_the_same_result) {
+  WEFT_REQUIRE_DEVICE();
+  const l1_linear m(batch);
+  const auto expected = train_serial(m, batch, rule_kind::sgd, steps, 1.0f / batch, 0.5f);
+  auto o = small_buckets(4, 0.5f);
+  o.overlap = false;
+  EXPECT_EQ((train_on_device<wo::zero<2>>(m, 4, sgd_rule(), 1.0f / batch, o)), expected);
+}
+
+TEST(device_data_parallel, memory_report_counts_what_the_host_path_allocates) {
+  WEFT_REQUIRE_DEVICE();
+  const mlp m(batch);
+  const auto o = small_buckets(4, 0.0f);
+  std::vector<wo::memory_report> host(4), device(4);
+  weft::local::run(4, [&](weft::local::communicator& c) {
+    auto opt = wo::make_data_parallel<wo::zero<2>, weft::half>(c, m.params, adamw_rule(), o);
+    host[static_cast<std::size_t>(c.rank())] = opt->memory();
+  });
+  emu::run(4, [&](emu::communicator& c) {
+    auto opt = wo::make_data_parallel<wo::zero<2>, weft::half>(c, m.params, adamw_rule(), o);
+    device[static_cast<std::size_t>(c.rank())] = opt->memory();
+  });
+  for (std::size_t r = 0; r < 4; ++r) {
+    EXPECT_EQ(device[r].parameters, host[r].parameters) << r;
+    EXPECT_EQ(device[r].gradients, host[r].gradients) << r;
+    EXPECT_EQ(device[r].optimizer_state, host[r].optimizer_state) << r;
+    EXPECT_EQ(device[r].master_weights, host[r].master_weights) << r;
+    EXPECT_GT(device[r].total(), 0u);
+  }
+}
+
+} // namespace
