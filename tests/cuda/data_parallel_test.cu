@@ -175,4 +175,31 @@ TEST(device_data_parallel, memory_report_counts_what_the_host_path_allocates) {
   }
 }
 
+// The global norm's partial sum on the device: pieces of 64K elements, one block each, summed
+// in order; against the host loop over the same ranges (integer values: exact in any order).
+TEST(device_data_parallel, squared_norm_of_large_and_empty_ranges) {
+  WEFT_REQUIRE_DEVICE();
+  emu::run(1, [&](emu::communicator& c) {
+    wo::detail::dp_memory<emu::communicator> mem(c);
+    const std::size_t n = 300001;
+    std::vector<weft::half> h(n);
+    for (std::size_t i = 0; i < n; ++i) h[i] = weft::half(static_cast<float>(static_cast<int>(i % 13) - 6));
+    weft::cuda::device_buffer<weft::half> d(n);
+    WEFT_CUDA_TRY(cudaMemcpy(d.data(), h.data(), n * sizeof(weft::half), cudaMemcpyHostToDevice));
+    const std::vector<wo::detail::norm_range<weft::half>> dr = {{d.data(), 7}, {d.data() + 7, 0}, {d.data() + 100, n - 100}};
+    const std::vector<wo::detail::norm_range<weft::half>> hr = {{h.data(), 7}, {h.data() + 7, 0}, {h.data() + 100, n - 100}};
+    double expected = 0.0;
+    wo::detail::dp_memory<weft::local::communicator>().sum_squares(std::span(hr), &expected);
+    weft::cuda::device_buffer<double> out(1);
+    mem.sum_squares(std::span(dr), out.data());
+    double got = -1.0;
+    mem.download(&got, out.data(), 1);
+    EXPECT_EQ(got, expected);
+    EXPECT_GT(expected, 0.0);
+    mem.sum_squares(std::span<const wo::detail::norm_range<weft::half>>(), out.data());
+    mem.download(&got, out.data(), 1);
+    EXPECT_EQ(got, 0.0);
+  });
+}
+
 } // namespace

@@ -30,6 +30,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <optional>
@@ -222,20 +223,27 @@ public:
   void update(const update_ref<Kernel, G, P>& u, std::size_t n, int) {
     cuda::detail::launch(u, n, main_);
   }
+  /// One block per piece of at most 64K elements (a large tensor spreads over the device),
+  /// then the pieces' sums in order: the same result however the blocks are scheduled.
   template <class P>
   void sum_squares(std::span<const norm_range<P>> ranges, double* out) {
-    if (ranges.empty()) {
+    constexpr std::size_t piece = std::size_t{1} << 16;
+    std::vector<norm_range<P>> pieces;
+    for (const auto& r : ranges) {
+      for (std::size_t at = 0; at < r.n; at += piece) pieces.push_back({r.data + at, std::min(piece, r.n - at)});
+    }
+    if (pieces.empty()) {
       WEFT_CUDA_TRY(cudaMemsetAsync(out, 0, sizeof(double), main_));
       return;
     }
     buffer<norm_range<P>> r;
     buffer<double> partial;
-    r.allocate(ranges.size(), main_);
-    partial.allocate(ranges.size(), main_);
-    upload(r.data(), ranges.data(), ranges.size());
-    cuda::detail::dp_range_squares<P><<<static_cast<unsigned>(ranges.size()), 256, 0, main_>>>(r.data(), partial.data());
+    r.allocate(pieces.size(), main_);
+    partial.allocate(pieces.size(), main_);
+    upload(r.data(), pieces.data(), pieces.size());
+    cuda::detail::dp_range_squares<P><<<static_cast<unsigned>(pieces.size()), 256, 0, main_>>>(r.data(), partial.data());
     WEFT_CUDA_TRY(cudaGetLastError());
-    cuda::detail::dp_sum_in_order<<<1, 1, 0, main_>>>(partial.data(), ranges.size(), out);
+    cuda::detail::dp_sum_in_order<<<1, 1, 0, main_>>>(partial.data(), pieces.size(), out);
     WEFT_CUDA_TRY(cudaGetLastError());
     r.release(main_);
     partial.release(main_);
