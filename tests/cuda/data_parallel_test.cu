@@ -36,48 +36,36 @@ wo::data_parallel_options small_buckets(int dp, float max_norm) {
   return {.bucket_elements = 20, .max_grad_norm = max_norm, .inner_size = dp % 2 == 0 ? 2 : 1};
 }
 
-/// train_parallel of tests/optim/support.hpp on the device: the forward reads each tensor back
-/// from device memory, the host computes the gradient, the backward writes it into the device
-/// gradient buffer on the communicator's stream, last tensor first.
+/// Parameters read and gradients written through the communicator's stream (device memory).
+struct device_access {
+  cudaStream_t s;
+  template <class T>
+  void read(std::span<const T> p, float* out) const {
+    std::vector<T> h(p.size());
+    WEFT_CUDA_TRY(cudaMemcpyAsync(h.data(), p.data(), p.size_bytes(), cudaMemcpyDeviceToHost, s));
+    WEFT_CUDA_TRY(cudaStreamSynchronize(s));
+    for (std::size_t i = 0; i < h.size(); ++i) out[i] = static_cast<float>(h[i]);
+  }
+  template <class T>
+  void write(std::span<T> g, const float* in, float scale) const {
+    std::vector<T> h(g.size());
+    for (std::size_t i = 0; i < h.size(); ++i) h[i] = static_cast<T>(in[i] * scale);
+    WEFT_CUDA_TRY(cudaMemcpyAsync(g.data(), h.data(), g.size_bytes(), cudaMemcpyHostToDevice, s));
+    WEFT_CUDA_TRY(cudaStreamSynchronize(s));  // h is pageable and goes now
+  }
+};
+
+/// train_parallel of tests/optim/support.hpp on `dp` emulated ranks of one GPU.
 template <class Policy, class P = float, class Rule>
 std::vector<float> train_on_device(const model& m, int dp, Rule rule, float multiplier, wo::data_parallel_options o) {
   std::vector<std::vector<float>> result(static_cast<std::size_t>(dp));
   emu::run(dp, [&](emu::communicator& c) {
     auto opt = wo::make_data_parallel<Policy, P>(c, m.params, rule, o);
     opt->set_parameters(m.initial());
-    const cudaStream_t s = c.stream();
-    const int begin = batch * c.rank() / dp, end = batch * (c.rank() + 1) / dp;
-    const auto& ts = m.params.tensors();
-    for (int t = 0; t < steps; ++t) {
-      std::vector<float> w(m.params.elements());
-      for (const auto& ti : ts) {
-        const auto p = opt->param(ti.name);
-        std::vector<P> h(ti.count);
-        WEFT_CUDA_TRY(cudaMemcpyAsync(h.data(), p.data(), ti.count * sizeof(P), cudaMemcpyDeviceToHost, s));
-        WEFT_CUDA_TRY(cudaStreamSynchronize(s));
-        for (std::size_t i = 0; i < ti.count; ++i) w[ti.offset + i] = static_cast<float>(h[i]);
-        opt->release(ti.name);
-      }
-      const std::vector<float> g = m.gradient(w, begin, end);
-      const float scale = opt->loss_scale();
-      for (auto it = ts.rbegin(); it != ts.rend(); ++it) {
-        (void)opt->param(it->name);
-        const auto gs = opt->grad(it->name);
-        std::vector<P> h(it->count);
-        for (std::size_t i = 0; i < it->count; ++i) h[i] = static_cast<P>(g[it->offset + i] * scale);
-        WEFT_CUDA_TRY(cudaMemcpyAsync(gs.data(), h.data(), it->count * sizeof(P), cudaMemcpyHostToDevice, s));
-        WEFT_CUDA_TRY(cudaStreamSynchronize(s));  // h is pageable and goes at the end of this pass
-        opt->grad_ready(it->name);
-        opt->release(it->name);
-      }
-      (void)opt->step(multiplier);
-    }
+    train_steps(*opt, m, batch * c.rank() / dp, batch * (c.rank() + 1) / dp, steps, multiplier, device_access{c.stream()});
     result[static_cast<std::size_t>(c.rank())] = opt->gather_parameters();
   });
-  for (int r = 1; r < dp; ++r) {
-    EXPECT_EQ(result[static_cast<std::size_t>(r)], result[0]) << "rank " << r << " differs from rank 0";
-  }
-  return result[0];
+  return agreed(result);
 }
 
 template <class Policy>
@@ -123,9 +111,7 @@ TYPED_TEST(device_sharded_training, float_mlp_matches_full_batch_training) {
 template <class P>
 void check_mixed(bool scaling) {
   const l1_linear m(batch);
-  const auto master = train_serial(m, batch, rule_kind::sgd, steps, 1.0f / batch, 0.0f);
-  std::vector<float> expected;
-  for (float v : master) expected.push_back(static_cast<float>(static_cast<P>(v)));
+  const auto expected = rounded_to<P>(train_serial(m, batch, rule_kind::sgd, steps, 1.0f / batch, 0.0f));
   for (int dp : {1, 3, 4}) {
     auto o = small_buckets(dp, 0.0f);
     o.loss_scaling = scaling;

@@ -124,32 +124,8 @@ std::vector<float> train_probed(const model& m, int dp, float clip, bool scaling
   wo::data_parallel_options o{.bucket_elements = 20, .overlap = true, .max_grad_norm = clip, .inner_size = 1};
   o.loss_scaling = scaling;
   o.scaling.initial = 256.0f;
-  std::vector<std::vector<float>> result(static_cast<std::size_t>(dp));
-  weft::local::run(dp, [&](weft::local::communicator& c) {
-    lane_probe::comm tc(std::move(c), "dp");
-    auto opt = wo::make_data_parallel<Policy, P>(tc, m.params, sgd_rule(), o);
-    opt->set_parameters(m.initial());
-    const int begin = batch * tc.rank() / dp, end = batch * (tc.rank() + 1) / dp;
-    const auto& ts = m.params.tensors();
-    for (int t = 0; t < steps; ++t) {
-      std::vector<float> w(m.params.elements());
-      for (const auto& ti : ts) {
-        auto p = opt->param(ti.name);
-        for (std::size_t i = 0; i < ti.count; ++i) w[ti.offset + i] = static_cast<float>(p[i]);
-        opt->release(ti.name);
-      }
-      const auto g = m.gradient(w, begin, end);
-      const float scale = opt->loss_scale();
-      for (auto it = ts.rbegin(); it != ts.rend(); ++it) {
-        auto gs = opt->grad(it->name);
-        for (std::size_t i = 0; i < it->count; ++i) gs[i] = static_cast<P>(g[it->offset + i] * scale);
-        opt->grad_ready(it->name);
-      }
-      (void)opt->step(1.0f / batch);
-    }
-    result[static_cast<std::size_t>(tc.rank())] = opt->gather_parameters();
-  });
-  return result[0];
+  return train_parallel<Policy, P>(m, batch, dp, sgd_rule(), steps, 1.0f / batch, o,
+                                   [](weft::local::communicator& c) { return lane_probe::comm(std::move(c), "dp"); });
 }
 
 template <class Policy, class P = float>
@@ -159,9 +135,7 @@ void check_lanes(float clip, bool scaling) {
   r.wrong.clear();
   r.main_calls = 0;
   r.side_calls = 0;
-  const auto master = train_serial(m, batch, rule_kind::sgd, steps, 1.0f / batch, clip);
-  std::vector<float> expected;
-  for (float v : master) expected.push_back(static_cast<float>(static_cast<P>(v)));
+  const auto expected = rounded_to<P>(train_serial(m, batch, rule_kind::sgd, steps, 1.0f / batch, clip));
   for (int dp : {2, 3}) EXPECT_EQ((train_probed<Policy, P>(m, dp, clip, scaling)), expected) << "dp " << dp;
   std::string wrong;
   for (const auto& w : r.wrong) wrong += "\n  " + w;

@@ -9,6 +9,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -180,44 +182,75 @@ inline std::vector<float> train_serial(const model& m, int batch, rule_kind k, i
   return w;
 }
 
-/// One training run on `dp` local ranks; returns rank 0's gathered parameters (every rank's
-/// must agree bitwise, checked here).
-template <class Policy, class P = float, class Rule>
+/// How a test reads a parameter tensor and writes a gradient: here, host memory (the device
+/// test copies through the stream instead: tests/cuda/data_parallel_test.cu).
+struct host_access {
+  template <class T>
+  void read(std::span<const T> p, float* out) const {
+    for (std::size_t i = 0; i < p.size(); ++i) out[i] = static_cast<float>(p[i]);
+  }
+  template <class T>
+  void write(std::span<T> g, const float* in, float scale) const {
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = static_cast<T>(in[i] * scale);
+  }
+};
+
+/// What every rank of a data-parallel run does for `steps` steps on samples [begin, end):
+/// a forward that fetches every tensor (zero<3> gathers bucket by bucket, prefetching) and
+/// releases it; a backward, last tensor first, that reads each tensor again (zero<3>: gathered
+/// again), hands over its gradient and marks it ready; then the step.
+template <class Opt, class Access = host_access>
+void train_steps(Opt& opt, const model& m, int begin, int end, int steps, float multiplier, const Access& access = {}) {
+  const auto& ts = m.params.tensors();
+  for (int t = 0; t < steps; ++t) {
+    std::vector<float> w(m.params.elements());
+    for (const auto& ti : ts) {
+      access.read(opt.param(ti.name), w.data() + ti.offset);
+      opt.release(ti.name);
+    }
+    const std::vector<float> g = m.gradient(w, begin, end);
+    const float scale = opt.loss_scale();  // 1 unless loss scaling is on
+    for (auto it = ts.rbegin(); it != ts.rend(); ++it) {
+      (void)opt.param(it->name);
+      access.write(opt.grad(it->name), g.data() + it->offset, scale);
+      opt.grad_ready(it->name);
+      opt.release(it->name);
+    }
+    (void)opt.step(multiplier);
+  }
+}
+
+/// Rank 0's result, after checking that every rank's is the same bitwise.
+inline std::vector<float> agreed(const std::vector<std::vector<float>>& per_rank) {
+  for (std::size_t r = 1; r < per_rank.size(); ++r) {
+    EXPECT_EQ(per_rank[r], per_rank[0]) << "rank " << r << " differs from rank 0";
+  }
+  return per_rank.at(0);
+}
+
+/// The serial reference's weights as a P-parameter run holds them (rounded once, at the end).
+template <class P>
+std::vector<float> rounded_to(const std::vector<float>& master) {
+  std::vector<float> out;
+  for (float v : master) out.push_back(static_cast<float>(static_cast<P>(v)));
+  return out;
+}
+
+/// One training run on `dp` local ranks (over `wrap(c)` of each rank's communicator: by
+/// default the communicator itself); returns rank 0's gathered parameters.
+template <class Policy, class P = float, class Rule, class Wrap = std::identity>
 std::vector<float> train_parallel(const model& m, int batch, int dp, Rule rule, int steps, float multiplier,
-                                  weft::optim::data_parallel_options o) {
+                                  weft::optim::data_parallel_options o, Wrap wrap = {}) {
   std::vector<std::vector<float>> result(static_cast<std::size_t>(dp));
   weft::local::run(dp, [&](weft::local::communicator& c) {
-    auto opt = weft::optim::make_data_parallel<Policy, P>(c, m.params, rule, o);
+    const int rank = c.rank();
+    auto&& comm = wrap(c);  // may take c over
+    auto opt = weft::optim::make_data_parallel<Policy, P>(comm, m.params, rule, o);
     opt->set_parameters(m.initial());
-    const int begin = batch * c.rank() / dp, end = batch * (c.rank() + 1) / dp;
-    const auto& ts = m.params.tensors();
-    for (int t = 0; t < steps; ++t) {
-      // Forward: fetch every tensor (zero<3> gathers bucket by bucket, prefetching), release it.
-      std::vector<float> w(m.params.elements());
-      for (const auto& ti : ts) {
-        auto p = opt->param(ti.name);
-        for (std::size_t i = 0; i < ti.count; ++i) w[ti.offset + i] = static_cast<float>(p[i]);
-        opt->release(ti.name);
-      }
-      const std::vector<float> g = m.gradient(w, begin, end);
-      const float scale = opt->loss_scale();  // 1 unless loss scaling is on
-      // Backward, last tensor first: each gradient handed over and marked ready.
-      for (auto it = ts.rbegin(); it != ts.rend(); ++it) {
-        auto p = opt->param(it->name);  // what a backward would read (zero<3>: gathered again)
-        (void)p;
-        auto gs = opt->grad(it->name);
-        for (std::size_t i = 0; i < it->count; ++i) gs[i] = static_cast<P>(g[it->offset + i] * scale);
-        opt->grad_ready(it->name);
-        opt->release(it->name);
-      }
-      (void)opt->step(multiplier);
-    }
-    result[static_cast<std::size_t>(c.rank())] = opt->gather_parameters();
+    train_steps(*opt, m, batch * rank / dp, batch * (rank + 1) / dp, steps, multiplier);
+    result[static_cast<std::size_t>(rank)] = opt->gather_parameters();
   });
-  for (int r = 1; r < dp; ++r) {
-    EXPECT_EQ(result[static_cast<std::size_t>(r)], result[0]) << "rank " << r << " differs from rank 0";
-  }
-  return result[0];
+  return agreed(result);
 }
 
 inline double relative_error(const std::vector<float>& a, const std::vector<float>& b) {

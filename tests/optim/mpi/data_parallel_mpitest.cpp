@@ -31,23 +31,7 @@ std::vector<float> train(const model& m, Rule rule, float multiplier, float clip
                                     .inner_size = dp % 2 == 0 ? 2 : 1};
   auto opt = wo::make_data_parallel<Policy, float>(c, m.params, rule, o);
   opt->set_parameters(m.initial());
-  const int begin = batch * c.rank() / dp, end = batch * (c.rank() + 1) / dp;
-  const auto& ts = m.params.tensors();
-  for (int t = 0; t < steps; ++t) {
-    std::vector<float> w(m.params.elements());
-    for (const auto& ti : ts) {
-      auto p = opt->param(ti.name);
-      for (std::size_t i = 0; i < ti.count; ++i) w[ti.offset + i] = p[i];
-      opt->release(ti.name);
-    }
-    const auto g = m.gradient(w, begin, end);
-    for (auto it = ts.rbegin(); it != ts.rend(); ++it) {
-      auto gs = opt->grad(it->name);
-      for (std::size_t i = 0; i < it->count; ++i) gs[i] = g[it->offset + i];
-      opt->grad_ready(it->name);
-    }
-    (void)opt->step(multiplier);
-  }
+  train_steps(*opt, m, batch * c.rank() / dp, batch * (c.rank() + 1) / dp, steps, multiplier);
   auto out = opt->gather_parameters();
   weft::test::expect_identical_across_processes(c, out, "parameters");
   return out;
