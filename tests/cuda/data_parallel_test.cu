@@ -2,7 +2,8 @@
 // the host tests' models (tests/optim/support.hpp) trained on N emulated ranks of one GPU,
 // parameters and gradients in device memory, against the same serial full-batch reference the
 // host tests use: bitwise for integer data with SGD (every ZeRO stage, hybrid, clipping, half
-// with loss scaling, bfloat16), to 1e-5 for the float MLP with SGD, Adam and AdamW.
+// with loss scaling, bfloat16), to 1e-5 for the float MLP with SGD, Adam and AdamW; and
+// checkpoints saved on the device and resumed on it or on the host.
 #include <weft/cuda/data_parallel.cuh>
 #include <weft/cuda/emulated.cuh>
 #include <weft/optim.hpp>
@@ -12,8 +13,11 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "optim/support.hpp"
 #include "support/cuda.cuh"
@@ -159,6 +163,49 @@ TEST(device_data_parallel, memory_report_counts_what_the_host_path_allocates) {
     EXPECT_EQ(device[r].master_weights, host[r].master_weights) << r;
     EXPECT_GT(device[r].total(), 0u);
   }
+}
+
+// Checkpoints of a device optimizer go through a host copy of its shard; the files are the
+// host's, so a run saved on the device resumes on the device at another DP size and stage, or
+// on the host, and continues bitwise (SGD on integer data: exact sums, and no product that
+// nvcc's FMA contraction could round differently).
+TEST(device_data_parallel, checkpoints_reshard_and_resume_on_the_device_or_the_host_bitwise) {
+  WEFT_REQUIRE_DEVICE();
+  namespace ck = weft::optim::checkpoint;
+  const l1_linear m(batch);
+  const wo::data_parallel_options o{.bucket_elements = 5};
+  const auto uninterrupted = train_parallel<wo::zero<2>>(m, batch, 4, sgd_rule(), 2 * steps, 1.0f / batch, o);
+  const auto dir = std::filesystem::temp_directory_path() / ("weft_device_ckpt_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const auto on_device = [&]<class Policy>(Policy, int dp, bool load, bool save) {
+    std::vector<std::vector<float>> result(static_cast<std::size_t>(dp));
+    emu::run(dp, [&](emu::communicator& c) {
+      auto opt = wo::make_data_parallel<Policy>(c, m.params, sgd_rule(), o);
+      opt->set_parameters(m.initial());
+      if (load) ck::load(*opt, c, dir);
+      train_steps(*opt, m, batch * c.rank() / dp, batch * (c.rank() + 1) / dp, steps, 1.0f / batch,
+                  device_access{c.stream()});
+      if (save) ck::save(*opt, c, dir);
+      result[static_cast<std::size_t>(c.rank())] = opt->gather_parameters();
+    });
+    return agreed(result);
+  };
+  (void)on_device(wo::zero<2>{}, 4, false, true);
+  EXPECT_EQ(on_device(wo::zero<1>{}, 2, true, false), uninterrupted);
+  EXPECT_EQ(on_device(wo::zero<3>{}, 3, true, false), uninterrupted);
+  std::vector<float> on_host;
+  weft::local::run(4, [&](weft::local::communicator& c) {
+    auto opt = wo::make_data_parallel<wo::hybrid<wo::zero<2>, wo::zero<0>>>(c, m.params, sgd_rule(),
+                                                                            {.bucket_elements = 5, .inner_size = 2});
+    opt->set_parameters(m.initial());
+    ck::load(*opt, c, dir);
+    train_steps(*opt, m, batch * c.rank() / 4, batch * (c.rank() + 1) / 4, steps, 1.0f / batch);
+    const auto p = opt->gather_parameters();
+    if (c.rank() == 0) on_host = p;
+  });
+  EXPECT_EQ(on_host, uninterrupted);
+  EXPECT_NE(on_device(wo::zero<1>{}, 2, false, false), uninterrupted);  // without the checkpoint it differs
+  std::filesystem::remove_all(dir);
 }
 
 // The global norm's partial sum on the device: pieces of 64K elements, one block each, summed

@@ -11,7 +11,6 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <type_traits>
 #include <unistd.h>
 
 namespace {
@@ -38,27 +37,6 @@ struct temp_dir {
   }
 };
 
-template <class Opt>
-void train(Opt& opt, const l1_linear& m, int rank, int dp, int steps) {
-  const int begin = batch * rank / dp, end = batch * (rank + 1) / dp;
-  for (int s = 0; s < steps; ++s) {
-    std::vector<float> w(m.params.elements());
-    for (const auto& t : m.params.tensors()) {
-      auto p = opt.param(t.name);
-      for (std::size_t i = 0; i < t.count; ++i) w[t.offset + i] = static_cast<float>(p[i]);
-      opt.release(t.name);
-    }
-    const auto g = m.gradient(w, begin, end);
-    for (const auto& t : m.params.tensors()) {
-      auto gs = opt.grad(t.name);
-      using P = std::remove_reference_t<decltype(gs[0])>;
-      for (std::size_t i = 0; i < t.count; ++i) gs[i] = static_cast<P>(g[t.offset + i] * opt.loss_scale());
-      opt.grad_ready(t.name);
-    }
-    (void)opt.step(1.0f / batch);
-  }
-}
-
 // Trains `steps` steps from the checkpoint in dir (or from the start) on dp ranks; optionally
 // saves at the end; returns the parameters.
 template <class Policy>
@@ -69,7 +47,7 @@ std::vector<float> resume(const l1_linear& m, int dp, const fs::path& dir, bool 
     auto opt = wo::make_data_parallel<Policy, float>(c, m.params, rule, opts);
     opt->set_parameters(m.initial());
     if (load) ck::load(*opt, c, dir);
-    train(*opt, m, c.rank(), dp, steps);
+    train_steps(*opt, m, batch * c.rank() / dp, batch * (c.rank() + 1) / dp, steps, 1.0f / batch);
     if (save_after) ck::save(*opt, c, dir, so);
     auto p = opt->gather_parameters();
     if (c.rank() == 0) out = p;
@@ -216,7 +194,8 @@ TEST(checkpoint, half_parameters_keep_master_weights_and_loss_scale) {
   local::run(2, [&](local::communicator& c) {
     auto opt = wo::make_data_parallel<wo::zero<2>, half>(c, m.params, rule, o);
     opt->set_parameters(m.initial());
-    train(*opt, m, c.rank(), 2, 3);  // three good steps: the scale grew once (interval 2)
+    // Three good steps: the scale grew once (interval 2).
+    train_steps(*opt, m, batch * c.rank() / 2, batch * (c.rank() + 1) / 2, 3, 1.0f / batch);
     EXPECT_EQ(opt->loss_scale(), 2048.0f);
     ck::save(*opt, c, d.path);
     auto p = opt->gather_parameters();
@@ -228,7 +207,8 @@ TEST(checkpoint, half_parameters_keep_master_weights_and_loss_scale) {
     EXPECT_EQ(opt->loss_scale(), 2048.0f);
     EXPECT_EQ(opt->steps(), 3);
     EXPECT_EQ(opt->gather_parameters(), saved);
-    train(*opt, m, c.rank(), 4, 1);  // one more good step: the second of the interval
+    // One more good step: the second of the interval.
+    train_steps(*opt, m, batch * c.rank() / 4, batch * (c.rank() + 1) / 4, 1, 1.0f / batch);
     EXPECT_EQ(opt->loss_scale(), 4096.0f);
   });
 }

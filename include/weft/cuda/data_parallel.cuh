@@ -21,7 +21,8 @@
 // stream, never of the host; the host waits only where it reads a result: the global norm of a
 // step that clips or scales the loss (one device-to-host copy), gather_parameters and
 // set_parameters. Buffers are stream-ordered allocations (cudaMallocAsync / cudaFreeAsync).
-// Checkpoints (optim/checkpoint.hpp) read host memory and are not supported here yet.
+// Checkpoints (optim/checkpoint.hpp) write and read a host copy of the shard that the optimizer
+// takes when they ask for it and copies back on load: the files are the host path's.
 #include <weft/cuda/error.cuh>
 #include <weft/cuda/kernels.cuh>
 #include <weft/cuda/memory.cuh>

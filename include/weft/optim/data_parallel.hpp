@@ -161,6 +161,7 @@ public:
   void set_parameters(std::span<const float> full) {
     check_full(full.size(), "set_parameters");
     wait_all();
+    drop_host_copy();
     std::vector<float> padded(layout_.padded_elements(), 0.0f);
     layout_.for_each_tensor([&](std::size_t u, std::size_t p, std::size_t n) {
       std::copy_n(full.begin() + static_cast<std::ptrdiff_t>(u), n, padded.begin() + static_cast<std::ptrdiff_t>(p));
@@ -275,6 +276,7 @@ public:
 
   /// Reduces what is left, then updates: see the header comment for `multiplier`.
   step_result step(float multiplier = 1.0f) {
+    drop_host_copy();
     reduce_gradients();
     wait_all();  // the reductions, and any zero<3> gather still reading the parameters
     step_result r;
@@ -320,23 +322,9 @@ public:
       mem_.update(u, b.shard, update_threads_);
     });
     finish_step();
-    if constexpr (stage == 1 || stage == 2) {
-      // One all-gather per bucket, queued now and waited for by param(): the next forward
-      // starts on the first bucket while the others are still being gathered.
-      if (shard_.size() > 1) {
-        for (std::size_t bi = 0; bi < layout_.buckets().size(); ++bi) {
-          gathers_[bi] = queue_->submit([this, &b = layout_.buckets()[bi]] {
-            buffer<P> mine;
-            alloc_transient(mine, b.shard, lane::side);
-            mem_.copy(mine.data(), params_.data() + shard_begin(b), b.shard, lane::side);
-            mem_.run(shard_, [&](Comm& c) {
-              all_gather(c, std::span<const P>(mine.data(), b.shard), std::span<P>(params_.data() + b.offset, b.padded));
-            });
-            free_transient(mine, lane::side);
-          });
-        }
-      }
-    }
+    // One all-gather per bucket, queued now and waited for by param(): the next forward starts
+    // on the first bucket while the others are still being gathered.
+    if constexpr (stage == 1 || stage == 2) queue_gathers();
     return r;
   }
 
@@ -367,7 +355,10 @@ public:
     return m;
   }
 
-  // --- access for checkpoints: this rank's shard (host memory only, for now) -----------------
+  // --- access for checkpoints: this rank's shard, in host memory ------------------------------
+  // On a device, shard_weights and shard_state are a host copy of the shard, taken at the first
+  // call after the last change (step, set_parameters, a load); refresh_parameters_from_shards
+  // copies what was written there back to the device.
   /// Waits for every queued collective (what save and load do first); on a device, until the
   /// streams have done all the work queued so far.
   void synchronize() {
@@ -376,17 +367,23 @@ public:
   }
   /// The fp32 weights of this rank's shard (master weights, or the float parameters), by bucket.
   [[nodiscard]] std::span<float> shard_weights(const bucket_info& b) {
-    static_assert(!on_device, "weft::optim: checkpoints of a data_parallel in device memory are not supported yet");
-    if constexpr (mixed) {
+    if constexpr (on_device) {
+      take_host_copy();
+      return {host_weights_.data() + b.shard_offset, b.shard};
+    } else if constexpr (mixed) {
       return {master_.data() + b.shard_offset, b.shard};
     } else {
-      return {params_.data() + (stage == 3 ? b.shard_offset : b.offset + shard_rank_cached() * b.shard), b.shard};
+      return {params_.data() + (stage == 3 ? b.shard_offset : shard_begin(b)), b.shard};
     }
   }
   /// Slot j of the rule's state for bucket b's shard.
   [[nodiscard]] std::span<float> shard_state(const bucket_info& b, std::size_t j) {
-    static_assert(!on_device, "weft::optim: checkpoints of a data_parallel in device memory are not supported yet");
-    return {state_.data() + j * slot_stride(layout_.shard_elements()) + b.shard_offset, b.shard};
+    float* state = state_.data();
+    if constexpr (on_device) {
+      take_host_copy();
+      state = host_state_.data();
+    }
+    return {state + j * slot_stride(layout_.shard_elements()) + b.shard_offset, b.shard};
   }
   [[nodiscard]] std::size_t slots() const noexcept { return static_cast<std::size_t>(rule_.slots()); }
   /// Restores the counters a checkpoint holds, then the parameters from the shards' weights.
@@ -397,24 +394,21 @@ public:
   [[nodiscard]] int good_steps() const noexcept { return scaler_.good_steps(); }
   /// After writing shard_weights(): rebuilds the parameters (all-gathered under zero<1>/<2>).
   void refresh_parameters_from_shards() {
-    static_assert(!on_device, "weft::optim: checkpoints of a data_parallel in device memory are not supported yet");
     wait_all();
+    if constexpr (on_device) {
+      take_host_copy();  // (what was written there, if anything)
+      if constexpr (mixed) mem_.upload(master_.data(), host_weights_.data(), host_weights_.size());
+      mem_.upload(state_.data(), host_state_.data(), host_state_.size());
+    }
     for_each_shard([&](const bucket_info& b, std::size_t from) {
       const auto w = shard_weights(b);
-      P* out = stage == 3 ? params_.data() + b.shard_offset : params_.data() + from;
-      for (std::size_t i = 0; i < b.shard; ++i) out[i] = static_cast<P>(w[i]);
+      std::vector<P> p(b.shard);
+      for (std::size_t i = 0; i < b.shard; ++i) p[i] = static_cast<P>(w[i]);
+      mem_.upload(stage == 3 ? params_.data() + b.shard_offset : params_.data() + from, p.data(), b.shard);
     });
-    if constexpr (stage < 3) {
-      queue_->submit([&] {
-              for (const auto& b : layout_.buckets()) {
-                std::vector<P> mine(params_.begin() + static_cast<std::ptrdiff_t>(b.offset + shard_rank_cached() * b.shard),
-                                    params_.begin() + static_cast<std::ptrdiff_t>(b.offset + (shard_rank_cached() + 1) * b.shard));
-                gather_into(std::span<const P>(mine), std::span<P>(params_.data() + b.offset, b.padded));
-              }
-            })
-          .wait();
-    }
+    if constexpr (stage < 3) queue_gathers();
     drop_gathers();
+    drop_host_copy();
   }
   /// Where bucket b's shard starts in the padded flat layout, for this rank.
   [[nodiscard]] std::size_t shard_begin(const bucket_info& b) const noexcept {
@@ -559,6 +553,46 @@ private:
     }
   }
 
+  // zero<1>/<2>: each bucket's all-gather of the shards into params_, queued.
+  void queue_gathers() {
+    if (shard_.size() == 1) return;
+    for (std::size_t bi = 0; bi < layout_.buckets().size(); ++bi) {
+      gathers_[bi] = queue_->submit([this, &b = layout_.buckets()[bi]] {
+        buffer<P> mine;
+        alloc_transient(mine, b.shard, lane::side);
+        mem_.copy(mine.data(), params_.data() + shard_begin(b), b.shard, lane::side);
+        mem_.run(shard_, [&](Comm& c) {
+          all_gather(c, std::span<const P>(mine.data(), b.shard), std::span<P>(params_.data() + b.offset, b.padded));
+        });
+        free_transient(mine, lane::side);
+      });
+    }
+  }
+
+  // On a device: the shard's fp32 weights and state, copied to the host for a checkpoint.
+  void take_host_copy() {
+    if (host_copy_) return;
+    wait_all();
+    host_weights_.assign(layout_.shard_elements(), 0.0f);
+    host_state_.assign(state_.size(), 0.0f);
+    if constexpr (mixed) {
+      mem_.download(host_weights_.data(), master_.data(), host_weights_.size());
+    } else {
+      for_each_shard([&](const bucket_info& b, std::size_t from) {
+        mem_.download(host_weights_.data() + b.shard_offset, params_.data() + (stage == 3 ? b.shard_offset : from),
+                      b.shard);
+      });
+    }
+    mem_.download(host_state_.data(), state_.data(), host_state_.size());
+    host_copy_ = true;
+  }
+  void drop_host_copy() {
+    if (!host_copy_) return;
+    std::vector<float>().swap(host_weights_);
+    std::vector<float>().swap(host_state_);
+    host_copy_ = false;
+  }
+
   void start_gather(std::size_t bi) {
     if (gather_started_[bi] || resident_[bi]) return;
     gather_started_[bi] = true;
@@ -637,6 +671,8 @@ private:
   std::vector<work_t> gathers_;
   std::vector<bool> gather_started_, resident_;
   std::atomic<std::size_t> transient_{0}, transient_peak_{0};
+  std::vector<float> host_weights_, host_state_;  // take_host_copy's (a device's checkpoints)
+  bool host_copy_ = false;
   std::unique_ptr<typename space::queue> queue_;  // last: its thread stops before the buffers go
 };
 
