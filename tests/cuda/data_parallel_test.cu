@@ -6,6 +6,8 @@
 // checkpoints saved on the device and resumed on it or on the host.
 #include <weft/cuda/data_parallel.cuh>
 #include <weft/cuda/emulated.cuh>
+#include <weft/cuda/nccl.cuh>
+#include <weft/cuda/p2p.cuh>
 #include <weft/optim.hpp>
 
 #include <gtest/gtest.h>
@@ -21,6 +23,12 @@
 
 #include "optim/support.hpp"
 #include "support/cuda.cuh"
+
+// Every member compiles over the transports users run it on (only emulated runs here).
+template class weft::optim::data_parallel<weft::optim::zero<2>, weft::optim::adamw, float, weft::cuda::nccl::communicator>;
+template class weft::optim::data_parallel<weft::optim::zero<3>, weft::optim::sgd, weft::half, weft::cuda::p2p::communicator>;
+template class weft::optim::data_parallel<weft::optim::hybrid<weft::optim::zero<1>, weft::optim::zero<0>>,
+                                          weft::optim::adam, weft::bfloat16, weft::cuda::nccl::communicator>;
 
 namespace {
 
