@@ -3,7 +3,8 @@
 // bucketed overlapped reduction, clipping, mixed precision, loss scaling), with its buffers in
 // device memory, its element work as kernels and its collectives stream-ordered. Include this
 // header and make the optimizer over a device communicator (cuda::nccl, cuda::p2p,
-// cuda::emulated, or a two_level of them): param() and grad() then give device spans.
+// cuda::emulated; a two_level is no communicator to split): param() and grad() then give
+// device spans.
 //
 //   weft::cuda::nccl::communicator dp = ...;               // its stream: where the model runs
 //   auto opt = weft::optim::make_data_parallel<weft::optim::zero<2>>(dp, ps, weft::optim::adamw{});
