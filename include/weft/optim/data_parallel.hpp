@@ -491,10 +491,9 @@ private:
     return stage >= 2 ? grads_.data() + b.shard_offset : grads_.data() + shard_begin(b);
   }
 
-  // Sum of squares of this rank's shard of the summed gradients (in double: exact for
-  // integer-valued gradients), without replicated tensors off model-parallel rank 0 and without
-  // the second copies of tied tensors.
-  // Writes it to *out (this memory), on the main lane.
+  // *out (this memory; the main lane) = the sum of squares of this rank's shard of the summed
+  // gradients (in double: exact for integer-valued gradients), without replicated tensors off
+  // model-parallel rank 0 and without the second copies of tied tensors.
   void squared_norm_partial(double* out) {
     std::vector<detail::norm_range<P>> ranges;
     const auto& ts = layout_.tensors();
