@@ -216,8 +216,9 @@ TEST(device_data_parallel, checkpoints_reshard_and_resume_on_the_device_or_the_h
   std::filesystem::remove_all(dir);
 }
 
-// The global norm's partial sum on the device: pieces of 64K elements, one block each, summed
-// in order; against the host loop over the same ranges (integer values: exact in any order).
+// The global norm's partial sum on the device: ranges cut once into pieces of 64K elements, one
+// block each, summed in order; against a plain sum over the same elements (integer values:
+// exact in any order). The prepared pieces read the gradients anew at every sum, as steps do.
 TEST(device_data_parallel, squared_norm_of_large_and_empty_ranges) {
   WEFT_REQUIRE_DEVICE();
   emu::run(1, [&](emu::communicator& c) {
@@ -226,18 +227,31 @@ TEST(device_data_parallel, squared_norm_of_large_and_empty_ranges) {
     std::vector<weft::half> h(n);
     for (std::size_t i = 0; i < n; ++i) h[i] = weft::half(static_cast<float>(static_cast<int>(i % 13) - 6));
     weft::cuda::device_buffer<weft::half> d(n);
+    const auto expected = [&] {
+      double sq = 0.0;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (i >= 7 && i < 100) continue;
+        const double v = static_cast<double>(static_cast<float>(h[i]));
+        sq += v * v;
+      }
+      return sq;
+    };
     WEFT_CUDA_TRY(cudaMemcpy(d.data(), h.data(), n * sizeof(weft::half), cudaMemcpyHostToDevice));
-    const std::vector<wo::detail::norm_range<weft::half>> dr = {{d.data(), 7}, {d.data() + 7, 0}, {d.data() + 100, n - 100}};
-    const std::vector<wo::detail::norm_range<weft::half>> hr = {{h.data(), 7}, {h.data() + 7, 0}, {h.data() + 100, n - 100}};
-    double expected = 0.0;
-    wo::detail::dp_memory<weft::local::communicator>().sum_squares(std::span(hr), &expected);
+    const auto squares = mem.prepare_squares(
+        std::vector<wo::detail::norm_range<weft::half>>{{d.data(), 7}, {d.data() + 7, 0}, {d.data() + 100, n - 100}});
     weft::cuda::device_buffer<double> out(1);
-    mem.sum_squares(std::span(dr), out.data());
     double got = -1.0;
+    mem.sum_squares(squares, out.data());
     mem.download(&got, out.data(), 1);
-    EXPECT_EQ(got, expected);
-    EXPECT_GT(expected, 0.0);
-    mem.sum_squares(std::span<const wo::detail::norm_range<weft::half>>(), out.data());
+    EXPECT_EQ(got, expected());
+    EXPECT_GT(got, 0.0);
+    for (auto& x : h) x = weft::half(static_cast<float>(x) * 2.0f);
+    WEFT_CUDA_TRY(cudaMemcpy(d.data(), h.data(), n * sizeof(weft::half), cudaMemcpyHostToDevice));
+    mem.sum_squares(squares, out.data());
+    mem.download(&got, out.data(), 1);
+    EXPECT_EQ(got, expected());  // of the doubled values
+    const auto none = mem.prepare_squares(std::vector<wo::detail::norm_range<weft::half>>{});
+    mem.sum_squares(none, out.data());
     mem.download(&got, out.data(), 1);
     EXPECT_EQ(got, 0.0);
   });

@@ -84,9 +84,14 @@ public:
     base::update(u, n, threads);
   }
   template <class P>
-  void sum_squares(std::span<const norm_range<P>> ranges, double* out) {
+  squares<P> prepare_squares(std::vector<norm_range<P>> ranges) {
+    check(lane::main, "prepare_squares");
+    return base::prepare_squares(std::move(ranges));
+  }
+  template <class P>
+  void sum_squares(const squares<P>& s, double* out) {
     check(lane::main, "sum_squares");
-    base::sum_squares(ranges, out);
+    base::sum_squares(s, out);
   }
   template <class F>
   void run(comm& c, F&& f) {

@@ -38,6 +38,35 @@
 
 namespace weft::cuda {
 
+namespace detail {
+
+/// Work queued on a side stream in a main stream's order: submit(f) makes the side stream wait
+/// for what the main stream holds so far, lets f queue on the side stream, and returns the
+/// event that ends f's work. With side == main it only records that event.
+class fork_join {
+public:
+  fork_join(cudaStream_t main, cudaStream_t side) : main_(main), side_(side) {}
+  template <class F>
+  std::shared_ptr<const event> submit(F&& f) {
+    if (side_ != main_) {
+      fork_.record(main_);
+      WEFT_CUDA_TRY(cudaStreamWaitEvent(side_, fork_.get(), 0));
+    }
+    std::forward<F>(f)();
+    auto done = std::make_shared<const event>();
+    done->record(side_);
+    return done;
+  }
+  [[nodiscard]] cudaStream_t main() const noexcept { return main_; }
+  [[nodiscard]] cudaStream_t side() const noexcept { return side_; }
+
+private:
+  cudaStream_t main_, side_;
+  event fork_;
+};
+
+} // namespace detail
+
 /// A collective queued on a side stream. Copies share it; a default-made work is done.
 class work {
 public:
@@ -86,8 +115,8 @@ public:
   /// Collective over `parent`: splits a side communicator from it. `timeout`: work::wait()'s
   /// deadline.
   explicit async_communicator(Comm& parent, std::chrono::milliseconds timeout = std::chrono::minutes(5))
-      : main_(parent.stream()), side_(split_side(parent)), timeout_(timeout) {
-    if (side_.stream() == main_) {
+      : side_(split_side(parent)), order_(parent.stream(), side_.stream()), timeout_(timeout) {
+    if (side_.stream() == parent.stream()) {
       throw error("async_communicator", parent.rank(), error::unknown,
                   "the side communicator queues on the parent's stream, so nothing would overlap");
     }
@@ -98,18 +127,14 @@ public:
   [[nodiscard]] int rank() const { return side_.rank(); }
   [[nodiscard]] int size() const { return side_.size(); }
   /// The main stream: the parent's, whose work a call starts after.
-  [[nodiscard]] cudaStream_t stream() const noexcept { return main_; }
+  [[nodiscard]] cudaStream_t stream() const noexcept { return order_.main(); }
   [[nodiscard]] cudaStream_t side_stream() const { return side_.stream(); }
   [[nodiscard]] Comm& side() noexcept { return side_; }
 
   /// Queues f(side) on the side stream after the main stream's work so far.
   template <class F>
   work submit(std::string what, F&& f) {
-    fork_.record(main_);
-    WEFT_CUDA_TRY(cudaStreamWaitEvent(side_.stream(), fork_.get(), 0));
-    std::forward<F>(f)(side_);
-    auto done = std::make_shared<const event>();
-    done->record(side_.stream());
+    auto done = order_.submit([&] { std::forward<F>(f)(side_); });
     return work(std::move(done), timeout_, std::move(what), side_.rank());
   }
 
@@ -122,10 +147,9 @@ private:
     }
   }
 
-  cudaStream_t main_;
   Comm side_;
+  detail::fork_join order_;
   std::chrono::milliseconds timeout_;
-  event fork_;
 };
 
 template <class Algo = algo::automatic, class Comm, element T, class Op = op::sum>

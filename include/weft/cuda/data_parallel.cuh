@@ -24,6 +24,7 @@
 // set_parameters. Buffers are stream-ordered allocations (cudaMallocAsync / cudaFreeAsync).
 // Checkpoints (optim/checkpoint.hpp) write and read a host copy of the shard that the optimizer
 // takes when they ask for it and copies back on load: the files are the host path's.
+#include <weft/cuda/async.cuh>
 #include <weft/cuda/error.cuh>
 #include <weft/cuda/kernels.cuh>
 #include <weft/cuda/memory.cuh>
@@ -93,41 +94,30 @@ private:
   cudaStream_t s_ = nullptr;  // where it was allocated: the main stream, for the long-lived ones
 };
 
-/// Queued collectives: a job's calls are queued at once, in the side stream's order; its work
-/// is an event the main stream can wait for.
+/// A queued job (its collectives, in the side stream's order); waiting is the main stream's.
 class dp_work {
 public:
   dp_work() = default;
-  dp_work(std::shared_ptr<const event> done, cudaStream_t main) : done_(std::move(done)), main_(main) {}
+  dp_work(work w, cudaStream_t main) : w_(std::move(w)), main_(main) {}
   /// The main stream's later work runs after the job (the host does not wait).
-  void wait() const {
-    if (done_) WEFT_CUDA_TRY(cudaStreamWaitEvent(main_, done_->get(), 0));
-  }
+  void wait() const { w_.wait(main_); }
 
 private:
-  std::shared_ptr<const event> done_;
+  work w_;
   cudaStream_t main_ = nullptr;
 };
 
 class dp_queue {
 public:
-  dp_queue(cudaStream_t main, cudaStream_t side) : main_(main), side_(side) {}
+  dp_queue(cudaStream_t main, cudaStream_t side) : order_(main, side) {}
   /// Queues f's work on the side stream after the main stream's work so far.
   template <class F>
   dp_work submit(F&& f) {
-    if (side_ != main_) {
-      fork_.record(main_);
-      WEFT_CUDA_TRY(cudaStreamWaitEvent(side_, fork_.get(), 0));
-    }
-    std::forward<F>(f)();
-    auto done = std::make_shared<const event>();
-    done->record(side_);
-    return dp_work(std::move(done), main_);
+    return dp_work(work(order_.submit(std::forward<F>(f)), {}, "data_parallel", error::unknown), order_.main());
   }
 
 private:
-  cudaStream_t main_, side_;
-  event fork_;
+  fork_join order_;
 };
 
 /// Sum over ranges of float(g)^2 in double: one block per range, a fixed tree in the block.
@@ -225,30 +215,39 @@ public:
   void update(const update_ref<Kernel, G, P>& u, std::size_t n, int) {
     cuda::detail::launch(u, n, main_);
   }
-  /// One block per piece of at most 64K elements (a large tensor spreads over the device),
-  /// then the pieces' sums in order: the same result however the blocks are scheduled.
+  /// The ranges cut into pieces of at most 64K elements, in device memory, with room for the
+  /// pieces' sums: made once (a blocking upload), used by every step that needs a norm.
   template <class P>
-  void sum_squares(std::span<const norm_range<P>> ranges, double* out) {
+  struct squares {
+    buffer<norm_range<P>> pieces;
+    buffer<double> partial;
+  };
+  template <class P>
+  squares<P> prepare_squares(const std::vector<norm_range<P>>& ranges) {
     constexpr std::size_t piece = std::size_t{1} << 16;
     std::vector<norm_range<P>> pieces;
     for (const auto& r : ranges) {
       for (std::size_t at = 0; at < r.n; at += piece) pieces.push_back({r.data + at, std::min(piece, r.n - at)});
     }
-    if (pieces.empty()) {
+    squares<P> s;
+    s.pieces.allocate(pieces.size(), main_);
+    s.partial.allocate(pieces.size(), main_);
+    upload(s.pieces.data(), pieces.data(), pieces.size());
+    return s;
+  }
+  /// One block per piece (a large tensor spreads over the device), then the pieces' sums in
+  /// order: the same result however the blocks are scheduled.
+  template <class P>
+  void sum_squares(const squares<P>& s, double* out) {
+    const std::size_t n = s.pieces.size();
+    if (n == 0) {
       WEFT_CUDA_TRY(cudaMemsetAsync(out, 0, sizeof(double), main_));
       return;
     }
-    buffer<norm_range<P>> r;
-    buffer<double> partial;
-    r.allocate(pieces.size(), main_);
-    partial.allocate(pieces.size(), main_);
-    upload(r.data(), pieces.data(), pieces.size());
-    cuda::detail::dp_range_squares<P><<<static_cast<unsigned>(pieces.size()), 256, 0, main_>>>(r.data(), partial.data());
+    cuda::detail::dp_range_squares<P><<<static_cast<unsigned>(n), 256, 0, main_>>>(s.pieces.data(), s.partial.data());
     WEFT_CUDA_TRY(cudaGetLastError());
-    cuda::detail::dp_sum_in_order<<<1, 1, 0, main_>>>(partial.data(), pieces.size(), out);
+    cuda::detail::dp_sum_in_order<<<1, 1, 0, main_>>>(s.partial.data(), n, out);
     WEFT_CUDA_TRY(cudaGetLastError());
-    r.release(main_);
-    partial.release(main_);
   }
   /// f(c) in the side stream's order: c's stream waits for the side stream, and the side
   /// stream for what f queued there.

@@ -134,6 +134,7 @@ public:
     gathers_.assign(nb, work_t{});
     gather_started_.assign(nb, false);
     resident_.assign(nb, false);
+    squares_ = mem_.prepare_squares(norm_ranges());
   }
   data_parallel(const data_parallel&) = delete;  // queued jobs point into this object
   data_parallel& operator=(const data_parallel&) = delete;
@@ -286,7 +287,7 @@ public:
     if (scaling_) mul = mul / scaler_.scale();
     if (clip || scaling_) {
       const std::span<double> partial(norm_partial_.data(), 1);
-      squared_norm_partial(partial.data());
+      mem_.sum_squares(squares_, partial.data());
       if (norm_) {
         queue_->submit([&] { mem_.run(*norm_, [&](Comm& c) { all_reduce(c, partial); }); }).wait();
       } else if (shard_.size() > 1) {
@@ -340,6 +341,7 @@ public:
     if (model_parallel_rank < 0) throw error("data_parallel::set_norm_group: model_parallel_rank must be >= 0");
     norm_.emplace(group.split(0, group.rank()));
     mp_rank_ = model_parallel_rank;
+    squares_ = mem_.prepare_squares(norm_ranges());
   }
 
   /// Per-rank bytes allocated, by kind (compare with the ZeRO paper's formulas).
@@ -491,10 +493,10 @@ private:
     return stage >= 2 ? grads_.data() + b.shard_offset : grads_.data() + shard_begin(b);
   }
 
-  // *out (this memory; the main lane) = the sum of squares of this rank's shard of the summed
-  // gradients (in double: exact for integer-valued gradients), without replicated tensors off
-  // model-parallel rank 0 and without the second copies of tied tensors.
-  void squared_norm_partial(double* out) {
+  // What the global norm counts of this rank's shard of the summed gradients: all of it but
+  // replicated tensors off model-parallel rank 0 and the second copies of tied tensors. The
+  // gradient buffer never moves, so this holds until set_norm_group changes the rank.
+  std::vector<detail::norm_range<P>> norm_ranges() {
     std::vector<detail::norm_range<P>> ranges;
     const auto& ts = layout_.tensors();
     for (const auto& b : layout_.buckets()) {
@@ -507,7 +509,7 @@ private:
         if (from < to) ranges.push_back({g + (from - lo), to - from});
       }
     }
-    mem_.sum_squares(std::span<const detail::norm_range<P>>(ranges), out);
+    return ranges;
   }
 
   // Gathers a shard over S into a bucket-sized span (a copy when S has one rank); in a job.
@@ -663,6 +665,7 @@ private:
   buffer<P> params_, grads_;
   buffer<float> master_, state_;
   buffer<double> norm_partial_;  // the squared norm's partial sum, where the collectives read it
+  typename space::template squares<P> squares_;  // what of grads_ the norm counts (norm_ranges)
   std::vector<std::size_t> ready_;
   std::vector<bool> submitted_;
   std::vector<work_t> reductions_;

@@ -81,10 +81,17 @@ public:
   void update(const update_ref<Kernel, G, P>& u, std::size_t n, int threads) {
     apply_parallel(u, n, threads);
   }
+  /// The ranges a sum of squares runs over, kept from one step to the next.
+  template <class P>
+  using squares = std::vector<norm_range<P>>;
+  template <class P>
+  squares<P> prepare_squares(std::vector<norm_range<P>> ranges) {
+    return ranges;
+  }
   /// *out = the sum over the ranges, in order, of float(g)^2, accumulated in double (exact for
   /// integer-valued gradients).
   template <class P>
-  void sum_squares(std::span<const norm_range<P>> ranges, double* out) {
+  void sum_squares(const squares<P>& ranges, double* out) {
     double sq = 0.0;
     for (const auto& r : ranges) {
       for (std::size_t i = 0; i < r.n; ++i) {
