@@ -116,6 +116,19 @@ if ! command -v nvcc >/dev/null 2>&1 && [[ -z "${CUDACXX:-}" && -x /usr/local/cu
   export CUDACXX=/usr/local/cuda/bin/nvcc
 fi
 
+# Configure <build dir> for the GPU checks and build the CUDA tests, benchmarks and samples
+# with every core; the logs go to <log dir>. Used by scripts/gpu-check and scripts/gpu-bundle.
+weft_gpu_build() {
+  local dir="$1" logs="$2"
+  weft_configure "$dir" -DCMAKE_BUILD_TYPE=Release -DWEFT_ENABLE_CUDA=ON -DWEFT_BUILD_TESTS=ON \
+    -DWEFT_BUILD_BENCHMARKS=ON -DWEFT_BUILD_SAMPLES=ON >"$logs/configure.log" 2>&1 ||
+    { tail -30 "$logs/configure.log"; weft_die "configure failed (log: $logs/configure.log)"; }
+  local targets=(tests/cuda/all benchmarks/cuda/all)
+  [[ -d samples/03_cuda_existing_program ]] && targets+=(samples/all)
+  cmake --build "$dir" -j "$weft_jobs" --target "${targets[@]}" >"$logs/build.log" 2>&1 ||
+    { tail -30 "$logs/build.log"; weft_die "build failed (log: $logs/build.log)"; }
+}
+
 # The plain build's options: shared by scripts/test and scripts/demo so that neither
 # reconfigures the other's build/.
 # shellcheck disable=SC2034
