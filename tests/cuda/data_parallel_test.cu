@@ -175,8 +175,8 @@ TEST(device_data_parallel, memory_report_counts_what_the_host_path_allocates) {
 
 // Checkpoints of a device optimizer go through a host copy of its shard; the files are the
 // host's, so a run saved on the device resumes on the device at another DP size and stage, or
-// on the host, and continues bitwise (SGD on integer data: exact sums, and no product that
-// nvcc's FMA contraction could round differently).
+// on the host, and continues bitwise (SGD on integer data: exact sums; the update rounds each
+// product on its own on both, core/rounding.hpp).
 TEST(device_data_parallel, checkpoints_reshard_and_resume_on_the_device_or_the_host_bitwise) {
   WEFT_REQUIRE_DEVICE();
   namespace ck = weft::optim::checkpoint;
@@ -236,7 +236,7 @@ TEST(device_data_parallel, squared_norm_of_large_and_empty_ranges) {
       }
       return sq;
     };
-    WEFT_CUDA_TRY(cudaMemcpy(d.data(), h.data(), n * sizeof(weft::half), cudaMemcpyHostToDevice));
+    mem.upload(d.data(), h.data(), n);  // on the communicator's stream (non-blocking: cudaMemcpy would not order it)
     const auto squares = mem.prepare_squares(
         std::vector<wo::detail::norm_range<weft::half>>{{d.data(), 7}, {d.data() + 7, 0}, {d.data() + 100, n - 100}});
     weft::cuda::device_buffer<double> out(1);
@@ -246,7 +246,7 @@ TEST(device_data_parallel, squared_norm_of_large_and_empty_ranges) {
     EXPECT_EQ(got, expected());
     EXPECT_GT(got, 0.0);
     for (auto& x : h) x = weft::half(static_cast<float>(x) * 2.0f);
-    WEFT_CUDA_TRY(cudaMemcpy(d.data(), h.data(), n * sizeof(weft::half), cudaMemcpyHostToDevice));
+    mem.upload(d.data(), h.data(), n);
     mem.sum_squares(squares, out.data());
     mem.download(&got, out.data(), 1);
     EXPECT_EQ(got, expected());  // of the doubled values

@@ -1,6 +1,7 @@
 // The optimizer functors (include/weft/optim/optimizers.hpp) on the device: the same
 // update_ref the host loop runs, launched over flat device buffers, against the host loop
-// (to a few ulp: nvcc may contract a multiply and an add into one FMA, the host does not);
+// (bitwise: the functors round every product and sum on their own, core/rounding.hpp, where
+// nvcc would fuse them into FMAs; division and sqrtf are IEEE-rounded on both);
 // and the AdamW step's bandwidth over 64M parameters against a device-to-device copy's
 // (issue 8's target for the GPU path: at least 70% of HBM bandwidth; printed, and checked
 // at 50% so that a shared device does not fail the suite).
@@ -61,13 +62,16 @@ void check(Rule rule) {
   const auto m2 = to_host(dm.data(), n);
   const auto s2 = to_host(ds.data(), 2 * n);
   double worst = 0;
+  std::size_t differ = 0;
   for (std::size_t i = 0; i < n; ++i) {
     worst = std::max(worst, std::fabs(static_cast<double>(m2[i]) - master[i]) / (std::fabs(master[i]) + 1e-3));
+    differ += m2[i] != master[i];
   }
   for (std::size_t i = 0; i < 2 * n; ++i) {
     worst = std::max(worst, std::fabs(static_cast<double>(s2[i]) - state[i]) / (std::fabs(state[i]) + 1e-6));
+    differ += s2[i] != state[i];
   }
-  EXPECT_LT(worst, 1e-5) << Rule::name;
+  EXPECT_EQ(differ, 0u) << Rule::name << ": largest relative difference " << worst;
   if constexpr (!std::is_same_v<P, float>) {
     const auto p2 = to_host(dp.data(), n);
     std::size_t off = 0;

@@ -1,7 +1,8 @@
 #pragma once
 // The update rules: sgd (momentum, Nesterov), adam (L2 weight decay), adamw (decoupled weight
 // decay), as WEFT_HOST_DEVICE element-wise functors, so a host loop and a device kernel run
-// the same arithmetic.
+// the same arithmetic, rounded step by step on both (core/rounding.hpp: no fused multiply-add
+// on the device): a device step gives the host loop's bits.
 //
 //   weft::optim::adamw rule{.lr = 1e-3f};
 //   auto k = rule.at(step, multiplier);      // the step's scalars (bias corrections, lr)
@@ -14,6 +15,7 @@
 // slot, so that the loop vectorizes), and for half/bfloat16 parameters the low-precision copy
 // written back.
 #include <weft/core/config.hpp>
+#include <weft/core/rounding.hpp>
 #include <weft/core/types.hpp>
 
 #include <cmath>
@@ -47,14 +49,15 @@ struct sgd {
     float lr, momentum, weight_decay, multiplier;
     bool nesterov;
     WEFT_HOST_DEVICE void operator()(float& w, float g, float* s, std::size_t /*stride*/) const {
-      g = g * multiplier;
-      if (weight_decay != 0.0f) g = g + weight_decay * w;
+      using weft::detail::add_rn, weft::detail::mul_rn, weft::detail::sub_rn;
+      g = mul_rn(g, multiplier);
+      if (weight_decay != 0.0f) g = add_rn(g, mul_rn(weight_decay, w));
       if (momentum != 0.0f) {
-        const float b = momentum * s[0] + g;
+        const float b = add_rn(mul_rn(momentum, s[0]), g);
         s[0] = b;
-        g = nesterov ? g + momentum * b : b;
+        g = nesterov ? add_rn(g, mul_rn(momentum, b)) : b;
       }
-      w = w - lr * g;
+      w = sub_rn(w, mul_rn(lr, g));
     }
   };
   /// The functor of step t (1-based) for a gradient multiplier.
@@ -86,15 +89,16 @@ struct adam_rule {
     // w -= step_size * m / (sqrt(v) / sqrt(c2) + eps)); no branches (weight_decay 0 adds or
     // subtracts an exact 0), so the host loop vectorizes where the compiler may drop errno.
     WEFT_HOST_DEVICE void operator()(float& w, float g, float* s, std::size_t stride) const {
-      g = g * multiplier;
-      if constexpr (!Decoupled) g = g + weight_decay * w;
-      const float m = beta1 * s[0] + (1.0f - beta1) * g;
-      const float v = beta2 * s[stride] + (1.0f - beta2) * g * g;
+      using weft::detail::add_rn, weft::detail::mul_rn, weft::detail::sub_rn;
+      g = mul_rn(g, multiplier);
+      if constexpr (!Decoupled) g = add_rn(g, mul_rn(weight_decay, w));
+      const float m = add_rn(mul_rn(beta1, s[0]), mul_rn(1.0f - beta1, g));
+      const float v = add_rn(mul_rn(beta2, s[stride]), mul_rn(mul_rn(1.0f - beta2, g), g));
       s[0] = m;
       s[stride] = v;
-      if constexpr (Decoupled) w = w - lr * weight_decay * w;
-      const float denom = sqrtf(v) * inv_sqrt_c2 + eps;
-      w = w - step_size * m / denom;
+      if constexpr (Decoupled) w = sub_rn(w, mul_rn(mul_rn(lr, weight_decay), w));
+      const float denom = add_rn(mul_rn(sqrtf(v), inv_sqrt_c2), eps);
+      w = sub_rn(w, mul_rn(step_size, m) / denom);
     }
   };
   /// The functor of step t (1-based): bias corrections 1 - beta^t computed in double, once.
