@@ -36,7 +36,7 @@ double time_all_reduce(const std::vector<int>& devices, std::size_t bytes) {
   const std::size_t n = bytes / sizeof(float);
   double best = 0;
   p2p::run(devices, [&](p2p::communicator& c) {
-    const weft::cuda::device_buffer<float> x(n);
+    const weft::cuda::stream_buffer<float> x(n, c.stream());
     WEFT_CUDA_TRY(cudaMemsetAsync(x.data(), 0, bytes, c.stream()));
     const std::span<float> data(x.data(), n);
     weft::all_reduce<weft::algo::direct>(

@@ -63,7 +63,10 @@ TEST(cuda_async, the_work_finishes_while_the_main_stream_is_busy) {
     // More "backward" on the main stream: about a second of it.
     late_fill<<<1, 1, 0, c.stream()>>>(nullptr, 0, 0, 2'000'000'000);
     w.wait();  // the host waits for the side stream only
+    // Its polls saw "not ready" and left no error behind for the next launch's check.
+    EXPECT_EQ(cudaPeekAtLastError(), cudaSuccess);
     EXPECT_EQ(cudaStreamQuery(c.stream()), cudaErrorNotReady) << "the side stream waited for the main stream's later work";
+    (void)cudaGetLastError();
     WEFT_CUDA_TRY(cudaStreamSynchronize(c.stream()));
   });
 }

@@ -273,7 +273,7 @@ void sweep(const std::vector<topology::cluster>& worlds) {
     emu::run(
         world,
         [&](emu::communicator& c) {
-          rank_memory mem;
+          rank_memory mem(c.stream());
           for (std::size_t count : counts_for(p))
             check_all_types<Algo, C>(c, mem, shared, count, p - 1);
           if constexpr (C == collective::broadcast || C == collective::reduce) {

@@ -37,6 +37,9 @@ void check_reduce(int k, std::size_t n, std::size_t misalign, bool in_place) {
     WEFT_CUDA_TRY(cudaMemcpy(dev.back().data(), h.data(), padded * sizeof(T), cudaMemcpyHostToDevice));
     src.push_back(dev.back().data() + misalign);
   }
+  // A pageable cudaMemcpy may return before its DMA lands, and the kernels below run on a
+  // non-blocking stream that does not wait for the legacy one.
+  WEFT_CUDA_TRY(cudaDeviceSynchronize());
   weft::cuda::device_buffer<T> out(padded);
   T* dst = in_place ? const_cast<T*>(src[0]) : out.data() + misalign;
   weft::cuda::stream s;
@@ -81,6 +84,7 @@ TYPED_TEST(kernels, copy_and_divide) {
       for (std::size_t i = 0; i < h.size(); ++i) h[i] = static_cast<T>(static_cast<int>(i % 200) - 100);
       weft::cuda::device_buffer<T> a(h.size()), b(h.size());
       WEFT_CUDA_TRY(cudaMemcpy(a.data(), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+      WEFT_CUDA_TRY(cudaDeviceSynchronize());  // as in check_reduce
       weft::cuda::stream s;
       weft::cuda::copy(b.data() + misalign, a.data() + misalign, n, s.get());
       weft::cuda::divide(b.data() + misalign, n, 3, s.get());

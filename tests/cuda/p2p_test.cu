@@ -311,7 +311,7 @@ void sweep() {
     p2p::run(
         on_device_zero(p),
         [&](p2p::communicator& c) {
-          rank_memory mem;
+          rank_memory mem(c.stream());
           for (std::size_t count : counts_for(p))
             check_all_types<C>(c, mem, shared, count, p - 1);
           if constexpr (C == collective::broadcast || C == collective::reduce) {
@@ -371,7 +371,7 @@ TEST(p2p, back_to_back_calls_are_ordered_by_the_device_alone) {
           on_device_zero(p),
           [&](p2p::communicator& c) {
             const cudaStream_t s = c.stream();
-            weft::cuda::device_buffer<std::int64_t> a(n), b(n);
+            weft::cuda::stream_buffer<std::int64_t> a(n, s), b(n, s);
             upload(a.data(), std::vector<std::int64_t>(n, 1), s);
             std::int64_t* x = a.data();
             std::int64_t* y = b.data();
@@ -411,7 +411,7 @@ TEST(p2p, an_all_reduce_captured_in_a_cuda_graph_replays_right) {
           on_device_zero(p),
           [&](p2p::communicator& c) {
             const cudaStream_t s = c.stream();
-            weft::cuda::device_buffer<std::int64_t> x(n);
+            weft::cuda::stream_buffer<std::int64_t> x(n, s);
             std::vector<std::int64_t> start(n);
             for (std::size_t i = 0; i < n; ++i)
               start[i] = (c.rank() + 1) * static_cast<std::int64_t>(i % 3 + 1);
@@ -458,7 +458,7 @@ TEST(p2p, a_call_too_large_for_the_workspace_is_refused_and_leaves_the_stream_us
   p2p::run(on_device_zero(2),
            [&](p2p::communicator& c) {
              constexpr std::size_t big = std::size_t{1} << 18; // 1 MiB of floats in, 1 MiB out
-             weft::cuda::device_buffer<float> x(big);
+             weft::cuda::stream_buffer<float> x(big, c.stream());
              EXPECT_EQ(c.workspace_bytes(), std::size_t{256} << 10);
              seen[static_cast<std::size_t>(c.rank())] =
                  failure_of([&] { all_reduce<algo::direct>(c, std::span(x.data(), big)); });
@@ -534,7 +534,7 @@ TEST(p2p, split_gives_communicators_with_workspaces_and_streams_of_their_own) {
       on_device_zero(5),
       [](p2p::communicator& c) {
         constexpr std::size_t n = 6000; // 24000 bytes: two-shot
-        weft::cuda::device_buffer<std::int32_t> d(n);
+        weft::cuda::stream_buffer<std::int32_t> d(n, c.stream());
         // Queued on the parent's stream before the split: the half's stream starts after it.
         upload(d.data(), std::vector<std::int32_t>(n, c.rank() + 1), c.stream());
         p2p::communicator half =
@@ -569,7 +569,7 @@ TEST(p2p, a_rank_may_lend_its_own_stream) {
   for (auto& s : streams)
     WEFT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   p2p::run(on_device_zero(3), [&](p2p::communicator& c) {
-    weft::cuda::device_buffer<float> d(100);
+    weft::cuda::stream_buffer<float> d(100, c.stream());
     upload(d.data(), std::vector<float>(100, static_cast<float>(c.rank())),
            c.stream()); // on the old stream
     const cudaStream_t mine = streams[static_cast<std::size_t>(c.rank())];
@@ -577,6 +577,7 @@ TEST(p2p, a_rank_may_lend_its_own_stream) {
     EXPECT_EQ(c.stream(), mine);
     all_reduce<algo::direct>(c, std::span(d.data(), 100));
     EXPECT_EQ(download(d.data(), 100, mine), std::vector<float>(100, 3.0f));
+    d.release(mine); // the stream it was allocated on went with set_stream
   });
   for (auto s : streams)
     WEFT_CUDA_TRY(cudaStreamDestroy(s)); // borrowed: still valid after the run
@@ -592,7 +593,7 @@ TEST(p2p, the_call_check_runs_over_the_host_mailbox) {
   EXPECT_THROW(p2p::run(
                    on_device_zero(3),
                    [&](p2p::communicator& c) {
-                     weft::cuda::device_buffer<float> d(16);
+                     weft::cuda::stream_buffer<float> d(16, c.stream());
                      try {
                        broadcast<algo::direct>(c, std::span(d.data(), 16), c.rank() == 1 ? 1 : 0);
                      } catch (const error& e) {
@@ -628,7 +629,7 @@ TEST(p2p, ranks_on_distinct_devices_load_over_peer_access) {
     p2p::run(
         devices,
         [&](p2p::communicator& c) {
-          rank_memory mem;
+          rank_memory mem(c.stream());
           for (std::size_t count : counts_for(p))
             check_all_types<collective::all_reduce>(c, mem, shared, count, 0);
           check_all_types<collective::all_gather>(c, mem, shared, 3001, 0);

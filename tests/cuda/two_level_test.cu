@@ -43,7 +43,7 @@ void check(TwoLevel& tl, std::size_t count, test::pattern pat, std::vector<std::
   const auto r = static_cast<std::size_t>(tl.rank());
   std::vector<T> mine(count);
   for (std::size_t i = 0; i < count; ++i) mine[i] = test::input_value<T, Op>(tl.rank(), i, pat);
-  weft::cuda::device_buffer<T> d(count);
+  weft::cuda::stream_buffer<T> d(count, tl.stream());
   test::device::upload(d.data(), mine, tl.stream());
   all_reduce<Algo>(tl, std::span(d.data(), count), Op{});
   const auto got = test::device::download(d.data(), count, tl.stream());
@@ -74,7 +74,7 @@ void check_rooted(TwoLevel& tl, collective c, std::size_t count, int root, test:
     for (std::size_t i = 0; i < count; ++i) in[static_cast<std::size_t>(q)][i] = test::input_value<T, Op>(q, i, pat);
   }
   const auto want = test::reference<T, Op>(c, p, count, root, in)[r];
-  weft::cuda::device_buffer<T> d(count);
+  weft::cuda::stream_buffer<T> d(count, tl.stream());
   test::device::upload(d.data(), c == collective::broadcast && tl.rank() != root ? std::vector<T>(count, T(-7)) : in[r],
                        tl.stream());
   std::vector<T> got;
@@ -83,7 +83,7 @@ void check_rooted(TwoLevel& tl, collective c, std::size_t count, int root, test:
     got = test::device::download(d.data(), count, tl.stream());
   } else {
     const std::size_t n = tl.rank() == root ? count : 0;
-    weft::cuda::device_buffer<T> out(n);
+    weft::cuda::stream_buffer<T> out(n, tl.stream());
     reduce<Algo>(tl, std::span<const T>(d.data(), count), std::span(out.data(), n), root, Op{});
     got = test::device::download(out.data(), n, tl.stream());
   }
@@ -109,7 +109,7 @@ void check_scatter_gather(TwoLevel& tl, collective c, std::size_t n, test::patte
     for (std::size_t i = 0; i < in_n; ++i) in[static_cast<std::size_t>(q)][i] = test::input_value<T, Op>(q, i, pat);
   }
   const auto want = test::reference<T, Op>(c, p, n, 0, in)[r];
-  weft::cuda::device_buffer<T> d(in_n), out(out_n);
+  weft::cuda::stream_buffer<T> d(in_n, tl.stream()), out(out_n, tl.stream());
   test::device::upload(d.data(), in[r], tl.stream());
   if (c == collective::reduce_scatter) {
     reduce_scatter<Algo>(tl, std::span<const T>(d.data(), in_n), std::span(out.data(), out_n), Op{});

@@ -44,8 +44,11 @@ std::vector<T> download(const T* src, std::size_t n, cudaStream_t s) {
 // A rank's device buffers, grown and reused across calls (a cudaMalloc per call would
 // dominate the sweep). Replacing one is safe: the rank's stream is idle after each check,
 // and every peer's read of its buffers is ordered before that (or peers never read them).
+// Stream-ordered (cudaMallocAsync on the rank's stream): a cudaFree would wait for the whole
+// device, and with p2p ranks sharing one, for a peer's flag sync that waits for this rank.
 class rank_memory {
 public:
+  explicit rank_memory(cudaStream_t s) : s_(s) {}
   template <class T>
   T* input(std::size_t n) {
     return at_least<T>(in_, n);
@@ -57,13 +60,13 @@ public:
 
 private:
   template <class T>
-  static T* at_least(weft::cuda::device_buffer<std::byte>& b, std::size_t n) {
-    if (b.size() < n * sizeof(T))
-      b = weft::cuda::device_buffer<std::byte>(std::max(n * sizeof(T), 2 * b.size()));
+  T* at_least(weft::cuda::stream_buffer<std::byte>& b, std::size_t n) {
+    if (b.size() < n * sizeof(T)) b.allocate(std::max(n * sizeof(T), 2 * b.size()), s_);
     return reinterpret_cast<T*>(b.data());
   }
-  weft::cuda::device_buffer<std::byte> in_;
-  weft::cuda::device_buffer<std::byte> out_;
+  cudaStream_t s_;
+  weft::cuda::stream_buffer<std::byte> in_;
+  weft::cuda::stream_buffer<std::byte> out_;
 };
 
 // Every rank's output of one call, to compare them bit for bit.

@@ -78,7 +78,10 @@ public:
   [[nodiscard]] bool done() const {
     if (!done_) return true;
     const cudaError_t e = cudaEventQuery(done_->get());
-    if (e == cudaErrorNotReady) return false;
+    if (e == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // not an error: cleared, or the next launch's check would report it
+      return false;
+    }
     WEFT_CUDA_TRY(e);
     return true;
   }

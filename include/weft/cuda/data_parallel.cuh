@@ -24,6 +24,16 @@
 // set_parameters. Buffers are stream-ordered allocations (cudaMallocAsync / cudaFreeAsync).
 // Checkpoints (optim/checkpoint.hpp) write and read a host copy of the shard that the optimizer
 // takes when they ask for it and copies back on load: the files are the host path's.
+//
+// Transports. Over cuda::p2p every collective goes through the communicator's workspace (64 MiB
+// by default), which the default bucket (4e7 elements) does not fit: set
+// options::bucket_elements, or p2p::options::workspace_bytes, else the first reduction throws
+// naming the bytes it needs; ranks sharing one device need CUDA_DEVICE_MAX_CONNECTIONS raised
+// (p2p.cuh), more so here, where each rank adds a side stream. The buffers come from the
+// device's default memory pool, which other devices cannot reach unless granted
+// (cudaMemPoolSetAccess): NCCL with several GPUs in one process (nccl::init_all) may load user
+// buffers directly from a peer GPU, so there grant the peers access to the pools or set
+// NCCL_P2P_DIRECT_DISABLE=1. One process per GPU (MPI) needs neither.
 #include <weft/cuda/async.cuh>
 #include <weft/cuda/error.cuh>
 #include <weft/cuda/kernels.cuh>
@@ -42,57 +52,6 @@
 #include <vector>
 
 namespace weft::cuda::detail {
-
-/// Device memory allocated and freed on a stream; zero-filled when allocated.
-template <class T>
-class dp_buffer {
-public:
-  dp_buffer() = default;
-  dp_buffer(dp_buffer&& o) noexcept
-      : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), s_(std::exchange(o.s_, nullptr)) {}
-  dp_buffer& operator=(dp_buffer&& o) noexcept {
-    if (this != &o) {
-      drop();
-      p_ = std::exchange(o.p_, nullptr);
-      n_ = std::exchange(o.n_, 0);
-      s_ = std::exchange(o.s_, nullptr);
-    }
-    return *this;
-  }
-  dp_buffer(const dp_buffer&) = delete;
-  dp_buffer& operator=(const dp_buffer&) = delete;
-  ~dp_buffer() { drop(); }
-
-  [[nodiscard]] T* data() const noexcept { return p_; }
-  [[nodiscard]] std::size_t size() const noexcept { return n_; }
-  [[nodiscard]] bool empty() const noexcept { return n_ == 0; }
-
-  /// n zeros, queued on s (the old block is freed on s first).
-  void allocate(std::size_t n, cudaStream_t s) {
-    release(s);
-    if (n == 0) return;
-    WEFT_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&p_), n * sizeof(T), s));
-    n_ = n;
-    s_ = s;
-    WEFT_CUDA_TRY(cudaMemsetAsync(p_, 0, n * sizeof(T), s));
-  }
-  /// Frees the block after the work queued on s so far.
-  void release(cudaStream_t s) {
-    if (p_ != nullptr) WEFT_CUDA_TRY(cudaFreeAsync(p_, s));
-    p_ = nullptr;
-    n_ = 0;
-  }
-
-private:
-  void drop() noexcept {
-    if (p_ != nullptr) (void)cudaFreeAsync(p_, s_);  // a destructor's failure has nowhere to go
-    p_ = nullptr;
-    n_ = 0;
-  }
-  T* p_ = nullptr;
-  std::size_t n_ = 0;
-  cudaStream_t s_ = nullptr;  // where it was allocated: the main stream, for the long-lived ones
-};
 
 /// A queued job (its collectives, in the side stream's order); waiting is the main stream's.
 class dp_work {
@@ -160,7 +119,7 @@ class dp_memory<Comm> {
 public:
   static constexpr bool on_device = true;
   template <class T>
-  using buffer = cuda::detail::dp_buffer<T>;
+  using buffer = cuda::stream_buffer<T>;
   using queue = cuda::detail::dp_queue;
   using work = cuda::detail::dp_work;
 
@@ -184,6 +143,7 @@ public:
   template <class T>
   void zeros(buffer<T>& b, std::size_t n, lane l) {
     b.allocate(n, stream_of(l));
+    fill_zero(b.data(), n, l);
   }
   template <class T>
   void release(buffer<T>& b, lane l) {

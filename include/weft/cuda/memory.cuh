@@ -66,6 +66,63 @@ private:
   std::size_t n_ = 0;
 };
 
+/// n elements of T in stream-ordered device memory (cudaMallocAsync / cudaFreeAsync),
+/// uninitialised: allocated after the work queued on a stream so far, freed after the work
+/// queued on a stream when it goes. Unlike cudaMalloc and cudaFree, neither waits for the
+/// device: a thread may allocate and free while another stream's kernel waits for it (ranks
+/// sharing a device, p2p's flag syncs), where cudaFree would wait for that kernel for ever.
+template <class T>
+class stream_buffer {
+public:
+  stream_buffer() = default;
+  stream_buffer(std::size_t n, cudaStream_t s) { allocate(n, s); }
+  stream_buffer(stream_buffer&& o) noexcept
+      : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), s_(std::exchange(o.s_, nullptr)) {}
+  stream_buffer& operator=(stream_buffer&& o) noexcept {
+    if (this != &o) {
+      drop();
+      p_ = std::exchange(o.p_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+      s_ = std::exchange(o.s_, nullptr);
+    }
+    return *this;
+  }
+  stream_buffer(const stream_buffer&) = delete;
+  stream_buffer& operator=(const stream_buffer&) = delete;
+  ~stream_buffer() { drop(); }
+
+  [[nodiscard]] T* data() const noexcept { return p_; }
+  [[nodiscard]] std::size_t size() const noexcept { return n_; }
+  [[nodiscard]] std::size_t size_bytes() const noexcept { return n_ * sizeof(T); }
+  [[nodiscard]] bool empty() const noexcept { return n_ == 0; }
+
+  /// n elements, queued on s (the old block is freed on s first). The destructor frees the
+  /// block on s too.
+  void allocate(std::size_t n, cudaStream_t s) {
+    release(s);
+    if (n == 0) return;
+    WEFT_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&p_), n * sizeof(T), s));
+    n_ = n;
+    s_ = s;
+  }
+  /// Frees the block after the work queued on s so far.
+  void release(cudaStream_t s) {
+    if (p_ != nullptr) WEFT_CUDA_TRY(cudaFreeAsync(p_, s));
+    p_ = nullptr;
+    n_ = 0;
+  }
+
+private:
+  void drop() noexcept {
+    if (p_ != nullptr) (void)cudaFreeAsync(p_, s_);  // a destructor's failure has nowhere to go
+    p_ = nullptr;
+    n_ = 0;
+  }
+  T* p_ = nullptr;
+  std::size_t n_ = 0;
+  cudaStream_t s_ = nullptr;
+};
+
 /// A stream, owned (created non-blocking, destroyed with the handle) or borrowed.
 class stream {
 public:

@@ -29,31 +29,6 @@
 
 namespace weft::cuda {
 
-/// Device memory whose allocation and release are queued on a stream (cudaMallocAsync,
-/// cudaFreeAsync): work queued on that stream before the release may still use it, and work
-/// on another stream must be ordered before it by an event.
-template <class T>
-class stream_buffer {
-public:
-  stream_buffer(std::size_t n, cudaStream_t s) : n_(n), s_(s) {
-    if (n_ != 0) WEFT_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&p_), n_ * sizeof(T), s_));
-  }
-  stream_buffer(stream_buffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), s_(o.s_) {}
-  stream_buffer& operator=(stream_buffer&&) = delete;
-  stream_buffer(const stream_buffer&) = delete;
-  stream_buffer& operator=(const stream_buffer&) = delete;
-  ~stream_buffer() {
-    if (p_ != nullptr) (void)cudaFreeAsync(p_, s_);  // a failure here has nowhere to go
-  }
-  [[nodiscard]] T* data() const noexcept { return p_; }
-  [[nodiscard]] std::size_t size() const noexcept { return n_; }
-
-private:
-  T* p_ = nullptr;
-  std::size_t n_ = 0;
-  cudaStream_t s_ = nullptr;
-};
-
 class stream_handoff {
 public:
   /// Work queued on `to` from now on waits for the work queued on `from` so far.
