@@ -4,7 +4,8 @@
 // (QKV, output projection, MLP in and out: forward, input gradient, weight gradient) run alone
 // through cuBLAS on the same stream in the same run. gemm_share = GEMM-only time / block time:
 // what the rest (attention core, softmax, LayerNorm, GELU, bias, residuals, copies) costs on top.
-// Without a GPU each row reports "no CUDA device" (SkipWithError).
+// The inputs, output gradients and the GEMMs' operands are random (on zeros the GPU clocks
+// higher). Without a GPU each row reports "no CUDA device" (SkipWithError).
 //
 //   build/benchmarks/cuda_layer_block_bench --benchmark_counters_tabular=true
 #include <weft/cuda/emulated.cuh>
@@ -16,6 +17,7 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace {
@@ -31,6 +33,19 @@ struct timing {
   double gemm_s = 0;
 };
 
+// Uniform values in [-1, 1) from a fixed seed, copied into m: GEMMs on zeros draw less power
+// and so run at higher clocks than on real data.
+void fill_random(weft::device_matrix<float>& m, std::uint32_t seed, cudaStream_t s) {
+  weft::matrix<float> h(m.rows(), m.cols());
+  for (std::size_t r = 0; r < h.rows(); ++r) {
+    for (std::size_t c = 0; c < h.cols(); ++c) {
+      seed = seed * 1664525u + 1013904223u;
+      h(r, c) = static_cast<float>(seed >> 8) / 8388608.0f - 1.0f;
+    }
+  }
+  m.copy_from(h.view(), s);
+}
+
 timing measure() {
   timing t;
   emulated::run(1, [&](emulated::communicator& c) {
@@ -38,10 +53,12 @@ timing measure() {
     const wl::cublas gemm(s);
     wl::transformer_block<float, emulated::communicator, wl::cublas> blk(
         c, {.hidden = hidden, .heads = heads, .ffn = 4 * hidden, .seq = seq}, 1, 1, gemm);
-    weft::device_matrix<float> x(tokens, hidden, s), y(tokens, hidden, s), dx(tokens, hidden, s);
+    weft::device_matrix<float> x(tokens, hidden, s), y(tokens, hidden, s), dy(tokens, hidden, s), dx(tokens, hidden, s);
+    fill_random(x, 1, s);
+    fill_random(dy, 2, s);
     const auto step = [&] {
       blk.forward(x.cview(), y.view());
-      blk.backward(y.cview(), dx.view());
+      blk.backward(dy.cview(), dx.view());
     };
     const weft::cuda::event start(true), stop(true);
     for (int i = 0; i < warmup; ++i) step();
@@ -60,6 +77,9 @@ timing measure() {
       dw[l].resize(o, i, s);
       in[l].resize(tokens, i, s);
       out[l].resize(tokens, o, s);
+      fill_random(w[l], 10 + static_cast<std::uint32_t>(l), s);
+      fill_random(in[l], 20 + static_cast<std::uint32_t>(l), s);
+      fill_random(out[l], 30 + static_cast<std::uint32_t>(l), s);
     }
     const auto gemms = [&] {
       for (std::size_t l = 0; l < 4; ++l) {

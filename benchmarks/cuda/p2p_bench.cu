@@ -92,9 +92,9 @@ void add_rows(const std::string& name, std::vector<int> devices) {
 } // namespace
 
 int main(int argc, char** argv) {
-  // Ranks sharing a device need a hardware queue each (weft/cuda/detail/p2p_sync.cuh); this
-  // must come before the first CUDA call.
-  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  // Ranks sharing a device: a hardware queue each and no kernel loaded late (before the first
+  // CUDA call).
+  p2p::configure_shared_device();
   for (int ranks : {2, 4})
     add_rows("p2p/all_reduce/" + std::to_string(ranks) + "x_device0",
              std::vector<int>(static_cast<std::size_t>(ranks), 0));

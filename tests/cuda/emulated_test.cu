@@ -527,7 +527,8 @@ TEST(emulated, split_gives_communicators_on_the_same_device_with_their_own_strea
     EXPECT_EQ(part.device(), c.device());
     const std::vector<int> members =
         c.rank() % 2 == 0 ? std::vector<int>{4, 2, 0} : std::vector<int>{3, 1};
-    ASSERT_EQ(part.size(), static_cast<int>(members.size()));
+    EXPECT_EQ(part.size(), static_cast<int>(members.size()));  // not ASSERT: a rank leaving would stall the others
+    if (part.size() != static_cast<int>(members.size())) return;
     EXPECT_EQ(members[static_cast<std::size_t>(part.rank())], c.rank());
     std::int32_t want = 0;
     for (int m : members)
@@ -536,7 +537,7 @@ TEST(emulated, split_gives_communicators_on_the_same_device_with_their_own_strea
     all_reduce<algo::direct>(part, std::span(d.data(), n), op::max{});
     const auto got = download(d.data(), n, part.stream());
     EXPECT_EQ(got, std::vector<std::int32_t>(n, want)) << "rank " << c.rank();
-  });
+  }, test_options);
 }
 
 TEST(emulated, a_rank_may_lend_its_own_stream) {
@@ -553,7 +554,7 @@ TEST(emulated, a_rank_may_lend_its_own_stream) {
     EXPECT_EQ(c.stream(), mine);
     all_reduce<algo::direct>(c, std::span(d.data(), 100));
     EXPECT_EQ(download(d.data(), 100, mine), std::vector<float>(100, 3.0f));
-  });
+  }, test_options);
   for (auto s : streams)
     WEFT_CUDA_TRY(cudaStreamDestroy(s)); // borrowed: still valid after the run
 }

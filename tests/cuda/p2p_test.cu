@@ -38,8 +38,12 @@ using namespace std::chrono_literals;
 
 // Up to 8 ranks' streams, a split's and the tests' own on one device: each must have a
 // hardware queue of its own, or a rank's work can wait behind another's spinning sync
-// (detail/p2p_sync.cuh). Set before the first CUDA call, which comes after static init.
-const bool connections_set = [] { return setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0) == 0; }();
+// (detail/p2p_sync.cuh), and no kernel may load late. Set before the first CUDA call, which
+// comes after static init.
+const bool shared_device_configured = [] {
+  p2p::configure_shared_device();
+  return true;
+}();
 
 static_assert(weft::communicator<p2p::communicator>);
 static_assert(weft::plan_executor<p2p::communicator>);
@@ -60,7 +64,8 @@ std::string failure_of(auto&& body) {
 // --- host only ---------------------------------------------------------------------------
 
 TEST(p2p_host, run_checks_its_arguments_before_looking_for_a_device) {
-  ASSERT_TRUE(connections_set);
+  ASSERT_TRUE(shared_device_configured);
+  EXPECT_STREQ(std::getenv("CUDA_MODULE_LOADING"), "EAGER");
   bool started = false;
   const auto body = [&](p2p::communicator&) { started = true; };
   EXPECT_HAS(failure_of([&] { p2p::run({}, body); }), "device list is empty");

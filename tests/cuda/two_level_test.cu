@@ -33,7 +33,10 @@ namespace p2p = weft::cuda::p2p;
 using namespace std::chrono_literals;
 
 // p2p ranks share the device: each stream needs a hardware queue (see tests/cuda/p2p_test.cu).
-const bool connections_set = [] { return setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0) == 0; }();
+const bool shared_device_configured = [] {
+  p2p::configure_shared_device();
+  return true;
+}();
 
 // Runs one all-reduce on device buffers of every rank and checks it on the host: against the
 // serial reference, and every rank's bits against rank 0's.

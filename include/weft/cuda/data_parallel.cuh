@@ -28,8 +28,8 @@
 // Transports. Over cuda::p2p every collective goes through the communicator's workspace (64 MiB
 // by default), which the default bucket (4e7 elements) does not fit: set
 // options::bucket_elements, or p2p::options::workspace_bytes, else the first reduction throws
-// naming the bytes it needs; ranks sharing one device need CUDA_DEVICE_MAX_CONNECTIONS raised
-// (p2p.cuh), more so here, where each rank adds a side stream. The buffers come from the
+// naming the bytes it needs; ranks sharing one device need p2p::configure_shared_device(), more
+// so here, where each rank adds a side stream. The buffers come from the
 // device's default memory pool, which other devices cannot reach unless granted
 // (cudaMemPoolSetAccess): NCCL with several GPUs in one process (nccl::init_all) may load user
 // buffers directly from a peer GPU, so there grant the peers access to the pools or set

@@ -43,7 +43,7 @@
 // weft::error naming the operation whose sync timed out, the rank and the peer. After that the
 // communicator cannot be used again; results since the timeout are garbage. Host waits have
 // options::timeout as their deadline. Ranks that share a device rely on their streams running
-// at once: see detail/p2p_sync.cuh on CUDA_DEVICE_MAX_CONNECTIONS.
+// at once and on no kernel loading late: call configure_shared_device() first.
 #include <weft/comm/algorithm/ring.hpp>
 #include <weft/comm/all_gather.hpp>
 #include <weft/comm/communicator.hpp>
@@ -65,6 +65,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <span>
@@ -89,6 +90,18 @@ struct options {
 
 template <class Host>
 class basic_communicator;
+
+/// For ranks that share one device (threads of one process, p2p::run with a device repeated):
+/// call before the process's first CUDA call. It gives each stream a hardware queue of its own
+/// (CUDA_DEVICE_MAX_CONNECTIONS=32, detail/p2p_sync.cuh) and loads every kernel when the
+/// process starts (CUDA_MODULE_LOADING=EAGER): a kernel loaded lazily at its first launch may
+/// wait for the device, and so for a peer's sync that spins until this rank arrives. It
+/// overrides values already set (some images set CUDA_DEVICE_MAX_CONNECTIONS=1). Ranks on
+/// devices of their own need neither.
+inline void configure_shared_device() {
+  ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1);
+  ::setenv("CUDA_MODULE_LOADING", "EAGER", 1);
+}
 
 } // namespace weft::cuda::p2p
 

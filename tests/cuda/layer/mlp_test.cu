@@ -18,6 +18,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <span>
 #include <string>
@@ -136,7 +137,7 @@ TYPED_TEST(device_mlp, MatchesSerial) {
         for (T v : download(p.grad, s).flat()) ASSERT_EQ(v, T{}) << where << " " << p.name;
       }
       comm.barrier();  // no rank frees its buffers while a peer's queued copy may read them
-    });
+    }, {.timeout = std::chrono::seconds(60)});  // an ASSERT leaving one rank early fails within a minute
   }
 }
 
