@@ -410,10 +410,14 @@ private:
       throw error(operation, rank_, peer, "waiting to " + std::string(what) +
                                               ", but that rank returned without joining the operation");
     }
-    if (world.failed.load(std::memory_order_acquire)) {
-      throw error(operation, rank_, peer, "aborted while waiting to " + std::string(what) + ": " + world.failure());
-    }
-    // The watchdog: find who holds everyone up, tell every rank, and give the dump.
+    const auto aborted = [&] {
+      return error(operation, rank_, peer, "aborted while waiting to " + std::string(what) + ": " + world.failure());
+    };
+    if (world.failed.load(std::memory_order_acquire)) throw aborted();
+    // The watchdog: find who holds everyone up, tell every rank, and give the dump. One rank
+    // at a time; one that timed out while another gave the verdict reports that verdict.
+    std::lock_guard one_verdict(world.watchdog);
+    if (world.failed.load(std::memory_order_acquire)) throw aborted();
     const int me = world_rank(rank_);
     std::string why = "timed out after " + std::to_string(timeout_.count()) + " ms waiting to " + std::string(what);
     if (peer >= 0) why += " (world rank " + std::to_string(world_rank(peer)) + ")";

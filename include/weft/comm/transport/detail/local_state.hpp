@@ -127,6 +127,10 @@ struct local_world {
   int spins;                          // polls before a wait yields: none when ranks outnumber cores
   std::atomic<bool> failed{false};
   std::mutex mutex;
+  // Held by a rank whose deadline passed while it finds the culprit and aborts the world, so
+  // that ranks timing out at the same moment give one verdict, read while every rank is still
+  // where it waited (a rank that unwinds first would look as if it waited on nobody).
+  std::mutex watchdog;
   int first_failed = -1;
   std::string first_error;
   std::string abort_reason;
