@@ -546,6 +546,63 @@ TEST(two_level, host_scratch_is_reused_between_calls) {
   EXPECT_EQ(e.data(), nullptr);
 }
 
+// The order between the levels, as a device transport needs it (there each level has its own
+// stream, and a handoff orders one after the other): a call that uses Inter hands the caller's
+// order from Intra to Inter before Inter's first operation, and back after its last, so the call
+// starts after the caller's work and ends on Intra's stream. The host transports' handoff does
+// nothing, so this records when each handoff came, as the number of Inter operations by then.
+struct recorded_handoff : host_handoff {
+  struct state {
+    const void* intra = nullptr;  // the two_level's own communicators, set once it is made
+    const traced<local::communicator>* inter = nullptr;
+    std::vector<std::size_t> to_inter, to_intra;  // each handoff, as the Inter operations by then
+  };
+  std::shared_ptr<state> s = std::make_shared<state>();
+  template <class From, class To>
+  void operator()(From& from, To&) {
+    const std::size_t n = s->inter->ops().size();
+    (static_cast<const void*>(&from) == s->intra ? s->to_inter : s->to_intra).push_back(n);
+  }
+};
+
+TEST(two_level, a_call_on_inter_is_ordered_after_the_callers_work_and_ends_on_intra) {
+  for (const char* spec : {"4x1", "2x2", "3+1"}) {
+    local::run(topology::parse(spec), [&](local::communicator& world) {
+      const int rank = world.rank();
+      const auto& node_of = world.node_of();
+      std::vector<int> nodes(node_of.begin(), node_of.end());
+      const int color = detail::node_color(nodes, rank);
+      auto intra = world.split(color, rank);
+      auto inter = world.split(intra.rank(), color);
+      recorded_handoff h;
+      two_level<traced<local::communicator>, traced<local::communicator>, recorded_handoff> tl(
+          traced(std::move(intra), "intra"), traced(std::move(inter), "inter"), nodes, rank, {}, h);
+      h.s->intra = &tl.intra();
+      h.s->inter = &tl.inter();
+      const auto check = [&](const char* what, auto&& call) {
+        h.s->to_inter.clear();
+        h.s->to_intra.clear();
+        const std::size_t before = tl.inter().ops().size();
+        call();
+        const std::size_t after = tl.inter().ops().size();
+        const std::string where = std::string(spec) + ", " + what + ", rank " + std::to_string(rank);
+        if (after == before) return;  // Inter not used here
+        ASSERT_FALSE(h.s->to_inter.empty()) << where << ": Inter ran without a handoff from Intra";
+        EXPECT_EQ(h.s->to_inter.front(), before) << where << ": Inter ran before the handoff from Intra";
+        ASSERT_FALSE(h.s->to_intra.empty()) << where << ": the call did not end on Intra";
+        EXPECT_EQ(h.s->to_intra.back(), after) << where << ": Inter ran after the last handoff back";
+      };
+      const std::size_t p = static_cast<std::size_t>(world.size());
+      std::vector<float> v(64, 1.0f), all(64 * p, 1.0f), out(64);
+      check("all_reduce", [&] { all_reduce(tl, std::span(v)); });
+      check("broadcast", [&] { broadcast(tl, std::span(v), 0); });
+      check("reduce", [&] { reduce(tl, std::span<const float>(v), std::span(out), 0); });
+      check("reduce_scatter", [&] { reduce_scatter(tl, std::span<const float>(all), std::span(out)); });
+      check("all_gather", [&] { all_gather(tl, std::span<const float>(out), std::span(all)); });
+    });
+  }
+}
+
 TEST(two_level, refuses_bad_roots_and_buffers) {
   local::run(topology::parse("2x2"), [](local::communicator& world) {
     auto tl = make_two_level(world);

@@ -32,6 +32,9 @@ namespace emu = weft::cuda::emulated;
 namespace p2p = weft::cuda::p2p;
 using namespace std::chrono_literals;
 
+// An ASSERT that ends one rank's checks early leaves its peers waiting: a minute, not five.
+const emu::options run_options{.timeout = 60s};
+
 // p2p ranks share the device: each stream needs a hardware queue (see tests/cuda/p2p_test.cu).
 const bool shared_device_configured = [] {
   p2p::configure_shared_device();
@@ -141,7 +144,7 @@ void expect_identical(const std::vector<std::vector<T>>& results) {
 
 TEST(cuda_two_level, emulated_levels_on_their_own_streams_match_the_reference) {
   WEFT_REQUIRE_DEVICE();
-  for (const char* spec : {"2x2", "3+5", "1+3", "4+2+3"}) {
+  for (const char* spec : {"2x2", "3+5", "1+3", "4+2+3", "3x1"}) {
     const auto cluster = topology::parse(spec);
     std::mutex m;
     std::vector<std::vector<float>> floats(static_cast<std::size_t>(cluster.size()));
@@ -155,7 +158,7 @@ TEST(cuda_two_level, emulated_levels_on_their_own_streams_match_the_reference) {
         check<algo::stages<algo::ring, algo::tree>, std::int32_t, op::avg>(tl, count, test::pattern::exact, ints, m);
         check<algo::stages<>, float, op::sum>(tl, count, test::pattern::random, floats, m);
       }
-    });
+    }, run_options);
     expect_identical(floats);
     if (::testing::Test::HasFailure()) return;
   }
@@ -163,7 +166,7 @@ TEST(cuda_two_level, emulated_levels_on_their_own_streams_match_the_reference) {
 
 TEST(cuda_two_level, emulated_broadcast_and_reduce_match_the_reference) {
   WEFT_REQUIRE_DEVICE();
-  for (const char* spec : {"2x2", "3+5", "4+2+3"}) {
+  for (const char* spec : {"2x2", "3+5", "4+2+3", "3x1"}) {
     const auto cluster = topology::parse(spec);
     const int p = cluster.size();
     emu::run(cluster, [&](emu::communicator& world) {
@@ -177,7 +180,7 @@ TEST(cuda_two_level, emulated_broadcast_and_reduce_match_the_reference) {
           check_rooted<algo::stages<>, float>(tl, collective::reduce, count, root, test::pattern::random);
         }
       }
-    });
+    }, run_options);
     if (::testing::Test::HasFailure()) return;
   }
 }
@@ -194,11 +197,11 @@ TEST(cuda_two_level, emulated_reduce_scatter_and_all_gather_match_the_reference)
                                                                   test::pattern::exact);
     }
   };
-  for (const char* spec : {"2x2", "3+5", "4+2+3"}) {
+  for (const char* spec : {"2x2", "3+5", "4+2+3", "3x1"}) {
     emu::run(topology::parse(spec), [&](emu::communicator& world) {
       auto tl = make_two_level(world, {.chunk_bytes = 1024}, weft::cuda::stream_handoff{});
       run_all(tl);
-    });
+    }, run_options);
     if (::testing::Test::HasFailure()) return;
   }
   // Interleaved nodes (reordered through stream-ordered scratch): split by hand from one node.
@@ -210,7 +213,7 @@ TEST(cuda_two_level, emulated_reduce_scatter_and_all_gather_match_the_reference)
     auto inter = world.split(intra.rank(), color);
     weft::cuda::two_level<emu::communicator> tl(std::move(intra), std::move(inter), node_of, r, {.chunk_bytes = 1024});
     run_all(tl);
-  });
+  }, run_options);
 }
 
 TEST(cuda_two_level, p2p_levels_sharing_one_device_match_the_reference) {

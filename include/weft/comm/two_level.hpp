@@ -338,7 +338,7 @@ public:
       return;
     }
     if (nodes_ == size()) {  // one rank per node
-      run_all_reduce<OA>(inter_, in, out, count, op);
+      inter_alone([&] { run_all_reduce<OA>(inter_, in, out, count, op); });
       return;
     }
     if constexpr (IA::serves(collective::reduce_scatter) && IA::serves(collective::all_gather)) {
@@ -407,7 +407,7 @@ public:
     const int root_local = local_of_[to_size(root)];
     if (nodes_ == 1 || nodes_ == size()) {  // one level: one node, or one rank per node
       if (nodes_ == 1) weft::broadcast<IA>(intra_, std::span<T>(data, count), root_local);
-      else weft::broadcast<OA>(inter_, std::span<T>(data, count), root_node);
+      else inter_alone([&] { weft::broadcast<OA>(inter_, std::span<T>(data, count), root_node); });
       return;
     }
     if constexpr (IA::serves(collective::all_gather)) {
@@ -474,7 +474,7 @@ public:
       const std::span<const T> src(in, count);
       const std::span<T> dst(out, at_root ? count : 0);
       if (nodes_ == 1) weft::reduce<IA>(intra_, src, dst, root_local, op);
-      else weft::reduce<OA>(inter_, src, dst, root_node, op);
+      else inter_alone([&] { weft::reduce<OA>(inter_, src, dst, root_node, op); });
       return;
     }
     if constexpr (IA::serves(collective::reduce_scatter) && IA::serves(collective::all_gather)) {
@@ -563,7 +563,7 @@ public:
     }
     if constexpr (OA::serves(collective::reduce_scatter)) {
       if (nodes_ == size()) {
-        weft::reduce_scatter<OA>(inter_, std::span<const T>(in, n * p), std::span<T>(out, n), op);
+        inter_alone([&] { weft::reduce_scatter<OA>(inter_, std::span<const T>(in, n * p), std::span<T>(out, n), op); });
         return;
       }
     }
@@ -641,7 +641,7 @@ public:
     }
     if constexpr (OA::serves(collective::all_gather)) {
       if (nodes_ == size()) {
-        weft::all_gather<OA>(inter_, std::span<const T>(in, n), std::span<T>(out, n * p));
+        inter_alone([&] { weft::all_gather<OA>(inter_, std::span<const T>(in, n), std::span<T>(out, n * p)); });
         return;
       }
     }
@@ -679,6 +679,15 @@ public:
   }
 
 private:
+  /// A call that is Inter's alone (one rank per node): ordered after the caller's work on
+  /// Intra's stream, and ending there, as every call does (on GPUs the levels' streams differ).
+  template <class F>
+  void inter_alone(F&& call) {
+    handoff_(intra_, inter_);
+    std::forward<F>(call)();
+    handoff_(inter_, intra_);
+  }
+
   /// Where world rank r's block sits in local-major order (local index, then node): the order
   /// in which one Intra reduce_scatter (all_gather) of N blocks per rank meets, on each local
   /// rank, the blocks of its local index on every node.
