@@ -111,6 +111,7 @@ public:
   vocab_parallel_cross_entropy(Comm& tp, std::size_t vocab, Exec exec = {})
       : tp_(&tp), vocab_(vocab), range_(split_range(vocab, tp.size(), tp.rank())), exec_(std::move(exec)) {
     if (vocab == 0) throw error("vocab_parallel_cross_entropy: vocab must be positive");
+    detail::check_stream("vocab_parallel_cross_entropy", exec_, tp);
   }
 
   [[nodiscard]] range vocab_range() const noexcept { return range_; }

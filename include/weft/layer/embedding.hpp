@@ -72,6 +72,7 @@ public:
                            double init_std = 0.02, Exec exec = {})
       : tp_(&tp), vocab_(vocab), hidden_(hidden), range_(split_range(vocab, tp.size(), tp.rank())), exec_(std::move(exec)) {
     if (vocab == 0 || hidden == 0) throw error("vocab_parallel_embedding: vocab and hidden must be positive");
+    detail::check_stream("vocab_parallel_embedding", exec_, tp);
     detail::resize(exec_, w_, range_.size(), hidden);
     detail::resize(exec_, dw_, range_.size(), hidden);
     detail::init_weight(exec_, w_, hidden, range_.begin, 0, seed, tensor_id, init_std);

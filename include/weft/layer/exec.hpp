@@ -12,11 +12,14 @@
 //   detail::resize(gemm, h, tokens, cols);                  // zero-filled, stream-ordered on a device
 //   detail::for_each_element(gemm, y.rows(), y.cols(), detail::add_row<T>{y, b});
 #include <weft/core/config.hpp>
+#include <weft/core/error.hpp>
 #include <weft/layer/matrix.hpp>
 
 #include <concepts>
 #include <cstddef>
 #include <span>
+#include <string>
+#include <string_view>
 
 namespace weft::layer {
 
@@ -60,6 +63,24 @@ void for_each_element(const Gemm& g, std::size_t rows, std::size_t cols, const F
     (void)g;
     for (std::size_t r = 0; r < rows; ++r)
       for (std::size_t c = 0; c < cols; ++c) f(r, c);
+  }
+}
+
+/// A device policy must share its stream with the communicator, so that the layer's kernels,
+/// GEMMs and collectives run in the order they are called; `who` names the layer in the error.
+template <class Policy, class Comm>
+void check_stream(std::string_view who, const Policy& policy, const Comm& tp) {
+  if constexpr (on_device<Policy>) {
+    static_assert(requires { tp.stream(); },
+                  "weft: a device policy (cublas) needs a device communicator (one with stream())");
+    if (tp.stream() != policy.stream()) {
+      throw error(std::string(who) + ": the policy's stream is not the communicator's stream; "
+                  "make the policy with the communicator's, e.g. cublas(comm.stream())");
+    }
+  } else {
+    (void)who;
+    (void)policy;
+    (void)tp;
   }
 }
 

@@ -190,21 +190,9 @@ protected:
     resize(gemm_, db_, bias ? 1 : 0, bias_cols);
   }
 
-  /// A device policy must share its stream with the communicator, so that the layer's kernels,
-  /// GEMMs and collectives run in the order they are called.
   template <class Comm>
   void check_stream(std::string_view who, const Comm& tp) const {
-    if constexpr (on_device<Gemm>) {
-      static_assert(requires { tp.stream(); },
-                    "weft: a device GEMM policy (cublas) needs a device communicator (one with stream())");
-      if (tp.stream() != gemm_.stream()) {
-        throw error(std::string(who) + ": the GEMM policy's stream is not the communicator's stream; "
-                    "make the policy with the communicator's, e.g. cublas(comm.stream())");
-      }
-    } else {
-      (void)who;
-      (void)tp;
-    }
+    detail::check_stream(who, gemm_, tp);
   }
 
   Gemm gemm_;

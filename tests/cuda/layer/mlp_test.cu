@@ -10,6 +10,8 @@
 #include <weft/cuda/emulated.cuh>
 #include <weft/layer/cuda/cublas.cuh>
 #include <weft/layer/cuda/matrix.cuh>
+#include <weft/layer/cross_entropy.hpp>
+#include <weft/layer/embedding.hpp>
 #include <weft/layer/mlp.hpp>
 
 #include "layer/layer_support.hpp"
@@ -141,13 +143,23 @@ TYPED_TEST(device_mlp, MatchesSerial) {
   }
 }
 
-// The GEMM policy must queue on the communicator's stream; another stream is refused by name.
+// A device policy must queue on the communicator's stream; another stream is refused, naming
+// the layer: the linears (through the MLP), the embedding and the loss.
 TEST(DeviceMlp, PolicyOnAnotherStreamIsAnError) {
   WEFT_REQUIRE_DEVICE();
   emulated::run(2, [](emulated::communicator& c) {
     weft::cuda::stream other;
-    tl::expect_error([&] { wl::parallel_mlp<float, emulated::communicator, wl::cublas> m(c, 4, 8, 1, 1, wl::cublas(other.get())); },
-                     "column_parallel_linear: the GEMM policy's stream is not the communicator's stream");
+    const wl::cublas elsewhere(other.get());
+    tl::expect_error([&] { wl::parallel_mlp<float, emulated::communicator, wl::cublas> m(c, 4, 8, 1, 1, elsewhere); },
+                     "column_parallel_linear: the policy's stream is not the communicator's stream");
+    tl::expect_error(
+        [&] {
+          wl::vocab_parallel_embedding<float, emulated::communicator, wl::no_sequence_parallel, wl::cublas> e(
+              c, 10, 4, 1, 1, 0.02, elsewhere);
+        },
+        "vocab_parallel_embedding: the policy's stream is not the communicator's stream");
+    tl::expect_error([&] { wl::vocab_parallel_cross_entropy<float, emulated::communicator, wl::cublas> l(c, 10, elsewhere); },
+                     "vocab_parallel_cross_entropy: the policy's stream is not the communicator's stream");
   });
 }
 
