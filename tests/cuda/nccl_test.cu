@@ -406,6 +406,9 @@ TEST(nccl, owning_communicators_from_a_unique_id_and_from_init_all) {
   d = std::move(moved);  // assignment releases d's own communicator first
   EXPECT_EQ(d.size(), 1);
   check_collective<algo::ring, collective::broadcast, weft::half, op::sum>(d, 77, 0, pattern::exact, false);
+  d = single_rank();  // d's communicator, moved in from c, goes by assignment too
+  check_collective<algo::ring, collective::all_reduce, float, op::sum>(d, 77, 0, pattern::random, false);
+  d.abort_on_destroy();  // then aborted (ncclCommAbort), not destroyed, when d goes
 }
 
 TEST(nccl, split_shares_the_stream_and_runs_collectives) {

@@ -8,16 +8,19 @@
 #include <weft/comm/broadcast.hpp>
 #include <weft/comm/reduce.hpp>
 #include <weft/comm/reduce_scatter.hpp>
+#include <weft/core/error.hpp>
 #include <weft/cuda/memory.cuh>
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <span>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -32,8 +35,27 @@ void upload(T* dst, const std::vector<T>& src, cudaStream_t s) {
         cudaMemcpyAsync(dst, src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice, s));
 }
 
+// Polls until s is idle, failing after `limit`: the wait before a copy to pageable memory,
+// which blocks this thread until done and may hold back other threads' CUDA calls meanwhile
+// (staging buffers), while this rank's queued p2p sync spins until those threads' ranks
+// launch theirs.
+inline void wait_idle(cudaStream_t s, std::chrono::seconds limit = std::chrono::seconds(60)) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    const cudaError_t e = cudaStreamQuery(s);
+    if (e == cudaSuccess) return;
+    if (e != cudaErrorNotReady) WEFT_CUDA_TRY(e);
+    (void)cudaGetLastError();  // "not ready" is no error
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw weft::error("test download: the stream was not idle after " + std::to_string(limit.count()) + " s");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
 template <class T>
 std::vector<T> download(const T* src, std::size_t n, cudaStream_t s) {
+  wait_idle(s);
   std::vector<T> v(n);
   if (n != 0)
     WEFT_CUDA_TRY(cudaMemcpyAsync(v.data(), src, n * sizeof(T), cudaMemcpyDeviceToHost, s));

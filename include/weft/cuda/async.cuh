@@ -18,6 +18,12 @@
 // rank must make the same calls in the same order, as with the blocking ones. The buffers must
 // stay alive, and the main stream must not write them, until the work is waited for. The
 // events are made on the device current at construction, which must be the communicator's.
+//
+// Over NCCL two communicators then run at once on one device, which NCCL allows only while no
+// rank blocks its device between queuing its parts: a call that synchronises the whole device
+// (cudaFree, cudaDeviceSynchronize, a pageable cudaMemcpy) while side work is in flight can wait
+// for a collective whose peer is itself blocked the same way. Use stream-ordered memory
+// (cudaMallocAsync, weft::cuda::stream_buffer) in the loop that overlaps.
 #include <weft/comm/all_gather.hpp>
 #include <weft/comm/all_reduce.hpp>
 #include <weft/comm/communicator.hpp>
@@ -30,6 +36,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -70,9 +77,15 @@ private:
 /// A collective queued on a side stream. Copies share it; a default-made work is done.
 class work {
 public:
+  /// Called by wait() on every poll with false, and once with true when the deadline passes,
+  /// before the timeout error: a transport raises its asynchronous errors here, and marks
+  /// itself failed on a timeout (async_communicator over NCCL does both).
+  using watch = std::function<void(bool deadline_passed)>;
+
   work() = default;
-  work(std::shared_ptr<const event> done, std::chrono::milliseconds timeout, std::string what, int rank)
-      : done_(std::move(done)), timeout_(timeout), what_(std::move(what)), rank_(rank) {}
+  work(std::shared_ptr<const event> done, std::chrono::milliseconds timeout, std::string what, int rank,
+       watch w = {})
+      : done_(std::move(done)), timeout_(timeout), what_(std::move(what)), rank_(rank), watch_(std::move(w)) {}
 
   /// Whether the device has finished it.
   [[nodiscard]] bool done() const {
@@ -95,7 +108,9 @@ public:
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     auto pause = std::chrono::microseconds(1);
     while (!done()) {
+      if (watch_) watch_(false);
       if (std::chrono::steady_clock::now() > deadline) {
+        if (watch_) watch_(true);
         throw error(what_, rank_, error::unknown,
                     "not done after " + std::to_string(timeout_.count()) +
                         " ms on the side stream (a peer that never made the same call, or a stalled device)");
@@ -110,6 +125,7 @@ private:
   std::chrono::milliseconds timeout_{0};
   std::string what_;
   int rank_ = error::unknown;
+  watch watch_;
 };
 
 template <communicator Comm>
@@ -134,11 +150,19 @@ public:
   [[nodiscard]] cudaStream_t side_stream() const { return side_.stream(); }
   [[nodiscard]] Comm& side() noexcept { return side_; }
 
-  /// Queues f(side) on the side stream after the main stream's work so far.
+  /// Queues f(side) on the side stream after the main stream's work so far. Wait for the
+  /// work before this async_communicator goes (its wait() consults the side communicator).
   template <class F>
   work submit(std::string what, F&& f) {
     auto done = order_.submit([&] { std::forward<F>(f)(side_); });
-    return work(std::move(done), timeout_, std::move(what), side_.rank());
+    work::watch w;
+    if constexpr (requires { side_.check_async_error(what); side_.abort_on_destroy(); }) {
+      w = [side = &side_, op = what](bool deadline_passed) {
+        if (deadline_passed) side->abort_on_destroy();  // a peer may never come: do not wait again when it goes
+        else side->check_async_error(op);
+      };
+    }
+    return work(std::move(done), timeout_, std::move(what), side_.rank(), std::move(w));
   }
 
 private:

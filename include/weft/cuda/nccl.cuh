@@ -39,7 +39,9 @@
 // Threads. One host thread or process per rank: a plan's rounds are separate NCCL groups
 // with kernels between them, so one thread cannot drive several ranks (their groups would
 // wait on each other). A communicator is used by one thread at a time; it makes its device
-// current around each call. NCCL's communicators must be blocking (NCCL's default).
+// current around each call. NCCL's communicators must be blocking (NCCL's default). Never
+// call weft inside your own ncclGroupStart/ncclGroupEnd: NCCL would hold a plan's sends and
+// receives until your ncclGroupEnd, while the kernels between its rounds run at once.
 //
 // Node locality, which hierarchical<> and automatic use, comes from the first of:
 //   options::topology   a weft::topology::cluster: emulated nodes, rank r on its device r
@@ -457,14 +459,39 @@ public:
   }
 
   communicator(communicator&&) noexcept = default;
-  communicator& operator=(communicator&&) noexcept = default;
+  /// What this one owned goes as in the destructor (drained or aborted, in member order).
+  communicator& operator=(communicator&& o) noexcept {
+    if (this != &o) {
+      std::destroy_at(this);
+      std::construct_at(this, std::move(o));
+    }
+    return *this;
+  }
   communicator(const communicator&) = delete;
   communicator& operator=(const communicator&) = delete;
   /// Destroys what it owns. An owned NCCL communicator is destroyed once the stream's work is
   /// done, or aborted if that takes longer than timeout() or the communicator failed.
+  /// Destroying is collective for NCCL (ncclCommDestroy may wait for the peers): where a
+  /// peer has died, call abort_on_destroy() first, or end the process.
   ~communicator() {
     if (comm_.owned() && comm_.get() != nullptr && !drained()) comm_.mark_failed();
   }
+
+  /// NCCL's asynchronous error of this communicator (ncclCommGetAsyncError), if any, as a
+  /// weft::error naming `operation`; the communicator is then marked failed. For a caller that
+  /// polls its own work on the stream (weft::cuda::work::wait does).
+  void check_async_error(std::string_view operation, int peer = error::unknown) {
+    ncclResult_t async = ncclSuccess;
+    check_nccl(ncclCommGetAsyncError(comm_.get(), &async), "ncclCommGetAsyncError", operation, peer);
+    if (async != ncclSuccess && async != ncclInProgress) {
+      comm_.mark_failed();
+      detail::nccl_fail(async, "an NCCL operation (asynchronous error)", operation, rank_, peer, comm_.get());
+    }
+  }
+
+  /// An owned NCCL communicator is then aborted (ncclCommAbort) when this goes, not destroyed:
+  /// for a caller that knows a peer is gone. No effect on a borrowed one.
+  void abort_on_destroy() noexcept { comm_.mark_failed(); }
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return size_; }
@@ -871,12 +898,7 @@ private:
         detail::cuda_fail(e, "cudaStreamQuery", operation, rank_);
       }
       (void)cudaGetLastError();  // "not ready" is recorded as the last error; it is none
-      ncclResult_t async = ncclSuccess;
-      check_nccl(ncclCommGetAsyncError(comm_.get(), &async), "ncclCommGetAsyncError", operation, peer);
-      if (async != ncclSuccess && async != ncclInProgress) {
-        comm_.mark_failed();
-        detail::nccl_fail(async, "an NCCL operation (asynchronous error)", operation, rank_, peer, comm_.get());
-      }
+      check_async_error(operation, peer);
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) {
         comm_.mark_failed();

@@ -33,6 +33,9 @@ inline communicator from_mpi(MPI_Comm comm, cudaStream_t stream = nullptr, optio
     detail::nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId", "nccl::from_mpi", m.rank());
   }
   mpi::broadcast_bytes(m, std::as_writable_bytes(std::span(&id, 1)), 0);
+  // Every rank holds the id before any blocks in ncclCommInitRank: the root's broadcast may
+  // complete locally while an MPI that progresses only inside its calls has not delivered it.
+  m.barrier();
   if (!opt.topology && opt.node_of.empty()) opt.node_of = m.node_of();
   return communicator::init_rank(id, m.rank(), m.size(), stream, opt);
 }
