@@ -110,6 +110,32 @@ TEST(LayerCuda, DeviceMatrixRoundTrip) {
   EXPECT_THROW(d.copy_to(wrong.view()), weft::error);
 }
 
+// On a stream a matrix takes stream-ordered memory: zero-filled on growth, kept when it shrinks,
+// reallocated (zeroed again) when it grows past it, and freed on the stream while work queued
+// there may still be running.
+TEST(LayerCuda, MatrixOnAStreamGrowsZeroedAndKeepsItsBlockWhenShrinking) {
+  WEFT_REQUIRE_DEVICE();
+  weft::cuda::stream s;
+  std::mt19937 g(7);
+  const auto host = random_matrix<float>(5, 6, g);
+  {
+    auto d = weft::to_device(host.view(), s.get());
+    const auto back = weft::to_host(d, s.get());
+    EXPECT_TRUE(std::ranges::equal(back.flat(), host.flat()));
+    const float* block = d.data();
+    d.resize(2, 3, s.get());
+    EXPECT_EQ(d.data(), block) << "shrinking keeps the block";
+    for (float x : weft::to_host(d, s.get()).flat()) EXPECT_EQ(x, 0.0f);
+    d.resize(40, 50, s.get());
+    EXPECT_EQ(d.rows(), 40u);
+    for (float x : weft::to_host(d, s.get()).flat()) EXPECT_EQ(x, 0.0f);
+    weft::device_matrix<float> busy(256, 256, s.get());
+    WEFT_CUDA_TRY(cudaMemsetAsync(busy.data(), 0, 256 * 256 * sizeof(float), s.get()));
+  }  // both freed behind the memset, on s
+  weft::device_matrix<float> again(256, 256, s.get());
+  for (float x : weft::to_host(again, s.get()).flat()) ASSERT_EQ(x, 0.0f);
+}
+
 TEST(LayerCuda, ShapeMismatchIsAnError) {
   WEFT_REQUIRE_DEVICE();
   weft::device_matrix<float> a(2, 3), b(4, 5), c(2, 5);

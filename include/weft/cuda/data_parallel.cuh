@@ -29,11 +29,9 @@
 // by default), which the default bucket (4e7 elements) does not fit: set
 // options::bucket_elements, or p2p::options::workspace_bytes, else the first reduction throws
 // naming the bytes it needs; ranks sharing one device need p2p::configure_shared_device(), more
-// so here, where each rank adds a side stream. The buffers come from the
-// device's default memory pool, which other devices cannot reach unless granted
-// (cudaMemPoolSetAccess): NCCL with several GPUs in one process (nccl::init_all) may load user
-// buffers directly from a peer GPU, so there grant the peers access to the pools or set
-// NCCL_P2P_DIRECT_DISABLE=1. One process per GPU (MPI) needs neither.
+// so here, where each rank adds a side stream. The buffers come from the device's default
+// memory pool, which weft opens to the devices that can reach it (cuda::stream_buffer), since
+// NCCL with several GPUs in one process (nccl::init_all) loads user buffers directly from peers.
 #include <weft/cuda/async.cuh>
 #include <weft/cuda/error.cuh>
 #include <weft/cuda/kernels.cuh>

@@ -7,8 +7,10 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace weft::cuda {
 
@@ -66,11 +68,51 @@ private:
   std::size_t n_ = 0;
 };
 
+namespace detail {
+
+/// Grants every device that can reach `device`'s memory access to `device`'s default memory
+/// pool (cudaMemPoolSetAccess), once per device and process. Memory from cudaMallocAsync is
+/// otherwise reachable only from its own device, peer access or not, while NCCL with several
+/// GPUs in one process (nccl::init_all) loads and stores peers' buffers directly, as cudaMalloc
+/// memory allows once peer access is on.
+inline void share_default_pool(int device) {
+  static std::mutex m;
+  static std::vector<char> shared;
+  const std::lock_guard lock(m);
+  const auto d = static_cast<std::size_t>(device);
+  if (d < shared.size() && shared[d] != 0) return;
+  int count = 0;
+  WEFT_CUDA_TRY(cudaGetDeviceCount(&count));
+  std::vector<cudaMemAccessDesc> access;
+  for (int peer = 0; peer < count; ++peer) {
+    int can = 0;
+    if (peer != device) WEFT_CUDA_TRY(cudaDeviceCanAccessPeer(&can, peer, device));
+    if (can != 0) {
+      cudaMemAccessDesc a{};
+      a.location.type = cudaMemLocationTypeDevice;
+      a.location.id = peer;
+      a.flags = cudaMemAccessFlagsProtReadWrite;
+      access.push_back(a);
+    }
+  }
+  if (!access.empty()) {
+    cudaMemPool_t pool{};
+    WEFT_CUDA_TRY(cudaDeviceGetDefaultMemPool(&pool, device));
+    WEFT_CUDA_TRY(cudaMemPoolSetAccess(pool, access.data(), access.size()));
+  }
+  if (shared.size() <= d) shared.resize(d + 1, 0);
+  shared[d] = 1;
+}
+
+} // namespace detail
+
 /// n elements of T in stream-ordered device memory (cudaMallocAsync / cudaFreeAsync),
 /// uninitialised: allocated after the work queued on a stream so far, freed after the work
 /// queued on a stream when it goes. Unlike cudaMalloc and cudaFree, neither waits for the
 /// device: a thread may allocate and free while another stream's kernel waits for it (ranks
 /// sharing a device, p2p's flag syncs), where cudaFree would wait for that kernel for ever.
+/// The memory comes from the stream's device's default pool, which the devices that can reach
+/// that device may access too (detail::share_default_pool). The stream must outlive the buffer.
 template <class T>
 class stream_buffer {
 public:
@@ -101,6 +143,9 @@ public:
   void allocate(std::size_t n, cudaStream_t s) {
     release(s);
     if (n == 0) return;
+    int device = 0;
+    WEFT_CUDA_TRY(cudaStreamGetDevice(s, &device));
+    detail::share_default_pool(device);
     WEFT_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&p_), n * sizeof(T), s));
     n_ = n;
     s_ = s;

@@ -5,6 +5,13 @@
 // GEMM policy (weft::layer::cublas), never index them on the host. Copies to and from host views
 // take any leading dimension (cudaMemcpy2D).
 //
+// Memory: a matrix made or grown on a stream takes stream-ordered memory on it (cudaMallocAsync,
+// freed with cudaFreeAsync after the work queued there), so that a layer that frees and makes
+// its activations every step (release() under full recompute, a pipeline's stash) neither waits
+// for the device nor blocks a collective overlapping on another stream; use such a matrix on
+// that stream (or after it), and let it go before the stream. On the default stream (nullptr)
+// it is cudaMalloc'd and cudaFree'd, which waits for the device.
+//
 //   weft::matrix<float, weft::device_space> d = weft::to_device(host.view());
 //   gemm(trans::n, trans::t, 1.0f, d_x.cview(), d_w.cview(), 0.0f, d_y.view());
 //   weft::matrix<float> back = weft::to_host(d_y);
@@ -14,6 +21,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 #include <type_traits>
@@ -32,20 +40,30 @@ public:
   [[nodiscard]] std::size_t rows() const noexcept { return rows_; }
   [[nodiscard]] std::size_t cols() const noexcept { return cols_; }
   [[nodiscard]] std::size_t size() const noexcept { return rows_ * cols_; }
-  [[nodiscard]] T* data() const noexcept { return buf_.data(); }
+  [[nodiscard]] T* data() const noexcept { return ordered_.data() != nullptr ? ordered_.data() : plain_.data(); }
 
-  [[nodiscard]] matrix_view<T> view() noexcept { return {buf_.data(), rows_, cols_, cols_}; }
-  [[nodiscard]] matrix_view<const T> view() const noexcept { return {buf_.data(), rows_, cols_, cols_}; }
+  [[nodiscard]] matrix_view<T> view() noexcept { return {data(), rows_, cols_, cols_}; }
+  [[nodiscard]] matrix_view<const T> view() const noexcept { return {data(), rows_, cols_, cols_}; }
   [[nodiscard]] matrix_view<const T> cview() const noexcept { return view(); }
   operator matrix_view<T>() noexcept { return view(); }              // NOLINT: views are cheap
   operator matrix_view<const T>() const noexcept { return view(); }  // NOLINT
 
-  /// Reshape to rows x cols, zero-filled (stream-ordered on s); reallocates only to grow.
+  /// Reshape to rows x cols, zero-filled (stream-ordered on s); reallocates only to grow, in
+  /// stream-ordered memory on s unless s is the default stream (see the header).
   void resize(std::size_t rows, std::size_t cols, cudaStream_t s = nullptr) {
-    if (rows * cols > buf_.size()) buf_ = cuda::device_buffer<T>(rows * cols);
+    const std::size_t n = rows * cols;
+    if (n > std::max(ordered_.size(), plain_.size())) {
+      if (s != nullptr) {
+        plain_ = {};
+        ordered_ = cuda::stream_buffer<T>(n, s);  // the old block is freed on its own stream
+      } else {
+        ordered_ = {};
+        plain_ = cuda::device_buffer<T>(n);
+      }
+    }
     rows_ = rows;
     cols_ = cols;
-    if (rows * cols != 0) WEFT_CUDA_TRY(cudaMemsetAsync(buf_.data(), 0, rows * cols * sizeof(T), s));
+    if (n != 0) WEFT_CUDA_TRY(cudaMemsetAsync(data(), 0, n * sizeof(T), s));
   }
 
   /// This matrix = the host view (reshaped to its shape), any leading dimension. Synchronous
@@ -53,7 +71,7 @@ public:
   void copy_from(matrix_view<const T> host, cudaStream_t s = nullptr) {
     if (rows_ != host.rows() || cols_ != host.cols()) resize(host.rows(), host.cols(), s);
     if (size() == 0) return;
-    WEFT_CUDA_TRY(cudaMemcpy2DAsync(buf_.data(), cols_ * sizeof(T), host.data(), host.ld() * sizeof(T),
+    WEFT_CUDA_TRY(cudaMemcpy2DAsync(data(), cols_ * sizeof(T), host.data(), host.ld() * sizeof(T),
                                     cols_ * sizeof(T), rows_, cudaMemcpyHostToDevice, s));
     WEFT_CUDA_TRY(cudaStreamSynchronize(s));
   }
@@ -61,7 +79,7 @@ public:
   void copy_to(matrix_view<T> host, cudaStream_t s = nullptr) const {
     expect_shape("matrix<device_space>::copy_to", "host view", host, rows_, cols_);
     if (size() == 0) return;
-    WEFT_CUDA_TRY(cudaMemcpy2DAsync(host.data(), host.ld() * sizeof(T), buf_.data(), cols_ * sizeof(T),
+    WEFT_CUDA_TRY(cudaMemcpy2DAsync(host.data(), host.ld() * sizeof(T), data(), cols_ * sizeof(T),
                                     cols_ * sizeof(T), rows_, cudaMemcpyDeviceToHost, s));
     WEFT_CUDA_TRY(cudaStreamSynchronize(s));
   }
@@ -69,7 +87,8 @@ public:
 private:
   std::size_t rows_ = 0;
   std::size_t cols_ = 0;
-  cuda::device_buffer<T> buf_;
+  cuda::stream_buffer<T> ordered_;  // made on a stream
+  cuda::device_buffer<T> plain_;    // made on the default stream
 };
 
 template <class T>
