@@ -23,32 +23,11 @@
 
 namespace weft {
 
-namespace detail {
-
-template <class C>
-constexpr bool wrapped_peer_access() {
-  if constexpr (requires { C::peer_access; }) {
-    return static_cast<bool>(C::peer_access);
-  } else {
-    return false;
-  }
-}
-template <class C>
-constexpr bool wrapped_messages() {
-  if constexpr (requires { C::messages; }) {
-    return static_cast<bool>(C::messages);
-  } else {
-    return true;
-  }
-}
-
-} // namespace detail
-
 template <communicator Comm>
 class checked_calls {
 public:
-  static constexpr bool peer_access = detail::wrapped_peer_access<Comm>();
-  static constexpr bool messages = detail::wrapped_messages<Comm>();
+  static constexpr bool peer_access = detail::declared_peer_access<Comm>();
+  static constexpr bool messages = detail::declared_messages<Comm>();
 
   explicit checked_calls(Comm comm) : comm_(std::move(comm)) {}
 

@@ -32,4 +32,27 @@ concept plan_executor = communicator<C> && requires(C& c, const plan& p, const f
 template <class C>
 concept peer_access = plan_executor<C> && requires { requires C::peer_access; };
 
+namespace detail {
+
+/// What C declares of itself, for a wrapper (traced, checked_calls) to declare the same:
+/// C::peer_access where it has one, else false; C::messages where it has one, else true.
+template <class C>
+constexpr bool declared_peer_access() {
+  if constexpr (requires { C::peer_access; }) {
+    return static_cast<bool>(C::peer_access);
+  } else {
+    return false;
+  }
+}
+template <class C>
+constexpr bool declared_messages() {
+  if constexpr (requires { C::messages; }) {
+    return static_cast<bool>(C::messages);
+  } else {
+    return true;
+  }
+}
+
+} // namespace detail
+
 } // namespace weft

@@ -80,30 +80,13 @@ private:
   std::vector<traced_span> spans_;
 };
 
-template <class C>
-constexpr bool traced_peer_access() {
-  if constexpr (requires { C::peer_access; }) {
-    return static_cast<bool>(C::peer_access);
-  } else {
-    return false;
-  }
-}
-template <class C>
-constexpr bool traced_messages() {
-  if constexpr (requires { C::messages; }) {
-    return static_cast<bool>(C::messages);
-  } else {
-    return true;
-  }
-}
-
 } // namespace detail
 
 template <communicator Comm>
 class traced {
 public:
-  static constexpr bool peer_access = detail::traced_peer_access<Comm>();
-  static constexpr bool messages = detail::traced_messages<Comm>();
+  static constexpr bool peer_access = detail::declared_peer_access<Comm>();
+  static constexpr bool messages = detail::declared_messages<Comm>();
 
   explicit traced(Comm comm, std::string axis = {})
       : comm_(std::move(comm)), axis_(std::move(axis)), log_(std::make_shared<detail::span_log>()) {}
