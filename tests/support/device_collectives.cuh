@@ -9,6 +9,7 @@
 #include <weft/comm/reduce.hpp>
 #include <weft/comm/reduce_scatter.hpp>
 #include <weft/core/error.hpp>
+#include <weft/cuda/detail/runtime.cuh>
 #include <weft/cuda/memory.cuh>
 
 #include <gtest/gtest.h>
@@ -40,17 +41,11 @@ void upload(T* dst, const std::vector<T>& src, cudaStream_t s) {
 // (staging buffers), while this rank's queued p2p sync spins until those threads' ranks
 // launch theirs.
 inline void wait_idle(cudaStream_t s, std::chrono::seconds limit = std::chrono::seconds(60)) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  for (;;) {
-    const cudaError_t e = cudaStreamQuery(s);
-    if (e == cudaSuccess) return;
-    if (e != cudaErrorNotReady) WEFT_CUDA_TRY(e);
-    (void)cudaGetLastError();  // "not ready" is no error
-    if (std::chrono::steady_clock::now() > deadline) {
-      throw weft::error("test download: the stream was not idle after " + std::to_string(limit.count()) + " s");
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  const cudaError_t e = weft::cuda::detail::poll_stream(s, std::chrono::steady_clock::now() + limit);
+  if (e == cudaErrorNotReady) {
+    throw weft::error("test download: the stream was not idle after " + std::to_string(limit.count()) + " s");
   }
+  WEFT_CUDA_TRY(e);
 }
 
 template <class T>

@@ -29,6 +29,7 @@
 #include <weft/comm/communicator.hpp>
 #include <weft/comm/reduce_scatter.hpp>
 #include <weft/core/error.hpp>
+#include <weft/cuda/detail/runtime.cuh>
 #include <weft/cuda/error.cuh>
 #include <weft/cuda/memory.cuh>
 
@@ -105,19 +106,17 @@ public:
   /// Blocks the host until it is done; a weft::error naming it after the deadline.
   void wait() const {
     if (!done_) return;
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    auto pause = std::chrono::microseconds(1);
-    while (!done()) {
-      if (watch_) watch_(false);
-      if (std::chrono::steady_clock::now() > deadline) {
-        if (watch_) watch_(true);
-        throw error(what_, rank_, error::unknown,
-                    "not done after " + std::to_string(timeout_.count()) +
-                        " ms on the side stream (a peer that never made the same call, or a stalled device)");
-      }
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    const cudaError_t e = detail::poll_until([this] { return cudaEventQuery(done_->get()); },
+                                             std::chrono::steady_clock::now() + timeout_, [this] {
+                                               if (watch_) watch_(false);
+                                             });
+    if (e == cudaErrorNotReady) {
+      if (watch_) watch_(true);
+      throw error(what_, rank_, error::unknown,
+                  "not done after " + std::to_string(timeout_.count()) +
+                      " ms on the side stream (a peer that never made the same call, or a stalled device)");
     }
+    WEFT_CUDA_TRY(e);
   }
 
 private:

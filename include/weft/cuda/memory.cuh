@@ -2,6 +2,7 @@
 // Owning handles for device resources (buffers, streams, events) and device discovery.
 // Streams and events can also be borrowed: a handle made from the user's cudaStream_t never
 // destroys it.
+#include <weft/cuda/detail/runtime.cuh>
 #include <weft/cuda/error.cuh>
 
 #include <cuda_runtime.h>
@@ -143,9 +144,7 @@ public:
   void allocate(std::size_t n, cudaStream_t s) {
     release(s);
     if (n == 0) return;
-    int device = 0;
-    WEFT_CUDA_TRY(cudaStreamGetDevice(s, &device));
-    detail::share_default_pool(device);
+    detail::share_default_pool(detail::stream_device(s));
     WEFT_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&p_), n * sizeof(T), s));
     n_ = n;
     s_ = s;

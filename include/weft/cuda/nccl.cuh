@@ -59,6 +59,7 @@
 #include <weft/core/error.hpp>
 #include <weft/core/ops.hpp>
 #include <weft/core/types.hpp>
+#include <weft/cuda/detail/runtime.cuh>
 #include <weft/cuda/error.cuh>
 #include <weft/cuda/kernels.cuh>
 #include <weft/cuda/memory.cuh>
@@ -114,42 +115,6 @@ inline void nccl_check(ncclResult_t r, std::string_view call, std::string_view o
                        int peer = error::unknown, ncclComm_t comm = nullptr) {
   if (r != ncclSuccess) nccl_fail(r, call, operation, rank, peer, comm);
 }
-
-[[noreturn]] WEFT_COLD inline void cuda_fail(cudaError_t e, std::string_view call, std::string_view operation,
-                                             int rank) {
-  throw error(operation, rank, error::unknown, std::string(call) + " failed: " + cuda_error_text(e));
-}
-
-inline void cuda_check(cudaError_t e, std::string_view call, std::string_view operation, int rank) {
-  if (e != cudaSuccess) cuda_fail(e, call, operation, rank);
-}
-
-inline bool capturing(cudaStream_t s) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  WEFT_CUDA_TRY(cudaStreamIsCapturing(s, &status));
-  return status != cudaStreamCaptureStatusNone;
-}
-
-/// Makes `device` current for its lifetime, then restores the previous one.
-class device_scope {
-public:
-  explicit device_scope(int device) {
-    WEFT_CUDA_TRY(cudaGetDevice(&previous_));
-    if (previous_ == device) {
-      previous_ = -1;
-    } else {
-      WEFT_CUDA_TRY(cudaSetDevice(device));
-    }
-  }
-  device_scope(const device_scope&) = delete;
-  device_scope& operator=(const device_scope&) = delete;
-  ~device_scope() {
-    if (previous_ >= 0) (void)cudaSetDevice(previous_);
-  }
-
-private:
-  int previous_ = -1;
-};
 
 /// Device memory used by the work of one stream, allocated and freed in that stream's order.
 /// It keeps the stream alive until the memory is released.
@@ -888,44 +853,20 @@ private:
   // Polls the stream until it is idle, at most timeout(); NCCL's asynchronous errors and
   // the deadline become weft::error (and the communicator is then marked failed).
   void wait_idle(std::string_view operation, int peer, std::string_view what) {
-    const auto start = std::chrono::steady_clock::now();
-    const auto deadline = start + timeout_;
-    for (int polls = 0;; ++polls) {
-      const cudaError_t e = cudaStreamQuery(stream());
-      if (e == cudaSuccess) return;
-      if (e != cudaErrorNotReady) {
-        comm_.mark_failed();
-        detail::cuda_fail(e, "cudaStreamQuery", operation, rank_);
-      }
-      (void)cudaGetLastError();  // "not ready" is recorded as the last error; it is none
-      check_async_error(operation, peer);
-      const auto now = std::chrono::steady_clock::now();
-      if (now >= deadline) {
-        comm_.mark_failed();
-        throw error(operation, rank_, peer,
-                    "timed out after " + std::to_string(timeout_.count()) + " ms waiting to " + std::string(what) +
-                        " (is every rank alive and making the same calls in the same order?)");
-      }
-      // Spin briefly for a hand-off in flight, then stop competing with the peers for a core.
-      if (polls < 64) continue;
-      if (now - start < std::chrono::milliseconds(10)) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
-      }
-    }
+    const cudaError_t e = detail::poll_until([this] { return cudaStreamQuery(stream()); },
+                                             std::chrono::steady_clock::now() + timeout_,
+                                             [&] { check_async_error(operation, peer); });
+    if (e == cudaSuccess) return;
+    comm_.mark_failed();
+    if (e != cudaErrorNotReady) detail::cuda_fail(e, "cudaStreamQuery", operation, rank_);
+    throw error(operation, rank_, peer,
+                "timed out after " + std::to_string(timeout_.count()) + " ms waiting to " + std::string(what) +
+                    " (is every rank alive and making the same calls in the same order?)");
   }
 
   // Whether the stream's work finishes within timeout(); never throws (for the destructor).
   bool drained() const noexcept {
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    for (;;) {
-      const cudaError_t e = cudaStreamQuery(stream());
-      if (e == cudaSuccess) return true;
-      (void)cudaGetLastError();
-      if (e != cudaErrorNotReady || std::chrono::steady_clock::now() >= deadline) return false;
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
+    return detail::poll_stream(stream(), std::chrono::steady_clock::now() + timeout_) == cudaSuccess;
   }
 
   void to_device(void* dst, const void* src, std::size_t bytes, std::string_view operation) {

@@ -183,13 +183,13 @@ public:
   /// Queues later collectives on s, the caller's stream (of this rank's device; never
   /// destroyed here), after the work already queued on the current one.
   void set_stream(cudaStream_t s) {
-    const detail::p2p_device_scope on(device());
+    const detail::device_scope on(device());
     ep_->set_stream(s);
   }
   /// Waits until this rank's queued work is done (at most timeout()); throws weft::error if
   /// a sync timed out.
   void synchronize() {
-    const detail::p2p_device_scope on(device());
+    const detail::device_scope on(device());
     ep_->wait_idle("synchronize", "finish the work queued on the stream");
   }
   /// Throws weft::error if a sync of this rank has timed out so far (it reads a host word,
@@ -219,7 +219,7 @@ public:
   /// returns. Blocking.
   void barrier() {
     constexpr std::string_view operation = "barrier";
-    const detail::p2p_device_scope on(device());
+    const detail::device_scope on(device());
     not_capturing(operation);
     ep_->check(operation);
     ep_->sync(ep_->everyone(), operation);
@@ -232,7 +232,7 @@ public:
   basic_communicator split(int color, int key) {
     WEFT_EXPECTS(color >= 0, "cuda::p2p::communicator::split: color must be >= 0");
     constexpr std::string_view operation = "split";
-    const detail::p2p_device_scope on(device());
+    const detail::device_scope on(device());
     not_capturing(operation);
     ep_->check(operation);
     auto child = std::make_unique<Host>(host_->split(color, key));
@@ -246,7 +246,7 @@ public:
   /// avg's last step, on this rank's stream.
   template <element T>
   void divide(T* data, std::size_t n) {
-    const detail::p2p_device_scope on(device());
+    const detail::device_scope on(device());
     cuda::divide(data, n, size(), stream());
   }
 
@@ -260,9 +260,9 @@ public:
     const std::size_t sizes[3] = {in_count, out_count, pl.scratch_count()};
     const detail::p2p_call_layout lay = detail::p2p_lay_out_call(
         pl, rank(), size(), sizes, sizeof(T), ep_->layout().data_bytes, operation);
-    const detail::p2p_device_scope on(device());
+    const detail::device_scope on(device());
     const cudaStream_t s = stream();
-    const bool capturing = detail::p2p_capturing(s);
+    const bool capturing = detail::capturing(s);
     if (!capturing) { // weft makes no calls beyond the capture's while capturing
       check_device_buffer(in, in_count, "input", operation);
       check_device_buffer(out, out_count, "output", operation);
@@ -360,15 +360,15 @@ private:
     using address = detail::p2p_address;
     const int r = rank();
     const int n = size();
-    const detail::p2p_device_scope on(device());
+    const detail::device_scope on(device());
     std::array<std::int64_t, address::words> mine{};
     mine[0] = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(ep_->workspace()));
     mine[1] = device();
     mine[2] = static_cast<std::int64_t>(ep_->layout().total);
     if constexpr (!detail::p2p_same_process<Host>) {
       cudaIpcMemHandle_t handle{};
-      detail::p2p_cuda_check(cudaIpcGetMemHandle(&handle, ep_->workspace()), "cudaIpcGetMemHandle",
-                             operation, r);
+      detail::cuda_check(cudaIpcGetMemHandle(&handle, ep_->workspace()), "cudaIpcGetMemHandle",
+                         operation, r);
       std::memcpy(mine.data() + 3, &handle, sizeof handle);
     }
     std::vector<std::int64_t> table(address::words * static_cast<std::size_t>(n));
@@ -428,8 +428,8 @@ private:
   void enable_peer_access(int peer_device, int peer, std::string_view operation) {
     if (peer_device == device()) return;
     int can = 0;
-    detail::p2p_cuda_check(cudaDeviceCanAccessPeer(&can, device(), peer_device),
-                           "cudaDeviceCanAccessPeer", operation, rank(), peer);
+    detail::cuda_check(cudaDeviceCanAccessPeer(&can, device(), peer_device),
+                       "cudaDeviceCanAccessPeer", operation, rank(), peer);
     if (can == 0) {
       throw error(operation, rank(), peer,
                   "device " + std::to_string(device()) + " cannot access the memory of device " +
@@ -443,11 +443,11 @@ private:
       (void)cudaGetLastError(); // another rank on this device enabled it: fine
       return;
     }
-    detail::p2p_cuda_check(e, "cudaDeviceEnablePeerAccess", operation, rank(), peer);
+    detail::cuda_check(e, "cudaDeviceEnablePeerAccess", operation, rank(), peer);
   }
 
   void not_capturing(std::string_view operation) const {
-    if (detail::p2p_capturing(stream())) {
+    if (detail::capturing(stream())) {
       throw error(
           operation, rank(), error::unknown,
           "a blocking call cannot run while the stream is being captured into a CUDA graph");

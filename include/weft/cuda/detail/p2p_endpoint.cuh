@@ -6,6 +6,7 @@
 #include <weft/core/error.hpp>
 #include <weft/cuda/detail/p2p_plan.cuh>
 #include <weft/cuda/detail/p2p_sync.cuh>
+#include <weft/cuda/detail/runtime.cuh>
 #include <weft/cuda/error.cuh>
 #include <weft/cuda/memory.cuh>
 
@@ -27,49 +28,11 @@
 
 namespace weft::cuda::detail {
 
-[[noreturn]] WEFT_COLD inline void p2p_cuda_fail(cudaError_t e, std::string_view call,
-                                                 std::string_view operation, int rank,
-                                                 int peer = error::unknown) {
-  throw error(operation, rank, peer, std::string(call) + " failed: " + cuda_error_text(e));
-}
-
-inline void p2p_cuda_check(cudaError_t e, std::string_view call, std::string_view operation,
-                           int rank, int peer = error::unknown) {
-  if (e != cudaSuccess) p2p_cuda_fail(e, call, operation, rank, peer);
-}
-
 /// "weft: x" -> "x", for an error quoted inside another.
 inline std::string_view p2p_without_prefix(std::string_view what) noexcept {
   constexpr std::string_view prefix = "weft: ";
   return what.substr(0, prefix.size()) == prefix ? what.substr(prefix.size()) : what;
 }
-
-inline bool p2p_capturing(cudaStream_t s) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  WEFT_CUDA_TRY(cudaStreamIsCapturing(s, &status));
-  return status != cudaStreamCaptureStatusNone;
-}
-
-/// Makes `device` current for its lifetime, then restores the previous one.
-class p2p_device_scope {
-public:
-  explicit p2p_device_scope(int device) {
-    WEFT_CUDA_TRY(cudaGetDevice(&previous_));
-    if (previous_ == device) {
-      previous_ = -1;
-    } else {
-      WEFT_CUDA_TRY(cudaSetDevice(device));
-    }
-  }
-  p2p_device_scope(const p2p_device_scope&) = delete;
-  p2p_device_scope& operator=(const p2p_device_scope&) = delete;
-  ~p2p_device_scope() {
-    if (previous_ >= 0) (void)cudaSetDevice(previous_);
-  }
-
-private:
-  int previous_ = -1;
-};
 
 /// One rank's registered memory: its workspace on `device`, and the host-mapped word its syncs
 /// report a timeout in. Freed on destruction, unless leak() said a peer may still use it.
@@ -77,15 +40,15 @@ class p2p_rank_memory {
 public:
   p2p_rank_memory(int device, std::size_t workspace_bytes, std::string_view operation, int rank)
       : device_(device) {
-    const p2p_device_scope on(device);
-    p2p_cuda_check(cudaMalloc(reinterpret_cast<void**>(&workspace_), workspace_bytes),
-                   "cudaMalloc of the workspace", operation, rank);
+    const device_scope on(device);
+    cuda_check(cudaMalloc(reinterpret_cast<void**>(&workspace_), workspace_bytes),
+               "cudaMalloc of the workspace", operation, rank);
     void* word = nullptr;
     const cudaError_t e =
         cudaHostAlloc(&word, sizeof(std::uint64_t), cudaHostAllocMapped | cudaHostAllocPortable);
     if (e != cudaSuccess) {
       (void)cudaFree(workspace_);
-      p2p_cuda_fail(e, "cudaHostAlloc of the error word", operation, rank);
+      cuda_fail(e, "cudaHostAlloc of the error word", operation, rank);
     }
     error_host_ = static_cast<std::uint64_t*>(word);
     *error_host_ = 0;
@@ -93,7 +56,7 @@ public:
         cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_device_), word, 0);
     if (m != cudaSuccess) {
       release();
-      p2p_cuda_fail(m, "cudaHostGetDevicePointer of the error word", operation, rank);
+      cuda_fail(m, "cudaHostGetDevicePointer of the error word", operation, rank);
     }
   }
   p2p_rank_memory(const p2p_rank_memory&) = delete;
@@ -182,12 +145,12 @@ public:
         timeout_(timeout),
         closing_sync_(closing_sync),
         stream_(new_stream(device)) {
-    const p2p_device_scope on(device);
+    const device_scope on(device);
     memory_ = std::make_shared<p2p_rank_memory>(device, layout_.total, operation, rank);
     // Flags and counters start at zero, on the device before any peer can store a flag.
-    p2p_cuda_check(cudaMemsetAsync(memory_->workspace(), 0, layout_.staging, stream_.get()),
-                   "cudaMemsetAsync", operation, rank);
-    p2p_cuda_check(cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize", operation, rank);
+    cuda_check(cudaMemsetAsync(memory_->workspace(), 0, layout_.staging, stream_.get()),
+               "cudaMemsetAsync", operation, rank);
+    cuda_check(cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize", operation, rank);
     if (after != nullptr) order_after(stream_.get(), after);
     for (int q = 0; q < size; ++q)
       everyone_.push_back(q);
@@ -247,7 +210,7 @@ public:
     sync_names_[syncs_ % sync_names_.size()] = operation;
     ++syncs_;
     p2p_sync_kernel<<<1, p2p_sync_threads, 0, stream()>>>(a);
-    p2p_cuda_check(cudaGetLastError(), "launching the sync kernel", operation, rank_);
+    cuda_check(cudaGetLastError(), "launching the sync kernel", operation, rank_);
   }
 
   /// Throws weft::error if a sync of this rank has timed out (at any time before now, once
@@ -262,35 +225,19 @@ public:
   /// timeout the stream still drains (the rank's later syncs give up at once), so the caller's
   /// buffers are no longer in use when this throws.
   void wait_idle(std::string_view operation, std::string_view what) {
-    if (p2p_capturing(stream())) {
+    if (capturing(stream())) {
       throw error(
           operation, rank_, error::unknown,
           "a blocking call cannot run while the stream is being captured into a CUDA graph");
     }
-    const auto start = std::chrono::steady_clock::now();
-    const auto deadline = start + timeout_;
-    for (int polls = 0;; ++polls) {
-      const cudaError_t e = cudaStreamQuery(stream());
-      if (e == cudaSuccess) break;
-      if (e != cudaErrorNotReady) p2p_cuda_fail(e, "cudaStreamQuery", operation, rank_);
-      (void)cudaGetLastError(); // "not ready" is recorded as the last error; it is none
-      const auto now = std::chrono::steady_clock::now();
-      if (now >= deadline) {
-        check(operation);
-        throw error(
-            operation, rank_, error::unknown,
-            "timed out after " + std::to_string(timeout_.count()) + " ms waiting to " +
-                std::string(what) +
-                " (the stream's work did not finish; a kernel of the program's own may be stuck)");
-      }
-      // Spin briefly for work about to finish, then stop competing with the peers for a core.
-      if (polls < 64) continue;
-      if (now - start < std::chrono::milliseconds(10)) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
-      }
+    const cudaError_t e = poll_stream(stream(), std::chrono::steady_clock::now() + timeout_);
+    if (e == cudaErrorNotReady) {
+      check(operation);
+      throw error(operation, rank_, error::unknown,
+                  "timed out after " + std::to_string(timeout_.count()) + " ms waiting to " + std::string(what) +
+                      " (the stream's work did not finish; a kernel of the program's own may be stuck)");
     }
+    if (e != cudaSuccess) cuda_fail(e, "cudaStreamQuery", operation, rank_);
     check(operation);
   }
 
@@ -302,7 +249,7 @@ public:
 
 private:
   static cuda::stream new_stream(int device) {
-    const p2p_device_scope on(device);
+    const device_scope on(device);
     return cuda::stream();
   }
 
@@ -335,10 +282,10 @@ private:
   // left allocated; a process that is failing ends soon anyway.
   void close() noexcept {
     try {
-      const p2p_device_scope on(device_);
+      const device_scope on(device_);
       bool done = std::uncaught_exceptions() == 0 &&
                   bases_.size() == static_cast<std::size_t>(size_) && memory_->error_word() == 0 &&
-                  !p2p_capturing(stream());
+                  !capturing(stream());
       if (done) {
         sync(everyone_, "close");
         wait_idle("close", "sync with every rank before freeing the workspace");
