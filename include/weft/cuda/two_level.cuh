@@ -13,9 +13,11 @@
 //   });
 //   auto tl = weft::cuda::two_level_from_mpi(MPI_COMM_WORLD);   // p2p + NCCL (cuda/two_level_mpi.cuh)
 //
-// The event is made on first use, on the device current then: the device of the rank's streams,
-// as the transports leave it. A stream_handoff is shared by the copies of its two_level.
+// Each step runs with its stream's device current (a thread may drive ranks on several devices),
+// and the event is made there on first use. A stream_handoff is shared by the copies of its
+// two_level.
 #include <weft/comm/two_level.hpp>
+#include <weft/cuda/detail/runtime.cuh>
 #include <weft/cuda/error.cuh>
 #include <weft/cuda/kernels.cuh>
 #include <weft/cuda/memory.cuh>
@@ -37,6 +39,7 @@ public:
     const cudaStream_t a = from.stream();
     const cudaStream_t b = to.stream();
     if (a == b) return;  // one stream: in order already
+    const detail::device_scope on(detail::stream_device(a));
     if (!event_) event_ = std::make_shared<event>();
     event_->record(a);
     WEFT_CUDA_TRY(cudaStreamWaitEvent(b, event_->get(), 0));
@@ -44,18 +47,22 @@ public:
   /// data /= ranks, a kernel on comm's stream (op::avg's last step).
   template <class Comm, class T>
   void divide(Comm& comm, T* data, std::size_t n, int ranks) {
+    const detail::device_scope on(detail::stream_device(comm.stream()));
     cuda::divide(data, n, ranks, comm.stream());
   }
   /// n elements of device memory, allocated and freed in the order of comm's stream
   /// (cudaMallocAsync / cudaFreeAsync): a call's scratch, used on either level's stream.
   template <class T, class Comm>
   stream_buffer<T> scratch(Comm& comm, std::size_t n) {
+    const detail::device_scope on(detail::stream_device(comm.stream()));
     return stream_buffer<T>(n, comm.stream());
   }
   /// dst[0, n) = src[0, n), a device copy on comm's stream.
   template <class Comm, class T>
   void copy(Comm& comm, T* dst, const T* src, std::size_t n) {
-    if (n != 0) WEFT_CUDA_TRY(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDefault, comm.stream()));
+    if (n == 0) return;
+    const detail::device_scope on(detail::stream_device(comm.stream()));
+    WEFT_CUDA_TRY(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDefault, comm.stream()));
   }
 
   /// rows x n elements, row i from src + i * src_stride to dst + i * dst_stride: one 2D copy
@@ -64,6 +71,7 @@ public:
   void copy_rows(Comm& comm, T* dst, std::size_t dst_stride, const T* src, std::size_t src_stride, std::size_t n,
                  std::size_t rows) {
     if (n == 0 || rows == 0) return;
+    const detail::device_scope on(detail::stream_device(comm.stream()));
     constexpr std::size_t max_pitch = std::size_t{1} << 30;  // under every device's memPitch (2^31 - 1)
     if (std::max(dst_stride, src_stride) * sizeof(T) <= max_pitch) {
       WEFT_CUDA_TRY(cudaMemcpy2DAsync(dst, dst_stride * sizeof(T), src, src_stride * sizeof(T), n * sizeof(T), rows,
