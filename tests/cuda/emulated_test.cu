@@ -206,58 +206,6 @@ template <class Algo>
 constexpr bool every_operator =
     std::is_same_v<Algo, algo::ring> || std::is_same_v<Algo, algo::hierarchical<algo::ring, algo::ring>>;
 
-/// The element types and operators of one (collective, count): integers exact, floating
-/// types on random values within the reference's tolerance; the operators above where the
-/// collective reduces, every type where it only moves data.
-template <class Algo, collective C>
-void check_all_types(emu::communicator& c, rank_memory& mem, shared_outputs& shared,
-                     std::size_t count, int root) {
-  const auto each = [&]<class T, class Op>(test::pattern pat) {
-    auto out = call_and_check<Algo, C, T, Op>(c, mem, count, root, pat, false);
-    if constexpr (replicates(C))
-      expect_identical(c, shared, out,
-                       std::string(name_of(C)) + "<" + std::string(Algo::name) + ">");
-  };
-  const auto each_op = [&]<class T>(test::pattern pat) {
-    each.template operator()<T, op::sum>(pat);
-    if constexpr (every_operator<Algo>) {
-      each.template operator()<T, op::prod>(pat);
-      each.template operator()<T, op::min>(pat);
-      each.template operator()<T, op::max>(pat);
-    }
-    each.template operator()<T, op::avg>(pat);
-  };
-  if constexpr (C == collective::all_reduce || C == collective::reduce_scatter ||
-                C == collective::reduce) {
-    each_op.template operator()<std::int32_t>(test::pattern::exact);
-    each_op.template operator()<std::int64_t>(test::pattern::exact);
-    each_op.template operator()<float>(test::pattern::random);
-    each_op.template operator()<double>(test::pattern::random);
-    each_op.template operator()<weft::half>(test::pattern::random);
-    each_op.template operator()<weft::bfloat16>(test::pattern::random);
-  } else {
-    each.template operator()<std::int32_t, op::sum>(test::pattern::exact);
-    each.template operator()<std::int64_t, op::sum>(test::pattern::random);
-    each.template operator()<float, op::sum>(test::pattern::random);
-    each.template operator()<double, op::sum>(test::pattern::random);
-    each.template operator()<weft::half, op::sum>(test::pattern::random);
-    each.template operator()<weft::bfloat16, op::sum>(test::pattern::random);
-  }
-  if constexpr (C == collective::all_reduce) {
-    call_and_check<Algo, C, std::int64_t, op::sum>(c, mem, count, root, test::pattern::exact, true);
-    call_and_check<Algo, C, float, op::sum>(c, mem, count, root, test::pattern::random, true);
-    call_and_check<Algo, C, weft::bfloat16, op::avg>(c, mem, count, root, test::pattern::random,
-                                                     true);
-  }
-}
-
-/// Counts for p ranks: zero, one, fewer than the ranks, not divisible, a few thousand, and
-/// one whose bytes exceed the staging area for every type (the path past direct's one-shot).
-std::vector<std::size_t> counts_for(int p) {
-  const auto up = static_cast<std::size_t>(p);
-  return {0, 1, up > 1 ? up - 1 : 2, up + 3, 3001, max_staged_scratch_bytes / 2 + 1};
-}
-
 std::vector<topology::cluster> flat_worlds() {
   std::vector<topology::cluster> v;
   for (int p : {1, 2, 3, 4, 5, 8})
@@ -275,7 +223,7 @@ void sweep(const std::vector<topology::cluster>& worlds) {
         [&](emu::communicator& c) {
           rank_memory mem(c.stream());
           for (std::size_t count : counts_for(p))
-            check_all_types<Algo, C>(c, mem, shared, count, p - 1);
+            check_all_types<Algo, C, every_operator<Algo>>(c, mem, shared, count, p - 1);
           if constexpr (C == collective::broadcast || C == collective::reduce) {
             for (int root = 0; root < p - 1; ++root) {
               call_and_check<Algo, C, std::int32_t, op::sum>(c, mem, 7, root, test::pattern::exact,

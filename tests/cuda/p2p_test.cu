@@ -263,52 +263,6 @@ const p2p::options test_options{.sync_timeout = 20s, .timeout = 60s};
 
 std::vector<int> on_device_zero(int p) { return std::vector<int>(static_cast<std::size_t>(p), 0); }
 
-/// Integers exact, half, bfloat16 and float on random values within the reference's
-/// tolerance; every operator where the collective reduces, every type where it moves data.
-template <collective C>
-void check_all_types(p2p::communicator& c, rank_memory& mem, shared_outputs& shared,
-                     std::size_t count, int root) {
-  const auto each = [&]<class T, class Op>(test::pattern pat) {
-    auto out = call_and_check<algo::direct, C, T, Op>(c, mem, count, root, pat, false);
-    if constexpr (replicates(C))
-      expect_identical(c, shared, out, std::string(name_of(C)) + " count " + std::to_string(count));
-  };
-  const auto each_op = [&]<class T>(test::pattern pat) {
-    each.template operator()<T, op::sum>(pat);
-    each.template operator()<T, op::prod>(pat);
-    each.template operator()<T, op::min>(pat);
-    each.template operator()<T, op::max>(pat);
-    each.template operator()<T, op::avg>(pat);
-  };
-  if constexpr (C == collective::all_reduce || C == collective::reduce_scatter ||
-                C == collective::reduce) {
-    each_op.template operator()<std::int32_t>(test::pattern::exact);
-    each_op.template operator()<std::int64_t>(test::pattern::exact);
-    each_op.template operator()<float>(test::pattern::random);
-    each_op.template operator()<weft::half>(test::pattern::random);
-    each_op.template operator()<weft::bfloat16>(test::pattern::random);
-  } else {
-    each.template operator()<std::int32_t, op::sum>(test::pattern::exact);
-    each.template operator()<std::int64_t, op::sum>(test::pattern::random);
-    each.template operator()<float, op::sum>(test::pattern::random);
-    each.template operator()<weft::half, op::sum>(test::pattern::random);
-    each.template operator()<weft::bfloat16, op::sum>(test::pattern::random);
-  }
-  if constexpr (C == collective::all_reduce) {
-    call_and_check<algo::direct, C, std::int64_t, op::sum>(c, mem, count, root, test::pattern::exact, true);
-    call_and_check<algo::direct, C, float, op::sum>(c, mem, count, root, test::pattern::random, true);
-    call_and_check<algo::direct, C, weft::bfloat16, op::avg>(c, mem, count, root, test::pattern::random, true);
-  }
-}
-
-/// Counts for p ranks: zero, one, fewer than the ranks, not divisible, 3001 (staged for 4-byte
-/// and 2-byte all-reduces, two-shot for 8-byte ones), and one past the staging area for every
-/// type (two-shot only).
-std::vector<std::size_t> counts_for(int p) {
-  const auto up = static_cast<std::size_t>(p);
-  return {0, 1, up > 1 ? up - 1 : 2, up + 3, 3001, max_staged_scratch_bytes / 2 + 1};
-}
-
 template <collective C>
 void sweep() {
   for (int p : {1, 2, 3, 4, 5, 8}) {
@@ -318,7 +272,7 @@ void sweep() {
         [&](p2p::communicator& c) {
           rank_memory mem(c.stream());
           for (std::size_t count : counts_for(p))
-            check_all_types<C>(c, mem, shared, count, p - 1);
+            check_all_types<algo::direct, C, true>(c, mem, shared, count, p - 1);
           if constexpr (C == collective::broadcast || C == collective::reduce) {
             for (int root = 0; root < p - 1; ++root) {
               call_and_check<algo::direct, C, std::int32_t, op::sum>(c, mem, 7, root, test::pattern::exact,
@@ -636,8 +590,8 @@ TEST(p2p, ranks_on_distinct_devices_load_over_peer_access) {
         [&](p2p::communicator& c) {
           rank_memory mem(c.stream());
           for (std::size_t count : counts_for(p))
-            check_all_types<collective::all_reduce>(c, mem, shared, count, 0);
-          check_all_types<collective::all_gather>(c, mem, shared, 3001, 0);
+            check_all_types<algo::direct, collective::all_reduce, true>(c, mem, shared, count, 0);
+          check_all_types<algo::direct, collective::all_gather, true>(c, mem, shared, 3001, 0);
         },
         test_options);
   }

@@ -170,6 +170,61 @@ std::vector<T> call_and_check(Comm& c, rank_memory& mem, std::size_t count, int 
   return got;
 }
 
+/// The element types and operators of one (collective, count), each call checked as
+/// call_and_check does: integers exact, floating types on random values within the reference's
+/// tolerance. Where the collective reduces, every type with sum and avg (avg adds the plan's
+/// division step, the part an algorithm could get wrong on its own), and with prod, min and max
+/// too where EveryOperator (an operator only picks the reduce kernel, which kernels_test checks for
+/// every type bit for bit); every type where it only moves data. An output every rank holds is
+/// compared across the ranks bit for bit. All-reduces in place too.
+template <class Algo, collective C, bool EveryOperator, class Comm>
+void check_all_types(Comm& c, rank_memory& mem, shared_outputs& shared, std::size_t count, int root) {
+  const auto each = [&]<class T, class Op>(test::pattern pat) {
+    auto out = call_and_check<Algo, C, T, Op>(c, mem, count, root, pat, false);
+    if constexpr (replicates(C)) {
+      expect_identical(c, shared, out,
+                       std::string(name_of(C)) + "<" + std::string(Algo::name) + "> count " + std::to_string(count));
+    }
+  };
+  const auto each_op = [&]<class T>(test::pattern pat) {
+    each.template operator()<T, op::sum>(pat);
+    if constexpr (EveryOperator) {
+      each.template operator()<T, op::prod>(pat);
+      each.template operator()<T, op::min>(pat);
+      each.template operator()<T, op::max>(pat);
+    }
+    each.template operator()<T, op::avg>(pat);
+  };
+  if constexpr (C == collective::all_reduce || C == collective::reduce_scatter || C == collective::reduce) {
+    each_op.template operator()<std::int32_t>(test::pattern::exact);
+    each_op.template operator()<std::int64_t>(test::pattern::exact);
+    each_op.template operator()<float>(test::pattern::random);
+    each_op.template operator()<double>(test::pattern::random);
+    each_op.template operator()<weft::half>(test::pattern::random);
+    each_op.template operator()<weft::bfloat16>(test::pattern::random);
+  } else {
+    each.template operator()<std::int32_t, op::sum>(test::pattern::exact);
+    each.template operator()<std::int64_t, op::sum>(test::pattern::random);
+    each.template operator()<float, op::sum>(test::pattern::random);
+    each.template operator()<double, op::sum>(test::pattern::random);
+    each.template operator()<weft::half, op::sum>(test::pattern::random);
+    each.template operator()<weft::bfloat16, op::sum>(test::pattern::random);
+  }
+  if constexpr (C == collective::all_reduce) {
+    call_and_check<Algo, C, std::int64_t, op::sum>(c, mem, count, root, test::pattern::exact, true);
+    call_and_check<Algo, C, float, op::sum>(c, mem, count, root, test::pattern::random, true);
+    call_and_check<Algo, C, weft::bfloat16, op::avg>(c, mem, count, root, test::pattern::random, true);
+  }
+}
+
+/// Counts for p ranks: zero, one, fewer than the ranks, not divisible, 3001 (p2p: staged for
+/// 4- and 2-byte all-reduces, two-shot for 8-byte ones), and one whose bytes exceed the staging
+/// area for every type (the path past direct's one-shot; p2p's two-shot only).
+inline std::vector<std::size_t> counts_for(int p) {
+  const auto up = static_cast<std::size_t>(p);
+  return {0, 1, up > 1 ? up - 1 : 2, up + 3, 3001, max_staged_scratch_bytes / 2 + 1};
+}
+
 // --- back-to-back calls, queued with no host synchronisation -------------------------------
 
 /// Holds its stream back for about `cycles` clock ticks (a rank made late on purpose).
