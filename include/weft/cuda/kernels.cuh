@@ -20,13 +20,17 @@
 namespace weft::cuda {
 namespace detail {
 
+inline constexpr int block_threads = 512;
+
+// Bounded to the block it is launched with (more registers per thread than 512 threads can have
+// would fail the launch), and f left in the parameter space where the threads read it
+// (__grid_constant__): a reduce's functor holds up to max_sources pointers, indexed at run time,
+// which would otherwise be copied per thread.
 template <class F>
-__global__ void for_each_index(F f, std::size_t n) {
+__global__ void __launch_bounds__(block_threads) for_each_index(const __grid_constant__ F f, std::size_t n) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) f(i);
 }
-
-inline constexpr int block_threads = 512;
 
 /// Enough blocks to cover n indices, at most a few waves of the current device's SMs (the
 /// grid-stride loop does the rest).

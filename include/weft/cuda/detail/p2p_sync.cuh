@@ -4,7 +4,7 @@
 //
 //   counters[q] += 1                          (r's own workspace; only r's stream writes it)
 //   fence, then store counters[q] into q's flags[r] with release semantics at system scope
-//   spin with acquire loads until r's own flags[q] >= counters[q]
+//   spin until r's own flags[q] >= counters[q], then an acquire fence at system scope
 //
 // Counting per pair of ranks, not per communicator, lets syncs of different groups (plans
 // made of sub-plans) interleave: r and q make the same syncs with each other in the same
@@ -13,8 +13,10 @@
 //
 // Memory ordering. What r wrote before the sync (earlier kernels on its stream) is ordered
 // before this kernel by the stream; __threadfence_system() makes those writes visible at
-// system scope before the release store of the flag, and q's acquire load of the flag, which
-// the kernels q queues after its sync are ordered behind, makes them visible to q's loads.
+// system scope before the release store of the flag, and q's acquire of the flag, which
+// the kernels q queues after its sync are ordered behind, makes them visible to q's loads. (The
+// loads in the spin are relaxed; the acquire fence after the one that saw the flag orders as an
+// acquire load would.)
 // So a peer's loads after a sync see what the rank wrote before it, on one device or across
 // NVLink, in one process or across processes (IPC).
 //
@@ -75,8 +77,11 @@ __global__ void __launch_bounds__(p2p_sync_threads) p2p_sync_kernel(const p2p_sy
     flag mine(a.flags[q]);
     volatile std::uint64_t* const error = a.error;
     const std::uint64_t start = p2p_clock_ns();
-    for (unsigned spins = 1; mine.load(::cuda::std::memory_order_acquire) < want; ++spins) {
+    // Relaxed loads while it waits, then one acquire fence: an acquire load on every spin would
+    // also invalidate the L1 of an SM it shares with other ranks' copy and reduce blocks.
+    for (unsigned spins = 1; mine.load(::cuda::std::memory_order_relaxed) < want; ++spins) {
       if (spins % 64 != 0) continue;
+      __nanosleep(100);  // leave the SM's issue slots to the blocks doing work
       // The error word is host memory: read it seldom, it crosses the bus.
       if (spins % 1024 == 0 && *error != 0) break; // an earlier sync of this rank timed out
       if (p2p_clock_ns() - start > a.timeout_ns) {
@@ -85,6 +90,7 @@ __global__ void __launch_bounds__(p2p_sync_threads) p2p_sync_kernel(const p2p_sy
         break;
       }
     }
+    ::cuda::atomic_thread_fence(::cuda::std::memory_order_acquire, ::cuda::thread_scope_system);
   }
   __syncthreads();
 }
