@@ -1,8 +1,8 @@
 // The device path of the layers: weft::layer::cublas (row-major through the column-major call)
 // against reference_gemm on the host, every transpose combination, odd shapes, operands embedded
-// in larger matrices (ld > cols), alpha/beta, k = 0, a one-row view; and matrix<T, device_space>
-// round trips; layer_norm on the device (one thread per row or column) against the formulas in
-// double. Skipped, with the reason, where there is no GPU.
+// in larger matrices (ld > cols), alpha/beta, k = 0 (with beta 0 over NaN too), one-row views
+// with ld 0; and matrix<T, device_space> round trips; layer_norm on the device (one thread per
+// row or column) against the formulas in double. Skipped, with the reason, where there is no GPU.
 #include <weft/layer/cuda/cublas.cuh>
 #include <weft/layer/cuda/matrix.cuh>
 #include <weft/layer/gemm.hpp>
@@ -87,6 +87,58 @@ TEST(LayerCuda, BetaZeroIgnoresNaN) {
   weft::layer::cublas gemm;
   gemm(trans::n, trans::n, 1.0, da.cview(), db.cview(), 0.0, dc.view());
   for (double x : weft::to_host(dc).flat()) EXPECT_EQ(x, 3.0);
+}
+
+// k = 0 with beta = 0 makes C zeros, NaN and all, and leaves the columns beside the view alone;
+// one-row operands whose ld (0) is below their width: the two branches check_all does not reach.
+TEST(LayerCuda, CublasEdgeViews) {
+  WEFT_REQUIRE_DEVICE();
+  std::mt19937 g(9);
+  weft::cuda::stream s;
+  const weft::layer::cublas gemm(s.get());
+  const double nan = std::nan("");
+  {
+    weft::matrix<double> a(3, 1, 1.0), b(1, 4, 1.0), c(3, 6, nan);
+    auto da = weft::to_device(a.view()), db = weft::to_device(b.view()), dc = weft::to_device(c.view());
+    gemm(trans::n, trans::n, 1.0, weft::matrix_view<const double>(da.view().cols_from(0, 0)),
+         weft::matrix_view<const double>(db.view().rows_from(0, 0)), 0.0, dc.view().cols_from(1, 4));
+    s.synchronize();
+    const auto got = weft::to_host(dc);
+    for (std::size_t i = 0; i < 3; ++i) {
+      for (std::size_t j = 0; j < 6; ++j) {
+        if (j >= 1 && j < 5) {
+          EXPECT_EQ(got(i, j), 0.0) << i << "," << j;
+        } else {
+          EXPECT_TRUE(std::isnan(got(i, j))) << i << "," << j << ": a column beside the view was written";
+        }
+      }
+    }
+  }
+  {
+    constexpr std::size_t m = 3, n = 7, k = 5;
+    const auto x = random_matrix<double>(1, k, g);
+    const auto w = random_matrix<double>(n, k, g);
+    const auto a = random_matrix<double>(m, k, g);
+    auto dx = weft::to_device(x.view()), dw = weft::to_device(w.view()), da = weft::to_device(a.view());
+    auto dy = weft::to_device(weft::matrix<double>(1, n, nan).view());
+    auto dz = weft::to_device(weft::matrix<double>(m, 1, nan).view());
+    const weft::matrix_view<const double> x_row(dx.data(), 1, k, 0);
+    gemm(trans::n, trans::t, 1.0, x_row, dw.cview(), 0.0, weft::matrix_view<double>(dy.data(), 1, n, 0));
+    gemm(trans::n, trans::t, 1.0, da.cview(), x_row, 0.0, dz.view());
+    s.synchronize();
+    const auto y = weft::to_host(dy);
+    const auto z = weft::to_host(dz);
+    for (std::size_t j = 0; j < n; ++j) {
+      double want = 0;
+      for (std::size_t c = 0; c < k; ++c) want += x(0, c) * w(j, c);
+      EXPECT_NEAR(y(0, j), want, 1e-13) << j;
+    }
+    for (std::size_t i = 0; i < m; ++i) {
+      double want = 0;
+      for (std::size_t c = 0; c < k; ++c) want += a(i, c) * x(0, c);
+      EXPECT_NEAR(z(i, 0), want, 1e-13) << i;
+    }
+  }
 }
 
 TEST(LayerCuda, DeviceMatrixRoundTrip) {

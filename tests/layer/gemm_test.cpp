@@ -1,5 +1,6 @@
 // The CBLAS policy against the reference GEMM, every transpose combination, odd shapes, sub-views
-// with a leading dimension larger than the row, alpha/beta; and the shape check.
+// with a leading dimension larger than the row, alpha/beta, one-row operands with a leading
+// dimension below the row; and the shape check.
 #include <weft/layer/cblas.hpp>
 
 #include <gtest/gtest.h>
@@ -51,6 +52,33 @@ void check_all(double tol) {
 
 TEST(Gemm, CblasMatchesReferenceFloat) { check_all<float>(1e-5); }
 TEST(Gemm, CblasMatchesReferenceDouble) { check_all<double>(1e-13); }
+
+// y (1 x n) = x W^T and z (m x 1) = A x^T with x and y single rows whose ld (0) is below their
+// width, as a lone row may carry; BLAS checks ld >= cols, so the policy widens it. Against sums
+// written out here.
+TEST(Gemm, OneRowOperandsWithLdBelowTheirWidth) {
+  std::mt19937 g(9);
+  constexpr std::size_t m = 3, n = 7, k = 5;
+  const auto x = random_matrix<double>(1, k, g);
+  const auto w = random_matrix<double>(n, k, g);
+  const auto a = random_matrix<double>(m, k, g);
+  const weft::matrix_view<const double> x_row(x.data(), 1, k, 0);
+  weft::matrix<double> y(1, n, std::nan(""));
+  weft::layer::cblas{}(trans::n, trans::t, 1.0, x_row, weft::matrix_view<const double>(w.view()), 0.0,
+                       weft::matrix_view<double>(y.data(), 1, n, 0));
+  for (std::size_t j = 0; j < n; ++j) {
+    double want = 0;
+    for (std::size_t c = 0; c < k; ++c) want += x(0, c) * w(j, c);
+    EXPECT_NEAR(y(0, j), want, 1e-14) << j;
+  }
+  weft::matrix<double> z(m, 1, std::nan(""));
+  weft::layer::cblas{}(trans::n, trans::t, 1.0, weft::matrix_view<const double>(a.view()), x_row, 0.0, z.view());
+  for (std::size_t i = 0; i < m; ++i) {
+    double want = 0;
+    for (std::size_t c = 0; c < k; ++c) want += a(i, c) * x(0, c);
+    EXPECT_NEAR(z(i, 0), want, 1e-14) << i;
+  }
+}
 
 TEST(Gemm, BetaZeroIgnoresNaNInOutput) {
   weft::matrix<double> a(2, 2, 1.0), b(2, 2, 1.0), c(2, 2, std::nan(""));

@@ -84,7 +84,7 @@ public:
     const int ni = to_int(n, "n");
     if (k == 0) {  // C = beta C, as the BLAS definition has it (beta == 0: zeros)
       if (beta == T{}) {
-        WEFT_CUDA_TRY(cudaMemset2DAsync(c.data(), c.ld() * sizeof(T), 0, n * sizeof(T), m, state_->stream));
+        WEFT_CUDA_TRY(cudaMemset2DAsync(c.data(), static_cast<std::size_t>(ldc) * sizeof(T), 0, n * sizeof(T), m, state_->stream));
       } else {
         const T zero{};
         if constexpr (std::same_as<T, float>) {
