@@ -34,10 +34,11 @@ TEST(sim_step, published_runs_within_10_percent_with_one_constant_set_per_gpu) {
       ++holdout;
       holdout_within += std::abs(err) < 0.10 ? 1 : 0;
       worst_holdout = std::max(worst_holdout, std::abs(err));
-      // The goal is 10% here too, and 11 of 13 rows meet it. Korthikanti et al.'s 2022
+      // The goal is 10% here too, and 12 of 15 rows meet it. Korthikanti et al.'s 2022
       // runs of SC21's 530B and 1T pipelines read 11-13% low: their Megatron-LM ran those same
       // pipelines, full recompute and all, 6 points faster against this model than SC21's
-      // did, and the A100 constants are a compromise with MT-NLG, which reads high (see
+      // did, and the A100 constants are a compromise with MT-NLG, which reads high. MT-NLG on
+      // 420 nodes reads 11% high: its step holds about 4 s the model does not price (see
       // docs/sim.md). 14% is the bound this calibration is held to.
       EXPECT_LT(std::abs(err), 0.14) << r.id;
     }
@@ -45,8 +46,8 @@ TEST(sim_step, published_runs_within_10_percent_with_one_constant_set_per_gpu) {
   std::printf("  tuning rows: %d, worst %.1f%%; held-out rows: %d, %d within 10%%, worst %.1f%%\n",
               tune, 100 * worst_tune, holdout, holdout_within, 100 * worst_holdout);
   EXPECT_GE(tune, 5);
-  EXPECT_GE(holdout, 13);
-  EXPECT_GE(holdout_within, 11); // of 13: what docs/sim.md reports
+  EXPECT_GE(holdout, 15);
+  EXPECT_GE(holdout_within, 12); // of 15: what docs/sim.md reports
 }
 
 model_spec llama_70b() {
