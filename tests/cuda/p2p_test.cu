@@ -80,6 +80,29 @@ TEST(p2p_host, run_checks_its_arguments_before_looking_for_a_device) {
   EXPECT_FALSE(started);
 }
 
+// Without configure_shared_device()'s settings (lazy kernel loading, fewer hardware queues than
+// ranks), ranks on one device can wait on each other's spinning syncs until the timeout; run()
+// says so first. The settings are changed for the calls only (CUDA has read them already).
+TEST(p2p_host, ranks_sharing_a_device_need_the_shared_device_settings) {
+  ASSERT_TRUE(shared_device_configured);
+  bool started = false;
+  const auto body = [&](p2p::communicator&) { started = true; };
+  const std::string loading = std::getenv("CUDA_MODULE_LOADING");
+  ::setenv("CUDA_MODULE_LOADING", "LAZY", 1);
+  const std::string lazy = failure_of([&] { p2p::run({0, 1, 0}, body); });
+  ::setenv("CUDA_MODULE_LOADING", loading.c_str(), 1);
+  EXPECT_HAS(lazy, "2 ranks share device 0");
+  EXPECT_HAS(lazy, "CUDA_MODULE_LOADING=EAGER (it is LAZY)");
+  EXPECT_HAS(lazy, "configure_shared_device()");
+  const std::string connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "2", 1);
+  const std::string few = failure_of([&] { p2p::run({0, 0, 0}, body); });
+  ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", connections.c_str(), 1);
+  EXPECT_HAS(few, "3 ranks share device 0");
+  EXPECT_HAS(few, "CUDA_DEVICE_MAX_CONNECTIONS of at least the ranks (it is 2)");
+  EXPECT_FALSE(started);
+}
+
 TEST(p2p_host, run_without_a_device_says_why_before_starting_ranks) {
   if (weft::cuda::device_count() > 0) GTEST_SKIP() << "a device is present";
   bool started = false;

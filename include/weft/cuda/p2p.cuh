@@ -61,6 +61,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -111,6 +112,33 @@ namespace weft::cuda::detail {
 /// pointers. Any other (weft::mpi) trades CUDA IPC handles.
 template <class Host>
 inline constexpr bool p2p_same_process = std::is_same_v<Host, local::communicator>;
+
+/// run()'s check that ranks sharing a device have what configure_shared_device() sets, read from
+/// the environment, where CUDA reads it when the process's context is made.
+inline void p2p_check_shared_device(const std::vector<int>& devices, std::string_view who) {
+  int most = 0;
+  int device = -1;
+  for (int d : devices) {
+    const auto n = static_cast<int>(std::count(devices.begin(), devices.end(), d));
+    if (n > most) {
+      most = n;
+      device = d;
+    }
+  }
+  if (most < 2) return;
+  const char* loading = std::getenv("CUDA_MODULE_LOADING");
+  const char* connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  const int queues = connections != nullptr ? std::atoi(connections) : 8;  // CUDA's default: 8
+  if (loading != nullptr && std::string_view(loading) == "EAGER" && queues >= most) return;
+  throw error("weft: " + std::string(who) + ": " + std::to_string(most) + " ranks share device " +
+              std::to_string(device) + ", which needs CUDA_MODULE_LOADING=EAGER (it is " +
+              (loading != nullptr ? std::string(loading) : std::string("unset")) +
+              ") and CUDA_DEVICE_MAX_CONNECTIONS of at least the ranks (it is " +
+              (connections != nullptr ? std::string(connections) : std::string("unset: 8")) +
+              "): call cuda::p2p::configure_shared_device() before the program's first CUDA call, or set both in "
+              "the environment; otherwise a rank's kernels can wait behind another rank's spinning sync until it "
+              "times out");
+}
 
 /// Makes communicators for run() and from_mpi(), whose constructor takes internals.
 struct p2p_factory {
@@ -495,7 +523,8 @@ private:
 using communicator = basic_communicator<local::communicator>;
 
 /// Runs fn(communicator&) on one rank per entry of `devices`, each a thread with its own stream
-/// on its device (rank r on devices[r]; a device may repeat). Returns when all have returned
+/// on its device (rank r on devices[r]; a device may repeat, after configure_shared_device()).
+/// Returns when all have returned
 /// and their streams are idle; rethrows the first failure. Checks its arguments and that the
 /// devices exist (weft::error) before any thread starts. The communicators (and their splits)
 /// must not outlive the run: their workspaces are freed when it ends, once every device is idle.
@@ -504,6 +533,7 @@ void run(std::vector<int> devices, F&& fn, options opt = {}) {
   constexpr std::string_view who = "cuda::p2p::run";
   detail::p2p_check_device_list(devices, who);
   detail::p2p_check_options(opt.workspace_bytes, opt.sync_timeout, opt.timeout, who);
+  detail::p2p_check_shared_device(devices, who);
   if (const std::string why = no_device_reason(); !why.empty())
     throw error("weft: " + std::string(who) + ": " + why);
   const int visible = device_count();
