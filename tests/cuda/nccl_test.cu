@@ -682,7 +682,8 @@ TEST(nccl, multi_rank_a_receive_that_expects_another_message_is_an_error) {
   WEFT_REQUIRE_DEVICES(devices);
   nccl::options opt = test_options();
   opt.timeout = std::chrono::seconds(3);
-  // Two ranks, both left failed (and so aborted, not destroyed, at the end).
+  // Two ranks whose exchange is broken on purpose: both are aborted, not destroyed, at the end,
+  // so that neither waits for the other.
   std::vector<std::string> errors(2);
   on_ranks(2, opt, [&](communicator& c) {
     try {
@@ -692,12 +693,17 @@ TEST(nccl, multi_rank_a_receive_that_expects_another_message_is_an_error) {
     } catch (const weft::error& e) {
       errors[static_cast<std::size_t>(c.rank())] = e.what();
     }
+    c.abort_on_destroy();
   });
   EXPECT_NE(errors[1].find("recv on rank 1 (peer 0): expected 4 x int32 tag 5 but the peer sent 3 x int32 tag 5"),
             std::string::npos)
       << errors[1];
-  // The sender's data is never received: its wait ends at the deadline, naming the peer.
-  EXPECT_NE(errors[0].find("send on rank 0 (peer 1): timed out after 3000 ms waiting to send to it"), std::string::npos)
+  // The sender's data is never received. NCCL may still complete a send this small (its LL
+  // protocol sends eagerly into the receiver's buffer); where it does not, the sender's wait
+  // ends at the deadline, naming the peer. The mismatch is detected on the receiving side.
+  EXPECT_TRUE(errors[0].empty() ||
+              errors[0].find("send on rank 0 (peer 1): timed out after 3000 ms waiting to send to it") !=
+                  std::string::npos)
       << errors[0];
 }
 

@@ -54,7 +54,11 @@
 // Failure. CUDA and NCCL errors become weft::error naming the call, the operation, the
 // rank and, where there is one, the peer. After a failed or timed-out wait the ranks no
 // longer agree on where they are: the communicator must not be used again, and an owned
-// NCCL communicator is then aborted (ncclCommAbort) rather than destroyed.
+// NCCL communicator is then aborted (ncclCommAbort) rather than destroyed. One wait the
+// deadline does not cover: NCCL connects two ranks lazily, inside the first call that joins
+// them (ncclGroupEnd or the collective), and a peer that never makes that call leaves this
+// rank in NCCL's handshake, before any weft wait starts. Once a pair has exchanged anything,
+// the deadline holds for everything between them.
 #include <weft/comm/plan.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/ops.hpp>
@@ -150,6 +154,9 @@ public:
     }
     constexpr std::size_t granule = std::size_t{64} << 10;  // fewer regrowths for slowly rising sizes
     const std::size_t want = (bytes + granule - 1) / granule * granule;
+    // NCCL between GPUs of one process writes straight into a peer's receive buffer, and pool
+    // memory is reachable from other devices only once the pool grants them access.
+    share_default_pool(stream_device(stream_->get()));
     void* p = nullptr;
     cuda_check(cudaMallocAsync(&p, want, stream_->get()), "cudaMallocAsync", operation, rank);
     release();  // stream-ordered: after the queued work that may still use the old block
@@ -197,6 +204,7 @@ public:
   [[nodiscard]] ncclComm_t get() const noexcept { return comm_; }
   [[nodiscard]] bool owned() const noexcept { return owned_; }
   void mark_failed() noexcept { failed_ = true; }
+  [[nodiscard]] bool failed() const noexcept { return failed_; }
 
 private:
   void release() noexcept {
@@ -435,11 +443,12 @@ public:
   communicator(const communicator&) = delete;
   communicator& operator=(const communicator&) = delete;
   /// Destroys what it owns. An owned NCCL communicator is destroyed once the stream's work is
-  /// done, or aborted if that takes longer than timeout() or the communicator failed.
+  /// done, or aborted if that takes longer than timeout() or the communicator failed (then at
+  /// once, without waiting for the stream).
   /// Destroying is collective for NCCL (ncclCommDestroy may wait for the peers): where a
   /// peer has died, call abort_on_destroy() first, or end the process.
   ~communicator() {
-    if (comm_.owned() && comm_.get() != nullptr && !drained()) comm_.mark_failed();
+    if (comm_.owned() && comm_.get() != nullptr && !comm_.failed() && !drained()) comm_.mark_failed();
   }
 
   /// NCCL's asynchronous error of this communicator (ncclCommGetAsyncError), if any, as a
