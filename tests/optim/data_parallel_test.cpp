@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <string>
 
 namespace {
@@ -87,6 +88,28 @@ void check_mixed(bool scaling) {
   }
 }
 
+// Growth every `interval` good steps up to max_scale, backoff on overflow down to min_scale.
+TEST(loss_scaler, grows_and_backs_off_within_its_bounds) {
+  wo::loss_scaler s({.initial = 4.0f, .growth = 2.0f, .backoff = 0.5f, .interval = 2, .min_scale = 1.0f, .max_scale = 16.0f});
+  s.update(false);
+  EXPECT_EQ(s.scale(), 4.0f);
+  s.update(false);
+  EXPECT_EQ(s.scale(), 8.0f);
+  for (int i = 0; i < 10; ++i) s.update(false);
+  EXPECT_EQ(s.scale(), 16.0f);
+  s.update(true);
+  EXPECT_EQ(s.scale(), 8.0f);
+  EXPECT_EQ(s.good_steps(), 0);
+  for (int i = 0; i < 10; ++i) s.update(true);
+  EXPECT_EQ(s.scale(), 1.0f);
+  // The defaults stop at 2^24 (a scale grown to infinity would stay there, skipping every step).
+  wo::loss_scaler d(wo::loss_scale_options{});
+  for (int i = 0; i < 2000 * 200; ++i) d.update(false);
+  EXPECT_EQ(d.scale(), 16777216.0f);
+  EXPECT_THROW(wo::loss_scaler({.initial = 32.0f, .max_scale = 16.0f}), error);
+  EXPECT_THROW(wo::loss_scaler({.max_scale = std::numeric_limits<float>::infinity()}), error);
+}
+
 TEST(mixed_precision, half_with_loss_scaling_keeps_fp32_master_weights) { check_mixed<half>(true); }
 TEST(mixed_precision, bfloat16_keeps_fp32_master_weights) { check_mixed<bfloat16>(false); }
 
@@ -130,6 +153,28 @@ TEST(data_parallel, bad_input_is_reported) {
     (void)opt->grad("w");
     opt->grad_ready("w");
     EXPECT_THROW(opt->grad_ready("w"), error);  // twice
+    (void)opt->step();
+  });
+  // w and b share one bucket: w marked twice is refused, and does not count for b, whose mark
+  // then starts the reduction; a mark after the reduction started is refused as such.
+  const auto message_of = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  local::run(2, [&](local::communicator& c) {
+    auto opt = wo::make_data_parallel<wo::zero<1>>(c, m.params, sgd_rule());
+    opt->grad_ready("w");
+    EXPECT_NE(message_of([&] { opt->grad_ready("w"); }).find("tensor 'w' marked ready twice in one step"),
+              std::string::npos);
+    opt->grad_ready("b");
+    (void)opt->step();
+    opt->reduce_gradients();
+    EXPECT_NE(message_of([&] { opt->grad_ready("b"); }).find("'b' marked ready after its bucket's reduction started"),
+              std::string::npos);
     (void)opt->step();
   });
   EXPECT_THROW(local::run(3,

@@ -127,6 +127,7 @@ public:
     mem_.zeros(norm_partial_, 1, lane::main);
     const auto nb = layout_.buckets().size();
     ready_.assign(nb, 0);
+    marked_.assign(layout_.tensors().size(), 0);
     submitted_.assign(nb, false);
     reductions_.assign(nb, work_t{});
     staging_.resize(nb);
@@ -214,6 +215,10 @@ public:
   /// Tensor `name`'s parameters. Under zero<3> this gathers its bucket (waiting for a
   /// prefetch already started) and starts gathering the next one in the pass's direction
   /// (forward: the next bucket; after the first grad() of the step: the previous one).
+  /// Under zero<1>/<2> step() refreshes the parameters by an all-gather that may still run
+  /// when it returns (on a device, on the side stream): call param() again each step rather
+  /// than keeping the span, whose address does not change, since the call is what orders
+  /// later reads after that all-gather.
   [[nodiscard]] std::span<const P> param(std::string_view name) {
     const auto t = layout_index(name);
     const auto& ti = layout_.tensors()[t];
@@ -259,11 +264,17 @@ public:
 
   /// Marks `name`'s gradient complete; the bucket's reduction starts once all its tensors are.
   void grad_ready(std::string_view name) {
-    const auto& ti = layout_.tensors()[layout_index(name)];
+    const std::size_t t = layout_index(name);
+    const auto& ti = layout_.tensors()[t];
     const auto& b = layout_.buckets()[ti.bucket];
-    if (submitted_[ti.bucket] || ready_[ti.bucket] >= b.end_tensor - b.first_tensor) {
+    if (marked_[t] != 0) {
       throw error("data_parallel::grad_ready: tensor '" + ti.name + "' marked ready twice in one step");
     }
+    if (submitted_[ti.bucket]) {
+      throw error("data_parallel::grad_ready: tensor '" + ti.name +
+                  "' marked ready after its bucket's reduction started (reduce_gradients() or step() was called)");
+    }
+    marked_[t] = 1;
     if (++ready_[ti.bucket] == b.end_tensor - b.first_tensor) submit_reduction(ti.bucket);
   }
 
@@ -630,6 +641,7 @@ private:
     if constexpr (stage < 2) mem_.fill_zero(grads_.data(), grads_.size(), lane::main);
     for (auto& s : staging_) free_transient(s, lane::main);
     std::fill(ready_.begin(), ready_.end(), 0);
+    std::fill(marked_.begin(), marked_.end(), 0);
     std::fill(submitted_.begin(), submitted_.end(), false);
     for (auto& w : reductions_) w = work_t{};
     drop_gathers();
@@ -666,7 +678,8 @@ private:
   buffer<float> master_, state_;
   buffer<double> norm_partial_;  // the squared norm's partial sum, where the collectives read it
   typename space::template squares<P> squares_;  // what of grads_ the norm counts (norm_ranges)
-  std::vector<std::size_t> ready_;
+  std::vector<std::size_t> ready_;  // per bucket: its tensors marked ready this step
+  std::vector<char> marked_;         // per tensor: marked ready this step
   std::vector<bool> submitted_;
   std::vector<work_t> reductions_;
   std::vector<buffer<P>> staging_, gathered_;

@@ -1,9 +1,12 @@
 #pragma once
 // Dynamic loss scaling for half-precision gradients: the loss is multiplied by scale() before
 // the backward; a step whose gradients overflowed (a non-finite global norm, the same number
-// on every rank) is skipped and the scale backed off; after `interval` good steps it grows.
+// on every rank) is skipped and the scale backed off; after `interval` good steps it grows, up to
+// max_scale (a scale grown to infinity would back off to infinity and skip every later step).
 #include <weft/core/error.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 
 namespace weft::optim {
@@ -14,16 +17,20 @@ struct loss_scale_options {
   float backoff = 0.5f;
   int interval = 2000;  // good steps between growths
   float min_scale = 1.0f;
+  float max_scale = 16777216.0f;  // 2^24
 };
 
 class loss_scaler {
 public:
   loss_scaler() = default;
   explicit loss_scaler(loss_scale_options o) : o_(o), scale_(o.initial) {
-    if (!(o.initial > 0.0f) || !(o.growth >= 1.0f) || !(o.backoff > 0.0f && o.backoff <= 1.0f) || o.interval < 1) {
-      throw error("loss_scaler: needs initial > 0, growth >= 1, 0 < backoff <= 1, interval >= 1 (initial " +
+    if (!(o.initial > 0.0f) || !(o.growth >= 1.0f) || !(o.backoff > 0.0f && o.backoff <= 1.0f) || o.interval < 1 ||
+        !(o.max_scale >= o.initial) || !std::isfinite(o.max_scale)) {
+      throw error("loss_scaler: needs initial > 0, growth >= 1, 0 < backoff <= 1, interval >= 1 and a finite "
+                  "max_scale >= initial (initial " +
                   std::to_string(o.initial) + ", growth " + std::to_string(o.growth) + ", backoff " +
-                  std::to_string(o.backoff) + ", interval " + std::to_string(o.interval) + ")");
+                  std::to_string(o.backoff) + ", interval " + std::to_string(o.interval) + ", max_scale " +
+                  std::to_string(o.max_scale) + ")");
     }
   }
   [[nodiscard]] float scale() const noexcept { return scale_; }
@@ -33,7 +40,7 @@ public:
       scale_ = scale_ * o_.backoff < o_.min_scale ? o_.min_scale : scale_ * o_.backoff;
       good_ = 0;
     } else if (++good_ >= o_.interval) {
-      scale_ *= o_.growth;
+      scale_ = std::min(scale_ * o_.growth, o_.max_scale);
       good_ = 0;
     }
   }
