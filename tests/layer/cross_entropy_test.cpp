@@ -1,4 +1,4 @@
-// vocab_parallel_cross_entropy at TP 1..4 over a vocabulary of 11 (uneven at 2, 3 and 4), float
+// vocab_parallel_cross_entropy at TP 1..4 over vocabularies of 11 and 203 (uneven at 2, 3 and 4), float
 // and double: the mean loss and d(loss)/d(logits) against log-sum-exp in double; the loss at every
 // TP equal to TP 1's; large logits (stability); no communication in backward; errors.
 #include <weft/comm/traced.hpp>
@@ -17,7 +17,7 @@ namespace wl = weft::layer;
 namespace tl = weft::test::layer;
 using tl::dmat;
 
-constexpr std::size_t tokens = 9, vocab = 11;
+constexpr std::size_t tokens = 9;
 
 struct ce_ref {
   double loss = 0;
@@ -41,8 +41,9 @@ ce_ref reference(const dmat& logits, const std::vector<std::int32_t>& targets) {
 }
 
 template <class T>
-void check(double offset) {
-  const std::vector<std::int32_t> targets = {0, 10, 4, 4, 7, 3, 9, 1, 6};
+void check(double offset, std::size_t vocab = 11) {
+  std::vector<std::int32_t> targets = {0, 10, 4, 4, 7, 3, 9, 1, 6};
+  if (vocab > 11) targets.back() = static_cast<std::int32_t>(vocab - 1);  // the last rank's last column
   dmat logits = tl::random_dmat(tokens, vocab, 12, 4.0);
   for (auto& v : logits.flat()) v += offset;
   tl::round_to<T>(logits);
@@ -73,6 +74,12 @@ void check(double offset) {
 
 TEST(VocabParallelCrossEntropy, FloatMatchesReference) { check<float>(0.0); }
 TEST(VocabParallelCrossEntropy, DoubleMatchesReference) { check<double>(0.0); }
+// Rows wider than the lanes a row's statistics are taken by (exec.hpp's row_lanes), so that every
+// lane sums several columns, unevenly, on every TP size.
+TEST(VocabParallelCrossEntropy, RowsWiderThanTheLanes) {
+  check<float>(0.0, 203);
+  check<double>(0.0, 203);
+}
 TEST(VocabParallelCrossEntropy, LargeLogitsStayFinite) {
   check<float>(1000.0);  // exp(1000) overflows without the max shift
   check<double>(1000.0);

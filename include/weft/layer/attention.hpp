@@ -16,7 +16,8 @@
 // in which case backward recomputes them from the kept q, k and v.
 //
 // With a device GEMM policy (cublas on the communicator's stream) all of it lives in device memory:
-// the softmax and its backward are one functor per row (exec.hpp), the per-head products cuBLAS's.
+// the softmax and its backward are row stages (exec.hpp: a thread per row and lane, the lanes summed in
+// a fixed order, the same sums as the host's), the per-head products cuBLAS's.
 #include <weft/comm/communicator.hpp>
 #include <weft/core/config.hpp>
 #include <weft/core/error.hpp>
@@ -41,43 +42,130 @@ namespace weft::layer {
 
 namespace detail {
 
-/// Row i of the softmax of the causal scores, in place: s(i, j) for j > i is masked (probability
-/// 0). Called as (i, 0).
+// The causal softmax of the scores s, in place, row i's causal part j <= i (the rest is masked to 0),
+// in stages (exec.hpp, for_each_row_in_stages) with a row_scratch of 2 ways:
+//   1. (i, l): lanes(i, l) = the largest s(i, j) of lane l's causal columns (lowest if it has none)
+//   2. (i, 0): top(i) = the largest of the lanes
+//   3. (i, l): s(i, j) = exp(s(i, j) - top) on lane l's causal columns; lanes(i, l) = their sum
+//   4. (i, 0): inv(i) = 1 / the sum of the lanes, in order
+//   5. (i, j): s(i, j) *= inv on the causal part, 0 above it
 template <class T>
-struct causal_softmax_row {
-  matrix_view<T> s;
+struct causal_lane_maxima {
+  matrix_view<const T> s;
+  matrix_view<T> lanes;
+  T lowest;
+  WEFT_HOST_DEVICE void operator()(std::size_t i, std::size_t l) const {
+    T top = lowest;
+    for (std::size_t j = l; j <= i; j += row_lanes) top = s(i, j) > top ? s(i, j) : top;
+    lanes(i, l) = top;
+  }
+};
+
+template <class T>
+struct causal_row_maximum {
+  matrix_view<const T> lanes;
+  matrix_view<T> stats;  // (i, 0): top
   WEFT_HOST_DEVICE void operator()(std::size_t i, std::size_t) const {
-    T top = s(i, 0);
-    for (std::size_t j = 1; j <= i; ++j) top = s(i, j) > top ? s(i, j) : top;
+    T top = lanes(i, 0);
+    for (std::size_t l = 1; l < row_lanes; ++l) top = lanes(i, l) > top ? lanes(i, l) : top;
+    stats(i, 0) = top;
+  }
+};
+
+template <class T>
+struct causal_lane_exponentials {
+  matrix_view<T> s;
+  matrix_view<const T> stats;
+  matrix_view<T> lanes;
+  WEFT_HOST_DEVICE void operator()(std::size_t i, std::size_t l) const {
+    const T top = stats(i, 0);
     T sum{};
-    for (std::size_t j = 0; j <= i; ++j) {
+    for (std::size_t j = l; j <= i; j += row_lanes) {
       s(i, j) = std::exp(s(i, j) - top);
       sum += s(i, j);
     }
-    const T inv = T{1} / sum;
-    for (std::size_t j = 0; j <= i; ++j) s(i, j) *= inv;
-    for (std::size_t j = i + 1; j < s.cols(); ++j) s(i, j) = T{};
+    lanes(i, l) = sum;
   }
 };
 
-/// Row i of the softmax's backward, in place: dp(i, j) = p(i, j) (dp(i, j) - sum_k p(i, k) dp(i, k))
-/// on the causal part, 0 above it. Called as (i, 0).
+/// stats(i, way) = 1 / (the sum of lanes(i, 0 .. row_lanes), in order).
 template <class T>
-struct causal_softmax_backward_row {
-  matrix_view<const T> p;
-  matrix_view<T> dp;
+struct inverse_lane_sum {
+  matrix_view<const T> lanes;
+  matrix_view<T> stats;
+  std::size_t way;
   WEFT_HOST_DEVICE void operator()(std::size_t i, std::size_t) const {
-    T dot{};
-    for (std::size_t j = 0; j <= i; ++j) dot += p(i, j) * dp(i, j);
-    for (std::size_t j = 0; j <= i; ++j) dp(i, j) = p(i, j) * (dp(i, j) - dot);
-    for (std::size_t j = i + 1; j < dp.cols(); ++j) dp(i, j) = T{};
+    T sum{};
+    for (std::size_t l = 0; l < row_lanes; ++l) sum += lanes(i, l);
+    stats(i, way) = T{1} / sum;
   }
+};
+
+template <class T>
+struct causal_normalise {
+  matrix_view<T> s;
+  matrix_view<const T> stats;  // (i, 1): inv
+  WEFT_HOST_DEVICE void operator()(std::size_t i, std::size_t j) const { s(i, j) = j <= i ? s(i, j) * stats(i, 1) : T{}; }
 };
 
 /// Row-wise causal softmax in place, where the policy works.
-template <class Exec, class T>
-void causal_softmax(const Exec& exec, matrix_view<T> s) {
-  for_each_element(exec, s.rows(), 1, causal_softmax_row<T>{s});
+template <class Exec, class T, class Space>
+void causal_softmax(const Exec& exec, matrix_view<T> s, row_scratch<T, Space>& scratch) {
+  scratch.reserve(exec, s.rows(), 2);
+  const auto lanes = scratch.lanes.view();
+  const auto stats = scratch.results.view();
+  for_each_row_in_stages(exec, s.rows(),
+                         row_stage{row_lanes, causal_lane_maxima<T>{s, lanes, std::numeric_limits<T>::lowest()}},
+                         row_stage{1, causal_row_maximum<T>{lanes, stats}},
+                         row_stage{row_lanes, causal_lane_exponentials<T>{s, stats, lanes}},
+                         row_stage{1, inverse_lane_sum<T>{lanes, stats, 1}},
+                         row_stage{s.cols(), causal_normalise<T>{s, stats}});
+}
+
+// The softmax's backward, in place: dp(i, j) = p(i, j) (dp(i, j) - dot(i)) on the causal part, 0
+// above it, with dot(i) = sum_j p(i, j) dp(i, j): 1. (i, l): lanes(i, l) = lane l's part of the dot;
+// 2. (i, 0): dot(i), the lanes in order; 3. (i, j): dp.
+template <class T>
+struct causal_lane_dots {
+  matrix_view<const T> p;
+  matrix_view<const T> dp;
+  matrix_view<T> lanes;
+  WEFT_HOST_DEVICE void operator()(std::size_t i, std::size_t l) const {
+    T dot{};
+    for (std::size_t j = l; j <= i; j += row_lanes) dot += p(i, j) * dp(i, j);
+    lanes(i, l) = dot;
+  }
+};
+
+template <class T>
+struct lane_sum {
+  matrix_view<const T> lanes;
+  matrix_view<T> stats;
+  WEFT_HOST_DEVICE void operator()(std::size_t i, std::size_t) const {
+    T sum{};
+    for (std::size_t l = 0; l < row_lanes; ++l) sum += lanes(i, l);
+    stats(i, 0) = sum;
+  }
+};
+
+template <class T>
+struct causal_softmax_gradient {
+  matrix_view<const T> p;
+  matrix_view<T> dp;
+  matrix_view<const T> stats;  // (i, 0): dot
+  WEFT_HOST_DEVICE void operator()(std::size_t i, std::size_t j) const {
+    dp(i, j) = j <= i ? p(i, j) * (dp(i, j) - stats(i, 0)) : T{};
+  }
+};
+
+template <class Exec, class T, class Space>
+void causal_softmax_backward(const Exec& exec, matrix_view<const T> p, matrix_view<T> dp, row_scratch<T, Space>& scratch) {
+  scratch.reserve(exec, p.rows(), 2);
+  const auto lanes = scratch.lanes.view();
+  const auto stats = scratch.results.view();
+  for_each_row_in_stages(exec, p.rows(), row_stage{row_lanes, causal_lane_dots<T>{p, dp, lanes}},
+                         row_stage{1, lane_sum<T>{lanes, stats}},
+                         row_stage{dp.cols(), causal_softmax_gradient<T>{p, dp, stats}});
 }
 
 } // namespace detail
@@ -167,6 +255,7 @@ public:
     qkv_out_ = {};
     ctx_ = {};
     probs_ = {};
+    softmax_scratch_.release();
   }
 
   /// What backward needs from forward, moved out and back (see linear.hpp).
@@ -226,7 +315,7 @@ private:
   void recompute_probabilities(std::size_t b, std::size_t h, matrix_view<T> p) {
     gemm_(trans::n, trans::t, scale(), detail::cview(part(qkv_out_, b, h, 0)), detail::cview(part(qkv_out_, b, h, 1)),
           T{0}, p);
-    detail::causal_softmax(gemm_, p);
+    detail::causal_softmax(gemm_, p, softmax_scratch_);
   }
 
   void core_forward(std::size_t b, std::size_t h, matrix_view<T> p) {
@@ -241,7 +330,7 @@ private:
     const auto d_out = detail::cview(ctx_of(dctx_, b, h));
     gemm_(trans::t, trans::n, T{1}, p, d_out, T{0}, part(dqkv_, b, h, 2));
     gemm_(trans::n, trans::t, T{1}, d_out, detail::cview(part(qkv_out_, b, h, 2)), T{0}, dp_.view());
-    detail::for_each_element(gemm_, seq_, 1, detail::causal_softmax_backward_row<T>{p, dp_.view()});
+    detail::causal_softmax_backward(gemm_, p, dp_.view(), softmax_scratch_);
     const auto ds = detail::cview(dp_.view());
     gemm_(trans::n, trans::n, scale(), ds, detail::cview(part(qkv_out_, b, h, 1)), T{0}, part(dqkv_, b, h, 0));
     gemm_(trans::t, trans::n, scale(), ds, detail::cview(part(qkv_out_, b, h, 0)), T{0}, part(dqkv_, b, h, 1));
@@ -260,6 +349,7 @@ private:
   std::size_t batch_ = 0;
   matrix<T, space> qkv_out_, ctx_, probs_;  // kept between forward and backward
   matrix<T, space> dctx_, dqkv_, dp_;       // backward's scratch
+  detail::row_scratch<T, space> softmax_scratch_;
 };
 
 } // namespace weft::layer

@@ -14,8 +14,9 @@
 //
 // Exec says where the logits live (exec.hpp): the host by default; with a device policy (cublas
 // on the communicator's stream) the logits, the kept softmax and dlogits are device memory, the
-// row statistics one thread per row, the rest one per element; the targets (a host span, checked
-// there) are copied to the device, and the per-token sums come back to the host for the loss.
+// row statistics a thread per row and lane (exec.hpp's row stages: the lanes combined in a fixed
+// order, the host's sums), the rest one per element; the targets (a host span, checked there) are
+// copied to the device, and the per-token sums come back to the host for the loss.
 #include <weft/comm/all_reduce.hpp>
 #include <weft/comm/communicator.hpp>
 #include <weft/core/config.hpp>
@@ -40,39 +41,67 @@ namespace weft::layer {
 
 namespace detail {
 
-/// row_max(t, 0) = the largest of token t's local logits. Called as (t, 0).
+// The row statistics in stages (exec.hpp, for_each_row_in_stages), token t, with lanes = a row_scratch's:
+//   1. (t, l): lanes(t, l) = the largest of lane l's logits (lowest if it has none)
+//   2. (t, 0): row_max(t, 0) = the largest of the lanes
+//   (the all-reduce of the maxima over the group)
+//   3. (t, l): probs(t, c) = exp(logit - maximum) on lane l's columns; lanes(t, l) = their sum
+//   4. (t, 0): sums(0, t) = the target logit minus the maximum where this rank holds the target
+//      (else 0); sums(1, t) = the sum of the lanes, in order
+template <class T>
+struct lane_maxima {
+  matrix_view<const T> logits;
+  matrix_view<T> lanes;
+  T lowest;
+  WEFT_HOST_DEVICE void operator()(std::size_t t, std::size_t l) const {
+    T m = lowest;
+    for (std::size_t c = l; c < logits.cols(); c += row_lanes) m = logits(t, c) > m ? logits(t, c) : m;
+    lanes(t, l) = m;
+  }
+};
+
 template <class T>
 struct row_maximum {
-  matrix_view<const T> logits;
+  matrix_view<const T> lanes;
   matrix_view<T> row_max;
   WEFT_HOST_DEVICE void operator()(std::size_t t, std::size_t) const {
-    T m = row_max(t, 0);
-    for (std::size_t c = 0; c < logits.cols(); ++c) m = logits(t, c) > m ? logits(t, c) : m;
+    T m = lanes(t, 0);
+    for (std::size_t l = 1; l < row_lanes; ++l) m = lanes(t, l) > m ? lanes(t, l) : m;
     row_max(t, 0) = m;
   }
 };
 
-/// Token t: sums(0, t) = its target logit minus the row maximum where this rank holds the
-/// target (else 0), sums(1, t) = the sum of exp(logit - maximum) over the local columns, kept
-/// per column in probs. Called as (t, 0).
 template <class T>
-struct shifted_exponentials {
+struct lane_exponentials {
   matrix_view<const T> logits;
-  const std::int32_t* targets;
   matrix_view<const T> row_max;
   matrix_view<T> probs;
-  matrix_view<T> sums;  // 2 x tokens
-  std::size_t begin;
-  WEFT_HOST_DEVICE void operator()(std::size_t t, std::size_t) const {
-    const auto target = static_cast<std::size_t>(targets[t]);
+  matrix_view<T> lanes;
+  WEFT_HOST_DEVICE void operator()(std::size_t t, std::size_t l) const {
     const T top = row_max(t, 0);
-    sums(0, t) = target >= begin && target - begin < logits.cols() ? logits(t, target - begin) - top : T{};
     T s{};
-    for (std::size_t c = 0; c < logits.cols(); ++c) {
+    for (std::size_t c = l; c < logits.cols(); c += row_lanes) {
       const T e = std::exp(logits(t, c) - top);
       probs(t, c) = e;
       s += e;
     }
+    lanes(t, l) = s;
+  }
+};
+
+template <class T>
+struct shifted_target_and_sum {
+  matrix_view<const T> logits;
+  const std::int32_t* targets;
+  matrix_view<const T> row_max;
+  matrix_view<const T> lanes;
+  matrix_view<T> sums;  // 2 x tokens
+  std::size_t begin;
+  WEFT_HOST_DEVICE void operator()(std::size_t t, std::size_t) const {
+    const auto target = static_cast<std::size_t>(targets[t]);
+    sums(0, t) = target >= begin && target - begin < logits.cols() ? logits(t, target - begin) - row_max(t, 0) : T{};
+    T s{};
+    for (std::size_t l = 0; l < row_lanes; ++l) s += lanes(t, l);
     sums(1, t) = s;
   }
 };
@@ -138,15 +167,21 @@ public:
     const std::size_t cols = range_.size();
     // 1. The row maxima.
     detail::resize(exec_, row_max_, tokens, 1);
-    detail::for_each_element(exec_, tokens, 1, detail::fill_element<T>{row_max_.view(), std::numeric_limits<T>::lowest()});
-    detail::for_each_element(exec_, tokens, 1, detail::row_maximum<T>{logits, row_max_.view()});
+    scratch_.reserve(exec_, tokens, 1);
+    const auto lanes = scratch_.lanes.view();
+    using detail::row_lanes;
+    using detail::row_stage;
+    detail::for_each_row_in_stages(
+        exec_, tokens, row_stage{row_lanes, detail::lane_maxima<T>{logits, lanes, std::numeric_limits<T>::lowest()}},
+        row_stage{1, detail::row_maximum<T>{lanes, row_max_.view()}});
     if (tp_->size() > 1) all_reduce(*tp_, detail::flat_of(row_max_), op::max{});
     // 2. Target logits (shifted) and sums of exponentials, packed into one all-reduce.
     detail::resize(exec_, sums_, 2, tokens);
     detail::resize(exec_, probs_, tokens, cols);
-    detail::for_each_element(exec_, tokens, 1,
-                             detail::shifted_exponentials<T>{logits, target_data, row_max_.view(), probs_.view(),
-                                                             sums_.view(), range_.begin});
+    detail::for_each_row_in_stages(
+        exec_, tokens, row_stage{row_lanes, detail::lane_exponentials<T>{logits, row_max_.view(), probs_.view(), lanes}},
+        row_stage{1, detail::shifted_target_and_sum<T>{logits, target_data, row_max_.view(), lanes, sums_.view(),
+                                                        range_.begin}});
     if (tp_->size() > 1) all_reduce(*tp_, detail::flat_of(sums_));
     detail::for_each_element(exec_, tokens, cols, detail::normalise_row<T>{probs_.view(), sums_.view()});
     // 3. The mean loss, on the host.
@@ -185,6 +220,7 @@ private:
   matrix<T, space> sums_;     // 2 x tokens: shifted target logits, sums of exponentials
   std::vector<std::int32_t> targets_;
   matrix<std::int32_t, space> device_targets_;  // a device policy's copy of targets_
+  detail::row_scratch<T, space> scratch_;        // the row statistics' lanes
 };
 
 } // namespace weft::layer

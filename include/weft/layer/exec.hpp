@@ -66,6 +66,39 @@ void for_each_element(const Gemm& g, std::size_t rows, std::size_t cols, const F
   }
 }
 
+/// Row-wise work in stages: stage k's f(r, c), for c in [0, cols_k), may read what stages before
+/// it wrote for row r, and writes only what no other (r, c) of its stage touches. A policy with
+/// `each_element` runs each stage over every row before the next (a kernel per stage: a row's
+/// columns spread over threads); the host runs one row's stages after another, while the row is in
+/// its cache. The same f(r, c) calls either way, so the same results.
+template <class F>
+struct row_stage {
+  std::size_t cols;
+  F f;
+};
+template <class F>
+row_stage(std::size_t, F) -> row_stage<F>;
+
+template <class Gemm, class... F>
+void for_each_row_in_stages(const Gemm& g, std::size_t rows, const row_stage<F>&... stages) {
+  if constexpr ((element_policy<Gemm, F> && ...)) {
+    (for_each_element(g, rows, stages.cols, stages.f), ...);
+  } else {
+    static_assert(!on_device<Gemm>, "weft: a device policy must define each_element(policy, rows, cols, f)");
+    (void)g;
+    const auto run = [](std::size_t r, const auto& stage) {
+      for (std::size_t c = 0; c < stage.cols; ++c) stage.f(r, c);
+    };
+    for (std::size_t r = 0; r < rows; ++r) (run(r, stages), ...);
+  }
+}
+
+/// A row reduction's lanes: lane l of row r takes the columns l, l + row_lanes, ... in order, and
+/// the lanes are then combined in order. A device gives every (row, lane) its own thread, so a warp
+/// reads one row's consecutive elements (one thread per row would read a row each, strided, and use
+/// a few hundred threads); the host computes the same sums.
+inline constexpr std::size_t row_lanes = 32;
+
 /// A device policy must share its stream with the communicator, so that the layer's kernels,
 /// GEMMs and collectives run in the order they are called; `who` names the layer in the error.
 template <class Policy, class Comm>
@@ -95,6 +128,24 @@ void resize(const Gemm& g, matrix<T, Space>& m, std::size_t rows, std::size_t co
     m.resize(rows, cols);
   }
 }
+
+/// Scratch for a row reduction: `ways` partials per lane and `ways` results per row, reshaped only
+/// when the rows or ways change (every element is written before it is read).
+template <class T, class Space>
+struct row_scratch {
+  matrix<T, Space> lanes;    // rows x (ways * row_lanes)
+  matrix<T, Space> results;  // rows x ways
+
+  template <class Gemm>
+  void reserve(const Gemm& g, std::size_t rows, std::size_t ways) {
+    if (lanes.rows() != rows || lanes.cols() != ways * row_lanes) resize(g, lanes, rows, ways * row_lanes);
+    if (results.rows() != rows || results.cols() != ways) resize(g, results, rows, ways);
+  }
+  void release() {
+    lanes = {};
+    results = {};
+  }
+};
 
 /// Any owning matrix's elements as one span (device memory for a device matrix: for collectives).
 template <class T, class Space>

@@ -9,9 +9,11 @@
 // g = dy * gamma:  dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
 //
 // Exec says where it runs (exec.hpp): the host by default; with a device policy (cublas) the
-// parameters, the kept xhat and rstd, and the views passed in and out are device memory, one
-// thread per row (statistics, dx) or per column (the gamma and beta gradients, summed over the
-// rows in order), so the result does not depend on how the device schedules them.
+// parameters, the kept xhat and rstd, and the views passed in and out are device memory. A row's
+// sums are taken by row_lanes lanes, each over every row_lanes-th column, then the lanes in order
+// (a thread per row and lane on a device, so a warp reads a row's consecutive elements); the gamma
+// and beta gradients one thread per column, summed over the rows in order. So the result does not
+// depend on how the device schedules them, and the host computes the same sums.
 #include <weft/core/config.hpp>
 #include <weft/core/error.hpp>
 #include <weft/layer/exec.hpp>
@@ -30,34 +32,76 @@ namespace weft::layer {
 
 namespace detail {
 
-/// One row: its mean and rstd (kept), xhat (kept) and y. Called as (row, 0).
+// The forward's stages (exec.hpp, for_each_row_in_stages), row r, with lanes = a row_scratch's:
+//   1. (r, l): lanes(r, l) = sum of x(r, c) over lane l's columns      2. (r, 0): mean
+//   3. (r, l): lanes(r, l) = sum of (x(r, c) - mean)^2                  4. (r, 0): rstd
+//   5. (r, c): xhat, y (y may be x: each element is read before it is written)
 template <class T>
-struct layer_norm_forward_row {
+struct layer_norm_lane_sums {
+  matrix_view<const T> x;
+  matrix_view<double> lanes;
+  WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t l) const {
+    double s = 0.0;
+    for (std::size_t c = l; c < x.cols(); c += row_lanes) s += static_cast<double>(x(r, c));
+    lanes(r, l) = s;
+  }
+};
+
+template <class T>
+struct layer_norm_lane_squares {
+  matrix_view<const T> x;
+  matrix_view<const double> mean;
+  matrix_view<double> lanes;
+  WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t l) const {
+    const double m = mean(r, 0);
+    double s = 0.0;
+    for (std::size_t c = l; c < x.cols(); c += row_lanes) {
+      const double d = static_cast<double>(x(r, c)) - m;
+      s += d * d;
+    }
+    lanes(r, l) = s;
+  }
+};
+
+/// The sum of a row's lanes w * row_lanes + [0, row_lanes), in order.
+WEFT_HOST_DEVICE inline double lane_total(matrix_view<const double> lanes, std::size_t r, std::size_t w) {
+  double s = 0.0;
+  for (std::size_t l = 0; l < row_lanes; ++l) s += lanes(r, w * row_lanes + l);
+  return s;
+}
+
+/// out(r, w) = lane_total(r, w) / n for each of out's columns w.
+struct lane_means {
+  matrix_view<const double> lanes;
+  matrix_view<double> out;
+  double n;
+  WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t) const {
+    for (std::size_t w = 0; w < out.cols(); ++w) out(r, w) = lane_total(lanes, r, w) / n;
+  }
+};
+
+/// rstd(r, 0) = 1 / sqrt(variance + eps), the variance lane_total(r, 0) / n.
+struct lane_rstd {
+  matrix_view<const double> lanes;
+  matrix_view<double> rstd;
+  double n;
+  double eps;
+  WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t) const {
+    rstd(r, 0) = 1.0 / std::sqrt(lane_total(lanes, r, 0) / n + eps);
+  }
+};
+
+template <class T>
+struct layer_norm_normalise {
   matrix_view<const T> x;
   matrix_view<T> y;
   matrix_view<const T> gamma, beta;
-  matrix_view<double> xhat;  // rows x hidden
-  matrix_view<double> rstd;  // rows x 1
-  double eps;
-  WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t) const {
-    const std::size_t hidden = x.cols();
-    const auto n = static_cast<double>(hidden);
-    double mean = 0.0;
-    for (std::size_t c = 0; c < hidden; ++c) mean += static_cast<double>(x(r, c));
-    mean /= n;
-    double var = 0.0;
-    for (std::size_t c = 0; c < hidden; ++c) {
-      const double d = static_cast<double>(x(r, c)) - mean;
-      var += d * d;
-    }
-    var /= n;
-    const double rs = 1.0 / std::sqrt(var + eps);
-    rstd(r, 0) = rs;
-    for (std::size_t c = 0; c < hidden; ++c) {
-      const double xh = (static_cast<double>(x(r, c)) - mean) * rs;
-      xhat(r, c) = xh;
-      y(r, c) = static_cast<T>(xh * static_cast<double>(gamma(0, c)) + static_cast<double>(beta(0, c)));
-    }
+  matrix_view<const double> mean, rstd;
+  matrix_view<double> xhat;
+  WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t c) const {
+    const double xh = (static_cast<double>(x(r, c)) - mean(r, 0)) * rstd(r, 0);
+    xhat(r, c) = xh;
+    y(r, c) = static_cast<T>(xh * static_cast<double>(gamma(0, c)) + static_cast<double>(beta(0, c)));
   }
 };
 
@@ -78,30 +122,38 @@ struct layer_norm_param_grads {
   }
 };
 
-/// One row of dx (dx may be dy: the row's dy is read in full before its dx is written). Called as (row, 0).
+// dx's stages, row r: 1. (r, l): lanes(r, l) and lanes(r, row_lanes + l) = the sums of g = dy * gamma
+// and g * xhat over lane l's columns; 2. (r, 0): their means; 3. (r, c): dx (dx may be dy).
 template <class T>
-struct layer_norm_backward_row {
+struct layer_norm_lane_grads {
+  matrix_view<const T> dy;
+  matrix_view<const T> gamma;
+  matrix_view<const double> xhat;
+  matrix_view<double> lanes;
+  WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t l) const {
+    double sg = 0.0;
+    double sgx = 0.0;
+    for (std::size_t c = l; c < dy.cols(); c += row_lanes) {
+      const double g = static_cast<double>(dy(r, c)) * static_cast<double>(gamma(0, c));
+      sg += g;
+      sgx += g * xhat(r, c);
+    }
+    lanes(r, l) = sg;
+    lanes(r, row_lanes + l) = sgx;
+  }
+};
+
+template <class T>
+struct layer_norm_dx {
   matrix_view<const T> dy;
   matrix_view<T> dx;
   matrix_view<const T> gamma;
   matrix_view<const double> xhat;
   matrix_view<const double> rstd;
-  WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t) const {
-    const std::size_t hidden = dy.cols();
-    const auto n = static_cast<double>(hidden);
-    double mean_g = 0.0;
-    double mean_gx = 0.0;
-    for (std::size_t c = 0; c < hidden; ++c) {
-      const double g = static_cast<double>(dy(r, c)) * static_cast<double>(gamma(0, c));
-      mean_g += g;
-      mean_gx += g * xhat(r, c);
-    }
-    mean_g /= n;
-    mean_gx /= n;
-    for (std::size_t c = 0; c < hidden; ++c) {
-      const double g = static_cast<double>(dy(r, c)) * static_cast<double>(gamma(0, c));
-      dx(r, c) = static_cast<T>(rstd(r, 0) * (g - mean_g - xhat(r, c) * mean_gx));
-    }
+  matrix_view<const double> means;  // rows x 2: mean(g), mean(g * xhat)
+  WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t c) const {
+    const double g = static_cast<double>(dy(r, c)) * static_cast<double>(gamma(0, c));
+    dx(r, c) = static_cast<T>(rstd(r, 0) * (g - means(r, 0) - xhat(r, c) * means(r, 1)));
   }
 };
 
@@ -129,9 +181,18 @@ public:
     const std::size_t rows = x.rows();
     detail::resize(exec_, xhat_, rows, hidden_);
     detail::resize(exec_, rstd_, rows, 1);
-    detail::for_each_element(exec_, rows, 1,
-                             detail::layer_norm_forward_row<T>{x, y, gamma_.view(), beta_.view(), xhat_.view(),
-                                                               rstd_.view(), eps_});
+    scratch_.reserve(exec_, rows, 1);
+    const auto lanes = scratch_.lanes.view();
+    const auto mean = scratch_.results.view();
+    const auto n = static_cast<double>(hidden_);
+    using detail::row_lanes;
+    detail::for_each_row_in_stages(
+        exec_, rows, detail::row_stage{row_lanes, detail::layer_norm_lane_sums<T>{x, lanes}},
+        detail::row_stage{1, detail::lane_means{lanes, mean, n}},
+        detail::row_stage{row_lanes, detail::layer_norm_lane_squares<T>{x, mean, lanes}},
+        detail::row_stage{1, detail::lane_rstd{lanes, rstd_.view(), n, eps_}},
+        detail::row_stage{hidden_, detail::layer_norm_normalise<T>{x, y, gamma_.view(), beta_.view(), mean,
+                                                                   rstd_.view(), xhat_.view()}});
     forwarded_ = true;
   }
 
@@ -150,8 +211,14 @@ public:
       for (std::size_t r = 0; r < rows; ++r)
         for (std::size_t c = 0; c < hidden_; ++c) grads.step(r, c);
     }
-    detail::for_each_element(exec_, rows, 1,
-                             detail::layer_norm_backward_row<T>{dy, dx, gamma_.view(), xhat_.view(), rstd_.view()});
+    scratch_.reserve(exec_, rows, 2);
+    const auto lanes = scratch_.lanes.view();
+    const auto means = scratch_.results.view();
+    using detail::row_lanes;
+    detail::for_each_row_in_stages(
+        exec_, rows, detail::row_stage{row_lanes, detail::layer_norm_lane_grads<T>{dy, gamma_.view(), xhat_.view(), lanes}},
+        detail::row_stage{1, detail::lane_means{lanes, means, static_cast<double>(hidden_)}},
+        detail::row_stage{hidden_, detail::layer_norm_dx<T>{dy, dx, gamma_.view(), xhat_.view(), rstd_.view(), means}});
   }
 
   [[nodiscard]] std::vector<parameter<T>> parameters() {
@@ -168,6 +235,7 @@ public:
   void release() {
     xhat_ = {};
     rstd_ = {};
+    scratch_.release();
     forwarded_ = false;
   }
 
@@ -197,6 +265,7 @@ private:
   matrix<T, space> gamma_, beta_, dgamma_, dbeta_;
   matrix<double, space> xhat_;  // the normalised input, kept for backward
   matrix<double, space> rstd_;  // 1 / sqrt(var + eps), rows x 1
+  detail::row_scratch<double, space> scratch_;  // the row sums' lanes, the means
   bool forwarded_ = false;
 };
 
