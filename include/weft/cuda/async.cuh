@@ -41,7 +41,6 @@
 #include <memory>
 #include <span>
 #include <string>
-#include <thread>
 #include <utility>
 
 namespace weft::cuda {

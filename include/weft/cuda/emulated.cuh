@@ -385,8 +385,11 @@ public:
     order_after(s, stream_.get());
     stream_ = cuda::stream::borrow(s);
   }
-  /// Waits until this rank's queued work is done.
-  void synchronize() const { stream_.synchronize(); }
+  /// Waits until this rank's queued work is done (nothing on a moved-from communicator, whose
+  /// work went with it: emulated::run calls this after fn, which may have moved it away).
+  void synchronize() const {
+    if (world_ != nullptr) stream_.synchronize();
+  }
 
   // --- point to point on host memory (WEFT_CHECK_CALLS uses them): the local transport's --
   template <element T>
