@@ -73,8 +73,7 @@ TEST(LayerNormReference, JacobianMatchesFiniteDifferences) {
 }
 
 template <class T, class SP, class Exec = wl::host_policy>
-void check(int tp, std::size_t hidden = 10) {
-  const std::size_t tokens = 12;
+void check(int tp, std::size_t hidden = 10, std::size_t tokens = 12) {
   dmat x = tl::random_dmat(tokens, hidden, 5, 3.0), dy = tl::random_dmat(tokens, hidden, 6);
   dmat g = tl::random_dmat(1, hidden, 7), b = tl::random_dmat(1, hidden, 8);
   for (dmat* m : {&x, &dy, &g, &b}) tl::round_to<T>(*m);
@@ -104,7 +103,7 @@ void check(int tp, std::size_t hidden = 10) {
     EXPECT_LT(tl::rel_err(ps[0].grad, ref.dgamma), tol) << "tp=" << tp;
     EXPECT_LT(tl::rel_err(ps[1].grad, ref.dbeta), tol) << "tp=" << tp;
     if constexpr (!std::is_same_v<Exec, wl::host_policy>) {
-      EXPECT_EQ(*exec.steps, 10u);  // gamma's fill, the forward's 5 row stages, the gradients' columns, dx's 3 row stages
+      EXPECT_EQ(*exec.steps, 11u);  // gamma's fill, the forward's 5 row stages, the gradients' 2, dx's 3 row stages
     }
     ln.zero_grad();
     EXPECT_EQ(ps[0].grad(0, 0), T{0});
@@ -123,12 +122,16 @@ TEST(LayerNorm, DoesNotDependOnTheOrderOfItsSteps) {
   check<float, wl::sequence_parallel, tl::reversed_elements>(3);
 }
 
-// Rows wider than the lanes a row's sums are taken by (exec.hpp's row_lanes): every lane sums
-// several columns, unevenly.
-TEST(LayerNorm, RowsWiderThanTheLanes) {
+// Rows wider and more rows than the lanes the sums are taken by (exec.hpp's row_lanes): every
+// lane sums several columns (the statistics) or rows (the gamma and beta gradients), unevenly.
+TEST(LayerNorm, MoreThanTheLanes) {
   check<float, wl::no_sequence_parallel>(1, 70);
   check<double, wl::sequence_parallel>(2, 70);
   check<double, wl::no_sequence_parallel, tl::reversed_elements>(1, 70);
+  check<float, wl::no_sequence_parallel>(1, 70, 75);
+  check<double, wl::sequence_parallel>(3, 70, 75);  // 25 rows a rank
+  check<double, wl::sequence_parallel>(2, 40, 72);  // 36 rows a rank
+  check<double, wl::no_sequence_parallel, tl::reversed_elements>(1, 70, 75);
 }
 
 TEST(LayerNorm, SequenceParallelGradsSumOverRanks) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "layer/layer_support.hpp"
+#include "layer/reversed_elements.hpp"
 
 namespace {
 
@@ -34,7 +35,7 @@ using configs = ::testing::Types<config<float, wl::no_sequence_parallel>, config
                                  config<float, wl::sequence_parallel>, config<double, wl::sequence_parallel>>;
 TYPED_TEST_SUITE(linear, configs);
 
-constexpr std::size_t tokens = 12;  // divides by 1..4
+constexpr std::size_t default_tokens = 12;  // divides by 1..4
 constexpr std::uint64_t seed = 42;
 
 template <class T>
@@ -46,7 +47,8 @@ dmat full_weight(std::size_t out, std::size_t in, std::uint64_t id, double stdde
 }
 
 template <class T, class SP>
-void check_column(int tp, std::size_t in, std::size_t out, bool gather_output, bool bias, bool strided = false) {
+void check_column(int tp, std::size_t in, std::size_t out, bool gather_output, bool bias, bool strided = false,
+                  std::size_t tokens = default_tokens) {
   dmat x = tl::random_dmat(tokens, in, 1);
   dmat dy = tl::random_dmat(tokens, out, 2);
   dmat b = tl::random_dmat(1, out, 3);
@@ -129,7 +131,8 @@ void check_column(int tp, std::size_t in, std::size_t out, bool gather_output, b
 }
 
 template <class T, class SP>
-void check_row(int tp, std::size_t in, std::size_t out, bool bias, bool strided = false) {
+void check_row(int tp, std::size_t in, std::size_t out, bool bias, bool strided = false,
+               std::size_t tokens = default_tokens) {
   dmat x = tl::random_dmat(tokens, in, 4);
   dmat dy = tl::random_dmat(tokens, out, 5);
   dmat b = tl::random_dmat(1, out, 6);
@@ -249,6 +252,38 @@ TYPED_TEST(linear, StridedViews) {  // inputs and outputs with ld > cols, and th
     check_column<T, SP>(tp, 7, 10, true, true, true);
     check_row<T, SP>(tp, 10, 7, true, true);
   }
+}
+
+// More tokens than the lanes the bias gradient's column sums are taken by (exec.hpp's
+// sum_rows_by_lanes): every lane sums several rows, unevenly (under sequence parallelism at TP 2,
+// 36 rows a rank).
+TYPED_TEST(linear, MoreTokensThanLanes) {
+  using T = typename TypeParam::type;
+  using SP = typename TypeParam::sp;
+  for (int tp : {1, 2}) {
+    check_column<T, SP>(tp, 7, 10, false, true, false, 72);
+    check_row<T, SP>(tp, 10, 7, true, false, 72);
+  }
+}
+
+// The bias gradient's column sums as a device runs them (a thread per lane and column, then one per
+// column: the reversed_elements policy) and as the host does (row after row into the lanes): the
+// same bits, and the sums of a double reference; added to what db held.
+TEST(LinearColumnSums, EveryPolicyGivesTheSameSums) {
+  const std::size_t rows = 75, cols = 9;
+  dmat dy = tl::random_dmat(rows, cols, 11);
+  tl::round_to<float>(dy);
+  const auto dyf = tl::to<float>(dy);
+  dmat want = tl::ref_colsum(dy, 0, rows);
+  for (std::size_t c = 0; c < cols; ++c) want(0, c) += 1.0;
+  weft::matrix<float> host_db(1, cols, 1.0f), device_db(1, cols, 1.0f);
+  weft::matrix<double> host_lanes, device_lanes;
+  const tl::reversed_elements device_like;
+  wl::detail::accumulate_column_sums(wl::cblas{}, weft::matrix_view<const float>(dyf.view()), host_db, host_lanes);
+  wl::detail::accumulate_column_sums(device_like, weft::matrix_view<const float>(dyf.view()), device_db, device_lanes);
+  EXPECT_EQ(*device_like.steps, 2u);  // the lanes, then their sums
+  for (std::size_t c = 0; c < cols; ++c) EXPECT_EQ(host_db(0, c), device_db(0, c)) << c;
+  EXPECT_LT(tl::rel_err(host_db, want), tl::tolerance<float>);
 }
 
 TEST(LinearErrors, BadShapes) {

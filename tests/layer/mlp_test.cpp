@@ -82,9 +82,10 @@ TYPED_TEST(mlp, MatchesSerial) {
       if constexpr (std::is_same_v<G, reversed_elements>) {
         // Every element-wise step went through the policy. Forward: the linears' input copies
         // (SP: fc1 gathers instead, a copy only at TP 1), two biases, the GELU, the copy out of the
-        // reduction (SP: at TP 1 only); backward: two bias column sums, the GELU's, dx's copy out of
-        // its reduction (SP: at TP 1 only), and SP's dy gather (a copy at TP 1).
-        const std::size_t want = !SP::enabled ? 10 : tp == 1 ? 11 : 7;
+        // reduction (SP: at TP 1 only); backward: two bias column sums (two steps each: the lanes,
+        // then their sums), the GELU's, dx's copy out of its reduction (SP: at TP 1 only), and SP's
+        // dy gather (a copy at TP 1).
+        const std::size_t want = !SP::enabled ? 12 : tp == 1 ? 13 : 9;
         EXPECT_EQ(*gemm.steps, want) << "tp=" << tp;
       }
       const std::string where = "tp=" + std::to_string(tp) + " rank " + std::to_string(comm.rank());

@@ -147,6 +147,70 @@ struct row_scratch {
   }
 };
 
+/// Sums over rows by lanes, the transpose of a row reduction's: lane l of column c sums the rows
+/// l, l + row_lanes, ... in order, and the lanes are then added in order. A device gives every
+/// (lane, column) its own thread (a warp reads consecutive columns of one row, with 32 times the
+/// threads of one per column); the host adds row after row into lane r % row_lanes, the same sums
+/// in the same order. Sums is a WEFT_HOST_DEVICE functor type with
+///   lanes        a matrix_view<double>, row_lanes x (ways x columns): its partial sums,
+///   lane(l, c)   lane l's sums of column c, written to lanes (a device thread's work),
+///   add(r, c)    row r's terms of column c added to lanes(r % row_lanes, ...) (the host's),
+///   combine(c)   the lanes of column c added in order, into the result.
+template <class Sums>
+struct column_lane_stage {
+  Sums sums;
+  WEFT_HOST_DEVICE void operator()(std::size_t l, std::size_t c) const { sums.lane(l, c); }
+};
+template <class Sums>
+struct column_combine_stage {
+  Sums sums;
+  WEFT_HOST_DEVICE void operator()(std::size_t, std::size_t c) const { sums.combine(c); }
+};
+
+template <class Gemm, class Sums>
+void sum_rows_by_lanes(const Gemm& g, std::size_t rows, std::size_t cols, const Sums& sums) {
+  if constexpr (element_policy<Gemm, column_lane_stage<Sums>> && element_policy<Gemm, column_combine_stage<Sums>>) {
+    for_each_element(g, row_lanes, cols, column_lane_stage<Sums>{sums});
+    for_each_element(g, 1, cols, column_combine_stage<Sums>{sums});
+  } else {  // row by row, for the cache
+    static_assert(!on_device<Gemm>, "weft: a device policy must define each_element(policy, rows, cols, f)");
+    (void)g;
+    for (std::size_t l = 0; l < row_lanes; ++l)
+      for (std::size_t i = 0; i < sums.lanes.cols(); ++i) sums.lanes(l, i) = 0.0;
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t c = 0; c < cols; ++c) sums.add(r, c);
+    for (std::size_t c = 0; c < cols; ++c) sums.combine(c);
+  }
+}
+
+/// db(0, c) += the sum of dy(:, c), by lanes (sum_rows_by_lanes), in double.
+template <class T>
+struct column_sums {
+  matrix_view<const T> dy;
+  matrix_view<T> db;
+  matrix_view<double> lanes;  // row_lanes x dy.cols()
+  WEFT_HOST_DEVICE void lane(std::size_t l, std::size_t c) const {
+    double s = 0.0;
+    for (std::size_t r = l; r < dy.rows(); r += row_lanes) s += static_cast<double>(dy(r, c));
+    lanes(l, c) = s;
+  }
+  WEFT_HOST_DEVICE void add(std::size_t r, std::size_t c) const {
+    lanes(r % row_lanes, c) += static_cast<double>(dy(r, c));
+  }
+  WEFT_HOST_DEVICE void combine(std::size_t c) const {
+    double s = 0.0;
+    for (std::size_t l = 0; l < row_lanes; ++l) s += lanes(l, c);
+    db(0, c) += static_cast<T>(s);
+  }
+};
+
+/// m = rows x cols (zero-filled) unless it is that shape already (scratch whose every element is
+/// written before it is read).
+template <class Gemm, class T, class Space>
+void reshape(const Gemm& g, matrix<T, Space>& m, std::size_t rows, std::size_t cols) {
+  if (m.rows() != rows || m.cols() != cols) resize(g, m, rows, cols);
+}
+
 /// Any owning matrix's elements as one span (device memory for a device matrix: for collectives).
 template <class T, class Space>
 [[nodiscard]] std::span<T> flat_of(matrix<T, Space>& m) noexcept {
@@ -187,18 +251,6 @@ struct add_element {
   matrix_view<T> y;
   matrix_view<const T> x;
   WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t c) const { y(r, c) += x(r, c); }
-};
-
-/// db(0, c) += the sum of dy(:, c), rows in order (one element per column).
-template <class T>
-struct add_column_sum {
-  matrix_view<const T> dy;
-  matrix_view<T> db;
-  WEFT_HOST_DEVICE void operator()(std::size_t, std::size_t c) const {
-    T s = db(0, c);
-    for (std::size_t r = 0; r < dy.rows(); ++r) s += dy(r, c);
-    db(0, c) = s;
-  }
 };
 
 /// dst = src, same shape, any leading dimensions.

@@ -12,8 +12,8 @@
 // parameters, the kept xhat and rstd, and the views passed in and out are device memory. A row's
 // sums are taken by row_lanes lanes, each over every row_lanes-th column, then the lanes in order
 // (a thread per row and lane on a device, so a warp reads a row's consecutive elements); the gamma
-// and beta gradients one thread per column, summed over the rows in order. So the result does not
-// depend on how the device schedules them, and the host computes the same sums.
+// and beta gradients likewise by lanes over the rows. So the result does not depend on how the
+// device schedules them, and the host computes the same sums.
 #include <weft/core/config.hpp>
 #include <weft/core/error.hpp>
 #include <weft/layer/exec.hpp>
@@ -105,20 +105,39 @@ struct layer_norm_normalise {
   }
 };
 
-/// One column c of the parameter gradients: dgamma += sum_r dy xhat, dbeta += sum_r dy, rows in
-/// order. Called as (0, c).
+/// The parameter gradients by lanes over the rows (exec.hpp, sum_rows_by_lanes), in double:
+/// dgamma(0, c) += sum_r dy xhat, dbeta(0, c) += sum_r dy; lanes row_lanes x 2 hidden.
 template <class T>
 struct layer_norm_param_grads {
   matrix_view<const T> dy;
   matrix_view<const double> xhat;
   matrix_view<T> dgamma, dbeta;
-  WEFT_HOST_DEVICE void operator()(std::size_t, std::size_t c) const {
-    for (std::size_t r = 0; r < dy.rows(); ++r) step(r, c);
+  matrix_view<double> lanes;
+  WEFT_HOST_DEVICE void lane(std::size_t l, std::size_t c) const {
+    double sg = 0.0;
+    double sb = 0.0;
+    for (std::size_t r = l; r < dy.rows(); r += row_lanes) {
+      const double d = static_cast<double>(dy(r, c));
+      sg += d * xhat(r, c);
+      sb += d;
+    }
+    lanes(l, c) = sg;
+    lanes(l, dy.cols() + c) = sb;
   }
-  WEFT_HOST_DEVICE void step(std::size_t r, std::size_t c) const {
+  WEFT_HOST_DEVICE void add(std::size_t r, std::size_t c) const {
     const double d = static_cast<double>(dy(r, c));
-    dgamma(0, c) += static_cast<T>(d * xhat(r, c));
-    dbeta(0, c) += dy(r, c);
+    lanes(r % row_lanes, c) += d * xhat(r, c);
+    lanes(r % row_lanes, dy.cols() + c) += d;
+  }
+  WEFT_HOST_DEVICE void combine(std::size_t c) const {
+    double sg = 0.0;
+    double sb = 0.0;
+    for (std::size_t l = 0; l < row_lanes; ++l) {
+      sg += lanes(l, c);
+      sb += lanes(l, dy.cols() + c);
+    }
+    dgamma(0, c) += static_cast<T>(sg);
+    dbeta(0, c) += static_cast<T>(sb);
   }
 };
 
@@ -204,13 +223,10 @@ public:
     expect_shape(who, "dy", dy, rows, hidden_);
     expect_shape(who, "dx", dx, rows, hidden_);
     // The parameter gradients first: dx may overwrite dy.
-    const detail::layer_norm_param_grads<T> grads{dy, xhat_.view(), dgamma_.view(), dbeta_.view()};
-    if constexpr (detail::element_policy<Exec, detail::layer_norm_param_grads<T>>) {
-      detail::for_each_element(exec_, 1, hidden_, grads);
-    } else {  // row by row, for the cache; the same sums in the same order
-      for (std::size_t r = 0; r < rows; ++r)
-        for (std::size_t c = 0; c < hidden_; ++c) grads.step(r, c);
-    }
+    detail::reshape(exec_, param_lanes_, detail::row_lanes, 2 * hidden_);
+    detail::sum_rows_by_lanes(exec_, rows, hidden_,
+                              detail::layer_norm_param_grads<T>{dy, xhat_.view(), dgamma_.view(), dbeta_.view(),
+                                                                param_lanes_.view()});
     scratch_.reserve(exec_, rows, 2);
     const auto lanes = scratch_.lanes.view();
     const auto means = scratch_.results.view();
@@ -236,6 +252,7 @@ public:
     xhat_ = {};
     rstd_ = {};
     scratch_.release();
+    param_lanes_ = {};
     forwarded_ = false;
   }
 
@@ -266,6 +283,7 @@ private:
   matrix<double, space> xhat_;  // the normalised input, kept for backward
   matrix<double, space> rstd_;  // 1 / sqrt(var + eps), rows x 1
   detail::row_scratch<double, space> scratch_;  // the row sums' lanes, the means
+  matrix<double, space> param_lanes_;           // the gamma and beta gradients' lanes
   bool forwarded_ = false;
 };
 

@@ -118,16 +118,11 @@ void add_row_vector(const Gemm& g, matrix_view<T> y, const matrix<T, Space>& b) 
   for_each_element(g, y.rows(), y.cols(), add_row<T>{y, b.view()});
 }
 
+/// db += the column sums of dy (lanes: scratch, row_lanes x dy.cols()).
 template <class Gemm, class T, class Space>
-void accumulate_column_sums(const Gemm& g, matrix_view<const T> dy, matrix<T, Space>& db) {
-  if constexpr (element_policy<Gemm, add_column_sum<T>>) {
-    for_each_element(g, 1, dy.cols(), add_column_sum<T>{dy, db.view()});
-  } else {  // row by row, for the cache; the same sums in the same order
-    (void)g;
-    for (std::size_t r = 0; r < dy.rows(); ++r) {
-      for (std::size_t c = 0; c < dy.cols(); ++c) db(0, c) += dy(r, c);
-    }
-  }
+void accumulate_column_sums(const Gemm& g, matrix_view<const T> dy, matrix<T, Space>& db, matrix<double, Space>& lanes) {
+  reshape(g, lanes, row_lanes, dy.cols());
+  sum_rows_by_lanes(g, dy.rows(), dy.cols(), column_sums<T>{dy, db.view(), lanes.view()});
 }
 
 /// A weight initialised by init_normal over the full shape, in the policy's memory.
@@ -197,6 +192,7 @@ protected:
 
   Gemm gemm_;
   matrix<T, space> w_, dw_, b_, db_;
+  matrix<double, space> db_lanes_;  // the bias gradient's partial sums (sum_rows_by_lanes)
   matrix<T, space> x_;  // the input (column-parallel under sequence parallelism: gathered), kept for backward
   bool forwarded_ = false;
 };
@@ -207,7 +203,7 @@ template <class T, communicator Comm, class Gemm = cblas, class SP = no_sequence
 class column_parallel_linear : public detail::linear_state<T, Gemm> {
   static_assert(gemm_for<Gemm, T>, "weft: column_parallel_linear: Gemm must be a GEMM policy for T (gemm.hpp)");
   using state = detail::linear_state<T, Gemm>;
-  using state::b_, state::db_, state::dw_, state::forwarded_, state::gemm_, state::w_, state::x_;
+  using state::b_, state::db_, state::db_lanes_, state::dw_, state::forwarded_, state::gemm_, state::w_, state::x_;
   using space = typename state::space;
 
 public:
@@ -280,7 +276,7 @@ public:
     const matrix_view<const T> g = opt_.gather_output ? dy.cols_from(range_.begin, range_.size()) : dy;
     // dW += dy^T x, db += column sums of dy.
     gemm_(trans::t, trans::n, T{1}, g, detail::cview(x_), T{1}, dw_.view());
-    if (opt_.bias) detail::accumulate_column_sums(gemm_, g, db_);
+    if (opt_.bias) detail::accumulate_column_sums(gemm_, g, db_, db_lanes_);
     // dx = (sum over ranks) dy_r W_r.
     detail::resize(gemm_, dx_, tokens, in_);
     gemm_(trans::n, trans::n, T{1}, g, detail::cview(w_), T{0}, dx_.view());
@@ -319,7 +315,7 @@ template <class T, communicator Comm, class Gemm = cblas, class SP = no_sequence
 class row_parallel_linear : public detail::linear_state<T, Gemm> {
   static_assert(gemm_for<Gemm, T>, "weft: row_parallel_linear: Gemm must be a GEMM policy for T (gemm.hpp)");
   using state = detail::linear_state<T, Gemm>;
-  using state::b_, state::db_, state::dw_, state::forwarded_, state::gemm_, state::w_, state::x_;
+  using state::b_, state::db_, state::db_lanes_, state::dw_, state::forwarded_, state::gemm_, state::w_, state::x_;
   using space = typename state::space;
 
 public:
@@ -373,7 +369,7 @@ public:
     const std::size_t rows_in = SP::enabled ? tokens / static_cast<std::size_t>(tp_->size()) : tokens;
     expect_shape(who, "dy", dy, rows_in, out_);
     expect_shape(who, "dx", dx, tokens, range_.size());
-    if (opt_.bias) detail::accumulate_column_sums(gemm_, dy, db_);  // SP: this rank's rows only
+    if (opt_.bias) detail::accumulate_column_sums(gemm_, dy, db_, db_lanes_);  // SP: this rank's rows only
     matrix_view<const T> g = dy;
     if constexpr (SP::enabled) {
       detail::gather_rows(gemm_, *tp_, dy, dy_, staging_);
