@@ -62,17 +62,6 @@ struct causal_lane_maxima {
 };
 
 template <class T>
-struct causal_row_maximum {
-  matrix_view<const T> lanes;
-  matrix_view<T> stats;  // (i, 0): top
-  WEFT_HOST_DEVICE void operator()(std::size_t i, std::size_t) const {
-    T top = lanes(i, 0);
-    for (std::size_t l = 1; l < row_lanes; ++l) top = lanes(i, l) > top ? lanes(i, l) : top;
-    stats(i, 0) = top;
-  }
-};
-
-template <class T>
 struct causal_lane_exponentials {
   matrix_view<T> s;
   matrix_view<const T> stats;
@@ -88,17 +77,12 @@ struct causal_lane_exponentials {
   }
 };
 
-/// stats(i, way) = 1 / (the sum of lanes(i, 0 .. row_lanes), in order).
+/// stats(i, 1) = 1 / the sum of the lanes, in order.
 template <class T>
 struct inverse_lane_sum {
   matrix_view<const T> lanes;
   matrix_view<T> stats;
-  std::size_t way;
-  WEFT_HOST_DEVICE void operator()(std::size_t i, std::size_t) const {
-    T sum{};
-    for (std::size_t l = 0; l < row_lanes; ++l) sum += lanes(i, l);
-    stats(i, way) = T{1} / sum;
-  }
+  WEFT_HOST_DEVICE void operator()(std::size_t i, std::size_t) const { stats(i, 1) = T{1} / lane_total(lanes, i); }
 };
 
 template <class T>
@@ -116,9 +100,9 @@ void causal_softmax(const Exec& exec, matrix_view<T> s, row_scratch<T, Space>& s
   const auto stats = scratch.results.view();
   for_each_row_in_stages(exec, s.rows(),
                          row_stage{row_lanes, causal_lane_maxima<T>{s, lanes, std::numeric_limits<T>::lowest()}},
-                         row_stage{1, causal_row_maximum<T>{lanes, stats}},
+                         row_stage{1, lane_maximum<T>{lanes, stats}},
                          row_stage{row_lanes, causal_lane_exponentials<T>{s, stats, lanes}},
-                         row_stage{1, inverse_lane_sum<T>{lanes, stats, 1}},
+                         row_stage{1, inverse_lane_sum<T>{lanes, stats}},
                          row_stage{s.cols(), causal_normalise<T>{s, stats}});
 }
 
@@ -134,17 +118,6 @@ struct causal_lane_dots {
     T dot{};
     for (std::size_t j = l; j <= i; j += row_lanes) dot += p(i, j) * dp(i, j);
     lanes(i, l) = dot;
-  }
-};
-
-template <class T>
-struct lane_sum {
-  matrix_view<const T> lanes;
-  matrix_view<T> stats;
-  WEFT_HOST_DEVICE void operator()(std::size_t i, std::size_t) const {
-    T sum{};
-    for (std::size_t l = 0; l < row_lanes; ++l) sum += lanes(i, l);
-    stats(i, 0) = sum;
   }
 };
 

@@ -61,17 +61,6 @@ struct lane_maxima {
 };
 
 template <class T>
-struct row_maximum {
-  matrix_view<const T> lanes;
-  matrix_view<T> row_max;
-  WEFT_HOST_DEVICE void operator()(std::size_t t, std::size_t) const {
-    T m = lanes(t, 0);
-    for (std::size_t l = 1; l < row_lanes; ++l) m = lanes(t, l) > m ? lanes(t, l) : m;
-    row_max(t, 0) = m;
-  }
-};
-
-template <class T>
 struct lane_exponentials {
   matrix_view<const T> logits;
   matrix_view<const T> row_max;
@@ -100,9 +89,7 @@ struct shifted_target_and_sum {
   WEFT_HOST_DEVICE void operator()(std::size_t t, std::size_t) const {
     const auto target = static_cast<std::size_t>(targets[t]);
     sums(0, t) = target >= begin && target - begin < logits.cols() ? logits(t, target - begin) - row_max(t, 0) : T{};
-    T s{};
-    for (std::size_t l = 0; l < row_lanes; ++l) s += lanes(t, l);
-    sums(1, t) = s;
+    sums(1, t) = lane_total(lanes, t);
   }
 };
 
@@ -173,7 +160,7 @@ public:
     using detail::row_stage;
     detail::for_each_row_in_stages(
         exec_, tokens, row_stage{row_lanes, detail::lane_maxima<T>{logits, lanes, std::numeric_limits<T>::lowest()}},
-        row_stage{1, detail::row_maximum<T>{lanes, row_max_.view()}});
+        row_stage{1, detail::lane_maximum<T>{lanes, row_max_.view()}});
     if (tp_->size() > 1) all_reduce(*tp_, detail::flat_of(row_max_), op::max{});
     // 2. Target logits (shifted) and sums of exponentials, packed into one all-reduce.
     detail::resize(exec_, sums_, 2, tokens);

@@ -129,6 +129,34 @@ void resize(const Gemm& g, matrix<T, Space>& m, std::size_t rows, std::size_t co
   }
 }
 
+/// The sum of row r's lanes w * row_lanes + [0, row_lanes), in order.
+template <class T>
+WEFT_HOST_DEVICE T lane_total(matrix_view<const T> lanes, std::size_t r, std::size_t w = 0) {
+  T s{};
+  for (std::size_t l = 0; l < row_lanes; ++l) s += lanes(r, w * row_lanes + l);
+  return s;
+}
+
+/// out(r, 0) = lane_total(lanes, r), as a row stage (r, 0).
+template <class T>
+struct lane_sum {
+  matrix_view<const T> lanes;
+  matrix_view<T> out;
+  WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t) const { out(r, 0) = lane_total(lanes, r); }
+};
+
+/// out(r, 0) = the largest of row r's lanes [0, row_lanes), as a row stage (r, 0).
+template <class T>
+struct lane_maximum {
+  matrix_view<const T> lanes;
+  matrix_view<T> out;
+  WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t) const {
+    T m = lanes(r, 0);
+    for (std::size_t l = 1; l < row_lanes; ++l) m = lanes(r, l) > m ? lanes(r, l) : m;
+    out(r, 0) = m;
+  }
+};
+
 /// Scratch for a row reduction: `ways` partials per lane and `ways` results per row, reshaped only
 /// when the rows or ways change (every element is written before it is read).
 template <class T, class Space>

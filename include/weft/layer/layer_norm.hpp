@@ -63,13 +63,6 @@ struct layer_norm_lane_squares {
   }
 };
 
-/// The sum of a row's lanes w * row_lanes + [0, row_lanes), in order.
-WEFT_HOST_DEVICE inline double lane_total(matrix_view<const double> lanes, std::size_t r, std::size_t w) {
-  double s = 0.0;
-  for (std::size_t l = 0; l < row_lanes; ++l) s += lanes(r, w * row_lanes + l);
-  return s;
-}
-
 /// out(r, w) = lane_total(r, w) / n for each of out's columns w.
 struct lane_means {
   matrix_view<const double> lanes;
@@ -87,7 +80,7 @@ struct lane_rstd {
   double n;
   double eps;
   WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t) const {
-    rstd(r, 0) = 1.0 / std::sqrt(lane_total(lanes, r, 0) / n + eps);
+    rstd(r, 0) = 1.0 / std::sqrt(lane_total(lanes, r) / n + eps);
   }
 };
 
