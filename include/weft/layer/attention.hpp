@@ -50,18 +50,6 @@ namespace detail {
 //   4. (i, 0): inv(i) = 1 / the sum of the lanes, in order
 //   5. (i, j): s(i, j) *= inv on the causal part, 0 above it
 template <class T>
-struct causal_lane_maxima {
-  matrix_view<const T> s;
-  matrix_view<T> lanes;
-  T lowest;
-  WEFT_HOST_DEVICE void operator()(std::size_t i, std::size_t l) const {
-    T top = lowest;
-    for (std::size_t j = l; j <= i; j += row_lanes) top = s(i, j) > top ? s(i, j) : top;
-    lanes(i, l) = top;
-  }
-};
-
-template <class T>
 struct causal_lane_exponentials {
   matrix_view<T> s;
   matrix_view<const T> stats;
@@ -99,7 +87,7 @@ void causal_softmax(const Exec& exec, matrix_view<T> s, row_scratch<T, Space>& s
   const auto lanes = scratch.lanes.view();
   const auto stats = scratch.results.view();
   for_each_row_in_stages(exec, s.rows(),
-                         row_stage{row_lanes, causal_lane_maxima<T>{s, lanes, std::numeric_limits<T>::lowest()}},
+                         row_stage{row_lanes, lane_maxima<T>{s, lanes, std::numeric_limits<T>::lowest(), true}},
                          row_stage{1, lane_maximum<T>{lanes, stats}},
                          row_stage{row_lanes, causal_lane_exponentials<T>{s, stats, lanes}},
                          row_stage{1, inverse_lane_sum<T>{lanes, stats}},

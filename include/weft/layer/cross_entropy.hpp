@@ -49,18 +49,6 @@ namespace detail {
 //   4. (t, 0): sums(0, t) = the target logit minus the maximum where this rank holds the target
 //      (else 0); sums(1, t) = the sum of the lanes, in order
 template <class T>
-struct lane_maxima {
-  matrix_view<const T> logits;
-  matrix_view<T> lanes;
-  T lowest;
-  WEFT_HOST_DEVICE void operator()(std::size_t t, std::size_t l) const {
-    T m = lowest;
-    for (std::size_t c = l; c < logits.cols(); c += row_lanes) m = logits(t, c) > m ? logits(t, c) : m;
-    lanes(t, l) = m;
-  }
-};
-
-template <class T>
 struct lane_exponentials {
   matrix_view<const T> logits;
   matrix_view<const T> row_max;

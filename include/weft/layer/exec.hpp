@@ -145,6 +145,23 @@ struct lane_sum {
   WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t) const { out(r, 0) = lane_total(lanes, r); }
 };
 
+/// lanes(r, l) = the largest of x(r, c) over lane l's columns c < the row's end (lowest where
+/// there is none), as a row stage (r, l); the end is x.cols(), or r + 1 where causal (a score row
+/// of causal attention).
+template <class T>
+struct lane_maxima {
+  matrix_view<const T> x;
+  matrix_view<T> lanes;
+  T lowest;
+  bool causal = false;
+  WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t l) const {
+    const std::size_t end = causal && r + 1 < x.cols() ? r + 1 : x.cols();
+    T m = lowest;
+    for (std::size_t c = l; c < end; c += row_lanes) m = x(r, c) > m ? x(r, c) : m;
+    lanes(r, l) = m;
+  }
+};
+
 /// out(r, 0) = the largest of row r's lanes [0, row_lanes), as a row stage (r, 0).
 template <class T>
 struct lane_maximum {
