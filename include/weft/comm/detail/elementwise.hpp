@@ -46,7 +46,7 @@ struct alignas(16) packed {
 };
 
 /// Whether p can be read or written as packed<T>.
-WEFT_HOST_DEVICE constexpr bool is_pack_aligned(const void* p) {
+WEFT_HOST_DEVICE inline bool is_pack_aligned(const void* p) {
   return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
 }
 
