@@ -503,7 +503,8 @@ public:
       for (int j = 0; j < leaders_; ++j) {
         const auto [b, e] = block(len, j);
         if (b == e) continue;
-        const std::span<T> dst(part.data() + k * slot, local_ == j ? e - b : 0);
+        // Only rank j receives (part is empty on the others: no pointer into it there).
+        const std::span<T> dst = local_ == j ? std::span<T>(part.data() + k * slot, e - b) : std::span<T>{};
         weft::reduce<IA>(intra_, std::span<const T>(in + first + b, e - b), dst, j, sop);
       }
     };
@@ -592,7 +593,7 @@ public:
     const bool extras_here = node_size_[to_size(color_)] > leaders_;  // blocks handed on by a broadcast
     auto sink = handoff_.template scratch<T>(intra_, extras_here ? std::min(n, chunk_elements<T>()) : 0);
     const auto within = [&](const rank_piece& q) {
-      const std::span<T> dst(part.data() + q.slot, local_ == q.leader ? q.len : 0);
+      const std::span<T> dst = local_ == q.leader ? std::span<T>(part.data() + q.slot, q.len) : std::span<T>{};
       weft::reduce<IA>(intra_, std::span<const T>(x + q.offset, q.len), dst, q.leader, sop);
     };
     const auto across = [&](const rank_piece& q) {

@@ -329,8 +329,8 @@ public:
       } else {
         master = out;
       }
-      const update_ref<decltype(k), P, P> u{k, master, grad_shard(b), state_.data() + b.shard_offset, out,
-                                            slot_stride(layout_.shard_elements())};
+      float* const state = slots() == 0 ? nullptr : state_.data() + b.shard_offset;  // plain SGD keeps none
+      const update_ref<decltype(k), P, P> u{k, master, grad_shard(b), state, out, slot_stride(layout_.shard_elements())};
       mem_.update(u, b.shard, update_threads_);
     });
     finish_step();

@@ -140,7 +140,7 @@ struct update_ref {
 
   WEFT_HOST_DEVICE void operator()(std::size_t i) const {
     float w = master[i];
-    k(w, static_cast<float>(grad[i]), state + i, stride);
+    k(w, static_cast<float>(grad[i]), state != nullptr ? state + i : state, stride);  // null: no slots (plain SGD)
     master[i] = w;
     if constexpr (!std::is_same_v<P, float>) param[i] = static_cast<P>(w);
   }
