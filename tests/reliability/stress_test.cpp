@@ -191,16 +191,15 @@ void by_algorithm(weft::local::communicator& c, const call& k, int it, int w, st
   if constexpr (I < algorithm_count) {
     using A = std::tuple_element_t<I, algorithms>;
     if (k.algorithm == I) {
-      constexpr auto every = collectives;
       bool done = false;
       [&]<std::size_t... C>(std::index_sequence<C...>) {
-        ((!done && k.coll == every[C] ? (done = true, [&] {
-          if constexpr ((std::is_same_v<A, weft::algo::automatic> || A::serves(every[C])) &&
-                        (reduces(every[C]) || std::is_same_v<Op, weft::op::sum>)) {
-            run_call<every[C], A, T, Op>(c, k, it, w, out);
+        ((!done && k.coll == collectives[C] ? (done = true, [&] {
+          if constexpr ((std::is_same_v<A, weft::algo::automatic> || A::serves(collectives[C])) &&
+                        (reduces(collectives[C]) || std::is_same_v<Op, weft::op::sum>)) {
+            run_call<collectives[C], A, T, Op>(c, k, it, w, out);
           }
         }()) : void()), ...);
-      }(std::make_index_sequence<every.size()>{});
+      }(std::make_index_sequence<collectives.size()>{});
       return;
     }
     by_algorithm<I + 1, T, Op>(c, k, it, w, out);
