@@ -129,6 +129,13 @@ void resize(const Gemm& g, matrix<T, Space>& m, std::size_t rows, std::size_t co
   }
 }
 
+/// m = rows x cols (zero-filled) unless it is that shape already (scratch whose every element is
+/// written before it is read).
+template <class Gemm, class T, class Space>
+void reshape(const Gemm& g, matrix<T, Space>& m, std::size_t rows, std::size_t cols) {
+  if (m.rows() != rows || m.cols() != cols) resize(g, m, rows, cols);
+}
+
 /// The sum of row r's lanes w * row_lanes + [0, row_lanes), in order.
 template <class T>
 WEFT_HOST_DEVICE T lane_total(matrix_view<const T> lanes, std::size_t r, std::size_t w = 0) {
@@ -174,8 +181,8 @@ struct lane_maximum {
   }
 };
 
-/// Scratch for a row reduction: `ways` partials per lane and `ways` results per row, reshaped only
-/// when the rows or ways change (every element is written before it is read).
+/// Scratch for a row reduction: `ways` partials per lane and `ways` results per row (reshaped, so
+/// reallocated only when the rows or ways change).
 template <class T, class Space>
 struct row_scratch {
   matrix<T, Space> lanes;    // rows x (ways * row_lanes)
@@ -183,8 +190,8 @@ struct row_scratch {
 
   template <class Gemm>
   void reserve(const Gemm& g, std::size_t rows, std::size_t ways) {
-    if (lanes.rows() != rows || lanes.cols() != ways * row_lanes) resize(g, lanes, rows, ways * row_lanes);
-    if (results.rows() != rows || results.cols() != ways) resize(g, results, rows, ways);
+    reshape(g, lanes, rows, ways * row_lanes);
+    reshape(g, results, rows, ways);
   }
   void release() {
     lanes = {};
@@ -248,13 +255,6 @@ struct column_sums {
     db(0, c) += static_cast<T>(s);
   }
 };
-
-/// m = rows x cols (zero-filled) unless it is that shape already (scratch whose every element is
-/// written before it is read).
-template <class Gemm, class T, class Space>
-void reshape(const Gemm& g, matrix<T, Space>& m, std::size_t rows, std::size_t cols) {
-  if (m.rows() != rows || m.cols() != cols) resize(g, m, rows, cols);
-}
 
 /// Any owning matrix's elements as one span (device memory for a device matrix: for collectives).
 template <class T, class Space>
