@@ -17,13 +17,13 @@ using namespace weft::sim;
 
 TEST(sim_step, published_runs_within_10_percent_with_one_constant_set_per_gpu) {
   const auto runs = weft_test::read_published_runs();
-  ASSERT_GE(runs.size(), 15u);
+  ASSERT_GE(runs.size(), 23u);
   int tune = 0, holdout = 0, holdout_within = 0;
   double worst_tune = 0, worst_holdout = 0;
   for (const auto& r : runs) {
     const double pred = weft_test::predicted_tflops(r, calibration_of(r.device));
     const double err = pred / r.measured_tflops - 1;
-    std::printf("  %-8s %-17s %-10s measured %6.1f predicted %6.1f TFLOP/s per GPU (%s): %+5.1f%%\n",
+    std::printf("  %-8s %-19s %-10s measured %6.1f predicted %6.1f TFLOP/s per GPU (%s): %+5.1f%%\n",
                 r.set.c_str(), r.id.c_str(), std::string(r.device.name).c_str(), r.measured_tflops,
                 pred, r.flops.c_str(), 100 * err);
     if (r.set == "tune") {
@@ -34,7 +34,7 @@ TEST(sim_step, published_runs_within_10_percent_with_one_constant_set_per_gpu) {
       ++holdout;
       holdout_within += std::abs(err) < 0.10 ? 1 : 0;
       worst_holdout = std::max(worst_holdout, std::abs(err));
-      // The goal is 10% here too, and 12 of 15 rows meet it. Korthikanti et al.'s 2022
+      // The goal is 10% here too, and 14 of 17 rows meet it. Korthikanti et al.'s 2022
       // runs of SC21's 530B and 1T pipelines read 11-13% low: their Megatron-LM ran those same
       // pipelines, full recompute and all, 6 points faster against this model than SC21's
       // did, and the A100 constants are a compromise with MT-NLG, which reads high. MT-NLG on
@@ -46,8 +46,8 @@ TEST(sim_step, published_runs_within_10_percent_with_one_constant_set_per_gpu) {
   std::printf("  tuning rows: %d, worst %.1f%%; held-out rows: %d, %d within 10%%, worst %.1f%%\n",
               tune, 100 * worst_tune, holdout, holdout_within, 100 * worst_holdout);
   EXPECT_GE(tune, 5);
-  EXPECT_GE(holdout, 15);
-  EXPECT_GE(holdout_within, 12); // of 15: what docs/sim.md reports
+  EXPECT_GE(holdout, 17);
+  EXPECT_GE(holdout_within, 14); // of 17: what docs/sim.md reports
 }
 
 model_spec llama_70b() {
