@@ -17,7 +17,7 @@
 //
 // With a device GEMM policy (cublas on the communicator's stream) all of it lives in device memory:
 // the softmax and its backward are row stages (exec.hpp: a thread per row and lane, the lanes summed in
-// a fixed order, the same sums as the host's), the per-head products cuBLAS's.
+// a fixed order, the host's terms in the host's order), the per-head products cuBLAS's.
 #include <weft/comm/communicator.hpp>
 #include <weft/core/config.hpp>
 #include <weft/core/error.hpp>
@@ -83,7 +83,7 @@ struct causal_normalise {
 /// Row-wise causal softmax in place, where the policy works.
 template <class Exec, class T, class Space>
 void causal_softmax(const Exec& exec, matrix_view<T> s, row_scratch<T, Space>& scratch) {
-  scratch.reserve(exec, s.rows(), 2);
+  scratch.reserve(exec, s.rows(), 1, 2);  // one sum at a time; results: max, inverse sum
   const auto lanes = scratch.lanes.view();
   const auto stats = scratch.results.view();
   for_each_row_in_stages(exec, s.rows(),
@@ -121,7 +121,7 @@ struct causal_softmax_gradient {
 
 template <class Exec, class T, class Space>
 void causal_softmax_backward(const Exec& exec, matrix_view<const T> p, matrix_view<T> dp, row_scratch<T, Space>& scratch) {
-  scratch.reserve(exec, p.rows(), 2);
+  scratch.reserve(exec, p.rows(), 1, 2);  // the forward's shape
   const auto lanes = scratch.lanes.view();
   const auto stats = scratch.results.view();
   for_each_row_in_stages(exec, p.rows(), row_stage{row_lanes, causal_lane_dots<T>{p, dp, lanes}},

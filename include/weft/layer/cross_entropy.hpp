@@ -140,22 +140,22 @@ public:
       target_data = device_targets_.data();
     }
     const std::size_t cols = range_.size();
-    // 1. The row maxima.
-    detail::resize(exec_, row_max_, tokens, 1);
+    // 1. The row maxima (the scratch's results, tokens x 1).
     scratch_.reserve(exec_, tokens, 1);
     const auto lanes = scratch_.lanes.view();
+    const auto row_max = scratch_.results.view();
     using detail::row_lanes;
     using detail::row_stage;
     detail::for_each_row_in_stages(
         exec_, tokens, row_stage{row_lanes, detail::lane_maxima<T>{logits, lanes, std::numeric_limits<T>::lowest()}},
-        row_stage{1, detail::lane_maximum<T>{lanes, row_max_.view()}});
-    if (tp_->size() > 1) all_reduce(*tp_, detail::flat_of(row_max_), op::max{});
+        row_stage{1, detail::lane_maximum<T>{lanes, row_max}});
+    if (tp_->size() > 1) all_reduce(*tp_, detail::flat_of(scratch_.results), op::max{});
     // 2. Target logits (shifted) and sums of exponentials, packed into one all-reduce.
     detail::resize(exec_, sums_, 2, tokens);
     detail::resize(exec_, probs_, tokens, cols);
     detail::for_each_row_in_stages(
-        exec_, tokens, row_stage{row_lanes, detail::lane_exponentials<T>{logits, row_max_.view(), probs_.view(), lanes}},
-        row_stage{1, detail::shifted_target_and_sum<T>{logits, target_data, row_max_.view(), lanes, sums_.view(),
+        exec_, tokens, row_stage{row_lanes, detail::lane_exponentials<T>{logits, row_max, probs_.view(), lanes}},
+        row_stage{1, detail::shifted_target_and_sum<T>{logits, target_data, row_max, lanes, sums_.view(),
                                                         range_.begin}});
     if (tp_->size() > 1) all_reduce(*tp_, detail::flat_of(sums_));
     detail::for_each_element(exec_, tokens, cols, detail::normalise_row<T>{probs_.view(), sums_.view()});
@@ -191,11 +191,10 @@ private:
   range range_;
   Exec exec_;
   matrix<T, space> probs_;    // the softmax on local columns, kept for backward
-  matrix<T, space> row_max_;  // tokens x 1
   matrix<T, space> sums_;     // 2 x tokens: shifted target logits, sums of exponentials
   std::vector<std::int32_t> targets_;
   matrix<std::int32_t, space> device_targets_;  // a device policy's copy of targets_
-  detail::row_scratch<T, space> scratch_;        // the row statistics' lanes
+  detail::row_scratch<T, space> scratch_;        // the row statistics' lanes; results: the row maxima
 };
 
 } // namespace weft::layer

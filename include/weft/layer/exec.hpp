@@ -96,7 +96,9 @@ void for_each_row_in_stages(const Gemm& g, std::size_t rows, const row_stage<F>&
 /// A row reduction's lanes: lane l of row r takes the columns l, l + row_lanes, ... in order, and
 /// the lanes are then combined in order. A device gives every (row, lane) its own thread, so a warp
 /// reads one row's consecutive elements (one thread per row would read a row each, strided, and use
-/// a few hundred threads); the host computes the same sums.
+/// a few hundred threads); the host adds the same terms in the same order. Not always to the same
+/// bit: nvcc contracts a multiply and an add into one fused, once-rounded FMA by default (and its
+/// exp is not the host's), so device results agree with the host's to rounding, not bit for bit.
 inline constexpr std::size_t row_lanes = 32;
 
 /// A device policy must share its stream with the communicator, so that the layer's kernels,
@@ -188,10 +190,16 @@ struct row_scratch {
   matrix<T, Space> lanes;    // rows x (ways * row_lanes)
   matrix<T, Space> results;  // rows x ways
 
+  /// Lanes for `ways` sums of each of `rows` rows, and `per_row` results of each (default: ways).
+  /// Unchanged shapes keep their memory and contents; a layer reserves one shape for all its calls.
+  template <class Gemm>
+  void reserve(const Gemm& g, std::size_t rows, std::size_t ways, std::size_t per_row) {
+    reshape(g, lanes, rows, ways * row_lanes);
+    reshape(g, results, rows, per_row);
+  }
   template <class Gemm>
   void reserve(const Gemm& g, std::size_t rows, std::size_t ways) {
-    reshape(g, lanes, rows, ways * row_lanes);
-    reshape(g, results, rows, ways);
+    reserve(g, rows, ways, ways);
   }
   void release() {
     lanes = {};
@@ -202,8 +210,8 @@ struct row_scratch {
 /// Sums over rows by lanes, the transpose of a row reduction's: lane l of column c sums the rows
 /// l, l + row_lanes, ... in order, and the lanes are then added in order. A device gives every
 /// (lane, column) its own thread (a warp reads consecutive columns of one row, with 32 times the
-/// threads of one per column); the host adds row after row into lane r % row_lanes, the same sums
-/// in the same order. Sums is a WEFT_HOST_DEVICE functor type with
+/// threads of one per column); the host adds row after row into lane r % row_lanes, the same terms
+/// in the same order (to rounding on a device: see row_lanes). Sums is a WEFT_HOST_DEVICE functor type with
 ///   lanes        a matrix_view<double>, row_lanes x (ways x columns): its partial sums,
 ///   lane(l, c)   lane l's sums of column c, written to lanes (a device thread's work),
 ///   add(r, c)    row r's terms of column c added to lanes(r % row_lanes, ...) (the host's),

@@ -13,7 +13,8 @@
 // sums are taken by row_lanes lanes, each over every row_lanes-th column, then the lanes in order
 // (a thread per row and lane on a device, so a warp reads a row's consecutive elements); the gamma
 // and beta gradients likewise by lanes over the rows. So the result does not depend on how the
-// device schedules them, and the host computes the same sums.
+// device schedules them, and the host adds the same terms in the same order (equal to rounding on a
+// device, whose compiler fuses multiply-adds: exec.hpp, row_lanes).
 #include <weft/core/config.hpp>
 #include <weft/core/error.hpp>
 #include <weft/layer/exec.hpp>
@@ -193,9 +194,9 @@ public:
     const std::size_t rows = x.rows();
     detail::resize(exec_, xhat_, rows, hidden_);
     detail::resize(exec_, rstd_, rows, 1);
-    scratch_.reserve(exec_, rows, 1);
+    scratch_.reserve(exec_, rows, 2);  // the backward's shape (it uses two ways), so calls never reshape
     const auto lanes = scratch_.lanes.view();
-    const auto mean = scratch_.results.view();
+    const auto mean = scratch_.results.view();  // column 0
     const auto n = static_cast<double>(hidden_);
     using detail::row_lanes;
     detail::for_each_row_in_stages(
