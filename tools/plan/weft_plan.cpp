@@ -31,6 +31,7 @@ constexpr std::string_view usage_text =
 
 model, by preset or by shape:
   --model NAME         gpt3-175b | mt-nlg-530b | gpt-1t | bloom-176b | llama2-70b | llama3-405b
+                       | nemotron4-340b
   --layers L --hidden H --heads A --seq S --vocab V
   --ffn F              FFN size (default 4H)       --kv-heads G   grouped-query attention
   --gated              SwiGLU MLP                  --flash        fused attention
@@ -120,9 +121,13 @@ sim::model_spec preset(std::string_view name) {
   else if (name == "bloom-176b") gpt(70, 14336, 112, 250880);
   else if (name == "llama2-70b") llama(80, 8192, 64, 8, 28672, 4096, 32000);
   else if (name == "llama3-405b") llama(126, 16384, 128, 8, 53248, 8192, 128256);
+  else if (name == "nemotron4-340b") {  // GQA and rotary like Llama, but a squared-ReLU MLP of 4h
+    llama(96, 18432, 96, 8, 73728, 4096, 256000);
+    m.gated = false;
+  }
   else
     bad("unknown model '" + std::string(name) +
-        "' (gpt3-175b, mt-nlg-530b, gpt-1t, bloom-176b, llama2-70b or llama3-405b)");
+        "' (gpt3-175b, mt-nlg-530b, gpt-1t, bloom-176b, llama2-70b, llama3-405b or nemotron4-340b)");
   return m;
 }
 
