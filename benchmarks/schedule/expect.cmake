@@ -3,23 +3,8 @@
 # Runs the command and demands its exit status, a match of MATCH in its output (stdout and
 # stderr), and the shape of weft-schedule's --format SHAPE output on stdout for STAGES ranks.
 cmake_minimum_required(VERSION 3.21) # quoted if() arguments are strings, not variables
-set(cmd "")
-set(after FALSE)
-foreach(i RANGE ${CMAKE_ARGC})
-  if(after AND DEFINED CMAKE_ARGV${i})
-    list(APPEND cmd "${CMAKE_ARGV${i}}")
-  elseif("${CMAKE_ARGV${i}}" STREQUAL "--")
-    set(after TRUE)
-  endif()
-endforeach()
-execute_process(COMMAND ${cmd} RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
-message("${out}${err}")
-if(NOT "${status}" STREQUAL "${EXIT}")
-  message(FATAL_ERROR "expected exit status ${EXIT}, got ${status}")
-endif()
-if(DEFINED MATCH AND NOT "${out}${err}" MATCHES "${MATCH}")
-  message(FATAL_ERROR "the output does not match '${MATCH}'")
-endif()
+include(${CMAKE_CURRENT_LIST_DIR}/../../cmake/expect_run.cmake)
+weft_expect_run()
 
 if(SHAPE STREQUAL "text")
   # STAGES lines "rank R: " + tokens F/B/W<microbatch>.<chunk>, single spaces, ranks in order.

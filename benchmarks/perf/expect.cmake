@@ -1,0 +1,21 @@
+# cmake -DEXIT=<status> -DMATCH=<regex> [-DJSON=<file>] -P expect.cmake -- <command...>
+cmake_minimum_required(VERSION 3.21)
+include(${CMAKE_CURRENT_LIST_DIR}/../../cmake/expect_run.cmake)
+weft_expect_run(${JSON})
+if(DEFINED JSON)
+  # The rows must be there and carry the fields a plot script reads.
+  file(READ "${JSON}" json)
+  string(JSON rows LENGTH "${json}" rows)
+  if(rows LESS 1)
+    message(FATAL_ERROR "${JSON} has no rows")
+  endif()
+  foreach(field op dtype redop algorithm chosen transport ranks topology bytes count time_us algbw_GBps
+                busbw_GBps model_us wrong)
+    string(JSON value ERROR_VARIABLE missing GET "${json}" rows 0 ${field})
+    if(missing)
+      message(FATAL_ERROR "${JSON}: row 0 lacks '${field}': ${missing}")
+    endif()
+  endforeach()
+  string(JSON wrong GET "${json}" rows 0 wrong)
+  message("${JSON}: ${rows} rows, row 0 wrong = ${wrong}")
+endif()

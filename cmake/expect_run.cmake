@@ -1,0 +1,30 @@
+# The command-line tools' test checkers (`cmake -D... -P <checker> -- <command...>`) include this.
+# weft_expect_run([file]) removes `file` if given (an output the command is to write afresh),
+# runs the command after "--", prints its output, and demands the exit status EXIT and, with
+# MATCH set, a match of that regex in stdout and stderr. The output stays in `out` and `err`
+# for the checker's own checks.
+macro(weft_expect_run)
+  set(cmd "")
+  set(after FALSE)
+  foreach(i RANGE ${CMAKE_ARGC})
+    if(after AND DEFINED CMAKE_ARGV${i})
+      list(APPEND cmd "${CMAKE_ARGV${i}}")
+    elseif("${CMAKE_ARGV${i}}" STREQUAL "--")
+      set(after TRUE)
+    endif()
+  endforeach()
+  if(NOT cmd)
+    message(FATAL_ERROR "no command after '--'")
+  endif()
+  if(NOT "${ARGN}" STREQUAL "")
+    file(REMOVE "${ARGN}")
+  endif()
+  execute_process(COMMAND ${cmd} RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message("${out}${err}")
+  if(NOT "${status}" STREQUAL "${EXIT}")
+    message(FATAL_ERROR "expected exit status ${EXIT}, got ${status}")
+  endif()
+  if(DEFINED MATCH AND NOT "${out}${err}" MATCHES "${MATCH}")
+    message(FATAL_ERROR "the output does not match '${MATCH}'")
+  endif()
+endmacro()
