@@ -3,6 +3,7 @@
 // the communication of one block, counted by weft::traced, for each sequence-parallel and
 // recompute policy.
 #include "layer/layer_support.hpp"
+#include "layer/reversed_elements.hpp"
 
 #include <weft/comm/traced.hpp>
 #include <weft/layer/attention.hpp>
@@ -22,6 +23,7 @@ using weft::layer::no_sequence_parallel;
 using weft::layer::sequence_parallel;
 namespace recompute = weft::layer::recompute;
 using comm_t = weft::local::communicator;
+using weft::test::layer::reversed_elements;
 
 constexpr std::uint64_t seed = 20261130;
 
@@ -91,6 +93,54 @@ TEST(Attention, SequencesLongerThanTheLanes) {
   for (int tp : {1, 3}) {
     attention_matches_reference<float>(tp, 70);
     attention_matches_reference<double>(tp, 70);
+  }
+}
+
+// A policy that runs each element-wise stage as a kernel (each_element; reversed_elements runs it
+// backwards, as a device may) takes the softmax over all of a sequence's heads in one call, rows
+// stacked; the host takes a head at a time. The rows and their sums are the same, so the output,
+// dx and every gradient must be equal bit for bit, with the probabilities kept or recomputed.
+template <class T>
+void stacked_heads_equal_head_by_head(int tp, std::size_t seq, bool keep) {
+  const std::size_t hidden = 12, heads = 6, batch = 3;
+  const auto x = to<T>(scaled(random_dmat(batch * seq, hidden, 21), 30.0));
+  const auto dy = to<T>(random_dmat(batch * seq, hidden, 22));
+  run_ranks(tp, [&](comm_t& c) {
+    const reversed_elements device_like;
+    weft::layer::parallel_attention<T, comm_t> host(c, hidden, heads, seq, seed, 7);
+    weft::layer::parallel_attention<T, comm_t, reversed_elements> stacked(c, hidden, heads, seq, seed, 7, device_like);
+    host.keep_probabilities(keep);
+    stacked.keep_probabilities(keep);
+    weft::matrix<T> y1(batch * seq, hidden), y2(batch * seq, hidden), dx1(batch * seq, hidden), dx2(batch * seq, hidden);
+    host.zero_grad();
+    stacked.zero_grad();
+    host.forward(x.view(), y1.view());
+    stacked.forward(x.view(), y2.view());
+    host.backward(dy.view(), dx1.view());
+    stacked.backward(dy.view(), dx2.view());
+    EXPECT_GT(*device_like.steps, 0u) << "the stages did not go through the policy";
+    const auto same = [&](const std::string& what, auto a, auto b) {
+      ASSERT_EQ(a.rows(), b.rows());
+      ASSERT_EQ(a.cols(), b.cols());
+      std::size_t differ = 0;
+      for (std::size_t i = 0; i < a.rows(); ++i)
+        for (std::size_t j = 0; j < a.cols(); ++j) differ += a(i, j) != b(i, j) ? 1 : 0;
+      EXPECT_EQ(differ, 0u) << what << ": tp " << tp << " rank " << c.rank() << " seq " << seq << " keep " << keep;
+    };
+    same("y", y1.view(), y2.view());
+    same("dx", dx1.view(), dx2.view());
+    auto p1 = host.parameters();
+    auto p2 = stacked.parameters();
+    ASSERT_EQ(p1.size(), p2.size());
+    for (std::size_t i = 0; i < p1.size(); ++i) same(p1[i].name, p1[i].grad, p2[i].grad);
+  });
+}
+
+TEST(Attention, StackedHeadsEqualHeadByHead) {
+  for (bool keep : {true, false}) {
+    stacked_heads_equal_head_by_head<float>(1, 5, keep);
+    stacked_heads_equal_head_by_head<double>(3, 5, keep);
+    stacked_heads_equal_head_by_head<float>(2, 70, keep);  // rows longer than the lanes
   }
 }
 

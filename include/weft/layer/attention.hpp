@@ -17,7 +17,8 @@
 //
 // With a device GEMM policy (cublas on the communicator's stream) all of it lives in device memory:
 // the softmax and its backward are row stages (exec.hpp: a thread per row and lane, the lanes summed in
-// a fixed order, the host's terms in the host's order), the per-head products cuBLAS's.
+// a fixed order, the host's terms in the host's order) over all of one sequence's heads at once, so a
+// kernel per stage and sequence, not per head; the per-head products are cuBLAS's.
 #include <weft/comm/communicator.hpp>
 #include <weft/core/config.hpp>
 #include <weft/core/error.hpp>
@@ -42,8 +43,9 @@ namespace weft::layer {
 
 namespace detail {
 
-// The causal softmax of the scores s, in place, row i's causal part j <= i (the rest is masked to 0),
-// in stages (exec.hpp, for_each_row_in_stages) with a row_scratch of 2 ways:
+// The causal softmax of the scores s, in place: s is a stack of seq x seq blocks (exec.hpp,
+// causal_last), row i's causal part is j <= last = causal_last(i, seq) and the rest is masked to 0.
+// In stages (exec.hpp, for_each_row_in_stages) with a row_scratch of one way and two results:
 //   1. (i, l): lanes(i, l) = the largest s(i, j) of lane l's causal columns (lowest if it has none)
 //   2. (i, 0): top(i) = the largest of the lanes
 //   3. (i, l): s(i, j) = exp(s(i, j) - top) on lane l's causal columns; lanes(i, l) = their sum
@@ -57,7 +59,8 @@ struct causal_lane_exponentials {
   WEFT_HOST_DEVICE void operator()(std::size_t i, std::size_t l) const {
     const T top = stats(i, 0);
     T sum{};
-    for (std::size_t j = l; j <= i; j += row_lanes) {
+    const std::size_t last = causal_last(i, s.cols());
+    for (std::size_t j = l; j <= last; j += row_lanes) {
       s(i, j) = std::exp(s(i, j) - top);
       sum += s(i, j);
     }
@@ -77,7 +80,9 @@ template <class T>
 struct causal_normalise {
   matrix_view<T> s;
   matrix_view<const T> stats;  // (i, 1): inv
-  WEFT_HOST_DEVICE void operator()(std::size_t i, std::size_t j) const { s(i, j) = j <= i ? s(i, j) * stats(i, 1) : T{}; }
+  WEFT_HOST_DEVICE void operator()(std::size_t i, std::size_t j) const {
+    s(i, j) = j <= causal_last(i, s.cols()) ? s(i, j) * stats(i, 1) : T{};
+  }
 };
 
 /// Row-wise causal softmax in place, where the policy works.
@@ -104,7 +109,8 @@ struct causal_lane_dots {
   matrix_view<T> lanes;
   WEFT_HOST_DEVICE void operator()(std::size_t i, std::size_t l) const {
     T dot{};
-    for (std::size_t j = l; j <= i; j += row_lanes) dot += p(i, j) * dp(i, j);
+    const std::size_t last = causal_last(i, p.cols());
+    for (std::size_t j = l; j <= last; j += row_lanes) dot += p(i, j) * dp(i, j);
     lanes(i, l) = dot;
   }
 };
@@ -115,7 +121,7 @@ struct causal_softmax_gradient {
   matrix_view<T> dp;
   matrix_view<const T> stats;  // (i, 0): dot
   WEFT_HOST_DEVICE void operator()(std::size_t i, std::size_t j) const {
-    dp(i, j) = j <= i ? p(i, j) * (dp(i, j) - stats(i, 0)) : T{};
+    dp(i, j) = j <= causal_last(i, p.cols()) ? p(i, j) * (dp(i, j) - stats(i, 0)) : T{};
   }
 };
 
@@ -165,11 +171,13 @@ public:
     detail::resize(gemm_, qkv_out_, tokens, qkv_.out_local());
     qkv_.forward(x, qkv_out_.view());
     detail::resize(gemm_, ctx_, tokens, local_heads_ * head_dim_);
-    detail::resize(gemm_, probs_, keep_probs_ ? batch_ * local_heads_ * seq_ : seq_, seq_);
-    for (std::size_t b = 0; b < batch_; ++b) {
-      for (std::size_t h = 0; h < local_heads_; ++h) {
-        auto p = probabilities(b, h, keep_probs_);
-        core_forward(b, h, p);
+    detail::resize(gemm_, probs_, (keep_probs_ ? blocks() : group_) * seq_, seq_);
+    for (std::size_t k0 = 0; k0 < blocks(); k0 += group_) {
+      for (std::size_t k = k0; k < k0 + group_; ++k) scores(k, probabilities(k, keep_probs_));
+      detail::causal_softmax(gemm_, probabilities_of_group(k0, keep_probs_), softmax_scratch_);
+      for (std::size_t k = k0; k < k0 + group_; ++k) {
+        gemm_(trans::n, trans::n, T{1}, detail::cview(probabilities(k, keep_probs_)), detail::cview(part(qkv_out_, k, 2)),
+              T{0}, ctx_of(ctx_, k));
       }
     }
     kept_probs_ = keep_probs_;
@@ -182,12 +190,26 @@ public:
     detail::resize(gemm_, dctx_, tokens, local_heads_ * head_dim_);
     out_.backward(dy, dctx_.view());
     detail::resize(gemm_, dqkv_, tokens, qkv_.out_local());
-    detail::resize(gemm_, dp_, seq_, seq_);
-    for (std::size_t b = 0; b < batch_; ++b) {
-      for (std::size_t h = 0; h < local_heads_; ++h) {
-        auto p = probabilities(b, h, kept_probs_);
-        if (!kept_probs_) recompute_probabilities(b, h, p);
-        core_backward(b, h, detail::cview(p));
+    detail::resize(gemm_, dp_, group_ * seq_, seq_);
+    // With P the probabilities and dO the context's gradient:
+    //   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(P * dP)),  dQ = scale dS K,  dK = scale dS^T Q.
+    for (std::size_t k0 = 0; k0 < blocks(); k0 += group_) {
+      if (!kept_probs_) {  // selective recompute: the group's probabilities again
+        for (std::size_t k = k0; k < k0 + group_; ++k) scores(k, probabilities(k, false));
+        detail::causal_softmax(gemm_, probabilities_of_group(k0, false), softmax_scratch_);
+      }
+      for (std::size_t k = k0; k < k0 + group_; ++k) {
+        const auto p = detail::cview(probabilities(k, kept_probs_));
+        const auto d_out = detail::cview(ctx_of(dctx_, k));
+        gemm_(trans::t, trans::n, T{1}, p, d_out, T{0}, part(dqkv_, k, 2));
+        gemm_(trans::n, trans::t, T{1}, d_out, detail::cview(part(qkv_out_, k, 2)), T{0}, dp_of(k - k0));
+      }
+      detail::causal_softmax_backward(gemm_, detail::cview(probabilities_of_group(k0, kept_probs_)), dp_.view(),
+                                      softmax_scratch_);
+      for (std::size_t k = k0; k < k0 + group_; ++k) {
+        const auto ds = detail::cview(dp_of(k - k0));
+        gemm_(trans::n, trans::n, scale(), ds, detail::cview(part(qkv_out_, k, 1)), T{0}, part(dqkv_, k, 0));
+        gemm_(trans::t, trans::n, scale(), ds, detail::cview(part(qkv_out_, k, 0)), T{0}, part(dqkv_, k, 1));
       }
     }
     qkv_.backward(detail::cview(dqkv_.view()), dx);
@@ -260,41 +282,35 @@ private:
     return ps;
   }
 
-  // Views of head h of sequence b: q, k, v (seq x d) in the QKV output, its context columns.
-  matrix_view<T> part(matrix<T, space>& m, std::size_t b, std::size_t h, std::size_t which) {
-    return m.view().rows_from(b * seq_, seq_).cols_from((3 * h + which) * head_dim_, head_dim_);
+  // The (sequence, head) blocks, k = b * local_heads + h. A softmax call takes `group_` of them at
+  // once: with a policy that runs each element-wise stage as a kernel (each_element: a device), one
+  // sequence's heads, so that its launches do not grow with the heads; on the host one block (its
+  // scores stay in cache between the GEMMs and the softmax). Same rows, same sums either way.
+  static constexpr bool stages_as_kernels = detail::element_policy<Gemm, detail::causal_normalise<T>>;
+  [[nodiscard]] std::size_t blocks() const noexcept { return batch_ * local_heads_; }
+
+  // Views of block k: q, k, v (seq x d) in the QKV output, its context columns.
+  matrix_view<T> part(matrix<T, space>& m, std::size_t k, std::size_t which) {
+    return m.view().rows_from(k / local_heads_ * seq_, seq_).cols_from((3 * (k % local_heads_) + which) * head_dim_, head_dim_);
   }
-  matrix_view<T> ctx_of(matrix<T, space>& m, std::size_t b, std::size_t h) {
-    return m.view().rows_from(b * seq_, seq_).cols_from(h * head_dim_, head_dim_);
+  matrix_view<T> ctx_of(matrix<T, space>& m, std::size_t k) {
+    return m.view().rows_from(k / local_heads_ * seq_, seq_).cols_from(k % local_heads_ * head_dim_, head_dim_);
   }
-  matrix_view<T> probabilities(std::size_t b, std::size_t h, bool kept) {
-    return probs_.view().rows_from(kept ? (b * local_heads_ + h) * seq_ : 0, seq_);
+  // Block k's probabilities: kept, every block has its own; otherwise the group's are reused.
+  matrix_view<T> probabilities(std::size_t k, bool kept) {
+    return probs_.view().rows_from((kept ? k : k % group_) * seq_, seq_);
   }
+  matrix_view<T> probabilities_of_group(std::size_t k0, bool kept) {
+    return probs_.view().rows_from((kept ? k0 : 0) * seq_, group_ * seq_);
+  }
+  matrix_view<T> dp_of(std::size_t slot) { return dp_.view().rows_from(slot * seq_, seq_); }
 
   [[nodiscard]] T scale() const { return T{1} / std::sqrt(static_cast<T>(head_dim_)); }
 
-  void recompute_probabilities(std::size_t b, std::size_t h, matrix_view<T> p) {
-    gemm_(trans::n, trans::t, scale(), detail::cview(part(qkv_out_, b, h, 0)), detail::cview(part(qkv_out_, b, h, 1)),
-          T{0}, p);
-    detail::causal_softmax(gemm_, p, softmax_scratch_);
-  }
-
-  void core_forward(std::size_t b, std::size_t h, matrix_view<T> p) {
-    recompute_probabilities(b, h, p);
-    gemm_(trans::n, trans::n, T{1}, detail::cview(p), detail::cview(part(qkv_out_, b, h, 2)), T{0},
-          ctx_of(ctx_, b, h));
-  }
-
-  // With P the probabilities and dO the context's gradient:
-  //   dV = P^T dO,   dP = dO V^T,   dS = P * (dP - rowsum(P * dP)),   dQ = scale dS K,   dK = scale dS^T Q.
-  void core_backward(std::size_t b, std::size_t h, matrix_view<const T> p) {
-    const auto d_out = detail::cview(ctx_of(dctx_, b, h));
-    gemm_(trans::t, trans::n, T{1}, p, d_out, T{0}, part(dqkv_, b, h, 2));
-    gemm_(trans::n, trans::t, T{1}, d_out, detail::cview(part(qkv_out_, b, h, 2)), T{0}, dp_.view());
-    detail::causal_softmax_backward(gemm_, p, dp_.view(), softmax_scratch_);
-    const auto ds = detail::cview(dp_.view());
-    gemm_(trans::n, trans::n, scale(), ds, detail::cview(part(qkv_out_, b, h, 1)), T{0}, part(dqkv_, b, h, 0));
-    gemm_(trans::t, trans::n, scale(), ds, detail::cview(part(qkv_out_, b, h, 0)), T{0}, part(dqkv_, b, h, 1));
+  // The scaled scores Q K^T of block k, into p (the softmax makes them probabilities).
+  void scores(std::size_t k, matrix_view<T> p) {
+    gemm_(trans::n, trans::t, scale(), detail::cview(part(qkv_out_, k, 0)), detail::cview(part(qkv_out_, k, 1)), T{0},
+          p);
   }
 
   std::size_t hidden_;
@@ -302,6 +318,7 @@ private:
   std::size_t seq_;
   std::size_t head_dim_;
   std::size_t local_heads_;
+  std::size_t group_ = stages_as_kernels ? local_heads_ : 1;  // blocks per softmax call
   Gemm gemm_;
   qkv_layer qkv_;
   out_layer out_;

@@ -154,9 +154,16 @@ struct lane_sum {
   WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t) const { out(r, 0) = lane_total(lanes, r); }
 };
 
+/// Causal attention's scores come as square blocks (seq x seq) stacked one under another, a block
+/// per (sequence, head): row r of the stack is row r % seq of its block, whose causal part is the
+/// columns 0 ..= r % seq. (A single block is the stack of one: r % seq = r.)
+[[nodiscard]] WEFT_HOST_DEVICE constexpr std::size_t causal_last(std::size_t r, std::size_t seq) noexcept {
+  return r % seq;
+}
+
 /// lanes(r, l) = the largest of x(r, c) over lane l's columns c < the row's end (lowest where
-/// there is none), as a row stage (r, l); the end is x.cols(), or r + 1 where causal (a score row
-/// of causal attention).
+/// there is none), as a row stage (r, l); the end is x.cols(), or, where causal (a stack of
+/// causal attention's score blocks), causal_last(r, x.cols()) + 1.
 template <class T>
 struct lane_maxima {
   matrix_view<const T> x;
@@ -164,7 +171,7 @@ struct lane_maxima {
   T lowest;
   bool causal = false;
   WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t l) const {
-    const std::size_t end = causal && r + 1 < x.cols() ? r + 1 : x.cols();
+    const std::size_t end = causal ? causal_last(r, x.cols()) + 1 : x.cols();
     T m = lowest;
     for (std::size_t c = l; c < end; c += row_lanes) m = x(r, c) > m ? x(r, c) : m;
     lanes(r, l) = m;
