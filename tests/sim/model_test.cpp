@@ -44,6 +44,25 @@ TEST(sim_model, parameters_follow_sc21_eq2_and_table1) {
   }
 }
 
+// Untied embeddings and grouped-query attention against the exact sizes Meta publishes (the
+// checkpoints' parameter counts): Llama 2 70B 68,976,648,192, Llama 3 405B 405,853,388,800. The
+// model counts GPT's biases and norms (9h + f per layer) where Llama has 2h: 7h + f too many per
+// layer, under 0.01%; an output layer tied to the embedding would be 0.4% and 0.5% short.
+TEST(sim_model, llama_parameters_are_the_published_counts) {
+  const auto llama = [](int l, int h, int a, int g, int f, int v) {
+    model_spec m = gpt(l, h, a, v, 4096);
+    m.kv_heads = g;
+    m.ffn = f;
+    m.gated = true;
+    m.learned_positions = false;
+    m.tied_embeddings = false;
+    return m;
+  };
+  const double llama2_70b = 68976648192.0, llama3_405b = 405853388800.0;
+  EXPECT_NEAR(llama(80, 8192, 64, 8, 28672, 32000).parameters(), llama2_70b, 1e-4 * llama2_70b);
+  EXPECT_NEAR(llama(126, 16384, 128, 8, 53248, 128256).parameters(), llama3_405b, 1e-4 * llama3_405b);
+}
+
 TEST(sim_model, flops_with_full_recompute_are_sc21_eq3) {
   const model_spec m = gpt(105, 20480, 128, 50272);
   const double B = 1920, s = 2048, l = 105, h = 20480, V = 50272;
@@ -93,6 +112,21 @@ TEST(sim_model, activation_memory_is_korthikanti_table2) {
   const double ratio = act(false, recompute::none) / act(true, recompute::selective);
   EXPECT_GT(ratio, 4.5);
   EXPECT_LT(ratio, 6.5);
+  // The same table at micro-batch 4 and 4-way TP: every entry is linear in b.
+  const double b4 = 4, t4 = 4;
+  const auto act4 = [&](bool sp, recompute r) { return weft::sim::activation_bytes_per_layer(m, b4, 4, sp, r); };
+  EXPECT_DOUBLE_EQ(act4(false, recompute::none), s * b4 * h * (10 + 24 / t4 + 5 * a * s / (h * t4)));
+  EXPECT_DOUBLE_EQ(act4(true, recompute::none), s * b4 * h / t4 * (34 + 5 * a * s / h));
+  EXPECT_DOUBLE_EQ(act4(false, recompute::selective), s * b4 * h * (10 + 24 / t4));
+  EXPECT_DOUBLE_EQ(act4(true, recompute::selective), s * b4 * h * 34 / t4);
+  EXPECT_DOUBLE_EQ(act4(false, recompute::full), 2 * s * b4 * h);
+  EXPECT_DOUBLE_EQ(act4(true, recompute::full), 2 * s * b4 * h / t4);  // the input, split over TP
+  // Flash attention keeps no a s^2 scores: what selective recompute keeps.
+  model_spec flash = m;
+  flash.flash_attention = true;
+  EXPECT_DOUBLE_EQ(weft::sim::activation_bytes_per_layer(flash, b4, 4, true, recompute::none), s * b4 * h * 34 / t4);
+  EXPECT_DOUBLE_EQ(weft::sim::activation_bytes_per_layer(flash, b4, 4, false, recompute::none),
+                   s * b4 * h * (10 + 24 / t4));
 }
 
 TEST(sim_model, one_f_one_b_bubble_with_8_stages_and_64_microbatches_is_about_11_percent) {

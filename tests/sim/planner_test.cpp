@@ -38,8 +38,20 @@ TEST(sim_planner, mt_nlg_published_mesh_is_in_the_top_5) {
     if (s.ranked[i].l.tp == 8 && s.ranked[i].l.pp == 35 && s.ranked[i].l.dp == 8) rank = i + 1;
   std::printf("  MT-NLG 530B on 280 DGX A100: tp 8 pp 35 dp 8 ranks #%zu of %zu (search %.2f s)\n", rank,
               s.ranked.size(), seconds);
-  EXPECT_GE(rank, 1u);
+  ASSERT_GE(rank, 1u);
   EXPECT_LE(rank, 5u);
+  // Top 5 of few meshes says little by itself: the published mesh must also be as fast as the best
+  // within the simulator's error on published runs (10%), and faster than every mesh whose TP
+  // group spans nodes (TP 16 on nodes of 8).
+  EXPECT_GE(s.ranked.size(), 6u);
+  EXPECT_LT(s.ranked[rank - 1].r.step_time_s, 1.10 * s.ranked.front().r.step_time_s);
+  std::size_t across = 0;
+  for (std::size_t i = 0; i < s.ranked.size(); ++i) {
+    if (s.ranked[i].l.tp <= 8) continue;
+    ++across;
+    EXPECT_GT(i + 1, rank) << describe(s.ranked[i].l);
+  }
+  EXPECT_GE(across, 1u);
   // Every ranked layout fits, and the best keeps TP inside a node.
   for (const auto& x : s.ranked)
     EXPECT_LE(x.r.memory_bytes(), a100_80gb.hbm_bytes) << describe(x.l);

@@ -19,6 +19,7 @@ struct published_run {
   weft::sim::model_spec model;
   weft::sim::layout layout;
   int gpus = 0;
+  double published_params = 0; // as the source rounds it
   double measured_tflops = 0;
 };
 
@@ -71,7 +72,12 @@ inline std::vector<published_run> read_published_runs(const std::string& path = 
     r.model.seq = integer("seq");
     r.model.vocab = integer("vocab");
     r.model.flash_attention = integer("flash") != 0;
-    r.model.learned_positions = !r.model.gated; // the GPTs learn positions; Llama uses rotary
+    const std::string positions = row.at("positions");
+    if (positions != "learned" && positions != "rotary" && positions != "alibi")
+      throw weft::error(path + ": unknown positions '" + positions + "'");
+    r.model.learned_positions = positions == "learned";
+    r.model.tied_embeddings = integer("tied") != 0;
+    r.published_params = num("params_b") * 1e9;
     r.layout.tp = integer("tp");
     r.layout.pp = integer("pp");
     r.layout.dp = integer("dp");

@@ -15,12 +15,17 @@ namespace {
 
 using namespace weft::sim;
 
-TEST(sim_step, published_runs_within_10_percent_with_one_constant_set_per_gpu) {
+// Tuning rows (the constants were fitted to them) within 10%; held-out rows: the goal is 10%, the
+// bound 14%, and the count within 10% may not fall below what docs/sim.md reports.
+TEST(sim_step, published_runs_tuning_within_10_holdout_within_14_percent_one_constant_set_per_gpu) {
   const auto runs = weft_test::read_published_runs();
   ASSERT_GE(runs.size(), 23u);
   int tune = 0, holdout = 0, holdout_within = 0;
   double worst_tune = 0, worst_holdout = 0;
   for (const auto& r : runs) {
+    // The row's shape gives the size its source publishes (rounded; SC21 calls its 1.65B run 1.7B):
+    // a check of the transcription.
+    EXPECT_NEAR(r.model.parameters(), r.published_params, 0.03 * r.published_params) << r.id;
     const double pred = weft_test::predicted_tflops(r, calibration_of(r.device));
     const double err = pred / r.measured_tflops - 1;
     std::printf("  %-8s %-19s %-10s measured %6.1f predicted %6.1f TFLOP/s per GPU (%s): %+5.1f%%\n",
@@ -116,10 +121,17 @@ TEST(sim_step, pipeline_bubble_and_memory_of_a_simple_layout) {
   EXPECT_GT(r.bubble, 7.0 / 64 - 0.002);
   EXPECT_LT(r.bubble, 0.13);
   // Rank 0 of 1F1B holds p micro-batches of its 2 layers, as Korthikanti Table 2 counts them
-  // (t = 1, no recompute), plus the embedding output.
+  // (t = 1, no recompute), and of the embedding's output (s b h 16-bit values).
   const double sbh = 2048.0 * 2048;
   const double per_layer = sbh * (34 + 5.0 * 16 * 2048 / 2048);
-  EXPECT_GE(r.activation_bytes, 8 * 2 * per_layer);
+  EXPECT_NEAR(r.activation_bytes, 8 * (2 * per_layer + 2 * sbh), 1e-9 * r.activation_bytes);
+  // The interleaved schedule's first stage holds (1 + (p - 1) / (p v)) times that (Korthikanti
+  // et al. 2022, section 4.2.3): 1 + 7/16 with v = 2 chunks of one layer.
+  layout li = l;
+  li.schedule = weft::pipeline::schedule_kind::interleaved;
+  li.chunks = 2;
+  const step_result ri = simulate_step(m, dgx(a100_80gb, 1), li);
+  EXPECT_NEAR(ri.activation_bytes, r.activation_bytes * (1 + 7.0 / 16), 1e-9 * ri.activation_bytes);
   // Weights of the first stage: 2 layers and the embedding, 16 bytes each without ZeRO.
   const double params = 2 * (12.0 * 2048 * 2048 + 13 * 2048) + (128.0 + 2048) * 2048;
   EXPECT_NEAR(r.states.total(), 16 * params, 16 * params * 1e-9);

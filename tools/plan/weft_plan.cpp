@@ -114,6 +114,7 @@ sim::model_spec preset(std::string_view name) {
     m.gated = true;
     m.flash_attention = true;
     m.learned_positions = false;
+    m.tied_embeddings = false;
   };
   if (name == "gpt3-175b") gpt(96, 12288, 96, 51200);
   else if (name == "mt-nlg-530b") gpt(105, 20480, 128, 50272);

@@ -58,6 +58,8 @@ struct model_spec {
   int kv_heads = 0;             // 0: heads (no grouped-query attention)
   bool gated = false;           // SwiGLU-style MLP: three h x f matrices instead of two
   bool learned_positions = true;// a position embedding of seq x hidden (GPT); false: rotary
+  bool tied_embeddings = true;  // the output layer is the word embedding (GPT); false: its own
+                                // vocab x hidden weights (Llama, Nemotron)
   bool flash_attention = false; // attention core fused: no s x s matrices in memory
 
   [[nodiscard]] double h() const noexcept { return hidden; }
@@ -94,10 +96,12 @@ struct model_spec {
     return h() * qkv_width() + h() * h() + mlp_matrices() * h() * f() + 9.0 * h() + f();
   }
 
-  /// All weights: the layers, the (tied) word embedding and the position embedding. For GPT
-  /// this is SC21 Eq. 2, P = 12 l h^2 (1 + 13/12h + (V + s)/12lh).
+  /// All weights: the layers, the word embedding, the output layer where it is not tied to the
+  /// embedding, and the position embedding. For GPT this is SC21 Eq. 2,
+  /// P = 12 l h^2 (1 + 13/12h + (V + s)/12lh). (Biases and norms are counted as GPT has them, 9h + f
+  /// per layer: a few millionths of a Llama's count too many.)
   [[nodiscard]] double parameters() const noexcept {
-    return layers * layer_parameters() + static_cast<double>(vocab) * h() +
+    return layers * layer_parameters() + (tied_embeddings ? 1.0 : 2.0) * static_cast<double>(vocab) * h() +
            (learned_positions ? static_cast<double>(seq) * h() : 0.0);
   }
 

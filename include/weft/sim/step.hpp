@@ -324,10 +324,16 @@ inline std::vector<int> layers_per_rank(const model_spec& m, int p) {
 
 /// Weights held by the pipeline rank with the most of them, per TP rank.
 inline double rank_parameters(const model_spec& m, const layout& l, const std::vector<int>& layers_of) {
-  const double embed = static_cast<double>(m.vocab) * m.h() + (m.learned_positions ? m.seq * m.h() : 0.0);
+  const double input = static_cast<double>(m.vocab) * m.h() + (m.learned_positions ? m.seq * m.h() : 0.0);
+  // The output layer: its own weights, or, tied, the embedding; with pp > 1 the last stage keeps a
+  // copy of a tied embedding (Megatron-LM's, its gradient summed with the first stage's), so the
+  // last stage holds vocab x hidden either way.
+  const double output = static_cast<double>(m.vocab) * m.h();
+  const double per_layer = m.layer_parameters();
+  if (l.pp == 1) return (layers_of.front() * per_layer + input + (m.tied_embeddings ? 0.0 : output)) / l.tp;
   const int max_layers = *std::max_element(layers_of.begin(), layers_of.end());
-  return std::max(layers_of.front() * m.layer_parameters() + embed,
-                  max_layers * m.layer_parameters() + (l.pp == 1 ? embed : 0.0)) /
+  return std::max({layers_of.front() * per_layer + input, layers_of.back() * per_layer + output,
+                   max_layers * per_layer}) /
          l.tp;
 }
 
