@@ -77,9 +77,11 @@ void loop_equals_functor(Rule rule) {
   }
   EXPECT_EQ(w, w2);
   EXPECT_EQ(st, st2);
-  // and across threads
-  std::vector<float> big_g(1 << 18, 0.01f);
-  std::vector<float> big_w(1 << 18, 0.5f), big_s(2 << 18, 0.0f);
+  // and across threads, every element different, so that a chunk applied at another offset shows
+  std::vector<float> big_g(1 << 18), big_w(1 << 18), big_s(2 << 18);
+  for (auto& x : big_g) x = value(seed, -0.01f, 0.01f);
+  for (auto& x : big_w) x = value(seed, -1, 1);
+  for (auto& x : big_s) x = value(seed, 0, 0.1f);
   auto bw2 = big_w, bs2 = big_s;
   const auto k = rule.at(1, 1.0f);
   wo::apply_parallel(wo::update_ref<decltype(k), float, float>{k, big_w.data(), big_g.data(), big_s.data(), nullptr, 1 << 18},
