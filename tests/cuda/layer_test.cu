@@ -8,6 +8,7 @@
 #include <weft/layer/gemm.hpp>
 #include <weft/layer/layer_norm.hpp>
 
+#include "layer/strided_batched_check.hpp"
 #include "support/cuda.cuh"
 
 #include <gtest/gtest.h>
@@ -78,6 +79,20 @@ TEST(LayerCuda, CublasMatchesReferenceFloat) {
 TEST(LayerCuda, CublasMatchesReferenceDouble) {
   WEFT_REQUIRE_DEVICE();
   check_all<double>(1e-13);
+}
+
+// cublasSgemmStridedBatched / Dgemm... through the row-major mapping, one launch for all blocks.
+TEST(LayerCuda, CublasStridedBatchedMatchesEachBlock) {
+  WEFT_REQUIRE_DEVICE();
+  weft::cuda::stream s;
+  const weft::layer::cublas gemm(s.get());
+  const auto up = [](const auto& m) { return weft::to_device(m.view()); };
+  const auto down = [&](const auto& m) {
+    s.synchronize();
+    return weft::to_host(m);
+  };
+  weft::test::layer::check_strided_batched<float>(gemm, up, down, 1e-5);
+  weft::test::layer::check_strided_batched<double>(gemm, up, down, 1e-13);
 }
 
 TEST(LayerCuda, BetaZeroIgnoresNaN) {

@@ -1,6 +1,8 @@
 // The CBLAS policy against the reference GEMM, every transpose combination, odd shapes, sub-views
 // with a leading dimension larger than the row, alpha/beta, one-row operands with a leading
 // dimension below the row; and the shape check.
+#include "layer/strided_batched_check.hpp"
+
 #include <weft/layer/cblas.hpp>
 
 #include <gtest/gtest.h>
@@ -52,6 +54,13 @@ void check_all(double tol) {
 
 TEST(Gemm, CblasMatchesReferenceFloat) { check_all<float>(1e-5); }
 TEST(Gemm, CblasMatchesReferenceDouble) { check_all<double>(1e-13); }
+
+// cblas has no batched call: gemm_strided_batched runs the strided views one after another.
+TEST(Gemm, StridedBatchedMatchesEachBlock) {
+  const auto same = [](const auto& m) -> const auto& { return m; };
+  weft::test::layer::check_strided_batched<float>(weft::layer::cblas{}, same, same, 1e-5);
+  weft::test::layer::check_strided_batched<double>(weft::layer::cblas{}, same, same, 1e-13);
+}
 
 // y (1 x n) = x W^T and z (m x 1) = A x^T with x and y single rows whose ld (0) is below their
 // width, as a lone row may carry; BLAS checks ld >= cols, so the policy widens it. Against sums

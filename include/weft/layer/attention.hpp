@@ -17,8 +17,9 @@
 //
 // With a device GEMM policy (cublas on the communicator's stream) all of it lives in device memory:
 // the softmax and its backward are row stages (exec.hpp: a thread per row and lane, the lanes summed in
-// a fixed order, the host's terms in the host's order) over all of one sequence's heads at once, so a
-// kernel per stage and sequence, not per head; the per-head products are cuBLAS's.
+// a fixed order, the host's terms in the host's order) over all of one sequence's heads at once, and
+// each of the core's products is one strided batched cuBLAS GEMM over those heads (gemm.hpp,
+// gemm_strided_batched): launches per sequence, not per head.
 #include <weft/comm/communicator.hpp>
 #include <weft/core/config.hpp>
 #include <weft/core/error.hpp>
@@ -173,12 +174,11 @@ public:
     detail::resize(gemm_, ctx_, tokens, local_heads_ * head_dim_);
     detail::resize(gemm_, probs_, (keep_probs_ ? blocks() : group_) * seq_, seq_);
     for (std::size_t k0 = 0; k0 < blocks(); k0 += group_) {
-      for (std::size_t k = k0; k < k0 + group_; ++k) scores(k, probabilities(k, keep_probs_));
+      scores(k0, probabilities(k0, keep_probs_));
       detail::causal_softmax(gemm_, probabilities_of_group(k0, keep_probs_), softmax_scratch_);
-      for (std::size_t k = k0; k < k0 + group_; ++k) {
-        gemm_(trans::n, trans::n, T{1}, detail::cview(probabilities(k, keep_probs_)), detail::cview(part(qkv_out_, k, 2)),
-              T{0}, ctx_of(ctx_, k));
-      }
+      // ctx_k = P_k V_k
+      batched({square(), qkv_stride(), head_dim_}, trans::n, trans::n, T{1}, probabilities(k0, keep_probs_),
+              part(qkv_out_, k0, 2), ctx_of(ctx_, k0));
     }
     kept_probs_ = keep_probs_;
     out_.forward(detail::cview(ctx_.view()), y);
@@ -195,22 +195,20 @@ public:
     //   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(P * dP)),  dQ = scale dS K,  dK = scale dS^T Q.
     for (std::size_t k0 = 0; k0 < blocks(); k0 += group_) {
       if (!kept_probs_) {  // selective recompute: the group's probabilities again
-        for (std::size_t k = k0; k < k0 + group_; ++k) scores(k, probabilities(k, false));
+        scores(k0, probabilities(k0, false));
         detail::causal_softmax(gemm_, probabilities_of_group(k0, false), softmax_scratch_);
       }
-      for (std::size_t k = k0; k < k0 + group_; ++k) {
-        const auto p = detail::cview(probabilities(k, kept_probs_));
-        const auto d_out = detail::cview(ctx_of(dctx_, k));
-        gemm_(trans::t, trans::n, T{1}, p, d_out, T{0}, part(dqkv_, k, 2));
-        gemm_(trans::n, trans::t, T{1}, d_out, detail::cview(part(qkv_out_, k, 2)), T{0}, dp_of(k - k0));
-      }
+      const auto p = probabilities(k0, kept_probs_);
+      const auto d_out = ctx_of(dctx_, k0);
+      const auto ds = dp_.view().rows_from(0, seq_);  // dP, then dS, of the group's first block
+      batched({square(), head_dim_, qkv_stride()}, trans::t, trans::n, T{1}, p, d_out, part(dqkv_, k0, 2));
+      batched({head_dim_, qkv_stride(), square()}, trans::n, trans::t, T{1}, d_out, part(qkv_out_, k0, 2), ds);
       detail::causal_softmax_backward(gemm_, detail::cview(probabilities_of_group(k0, kept_probs_)), dp_.view(),
                                       softmax_scratch_);
-      for (std::size_t k = k0; k < k0 + group_; ++k) {
-        const auto ds = detail::cview(dp_of(k - k0));
-        gemm_(trans::n, trans::n, scale(), ds, detail::cview(part(qkv_out_, k, 1)), T{0}, part(dqkv_, k, 0));
-        gemm_(trans::t, trans::n, scale(), ds, detail::cview(part(qkv_out_, k, 0)), T{0}, part(dqkv_, k, 1));
-      }
+      batched({square(), qkv_stride(), qkv_stride()}, trans::n, trans::n, scale(), ds, part(qkv_out_, k0, 1),
+              part(dqkv_, k0, 0));
+      batched({square(), qkv_stride(), qkv_stride()}, trans::t, trans::n, scale(), ds, part(qkv_out_, k0, 0),
+              part(dqkv_, k0, 1));
     }
     qkv_.backward(detail::cview(dqkv_.view()), dx);
   }
@@ -282,10 +280,11 @@ private:
     return ps;
   }
 
-  // The (sequence, head) blocks, k = b * local_heads + h. A softmax call takes `group_` of them at
-  // once: with a policy that runs each element-wise stage as a kernel (each_element: a device), one
-  // sequence's heads, so that its launches do not grow with the heads; on the host one block (its
-  // scores stay in cache between the GEMMs and the softmax). Same rows, same sums either way.
+  // The (sequence, head) blocks, k = b * local_heads + h. The core takes `group_` of them at once
+  // (a strided batch of GEMMs, a softmax over their stacked rows): with a policy that runs each
+  // element-wise stage as a kernel (each_element: a device), one sequence's heads, so that its
+  // launches do not grow with the heads; on the host one block (its scores stay in cache between
+  // the GEMMs and the softmax). The same products and sums either way.
   static constexpr bool stages_as_kernels = detail::element_policy<Gemm, detail::causal_normalise<T>>;
   [[nodiscard]] std::size_t blocks() const noexcept { return batch_ * local_heads_; }
 
@@ -303,14 +302,23 @@ private:
   matrix_view<T> probabilities_of_group(std::size_t k0, bool kept) {
     return probs_.view().rows_from((kept ? k0 : 0) * seq_, group_ * seq_);
   }
-  matrix_view<T> dp_of(std::size_t slot) { return dp_.view().rows_from(slot * seq_, seq_); }
 
   [[nodiscard]] T scale() const { return T{1} / std::sqrt(static_cast<T>(head_dim_)); }
 
-  // The scaled scores Q K^T of block k, into p (the softmax makes them probabilities).
-  void scores(std::size_t k, matrix_view<T> p) {
-    gemm_(trans::n, trans::t, scale(), detail::cview(part(qkv_out_, k, 0)), detail::cview(part(qkv_out_, k, 1)), T{0},
-          p);
+  // A group's GEMMs, one per block from the views of its first: block k + 1's q, k, v sit 3 d
+  // columns right of block k's (the same sequence's rows), its context d columns, its
+  // probabilities and dP a seq x seq block further down.
+  [[nodiscard]] std::size_t qkv_stride() const noexcept { return 3 * head_dim_; }
+  [[nodiscard]] std::size_t square() const noexcept { return seq_ * seq_; }
+  void batched(gemm_strides s, trans ta, trans tb, T alpha, matrix_view<T> a, matrix_view<T> b, matrix_view<T> c) {
+    gemm_strided_batched(gemm_, group_, s, ta, tb, alpha, detail::cview(a), detail::cview(b), T{0}, c);
+  }
+
+  // The scaled scores Q K^T of the group from block k0, into p and the blocks below it (the softmax
+  // makes them probabilities).
+  void scores(std::size_t k0, matrix_view<T> p) {
+    batched({qkv_stride(), qkv_stride(), square()}, trans::n, trans::t, scale(), part(qkv_out_, k0, 0),
+            part(qkv_out_, k0, 1), p);
   }
 
   std::size_t hidden_;

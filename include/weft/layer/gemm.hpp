@@ -51,6 +51,31 @@ concept gemm_for = requires(const G& g, matrix_view<const T> a, matrix_view<cons
   g(trans::n, trans::t, s, a, b, s, c);
 };
 
+/// How far apart, in elements, the operands of consecutive GEMMs of a strided batch sit.
+struct gemm_strides {
+  std::size_t a = 0;
+  std::size_t b = 0;
+  std::size_t c = 0;
+};
+
+/// `count` GEMMs of one shape: the i-th is gemm(ta, tb, alpha, A_i, B_i, beta, C_i) with X_i the
+/// view x moved i * strides.x elements (the C_i must not overlap). A policy with a member
+/// strided_batched(count, strides, ta, tb, alpha, a, b, beta, c) runs them in one call (cuBLAS:
+/// one launch instead of count); any other runs them in order.
+template <class G, class T>
+void gemm_strided_batched(const G& g, std::size_t count, gemm_strides s, trans ta, trans tb, T alpha,
+                          matrix_view<const T> a, matrix_view<const T> b, T beta, matrix_view<T> c) {
+  if constexpr (requires { g.strided_batched(count, s, ta, tb, alpha, a, b, beta, c); }) {
+    g.strided_batched(count, s, ta, tb, alpha, a, b, beta, c);
+  } else {
+    for (std::size_t i = 0; i < count; ++i) {
+      g(ta, tb, alpha, matrix_view<const T>(a.data() + i * s.a, a.rows(), a.cols(), a.ld()),
+        matrix_view<const T>(b.data() + i * s.b, b.rows(), b.cols(), b.ld()), beta,
+        matrix_view<T>(c.data() + i * s.c, c.rows(), c.cols(), c.ld()));
+    }
+  }
+}
+
 /// The definition, in three loops (accumulating in T). Slow; tests only.
 struct reference_gemm {
   template <std::floating_point T>

@@ -112,6 +112,44 @@ public:
     }
   }
 
+  /// gemm_strided_batched (gemm.hpp) in one cuBLAS call: count GEMMs of one shape, operand i
+  /// i * strides elements from the first.
+  template <class T>
+    requires std::same_as<T, float> || std::same_as<T, double>
+  void strided_batched(std::size_t count, gemm_strides s, trans ta, trans tb, T alpha, matrix_view<const T> a,
+                       matrix_view<const T> b, T beta, matrix_view<T> c) const {
+    const auto [m, n, k] = detail::check_gemm("cublas", ta, tb, a, b, c);
+    if (count == 0 || m == 0 || n == 0) return;
+    if (count == 1 || k == 0) {  // one GEMM, or C = beta C: operator() has both
+      for (std::size_t i = 0; i < count; ++i) {
+        (*this)(ta, tb, alpha, matrix_view<const T>(a.data() + i * s.a, a.rows(), a.cols(), a.ld()),
+                matrix_view<const T>(b.data() + i * s.b, b.rows(), b.cols(), b.ld()), beta,
+                matrix_view<T>(c.data() + i * s.c, c.rows(), c.cols(), c.ld()));
+      }
+      return;
+    }
+    const int lda = ld_of(a.rows(), a.ld(), a.cols(), "lda");
+    const int ldb = ld_of(b.rows(), b.ld(), b.cols(), "ldb");
+    const int ldc = ld_of(c.rows(), c.ld(), c.cols(), "ldc");
+    const int mi = to_int(m, "m");
+    const int ni = to_int(n, "n");
+    const int ki = to_int(k, "k");
+    const int batch = to_int(count, "batch count");
+    const auto stride = [](std::size_t x) { return static_cast<long long>(x); };
+    const cublasOperation_t op_a = ta == trans::n ? CUBLAS_OP_N : CUBLAS_OP_T;
+    const cublasOperation_t op_b = tb == trans::n ? CUBLAS_OP_N : CUBLAS_OP_T;
+    // As operator(): column-major C_i^T = op(B_i)^T op(A_i)^T.
+    if constexpr (std::same_as<T, float>) {
+      WEFT_CUBLAS_TRY(cublasSgemmStridedBatched(state_->handle, op_b, op_a, ni, mi, ki, &alpha, b.data(), ldb,
+                                                stride(s.b), a.data(), lda, stride(s.a), &beta, c.data(), ldc,
+                                                stride(s.c), batch));
+    } else {
+      WEFT_CUBLAS_TRY(cublasDgemmStridedBatched(state_->handle, op_b, op_a, ni, mi, ki, &alpha, b.data(), ldb,
+                                                stride(s.b), a.data(), lda, stride(s.a), &beta, c.data(), ldc,
+                                                stride(s.c), batch));
+    }
+  }
+
 private:
   struct state {
     cublasHandle_t handle = nullptr;
