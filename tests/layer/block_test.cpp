@@ -144,6 +144,28 @@ TEST(Attention, StackedHeadsEqualHeadByHead) {
   }
 }
 
+// On a device each element-wise stage is a kernel launch: with the heads stacked, their number per
+// forward and backward depends on the sequences, not on the heads.
+TEST(Attention, StageLaunchesDoNotGrowWithTheHeads) {
+  const std::size_t hidden = 12, seq = 5, batch = 2;
+  const auto x = to<float>(random_dmat(batch * seq, hidden, 23));
+  const auto stages = [&](std::size_t heads) {
+    std::size_t n = 0;
+    run_ranks(1, [&](comm_t& c) {
+      const reversed_elements device_like;
+      weft::layer::parallel_attention<float, comm_t, reversed_elements> attn(c, hidden, heads, seq, seed, 7, device_like);
+      weft::matrix<float> y(batch * seq, hidden), dx(batch * seq, hidden);
+      attn.forward(x.view(), y.view());
+      attn.backward(weft::matrix_view<const float>(y.view()), dx.view());
+      n = *device_like.steps;
+    });
+    return n;
+  };
+  const std::size_t two = stages(2), six = stages(6);
+  EXPECT_GT(two, 0u);
+  EXPECT_EQ(two, six);
+}
+
 TEST(Attention, HeadsMustDivideOverTheGroup) {
   run_ranks(4, [](comm_t& c) {
     expect_error([&] { weft::layer::parallel_attention<float, comm_t> a(c, 12, 6, 4, seed, 0); }, "6 heads do not divide");
