@@ -190,7 +190,8 @@ public:
     detail::resize(gemm_, dctx_, tokens, local_heads_ * head_dim_);
     out_.backward(dy, dctx_.view());
     detail::resize(gemm_, dqkv_, tokens, qkv_.out_local());
-    detail::resize(gemm_, dp_, group_ * seq_, seq_);
+    detail::reshape(gemm_, dp_, group_ * seq_, seq_);  // every element written (dP) before it is read
+    if (!kept_probs_) detail::reshape(gemm_, probs_, group_ * seq_, seq_);
     // With P the probabilities and dO the context's gradient:
     //   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(P * dP)),  dQ = scale dS K,  dK = scale dS^T Q.
     for (std::size_t k0 = 0; k0 < blocks(); k0 += group_) {
@@ -248,15 +249,21 @@ public:
     bool kept_probs = true;
   };
   [[nodiscard]] activations stash() {
-    return {qkv_.stash(),           out_.stash(), std::exchange(qkv_out_, {}), std::exchange(ctx_, {}),
-            std::exchange(probs_, {}), batch_,    kept_probs_};
+    // Probabilities not kept are the layer's scratch, not the micro-batch's: they stay.
+    return {qkv_.stash(),
+            out_.stash(),
+            std::exchange(qkv_out_, {}),
+            std::exchange(ctx_, {}),
+            kept_probs_ ? std::exchange(probs_, {}) : matrix<T, space>{},
+            batch_,
+            kept_probs_};
   }
   void restore(activations a) {
     qkv_.restore(std::move(a.qkv));
     out_.restore(std::move(a.out));
     qkv_out_ = std::move(a.qkv_out);
     ctx_ = std::move(a.ctx);
-    probs_ = std::move(a.probs);
+    if (a.kept_probs) probs_ = std::move(a.probs);
     batch_ = a.batch;
     kept_probs_ = a.kept_probs;
   }
@@ -286,6 +293,15 @@ private:
   // launches do not grow with the heads; on the host one block (its scores stay in cache between
   // the GEMMs and the softmax). The same products and sums either way.
   static constexpr bool stages_as_kernels = detail::element_policy<Gemm, detail::causal_normalise<T>>;
+  // A group's scratch (dP, and the probabilities when not kept) is group x seq x seq: as many of a
+  // sequence's heads as keep it within 2^24 elements (64 MiB of float), at least one.
+  static std::size_t group_size(std::size_t heads, std::size_t seq) {
+    if (!stages_as_kernels) return 1;
+    const std::size_t budget = std::size_t{1} << 24, square = seq * seq;
+    std::size_t g = heads;
+    while (g > 1 && (heads % g != 0 || g * square > budget)) --g;
+    return g;
+  }
   [[nodiscard]] std::size_t blocks() const noexcept { return batch_ * local_heads_; }
 
   // Views of block k: q, k, v (seq x d) in the QKV output, its context columns.
@@ -326,7 +342,7 @@ private:
   std::size_t seq_;
   std::size_t head_dim_;
   std::size_t local_heads_;
-  std::size_t group_ = stages_as_kernels ? local_heads_ : 1;  // blocks per softmax call
+  std::size_t group_ = group_size(local_heads_, seq_);  // blocks the core takes at once
   Gemm gemm_;
   qkv_layer qkv_;
   out_layer out_;

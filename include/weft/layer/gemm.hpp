@@ -68,11 +68,7 @@ void gemm_strided_batched(const G& g, std::size_t count, gemm_strides s, trans t
   if constexpr (requires { g.strided_batched(count, s, ta, tb, alpha, a, b, beta, c); }) {
     g.strided_batched(count, s, ta, tb, alpha, a, b, beta, c);
   } else {
-    for (std::size_t i = 0; i < count; ++i) {
-      g(ta, tb, alpha, matrix_view<const T>(a.data() + i * s.a, a.rows(), a.cols(), a.ld()),
-        matrix_view<const T>(b.data() + i * s.b, b.rows(), b.cols(), b.ld()), beta,
-        matrix_view<T>(c.data() + i * s.c, c.rows(), c.cols(), c.ld()));
-    }
+    for (std::size_t i = 0; i < count; ++i) g(ta, tb, alpha, a.shifted(i * s.a), b.shifted(i * s.b), beta, c.shifted(i * s.c));
   }
 }
 

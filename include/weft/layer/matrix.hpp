@@ -65,15 +65,24 @@ public:
   [[nodiscard]] matrix_view rows_from(std::size_t first, std::size_t count) const {
     if (first + count > rows_) throw error("matrix_view::rows_from: rows [" + std::to_string(first) + ", " +
                                            std::to_string(first + count) + ") of " + std::to_string(rows_));
-    return {data_ + first * ld_, count, cols_, ld_};
+    return {at(first * ld_), count, cols_, ld_};
   }
   [[nodiscard]] matrix_view cols_from(std::size_t first, std::size_t count) const {
     if (first + count > cols_) throw error("matrix_view::cols_from: columns [" + std::to_string(first) + ", " +
                                            std::to_string(first + count) + ") of " + std::to_string(cols_));
-    return {data_ + first, rows_, count, ld_};
+    return {at(first), rows_, count, ld_};
+  }
+  /// The same shape `offset` elements further on (an empty matrix's null data stays null: C++
+  /// leaves an offset applied to a null pointer undefined, and UBSan says so).
+  [[nodiscard]] WEFT_HOST_DEVICE constexpr matrix_view shifted(std::size_t offset) const noexcept {
+    return {at(offset), rows_, cols_, ld_};
   }
 
 private:
+  [[nodiscard]] WEFT_HOST_DEVICE constexpr T* at(std::size_t offset) const noexcept {
+    return data_ == nullptr ? data_ : data_ + offset;
+  }
+
   T* data_ = nullptr;
   std::size_t rows_ = 0;
   std::size_t cols_ = 0;

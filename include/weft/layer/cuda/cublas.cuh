@@ -121,11 +121,8 @@ public:
     const auto [m, n, k] = detail::check_gemm("cublas", ta, tb, a, b, c);
     if (count == 0 || m == 0 || n == 0) return;
     if (count == 1 || k == 0) {  // one GEMM, or C = beta C: operator() has both
-      for (std::size_t i = 0; i < count; ++i) {
-        (*this)(ta, tb, alpha, matrix_view<const T>(a.data() + i * s.a, a.rows(), a.cols(), a.ld()),
-                matrix_view<const T>(b.data() + i * s.b, b.rows(), b.cols(), b.ld()), beta,
-                matrix_view<T>(c.data() + i * s.c, c.rows(), c.cols(), c.ld()));
-      }
+      for (std::size_t i = 0; i < count; ++i)
+        (*this)(ta, tb, alpha, a.shifted(i * s.a), b.shifted(i * s.b), beta, c.shifted(i * s.c));
       return;
     }
     const int lda = ld_of(a.rows(), a.ld(), a.cols(), "lda");
