@@ -261,6 +261,25 @@ TEST(sim_step, tp_overlap_hides_the_column_parallel_collectives_of_the_backward)
   EXPECT_GT(sp.backward_s, overlapped.backward_s - 1e-12); // the gathers still show
 }
 
+TEST(sim_step, unfused_gradient_accumulation_reads_and_writes_the_weights_once_per_micro_batch) {
+  const model_spec m = gpt_22b();
+  const calibration cal = calibration_of(a100_80gb);
+  const machine mc = dgx(a100_80gb, 1);
+  layout l;
+  l.tp = 8;
+  l.global_batch = 8; // 8 micro-batches of one sequence, one pipeline rank, no DP
+  const step_result fused = simulate_step(m, mc, l);
+  l.grad_accumulation_bytes = 6; // a 16-bit add: read both gradients, write one
+  const step_result unfused = simulate_step(m, mc, l);
+  // Reference: SC21 Eq. 2's weights (GPT, tied output layer, learned positions) over 8 TP
+  // ranks, crossing HBM at the calibrated speed once per micro-batch.
+  const double h = 6144, weights = (12 * 4 * h * h * (1 + 13 / (12 * h) + (64 + 2048) / (12 * 4 * h))) / 8;
+  const double per_micro_batch = weights * 6 / (a100_80gb.hbm_bandwidth * cal.hbm_fraction);
+  EXPECT_NEAR(unfused.backward_s - fused.backward_s, per_micro_batch, 1e-9);
+  EXPECT_NEAR(unfused.step_time_s - fused.step_time_s, 8 * per_micro_batch, 1e-9);
+  EXPECT_EQ(unfused.forward_s, fused.forward_s);
+}
+
 TEST(sim_step, gemm_efficiency_saturates_and_bounds_by_memory) {
   const calibration cal = calibration_of(a100_80gb);
   // A huge square GEMM runs near gemm_peak_fraction of peak.

@@ -50,6 +50,8 @@ layout (one simulation):
   --sequence-parallel  split layer norms and dropout over TP
   --tp-across-nodes    place the TP group one rank per node (the mistake, to measure it)
   --tp-overlap         the backward's TP collectives overlap GEMMs (Megatron-LM since 2021)
+  --grad-accum A       fused (default: the weight-gradient GEMMs accumulate, Megatron-LM since
+                       2022) | fp16 (a separate 16-bit add per micro-batch) | fp32 (into fp32)
 search:
   --search             rank every mesh that fits; with --tp and --pp, say where that one ranks
   --top N              layouts to explain (default 5)
@@ -159,7 +161,7 @@ config parse(const std::vector<std::string_view>& args) {
         "--model", "--layers", "--hidden", "--heads", "--seq", "--vocab", "--ffn", "--kv-heads",
         "--gpu", "--nodes", "--gpus-per-node", "--global-batch", "--tp", "--pp", "--dp",
         "--schedule", "--chunks", "--micro-batch", "--zero", "--recompute", "--top",
-        "--memory-limit", "--trace"};
+        "--memory-limit", "--trace", "--grad-accum"};
     bool known = false;
     for (std::string_view k : valued)
       known = known || flag == k;
@@ -193,6 +195,11 @@ config parse(const std::vector<std::string_view>& args) {
       if (c.layout.zero > 3) bad("--zero takes a stage 0..3, not " + std::string(v));
     } else if (flag == "--recompute") {
       c.layout.recomputation = sim::recompute_named(v);
+    } else if (flag == "--grad-accum") {
+      if (v == "fused") c.layout.grad_accumulation_bytes = 0;
+      else if (v == "fp16") c.layout.grad_accumulation_bytes = 6;
+      else if (v == "fp32") c.layout.grad_accumulation_bytes = 10;
+      else bad("--grad-accum takes fused, fp16 or fp32, not '" + std::string(v) + "'");
     } else if (flag == "--schedule") {
       if (v == "1f1b") c.layout.schedule = pl::schedule_kind::one_f_one_b;
       else if (v == "gpipe") c.layout.schedule = pl::schedule_kind::gpipe;
@@ -250,7 +257,8 @@ std::string json(const sim::model_spec& m, const sim::layout& l, const sim::step
        ", \"recompute\": " + q(sim::name_of(l.recomputation)) +
        ", \"sequence_parallel\": " + (l.sequence_parallel ? "true" : "false") +
        ", \"tp_across_nodes\": " + (l.tp_across_nodes ? "true" : "false") +
-       ", \"tp_overlap\": " + (l.tp_overlap ? "true" : "false") + "},\n";
+       ", \"tp_overlap\": " + (l.tp_overlap ? "true" : "false") +
+       ", \"grad_accumulation_bytes\": " + num(l.grad_accumulation_bytes) + "},\n";
   o += "  \"microbatches\": " + std::to_string(r.microbatches) + ",\n";
   o += "  \"step_time_s\": " + num(r.step_time_s) + ",\n";
   o += "  \"tflops_per_gpu\": " + num(r.tflops_per_gpu) + ",\n";
@@ -316,6 +324,7 @@ int main(int argc, char** argv) {
       o.global_batch = c.global_batch;
       o.memory_limit = c.memory_limit_gib * 1024.0 * 1024 * 1024;
       o.tp_overlap = c.layout.tp_overlap;
+      o.grad_accumulation_bytes = c.layout.grad_accumulation_bytes;
       const sim::search_result s = sim::search(c.model, mc, o);
       std::string out;
       if (c.json) {

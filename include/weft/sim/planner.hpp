@@ -38,6 +38,7 @@ struct search_options {
   int max_tp = 0;                // 0: twice the devices of a node
   bool sequence_parallel = true; // with TP > 1
   bool tp_overlap = false;        // layout::tp_overlap of every variant
+  double grad_accumulation_bytes = 0; // layout::grad_accumulation_bytes of every variant
 };
 
 /// One mesh's fastest variant.
@@ -85,6 +86,7 @@ struct search_result {
           l.schedule = kind;
           l.sequence_parallel = o.sequence_parallel && tp > 1;
           l.tp_overlap = o.tp_overlap;
+          l.grad_accumulation_bytes = o.grad_accumulation_bytes;
           if (kind == pipeline::schedule_kind::interleaved) {
             l.chunks = 2;
             if (pp < 2 || m.layers % (2 * pp) != 0 || micro % pp != 0) continue;

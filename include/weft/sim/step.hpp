@@ -10,7 +10,9 @@
 //          tp_overlap, as Megatron-LM since late 2021, the column-parallel linears' ones run
 //          behind their GEMMs and only the excess shows), and the forward again under full
 //          recompute (under selective the attention core: QK^T, AV, softmax and dropout);
-//          split schedules (zb-h1) run it as B (input gradient) and W (weight gradient)
+//          split schedules (zb-h1) run it as B (input gradient) and W (weight gradient);
+//          where the weight-gradient GEMMs do not accumulate into the step's gradients, a
+//          pass over the rank's weights at HBM speed adds them (grad_accumulation_bytes)
 //   the step = the pipeline schedule of weft::pipeline's generators run with those costs,
 //          activations sent between stages over the link their placement implies (each TP
 //          rank sends 1/t of it, SC21's scatter/gather), then the exposed part of the DP
@@ -78,6 +80,12 @@ struct layout {
                                   // weight-gradient GEMM, SP's re-gather of its input during
                                   // its input-gradient GEMM); false: on the critical path
   double grad_bytes = 2;          // bytes per gradient element in the DP reduction
+  double grad_accumulation_bytes = 0; // HBM bytes per weight and micro-batch to add its
+                                  // gradient to the accumulated one outside the GEMM: 0 when
+                                  // the weight-gradient GEMM accumulates into it (Megatron-LM's
+                                  // gradient accumulation fusion, by early 2022); 6 for a
+                                  // separate 16-bit add (read both, write one), 10 for 16-bit
+                                  // into fp32
 
   [[nodiscard]] int gpus() const noexcept { return tp * pp * dp; }
   [[nodiscard]] int batch() const noexcept { return global_batch > 0 ? global_batch : dp * micro_batch; }
@@ -322,20 +330,30 @@ inline std::vector<int> layers_per_rank(const model_spec& m, int p) {
   return layers_of;
 }
 
-/// Weights held by the pipeline rank with the most of them, per TP rank.
-inline double rank_parameters(const model_spec& m, const layout& l, const std::vector<int>& layers_of) {
+/// The weights each pipeline rank holds, per TP rank (the first adds the embedding, the last the
+/// output layer).
+inline std::vector<double> weights_per_rank(const model_spec& m, const layout& l, const std::vector<int>& layers_of) {
   const double input = static_cast<double>(m.vocab) * m.h() + (m.learned_positions ? m.seq * m.h() : 0.0);
   // The output layer: its own weights, or, tied, the embedding; with pp > 1 the last stage keeps a
   // copy of a tied embedding (Megatron-LM's, its gradient summed with the first stage's), so the
   // last stage holds vocab x hidden either way.
   const double output = static_cast<double>(m.vocab) * m.h();
-  const double per_layer = m.layer_parameters();
-  if (l.pp == 1) return (layers_of.front() * per_layer + input + (m.tied_embeddings ? 0.0 : output)) / l.tp;
-  const int max_layers = *std::max_element(layers_of.begin(), layers_of.end());
-  return std::max({layers_of.front() * per_layer + input, layers_of.back() * per_layer + output,
-                   max_layers * per_layer}) /
-         l.tp;
+  std::vector<double> w(layers_of.size());
+  for (std::size_t r = 0; r < w.size(); ++r) {
+    w[r] = layers_of[r] * m.layer_parameters();
+    if (r == 0) w[r] += input;
+    if (r + 1 == w.size() && (l.pp > 1 || !m.tied_embeddings)) w[r] += output;
+    w[r] /= l.tp;
+  }
+  return w;
 }
+
+/// Weights held by the pipeline rank with the most of them, per TP rank.
+inline double rank_parameters(const model_spec& m, const layout& l, const std::vector<int>& layers_of) {
+  const std::vector<double> w = weights_per_rank(m, l, layers_of);
+  return *std::max_element(w.begin(), w.end());
+}
+
 
 /// Model states and activations of the fullest rank, given how many (micro-batch, chunk)
 /// pairs each pipeline rank holds at its peak (a chunk's pair holds 1/V of the rank's layers).
@@ -499,6 +517,7 @@ inline std::vector<int> peak_in_flight(const pipeline::schedule& s) {
   const double logit_w = logit_gemm;
 
   const std::vector<int> layers_of = detail::layers_per_rank(m, p);
+  const std::vector<double> rank_weights = detail::weights_per_rank(m, l, layers_of);
 
   struct rank_cost {
     double f, b, w;
@@ -520,6 +539,8 @@ inline std::vector<int> peak_in_flight(const pipeline::schedule& s) {
       c.b += logit_w + 2.0 * (logit_f - logit_w);
       c.w += logit_w;
     }
+    // Adding this micro-batch's weight gradients to the step's, unless the GEMMs do it.
+    c.w += rank_weights[static_cast<std::size_t>(r)] * l.grad_accumulation_bytes / (g.hbm_bandwidth * cal.hbm_fraction);
     if (!split) {
       c.b += c.w;
       c.w = 0;
