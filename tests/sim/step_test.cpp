@@ -17,7 +17,7 @@ using namespace weft::sim;
 
 // Tuning rows (the constants were fitted to them) within 10%; held-out rows: the goal is 10%, the
 // bound 14%, and the count within 10% may not fall below what docs/sim.md reports.
-TEST(sim_step, published_runs_tuning_within_10_holdout_within_14_percent_one_constant_set_per_gpu) {
+TEST(sim_step, published_runs_tuning_within_10_holdout_within_12_percent_one_constant_set_per_gpu) {
   const auto runs = weft_test::read_published_runs();
   ASSERT_GE(runs.size(), 23u);
   int tune = 0, holdout = 0, holdout_within = 0;
@@ -39,20 +39,17 @@ TEST(sim_step, published_runs_tuning_within_10_holdout_within_14_percent_one_con
       ++holdout;
       holdout_within += std::abs(err) < 0.10 ? 1 : 0;
       worst_holdout = std::max(worst_holdout, std::abs(err));
-      // The goal is 10% here too, and 14 of 17 rows meet it. Korthikanti et al.'s 2022
-      // runs of SC21's 530B and 1T pipelines read 11-13% low: their Megatron-LM ran those same
-      // pipelines, full recompute and all, 6 points faster against this model than SC21's
-      // did, and the A100 constants are a compromise with MT-NLG, which reads high. MT-NLG on
-      // 420 nodes reads 11% high: its step holds about 4 s the model does not price (see
-      // docs/sim.md). 14% is the bound this calibration is held to.
-      EXPECT_LT(std::abs(err), 0.14) << r.id;
+      // The goal is 10% here too, and 16 of 17 rows meet it. MT-NLG on 420 nodes reads 12% high:
+      // its step holds about 4 s the model does not price, at all three published scales (see
+      // docs/sim.md). 12% is the bound this calibration is held to.
+      EXPECT_LT(std::abs(err), 0.12) << r.id;
     }
   }
   std::printf("  tuning rows: %d, worst %.1f%%; held-out rows: %d, %d within 10%%, worst %.1f%%\n",
               tune, 100 * worst_tune, holdout, holdout_within, 100 * worst_holdout);
   EXPECT_GE(tune, 5);
   EXPECT_GE(holdout, 17);
-  EXPECT_GE(holdout_within, 14); // of 17: what docs/sim.md reports
+  EXPECT_GE(holdout_within, 16); // of 17: what docs/sim.md reports
 }
 
 model_spec llama_70b() {
