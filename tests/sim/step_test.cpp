@@ -160,8 +160,8 @@ TEST(sim_step, dp_groups_sharing_a_nodes_nics_are_priced_as_if_run_together) {
     even.push_back(2 * i);
     odd.push_back(2 * i + 1);
   }
-  // DGX A100's 8 NICs, and a node of 2 NICs, where the groups really contend.
-  for (int nics : {8, 2}) {
+  // DGX A100's 8 NICs; 2 NICs, one for each group's ring; 1 NIC, which both groups' rings cross.
+  for (int nics : {8, 2, 1}) {
     const auto& d = dgx(a100_80gb, 2).cluster;
     const machine mc{a100_80gb, weft::topology::cluster(d.devices_per_node(), d.intra(), d.inter(), nics,
                                                         d.reduce_bandwidth())};
@@ -177,7 +177,9 @@ TEST(sim_step, dp_groups_sharing_a_nodes_nics_are_priced_as_if_run_together) {
     std::printf("  DP 8 x 2 groups on 2 nodes of %d NICs: the step prices %.1f ms, both groups' merged plans %.1f ms\n",
                 nics, r.dp.seconds * 1e3, together * 1e3);
     EXPECT_EQ(r.dp.link, "ib");
-    EXPECT_NEAR(r.dp.seconds, together, 0.25 * together) << nics << " NICs";
+    // They agree within 5% (28.5 / 29.9 ms on 8 NICs, 72.4 / 72.2 on 2, 130.9 / 130.8 on 1);
+    // pricing each group as if it had the node's NICs alone reads 45% low on 1 NIC.
+    EXPECT_NEAR(r.dp.seconds, together, 0.10 * together) << nics << " NICs";
   }
 }
 

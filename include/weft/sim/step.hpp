@@ -231,11 +231,16 @@ inline double price_group(collective coll, const std::vector<int>& devices, std:
 }
 
 /// `c` as one of `sharing` groups that run at once with members on every node sees it: the
-/// node's NICs split among them (at least one each).
+/// node's NICs split among them; with more groups than NICs, one NIC's bandwidth shared by the
+/// groups on it.
 inline topology::cluster nic_share(const topology::cluster& c, int sharing) {
+  const int nics = c.nics_per_node();
   if (sharing <= 1) return c;
-  return topology::cluster(c.devices_per_node(), c.intra(), c.inter(),
-                           std::max(1, c.nics_per_node() / sharing), c.reduce_bandwidth());
+  if (sharing <= nics)
+    return topology::cluster(c.devices_per_node(), c.intra(), c.inter(), nics / sharing, c.reduce_bandwidth());
+  topology::link shared = c.inter();
+  shared.bandwidth *= static_cast<double>(nics) / sharing;
+  return topology::cluster(c.devices_per_node(), c.intra(), shared, 1, c.reduce_bandwidth());
 }
 
 inline std::string_view link_name(const std::vector<int>& devices, const topology::cluster& c) {
