@@ -85,7 +85,8 @@ struct layout {
                                   // the weight-gradient GEMM accumulates into it (Megatron-LM's
                                   // gradient accumulation fusion, by early 2022); 6 for a
                                   // separate 16-bit add (read both, write one), 10 for 16-bit
-                                  // into fp32
+                                  // into fp32; charged every micro-batch (autograd skips the
+                                  // first one's add: one pass in m too many)
 
   [[nodiscard]] int gpus() const noexcept { return tp * pp * dp; }
   [[nodiscard]] int batch() const noexcept { return global_batch > 0 ? global_batch : dp * micro_batch; }
@@ -231,8 +232,8 @@ inline double price_group(collective coll, const std::vector<int>& devices, std:
 }
 
 /// `c` as one of `sharing` groups that run at once with members on every node sees it: the
-/// node's NICs split among them; with more groups than NICs, one NIC's bandwidth shared by the
-/// groups on it.
+/// node's NICs split among them (rounded down); with more groups than NICs, one NIC at
+/// nics / sharing of its bandwidth, the node's NIC bandwidth split evenly.
 inline topology::cluster nic_share(const topology::cluster& c, int sharing) {
   const int nics = c.nics_per_node();
   if (sharing <= 1) return c;
