@@ -94,10 +94,7 @@ inline std::vector<published_run> read_published_runs(const std::string& path = 
     r.layout.p2p_blocking = stack == "deepspeed";
     r.layout.tp_overlap = integer("tp_overlap") != 0;
     r.layout.overlap_dp = integer("dp_overlap") != 0;
-    const std::string accum = row.at("grad_accum");
-    if (accum != "fused" && accum != "fp16" && accum != "fp32")
-      throw weft::error(path + ": unknown grad_accum '" + accum + "'");
-    r.layout.grad_accumulation_bytes = accum == "fp16" ? 6.0 : accum == "fp32" ? 10.0 : 0.0;
+    r.layout.grad_accumulation_bytes = weft::sim::grad_accumulation_named(row.at("grad_accum"));
     r.gpus = integer("gpus");
     r.measured_tflops = num("tflops_per_gpu");
     out.push_back(std::move(r));

@@ -196,10 +196,7 @@ config parse(const std::vector<std::string_view>& args) {
     } else if (flag == "--recompute") {
       c.layout.recomputation = sim::recompute_named(v);
     } else if (flag == "--grad-accum") {
-      if (v == "fused") c.layout.grad_accumulation_bytes = 0;
-      else if (v == "fp16") c.layout.grad_accumulation_bytes = 6;
-      else if (v == "fp32") c.layout.grad_accumulation_bytes = 10;
-      else bad("--grad-accum takes fused, fp16 or fp32, not '" + std::string(v) + "'");
+      c.layout.grad_accumulation_bytes = sim::grad_accumulation_named(v);
     } else if (flag == "--schedule") {
       if (v == "1f1b") c.layout.schedule = pl::schedule_kind::one_f_one_b;
       else if (v == "gpipe") c.layout.schedule = pl::schedule_kind::gpipe;

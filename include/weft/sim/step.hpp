@@ -98,6 +98,15 @@ struct layout {
   }
 };
 
+/// layout::grad_accumulation_bytes of a software's gradient accumulation by name: "fused" (0),
+/// "fp16" (6: a 16-bit add reads both gradients and writes one) or "fp32" (10: into fp32).
+[[nodiscard]] inline double grad_accumulation_named(std::string_view s) {
+  if (s == "fused") return 0;
+  if (s == "fp16") return 6;
+  if (s == "fp32") return 10;
+  throw error("weft: sim: unknown gradient accumulation '" + std::string(s) + "': expected fused, fp16 or fp32");
+}
+
 /// Time of one axis' communication over a step, as one GPU sees it.
 struct axis_time {
   double seconds = 0;        // on the critical path of the busiest rank (TP, PP) or in all (DP)
@@ -359,7 +368,6 @@ inline double rank_parameters(const model_spec& m, const layout& l, const std::v
   const std::vector<double> w = weights_per_rank(m, l, layers_of);
   return *std::max_element(w.begin(), w.end());
 }
-
 
 /// Model states and activations of the fullest rank, given how many (micro-batch, chunk)
 /// pairs each pipeline rank holds at its peak (a chunk's pair holds 1/V of the rank's layers).
