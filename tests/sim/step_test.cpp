@@ -183,6 +183,127 @@ TEST(sim_step, dp_groups_sharing_a_nodes_nics_are_priced_as_if_run_together) {
   }
 }
 
+TEST(sim_step, tp_groups_that_straddle_nodes_gate_the_step) {
+  // tp 6 on DGX A100 nodes of 8: the group on devices 0-5 stays on NVLink, but {6..11} and
+  // {12..17} straddle two nodes and cross InfiniBand; every pipeline rank's forward waits for
+  // its slowest group's all-reduces. Reference: those groups' plans priced by the cost model
+  // on the node's links as the collectives reach them, with the 4 NICs each of the two TP groups
+  // on a node gets.
+  model_spec m;
+  m.name = "gpt-24-heads";
+  m.layers = 12;
+  m.hidden = 3072;
+  m.heads = 24;
+  m.seq = 2048;
+  m.vocab = 51200;
+  layout l;
+  l.tp = 6;
+  l.pp = 2;
+  l.dp = 4;
+  l.global_batch = 16;
+  const auto& mc = dgx(a100_80gb, 6);
+  const calibration cal = calibration_of(a100_80gb);
+  const step_result r = simulate_step(m, mc, l);
+  const auto& d = mc.cluster;
+  const weft::topology::cluster net(d.devices_per_node(),
+                                    {d.intra().kind, d.intra().bandwidth * cal.nvlink_fraction, d.intra().latency},
+                                    {d.inter().kind, d.inter().bandwidth * cal.ib_fraction, d.inter().latency},
+                                    d.nics_per_node() / 2, d.reduce_bandwidth());
+  const auto act = static_cast<std::size_t>(m.seq * m.hidden);
+  double straddling = 0, inside = 1e300;
+  for (const std::vector<int>& g : {std::vector<int>{6, 7, 8, 9, 10, 11}, std::vector<int>{12, 13, 14, 15, 16, 17}}) {
+    double best = 1e300;
+    for (auto make : {&weft::algo::ring::make_plan, &weft::algo::hierarchical<weft::algo::ring, weft::algo::ring>::make_plan})
+      best = std::min(best, price_groups(weft::collective::all_reduce, {g}, net, act, 2, make));
+    straddling = std::max(straddling, best);
+  }
+  inside = price_groups(weft::collective::all_reduce, {{0, 1, 2, 3, 4, 5}}, net, act, 2, &weft::algo::ring::make_plan);
+  const layer_cost fwd = layer_forward(m, 1, 6, false, a100_80gb, cal);
+  std::printf("  tp 6 on nodes of 8: the step prices an all-reduce at %.3f ms on %s; straddling groups %.3f ms, "
+              "the group inside node 0 %.3f ms; forward %.2f ms\n",
+              r.tp.per_call_s * 1e3, std::string(r.tp.link).c_str(), straddling * 1e3, inside * 1e3, r.forward_s * 1e3);
+  EXPECT_EQ(r.tp.link, "ib");
+  EXPECT_GT(straddling, 3 * inside); // what pricing the first group alone would miss
+  EXPECT_NEAR(r.tp.per_call_s, straddling, 0.10 * straddling);
+  // Every layer's forward: its compute and two of those all-reduces (6 layers per rank; the
+  // busiest rank adds the embedding's or the logits' work, a few percent here).
+  EXPECT_GE(r.forward_s, 6 * (fwd.total() + 2 * 0.9 * straddling));
+  EXPECT_LE(r.forward_s, 1.15 * 6 * (fwd.total() + 2 * 1.1 * straddling));
+}
+
+TEST(sim_step, pipeline_hops_are_priced_on_the_link_each_one_crosses) {
+  // tp 2 x dp 2 x pp 4 on 2 DGX A100: stages 0 and 1 on the first node, 2 and 3 on the second.
+  // The hop from stage 1 to 2 crosses InfiniBand; pricing stage 0 to 1 alone would say NVLink.
+  model_spec m;
+  m.name = "gpt-1.3b";
+  m.layers = 24;
+  m.hidden = 2048;
+  m.heads = 16;
+  m.seq = 2048;
+  m.vocab = 51200;
+  layout l;
+  l.tp = 2;
+  l.pp = 4;
+  l.dp = 2;
+  l.global_batch = 16;
+  const auto& mc = dgx(a100_80gb, 2);
+  const calibration cal = calibration_of(a100_80gb);
+  const step_result r = simulate_step(m, mc, l);
+  const double bytes = 2.0 * m.seq * m.hidden / 2; // one TP rank's half of an activation
+  const double ib = mc.cluster.inter().latency + bytes / (mc.cluster.inter().bandwidth * cal.ib_fraction);
+  const double nvlink = mc.cluster.intra().latency + bytes / (mc.cluster.intra().bandwidth * cal.nvlink_fraction);
+  std::printf("  pp 4 over 2 nodes: a message %.3f ms on %s (InfiniBand %.3f, NVLink %.3f)\n", r.pp.per_call_s * 1e3,
+              std::string(r.pp.link).c_str(), ib * 1e3, nvlink * 1e3);
+  EXPECT_EQ(r.pp.link, "ib");
+  EXPECT_NEAR(r.pp.per_call_s, ib, 1e-9);
+  // The schedule pays it: the same layout on one 16-GPU node (every hop on NVLink) is faster by
+  // at least the fill's and drain's crossings of that hop (one activation, one gradient).
+  const machine one{a100_80gb, weft::topology::cluster({16}, mc.cluster.intra(), mc.cluster.inter(),
+                                                       mc.cluster.nics_per_node(), mc.cluster.reduce_bandwidth())};
+  const step_result r1 = simulate_step(m, one, l);
+  EXPECT_EQ(r1.pp.link, "nvlink");
+  EXPECT_GE(r.pipeline_s - r1.pipeline_s, 2 * (ib - nvlink) * 0.99);
+}
+
+TEST(sim_step, dp_groups_that_straddle_nodes_gate_the_reduction) {
+  // tp 2 x dp 3 x pp 2 on 2 DGX A100: the first stage's DP groups ({0,2,4}, {1,3,5}) stay on
+  // node 0, the second stage's ({6,8,10}, {7,9,11}) straddle both nodes. The step waits for the
+  // slowest. Reference: a straddling group's plans priced by the cost model with the 2 NICs each
+  // of the 4 DP groups with members on node 0 gets, for the first stage's gradients (the most:
+  // 12 layers, the embedding and the positions, over tp 2).
+  model_spec m;
+  m.name = "gpt-1.3b";
+  m.layers = 24;
+  m.hidden = 2048;
+  m.heads = 16;
+  m.seq = 2048;
+  m.vocab = 51200;
+  layout l;
+  l.tp = 2;
+  l.pp = 2;
+  l.dp = 3;
+  l.global_batch = 6;
+  const auto& mc = dgx(a100_80gb, 2);
+  const calibration cal = calibration_of(a100_80gb);
+  const step_result r = simulate_step(m, mc, l);
+  const auto& d = mc.cluster;
+  const weft::topology::cluster net(d.devices_per_node(),
+                                    {d.intra().kind, d.intra().bandwidth * cal.nvlink_fraction, d.intra().latency},
+                                    {d.inter().kind, d.inter().bandwidth * cal.ib_fraction, d.inter().latency},
+                                    d.nics_per_node() / 4, d.reduce_bandwidth());
+  const auto grads = static_cast<std::size_t>((12 * (12.0 * 2048 * 2048 + 13 * 2048) + (51200.0 + 2048) * 2048) / 2);
+  double straddling = 1e300;
+  for (auto make : {&weft::algo::ring::make_plan, &weft::algo::hierarchical<weft::algo::ring, weft::algo::ring>::make_plan})
+    straddling = std::min(straddling, price_groups(weft::collective::all_reduce, {{6, 8, 10}}, net, grads, 2, make));
+  const double inside = price_groups(weft::collective::all_reduce, {{0, 2, 4}}, net, grads, 2, &weft::algo::ring::make_plan);
+  std::printf("  dp 3 groups over 2 nodes: the step prices %.1f ms on %s; a straddling group %.1f ms, one inside "
+              "node 0 %.1f ms\n",
+              r.dp.seconds * 1e3, std::string(r.dp.link).c_str(), straddling * 1e3, inside * 1e3);
+  EXPECT_EQ(r.dp.link, "ib");
+  EXPECT_GT(straddling, 3 * inside);
+  EXPECT_NEAR(r.dp.seconds, straddling, 0.10 * straddling);
+}
+
 TEST(sim_step, tp_collectives_on_nvlink_reach_the_calibrated_bus_bandwidth) {
   // A large all-reduce on the 8 GPUs of a DGX A100: a collective library streams the ring's
   // chunks, so its bus bandwidth 2 (p-1)/p S / t approaches nvlink_fraction x 300 GB/s (the

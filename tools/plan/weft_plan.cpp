@@ -295,6 +295,14 @@ std::string text(const sim::model_spec& m, const sim::layout& l, const sim::step
                 r.dp.seconds, std::string(r.dp.link).c_str(), r.dp_exposed_s);
   o += buf;
   if (r.memory_bytes() > mc.device.hbm_bytes) o += "  warning: this layout does not fit the GPU's memory\n";
+  const int per_node = mc.cluster.devices_on(0);
+  if (!l.tp_across_nodes && l.tp > 1 && l.tp < per_node && per_node % l.tp != 0) {
+    std::snprintf(buf, sizeof buf,
+                  "  warning: tp %d does not divide the %d GPUs of a node: some TP groups straddle two nodes, "
+                  "and their collectives (priced above) cross %s\n",
+                  l.tp, per_node, std::string(weft::topology::name_of(mc.cluster.inter().kind)).c_str());
+    o += buf;
+  }
   return o;
 }
 

@@ -5,7 +5,8 @@
 //     F  = its layers' forward: GEMMs (calibration.hpp's efficiency model), the attention
 //          core, elementwise kernels at HBM speed, and 2 TP collectives per layer (all-reduce;
 //          all-gather + reduce-scatter with sequence parallelism) priced by the cost model on
-//          the TP group's devices; the last rank adds the logits, cross-entropy
+//          the rank's slowest TP group (one per replica; where tp does not divide a node's
+//          GPUs some straddle two nodes); the last rank adds the logits, cross-entropy
 //     B  = twice the forward's GEMMs and elementwise work, 2 TP collectives per layer (with
 //          tp_overlap, as Megatron-LM since late 2021, the column-parallel linears' ones run
 //          behind their GEMMs and only the excess shows), and the forward again under full
@@ -14,9 +15,10 @@
 //          where the weight-gradient GEMMs do not accumulate into the step's gradients, a
 //          pass over the rank's weights at HBM speed adds them (grad_accumulation_bytes)
 //   the step = the pipeline schedule of weft::pipeline's generators run with those costs,
-//          activations sent between stages over the link their placement implies (each TP
-//          rank sends 1/t of it, SC21's scatter/gather), then the exposed part of the DP
-//          gradient reduction (bucketed: all but the last bucket overlaps the last backward),
+//          activations sent between stages over the slowest link each hop crosses (each TP
+//          rank sends 1/t of it, SC21's scatter/gather), then the exposed part of the slowest
+//          DP group's gradient reduction (bucketed: all but the last bucket overlaps the last
+//          backward),
 //          then the optimizer step at HBM speed.
 //   links    the node's links at the calibrated share a collective library reaches, the plans'
 //          bytes on them plus one link latency per round of the plan (a library streams a
@@ -260,6 +262,21 @@ inline std::string_view link_name(const std::vector<int>& devices, const topolog
   return topology::name_of(c.intra().kind);
 }
 
+/// Which members of a group share a node: each member's node, numbered in order of first
+/// appearance ({0, 0, 1, 1}: the first two on one node, the others on another). The links are
+/// the same on every node, so groups with one pattern cost the same.
+inline std::vector<int> node_pattern(const std::vector<int>& devices, const topology::cluster& c) {
+  std::vector<int> nodes, pattern;
+  pattern.reserve(devices.size());
+  for (int d : devices) {
+    const int n = c.node_of(d);
+    const auto it = std::find(nodes.begin(), nodes.end(), n);
+    pattern.push_back(static_cast<int>(it - nodes.begin()));
+    if (it == nodes.end()) nodes.push_back(n);
+  }
+  return pattern;
+}
+
 /// Seconds of a GEMM m x n x k (times `batch` independent ones) on `g`.
 inline double gemm_time(double m, double n, double k, double batch, const gpu& g,
                         const calibration& cal) {
@@ -439,13 +456,16 @@ inline std::vector<int> peak_in_flight(const pipeline::schedule& s) {
   out.microbatches = l.microbatches();
 
   // --- communication prices --------------------------------------------------------------
-  std::vector<int> tp_group, pp_group, dp_group;
-  for (int i = 0; i < t; ++i)
-    tp_group.push_back(l.device(i, 0, 0));
-  for (int i = 0; i < p; ++i)
-    pp_group.push_back(l.device(0, i, 0));
-  for (int i = 0; i < l.dp; ++i)
-    dp_group.push_back(l.device(0, 0, i));
+  // Every TP group (one per pipeline rank and replica), pipeline hop and DP group is priced
+  // where it lies, and each stage takes its slowest: where tp does not divide a node's GPUs
+  // some TP groups straddle two nodes, and where tp * dp does not fill a node some hops stay
+  // inside one. Groups whose members share nodes in the same pattern are priced once.
+  const auto group = [&](int n, auto&& device_of) {
+    std::vector<int> g(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i)
+      g[static_cast<std::size_t>(i)] = device_of(i);
+    return g;
+  };
   // How many TP and DP groups have members on one node (the first): they run their
   // collectives at once and share its NICs.
   int tp_sharing = 0, dp_sharing = 0;
@@ -477,53 +497,99 @@ inline std::vector<int> peak_in_flight(const pipeline::schedule& s) {
   const topology::cluster dp_net = detail::nic_share(net, dp_sharing);
   const auto act = static_cast<std::size_t>(T * h);
   // One of a layer's two TP collectives per pass: an all-reduce, or with sequence parallelism
-  // an all-gather before the block and a reduce-scatter after it.
-  double tp_call = 0, tp_gather = 0, tp_scatter = 0;
-  if (t > 1 && l.sequence_parallel) {
-    tp_gather = detail::price_group(collective::all_gather, tp_group, act / static_cast<std::size_t>(t), 2, tp_net);
-    tp_scatter = detail::price_group(collective::reduce_scatter, tp_group, act / static_cast<std::size_t>(t), 2, tp_net);
-    tp_call = tp_gather + tp_scatter;
-  } else if (t > 1) {
-    tp_call = detail::price_group(collective::all_reduce, tp_group, act, 2, tp_net);
+  // an all-gather before the block and a reduce-scatter after it; per pipeline rank, its
+  // slowest group's.
+  struct tp_price {
+    double call = 0, gather = 0, scatter = 0;
+    std::string_view link = "none";
+  };
+  std::vector<tp_price> tp_of(static_cast<std::size_t>(p));
+  if (t > 1) {
+    std::map<std::vector<int>, tp_price> priced;
+    for (int r = 0; r < p; ++r) {
+      for (int d = 0; d < l.dp; ++d) {
+        const std::vector<int> members = group(t, [&](int i) { return l.device(i, r, d); });
+        auto [it, fresh] = priced.try_emplace(detail::node_pattern(members, mc.cluster));
+        tp_price& q = it->second;
+        if (fresh) {
+          if (l.sequence_parallel) {
+            q.gather = detail::price_group(collective::all_gather, members, act / static_cast<std::size_t>(t), 2, tp_net);
+            q.scatter = detail::price_group(collective::reduce_scatter, members, act / static_cast<std::size_t>(t), 2, tp_net);
+            q.call = q.gather + q.scatter;
+          } else {
+            q.call = detail::price_group(collective::all_reduce, members, act, 2, tp_net);
+          }
+          q.link = detail::link_name(members, mc.cluster);
+        }
+        if (q.call > tp_of[static_cast<std::size_t>(r)].call) tp_of[static_cast<std::size_t>(r)] = q;
+      }
+    }
   }
-  out.tp = {0, tp_call, detail::link_name(tp_group, mc.cluster)};
+  const tp_price tp_worst = *std::max_element(
+      tp_of.begin(), tp_of.end(), [](const tp_price& a, const tp_price& x) { return a.call < x.call; });
+  out.tp = {0, tp_worst.call, tp_worst.link};
 
-  // Activation messages between pipeline neighbours: the link between stage 0 and stage 1.
+  // Activation messages between pipeline neighbours: hop r joins rank r to rank r + 1 (the
+  // last to the first, for the interleaved schedule's next chunk), on the slowest link any
+  // replica's TP ranks cross there.
   const std::size_t msg_bytes =
       static_cast<std::size_t>(2.0 * T * h / (l.p2p_scatter_gather && t > 1 ? t : 1));
-  double p2p_latency = 0, p2p_bw = 0;
-  if (p > 1) {
-    const topology::link& lk = net.link_between(pp_group[0], pp_group[1]);
-    p2p_latency = lk.latency;
-    p2p_bw = lk.bandwidth;
+  std::vector<const topology::link*> hop(static_cast<std::size_t>(p), nullptr);
+  std::vector<double> hop_s(static_cast<std::size_t>(p), 0.0);
+  double p2p_call = 0;
+  std::string_view p2p_link = "none";
+  for (int r = 0; r < p && p > 1; ++r) {
+    if (r == p - 1 && l.chunks == 1) break;
+    const topology::link* slowest = nullptr;
+    for (int d = 0; d < l.dp; ++d) {
+      for (int i = 0; i < t; ++i) {
+        const topology::link& lk = net.link_between(l.device(i, r, d), l.device(i, (r + 1) % p, d));
+        if (slowest == nullptr || lk.bandwidth < slowest->bandwidth ||
+            (lk.bandwidth == slowest->bandwidth && lk.latency > slowest->latency))
+          slowest = &lk;
+      }
+    }
+    hop[static_cast<std::size_t>(r)] = slowest;
+    hop_s[static_cast<std::size_t>(r)] = slowest->latency + static_cast<double>(msg_bytes) / slowest->bandwidth;
+    if (hop_s[static_cast<std::size_t>(r)] > p2p_call) {
+      p2p_call = hop_s[static_cast<std::size_t>(r)];
+      p2p_link = topology::name_of(slowest->kind);
+    }
   }
-  const double p2p_call = p > 1 ? p2p_latency + static_cast<double>(msg_bytes) / p2p_bw : 0.0;
-  out.pp = {0, p2p_call, detail::link_name(pp_group, mc.cluster)};
+  out.pp = {0, p2p_call, p2p_link};
 
   // --- compute per micro-batch per rank ----------------------------------------------------
   const bool split = l.schedule == pipeline::schedule_kind::zero_bubble_h1;
   const layer_cost fwd = layer_forward(m, b, t, l.sequence_parallel, g, cal);
-  const double layer_f = fwd.total() + 2.0 * tp_call;
-  // The backward's TP collectives: two, like the forward's, on the critical path; with
-  // tp_overlap the two column-parallel linears' collectives run during their GEMMs (only what
-  // outlasts a GEMM shows), and with SP the gathers of the gradient before the two
-  // row-parallel linears remain. A split schedule runs the weight-gradient GEMMs apart.
-  double tp_backward = 2.0 * tp_call;
-  if (l.tp_overlap && !split && t > 1) {
-    const auto shows = [](double comm, double gemm) { return std::max(0.0, comm - gemm); };
-    tp_backward = l.sequence_parallel
-                      ? 2.0 * tp_gather + shows(tp_gather, fwd.qkv_gemm_s) + shows(tp_scatter, fwd.qkv_gemm_s) +
-                            shows(tp_gather, fwd.up_gemm_s) + shows(tp_scatter, fwd.up_gemm_s)
-                      : shows(tp_call, fwd.qkv_gemm_s) + shows(tp_call, fwd.up_gemm_s);
-  }
+  // One layer's forward and backward with a pipeline rank's TP prices. The backward's TP
+  // collectives: two, like the forward's, on the critical path; with tp_overlap the two
+  // column-parallel linears' collectives run during their GEMMs (only what outlasts a GEMM
+  // shows), and with SP the gathers of the gradient before the two row-parallel linears
+  // remain. A split schedule runs the weight-gradient GEMMs apart.
   // The backward: input-gradient GEMMs (as many FLOPs as the forward's), the attention core and
   // the elementwise kernels twice over, the TP collectives, and what is recomputed (full: the
   // whole forward; selective: the attention core, its QK^T and AV GEMMs and its softmax and
   // dropout); the weight-gradient GEMMs (W) as many FLOPs as the forward's again.
-  double layer_b_input = fwd.gemm_s + 2.0 * (fwd.attention_s + fwd.elementwise_s) + tp_backward;
+  struct layer_times {
+    double f, b_input, tp_backward;
+  };
+  const auto layer_with = [&](const tp_price& q) {
+    layer_times lt{};
+    lt.f = fwd.total() + 2.0 * q.call;
+    lt.tp_backward = 2.0 * q.call;
+    if (l.tp_overlap && !split && t > 1) {
+      const auto shows = [](double comm, double gemm) { return std::max(0.0, comm - gemm); };
+      lt.tp_backward = l.sequence_parallel
+                           ? 2.0 * q.gather + shows(q.gather, fwd.qkv_gemm_s) + shows(q.scatter, fwd.qkv_gemm_s) +
+                                 shows(q.gather, fwd.up_gemm_s) + shows(q.scatter, fwd.up_gemm_s)
+                           : shows(q.call, fwd.qkv_gemm_s) + shows(q.call, fwd.up_gemm_s);
+    }
+    lt.b_input = fwd.gemm_s + 2.0 * (fwd.attention_s + fwd.elementwise_s) + lt.tp_backward;
+    if (l.recomputation == recompute::full) lt.b_input += lt.f;
+    if (l.recomputation == recompute::selective) lt.b_input += fwd.attention_s + fwd.core_elementwise_s;
+    return lt;
+  };
   const double layer_b_weight = fwd.gemm_s;
-  if (l.recomputation == recompute::full) layer_b_input += layer_f;
-  if (l.recomputation == recompute::selective) layer_b_input += fwd.attention_s + fwd.core_elementwise_s;
 
   // The logits and the cross-entropy (fp32, read and written three times) on the last rank.
   const double logit_gemm = detail::gemm_time(T, m.vocab / static_cast<double>(t), h, 1, g, cal);
@@ -539,14 +605,16 @@ inline std::vector<int> peak_in_flight(const pipeline::schedule& s) {
   std::vector<rank_cost> cost(static_cast<std::size_t>(p));
   for (int r = 0; r < p; ++r) {
     const double L = layers_of[static_cast<std::size_t>(r)];
+    const layer_times lt = layer_with(tp_of[static_cast<std::size_t>(r)]);
     rank_cost& c = cost[static_cast<std::size_t>(r)];
-    c.f = L * layer_f;
-    c.b = L * layer_b_input;
+    c.f = L * lt.f;
+    c.b = L * lt.b_input;
     c.w = L * layer_b_weight;
     if (l.p2p_blocking && p > 1) { // each F receives and sends an activation, each B a gradient
-      const double messages = (r > 0 ? 1.0 : 0.0) + (r < p - 1 ? 1.0 : 0.0);
-      c.f += messages * p2p_call * l.chunks;
-      c.b += messages * p2p_call * l.chunks;
+      const double messages = (r > 0 ? hop_s[static_cast<std::size_t>(r - 1)] : 0.0) +
+                              (r < p - 1 ? hop_s[static_cast<std::size_t>(r)] : 0.0);
+      c.f += messages * l.chunks;
+      c.b += messages * l.chunks;
     }
     if (r == p - 1) {
       c.f += logit_f;
@@ -588,7 +656,11 @@ inline std::vector<int> peak_in_flight(const pipeline::schedule& s) {
       },
       [&](const pipeline::action& a) {
         if (l.p2p_blocking) return 0.0; // already in the compute actions' costs
-        return p2p_latency + (p2p_bw > 0 ? static_cast<double>(a.bytes) / p2p_bw : 0.0);
+        // the hop the message crosses: a send's rank is one before its peer (activations) or
+        // one after it (gradients)
+        const int from = a.kind == pipeline::action_kind::send_activation ? (a.peer - 1 + p) % p : (a.peer + 1) % p;
+        const topology::link* lk = hop[static_cast<std::size_t>(a.kind == pipeline::action_kind::send_activation ? from : a.peer)];
+        return lk == nullptr ? 0.0 : lk->latency + static_cast<double>(a.bytes) / lk->bandwidth;
       });
   out.timeline = pipeline::timeline{std::move(times.start), std::move(times.end), 0.0};
   double busiest_busy = 0;
@@ -606,8 +678,10 @@ inline std::vector<int> peak_in_flight(const pipeline::schedule& s) {
     idle += out.pipeline_s - x;
   out.bubble = busiest_busy > 0 ? (out.pipeline_s - busiest_busy) / busiest_busy : 0.0;
   out.idle_fraction = out.pipeline_s > 0 ? idle / (p * out.pipeline_s) : 0.0;
-  out.tp.seconds = t > 1 ? out.microbatches * layers_of[static_cast<std::size_t>(busiest - cost.begin())] *
-                               (tp_call * (l.recomputation == recompute::full ? 4.0 : 2.0) + tp_backward)
+  const auto busiest_rank = static_cast<std::size_t>(busiest - cost.begin());
+  out.tp.seconds = t > 1 ? out.microbatches * layers_of[busiest_rank] *
+                               (tp_of[busiest_rank].call * (l.recomputation == recompute::full ? 4.0 : 2.0) +
+                                layer_with(tp_of[busiest_rank]).tp_backward)
                          : 0.0;
   out.pp.seconds = p > 1 ? 2.0 * out.microbatches * s.chunks * p2p_call : 0.0;
 
@@ -616,15 +690,30 @@ inline std::vector<int> peak_in_flight(const pipeline::schedule& s) {
   const auto grad_elems = static_cast<std::size_t>(rank_params);
   const auto grad_size = static_cast<std::size_t>(l.grad_bytes);
   double dp_time = 0;
+  std::string_view dp_link = "none";
   if (l.dp > 1) {
     // ZeRO-1 and 2 reduce-scatter the gradients and all-gather the updated weights: the two
     // halves of a ring all-reduce, priced as one. ZeRO-3 gathers the weights once more, for
-    // the backward (1.5x the traffic, as the ZeRO paper counts it).
-    dp_time = detail::price_group(collective::all_reduce, dp_group, grad_elems, grad_size, dp_net);
-    if (l.zero >= 3)
-      dp_time += detail::price_group(collective::all_gather, dp_group, grad_elems / static_cast<std::size_t>(l.dp), 2, dp_net);
+    // the backward (1.5x the traffic, as the ZeRO paper counts it). The slowest group's.
+    std::map<std::vector<int>, double> priced;
+    for (int r = 0; r < p; ++r) {
+      for (int i = 0; i < t; ++i) {
+        const std::vector<int> members = group(l.dp, [&](int d) { return l.device(i, r, d); });
+        auto [it, fresh] = priced.try_emplace(detail::node_pattern(members, mc.cluster), 0.0);
+        if (fresh) {
+          it->second = detail::price_group(collective::all_reduce, members, grad_elems, grad_size, dp_net);
+          if (l.zero >= 3)
+            it->second += detail::price_group(collective::all_gather, members,
+                                              grad_elems / static_cast<std::size_t>(l.dp), 2, dp_net);
+        }
+        if (it->second > dp_time || dp_link == "none") {
+          dp_time = it->second;
+          dp_link = detail::link_name(members, mc.cluster);
+        }
+      }
+    }
   }
-  out.dp = {dp_time, dp_time, detail::link_name(dp_group, mc.cluster)};
+  out.dp = {dp_time, dp_time, dp_link};
   if (l.overlap_dp) {
     const double window = out.backward_s + out.weight_s; // the last micro-batch's backward
     out.dp_exposed_s = std::max(dp_time / l.dp_buckets, dp_time - window);
