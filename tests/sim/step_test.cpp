@@ -187,8 +187,8 @@ TEST(sim_step, tp_groups_that_straddle_nodes_gate_the_step) {
   // tp 6 on DGX A100 nodes of 8: the group on devices 0-5 stays on NVLink, but {6..11} and
   // {12..17} straddle two nodes and cross InfiniBand; every pipeline rank's forward waits for
   // its slowest group's all-reduces. Reference: those groups' plans priced by the cost model
-  // on the node's links as the collectives reach them, with the 4 NICs each of the two TP groups
-  // on a node gets.
+  // on the node's links as the collectives reach them, with all 8 NICs of node 0 (the one
+  // group that leaves it uses them alone).
   model_spec m;
   m.name = "gpt-24-heads";
   m.layers = 12;
@@ -208,7 +208,7 @@ TEST(sim_step, tp_groups_that_straddle_nodes_gate_the_step) {
   const weft::topology::cluster net(d.devices_per_node(),
                                     {d.intra().kind, d.intra().bandwidth * cal.nvlink_fraction, d.intra().latency},
                                     {d.inter().kind, d.inter().bandwidth * cal.ib_fraction, d.inter().latency},
-                                    d.nics_per_node() / 2, d.reduce_bandwidth());
+                                    d.nics_per_node(), d.reduce_bandwidth());
   const auto act = static_cast<std::size_t>(m.seq * m.hidden);
   double straddling = 0, inside = 1e300;
   for (const std::vector<int>& g : {std::vector<int>{6, 7, 8, 9, 10, 11}, std::vector<int>{12, 13, 14, 15, 16, 17}}) {
@@ -267,10 +267,11 @@ TEST(sim_step, pipeline_hops_are_priced_on_the_link_each_one_crosses) {
 
 TEST(sim_step, dp_groups_that_straddle_nodes_gate_the_reduction) {
   // tp 2 x dp 3 x pp 2 on 2 DGX A100: the first stage's DP groups ({0,2,4}, {1,3,5}) stay on
-  // node 0, the second stage's ({6,8,10}, {7,9,11}) straddle both nodes. The step waits for the
-  // slowest. Reference: a straddling group's plans priced by the cost model with the 2 NICs each
-  // of the 4 DP groups with members on node 0 gets, for the first stage's gradients (the most:
-  // 12 layers, the embedding and the positions, over tp 2).
+  // node 0, the second stage's ({6,8,10}, {7,9,11}) straddle both nodes and cross its NICs
+  // together. The step waits for the slowest. Reference: the two straddling groups' plans merged
+  // and priced by the cost model (groups.hpp) on the node's links as collectives reach them, for
+  // the first stage's gradients (the most: 12 layers, the embedding and the positions, over
+  // tp 2); with 8, 2 and 1 NICs per node (the groups inside node 0 take none of them).
   model_spec m;
   m.name = "gpt-1.3b";
   m.layers = 24;
@@ -283,25 +284,30 @@ TEST(sim_step, dp_groups_that_straddle_nodes_gate_the_reduction) {
   l.pp = 2;
   l.dp = 3;
   l.global_batch = 6;
-  const auto& mc = dgx(a100_80gb, 2);
   const calibration cal = calibration_of(a100_80gb);
-  const step_result r = simulate_step(m, mc, l);
-  const auto& d = mc.cluster;
-  const weft::topology::cluster net(d.devices_per_node(),
-                                    {d.intra().kind, d.intra().bandwidth * cal.nvlink_fraction, d.intra().latency},
-                                    {d.inter().kind, d.inter().bandwidth * cal.ib_fraction, d.inter().latency},
-                                    d.nics_per_node() / 4, d.reduce_bandwidth());
   const auto grads = static_cast<std::size_t>((12 * (12.0 * 2048 * 2048 + 13 * 2048) + (51200.0 + 2048) * 2048) / 2);
-  double straddling = 1e300;
-  for (auto make : {&weft::algo::ring::make_plan, &weft::algo::hierarchical<weft::algo::ring, weft::algo::ring>::make_plan})
-    straddling = std::min(straddling, price_groups(weft::collective::all_reduce, {{6, 8, 10}}, net, grads, 2, make));
-  const double inside = price_groups(weft::collective::all_reduce, {{0, 2, 4}}, net, grads, 2, &weft::algo::ring::make_plan);
-  std::printf("  dp 3 groups over 2 nodes: the step prices %.1f ms on %s; a straddling group %.1f ms, one inside "
-              "node 0 %.1f ms\n",
-              r.dp.seconds * 1e3, std::string(r.dp.link).c_str(), straddling * 1e3, inside * 1e3);
-  EXPECT_EQ(r.dp.link, "ib");
-  EXPECT_GT(straddling, 3 * inside);
-  EXPECT_NEAR(r.dp.seconds, straddling, 0.10 * straddling);
+  for (int nics : {8, 2, 1}) {
+    const auto& d = dgx(a100_80gb, 2).cluster;
+    const machine mc{a100_80gb, weft::topology::cluster(d.devices_per_node(), d.intra(), d.inter(), nics,
+                                                        d.reduce_bandwidth())};
+    const step_result r = simulate_step(m, mc, l);
+    const weft::topology::cluster net(d.devices_per_node(),
+                                      {d.intra().kind, d.intra().bandwidth * cal.nvlink_fraction, d.intra().latency},
+                                      {d.inter().kind, d.inter().bandwidth * cal.ib_fraction, d.inter().latency},
+                                      nics, d.reduce_bandwidth());
+    double straddling = 1e300;
+    for (auto make : {&weft::algo::ring::make_plan, &weft::algo::hierarchical<weft::algo::ring, weft::algo::ring>::make_plan})
+      straddling = std::min(straddling, price_groups(weft::collective::all_reduce, {{6, 8, 10}, {7, 9, 11}}, net,
+                                                     grads, 2, make));
+    const double inside = price_groups(weft::collective::all_reduce, {{0, 2, 4}, {1, 3, 5}}, net, grads, 2,
+                                       &weft::algo::ring::make_plan);
+    std::printf("  dp 3 groups over 2 nodes of %d NICs: the step prices %.1f ms on %s; the straddling groups %.1f ms, "
+                "those inside node 0 %.1f ms\n",
+                nics, r.dp.seconds * 1e3, std::string(r.dp.link).c_str(), straddling * 1e3, inside * 1e3);
+    EXPECT_EQ(r.dp.link, "ib");
+    EXPECT_GT(straddling, 3 * inside);
+    EXPECT_NEAR(r.dp.seconds, straddling, 0.10 * straddling) << nics << " NICs";
+  }
 }
 
 TEST(sim_step, tp_collectives_on_nvlink_reach_the_calibrated_bus_bandwidth) {

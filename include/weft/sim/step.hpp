@@ -466,8 +466,8 @@ inline std::vector<int> peak_in_flight(const pipeline::schedule& s) {
       g[static_cast<std::size_t>(i)] = device_of(i);
     return g;
   };
-  // How many TP and DP groups have members on one node (the first): they run their
-  // collectives at once and share its NICs.
+  // How many TP and DP groups have members on one node (the first) and others elsewhere: they
+  // run their collectives at once and share its NICs (a group inside the node uses none).
   int tp_sharing = 0, dp_sharing = 0;
   {
     std::vector<std::pair<int, int>> tp_keys, dp_keys;
@@ -486,12 +486,19 @@ inline std::vector<int> peak_in_flight(const pipeline::schedule& s) {
       tp_keys.emplace_back(pi, di);
       dp_keys.emplace_back(ti, pi);
     }
+    const auto leaves = [&](int n, auto&& device_of) {
+      for (int i = 0; i < n; ++i)
+        if (mc.cluster.node_of(device_of(i)) != 0) return true;
+      return false;
+    };
     for (auto* keys : {&tp_keys, &dp_keys}) {
       std::sort(keys->begin(), keys->end());
       keys->erase(std::unique(keys->begin(), keys->end()), keys->end());
     }
-    tp_sharing = static_cast<int>(tp_keys.size());
-    dp_sharing = static_cast<int>(dp_keys.size());
+    for (const auto& [pi, di] : tp_keys)
+      tp_sharing += leaves(t, [&](int i) { return l.device(i, pi, di); }) ? 1 : 0;
+    for (const auto& [ti, pi] : dp_keys)
+      dp_sharing += leaves(l.dp, [&](int d) { return l.device(ti, pi, d); }) ? 1 : 0;
   }
   const topology::cluster tp_net = detail::nic_share(net, tp_sharing);
   const topology::cluster dp_net = detail::nic_share(net, dp_sharing);
