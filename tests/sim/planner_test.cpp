@@ -138,6 +138,25 @@ TEST(sim_planner, memory_estimate_is_the_simulated_memory) {
   }
 }
 
+TEST(sim_planner, grouped_query_attention_keeps_tp_within_the_key_value_heads) {
+  // 64 query heads in 4 key-value groups on 2 DGX H100: TP 8 and 16 divide the heads but not
+  // the groups, so only TP 1, 2 and 4 are meshes (Megatron-core splits the groups over TP).
+  model_spec m = gpt("gqa-13b", 40, 5120, 64, 32000);
+  m.kv_heads = 4;
+  search_options o;
+  o.global_batch = 64;
+  const search_result s = search(m, dgx(h100_sxm, 2), o);
+  ASSERT_FALSE(s.ranked.empty());
+  std::map<int, int> by_tp;
+  for (const ranked_layout& x : s.ranked)
+    ++by_tp[x.l.tp];
+  for (const auto& [tp, n] : by_tp) {
+    std::printf("  tp %d: %d meshes\n", tp, n);
+    EXPECT_EQ(4 % tp, 0) << "tp " << tp;
+  }
+  EXPECT_EQ(by_tp.count(4), 1u);
+}
+
 TEST(sim_planner, nothing_fits_throws) {
   const model_spec m = gpt("gpt-175b", 96, 12288, 96, 51200);
   search_options o;

@@ -502,6 +502,13 @@ TEST(sim_step, bad_layouts_throw_and_say_why) {
   l = {};
   l.chunks = 2;
   EXPECT_NE(message(l).find("interleaved"), std::string::npos) << message(l);
+  // Grouped-query attention: TP splits the key-value heads too (Megatron-core's query groups).
+  m.kv_heads = 2;
+  l = {};
+  l.tp = 4;
+  EXPECT_NE(message(l).find("tp 4 does not divide the 2 key-value heads"), std::string::npos) << message(l);
+  l.tp = 2;
+  EXPECT_EQ(message(l), "no error");
 }
 
 } // namespace

@@ -278,7 +278,8 @@ std::string text(const sim::model_spec& m, const sim::layout& l, const sim::step
   const double gib = 1024.0 * 1024 * 1024;
   char buf[512];
   std::string o = m.name + " (" + num(m.parameters() / 1e9) + "B parameters) on " +
-                  std::to_string(mc.cluster.size()) + " " + std::string(mc.device.name) + ": " +
+                  std::to_string(mc.cluster.size()) + " " + std::string(mc.device.name) +
+                  (l.gpus() < mc.cluster.size() ? " (" + std::to_string(l.gpus()) + " of them used)" : "") + ": " +
                   sim::describe(l) + "\n";
   std::snprintf(buf, sizeof buf,
                 "  step %.3f s, %d micro-batches; %.1f TFLOP/s per GPU (SC21 Eq. 3), %.1f model TFLOP/s (MFU %.1f%%)\n"

@@ -66,7 +66,7 @@ struct search_result {
   const double limit = o.memory_limit > 0 ? o.memory_limit : mc.device.hbm_bytes;
   search_result out;
   for (int tp = 1; tp <= max_tp && tp <= gpus; tp *= 2) {
-    if (m.heads % tp != 0) continue;
+    if (m.heads % tp != 0 || (m.kv_heads > 0 && m.kv_heads % tp != 0)) continue;
     for (int pp = 1; pp <= m.layers && tp * pp <= gpus; ++pp) {
       if (m.layers % pp != 0 || gpus % (tp * pp) != 0) continue;
       const int dp = gpus / (tp * pp);

@@ -340,6 +340,9 @@ inline void check_layout(const model_spec& m, const machine& mc, const layout& l
          std::to_string(l.dp * l.micro_batch));
   if (m.heads % l.tp != 0)
     fail("tp " + std::to_string(l.tp) + " does not divide the " + std::to_string(m.heads) + " heads");
+  if (m.kv_heads > 0 && m.kv_heads % l.tp != 0) // Megatron-core splits the key-value groups over TP
+    fail("tp " + std::to_string(l.tp) + " does not divide the " + std::to_string(m.kv_heads) +
+         " key-value heads (grouped-query attention)");
   if (m.layers < l.pp * l.chunks)
     fail(std::to_string(m.layers) + " layers cannot fill pp * chunks = " +
          std::to_string(l.pp * l.chunks) + " model chunks");
@@ -683,7 +686,8 @@ inline std::vector<int> peak_in_flight(const pipeline::schedule& s) {
   out.pipeline_s = out.timeline.step_time;
   for (double x : busy)
     idle += out.pipeline_s - x;
-  out.bubble = busiest_busy > 0 ? (out.pipeline_s - busiest_busy) / busiest_busy : 0.0;
+  // (clamped: with one stage the two differ by rounding only)
+  out.bubble = busiest_busy > 0 ? std::max(0.0, (out.pipeline_s - busiest_busy) / busiest_busy) : 0.0;
   out.idle_fraction = out.pipeline_s > 0 ? idle / (p * out.pipeline_s) : 0.0;
   const auto busiest_rank = static_cast<std::size_t>(busiest - cost.begin());
   out.tp.seconds = t > 1 ? out.microbatches * layers_of[busiest_rank] *
