@@ -11,6 +11,7 @@
 // layout cannot be simulated or nothing fits.
 #include <weft/sim.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <exception>
@@ -138,6 +139,7 @@ config parse(const std::vector<std::string_view>& args) {
   config c;
   c.model.name = "model";
   bool has_preset = false, has_shape = false;
+  std::vector<std::string_view> seen; // the options with values given so far
   for (std::size_t i = 0; i < args.size(); ++i) {
     std::string_view flag = args[i];
     std::optional<std::string_view> inline_value;
@@ -166,6 +168,9 @@ config parse(const std::vector<std::string_view>& args) {
     for (std::string_view k : valued)
       known = known || flag == k;
     if (!known) bad("unknown option '" + std::string(args[i]) + "' (see weft-plan --help)");
+    // A second value would silently replace the first: say so instead.
+    if (std::find(seen.begin(), seen.end(), flag) != seen.end()) bad(std::string(flag) + " is given twice");
+    seen.push_back(flag);
     if (!inline_value && i + 1 == args.size()) bad(std::string(flag) + " needs a value");
     const std::string_view v = inline_value ? *inline_value : args[++i];
     if (flag == "--model") {
