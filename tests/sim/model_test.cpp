@@ -1,6 +1,8 @@
 // The model spec's arithmetic against the published formulas and figures: SC21 Eq. 2 and 3
 // written out here, the parameter counts of SC21 Table 1, the ZeRO paper's memory example,
 // Korthikanti et al.'s Table 2, and the 1F1B bubble of the mission brief.
+#include "sim/gpt.hpp"
+
 #include <weft/pipeline/generators.hpp>
 #include <weft/pipeline/stats.hpp>
 #include <weft/sim/model.hpp>
@@ -15,16 +17,7 @@ namespace {
 using weft::sim::model_spec;
 using weft::sim::recompute;
 
-model_spec gpt(int layers, int hidden, int heads, int vocab = 51200, int seq = 2048) {
-  model_spec m;
-  m.name = "gpt";
-  m.layers = layers;
-  m.hidden = hidden;
-  m.heads = heads;
-  m.seq = seq;
-  m.vocab = vocab;
-  return m;
-}
+using weft_test::gpt;
 
 TEST(sim_model, parameters_follow_sc21_eq2_and_table1) {
   // SC21 Table 1: (layers, hidden, heads, published billions).
@@ -34,7 +27,7 @@ TEST(sim_model, parameters_follow_sc21_eq2_and_table1) {
   };
   for (const row r : {row{24, 2304, 24, 1.7}, row{40, 6144, 48, 18.4}, row{80, 12288, 96, 145.6},
                       row{96, 16384, 128, 310.1}, row{128, 25600, 160, 1008.0}}) {
-    const model_spec m = gpt(r.l, r.h, r.a);
+    const model_spec m = gpt("gpt", r.l, r.h, r.a);
     const double l = r.l, h = r.h, V = 51200, s = 2048;
     const double eq2 = 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h));
     EXPECT_NEAR(m.parameters(), eq2, eq2 * 1e-12) << r.billions;
@@ -50,7 +43,7 @@ TEST(sim_model, parameters_follow_sc21_eq2_and_table1) {
 // layer, under 0.01%; an output layer tied to the embedding would be 0.4% and 0.5% short.
 TEST(sim_model, llama_parameters_are_the_published_counts) {
   const auto llama = [](int l, int h, int a, int g, int f, int v) {
-    model_spec m = gpt(l, h, a, v, 4096);
+    model_spec m = gpt("gpt", l, h, a, v, 4096);
     m.kv_heads = g;
     m.ffn = f;
     m.gated = true;
@@ -64,7 +57,7 @@ TEST(sim_model, llama_parameters_are_the_published_counts) {
 }
 
 TEST(sim_model, flops_with_full_recompute_are_sc21_eq3) {
-  const model_spec m = gpt(105, 20480, 128, 50272);
+  const model_spec m = gpt("gpt", 105, 20480, 128, 50272);
   const double B = 1920, s = 2048, l = 105, h = 20480, V = 50272;
   const double eq3 = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
   EXPECT_NEAR(m.hardware_flops(B, recompute::full), eq3, eq3 * 1e-12);
@@ -94,7 +87,7 @@ TEST(sim_model, zero_paper_example) {
 }
 
 TEST(sim_model, activation_memory_is_korthikanti_table2) {
-  const model_spec m = gpt(96, 12288, 96); // GPT-3 175B
+  const model_spec m = gpt("gpt", 96, 12288, 96); // GPT-3 175B
   const double s = 2048, b = 1, h = 12288, a = 96, t = 8;
   const auto act = [&](bool sp, recompute r) {
     return weft::sim::activation_bytes_per_layer(m, b, static_cast<int>(t), sp, r);
@@ -138,9 +131,9 @@ TEST(sim_model, one_f_one_b_bubble_with_8_stages_and_64_microbatches_is_about_11
 }
 
 TEST(sim_model, bad_specs_throw) {
-  model_spec m = gpt(2, 64, 3);
+  model_spec m = gpt("gpt", 2, 64, 3);
   EXPECT_THROW(m.check(), weft::error); // 64 is not a multiple of 3 heads
-  m = gpt(0, 64, 4);
+  m = gpt("gpt", 0, 64, 4);
   EXPECT_THROW(m.check(), weft::error);
   EXPECT_THROW((void)weft::sim::recompute_named("some"), weft::error);
   EXPECT_EQ(weft::sim::recompute_named("selective"), recompute::selective);

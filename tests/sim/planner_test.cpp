@@ -1,5 +1,7 @@
 // The planner: the published MT-NLG mesh among the top 5, the pruning of memory savers checked
 // against brute force on a small cluster, and memory limits honoured.
+#include "sim/gpt.hpp"
+
 #include <weft/sim/planner.hpp>
 
 #include <gtest/gtest.h>
@@ -14,16 +16,7 @@ namespace {
 using namespace weft::sim;
 namespace pl = weft::pipeline;
 
-model_spec gpt(std::string name, int layers, int hidden, int heads, int vocab) {
-  model_spec m;
-  m.name = std::move(name);
-  m.layers = layers;
-  m.hidden = hidden;
-  m.heads = heads;
-  m.seq = 2048;
-  m.vocab = vocab;
-  return m;
-}
+using weft_test::gpt;
 
 TEST(sim_planner, mt_nlg_published_mesh_is_in_the_top_5) {
   const model_spec m = gpt("mt-nlg-530b", 105, 20480, 128, 50272);

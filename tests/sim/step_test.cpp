@@ -1,5 +1,6 @@
 // The step simulation against published runs (data/published_runs.csv), the mission brief's
 // placement claim, and the mechanics a reader can check by hand.
+#include "sim/gpt.hpp"
 #include "sim/published_runs.hpp"
 
 #include <weft/sim/groups.hpp>
@@ -10,10 +11,22 @@
 #include <ctime>
 #include <cmath>
 #include <cstdio>
+#include <string>
 
 namespace {
 
 using namespace weft::sim;
+
+using weft_test::gpt;
+
+// `d`'s links as collectives reach them (calibration.hpp's shares), with `nics` NICs per node.
+weft::topology::cluster achieved_links(const weft::topology::cluster& d, const calibration& cal, int nics) {
+  return {d.devices_per_node(),
+          {d.intra().kind, d.intra().bandwidth * cal.nvlink_fraction, d.intra().latency},
+          {d.inter().kind, d.inter().bandwidth * cal.ib_fraction, d.inter().latency},
+          nics,
+          d.reduce_bandwidth()};
+}
 
 // Tuning rows (the constants were fitted to them) within 10%; held-out rows: the goal is 10%, the
 // bound 12%, and the count within 10% may not fall below what docs/sim.md reports.
@@ -100,13 +113,7 @@ TEST(sim_step, tp8_across_dgx_h100_nodes_loses_more_than_half_the_throughput) {
 }
 
 TEST(sim_step, pipeline_bubble_and_memory_of_a_simple_layout) {
-  model_spec m;
-  m.name = "gpt-small";
-  m.layers = 16;
-  m.hidden = 2048;
-  m.heads = 16;
-  m.seq = 2048;
-  m.vocab = 128; // logits too small to unbalance the last stage
+  model_spec m = gpt("gpt-small", 16, 2048, 16, 128); // logits too small to unbalance the last stage
   layout l;
   l.pp = 8;
   l.dp = 1;
@@ -142,13 +149,7 @@ TEST(sim_step, dp_groups_sharing_a_nodes_nics_are_priced_as_if_run_together) {
   // tp 2 x dp 8 on 2 DGX A100: the two DP groups {0,2,..,14} and {1,3,..,15} cross the nodes at
   // once through the same NICs. The step splits the NICs between them; pricing both groups'
   // merged plans (groups.hpp) is the reference.
-  model_spec m;
-  m.name = "gpt-1.3b";
-  m.layers = 24;
-  m.hidden = 2048;
-  m.heads = 16;
-  m.seq = 2048;
-  m.vocab = 51200;
+  model_spec m = gpt("gpt-1.3b", 24, 2048, 16, 51200);
   layout l;
   l.tp = 2;
   l.dp = 8;
@@ -166,10 +167,7 @@ TEST(sim_step, dp_groups_sharing_a_nodes_nics_are_priced_as_if_run_together) {
     const machine mc{a100_80gb, weft::topology::cluster(d.devices_per_node(), d.intra(), d.inter(), nics,
                                                         d.reduce_bandwidth())};
     const step_result r = simulate_step(m, mc, l);
-    const weft::topology::cluster net(d.devices_per_node(),
-                                      {d.intra().kind, d.intra().bandwidth * cal.nvlink_fraction, d.intra().latency},
-                                      {d.inter().kind, d.inter().bandwidth * cal.ib_fraction, d.inter().latency},
-                                      nics, d.reduce_bandwidth());
+    const weft::topology::cluster net = achieved_links(d, cal, nics);
     double together = 1e300;
     for (auto make : {&weft::algo::ring::make_plan, &weft::algo::hierarchical<weft::algo::ring, weft::algo::ring>::make_plan})
       together = std::min(together, price_groups(weft::collective::all_reduce, {even, odd}, net,
@@ -189,13 +187,7 @@ TEST(sim_step, tp_groups_that_straddle_nodes_gate_the_step) {
   // its slowest group's all-reduces. Reference: those groups' plans priced by the cost model
   // on the node's links as the collectives reach them, with all 8 NICs of node 0 (the one
   // group that leaves it uses them alone).
-  model_spec m;
-  m.name = "gpt-24-heads";
-  m.layers = 12;
-  m.hidden = 3072;
-  m.heads = 24;
-  m.seq = 2048;
-  m.vocab = 51200;
+  model_spec m = gpt("gpt-24-heads", 12, 3072, 24, 51200);
   layout l;
   l.tp = 6;
   l.pp = 2;
@@ -205,10 +197,7 @@ TEST(sim_step, tp_groups_that_straddle_nodes_gate_the_step) {
   const calibration cal = calibration_of(a100_80gb);
   const step_result r = simulate_step(m, mc, l);
   const auto& d = mc.cluster;
-  const weft::topology::cluster net(d.devices_per_node(),
-                                    {d.intra().kind, d.intra().bandwidth * cal.nvlink_fraction, d.intra().latency},
-                                    {d.inter().kind, d.inter().bandwidth * cal.ib_fraction, d.inter().latency},
-                                    d.nics_per_node(), d.reduce_bandwidth());
+  const weft::topology::cluster net = achieved_links(d, cal, d.nics_per_node());
   const auto act = static_cast<std::size_t>(m.seq * m.hidden);
   double straddling = 0, inside = 1e300;
   for (const std::vector<int>& g : {std::vector<int>{6, 7, 8, 9, 10, 11}, std::vector<int>{12, 13, 14, 15, 16, 17}}) {
@@ -234,13 +223,7 @@ TEST(sim_step, tp_groups_that_straddle_nodes_gate_the_step) {
 TEST(sim_step, pipeline_hops_are_priced_on_the_link_each_one_crosses) {
   // tp 2 x dp 2 x pp 4 on 2 DGX A100: stages 0 and 1 on the first node, 2 and 3 on the second.
   // The hop from stage 1 to 2 crosses InfiniBand; pricing stage 0 to 1 alone would say NVLink.
-  model_spec m;
-  m.name = "gpt-1.3b";
-  m.layers = 24;
-  m.hidden = 2048;
-  m.heads = 16;
-  m.seq = 2048;
-  m.vocab = 51200;
+  model_spec m = gpt("gpt-1.3b", 24, 2048, 16, 51200);
   layout l;
   l.tp = 2;
   l.pp = 4;
@@ -272,13 +255,7 @@ TEST(sim_step, dp_groups_that_straddle_nodes_gate_the_reduction) {
   // and priced by the cost model (groups.hpp) on the node's links as collectives reach them, for
   // the first stage's gradients (the most: 12 layers, the embedding and the positions, over
   // tp 2); with 8, 2 and 1 NICs per node (the groups inside node 0 take none of them).
-  model_spec m;
-  m.name = "gpt-1.3b";
-  m.layers = 24;
-  m.hidden = 2048;
-  m.heads = 16;
-  m.seq = 2048;
-  m.vocab = 51200;
+  model_spec m = gpt("gpt-1.3b", 24, 2048, 16, 51200);
   layout l;
   l.tp = 2;
   l.pp = 2;
@@ -291,10 +268,7 @@ TEST(sim_step, dp_groups_that_straddle_nodes_gate_the_reduction) {
     const machine mc{a100_80gb, weft::topology::cluster(d.devices_per_node(), d.intra(), d.inter(), nics,
                                                         d.reduce_bandwidth())};
     const step_result r = simulate_step(m, mc, l);
-    const weft::topology::cluster net(d.devices_per_node(),
-                                      {d.intra().kind, d.intra().bandwidth * cal.nvlink_fraction, d.intra().latency},
-                                      {d.inter().kind, d.inter().bandwidth * cal.ib_fraction, d.inter().latency},
-                                      nics, d.reduce_bandwidth());
+    const weft::topology::cluster net = achieved_links(d, cal, nics);
     double straddling = 1e300;
     for (auto make : {&weft::algo::ring::make_plan, &weft::algo::hierarchical<weft::algo::ring, weft::algo::ring>::make_plan})
       straddling = std::min(straddling, price_groups(weft::collective::all_reduce, {{6, 8, 10}, {7, 9, 11}}, net,
@@ -329,14 +303,7 @@ TEST(sim_step, tp_collectives_on_nvlink_reach_the_calibrated_bus_bandwidth) {
 }
 
 model_spec gpt_22b() {
-  model_spec m;
-  m.name = "gpt-22b";
-  m.layers = 4;
-  m.hidden = 6144;
-  m.heads = 64;
-  m.seq = 2048;
-  m.vocab = 64; // no logits to speak of
-  return m;
+  return gpt("gpt-22b", 4, 6144, 64, 64); // no logits to speak of
 }
 
 TEST(sim_step, selective_recompute_reruns_the_attention_core_with_its_softmax_and_dropout) {
@@ -443,13 +410,7 @@ TEST(sim_step, gemm_efficiency_saturates_and_bounds_by_memory) {
 }
 
 TEST(sim_step, one_layout_of_a_1t_model_on_3072_gpus_takes_under_a_second) {
-  model_spec m;
-  m.name = "gpt-1t";
-  m.layers = 128;
-  m.hidden = 25600;
-  m.heads = 160;
-  m.seq = 2048;
-  m.vocab = 51200;
+  model_spec m = gpt("gpt-1t", 128, 25600, 160, 51200);
   layout l;
   l.tp = 8;
   l.pp = 64;
@@ -470,13 +431,7 @@ TEST(sim_step, one_layout_of_a_1t_model_on_3072_gpus_takes_under_a_second) {
 }
 
 TEST(sim_step, bad_layouts_throw_and_say_why) {
-  model_spec m;
-  m.name = "m";
-  m.layers = 4;
-  m.hidden = 256;
-  m.heads = 4;
-  m.seq = 128;
-  m.vocab = 1000;
+  model_spec m = gpt("m", 4, 256, 4, 1000, 128);
   const machine mc = dgx(a100_80gb, 1);
   const auto message = [&](layout l) {
     try {
