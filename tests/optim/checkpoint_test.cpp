@@ -8,9 +8,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 #include <unistd.h>
 
 namespace {
@@ -80,12 +83,17 @@ TEST(checkpoint, a_crashed_save_leaves_the_previous_checkpoint_loadable) {
   for (const auto& f : fs::directory_iterator(d.path)) leftovers += f.path().filename().string().find("g2-") == 0;
   EXPECT_GT(leftovers, 0u);  // the crashed saves did leave files behind
   EXPECT_EQ(resume<wo::zero<1>>(m, 2, d.path, true, 5, false), uninterrupted);
-  // A later good save cleans up what the crashes left.
+  // A later good save cleans up what the crashes left, and only that: a user's files that
+  // look alike stay.
+  const std::vector<std::string> users = {"gpt-rank0.log", "grads-rank1.npy", "g2-rank0-of4.weft.bak", "g-rank0-of4.weft"};
+  for (const auto& u : users) std::ofstream(d.path / u) << "mine";
   (void)resume<wo::zero<1>>(m, 2, d.path, true, 0, true);
   for (const auto& f : fs::directory_iterator(d.path)) {
     const auto name = f.path().filename().string();
-    EXPECT_TRUE(name == "index.json" || name.find("-of2.weft") != std::string::npos) << name;
+    const bool user = std::find(users.begin(), users.end(), name) != users.end();
+    EXPECT_TRUE(user || name == "index.json" || name.find("-of2.weft") != std::string::npos) << name;
   }
+  for (const auto& u : users) EXPECT_TRUE(fs::exists(d.path / u)) << u << " was deleted";
 }
 
 std::vector<std::byte> slurp(const fs::path& p) {
@@ -137,7 +145,36 @@ TEST(checkpoint, damage_is_reported_with_file_and_tensor) {
   EXPECT_NE(what.find(e.name), std::string::npos) << what;
   EXPECT_NE(what.find("truncated"), std::string::npos) << what;
 
+  // A load that fails leaves the optimizer as it was: the weights it was set to, no state (on
+  // one rank, which reads every file; across ranks, one that read its part cleanly goes on to
+  // the all-gather and is told that another failed).
+  spit(victim, flipped);
+  local::run(1, [&](local::communicator& c) {
+    auto opt = wo::make_data_parallel<wo::zero<1>, float>(c, m.params, rule, opts);
+    opt->set_parameters(m.initial());
+    EXPECT_THROW(ck::load(*opt, c, d.path), error);
+    EXPECT_EQ(opt->gather_parameters(), m.initial());
+    EXPECT_EQ(opt->steps(), 0);
+    for (const auto& b : opt->buckets().buckets()) {
+      for (std::size_t j = 0; j < opt->slots(); ++j) {
+        for (float x : opt->shard_state(b, j)) EXPECT_EQ(x, 0.0f);
+      }
+    }
+  });
+
+  // An index that names one rank's file twice and another's not at all.
   spit(victim, good);
+  const auto index_text = slurp(d.path / "index.json");
+  std::string text(reinterpret_cast<const char*>(index_text.data()), index_text.size());
+  const auto at = text.find("\"" + idx.files[1] + "\"");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at + 1, idx.files[1].size(), idx.files[0]);
+  std::vector<std::byte> edited(text.size());
+  std::memcpy(edited.data(), text.data(), text.size());
+  spit(d.path / "index.json", edited);
+  what = load_error(m, d.path);
+  EXPECT_NE(what.find("is given twice"), std::string::npos) << what;
+  spit(d.path / "index.json", index_text);
   EXPECT_EQ(load_error(m, d.path), "");
 }
 
@@ -213,6 +250,39 @@ TEST(checkpoint, half_parameters_keep_master_weights_and_loss_scale) {
     // One more good step: the second of the interval.
     train_steps(*opt, m, batch * c.rank() / 4, batch * (c.rank() + 1) / 4, 1, 1.0f / batch);
     EXPECT_EQ(opt->loss_scale(), 4096.0f);
+  });
+}
+
+// A half run's checkpoint resumed in float (or bf16) does not carry its loss scale over: the
+// float run does not scale its loss and would multiply its gradients by 2048 unasked. And a
+// float run's checkpoint resumed in half keeps the half run's own initial scale, not 1.
+TEST(checkpoint, the_loss_scale_follows_the_optimizer_that_scales) {
+  const l1_linear m(batch);
+  temp_dir d("scale");
+  wo::data_parallel_options o = opts;
+  o.scaling = {.initial = 1024.0f, .interval = 2};
+  local::run(2, [&](local::communicator& c) {
+    auto opt = wo::make_data_parallel<wo::zero<1>, half>(c, m.params, rule, o);
+    opt->set_parameters(m.initial());
+    train_steps(*opt, m, batch * c.rank() / 2, batch * (c.rank() + 1) / 2, 3, 1.0f / batch);
+    EXPECT_EQ(opt->loss_scale(), 2048.0f);
+    ck::save(*opt, c, d.path);
+  });
+  local::run(2, [&](local::communicator& c) {
+    auto f = wo::make_data_parallel<wo::zero<1>, float>(c, m.params, rule, o);
+    ck::load(*f, c, d.path);
+    EXPECT_EQ(f->loss_scale(), 1.0f);
+    EXPECT_EQ(f->steps(), 3);
+    auto b = wo::make_data_parallel<wo::zero<1>, bfloat16>(c, m.params, rule, o);
+    ck::load(*b, c, d.path);
+    EXPECT_EQ(b->loss_scale(), 1.0f);
+    ck::save(*f, c, d.path);
+  });
+  local::run(2, [&](local::communicator& c) {
+    auto h = wo::make_data_parallel<wo::zero<1>, half>(c, m.params, rule, o);
+    ck::load(*h, c, d.path);
+    EXPECT_EQ(h->loss_scale(), 1024.0f);
+    EXPECT_EQ(h->steps(), 3);
   });
 }
 

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -188,6 +189,95 @@ TEST(data_parallel, bad_input_is_reported) {
   ps.add("a", {2});
   EXPECT_THROW(ps.add("a", {3}), error);
   EXPECT_THROW(ps.mark_tied_copy(ps.tensors().size()), error);
+}
+
+// Ranks that complete their gradients in different orders (a backward's order is not fixed:
+// MoE experts, conditional branches), or leave a tensor for step() to count as zero, still
+// reduce bucket with bucket: SGD with lr 1 from 0 gives minus the summed gradients. Reference:
+// the sums by hand (a: 1 + 2, b: 100 + 200; a unmarked on rank 0 counts 0 there).
+template <class Policy>
+void check_marking_order(bool overlap) {
+  wo::param_set ps;
+  ps.add("a", {4});
+  ps.add("b", {4});
+  for (const bool unused : {false, true}) {
+    local::run(2, [&](local::communicator& c) {
+      auto opt = wo::make_data_parallel<Policy>(c, ps, wo::sgd{.lr = 1.0f}, {.bucket_elements = 4, .overlap = overlap});
+      opt->set_parameters(std::vector<float>(8, 0.0f));
+      const auto r = static_cast<float>(c.rank() + 1);
+      std::vector<std::string> order = c.rank() == 0 ? std::vector<std::string>{"a", "b"} : std::vector<std::string>{"b", "a"};
+      if (unused && c.rank() == 0) order = {"b"};
+      for (const auto& n : order) {
+        for (auto& x : opt->grad(n)) x = (n == "a" ? 1.0f : 100.0f) * r;
+        opt->grad_ready(n);
+      }
+      (void)opt->step();
+      const auto p = opt->gather_parameters();
+      const float a = unused ? -2.0f : -3.0f;
+      for (std::size_t i = 0; i < 4; ++i) {
+        EXPECT_EQ(p[i], a) << "a[" << i << "] on rank " << c.rank() << (unused ? ", a unmarked on rank 0" : "");
+        EXPECT_EQ(p[4 + i], -300.0f) << "b[" << i << "] on rank " << c.rank();
+      }
+    });
+  }
+}
+
+TEST(data_parallel, ranks_marking_gradients_in_different_orders_reduce_the_same_buckets) {
+  for (const bool overlap : {false, true}) {
+    check_marking_order<wo::zero<0>>(overlap);
+    check_marking_order<wo::zero<1>>(overlap);
+    check_marking_order<wo::zero<2>>(overlap);
+    check_marking_order<wo::zero<3>>(overlap);
+  }
+}
+
+// An empty tensor after the last bucket closed joins it (it had a bucket index past the end).
+TEST(data_parallel, an_empty_last_tensor_joins_the_last_bucket) {
+  wo::param_set ps;
+  ps.add("w", {8});
+  ps.add("empty", {0});
+  const wo::layout l(ps, 4, 2);
+  ASSERT_EQ(l.buckets().size(), 1u);
+  EXPECT_EQ(l.tensors()[1].bucket, 0u);
+  EXPECT_EQ(l.buckets()[0].end_tensor, 2u);
+  local::run(2, [&](local::communicator& c) {
+    auto opt = wo::make_data_parallel<wo::zero<1>>(c, ps, wo::sgd{.lr = 1.0f}, {.bucket_elements = 4});
+    opt->set_parameters(std::vector<float>(8, 0.0f));
+    for (auto& x : opt->grad("w")) x = 1.0f;
+    opt->grad_ready("w");
+    opt->grad_ready("empty");
+    (void)opt->step();
+    EXPECT_EQ(opt->gather_parameters(), std::vector<float>(8, -2.0f));
+  });
+}
+
+// Hyper-parameters PyTorch refuses (ValueError) are refused before anything collective runs.
+TEST(data_parallel, out_of_range_hyper_parameters_are_refused) {
+  wo::param_set ps;
+  ps.add("w", {4});
+  const auto message = [&](auto rule, wo::data_parallel_options o = {}) {
+    std::string what;
+    local::run(1, [&](local::communicator& c) {
+      try {
+        (void)wo::make_data_parallel<wo::zero<0>>(c, ps, rule, o);
+      } catch (const error& e) {
+        what = e.what();
+      }
+    });
+    return what;
+  };
+  EXPECT_NE(message(wo::adamw{.beta1 = 1.0f}).find("adamw: beta1 must be in [0, 1), not 1"), std::string::npos);
+  EXPECT_NE(message(wo::adam{.beta2 = 1.5f}).find("adam: beta2 must be in [0, 1), not 1.5"), std::string::npos);
+  EXPECT_NE(message(wo::adamw{.lr = -1e-3f}).find("adamw: lr must be a finite number >= 0, not -0.001"),
+            std::string::npos);
+  EXPECT_NE(message(wo::adamw{.eps = -1e-8f}).find("eps"), std::string::npos);
+  EXPECT_NE(message(wo::adamw{.weight_decay = -0.1f}).find("weight_decay"), std::string::npos);
+  EXPECT_NE(message(wo::sgd{.lr = std::numeric_limits<float>::quiet_NaN()}).find("sgd: lr must be"), std::string::npos);
+  EXPECT_NE(message(wo::sgd{.momentum = -0.9f}).find("momentum"), std::string::npos);
+  EXPECT_NE(message(wo::sgd{.nesterov = true}).find("Nesterov momentum needs momentum > 0"), std::string::npos);
+  EXPECT_NE(message(wo::sgd{}, {.scaling = {.min_scale = 0.0f}}).find("0 < min_scale <= initial"), std::string::npos);
+  EXPECT_EQ(message(wo::adamw{.lr = 0.0f, .beta1 = 0.0f, .beta2 = 0.0f, .eps = 0.0f, .weight_decay = 0.0f}), "");
+  EXPECT_EQ(message(wo::sgd{.momentum = 0.9f, .nesterov = true}), "");
 }
 
 // TP = 2 x DP = 2 on 4 ranks: "a" is split across the tensor-parallel pair (each holds a

@@ -78,14 +78,15 @@ TEST(memory_report, matches_the_zero_formulas) {
 }
 
 // zero<2>: the full-size gradient bucket exists only between grad() and its reduction (run
-// inline, so that the progress thread's lag does not keep several alive).
+// inline, so that the progress thread's lag does not keep several alive). The gradients come
+// as a backward makes them, the last tensor first, which is the order buckets reduce in.
 TEST(memory_report, zero2_frees_each_bucket_after_its_reduction) {
   const auto ps = model();
   local::run(4, [&](local::communicator& c) {
     auto opt = wo::make_data_parallel<wo::zero<2>, half>(c, ps, wo::adamw{}, {.bucket_elements = 4000, .overlap = false});
-    for (const auto& t : ps.tensors()) {
-      for (auto& g : opt->grad(t.name)) g = half(1.0f);
-      opt->grad_ready(t.name);
+    for (auto t = ps.tensors().rbegin(); t != ps.tensors().rend(); ++t) {
+      for (auto& g : opt->grad(t->name)) g = half(1.0f);
+      opt->grad_ready(t->name);
     }
     (void)opt->step();
     std::size_t biggest = 0;

@@ -65,6 +65,7 @@ struct index {
   std::string rule;
   std::vector<std::string> slots;
   float loss_scale = 1.0f;
+  std::optional<bool> loss_scaling;  // whether the run scaled its loss (absent before 2026-12)
   int good_steps = 0;
   std::vector<std::string> files;
   std::vector<std::pair<std::string, std::uint64_t>> tensors;  // name, elements
@@ -147,6 +148,22 @@ inline std::vector<std::byte> read_file(const std::filesystem::path& p) {
     throw error("checkpoint: cannot read " + p.string());
   }
   return data;
+}
+// Whether `name` is a rank file save() writes, "g<gen>-rank<r>-of<world>.weft", or its
+// temporary, the same with ".tmp" after it: the only files a save removes.
+inline bool is_rank_file_name(std::string_view name) {
+  if (name.ends_with(".tmp")) name.remove_suffix(4);
+  if (!name.ends_with(".weft")) return false;
+  name.remove_suffix(5);
+  const auto digits = [&](std::string_view prefix) {
+    if (!name.starts_with(prefix)) return false;
+    name.remove_prefix(prefix.size());
+    std::size_t n = 0;
+    while (n < name.size() && name[n] >= '0' && name[n] <= '9') ++n;
+    name.remove_prefix(n);
+    return n > 0;
+  };
+  return digits("g") && digits("-rank") && digits("-of") && name.empty();
 }
 // Writes `bytes` under `final_name + ".tmp"`, then renames it. stop_after: simulate a crash
 // after that many bytes (the temporary file is left behind, as a killed process leaves it).
@@ -291,6 +308,10 @@ private:
     detail::fail(source, "malformed index: loss_scale must be a positive float");
   }
   x.loss_scale = static_cast<float>(scale);
+  if (const json* ls = root.find("loss_scaling")) {
+    if (ls->type != json::kind::boolean) detail::fail(source, "malformed index: loss_scaling must be true or false");
+    x.loss_scaling = ls->b;
+  }
   x.good_steps = detail::count_int(root, "good_steps", source, "the index");
   for (const json& s : detail::field(root, "slots", json::kind::array, source, "the index").items) {
     if (s.type != json::kind::string) detail::fail(source, "malformed index: a slot name is not a string");
@@ -416,6 +437,7 @@ void save(Opt& opt, Comm& dp, const std::filesystem::path& dir, save_options so 
                       ", \"world\": " + std::to_string(world) + ", \"step\": " + std::to_string(opt.steps()) +
                       ", \"rule\": " + weft::detail::json_quote(std::decay_t<decltype(opt.rule())>::name) +
                       ", \"loss_scale\": " + detail::shortest(opt.loss_scale()) +
+                      ", \"loss_scaling\": " + (opt.loss_scaling() ? "true" : "false") +
                       ", \"good_steps\": " + std::to_string(opt.good_steps()) + ", \"slots\": [";
     for (std::size_t j = 0; j < slots.size(); ++j) idx += (j ? ", " : "") + weft::detail::json_quote(slots[j]);
     idx += "], \"files\": [";
@@ -428,12 +450,13 @@ void save(Opt& opt, Comm& dp, const std::filesystem::path& dir, save_options so 
     }
     idx += "]}\n";
     detail::write_then_rename(dir / "index.json", idx);
-    // The previous generation's files (and what crashed saves left) are no longer named.
+    // The previous generation's files (and what crashed saves left) are no longer named; only
+    // names this function writes are removed, never a user's file that looks alike.
     for (const auto& f : fs::directory_iterator(dir)) {
       const auto name = f.path().filename().string();
       bool current = false;
       for (int r = 0; r < world; ++r) current = current || name == file_name(r);
-      if (!current && name.size() > 1 && name[0] == 'g' && name.find("-rank") != std::string::npos) {
+      if (!current && detail::is_rank_file_name(name)) {
         std::error_code ec;
         fs::remove(f.path(), ec);
       }
@@ -468,11 +491,14 @@ void load(Opt& opt, Comm& dp, const std::filesystem::path& dir) {
     }
   }
   const std::size_t k = opt.slots();
-  // What this rank needs: per (tensor, kind), the part [lo, hi) and where it goes.
+  // What this rank needs: per (tensor, kind), the part [lo, hi) and where it goes. It is read
+  // into `got` first and copied to the optimizer only once every part of every file has been
+  // read, checked and found exactly once: a load that fails leaves the optimizer as it was.
   struct need {
     std::size_t lo, hi;
     float* dst;
-    std::size_t filled = 0;
+    std::vector<float> got = {};
+    std::vector<char> have = {};
   };
   std::vector<std::vector<need>> needs(ts.size() * (k + 1));
   detail::for_each_shard_part(opt, [&](std::size_t t, std::size_t lo, std::size_t hi, const bucket_info& b, std::size_t at) {
@@ -504,26 +530,37 @@ void load(Opt& opt, Comm& dp, const std::filesystem::path& dir) {
         const auto a = std::max<std::uint64_t>(n.lo, e.begin), z = std::min<std::uint64_t>(n.hi, e.end);
         if (a >= z) continue;
         if (data.empty()) data = file.read(e);
+        if (n.got.empty()) {
+          n.got.resize(n.hi - n.lo);
+          n.have.resize(n.hi - n.lo, 0);
+        }
         const std::byte* src = data.data() + (a - e.begin) * 4;
         for (std::uint64_t i = a; i < z; ++i, src += 4) {
           std::uint32_t u = 0;
           for (int j = 3; j >= 0; --j) u = (u << 8) | static_cast<std::uint32_t>(src[j]);
-          n.dst[i - n.lo] = std::bit_cast<float>(u);
+          if (n.have[i - n.lo] != 0) detail::fail(source, "tensor " + e.name + ": element " + std::to_string(i) +
+                                                               " is given twice (here and in an earlier file)");
+          n.have[i - n.lo] = 1;
+          n.got[i - n.lo] = std::bit_cast<float>(u);
         }
-        n.filled += static_cast<std::size_t>(z - a);
       }
     }
   }
   for (std::size_t i = 0; i < needs.size(); ++i) {
     for (const auto& n : needs[i]) {
-      if (n.filled != n.hi - n.lo) {
+      const auto have = static_cast<std::size_t>(std::count(n.have.begin(), n.have.end(), char{1}));
+      if (have != n.hi - n.lo) {
         throw error("checkpoint: " + index_name + ": tensor " + ts[i / (k + 1)].name + "/" +
-                    (i % (k + 1) == 0 ? std::string("weight") : slots[i % (k + 1) - 1]) + " elements [" +
-                    std::to_string(n.lo) + ", " + std::to_string(n.hi) + ") are missing or given twice");
+                    (i % (k + 1) == 0 ? std::string("weight") : slots[i % (k + 1) - 1]) + ": " +
+                    std::to_string(n.hi - n.lo - have) + " of elements [" + std::to_string(n.lo) + ", " +
+                    std::to_string(n.hi) + ") are in no file");
       }
     }
   }
-  opt.restore_counters(idx->step, idx->loss_scale, idx->good_steps);
+  for (auto& per_kind : needs) {
+    for (auto& n : per_kind) std::copy(n.got.begin(), n.got.end(), n.dst);
+  }
+  opt.restore_counters(idx->step, idx->loss_scale, idx->good_steps, idx->loss_scaling.value_or(true));
   opt.refresh_parameters_from_shards();
   dp.barrier();
 }

@@ -109,11 +109,10 @@ public:
   using options = data_parallel_options;
 
   data_parallel(Comm& dp, const param_set& ps, Rule rule, options o = {})
-      : rule_(rule), opt_(o), dp_rank_(dp.rank()), dp_size_(dp.size()), mem_(dp),
+      : rule_(checked(rule)), opt_(checked(o)), dp_rank_(dp.rank()), dp_size_(dp.size()), mem_(dp),
         shard_(mem_.split(dp, shard_color(dp, o), dp.rank())), replica_(mem_.split(dp, replica_color(dp, o), dp.rank())),
         layout_(ps, o.bucket_elements != 0 ? o.bucket_elements : default_bucket_elements(dp.size()), shard_.size()),
         scaler_(o.scaling), queue_(mem_.make_queue(o.overlap)) {
-    if (!(o.max_grad_norm >= 0.0f)) throw error("data_parallel: max_grad_norm must be >= 0 (0: no clipping)");
     update_threads_ = o.update_threads > 0 ? o.update_threads
                                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     scaling_ = o.loss_scaling.value_or(std::is_same_v<P, half>);
@@ -129,6 +128,7 @@ public:
     ready_.assign(nb, 0);
     marked_.assign(layout_.tensors().size(), 0);
     submitted_.assign(nb, false);
+    unlaunched_ = nb;
     reductions_.assign(nb, work_t{});
     staging_.resize(nb);
     gathered_.resize(nb);
@@ -157,6 +157,8 @@ public:
   [[nodiscard]] int dp_size() const noexcept { return dp_size_; }
   [[nodiscard]] long steps() const noexcept { return step_; }
   [[nodiscard]] float loss_scale() const noexcept { return scaler_.scale(); }
+  /// Whether this optimizer scales the loss (options::loss_scaling; by default for half).
+  [[nodiscard]] bool loss_scaling() const noexcept { return scaling_; }
   [[nodiscard]] const Rule& rule() const noexcept { return rule_; }
 
   /// Sets every parameter from the full model (unpadded, param_set order; the same on every rank).
@@ -262,11 +264,14 @@ public:
     }
   }
 
-  /// Marks `name`'s gradient complete; the bucket's reduction starts once all its tensors are.
+  /// Marks `name`'s gradient complete; the bucket's reduction starts once all its tensors are
+  /// and every later bucket's has started. Buckets reduce in one order on every rank, the last
+  /// first (the order a backward completes them when tensors are added in the forward's order,
+  /// as PyTorch DDP orders its buckets), so ranks that mark tensors in different orders, or
+  /// leave a tensor unmarked until step(), still reduce the same buckets together.
   void grad_ready(std::string_view name) {
     const std::size_t t = layout_index(name);
     const auto& ti = layout_.tensors()[t];
-    const auto& b = layout_.buckets()[ti.bucket];
     if (marked_[t] != 0) {
       throw error("data_parallel::grad_ready: tensor '" + ti.name + "' marked ready twice in one step");
     }
@@ -275,15 +280,14 @@ public:
                   "' marked ready after its bucket's reduction started (reduce_gradients() or step() was called)");
     }
     marked_[t] = 1;
-    if (++ready_[ti.bucket] == b.end_tensor - b.first_tensor) submit_reduction(ti.bucket);
+    ++ready_[ti.bucket];
+    while (unlaunched_ > 0 && complete(unlaunched_ - 1)) submit_reduction(--unlaunched_);
   }
 
-  /// Starts the reductions of every bucket not yet started (in bucket order): what step()
-  /// does first; call it to reduce after the backward instead of during it.
+  /// Starts the reductions of every bucket not yet started (last bucket first, as grad_ready):
+  /// what step() does first; call it to reduce after the backward instead of during it.
   void reduce_gradients() {
-    for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
-      if (!submitted_[b]) submit_reduction(b);
-    }
+    while (unlaunched_ > 0) submit_reduction(--unlaunched_);
   }
 
   /// Reduces what is left, then updates: see the header comment for `multiplier`.
@@ -400,9 +404,12 @@ public:
   }
   [[nodiscard]] std::size_t slots() const noexcept { return static_cast<std::size_t>(rule_.slots()); }
   /// Restores the counters a checkpoint holds, then the parameters from the shards' weights.
-  void restore_counters(long steps, float scale, int good_steps) {
+  /// The loss scale only where this optimizer scales the loss: a checkpoint of an fp16 run read
+  /// by a float or bf16 one keeps 1, and one without scaling read by an fp16 run keeps its
+  /// configured initial scale (the checkpoint's 1 would underflow the gradients).
+  void restore_counters(long steps, float scale, int good_steps, bool saved_with_scaling) {
     step_ = steps;
-    scaler_.restore(scale, good_steps);
+    if (scaling_ && saved_with_scaling) scaler_.restore(scale, good_steps);
   }
   [[nodiscard]] int good_steps() const noexcept { return scaler_.good_steps(); }
   /// After writing shard_weights(): rebuilds the parameters (all-gathered under zero<1>/<2>).
@@ -532,6 +539,10 @@ private:
     }
   }
 
+  [[nodiscard]] bool complete(std::size_t bi) const {
+    const bucket_info& b = layout_.buckets()[bi];
+    return ready_[bi] == b.end_tensor - b.first_tensor;
+  }
   void submit_reduction(std::size_t bi) {
     submitted_[bi] = true;
     const bucket_info& b = layout_.buckets()[bi];
@@ -633,6 +644,16 @@ private:
     }
   }
 
+  // The hyper-parameters, checked before anything collective is started.
+  static Rule checked(const Rule& r) {
+    if constexpr (requires { r.check(); }) r.check();
+    return r;
+  }
+  static options checked(const options& o) {
+    if (!(o.max_grad_norm >= 0.0f)) throw error("data_parallel: max_grad_norm must be >= 0 (0: no clipping)");
+    return o;
+  }
+
   void wait_all() {
     for (auto& w : reductions_) w.wait();
     for (auto& w : gathers_) w.wait();
@@ -643,6 +664,7 @@ private:
     std::fill(ready_.begin(), ready_.end(), 0);
     std::fill(marked_.begin(), marked_.end(), 0);
     std::fill(submitted_.begin(), submitted_.end(), false);
+    unlaunched_ = submitted_.size();
     for (auto& w : reductions_) w = work_t{};
     drop_gathers();
     backward_ = false;
@@ -681,6 +703,7 @@ private:
   std::vector<std::size_t> ready_;  // per bucket: its tensors marked ready this step
   std::vector<char> marked_;         // per tensor: marked ready this step
   std::vector<bool> submitted_;
+  std::size_t unlaunched_ = 0;  // buckets [0, unlaunched_) have not started reducing this step
   std::vector<work_t> reductions_;
   std::vector<buffer<P>> staging_, gathered_;
   std::vector<work_t> gathers_;

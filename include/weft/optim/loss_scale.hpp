@@ -24,13 +24,15 @@ class loss_scaler {
 public:
   loss_scaler() = default;
   explicit loss_scaler(loss_scale_options o) : o_(o), scale_(o.initial) {
+    // min_scale > 0: a scale backed off to 0 makes every later norm 0 / 0 and skips every step.
     if (!(o.initial > 0.0f) || !(o.growth >= 1.0f) || !(o.backoff > 0.0f && o.backoff <= 1.0f) || o.interval < 1 ||
-        !(o.max_scale >= o.initial) || !std::isfinite(o.max_scale)) {
-      throw error("loss_scaler: needs initial > 0, growth >= 1, 0 < backoff <= 1, interval >= 1 and a finite "
-                  "max_scale >= initial (initial " +
+        !(o.max_scale >= o.initial) || !std::isfinite(o.max_scale) || !(o.min_scale > 0.0f) ||
+        !(o.min_scale <= o.initial)) {
+      throw error("loss_scaler: needs initial > 0, growth >= 1, 0 < backoff <= 1, interval >= 1, a finite "
+                  "max_scale >= initial and 0 < min_scale <= initial (initial " +
                   std::to_string(o.initial) + ", growth " + std::to_string(o.growth) + ", backoff " +
-                  std::to_string(o.backoff) + ", interval " + std::to_string(o.interval) + ", max_scale " +
-                  std::to_string(o.max_scale) + ")");
+                  std::to_string(o.backoff) + ", interval " + std::to_string(o.interval) + ", min_scale " +
+                  std::to_string(o.min_scale) + ", max_scale " + std::to_string(o.max_scale) + ")");
     }
   }
   [[nodiscard]] float scale() const noexcept { return scale_; }

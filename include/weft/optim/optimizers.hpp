@@ -15,12 +15,16 @@
 // slot, so that the loop vectorizes), and for half/bfloat16 parameters the low-precision copy
 // written back.
 #include <weft/core/config.hpp>
+#include <weft/core/error.hpp>
 #include <weft/core/rounding.hpp>
 #include <weft/core/types.hpp>
 
 #include <cmath>
 #include <concepts>
 #include <cstddef>
+#include <cstdio>
+#include <optional>
+#include <string>
 #include <string_view>
 #include <thread>
 #include <type_traits>
@@ -31,6 +35,24 @@
 #endif
 
 namespace weft::optim {
+
+namespace detail {
+/// Throws unless least <= value (and value < below where given) and value is finite.
+inline void check_hyper(std::string_view rule, std::string_view what, float value, float least, bool finite,
+                        std::optional<float> below = std::nullopt) {
+  const bool ok = value >= least && (!finite || std::isfinite(value)) && (!below || value < *below);
+  if (!ok) {
+    const auto str = [](float x) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%g", static_cast<double>(x));
+      return std::string(buf);
+    };
+    throw error(std::string(rule) + ": " + std::string(what) + " must be " +
+                (below ? "in [" + str(least) + ", " + str(*below) + ")" : "a finite number >= " + str(least)) +
+                ", not " + str(value));
+  }
+}
+} // namespace detail
 
 /// Stochastic gradient descent with optional momentum (PyTorch's convention: buf = mu*buf + g,
 /// dampening 0) and Nesterov momentum; weight decay as L2 (added to the gradient).
@@ -44,6 +66,15 @@ struct sgd {
 
   /// fp32 words of state per parameter.
   [[nodiscard]] constexpr int slots() const noexcept { return momentum != 0.0f ? 1 : 0; }
+
+  /// Throws weft::error on a value PyTorch's SGD refuses too (a negative or non-finite lr,
+  /// momentum or weight decay; Nesterov without momentum).
+  void check() const {
+    detail::check_hyper(name, "lr", lr, 0.0f, true);
+    detail::check_hyper(name, "momentum", momentum, 0.0f, true);
+    detail::check_hyper(name, "weight_decay", weight_decay, 0.0f, true);
+    if (nesterov && !(momentum > 0.0f)) throw error("sgd: Nesterov momentum needs momentum > 0");
+  }
 
   struct kernel {
     float lr, momentum, weight_decay, multiplier;
@@ -79,6 +110,16 @@ struct adam_rule {
   static constexpr std::string_view slot_names[2] = {"exp_avg", "exp_avg_sq"};
 
   [[nodiscard]] constexpr int slots() const noexcept { return 2; }
+
+  /// Throws weft::error on a value PyTorch's Adam refuses too: lr, eps or weight decay negative
+  /// or not finite, a beta outside [0, 1) (beta = 1 divides by 1 - beta^t = 0).
+  void check() const {
+    detail::check_hyper(name, "lr", lr, 0.0f, true);
+    detail::check_hyper(name, "beta1", beta1, 0.0f, true, 1.0f);
+    detail::check_hyper(name, "beta2", beta2, 0.0f, true, 1.0f);
+    detail::check_hyper(name, "eps", eps, 0.0f, true);
+    detail::check_hyper(name, "weight_decay", weight_decay, 0.0f, true);
+  }
 
   struct kernel {
     float lr, beta1, beta2, eps, weight_decay;

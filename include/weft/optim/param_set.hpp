@@ -121,7 +121,18 @@ public:
       b.elements += tensors_[i].count;
       if (b.elements >= bucket_elements) close(i + 1);
     }
-    if (b.elements > 0 || buckets_.empty()) close(tensors_.size());
+    if (b.elements > 0 || buckets_.empty()) {
+      close(tensors_.size());
+    } else if (b.first_tensor < tensors_.size()) {
+      // Only empty tensors after the last bucket closed: they join it (a bucket of their own
+      // would have no elements to reduce).
+      bucket_info& last = buckets_.back();
+      for (std::size_t i = b.first_tensor; i < tensors_.size(); ++i) {
+        tensors_[i].bucket = buckets_.size() - 1;
+        tensors_[i].bucket_offset = last.elements;
+      }
+      last.end_tensor = tensors_.size();
+    }
     elements_ = ps.elements();
   }
 
