@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <optional>
@@ -297,6 +298,21 @@ TEST(executor_errors, a_generator_must_say_whether_it_splits_the_backward) {
     EXPECT_TRUE(contains(failure_of([&] { pl::executor<mislabelled, communicator>(c, 2, 4); }),
                          "the generator's split_backward says false, but the schedule it made "
                          "says otherwise"));
+  });
+}
+
+// A generator that makes fewer microbatches than asked: the step would drop the others.
+struct capped {
+  static constexpr bool split_backward = false;
+  static pl::schedule make(int stages, int microbatches, const pl::options& o = {}) {
+    return pl::one_f_one_b::make(stages, std::min(microbatches, stages), o);
+  }
+};
+
+TEST(executor_errors, a_generator_must_make_the_microbatches_asked_for) {
+  weft::local::run(2, [](communicator& c) {
+    EXPECT_TRUE(contains(failure_of([&] { pl::executor<capped, communicator>(c, 8, 4); }),
+                         "the generator made a schedule of 2 microbatches where 8 were asked for"));
   });
 }
 

@@ -250,6 +250,11 @@ private:
                   "the generator made a schedule of " + std::to_string(s_.stages) +
                       " stages for a communicator of " + std::to_string(comm.size()) + " ranks");
     }
+    if (s_.microbatches != microbatches) {
+      throw error(operation_, rank_, error::unknown,
+                  "the generator made a schedule of " + std::to_string(s_.microbatches) +
+                      " microbatches where " + std::to_string(microbatches) + " were asked for");
+    }
     if (s_.split_backward != Schedule::split_backward) {
       throw error(operation_, rank_, error::unknown,
                   std::string("the generator's split_backward says ") +
