@@ -272,6 +272,22 @@ TEST(executor_errors, construction_checks_boundaries_and_the_schedule) {
   });
 }
 
+// weft::local's sends wait once 64 messages to a peer are unreceived. Interleaved with a group
+// of 130 microbatches on 2 ranks (Megatron-core's microbatch group size, breadth-first) has
+// rank 1 send 65 before rank 0 receives one: refused at construction, where it used to hang
+// until the watchdog blamed the ranks. A group of 129 fits.
+TEST(executor_errors, a_schedule_that_overfills_a_channel_is_refused_at_construction) {
+  weft::local::run(2, [](communicator& c) {
+    c.set_timeout(timeout);
+    using ex2 = pl::executor<pl::interleaved<2>, communicator>;
+    const std::string what = failure_of([&] { ex2(c, 130, 1, {.group_size = 130}); });
+    EXPECT_TRUE(contains(what, "the schedule queues more than 64 messages to a peer")) << what;
+    EXPECT_TRUE(contains(what, "rank 1 at send:F64.0->0 with 64 messages to rank 0 unreceived")) << what;
+    EXPECT_EQ(failure_of([&] { ex2(c, 129, 1, {.group_size = 129}); }), "");
+  });
+  EXPECT_EQ(pl::detail::stalls_with_bounded_channels(pl::interleaved<2>::make(2, 130, {.group_size = 130}), 1000), "");
+}
+
 // A schedule that forgets rank 1's last backward is refused before anything runs.
 struct forgetful {
   static constexpr bool split_backward = false;

@@ -114,6 +114,71 @@ std::span<T> microbatch(std::span<T> batch, std::size_t sample_size, int microba
   return batch.subspan(static_cast<std::size_t>(i) * n, n);
 }
 
+namespace detail {
+
+/// Where sends block once `capacity` messages to a peer wait unreceived (weft::local's
+/// channels), a schedule validate() accepts (it lets sends complete at once) can still stall:
+/// a rank that sends more than that to a peer before the peer receives the first of them. Plays
+/// the step with bounded channels, each receive taking the peer's messages in their order up to
+/// the one it wants (as executor::run does), and returns "" or what stalls. The outcome does not
+/// depend on timing: an enabled send or receive stays enabled until its rank takes it.
+inline std::string stalls_with_bounded_channels(const schedule& s, std::size_t capacity) {
+  const auto p = static_cast<std::size_t>(s.stages);
+  // Per directed pair (from, to): the tags in send order, and where each tag is in it.
+  std::vector<std::vector<std::size_t>> order(p * p);
+  std::vector<std::vector<std::size_t>> position(p * p);
+  const std::size_t tags = 2 * static_cast<std::size_t>(s.microbatches) * static_cast<std::size_t>(s.virtual_stages());
+  for (std::size_t r = 0; r < p; ++r) {
+    for (const action& a : s.ranks[r]) {
+      if (!is_send(a.kind)) continue;
+      const std::size_t pair = r * p + static_cast<std::size_t>(a.peer);
+      if (position[pair].empty()) position[pair].assign(tags, ~std::size_t{0});
+      position[pair][s.message_tag(static_cast<int>(r), a)] = order[pair].size();
+      order[pair].push_back(s.message_tag(static_cast<int>(r), a));
+    }
+  }
+  std::vector<std::size_t> sent(p * p, 0), received(p * p, 0), pc(p, 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (std::size_t r = 0; r < p; ++r) {
+      for (; pc[r] < s.ranks[r].size(); ++pc[r]) {
+        const action& a = s.ranks[r][pc[r]];
+        if (is_compute(a.kind)) continue;
+        const auto peer = static_cast<std::size_t>(a.peer);
+        if (is_send(a.kind)) {
+          const std::size_t pair = r * p + peer;
+          if (sent[pair] - received[pair] >= capacity) break;
+          ++sent[pair];
+        } else {
+          const std::size_t pair = peer * p + r;
+          const std::size_t want = position[pair].empty() ? ~std::size_t{0}
+                                                         : position[pair][s.message_tag(static_cast<int>(r), a)];
+          if (want == ~std::size_t{0}) break;  // never sent: validate() reports that
+          while (received[pair] <= want && received[pair] < sent[pair]) {
+            ++received[pair];
+            progress = true;
+          }
+          if (received[pair] <= want) break;
+        }
+        progress = true;
+      }
+    }
+  }
+  std::string stalled;
+  for (std::size_t r = 0; r < p; ++r) {
+    if (pc[r] == s.ranks[r].size()) continue;
+    const action& a = s.ranks[r][pc[r]];
+    const auto peer = static_cast<std::size_t>(a.peer);
+    stalled += (stalled.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " at " + token(a) +
+               (is_send(a.kind) ? " with " + std::to_string(sent[r * p + peer] - received[r * p + peer]) +
+                                      " messages to rank " + std::to_string(peer) + " unreceived"
+                                : "");
+  }
+  return stalled;
+}
+
+} // namespace detail
+
 template <schedule_policy Schedule, class Comm, element T = float>
 requires point_to_point<Comm, T>
 class executor {
@@ -262,6 +327,19 @@ private:
                       ", but the schedule it made says otherwise");
     }
     validate(s_);
+    // A transport whose sends block on a full channel (weft::local without post()) would stall
+    // where the schedule queues more messages to a peer than the channel holds: say so now.
+    if constexpr (!requires(Comm& c, std::span<const T> v) { c.post(v, 0, 0); } &&
+                  requires { Comm::queued_messages_per_peer; }) {
+      const std::size_t capacity = Comm::queued_messages_per_peer;
+      if (const std::string stall = detail::stalls_with_bounded_channels(s_, capacity); !stall.empty()) {
+        throw error(operation_, rank_, error::unknown,
+                    "the schedule queues more than " + std::to_string(capacity) +
+                        " messages to a peer, which this transport's sends do not hold (they would wait "
+                        "for ever): " + stall + ". A smaller microbatch group (options::group_size), or "
+                        "a transport with buffered sends (weft::mpi), runs it");
+      }
+    }
     const auto bounds = static_cast<std::size_t>(s_.virtual_stages() - 1);
     if (uniform) boundaries_.assign(bounds, boundaries_.front());
     if (boundaries_.size() != bounds) {

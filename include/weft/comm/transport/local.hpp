@@ -52,6 +52,9 @@ struct options {
 
 class communicator {
 public:
+  /// Messages a send may leave unreceived per peer before it waits for the receiver (the
+  /// channel's slots); pipeline::executor checks its schedules against it.
+  static constexpr std::size_t queued_messages_per_peer = detail::channel::capacity;
   /// Ranks of this transport can read each other's buffers (algo::direct needs this).
   static constexpr bool peer_access = true;
   static constexpr std::string_view transport_name = "local";
