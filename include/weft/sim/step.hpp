@@ -498,10 +498,11 @@ inline std::vector<int> peak_in_flight(const pipeline::schedule& s) {
       std::sort(keys->begin(), keys->end());
       keys->erase(std::unique(keys->begin(), keys->end()), keys->end());
     }
-    for (const auto& [pi, di] : tp_keys)
-      tp_sharing += leaves(t, [&](int i) { return l.device(i, pi, di); }) ? 1 : 0;
-    for (const auto& [ti, pi] : dp_keys)
-      dp_sharing += leaves(l.dp, [&](int d) { return l.device(ti, pi, d); }) ? 1 : 0;
+    // Keys as pairs, not structured bindings: clang before 16 cannot capture those in a lambda.
+    for (const std::pair<int, int>& key : tp_keys) // (pi, di)
+      tp_sharing += leaves(t, [&](int i) { return l.device(i, key.first, key.second); }) ? 1 : 0;
+    for (const std::pair<int, int>& key : dp_keys) // (ti, pi)
+      dp_sharing += leaves(l.dp, [&](int d) { return l.device(key.first, key.second, d); }) ? 1 : 0;
   }
   const topology::cluster tp_net = detail::nic_share(net, tp_sharing);
   const topology::cluster dp_net = detail::nic_share(net, dp_sharing);
