@@ -124,17 +124,17 @@ namespace detail {
 /// depend on timing: an enabled send or receive stays enabled until its rank takes it.
 inline std::string stalls_with_bounded_channels(const schedule& s, std::size_t capacity) {
   const auto p = static_cast<std::size_t>(s.stages);
-  // Per directed pair (from, to): the tags in send order, and where each tag is in it.
-  std::vector<std::vector<std::size_t>> order(p * p);
-  std::vector<std::vector<std::size_t>> position(p * p);
+  // Each message (a tag, sent once in the step): its place among its sender's messages to its
+  // receiver.
+  constexpr std::size_t unsent = ~std::size_t{0};
   const std::size_t tags = 2 * static_cast<std::size_t>(s.microbatches) * static_cast<std::size_t>(s.virtual_stages());
-  for (std::size_t r = 0; r < p; ++r) {
-    for (const action& a : s.ranks[r]) {
-      if (!is_send(a.kind)) continue;
-      const std::size_t pair = r * p + static_cast<std::size_t>(a.peer);
-      if (position[pair].empty()) position[pair].assign(tags, ~std::size_t{0});
-      position[pair][s.message_tag(static_cast<int>(r), a)] = order[pair].size();
-      order[pair].push_back(s.message_tag(static_cast<int>(r), a));
+  std::vector<std::size_t> position(tags, unsent);
+  {
+    std::vector<std::size_t> so_far(p * p, 0);
+    for (std::size_t r = 0; r < p; ++r) {
+      for (const action& a : s.ranks[r]) {
+        if (is_send(a.kind)) position[s.message_tag(static_cast<int>(r), a)] = so_far[r * p + static_cast<std::size_t>(a.peer)]++;
+      }
     }
   }
   std::vector<std::size_t> sent(p * p, 0), received(p * p, 0), pc(p, 0);
@@ -151,9 +151,8 @@ inline std::string stalls_with_bounded_channels(const schedule& s, std::size_t c
           ++sent[pair];
         } else {
           const std::size_t pair = peer * p + r;
-          const std::size_t want = position[pair].empty() ? ~std::size_t{0}
-                                                         : position[pair][s.message_tag(static_cast<int>(r), a)];
-          if (want == ~std::size_t{0}) break;  // never sent: validate() reports that
+          const std::size_t want = position[s.message_tag(static_cast<int>(r), a)];
+          if (want == unsent) break;  // validate() reports that
           while (received[pair] <= want && received[pair] < sent[pair]) {
             ++received[pair];
             progress = true;
