@@ -108,6 +108,21 @@ void spit(const fs::path& p, const std::vector<std::byte>& b) {
   f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
 }
 
+// This rank's weights and state, all of it.
+template <class Opt>
+std::vector<float> shard_snapshot(Opt& opt) {
+  std::vector<float> v;
+  for (const auto& b : opt.buckets().buckets()) {
+    const auto w = opt.shard_weights(b);
+    v.insert(v.end(), w.begin(), w.end());
+    for (std::size_t j = 0; j < opt.slots(); ++j) {
+      const auto s = opt.shard_state(b, j);
+      v.insert(v.end(), s.begin(), s.end());
+    }
+  }
+  return v;
+}
+
 std::string load_error(const l1_linear& m, const fs::path& dir) {
   std::string what;
   try {
@@ -145,9 +160,7 @@ TEST(checkpoint, damage_is_reported_with_file_and_tensor) {
   EXPECT_NE(what.find(e.name), std::string::npos) << what;
   EXPECT_NE(what.find("truncated"), std::string::npos) << what;
 
-  // A load that fails leaves the optimizer as it was: the weights it was set to, no state (on
-  // one rank, which reads every file; across ranks, one that read its part cleanly goes on to
-  // the all-gather and is told that another failed).
+  // A load that fails leaves the optimizer as it was: the weights it was set to, no state.
   spit(victim, flipped);
   local::run(1, [&](local::communicator& c) {
     auto opt = wo::make_data_parallel<wo::zero<1>, float>(c, m.params, rule, opts);
@@ -162,6 +175,31 @@ TEST(checkpoint, damage_is_reported_with_file_and_tensor) {
     }
   });
 
+  // Across ranks too: only the ranks whose shard holds the damaged part find it, and no rank
+  // copies in what it read (the others used to, and went on alone).
+  local::run(2, [&](local::communicator& c) {
+    auto opt = wo::make_data_parallel<wo::zero<1>, float>(c, m.params, rule, opts);
+    opt->set_parameters(m.initial());
+    const auto before = shard_snapshot(*opt);
+    std::string said;
+    try {
+      ck::load(*opt, c, d.path);
+    } catch (const error& e) {
+      said = e.what();
+    }
+    EXPECT_EQ(shard_snapshot(*opt), before) << "rank " << c.rank();
+    EXPECT_EQ(opt->steps(), 0);
+    // The test's damage lies in one rank's shard: that rank names it, the other the failure.
+    EXPECT_NE(said.find(c.rank() == 0 ? "checksum" : "another rank could not load"), std::string::npos)
+        << "rank " << c.rank() << ": " << said;
+  });
+
+  // A file in another's place: the header's rank and world must match the index.
+  spit(victim, slurp(d.path / idx.files[0]));
+  what = load_error(m, d.path);
+  EXPECT_NE(what.find("holds rank 0 of 4, but"), std::string::npos) << what;
+  EXPECT_NE(what.find("lists it as rank 1 of 4"), std::string::npos) << what;
+
   // An index that names one rank's file twice and another's not at all.
   spit(victim, good);
   const auto index_text = slurp(d.path / "index.json");
@@ -173,7 +211,7 @@ TEST(checkpoint, damage_is_reported_with_file_and_tensor) {
   std::memcpy(edited.data(), text.data(), text.size());
   spit(d.path / "index.json", edited);
   what = load_error(m, d.path);
-  EXPECT_NE(what.find("is given twice"), std::string::npos) << what;
+  EXPECT_NE(what.find("lists it as rank 1 of 4"), std::string::npos) << what;
   spit(d.path / "index.json", index_text);
   EXPECT_EQ(load_error(m, d.path), "");
 }

@@ -19,7 +19,9 @@
 // it when complete, waits for every rank, and only then replaces index.json (again by rename):
 // a crash at any point leaves the previous index and the files it names intact. Loading
 // reads each file's header and only the entries its shard needs, each checked against its
-// checksum and the file's size; damage is a weft::error naming the file and the tensor.
+// checksum and the file's size; damage is a weft::error naming the file and the tensor. A load
+// is all or nothing across ranks: each rank reads and checks its parts first, and none copies
+// them in unless every rank could.
 #include <weft/core/error.hpp>
 #include <weft/optim/data_parallel.hpp>
 #include <weft/optim/detail/json.hpp>
@@ -30,6 +32,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -465,16 +468,32 @@ void save(Opt& opt, Comm& dp, const std::filesystem::path& dir, save_options so 
   dp.barrier();
 }
 
-/// Loads dir into opt (any DP size and sharding policy, the same tensors and rule).
-/// Collective over dp.
-template <class Opt, communicator Comm>
-void load(Opt& opt, Comm& dp, const std::filesystem::path& dir) {
-  opt.synchronize();
-  const auto idx = detail::read_index(dir);
+namespace detail {
+
+// One part of a tensor that a rank loads: elements [lo, hi) of the weights or of one state slot,
+// read into `got` (`have` marks the elements found) and copied to `dst` only once every rank
+// has read and checked all of its parts.
+struct part_to_load {
+  std::size_t lo, hi;
+  float* dst;
+  std::vector<float> got = {};
+  std::vector<char> have = {};
+};
+
+struct checkpoint_read {
+  index idx;
+  std::vector<std::vector<part_to_load>> parts;  // per (tensor, kind): tensor * (slots + 1) + kind
+};
+
+// Reads and checks, from dir, every part of opt's shard, each exactly once; changes nothing in
+// opt. Throws weft::error naming the file and the tensor on anything wrong.
+template <class Opt>
+checkpoint_read read_parts(Opt& opt, const std::filesystem::path& dir) {
+  auto idx = read_index(dir);
   if (!idx) throw error("checkpoint: no index.json in " + dir.string());
   const auto index_name = (dir / "index.json").string();
   const auto& rule = opt.rule();
-  if (idx->rule != std::decay_t<decltype(rule)>::name || idx->slots != detail::slot_names(rule)) {
+  if (idx->rule != std::decay_t<decltype(rule)>::name || idx->slots != slot_names(rule)) {
     throw error("checkpoint: " + index_name + " holds the state of rule '" + idx->rule + "', the optimizer's is '" +
                 std::string(std::decay_t<decltype(rule)>::name) + "'");
   }
@@ -491,40 +510,36 @@ void load(Opt& opt, Comm& dp, const std::filesystem::path& dir) {
     }
   }
   const std::size_t k = opt.slots();
-  // What this rank needs: per (tensor, kind), the part [lo, hi) and where it goes. It is read
-  // into `got` first and copied to the optimizer only once every part of every file has been
-  // read, checked and found exactly once: a load that fails leaves the optimizer as it was.
-  struct need {
-    std::size_t lo, hi;
-    float* dst;
-    std::vector<float> got = {};
-    std::vector<char> have = {};
-  };
-  std::vector<std::vector<need>> needs(ts.size() * (k + 1));
-  detail::for_each_shard_part(opt, [&](std::size_t t, std::size_t lo, std::size_t hi, const bucket_info& b, std::size_t at) {
+  std::vector<std::vector<part_to_load>> needs(ts.size() * (k + 1));
+  for_each_shard_part(opt, [&](std::size_t t, std::size_t lo, std::size_t hi, const bucket_info& b, std::size_t at) {
     needs[t * (k + 1)].push_back({lo, hi, opt.shard_weights(b).data() + at});
     for (std::size_t j = 0; j < k; ++j) needs[t * (k + 1) + 1 + j].push_back({lo, hi, opt.shard_state(b, j).data() + at});
   });
-  const auto slots = detail::slot_names(rule);
+  const auto slots = slot_names(rule);
   const auto which = [&](const std::string& name, std::string_view source) -> std::size_t {
     const auto slash = name.rfind('/');
-    if (slash == std::string::npos) detail::fail(source, "tensor " + name + ": not <tensor>/<kind>");
+    if (slash == std::string::npos) fail(source, "tensor " + name + ": not <tensor>/<kind>");
     const auto tensor = name.substr(0, slash), kind = name.substr(slash + 1);
     std::size_t t = 0;
     while (t < ts.size() && ts[t].name != tensor) ++t;
-    if (t == ts.size()) detail::fail(source, "tensor " + name + ": not in the model");
+    if (t == ts.size()) fail(source, "tensor " + name + ": not in the model");
     if (kind == "weight") return t * (k + 1);
     for (std::size_t j = 0; j < k; ++j) {
       if (slots[j] == kind) return t * (k + 1) + 1 + j;
     }
-    detail::fail(source, "tensor " + name + ": unknown kind " + kind);
+    fail(source, "tensor " + name + ": unknown kind " + kind);
   };
-  for (const auto& f : idx->files) {
-    detail::rank_file file(dir / f);  // reads the header; entries only where this rank needs them
+  for (std::size_t r = 0; r < idx->files.size(); ++r) {
+    rank_file file(dir / idx->files[r]);  // reads the header; entries only where this rank needs them
     const auto& source = file.source();
+    if (file.head().rank != static_cast<int>(r) || file.head().world != idx->world) {
+      fail(source, "holds rank " + std::to_string(file.head().rank) + " of " + std::to_string(file.head().world) +
+                       ", but " + index_name + " lists it as rank " + std::to_string(r) + " of " +
+                       std::to_string(idx->world));
+    }
     for (const auto& e : file.head().entries) {
       const std::size_t w = which(e.name, source);
-      if (e.end > ts[w / (k + 1)].count) detail::fail(source, "tensor " + e.name + ": range beyond the tensor");
+      if (e.end > ts[w / (k + 1)].count) fail(source, "tensor " + e.name + ": range beyond the tensor");
       std::vector<std::byte> data;
       for (auto& n : needs[w]) {
         const auto a = std::max<std::uint64_t>(n.lo, e.begin), z = std::min<std::uint64_t>(n.hi, e.end);
@@ -538,8 +553,10 @@ void load(Opt& opt, Comm& dp, const std::filesystem::path& dir) {
         for (std::uint64_t i = a; i < z; ++i, src += 4) {
           std::uint32_t u = 0;
           for (int j = 3; j >= 0; --j) u = (u << 8) | static_cast<std::uint32_t>(src[j]);
-          if (n.have[i - n.lo] != 0) detail::fail(source, "tensor " + e.name + ": element " + std::to_string(i) +
-                                                               " is given twice (here and in an earlier file)");
+          if (n.have[i - n.lo] != 0) {
+            fail(source, "tensor " + e.name + ": element " + std::to_string(i) +
+                             " is given twice (here and in an earlier file)");
+          }
           n.have[i - n.lo] = 1;
           n.got[i - n.lo] = std::bit_cast<float>(u);
         }
@@ -557,10 +574,36 @@ void load(Opt& opt, Comm& dp, const std::filesystem::path& dir) {
       }
     }
   }
-  for (auto& per_kind : needs) {
+  return {std::move(*idx), std::move(needs)};
+}
+
+} // namespace detail
+
+/// Loads dir into opt (any DP size and sharding policy, the same tensors and rule).
+/// Collective over dp. All or nothing: if any rank cannot read or check its part, every rank
+/// throws and every rank's optimizer stays as it was.
+template <class Opt, communicator Comm>
+void load(Opt& opt, Comm& dp, const std::filesystem::path& dir) {
+  opt.synchronize();
+  std::optional<detail::checkpoint_read> read;
+  std::exception_ptr failed;
+  try {
+    read = detail::read_parts(opt, dir);
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  std::int32_t bad = failed ? 1 : 0;
+  all_reduce(dp, std::span(&bad, 1), op::max{});
+  if (failed) std::rethrow_exception(failed);
+  if (bad != 0) {
+    throw error("checkpoint: another rank could not load its part of " + (dir / "index.json").string() +
+                "; no rank loaded anything");
+  }
+  for (auto& per_kind : read->parts) {
     for (auto& n : per_kind) std::copy(n.got.begin(), n.got.end(), n.dst);
   }
-  opt.restore_counters(idx->step, idx->loss_scale, idx->good_steps, idx->loss_scaling.value_or(true));
+  const auto& idx = read->idx;
+  opt.restore_counters(idx.step, idx.loss_scale, idx.good_steps, idx.loss_scaling.value_or(true));
   opt.refresh_parameters_from_shards();
   dp.barrier();
 }
