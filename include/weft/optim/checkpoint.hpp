@@ -592,12 +592,12 @@ void load(Opt& opt, Comm& dp, const std::filesystem::path& dir) {
   } catch (...) {
     failed = std::current_exception();
   }
-  std::int32_t bad = failed ? 1 : 0;
-  all_reduce(dp, std::span(&bad, 1), op::max{});
+  std::int32_t first_failed = failed ? dp.rank() : dp.size();
+  all_reduce(dp, std::span(&first_failed, 1), op::min{});
   if (failed) std::rethrow_exception(failed);
-  if (bad != 0) {
-    throw error("checkpoint: another rank could not load its part of " + (dir / "index.json").string() +
-                "; no rank loaded anything");
+  if (first_failed < dp.size()) {
+    throw error("checkpoint: rank " + std::to_string(first_failed) + " could not load its part of " +
+                (dir / "index.json").string() + " (its error says why); no rank loaded anything");
   }
   for (auto& per_kind : read->parts) {
     for (auto& n : per_kind) std::copy(n.got.begin(), n.got.end(), n.dst);
