@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include <weft/comm/transport/local.hpp>
@@ -65,6 +66,28 @@ TEST(Traced, RecordsEveryCollective) {
     ASSERT_EQ(sub.ops().size(), 1u);
     EXPECT_EQ(sub.ops()[0].axis, "tp");
     EXPECT_TRUE(t.ops().empty());  // the child records its own
+  });
+}
+
+// The call check that the wrapped communicator asks for still runs through traced<>: ranks that
+// ask for different reductions are told so, instead of one getting the other's.
+TEST(Traced, KeepsTheWrappedCommunicatorsCallCheck) {
+  weft::local::run(2, [&](weft::local::communicator& c) {
+    c.set_check_calls(true);
+    traced_local t(std::move(c), "dp");
+    EXPECT_TRUE(t.check_calls());
+    std::vector<std::int32_t> v{t.rank() == 0 ? 5 : 7};
+    std::string what;
+    try {
+      if (t.rank() == 0) {
+        weft::all_reduce<weft::algo::ring>(t, std::span(v), weft::op::sum{});
+      } else {
+        weft::all_reduce<weft::algo::ring>(t, std::span(v), weft::op::max{});
+      }
+    } catch (const weft::error& e) {
+      what = e.what();
+    }
+    EXPECT_NE(what.find("different collectives"), std::string::npos) << "rank " << t.rank() << ": " << what;
   });
 }
 

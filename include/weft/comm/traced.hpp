@@ -110,6 +110,12 @@ public:
   {
     return comm_.devices();
   }
+  /// The call check the wrapped communicator asks for (detail::check_calls_enabled), kept.
+  [[nodiscard]] bool check_calls() const
+    requires requires(const Comm& c) { c.check_calls(); }
+  {
+    return static_cast<bool>(comm_.check_calls());
+  }
   /// A device communicator's stream (what a device layer checks its GEMM policy against).
   [[nodiscard]] decltype(auto) stream() const
     requires requires(const Comm& c) { c.stream(); }
