@@ -1,5 +1,6 @@
 #include <weft/comm/algorithm/direct.hpp>
 #include <weft/comm/algorithm/ring.hpp>
+#include <weft/comm/all_gather.hpp>
 #include <weft/comm/all_reduce.hpp>
 #include <weft/comm/broadcast.hpp>
 #include <weft/comm/transport/local.hpp>
@@ -10,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -228,6 +230,102 @@ TEST(local, a_rank_that_returns_early_is_reported) {
     });
   });
   EXPECT_NE(msg.find("returned without joining"), std::string::npos) << msg;
+}
+
+// A user's reduction that throws (here on a NaN) fails the run with its message. It used to
+// leave the message it was reading marked as being read, and the sender, unwinding, waited on
+// it forever.
+struct refuse_nan {
+  float operator()(float a, float b) const {
+    if (a != a || b != b) throw weft::error("NaN in a gradient");
+    return a + b;
+  }
+};
+
+TEST(local, a_reduction_that_throws_fails_the_run_instead_of_hanging) {
+  for (int repeat = 0; repeat < 20; ++repeat) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto msg = failure_of([] {
+      weft::local::run(
+          2,
+          [](weft::local::communicator& c) {
+            std::vector<float> v(4096, c.rank() == 0 ? std::numeric_limits<float>::quiet_NaN() : 1.0f);
+            weft::all_reduce<weft::algo::ring>(c, std::span(v), refuse_nan{});
+          },
+          {.timeout = 60s});
+    });
+    EXPECT_NE(msg.find("NaN in a gradient"), std::string::npos) << msg;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "the deadline must not be what ends it";
+  }
+}
+
+// Timeouts: one too long for the clock waits as long as it takes (it used to overflow into the
+// past and fail every wait at once); zero or negative ones are refused where they are set.
+TEST(local, a_timeout_too_long_for_the_clock_means_no_deadline) {
+  for (const auto t : {std::chrono::milliseconds::max(), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                             std::chrono::hours(24 * 365 * 300))}) {
+    EXPECT_EQ(failure_of([&] {
+                weft::local::run(
+                    2,
+                    [](weft::local::communicator& c) {
+                      if (c.rank() == 1) std::this_thread::sleep_for(150ms);
+                      c.barrier();
+                    },
+                    {.timeout = t});
+              }),
+              "")
+        << t.count() << " ms";
+  }
+  const auto negative = failure_of([] { weft::local::run(2, [](weft::local::communicator&) {}, {.timeout = -5ms}); });
+  EXPECT_NE(negative.find("local::options::timeout: the timeout must be positive, not -5 ms"), std::string::npos)
+      << negative;
+  const auto zero = failure_of([] {
+    weft::local::run(1, [](weft::local::communicator& c) { c.set_timeout(0ms); });
+  });
+  EXPECT_NE(zero.find("set_timeout: the timeout must be positive"), std::string::npos) << zero;
+}
+
+// A plan made for another rank or size is refused before it moves data (it used to run, and
+// read past the group's channels).
+TEST(local, a_plan_for_another_communicator_is_refused) {
+  std::vector<std::string> seen(2);
+  weft::local::run(2, [&](weft::local::communicator& c) {
+    std::vector<int> v(8, 1);
+    const auto pl = weft::algo::ring::make_plan({weft::collective::broadcast, 4, c.rank(), v.size(), 0, {}, 4});
+    seen[static_cast<std::size_t>(c.rank())] = failure_of(
+        [&] { c.execute(pl, v.data(), v.size(), v.data(), v.size(), weft::op::sum{}, "broadcast"); });
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(seen[static_cast<std::size_t>(r)].find("the plan is for rank " + std::to_string(r) + " of 4, not rank " +
+                                                     std::to_string(r) + " of 2"),
+              std::string::npos)
+        << seen[static_cast<std::size_t>(r)];
+  }
+}
+
+// Ranks that pass different counts to a direct collective are told so; direct's loads used to
+// take the part of the peer's buffer they asked for, and the small all-reduce read what an
+// earlier call had staged.
+TEST(local, direct_collectives_with_counts_that_differ_between_ranks_are_an_error) {
+  for (const std::size_t large : {std::size_t{4}, std::size_t{1} << 14}) {  // staged, then two-shot
+    const auto msg = failure_of([&] {
+      weft::local::run(2, [&](weft::local::communicator& c) {
+        std::vector<int> warm(large, 1000);
+        weft::all_reduce<weft::algo::direct>(c, std::span(warm));
+        weft::all_reduce<weft::algo::direct>(c, std::span(warm));
+        std::vector<int> v(c.rank() == 0 ? large / 2 : large, 1);
+        weft::all_reduce<weft::algo::direct>(c, std::span(v));
+      });
+    });
+    EXPECT_NE(msg.find("the ranks disagree on the call"), std::string::npos) << large << ": " << msg;
+  }
+  const auto gather = failure_of([] {
+    weft::local::run(2, [](weft::local::communicator& c) {
+      std::vector<int> v(c.rank() == 0 ? 2 : 4, c.rank()), out(2 * v.size());
+      weft::all_gather<weft::algo::direct>(c, std::span<const int>(v), std::span(out));
+    });
+  });
+  EXPECT_NE(gather.find("the ranks disagree on the call"), std::string::npos) << gather;
 }
 
 } // namespace

@@ -16,6 +16,7 @@
 // sequence number and step and the dump of every rank's pending operations, and every other
 // rank fails promptly with that message. After a failure the survivors may call shrink() to
 // continue on a communicator of the ranks that are left. run() rethrows the first failure.
+#include <weft/comm/detail/deadline.hpp>
 #include <weft/comm/detail/kernels.hpp>
 #include <weft/comm/detail/scratch.hpp>
 #include <weft/comm/plan.hpp>
@@ -78,7 +79,9 @@ public:
   [[nodiscard]] const std::vector<int>& node_of() const noexcept { return node_of_; }
   [[nodiscard]] const topology::cluster& cluster() const noexcept { return group_->world->cluster; }
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
-  void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+  void set_timeout(std::chrono::milliseconds t) {
+    timeout_ = weft::detail::checked_timeout(t, "local::communicator::set_timeout");
+  }
   /// The watchdog: off, waits have no deadline (a failed rank still fails its waiters).
   [[nodiscard]] bool watchdog() const noexcept { return watchdog_; }
   void set_watchdog(bool on) noexcept { watchdog_ = on; }
@@ -149,8 +152,8 @@ public:
       return true;
     };
     const auto never = [] { return false; };
-    const auto deadline = watchdog_ ? std::chrono::steady_clock::now() + timeout_
-                                    : std::chrono::steady_clock::time_point::max();
+    const auto deadline =
+        watchdog_ ? weft::detail::deadline_after(timeout_) : std::chrono::steady_clock::time_point::max();
     auto& bell = old_world.bells[static_cast<std::size_t>(world_rank(rank_))];
     if (!bell.wait(settled, never, deadline, 0)) {
       std::lock_guard lock(sh.mutex);
@@ -237,6 +240,7 @@ public:
   void execute(const plan& pl, const T* in, std::size_t in_count, T* out, std::size_t out_count, const Op& op,
                std::string_view operation) {
     const op_scope scope(*this, operation, pl.steps().size());
+    check_plan(pl, operation);
     const bool staged = pl.staged();
     if (staged) {
       if (pl.scratch_count() * sizeof(T) > max_staged_scratch_bytes) {
@@ -246,6 +250,7 @@ public:
       }
       ++staged_calls_;  // the same count on every rank: they make the same calls
     }
+    if (staged) group_->staging_of(rank_, staged_calls_).count = pl.count();
     T* scratch = staged ? static_cast<T*>(group_->staging(rank_, staged_calls_)) : scratch_.get<T>(pl.scratch_count());
     T* bufs[3] = {const_cast<T*>(in), out, scratch};  // input is only ever read
     const std::size_t sizes[3] = {in_count, out_count, pl.scratch_count()};
@@ -257,6 +262,7 @@ public:
         me.buffers[b] = bufs[b];
         me.sizes[b] = sizes[b];
       }
+      me.count = pl.count();
     }
     const auto range = [&](buffer b, std::size_t off, std::size_t n) -> T* {
       const auto i = static_cast<std::size_t>(b);
@@ -278,7 +284,6 @@ public:
         const step& s = steps[k];
         if (s.kind == step_kind::send) {
           record().at_step(round, k, s.kind);
-          check_peer(s.peer, operation);
           pending.add(s.peer, post(s.peer, range(s.src, s.src_offset, s.count), s.count, dtype_of<T>, plan_tag, nullptr,
                                    operation));
         }
@@ -314,14 +319,14 @@ public:
           case step_kind::load: {
             const std::int64_t arrived = pace_loads(std::span(&s.peer, 1), s.count * sizeof(T));
             detail::copy_n(range(s.dst, s.dst_offset, s.count),
-                           peer_range<T>(s.peer, s.src, s.src_offset, s.count, operation, staged), s.count);
+                           peer_range<T>(s.peer, s.src, s.src_offset, s.count, pl.count(), operation, staged), s.count);
             detail::link_pacer::wait_until(arrived);
             break;
           }
           case step_kind::load_reduce: {
             const auto& g = pl.group(s.peer);
             srcs_.clear();
-            for (int q : g) srcs_.push_back(peer_range<T>(q, s.src, s.src_offset, s.count, operation, staged));
+            for (int q : g) srcs_.push_back(peer_range<T>(q, s.src, s.src_offset, s.count, pl.count(), operation, staged));
             detail::link_pacer::wait_until(pace_loads(g, s.count * sizeof(T)));
             detail::reduce_many(range(s.dst, s.dst_offset, s.count), reinterpret_cast<const T* const*>(srcs_.data()),
                                 srcs_.size(), s.count, op);
@@ -359,16 +364,59 @@ private:
     }
   }
 
+  // A plan made for this rank of a communicator of this size, whose every peer is another
+  // rank of it (before any step runs, so a foreign plan moves no data).
+  void check_plan(const plan& pl, std::string_view operation) const {
+    if (pl.size() != size() || pl.rank() != rank_) {
+      throw error(operation, rank_, error::unknown,
+                  "the plan is for rank " + std::to_string(pl.rank()) + " of " + std::to_string(pl.size()) +
+                      ", not rank " + std::to_string(rank_) + " of " + std::to_string(size()));
+    }
+    const auto member = [&](int q) {  // loads and syncs may name this rank itself
+      if (q < 0 || q >= size()) check_peer(q, operation);
+    };
+    for (const step& s : pl.steps()) {
+      switch (s.kind) {
+        case step_kind::copy:
+        case step_kind::reduce: break;
+        case step_kind::load: member(s.peer); break;
+        case step_kind::load_reduce:
+        case step_kind::sync:
+          if (s.peer < 0 || static_cast<std::size_t>(s.peer) >= pl.groups().size()) {
+            throw error(operation, rank_, error::unknown, "the plan names group " + std::to_string(s.peer) +
+                                                              " of " + std::to_string(pl.groups().size()));
+          }
+          for (int q : pl.group(s.peer)) member(q);
+          break;
+        case step_kind::send:
+        case step_kind::recv:
+        case step_kind::recv_reduce: check_peer(s.peer, operation); break;
+      }
+    }
+  }
+
+  // Where elements [off, off + n) of the peer's buffer b are, for a call of `count`; a peer
+  // whose call has another count (the ranks disagree) is a weft::error, not a prefix.
   template <class T>
-  const T* peer_range(int peer, buffer b, std::size_t off, std::size_t n, std::string_view operation,
-                      bool staged) const {
+  const T* peer_range(int peer, buffer b, std::size_t off, std::size_t n, std::size_t count,
+                      std::string_view operation, bool staged) const {
+    const auto same_count = [&](std::size_t theirs) {
+      if (theirs != count) {
+        throw error(operation, rank_, peer, "this rank's call has count " + std::to_string(count) + ", the peer's " +
+                                                std::to_string(theirs) +
+                                                ": the ranks disagree on the call (set WEFT_CHECK_CALLS=1 to find where)");
+      }
+    };
     if (staged) {  // the peer's staging area of this call, the only buffer a staged plan reads
       if (b != buffer::scratch || (off + n) * sizeof(T) > max_staged_scratch_bytes) {
         throw error(operation, rank_, peer, "a staged plan may load only from its peers' staging area");
       }
-      return static_cast<const T*>(group_->staging(peer, staged_calls_)) + off;
+      auto& area = group_->staging_of(peer, staged_calls_);
+      same_count(area.count);
+      return reinterpret_cast<const T*>(area.bytes) + off;
     }
     const auto& s = group_->slots[static_cast<std::size_t>(peer)];
+    same_count(s.count);
     const auto i = static_cast<std::size_t>(b);
     if (off + n > s.sizes[i]) {
       throw error(operation, rank_, peer, "plan loads elements [" + std::to_string(off) + ", " +
@@ -397,7 +445,7 @@ private:
     };
     const auto give_up = [&] { return world.failed.load(std::memory_order_acquire) || peer_gone(); };
     const auto deadline =
-        watchdog_ ? std::chrono::steady_clock::now() + timeout_ : std::chrono::steady_clock::time_point::max();
+        watchdog_ ? weft::detail::deadline_after(timeout_) : std::chrono::steady_clock::time_point::max();
     auto& bell = world.bells[static_cast<std::size_t>(group_->world_rank[static_cast<std::size_t>(rank_)])];
     if (!bell.wait(ready, give_up, deadline, world.spins)) fail_wait(operation, peer, what);
   }
@@ -550,6 +598,15 @@ private:
                                               describe(m.tag, m.type, m.count) +
                                               ": the ranks disagree on the call (set WEFT_CHECK_CALLS=1 to find where)");
     }
+    // If f throws (a user's reduction), the message goes back to posted, so that its sender,
+    // unwinding on the failure, can withdraw it rather than wait on it forever.
+    struct give_back {
+      detail::message_slot& m;
+      bool done = false;
+      ~give_back() {
+        if (!done) m.state.store(static_cast<std::uint32_t>(detail::slot_state::posted), std::memory_order_release);
+      }
+    } reading{m};
     if (auto* pacer = group_->world->pacer.get()) {
       const std::int64_t arrived = pacer->arrival(world_rank(peer), world_rank(rank_),
                                                   static_cast<double>(count * size_of(type)), m.ready);
@@ -559,6 +616,7 @@ private:
     } else {
       f(m.data);
     }
+    reading.done = true;
     m.owned.reset();
     m.state.store(static_cast<std::uint32_t>(detail::slot_state::consumed), std::memory_order_release);
     ch.head.store(seq + 1, std::memory_order_release);
@@ -575,12 +633,16 @@ private:
     ~pending_guard() {
       for (auto [peer, seq] : sends_) {
         detail::message_slot& m = c_.group_->chan(c_.rank_, peer).slots[seq % detail::channel::capacity];
-        auto expected = static_cast<std::uint32_t>(detail::slot_state::posted);
-        if (!m.state.compare_exchange_strong(expected, static_cast<std::uint32_t>(detail::slot_state::retracted),
-                                             std::memory_order_acq_rel)) {
-          while (m.state.load(std::memory_order_acquire) == static_cast<std::uint32_t>(detail::slot_state::reading)) {
-            std::this_thread::yield();  // a peer is mid-copy; it finishes without waiting on anyone
+        // Withdraw it unless it was consumed. A peer mid-copy finishes without waiting on
+        // anyone, and hands the message back (posted) if its copy or reduction failed.
+        for (;;) {
+          auto expected = static_cast<std::uint32_t>(detail::slot_state::posted);
+          if (m.state.compare_exchange_strong(expected, static_cast<std::uint32_t>(detail::slot_state::retracted),
+                                              std::memory_order_acq_rel) ||
+              expected != static_cast<std::uint32_t>(detail::slot_state::reading)) {
+            break;
           }
+          std::this_thread::yield();
         }
       }
     }
@@ -640,6 +702,7 @@ namespace weft::detail {
 
 template <class F>
 void run_ranks(topology::cluster cluster, F&& f, local::options opt) {
+  (void)weft::detail::checked_timeout(opt.timeout, "local::options::timeout");
   auto world = std::make_shared<local_world>(std::move(cluster), opt.emulate_links);
   const int n = world->size;
   std::vector<int> everyone(static_cast<std::size_t>(n));

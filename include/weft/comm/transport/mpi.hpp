@@ -188,7 +188,9 @@ public:
   /// Whether the nodes are emulated (options::topology or WEFT_TOPOLOGY), not detected.
   [[nodiscard]] bool emulated_nodes() const noexcept { return emulated_; }
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
-  void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+  void set_timeout(std::chrono::milliseconds t) {
+    timeout_ = weft::detail::checked_timeout(t, "mpi::communicator::set_timeout");
+  }
   /// Whether collectives on this communicator compare the call across ranks first (as
   /// WEFT_CHECK_CALLS=1 does for every communicator of the process).
   [[nodiscard]] bool check_calls() const noexcept { return check_calls_; }
@@ -454,7 +456,7 @@ private:
 
   // A root communicator: duplicates `base`, then places its ranks on nodes.
   communicator(detail::mpi_comm_handle base, const options& opt)
-      : base_(std::move(base)), timeout_(opt.timeout) {
+      : base_(std::move(base)), timeout_(weft::detail::checked_timeout(opt.timeout, "mpi::options::timeout")) {
     if (!detail::mpi_alive()) {
       throw error("weft: mpi::communicator: MPI is not initialized (or already finalized): "
                   "call MPI_Init, or create a weft::mpi::environment first");

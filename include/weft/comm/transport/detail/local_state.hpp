@@ -190,6 +190,7 @@ struct local_group {
   struct exchange {
     const void* buffers[3] = {nullptr, nullptr, nullptr};
     std::size_t sizes[3] = {0, 0, 0};
+    std::size_t count = 0;  // the published call's count (plan::count), which its loads check
     std::uint64_t words[8] = {};
     std::shared_ptr<local_group> child;
   };
@@ -214,10 +215,12 @@ struct local_group {
   /// still reading it never reads freed memory, whatever the owner does meanwhile.
   struct alignas(64) staging_block {
     std::byte bytes[max_staged_scratch_bytes];
+    std::size_t count = 0;  // the staged call's count (plan::count), which its loads check
   };
-  void* staging(int r, std::uint64_t parity) {
-    return staging_area[static_cast<std::size_t>(r) * 2 + static_cast<std::size_t>(parity & 1)].bytes;
+  staging_block& staging_of(int r, std::uint64_t parity) {
+    return staging_area[static_cast<std::size_t>(r) * 2 + static_cast<std::size_t>(parity & 1)];
   }
+  void* staging(int r, std::uint64_t parity) { return staging_of(r, parity).bytes; }
   std::unique_ptr<staging_block[]> staging_area;
 
   /// communicator::shrink's rendezvous: who joined, and once closed, the new group.

@@ -7,6 +7,7 @@
 // the peer it was waiting for.
 #include <weft/comm/transport/detail/mpi_comm_handle.hpp>
 #include <weft/comm/transport/detail/mpi_error.hpp>
+#include <weft/comm/detail/deadline.hpp>
 #include <weft/comm/progress.hpp>
 #include <weft/core/error.hpp>
 
@@ -39,7 +40,7 @@ bool mpi_poll(Done&& done, std::chrono::milliseconds timeout) {
     if (done()) return true;
   }
   const auto start = std::chrono::steady_clock::now();
-  const auto deadline = start + timeout;
+  const auto deadline = deadline_after(timeout);
   for (;;) {
     if (done()) return true;
     const auto now = std::chrono::steady_clock::now();
