@@ -70,20 +70,43 @@ inline std::string rank_list(const std::vector<int>& ranks) {
   return s + "]";
 }
 
-// The first group of `a` whose ranks lie on more than one node, or an empty vector.
-inline std::vector<int> first_cross_node_group(const mesh_layout& layout,
-                                               const topology::cluster& topo, axis a) {
+// The first group of `a` whose ranks lie on more than one node (node[r]: rank r's), or an
+// empty vector.
+inline std::vector<int> first_cross_node_group(const mesh_layout& layout, const std::vector<int>& node,
+                                               axis a) {
+  const auto node_of = [&](int q) { return node[static_cast<std::size_t>(q)]; };
   for (int r = 0; r < layout.size(); ++r) {
     if (layout.coords(r)[a] != 0) {
       continue;
     }
     std::vector<int> group = layout.group(a, r);
-    const int node = topo.node_of(group.front());
-    if (std::any_of(group.begin(), group.end(), [&](int q) { return topo.node_of(q) != node; })) {
+    const int first = node_of(group.front());
+    if (std::any_of(group.begin(), group.end(), [&](int q) { return node_of(q) != first; })) {
       return group;
     }
   }
   return {};
+}
+
+// node[r]: the node of the world's rank r, through the device it runs on where the communicator
+// says (devices(): a launcher may place ranks in another order than the devices').
+template <class Comm>
+std::vector<int> node_of_ranks(const Comm& world, const topology::cluster& topo) {
+  std::vector<int> node(static_cast<std::size_t>(world.size()));
+  for (int q = 0; q < world.size(); ++q) {
+    int device = q;
+    if constexpr (requires { world.devices(); }) {
+      const auto& devices = world.devices();
+      if (devices.size() == node.size()) device = devices[static_cast<std::size_t>(q)];
+    }
+    if (device < 0 || device >= topo.size()) {
+      throw error("make_comms", world.rank(), error::unknown,
+                  "rank " + std::to_string(q) + " runs on device " + std::to_string(device) +
+                      ", outside the topology of " + std::to_string(topo.size()));
+    }
+    node[static_cast<std::size_t>(q)] = topo.node_of(device);
+  }
+  return node;
 }
 
 // The mesh with tp first and cp second, the other axes in their order: the order that keeps tp and
@@ -119,16 +142,17 @@ inline std::string mesh_type_name(std::span<const axis_extent> spec) {
 // Throws if a tp or cp group spans nodes. `spec` is the mesh as written (possibly with a dynamic
 // extent), used only for the suggestion; `layout` is it resolved to the world.
 inline void check_placement(std::span<const axis_extent> spec, const mesh_layout& layout,
-                            const topology::cluster& topo, int rank) {
+                            const topology::cluster& topo, const std::vector<int>& node, int rank) {
   for (axis a : {axis::tp, axis::cp}) {
-    const std::vector<int> group = first_cross_node_group(layout, topo, a);
+    const std::vector<int> group = first_cross_node_group(layout, node, a);
     if (group.empty()) {
       continue;
     }
     std::vector<int> nodes;
     for (int q : group) {
-      nodes.push_back(topo.node_of(q));
+      nodes.push_back(node[static_cast<std::size_t>(q)]);
     }
+    std::sort(nodes.begin(), nodes.end());
     nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
 
     const bool is_tp = a == axis::tp;
@@ -144,8 +168,8 @@ inline void check_placement(std::span<const axis_extent> spec, const mesh_layout
     const std::vector<axis_extent> order = tp_first(layout.axes());
     const mesh_layout reordered{std::span<const axis_extent>(order)};
     const bool reordering_helps = reordered != layout &&
-                                  first_cross_node_group(reordered, topo, axis::tp).empty() &&
-                                  first_cross_node_group(reordered, topo, axis::cp).empty();
+                                  first_cross_node_group(reordered, node, axis::tp).empty() &&
+                                  first_cross_node_group(reordered, node, axis::cp).empty();
     if (reordering_helps) {
       what += "Put tp first in the mesh (fastest varying)" +
               std::string(layout.contains(axis::cp) ? ", cp next" : "") + ", as in " +
@@ -264,7 +288,8 @@ axis_comms<Comm> split_axes(Comm& world, const mesh_layout& layout) {
 
 // Collective over `world`. Throws weft::error on every rank, before any split, if the mesh does not
 // fit the world size, the topology's size differs from the world's, or (with placement::strict) a
-// tp or cp group spans nodes.
+// tp or cp group spans nodes. A rank's node is its device's (world.devices()[r] where the
+// communicator has devices(), else device r).
 template <class Mesh, class Placement = placement::strict, class Comm>
 [[nodiscard]] axis_comms<Comm> make_comms(Comm& world, const topology::cluster& topo) {
   detail::check_make_comms_arguments<Mesh, Placement, Comm>();
@@ -276,7 +301,8 @@ template <class Mesh, class Placement = placement::strict, class Comm>
                     std::to_string(world_size));
   }
   if constexpr (std::is_same_v<Placement, placement::strict>) {
-    detail::check_placement(std::span<const axis_extent>(Mesh::spec), layout, topo, world.rank());
+    detail::check_placement(std::span<const axis_extent>(Mesh::spec), layout, topo,
+                            detail::node_of_ranks(world, topo), world.rank());
   }
   return detail::split_axes(world, layout);
 }
