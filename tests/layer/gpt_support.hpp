@@ -60,19 +60,24 @@ weft::matrix<double> as_double(weft::matrix_view<const T> v) {
   return d;
 }
 
-/// The host model at TP = tp trained `steps` SGD steps (Gemm: the host GEMM policy).
+/// The host model at TP = tp trained `steps` SGD steps (Gemm: the host GEMM policy), each over
+/// `micro_batches` forwards and backwards whose gradients accumulate (the losses and logits are
+/// the first micro-batch's).
 template <class T, class SP, class Recompute, class Gemm = weft::layer::cblas>
-run_result train(int tp) {
-  const auto ids = ids_from(1);
-  const auto targets = ids_from(2);
+run_result train(int tp, int micro_batches = 1) {
   run_result out;
   std::mutex mu;
   run_ranks(tp, [&](comm_t& c) {
     weft::layer::gpt<T, comm_t, Gemm, SP, Recompute> model(c, shape, 99);
     for (int step = 0; step < steps; ++step) {
       model.zero_grad();
-      const double loss = model.forward(ids, targets);
-      model.backward();
+      double loss = 0.0;
+      for (int m = micro_batches; m-- > 0;) {  // the first micro-batch last: its logits stay
+        const auto ids = ids_from(static_cast<std::uint32_t>(1 + 2 * m));
+        const auto targets = ids_from(static_cast<std::uint32_t>(2 + 2 * m));
+        loss = model.forward(ids, targets);
+        model.backward();
+      }
       std::lock_guard lock(mu);
       if (c.rank() == 0) out.losses.push_back(loss);
       if (step == 0) {

@@ -53,6 +53,21 @@ TEST(Gpt, ElementOrderDoesNotMatter) {
   matches_tp1<double, sequence_parallel, recompute::full, reversed_elements>();
 }
 
+// Gradients accumulated over three backwards between zero_grad()s, as a trainer with several
+// micro-batches per step does. Under sequence parallelism each backward reduces the replicated
+// parameters' partial sums over the TP group: it once reduced what earlier backwards had
+// accumulated too, counting them tp times (the LayerNorms and row-parallel biases).
+TEST(Gpt, AccumulatedBackwardsMatchTp1) {
+  const run_result one = train<double, no_sequence_parallel, recompute::none>(1, 3);
+  for (int tp : {2, 3}) {
+    SCOPED_TRACE("tp=" + std::to_string(tp));
+    expect_same_training(train<double, sequence_parallel, recompute::none>(tp, 3), one, tolerance<double>);
+    expect_same_training(train<double, no_sequence_parallel, recompute::selective>(tp, 3), one, tolerance<double>);
+  }
+  const run_result one_float = train<float, no_sequence_parallel, recompute::none>(1, 2);
+  expect_same_training(train<float, sequence_parallel, recompute::full>(2, 2), one_float, tolerance<float>);
+}
+
 TEST(Gpt, BadBatchIsAnError) {
   run_ranks(2, [](comm_t& c) {
     weft::layer::gpt<float, comm_t, weft::layer::cblas, sequence_parallel> model(c, shape, 1);

@@ -11,7 +11,8 @@
 //   model.backward();                             // gradients accumulate until zero_grad()
 //
 // The loss is the mean over the tokens. Under sequence parallelism backward ends with the one
-// all-reduce of the replicated parameters' partial gradients (reduce_sequence_parallel_grads).
+// all-reduce of the replicated parameters' partial gradients (reduce_sequence_parallel_grads), of
+// its own contribution only: gradients accumulated over several backwards are summed once.
 // Tensor ids: embedding 0, blocks from 1 (4 each), LM head after them; one seed makes the same
 // model at every TP size.
 //
@@ -99,6 +100,9 @@ public:
 
   /// Gradients of the last forward's loss, accumulated into every parameter's grad.
   void backward() {
+    if constexpr (SP::enabled) {
+      if (reduced_since_zero_grad_) set_aside_reduced_grads();
+    }
     const std::size_t rows = normed_.rows();
     detail::resize(gemm_, dlogits_, logits_.rows(), logits_.cols());
     loss_.backward(dlogits_.view());
@@ -114,6 +118,8 @@ public:
     if constexpr (SP::enabled) {
       auto ps = parameters();
       reduce_sequence_parallel_grads(gemm_, *tp_, std::span<parameter<T>>(ps), sp_grads_);
+      if (reduced_since_zero_grad_) add_back_reduced_grads(ps);
+      reduced_since_zero_grad_ = true;
     }
   }
 
@@ -128,6 +134,7 @@ public:
     return ps;
   }
   void zero_grad() {
+    reduced_since_zero_grad_ = false;
     embedding_.zero_grad();
     for (auto& b : blocks_) b.zero_grad();
     final_norm_.zero_grad();
@@ -146,6 +153,36 @@ private:
     }
   }
 
+  // Sequence parallelism: what earlier backwards accumulated (since zero_grad) into the
+  // replicated parameters' gradients is summed over the TP group already. A backward sets it
+  // aside, reduces only its own partial sums, and adds it back: reducing the whole gradient would
+  // count the earlier backwards tp times.
+  void set_aside_reduced_grads() {
+    auto ps = parameters();
+    std::size_t n = 0;
+    for (const auto& p : ps) {
+      if (p.sequence_partial) n += p.grad.size();
+    }
+    detail::resize(gemm_, sp_kept_, 1, n);
+    std::size_t at = 0;
+    for (const auto& p : ps) {
+      if (!p.sequence_partial) continue;
+      const matrix_view<T> kept(sp_kept_.data() + at, p.grad.rows(), p.grad.cols());
+      detail::copy_view(gemm_, matrix_view<const T>(p.grad), kept);
+      detail::for_each_element(gemm_, p.grad.rows(), p.grad.cols(), detail::zero_element<T>{p.grad});
+      at += p.grad.size();
+    }
+  }
+  void add_back_reduced_grads(const std::vector<parameter<T>>& ps) {
+    std::size_t at = 0;
+    for (const auto& p : ps) {
+      if (!p.sequence_partial) continue;
+      const matrix_view<const T> kept(sp_kept_.data() + at, p.grad.rows(), p.grad.cols());
+      detail::for_each_element(gemm_, p.grad.rows(), p.grad.cols(), detail::add_element<T>{p.grad, kept});
+      at += p.grad.size();
+    }
+  }
+
   Comm* tp_;
   gpt_shape shape_;
   Gemm gemm_;
@@ -157,6 +194,8 @@ private:
   std::vector<matrix<T, space>> acts_;
   matrix<T, space> normed_, logits_, dlogits_, d_a_, d_b_;
   matrix<T, space> sp_grads_;  // sequence_parallel: the replicated parameters' gradients, packed
+  matrix<T, space> sp_kept_;   // ... and what earlier backwards reduced, set aside
+  bool reduced_since_zero_grad_ = false;
 };
 
 } // namespace weft::layer
