@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -172,6 +173,56 @@ TEST(Attention, HeadsMustDivideOverTheGroup) {
   });
   run_ranks(1, [](comm_t& c) {
     expect_error([&] { weft::layer::parallel_attention<float, comm_t> a(c, 10, 4, 4, seed, 0); }, "does not divide");
+  });
+}
+
+// --- a forward refused for its shapes changes nothing that backward uses ---------------------
+
+// Gradients (every parameter's, then dx) of forward(x1) and backward(dy) on each rank, with or
+// without a forward of x2 into a y of the wrong shape in between. The refused forward used to
+// replace what the layer kept for backward (the column layer's input; the attention's q, k, v and
+// probabilities), and the backward after it mixed the two inputs.
+template <class Make>
+void refused_forward_changes_nothing(int tp, std::size_t rows, std::size_t hidden, Make make) {
+  run_ranks(tp, [&](comm_t& c) {
+    const auto grads = [&](bool refuse) {
+      auto layer = make(c);
+      const std::size_t in = hidden;
+      const dmat x1 = random_dmat(rows, in, 21 + static_cast<unsigned>(c.rank()));
+      const dmat x2 = scaled(random_dmat(rows, in, 31), 3.0);
+      const dmat dy = random_dmat(rows, hidden, 41 + static_cast<unsigned>(c.rank()));
+      dmat y(rows, hidden), bad_y(rows, hidden + 1), dx(rows, in);
+      layer->forward(x1.view(), y.view());
+      if (refuse) expect_error([&] { layer->forward(x2.view(), bad_y.view()); }, "y is");
+      layer->backward(dy.view(), dx.view());
+      std::vector<double> g;
+      for (auto& p : layer->parameters())
+        for (std::size_t i = 0; i < p.grad.rows(); ++i)
+          for (std::size_t j = 0; j < p.grad.cols(); ++j) g.push_back(p.grad(i, j));
+      for (std::size_t i = 0; i < rows; ++i)
+        for (std::size_t j = 0; j < in; ++j) g.push_back(dx(i, j));
+      return g;
+    };
+    EXPECT_EQ(grads(true), grads(false)) << "rank " << c.rank();
+  });
+}
+
+TEST(Layers, ARefusedForwardChangesNothingBackwardUses) {
+  using weft::layer::cblas;
+  // The column layer gathers its output (y: tokens x hidden on every rank).
+  refused_forward_changes_nothing(2, 8, 6, [](comm_t& c) {
+    return std::make_unique<weft::layer::column_parallel_linear<double, comm_t>>(
+        c, 6, 6, seed, 1, weft::layer::column_parallel_linear<double, comm_t>::options{.gather_output = true});
+  });
+  refused_forward_changes_nothing(2, 8, 8, [](comm_t& c) {
+    return std::make_unique<weft::layer::parallel_attention<double, comm_t>>(c, 8, 2, 4, seed, 1);
+  });
+  refused_forward_changes_nothing(2, 4, 8, [](comm_t& c) {  // sequence parallel: 4 of 8 tokens each
+    return std::make_unique<weft::layer::parallel_attention<double, comm_t, cblas, sequence_parallel>>(c, 8, 2, 4,
+                                                                                                         seed, 1);
+  });
+  refused_forward_changes_nothing(2, 8, 8, [](comm_t& c) {
+    return std::make_unique<weft::layer::parallel_mlp<double, comm_t>>(c, 8, 12, seed, 1);
   });
 }
 

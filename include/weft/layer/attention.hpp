@@ -163,6 +163,12 @@ public:
 
   /// x, y: tokens x hidden (sequence_parallel: this rank's rows).
   void forward(matrix_view<const T> x, matrix_view<T> y) {
+    // Every shape is checked before the projections keep anything for backward.
+    static constexpr std::string_view who = "parallel_attention::forward";
+    if (x.cols() != qkv_.in_features()) {
+      ::weft::detail::shape_error(who, "x", x.rows(), x.cols(), x.rows(), qkv_.in_features());
+    }
+    expect_shape(who, "y", y, x.rows(), out_.out_features());
     const std::size_t tokens = SP::enabled ? x.rows() * static_cast<std::size_t>(qkv_.comm().size()) : x.rows();
     if (tokens % seq_ != 0) {
       throw error("parallel_attention::forward: " + std::to_string(tokens) + " tokens are not whole sequences of " +

@@ -236,13 +236,15 @@ public:
   void forward(matrix_view<const T> x, matrix_view<T> y) {
     static constexpr std::string_view who = "column_parallel_linear::forward";
     if (x.cols() != in_) ::weft::detail::shape_error(who, "x", x.rows(), x.cols(), x.rows(), in_);
+    // Every shape is checked before anything kept for backward changes.
+    const std::size_t tokens = SP::enabled ? x.rows() * static_cast<std::size_t>(tp_->size()) : x.rows();
+    expect_shape(who, "y", y, tokens, opt_.gather_output ? out_ : range_.size());
+    forwarded_ = false;
     if constexpr (SP::enabled) {
       detail::gather_rows(gemm_, *tp_, x, x_, staging_);
     } else {
       detail::assign(gemm_, x_, x);
     }
-    const std::size_t tokens = x_.rows();
-    expect_shape(who, "y", y, tokens, opt_.gather_output ? out_ : range_.size());
     forwarded_ = true;
     if (!opt_.gather_output) {
       matmul_forward(y);
@@ -349,6 +351,7 @@ public:
     const std::size_t tokens = x.rows();
     const std::size_t rows_out = SP::enabled ? detail::check_sequence_split(who, tokens, tp_->size()) : tokens;
     expect_shape(who, "y", y, rows_out, out_);
+    forwarded_ = false;
     detail::assign(gemm_, x_, x);
     detail::resize(gemm_, part_, tokens, out_);
     gemm_(trans::n, trans::t, T{1}, detail::cview(x_), detail::cview(w_), T{0}, part_.view());

@@ -36,6 +36,7 @@ public:
 
   void forward(matrix_view<const T> x, matrix_view<T> y) {
     if (x.cols() != hidden_) ::weft::detail::shape_error("parallel_mlp::forward", "x", x.rows(), x.cols(), x.rows(), hidden_);
+    expect_shape("parallel_mlp::forward", "y", y, x.rows(), hidden_);  // before fc1 keeps anything
     const std::size_t tokens = SP::enabled ? x.rows() * static_cast<std::size_t>(tp_->size()) : x.rows();
     detail::resize(gemm_, h_, tokens, fc1_.out_local());
     detail::resize(gemm_, a_, tokens, fc1_.out_local());
