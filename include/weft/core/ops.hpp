@@ -49,6 +49,9 @@ struct max {
   WEFT_HOST_DEVICE constexpr A operator()(A a, A b) const { return a < b ? b : a; }
 };
 /// Sum, then divide by the number of ranks (integer division for integer types), like ncclAvg.
+/// half on host buffers scales each input by 1/ranks first and sums, as ncclAvg does for floating
+/// types, so that a mean half holds does not overflow on the way (device transports and
+/// two_level sum first, then divide).
 struct avg : sum {
   static constexpr std::string_view name = "avg";
 };

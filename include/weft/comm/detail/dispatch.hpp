@@ -295,6 +295,18 @@ void run_planned(Comm& comm, const T* in, std::size_t in_n, T* out, std::size_t 
     pl = &plan_cache::mine().get(Algo::name, q, [](const plan_request& r) { return Algo::make_plan(r); });
   }
   if (check_calls_enabled(comm)) check_same_call(comm, {C, algorithm, count, dtype_of<T>, op_name<Op>(), root});
+  if constexpr (is_average_v<Op> && std::is_same_v<std::remove_cv_t<T>, half> &&
+                !requires { comm.divide(out, out_n); }) {
+    if (C == collective::all_reduce || C == collective::reduce_scatter || C == collective::reduce) {
+      // half ends at 65504: the sum of the inputs overflows where their mean need not. Each input
+      // is scaled by 1/ranks first (as ncclAvg does for floating types), and the plan sums.
+      std::vector<T> scaled(in, in + in_n);
+      const float by = 1.0f / static_cast<float>(comm.size());
+      for (auto& v : scaled) v = static_cast<T>(static_cast<float>(v) * by);
+      comm.execute(*pl, scaled.data(), in_n, out, out_n, op, opname);
+      return;
+    }
+  }
   comm.execute(*pl, in, in_n, out, out_n, op, opname);
   if constexpr (is_average_v<Op>) {
     if (C != collective::reduce || comm.rank() == root) {
