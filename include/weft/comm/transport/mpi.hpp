@@ -210,7 +210,9 @@ public:
   // --- point to point -------------------------------------------------------------------
   // MPI semantics: send returns once the buffer may be reused, which for a large message
   // can mean once the receiver has matched it; a receive must name the count and type that
-  // were sent (anything else is a weft::error). Both wait at most timeout().
+  // were sent. Another count of bytes is a weft::error; another type of the same bytes (float
+  // sent, int32 received) is not detected, since MPI messages do not carry their type
+  // (weft::local's do, and refuse it). Both wait at most timeout().
 
   template <element T>
   void send(std::span<const T> data, int peer, int tag = 0) {
