@@ -169,6 +169,12 @@ public:
   }
 
   // --- point to point (eager: send copies and returns; recv blocks) ------------------------
+  // One ordered channel per pair of ranks carries point-to-point and collective messages
+  // alike, and the tag is checked, not matched: a rank receives in the order its peer sent.
+  // MPI matches by tag, and keeps weft's collectives apart, so a program that receives tags
+  // out of order, or runs a collective between a send and its receive on one communicator,
+  // runs under weft::mpi and is a weft::error here (naming both messages). Split a
+  // communicator for traffic that interleaves.
   template <element T>
   void send(std::span<const T> data, int peer, int tag = 0) {
     check_peer(peer, "send");
