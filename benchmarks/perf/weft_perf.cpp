@@ -233,10 +233,10 @@ std::int64_t check_output(collective op, const pattern& pat, int r, int p, int r
   const auto ur = static_cast<std::size_t>(r);
   switch (op) {
     case collective::all_reduce:
-      return count_wrong(out.first(count), [&](std::size_t i) { return pat.reduced(i); });
+      return count_wrong(out.first(count), [&](std::size_t i) { return pat.reduced(i); }, pat.tolerance());
     case collective::reduce_scatter:
-      return count_wrong(out.first(count),
-                         [&](std::size_t i) { return pat.reduced(ur * count + i); });
+      return count_wrong(out.first(count), [&](std::size_t i) { return pat.reduced(ur * count + i); },
+                         pat.tolerance());
     case collective::all_gather:
       return count_wrong(out.first(count * static_cast<std::size_t>(p)), [&](std::size_t i) {
         return static_cast<double>(pat.input(static_cast<int>(i / count), i % count));
@@ -246,7 +246,7 @@ std::int64_t check_output(collective op, const pattern& pat, int r, int p, int r
                          [&](std::size_t i) { return static_cast<double>(pat.input(root, i)); });
     case collective::reduce:
       return r == root
-                 ? count_wrong(out.first(count), [&](std::size_t i) { return pat.reduced(i); })
+                 ? count_wrong(out.first(count), [&](std::size_t i) { return pat.reduced(i); }, pat.tolerance())
                  : 0;
     case collective::all_to_all:
       return count_wrong(out.first(count * static_cast<std::size_t>(p)), [&](std::size_t i) {

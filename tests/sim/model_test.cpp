@@ -122,6 +122,40 @@ TEST(sim_model, activation_memory_is_korthikanti_table2) {
                    s * b4 * h * (10 + 24 / t4));
 }
 
+// Table 2's breakdown, tensor by tensor, for other FFN widths, a gated MLP and grouped-query
+// attention (g = kv/a). Per layer, in 16-bit values unless a 1-byte mask: the two LayerNorms'
+// inputs 4sbh; the QKV projection's input 2sbh, Q 2sbh, K and V 2sbh g each, the output
+// projection's input 2sbh and its dropout mask sbh, the scores, softmax and dropout 5as^2b;
+// the MLP's input 2sbh, its dropout mask sbh, and its f-wide tensors: GeLU's input and output
+// 4sbf, or gated, the gate, the up projection and their product 6sbf. TP leaves whole Table 2's
+// 10 sbh: the LayerNorms' inputs, the QKV projection's and the MLP's inputs, the two dropout
+// masks (4 + 2 + 2 + 1 + 1); sequence parallelism splits those too.
+TEST(sim_model, activation_memory_follows_the_ffn_width_the_gate_and_the_key_value_heads) {
+  const double s = 2048, b = 2, h = 4096, a = 32;
+  for (const int f : {4096, 16384, 65536}) {
+    for (const bool gated : {false, true}) {
+      for (const int kv : {32, 8}) {
+        model_spec m = gpt("m", 24, 4096, 32);
+        m.ffn = f;
+        m.gated = gated;
+        m.kv_heads = kv;
+        const double g = kv / a, sbh = s * b * h, sbf = s * b * f;
+        const double whole = 4 * sbh + 2 * sbh + 2 * sbh + 4 * sbh * g + 2 * sbh + sbh + 2 * sbh + sbh +
+                             (gated ? 6 : 4) * sbf;
+        const double kept = 10 * sbh, split = whole - kept, core = 5 * a * s * s * b;
+        for (const int t : {1, 4}) {
+          SCOPED_TRACE("f " + std::to_string(f) + (gated ? " gated" : "") + " kv " + std::to_string(kv) + " t " +
+                       std::to_string(t));
+          EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, b, t, false, recompute::none), kept + (split + core) / t);
+          EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, b, t, true, recompute::none), (whole + core) / t);
+          EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, b, t, false, recompute::selective), kept + split / t);
+          EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, b, t, true, recompute::selective), whole / t);
+        }
+      }
+    }
+  }
+}
+
 TEST(sim_model, one_f_one_b_bubble_with_8_stages_and_64_microbatches_is_about_11_percent) {
   const auto s = weft::pipeline::one_f_one_b::make(8, 64);
   const auto st = weft::pipeline::analyze(s, weft::pipeline::costs{1, 2, 0});

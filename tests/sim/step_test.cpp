@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <ctime>
 #include <cmath>
 #include <cstdio>
@@ -143,6 +144,62 @@ TEST(sim_step, pipeline_bubble_and_memory_of_a_simple_layout) {
   EXPECT_NEAR(r.step_time_s, r.pipeline_s + r.dp_exposed_s + r.optimizer_s, 1e-12);
   EXPECT_EQ(r.dp_exposed_s, 0);
   EXPECT_EQ(r.pp.link, "nvlink");
+}
+
+// ZeRO-2 keeps 1/dp of the gradients, so each micro-batch's are reduce-scattered; ZeRO-3
+// keeps 1/dp of the weights too, gathered for each micro-batch's forward and backward. Their
+// DP traffic grows with the micro-batches (ZeRO-1's is once a step): the step used to price one
+// reduction (and one gather) whatever m.
+TEST(sim_step, zero_2_and_3_communicate_every_micro_batch) {
+  const model_spec m = gpt("gpt3-175b", 96, 12288, 96);
+  const machine mc = dgx(a100_80gb, 16);
+  const auto dp_seconds = [&](int zero, int batch) {
+    layout l;
+    l.tp = 8;
+    l.pp = 8;
+    l.dp = 2;
+    l.global_batch = batch;
+    l.zero = zero;
+    l.recomputation = recompute::full;
+    return simulate_step(m, mc, l).dp.seconds;
+  };
+  EXPECT_EQ(dp_seconds(1, 16), dp_seconds(1, 256));
+  EXPECT_DOUBLE_EQ(dp_seconds(1, 16), dp_seconds(0, 16));
+  // ZeRO-2: one all-reduce's worth (the last reduce-scatter and the all-gather) and m - 1 more
+  // reduce-scatters: affine in m, with the slope of a reduce-scatter (about half the all-reduce).
+  const double z2_8 = dp_seconds(2, 16), z2_9 = dp_seconds(2, 18), z2_128 = dp_seconds(2, 256);
+  EXPECT_NEAR(z2_8 - dp_seconds(1, 16), 7 * (z2_9 - z2_8), 1e-12 * z2_8);
+  EXPECT_NEAR(z2_128 - z2_8, 120 * (z2_9 - z2_8), 1e-9 * z2_128);
+  EXPECT_GT(z2_9 - z2_8, 0.4 * dp_seconds(1, 16));
+  EXPECT_LT(z2_9 - z2_8, 0.6 * dp_seconds(1, 16));
+  // ZeRO-3: per micro-batch two gathers of 16-bit weights and a reduce-scatter: proportional to m,
+  // about 1.5 all-reduces each.
+  EXPECT_DOUBLE_EQ(dp_seconds(3, 256), 16 * dp_seconds(3, 16));
+  EXPECT_GT(dp_seconds(3, 16), 8 * 1.2 * dp_seconds(1, 16));
+  EXPECT_LT(dp_seconds(3, 16), 8 * 1.8 * dp_seconds(1, 16));
+}
+
+// The fullest rank is the one with the most states and activations together: with 5 layers on
+// 4 stages, rank 2 holds the extra layer (the most states) and rank 0 the embedding's output and
+// the most micro-batches (the most activations). Adding each maximum over-counted.
+TEST(sim_step, memory_is_the_fullest_ranks_states_and_activations_together) {
+  model_spec m = gpt("m", 5, 4096, 32, 32000);
+  layout l;
+  l.pp = 4;
+  l.dp = 1;
+  l.global_batch = 4;
+  const step_result r = simulate_step(m, dgx(a100_80gb, 1), l);
+  const double s = 2048, h = 4096, sbh = s * h;
+  const double layer = 12 * h * h + 13 * h, per_layer = sbh * (34 + 5.0 * 32 * s / h);
+  const int layers[4] = {1, 1, 2, 1};
+  double fullest = 0;
+  for (int rank = 0; rank < 4; ++rank) {
+    double params = layers[rank] * layer, act = (4 - rank) * layers[rank] * per_layer;  // 1F1B holds p - r
+    if (rank == 0) params += (32000 + s) * h, act += 4 * 2 * sbh;
+    if (rank == 3) params += 32000 * h, act += 4 * s * 32000;
+    fullest = std::max(fullest, 16 * params + act);
+  }
+  EXPECT_NEAR(r.memory_bytes(), fullest, 1e-9 * fullest);
 }
 
 TEST(sim_step, dp_groups_sharing_a_nodes_nics_are_priced_as_if_run_together) {

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <fstream>
@@ -72,6 +73,7 @@ struct config {
   int global_batch = 0;
   sim::layout layout;
   std::optional<int> tp, pp, dp, chunks;
+  std::optional<int> ffn, kv_heads;  // applied after --model, wherever they come
   bool search = false;
   int top = 5;
   double memory_limit_gib = 0;
@@ -82,12 +84,15 @@ struct config {
 
 [[noreturn]] void bad(const std::string& what) { throw weft::error("weft-plan: " + what); }
 
-int whole(std::string_view flag, std::string_view text, int least) {
+// `most` keeps the products the simulator forms (GPUs, tokens per micro-batch) far from
+// overflow, and a search's loops bounded.
+int whole(std::string_view flag, std::string_view text, int least, int most = 1 << 24) {
   int v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec != std::errc() || end != text.data() + text.size())
     bad(std::string(flag) + " takes a whole number, not '" + std::string(text) + "'");
   if (v < least) bad(std::string(flag) + " must be at least " + std::to_string(least) + ", not " + std::string(text));
+  if (v > most) bad(std::string(flag) + " must be at most " + std::to_string(most) + ", not " + std::string(text));
   return v;
 }
 
@@ -122,7 +127,10 @@ sim::model_spec preset(std::string_view name) {
   if (name == "gpt3-175b") gpt(96, 12288, 96, 51200);
   else if (name == "mt-nlg-530b") gpt(105, 20480, 128, 50272);
   else if (name == "gpt-1t") gpt(128, 25600, 160, 51200);
-  else if (name == "bloom-176b") gpt(70, 14336, 112, 250880);
+  else if (name == "bloom-176b") {
+    gpt(70, 14336, 112, 250880);
+    m.learned_positions = false;  // ALiBi
+  }
   else if (name == "llama2-70b") llama(80, 8192, 64, 8, 28672, 4096, 32000);
   else if (name == "llama3-405b") llama(126, 16384, 128, 8, 53248, 8192, 128256);
   else if (name == "nemotron4-340b") {  // GQA and rotary like Llama, but a squared-ReLU MLP of 4h
@@ -184,16 +192,16 @@ config parse(const std::vector<std::string_view>& args) {
     else if (flag == "--heads") { c.model.heads = whole(flag, v, 1); has_shape = true; }
     else if (flag == "--seq") { c.model.seq = whole(flag, v, 1); has_shape = true; }
     else if (flag == "--vocab") { c.model.vocab = whole(flag, v, 1); has_shape = true; }
-    else if (flag == "--ffn") c.model.ffn = whole(flag, v, 1);
-    else if (flag == "--kv-heads") c.model.kv_heads = whole(flag, v, 1);
+    else if (flag == "--ffn") c.ffn = whole(flag, v, 1);
+    else if (flag == "--kv-heads") c.kv_heads = whole(flag, v, 1);
     else if (flag == "--gpu") c.gpu = std::string(v);
-    else if (flag == "--nodes") c.nodes = whole(flag, v, 1);
-    else if (flag == "--gpus-per-node") c.gpus_per_node = whole(flag, v, 1);
+    else if (flag == "--nodes") c.nodes = whole(flag, v, 1, 65536);
+    else if (flag == "--gpus-per-node") c.gpus_per_node = whole(flag, v, 1, 1024);
     else if (flag == "--global-batch") c.global_batch = whole(flag, v, 1);
     else if (flag == "--tp") c.tp = whole(flag, v, 1);
     else if (flag == "--pp") c.pp = whole(flag, v, 1);
     else if (flag == "--dp") c.dp = whole(flag, v, 1);
-    else if (flag == "--chunks") c.chunks = whole(flag, v, 1);
+    else if (flag == "--chunks") c.chunks = whole(flag, v, 1, 1024);
     else if (flag == "--micro-batch") c.layout.micro_batch = whole(flag, v, 1);
     else if (flag == "--zero") {
       c.layout.zero = whole(flag, v, 0);
@@ -213,12 +221,21 @@ config parse(const std::vector<std::string_view>& args) {
     else if (flag == "--trace") c.trace = std::string(v);
   }
   if (c.help) return c;
+  if (c.ffn) c.model.ffn = *c.ffn;
+  if (c.kv_heads) c.model.kv_heads = *c.kv_heads;
   if (has_preset && has_shape) bad("--model and shape flags (--layers ...) exclude each other");
   if (!has_preset && !has_shape) bad("a model is required: --model NAME or --layers --hidden --heads --seq --vocab");
   if (c.global_batch == 0) bad("--global-batch is required");
   if (!c.search && (!c.tp || !c.pp)) bad("give a layout (--tp and --pp) or --search");
   if (c.search && !c.trace.empty()) bad("--trace draws one layout; leave out --search");
   if (c.search && c.nodes == 0) bad("--search needs --nodes");
+  if (c.search) {
+    // The search chooses these itself: given, they would be ignored without a word.
+    for (std::string_view f : {"--micro-batch", "--zero", "--recompute", "--schedule", "--chunks"})
+      if (std::find(seen.begin(), seen.end(), f) != seen.end())
+        bad(std::string(f) + " sets one layout; --search chooses it (leave it out, or drop --search)");
+    if (c.layout.tp_across_nodes) bad("--tp-across-nodes sets one layout; --search keeps TP inside nodes");
+  }
   if (c.chunks && c.layout.schedule != pl::schedule_kind::interleaved)
     bad("--chunks applies to --schedule interleaved only");
   c.layout.chunks = c.chunks.value_or(c.layout.schedule == pl::schedule_kind::interleaved ? 2 : 1);
@@ -251,7 +268,9 @@ std::string json(const sim::model_spec& m, const sim::layout& l, const sim::step
            ", \"link\": " + q(a.link) + "}";
   };
   std::string o = "{\n";
-  o += "  \"model\": " + q(m.name) + ", \"parameters\": " + num(m.parameters()) + ", \"gpu\": " + q(gpu) + ",\n";
+  char parameters[32];
+  std::snprintf(parameters, sizeof parameters, "%.0f", m.parameters());
+  o += "  \"model\": " + q(m.name) + ", \"parameters\": " + parameters + ", \"gpu\": " + q(gpu) + ",\n";
   o += "  \"layout\": {\"tp\": " + std::to_string(l.tp) + ", \"pp\": " + std::to_string(l.pp) +
        ", \"dp\": " + std::to_string(l.dp) + ", \"chunks\": " + std::to_string(l.chunks) +
        ", \"micro_batch\": " + std::to_string(l.micro_batch) + ", \"global_batch\": " + std::to_string(l.batch()) +
@@ -279,8 +298,9 @@ std::string json(const sim::model_spec& m, const sim::layout& l, const sim::step
 }
 
 std::string text(const sim::model_spec& m, const sim::layout& l, const sim::step_result& r,
-                 const sim::machine& mc) {
+                 const sim::machine& mc, double memory_limit_gib) {
   const double gib = 1024.0 * 1024 * 1024;
+  const double limit = memory_limit_gib > 0 ? memory_limit_gib * gib : mc.device.hbm_bytes;
   char buf[512];
   std::string o = m.name + " (" + num(m.parameters() / 1e9) + "B parameters) on " +
                   std::to_string(mc.cluster.size()) + " " + std::string(mc.device.name) +
@@ -288,19 +308,22 @@ std::string text(const sim::model_spec& m, const sim::layout& l, const sim::step
                   sim::describe(l) + "\n";
   std::snprintf(buf, sizeof buf,
                 "  step %.3f s, %d micro-batches; %.1f TFLOP/s per GPU (SC21 Eq. 3), %.1f model TFLOP/s (MFU %.1f%%)\n"
-                "  bubble %.1f%% of ideal compute; per micro-batch on the busiest rank: forward %.4f s, backward %.4f s\n"
-                "  memory per GPU %.1f GiB: weights %.1f, gradients %.1f, optimizer %.1f, activations %.1f (of %.0f GiB)\n",
+                "  bubble %.1f%% of ideal compute; per micro-batch on the busiest rank: forward %.4f s, backward %.4f s%s\n"
+                "  memory per GPU %.1f GiB: weights %.1f, gradients %.1f, optimizer %.1f, activations %.1f (of %.1f GiB usable)\n",
                 r.step_time_s, r.microbatches, r.tflops_per_gpu, r.model_tflops_per_gpu, 100 * r.mfu,
-                100 * r.bubble, r.forward_s, r.backward_s, r.memory_bytes() / gib, r.states.weights / gib,
-                r.states.gradients / gib, r.states.optimizer / gib, r.activation_bytes / gib,
-                mc.device.hbm_bytes / gib);
+                100 * r.bubble, r.forward_s, r.backward_s,
+                r.weight_s > 0 ? (", weight gradients " + num(r.weight_s) + " s").c_str() : "",
+                r.memory_bytes() / gib, r.states.weights / gib, r.states.gradients / gib, r.states.optimizer / gib,
+                r.activation_bytes / gib, limit / gib);
   o += buf;
   std::snprintf(buf, sizeof buf,
                 "  communication per step: TP %.3f s on %s, PP %.3f s on %s, DP %.3f s on %s (%.3f s exposed)\n",
                 r.tp.seconds, std::string(r.tp.link).c_str(), r.pp.seconds, std::string(r.pp.link).c_str(),
                 r.dp.seconds, std::string(r.dp.link).c_str(), r.dp_exposed_s);
   o += buf;
-  if (r.memory_bytes() > mc.device.hbm_bytes) o += "  warning: this layout does not fit the GPU's memory\n";
+  if (r.memory_bytes() > limit)
+    o += memory_limit_gib > 0 ? "  warning: this layout does not fit the memory limit\n"
+                              : "  warning: this layout does not fit the GPU's memory\n";
   const int per_node = mc.cluster.devices_on(0);
   if (!l.tp_across_nodes && l.tp > 1 && l.tp < per_node && per_node % l.tp != 0) {
     std::snprintf(buf, sizeof buf,
@@ -341,8 +364,10 @@ int main(int argc, char** argv) {
       if (c.json) {
         out = "{\"ranked\": [\n";
         for (std::size_t i = 0; i < s.ranked.size() && i < static_cast<std::size_t>(c.top); ++i)
-          out += (i ? ",\n" : "") + json(c.model, s.ranked[i].l, s.ranked[i].r, c.gpu);
-        out += "], \"meshes\": " + std::to_string(s.meshes) + ", \"simulated\": " + std::to_string(s.simulated) + "}\n";
+          out += (i ? ",\n" : "") + json(c.model, s.ranked[i].l, s.ranked[i].r, mc.device.name);
+        out += "], \"meshes\": " + std::to_string(s.meshes) + ", \"out_of_memory\": " + std::to_string(s.out_of_memory) +
+               ", \"unschedulable\": " + std::to_string(s.unschedulable) + ", \"simulated\": " +
+               std::to_string(s.simulated) + "}\n";
       } else {
         out = c.model.name + " on " + std::to_string(mc.cluster.size()) + " " + c.gpu + " (" +
               std::to_string(c.nodes) + " nodes), global batch " + std::to_string(c.global_batch) + ":\n";
@@ -372,21 +397,27 @@ int main(int argc, char** argv) {
     l.tp = *c.tp;
     l.pp = *c.pp;
     int gpus = 0;
+    const std::int64_t tp_pp = std::int64_t{l.tp} * l.pp;
     if (c.dp) {
       l.dp = *c.dp;
-      gpus = l.gpus();
+      const std::int64_t want = tp_pp * l.dp, most = std::int64_t{65536} * c.gpus_per_node;
+      if (want > most)
+        throw weft::error("weft-plan: tp * pp * dp = " + std::to_string(want) + " GPUs, more than 65536 nodes of " +
+                          std::to_string(c.gpus_per_node));
+      gpus = static_cast<int>(want);
     } else {
       if (c.nodes == 0) throw weft::error("weft-plan: give --dp or --nodes");
       const int all = c.nodes * c.gpus_per_node;
-      if (all % (l.tp * l.pp) != 0)
-        throw weft::error("weft-plan: tp * pp = " + std::to_string(l.tp * l.pp) + " does not divide the " +
+      if (all % tp_pp != 0)
+        throw weft::error("weft-plan: tp * pp = " + std::to_string(tp_pp) + " does not divide the " +
                           std::to_string(all) + " GPUs; give --dp");
-      l.dp = all / (l.tp * l.pp);
+      l.dp = static_cast<int>(all / tp_pp);
       gpus = all;
     }
     const sim::machine mc = make_machine(c, gpus);
     const sim::step_result r = sim::simulate_step(c.model, mc, l);
-    std::fputs((c.json ? json(c.model, l, r, c.gpu) : text(c.model, l, r, mc)).c_str(), stdout);
+    std::fputs((c.json ? json(c.model, l, r, mc.device.name) : text(c.model, l, r, mc, c.memory_limit_gib)).c_str(),
+               stdout);
     if (!c.trace.empty()) {
       std::ofstream f(c.trace);
       if (!f) throw weft::error("weft-plan: cannot write " + c.trace);

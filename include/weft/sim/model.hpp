@@ -156,6 +156,10 @@ struct model_spec {
 ///   selective     s b h (10 + 24/t)                  with SP: 34 s b h/t
 ///   full          2 s b h (the layer's input)        with SP: 2 s b h/t
 /// Flash attention keeps no a s^2 term: it stores what selective recompute stores.
+/// The 24 is the tensor-parallel part of Table 2's breakdown, for f = 4h, no gating and as many
+/// key-value heads as heads: Q 2sbh, K and V 2sbh each, the output projection's input 2sbh, and
+/// the MLP's two f-wide tensors 4sbf (GeLU's input and output). In general, with g = kv/a:
+/// (4 + 4g) sbh + 4sbf, or 6sbf gated (gate, up and their product).
 [[nodiscard]] inline double activation_bytes_per_layer(const model_spec& m, double b, int t,
                                                        bool sequence_parallel, recompute r) {
   const double s = m.seq, h = m.h(), a = m.heads, tt = t;
@@ -163,8 +167,9 @@ struct model_spec {
   if (r == recompute::full) return sequence_parallel ? 2.0 * sbh / tt : 2.0 * sbh;
   const bool core_kept = r == recompute::none && !m.flash_attention;
   const double core = core_kept ? 5.0 * a * s / h : 0.0;
-  if (sequence_parallel) return sbh / tt * (34.0 + core);
-  return sbh * (10.0 + 24.0 / tt + core / tt);
+  const double split = 4.0 + 4.0 * m.kv() / a + (m.gated ? 6.0 : 4.0) * m.f() / h;  // 24 for GPT
+  if (sequence_parallel) return sbh / tt * (10.0 + split + core);
+  return sbh * (10.0 + split / tt + core / tt);
 }
 
 /// Bytes per GPU of the model states under ZeRO stage 0 (replicated) to 3 with mixed-precision

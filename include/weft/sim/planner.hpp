@@ -51,7 +51,8 @@ struct search_result {
   std::vector<ranked_layout> ranked; // fastest first, one per (tp, pp, dp)
   int simulated = 0;                 // step simulations run
   int meshes = 0;                    // meshes that divide the cluster, the layers and the batch
-  int out_of_memory = 0;             // meshes with no variant that fits
+  int out_of_memory = 0;             // meshes with no variant that fits in memory
+  int unschedulable = 0;             // meshes no schedule runs with this batch (micro-batches)
 };
 
 /// Ranks every mesh of `mc` for `m`; throws weft::error if no layout fits.
@@ -73,6 +74,7 @@ struct search_result {
       if (o.global_batch % dp != 0) continue;
       ++out.meshes;
       std::vector<ranked_layout> variants;
+      bool schedulable = false;
       for (int mb : o.micro_batches) {
         if (o.global_batch % (dp * mb) != 0) continue;
         const int micro = o.global_batch / (dp * mb);
@@ -92,7 +94,7 @@ struct search_result {
             if (pp < 2 || m.layers % (2 * pp) != 0 || micro % pp != 0) continue;
           }
           if (kind == pipeline::schedule_kind::zero_bubble_h1 && (pp < 2 || micro < pp)) continue;
-          if (kind == pipeline::schedule_kind::one_f_one_b && pp > 1 && micro < pp) continue;
+          schedulable = true;
           // The least recompute that fits with some ZeRO stage; then every stage that fits.
           const std::vector<int> peak =
               detail::peak_in_flight(pipeline::generate(kind, pp, micro, l.chunks));
@@ -114,7 +116,7 @@ struct search_result {
         }
       }
       if (variants.empty()) {
-        ++out.out_of_memory;
+        ++(schedulable ? out.out_of_memory : out.unschedulable);
         continue;
       }
       out.ranked.push_back(*std::min_element(variants.begin(), variants.end(), [](const auto& a, const auto& b) {
@@ -122,10 +124,14 @@ struct search_result {
       }));
     }
   }
-  if (out.ranked.empty())
-    throw error("weft: sim: no layout of " + m.name + " fits " + std::to_string(limit / 1e9) +
-                " GB per GPU on " + std::to_string(gpus) + " GPUs with a global batch of " +
-                std::to_string(o.global_batch));
+  if (out.ranked.empty()) {
+    char gib[32];
+    std::snprintf(gib, sizeof gib, "%.1f", limit / (1024.0 * 1024 * 1024));
+    throw error("weft: sim: no layout of " + m.name + " on " + std::to_string(gpus) + " GPUs with a global batch of " +
+                std::to_string(o.global_batch) + ": of " + std::to_string(out.meshes) + " meshes, " +
+                std::to_string(out.out_of_memory) + " fit no variant in " + gib + " GiB per GPU and " +
+                std::to_string(out.unschedulable) + " have no schedule for the batch");
+  }
   std::sort(out.ranked.begin(), out.ranked.end(),
             [](const auto& a, const auto& b) { return a.r.step_time_s < b.r.step_time_s; });
   return out;
@@ -212,7 +218,9 @@ inline std::string format(const char* fmt, double a, double b = 0, double c = 0,
            "take them as equals and choose by what the model leaves out (software, schedules "
            "available, headroom in memory).\n";
   out += "Searched " + std::to_string(s.meshes) + " meshes (" + std::to_string(s.out_of_memory) +
-         " fit no variant in memory), simulated " + std::to_string(s.simulated) + " layouts.\n";
+         " fit no variant in memory" +
+         (s.unschedulable > 0 ? ", " + std::to_string(s.unschedulable) + " have no schedule for the batch" : "") +
+         "), simulated " + std::to_string(s.simulated) + " layouts.\n";
   return out;
 }
 

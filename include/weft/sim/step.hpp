@@ -332,20 +332,24 @@ inline void check_layout(const model_spec& m, const machine& mc, const layout& l
                          {"micro_batch", l.micro_batch}}) {
     if (v < 1) fail(std::string(name) + " must be at least 1, not " + std::to_string(v));
   }
-  if (l.gpus() > mc.cluster.size())
-    fail("tp * pp * dp = " + std::to_string(l.gpus()) + " GPUs, more than the cluster's " +
+  // Products in 64 bits: flags near INT_MAX must not wrap into a small or zero divisor.
+  const std::int64_t gpus = std::int64_t{l.tp} * l.pp * l.dp;
+  if (gpus > mc.cluster.size())
+    fail("tp * pp * dp = " + std::to_string(gpus) + " GPUs, more than the cluster's " +
          std::to_string(mc.cluster.size()));
-  if (l.global_batch < 0 || l.batch() % (l.dp * l.micro_batch) != 0)
-    fail("global batch " + std::to_string(l.batch()) + " is not a multiple of dp * micro_batch = " +
-         std::to_string(l.dp * l.micro_batch));
+  const std::int64_t per_microbatch = std::int64_t{l.dp} * l.micro_batch;
+  if (l.global_batch < 0 || (l.global_batch > 0 && l.global_batch % per_microbatch != 0))
+    fail("global batch " + std::to_string(l.global_batch) + " is not a multiple of dp * micro_batch = " +
+         std::to_string(per_microbatch));
   if (m.heads % l.tp != 0)
     fail("tp " + std::to_string(l.tp) + " does not divide the " + std::to_string(m.heads) + " heads");
   if (m.kv_heads > 0 && m.kv_heads % l.tp != 0) // Megatron-core splits the key-value groups over TP
     fail("tp " + std::to_string(l.tp) + " does not divide the " + std::to_string(m.kv_heads) +
          " key-value heads (grouped-query attention)");
-  if (m.layers < l.pp * l.chunks)
-    fail(std::to_string(m.layers) + " layers cannot fill pp * chunks = " +
-         std::to_string(l.pp * l.chunks) + " model chunks");
+  const std::int64_t model_chunks = std::int64_t{l.pp} * l.chunks;
+  if (m.layers < model_chunks)
+    fail(std::to_string(m.layers) + " layers cannot fill pp * chunks = " + std::to_string(model_chunks) +
+         " model chunks");
   if (l.zero < 0 || l.zero > 3) fail("zero must be 0..3, not " + std::to_string(l.zero));
   if (l.dp_buckets < 1) fail("dp_buckets must be at least 1");
   if (l.chunks > 1 && l.schedule != pipeline::schedule_kind::interleaved)
@@ -389,16 +393,17 @@ inline double rank_parameters(const model_spec& m, const layout& l, const std::v
   return *std::max_element(w.begin(), w.end());
 }
 
-/// Model states and activations of the fullest rank, given how many (micro-batch, chunk)
-/// pairs each pipeline rank holds at its peak (a chunk's pair holds 1/V of the rank's layers).
+/// Model states and activations of the fullest rank (the most of both together), given how
+/// many (micro-batch, chunk) pairs each pipeline rank holds at its peak (a chunk's pair holds
+/// 1/V of the rank's layers).
 inline std::pair<state_memory, double> memory_of(const model_spec& m, const layout& l,
                                                  const std::vector<int>& layers_of,
                                                  const std::vector<int>& peak) {
   const int t = l.tp, p = l.pp;
   const double b = l.micro_batch, T = b * m.seq, h = m.h(), v = l.chunks;
-  const state_memory states = zero_memory(rank_parameters(m, l, layers_of), l.dp, l.zero, l.grad_bytes);
+  const std::vector<double> weights = weights_per_rank(m, l, layers_of);
   const double per_layer = activation_bytes_per_layer(m, b, t, l.sequence_parallel, l.recomputation);
-  double worst = 0;
+  std::pair<state_memory, double> worst{};
   for (int r = 0; r < p; ++r) {
     const double held = peak[static_cast<std::size_t>(r)];
     double a = per_layer * layers_of[static_cast<std::size_t>(r)] * held / v;
@@ -406,9 +411,11 @@ inline std::pair<state_memory, double> memory_of(const model_spec& m, const layo
       a += activation_bytes_per_layer(m, b, t, l.sequence_parallel, recompute::none);
     if (r == 0) a += 2.0 * T * h / (l.sequence_parallel ? t : 1) * held / v; // embedding output
     if (r == p - 1) a += 4.0 * T * m.vocab / t;                                  // fp32 logits
-    worst = std::max(worst, a);
+    if (l.zero >= 3) a += 2.0 * 2.0 * m.layer_parameters() / t; // ZeRO-3: a layer gathered, the next prefetched
+    const state_memory states = zero_memory(weights[static_cast<std::size_t>(r)], l.dp, l.zero, l.grad_bytes);
+    if (r == 0 || states.total() + a > worst.first.total() + worst.second) worst = {states, a};
   }
-  return {states, worst};
+  return worst;
 }
 
 /// The most (micro-batch, chunk) pairs each rank of `s` holds at once: from its F until its
@@ -704,19 +711,32 @@ inline std::vector<int> peak_in_flight(const pipeline::schedule& s) {
   double dp_time = 0;
   std::string_view dp_link = "none";
   if (l.dp > 1) {
-    // ZeRO-1 and 2 reduce-scatter the gradients and all-gather the updated weights: the two
-    // halves of a ring all-reduce, priced as one. ZeRO-3 gathers the weights once more, for
-    // the backward (1.5x the traffic, as the ZeRO paper counts it). The slowest group's.
+    // ZeRO-1 reduce-scatters the gradients and all-gathers the updated weights once a step:
+    // the two halves of a ring all-reduce, priced as one. ZeRO-2 keeps 1/dp of the gradients,
+    // so each micro-batch's are reduce-scattered as its backward makes them (m reduce-scatters,
+    // then the all-gather). ZeRO-3 keeps 1/dp of the weights too and gathers them for every
+    // micro-batch's forward and backward: 2m all-gathers and m reduce-scatters (DeepSpeed's
+    // stages 2 and 3 under gradient accumulation). The slowest group's.
+    const double micro = out.microbatches;
+    const auto shard = grad_elems / static_cast<std::size_t>(l.dp);
     std::map<std::vector<int>, double> priced;
     for (int r = 0; r < p; ++r) {
       for (int i = 0; i < t; ++i) {
         const std::vector<int> members = group(l.dp, [&](int d) { return l.device(i, r, d); });
         auto [it, fresh] = priced.try_emplace(detail::node_pattern(members, mc.cluster), 0.0);
         if (fresh) {
-          it->second = detail::price_group(collective::all_reduce, members, grad_elems, grad_size, dp_net);
-          if (l.zero >= 3)
-            it->second += detail::price_group(collective::all_gather, members,
-                                              grad_elems / static_cast<std::size_t>(l.dp), 2, dp_net);
+          const auto price = [&](collective c, std::size_t n, std::size_t bytes) {
+            return detail::price_group(c, members, n, bytes, dp_net);
+          };
+          if (l.zero <= 1) {
+            it->second = price(collective::all_reduce, grad_elems, grad_size);
+          } else if (l.zero == 2) {
+            it->second = price(collective::all_reduce, grad_elems, grad_size) +
+                         (micro - 1) * price(collective::reduce_scatter, shard, grad_size);
+          } else {
+            it->second = micro * (2 * price(collective::all_gather, shard, 2) +
+                              price(collective::reduce_scatter, shard, grad_size));
+          }
         }
         if (it->second > dp_time || dp_link == "none") {
           dp_time = it->second;
@@ -727,7 +747,13 @@ inline std::vector<int> peak_in_flight(const pipeline::schedule& s) {
   }
   out.dp = {dp_time, dp_time, dp_link};
   if (l.overlap_dp) {
-    const double window = out.backward_s + out.weight_s; // the last micro-batch's backward
+    // The last micro-batch's backward; ZeRO-2 and 3 communicate under every micro-batch's
+    // backward (ZeRO-3: and forward).
+    const double backward = out.backward_s + out.weight_s;
+    const double micro = out.microbatches;
+    const double window = l.zero <= 1   ? backward
+                          : l.zero == 2 ? micro * backward
+                                        : micro * (backward + out.forward_s);
     out.dp_exposed_s = std::max(dp_time / l.dp_buckets, dp_time - window);
   } else {
     out.dp_exposed_s = dp_time;
