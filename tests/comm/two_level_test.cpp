@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -666,6 +667,53 @@ TEST(two_level, refuses_communicators_that_do_not_match_node_of) {
   local::run(topology::parse("2x2"), [](local::communicator& world) {
     EXPECT_THROW(make_two_level(world, {.chunk_bytes = 0}), error);
   });
+}
+
+// A chunk larger than the call (chunk_bytes = SIZE_MAX: "no chunking") takes the call in one
+// chunk. The reduce used to size its working memory by the chunk: SIZE_MAX wrapped to a 1-byte
+// block written past (ASan), 2^36 asked for 64 GiB for 10 floats; and the chunk count wrapped to 0.
+TEST(two_level, chunks_larger_than_the_call_take_it_in_one) {
+  for (const std::size_t chunk_bytes : {std::numeric_limits<std::size_t>::max(), std::size_t{1} << 36}) {
+    for (const char* spec : {"1+3", "2x2", "3+2"}) {
+      local::run(topology::parse(spec), [&](local::communicator& world) {
+        auto tl = make_two_level(world, {.chunk_bytes = chunk_bytes});
+        const int p = world.size();
+        std::vector<float> in(10), out(10, -1.0f), all(10);
+        for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(world.rank() * 100 + i);
+        reduce(tl, std::span<const float>(in), std::span(out), 0);
+        all_reduce(tl, std::span<const float>(in), std::span(all));
+        for (std::size_t i = 0; i < in.size(); ++i) {
+          const float want = static_cast<float>(100 * p * (p - 1) / 2 + p * static_cast<int>(i));
+          if (world.rank() == 0) {
+            EXPECT_EQ(out[i], want) << spec << " element " << i;
+          }
+          EXPECT_EQ(all[i], want) << spec << " element " << i;
+        }
+      });
+    }
+  }
+}
+
+// half averages whose sum half cannot hold (4 x 30000 > 65504): as the plain collectives,
+// each input is scaled by 1/size first. They gave inf.
+TEST(two_level, half_averages_do_not_overflow) {
+  for (const char* spec : {"2x2", "3+2", "1+3"}) {
+    local::run(topology::parse(spec), [&](local::communicator& world) {
+      auto tl = make_two_level(world);
+      const std::size_t n = 2 * static_cast<std::size_t>(world.size());
+      std::vector<half> in(n, half(30000.0f)), out(n), part(2), root(n);
+      all_reduce(tl, std::span<const half>(in), std::span(out), op::avg{});
+      for (const half v : out) EXPECT_NEAR(static_cast<float>(v), 30000.0f, 30.0f) << spec;
+      reduce_scatter(tl, std::span<const half>(in), std::span(part), op::avg{});
+      for (const half v : part) EXPECT_NEAR(static_cast<float>(v), 30000.0f, 30.0f) << spec;
+      reduce(tl, std::span<const half>(in), std::span(root), 1, op::avg{});
+      if (world.rank() == 1) {
+        for (const half v : root) EXPECT_NEAR(static_cast<float>(v), 30000.0f, 30.0f) << spec;
+      }
+      all_reduce(tl, std::span(in), op::avg{});
+      for (const half v : in) EXPECT_NEAR(static_cast<float>(v), 30000.0f, 30.0f) << spec << " in place";
+    });
+  }
 }
 
 } // namespace

@@ -28,7 +28,8 @@
 //
 // Every element is reduced at one place by Intra, then by Inter's all-reduce (bitwise equal on
 // every leader with weft's plans), then only copied: every rank ends with the same bits.
-// op::avg sums and divides once, by the whole group's size. The call's buffers are the
+// op::avg sums and divides once, by the whole group's size (half on the host: scales each input
+// by 1/size first and sums, as the plain collectives do). The call's buffers are the
 // transports' own (device memory for device transports); the call is queued on Intra's stream
 // and returns when queued there, as the transports' calls do.
 //
@@ -77,6 +78,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -156,6 +158,9 @@ public:
         return s;
       }
     }
+    if (bytes > std::numeric_limits<std::size_t>::max() - sizeof(std::max_align_t)) {
+      throw error("two_level: working memory of " + std::to_string(bytes) + " bytes");
+    }
     const std::size_t units = (bytes + sizeof(std::max_align_t) - 1) / sizeof(std::max_align_t);
     return {std::make_unique_for_overwrite<std::max_align_t[]>(units), units * sizeof(std::max_align_t)};
   }
@@ -174,6 +179,9 @@ template <class T>
 class host_scratch {
 public:
   host_scratch(std::shared_ptr<scratch_pool> pool, std::size_t n) : pool_(std::move(pool)) {
+    if (n > std::numeric_limits<std::size_t>::max() / sizeof(T)) {
+      throw error("two_level: working memory of " + std::to_string(n) + " elements");
+    }
     if (n != 0) s_ = pool_->take(n * sizeof(T));
   }
   host_scratch(host_scratch&&) noexcept = default;
@@ -495,7 +503,9 @@ public:
     const bool on_root_node = color_ == root_node;
     // A leader's block of chunk k, reduced over its node, lives at slot k of `part`; on the
     // root's node the ranks that only pass blocks on to the root receive them into `sink`.
-    const std::size_t slot = (chunk + static_cast<std::size_t>(leaders_) - 1) / static_cast<std::size_t>(leaders_);
+    // (sized by the longest chunk there is: chunk_bytes may well exceed the whole call)
+    const std::size_t longest = std::min(chunk, count);
+    const std::size_t slot = (longest + static_cast<std::size_t>(leaders_) - 1) / static_cast<std::size_t>(leaders_);
     auto part = handoff_.template scratch<T>(intra_, lead ? chunks * slot : 0);
     auto sink = handoff_.template scratch<T>(intra_, on_root_node && !at_root ? slot : 0);
     const auto reduce_within = [&](std::size_t k) {
@@ -914,7 +924,9 @@ private:
     const auto L = to_size(leaders_);
     return std::max(L, chunk_elements<T>() / L * L);
   }
-  static std::size_t chunk_count(std::size_t count, std::size_t chunk) noexcept { return (count + chunk - 1) / chunk; }
+  static std::size_t chunk_count(std::size_t count, std::size_t chunk) noexcept {
+    return count == 0 ? 0 : 1 + (count - 1) / chunk;  // no count + chunk - 1: chunk may be near SIZE_MAX
+  }
   /// (first element, length) of chunk k.
   static std::pair<std::size_t, std::size_t> chunk_span(std::size_t k, std::size_t chunk, std::size_t count) noexcept {
     const std::size_t first = k * chunk;
@@ -964,10 +976,33 @@ two_level<World, World, Handoff> make_two_level(World& world, two_level_options 
   return two_level<World, World, Handoff>(std::move(intra), std::move(inter), node_of, rank, opt, std::move(handoff));
 }
 
+namespace detail {
+
+/// half averages on the host as the plain collectives do (op::avg): each input scaled by
+/// 1/ranks first, then summed, so that a mean half holds does not overflow on the way.
+template <class Handoff, class T, class Op>
+inline constexpr bool premultiplied_average =
+    is_average_v<Op> && std::is_same_v<std::remove_cv_t<T>, half> && std::is_same_v<Handoff, host_handoff>;
+
+template <class T>
+std::vector<std::remove_cv_t<T>> scaled_by_ranks(const T* in, std::size_t n, int ranks) {
+  std::vector<std::remove_cv_t<T>> v(in, in + n);
+  const float by = 1.0f / static_cast<float>(ranks);
+  for (auto& x : v) x = static_cast<std::remove_cv_t<T>>(static_cast<float>(x) * by);
+  return v;
+}
+
+} // namespace detail
+
 template <class Algo = algo::stages<>, class Intra, class Inter, class Handoff, element T, class Op = op::sum>
   requires reduction_for<Op, T>
 void all_reduce(two_level<Intra, Inter, Handoff>& comm, std::span<T> inout, Op op = {}) {
-  comm.template all_reduce<Algo>(inout.data(), inout.data(), inout.size(), op);
+  if constexpr (detail::premultiplied_average<Handoff, T, Op>) {
+    const auto scaled = detail::scaled_by_ranks(inout.data(), inout.size(), comm.size());
+    comm.template all_reduce<Algo>(scaled.data(), inout.data(), inout.size(), op::sum{});
+  } else {
+    comm.template all_reduce<Algo>(inout.data(), inout.data(), inout.size(), op);
+  }
 }
 
 template <class Algo = algo::stages<>, class Intra, class Inter, class Handoff, class In, element T,
@@ -975,7 +1010,12 @@ template <class Algo = algo::stages<>, class Intra, class Inter, class Handoff, 
   requires std::same_as<std::remove_const_t<In>, T> && reduction_for<Op, T>
 void all_reduce(two_level<Intra, Inter, Handoff>& comm, std::span<In> in, std::span<T> out, Op op = {}) {
   detail::check_all_reduce_buffers(comm.rank(), in, out);
-  comm.template all_reduce<Algo>(in.data(), out.data(), in.size(), op);
+  if constexpr (detail::premultiplied_average<Handoff, T, Op>) {
+    const auto scaled = detail::scaled_by_ranks(in.data(), in.size(), comm.size());
+    comm.template all_reduce<Algo>(scaled.data(), out.data(), in.size(), op::sum{});
+  } else {
+    comm.template all_reduce<Algo>(in.data(), out.data(), in.size(), op);
+  }
 }
 
 /// out (in.size() / size() elements) = the reduction of block rank() of every rank's in.
@@ -984,7 +1024,12 @@ template <class Algo = algo::stages<>, class Intra, class Inter, class Handoff, 
   requires std::same_as<std::remove_const_t<In>, T> && reduction_for<Op, T>
 void reduce_scatter(two_level<Intra, Inter, Handoff>& comm, std::span<In> in, std::span<T> out, Op op = {}) {
   detail::check_reduce_scatter_buffers(comm.rank(), comm.size(), in, out);
-  comm.template reduce_scatter<Algo>(in.data(), out.data(), out.size(), op);
+  if constexpr (detail::premultiplied_average<Handoff, T, Op>) {
+    const auto scaled = detail::scaled_by_ranks(in.data(), in.size(), comm.size());
+    comm.template reduce_scatter<Algo>(scaled.data(), out.data(), out.size(), op::sum{});
+  } else {
+    comm.template reduce_scatter<Algo>(in.data(), out.data(), out.size(), op);
+  }
 }
 
 /// Block r of out (in.size() elements each) = rank r's in, on every rank.
@@ -1010,7 +1055,12 @@ template <class Algo = algo::stages<>, class Intra, class Inter, class Handoff, 
 void reduce(two_level<Intra, Inter, Handoff>& comm, std::span<In> in, std::span<T> out, int root, Op op = {}) {
   detail::check_two_level_root(comm, "reduce", root);
   detail::check_reduce_buffers(comm.rank(), comm.rank() == root, in, out);
-  comm.template reduce<Algo>(in.data(), out.data(), in.size(), root, op);
+  if constexpr (detail::premultiplied_average<Handoff, T, Op>) {
+    const auto scaled = detail::scaled_by_ranks(in.data(), in.size(), comm.size());
+    comm.template reduce<Algo>(scaled.data(), out.data(), in.size(), root, op::sum{});
+  } else {
+    comm.template reduce<Algo>(in.data(), out.data(), in.size(), root, op);
+  }
 }
 
 } // namespace weft
