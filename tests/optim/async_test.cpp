@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace {
@@ -62,6 +63,39 @@ TEST(async, bad_arguments_throw_weft_error_on_wait) {
     work w = reduce_scatter_async(ac, std::span<const float>(in), std::span(out));
     EXPECT_THROW(w.wait(), error);
   });
+}
+
+// A job that fails on one rank only (a bad buffer: it sends nothing) must not let the next job
+// pair with the peers' previous one: later jobs on that rank fail instead of finishing with
+// another call's data, and the peers are told, not left with wrong results.
+TEST(async, after_a_failed_job_later_jobs_fail_instead_of_pairing_with_other_calls) {
+  std::vector<std::string> second(2), first(2);
+  std::vector<std::vector<int>> got(2);
+  local::run(2, [&](local::communicator& c) {
+    const auto r = static_cast<std::size_t>(c.rank());
+    async_communicator ac(c);
+    const std::vector<int> in1(2, 100 + c.rank()), in2(2, 200 + c.rank());
+    std::vector<int> out1(c.rank() == 0 ? 3 : 4), out2(4);  // rank 0's first output is too short
+    work w1 = all_gather_async(ac, std::span<const int>(in1), std::span(out1));
+    work w2 = all_gather_async(ac, std::span<const int>(in2), std::span(out2));
+    try {
+      w1.wait();
+      got[r] = out1;
+    } catch (const error& e) {
+      first[r] = e.what();
+    }
+    try {
+      w2.wait();
+      got[r] = out2;
+    } catch (const error& e) {
+      second[r] = e.what();
+    }
+  });
+  EXPECT_NE(first[0].find("all_gather"), std::string::npos) << first[0];
+  EXPECT_NE(second[0].find("an earlier queued job failed on this rank"), std::string::npos) << second[0];
+  // Rank 1's calls find no partner (rank 0 sent nothing): errors, not rank 0's second call's data.
+  EXPECT_FALSE(first[1].empty()) << "rank 1 finished its first all-gather with {" << got[1][0] << ", ...}";
+  EXPECT_FALSE(second[1].empty());
 }
 
 TEST(async, inline_execution_runs_on_the_callers_thread) {

@@ -27,7 +27,9 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -156,12 +158,36 @@ public:
   [[nodiscard]] int size() const { return comm_.size(); }
 
   /// Queues f(comm) on the progress thread. f must make the same collective calls on every rank.
+  /// Once a job has failed, every later one fails without communicating: its collectives would
+  /// pair with the peers' next ones (a job that fails on one rank only, such as a bad buffer,
+  /// sends nothing) and finish with another call's data.
   template <class F>
   work submit(F&& f) {
-    return queue_->submit([this, g = std::forward<F>(f)]() mutable { g(comm_); });
+    return queue_->submit([this, g = std::forward<F>(f)]() mutable {
+      {
+        const std::lock_guard lock(failed_mutex_);
+        if (failed_) {
+          throw error("async_communicator: an earlier queued job failed on this rank (" + *failed_ +
+                      "); this one would pair with another call of the peers, so it does not run");
+        }
+      }
+      try {
+        g(comm_);
+      } catch (const std::exception& e) {
+        const std::lock_guard lock(failed_mutex_);
+        failed_ = e.what();
+        throw;
+      } catch (...) {
+        const std::lock_guard lock(failed_mutex_);
+        failed_ = "an exception not derived from std::exception";
+        throw;
+      }
+    });
   }
 
 private:
+  std::mutex failed_mutex_;
+  std::optional<std::string> failed_;  // what the first failed job said
   Comm comm_;
   std::unique_ptr<progress_queue> queue_;  // declared last: its thread stops before comm_ goes
 };
