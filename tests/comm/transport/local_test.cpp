@@ -232,6 +232,23 @@ TEST(local, a_rank_that_returns_early_is_reported) {
   EXPECT_NE(msg.find("returned without joining"), std::string::npos) << msg;
 }
 
+// On a split communicator the peer that left is named by its world rank too: "peer 1" of the
+// sub-communicator is world rank 3 here, and world rank 1 is someone else.
+TEST(local, a_peer_that_left_a_split_communicator_is_named_by_its_world_rank) {
+  std::string seen;
+  (void)failure_of([&] {
+    weft::local::run(4, [&](weft::local::communicator& c) {
+      auto half = c.split(c.rank() / 2, c.rank());
+      if (c.rank() == 3) return;  // leaves without joining
+      if (c.rank() == 2) {
+        std::vector<int> in(1);
+        seen = failure_of([&] { half.recv(std::span(in), 1); });
+      }
+    });
+  });
+  EXPECT_NE(seen.find("but that rank (world rank 3) returned without joining"), std::string::npos) << seen;
+}
+
 // A user's reduction that throws (here on a NaN) fails the run with its message. It used to
 // leave the message it was reading marked as being read, and the sender, unwinding, waited on
 // it forever.

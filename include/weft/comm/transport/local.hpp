@@ -458,18 +458,22 @@ private:
 
   [[noreturn]] WEFT_PLANNING void fail_wait(std::string_view operation, int peer, std::string_view what) {
     auto& world = *group_->world;
-    if (peer >= 0 && world.status_of(group_->world_rank[static_cast<std::size_t>(peer)]) != detail::rank_status::running) {
-      const int w = group_->world_rank[static_cast<std::size_t>(peer)];
-      if (world.status_of(w) == detail::rank_status::failed) {
-        throw error(operation, rank_, peer, "waiting to " + std::string(what) + ", but that rank failed (" +
-                                                world.failure() + ")");
-      }
-      throw error(operation, rank_, peer, "waiting to " + std::string(what) +
-                                              ", but that rank returned without joining the operation");
-    }
     const auto aborted = [&] {
       return error(operation, rank_, peer, "aborted while waiting to " + std::string(what) + ": " + world.failure());
     };
+    if (peer >= 0 && world.status_of(group_->world_rank[static_cast<std::size_t>(peer)]) != detail::rank_status::running) {
+      const int w = group_->world_rank[static_cast<std::size_t>(peer)];
+      // On a split communicator, peer is a rank of it: say which rank of the world that is.
+      const std::string that = w == peer ? "that rank" : "that rank (world rank " + std::to_string(w) + ")";
+      if (world.status_of(w) == detail::rank_status::failed) {
+        throw error(operation, rank_, peer, "waiting to " + std::string(what) + ", but " + that + " failed (" +
+                                                world.failure() + ")");
+      }
+      // A peer that returned after the world was aborted (the watchdog's verdict): the verdict.
+      if (world.failed.load(std::memory_order_acquire)) throw aborted();
+      throw error(operation, rank_, peer, "waiting to " + std::string(what) + ", but " + that +
+                                              " returned without joining the operation");
+    }
     if (world.failed.load(std::memory_order_acquire)) throw aborted();
     // The watchdog: find who holds everyone up, tell every rank, and give the dump. One rank
     // at a time; one that timed out while another gave the verdict reports that verdict.
