@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -713,6 +714,40 @@ TEST(two_level, half_averages_do_not_overflow) {
       all_reduce(tl, std::span(in), op::avg{});
       for (const half v : in) EXPECT_NEAR(static_cast<float>(v), 30000.0f, 30.0f) << spec << " in place";
     });
+  }
+}
+
+// The call check covers two_level's own calls: ranks that ask for avg and sum, or name different
+// roots, are told so before data moves. Its levels' calls could not tell (an average travels as
+// a sum, a root as node and local indices), and the ranks ended with different results.
+TEST(two_level, the_call_check_compares_the_two_level_call) {
+  for (int variant = 0; variant < 2; ++variant) {
+    std::vector<std::string> seen(4);
+    (void)local::run(
+        topology::parse("2x2"),
+        [&](local::communicator& world) {
+          auto tl = make_two_level(world);
+          std::vector<float> a(4, static_cast<float>(world.rank() + 1)), out(4);
+          try {
+            if (variant == 0) {
+              if (world.rank() == 0) {
+                all_reduce(tl, std::span(a), op::avg{});
+              } else {
+                all_reduce(tl, std::span(a), op::sum{});
+              }
+            } else {
+              const int root = world.rank() == 1 ? 1 : 0;
+              reduce(tl, std::span<const float>(a), std::span(out), root);
+            }
+          } catch (const error& e) {
+            seen[static_cast<std::size_t>(world.rank())] = e.what();
+          }
+        },
+        {.timeout = std::chrono::seconds(20), .check_calls = true});
+    int told = 0;
+    for (const auto& m : seen) told += m.find("the ranks called different collectives") != std::string::npos ? 1 : 0;
+    EXPECT_GE(told, 2) << "variant " << variant << ": " << seen[0] << " | " << seen[1];
+    for (const auto& m : seen) EXPECT_FALSE(m.empty()) << "variant " << variant << ": a rank finished the call";
   }
 }
 

@@ -329,6 +329,18 @@ public:
     return intra_.stream();
   }
 
+  /// The call check (check_calls on either level's communicator, or WEFT_CHECK_CALLS=1): every
+  /// rank's call of this two_level is compared, on its node and then across the nodes, before
+  /// any data moves. The levels' own calls cannot tell: an average travels as a sum, and roots
+  /// as node and local indices that different calls may share.
+  template <class T, class Op>
+  void check_call(collective c, std::size_t count, int root) {
+    if (!detail::check_calls_enabled(intra_) && !detail::check_calls_enabled(inter_)) return;
+    const detail::call_signature sig{c, "two_level", count, dtype_of<T>, op_name<Op>(), root};
+    detail::check_same_call(intra_, sig);
+    detail::check_same_call(inter_, sig);
+  }
+
   /// Every rank of the world has reached it: the node's ranks, then the first rank of each node.
   void barrier() {
     intra_.barrier();
@@ -997,6 +1009,7 @@ std::vector<std::remove_cv_t<T>> scaled_by_ranks(const T* in, std::size_t n, int
 template <class Algo = algo::stages<>, class Intra, class Inter, class Handoff, element T, class Op = op::sum>
   requires reduction_for<Op, T>
 void all_reduce(two_level<Intra, Inter, Handoff>& comm, std::span<T> inout, Op op = {}) {
+  comm.template check_call<T, Op>(collective::all_reduce, inout.size(), 0);
   if constexpr (detail::premultiplied_average<Handoff, T, Op>) {
     const auto scaled = detail::scaled_by_ranks(inout.data(), inout.size(), comm.size());
     comm.template all_reduce<Algo>(scaled.data(), inout.data(), inout.size(), op::sum{});
@@ -1010,6 +1023,7 @@ template <class Algo = algo::stages<>, class Intra, class Inter, class Handoff, 
   requires std::same_as<std::remove_const_t<In>, T> && reduction_for<Op, T>
 void all_reduce(two_level<Intra, Inter, Handoff>& comm, std::span<In> in, std::span<T> out, Op op = {}) {
   detail::check_all_reduce_buffers(comm.rank(), in, out);
+  comm.template check_call<T, Op>(collective::all_reduce, in.size(), 0);
   if constexpr (detail::premultiplied_average<Handoff, T, Op>) {
     const auto scaled = detail::scaled_by_ranks(in.data(), in.size(), comm.size());
     comm.template all_reduce<Algo>(scaled.data(), out.data(), in.size(), op::sum{});
@@ -1024,6 +1038,7 @@ template <class Algo = algo::stages<>, class Intra, class Inter, class Handoff, 
   requires std::same_as<std::remove_const_t<In>, T> && reduction_for<Op, T>
 void reduce_scatter(two_level<Intra, Inter, Handoff>& comm, std::span<In> in, std::span<T> out, Op op = {}) {
   detail::check_reduce_scatter_buffers(comm.rank(), comm.size(), in, out);
+  comm.template check_call<T, Op>(collective::reduce_scatter, out.size(), 0);
   if constexpr (detail::premultiplied_average<Handoff, T, Op>) {
     const auto scaled = detail::scaled_by_ranks(in.data(), in.size(), comm.size());
     comm.template reduce_scatter<Algo>(scaled.data(), out.data(), out.size(), op::sum{});
@@ -1037,6 +1052,7 @@ template <class Algo = algo::stages<>, class Intra, class Inter, class Handoff, 
   requires std::same_as<std::remove_const_t<In>, T>
 void all_gather(two_level<Intra, Inter, Handoff>& comm, std::span<In> in, std::span<T> out) {
   detail::check_all_gather_buffers(comm.rank(), comm.size(), in, out);
+  comm.template check_call<T, op::sum>(collective::all_gather, in.size(), 0);
   comm.template all_gather<Algo>(in.data(), out.data(), in.size());
 }
 
@@ -1044,6 +1060,7 @@ void all_gather(two_level<Intra, Inter, Handoff>& comm, std::span<In> in, std::s
 template <class Algo = algo::stages<>, class Intra, class Inter, class Handoff, element T>
 void broadcast(two_level<Intra, Inter, Handoff>& comm, std::span<T> data, int root) {
   detail::check_two_level_root(comm, "broadcast", root);
+  comm.template check_call<T, op::sum>(collective::broadcast, data.size(), root);
   comm.template broadcast<Algo>(data.data(), data.size(), root);
 }
 
@@ -1055,6 +1072,7 @@ template <class Algo = algo::stages<>, class Intra, class Inter, class Handoff, 
 void reduce(two_level<Intra, Inter, Handoff>& comm, std::span<In> in, std::span<T> out, int root, Op op = {}) {
   detail::check_two_level_root(comm, "reduce", root);
   detail::check_reduce_buffers(comm.rank(), comm.rank() == root, in, out);
+  comm.template check_call<T, Op>(collective::reduce, in.size(), root);
   if constexpr (detail::premultiplied_average<Handoff, T, Op>) {
     const auto scaled = detail::scaled_by_ranks(in.data(), in.size(), comm.size());
     comm.template reduce<Algo>(scaled.data(), out.data(), in.size(), root, op::sum{});
