@@ -996,12 +996,18 @@ template <class Handoff, class T, class Op>
 inline constexpr bool premultiplied_average =
     is_average_v<Op> && std::is_same_v<std::remove_cv_t<T>, half> && std::is_same_v<Handoff, host_handoff>;
 
-template <class T>
-std::vector<std::remove_cv_t<T>> scaled_by_ranks(const T* in, std::size_t n, int ranks) {
-  std::vector<std::remove_cv_t<T>> v(in, in + n);
-  const float by = 1.0f / static_cast<float>(ranks);
-  for (auto& x : v) x = static_cast<std::remove_cv_t<T>>(static_cast<float>(x) * by);
-  return v;
+/// call(input, op): with the n elements of `in` scaled by 1/ranks and op::sum where
+/// premultiplied_average holds, else with `in` and `op` as given.
+template <class Handoff, class T, class Op, class Call>
+void premultiplying_averages(const T* in, std::size_t n, int ranks, const Op& op, Call&& call) {
+  if constexpr (premultiplied_average<Handoff, T, Op>) {
+    std::vector<std::remove_cv_t<T>> scaled(in, in + n);
+    const float by = 1.0f / static_cast<float>(ranks);
+    for (auto& x : scaled) x = static_cast<std::remove_cv_t<T>>(static_cast<float>(x) * by);
+    call(static_cast<const T*>(scaled.data()), op::sum{});
+  } else {
+    call(in, op);
+  }
 }
 
 } // namespace detail
@@ -1010,12 +1016,9 @@ template <class Algo = algo::stages<>, class Intra, class Inter, class Handoff, 
   requires reduction_for<Op, T>
 void all_reduce(two_level<Intra, Inter, Handoff>& comm, std::span<T> inout, Op op = {}) {
   comm.template check_call<T, Op>(collective::all_reduce, inout.size(), 0);
-  if constexpr (detail::premultiplied_average<Handoff, T, Op>) {
-    const auto scaled = detail::scaled_by_ranks(inout.data(), inout.size(), comm.size());
-    comm.template all_reduce<Algo>(scaled.data(), inout.data(), inout.size(), op::sum{});
-  } else {
-    comm.template all_reduce<Algo>(inout.data(), inout.data(), inout.size(), op);
-  }
+  detail::premultiplying_averages<Handoff>(inout.data(), inout.size(), comm.size(), op, [&](const T* src, auto o) {
+    comm.template all_reduce<Algo>(src, inout.data(), inout.size(), o);
+  });
 }
 
 template <class Algo = algo::stages<>, class Intra, class Inter, class Handoff, class In, element T,
@@ -1024,12 +1027,9 @@ template <class Algo = algo::stages<>, class Intra, class Inter, class Handoff, 
 void all_reduce(two_level<Intra, Inter, Handoff>& comm, std::span<In> in, std::span<T> out, Op op = {}) {
   detail::check_all_reduce_buffers(comm.rank(), in, out);
   comm.template check_call<T, Op>(collective::all_reduce, in.size(), 0);
-  if constexpr (detail::premultiplied_average<Handoff, T, Op>) {
-    const auto scaled = detail::scaled_by_ranks(in.data(), in.size(), comm.size());
-    comm.template all_reduce<Algo>(scaled.data(), out.data(), in.size(), op::sum{});
-  } else {
-    comm.template all_reduce<Algo>(in.data(), out.data(), in.size(), op);
-  }
+  detail::premultiplying_averages<Handoff>(in.data(), in.size(), comm.size(), op, [&](const T* src, auto o) {
+    comm.template all_reduce<Algo>(src, out.data(), in.size(), o);
+  });
 }
 
 /// out (in.size() / size() elements) = the reduction of block rank() of every rank's in.
@@ -1039,12 +1039,9 @@ template <class Algo = algo::stages<>, class Intra, class Inter, class Handoff, 
 void reduce_scatter(two_level<Intra, Inter, Handoff>& comm, std::span<In> in, std::span<T> out, Op op = {}) {
   detail::check_reduce_scatter_buffers(comm.rank(), comm.size(), in, out);
   comm.template check_call<T, Op>(collective::reduce_scatter, out.size(), 0);
-  if constexpr (detail::premultiplied_average<Handoff, T, Op>) {
-    const auto scaled = detail::scaled_by_ranks(in.data(), in.size(), comm.size());
-    comm.template reduce_scatter<Algo>(scaled.data(), out.data(), out.size(), op::sum{});
-  } else {
-    comm.template reduce_scatter<Algo>(in.data(), out.data(), out.size(), op);
-  }
+  detail::premultiplying_averages<Handoff>(in.data(), in.size(), comm.size(), op, [&](const T* src, auto o) {
+    comm.template reduce_scatter<Algo>(src, out.data(), out.size(), o);
+  });
 }
 
 /// Block r of out (in.size() elements each) = rank r's in, on every rank.
@@ -1073,12 +1070,9 @@ void reduce(two_level<Intra, Inter, Handoff>& comm, std::span<In> in, std::span<
   detail::check_two_level_root(comm, "reduce", root);
   detail::check_reduce_buffers(comm.rank(), comm.rank() == root, in, out);
   comm.template check_call<T, Op>(collective::reduce, in.size(), root);
-  if constexpr (detail::premultiplied_average<Handoff, T, Op>) {
-    const auto scaled = detail::scaled_by_ranks(in.data(), in.size(), comm.size());
-    comm.template reduce<Algo>(scaled.data(), out.data(), in.size(), root, op::sum{});
-  } else {
-    comm.template reduce<Algo>(in.data(), out.data(), in.size(), root, op);
-  }
+  detail::premultiplying_averages<Handoff>(in.data(), in.size(), comm.size(), op, [&](const T* src, auto o) {
+    comm.template reduce<Algo>(src, out.data(), in.size(), root, o);
+  });
 }
 
 } // namespace weft
