@@ -621,6 +621,23 @@ TEST(two_level, refuses_bad_roots_and_buffers) {
   });
 }
 
+// The collectives on pointers cannot be called past the free functions, which check buffers,
+// roots and the call, and scale half averages (a member broadcast from root 9 of 4 ranks
+// indexed past the world's node table).
+template <class TL>
+concept pointer_collectives_reachable = requires(TL& tl, const float* in, float* out, std::size_t n) {
+  tl.template all_reduce<algo::stages<>>(in, out, n, op::sum{});
+  tl.template broadcast<algo::stages<>>(out, n, 0);
+  tl.template reduce<algo::stages<>>(in, out, n, 0, op::sum{});
+  tl.template reduce_scatter<algo::stages<>>(in, out, n, op::sum{});
+  tl.template all_gather<algo::stages<>>(in, out, n);
+};
+static_assert(!pointer_collectives_reachable<two_level<local::communicator>>);
+// The concept can hold: the free functions reach them through the access struct.
+static_assert(requires(two_level<local::communicator>& tl, const float* in, float* out, std::size_t n) {
+  detail::two_level_access::all_reduce<algo::stages<>>(tl, in, out, n, op::sum{});
+});
+
 TEST(two_level, barrier_meets_every_rank) {
   local::run(topology::parse("2+3"), [](local::communicator& world) {
     auto tl = make_two_level(world);

@@ -41,18 +41,31 @@ TEST(async, collectives_match_the_serial_reference) {
   }
 }
 
-TEST(async, jobs_run_in_order_and_errors_reach_wait) {
-  progress_queue q;
-  std::vector<int> order;
-  std::vector<work> ws;
-  for (int i = 0; i < 50; ++i) ws.push_back(q.submit([&order, i] { order.push_back(i); }));
-  work bad = q.submit([] { throw std::runtime_error("job failed"); });
-  work after = q.submit([&order] { order.push_back(50); });
-  EXPECT_THROW(bad.wait(), std::runtime_error);
-  EXPECT_THROW(bad.wait(), std::runtime_error);  // every wait
-  after.wait();
-  ASSERT_EQ(order.size(), 51u);
-  for (int i = 0; i <= 50; ++i) EXPECT_EQ(order[static_cast<std::size_t>(i)], i);
+// Jobs run in order; a failure reaches every wait() of its job, and the jobs queued after it
+// fail without running (the queue carries collectives: see the next tests), naming the first
+// failure. Both the progress thread and inline execution.
+TEST(async, jobs_run_in_order_and_a_failure_stops_the_later_jobs) {
+  for (const bool inline_execution : {false, true}) {
+    progress_queue q(inline_execution);
+    std::vector<int> order;
+    std::vector<work> ws;
+    for (int i = 0; i < 50; ++i) ws.push_back(q.submit([&order, i] { order.push_back(i); }));
+    work bad = q.submit([] { throw std::runtime_error("job 50 failed"); });
+    work after = q.submit([&order] { order.push_back(51); });
+    for (auto& w : ws) w.wait();
+    EXPECT_THROW(bad.wait(), std::runtime_error);
+    EXPECT_THROW(bad.wait(), std::runtime_error);  // every wait
+    try {
+      after.wait();
+      ADD_FAILURE() << "a job queued after a failed one ran";
+    } catch (const error& e) {
+      EXPECT_NE(std::string(e.what()).find("an earlier queued job failed on this rank (job 50 failed)"),
+                std::string::npos)
+          << e.what();
+    }
+    ASSERT_EQ(order.size(), 50u) << "inline " << inline_execution;
+    for (int i = 0; i < 50; ++i) EXPECT_EQ(order[static_cast<std::size_t>(i)], i);
+  }
   EXPECT_TRUE(work{}.done());
 }
 

@@ -66,8 +66,10 @@ private:
   std::shared_ptr<state> state_;
 };
 
-/// A thread that runs queued jobs one after another, in order. Jobs that throw complete
-/// their work with the exception; the queue goes on with the next.
+/// A thread that runs queued jobs one after another, in order. A job that throws completes
+/// its work with the exception, and every later job fails without running: the jobs are
+/// collectives, and one that failed on this rank only (a bad buffer, so it sent nothing)
+/// would let the next pair with the peers' previous call and finish with its data.
 class progress_queue {
 public:
   explicit progress_queue(bool inline_execution = false) : inline_(inline_execution) {
@@ -106,12 +108,22 @@ public:
 
 private:
   template <class F>
-  static void run(const std::shared_ptr<work::state>& s, F& f) {
+  void run(const std::shared_ptr<work::state>& s, F& f) {
     std::exception_ptr failure;
-    try {
-      f();
-    } catch (...) {
-      failure = std::current_exception();
+    if (failed_) {
+      failure = std::make_exception_ptr(
+          error("progress queue: an earlier queued job failed on this rank (" + *failed_ +
+                "); this one would pair with another call of the peers, so it does not run"));
+    } else {
+      try {
+        f();
+      } catch (const std::exception& e) {
+        failed_ = e.what();
+        failure = std::current_exception();
+      } catch (...) {
+        failed_ = "an exception not derived from std::exception";
+        failure = std::current_exception();
+      }
     }
     {
       std::lock_guard lock(s->mutex);
@@ -141,6 +153,7 @@ private:
   std::condition_variable cv_;
   std::deque<std::pair<std::shared_ptr<work::state>, std::function<void()>>> jobs_;
   bool stopping_ = false;
+  std::optional<std::string> failed_;  // what the first failed job said; read and written by the running job's thread
   std::thread thread_;
 };
 
@@ -158,36 +171,13 @@ public:
   [[nodiscard]] int size() const { return comm_.size(); }
 
   /// Queues f(comm) on the progress thread. f must make the same collective calls on every rank.
-  /// Once a job has failed, every later one fails without communicating: its collectives would
-  /// pair with the peers' next ones (a job that fails on one rank only, such as a bad buffer,
-  /// sends nothing) and finish with another call's data.
+  /// Once a job has failed, every later one fails without communicating (see progress_queue).
   template <class F>
   work submit(F&& f) {
-    return queue_->submit([this, g = std::forward<F>(f)]() mutable {
-      {
-        const std::lock_guard lock(failed_mutex_);
-        if (failed_) {
-          throw error("async_communicator: an earlier queued job failed on this rank (" + *failed_ +
-                      "); this one would pair with another call of the peers, so it does not run");
-        }
-      }
-      try {
-        g(comm_);
-      } catch (const std::exception& e) {
-        const std::lock_guard lock(failed_mutex_);
-        failed_ = e.what();
-        throw;
-      } catch (...) {
-        const std::lock_guard lock(failed_mutex_);
-        failed_ = "an exception not derived from std::exception";
-        throw;
-      }
-    });
+    return queue_->submit([this, g = std::forward<F>(f)]() mutable { g(comm_); });
   }
 
 private:
-  std::mutex failed_mutex_;
-  std::optional<std::string> failed_;  // what the first failed job said
   Comm comm_;
   std::unique_ptr<progress_queue> queue_;  // declared last: its thread stops before comm_ goes
 };

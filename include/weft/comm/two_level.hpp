@@ -246,6 +246,10 @@ struct two_level_options {
   std::size_t chunk_bytes = std::size_t{4} << 20;
 };
 
+namespace detail {
+struct two_level_access;
+} // namespace detail
+
 template <communicator Intra, communicator Inter = Intra, class Handoff = host_handoff>
 class two_level {
 public:
@@ -347,6 +351,11 @@ public:
     if (intra_.rank() == 0) inter_.barrier();
     intra_.barrier();
   }
+
+private:
+  // The collectives, on pointers: the free functions below check the call (buffers, root,
+  // the call check) and scale half averages, then come here through two_level_access.
+  friend struct detail::two_level_access;
 
   template <class Algo, class T, class Op>
   void all_reduce(const T* in, T* out, std::size_t count, const Op& op) {
@@ -701,7 +710,6 @@ public:
     }
   }
 
-private:
   /// A call that is Inter's alone (one rank per node): ordered after the caller's work on
   /// Intra's stream, and ending there, as every call does (on GPUs the levels' streams differ).
   template <class F>
@@ -990,6 +998,31 @@ two_level<World, World, Handoff> make_two_level(World& world, two_level_options 
 
 namespace detail {
 
+/// The free functions' way to two_level's collectives, which are private so that no call skips
+/// the free functions' checks.
+struct two_level_access {
+  template <class Algo, class TL, class T, class Op>
+  static void all_reduce(TL& c, const T* in, T* out, std::size_t n, const Op& op) {
+    c.template all_reduce<Algo>(in, out, n, op);
+  }
+  template <class Algo, class TL, class T, class Op>
+  static void reduce_scatter(TL& c, const T* in, T* out, std::size_t n, const Op& op) {
+    c.template reduce_scatter<Algo>(in, out, n, op);
+  }
+  template <class Algo, class TL, class T>
+  static void all_gather(TL& c, const T* in, T* out, std::size_t n) {
+    c.template all_gather<Algo>(in, out, n);
+  }
+  template <class Algo, class TL, class T>
+  static void broadcast(TL& c, T* data, std::size_t n, int root) {
+    c.template broadcast<Algo>(data, n, root);
+  }
+  template <class Algo, class TL, class T, class Op>
+  static void reduce(TL& c, const T* in, T* out, std::size_t n, int root, const Op& op) {
+    c.template reduce<Algo>(in, out, n, root, op);
+  }
+};
+
 /// half averages on the host as the plain collectives do (op::avg): each input scaled by
 /// 1/ranks first, then summed, so that a mean half holds does not overflow on the way.
 template <class Handoff, class T, class Op>
@@ -1017,7 +1050,7 @@ template <class Algo = algo::stages<>, class Intra, class Inter, class Handoff, 
 void all_reduce(two_level<Intra, Inter, Handoff>& comm, std::span<T> inout, Op op = {}) {
   comm.template check_call<T, Op>(collective::all_reduce, inout.size(), 0);
   detail::premultiplying_averages<Handoff>(inout.data(), inout.size(), comm.size(), op, [&](const T* src, auto o) {
-    comm.template all_reduce<Algo>(src, inout.data(), inout.size(), o);
+    detail::two_level_access::all_reduce<Algo>(comm, src, inout.data(), inout.size(), o);
   });
 }
 
@@ -1028,7 +1061,7 @@ void all_reduce(two_level<Intra, Inter, Handoff>& comm, std::span<In> in, std::s
   detail::check_all_reduce_buffers(comm.rank(), in, out);
   comm.template check_call<T, Op>(collective::all_reduce, in.size(), 0);
   detail::premultiplying_averages<Handoff>(in.data(), in.size(), comm.size(), op, [&](const T* src, auto o) {
-    comm.template all_reduce<Algo>(src, out.data(), in.size(), o);
+    detail::two_level_access::all_reduce<Algo>(comm, src, out.data(), in.size(), o);
   });
 }
 
@@ -1040,7 +1073,7 @@ void reduce_scatter(two_level<Intra, Inter, Handoff>& comm, std::span<In> in, st
   detail::check_reduce_scatter_buffers(comm.rank(), comm.size(), in, out);
   comm.template check_call<T, Op>(collective::reduce_scatter, out.size(), 0);
   detail::premultiplying_averages<Handoff>(in.data(), in.size(), comm.size(), op, [&](const T* src, auto o) {
-    comm.template reduce_scatter<Algo>(src, out.data(), out.size(), o);
+    detail::two_level_access::reduce_scatter<Algo>(comm, src, out.data(), out.size(), o);
   });
 }
 
@@ -1050,7 +1083,7 @@ template <class Algo = algo::stages<>, class Intra, class Inter, class Handoff, 
 void all_gather(two_level<Intra, Inter, Handoff>& comm, std::span<In> in, std::span<T> out) {
   detail::check_all_gather_buffers(comm.rank(), comm.size(), in, out);
   comm.template check_call<T, op::sum>(collective::all_gather, in.size(), 0);
-  comm.template all_gather<Algo>(in.data(), out.data(), in.size());
+  detail::two_level_access::all_gather<Algo>(comm, in.data(), out.data(), in.size());
 }
 
 /// data from world rank `root` to every rank of the two_level.
@@ -1058,7 +1091,7 @@ template <class Algo = algo::stages<>, class Intra, class Inter, class Handoff, 
 void broadcast(two_level<Intra, Inter, Handoff>& comm, std::span<T> data, int root) {
   detail::check_two_level_root(comm, "broadcast", root);
   comm.template check_call<T, op::sum>(collective::broadcast, data.size(), root);
-  comm.template broadcast<Algo>(data.data(), data.size(), root);
+  detail::two_level_access::broadcast<Algo>(comm, data.data(), data.size(), root);
 }
 
 /// out, at world rank `root` (other ranks' out is not touched and may be empty), = the
@@ -1071,7 +1104,7 @@ void reduce(two_level<Intra, Inter, Handoff>& comm, std::span<In> in, std::span<
   detail::check_reduce_buffers(comm.rank(), comm.rank() == root, in, out);
   comm.template check_call<T, Op>(collective::reduce, in.size(), root);
   detail::premultiplying_averages<Handoff>(in.data(), in.size(), comm.size(), op, [&](const T* src, auto o) {
-    comm.template reduce<Algo>(src, out.data(), in.size(), root, o);
+    detail::two_level_access::reduce<Algo>(comm, src, out.data(), in.size(), root, o);
   });
 }
 
