@@ -3,6 +3,7 @@
 #include <weft/comm/algorithm/ring.hpp>
 #include <weft/comm/all_reduce.hpp>
 #include <weft/comm/progress.hpp>
+#include <weft/comm/send_recv.hpp>
 #include <weft/comm/transport/local.hpp>
 
 #include <gtest/gtest.h>
@@ -147,6 +148,40 @@ TEST(watchdog, a_rank_in_another_communicators_call_is_followed_there) {
     EXPECT_NE(m.find("rank 2 has not made the call on comm 0: it is in barrier #1"), std::string::npos) << m;
     EXPECT_NE(m.find("on comm 1"), std::string::npos) << m;
     EXPECT_NE(m.find("wait on each other in a cycle"), std::string::npos) << m;
+  }
+}
+
+// A rank whose call threw, and which caught the error and went on in its own code, is not
+// "stalled inside" that call: the watchdog says it is outside any operation and names the call
+// that threw. (The record used to stay active, and the verdict blamed a stall in the call.)
+TEST(watchdog, a_rank_that_caught_its_calls_error_is_not_taken_for_stalled_in_it) {
+  constexpr int p = 3;
+  std::vector<std::string> seen(p);
+  EXPECT_THROW(weft::local::run(p,
+                                [&](weft::local::communicator& c) {
+                                  c.set_timeout(300ms);
+                                  std::vector<int> four(4, 1), eight(8);
+                                  if (c.rank() == 0) weft::send(c, std::span(four), 1);
+                                  if (c.rank() == 1) {
+                                    // 8 expected, 4 sent: this receive throws, the message stays.
+                                    EXPECT_THROW(weft::recv(c, std::span(eight), 0), weft::error);
+                                    std::this_thread::sleep_for(1200ms);  // and rank 1 goes on elsewhere
+                                    return;
+                                  }
+                                  try {
+                                    c.barrier();
+                                  } catch (const weft::error& e) {
+                                    seen[static_cast<std::size_t>(c.rank())] = e.what();
+                                    throw;
+                                  }
+                                }),
+               weft::error);
+  for (int r : {0, 2}) {
+    const auto& m = seen[static_cast<std::size_t>(r)];
+    EXPECT_NE(m.find("rank 1 is outside any weft operation: it has not made the call (its last was recv#1 (threw))"),
+              std::string::npos)
+        << m;
+    EXPECT_EQ(m.find("stalled inside"), std::string::npos) << m;
   }
 }
 

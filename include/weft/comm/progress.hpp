@@ -133,15 +133,10 @@ public:
     peer_.store(peer, std::memory_order_release);
   }
   void not_waiting() { peer_.store(-1, std::memory_order_release); }
-  void done() {
-    peer_.store(-1, std::memory_order_relaxed);
-    last_done_.store(now_ns(), std::memory_order_relaxed);
-    active_.store(false, std::memory_order_release);
-    std::lock_guard lock(mutex_);
-    auto& h = history_[done_count_ % history_length];
-    h = std::string(name_.data()) + "#" + std::to_string(sequence_.load(std::memory_order_relaxed));
-    ++done_count_;
-  }
+  void done() { end(""); }
+  /// Ends an operation that threw: no longer "in" it (a rank that caught the error and went on
+  /// elsewhere is not stalled there), kept in the history as "all_reduce#7 (threw)".
+  void threw() { end(" (threw)"); }
 
   [[nodiscard]] bool active() const noexcept { return active_.load(std::memory_order_acquire); }
   /// When the last operation ended (steady clock, ns; 0: none yet).
@@ -190,6 +185,16 @@ public:
   }
 
 private:
+  void end(const char* how) {
+    peer_.store(-1, std::memory_order_relaxed);
+    last_done_.store(now_ns(), std::memory_order_relaxed);
+    active_.store(false, std::memory_order_release);
+    std::lock_guard lock(mutex_);
+    auto& h = history_[done_count_ % history_length];
+    h = std::string(name_.data()) + "#" + std::to_string(sequence_.load(std::memory_order_relaxed)) + how;
+    ++done_count_;
+  }
+
   mutable std::mutex mutex_;
   std::array<char, 48> name_{};
   std::array<std::string, history_length> history_;

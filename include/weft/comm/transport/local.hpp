@@ -505,7 +505,8 @@ private:
   }
 
   // Records a collective operation in the progress counters while it runs; one that ends by
-  // an exception stays recorded, so the dump shows where it failed.
+  // an exception is recorded as ended "(threw)" in the history, so that a rank that caught it
+  // and went on is not taken for one stalled inside it.
   class op_scope {
   public:
     op_scope(communicator& c, std::string_view operation, std::size_t steps = 0)
@@ -517,6 +518,7 @@ private:
     op_scope& operator=(const op_scope&) = delete;
     ~op_scope() {
       if (std::uncaught_exceptions() == uncaught_) c_.record().done();
+      else c_.record().threw();
     }
 
   private:
@@ -536,6 +538,7 @@ private:
     p2p_scope& operator=(const p2p_scope&) = delete;
     ~p2p_scope() {
       if (std::uncaught_exceptions() == uncaught_) c_.record().done();
+      else c_.record().threw();
     }
 
   private:
