@@ -741,7 +741,22 @@ void run_ranks(topology::cluster cluster, F&& f, local::options opt) {
   {
     std::vector<std::jthread> threads;
     threads.reserve(static_cast<std::size_t>(n));
-    for (int r = 1; r < n; ++r) threads.emplace_back(body, r);
+    std::string not_started;  // why a rank's thread could not start
+    int r = 1;
+    try {
+      for (; r < n; ++r) threads.emplace_back(body, r);
+    } catch (const std::exception& e) {
+      not_started = "could not start a thread for rank " + std::to_string(r) + " of " + std::to_string(n) + " (" +
+                    e.what() + "): local::run runs each rank as a thread; run fewer ranks or raise the thread limit";
+    }
+    if (!not_started.empty()) {
+      // The ranks that did start would wait for these forever (or until the watchdog): they
+      // are failed at once, and the run reports why once they have returned.
+      for (int q = r; q < n; ++q) world->fail(q, not_started);
+      world->fail(0, not_started);
+      threads.clear();  // joins
+      throw error("local::run: " + not_started);
+    }
     body(0);
   }
   // A rank that caught its error (and went on, on a shrunk communicator) rethrows nothing.
