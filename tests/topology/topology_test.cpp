@@ -617,6 +617,33 @@ TEST(ParseErrors, BadNumbers) {
   expect_rejected("2x4,shm=0.0e5B/s:1us", "0.0e5B/s");
 }
 
+// The review of 2026-12-02: a sign or a number out of range was "expected a number and a
+// unit", though the user wrote both; bit rates overflowed before the division by 8.
+TEST(ParseErrors, SignsAndRangesAreNamed) {
+  EXPECT_THAT(parse_error("2x4,shm=-1us"), HasSubstr("a latency cannot be negative"));
+  EXPECT_THAT(parse_error("2x4,shm=1GB/s:-5us"), HasSubstr("a latency cannot be negative"));
+  EXPECT_THAT(parse_error("2x4,shm=-5GB/s"), HasSubstr("a bandwidth cannot be negative"));
+  EXPECT_THAT(parse_error("2x4,shm=1e400GB/s"), HasSubstr("\"1e400GB/s\": out of the range of a double"));
+  EXPECT_THAT(parse_error("2x4,shm=1e-400us"), HasSubstr("\"1e-400us\": out of the range of a double"));
+  EXPECT_THAT(parse_error("2x4,shm=1GB/s:1e99999999999us"), HasSubstr("out of the range of a double"));
+  // 1e306 Kb/s = 1.25e308 B/s, which a double holds.
+  EXPECT_EQ(bandwidth_of("1e306Kb/s"), 1.25e308);
+  EXPECT_EQ(bandwidth_of("1e305KB/s"), bandwidth_of("8e305Kb/s"));
+  EXPECT_EQ(bandwidth_of("0.3Gb/s"), 0.3e9 / 8);  // rounded once, as before
+  EXPECT_EQ(bandwidth_of("1.7Tb/s"), 1.7e12 / 8);
+}
+
+// A+B+... shapes are bounded as NxM ones are, so that to_string()'s NxM reads back.
+TEST(ParseErrors, UnevenShapesHaveTheNodeBoundToo) {
+  std::string ones = "1";
+  for (int i = 1; i < 65536; ++i) ones += "+1";
+  const auto c = weft::topology::parse(ones);
+  EXPECT_EQ(c.nodes(), 65536);
+  EXPECT_EQ(weft::topology::parse(c.to_string()), c);
+  EXPECT_THAT(parse_error(ones + "+1"), HasSubstr("more than 65536 nodes"));
+  EXPECT_THROW((void)weft::topology::dgx_h100(65537), weft::error);
+}
+
 TEST(ParseErrors, GarbageAfterANumber) {
   expect_rejected("2x4,nics=4x", "4x");
   expect_rejected("2x4,nics=0", "0");

@@ -113,9 +113,10 @@ public:
   cluster()
       : cluster({1}, default_link(link_kind::shm), default_link(link_kind::ethernet)) {}
 
-  /// Throws weft::error on no node, a node without a device, a link of the wrong class
-  /// (intra must be nvlink, pcie or shm; inter ib or ethernet), a bandwidth that is not
-  /// positive and finite, a latency that is not non-negative and finite, or nics < 1.
+  /// Throws weft::error on no node, more than 65536 nodes (what a spec can name), a node
+  /// without a device, a link of the wrong class (intra must be nvlink, pcie or shm; inter ib
+  /// or ethernet), a bandwidth that is not positive and finite, a latency that is not
+  /// non-negative and finite, or nics < 1.
   cluster(std::vector<int> devices_per_node, link intra, link inter, int nics_per_node = 1,
           double reduce_bandwidth = default_reduce_bandwidth)
       : devices_(std::move(devices_per_node)),
@@ -125,6 +126,10 @@ public:
         reduce_(reduce_bandwidth) {
     if (devices_.empty()) {
       invalid("a cluster needs at least one node");
+    }
+    if (devices_.size() > static_cast<std::size_t>(::weft::detail::spec::max_nodes)) {
+      invalid(std::to_string(devices_.size()), " nodes; a cluster has at most ",
+              std::to_string(::weft::detail::spec::max_nodes));
     }
     first_.reserve(devices_.size() + 1);
     first_.push_back(0);

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdint>
 #include <vector>
 
 namespace {
@@ -50,6 +51,23 @@ TEST(local_emulation, one_message_takes_latency_plus_bytes_over_bandwidth) {
 
 // Without emulation the same kind of message is a memory copy: far below what the link
 // would take (0.5 s here, so that a loaded machine cannot reach it).
+// Links slow enough to take longer than the nanosecond clock holds (a latency of 1e10 s, a
+// terabyte at 1 B/s) saturate at "never"; they used to overflow into the past (undefined
+// behaviour), and the message then arrived at once.
+TEST(local_emulation, times_past_the_clocks_range_are_never_not_the_past) {
+  const auto slow = weft::topology::parse("2x1,inter=net:1B/s:1e10s,nics=1");
+  weft::detail::link_pacer pacer(slow);
+  const std::int64_t now = weft::detail::link_pacer::now();
+  const std::int64_t ready = pacer.post(0, 1, 1e12);
+  EXPECT_GE(ready, now);
+  const std::int64_t second = pacer.post(0, 1, 1e12);  // after the first, which never ends
+  EXPECT_GT(second, now + std::int64_t{1'000'000'000} * 3600 * 24 * 365 * 50);
+  EXPECT_GT(pacer.arrival(0, 1, 1e12, ready), now + std::int64_t{1'000'000'000} * 3600 * 24 * 365 * 50);
+  const std::vector<int> sources{0};
+  EXPECT_GT(pacer.loads(1, sources, 1e12), now + std::int64_t{1'000'000'000} * 3600 * 24 * 365 * 50);
+  EXPECT_GT(pacer.synced(std::vector<int>{0, 1}), now + std::int64_t{1'000'000'000} * 3600 * 24 * 365 * 50);
+}
+
 TEST(local_emulation, off_by_default) {
   const auto cluster = weft::topology::parse("2x1,inter=net:10MB/s:400ms");
   double took = 1;

@@ -151,10 +151,29 @@ inline std::optional<double> decimal_to_double(std::string_view digits, long lon
   return value;
 }
 
+// The decimal digits of digits x 125 (a bit count x 125 x 10^-3 is the byte count: digits
+// only, so "1e306Kb/s" is read without passing through 1e309 bits).
+inline std::string times_125(std::string_view digits) {
+  std::string out(digits.size() + 3, '0');
+  unsigned carry = 0;
+  std::size_t o = out.size();
+  for (std::size_t i = digits.size(); i-- > 0;) {
+    const unsigned v = static_cast<unsigned>(digits[i] - '0') * 125u + carry;
+    out[--o] = static_cast<char>('0' + v % 10);
+    carry = v / 10;
+  }
+  while (carry > 0) {
+    out[--o] = static_cast<char>('0' + carry % 10);
+    carry /= 10;
+  }
+  return out.substr(o);
+}
+
 // NUMBER [UNIT] with NUMBER = digits ['.' digits] [('e'|'E') ['+'|'-'] digits]; spaces
 // may separate the number from its unit. nullopt on anything else, an unknown unit, or a
-// value out of the range of double.
-inline std::optional<double> parse_quantity(std::string_view text, std::span<const unit> units) {
+// value out of the range of double (then *out_of_range, if given, is set).
+inline std::optional<double> parse_quantity(std::string_view text, std::span<const unit> units,
+                                            bool* out_of_range = nullptr) {
   text = trim(text);
   std::size_t i = 0;
   std::string digits;
@@ -192,6 +211,9 @@ inline std::optional<double> parse_quantity(std::string_view text, std::span<con
       int written = 0;
       const auto [end, ec] = std::from_chars(text.data() + begin, text.data() + j, written);
       if (ec != std::errc{} || end != text.data() + j) {
+        if (ec == std::errc::result_out_of_range && out_of_range != nullptr) {
+          *out_of_range = true;
+        }
         return std::nullopt;
       }
       exponent += negative ? -static_cast<long long>(written) : static_cast<long long>(written);
@@ -201,9 +223,11 @@ inline std::optional<double> parse_quantity(std::string_view text, std::span<con
   const std::string_view name = trim(text.substr(i));
   for (const unit& u : units) {
     if (u.name == name) {
-      auto value = decimal_to_double(digits, exponent + u.exponent);
-      if (value && u.bits) {
-        *value /= 8;  // exact: a power of two
+      // Bits: x 125 x 10^-3 = / 8, in the decimal, so that it is rounded once, as bytes are.
+      const auto value = u.bits ? decimal_to_double(times_125(digits), exponent + u.exponent - 3)
+                                : decimal_to_double(digits, exponent + u.exponent);
+      if (!value && out_of_range != nullptr) {
+        *out_of_range = true;
       }
       return value;
     }
@@ -370,15 +394,31 @@ inline std::vector<int> parse_shape(std::string_view spec, std::string_view shap
     if (total > 0x7fffffff) {
       fail(spec, "bad shape ", quoted(shape), ": more devices in all than fit in an int");
     }
+    if (devices.size() == static_cast<std::size_t>(max_nodes)) {
+      fail(spec, "bad shape ", quoted(shape), ": more than ", std::to_string(max_nodes), " nodes");
+    }
     devices.push_back(m);
   }
   return devices;
 }
 
+// Why `text` is not a quantity, beyond "not the form": a sign, or a number out of range.
+inline void fail_quantity(std::string_view spec, std::string_view what, std::string_view text, bool out_of_range,
+                          std::string_view form) {
+  if (trim(text).starts_with('-')) {
+    fail(spec, "bad ", what, " ", quoted(text), ": a ", what, " cannot be negative");
+  }
+  if (out_of_range) {
+    fail(spec, "bad ", what, " ", quoted(text), ": out of the range of a double");
+  }
+  fail(spec, "bad ", what, " ", quoted(text), ": expected ", form);
+}
+
 inline double parse_bandwidth(std::string_view spec, std::string_view text) {
-  const auto value = parse_quantity(text, bandwidth_units);
+  bool out_of_range = false;
+  const auto value = parse_quantity(text, bandwidth_units, &out_of_range);
   if (!value) {
-    fail(spec, "bad bandwidth ", quoted(text), ": expected ", bandwidth_form);
+    fail_quantity(spec, "bandwidth", text, out_of_range, bandwidth_form);
   }
   if (!(*value > 0)) {
     fail(spec, "bad bandwidth ", quoted(text), ": a bandwidth must be positive");
@@ -387,9 +427,10 @@ inline double parse_bandwidth(std::string_view spec, std::string_view text) {
 }
 
 inline double parse_latency(std::string_view spec, std::string_view text) {
-  const auto value = parse_quantity(text, latency_units);
+  bool out_of_range = false;
+  const auto value = parse_quantity(text, latency_units, &out_of_range);
   if (!value) {
-    fail(spec, "bad latency ", quoted(text), ": expected ", latency_form);
+    fail_quantity(spec, "latency", text, out_of_range, latency_form);
   }
   return *value;
 }
@@ -419,10 +460,11 @@ inline link_values parse_link_values(std::string_view spec, std::string_view opt
     if (v.empty()) {
       fail(spec, "bad option ", quoted(option), ": expected BW:LAT, BW or LAT after the link kind");
     }
+    bool out_of_range = false;
     if (v.size() >= 2 && v.substr(v.size() - 2) == "/s") {
       out.bandwidth = parse_bandwidth(spec, v);
-    } else if (const auto latency = parse_quantity(v, latency_units)) {
-      out.latency = *latency;
+    } else if (parse_quantity(v, latency_units, &out_of_range) || out_of_range || v.starts_with('-')) {
+      out.latency = parse_latency(spec, v);  // a latency, or says why it is not one
     } else {
       fail(spec, "bad bandwidth or latency ", quoted(v), ": expected a bandwidth (", bandwidth_form,
            ") or a latency (", latency_form, ")");

@@ -52,13 +52,13 @@ public:
   std::int64_t post(int a, int b, double bytes) {
     auto& free = link_free_[static_cast<std::size_t>(a)];  // only a's thread posts a's sends
     const std::int64_t ready = std::max(now(), free.load(std::memory_order_relaxed));
-    free.store(ready + ns(bytes / link(a, b).bandwidth), std::memory_order_relaxed);
+    free.store(later(ready, bytes / link(a, b).bandwidth), std::memory_order_relaxed);
     return ready;
   }
 
   /// The receiver has reached a message posted with `ready`: when it has arrived.
   std::int64_t arrival(int a, int b, double bytes, std::int64_t ready) {
-    return pull(a, b, std::max(now(), ready), bytes) + ns(link(a, b).latency);
+    return later(pull(a, b, std::max(now(), ready), bytes), link(a, b).latency);
   }
 
   /// Device `reader` loads `bytes` from each of `sources`, in turn: when the last has arrived.
@@ -70,7 +70,7 @@ public:
       t = pull(s, reader, t, bytes);
       latency = std::max(latency, link(s, reader).latency);
     }
-    return t + ns(latency);
+    return later(t, latency);
   }
 
   /// A sync over `devices` has completed now: when its latency has passed.
@@ -85,7 +85,7 @@ public:
     }
     const double latency =
         one_node ? cluster_.intra().latency : std::max(cluster_.intra().latency, cluster_.inter().latency);
-    return now() + ns(latency);
+    return later(now(), latency);
   }
 
   /// Sleeps until steady_clock reaches t (nanoseconds), to within a few microseconds. t == 0
@@ -114,21 +114,29 @@ private:
   // `bytes` of device a's memory go to device b from time t: when they are through (without
   // the latency). Off a's node they also queue on its NICs, one pipe of nics x inter bandwidth.
   std::int64_t pull(int a, int b, std::int64_t t, double bytes) {
-    std::int64_t end = t + ns(bytes / link(a, b).bandwidth);
+    std::int64_t end = later(t, bytes / link(a, b).bandwidth);
     if (cluster_.node_of(a) != cluster_.node_of(b)) {
       const double pipe = static_cast<double>(cluster_.nics_per_node()) * cluster_.inter().bandwidth;
       auto& nic = nic_free_[static_cast<std::size_t>(cluster_.node_of(a))];
       std::int64_t seen = nic.load(std::memory_order_relaxed);
       std::int64_t done = 0;
       do {
-        done = std::max(t, seen) + ns(bytes / pipe);
+        done = later(std::max(t, seen), bytes / pipe);
       } while (!nic.compare_exchange_weak(seen, done, std::memory_order_relaxed));
       end = std::max(end, done);
     }
     return end;
   }
 
-  static std::int64_t ns(double seconds) { return static_cast<std::int64_t>(seconds * 1e9); }
+  // Times saturate at `never` (about 73 years): a transfer of a terabyte at 1 B/s must not
+  // overflow the clock into the past (undefined, and then an instant link). Every time kept
+  // is at most `never`, so the sum of two cannot overflow either.
+  static constexpr std::int64_t never = std::int64_t{1} << 61;
+  static std::int64_t later(std::int64_t t, double seconds) {
+    const double d = seconds * 1e9;
+    const std::int64_t step = d < static_cast<double>(never) ? static_cast<std::int64_t>(d) : never;
+    return std::min(t + step, never);
+  }
   const topology::link& link(int a, int b) const { return cluster_.link_between(a, b); }
 
   topology::cluster cluster_;
