@@ -340,7 +340,7 @@ public:
   template <class T, class Op>
   void check_call(collective c, std::size_t count, int root) {
     if (!detail::check_calls_enabled(intra_) && !detail::check_calls_enabled(inter_)) return;
-    const detail::call_signature sig{c, "two_level", count, dtype_of<T>, op_name<Op>(), root};
+    const detail::call_signature sig{c, "two_level", count, dtype_of<T>, detail::call_op_name<Op>(), root};
     detail::check_same_call(intra_, sig);
     detail::check_same_call(inter_, sig);
   }

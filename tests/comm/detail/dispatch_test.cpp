@@ -64,6 +64,25 @@ TEST_F(check_calls_on, different_collectives_ops_types_and_roots_are_named) {
   });
   for (const auto& m : seen) EXPECT_NE(m.find("in op"), std::string::npos) << m;
 
+  // Two user functors of one signature (both used to be "user", and passed the check).
+  const auto user_sum = [](float a, float b) { return a + b; };
+  const auto user_max = [](float a, float b) { return a < b ? b : a; };
+  seen = messages(2, [&](local::communicator& c) {
+    std::vector<float> v(4, static_cast<float>(c.rank()));
+    if (c.rank() == 0) all_reduce<algo::ring>(c, std::span(v), user_sum);
+    else all_reduce<algo::ring>(c, std::span(v), user_max);
+  });
+  for (const auto& m : seen) {
+    EXPECT_NE(m.find("in op"), std::string::npos) << m;
+    EXPECT_NE(m.find("op user:"), std::string::npos) << m;
+  }
+  // The same functor on every rank passes.
+  local::run(2, [&](local::communicator& c) {
+    std::vector<float> v(4, static_cast<float>(c.rank()));
+    all_reduce<algo::ring>(c, std::span(v), user_max);
+    EXPECT_EQ(v[0], 1.0f);
+  }, {.check_calls = true});
+
   seen = messages(2, [](local::communicator& c) {
     if (c.rank() == 0) {
       std::vector<float> v(4);

@@ -22,6 +22,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <typeinfo>
 #include <unordered_map>
 #include <vector>
 
@@ -114,6 +115,39 @@ inline std::uint64_t fnv1a(std::string_view s) {
   std::uint64_t h = 1469598103934665603ull;
   for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
   return h;
+}
+
+// A user functor's type as text, the same in every process of one program: its RTTI name
+// (which tells two lambdas of one function apart), or the compiler's function signature
+// without RTTI.
+template <class Op>
+std::string_view type_text() {
+#if defined(__cpp_rtti) || defined(__GXX_RTTI) || defined(_CPPRTTI)
+  return typeid(Op).name();
+#elif defined(_MSC_VER)
+  return __FUNCSIG__;
+#else
+  return __PRETTY_FUNCTION__;
+#endif
+}
+
+/// The operator as the call check compares and prints it: op_name<Op>() for weft's ops, and
+/// for a user functor "user:" and 8 hex digits of its type, so that ranks passing two
+/// different functors (a sum here, a max there) are told apart rather than both "user".
+template <class Op>
+std::string_view call_op_name() {
+  if constexpr (requires { Op::name; }) {
+    return op_name<Op>();
+  } else {
+    static const std::string name = [] {
+      static constexpr char hex[] = "0123456789abcdef";
+      std::string s = "user:";
+      const auto h = fnv1a(type_text<Op>());
+      for (int shift = 28; shift >= 0; shift -= 4) s += hex[(h >> shift) & 0xf];
+      return s;
+    }();
+    return name;
+  }
 }
 
 struct call_signature {
@@ -254,7 +288,7 @@ void run_vendor(Comm& comm, const T* in, std::size_t in_n, T* out, std::size_t o
                 "such as algo::ring, or a weft::cuda::nccl::communicator for NCCL's own collectives");
   if constexpr (vendor_collective<Comm, C, T, Op>) {
     check_root(comm, root, name_of(C));
-    if (check_calls_enabled(comm)) check_same_call(comm, {C, algo::vendor::name, count, dtype_of<T>, op_name<Op>(), root});
+    if (check_calls_enabled(comm)) check_same_call(comm, {C, algo::vendor::name, count, dtype_of<T>, call_op_name<Op>(), root});
     comm.template vendor<C>(in, in_n, out, out_n, count, root, op);  // avg included: nothing to divide here
   }
 }
@@ -294,7 +328,7 @@ void run_planned(Comm& comm, const T* in, std::size_t in_n, T* out, std::size_t 
     algorithm = Algo::name;
     pl = &plan_cache::mine().get(Algo::name, q, [](const plan_request& r) { return Algo::make_plan(r); });
   }
-  if (check_calls_enabled(comm)) check_same_call(comm, {C, algorithm, count, dtype_of<T>, op_name<Op>(), root});
+  if (check_calls_enabled(comm)) check_same_call(comm, {C, algorithm, count, dtype_of<T>, call_op_name<Op>(), root});
   if constexpr (is_average_v<Op> && std::is_same_v<std::remove_cv_t<T>, half> &&
                 !requires { comm.divide(out, out_n); }) {
     if (C == collective::all_reduce || C == collective::reduce_scatter || C == collective::reduce) {
