@@ -40,7 +40,7 @@ model, by preset or by shape:
 cluster (DGX nodes of the GPU: NVLink/NVSwitch inside, InfiniBand NICs between):
   --gpu NAME           a100-80gb | h100-sxm | h200
   --nodes N            nodes (default: enough for the layout)
-  --gpus-per-node G    default 8
+  --gpus-per-node G    default 8, with a NIC per GPU
   --global-batch B     sequences per step
 layout (one simulation):
   --tp T --pp P --dp D D defaults to the GPUs left: nodes * G / (T * P)
@@ -248,8 +248,11 @@ sim::machine make_machine(const config& c, int gpus_needed) {
   const int nodes = c.nodes > 0 ? c.nodes : (gpus_needed + c.gpus_per_node - 1) / c.gpus_per_node;
   const sim::machine dgx = sim::dgx(g, 1);
   const auto& k = dgx.cluster;
+  // A DGX node has a NIC per GPU: a node of G GPUs has G (the preset's 8 used to stay for any G,
+  // so 16 GPUs of a node shared 8 NICs).
+  const int nics = std::max(1, k.nics_per_node() * c.gpus_per_node / k.devices_on(0));
   return {g, weft::topology::cluster(std::vector<int>(static_cast<std::size_t>(nodes), c.gpus_per_node),
-                                     k.intra(), k.inter(), k.nics_per_node(), k.reduce_bandwidth())};
+                                     k.intra(), k.inter(), nics, k.reduce_bandwidth())};
 }
 
 std::string num(double x) {
@@ -261,7 +264,8 @@ std::string num(double x) {
 std::string q(std::string_view s) { return "\"" + std::string(s) + "\""; }
 
 std::string json(const sim::model_spec& m, const sim::layout& l, const sim::step_result& r,
-                 std::string_view gpu) {
+                 const sim::machine& mc) {
+  const std::string_view gpu = mc.device.name;
   const double gib = 1024.0 * 1024 * 1024;
   const auto axis = [&](const sim::axis_time& a) {
     return "{\"seconds\": " + num(a.seconds) + ", \"per_call_s\": " + num(a.per_call_s) +
@@ -271,6 +275,9 @@ std::string json(const sim::model_spec& m, const sim::layout& l, const sim::step
   char parameters[32];
   std::snprintf(parameters, sizeof parameters, "%.0f", m.parameters());
   o += "  \"model\": " + q(m.name) + ", \"parameters\": " + parameters + ", \"gpu\": " + q(gpu) + ",\n";
+  o += "  \"cluster\": {\"nodes\": " + std::to_string(mc.cluster.nodes()) +
+       ", \"gpus_per_node\": " + std::to_string(mc.cluster.devices_on(0)) +
+       ", \"nics_per_node\": " + std::to_string(mc.cluster.nics_per_node()) + "},\n";
   o += "  \"layout\": {\"tp\": " + std::to_string(l.tp) + ", \"pp\": " + std::to_string(l.pp) +
        ", \"dp\": " + std::to_string(l.dp) + ", \"chunks\": " + std::to_string(l.chunks) +
        ", \"micro_batch\": " + std::to_string(l.micro_batch) + ", \"global_batch\": " + std::to_string(l.batch()) +
@@ -364,7 +371,7 @@ int main(int argc, char** argv) {
       if (c.json) {
         out = "{\"ranked\": [\n";
         for (std::size_t i = 0; i < s.ranked.size() && i < static_cast<std::size_t>(c.top); ++i)
-          out += (i ? ",\n" : "") + json(c.model, s.ranked[i].l, s.ranked[i].r, mc.device.name);
+          out += (i ? ",\n" : "") + json(c.model, s.ranked[i].l, s.ranked[i].r, mc);
         out += "], \"meshes\": " + std::to_string(s.meshes) + ", \"out_of_memory\": " + std::to_string(s.out_of_memory) +
                ", \"unschedulable\": " + std::to_string(s.unschedulable) + ", \"simulated\": " +
                std::to_string(s.simulated) + "}\n";
@@ -416,7 +423,7 @@ int main(int argc, char** argv) {
     }
     const sim::machine mc = make_machine(c, gpus);
     const sim::step_result r = sim::simulate_step(c.model, mc, l);
-    std::fputs((c.json ? json(c.model, l, r, mc.device.name) : text(c.model, l, r, mc, c.memory_limit_gib)).c_str(),
+    std::fputs((c.json ? json(c.model, l, r, mc) : text(c.model, l, r, mc, c.memory_limit_gib)).c_str(),
                stdout);
     if (!c.trace.empty()) {
       std::ofstream f(c.trace);
