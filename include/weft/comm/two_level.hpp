@@ -1034,9 +1034,7 @@ inline constexpr bool premultiplied_average =
 template <class Handoff, class T, class Op, class Call>
 void premultiplying_averages(const T* in, std::size_t n, int ranks, const Op& op, Call&& call) {
   if constexpr (premultiplied_average<Handoff, T, Op>) {
-    std::vector<std::remove_cv_t<T>> scaled(in, in + n);
-    const float by = 1.0f / static_cast<float>(ranks);
-    for (auto& x : scaled) x = static_cast<std::remove_cv_t<T>>(static_cast<float>(x) * by);
+    const auto scaled = scaled_by_ranks(in, n, ranks);
     call(static_cast<const T*>(scaled.data()), op::sum{});
   } else {
     call(in, op);

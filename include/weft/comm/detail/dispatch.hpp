@@ -293,6 +293,15 @@ void run_vendor(Comm& comm, const T* in, std::size_t in_n, T* out, std::size_t o
   }
 }
 
+/// A copy of the n elements of `in`, each times 1/ranks (in float): half averages on the host.
+template <class T>
+std::vector<std::remove_cv_t<T>> scaled_by_ranks(const T* in, std::size_t n, int ranks) {
+  std::vector<std::remove_cv_t<T>> scaled(in, in + n);
+  const float by = 1.0f / static_cast<float>(ranks);
+  for (auto& v : scaled) v = static_cast<std::remove_cv_t<T>>(static_cast<float>(v) * by);
+  return scaled;
+}
+
 template <collective C, class Algo, class Comm, class T, class Op>
 void run_planned(Comm& comm, const T* in, std::size_t in_n, T* out, std::size_t out_n, std::size_t count, int root,
                  const Op& op) {
@@ -334,9 +343,7 @@ void run_planned(Comm& comm, const T* in, std::size_t in_n, T* out, std::size_t 
     if (C == collective::all_reduce || C == collective::reduce_scatter || C == collective::reduce) {
       // half ends at 65504: the sum of the inputs overflows where their mean need not. Each input
       // is scaled by 1/ranks first (as ncclAvg does for floating types), and the plan sums.
-      std::vector<T> scaled(in, in + in_n);
-      const float by = 1.0f / static_cast<float>(comm.size());
-      for (auto& v : scaled) v = static_cast<T>(static_cast<float>(v) * by);
+      const auto scaled = scaled_by_ranks(in, in_n, comm.size());
       comm.execute(*pl, scaled.data(), in_n, out, out_n, op, opname);
       return;
     }

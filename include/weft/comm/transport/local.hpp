@@ -255,8 +255,8 @@ public:
                         " bytes of staging; the local transport has " + std::to_string(max_staged_scratch_bytes));
       }
       ++staged_calls_;  // the same count on every rank: they make the same calls
+      group_->staging_of(rank_, staged_calls_).count = pl.count();
     }
-    if (staged) group_->staging_of(rank_, staged_calls_).count = pl.count();
     T* scratch = staged ? static_cast<T*>(group_->staging(rank_, staged_calls_)) : scratch_.get<T>(pl.scratch_count());
     T* bufs[3] = {const_cast<T*>(in), out, scratch};  // input is only ever read
     const std::size_t sizes[3] = {in_count, out_count, pl.scratch_count()};
