@@ -5,6 +5,7 @@
 #include <weft/cuda/async.cuh>
 #include <weft/cuda/emulated.cuh>
 #include <weft/cuda/nccl.cuh>
+#include <weft/cuda/p2p.cuh>
 
 #include <gtest/gtest.h>
 
@@ -20,6 +21,14 @@ namespace {
 using namespace weft;
 namespace emu = weft::cuda::emulated;
 using namespace weft::test::device;
+
+// The main and side streams of every rank share one device, and a test below needs the side
+// stream's work to run while a main stream spins: each stream needs a hardware queue of its own
+// (some images set CUDA_DEVICE_MAX_CONNECTIONS=1). Set before the first CUDA call.
+const bool shared_device_configured = [] {
+  weft::cuda::p2p::configure_shared_device();
+  return true;
+}();
 
 // Overwrites x with v, after holding the stream back: the side stream must wait for it.
 __global__ void late_fill(std::int64_t* x, std::size_t n, std::int64_t v, long long cycles) {
