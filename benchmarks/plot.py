@@ -5,12 +5,20 @@ Reads Google Benchmark JSON (--benchmark_out=FILE --benchmark_out_format=json) a
 --json output, in any mix (the format is detected from the content), and writes into OUTDIR, per
 (operation, transport + ranks + topology) group:
 
-  busbw_<op>_<group>.png  bus bandwidth vs message size, one line per algorithm; peers (rows
-                          without a cost-model prediction) dashed, the run's memcpy bandwidth
+  busbw_<op>_<group>.png  bus bandwidth vs message size, one line per algorithm; peers (the
+                          libraries weft is compared with) dashed, the run's memcpy bandwidth
                           as a horizontal reference
   model_<op>_<group>.png  measured time vs the cost model's prediction, log-log, with y = x and
                           the +-25% band the suite must stay inside at >= 1 MiB
   summary.md              the same figures as markdown tables
+
+A peer is a row with a true `peer` counter (weft_peer_suite writes one on MPI's and Gloo's
+rows), or, in files written before that counter, an MPI_* algorithm or a gloo transport. weft's
+own rows that the model does not price stay weft's: solid, outside the model check.
+
+Repetitions of one case are collapsed to their median only within one file. The same case in
+two files (comm_collectives_bench's and weft_peer_suite's local4 rows, say) comes from two runs,
+so it becomes two series, each labelled with its file, and a warning says so.
 
 Usage: python3 benchmarks/plot.py RUN.json [MORE.json ...] -o OUTDIR
 Needs python3-matplotlib (Debian); nothing else outside the standard library.
@@ -70,6 +78,11 @@ def group_parts(group):
   return (m.group(1), int(m.group(2)), m.group(3) or "") if m else (group, None, "")
 
 
+def is_peer_name(group, algorithm):
+  """Peers of files written before the `peer` counter: MPI's own collectives and Gloo's."""
+  return algorithm.startswith("MPI_") or group_parts(group)[0] == "gloo"
+
+
 def gbench_rows(doc, path, memcpy):
   rows = []
   to_us = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
@@ -87,15 +100,19 @@ def gbench_rows(doc, path, memcpy):
       if number(b.get("GBps")) is not None:
         memcpy[int(parts[1])].append(number(b["GBps"]))
       continue
+    if parts == ["stream_add"]:  # the suites' streaming-bandwidth reference: no curve of its own
+      continue
     if len(parts) < 4 or not parts[-1].isdigit():
       warn(f"{path}: skipping {name}: not <op>/<transport><ranks>[@topology]/<algorithm>/<bytes>")
       continue
     time_us = number(b.get("time_us"))
     if time_us is None and number(b.get("real_time")) is not None:
       time_us = number(b["real_time"]) * to_us.get(b.get("time_unit", "ns"), 1e-3)
-    rows.append({"op": parts[0], "group": parts[1], "algorithm": "/".join(parts[2:-1]), "variant": "",
+    algorithm = "/".join(parts[2:-1])
+    peer = bool(number(b.get("peer"))) or is_peer_name(parts[1], algorithm)
+    rows.append({"op": parts[0], "group": parts[1], "algorithm": algorithm, "variant": "",
                  "bytes": int(parts[-1]), "time_us": time_us, "busbw": number(b.get("busbw_GBps")),
-                 "model_us": number(b.get("model_us")), "chosen": ""})
+                 "model_us": number(b.get("model_us")), "chosen": "", "peer": peer, "source": path})
   return rows
 
 
@@ -107,10 +124,11 @@ def perf_rows(doc, path):
       row = {"op": r["op"], "group": group, "algorithm": r["algorithm"],
              "variant": " ".join(str(r[k]) for k in ("dtype", "redop") if r.get(k)), "bytes": int(r["bytes"]),
              "time_us": number(r.get("time_us")), "busbw": number(r.get("busbw_GBps")),
-             "model_us": number(r.get("model_us")), "chosen": r.get("chosen") or ""}
+             "model_us": number(r.get("model_us")), "chosen": r.get("chosen") or "", "peer": False,
+             "source": path}
     except (KeyError, TypeError, ValueError) as e:
       raise InputError(f"{path}: rows[{i}] lacks or mangles field {e}") from None
-    if r.get("wrong"):
+    if (number(r.get("wrong")) or 0) > 0:  # -1: not checked (weft-perf -c 0)
       warn(f"{path}: {r['op']} {group} {r['algorithm']} {size_label(row['bytes'])}: {r['wrong']} wrong elements")
     rows.append(row)
   return rows
@@ -138,15 +156,33 @@ def load(paths):
   return rows, memcpy
 
 
+def source_names(rows):
+  """Each input file's name for a series label: its base name, or the path where two share one."""
+  paths = sorted({r["source"] for r in rows})
+  short = {p: os.path.basename(p) for p in paths}
+  return short if len(set(short.values())) == len(paths) else {p: p for p in paths}
+
+
 def collate(rows):
-  """{(op, group): {series: {bytes: row}}}; repetitions of one case collapse to the median-time row."""
+  """{(op, group): {(algorithm, variant, source): {bytes: row}}}. Repetitions of one case collapse
+  to the median-time row, but only within one file: a series found in several files is kept once
+  per file (source: the file's name; "" where only one file has the series)."""
   cases = defaultdict(list)
   for r in rows:
-    cases[(r["op"], r["group"], r["algorithm"], r["variant"], r["bytes"])].append(r)
+    cases[(r["op"], r["group"], r["algorithm"], r["variant"], r["source"], r["bytes"])].append(r)
+  files = defaultdict(set)
+  for op, group, algorithm, variant, source, _ in cases:
+    files[(op, group, algorithm, variant)].add(source)
+  names = source_names(rows)
+  for (op, group, algorithm, variant), sources in sorted(files.items()):
+    if len(sources) > 1:
+      warn(f"{op} {group} {series_label(algorithm, variant, True)} is in " + " and ".join(names[s] for s in sorted(sources))
+           + ": separate runs, drawn as one series per file")
   groups = defaultdict(lambda: defaultdict(dict))
-  for (op, group, algorithm, variant, nbytes), reps in cases.items():
+  for (op, group, algorithm, variant, source, nbytes), reps in cases.items():
     reps.sort(key=lambda r: r["time_us"] if r["time_us"] is not None else math.inf)
-    groups[(op, group)][(algorithm, variant)][nbytes] = reps[(len(reps) - 1) // 2]
+    label = names[source] if len(files[(op, group, algorithm, variant)]) > 1 else ""
+    groups[(op, group)][(algorithm, variant, label)][nbytes] = reps[(len(reps) - 1) // 2]
   return groups
 
 
@@ -155,12 +191,13 @@ def plot_title(op, group, what):
   return "\n".join(textwrap.wrap(f"{op} on {group.replace(',', ', ')}", 64) + [what])
 
 
-def series_label(algorithm, variant, show_variant):
-  return f"{algorithm} [{variant}]" if show_variant and variant else algorithm
+def series_label(algorithm, variant, show_variant, source=""):
+  label = f"{algorithm} [{variant}]" if show_variant and variant else algorithm
+  return f"{label} ({source})" if source else label
 
 
 def is_peer(points):
-  return all(r["model_us"] is None for r in points.values())
+  return any(r["peer"] for r in points.values())
 
 
 def peers_from_elsewhere(groups, op, group):
@@ -171,9 +208,9 @@ def peers_from_elsewhere(groups, op, group):
   for (other_op, other), series in sorted(groups.items()):
     if other_op != op or other == group or ranks is None or group_parts(other)[1:] != (ranks, topo):
       continue
-    for (algorithm, variant), points in sorted(series.items()):
+    for (algorithm, variant, source), points in sorted(series.items()):
       if is_peer(points):
-        found[(f"{other}/{algorithm}", variant)] = points
+        found[(f"{other}/{algorithm}", variant, source)] = points
   return found
 
 
@@ -308,17 +345,19 @@ def main(argv=None):
     summary += [f"memcpy: {memcpy_ref[1]:.3g} GB/s at {size_label(memcpy_ref[0])}", ""]
   written = []
   for (op, group), own in sorted(groups.items()):
-    show_variant = len({variant for _, variant in own}) > 1
-    series = [((series_label(a, v, show_variant), is_peer(p)), p) for (a, v), p in sorted(own.items())]
+    show_variant = len({variant for _, variant, _ in own}) > 1
+    series = [((series_label(a, v, show_variant, s), is_peer(p)), p) for (a, v, s), p in sorted(own.items())]
     if any(not peer for (_, peer), _ in series):
-      series += [((series_label(a, v, show_variant), True), p)
-                 for (a, v), p in peers_from_elsewhere(groups, op, group).items()]
+      series += [((series_label(a, v, show_variant, s), True), p)
+                 for (a, v, s), p in peers_from_elsewhere(groups, op, group).items()]
     stem = sanitize(f"{op}_{group}")
     if any(r["busbw"] is not None and r["bytes"] > 0 for _, p in series for r in p.values()):
       written.append(os.path.join(args.outdir, f"busbw_{stem}.png"))
       plot_busbw(Figure, written[-1], plot_title(op, group, "bus bandwidth"), series, memcpy_ref)
-    modelled = [(label, p) for (label, peer), p in series if not peer]
-    if any((r["model_us"] or 0) > 0 and (r["time_us"] or 0) > 0 for _, p in modelled for r in p.values()):
+    # weft's rows the model prices (two_level's rank-block path, for one, it does not).
+    modelled = [(label, p) for (label, peer), p in series
+                if not peer and any((r["model_us"] or 0) > 0 and (r["time_us"] or 0) > 0 for r in p.values())]
+    if modelled:
       written.append(os.path.join(args.outdir, f"model_{stem}.png"))
       plot_model(Figure, written[-1], plot_title(op, group, "measured vs cost model (filled: >= 1 MiB)"), modelled)
     summary += summary_section(op, group, series)

@@ -137,6 +137,93 @@ class PlotOutput(unittest.TestCase):
     self.assertIn(f"memcpy: {row['GBps']:.3g} GB/s at 64MiB", self.summary)
 
 
+def gbench_doc(rows):
+  """Google Benchmark JSON of (name, counters) rows, one iteration each, times in us."""
+  return {"context": {}, "benchmarks": [
+      {"name": f"{name}/iterations:1/manual_time", "run_type": "iteration", "iterations": 1,
+       "real_time": counters.get("time_us", 1.0), "time_unit": "us", **counters} for name, counters in rows]}
+
+
+def perf_row(nbytes, wrong):
+  return {"op": "all_reduce", "dtype": "float", "redop": "sum", "algorithm": "ring", "chosen": "ring",
+          "transport": "local", "ranks": 2, "topology": "", "bytes": nbytes, "count": nbytes // 4,
+          "time_us": 10.0, "algbw_GBps": nbytes / 10e3, "busbw_GBps": nbytes / 10e3, "model_us": 9.0, "wrong": wrong}
+
+
+class SeveralFilesAndPeers(unittest.TestCase):
+  """Files written here: the same case in two files (as scripts/bench gives comm_collectives_bench's
+  and weft_peer_suite's local4 rows), weft rows the model does not price, peers known by counter
+  and by name, weft-perf rows checked and not, and the suites' stream_add row."""
+
+  LOCAL = [("stream_add", {"stream_add_GBps": 40.0}),
+           ("all_reduce/local4/direct/65536", {"time_us": 15.4, "busbw_GBps": 6.40, "model_us": 14.0}),
+           ("all_reduce/local4/ring/65536", {"time_us": 16.0, "busbw_GBps": 6.10, "model_us": 15.0}),
+           ("all_reduce/local4/otherlib/65536", {"time_us": 30.0, "busbw_GBps": 3.30, "peer": 1}),
+           ("all_reduce/local8@2x4/ring/1048576", {"time_us": 900.0, "busbw_GBps": 2.04, "model_us": 850.0}),
+           ("all_reduce/local8@2x4/two_level<ring, ring>/1048576", {"time_us": 700.0, "busbw_GBps": 2.62})]
+  MPI = [("all_reduce/local4/direct/65536", {"time_us": 21.8, "busbw_GBps": 4.50, "model_us": 14.0}),
+         ("all_reduce/mpi4/MPI_Allreduce/65536", {"time_us": 25.0, "busbw_GBps": 3.93})]
+
+  @classmethod
+  def setUpClass(cls):
+    cls.exe = python_with_matplotlib()
+    if cls.exe is None:
+      raise unittest.SkipTest("matplotlib is missing (Debian: apt-get install python3-matplotlib)")
+    cls.tmp = tempfile.TemporaryDirectory()
+    paths = []
+    for name, doc in (("local.json", gbench_doc(cls.LOCAL)), ("mpi.json", gbench_doc(cls.MPI)),
+                      ("perf.json", {"rows": [perf_row(1024, -1), perf_row(4096, 3)]})):
+      paths.append(os.path.join(cls.tmp.name, name))
+      with open(paths[-1], "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+    cls.result = run_plot([*paths, "-o", os.path.join(cls.tmp.name, "out")], cls.exe)
+    with open(os.path.join(cls.tmp.name, "out", "summary.md"), encoding="utf-8") as f:
+      cls.summary = f.read()
+
+  @classmethod
+  def tearDownClass(cls):
+    cls.tmp.cleanup()
+
+  def section(self, title):
+    return self.summary.split(f"## {title}")[1].split("## ")[0]
+
+  def test_exits_zero(self):
+    self.assertEqual(self.result.returncode, 0, self.result.stderr)
+
+  def test_same_case_in_two_files_stays_two_series(self):
+    # Not one "direct" holding the faster file's figure: one column per file, each its own.
+    section = self.section("all_reduce on `local4`")
+    header = cells(summary_line(section, "| size |")[0])
+    values = cells(summary_line(section, "| 64KiB |")[0])
+    for label, rows in (("`direct (local.json)`", self.LOCAL), ("`direct (mpi.json)`", self.MPI)):
+      busbw = dict(rows)["all_reduce/local4/direct/65536"]["busbw_GBps"]
+      self.assertIn(label, header)
+      self.assertEqual(values[header.index(label)], f"{busbw:.3g}")
+    self.assertIn("`ring`", header)  # in one file only: no file name
+    self.assertRegex(self.result.stderr, r"local4 direct is in \S*local.json and \S*mpi.json")
+
+  def test_peers_by_counter_and_by_name(self):
+    header = cells(summary_line(self.section("all_reduce on `local4`"), "| size |")[0])
+    self.assertIn("`otherlib`*", header)
+    self.assertIn("`mpi4/MPI_Allreduce`*", header)
+    self.assertNotIn("`ring`*", header)
+
+  def test_unpriced_weft_row_is_not_a_peer(self):
+    section = self.section("all_reduce on `local8@2x4`")
+    header = cells(summary_line(section, "| size |")[0])
+    self.assertIn("`two_level<ring, ring>`", header)
+    self.assertNotIn("`two_level<ring, ring>`*", header)
+    self.assertTrue(summary_line(section, "| `ring` |", "| 1MiB |"))  # the priced row is checked
+    self.assertFalse(summary_line(section, "| `two_level<ring, ring>` |", "| 1MiB |"))  # no price, no check
+
+  def test_wrong_elements_warned_only_when_counted(self):
+    self.assertIn("ring 4KiB: 3 wrong elements", self.result.stderr)
+    self.assertNotIn("-1 wrong", self.result.stderr)
+
+  def test_stream_add_row_is_not_warned_about(self):
+    self.assertNotIn("stream_add", self.result.stderr)
+
+
 class BadInput(unittest.TestCase):
   """Errors are found before matplotlib is loaded, so these run with any python3."""
 

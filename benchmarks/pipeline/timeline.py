@@ -66,6 +66,9 @@ def parse_trace(doc, path):
     raise BadInput(f"{path}: no 'weft-schedule NAME p=P m=M' process name: not weft-schedule's trace")
   if not ranks:
     raise BadInput(f"{path}: the trace has no events")
+  if max(start + dur for events in ranks.values() for _, _, start, dur in events) <= 0:
+    # weft-schedule accepts --costs 0,0,0, but a step of no time has no idle share and nothing to draw.
+    raise BadInput(f"{path}: the step takes no time (every action costs 0?): nothing to draw")
   return {"name": m.group(1), "stages": int(m.group(2)), "microbatches": int(m.group(3)), "ranks": ranks,
           "path": path}
 

@@ -141,6 +141,14 @@ class BadInput(Fixture):
     self.assert_fails([self.write("x.json", {"traceEvents": []})], "not weft-schedule's trace")
     self.assert_fails([self.write("y.json", {"rows": []})], "neither weft-schedule's --format trace")
 
+  def test_step_of_no_time(self):
+    # As weft-schedule --costs 0,0,0 writes it: every action at time 0 for 0.
+    doc = trace_doc()
+    for e in doc["traceEvents"]:
+      if e["ph"] == "X":
+        e["ts"] = e["dur"] = 0
+    self.assert_fails([self.write("zero.json", doc)], "the step takes no time")
+
   def test_nothing_to_draw(self):
     self.assert_fails([], "nothing to draw")
 
