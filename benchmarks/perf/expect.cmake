@@ -1,7 +1,11 @@
-# cmake -DEXIT=<status> -DMATCH=<regex> [-DJSON=<file>] -P expect.cmake -- <command...>
+# cmake -DEXIT=<status> -DMATCH=<regex> [-DNO_MATCH=<regex>] [-DJSON=<file>] -P expect.cmake -- <command...>
+# NO_MATCH: a regex the output must not match (a doubled prefix, tables that should not have run).
 cmake_minimum_required(VERSION 3.21)
 include(${CMAKE_CURRENT_LIST_DIR}/../../cmake/expect_run.cmake)
 weft_expect_run(${JSON})
+if(DEFINED NO_MATCH AND "${out}${err}" MATCHES "${NO_MATCH}")
+  message(FATAL_ERROR "the output matches '${NO_MATCH}', which it must not")
+endif()
 if(DEFINED JSON)
   # The rows must be there and carry the fields a plot script reads.
   file(READ "${JSON}" json)

@@ -140,7 +140,8 @@ inline constexpr std::string_view usage_text =
                           hierarchical<ring,tree> hierarchical<direct,ring> automatic, or all
                           (default automatic); combinations an algorithm does not serve are skipped
   -t, --transport T       local (ranks as threads) or mpi (one rank per process, under mpirun)
-  -g, --ranks N           local ranks (default 4; with --topology, its size)
+  -g, --ranks N           local ranks (default 4; with --topology, its size); with -t mpi the
+                          ranks are mpirun's processes, and -g, if given, must equal their number
       --root R            root of broadcast and reduce (default 0)
   -n, --iters N           timed iterations per size (default 20)
   -w, --warmup_iters N    untimed iterations first (default 5)

@@ -6,11 +6,14 @@
 //
 //   sum       v in [-m, m], m chosen so that p * m fits the type's exact integers
 //             (bfloat16: 256, half: 2048)
-//   avg       f(k) + d(r, k) where d sums to zero over the ranks: the sum is p * f(k), so
-//             the average f(k) is exact for floats and for integer division alike; except half
-//             on the host, which scales each input by 1/p before summing (op::avg, as
-//             ncclAvg): with p not a power of two those terms round, and the result is
-//             checked to within the rounding of p terms and p - 1 partial sums (tolerance())
+//   avg       f(k) + d(r, k), f in [-m, m], d +1 on rank k mod p, -1 on rank k+1 mod p and 0
+//             elsewhere: d sums to zero, so the sum is p * f(k) and the average f(k) is exact
+//             for floats and for integer division alike, and every input and partial sum stays
+//             within p * m + 1 whatever p (an offset that grew with p, such as p - 1 on one
+//             rank, is itself inexact in bfloat16 from p = 258 on); except half on the host,
+//             which scales each input by 1/p before summing (op::avg, as ncclAvg): with p not a
+//             power of two those terms round, and the result is checked to within the rounding
+//             of p terms and p - 1 partial sums (tolerance())
 //   prod      v in {-1, 1}
 //   min, max  v in [-8, 8]
 //   data      v in [-125, 125] for the ops that only move data, different on every rank
@@ -39,7 +42,7 @@ public:
     if (t == dtype::float16) exact = 2048;
     if (t == dtype::bfloat16) exact = 256;
     if (op_ == redop::sum) m_ = std::clamp<std::int64_t>(exact / p_, 1, 4);
-    if (op_ == redop::avg) m_ = std::clamp<std::int64_t>(exact / p_ - 1, 0, 4);
+    if (op_ == redop::avg) m_ = std::clamp<std::int64_t>((exact - 1) / p_, 0, 4);  // p * m + 1 <= exact
   }
 
   /// Element k of rank r's input buffer.
@@ -53,8 +56,10 @@ public:
         const std::int64_t f = static_cast<std::int64_t>((static_cast<std::uint64_t>(k) * 7) %
                                                          static_cast<std::uint64_t>(2 * m_ + 1)) -
                                m_;
-        const bool chosen = k % static_cast<std::size_t>(p_) == static_cast<std::size_t>(r);
-        return f + (chosen ? p_ - 1 : -1);
+        const auto up = static_cast<std::size_t>(p_);
+        const std::size_t ru = static_cast<std::size_t>(r);
+        // +1 and -1 on two ranks (the same one when p = 1): a zero sum whatever p.
+        return f + (k % up == ru ? 1 : 0) - ((k + 1) % up == ru ? 1 : 0);
       }
       case redop::prod: return (k + 2 * ur) % 3 == 0 ? -1 : 1;
       case redop::min:
@@ -66,11 +71,11 @@ public:
 
   /// How far an output may be from reduced(): 0 (exact) but for half averages over a number of
   /// ranks that is not a power of two, where each of p scaled terms and p - 1 partial sums of
-  /// magnitude at most m + p rounds by at most half an ulp (2^-11 relative).
+  /// magnitude at most m + 1 rounds by at most half an ulp (2^-11 relative); twice that, as margin.
   [[nodiscard]] double tolerance() const noexcept {
     const bool power_of_two = (p_ & (p_ - 1)) == 0;
     if (op_ != redop::avg || type_ != dtype::float16 || power_of_two) return 0.0;
-    return 2.0 * p_ * static_cast<double>(m_ + p_) / 2048.0;
+    return 2.0 * p_ * static_cast<double>(m_ + 1) / 2048.0;
   }
 
   /// The reduction over all ranks of element k of their inputs, computed in double.

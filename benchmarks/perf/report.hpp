@@ -3,8 +3,10 @@
 // size / count / type / redop / root / time / algbw / busbw / #wrong columns, closing with the
 // out-of-bounds count and the average bus bandwidth), plus weft's model(us) and the algorithm
 // that ran; and the same rows as JSON for plot scripts.
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <string_view>
@@ -109,10 +111,17 @@ public:
     std::fflush(stdout);
   }
 
-  /// Writes the options and every row to path; throws weft::error if the file cannot be written.
-  void write_json(const std::string& path, const std::string& topology_text) const {
-    std::ofstream f(path);
-    if (!f) throw error("weft-perf: cannot write --json file '" + path + "'");
+  /// Opens (and empties) the --json file before anything runs, so a path that cannot be written
+  /// is found at once, not after every table. Throws weft::error naming the path.
+  void open_json(const std::string& path) {
+    json_path_ = path;
+    json_.open(path);
+    if (!json_) throw error("cannot write --json file '" + path + "': " + std::strerror(errno));
+  }
+
+  /// Writes the options and every row to the file open_json opened; throws weft::error if that fails.
+  void write_json(const std::string& topology_text) {
+    std::ofstream& f = json_;
     const auto list = [](const auto& items) {
       std::string s = "[";
       for (std::size_t i = 0; i < items.size(); ++i)
@@ -145,7 +154,8 @@ public:
     for (std::size_t i = 0; i < errors_.size(); ++i)
       f << (i ? ", " : "") << quote(errors_[i]);
     f << "]\n}\n";
-    if (!f) throw error("weft-perf: writing --json file '" + path + "' failed");
+    f.close();
+    if (!f) throw error("writing --json file '" + json_path_ + "' failed");
   }
 
 private:
@@ -179,6 +189,8 @@ private:
   }
 
   const config& cfg_;
+  std::string json_path_;
+  std::ofstream json_;
   std::vector<row> rows_;
   std::vector<std::string> errors_;
 };

@@ -219,8 +219,8 @@ void with_call(const table_case& tc, Body&& body) {
           }
         });
       } else {
-        throw error("weft-perf: " + std::string(name_of(tc.algo)) + " cannot run " +
-                    std::string(name_of(C)) + " here"); // cases_of() leaves these out
+        throw error(std::string(name_of(tc.algo)) + " cannot run " + std::string(name_of(C)) +
+                    " here"); // cases_of() leaves these out
       }
     });
   });
@@ -373,6 +373,14 @@ inline int run_local(const config& cfg) {
     return 2;
   }
   reporter rep(cfg);
+  if (!cfg.json_path.empty()) {
+    try {
+      rep.open_json(cfg.json_path);
+    } catch (const error& e) {
+      std::fprintf(stderr, "weft-perf: %s\n", e.what());
+      return 2;
+    }
+  }
   std::vector<int> devices(static_cast<std::size_t>(cluster.size()));
   for (std::size_t i = 0; i < devices.size(); ++i)
     devices[i] = static_cast<int>(i);
@@ -400,7 +408,7 @@ inline int run_local(const config& cfg) {
     }
   }
   rep.summary();
-  if (!cfg.json_path.empty()) rep.write_json(cfg.json_path, cluster.to_string());
+  if (!cfg.json_path.empty()) rep.write_json(cluster.to_string());
   return threw || rep.wrong() > 0 ? 1 : 0;
 }
 
@@ -430,6 +438,10 @@ inline int run_mpi(config cfg, int& argc, char**& argv) {
   if (cfg.cluster && cfg.cluster->size() != size) {
     bad = "--topology has " + std::to_string(cfg.cluster->size()) + " devices but mpirun started " +
           std::to_string(size) + " processes";
+  } else if (cfg.ranks_given && cfg.ranks != size) {
+    // With -t mpi the ranks are mpirun's processes; -g cannot add or drop any.
+    bad = "-g " + std::to_string(cfg.ranks) + " asks for " + std::to_string(cfg.ranks) +
+          " ranks, but with -t mpi the ranks are mpirun's " + std::to_string(size) + " processes";
   } else if (cfg.root >= size) {
     bad = "--root " + std::to_string(cfg.root) + " is not a rank of " + std::to_string(size);
   }
@@ -445,14 +457,28 @@ inline int run_mpi(config cfg, int& argc, char**& argv) {
                    "weft-perf: none of the algorithms given serves the ops given over MPI\n");
     return 2;
   }
+  // Rank 0 writes the JSON: it opens the file now and tells the others whether it could.
+  std::optional<reporter> rep;
+  int json_ok = 1;
+  if (rank == 0) {
+    rep.emplace(cfg);
+    if (!cfg.json_path.empty()) {
+      try {
+        rep->open_json(cfg.json_path);
+      } catch (const error& e) {
+        std::fprintf(stderr, "weft-perf: %s\n", e.what());
+        json_ok = 0;
+      }
+    }
+  }
+  WEFT_MPI_TRY(MPI_Bcast(&json_ok, 1, MPI_INT, 0, MPI_COMM_WORLD), "weft-perf --json");
+  if (json_ok == 0) return 2;
   std::int64_t wrong = 0;
   try {
     mpi::options opt;
     opt.topology = cfg.cluster;
     auto world = mpi::communicator::borrow(MPI_COMM_WORLD, opt);
-    std::optional<reporter> rep;
-    if (rank == 0) {
-      rep.emplace(cfg);
+    if (rep) {
       rep->header(world.cluster(), world.devices(), false);
       rep->skipped(skipped_of(cfg, mpi::communicator::peer_access, "mpi"));
     }
@@ -465,7 +491,7 @@ inline int run_mpi(config cfg, int& argc, char**& argv) {
     }
     if (rep) {
       rep->summary();
-      if (!cfg.json_path.empty()) rep->write_json(cfg.json_path, world.cluster().to_string());
+      if (!cfg.json_path.empty()) rep->write_json(world.cluster().to_string());
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "weft-perf: rank %d: %s\n", rank, e.what());
