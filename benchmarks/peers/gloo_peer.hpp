@@ -158,30 +158,32 @@ public:
   [[nodiscard]] int size() const noexcept { return ranks_; }
   [[nodiscard]] const options& settings() const noexcept { return opt_; }
 
-  /// Seconds per in-place float-sum all-reduce of `count` elements per rank, as rank 0 saw
-  /// it: after one untimed warm-up call, `repetitions` runs of `iterations` back-to-back
-  /// calls, each run started on all ranks at once (a barrier); the best run's mean.
+  /// Seconds per in-place float-sum all-reduce of `count` elements per rank: after one untimed
+  /// warm-up call, `repetitions` runs of `iterations` back-to-back calls, each run started on
+  /// all ranks at once (a barrier) and timed by its slowest rank; the best run's mean.
   /// The buffers hold zeros, which stay zeros: repeated in-place sums cannot overflow.
   double time_all_reduce(algorithm a, std::size_t count, int iterations, int repetitions = 3) {
     WEFT_EXPECTS(iterations >= 1 && repetitions >= 1, "iterations and repetitions must be positive");
     const int n = checked_count(count);
-    double best = 0;
+    // seconds[rep][rank]: each thread writes its own slots, read after on_ranks joined them all.
+    std::vector<std::vector<double>> seconds(static_cast<std::size_t>(repetitions),
+                                             std::vector<double>(static_cast<std::size_t>(ranks_)));
     on_ranks(operation(a), [&](int r, std::barrier<>& sync) {
       std::vector<float> data(count, 0.0f);
       auto algo = detail::make(a, contexts_[static_cast<std::size_t>(r)], data.data(), n);
       algo->run();
-      double mine = 1e300;
       for (int rep = 0; rep < repetitions; ++rep) {
         sync.arrive_and_wait();
         const auto t0 = std::chrono::steady_clock::now();
         for (int i = 0; i < iterations; ++i) algo->run();
-        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        mine = std::min(mine, s / iterations);
+        seconds[static_cast<std::size_t>(rep)][static_cast<std::size_t>(r)] =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iterations;
       }
       // Nobody frees a buffer that a slower rank's last call may still be using.
       sync.arrive_and_wait();
-      if (r == 0) best = mine;
     });
+    double best = 1e300;
+    for (const auto& run : seconds) best = std::min(best, *std::max_element(run.begin(), run.end()));
     return best;
   }
 

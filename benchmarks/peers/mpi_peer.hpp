@@ -109,10 +109,11 @@ inline void call(operation op, MPI_Comm comm, const float* in, float* out, int c
 
 } // namespace detail
 
-/// Seconds per call of the collective `call` as rank 0 measured it, broadcast to all ranks:
-/// after one untimed warm-up call, `repetitions` runs of `iterations` back-to-back calls,
-/// each after an MPI_Barrier; the best run's mean. `iterations` and `repetitions` must be the
-/// same on every rank. Every MPI-side row of the suite (MPI's and weft's) is timed so.
+/// Seconds per call of the collective `call`, the same on all ranks: after one untimed warm-up
+/// call, `repetitions` runs of `iterations` back-to-back calls, each after an MPI_Barrier, each
+/// run timed by its slowest rank (MPI_MAX, as weft-perf does: a root that returns early would
+/// report a broadcast faster than it was); the best run's mean. `iterations` and `repetitions`
+/// must be the same on every rank. Every MPI-side row of the suite (MPI's and weft's) is timed so.
 template <class Call>
 double time_calls(MPI_Comm comm, int iterations, int repetitions, Call&& call) {
   WEFT_EXPECTS(iterations >= 1 && repetitions >= 1, "iterations and repetitions must be positive");
@@ -123,10 +124,10 @@ double time_calls(MPI_Comm comm, int iterations, int repetitions, Call&& call) {
     WEFT_MPI_TRY(MPI_Barrier(comm), "time_calls");
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < iterations; ++i) call();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    WEFT_MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, &s, 1, MPI_DOUBLE, MPI_MAX, comm), "time_calls");
     best = std::min(best, s / iterations);
   }
-  WEFT_MPI_TRY(MPI_Bcast(&best, 1, MPI_DOUBLE, 0, comm), "time_calls");
   return best;
 }
 

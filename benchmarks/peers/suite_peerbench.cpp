@@ -24,11 +24,13 @@
 // all-gather output (count*p elements; so these start at 4p bytes). Counters:
 //   time_us      seconds per call, in us: MPI-side rows (weft's and MPI's alike) by
 //                mpi_peer::time_calls, Gloo by gloo_group::time_all_reduce, local rows by
-//                bench::time_collective: each the best of 3 runs of back-to-back calls
+//                bench::time_collective: each the best of 3 runs of back-to-back calls, a run
+//                timed by its slowest rank
 //   algbw_GBps   size / time
 //   busbw_GBps   algbw * 2(p-1)/p for all-reduce, * (p-1)/p for reduce-scatter, all-gather and
 //                all-to-all, * 1 for broadcast and reduce
 //   model_us     weft's rows: the cost model's price of the same plans (label: the algorithm)
+//   peer         1 on MPI's and Gloo's rows, so plot.py tells them from weft's unpriced rows
 //   of_bound     local all-reduce: the fraction of the memory-traffic bound reached
 // After Google Benchmark's output rank 0 prints the all-reduce figures as one table, weft
 // and the peers side by side.
@@ -123,12 +125,15 @@ void print_summary() {
   }
 }
 
-[[maybe_unused]] void report(benchmark::State& state, double seconds, std::int64_t bytes, double factor) {
+// `peer`: the row is another library's (MPI's, Gloo's), marked for plot.py with a counter.
+[[maybe_unused]] void report(benchmark::State& state, double seconds, std::int64_t bytes, double factor,
+                             bool peer = false) {
   state.SetIterationTime(seconds);
   const double algbw = static_cast<double>(bytes) / seconds / 1e9;
   state.counters["time_us"] = seconds * 1e6;
   state.counters["algbw_GBps"] = algbw;
   state.counters["busbw_GBps"] = algbw * factor;
+  if (peer) state.counters["peer"] = 1;
 }
 
 // Reports nothing: the ranks other than 0 run the MPI benchmarks silently.
@@ -195,7 +200,7 @@ void add_gloo(int p) {
                                      for (auto _ : state) {
                                        const double s = gloo_world->time_all_reduce(a, count, iterations_for(bytes),
                                                                                     repetitions);
-                                       report(state, s, bytes, factor);
+                                       report(state, s, bytes, factor, true);
                                        record("all_reduce",
                                               "gloo" + std::to_string(p) + "/" + std::string(gloo::name(a)), bytes,
                                               {s, factor});
@@ -251,7 +256,7 @@ void add_mpi(MPI_Comm comm) {
       const auto count = static_cast<std::size_t>(bytes / per_rank_divisor) / sizeof(float);
       for (auto _ : state) {
         const double s = mpi_peer::time_operation(e.op, comm, count, iterations_for(bytes), repetitions);
-        report(state, s, bytes, mpi_peer::bus_factor(e.op, p));
+        report(state, s, bytes, mpi_peer::bus_factor(e.op, p), true);
         record(e.collective, "mpi" + std::to_string(p) + "/" + std::string(mpi_peer::name(e.op)), bytes,
                {s, mpi_peer::bus_factor(e.op, p)});
       }
@@ -356,6 +361,14 @@ int run(std::vector<char*>& args, int rank, [[maybe_unused]] int size) {
   const bool check_only = take_flag(args, "--check_only");
   int argc = static_cast<int>(args.size());
   benchmark::Initialize(&argc, args.data());
+  // Read before the checks and the registrations: every rank sees the same WEFT_BENCH_SIZES, so
+  // all of them stop here, and none of them in std::terminate or MPI_Abort.
+  try {
+    sizes();
+  } catch (const weft::error& e) {
+    if (rank == 0) std::fprintf(stderr, "peers: %s\n", e.what());
+    return 2;
+  }
   bool ok = true;
 #if WEFT_PEERS_MPI
   ok = check_mpi(MPI_COMM_WORLD) && ok;
