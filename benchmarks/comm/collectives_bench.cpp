@@ -14,6 +14,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,12 @@ void add_all() {
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
+  try {
+    sizes();  // read here: a bad WEFT_BENCH_SIZES thrown from a registration would abort
+  } catch (const weft::error& e) {
+    std::fprintf(stderr, "comm_collectives_bench: %s\n", e.what());
+    return 2;
+  }
   benchmark::RegisterBenchmark("stream_add", weft::bench::stream_add_row)->Iterations(1);
   benchmark::RegisterBenchmark("memcpy", weft::bench::memcpy_row)->Apply([](auto* b) { apply_sizes(b); });
   add_all<collective::all_reduce>();

@@ -18,9 +18,11 @@
 
 #include <benchmark/benchmark.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -36,7 +38,8 @@ std::string links() {
 double reduce_bandwidth() {
   static const double bw = [] {
     const double b = weft::bench::reduce_bandwidth_per_rank(8);
-    std::printf("# reduce bandwidth per rank, 8 ranks at once: %.2f GB/s\n", b / 1e9);
+    // On stderr: stdout may be --benchmark_format=json, which a line here would break.
+    std::fprintf(stderr, "# reduce bandwidth per rank, 8 ranks at once: %.2f GB/s\n", b / 1e9);
     return b;
   }();
   return bw;
@@ -129,10 +132,12 @@ void two_level_case(benchmark::State& state) {
   weft::bench::set_counters(state, bytes, seconds, weft::bench::bus_factor(C, p), model);
 }
 
-void sizes(benchmark::internal::Benchmark* b) {
+const std::vector<std::int64_t>& size_range() {
   static const auto range = weft::bench::sizes_from_env("64K:64M:4");
-  weft::bench::apply_sizes(b, range);
+  return range;
 }
+
+void sizes(benchmark::internal::Benchmark* b) { weft::bench::apply_sizes(b, size_range()); }
 
 template <class Algo>
 void add(const char* nodes) {
@@ -182,6 +187,20 @@ void for_rooted() {
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
+  // Both read before any benchmark runs: a bad value thrown from a registration or a row would
+  // end the program in std::terminate, after some rows had run.
+  try {
+    size_range();
+  } catch (const weft::error& e) {
+    std::fprintf(stderr, "comm_emulated_bench: %s\n", e.what());
+    return 2;
+  }
+  try {
+    (void)weft::topology::parse("2x4," + links());
+  } catch (const weft::error& e) {
+    std::fprintf(stderr, "comm_emulated_bench: WEFT_EMULATED_LINKS=\"%s\": %s\n", links().c_str(), e.what());
+    return 2;
+  }
   for (const char* nodes : {"2x4", "4x2"}) {
     add<algo::ring>(nodes);
     add<algo::tree>(nodes);

@@ -28,6 +28,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -110,8 +112,9 @@ void add(const std::string& shape_name, const weft::topology::cluster& shape,
   weft::bench::apply_sizes(b, sizes, static_cast<std::int64_t>(shape.size() * sizeof(float)));
 }
 
-const bool registered = [] {
-  const auto sizes = weft::bench::sizes_from_env("1M:256M:4");
+// Called from main, not a static initializer: a bad WEFT_BENCH_SIZES thrown from one would end in
+// std::terminate before main could report it.
+void register_all(const std::vector<std::int64_t>& sizes) {
   const auto flat = weft::topology::host(4);
   add<algo::ring>("4", flat, sizes);
   add<algo::tree>("4", flat, sizes);
@@ -125,9 +128,22 @@ const bool registered = [] {
   add<algo::hierarchical<algo::ring, algo::tree>>("2x2", nodes, sizes);
   add<algo::automatic>("2x2", nodes, sizes);
   add<algo::stages<algo::ring, algo::ring>>("2x2", nodes, sizes);
-  return true;
-}();
+}
 
 } // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;  // as BENCHMARK_MAIN does
+  std::vector<std::int64_t> sizes;
+  try {
+    sizes = weft::bench::sizes_from_env("1M:256M:4");
+  } catch (const weft::error& e) {
+    std::fprintf(stderr, "cuda_emulated_bench: %s\n", e.what());
+    return 2;
+  }
+  register_all(sizes);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

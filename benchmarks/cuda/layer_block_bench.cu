@@ -68,24 +68,29 @@ timing measure() {
     t.block_s = stop.elapsed_ms(start) * 1e-3 / timed;
 
     // The dense GEMMs alone: for each linear (in -> out), y = x W^T, dx = dy W, dW += dy^T x.
+    // x, dy and W are inputs that no call writes: fed back (x = dy W, dy = x W^T, unscaled), the
+    // operands grew some 600x per call and were inf/NaN from about the 12th of the 23 calls.
     const std::array<std::array<std::size_t, 2>, 4> linears{{{hidden, 3 * hidden}, {hidden, hidden},
                                                              {hidden, 4 * hidden}, {4 * hidden, hidden}}};
-    std::array<weft::device_matrix<float>, 4> w, dw, in, out;
+    std::array<weft::device_matrix<float>, 4> w, dw, xs, ys, dys, dxs;
     for (std::size_t l = 0; l < 4; ++l) {
       const auto [i, o] = linears[l];
       w[l].resize(o, i, s);
       dw[l].resize(o, i, s);
-      in[l].resize(tokens, i, s);
-      out[l].resize(tokens, o, s);
+      xs[l].resize(tokens, i, s);
+      dxs[l].resize(tokens, i, s);
+      ys[l].resize(tokens, o, s);
+      dys[l].resize(tokens, o, s);
       fill_random(w[l], 10 + static_cast<std::uint32_t>(l), s);
-      fill_random(in[l], 20 + static_cast<std::uint32_t>(l), s);
-      fill_random(out[l], 30 + static_cast<std::uint32_t>(l), s);
+      fill_random(xs[l], 20 + static_cast<std::uint32_t>(l), s);
+      fill_random(dys[l], 30 + static_cast<std::uint32_t>(l), s);
     }
     const auto gemms = [&] {
       for (std::size_t l = 0; l < 4; ++l) {
-        gemm(wl::trans::n, wl::trans::t, 1.0f, in[l].cview(), w[l].cview(), 0.0f, out[l].view());
-        gemm(wl::trans::n, wl::trans::n, 1.0f, out[l].cview(), w[l].cview(), 0.0f, in[l].view());
-        gemm(wl::trans::t, wl::trans::n, 1.0f, out[l].cview(), in[l].cview(), 1.0f, dw[l].view());
+        gemm(wl::trans::n, wl::trans::t, 1.0f, xs[l].cview(), w[l].cview(), 0.0f, ys[l].view());
+        gemm(wl::trans::n, wl::trans::n, 1.0f, dys[l].cview(), w[l].cview(), 0.0f, dxs[l].view());
+        // dW only accumulates the same bounded product (23 times in all): it cannot overflow.
+        gemm(wl::trans::t, wl::trans::n, 1.0f, dys[l].cview(), xs[l].cview(), 1.0f, dw[l].view());
       }
     };
     for (int i = 0; i < warmup; ++i) gemms();

@@ -6,13 +6,15 @@
 // (issue 8) is at least 0.5.
 //
 //   build/benchmarks/optim_adamw_bench --benchmark_counters_tabular=true
-//   WEFT_BENCH_PARAMS=16M ... (fewer parameters, for a quick run)
+//   WEFT_BENCH_PARAMS=16M ... (fewer parameters, for a quick run; K, M, G in either case are
+//   powers of 1024; anything else, such as 1.5M, is refused with exit status 2)
 //
 // Also rows for bfloat16 and half parameters with fp32 master weights (gradients of the same type,
 // 28 bytes per parameter: master, two moments read and written (24), the gradient read, the 16-bit copy
 // written), and, on one thread, the same step as the functor's plain element loop (`scalar`: what
 // the vectorized loop replaces; compare their GBps with the one-thread rows').
 #include "support/references.hpp"
+#include "support/sizes.hpp"
 
 #include <weft/optim/optimizers.hpp>
 
@@ -20,8 +22,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
-#include <string>
 #include <thread>
 #include <vector>
 
@@ -29,17 +31,14 @@ namespace {
 
 namespace wo = weft::optim;
 
+// WEFT_BENCH_PARAMS or 64M; main reads it first, so a bad value ends the program before any row.
 std::size_t parameters() {
-  if (const char* v = std::getenv("WEFT_BENCH_PARAMS")) {
-    std::string s(v);
-    std::size_t mul = 1;
-    if (!s.empty() && (s.back() == 'M' || s.back() == 'K')) {
-      mul = s.back() == 'M' ? (1u << 20) : (1u << 10);
-      s.pop_back();
-    }
-    return std::stoull(s) * mul;
-  }
-  return std::size_t{64} << 20;
+  static const std::size_t n = [] {
+    const char* v = std::getenv("WEFT_BENCH_PARAMS");
+    if (v == nullptr || *v == '\0') return std::size_t{64} << 20;
+    return static_cast<std::size_t>(weft::bench::parse_size(v, "WEFT_BENCH_PARAMS"));
+  }();
+  return n;
 }
 
 template <class P, bool Scalar = false>
@@ -113,4 +112,16 @@ BENCHMARK(adamw_step<weft::half, true>)
 
 } // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;  // as BENCHMARK_MAIN does
+  try {
+    parameters();
+  } catch (const weft::error& e) {
+    std::fprintf(stderr, "optim_adamw_bench: %s\n", e.what());
+    return 2;
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
