@@ -12,7 +12,9 @@
 // at memory speed and only the model follows the links.
 #include <weft/weft.hpp>
 
+#include <charconv>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -30,6 +32,28 @@ struct settings {
   int iters = 10;
 };
 
+// A whole number written with digits only: std::stoull took "-1" for 2^64 - 1 and "12abc" for 12.
+template <class T>
+bool whole_number(std::string_view v, T& n) {
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  return !v.empty() && ec == std::errc{} && end == v.data() + v.size();
+}
+
+// --min-bytes, --max-bytes: a whole number of floats, and at most 2^40, so that the sweep's
+// `bytes *= 4` cannot overflow.
+std::size_t bytes_arg(std::string_view flag, std::string_view v) {
+  std::uint64_t n = 0;
+  if (!whole_number(v, n) || n > (std::uint64_t{1} << 40)) {
+    throw weft::error("weft_all_reduce: " + std::string(flag) + " takes a number of bytes up to 2^40, not '" +
+                      std::string(v) + "'");
+  }
+  if (n % sizeof(float) != 0) {
+    throw weft::error("weft_all_reduce: " + std::string(flag) + " " + std::string(v) +
+                      " is not a whole number of floats: give a multiple of 4 bytes");
+  }
+  return static_cast<std::size_t>(n);
+}
+
 settings parse_args(int argc, char** argv) {
   settings s;
   for (int i = 1; i < argc; ++i) {
@@ -39,9 +63,14 @@ settings parse_args(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--topology") s.topology = value();
-    else if (a == "--min-bytes") s.min_bytes = std::stoull(value());
-    else if (a == "--max-bytes") s.max_bytes = std::stoull(value());
-    else if (a == "--iters") s.iters = std::stoi(value());
+    else if (a == "--min-bytes") s.min_bytes = bytes_arg(a, value());
+    else if (a == "--max-bytes") s.max_bytes = bytes_arg(a, value());
+    else if (a == "--iters") {
+      const std::string v = value();
+      if (!whole_number(v, s.iters) || s.iters < 1) {
+        throw weft::error("weft_all_reduce: --iters takes a whole number from 1, not '" + v + "'");
+      }
+    }
     else if (a == "--no-emulation") s.emulate = false;
     else if (a == "--help" || a == "-h") {
       std::puts("usage: weft_all_reduce [--topology SPEC] [--min-bytes B] [--max-bytes B] [--iters N] [--no-emulation]");

@@ -8,6 +8,7 @@
 #include <weft/comm/transport/local.hpp>
 #include <weft/layer/mlp.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -76,9 +77,31 @@ std::vector<double> train(int tp, bool print_ops) {
 int main() try {
   const auto one = train(1, false);
   const auto two = train(2, true);
-  std::printf("\nstep   loss (TP=1)   loss (TP=2)\n");
-  for (int s = 0; s < steps; ++s) std::printf("%4d   %11.6f   %11.6f\n", s, one[s], two[s]);
-  return 0;
+  // TP=2 adds the row-parallel layer's two halves and the column-parallel input gradient's in
+  // another order than TP=1 does in one GEMM: the losses agree to float rounding, not to the bit.
+  // A wrong split or a missing all-reduce moves them by far more than 1e-5 within a step or two.
+  constexpr double bound = 1e-5;
+  double worst = 0;
+  int not_finite = -1;  // the first step whose losses differ by NaN or infinity (std::max skips a NaN)
+  std::printf("\nstep   loss (TP=1)   loss (TP=2)   relative difference\n");
+  for (int s = 0; s < steps; ++s) {
+    const double diff = std::abs(two[s] - one[s]) / one[s];
+    if (!std::isfinite(diff)) {
+      if (not_finite < 0) not_finite = s;
+    } else {
+      worst = std::max(worst, diff);
+    }
+    std::printf("%4d   %11.6f   %11.6f   %19.1e\n", s, one[s], two[s], diff);
+  }
+  const bool same = not_finite < 0 && worst <= bound;
+  if (not_finite >= 0) {
+    std::printf("MISMATCH: at step %d a loss is not a finite number\n", not_finite);
+  } else {
+    std::printf("largest relative difference %.1e (bound %.0e): %s\n", worst, bound,
+                same ? "the same losses" : "MISMATCH");
+  }
+  if (!same) std::fprintf(stderr, "weft_tensor_parallel_mlp: check failed: TP=1 and TP=2 losses differ\n");
+  return same ? 0 : 1;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "weft_tensor_parallel_mlp: %s\n", e.what());
   return 1;

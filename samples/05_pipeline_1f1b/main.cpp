@@ -238,16 +238,26 @@ int main() try {
   const auto piped = train_pipeline();
   std::printf("step   loss (serial, 1 thread)   loss (1F1B, 4 stages)   difference\n");
   double worst = 0;
+  int not_finite = -1; // the first step whose losses differ by NaN or infinity
   for (int s = 0; s < steps; ++s) {
     const auto k = static_cast<std::size_t>(s);
     const double diff = std::abs(piped[k] - serial[k]);
-    worst = std::max(worst, diff / serial[k]);
+    // std::max(worst, NaN) is worst: a NaN or infinite loss has to be caught on its own.
+    if (!std::isfinite(diff / serial[k])) {
+      if (not_finite < 0) not_finite = s;
+    } else {
+      worst = std::max(worst, diff / serial[k]);
+    }
     std::printf("%4d   %23.9f   %21.9f   %10.3g\n", s, serial[k], piped[k], diff);
   }
-  const bool same = worst <= 1e-6;
+  const bool same = not_finite < 0 && worst <= 1e-6;
   const bool learned = serial.back() < 0.8 * serial.front();
-  std::printf("largest relative difference %.3g: %s\n", worst,
-              same ? "the same losses" : "MISMATCH");
+  if (not_finite >= 0) {
+    std::printf("MISMATCH: at step %d a loss is not a finite number (serial %g, 1F1B %g)\n", not_finite,
+                serial[static_cast<std::size_t>(not_finite)], piped[static_cast<std::size_t>(not_finite)]);
+  } else {
+    std::printf("largest relative difference %.3g: %s\n", worst, same ? "the same losses" : "MISMATCH");
+  }
 
   // Priced with stats.hpp's default costs per microbatch and stage: T_F = 1, and T_B = 2 for the
   // input and the weight gradients.
@@ -278,7 +288,8 @@ int main() try {
   const bool bubble_ok = std::abs(s1.bubble_over_ideal - (p - 1) / m) < 1e-9;
 
   if (!same || !learned || !bubble_ok) {
-    std::fprintf(stderr, "weft_pipeline_1f1b: check failed:%s%s%s\n", same ? "" : " losses differ",
+    std::fprintf(stderr, "weft_pipeline_1f1b: check failed:%s%s%s\n",
+                 same ? "" : not_finite >= 0 ? " a loss is not a finite number" : " losses differ",
                  learned ? "" : " the loss did not fall",
                  bubble_ok ? "" : " bubble off the formula");
     return 1;

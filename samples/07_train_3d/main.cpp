@@ -14,16 +14,20 @@
 #include <weft/strategy.hpp>
 
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <fstream>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -77,14 +81,13 @@ struct rank_record {
 
 std::string json_escape_free(std::string_view s) { return std::string(s); }  // our names need no escapes
 
-void write_trace(const std::string& path, const std::vector<rank_record>& ranks) {
+void write_trace(std::ostream& out, const std::vector<rank_record>& ranks) {
   clock_type::time_point t0 = clock_type::time_point::max();
   for (const auto& r : ranks) {
     for (const auto& s : r.compute) t0 = std::min(t0, s.begin);
     for (const auto& s : r.comm) t0 = std::min(t0, s.begin);
   }
   const auto us = [&](clock_type::time_point t) { return std::chrono::duration<double, std::micro>(t - t0).count(); };
-  std::ofstream out(path);
   out << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
   bool first = true;
   const auto event = [&](std::size_t pid, int tid, std::string_view name, std::string_view cat, clock_type::time_point b,
@@ -116,6 +119,15 @@ void write_trace(const std::string& path, const std::vector<rank_record>& ranks)
   out << "\n]}\n";
 }
 
+// --steps: a whole number from 1 up, else 0 ("abc", "2x", "-1"), which main refuses rather
+// than train a step count nobody asked for.
+int steps_of(std::string_view s) {
+  int n = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
+  if (ec != std::errc{} || end != s.data() + s.size() || n < 1) return 0;
+  return n;
+}
+
 } // namespace
 
 int main(int argc, char** argv) try {
@@ -124,13 +136,24 @@ int main(int argc, char** argv) try {
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     if (a == "--steps" && i + 1 < argc) {
-      steps = std::max(1, std::atoi(argv[++i]));
+      steps = steps_of(argv[++i]);
+      if (steps == 0) {
+        std::fprintf(stderr, "weft_train_3d: --steps takes a whole number from 1, not '%s'\n", argv[i]);
+        return 2;
+      }
     } else if (a == "--trace" && i + 1 < argc) {
       trace_path = argv[++i];
     } else {
       std::printf("usage: %s [--steps N] [--trace FILE]\n", argv[0]);
       return a == "--help" || a == "-h" ? 0 : 2;
     }
+  }
+  // Opened before training, so that a path it cannot write fails now rather than after the run.
+  std::ofstream trace(trace_path);
+  if (!trace) {
+    std::fprintf(stderr, "weft_train_3d: cannot write the trace to %s: %s\n", trace_path.c_str(),
+                 std::strerror(errno));
+    return 2;
   }
   const std::size_t tokens = global_batch * model.seq;
   const weft::strategy_config config_3d{.model = model, .micro_batch = 2, .global_batch = global_batch, .seed = 7};
@@ -176,6 +199,8 @@ int main(int argc, char** argv) try {
   std::printf("  step   loss, 8 ranks (3D)   loss, 1 rank   relative difference\n");
   std::vector<rank_record> ranks(8);
   double seconds_3d = 0, worst = 0;
+  int first_not_finite = 0;  // the first step (from 1) whose losses differ by NaN or infinity
+  double not_finite_3d = 0, not_finite_1 = 0;  // its losses
   std::vector<double> step_seconds(static_cast<std::size_t>(steps));
   weft::local::run(8, [&](weft::local::communicator& c) {
     weft::traced<weft::local::communicator> world(std::move(c), "world");
@@ -191,7 +216,16 @@ int main(int argc, char** argv) try {
       if (world.rank() == 0) {
         const double ref = loss_1[static_cast<std::size_t>(s)];
         const double diff = std::abs(loss - ref) / ref;
-        worst = std::max(worst, diff);
+        // A NaN is no difference to std::max (NaN < x is false): such a step is counted apart.
+        if (!std::isfinite(diff)) {
+          if (first_not_finite == 0) {
+            first_not_finite = s + 1;
+            not_finite_3d = loss;
+            not_finite_1 = ref;
+          }
+        } else {
+          worst = std::max(worst, diff);
+        }
         seconds_3d += took;
         step_seconds[static_cast<std::size_t>(s)] = took;
         std::printf("  %4d   %18.6f   %12.6f   %19.1e\n", s + 1, loss, ref, diff);
@@ -209,11 +243,18 @@ int main(int argc, char** argv) try {
   // row-parallel product adds two halves, the softmax sums split over the vocabulary). A wrong
   // gradient (a microbatch's activations mixed up, a missing reduction) moves the loss by 1e-2
   // and more within a few steps; beyond 1e-4 relative something would be wrong.
-  const bool match = worst < 1e-4;
-  std::printf("\n  the two runs %s: largest relative difference %.1e (bound 1e-4). For scale, the 1-rank run\n"
-              "  with its batch cut into 2 microbatches differs from it by up to %.1e: float sums in another\n"
-              "  order drift apart over the steps, and tensor parallelism reorders more of them.\n",
-              match ? "match" : "DO NOT MATCH", worst, floor);
+  // A loss that is NaN or infinite (a broken gradient's likeliest symptom) never matches.
+  const bool match = first_not_finite == 0 && worst < 1e-4;
+  if (first_not_finite != 0) {
+    std::printf("\n  the two runs DO NOT MATCH: at step %d the loss is %g on 8 ranks and %g on 1 rank, and a loss\n"
+                "  that is not a finite number never matches (the finite steps differ by up to %.1e).\n",
+                first_not_finite, not_finite_3d, not_finite_1, worst);
+  } else {
+    std::printf("\n  the two runs %s: largest relative difference %.1e (bound 1e-4). For scale, the 1-rank run\n"
+                "  with its batch cut into 2 microbatches differs from it by up to %.1e: float sums in another\n"
+                "  order drift apart over the steps, and tensor parallelism reorders more of them.\n",
+                match ? "match" : "DO NOT MATCH", worst, floor);
+  }
   std::printf("  loss from %.3f to %.3f (ln %zu = %.3f: guessing)\n", loss_1.front(), loss_1.back(), model.vocab,
               std::log(static_cast<double>(model.vocab)));
   std::printf("  tokens/s: %.0f on 8 ranks, %.0f on 1 rank (this machine has %u cores; 8 ranks share them)\n\n",
@@ -241,10 +282,13 @@ int main(int argc, char** argv) try {
     std::printf("    %-4s   %5.0f   %15.2f   %10.1f ms   %16.0f%%\n", axis.c_str(), static_cast<double>(a.calls) / 8.0,
                 static_cast<double>(a.bytes) / 8.0 / (1 << 20), a.seconds / 8.0 * 1e3, a.seconds / 8.0 / last * 100.0);
   }
-  std::printf("    (tp: the layers' all-reduces; pp: activations and gradients between stages; dp: the ZeRO-1\n"
-              "     reduce-scatter and all-gather, on the optimizer's progress thread; world: the demo's barrier.\n"
-              "     Time in calls includes waiting for the other ranks.)\n");
-  write_trace(trace_path, ranks);
+  std::printf("    (tp: the layers' all-reduces; pp: activations and gradients between stages, and the all-reduce\n"
+              "     that sums the step's loss over the stages; dp: the ZeRO-1 reduce-scatter and all-gather, on\n"
+              "     the optimizer's progress thread, and the all-reduce that sums the loss over the replicas;\n"
+              "     world: the demo's barrier. Time in calls includes waiting for the other ranks.)\n");
+  write_trace(trace, ranks);
+  trace.close();  // flushes: a full disk shows here
+  if (!trace) throw std::runtime_error("could not write the trace to " + trace_path);
   std::printf("\n  trace of the last step: %s (open in https://ui.perfetto.dev)\n", trace_path.c_str());
   return match ? 0 : 1;
 } catch (const std::exception& e) {

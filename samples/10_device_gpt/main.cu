@@ -22,10 +22,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <stdexcept>
@@ -81,11 +81,20 @@ std::vector<double> train(Comm& tp, int steps) {
 int main(int argc, char** argv) {
   weft::mpi::environment env(argc, argv);
   int steps = 5;
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], "--steps") == 0) steps = std::max(1, std::atoi(argv[i + 1]));
-  }
   auto world = weft::mpi::world();
   const bool root = world.rank() == 0;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], "--steps") == 0) {
+      // A whole number from 1 up: atoi read "abc" as 0, and the sample ran 1 step unasked.
+      const char* v = argv[i + 1];
+      const char* end = v + std::strlen(v);
+      const auto [stop, ec] = std::from_chars(v, end, steps);
+      if (ec != std::errc{} || stop != end || steps < 1) {
+        if (root) std::fprintf(stderr, "weft_device_gpt: --steps takes a whole number from 1, not '%s'\n", v);
+        return 2;
+      }
+    }
+  }
   int gpus = 0;
   if (const cudaError_t e = cudaGetDeviceCount(&gpus); e != cudaSuccess || gpus == 0) {
     if (root) {
@@ -123,13 +132,24 @@ int main(int argc, char** argv) {
                 shape.vocab, shape.hidden, shape.heads, shape.seq, shape.layers, batch);
     std::printf("%6s %14s %16s\n", "step", "TP 1", how.c_str());
     double worst = 0;
+    int not_finite = 0;  // the first step (from 1) whose losses differ by NaN or infinity
     for (int s = 0; s < steps; ++s) {
       const auto i = static_cast<std::size_t>(s);
       std::printf("%6d %14.6f %16.6f\n", s + 1, one[i], split[i]);
-      worst = std::max(worst, std::abs(split[i] - one[i]) / std::abs(one[i]));
+      // std::max(worst, NaN) is worst: a NaN or infinite loss is caught on its own.
+      const double diff = std::abs(split[i] - one[i]) / std::abs(one[i]);
+      if (!std::isfinite(diff)) {
+        if (not_finite == 0) not_finite = s + 1;
+      } else {
+        worst = std::max(worst, diff);
+      }
     }
-    const bool same = worst < 1e-4;
-    std::printf("largest relative difference %.2e: %s\n", worst, same ? "the same training" : "DIFFERENT");
+    const bool same = not_finite == 0 && worst < 1e-4;
+    if (not_finite != 0) {
+      std::printf("at step %d a loss is not a finite number: DIFFERENT\n", not_finite);
+    } else {
+      std::printf("largest relative difference %.2e: %s\n", worst, same ? "the same training" : "DIFFERENT");
+    }
     return same ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: %s\n", world.rank(), e.what());

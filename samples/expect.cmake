@@ -1,0 +1,23 @@
+# cmake -DEXIT=<status> [-DMATCH=<regex>] [-DTRACE=<file>] -P expect.cmake -- <command...>
+# A sample's test: runs it and demands its exit status, a match of MATCH in its output (stdout
+# and stderr), and with TRACE a Chrome trace there (weft_train_3d --trace) with every axis in it.
+cmake_minimum_required(VERSION 3.21)
+include(${CMAKE_CURRENT_LIST_DIR}/../cmake/expect_run.cmake)
+weft_expect_run(${TRACE})
+if(DEFINED TRACE)
+  if(NOT EXISTS "${TRACE}")
+    message(FATAL_ERROR "trace: no file ${TRACE}")
+  endif()
+  file(READ "${TRACE}" trace)
+  string(JSON events ERROR_VARIABLE bad LENGTH "${trace}" traceEvents)
+  if(bad OR events LESS 10)
+    message(FATAL_ERROR "trace: not a Chrome trace with events: ${bad}")
+  endif()
+  foreach(cat compute tp pp dp)
+    string(FIND "${trace}" "\"cat\": \"${cat}\"" at)
+    if(at LESS 0)
+      message(FATAL_ERROR "trace: no ${cat} event")
+    endif()
+  endforeach()
+  message("trace: ${events} events")
+endif()
