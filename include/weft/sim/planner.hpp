@@ -6,10 +6,10 @@
 //                                        node, so that TP across nodes is seen and explained;
 //                                        pp dividing the layers; dp dividing the batch)
 //     for each micro-batch and schedule (1F1B, interleaved with 2 chunks, ZB-H1)
-//       take the least recomputation that fits (none < selective < full: in this model
-//       recomputation only adds compute, so less of it that fits is never slower), with every
-//       ZeRO stage that fits (ZeRO adds communication but shards the optimizer step, so no
-//       stage dominates); memory is checked (estimate_memory) before anything is simulated
+//       every recomputation with every ZeRO stage that fits: neither dominates (less
+//       recomputation may fit only under ZeRO-2 or 3, whose collectives every micro-batch cost
+//       more than the recomputation saves; ZeRO adds communication but shards the optimizer
+//       step); memory is checked (estimate_memory) before anything is simulated
 //       simulate the step (step.hpp)
 //     keep the mesh's fastest variant
 //   rank the meshes by step time
@@ -95,23 +95,22 @@ struct search_result {
           }
           if (kind == pipeline::schedule_kind::zero_bubble_h1 && (pp < 2 || micro < pp)) continue;
           schedulable = true;
-          // The least recompute that fits with some ZeRO stage; then every stage that fits.
+          // Every recompute and ZeRO stage that fits: less recompute is not always faster (none
+          // may fit only under ZeRO-2 or 3, whose collectives every micro-batch cost more than
+          // selective recompute under ZeRO-1 does).
           const std::vector<int> peak =
               detail::peak_in_flight(pipeline::generate(kind, pp, micro, l.chunks));
-          bool fits = false;
           for (recompute rc : {recompute::none, recompute::selective, recompute::full}) {
             for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
               l.recomputation = rc;
               l.zero = zero;
               if (estimate_memory(m, l, peak) > limit) continue;
-              fits = true;
               ++out.simulated;
               step_result r = simulate_step(m, mc, l, cal);
               r.schedule = {}; // the ranking keeps figures, not timelines
               r.timeline = {};
               variants.push_back({l, std::move(r)});
             }
-            if (fits) break;
           }
         }
       }
