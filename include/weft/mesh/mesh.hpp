@@ -52,40 +52,26 @@ inline constexpr std::array<axis, axis_kind_count> all_axes{axis::tp, axis::pp, 
   return "?";
 }
 
-template <int N>
-struct tp {
-  static constexpr weft::axis kind = weft::axis::tp;
+namespace detail {
+// What every axis tag says about itself: its kind, its extent and its name.
+template <axis A, int N>
+struct axis_tag {
+  static constexpr weft::axis kind = A;
   static constexpr int extent = N;
-  static constexpr std::string_view name = "tp";
+  static constexpr std::string_view name = axis_name(A);
 };
+}  // namespace detail
 
 template <int N>
-struct pp {
-  static constexpr weft::axis kind = weft::axis::pp;
-  static constexpr int extent = N;
-  static constexpr std::string_view name = "pp";
-};
-
+struct tp : detail::axis_tag<axis::tp, N> {};
 template <int N>
-struct dp {
-  static constexpr weft::axis kind = weft::axis::dp;
-  static constexpr int extent = N;
-  static constexpr std::string_view name = "dp";
-};
-
+struct pp : detail::axis_tag<axis::pp, N> {};
 template <int N>
-struct cp {
-  static constexpr weft::axis kind = weft::axis::cp;
-  static constexpr int extent = N;
-  static constexpr std::string_view name = "cp";
-};
-
+struct dp : detail::axis_tag<axis::dp, N> {};
 template <int N>
-struct ep {
-  static constexpr weft::axis kind = weft::axis::ep;
-  static constexpr int extent = N;
-  static constexpr std::string_view name = "ep";
-};
+struct cp : detail::axis_tag<axis::cp, N> {};
+template <int N>
+struct ep : detail::axis_tag<axis::ep, N> {};
 
 // One coordinate type for every mesh, so `mesh::coord{.tp = 1, .dp = 1}` reads the same whatever
 // the axis order; an axis absent from a mesh has coordinate 0.
