@@ -165,7 +165,8 @@ struct local_group {
         size(static_cast<int>(members.size())),
         world_rank(std::move(members)),
         id(world->communicators.fetch_add(1, std::memory_order_relaxed)),
-        channels(std::make_unique<channel[]>(static_cast<std::size_t>(size) * static_cast<std::size_t>(size))),
+        channels(std::make_unique<std::atomic<channel*>[]>(static_cast<std::size_t>(size) *
+                                                          static_cast<std::size_t>(size))),
         sync_counts(std::make_unique<std::atomic<std::uint64_t>[]>(static_cast<std::size_t>(size) *
                                                                      static_cast<std::size_t>(size))),
         slots(static_cast<std::size_t>(size)),
@@ -176,8 +177,24 @@ struct local_group {
     }
   }
 
+  ~local_group() {
+    for (std::size_t i = 0; i < static_cast<std::size_t>(size) * static_cast<std::size_t>(size); ++i)
+      delete channels[i].load(std::memory_order_relaxed);
+  }
+  local_group(const local_group&) = delete;
+  local_group& operator=(const local_group&) = delete;
+
+  /// The channel from src to dst, made by whichever of the two ends first needs it: a group
+  /// holds channels for the pairs that talk (2p for a ring), not for all p^2 pairs.
   channel& chan(int src, int dst) {
-    return channels[static_cast<std::size_t>(src) * static_cast<std::size_t>(size) + static_cast<std::size_t>(dst)];
+    std::atomic<channel*>& slot =
+        channels[static_cast<std::size_t>(src) * static_cast<std::size_t>(size) + static_cast<std::size_t>(dst)];
+    channel* c = slot.load(std::memory_order_acquire);
+    if (c != nullptr) return *c;
+    auto fresh = std::make_unique<channel>();
+    if (slot.compare_exchange_strong(c, fresh.get(), std::memory_order_acq_rel, std::memory_order_acquire))
+      return *fresh.release();
+    return *c;  // the other end made it first
   }
   /// How many syncs rank `from` has arrived at together with rank `to`.
   std::atomic<std::uint64_t>& syncs(int to, int from) {
@@ -199,7 +216,7 @@ struct local_group {
   int size;
   std::vector<int> world_rank;
   int id;  // this communicator's number in its world
-  std::unique_ptr<channel[]> channels;
+  std::unique_ptr<std::atomic<channel*>[]> channels;  // src * size + dst; null until chan() makes it
   std::unique_ptr<std::atomic<std::uint64_t>[]> sync_counts;
   std::vector<exchange> slots;
   std::unique_ptr<progress_record[]> progress;  // per rank of the group, written by that rank
