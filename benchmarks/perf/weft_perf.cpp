@@ -12,6 +12,7 @@
 // and every rank compares its output with a serial reference (pattern.hpp).
 #include <weft/weft.hpp>
 
+#include "memory.hpp"
 #include "options.hpp"
 #include "pattern.hpp"
 #include "report.hpp"
@@ -372,6 +373,12 @@ inline int run_local(const config& cfg) {
         "weft-perf: none of the algorithms given serves the ops given (see weft-perf -h)\n");
     return 2;
   }
+  if (const std::string bad = memory_problem(cfg.max_bytes, static_cast<std::size_t>(cluster.size()),
+                                             available_memory());
+      !bad.empty()) {
+    std::fprintf(stderr, "weft-perf: %s\n", bad.c_str());
+    return 2;
+  }
   reporter rep(cfg);
   if (!cfg.json_path.empty()) {
     try {
@@ -456,6 +463,24 @@ inline int run_mpi(config cfg, int& argc, char**& argv) {
       std::fprintf(stderr,
                    "weft-perf: none of the algorithms given serves the ops given over MPI\n");
     return 2;
+  }
+  {
+    // The processes of one node share its memory: each checks for its node, and the first
+    // process whose node is short says so.
+    MPI_Comm node = MPI_COMM_NULL;
+    WEFT_MPI_TRY(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node),
+                 "weft-perf");
+    int here = 1;
+    MPI_Comm_size(node, &here);
+    MPI_Comm_free(&node);
+    const std::string short_of =
+        memory_problem(cfg.max_bytes, static_cast<std::size_t>(here), available_memory());
+    int first = short_of.empty() ? size : rank;
+    WEFT_MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD), "weft-perf");
+    if (first < size) {
+      if (rank == first) std::fprintf(stderr, "weft-perf: rank %d: %s\n", rank, short_of.c_str());
+      return 2;
+    }
   }
   // Rank 0 writes the JSON: it opens the file now and tells the others whether it could.
   std::optional<reporter> rep;
