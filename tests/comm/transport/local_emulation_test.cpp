@@ -11,8 +11,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -66,6 +69,36 @@ TEST(local_emulation, times_past_the_clocks_range_are_never_not_the_past) {
   const std::vector<int> sources{0};
   EXPECT_GT(pacer.loads(1, sources, 1e12), now + std::int64_t{1'000'000'000} * 3600 * 24 * 365 * 50);
   EXPECT_GT(pacer.synced(std::vector<int>{0, 1}), now + std::int64_t{1'000'000'000} * 3600 * 24 * 365 * 50);
+}
+
+// A rank's link can be posted to by two of its threads at once: the main thread's pipeline
+// sends and a progress thread's collectives (data_parallel's, ZeRO's) run on communicators of
+// the same device. Every message must hold the link in turn; two that read the same "link
+// free at" used to start together, and the emulated fabric was faster than its links.
+TEST(local_emulation, two_threads_posting_on_one_link_take_it_in_turn) {
+  const auto cluster = weft::topology::parse("2x1,inter=net:1MB/s:1us");
+  weft::detail::link_pacer pacer(cluster);
+  constexpr int posts = 200'000;  // 1,000 bytes each: 1 ms on the link
+  std::vector<std::int64_t> ready[2];
+  {
+    std::atomic<int> started{0};
+    std::vector<std::thread> threads;
+    for (auto& mine : ready) {
+      threads.emplace_back([&pacer, &mine, &started] {
+        mine.reserve(posts);
+        started.fetch_add(1);
+        while (started.load() < 2) {}
+        for (int i = 0; i < posts; ++i) mine.push_back(pacer.post(0, 1, 1e3));
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  std::vector<std::int64_t> all(ready[0]);
+  all.insert(all.end(), ready[1].begin(), ready[1].end());
+  std::sort(all.begin(), all.end());
+  int overlapping = 0;
+  for (std::size_t i = 1; i < all.size(); ++i) overlapping += all[i] - all[i - 1] < 1'000'000 ? 1 : 0;
+  EXPECT_EQ(overlapping, 0) << "of " << all.size() << " messages, some started before the one ahead had left";
 }
 
 TEST(local_emulation, off_by_default) {

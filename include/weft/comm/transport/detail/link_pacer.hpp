@@ -49,10 +49,17 @@ public:
   }
 
   /// A message of `bytes` from device a to b is posted now: when it can start.
+  /// Two threads of one device may post at once (a progress thread's collectives beside the
+  /// main thread's sends): each message takes the link in turn.
   std::int64_t post(int a, int b, double bytes) {
-    auto& free = link_free_[static_cast<std::size_t>(a)];  // only a's thread posts a's sends
-    const std::int64_t ready = std::max(now(), free.load(std::memory_order_relaxed));
-    free.store(later(ready, bytes / link(a, b).bandwidth), std::memory_order_relaxed);
+    auto& free = link_free_[static_cast<std::size_t>(a)];
+    const double seconds = bytes / link(a, b).bandwidth;
+    const std::int64_t t = now();
+    std::int64_t seen = free.load(std::memory_order_relaxed);
+    std::int64_t ready = 0;
+    do {
+      ready = std::max(t, seen);
+    } while (!free.compare_exchange_weak(seen, later(ready, seconds), std::memory_order_relaxed));
     return ready;
   }
 
