@@ -37,6 +37,7 @@ TYPED_TEST_SUITE(linear, configs);
 
 constexpr std::size_t default_tokens = 12;  // divides by 1..4
 constexpr std::uint64_t seed = 42;
+constexpr double init_std = 0.5; // of the layers' weights, and of full_weight's references
 
 template <class T>
 dmat full_weight(std::size_t out, std::size_t in, std::uint64_t id, double stddev) {
@@ -46,60 +47,120 @@ dmat full_weight(std::size_t out, std::size_t in, std::uint64_t id, double stdde
   return w;
 }
 
+// A linear layer's inputs at T's precision (x, dy and the bias drawn from seeds first, first + 1
+// and first + 2; the weight as the layer draws it for `id`), and the unsplit layer's results on
+// them, in double.
+template <class T>
+struct linear_case {
+  dmat x, dy, b, w, y_ref, dx_ref, dw_ref;
+  linear_case(std::size_t tokens, std::size_t in, std::size_t out, std::uint32_t first,
+              std::uint64_t id, bool bias)
+      : x(rounded(tl::random_dmat(tokens, in, first))),
+        dy(rounded(tl::random_dmat(tokens, out, first + 1))),
+        b(rounded(tl::random_dmat(1, out, first + 2))),
+        w(full_weight<T>(out, in, id, init_std)),
+        y_ref(tl::ref_linear(x, w, bias ? &b : nullptr)),
+        dx_ref(tl::ref_linear_dx(dy, w)),
+        dw_ref(tl::ref_linear_dw(dy, x)) {}
+  static dmat rounded(dmat m) {
+    tl::round_to<T>(m);
+    return m;
+  }
+};
+
+// The options of Layer under test: the bias if asked, the weights drawn as linear_case's.
+template <class Layer>
+typename Layer::options options_with(bool bias) {
+  typename Layer::options opt;
+  opt.bias = bias;
+  opt.init_std = init_std;
+  return opt;
+}
+
+// The token rows a rank of tp holds: all of them, or under sequence parallelism its share.
+template <class SP>
+wl::range token_rows(std::size_t tokens, int tp, int rank) {
+  const std::size_t local = SP::enabled ? tokens / static_cast<std::size_t>(tp) : tokens;
+  const std::size_t row0 = SP::enabled ? static_cast<std::size_t>(rank) * local : 0;
+  return {row0, row0 + local};
+}
+
+// The collectives of Megatron-LM's f at `width` features, the operator before a column-parallel
+// layer: the identity one way (its gathering side) and an all-reduce the other (its reducing
+// side); under sequence parallelism an all-gather and a reduce-scatter of the rank's tokens. Its
+// conjugate g, after a row-parallel layer, is the same with the directions swapped.
+struct conjugate_ops {
+  std::vector<weft::traced_op> gathering, reducing;
+};
+template <class T, class SP>
+conjugate_ops f_ops(int tp, std::size_t tokens, std::size_t local, std::size_t width) {
+  if (tp == 1) return {};
+  if (SP::enabled) {
+    return {{{collective::all_gather, local * width, weft::dtype_of<T>, "tp"}},
+            {{collective::reduce_scatter, local * width, weft::dtype_of<T>, "tp"}}};
+  }
+  return {{}, {{collective::all_reduce, tokens * width, weft::dtype_of<T>, "tp"}}};
+}
+
+// A forward and a backward of fc, and the collectives each one issued.
+struct pass_ops {
+  std::vector<weft::traced_op> fwd, bwd;
+};
+template <class Comm, class Layer, class X, class Y, class DY, class DX>
+pass_ops forward_backward(Comm& comm, Layer& fc, X x, Y y, DY dy, DX dx) {
+  pass_ops ops;
+  comm.clear();
+  fc.forward(x, y);
+  ops.fwd = comm.ops();
+  comm.clear();
+  fc.backward(dy, dx);
+  ops.bwd = comm.ops();
+  return ops;
+}
+
 template <class T, class SP>
 void check_column(int tp, std::size_t in, std::size_t out, bool gather_output, bool bias, bool strided = false,
                   std::size_t tokens = default_tokens) {
-  dmat x = tl::random_dmat(tokens, in, 1);
-  dmat dy = tl::random_dmat(tokens, out, 2);
-  dmat b = tl::random_dmat(1, out, 3);
-  tl::round_to<T>(x);
-  tl::round_to<T>(dy);
-  tl::round_to<T>(b);
-  const dmat w = full_weight<T>(out, in, 7, 0.5);
-  const dmat y_ref = tl::ref_linear(x, w, bias ? &b : nullptr);
-  const dmat dx_ref = tl::ref_linear_dx(dy, w);
-  const dmat dw_ref = tl::ref_linear_dw(dy, x);
-  const dmat db_ref = tl::ref_colsum(dy, 0, tokens);
+  const linear_case<T> d(tokens, in, out, 1, 7, bias);
+  const dmat db_ref = tl::ref_colsum(d.dy, 0, tokens);
   const double tol = tl::tolerance<T>;
   tl::run_ranks(tp, [&](weft::local::communicator& c) {
     weft::traced<weft::local::communicator> comm(std::move(c), "tp");
     using layer_t = wl::column_parallel_linear<T, decltype(comm), wl::cblas, SP>;
-    typename layer_t::options opt;
-    opt.bias = bias;
+    auto opt = options_with<layer_t>(bias);
     opt.gather_output = gather_output;
-    opt.init_std = 0.5;
     layer_t fc(comm, in, out, seed, 7, opt);
     const wl::range o = fc.out_range();
     EXPECT_EQ(o, wl::split_range(out, tp, comm.rank()));
-    const std::size_t p = static_cast<std::size_t>(tp);
-    const std::size_t rank = static_cast<std::size_t>(comm.rank());
-    const std::size_t local = SP::enabled ? tokens / p : tokens;
-    const std::size_t row0 = SP::enabled ? rank * local : 0;
-    const std::string where = "tp=" + std::to_string(tp) + " rank " + std::to_string(rank) +
+    const wl::range rows = token_rows<SP>(tokens, tp, comm.rank());
+    const std::size_t local = rows.size(), row0 = rows.begin;
+    const std::string where = "tp=" + std::to_string(tp) + " rank " + std::to_string(comm.rank()) +
                               (gather_output ? " gather_output" : "") + (bias ? "" : " no bias");
-    EXPECT_EQ(tl::rel_err(fc.weight(), tl::block(w, o.begin, o.size(), 0, in)), 0.0) << where;
+    EXPECT_EQ(tl::rel_err(fc.weight(), tl::block(d.w, o.begin, o.size(), 0, in)), 0.0) << where;
     if (bias) {
-      auto bl = tl::to<T>(tl::block(b, 0, 1, o.begin, o.size()));
+      auto bl = tl::to<T>(tl::block(d.b, 0, 1, o.begin, o.size()));
       std::copy(bl.flat().begin(), bl.flat().end(), fc.bias().data());
     }
-    tl::embedded<T> xl(tl::to<T>(tl::block(x, row0, local, 0, in)), strided);
+    tl::embedded<T> xl(tl::to<T>(tl::block(d.x, row0, local, 0, in)), strided);
     const std::size_t ycols = gather_output ? out : o.size();
-    tl::embedded<T> dyl(tl::to<T>(tl::block(dy, 0, tokens, gather_output ? 0 : o.begin, ycols)), strided);
+    tl::embedded<T> dyl(tl::to<T>(tl::block(d.dy, 0, tokens, gather_output ? 0 : o.begin, ycols)),
+                        strided);
     tl::embedded<T> y(tokens, ycols, strided), dx(local, in, strided);
     for (int pass = 1; pass <= 2; ++pass) {
-      comm.clear();
-      fc.forward(xl.cview(), y.view());
-      const auto fwd = comm.ops();
-      comm.clear();
-      fc.backward(dyl.cview(), dx.view());
-      const auto bwd = comm.ops();
-      EXPECT_LT(tl::rel_err(y.view(), tl::block(y_ref, 0, tokens, gather_output ? 0 : o.begin, ycols)), tol) << where;
-      EXPECT_LT(tl::rel_err(dx.view(), tl::block(dx_ref, row0, local, 0, in)), tol) << where;
+      const auto [fwd, bwd] =
+          forward_backward(comm, fc, xl.cview(), y.view(), dyl.cview(), dx.view());
+      EXPECT_LT(
+          tl::rel_err(y.view(), tl::block(d.y_ref, 0, tokens, gather_output ? 0 : o.begin, ycols)),
+          tol)
+          << where;
+      EXPECT_LT(tl::rel_err(dx.view(), tl::block(d.dx_ref, row0, local, 0, in)), tol) << where;
       EXPECT_TRUE(y.border_intact() && dx.border_intact()) << where;
       const auto params = fc.parameters();
       ASSERT_EQ(params.size(), bias ? 2u : 1u);
       EXPECT_FALSE(params[0].replicated);
-      EXPECT_LT(tl::rel_err(params[0].grad, tl::scaled(tl::block(dw_ref, o.begin, o.size(), 0, in), pass)), tol)
+      EXPECT_LT(tl::rel_err(params[0].grad,
+                            tl::scaled(tl::block(d.dw_ref, o.begin, o.size(), 0, in), pass)),
+                tol)
           << where << " pass " << pass;
       if (bias) {
         EXPECT_LT(tl::rel_err(params[1].grad, tl::scaled(tl::block(db_ref, 0, 1, o.begin, o.size()), pass)), tol)
@@ -107,18 +168,10 @@ void check_column(int tp, std::size_t in, std::size_t out, bool gather_output, b
         EXPECT_FALSE(params[1].sequence_partial);
       }
       // Communication: f is the identity forward, an all-reduce backward; SP: all-gather / reduce-scatter.
-      std::vector<weft::traced_op> want_fwd, want_bwd;
-      if (tp > 1) {
-        if (SP::enabled) {
-          want_fwd.push_back({collective::all_gather, local * in, weft::dtype_of<T>, "tp"});
-          want_bwd.push_back({collective::reduce_scatter, local * in, weft::dtype_of<T>, "tp"});
-        } else {
-          want_bwd.push_back({collective::all_reduce, tokens * in, weft::dtype_of<T>, "tp"});
-        }
-        if (gather_output) {
-          want_fwd.push_back({collective::all_gather, tokens * wl::split_range(out, tp, 0).size(),
-                              weft::dtype_of<T>, "tp"});
-        }
+      auto [want_fwd, want_bwd] = f_ops<T, SP>(tp, tokens, local, in);
+      if (tp > 1 && gather_output) {
+        want_fwd.push_back({collective::all_gather, tokens * wl::split_range(out, tp, 0).size(),
+                            weft::dtype_of<T>, "tp"});
       }
       EXPECT_EQ(fwd, want_fwd) << where;
       EXPECT_EQ(bwd, want_bwd) << where;
@@ -133,72 +186,54 @@ void check_column(int tp, std::size_t in, std::size_t out, bool gather_output, b
 template <class T, class SP>
 void check_row(int tp, std::size_t in, std::size_t out, bool bias, bool strided = false,
                std::size_t tokens = default_tokens) {
-  dmat x = tl::random_dmat(tokens, in, 4);
-  dmat dy = tl::random_dmat(tokens, out, 5);
-  dmat b = tl::random_dmat(1, out, 6);
-  tl::round_to<T>(x);
-  tl::round_to<T>(dy);
-  tl::round_to<T>(b);
-  const dmat w = full_weight<T>(out, in, 9, 0.5);
-  const dmat y_ref = tl::ref_linear(x, w, bias ? &b : nullptr);
-  const dmat dx_ref = tl::ref_linear_dx(dy, w);
-  const dmat dw_ref = tl::ref_linear_dw(dy, x);
+  const linear_case<T> d(tokens, in, out, 4, 9, bias);
   const double tol = tl::tolerance<T>;
   tl::run_ranks(tp, [&](weft::local::communicator& c) {
     weft::traced<weft::local::communicator> comm(std::move(c), "tp");
     using layer_t = wl::row_parallel_linear<T, decltype(comm), wl::cblas, SP>;
-    typename layer_t::options opt;
-    opt.bias = bias;
-    opt.init_std = 0.5;
-    layer_t fc(comm, in, out, seed, 9, opt);
+    layer_t fc(comm, in, out, seed, 9, options_with<layer_t>(bias));
     const wl::range ir = fc.in_range();
     EXPECT_EQ(ir, wl::split_range(in, tp, comm.rank()));
-    const std::size_t p = static_cast<std::size_t>(tp);
-    const std::size_t rank = static_cast<std::size_t>(comm.rank());
-    const std::size_t local = SP::enabled ? tokens / p : tokens;
-    const std::size_t row0 = SP::enabled ? rank * local : 0;
-    const std::string where = "tp=" + std::to_string(tp) + " rank " + std::to_string(rank) + (bias ? "" : " no bias");
-    EXPECT_EQ(tl::rel_err(fc.weight(), tl::block(w, 0, out, ir.begin, ir.size())), 0.0) << where;
+    const wl::range rows = token_rows<SP>(tokens, tp, comm.rank());
+    const std::size_t local = rows.size(), row0 = rows.begin;
+    const std::string where = "tp=" + std::to_string(tp) + " rank " + std::to_string(comm.rank()) +
+                              (bias ? "" : " no bias");
+    EXPECT_EQ(tl::rel_err(fc.weight(), tl::block(d.w, 0, out, ir.begin, ir.size())), 0.0) << where;
     if (bias) {
-      auto bl = tl::to<T>(b);
+      auto bl = tl::to<T>(d.b);
       std::copy(bl.flat().begin(), bl.flat().end(), fc.bias().data());
     }
-    tl::embedded<T> xl(tl::to<T>(tl::block(x, 0, tokens, ir.begin, ir.size())), strided);
-    tl::embedded<T> dyl(tl::to<T>(tl::block(dy, row0, local, 0, out)), strided);
+    tl::embedded<T> xl(tl::to<T>(tl::block(d.x, 0, tokens, ir.begin, ir.size())), strided);
+    tl::embedded<T> dyl(tl::to<T>(tl::block(d.dy, row0, local, 0, out)), strided);
     tl::embedded<T> y(local, out, strided), dx(tokens, ir.size(), strided);
     for (int pass = 1; pass <= 2; ++pass) {
-      comm.clear();
-      fc.forward(xl.cview(), y.view());
-      const auto fwd = comm.ops();
-      comm.clear();
-      fc.backward(dyl.cview(), dx.view());
-      const auto bwd = comm.ops();
-      EXPECT_LT(tl::rel_err(y.view(), tl::block(y_ref, row0, local, 0, out)), tol) << where;
+      const auto [fwd, bwd] =
+          forward_backward(comm, fc, xl.cview(), y.view(), dyl.cview(), dx.view());
+      EXPECT_LT(tl::rel_err(y.view(), tl::block(d.y_ref, row0, local, 0, out)), tol) << where;
       if (ir.size() > 0) {
-        EXPECT_LT(tl::rel_err(dx.view(), tl::block(dx_ref, 0, tokens, ir.begin, ir.size())), tol) << where;
+        EXPECT_LT(tl::rel_err(dx.view(), tl::block(d.dx_ref, 0, tokens, ir.begin, ir.size())), tol)
+            << where;
       }
       EXPECT_TRUE(y.border_intact() && dx.border_intact()) << where;
       auto params = fc.parameters();
       ASSERT_EQ(params.size(), bias ? 2u : 1u);
       if (ir.size() > 0) {
-        EXPECT_LT(tl::rel_err(params[0].grad, tl::scaled(tl::block(dw_ref, 0, out, ir.begin, ir.size()), pass)), tol)
+        EXPECT_LT(tl::rel_err(params[0].grad,
+                              tl::scaled(tl::block(d.dw_ref, 0, out, ir.begin, ir.size()), pass)),
+                  tol)
             << where;
       }
       if (bias) {
         EXPECT_TRUE(params[1].replicated);
         EXPECT_EQ(params[1].sequence_partial, SP::enabled);
         // Without SP every rank has every token's dy: the full sum. With it, this rank's rows only.
-        EXPECT_LT(tl::rel_err(params[1].grad, tl::scaled(tl::ref_colsum(dy, row0, local), pass)), tol) << where;
+        EXPECT_LT(tl::rel_err(params[1].grad, tl::scaled(tl::ref_colsum(d.dy, row0, local), pass)),
+                  tol)
+            << where;
       }
-      std::vector<weft::traced_op> want_fwd, want_bwd;
-      if (tp > 1) {
-        if (SP::enabled) {
-          want_fwd.push_back({collective::reduce_scatter, local * out, weft::dtype_of<T>, "tp"});
-          want_bwd.push_back({collective::all_gather, local * out, weft::dtype_of<T>, "tp"});
-        } else {
-          want_fwd.push_back({collective::all_reduce, tokens * out, weft::dtype_of<T>, "tp"});
-        }
-      }
+      // Communication: g, f's conjugate: an all-reduce forward, the identity backward; SP:
+      // reduce-scatter / all-gather.
+      const auto [want_bwd, want_fwd] = f_ops<T, SP>(tp, tokens, local, out);
       EXPECT_EQ(fwd, want_fwd) << where;
       EXPECT_EQ(bwd, want_bwd) << where;
     }
@@ -208,7 +243,8 @@ void check_row(int tp, std::size_t in, std::size_t out, bool bias, bool strided 
       auto params = fc.parameters();
       wl::reduce_sequence_parallel_grads(comm, std::span<wl::parameter<T>>(params));
       EXPECT_EQ(comm.ops().size(), (SP::enabled && tp > 1) ? 1u : 0u);
-      EXPECT_LT(tl::rel_err(params[1].grad, tl::scaled(tl::ref_colsum(dy, 0, tokens), 2)), tol) << where;
+      EXPECT_LT(tl::rel_err(params[1].grad, tl::scaled(tl::ref_colsum(d.dy, 0, tokens), 2)), tol)
+          << where;
     }
   });
 }

@@ -15,33 +15,18 @@
 #include <string>
 #include <vector>
 
+#include "support/rank_errors.hpp"
+
 namespace {
 
 using namespace std::chrono_literals;
 
-// Runs body on p ranks; every rank must throw; returns each rank's message.
-template <class Body>
-std::vector<std::string> messages(int p, Body body, weft::local::options opt = {.timeout = 30s}) {
-  std::vector<std::string> seen(static_cast<std::size_t>(p));
-  EXPECT_THROW(weft::local::run(
-                   p,
-                   [&](weft::local::communicator& c) {
-                     try {
-                       body(c);
-                     } catch (const weft::error& e) {
-                       seen[static_cast<std::size_t>(c.rank())] = e.what();
-                       throw;
-                     }
-                   },
-                   opt),
-               weft::error);
-  return seen;
-}
+using weft::test::rank_errors;
 
 TEST(desync, different_counts_through_checked_calls_are_reported_on_every_rank_before_data_moves) {
   constexpr int p = 4;
   std::vector<std::vector<int>> data(p);
-  const auto seen = messages(p, [&](weft::local::communicator& c) {
+  const auto seen = rank_errors(p, [&](weft::local::communicator& c) {
     auto& v = data[static_cast<std::size_t>(c.rank())];
     v.assign(c.rank() == 2 ? 5 : 6, c.rank() + 1);
     weft::checked_calls checked(std::move(c));
@@ -60,7 +45,7 @@ TEST(desync, different_counts_through_checked_calls_are_reported_on_every_rank_b
 }
 
 TEST(desync, the_option_checks_every_communicator_of_the_run_and_names_each_difference) {
-  const auto seen = messages(
+  const auto seen = rank_errors(
       3,
       [](weft::local::communicator& c) {
         auto sub = c.split(0, c.rank());  // inherits the check
@@ -98,7 +83,7 @@ TEST(desync, matching_calls_through_the_check_give_the_reference_result) {
 
 TEST(desync, without_the_check_a_mismatch_is_still_an_error_on_every_rank) {
   constexpr int p = 3;
-  const auto seen = messages(
+  const auto seen = rank_errors(
       p,
       [](weft::local::communicator& c) {
         std::vector<int> v(c.rank() == 1 ? 7 : 9, 1);

@@ -14,10 +14,13 @@
 #include <thread>
 #include <vector>
 
+#include "support/rank_errors.hpp"
+
 namespace {
 
 using namespace std::chrono_literals;
 using clock_type = std::chrono::steady_clock;
+using weft::test::rank_errors;
 
 // A sum that sleeps once, on the rank and in the call the test picks: a rank stuck in its
 // own code in the middle of a plan step.
@@ -40,29 +43,25 @@ TEST(watchdog, a_rank_stalled_inside_a_ring_step_is_named_with_its_step_on_every
   // 64 * 1 of the third call's reductions is the first of round 1 (the second reduce step).
   // The first two calls reduce (p-1) blocks each.
   const int stall_at = static_cast<int>(2 * (p - 1) * 64 + 64);
-  std::vector<std::string> seen(p);
   std::vector<clock_type::duration> took(p);
   std::vector<std::atomic<int>> reductions(p);
   std::vector<float> first_two(p, 0.f);
-  EXPECT_THROW(weft::local::run(p,
-                                [&](weft::local::communicator& c) {
-                                  c.set_timeout(timeout);
-                                  const auto r = static_cast<std::size_t>(c.rank());
-                                  const stalling_sum op{&reductions[r], c.rank() == stalled ? stall_at : -1, 1500ms};
-                                  std::vector<float> v(n, 1.f);
-                                  weft::all_reduce<weft::algo::ring>(c, std::span(v), op);
-                                  weft::all_reduce<weft::algo::ring>(c, std::span(v), op);
-                                  first_two[r] = v[0];
-                                  const auto start = clock_type::now();
-                                  try {
-                                    weft::all_reduce<weft::algo::ring>(c, std::span(v), op);
-                                  } catch (const weft::error& e) {
-                                    took[r] = clock_type::now() - start;
-                                    seen[r] = e.what();
-                                    throw;
-                                  }
-                                }),
-               weft::error);
+  const auto seen = rank_errors(p, [&](weft::local::communicator& c) {
+    c.set_timeout(timeout);
+    const auto r = static_cast<std::size_t>(c.rank());
+    const stalling_sum op{&reductions[r], c.rank() == stalled ? stall_at : -1, 1500ms};
+    std::vector<float> v(n, 1.f);
+    weft::all_reduce<weft::algo::ring>(c, std::span(v), op);
+    weft::all_reduce<weft::algo::ring>(c, std::span(v), op);
+    first_two[r] = v[0];
+    const auto start = clock_type::now();
+    try {
+      weft::all_reduce<weft::algo::ring>(c, std::span(v), op);
+    } catch (const weft::error&) {
+      took[r] = clock_type::now() - start;
+      throw;
+    }
+  });
   for (int r = 0; r < p; ++r) EXPECT_EQ(first_two[static_cast<std::size_t>(r)], 16.f) << "the calls before the stall";
   // The step the stalled rank is in: the second recv_reduce of its ring plan.
   const auto pl = weft::algo::ring::make_plan({weft::collective::all_reduce, p, stalled, n, 0, {}, 4});
@@ -92,24 +91,16 @@ TEST(watchdog, a_rank_stalled_inside_a_ring_step_is_named_with_its_step_on_every
 
 TEST(watchdog, a_rank_that_never_makes_the_call_is_named_as_such) {
   constexpr int p = 3;
-  std::vector<std::string> seen(p);
-  EXPECT_THROW(weft::local::run(p,
-                                [&](weft::local::communicator& c) {
-                                  c.set_timeout(200ms);
-                                  std::vector<int> v(8, c.rank());
-                                  weft::all_reduce<weft::algo::ring>(c, std::span(v));
-                                  if (c.rank() == 1) {
-                                    std::this_thread::sleep_for(800ms);  // busy elsewhere
-                                    return;
-                                  }
-                                  try {
-                                    weft::all_reduce<weft::algo::ring>(c, std::span(v));
-                                  } catch (const weft::error& e) {
-                                    seen[static_cast<std::size_t>(c.rank())] = e.what();
-                                    throw;
-                                  }
-                                }),
-               weft::error);
+  const auto seen = rank_errors(p, [](weft::local::communicator& c) {
+    c.set_timeout(200ms);
+    std::vector<int> v(8, c.rank());
+    weft::all_reduce<weft::algo::ring>(c, std::span(v));
+    if (c.rank() == 1) {
+      std::this_thread::sleep_for(800ms); // busy elsewhere
+      return;
+    }
+    weft::all_reduce<weft::algo::ring>(c, std::span(v));
+  });
   for (int r : {0, 2}) {
     const auto& m = seen[static_cast<std::size_t>(r)];
     EXPECT_NE(m.find("rank 1 is outside any weft operation: it has not made the call (its last was all_reduce#1)"),
@@ -121,29 +112,20 @@ TEST(watchdog, a_rank_that_never_makes_the_call_is_named_as_such) {
 
 TEST(watchdog, a_rank_in_another_communicators_call_is_followed_there) {
   constexpr int p = 4;
-  std::vector<std::string> seen(p);
-  EXPECT_THROW(weft::local::run(p,
-                                [&](weft::local::communicator& c) {
-                                  c.set_timeout(300ms);
-                                  auto sub = c.split(0, c.rank());  // comm 1; split is #1 on comm 0
-                                  // Rank 2's barrier waits longer than comm 0's deadline, so that
-                                  // comm 0's watchdog is the one to fire and follow rank 2 into comm
-                                  // 1 (with equal deadlines, rank 2's own timeout could fire first:
-                                  // seen under TSan, where rank 2 was then reported as failed).
-                                  sub.set_timeout(5000ms);
-                                  try {
-                                    if (c.rank() == 2) {
-                                      sub.barrier();  // the others are in comm 0's all_reduce
-                                    } else {
-                                      std::vector<int> v(16, 1);
-                                      weft::all_reduce<weft::algo::ring>(c, std::span(v));
-                                    }
-                                  } catch (const weft::error& e) {
-                                    seen[static_cast<std::size_t>(c.rank())] = e.what();
-                                    throw;
-                                  }
-                                }),
-               weft::error);
+  const auto seen = rank_errors(p, [](weft::local::communicator& c) {
+    c.set_timeout(300ms);
+    auto sub = c.split(0, c.rank()); // comm 1; split is #1 on comm 0
+    // Rank 2's barrier waits longer than comm 0's deadline, so that comm 0's watchdog is the
+    // one to fire and follow rank 2 into comm 1 (with equal deadlines, rank 2's own timeout
+    // could fire first: seen under TSan, where rank 2 was then reported as failed).
+    sub.set_timeout(5000ms);
+    if (c.rank() == 2) {
+      sub.barrier(); // the others are in comm 0's all_reduce
+    } else {
+      std::vector<int> v(16, 1);
+      weft::all_reduce<weft::algo::ring>(c, std::span(v));
+    }
+  });
   for (const auto& m : seen) {
     EXPECT_NE(m.find("rank 2 has not made the call on comm 0: it is in barrier #1"), std::string::npos) << m;
     EXPECT_NE(m.find("on comm 1"), std::string::npos) << m;
@@ -156,26 +138,18 @@ TEST(watchdog, a_rank_in_another_communicators_call_is_followed_there) {
 // that threw. (The record used to stay active, and the verdict blamed a stall in the call.)
 TEST(watchdog, a_rank_that_caught_its_calls_error_is_not_taken_for_stalled_in_it) {
   constexpr int p = 3;
-  std::vector<std::string> seen(p);
-  EXPECT_THROW(weft::local::run(p,
-                                [&](weft::local::communicator& c) {
-                                  c.set_timeout(300ms);
-                                  std::vector<int> four(4, 1), eight(8);
-                                  if (c.rank() == 0) weft::send(c, std::span(four), 1);
-                                  if (c.rank() == 1) {
-                                    // 8 expected, 4 sent: this receive throws, the message stays.
-                                    EXPECT_THROW(weft::recv(c, std::span(eight), 0), weft::error);
-                                    std::this_thread::sleep_for(1200ms);  // and rank 1 goes on elsewhere
-                                    return;
-                                  }
-                                  try {
-                                    c.barrier();
-                                  } catch (const weft::error& e) {
-                                    seen[static_cast<std::size_t>(c.rank())] = e.what();
-                                    throw;
-                                  }
-                                }),
-               weft::error);
+  const auto seen = rank_errors(p, [](weft::local::communicator& c) {
+    c.set_timeout(300ms);
+    std::vector<int> four(4, 1), eight(8);
+    if (c.rank() == 0) weft::send(c, std::span(four), 1);
+    if (c.rank() == 1) {
+      // 8 expected, 4 sent: this receive throws, the message stays.
+      EXPECT_THROW(weft::recv(c, std::span(eight), 0), weft::error);
+      std::this_thread::sleep_for(1200ms); // and rank 1 goes on elsewhere
+      return;
+    }
+    c.barrier();
+  });
   for (int r : {0, 2}) {
     const auto& m = seen[static_cast<std::size_t>(r)];
     EXPECT_NE(m.find("rank 1 is outside any weft operation: it has not made the call (its last was recv#1 (threw))"),

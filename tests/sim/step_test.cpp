@@ -29,6 +29,25 @@ weft::topology::cluster achieved_links(const weft::topology::cluster& d, const c
           d.reduce_bandwidth()};
 }
 
+// `nodes` DGX A100 with `nics` NICs per node.
+machine dgx_a100_with_nics(int nodes, int nics) {
+  const weft::topology::cluster d = dgx(a100_80gb, nodes).cluster;
+  return {a100_80gb, weft::topology::cluster(d.devices_per_node(), d.intra(), d.inter(), nics,
+                                             d.reduce_bandwidth())};
+}
+
+// What a collective library would take for these groups' all-reduces of `count` 16-bit
+// elements, run at once on `net`: the cheaper of the flat and the hierarchical ring, each
+// priced with every group's plans merged (groups.hpp).
+double ring_or_hierarchical(const std::vector<std::vector<int>>& groups,
+                            const weft::topology::cluster& net, std::size_t count) {
+  double best = 1e300;
+  for (auto make : {&weft::algo::ring::make_plan,
+                    &weft::algo::hierarchical<weft::algo::ring, weft::algo::ring>::make_plan})
+    best = std::min(best, price_groups(weft::collective::all_reduce, groups, net, count, 2, make));
+  return best;
+}
+
 // Tuning rows (the constants were fitted to them) within 10%; held-out rows: the goal is 10%, the
 // bound 12%, and the count within 10% may not fall below what docs/sim.md reports.
 TEST(sim_step, published_runs_tuning_within_10_holdout_within_12_percent_one_constant_set_per_gpu) {
@@ -85,14 +104,8 @@ model_spec llama_70b() {
 TEST(sim_step, tp8_across_dgx_h100_nodes_loses_more_than_half_the_throughput) {
   const model_spec m = llama_70b();
   const machine mc = dgx(h100_sxm, 8);
-  layout l;
-  l.tp = 8;
-  l.pp = 1;
-  l.dp = 8;
-  l.global_batch = 128;
-  l.zero = 1;
-  l.sequence_parallel = true;
-  l.recomputation = recompute::selective;
+  layout l{.tp = 8, .pp = 1, .dp = 8, .global_batch = 128, .zero = 1, .sequence_parallel = true,
+           .recomputation = recompute::selective};
   const step_result inside = simulate_step(m, mc, l);
   l.tp_across_nodes = true;
   const step_result across = simulate_step(m, mc, l);
@@ -115,10 +128,7 @@ TEST(sim_step, tp8_across_dgx_h100_nodes_loses_more_than_half_the_throughput) {
 
 TEST(sim_step, pipeline_bubble_and_memory_of_a_simple_layout) {
   model_spec m = gpt("gpt-small", 16, 2048, 16, 128); // logits too small to unbalance the last stage
-  layout l;
-  l.pp = 8;
-  l.dp = 1;
-  l.global_batch = 64; // 64 micro-batches of 1
+  layout l{.pp = 8, .dp = 1, .global_batch = 64}; // 64 micro-batches of 1
   const step_result r = simulate_step(m, dgx(a100_80gb, 1), l);
   EXPECT_EQ(r.microbatches, 64);
   std::printf("  simulated step, 1F1B, 8 stages, 64 micro-batches: bubble %.1f%%\n", 100 * r.bubble);
@@ -154,13 +164,8 @@ TEST(sim_step, zero_2_and_3_communicate_every_micro_batch) {
   const model_spec m = gpt("gpt3-175b", 96, 12288, 96);
   const machine mc = dgx(a100_80gb, 16);
   const auto dp_seconds = [&](int zero, int batch) {
-    layout l;
-    l.tp = 8;
-    l.pp = 8;
-    l.dp = 2;
-    l.global_batch = batch;
-    l.zero = zero;
-    l.recomputation = recompute::full;
+    const layout l{.tp = 8, .pp = 8, .dp = 2, .global_batch = batch, .zero = zero,
+                   .recomputation = recompute::full};
     return simulate_step(m, mc, l).dp.seconds;
   };
   EXPECT_EQ(dp_seconds(1, 16), dp_seconds(1, 256));
@@ -184,10 +189,7 @@ TEST(sim_step, zero_2_and_3_communicate_every_micro_batch) {
 // the most micro-batches (the most activations). Adding each maximum over-counted.
 TEST(sim_step, memory_is_the_fullest_ranks_states_and_activations_together) {
   model_spec m = gpt("m", 5, 4096, 32, 32000);
-  layout l;
-  l.pp = 4;
-  l.dp = 1;
-  l.global_batch = 4;
+  layout l{.pp = 4, .dp = 1, .global_batch = 4};
   const step_result r = simulate_step(m, dgx(a100_80gb, 1), l);
   const double s = 2048, h = 4096, sbh = s * h;
   const double layer = 12 * h * h + 13 * h, per_layer = sbh * (34 + 5.0 * 32 * s / h);
@@ -207,10 +209,7 @@ TEST(sim_step, dp_groups_sharing_a_nodes_nics_are_priced_as_if_run_together) {
   // once through the same NICs. The step splits the NICs between them; pricing both groups'
   // merged plans (groups.hpp) is the reference.
   model_spec m = gpt("gpt-1.3b", 24, 2048, 16, 51200);
-  layout l;
-  l.tp = 2;
-  l.dp = 8;
-  l.global_batch = 8;
+  layout l{.tp = 2, .dp = 8, .global_batch = 8};
   const calibration cal = calibration_of(a100_80gb);
   const double grads = (24 * (12.0 * 2048 * 2048 + 13 * 2048) + (51200.0 + 2048) * 2048) / 2;
   std::vector<int> even, odd;
@@ -220,15 +219,10 @@ TEST(sim_step, dp_groups_sharing_a_nodes_nics_are_priced_as_if_run_together) {
   }
   // DGX A100's 8 NICs; 2 NICs, one for each group's ring; 1 NIC, which both groups' rings cross.
   for (int nics : {8, 2, 1}) {
-    const auto& d = dgx(a100_80gb, 2).cluster;
-    const machine mc{a100_80gb, weft::topology::cluster(d.devices_per_node(), d.intra(), d.inter(), nics,
-                                                        d.reduce_bandwidth())};
+    const machine mc = dgx_a100_with_nics(2, nics);
     const step_result r = simulate_step(m, mc, l);
-    const weft::topology::cluster net = achieved_links(d, cal, nics);
-    double together = 1e300;
-    for (auto make : {&weft::algo::ring::make_plan, &weft::algo::hierarchical<weft::algo::ring, weft::algo::ring>::make_plan})
-      together = std::min(together, price_groups(weft::collective::all_reduce, {even, odd}, net,
-                                                 static_cast<std::size_t>(grads), 2, make));
+    const weft::topology::cluster net = achieved_links(mc.cluster, cal, nics);
+    const double together = ring_or_hierarchical({even, odd}, net, static_cast<std::size_t>(grads));
     std::printf("  DP 8 x 2 groups on 2 nodes of %d NICs: the step prices %.1f ms, both groups' merged plans %.1f ms\n",
                 nics, r.dp.seconds * 1e3, together * 1e3);
     EXPECT_EQ(r.dp.link, "ib");
@@ -245,11 +239,7 @@ TEST(sim_step, tp_groups_that_straddle_nodes_gate_the_step) {
   // on the node's links as the collectives reach them, with all 8 NICs of node 0 (the one
   // group that leaves it uses them alone).
   model_spec m = gpt("gpt-24-heads", 12, 3072, 24, 51200);
-  layout l;
-  l.tp = 6;
-  l.pp = 2;
-  l.dp = 4;
-  l.global_batch = 16;
+  layout l{.tp = 6, .pp = 2, .dp = 4, .global_batch = 16};
   const auto& mc = dgx(a100_80gb, 6);
   const calibration cal = calibration_of(a100_80gb);
   const step_result r = simulate_step(m, mc, l);
@@ -257,12 +247,9 @@ TEST(sim_step, tp_groups_that_straddle_nodes_gate_the_step) {
   const weft::topology::cluster net = achieved_links(d, cal, d.nics_per_node());
   const auto act = static_cast<std::size_t>(m.seq * m.hidden);
   double straddling = 0, inside = 1e300;
-  for (const std::vector<int>& g : {std::vector<int>{6, 7, 8, 9, 10, 11}, std::vector<int>{12, 13, 14, 15, 16, 17}}) {
-    double best = 1e300;
-    for (auto make : {&weft::algo::ring::make_plan, &weft::algo::hierarchical<weft::algo::ring, weft::algo::ring>::make_plan})
-      best = std::min(best, price_groups(weft::collective::all_reduce, {g}, net, act, 2, make));
-    straddling = std::max(straddling, best);
-  }
+  for (const std::vector<int>& g :
+       {std::vector<int>{6, 7, 8, 9, 10, 11}, std::vector<int>{12, 13, 14, 15, 16, 17}})
+    straddling = std::max(straddling, ring_or_hierarchical({g}, net, act));
   inside = price_groups(weft::collective::all_reduce, {{0, 1, 2, 3, 4, 5}}, net, act, 2, &weft::algo::ring::make_plan);
   const layer_cost fwd = layer_forward(m, 1, 6, false, a100_80gb, cal);
   std::printf("  tp 6 on nodes of 8: the step prices an all-reduce at %.3f ms on %s; straddling groups %.3f ms, "
@@ -281,11 +268,7 @@ TEST(sim_step, pipeline_hops_are_priced_on_the_link_each_one_crosses) {
   // tp 2 x dp 2 x pp 4 on 2 DGX A100: stages 0 and 1 on the first node, 2 and 3 on the second.
   // The hop from stage 1 to 2 crosses InfiniBand; pricing stage 0 to 1 alone would say NVLink.
   model_spec m = gpt("gpt-1.3b", 24, 2048, 16, 51200);
-  layout l;
-  l.tp = 2;
-  l.pp = 4;
-  l.dp = 2;
-  l.global_batch = 16;
+  layout l{.tp = 2, .pp = 4, .dp = 2, .global_batch = 16};
   const auto& mc = dgx(a100_80gb, 2);
   const calibration cal = calibration_of(a100_80gb);
   const step_result r = simulate_step(m, mc, l);
@@ -313,23 +296,14 @@ TEST(sim_step, dp_groups_that_straddle_nodes_gate_the_reduction) {
   // the first stage's gradients (the most: 12 layers, the embedding and the positions, over
   // tp 2); with 8, 2 and 1 NICs per node (the groups inside node 0 take none of them).
   model_spec m = gpt("gpt-1.3b", 24, 2048, 16, 51200);
-  layout l;
-  l.tp = 2;
-  l.pp = 2;
-  l.dp = 3;
-  l.global_batch = 6;
+  layout l{.tp = 2, .pp = 2, .dp = 3, .global_batch = 6};
   const calibration cal = calibration_of(a100_80gb);
   const auto grads = static_cast<std::size_t>((12 * (12.0 * 2048 * 2048 + 13 * 2048) + (51200.0 + 2048) * 2048) / 2);
   for (int nics : {8, 2, 1}) {
-    const auto& d = dgx(a100_80gb, 2).cluster;
-    const machine mc{a100_80gb, weft::topology::cluster(d.devices_per_node(), d.intra(), d.inter(), nics,
-                                                        d.reduce_bandwidth())};
+    const machine mc = dgx_a100_with_nics(2, nics);
     const step_result r = simulate_step(m, mc, l);
-    const weft::topology::cluster net = achieved_links(d, cal, nics);
-    double straddling = 1e300;
-    for (auto make : {&weft::algo::ring::make_plan, &weft::algo::hierarchical<weft::algo::ring, weft::algo::ring>::make_plan})
-      straddling = std::min(straddling, price_groups(weft::collective::all_reduce, {{6, 8, 10}, {7, 9, 11}}, net,
-                                                     grads, 2, make));
+    const weft::topology::cluster net = achieved_links(mc.cluster, cal, nics);
+    const double straddling = ring_or_hierarchical({{6, 8, 10}, {7, 9, 11}}, net, grads);
     const double inside = price_groups(weft::collective::all_reduce, {{0, 2, 4}, {1, 3, 5}}, net, grads, 2,
                                        &weft::algo::ring::make_plan);
     std::printf("  dp 3 groups over 2 nodes of %d NICs: the step prices %.1f ms on %s; the straddling groups %.1f ms, "
@@ -366,10 +340,7 @@ model_spec gpt_22b() {
 TEST(sim_step, selective_recompute_reruns_the_attention_core_with_its_softmax_and_dropout) {
   const model_spec m = gpt_22b();
   const calibration cal = calibration_of(a100_80gb);
-  layout l;
-  l.tp = 8;
-  l.micro_batch = 4;
-  l.global_batch = 4;
+  layout l{.tp = 8, .micro_batch = 4, .global_batch = 4};
   const step_result none = simulate_step(m, dgx(a100_80gb, 1), l);
   l.recomputation = recompute::selective;
   const step_result sel = simulate_step(m, dgx(a100_80gb, 1), l);
@@ -387,10 +358,7 @@ TEST(sim_step, selective_recompute_reruns_the_attention_core_with_its_softmax_an
 TEST(sim_step, tp_overlap_hides_the_column_parallel_collectives_of_the_backward) {
   const model_spec m = gpt_22b();
   const machine mc = dgx(a100_80gb, 1);
-  layout l;
-  l.tp = 8;
-  l.micro_batch = 4;
-  l.global_batch = 4;
+  layout l{.tp = 8, .micro_batch = 4, .global_batch = 4};
   const step_result plain = simulate_step(m, mc, l);
   l.tp_overlap = true;
   const step_result overlapped = simulate_step(m, mc, l);
@@ -415,9 +383,7 @@ TEST(sim_step, unfused_gradient_accumulation_reads_and_writes_the_weights_once_p
   const model_spec m = gpt_22b();
   const calibration cal = calibration_of(a100_80gb);
   const machine mc = dgx(a100_80gb, 1);
-  layout l;
-  l.tp = 8;
-  l.global_batch = 8; // 8 micro-batches of one sequence, one pipeline rank, no DP
+  layout l{.tp = 8, .global_batch = 8}; // 8 micro-batches of one sequence, one pipeline rank, no DP
   const step_result fused = simulate_step(m, mc, l);
   l.grad_accumulation_bytes = 6; // a 16-bit add: read both gradients, write one
   const step_result unfused = simulate_step(m, mc, l);
@@ -468,14 +434,8 @@ TEST(sim_step, gemm_efficiency_saturates_and_bounds_by_memory) {
 
 TEST(sim_step, one_layout_of_a_1t_model_on_3072_gpus_takes_under_a_second) {
   model_spec m = gpt("gpt-1t", 128, 25600, 160, 51200);
-  layout l;
-  l.tp = 8;
-  l.pp = 64;
-  l.dp = 6;
-  l.global_batch = 3072;
-  l.schedule = weft::pipeline::schedule_kind::interleaved;
-  l.chunks = 2;
-  l.recomputation = recompute::full;
+  const layout l{.tp = 8, .pp = 64, .dp = 6, .chunks = 2, .global_batch = 3072,
+                 .schedule = weft::pipeline::schedule_kind::interleaved, .recomputation = recompute::full};
   const std::clock_t start = std::clock(); // CPU time: the machine may be shared
   const step_result r = simulate_step(m, dgx(a100_80gb, 384), l);
   const double seconds = static_cast<double>(std::clock() - start) / CLOCKS_PER_SEC;
@@ -498,8 +458,7 @@ TEST(sim_step, bad_layouts_throw_and_say_why) {
     }
     return std::string("no error");
   };
-  layout l;
-  l.tp = 16;
+  layout l{.tp = 16};
   EXPECT_NE(message(l).find("more than the cluster's 8"), std::string::npos) << message(l);
   l = {};
   l.tp = 3;

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -166,20 +167,14 @@ double tolerance(int p) {
   else return 0;
 }
 
-/// Builds Algo's plans for every rank and runs them on the serial model, in place (where the
-/// collective allows) and out of place, under two interleavings; checks every rank against
-/// the reference and, where all ranks hold the same result, that they are bitwise identical.
-template <class Algo, class T, class Op = op::sum>
-void check_plans(collective c, int p, std::size_t count, int root = 0, pattern pat = pattern::exact,
-                 std::vector<int> node_of = {}) {
-  SCOPED_TRACE(std::string(Algo::name) + " " + std::string(name_of(c)) + " " + std::string(dtype_traits<T>::name) +
-               " " + std::string(op_name<Op>()) + " p=" + std::to_string(p) + " count=" + std::to_string(count) +
-               " root=" + std::to_string(root) + (pat == pattern::random ? " random" : " exact"));
-  std::vector<plan> plans;
-  for (int r = 0; r < p; ++r) {
-    plan_request req{c, p, r, count, root, node_of};
-    plans.push_back(Algo::make_plan(req));
-  }
+/// Runs the plans of every rank (plans[r] is rank r's, for collective c of count elements
+/// from root) on the serial model, in place (where the collective allows) and out of place,
+/// under the interleavings of `seeds`; checks every rank against the reference and, where all
+/// ranks hold the same result, that they are bitwise identical.
+template <class T, class Op = op::sum>
+void check_plan_set(const std::vector<plan>& plans, collective c, std::size_t count, int root,
+                    pattern pat, std::initializer_list<std::uint64_t> seeds) {
+  const int p = static_cast<int>(plans.size());
   std::vector<std::vector<T>> in(static_cast<std::size_t>(p));
   for (int r = 0; r < p; ++r) {
     for (std::size_t i = 0; i < input_count(c, p, count); ++i) {
@@ -195,7 +190,7 @@ void check_plans(collective c, int p, std::size_t count, int root = 0, pattern p
   const bool exact = pat == pattern::exact || std::is_integral_v<T>;
   const bool can_in_place = c == collective::all_reduce || c == collective::broadcast;
   for (int in_place = 0; in_place < (can_in_place ? 2 : 1); ++in_place) {
-    for (std::uint64_t seed : {0ull, 7ull}) {
+    for (std::uint64_t seed : seeds) {
       std::vector<detail::model_rank<T>> ranks(static_cast<std::size_t>(p));
       for (int r = 0; r < p; ++r) {
         auto& rk = ranks[static_cast<std::size_t>(r)];
@@ -231,6 +226,23 @@ void check_plans(collective c, int p, std::size_t count, int root = 0, pattern p
       }
     }
   }
+}
+
+/// Builds Algo's plans for every rank and checks them as check_plan_set does, under two
+/// interleavings.
+template <class Algo, class T, class Op = op::sum>
+void check_plans(collective c, int p, std::size_t count, int root = 0, pattern pat = pattern::exact,
+                 std::vector<int> node_of = {}) {
+  SCOPED_TRACE(std::string(Algo::name) + " " + std::string(name_of(c)) + " " +
+               std::string(dtype_traits<T>::name) + " " + std::string(op_name<Op>()) +
+               " p=" + std::to_string(p) + " count=" + std::to_string(count) +
+               " root=" + std::to_string(root) + (pat == pattern::random ? " random" : " exact"));
+  std::vector<plan> plans;
+  for (int r = 0; r < p; ++r) {
+    plan_request req{c, p, r, count, root, node_of};
+    plans.push_back(Algo::make_plan(req));
+  }
+  check_plan_set<T, Op>(plans, c, count, root, pat, {0, 7});
 }
 
 } // namespace weft::test

@@ -12,8 +12,12 @@
 #include <vector>
 
 namespace weft::topology {
-// Failures print a cluster as its spec.
+// Failures print a cluster as its spec, and a link as a spec's link.
 void PrintTo(const cluster& c, std::ostream* os) { *os << c.to_string(); }
+void PrintTo(link_kind k, std::ostream* os) { *os << name_of(k); }
+void PrintTo(const link& l, std::ostream* os) {
+  *os << name_of(l.kind) << ":" << l.bandwidth << "B/s:" << l.latency << "s";
+}
 } // namespace weft::topology
 
 namespace {
@@ -32,6 +36,33 @@ std::string parse_error(const std::string& spec) {
     return e.what();
   }
   return "<parse(\"" + spec + "\") did not throw>";
+}
+
+// A link of this kind and these figures, each within 4 ulps (as EXPECT_DOUBLE_EQ).
+::testing::Matcher<const link&> is_link(const link& want) {
+  using ::testing::DoubleEq;
+  using ::testing::Field;
+  return ::testing::AllOf(Field("kind", &link::kind, want.kind),
+                          Field("bandwidth", &link::bandwidth, DoubleEq(want.bandwidth)),
+                          Field("latency", &link::latency, DoubleEq(want.latency)));
+}
+
+// A cluster whose links within and between nodes are these (as is_link).
+::testing::Matcher<const cluster&> has_links(const link& intra, const link& inter) {
+  return ::testing::AllOf(::testing::Property("intra", &cluster::intra, is_link(intra)),
+                          ::testing::Property("inter", &cluster::inter, is_link(inter)));
+}
+
+// Rank r of c is on node node[r], as its local rank local[r], for every rank of c.
+void expect_numbering(const cluster& c, const std::vector<int>& node,
+                      const std::vector<int>& local) {
+  SCOPED_TRACE(c.to_string());
+  ASSERT_EQ(static_cast<std::size_t>(c.size()), node.size());
+  ASSERT_EQ(local.size(), node.size());
+  for (int r = 0; r < c.size(); ++r) {
+    EXPECT_EQ(c.node_of(r), node[static_cast<std::size_t>(r)]) << "rank " << r;
+    EXPECT_EQ(c.local_rank(r), local[static_cast<std::size_t>(r)]) << "rank " << r;
+  }
 }
 
 // A bad spec throws weft::error that quotes the whole spec and the offending token.
@@ -95,12 +126,7 @@ TEST(Cluster, DefaultIsOneDeviceOverShm) {
   EXPECT_EQ(c.size(), 1);
   EXPECT_EQ(c.devices_on(0), 1);
   EXPECT_TRUE(c.uniform());
-  EXPECT_EQ(c.intra().kind, link_kind::shm);
-  EXPECT_DOUBLE_EQ(c.intra().bandwidth, 10e9);
-  EXPECT_DOUBLE_EQ(c.intra().latency, 1e-6);
-  EXPECT_EQ(c.inter().kind, link_kind::ethernet);
-  EXPECT_DOUBLE_EQ(c.inter().bandwidth, 1.25e9);
-  EXPECT_DOUBLE_EQ(c.inter().latency, 20e-6);
+  EXPECT_THAT(c, has_links({link_kind::shm, 10e9, 1e-6}, {link_kind::ethernet, 1.25e9, 20e-6}));
   EXPECT_EQ(c.nics_per_node(), 1);
   EXPECT_DOUBLE_EQ(c.reduce_bandwidth(), 10e9);
 }
@@ -116,25 +142,15 @@ TEST(Cluster, UnevenRankNumbering) {
   EXPECT_EQ(c.first_rank(0), 0);
   EXPECT_EQ(c.first_rank(1), 3);
   EXPECT_EQ(c.first_rank(2), 8);
-  const int node[] = {0, 0, 0, 1, 1, 1, 1, 1};
-  const int local[] = {0, 1, 2, 0, 1, 2, 3, 4};
-  for (int r = 0; r < 8; ++r) {
-    EXPECT_EQ(c.node_of(r), node[r]) << "rank " << r;
-    EXPECT_EQ(c.local_rank(r), local[r]) << "rank " << r;
-  }
+  expect_numbering(c, {0, 0, 0, 1, 1, 1, 1, 1}, {0, 1, 2, 0, 1, 2, 3, 4});
   EXPECT_EQ(c.nics_per_node(), 2);
   EXPECT_DOUBLE_EQ(c.reduce_bandwidth(), 1e12);
 }
 
 TEST(Cluster, ThreeUnevenNodes) {
   const cluster c = parse("1+4+2");
-  const int node[] = {0, 1, 1, 1, 1, 2, 2};
-  const int local[] = {0, 0, 1, 2, 3, 0, 1};
   ASSERT_EQ(c.size(), 7);
-  for (int r = 0; r < 7; ++r) {
-    EXPECT_EQ(c.node_of(r), node[r]) << "rank " << r;
-    EXPECT_EQ(c.local_rank(r), local[r]) << "rank " << r;
-  }
+  expect_numbering(c, {0, 1, 1, 1, 1, 2, 2}, {0, 0, 1, 2, 3, 0, 1});
   EXPECT_EQ(c.first_rank(0), 0);
   EXPECT_EQ(c.first_rank(1), 1);
   EXPECT_EQ(c.first_rank(2), 5);
@@ -214,12 +230,7 @@ TEST(Parse, FullSpec) {
   EXPECT_EQ(c.nodes(), 2);
   EXPECT_EQ(c.size(), 8);
   EXPECT_EQ(c.devices_on(1), 4);
-  EXPECT_EQ(c.intra().kind, link_kind::nvlink);
-  EXPECT_DOUBLE_EQ(c.intra().bandwidth, 900e9);
-  EXPECT_DOUBLE_EQ(c.intra().latency, 2e-6);
-  EXPECT_EQ(c.inter().kind, link_kind::infiniband);
-  EXPECT_DOUBLE_EQ(c.inter().bandwidth, 50e9);
-  EXPECT_DOUBLE_EQ(c.inter().latency, 5e-6);
+  EXPECT_THAT(c, has_links({link_kind::nvlink, 900e9, 2e-6}, {link_kind::infiniband, 50e9, 5e-6}));
   EXPECT_EQ(c.nics_per_node(), 1);
   EXPECT_DOUBLE_EQ(c.reduce_bandwidth(), 10e9);
 }
@@ -228,12 +239,7 @@ TEST(Parse, PlainCountIsOneNode) {
   const cluster c = parse("8");
   EXPECT_EQ(c.nodes(), 1);
   EXPECT_EQ(c.size(), 8);
-  EXPECT_EQ(c.intra().kind, link_kind::shm);
-  EXPECT_DOUBLE_EQ(c.intra().bandwidth, 10e9);
-  EXPECT_DOUBLE_EQ(c.intra().latency, 1e-6);
-  EXPECT_EQ(c.inter().kind, link_kind::ethernet);
-  EXPECT_DOUBLE_EQ(c.inter().bandwidth, 1.25e9);
-  EXPECT_DOUBLE_EQ(c.inter().latency, 20e-6);
+  EXPECT_THAT(c, has_links({link_kind::shm, 10e9, 1e-6}, {link_kind::ethernet, 1.25e9, 20e-6}));
 }
 
 TEST(Parse, UnevenShape) {
@@ -242,12 +248,7 @@ TEST(Parse, UnevenShape) {
   EXPECT_EQ(c.size(), 8);
   EXPECT_EQ(c.devices_on(0), 3);
   EXPECT_EQ(c.devices_on(1), 5);
-  const int node[] = {0, 0, 0, 1, 1, 1, 1, 1};
-  const int local[] = {0, 1, 2, 0, 1, 2, 3, 4};
-  for (int r = 0; r < 8; ++r) {
-    EXPECT_EQ(c.node_of(r), node[r]) << "rank " << r;
-    EXPECT_EQ(c.local_rank(r), local[r]) << "rank " << r;
-  }
+  expect_numbering(c, {0, 0, 0, 1, 1, 1, 1, 1}, {0, 1, 2, 0, 1, 2, 3, 4});
   EXPECT_EQ(c.first_rank(0), 0);
   EXPECT_EQ(c.first_rank(1), 3);
 }
@@ -255,12 +256,7 @@ TEST(Parse, UnevenShape) {
 TEST(Parse, DesignExample) {
   const cluster c = parse("2x4,shm=20GB/s:1us,net=2GB/s:20us");
   EXPECT_EQ(c.size(), 8);
-  EXPECT_EQ(c.intra().kind, link_kind::shm);
-  EXPECT_DOUBLE_EQ(c.intra().bandwidth, 20e9);
-  EXPECT_DOUBLE_EQ(c.intra().latency, 1e-6);
-  EXPECT_EQ(c.inter().kind, link_kind::ethernet);
-  EXPECT_DOUBLE_EQ(c.inter().bandwidth, 2e9);
-  EXPECT_DOUBLE_EQ(c.inter().latency, 20e-6);
+  EXPECT_THAT(c, has_links({link_kind::shm, 20e9, 1e-6}, {link_kind::ethernet, 2e9, 20e-6}));
 }
 
 TEST(Parse, ShorthandForEveryKind) {
@@ -473,12 +469,8 @@ TEST(Presets, DgxA100) {
   EXPECT_EQ(c.size(), 32);
   EXPECT_TRUE(c.uniform());
   EXPECT_EQ(c.devices_on(3), 8);
-  EXPECT_EQ(c.intra().kind, link_kind::nvlink);
-  EXPECT_DOUBLE_EQ(c.intra().bandwidth, 300e9);  // 600 GB/s bidirectional NVLink3
-  EXPECT_DOUBLE_EQ(c.intra().latency, 2e-6);
-  EXPECT_EQ(c.inter().kind, link_kind::infiniband);
-  EXPECT_DOUBLE_EQ(c.inter().bandwidth, 25e9);  // HDR 200 Gb/s
-  EXPECT_DOUBLE_EQ(c.inter().latency, 5e-6);
+  // 600 GB/s bidirectional NVLink3; HDR 200 Gb/s.
+  EXPECT_THAT(c, has_links({link_kind::nvlink, 300e9, 2e-6}, {link_kind::infiniband, 25e9, 5e-6}));
   EXPECT_EQ(c.nics_per_node(), 8);
   EXPECT_DOUBLE_EQ(c.reduce_bandwidth(), 2039e9);  // A100 80GB HBM2e
 }
@@ -487,12 +479,8 @@ TEST(Presets, DgxH100) {
   const cluster c = weft::topology::dgx_h100(2);
   EXPECT_EQ(c.size(), 16);
   EXPECT_EQ(c.node_of(9), 1);
-  EXPECT_EQ(c.intra().kind, link_kind::nvlink);
-  EXPECT_DOUBLE_EQ(c.intra().bandwidth, 450e9);  // 900 GB/s bidirectional NVLink4
-  EXPECT_DOUBLE_EQ(c.intra().latency, 2e-6);
-  EXPECT_EQ(c.inter().kind, link_kind::infiniband);
-  EXPECT_DOUBLE_EQ(c.inter().bandwidth, 50e9);  // NDR 400 Gb/s
-  EXPECT_DOUBLE_EQ(c.inter().latency, 5e-6);
+  // 900 GB/s bidirectional NVLink4; NDR 400 Gb/s.
+  EXPECT_THAT(c, has_links({link_kind::nvlink, 450e9, 2e-6}, {link_kind::infiniband, 50e9, 5e-6}));
   EXPECT_EQ(c.nics_per_node(), 8);
   EXPECT_DOUBLE_EQ(c.reduce_bandwidth(), 3.35e12);  // H100 SXM HBM3
 }

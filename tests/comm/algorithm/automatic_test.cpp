@@ -6,17 +6,14 @@
 #include <thread>
 #include <vector>
 
-#include "support/reference.hpp"
+#include "support/plan_checks.hpp"
 
 namespace {
 
-using weft::collective;
-using weft::plan_request;
+using namespace weft::test::plan_testing;
 using weft::algo::candidate;
 using weft::algo::candidates;
 using weft::algo::choose;
-using weft::test::check_plans;
-using weft::test::pattern;
 namespace topo = weft::topology;
 
 static_assert(weft::algo::plan_generator<weft::algo::automatic>);

@@ -1,12 +1,10 @@
 #include <weft/comm/algorithm/direct.hpp>
 
-#include "support/reference.hpp"
+#include "support/plan_checks.hpp"
 
 namespace {
 
-using weft::collective;
-using weft::test::check_plans;
-using weft::test::pattern;
+using namespace weft::test::plan_testing;
 
 TEST(direct, every_collective_every_size) {
   for (collective c : {collective::all_reduce, collective::reduce_scatter, collective::all_gather,

@@ -3,60 +3,20 @@
 #include <cstdint>
 #include <vector>
 
-#include "support/reference.hpp"
+#include "support/plan_checks.hpp"
 
 namespace {
 
-using weft::buffer;
-using weft::collective;
-using weft::plan;
-using weft::plan_request;
-using weft::step_kind;
+using namespace weft::test::plan_testing;
 using weft::algo::halving_doubling;
-using weft::test::check_plans;
-using weft::test::pattern;
-
-static_assert(weft::algo::plan_generator<halving_doubling>);
-static_assert(weft::algo::serves_v<halving_doubling, collective::all_reduce>);
-static_assert(weft::algo::serves_v<halving_doubling, collective::reduce_scatter>);
-static_assert(weft::algo::serves_v<halving_doubling, collective::all_gather>);
-static_assert(!weft::algo::serves_v<halving_doubling, collective::broadcast>);
-static_assert(!weft::algo::serves_v<halving_doubling, collective::reduce>);
-static_assert(!weft::algo::serves_v<halving_doubling, collective::all_to_all>);
 
 constexpr collective served[] = {collective::all_reduce, collective::reduce_scatter,
                                  collective::all_gather};
+static_assert(serves_exactly<halving_doubling>(served));
+
 constexpr int sizes[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16};
 
-std::vector<std::size_t> counts_for(int p) {
-  return {0, 1, static_cast<std::size_t>(p - 1), static_cast<std::size_t>(p + 3), 3000};
-}
-
-plan make(collective c, int p, int r, std::size_t n, int root = 0) {
-  plan_request q;
-  q.coll = c;
-  q.size = p;
-  q.rank = r;
-  q.count = n;
-  q.root = root;
-  return halving_doubling::make_plan(q);
-}
-
-std::size_t elements_sent(const plan& pl) {
-  std::size_t s = 0;
-  for (const auto& st : pl.steps()) {
-    if (st.kind == step_kind::send) s += st.count;
-  }
-  return s;
-}
-
-std::vector<int> send_peers(const plan& pl) {
-  std::vector<int> v;
-  for (const auto& st : pl.steps()) {
-    if (st.kind == step_kind::send) v.push_back(st.peer);
-  }
-  return v;
-}
+constexpr planner<halving_doubling> make{};
 
 TEST(halving_doubling, integers_sum_exact) {
   for (collective c : served) {

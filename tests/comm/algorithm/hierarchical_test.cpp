@@ -11,17 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "support/reference.hpp"
+#include "support/plan_checks.hpp"
 
 namespace {
 
-using weft::buffer;
-using weft::collective;
-using weft::plan;
-using weft::plan_request;
-using weft::step_kind;
-using weft::test::check_plans;
-using weft::test::pattern;
+using namespace weft::test::plan_testing;
 namespace algo = weft::algo;
 
 using ring_ring = algo::hierarchical<algo::ring, algo::ring>;

@@ -1,12 +1,10 @@
 #include <weft/comm/algorithm/pairwise.hpp>
 
-#include "support/reference.hpp"
+#include "support/plan_checks.hpp"
 
 namespace {
 
-using weft::collective;
-using weft::test::check_plans;
-using weft::test::pattern;
+using namespace weft::test::plan_testing;
 
 TEST(pairwise, all_to_all_matches_the_reference) {
   for (int p : {1, 2, 3, 4, 5, 6, 7, 8, 9, 16}) {

@@ -4,39 +4,19 @@
 #include <limits>
 #include <vector>
 
-#include "support/reference.hpp"
+#include "support/plan_checks.hpp"
 
 namespace {
 
-using weft::buffer;
-using weft::collective;
-using weft::plan;
-using weft::plan_request;
-using weft::step_kind;
+using namespace weft::test::plan_testing;
 using weft::algo::recursive_doubling;
-using weft::test::check_plans;
-using weft::test::pattern;
 
-static_assert(weft::algo::plan_generator<recursive_doubling>);
-static_assert(weft::algo::serves_v<recursive_doubling, collective::all_reduce>);
-static_assert(!weft::algo::serves_v<recursive_doubling, collective::reduce_scatter>);
-static_assert(!weft::algo::serves_v<recursive_doubling, collective::all_gather>);
-static_assert(!weft::algo::serves_v<recursive_doubling, collective::broadcast>);
+constexpr collective served[] = {collective::all_reduce};
+static_assert(serves_exactly<recursive_doubling>(served));
 
 constexpr int sizes[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17};
 
-std::vector<std::size_t> counts_for(int p) {
-  return {0, 1, static_cast<std::size_t>(p - 1), static_cast<std::size_t>(p + 3), 3000};
-}
-
-plan make(int p, int r, std::size_t n) {
-  plan_request q;
-  q.coll = collective::all_reduce;
-  q.size = p;
-  q.rank = r;
-  q.count = n;
-  return recursive_doubling::make_plan(q);
-}
+constexpr planner<recursive_doubling> make{};
 
 TEST(recursive_doubling, integers_sum_exact) {
   for (int p : sizes) {
@@ -81,7 +61,7 @@ TEST(recursive_doubling, signed_zeros_identical_on_every_rank) {
   for (int p : sizes) {
     std::vector<plan> plans;
     for (int r = 0; r < p; ++r)
-      plans.push_back(make(p, r, 4));
+      plans.push_back(make(collective::all_reduce, p, r, 4));
     std::vector<weft::detail::model_rank<float>> ranks(static_cast<std::size_t>(p));
     for (int r = 0; r < p; ++r) {
       auto& rk = ranks[static_cast<std::size_t>(r)];
@@ -107,7 +87,7 @@ TEST(recursive_doubling, rounds_and_volume) {
     while ((1 << log2p) < fold.pow2)
       ++log2p;
     for (int r = 0; r < p; ++r) {
-      const plan pl = make(p, r, 100);
+      const plan pl = make(collective::all_reduce, p, r, 100);
       std::size_t sent = 0;
       int sends = 0;
       for (const auto& s : pl.steps()) {

@@ -4,98 +4,18 @@
 #include <string>
 #include <vector>
 
-#include "support/reference.hpp"
+#include "support/plan_checks.hpp"
 
 namespace {
 
-using weft::buffer;
-using weft::collective;
-using weft::plan;
-using weft::plan_request;
-using weft::step_kind;
+using namespace weft::test::plan_testing;
 using weft::algo::ring;
-using weft::test::check_plans;
-using weft::test::pattern;
-
-static_assert(weft::algo::plan_generator<ring>);
-static_assert(weft::algo::serves_v<ring, collective::all_reduce>);
-static_assert(!weft::algo::serves_v<ring, collective::all_to_all>);
 
 constexpr collective served[] = {collective::all_reduce, collective::reduce_scatter,
                                  collective::all_gather, collective::broadcast, collective::reduce};
+static_assert(serves_exactly<ring>(served));
 
-plan make(collective c, int p, int r, std::size_t n, int root = 0, std::size_t element_size = 4) {
-  return ring::make_plan(plan_request{c, p, r, n, root, {}, element_size});
-}
-
-// check_plans, for plans built with a given element_size: a large element size makes the
-// plans cut small counts into many chunks, which check_plans (4-byte requests) never sees.
-template <class T, class Op = weft::op::sum>
-void check_chunked(collective c, int p, std::size_t count, int root, std::size_t element_size,
-                   pattern pat = pattern::exact) {
-  SCOPED_TRACE(std::string(weft::name_of(c)) + " p=" + std::to_string(p) +
-               " count=" + std::to_string(count) + " root=" + std::to_string(root) +
-               " element_size=" + std::to_string(element_size));
-  std::vector<plan> plans;
-  for (int r = 0; r < p; ++r)
-    plans.push_back(make(c, p, r, count, root, element_size));
-  std::vector<std::vector<T>> in(static_cast<std::size_t>(p));
-  for (int r = 0; r < p; ++r) {
-    for (std::size_t i = 0; i < weft::test::input_count(c, p, count); ++i) {
-      in[static_cast<std::size_t>(r)].push_back(weft::test::input_value<T, Op>(r, i, pat));
-    }
-    if (c == collective::broadcast && r != root) in[static_cast<std::size_t>(r)].assign(count, T{});
-  }
-  const auto want = weft::test::reference<T, Op>(c, p, count, root, in);
-  const bool exact = pat == pattern::exact || std::is_integral_v<T>;
-  const bool can_in_place = c == collective::all_reduce || c == collective::broadcast;
-  for (int in_place = 0; in_place < (can_in_place ? 2 : 1); ++in_place) {
-    for (std::uint64_t seed : {0ull, 3ull}) {
-      std::vector<weft::detail::model_rank<T>> ranks(static_cast<std::size_t>(p));
-      for (int r = 0; r < p; ++r) {
-        auto& rk = ranks[static_cast<std::size_t>(r)];
-        rk.in_place = in_place != 0 || c == collective::broadcast;
-        rk.input = in[static_cast<std::size_t>(r)];
-        rk.output.assign(weft::test::output_count(c, p, count, r, root), T{});
-        if (rk.in_place) rk.output = in[static_cast<std::size_t>(r)];
-      }
-      ASSERT_NO_THROW(weft::detail::run_serial(plans, ranks, Op{}, seed)) << plans[0].to_string();
-      for (int r = 0; r < p; ++r) {
-        if (c == collective::reduce && r != root) continue;
-        const std::string diff = weft::test::compare(ranks[static_cast<std::size_t>(r)].output,
-                                                     want[static_cast<std::size_t>(r)], exact,
-                                                     weft::test::tolerance<T>(p));
-        ASSERT_TRUE(diff.empty()) << "rank " << r << (in_place ? " in place" : "") << ": " << diff
-                                  << "\n"
-                                  << plans[static_cast<std::size_t>(r)].to_string();
-      }
-      if (c == collective::all_reduce || c == collective::all_gather ||
-          c == collective::broadcast) {
-        for (int r = 1; r < p; ++r) {
-          const auto& a = ranks[0].output;
-          const auto& b = ranks[static_cast<std::size_t>(r)].output;
-          for (std::size_t i = 0; i < a.size(); ++i) {
-            ASSERT_TRUE(weft::test::same_bits(a[i], b[i]))
-                << "rank " << r << " differs from rank 0 at " << i;
-          }
-        }
-      }
-    }
-  }
-}
-
-std::size_t elements_sent(const plan& pl) {
-  std::size_t n = 0;
-  for (const auto& s : pl.steps())
-    n += s.kind == step_kind::send ? s.count : 0;
-  return n;
-}
-std::size_t elements_received(const plan& pl) {
-  std::size_t n = 0;
-  for (const auto& s : pl.steps())
-    n += s.kind == step_kind::recv || s.kind == step_kind::recv_reduce ? s.count : 0;
-  return n;
-}
+constexpr planner<ring> make{};
 
 TEST(ring, serves_every_collective_but_all_to_all) {
   for (collective c : served)
@@ -159,9 +79,9 @@ TEST(ring, many_chunks) {
     for (int p : {1, 2, 3, 4, 5, 7, 9}) {
       for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t(p + 3), std::size_t{37},
                             std::size_t{4 * 9 * 6}}) {
-        check_chunked<std::int32_t>(c, p, n, p - 1, es);
-        check_chunked<double>(c, p, n, p / 2, es, pattern::random);
-        check_chunked<std::int64_t, weft::op::prod>(c, p, n, 0, es);
+        check_chunked<ring, std::int32_t>(c, p, n, p - 1, es);
+        check_chunked<ring, double>(c, p, n, p / 2, es, pattern::random);
+        check_chunked<ring, std::int64_t, weft::op::prod>(c, p, n, 0, es);
       }
     }
   }

@@ -8,22 +8,15 @@
 #include <utility>
 #include <vector>
 
-#include "support/reference.hpp"
+#include "support/plan_checks.hpp"
 
 namespace {
 
-using weft::collective;
-using weft::test::check_plans;
-using weft::test::pattern;
+using namespace weft::test::plan_testing;
 using tree = weft::algo::tree;
 
-static_assert(weft::algo::plan_generator<tree>);
-static_assert(weft::algo::serves_v<tree, collective::all_reduce>);
-static_assert(weft::algo::serves_v<tree, collective::broadcast>);
-static_assert(weft::algo::serves_v<tree, collective::reduce>);
-static_assert(!weft::algo::serves_v<tree, collective::reduce_scatter>);
-static_assert(!weft::algo::serves_v<tree, collective::all_gather>);
-static_assert(!weft::algo::serves_v<tree, collective::all_to_all>);
+constexpr collective served[] = {collective::all_reduce, collective::broadcast, collective::reduce};
+static_assert(serves_exactly<tree>(served));
 
 // --- the shape of the trees -----------------------------------------------------------------
 
@@ -258,13 +251,8 @@ TEST(tree, chunks_are_pipelined) {
 
 std::vector<std::size_t> sent_per_rank(const std::vector<weft::plan>& plans) {
   std::vector<std::size_t> sent;
-  for (const auto& pl : plans) {
-    std::size_t n = 0;
-    for (const auto& s : pl.steps()) {
-      if (s.kind == weft::step_kind::send) n += s.count;
-    }
-    sent.push_back(n);
-  }
+  for (const auto& pl : plans)
+    sent.push_back(elements_sent(pl));
   return sent;
 }
 
@@ -322,7 +310,7 @@ TEST(tree, rejects_bad_requests) {
 constexpr std::array<int, 10> sizes = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16};
 
 TEST(tree, every_collective_every_size) {
-  for (collective c : {collective::all_reduce, collective::broadcast, collective::reduce}) {
+  for (collective c : served) {
     for (int p : sizes) {
       const auto up = static_cast<std::size_t>(p);
       for (std::size_t n : {std::size_t{0}, std::size_t{1}, up - 1, up + 3, std::size_t{5000}}) {
@@ -354,7 +342,7 @@ TEST(tree, every_root) {
 TEST(tree, many_chunks) {
   // Five chunks per tree (of at most 32768 floats), a count that splits unevenly.
   const std::size_t n = 9 * (tree::chunk_bytes / 4) + 12345;
-  for (collective c : {collective::all_reduce, collective::broadcast, collective::reduce}) {
+  for (collective c : served) {
     for (int p : {2, 3, 5, 16}) {
       check_plans<tree, float>(c, p, n, p - 1, pattern::random);
       check_plans<tree, std::int32_t>(c, p, n, 1 % p);

@@ -7,36 +7,21 @@
 #include <string>
 #include <vector>
 
+#include "support/rank_errors.hpp"
+
 namespace {
 
 using namespace weft;
+using weft::test::rank_errors;
 
 struct check_calls_on : ::testing::Test {
   void SetUp() override { check_calls(true); }
   void TearDown() override { check_calls(false); }
 };
 
-// Runs body on p ranks, expecting every rank to throw; returns each rank's message.
-template <class Body>
-std::vector<std::string> messages(int p, Body body) {
-  std::vector<std::string> seen(static_cast<std::size_t>(p));
-  EXPECT_THROW(local::run(p,
-                          [&](local::communicator& c) {
-                            c.set_timeout(std::chrono::seconds(30));
-                            try {
-                              body(c);
-                            } catch (const error& e) {
-                              seen[static_cast<std::size_t>(c.rank())] = e.what();
-                              throw;
-                            }
-                          }),
-               error);
-  return seen;
-}
-
 TEST_F(check_calls_on, different_counts_are_reported_on_every_rank_before_data_moves) {
   std::vector<std::vector<int>> data(3);
-  const auto seen = messages(3, [&](local::communicator& c) {
+  const auto seen = rank_errors(3, [&](local::communicator& c) {
     auto& v = data[static_cast<std::size_t>(c.rank())];
     v.assign(c.rank() == 2 ? 5 : 6, c.rank() + 1);
     all_reduce<algo::ring>(c, std::span(v));
@@ -50,14 +35,14 @@ TEST_F(check_calls_on, different_counts_are_reported_on_every_rank_before_data_m
 }
 
 TEST_F(check_calls_on, different_collectives_ops_types_and_roots_are_named) {
-  auto seen = messages(2, [](local::communicator& c) {
+  auto seen = rank_errors(2, [](local::communicator& c) {
     std::vector<float> v(4);
     if (c.rank() == 0) all_reduce<algo::ring>(c, std::span(v));
     else broadcast<algo::ring>(c, std::span(v), 0);
   });
   for (const auto& m : seen) EXPECT_NE(m.find("differs from rank 0 in collective"), std::string::npos) << m;
 
-  seen = messages(2, [](local::communicator& c) {
+  seen = rank_errors(2, [](local::communicator& c) {
     std::vector<float> v(4);
     if (c.rank() == 0) all_reduce<algo::ring>(c, std::span(v), op::sum{});
     else all_reduce<algo::ring>(c, std::span(v), op::max{});
@@ -67,7 +52,7 @@ TEST_F(check_calls_on, different_collectives_ops_types_and_roots_are_named) {
   // Two user functors of one signature (both used to be "user", and passed the check).
   const auto user_sum = [](float a, float b) { return a + b; };
   const auto user_max = [](float a, float b) { return a < b ? b : a; };
-  seen = messages(2, [&](local::communicator& c) {
+  seen = rank_errors(2, [&](local::communicator& c) {
     std::vector<float> v(4, static_cast<float>(c.rank()));
     if (c.rank() == 0) all_reduce<algo::ring>(c, std::span(v), user_sum);
     else all_reduce<algo::ring>(c, std::span(v), user_max);
@@ -83,7 +68,7 @@ TEST_F(check_calls_on, different_collectives_ops_types_and_roots_are_named) {
     EXPECT_EQ(v[0], 1.0f);
   }, {.check_calls = true});
 
-  seen = messages(2, [](local::communicator& c) {
+  seen = rank_errors(2, [](local::communicator& c) {
     if (c.rank() == 0) {
       std::vector<float> v(4);
       all_reduce<algo::ring>(c, std::span(v));
@@ -94,13 +79,13 @@ TEST_F(check_calls_on, different_collectives_ops_types_and_roots_are_named) {
   });
   for (const auto& m : seen) EXPECT_NE(m.find("in type"), std::string::npos) << m;
 
-  seen = messages(3, [](local::communicator& c) {
+  seen = rank_errors(3, [](local::communicator& c) {
     std::vector<int> v(4);
     broadcast<algo::tree>(c, std::span(v), c.rank() == 1 ? 1 : 0);
   });
   for (const auto& m : seen) EXPECT_NE(m.find("rank 1 differs from rank 0 in root"), std::string::npos) << m;
 
-  seen = messages(2, [](local::communicator& c) {
+  seen = rank_errors(2, [](local::communicator& c) {
     std::vector<int> v(4);
     if (c.rank() == 0) all_reduce<algo::ring>(c, std::span(v));
     else all_reduce<algo::tree>(c, std::span(v));

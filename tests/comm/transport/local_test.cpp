@@ -7,8 +7,6 @@
 
 #include <gtest/gtest.h>
 
-#include "support/scale.hpp"
-
 #include <atomic>
 #include <chrono>
 #include <limits>
@@ -17,9 +15,13 @@
 #include <thread>
 #include <vector>
 
+#include "support/rank_errors.hpp"
+#include "support/scale.hpp"
+
 namespace {
 
 using namespace std::chrono_literals;
+using weft::test::rank_errors;
 
 std::string failure_of(auto&& body) {
   try {
@@ -168,19 +170,11 @@ TEST(local, a_rank_that_throws_fails_the_others_and_run_rethrows_it) {
 }
 
 TEST(local, waiting_ranks_name_the_rank_that_failed) {
-  std::vector<std::string> seen(3);
-  EXPECT_THROW(weft::local::run(3,
-                                [&](weft::local::communicator& c) {
-                                  if (c.rank() == 1) throw weft::error("boom");
-                                  try {
-                                    std::vector<int> in(4);
-                                    c.recv(std::span(in), 1);
-                                  } catch (const weft::error& e) {
-                                    seen[static_cast<std::size_t>(c.rank())] = e.what();
-                                    throw;
-                                  }
-                                }),
-               weft::error);
+  const auto seen = rank_errors(3, [](weft::local::communicator& c) {
+    if (c.rank() == 1) throw weft::error("boom");
+    std::vector<int> in(4);
+    c.recv(std::span(in), 1);
+  });
   for (int r : {0, 2}) {
     const auto& m = seen[static_cast<std::size_t>(r)];
     EXPECT_NE(m.find("rank " + std::to_string(r)), std::string::npos) << m;
@@ -190,27 +184,18 @@ TEST(local, waiting_ranks_name_the_rank_that_failed) {
 }
 
 TEST(local, a_rank_that_never_arrives_times_out_with_its_name) {
-  std::vector<std::string> seen(4);
   const auto start = std::chrono::steady_clock::now();
-  EXPECT_THROW(weft::local::run(
-                   4,
-                   [&](weft::local::communicator& c) {
-                     c.set_timeout(200ms);
-                     if (c.rank() == 3) {
-                       std::this_thread::sleep_for(1500ms);  // stalls, then leaves without joining
-                       return;
-                     }
-                     try {
-                       std::vector<float> v(64, 1.f);
-                       const auto pl = weft::algo::direct::make_plan(
-                           {weft::collective::all_reduce, c.size(), c.rank(), v.size(), 0, {}, 4});
-                       c.execute(pl, v.data(), v.size(), v.data(), v.size(), weft::op::sum{}, "all_reduce");
-                     } catch (const weft::error& e) {
-                       seen[static_cast<std::size_t>(c.rank())] = e.what();
-                       throw;
-                     }
-                   }),
-               weft::error);
+  const auto seen = rank_errors(4, [](weft::local::communicator& c) {
+    c.set_timeout(200ms);
+    if (c.rank() == 3) {
+      std::this_thread::sleep_for(1500ms); // stalls, then leaves without joining
+      return;
+    }
+    std::vector<float> v(64, 1.f);
+    const auto pl = weft::algo::direct::make_plan(
+        {weft::collective::all_reduce, c.size(), c.rank(), v.size(), 0, {}, 4});
+    c.execute(pl, v.data(), v.size(), v.data(), v.size(), weft::op::sum{}, "all_reduce");
+  });
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
   int named = 0;
   for (int r = 0; r < 3; ++r) {
