@@ -48,7 +48,15 @@ def cells(line):
   return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
-class PlotOutput(unittest.TestCase):
+class PlotRun:
+  """A test class's one run of plot.py with matplotlib (the class skips without it): on the files
+  cls.inputs(tmp) returns, tmp a temporary folder of the class's own, into tmp/plots. Sets cls.exe,
+  cls.tmp, cls.out, cls.result and cls.summary (summary.md's text)."""
+
+  @classmethod
+  def inputs(cls, tmp):
+    raise NotImplementedError
+
   @classmethod
   def setUpClass(cls):
     cls.exe = python_with_matplotlib()
@@ -56,13 +64,19 @@ class PlotOutput(unittest.TestCase):
       raise unittest.SkipTest("matplotlib is missing (Debian: apt-get install python3-matplotlib)")
     cls.tmp = tempfile.TemporaryDirectory()
     cls.out = os.path.join(cls.tmp.name, "plots")  # not there yet: plot.py creates it
-    cls.result = run_plot([*FIXTURES, "-o", cls.out], cls.exe)
+    cls.result = run_plot([*cls.inputs(cls.tmp.name), "-o", cls.out], cls.exe)
     with open(os.path.join(cls.out, "summary.md"), encoding="utf-8") as f:
       cls.summary = f.read()
 
   @classmethod
   def tearDownClass(cls):
     cls.tmp.cleanup()
+
+
+class PlotOutput(PlotRun, unittest.TestCase):
+  @classmethod
+  def inputs(cls, tmp):
+    return FIXTURES
 
   def test_exits_zero(self):
     self.assertEqual(self.result.returncode, 0, self.result.stderr)
@@ -150,7 +164,7 @@ def perf_row(nbytes, wrong):
           "time_us": 10.0, "algbw_GBps": nbytes / 10e3, "busbw_GBps": nbytes / 10e3, "model_us": 9.0, "wrong": wrong}
 
 
-class SeveralFilesAndPeers(unittest.TestCase):
+class SeveralFilesAndPeers(PlotRun, unittest.TestCase):
   """Files written here: the same case in two files (as scripts/bench gives comm_collectives_bench's
   and weft_peer_suite's local4 rows), weft rows the model does not price, peers known by counter
   and by name, weft-perf rows checked and not, and the suites' stream_add row."""
@@ -165,24 +179,14 @@ class SeveralFilesAndPeers(unittest.TestCase):
          ("all_reduce/mpi4/MPI_Allreduce/65536", {"time_us": 25.0, "busbw_GBps": 3.93})]
 
   @classmethod
-  def setUpClass(cls):
-    cls.exe = python_with_matplotlib()
-    if cls.exe is None:
-      raise unittest.SkipTest("matplotlib is missing (Debian: apt-get install python3-matplotlib)")
-    cls.tmp = tempfile.TemporaryDirectory()
+  def inputs(cls, tmp):
     paths = []
     for name, doc in (("local.json", gbench_doc(cls.LOCAL)), ("mpi.json", gbench_doc(cls.MPI)),
                       ("perf.json", {"rows": [perf_row(1024, -1), perf_row(4096, 3)]})):
-      paths.append(os.path.join(cls.tmp.name, name))
+      paths.append(os.path.join(tmp, name))
       with open(paths[-1], "w", encoding="utf-8") as f:
         json.dump(doc, f)
-    cls.result = run_plot([*paths, "-o", os.path.join(cls.tmp.name, "out")], cls.exe)
-    with open(os.path.join(cls.tmp.name, "out", "summary.md"), encoding="utf-8") as f:
-      cls.summary = f.read()
-
-  @classmethod
-  def tearDownClass(cls):
-    cls.tmp.cleanup()
+    return paths
 
   def section(self, title):
     return self.summary.split(f"## {title}")[1].split("## ")[0]

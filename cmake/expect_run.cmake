@@ -1,8 +1,9 @@
-# The command-line tools' test checkers (`cmake -D... -P <checker> -- <command...>`) include this.
+# The command-line tools' test checkers (`cmake -D... -P <checker> -- <command...>`, registered
+# with weft_checked_test of cmake/weft_test_helpers.cmake) include this.
 # weft_expect_run([file]) removes `file` if given (an output the command is to write afresh),
-# runs the command after "--", prints its output, and demands the exit status EXIT and, with
-# MATCH set, a match of that regex in stdout and stderr. The output stays in `out` and `err`
-# for the checker's own checks.
+# runs the command after "--", prints its output, and demands the exit status EXIT, with MATCH
+# set a match of that regex in stdout and stderr, and with NO_MATCH set no match of that one.
+# The output stays in `out` and `err` for the checker's own checks.
 macro(weft_expect_run)
   set(cmd "")
   set(after FALSE)
@@ -27,4 +28,29 @@ macro(weft_expect_run)
   if(DEFINED MATCH AND NOT "${out}${err}" MATCHES "${MATCH}")
     message(FATAL_ERROR "the output does not match '${MATCH}'")
   endif()
+  if(DEFINED NO_MATCH AND "${out}${err}" MATCHES "${NO_MATCH}")
+    message(FATAL_ERROR "the output matches '${NO_MATCH}', which it must not")
+  endif()
 endmacro()
+
+# weft_expect_trace(<file> [category...]): demands that <file> is a Chrome trace (JSON with a
+# traceEvents array) of 10 events or more, with at least one event of each category given.
+function(weft_expect_trace file)
+  if(NOT EXISTS "${file}")
+    message(FATAL_ERROR "trace: no file ${file}")
+  endif()
+  file(READ "${file}" trace)
+  string(JSON events ERROR_VARIABLE bad LENGTH "${trace}" traceEvents)
+  if(bad)
+    message(FATAL_ERROR "trace: not a Chrome trace: ${bad}")
+  elseif(events LESS 10)
+    message(FATAL_ERROR "trace: ${events} events, fewer than 10")
+  endif()
+  foreach(cat IN LISTS ARGN)
+    string(FIND "${trace}" "\"cat\": \"${cat}\"" at)
+    if(at LESS 0)
+      message(FATAL_ERROR "trace: no ${cat} event")
+    endif()
+  endforeach()
+  message("trace: ${events} events")
+endfunction()

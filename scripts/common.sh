@@ -17,8 +17,12 @@ weft_log() {
   printf '[weft] %s\n' "$*" >&2
 }
 
-weft_die() {
+weft_error() {
   printf '[weft] error: %s\n' "$*" >&2
+}
+
+weft_die() {
+  weft_error "$@"
   exit 1
 }
 
@@ -55,13 +59,18 @@ weft_package_present() {
   esac
 }
 
+# Installs what is missing of WEFT_APT_PACKAGES. Returns non-zero, having said why, when it
+# cannot (no root or sudo, no apt-get, a package still missing after apt-get install), so that
+# the caller decides: `weft_ensure_dependencies || exit $?` to stop there. A failing apt-get
+# (its own messages say why) does not end it: what is still missing afterwards is what counts.
 weft_ensure_dependencies() {
   local missing=() pkg
   for pkg in $WEFT_APT_PACKAGES; do
     weft_package_present "$pkg" || missing+=("$pkg")
   done
   if [[ -n "${CXX:-}" ]] && ! command -v "${CXX%% *}" >/dev/null 2>&1; then
-    weft_die "CXX=$CXX is not on PATH; install it or unset CXX"
+    weft_error "CXX=$CXX is not on PATH; install it or unset CXX"
+    return 1
   fi
   ((${#missing[@]} == 0)) && return 0
 
@@ -74,17 +83,22 @@ weft_ensure_dependencies() {
     else
       weft_log "not root and no password-less sudo; install them with:"
       printf '  sudo apt-get update && sudo %s\n' "$install" >&2
-      exit 1
+      return 1
     fi
   fi
-  command -v apt-get >/dev/null 2>&1 ||
-    weft_die "apt-get not found; install the equivalents of: ${missing[*]}"
-  # CI runs without a terminal or stdin: no prompts, ever.
-  export DEBIAN_FRONTEND=noninteractive
-  "${sudo[@]}" apt-get update
-  "${sudo[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
+  if ! command -v apt-get >/dev/null 2>&1; then
+    weft_error "apt-get not found; install the equivalents of: ${missing[*]}"
+    return 1
+  fi
+  # CI runs without a terminal or stdin: no prompts, ever (exported to apt-get, not the caller).
+  local -x DEBIAN_FRONTEND=noninteractive
+  "${sudo[@]}" apt-get update || true
+  "${sudo[@]}" apt-get install -y --no-install-recommends "${missing[@]}" || true
   for pkg in "${missing[@]}"; do
-    weft_package_present "$pkg" || weft_die "$pkg still missing after apt-get install"
+    if ! weft_package_present "$pkg"; then
+      weft_error "$pkg still missing after apt-get install"
+      return 1
+    fi
   done
 }
 
