@@ -213,7 +213,7 @@ inline std::string format(const char* fmt, double a, double b = 0, double c = 0,
     ++close;
   if (close > 1)
     out += "#1 to #" + std::to_string(close) +
-           " are within 5% of each other, inside the simulator's error on published runs (about 10%): "
+           " are within 5% of each other, inside the simulator's error on published runs (up to 10%): "
            "take them as equals and choose by what the model leaves out (software, schedules "
            "available, headroom in memory).\n";
   out += "Searched " + std::to_string(s.meshes) + " meshes (" + std::to_string(s.out_of_memory) +
