@@ -16,9 +16,9 @@ command -v "$plan" >/dev/null 2>&1 || {
 }
 mtnlg="--model mt-nlg-530b --gpu a100-80gb --nodes 280 --global-batch 1920"
 
-echo "\$ weft-plan $mtnlg --tp 8 --pp 35 --micro-batch 2 --recompute full --grad-accum fp16"
+echo "\$ weft-plan $mtnlg --tp 8 --pp 35 --micro-batch 2 --recompute full --grad-accum fp16 --engine deepspeed"
 # shellcheck disable=SC2086 # $mtnlg is a list of arguments
-"$plan" $mtnlg --tp 8 --pp 35 --micro-batch 2 --recompute full --grad-accum fp16
+"$plan" $mtnlg --tp 8 --pp 35 --micro-batch 2 --recompute full --grad-accum fp16 --engine deepspeed
 echo
 echo "\$ weft-plan $mtnlg --search --tp 8 --pp 35"
 # shellcheck disable=SC2086

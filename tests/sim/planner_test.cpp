@@ -165,6 +165,41 @@ TEST(sim_planner, grouped_query_attention_keeps_tp_within_the_key_value_heads) {
   EXPECT_EQ(by_tp.count(4), 1u);
 }
 
+// DeepSpeed's pipeline engine runs 1F1B only, under ZeRO 0 or 1: a search for it offers nothing
+// else where PP > 1, prices those layouts with its sends and its reduction after the flush, and
+// leaves PP 1 (no pipeline engine) as it is. Its best is no faster than Megatron-LM's best.
+TEST(sim_planner, a_deepspeed_search_keeps_to_what_its_pipeline_engine_runs) {
+  const model_spec m = gpt("gpt-175b", 96, 12288, 96, 51200);
+  const machine mc = dgx(a100_80gb, 16);
+  search_options o;
+  o.global_batch = 256;
+  const search_result megatron = search(m, mc, o);
+  o.engine = pipeline_engine::deepspeed;
+  const search_result deepspeed = search(m, mc, o);
+  ASSERT_FALSE(deepspeed.ranked.empty());
+  int pipelined = 0;
+  for (const auto& x : deepspeed.ranked) {
+    if (x.l.pp == 1) {
+      EXPECT_EQ(engine_of(x.l), pipeline_engine::megatron) << describe(x.l);
+      continue;
+    }
+    ++pipelined;
+    EXPECT_EQ(x.l.schedule, pl::schedule_kind::one_f_one_b) << describe(x.l);
+    EXPECT_LE(x.l.zero, 1) << describe(x.l);
+    EXPECT_TRUE(x.l.p2p_blocking && !x.l.p2p_scatter_gather && !x.l.overlap_dp) << describe(x.l);
+    EXPECT_NE(describe(x.l).find("DeepSpeed's pipeline engine"), std::string::npos) << describe(x.l);
+  }
+  EXPECT_GE(pipelined, 3);
+  bool megatron_has_others = false; // the restriction removed something
+  for (const auto& x : megatron.ranked)
+    megatron_has_others = megatron_has_others || (x.l.pp > 1 && (x.l.schedule != pl::schedule_kind::one_f_one_b || x.l.zero > 1));
+  EXPECT_TRUE(megatron_has_others);
+  EXPECT_GE(deepspeed.ranked.front().r.step_time_s, megatron.ranked.front().r.step_time_s);
+  std::printf("  GPT-3 175B on 16 DGX A100, batch 256: best %s at %.2f s; for DeepSpeed %s at %.2f s\n",
+              describe(megatron.ranked.front().l).c_str(), megatron.ranked.front().r.step_time_s,
+              describe(deepspeed.ranked.front().l).c_str(), deepspeed.ranked.front().r.step_time_s);
+}
+
 TEST(sim_planner, nothing_fits_throws) {
   const model_spec m = gpt("gpt-175b", 96, 12288, 96, 51200);
   search_options o;

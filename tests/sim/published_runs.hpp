@@ -88,12 +88,13 @@ inline std::vector<published_run> read_published_runs(const std::string& path = 
                                                              : weft::pipeline::schedule_kind::one_f_one_b;
     r.layout.recomputation = weft::sim::recompute_named(row.at("recompute"));
     r.layout.sequence_parallel = integer("sp") != 0;
-    const std::string stack = row.at("stack");
-    if (stack != "megatron" && stack != "deepspeed") throw weft::error(path + ": unknown stack '" + stack + "'");
-    r.layout.p2p_scatter_gather = stack == "megatron";
-    r.layout.p2p_blocking = stack == "deepspeed";
+    try {
+      weft::sim::use_engine(r.layout, weft::sim::pipeline_engine_named(row.at("stack")));
+    } catch (const weft::error& e) {
+      throw weft::error(path + ": row " + r.id + ": " + e.what());
+    }
     r.layout.tp_overlap = integer("tp_overlap") != 0;
-    r.layout.overlap_dp = integer("dp_overlap") != 0;
+    r.layout.overlap_dp = integer("dp_overlap") != 0; // the source's word, over the engine's default
     r.layout.grad_accumulation_bytes = weft::sim::grad_accumulation_named(row.at("grad_accum"));
     r.gpus = integer("gpus");
     r.measured_tflops = num("tflops_per_gpu");

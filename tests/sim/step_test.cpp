@@ -470,6 +470,53 @@ TEST(sim_step, one_layout_of_a_1t_model_on_3072_gpus_takes_under_a_second) {
   EXPECT_GT(r.tflops_per_gpu, 100);
 }
 
+// DeepSpeed's pipeline engine (MT-NLG, BLOOM) against Megatron-LM's on one layout: whole
+// activations on the link instead of 1/tp per TP rank, sends that hold the rank, the gradient
+// reduction after the flush with nothing hidden; and the layouts it cannot run are refused.
+TEST(sim_step, deepspeeds_pipeline_engine_sends_whole_activations_and_reduces_after_the_flush) {
+  const model_spec m = gpt("gpt-175b", 96, 12288, 96, 51200);
+  const machine mc = dgx(a100_80gb, 16);
+  layout l;
+  l.tp = 8;
+  l.pp = 8;
+  l.dp = 2;
+  l.global_batch = 64;
+  l.recomputation = recompute::full;
+  const step_result megatron = simulate_step(m, mc, l);
+  layout d = l;
+  use_engine(d, pipeline_engine::deepspeed);
+  EXPECT_EQ(engine_of(d), pipeline_engine::deepspeed);
+  EXPECT_EQ(engine_of(l), pipeline_engine::megatron);
+  const step_result deepspeed = simulate_step(m, mc, d);
+  // One message: an activation of s h sequences in 16 bits over one 25 GB/s NIC, whole or 1/8.
+  const double whole = 2.0 * m.seq * m.hidden / 25e9;
+  EXPECT_NEAR(deepspeed.pp.per_call_s, whole, 0.15 * whole);
+  EXPECT_NEAR(megatron.pp.per_call_s, whole / 8, 0.15 * whole / 8 + 10e-6);
+  EXPECT_DOUBLE_EQ(deepspeed.dp_exposed_s, deepspeed.dp.seconds); // after the flush: all of it
+  EXPECT_LT(megatron.dp_exposed_s, megatron.dp.seconds);
+  EXPECT_GT(deepspeed.step_time_s, megatron.step_time_s);
+  std::printf("  GPT-3 175B, tp 8 pp 8 dp 2: step %.2f s (Megatron-LM) and %.2f s (DeepSpeed); one send %.2f "
+              "and %.2f ms\n",
+              megatron.step_time_s, deepspeed.step_time_s, 1e3 * megatron.pp.per_call_s, 1e3 * deepspeed.pp.per_call_s);
+
+  EXPECT_EQ(pipeline_engine_named("deepspeed"), pipeline_engine::deepspeed);
+  EXPECT_EQ(pipeline_engine_named("megatron"), pipeline_engine::megatron);
+  EXPECT_THROW((void)pipeline_engine_named("fsdp"), weft::error);
+  EXPECT_EQ(engine_refusal(l, pipeline_engine::deepspeed), "");
+  layout bad = l;
+  bad.schedule = weft::pipeline::schedule_kind::interleaved;
+  bad.chunks = 2;
+  EXPECT_NE(engine_refusal(bad, pipeline_engine::deepspeed).find("1F1B only"), std::string::npos);
+  EXPECT_EQ(engine_refusal(bad, pipeline_engine::megatron), "");
+  EXPECT_THROW(use_engine(bad, pipeline_engine::deepspeed), weft::error);
+  bad = l;
+  bad.zero = 2;
+  EXPECT_NE(engine_refusal(bad, pipeline_engine::deepspeed).find("ZeRO 0 or 1"), std::string::npos);
+  bad = l;
+  bad.pp = 1;
+  EXPECT_NE(engine_refusal(bad, pipeline_engine::deepspeed).find("2 stages or more"), std::string::npos);
+}
+
 TEST(sim_step, bad_layouts_throw_and_say_why) {
   model_spec m = gpt("m", 4, 256, 4, 1000, 128);
   const machine mc = dgx(a100_80gb, 1);

@@ -54,6 +54,10 @@ layout (one simulation):
   --tp-overlap         the backward's TP collectives overlap GEMMs (Megatron-LM since 2021)
   --grad-accum A       fused (default: the weight-gradient GEMMs accumulate, Megatron-LM since
                        2022) | fp16 (a separate 16-bit add per micro-batch) | fp32 (into fp32)
+  --engine E           the pipeline engine: megatron (default: 1/tp of an activation per TP rank,
+                       sends overlap compute, DP reduction behind the backward) | deepspeed
+                       (DeepSpeed's: whole activations, blocking sends, DP reduction after the
+                       last micro-batch; 1F1B and ZeRO 0-1 only; with --search, for PP > 1)
 search:
   --search             rank every mesh that fits; with --tp and --pp, say where that one ranks
   --top N              layouts to explain (default 5)
@@ -72,6 +76,7 @@ struct config {
   int gpus_per_node = 8;
   int global_batch = 0;
   sim::layout layout;
+  sim::pipeline_engine engine = sim::pipeline_engine::megatron;
   std::optional<int> tp, pp, dp, chunks;
   std::optional<int> ffn, kv_heads;  // applied after --model, wherever they come
   bool search = false;
@@ -171,7 +176,7 @@ config parse(const std::vector<std::string_view>& args) {
         "--model", "--layers", "--hidden", "--heads", "--seq", "--vocab", "--ffn", "--kv-heads",
         "--gpu", "--nodes", "--gpus-per-node", "--global-batch", "--tp", "--pp", "--dp",
         "--schedule", "--chunks", "--micro-batch", "--zero", "--recompute", "--top",
-        "--memory-limit", "--trace", "--grad-accum"};
+        "--memory-limit", "--trace", "--grad-accum", "--engine"};
     bool known = false;
     for (std::string_view k : valued)
       known = known || flag == k;
@@ -210,6 +215,8 @@ config parse(const std::vector<std::string_view>& args) {
       c.layout.recomputation = sim::recompute_named(v);
     } else if (flag == "--grad-accum") {
       c.layout.grad_accumulation_bytes = sim::grad_accumulation_named(v);
+    } else if (flag == "--engine") {
+      c.engine = sim::pipeline_engine_named(v);
     } else if (flag == "--schedule") {
       if (v == "1f1b") c.layout.schedule = pl::schedule_kind::one_f_one_b;
       else if (v == "gpipe") c.layout.schedule = pl::schedule_kind::gpipe;
@@ -240,6 +247,11 @@ config parse(const std::vector<std::string_view>& args) {
     bad("--chunks applies to --schedule interleaved only");
   c.layout.chunks = c.chunks.value_or(c.layout.schedule == pl::schedule_kind::interleaved ? 2 : 1);
   c.layout.global_batch = c.global_batch;
+  if (!c.search) { // the engine's limits are the layout's: say so before simulating
+    sim::layout l = c.layout;
+    l.pp = *c.pp;
+    if (const std::string why = sim::engine_refusal(l, c.engine); !why.empty()) bad(why);
+  }
   return c;
 }
 
@@ -286,6 +298,7 @@ std::string json(const sim::model_spec& m, const sim::layout& l, const sim::step
        ", \"sequence_parallel\": " + (l.sequence_parallel ? "true" : "false") +
        ", \"tp_across_nodes\": " + (l.tp_across_nodes ? "true" : "false") +
        ", \"tp_overlap\": " + (l.tp_overlap ? "true" : "false") +
+       ", \"engine\": " + q(sim::name_of(sim::engine_of(l))) +
        ", \"grad_accumulation_bytes\": " + num(l.grad_accumulation_bytes) + "},\n";
   o += "  \"microbatches\": " + std::to_string(r.microbatches) + ",\n";
   o += "  \"step_time_s\": " + num(r.step_time_s) + ",\n";
@@ -366,6 +379,7 @@ int main(int argc, char** argv) {
       o.memory_limit = c.memory_limit_gib * 1024.0 * 1024 * 1024;
       o.tp_overlap = c.layout.tp_overlap;
       o.grad_accumulation_bytes = c.layout.grad_accumulation_bytes;
+      o.engine = c.engine;
       const sim::search_result s = sim::search(c.model, mc, o);
       std::string out;
       if (c.json) {
@@ -403,6 +417,7 @@ int main(int argc, char** argv) {
     sim::layout l = c.layout;
     l.tp = *c.tp;
     l.pp = *c.pp;
+    sim::use_engine(l, c.engine);
     int gpus = 0;
     const std::int64_t tp_pp = std::int64_t{l.tp} * l.pp;
     if (c.dp) {

@@ -39,6 +39,8 @@ struct search_options {
   bool sequence_parallel = true; // with TP > 1
   bool tp_overlap = false;        // layout::tp_overlap of every variant
   double grad_accumulation_bytes = 0; // layout::grad_accumulation_bytes of every variant
+  pipeline_engine engine = pipeline_engine::megatron; // of every variant with PP > 1 (DeepSpeed's
+                                 // runs only 1F1B under ZeRO 0 or 1; PP 1 runs no pipeline engine)
 };
 
 /// One mesh's fastest variant.
@@ -94,6 +96,8 @@ struct search_result {
             if (pp < 2 || m.layers % (2 * pp) != 0 || micro % pp != 0) continue;
           }
           if (kind == pipeline::schedule_kind::zero_bubble_h1 && (pp < 2 || micro < pp)) continue;
+          if (pp > 1 && o.engine == pipeline_engine::deepspeed && kind != pipeline::schedule_kind::one_f_one_b)
+            continue;
           schedulable = true;
           // Every recompute and ZeRO stage that fits: less recompute is not always faster (none
           // may fit only under ZeRO-2 or 3, whose collectives every micro-batch cost more than
@@ -104,6 +108,10 @@ struct search_result {
             for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
               l.recomputation = rc;
               l.zero = zero;
+              if (pp > 1) {
+                if (!engine_refusal(l, o.engine).empty()) continue;
+                use_engine(l, o.engine);
+              }
               if (estimate_memory(m, l, peak) > limit) continue;
               ++out.simulated;
               step_result r = simulate_step(m, mc, l, cal);
@@ -150,7 +158,7 @@ inline std::string format(const char* fmt, double a, double b = 0, double c = 0,
 
 } // namespace detail
 
-/// "tp 8 pp 35 dp 8, micro-batch 1, 1f1b, recompute full, ZeRO-1"
+/// "tp 8 pp 35 dp 8, micro-batch 1, 1f1b, recompute full, ZeRO-1" (", DeepSpeed's pipeline engine" last where it runs)
 [[nodiscard]] inline std::string describe(const layout& l) {
   std::string s = "tp " + std::to_string(l.tp) + " pp " + std::to_string(l.pp) + " dp " +
                   std::to_string(l.dp) + ", micro-batch " + std::to_string(l.micro_batch) + ", " +
@@ -160,6 +168,7 @@ inline std::string format(const char* fmt, double a, double b = 0, double c = 0,
   if (l.zero > 0) s += ", ZeRO-" + std::to_string(l.zero);
   if (l.sequence_parallel) s += ", sequence parallel";
   if (l.tp_across_nodes) s += ", TP across nodes";
+  if (engine_of(l) == pipeline_engine::deepspeed) s += ", DeepSpeed's pipeline engine";
   return s;
 }
 
