@@ -4,7 +4,8 @@
 //
 //   flat vs topology-aware all-reduce on 2 and 4 emulated nodes of 8 ranks in all;
 //   a 4-rank tensor-parallel group inside one node vs spread across nodes;
-//   reduce-scatter and all-gather on 2x4: flat ring vs weft::two_level, whose even-node path
+//   reduce-scatter and all-gather on 2x4: flat ring vs hierarchical<ring, ring> (over rails) vs
+//   weft::two_level, whose even-node path
 //   (one call per level, stages<ring, ring>) is priced as its two calls, and whose rank-block
 //   path (stages<ring, tree>: tree plans neither collective) is timed unpriced.
 //
@@ -148,8 +149,7 @@ void add(const char* nodes) {
   })->Apply(sizes);
 }
 
-// C on 2x4: the flat ring, and two_level with ring at both levels (the even-node path) and with
-// tree across (which plans neither collective: the rank-block path).
+// C through two_level on 2x4, stages<IntraAlgo, InterAlgo>.
 template <collective C, class IntraAlgo, class InterAlgo>
 void add_two_level() {
   const std::string name = std::string(weft::name_of(C)) + "/local8@2x4/two_level<" + std::string(IntraAlgo::name) +
@@ -157,13 +157,25 @@ void add_two_level() {
   benchmark::RegisterBenchmark(name.c_str(), two_level_case<C, algo::stages<IntraAlgo, InterAlgo>>)->Apply(sizes);
 }
 
+// C by Algo on 2x4, as "<C>/local8@2x4/<Algo>".
+template <collective C, class Algo>
+void add_2x4() {
+  const std::string name = std::string(weft::name_of(C)) + "/local8@2x4/" + std::string(Algo::name);
+  benchmark::RegisterBenchmark(name.c_str(), [](benchmark::State& state) {
+    weft::bench::run_local_case<C, Algo>(state, shape("2x4"), emulated, static_cast<std::size_t>(state.range(0)), 0.1);
+  })->Apply(sizes);
+}
+
+using hier = algo::hierarchical<algo::ring, algo::ring>;
+
+// C on 2x4: the flat ring, hierarchical<ring, ring> over rails (each local index crosses on its
+// own: with nics=4 in WEFT_EMULATED_LINKS, on its own NIC), and two_level with ring at both
+// levels (the even-node path) and with tree across (which plans neither collective: the
+// rank-block path).
 template <collective C>
 void for_scatter_and_gather() {
-  const std::string name = std::string(weft::name_of(C)) + "/local8@2x4/ring";
-  benchmark::RegisterBenchmark(name.c_str(), [](benchmark::State& state) {
-    weft::bench::run_local_case<C, algo::ring>(state, shape("2x4"), emulated, static_cast<std::size_t>(state.range(0)),
-                                               0.1);
-  })->Apply(sizes);
+  add_2x4<C, algo::ring>();
+  add_2x4<C, hier>();
   add_two_level<C, algo::ring, algo::ring>();
   add_two_level<C, algo::ring, algo::tree>();
 }
@@ -171,15 +183,8 @@ void for_scatter_and_gather() {
 // broadcast and reduce from rank 0 on 2x4: the flat ring, hierarchical<ring, ring> and two_level.
 template <collective C>
 void for_rooted() {
-  const std::string prefix = std::string(weft::name_of(C)) + "/local8@2x4/";
-  benchmark::RegisterBenchmark((prefix + "ring").c_str(), [](benchmark::State& state) {
-    weft::bench::run_local_case<C, algo::ring>(state, shape("2x4"), emulated, static_cast<std::size_t>(state.range(0)),
-                                               0.1);
-  })->Apply(sizes);
-  using hier = algo::hierarchical<algo::ring, algo::ring>;
-  benchmark::RegisterBenchmark((prefix + std::string(hier::name)).c_str(), [](benchmark::State& state) {
-    weft::bench::run_local_case<C, hier>(state, shape("2x4"), emulated, static_cast<std::size_t>(state.range(0)), 0.1);
-  })->Apply(sizes);
+  add_2x4<C, algo::ring>();
+  add_2x4<C, hier>();
   add_two_level<C, algo::ring, algo::ring>();
 }
 

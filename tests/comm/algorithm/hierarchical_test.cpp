@@ -35,9 +35,10 @@ static_assert(ring_tree::serves(collective::broadcast) && ring_tree::serves(coll
 // halving_doubling plans neither broadcast nor reduce, so the composition cannot either.
 static_assert(direct_hd::serves(collective::all_reduce) &&
               !direct_hd::serves(collective::broadcast) && !direct_hd::serves(collective::reduce));
-static_assert(!ring_ring::serves(collective::reduce_scatter) &&
-              !ring_ring::serves(collective::all_gather) &&
+static_assert(ring_ring::serves(collective::reduce_scatter) && ring_ring::serves(collective::all_gather) &&
               !ring_ring::serves(collective::all_to_all));
+// tree plans neither all_gather nor reduce_scatter, so as Inter it cannot carry the rails.
+static_assert(!ring_tree::serves(collective::all_gather) && !ring_tree::serves(collective::reduce_scatter));
 
 struct layout {
   std::string what;
@@ -157,6 +158,41 @@ TEST(hierarchical, reduce) {
   check_rooted<direct_direct>(collective::reduce);
 }
 
+template <class A>
+void check_rails_everywhere(collective c) {
+  for (const layout& l : layouts()) {
+    SCOPED_TRACE(l.what);
+    const int p = static_cast<int>(l.node_of.size());
+    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t(p + 3), std::size_t{1000}}) {
+      check_plans<A, int>(c, p, n, 0, pattern::exact, l.node_of);
+      check_plans<A, float>(c, p, n, 0, pattern::random, l.node_of);
+    }
+    check_plans<A, double>(c, p, 515, 0, pattern::random, l.node_of);
+    check_plans<A, weft::half>(c, p, 129, 0, pattern::exact, l.node_of);
+    if (c == collective::reduce_scatter) {
+      check_plans<A, float, weft::op::max>(c, p, 77, 0, pattern::exact, l.node_of);
+      check_plans<A, std::int64_t, weft::op::prod>(c, p, 31, 0, pattern::exact, l.node_of);
+    }
+  }
+  // Large enough that the ring's blocks are cut into several chunks.
+  check_plans<A, float>(c, 8, std::size_t{1} << 16, 0, pattern::random, nodes_of({4, 4}));
+  check_plans<A, int>(c, 6, (std::size_t{1} << 16) + 3, 0, pattern::exact, {0, 1, 0, 1, 0, 1});
+}
+
+TEST(hierarchical, all_gather) {
+  check_rails_everywhere<ring_ring>(collective::all_gather);
+  check_rails_everywhere<direct_direct>(collective::all_gather);
+  check_rails_everywhere<direct_ring>(collective::all_gather);
+  check_rails_everywhere<direct_hd>(collective::all_gather);
+}
+
+TEST(hierarchical, reduce_scatter) {
+  check_rails_everywhere<ring_ring>(collective::reduce_scatter);
+  check_rails_everywhere<direct_direct>(collective::reduce_scatter);
+  check_rails_everywhere<direct_ring>(collective::reduce_scatter);
+  check_rails_everywhere<direct_hd>(collective::reduce_scatter);
+}
+
 TEST(hierarchical, rejects_bad_requests) {
   const std::vector<int> two_nodes = {0, 0, 1, 1};
   EXPECT_THROW(ring_ring::make_plan({collective::all_reduce, 4, 4, 10, 0, two_nodes}), weft::error);
@@ -166,7 +202,8 @@ TEST(hierarchical, rejects_bad_requests) {
   EXPECT_THROW(ring_ring::make_plan({collective::all_reduce, 4, 0, 10, 0, {0, 0, 1}}), weft::error);
   EXPECT_THROW(ring_ring::make_plan({collective::all_reduce, 4, 0, 10, 0, {0, 0, -1, 1}}),
                weft::error);
-  EXPECT_THROW(ring_ring::make_plan({collective::all_gather, 4, 0, 10, 0, two_nodes}), weft::error);
+  EXPECT_THROW(ring_ring::make_plan({collective::all_to_all, 4, 0, 10, 0, two_nodes}), weft::error);
+  EXPECT_THROW(ring_tree::make_plan({collective::all_gather, 4, 0, 10, 0, two_nodes}), weft::error);
   EXPECT_THROW(direct_hd::make_plan({collective::broadcast, 4, 0, 10, 0, two_nodes}), weft::error);
   EXPECT_NO_THROW(ring_ring::make_plan({collective::all_reduce, 4, 3, 10, 0, two_nodes}));
 }
@@ -207,6 +244,24 @@ TEST(hierarchical, only_leader_blocks_cross_nodes) {
   const auto flat =
       sent_by(algo::ring::make_plan({collective::all_reduce, 8, 3, 4 * c, 0, node_of}), node_of);
   EXPECT_EQ(flat.off_node, 7 * c);
+}
+
+TEST(hierarchical, all_gather_and_reduce_scatter_cross_nodes_once_per_rail) {
+  // 2 nodes of 4, c elements per rank: each rank sends its rail peer one block (the Inter
+  // ring of 2), and 3 blocks to its node's ring neighbour for each of the 2 nodes' blocks.
+  const std::vector<int> node_of = nodes_of({4, 4});
+  const std::size_t c = 1000;
+  for (collective coll : {collective::all_gather, collective::reduce_scatter}) {
+    for (int r = 0; r < 8; ++r) {
+      const auto s = sent_by(ring_ring::make_plan({coll, 8, r, c, 0, node_of}), node_of);
+      EXPECT_EQ(s.total, c + 2 * 3 * c) << name_of(coll) << " rank " << r;
+      EXPECT_EQ(s.off_node, c) << name_of(coll) << " rank " << r;
+      EXPECT_EQ(s.peers, (std::set<int>{r / 4 * 4 + (r + 1) % 4, (r + 4) % 8})) << name_of(coll) << " rank " << r;
+    }
+    // The flat ring's rank 3 sends all its 7 blocks across nodes.
+    EXPECT_EQ(sent_by(algo::ring::make_plan({coll, 8, 3, c, 0, node_of}), node_of).off_node, 7 * c)
+        << name_of(coll);
+  }
 }
 
 TEST(hierarchical, extras_fold_into_leaders) {

@@ -23,6 +23,18 @@
 //     elsewhere), then Intra broadcast within each node from that rank.
 //   reduce: the mirror image, Intra reduce to that rank of each node, Inter reduce to root.
 //
+//   all_gather and reduce_scatter, over rails: local rank j of every node forms rail j, and
+//   each rail crosses the network on its own (on a DGX, its own NIC), carrying 1/m of the
+//   data, as NCCL's rings do with one channel per NIC. With every node holding m > 1 ranks:
+//     all_gather      Inter all-gather of the rank's block along its rail, into scratch
+//                     block n = the block of rank (node n, local j); then, for each node n,
+//                     an Intra all-gather of block n, which lays node n's blocks in order
+//     reduce_scatter  for each node n, an Intra reduce-scatter of the blocks bound for node
+//                     n's ranks, local j keeping the node's partial of (node n, local j) in
+//                     scratch block n; then an Inter reduce-scatter of those along the rail
+//   Where node n's ranks are not consecutive, its blocks go through scratch with copies.
+//   Nodes of different sizes, or of one rank each: one Inter collective over all ranks.
+//
 // Every element is reduced once, at one place, then only copied, so every rank ends with
 // bitwise identical values. Nodes come from plan_request::node_of; a node's ranks need not
 // be contiguous, and nodes may hold different numbers of ranks.
@@ -72,6 +84,8 @@ public:
         return Intra::serves(collective::broadcast) && Inter::serves(collective::broadcast);
       case collective::reduce:
         return Intra::serves(collective::reduce) && Inter::serves(collective::reduce);
+      case collective::all_gather:
+      case collective::reduce_scatter: return Inter::serves(c);
       default: return false;
     }
   }
@@ -92,6 +106,8 @@ public:
       case collective::all_reduce: all_reduce(pl, q, lay); break;
       case collective::broadcast: broadcast(pl, q, lay); break;
       case collective::reduce: reduce(pl, q, lay); break;
+      case collective::all_gather:
+      case collective::reduce_scatter: over_rails(pl, q, lay); break;
       default: break;
     }
     return pl;
@@ -182,6 +198,86 @@ private:
     if (tail > 0) {
       run<Inter>(pl, q, collective::all_reduce, iota(q.size), q.rank, tail, 0, q.node_of,
                  {buffer::input, head}, {buffer::output, head}, {buffer::scratch, shared});
+    }
+  }
+
+  static bool consecutive(const std::vector<int>& ranks) {
+    for (std::size_t k = 1; k < ranks.size(); ++k)
+      if (ranks[k] != ranks[0] + static_cast<int>(k)) return false;
+    return true;
+  }
+
+  // all_gather and reduce_scatter (see the header comment). Scratch: [0, rail) the rail's
+  // blocks, one per node; [rail, shared) a node's blocks where its ranks are not consecutive;
+  // the sub-plans' own scratch after that.
+  static void over_rails(plan& pl, const plan_request& q, const detail::node_layout& lay) {
+    const int nodes = lay.nodes();
+    const int m = lay.fewest;
+    bool even = true;
+    for (const auto& members : lay.ranks)
+      even = even && static_cast<int>(members.size()) == m;
+    if (nodes == 1 || m == 1 || !even) {
+      const plan_request sub{q.coll, q.size, q.rank, q.count, 0, q.node_of, q.element_size};
+      if (nodes == 1) {
+        pl.append(Intra::make_plan(sub), iota(q.size), {buffer::input, 0}, {buffer::output, 0},
+                  {buffer::scratch, 0});
+      } else {
+        pl.append(Inter::make_plan(sub), iota(q.size), {buffer::input, 0}, {buffer::output, 0},
+                  {buffer::scratch, 0});
+      }
+      return;
+    }
+    if (q.count == 0) return;
+    const auto ur = static_cast<std::size_t>(q.rank);
+    const int node = lay.node[ur];
+    const int j = lay.local[ur];
+    const auto& mine = lay.ranks[static_cast<std::size_t>(node)];
+    const std::size_t c = q.count;
+    const auto un = static_cast<std::size_t>(nodes);
+    const std::size_t rail = un * c;
+    bool all_consecutive = true;
+    for (const auto& members : lay.ranks)
+      all_consecutive = all_consecutive && consecutive(members);
+    const std::size_t shared = rail + (all_consecutive ? 0 : static_cast<std::size_t>(m) * c);
+    pl.need_scratch(shared);
+    std::vector<int> peers(un); // local rank j of every node
+    for (std::size_t n = 0; n < un; ++n)
+      peers[n] = lay.ranks[n][static_cast<std::size_t>(j)];
+    const binding sub_scratch{buffer::scratch, shared};
+    if (q.coll == collective::all_gather) {
+      run<Inter>(pl, q, collective::all_gather, peers, node, c, 0, iota(nodes), {buffer::input, 0},
+                 {buffer::scratch, 0}, sub_scratch);
+      for (std::size_t n = 0; n < un; ++n) {
+        const auto& members = lay.ranks[n];
+        const bool direct = consecutive(members);
+        const binding out = direct ? binding{buffer::output, static_cast<std::size_t>(members[0]) * c}
+                                   : binding{buffer::scratch, rail};
+        run<Intra>(pl, q, collective::all_gather, mine, j, c, 0, {}, {buffer::scratch, n * c}, out,
+                   sub_scratch);
+        if (!direct) {
+          pl.next_round();
+          for (std::size_t k = 0; k < members.size(); ++k)
+            pl.copy(buffer::scratch, rail + k * c, buffer::output, static_cast<std::size_t>(members[k]) * c, c);
+          pl.next_round();
+        }
+      }
+    } else {
+      for (std::size_t n = 0; n < un; ++n) {
+        const auto& members = lay.ranks[n];
+        const bool direct = consecutive(members);
+        if (!direct) {
+          pl.next_round();
+          for (std::size_t k = 0; k < members.size(); ++k)
+            pl.copy(buffer::input, static_cast<std::size_t>(members[k]) * c, buffer::scratch, rail + k * c, c);
+          pl.next_round();
+        }
+        const binding in = direct ? binding{buffer::input, static_cast<std::size_t>(members[0]) * c}
+                                  : binding{buffer::scratch, rail};
+        run<Intra>(pl, q, collective::reduce_scatter, mine, j, c, 0, {}, in, {buffer::scratch, n * c},
+                   sub_scratch);
+      }
+      run<Inter>(pl, q, collective::reduce_scatter, peers, node, c, 0, iota(nodes), {buffer::scratch, 0},
+                 {buffer::output, 0}, sub_scratch);
     }
   }
 

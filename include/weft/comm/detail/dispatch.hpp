@@ -315,7 +315,7 @@ void run_planned(Comm& comm, const T* in, std::size_t in_n, T* out, std::size_t 
   if constexpr (!std::is_same_v<Algo, algo::automatic>) {
     static_assert(Algo::serves(C),
                   "weft: this algorithm cannot run this collective. all_reduce: ring, tree, halving_doubling, "
-                  "recursive_doubling, direct, hierarchical, automatic; reduce_scatter and all_gather: ring, halving_doubling, direct, "
+                  "recursive_doubling, direct, hierarchical, automatic; reduce_scatter and all_gather: ring, halving_doubling, direct, hierarchical, "
                   "automatic; broadcast and reduce: ring, tree, direct, automatic; all_to_all: direct, automatic");
     static_assert(!needs_peer_access_v<Algo> || can_load,
                   "weft: this algorithm loads from peers' buffers (algo::direct) and needs a communicator with the "
