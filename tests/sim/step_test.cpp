@@ -356,6 +356,29 @@ TEST(sim_step, tp_collectives_on_nvlink_reach_the_calibrated_bus_bandwidth) {
   EXPECT_GE(small, 14 * dgx(a100_80gb, 1).cluster.intra().latency);
 }
 
+TEST(sim_step, all_gathers_and_reduce_scatters_across_nodes_go_over_rails) {
+  // ZeRO-3 over 4 DGX A100 nodes (32 GPUs): an all-gather of S = 32 c bytes. Over rails each
+  // rank receives its 3 rail peers' blocks over its own NIC, then the node's other 28 blocks over
+  // NVLink; a flat ring brings each node its 24 outside blocks through one NIC. A reduce-scatter
+  // moves the same and also reduces each of the 31 blocks it receives.
+  const calibration cal = calibration_of(a100_80gb);
+  const auto net = detail::achieved(dgx(a100_80gb, 4).cluster, cal);
+  std::vector<int> group(32);
+  for (int d = 0; d < 32; ++d) group[static_cast<std::size_t>(d)] = d;
+  const double c = 256e6; // bytes per rank: a 4 GB gather
+  const double nic = 25e9 * cal.ib_fraction, nvlink = 300e9 * cal.nvlink_fraction;
+  const double rails = 3 * c / nic + 28 * c / nvlink;
+  const double ring = 24 * c / nic;
+  for (weft::collective coll : {weft::collective::all_gather, weft::collective::reduce_scatter}) {
+    const double t = detail::price_group(coll, group, static_cast<std::size_t>(c / 2), 2, net);
+    const double by_hand = rails + (coll == weft::collective::reduce_scatter ? 31 * c / net.reduce_bandwidth() : 0);
+    std::printf("  %s of %.0f MB per rank on 4 DGX A100: %.1f ms (rails by hand %.1f ms, one ring %.1f ms)\n",
+                std::string(weft::name_of(coll)).c_str(), c / 1e6, t * 1e3, by_hand * 1e3, ring * 1e3);
+    EXPECT_NEAR(t, by_hand, 0.12 * by_hand) << weft::name_of(coll);
+    EXPECT_LT(t, ring / 3) << weft::name_of(coll);
+  }
+}
+
 model_spec gpt_22b() {
   return gpt("gpt-22b", 4, 6144, 64, 64); // no logits to speak of
 }

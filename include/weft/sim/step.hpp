@@ -205,8 +205,8 @@ inline constexpr std::size_t extrapolate_above_bytes = std::size_t{64} << 20;
 inline constexpr int max_priced_group = 64;
 
 /// Prices `coll` of `count` elements of `element_size` bytes among `devices` with the ring,
-/// and where the group spans nodes also the two-level ring: the cheaper, as a collective
-/// library would pick.
+/// and where the group spans nodes also the two-level ring (all-reduce; all-gather and
+/// reduce-scatter over rails): the cheaper, as a collective library would pick.
 inline double price_group(collective coll, const std::vector<int>& devices, std::size_t count,
                           std::size_t element_size, const topology::cluster& c) {
   const int n = static_cast<int>(devices.size());
@@ -278,7 +278,7 @@ inline double price_group(collective coll, const std::vector<int>& devices, std:
     return price(plans, wire, devices, element_size) + rounds * latency;
   };
   double best = streamed(plans_of(&algo::ring::make_plan, q));
-  if (spans && coll == collective::all_reduce)
+  if (spans && algo::hierarchical<algo::ring, algo::ring>::serves(coll))
     best = std::min(best, streamed(plans_of(&algo::hierarchical<algo::ring, algo::ring>::make_plan, q)));
   return keep(best);
 }
