@@ -216,15 +216,9 @@ private:
     bool even = true;
     for (const auto& members : lay.ranks)
       even = even && static_cast<int>(members.size()) == m;
-    if (nodes == 1 || m == 1 || !even) {
-      const plan_request sub{q.coll, q.size, q.rank, q.count, 0, q.node_of, q.element_size};
-      if (nodes == 1) {
-        pl.append(Intra::make_plan(sub), iota(q.size), {buffer::input, 0}, {buffer::output, 0},
-                  {buffer::scratch, 0});
-      } else {
-        pl.append(Inter::make_plan(sub), iota(q.size), {buffer::input, 0}, {buffer::output, 0},
-                  {buffer::scratch, 0});
-      }
+    if (nodes == 1 || m == 1 || !even) { // one level: the whole call by Intra or by Inter
+      pl.append(nodes == 1 ? Intra::make_plan(q) : Inter::make_plan(q), iota(q.size), {buffer::input, 0},
+                {buffer::output, 0}, {buffer::scratch, 0});
       return;
     }
     if (q.count == 0) return;
