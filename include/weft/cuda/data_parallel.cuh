@@ -77,6 +77,14 @@ private:
   fork_join order_;
 };
 
+/// f(first + i): a launch over [first, first + n) of a functor indexed from 0.
+template <class F>
+struct dp_offset {
+  F f;
+  std::size_t first;
+  WEFT_HOST_DEVICE void operator()(std::size_t i) const { f(first + i); }
+};
+
 /// Sum over ranges of float(g)^2 in double: one block per range, a fixed tree in the block.
 template <class P>
 __global__ void dp_range_squares(const optim::detail::norm_range<P>* ranges, double* partial) {
@@ -172,6 +180,15 @@ public:
   template <class Kernel, class G, class P>
   void update(const update_ref<Kernel, G, P>& u, std::size_t n, int) {
     cuda::detail::launch(u, n, main_);
+  }
+  /// A shard cut into runs of equal decay: one launch per run, with that run's functor (the
+  /// runs are the host's, layout::decay_runs, the same ones the host loop walks).
+  template <class Kernel, class G, class P>
+  void update(const update_ref<decay_groups<Kernel>, G, P>& u, std::size_t, int) {
+    u.k.for_each_run([&](const Kernel& k, std::size_t lo, std::size_t hi) {
+      using run_ref = cuda::detail::dp_offset<update_ref<Kernel, G, P>>;
+      cuda::detail::launch(run_ref{decay_groups<Kernel>::with(u, k), lo}, hi - lo, main_);
+    });
   }
   /// The ranges cut into pieces of at most 64K elements, in device memory, with room for the
   /// pieces' sums: made once (a blocking upload), used by every step that needs a norm.

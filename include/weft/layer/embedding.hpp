@@ -141,7 +141,7 @@ public:
   }
 
   [[nodiscard]] std::vector<parameter<T>> parameters() {
-    return {{"weight", w_.view(), dw_.view(), false, false, range_.begin, 0, vocab_, hidden_}};
+    return {{"weight", w_.view(), dw_.view(), false, false, range_.begin, 0, vocab_, hidden_, true, false}};
   }
   void zero_grad() { detail::zero(exec_, dw_); }
 

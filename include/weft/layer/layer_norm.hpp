@@ -232,8 +232,8 @@ public:
   }
 
   [[nodiscard]] std::vector<parameter<T>> parameters() {
-    return {{"gamma", gamma_.view(), dgamma_.view(), true, SP::enabled, 0, 0, 1, hidden_},
-            {"beta", beta_.view(), dbeta_.view(), true, SP::enabled, 0, 0, 1, hidden_}};
+    return {{"gamma", gamma_.view(), dgamma_.view(), true, SP::enabled, 0, 0, 1, hidden_, false, false},
+            {"beta", beta_.view(), dbeta_.view(), true, SP::enabled, 0, 0, 1, hidden_, false, false}};
   }
   void zero_grad() {
     detail::zero(exec_, dgamma_);

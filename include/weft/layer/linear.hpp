@@ -291,8 +291,8 @@ public:
 
   [[nodiscard]] std::vector<parameter<T>> parameters() {
     std::vector<parameter<T>> ps;
-    ps.push_back({"weight", w_.view(), dw_.view(), false, false, range_.begin, 0, out_, in_});
-    if (opt_.bias) ps.push_back({"bias", b_.view(), db_.view(), false, false, 0, range_.begin, 1, out_});
+    ps.push_back({"weight", w_.view(), dw_.view(), false, false, range_.begin, 0, out_, in_, true, false});
+    if (opt_.bias) ps.push_back({"bias", b_.view(), db_.view(), false, false, 0, range_.begin, 1, out_, false, false});
     return ps;
   }
 
@@ -384,8 +384,8 @@ public:
 
   [[nodiscard]] std::vector<parameter<T>> parameters() {
     std::vector<parameter<T>> ps;
-    ps.push_back({"weight", w_.view(), dw_.view(), false, false, 0, range_.begin, out_, in_});
-    if (opt_.bias) ps.push_back({"bias", b_.view(), db_.view(), true, SP::enabled, 0, 0, 1, out_});
+    ps.push_back({"weight", w_.view(), dw_.view(), false, false, 0, range_.begin, out_, in_, true, false});
+    if (opt_.bias) ps.push_back({"bias", b_.view(), db_.view(), true, SP::enabled, 0, 0, 1, out_, false, false});
     return ps;
   }
 

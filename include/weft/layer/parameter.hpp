@@ -36,6 +36,12 @@ struct parameter {
   std::size_t col0 = 0;
   std::size_t full_rows = 0;
   std::size_t full_cols = 0;
+  // Whether weight decay applies: the matrices of linears and, as the model chooses, embedding
+  // tables; not biases or norm weights (Megatron's and nanoGPT's default parameter groups).
+  bool decay = true;
+  // Another rank of the TP group holds the same slice and counts it (a key/value head replicated
+  // over the ranks whose query heads use it): a norm over the group leaves this copy out.
+  bool duplicate = false;
 };
 
 /// Sums over the TP group the gradients of the parameters marked sequence_partial, packed into one

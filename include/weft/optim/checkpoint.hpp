@@ -7,7 +7,8 @@
 //
 //   ckpt/index.json                   {"format": "weft-checkpoint-index", "generation": 3, "world": 4,
 //                                      "step": 5, "rule": "adamw", "slots": ["exp_avg", "exp_avg_sq"],
-//                                      "files": ["g3-rank0-of4.weft", ...], "tensors": [{"name", "elements"}]}
+//                                      "files": ["g3-rank0-of4.weft", ...],
+//                                      "tensors": [{"name", "elements", "decay"}]}
 //   ckpt/g3-rank0-of4.weft            "WEFTCKPT", u64 little-endian header length L, L bytes of JSON
 //                                     {"rank", "world", "entries": [{"name": "fc1.w/exp_avg", "dtype": "F32",
 //                                      "begin", "end" (elements of the tensor), "offset", "bytes" (in the
@@ -21,7 +22,10 @@
 // reads each file's header and only the entries its shard needs, each checked against its
 // checksum and the file's size; damage is a weft::error naming the file and the tensor. A load
 // is all or nothing across ranks: each rank reads and checks its parts first, and none copies
-// them in unless every rank could.
+// them in unless every rank could. A load checks the index's tensors against the optimizer's:
+// names, sizes and whether weight decay applies (the state was built under that choice, and a
+// model that changed it between runs is a model-definition mistake, not a resume); an index
+// without "decay" flags is accepted.
 #include <weft/core/error.hpp>
 #include <weft/optim/data_parallel.hpp>
 #include <weft/optim/detail/json.hpp>
@@ -61,6 +65,12 @@ struct header {
   std::uint64_t data_start = 0;  // offset of the data section in the file
 };
 
+struct index_tensor {
+  std::string name;
+  std::uint64_t elements = 0;
+  std::optional<bool> decay;  // whether weight decay applied (absent before 2026-12)
+};
+
 struct index {
   std::uint64_t generation = 0;
   int world = 0;
@@ -71,7 +81,7 @@ struct index {
   std::optional<bool> loss_scaling;  // whether the run scaled its loss (absent before 2026-12)
   int good_steps = 0;
   std::vector<std::string> files;
-  std::vector<std::pair<std::string, std::uint64_t>> tensors;  // name, elements
+  std::vector<index_tensor> tensors;
 };
 
 /// FNV-1a, 64 bits, over bytes.
@@ -329,8 +339,15 @@ private:
   }
   for (const json& t : detail::field(root, "tensors", json::kind::array, source, "the index").items) {
     if (t.type != json::kind::object) detail::fail(source, "malformed index: a tensor is not an object");
-    x.tensors.emplace_back(detail::field(t, "name", json::kind::string, source, "a tensor").str,
-                           detail::count(t, "elements", source, "a tensor"));
+    index_tensor it{detail::field(t, "name", json::kind::string, source, "a tensor").str,
+                    detail::count(t, "elements", source, "a tensor"), std::nullopt};
+    if (const json* d = t.find("decay")) {
+      if (d->type != json::kind::boolean) {
+        detail::fail(source, "malformed index: tensor " + it.name + ": decay must be true or false");
+      }
+      it.decay = d->b;
+    }
+    x.tensors.push_back(std::move(it));
   }
   if (x.world < 1 || x.files.size() != static_cast<std::size_t>(x.world)) {
     detail::fail(source, "malformed index: " + std::to_string(x.files.size()) + " files for a world of " +
@@ -449,7 +466,8 @@ void save(Opt& opt, Comm& dp, const std::filesystem::path& dir, save_options so 
     const auto& ts = opt.buckets().tensors();
     for (std::size_t t = 0; t < ts.size(); ++t) {
       idx += (t ? ", " : "") + std::string("{\"name\": ") + weft::detail::json_quote(ts[t].name) +
-             ", \"elements\": " + std::to_string(ts[t].count) + "}";
+             ", \"elements\": " + std::to_string(ts[t].count) + ", \"decay\": " + (ts[t].decay ? "true" : "false") +
+             "}";
     }
     idx += "]}\n";
     detail::write_then_rename(dir / "index.json", idx);
@@ -503,10 +521,16 @@ checkpoint_read read_parts(Opt& opt, const std::filesystem::path& dir) {
                 std::to_string(ts.size()));
   }
   for (std::size_t t = 0; t < ts.size(); ++t) {
-    if (idx->tensors[t].first != ts[t].name || idx->tensors[t].second != ts[t].count) {
-      throw error("checkpoint: " + index_name + ": tensor " + std::to_string(t) + " is " + idx->tensors[t].first +
-                  " of " + std::to_string(idx->tensors[t].second) + " elements, the model's " + ts[t].name + " of " +
+    const index_tensor& it = idx->tensors[t];
+    if (it.name != ts[t].name || it.elements != ts[t].count) {
+      throw error("checkpoint: " + index_name + ": tensor " + std::to_string(t) + " is " + it.name + " of " +
+                  std::to_string(it.elements) + " elements, the model's " + ts[t].name + " of " +
                   std::to_string(ts[t].count));
+    }
+    if (it.decay && *it.decay != ts[t].decay) {
+      const auto says = [](bool d) { return d ? std::string("decays") : std::string("is exempt from weight decay"); };
+      throw error("checkpoint: " + index_name + ": tensor " + it.name + " " + says(*it.decay) +
+                  " in the checkpoint, but " + says(ts[t].decay) + " in the model (param_set::add's decay)");
     }
   }
   const std::size_t k = opt.slots();

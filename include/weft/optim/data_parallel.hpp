@@ -31,6 +31,12 @@
 // updates and norms are kernels, and the collectives are queued on a side stream: the same
 // code, each buffer operation labelled with the lane (the caller's order, or the queued
 // collectives') it runs in (tests/optim/lanes_test.cpp checks the labels on the host).
+//
+// Weight decay: tensors added with decay = false (biases, norm weights) are updated with the
+// rule's weight_decay at 0. The runs of equal decay in this rank's shard of each bucket
+// (layout::decay_runs) are computed once, here, and every update, host or device, walks them
+// (decay_groups, optim/optimizers.hpp); a shard of one run, as every shard is when every
+// tensor decays, is the rule's plain loop.
 #include <weft/comm/all_gather.hpp>
 #include <weft/comm/all_reduce.hpp>
 #include <weft/comm/async.hpp>
@@ -136,6 +142,12 @@ public:
     gather_started_.assign(nb, false);
     resident_.assign(nb, false);
     squares_ = mem_.prepare_squares(norm_ranges());
+    decay_run_first_.push_back(0);
+    for (std::size_t b = 0; b < nb; ++b) {
+      const auto runs = layout_.decay_runs(b, shard_.rank());
+      decay_runs_.insert(decay_runs_.end(), runs.begin(), runs.end());
+      decay_run_first_.push_back(decay_runs_.size());
+    }
   }
   data_parallel(const data_parallel&) = delete;  // queued jobs point into this object
   data_parallel& operator=(const data_parallel&) = delete;
@@ -325,18 +337,31 @@ public:
     }
     ++step_;
     const auto k = rule_.at(step_, mul);
-    for_each_shard([&](const bucket_info& b, std::size_t from) {
+    using kernel = std::remove_const_t<decltype(k)>;  // apply picks its SSE Adam loop by this type, which const hides
+    const kernel exempt = without_weight_decay(k);
+    const auto& bs = layout_.buckets();
+    for (std::size_t bi = 0; bi < bs.size(); ++bi) {
+      const bucket_info& b = bs[bi];
       float* master = nullptr;
-      P* out = stage == 3 ? params_.data() + b.shard_offset : params_.data() + from;
+      P* out = stage == 3 ? params_.data() + b.shard_offset : params_.data() + shard_begin(b);
       if constexpr (mixed) {
         master = master_.data() + b.shard_offset;
       } else {
         master = out;
       }
       float* const state = slots() == 0 ? nullptr : state_.data() + b.shard_offset;  // plain SGD keeps none
-      const update_ref<decltype(k), P, P> u{k, master, grad_shard(b), state, out, slot_stride(layout_.shard_elements())};
-      mem_.update(u, b.shard, update_threads_);
-    });
+      const std::size_t stride = slot_stride(layout_.shard_elements());
+      const decay_run* runs = decay_runs_.data() + decay_run_first_[bi];
+      const std::size_t nruns = decay_run_first_[bi + 1] - decay_run_first_[bi];
+      if (nruns == 1) {  // one decay over the whole shard (every shard, when every tensor decays): one plain loop
+        const update_ref<kernel, P, P> u{runs[0].decay ? k : exempt, master, grad_shard(b), state, out, stride};
+        mem_.update(u, b.shard, update_threads_);
+      } else if (nruns > 1) {
+        const decay_groups<kernel> groups{k, exempt, runs, nruns};
+        const update_ref<decay_groups<kernel>, P, P> u{groups, master, grad_shard(b), state, out, stride};
+        mem_.update(u, b.shard, update_threads_);
+      }
+    }
     finish_step();
     // One all-gather per bucket, queued now and waited for by param(): the next forward starts
     // on the first bucket while the others are still being gathered.
@@ -700,6 +725,8 @@ private:
   buffer<float> master_, state_;
   buffer<double> norm_partial_;  // the squared norm's partial sum, where the collectives read it
   typename space::template squares<P> squares_;  // what of grads_ the norm counts (norm_ranges)
+  std::vector<decay_run> decay_runs_;         // this rank's shard of every bucket, bucket after bucket
+  std::vector<std::size_t> decay_run_first_;  // bucket b's runs: [first[b], first[b + 1]) of decay_runs_
   std::vector<std::size_t> ready_;  // per bucket: its tensors marked ready this step
   std::vector<char> marked_;         // per tensor: marked ready this step
   std::vector<bool> submitted_;

@@ -13,12 +13,16 @@
 // in one factor. An update_ref (below) walks flat buffers: fp32 master weights (or the
 // float parameters themselves), gradients of the parameter type, the state (one array per
 // slot, so that the loop vectorizes), and for half/bfloat16 parameters the low-precision copy
-// written back.
+// written back. Over a shard whose tensors differ in weight decay the functor is a
+// decay_groups (below): the rule's functor on the runs that decay, the same with weight_decay
+// 0 on the others, and the loops walk the runs.
 #include <weft/core/config.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/rounding.hpp>
 #include <weft/core/types.hpp>
+#include <weft/optim/param_set.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -187,6 +191,40 @@ struct update_ref {
   }
 };
 
+/// k with its weight decay off (a tensor exempt from decay); a functor without weight decay
+/// has none to turn off.
+template <class Kernel>
+[[nodiscard]] constexpr Kernel without_weight_decay(Kernel k) noexcept {
+  if constexpr (requires { k.weight_decay = 0.0f; }) k.weight_decay = 0.0f;
+  return k;
+}
+
+/// A step's functor over a shard cut into runs of equal decay (layout::decay_runs): `decayed`
+/// on the runs that decay, `exempt` (without_weight_decay(decayed)) on the others. It has no
+/// element operator, so a loop that does not walk the runs (apply and apply_parallel below, the
+/// device's dp_memory::update) does not compile, rather than decaying every element. The runs
+/// are host memory, and outlive the loop.
+template <class Kernel>
+struct decay_groups {
+  Kernel decayed;
+  Kernel exempt;
+  const decay_run* runs;
+  std::size_t count;
+  /// f(functor, begin, end) for each run, [begin, end) in the shard's elements.
+  template <class F>
+  void for_each_run(F&& f) const {
+    for (std::size_t r = 0; r < count; ++r) {
+      f(runs[r].decay ? decayed : exempt, runs[r].begin, runs[r].begin + runs[r].count);
+    }
+  }
+  /// update_ref u with run functor k in place of this one (the same buffers and indices).
+  template <class G, class P>
+  [[nodiscard]] static update_ref<Kernel, G, P> with(const update_ref<decay_groups, G, P>& u,
+                                                     const Kernel& k) noexcept {
+    return {k, u.master, u.grad, u.state, u.param, u.stride};
+  }
+};
+
 namespace detail {
 
 template <class K>
@@ -331,6 +369,17 @@ void apply(const update_ref<Kernel, G, P>& u, std::size_t begin, std::size_t end
   }
 #endif
   for (std::size_t i = begin; i < end; ++i) local(i);
+}
+
+/// The host loop over [begin, end) of a shard cut into runs of equal decay: each run's part
+/// in [begin, end) with its functor, so the thread seams of apply_parallel fall anywhere.
+template <class Kernel, class G, class P>
+void apply(const update_ref<decay_groups<Kernel>, G, P>& u, std::size_t begin, std::size_t end) {
+  u.k.for_each_run([&](const Kernel& k, std::size_t lo, std::size_t hi) {
+    lo = std::max(lo, begin);
+    hi = std::min(hi, end);
+    if (lo < hi) apply(decay_groups<Kernel>::with(u, k), lo, hi);
+  });
 }
 
 /// The host loop over [0, n) split across `threads` threads (the calling one included).

@@ -10,6 +10,11 @@
 // Every bucket is padded to a multiple of N with zeros, so the shards are equal (balanced to
 // within one element per bucket); padding() says how many elements that costs. A tensor is
 // never split across buckets; a bucket closes once it holds at least bucket_elements.
+//
+// Weight decay is per tensor (biases and norm weights are exempt, as Megatron, nanoGPT and
+// Hugging Face group them), but a shard cuts through tensors anywhere: layout::decay_runs
+// says, once per bucket and shard, which stretches of the shard decay, for every update
+// loop (host and device) to follow.
 #include <weft/core/error.hpp>
 
 #include <algorithm>
@@ -31,6 +36,16 @@ struct tensor_info {
   std::size_t bucket_offset = 0;  // position inside its bucket
   bool replicated = false;        // the same on every model-parallel rank (counted once in the norm)
   bool tied_copy = false;         // a second copy of a tied tensor (never counted in the norm)
+  bool decay = true;              // the rule's weight decay applies (false: biases, norm weights)
+};
+
+/// A stretch [begin, begin + count) of one bucket's shard, in elements from the shard's start,
+/// whose elements all decay or all do not.
+struct decay_run {
+  std::size_t begin = 0;
+  std::size_t count = 0;
+  bool decay = true;
+  friend constexpr bool operator==(const decay_run&, const decay_run&) = default;
 };
 
 /// Megatron-core DDP's default bucket size: max(4e7, 1e6 x data-parallel size) elements.
@@ -44,7 +59,10 @@ public:
   /// Adds a tensor; returns its index. Names must be unique and non-empty. `replicated`: the
   /// tensor is the same on every rank of the model-parallel group (a tensor-parallel layer's
   /// bias or norm), so a global gradient norm counts it once (see data_parallel::set_norm_group).
-  std::size_t add(std::string name, std::vector<std::size_t> shape, bool replicated = false) {
+  /// `decay`: the rule's weight decay applies to it; false for biases and norm weights, whose
+  /// decay pulls them towards 0 for no regularizing gain (the rule then updates them with
+  /// weight_decay 0, under every sharding).
+  std::size_t add(std::string name, std::vector<std::size_t> shape, bool replicated = false, bool decay = true) {
     if (name.empty()) throw error("param_set::add: empty tensor name");
     for (const auto& t : tensors_) {
       if (t.name == name) throw error("param_set::add: tensor '" + name + "' added twice");
@@ -55,6 +73,7 @@ public:
     t.shape = std::move(shape);
     t.offset = total_;
     t.replicated = replicated;
+    t.decay = decay;
     total_ += t.count;
     tensors_.push_back(std::move(t));
     return tensors_.size() - 1;
@@ -150,6 +169,33 @@ public:
   [[nodiscard]] std::size_t padded_offset(std::size_t t) const {
     const auto& ti = tensors_.at(t);
     return buckets_[ti.bucket].offset + ti.bucket_offset;
+  }
+  /// The runs of equal decay that cover shard `shard` (0 <= shard < shards()) of bucket
+  /// `bucket`, in order, from the shard's first element to its last: neighbouring tensors of
+  /// the same decay share a run, and the bucket's padding joins the run before it (padding is
+  /// zero and stays zero under any rule, decayed or not), so a shard whose tensors all decay
+  /// is one run. A shard of padding only is one decaying run; an empty shard has none.
+  [[nodiscard]] std::vector<decay_run> decay_runs(std::size_t bucket, int shard) const {
+    const bucket_info& b = buckets_.at(bucket);
+    if (shard < 0 || shard >= shards_) {
+      throw error("optim::layout::decay_runs: shard " + std::to_string(shard) + " of " + std::to_string(shards_));
+    }
+    std::vector<decay_run> runs;
+    if (b.shard == 0) return runs;
+    const std::size_t lo = static_cast<std::size_t>(shard) * b.shard, hi = lo + b.shard;  // in the bucket
+    for (std::size_t t = b.first_tensor; t < b.end_tensor; ++t) {
+      const tensor_info& ti = tensors_[t];
+      const std::size_t from = std::max(lo, ti.bucket_offset), to = std::min(hi, ti.bucket_offset + ti.count);
+      if (from >= to) continue;
+      if (!runs.empty() && runs.back().decay == ti.decay) {
+        runs.back().count = to - lo - runs.back().begin;
+      } else {
+        runs.push_back({from - lo, to - from, ti.decay});
+      }
+    }
+    if (runs.empty()) runs.push_back({0, 0, true});
+    runs.back().count = b.shard - runs.back().begin;  // the padding, if any
+    return runs;
   }
   /// Calls f(unpadded_offset, padded_offset, count) for each tensor: for copying between layouts.
   template <class F>
