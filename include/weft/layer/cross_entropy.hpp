@@ -5,8 +5,15 @@
 //   loss_t = log(sum_v exp(l_tv - m_t)) - (l_t,target - m_t)
 // which takes an all-reduce of the local maxima (op::max), then one all-reduce that sums two
 // vectors packed together: the target logits (each is held by exactly one rank; the others give
-// 0) and the local sums of exp(l - m). The mean over tokens is returned. backward needs no
-// communication: d(mean loss)/dl_tv = (softmax_tv - [v == target_t]) / tokens, on local columns.
+// 0) and the local sums of exp(l - m). backward needs no communication:
+// d(loss)/dl_tv = (softmax_tv - [v == target_t]) / divisor, on local columns.
+//
+// A token whose target is ignore_index (-100, PyTorch's default) does not count: its loss and its
+// gradient are 0. forward returns the sum of the counted tokens' losses divided by `divisor`,
+// which defaults to the number of counted tokens (the mean). A trainer that splits a batch into
+// microbatches and replicas passes the whole batch's count as the divisor, so that the sums
+// over microbatches and replicas are the mean over the batch: a mean per microbatch, averaged,
+// weighs tokens unequally when the microbatches count different numbers of tokens.
 //
 // Computed in T, at least float (so fp32 for float, fp64 for double), in a fixed order: the same
 // loss at every TP size, including a vocabulary that does not divide by it (the uneven columns
@@ -75,7 +82,7 @@ struct shifted_target_and_sum {
   matrix_view<T> sums;  // 2 x tokens
   std::size_t begin;
   WEFT_HOST_DEVICE void operator()(std::size_t t, std::size_t) const {
-    const auto target = static_cast<std::size_t>(targets[t]);
+    const auto target = static_cast<std::size_t>(targets[t]);  // an ignored target (< 0) wraps past every column
     sums(0, t) = target >= begin && target - begin < logits.cols() ? logits(t, target - begin) - row_max(t, 0) : T{};
     sums(1, t) = lane_total(lanes, t);
   }
@@ -88,7 +95,7 @@ struct normalise_row {
   WEFT_HOST_DEVICE void operator()(std::size_t t, std::size_t c) const { probs(t, c) /= sums(1, t); }
 };
 
-/// d(mean loss)/d(logit) = (softmax - [column == target]) / tokens.
+/// d(loss)/d(logit) = (softmax - [column == target]) / divisor; 0 for an ignored token.
 template <class T>
 struct cross_entropy_gradient {
   matrix_view<const T> probs;
@@ -96,7 +103,12 @@ struct cross_entropy_gradient {
   matrix_view<T> dlogits;
   std::size_t begin;
   T inv;
+  std::int32_t ignore_index;
   WEFT_HOST_DEVICE void operator()(std::size_t t, std::size_t c) const {
+    if (targets[t] == ignore_index) {
+      dlogits(t, c) = T{};
+      return;
+    }
     const T onehot = begin + c == static_cast<std::size_t>(targets[t]) ? T{1} : T{0};
     dlogits(t, c) = (probs(t, c) - onehot) * inv;
   }
@@ -112,27 +124,50 @@ class vocab_parallel_cross_entropy {
 public:
   using space = space_of<Exec>;
 
-  vocab_parallel_cross_entropy(Comm& tp, std::size_t vocab, Exec exec = {})
-      : tp_(&tp), vocab_(vocab), range_(split_range(vocab, tp.size(), tp.rank())), exec_(std::move(exec)) {
+  /// PyTorch's default: a target of -100 does not count.
+  static constexpr std::int32_t default_ignore_index = -100;
+
+  vocab_parallel_cross_entropy(Comm& tp, std::size_t vocab, Exec exec = {},
+                               std::int32_t ignore_index = default_ignore_index)
+      : tp_(&tp), vocab_(vocab), range_(split_range(vocab, tp.size(), tp.rank())), exec_(std::move(exec)),
+        ignore_index_(ignore_index) {
     if (vocab == 0) throw error("vocab_parallel_cross_entropy: vocab must be positive");
+    if (ignore_index >= 0 && static_cast<std::size_t>(ignore_index) < vocab) {
+      throw error("vocab_parallel_cross_entropy: ignore_index " + std::to_string(ignore_index) +
+                  " is a token of the vocabulary [0, " + std::to_string(vocab) + "): use a negative one");
+    }
     detail::check_stream("vocab_parallel_cross_entropy", exec_, tp);
   }
 
   [[nodiscard]] range vocab_range() const noexcept { return range_; }
+  [[nodiscard]] std::int32_t ignore_index() const noexcept { return ignore_index_; }
 
-  /// logits: tokens x vocab_range().size(); targets: tokens ids in [0, vocab). Returns the mean loss
-  /// (with a device policy, once the stream has computed it).
-  double forward(matrix_view<const T> logits, std::span<const std::int32_t> targets) {
+  /// The targets that count (not ignore_index).
+  [[nodiscard]] static std::size_t counted(std::span<const std::int32_t> targets,
+                                           std::int32_t ignore_index = default_ignore_index) noexcept {
+    return static_cast<std::size_t>(std::count_if(targets.begin(), targets.end(),
+                                                  [&](std::int32_t t) { return t != ignore_index; }));
+  }
+
+  /// logits: tokens x vocab_range().size(); targets: tokens ids in [0, vocab) or ignore_index.
+  /// Returns the counted tokens' summed loss over `divisor` (0: over their number, the mean; a
+  /// batch with no counted token has loss 0), with a device policy once the stream has computed it.
+  double forward(matrix_view<const T> logits, std::span<const std::int32_t> targets, double divisor = 0) {
     static constexpr std::string_view who = "vocab_parallel_cross_entropy::forward";
     const std::size_t tokens = targets.size();
     if (tokens == 0) throw error(std::string(who) + ": no tokens");
+    if (!(divisor >= 0)) throw error(std::string(who) + ": divisor " + std::to_string(divisor) + " is negative");
     expect_shape(who, "logits", logits, tokens, range_.size());
     for (std::size_t t = 0; t < tokens; ++t) {
+      if (targets[t] == ignore_index_) continue;
       if (targets[t] < 0 || static_cast<std::size_t>(targets[t]) >= vocab_) {
         throw error(std::string(who) + ": token " + std::to_string(t) + " has target " + std::to_string(targets[t]) +
-                    ", outside the vocabulary [0, " + std::to_string(vocab_) + ")");
+                    ", outside the vocabulary [0, " + std::to_string(vocab_) + ") and not the ignore_index " +
+                    std::to_string(ignore_index_));
       }
     }
+    const std::size_t count = counted(targets, ignore_index_);
+    divisor_ = divisor > 0 ? divisor : static_cast<double>(std::max<std::size_t>(count, 1));
     targets_.assign(targets.begin(), targets.end());
     const std::int32_t* target_data = targets_.data();
     if constexpr (on_device<Exec>) {
@@ -168,21 +203,24 @@ public:
       sums = host_sums.data();
     }
     double total = 0.0;
-    for (std::size_t t = 0; t < tokens; ++t) total += static_cast<double>(std::log(sums[tokens + t]) - sums[t]);
-    return total / static_cast<double>(tokens);
+    for (std::size_t t = 0; t < tokens; ++t) {
+      if (targets_[t] != ignore_index_) total += static_cast<double>(std::log(sums[tokens + t]) - sums[t]);
+    }
+    return total / divisor_;
   }
 
-  /// dlogits: tokens x vocab_range().size(), overwritten with d(mean loss)/d(logits).
+  /// dlogits: tokens x vocab_range().size(), overwritten with d(loss)/d(logits) (0 on ignored tokens).
   void backward(matrix_view<T> dlogits) {
     static constexpr std::string_view who = "vocab_parallel_cross_entropy::backward";
     if (targets_.empty()) throw error(std::string(who) + ": called before forward");
     const std::size_t tokens = targets_.size();
     expect_shape(who, "dlogits", dlogits, tokens, range_.size());
-    const T inv = T{1} / static_cast<T>(tokens);
+    const auto inv = static_cast<T>(1.0 / divisor_);
     const std::int32_t* target_data = targets_.data();
     if constexpr (on_device<Exec>) target_data = device_targets_.data();
     detail::for_each_element(exec_, tokens, range_.size(),
-                             detail::cross_entropy_gradient<T>{probs_.view(), target_data, dlogits, range_.begin, inv});
+                             detail::cross_entropy_gradient<T>{probs_.view(), target_data, dlogits, range_.begin, inv,
+                                                                               ignore_index_});
   }
 
 private:
@@ -195,6 +233,8 @@ private:
   std::vector<std::int32_t> targets_;
   matrix<std::int32_t, space> device_targets_;  // a device policy's copy of targets_
   detail::row_scratch<T, space> scratch_;        // the row statistics' lanes; results: the row maxima
+  std::int32_t ignore_index_;
+  double divisor_ = 1;
 };
 
 } // namespace weft::layer

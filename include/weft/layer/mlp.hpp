@@ -29,10 +29,21 @@ public:
   using row_type = row_parallel_linear<T, Comm, Gemm, SP>;
   using space = space_of<Gemm>;  // where the weights and activations live
 
+  /// Initialisation: fc1's weight N(0, init_std^2), fc2's N(0, out_init_std^2) (a model scales
+  /// a residual branch's output projection down with its depth); biases 0.
+  struct options {
+    double init_std = 0.02;
+    double out_init_std = 0.02;
+  };
+
   parallel_mlp(Comm& tp, std::size_t hidden, std::size_t ffn, std::uint64_t seed, std::uint64_t tensor_id,
                Gemm gemm = {})
-      : tp_(&tp), hidden_(hidden), gemm_(gemm), fc1_(tp, hidden, ffn, seed, tensor_id, {}, gemm),
-        fc2_(tp, ffn, hidden, seed, tensor_id + 1, {}, gemm) {}
+      : parallel_mlp(tp, hidden, ffn, seed, tensor_id, options{}, gemm) {}
+  parallel_mlp(Comm& tp, std::size_t hidden, std::size_t ffn, std::uint64_t seed, std::uint64_t tensor_id,
+               options opt, Gemm gemm = {})
+      : tp_(&tp), hidden_(hidden), gemm_(gemm),
+        fc1_(tp, hidden, ffn, seed, tensor_id, {.init_std = opt.init_std}, gemm),
+        fc2_(tp, ffn, hidden, seed, tensor_id + 1, {.init_std = opt.out_init_std}, gemm) {}
 
   void forward(matrix_view<const T> x, matrix_view<T> y) {
     if (x.cols() != hidden_) ::weft::detail::shape_error("parallel_mlp::forward", "x", x.rows(), x.cols(), x.rows(), hidden_);
