@@ -1,8 +1,8 @@
 #pragma once
-// weft::strategy<Mesh, Schedule, Sharding, Recompute, SequenceParallel>: the whole 3D composition.
-// A GPT-style model (vocab-parallel embedding, transformer blocks, final LayerNorm, LM head,
-// vocab-parallel cross entropy; weft/layer/gpt.hpp's model, the same parameters from the same
-// seed) trained over a TP x PP x DP mesh:
+// weft::strategy<Mesh, Schedule, Sharding, Recompute, SequenceParallel, Model>: the whole 3D
+// composition. Model is any weft model (weft/layer/model.hpp: an embedding stage, blocks, a head
+// stage): layer::gpt_model by default, layer::llama_model, or a user's own; the same parameters
+// from the same seed as layer::sequential<Model> on one rank, trained over a TP x PP x DP mesh:
 //
 //   using S = weft::strategy<weft::mesh<weft::tp<2>, weft::pp<2>, weft::dp<2>>, weft::pipeline::interleaved<2>,
 //                            weft::optim::zero<1>, weft::layer::recompute::selective>;
@@ -16,33 +16,40 @@
 //   tp  the layers (weft/layer/): every block, the embedding, the head and the loss split over it
 //   pp  a pipeline::executor<Schedule> over the virtual stages: V * pp of them (V = the
 //       schedule's chunks), virtual stage v = chunk * pp + rank as in Megatron's interleaving.
-//       Stage 0 holds the embedding, the last the final norm, the head and the loss; the blocks
+//       Stage 0 holds the embedding stage, the last the head stage (norm, output, loss); the blocks
 //       split evenly, or as config::layout says (blocks per virtual stage, or a layout string,
 //       pipeline_layout::parse). Each microbatch in flight keeps its own activations (the
 //       layers' stash()/restore()), so the recompute policy holds per microbatch.
 //   dp  an optim::data_parallel<Sharding> over this rank's parameters (its TP slice of its
 //       stages' layers): each DP rank takes global_batch / dp samples of the batch in
 //       global_batch / (dp * micro_batch) microbatches; the gradients are summed over the
-//       microbatches and the DP group and scaled to the mean over the global batch.
-// With tied embeddings the last stage keeps a copy of the embedding table as the head's weight
-// (initialised the same) and the two gradients are summed between the first and the last
-// pipeline stage before the optimizer, so the copies stay equal (Megatron's embedding group).
+//       microbatches and the DP group. Weight decay applies where each parameter says
+//       (parameter::decay: not to biases and norms), in every ZeRO stage.
+// The loss is the mean over the global batch's counted targets (targets equal to the head's
+// ignore_index do not count): every microbatch's loss and gradient is its counted tokens' sum
+// divided by the whole batch's count, which every rank knows from the targets it is given, so
+// microbatches and replicas that count different numbers of tokens weigh each token the same.
+// A tied model (layer::tied) keeps a copy of the embedding table as the head's weight on the
+// last stage (the first stage's values, sent there at construction) and the two gradients are
+// summed between the first and the last pipeline stage before the optimizer, so the copies stay
+// equal (Megatron's embedding group).
 //
 // Gradient clipping (config.optimizer.max_grad_norm) scales by the norm over the whole model:
 // the squared partials all-reduced once over the ranks holding one replica of every shard (TP x
 // PP, and DP under zero<1..3>), tensor-replicated parameters counted on TP rank 0 only and the
 // tied head not at all (the embedding table carries the same gradient), as Megatron counts them.
 //
-// The loss train_step returns is the mean token loss over the global batch, on every rank.
-// Under zero<3> the optimizer holds the parameters sharded and the layers a working copy, which
+// The loss train_step returns is the mean counted-token loss over the global batch, on every
+// rank. Under zero<3> the optimizer holds the parameters sharded and the layers a working copy, which
 // it refreshes after each step (the memory saving of zero<3> is the optimizer's, not the layers').
 //
-// Compile-time errors name what to change (a mesh that is no weft::mesh or has context/expert
-// axes, zero_bubble_h1 whose split backward the layers do not provide, sequence parallelism
+// Compile-time errors name what to change (a model that lacks a part, a mesh that is no
+// weft::mesh or has context/expert axes, zero_bubble_h1 whose split backward the layers do not provide, sequence parallelism
 // without tensor parallelism, V > 1 chunks on one pipeline stage); run-time errors (weft::error)
 // name the bad value: a world that does not match the mesh, layers that do not split as asked,
 // heads or vocabulary against the TP size, batches that do not divide, a TP group across nodes.
 #include <weft/comm/all_reduce.hpp>
+#include <weft/comm/broadcast.hpp>
 #include <weft/comm/communicator.hpp>
 #include <weft/core/error.hpp>
 #include <weft/layer/block.hpp>
@@ -50,6 +57,7 @@
 #include <weft/layer/cross_entropy.hpp>
 #include <weft/layer/embedding.hpp>
 #include <weft/layer/gpt.hpp>
+#include <weft/layer/model.hpp>
 #include <weft/layer/layer_norm.hpp>
 #include <weft/layer/linear.hpp>
 #include <weft/layer/matrix.hpp>
@@ -83,18 +91,20 @@
 namespace weft {
 
 /// What the strategy trains and how the batch is cut.
-struct strategy_config {
-  layer::gpt_shape model = {};
+template <class ModelConfig>
+struct basic_strategy_config {
+  ModelConfig model = {};
   std::size_t micro_batch = 1;   // sequences per microbatch
   std::size_t global_batch = 0;  // sequences per step, over all DP ranks
   std::uint64_t seed = 1;        // the model's initialisation (layer/init.hpp)
   /// Blocks per virtual stage (V * pp entries); empty: an even split (layers % (V * pp) == 0).
   std::vector<int> layout = {};
-  bool tie_embeddings = false;
   /// The cluster, for make_comms's placement check (a TP group must stay inside a node).
   std::optional<topology::cluster> cluster = std::nullopt;
   optim::data_parallel_options optimizer = {};
 };
+/// The configuration of a strategy that trains layer::gpt_model.
+using strategy_config = basic_strategy_config<layer::gpt_config>;
 
 namespace detail {
 
@@ -159,7 +169,7 @@ constexpr int schedule_chunks() {
 } // namespace detail
 
 template <class Mesh, class Schedule, class Sharding, class Recompute,
-          class SequenceParallel = layer::no_sequence_parallel>
+          class SequenceParallel = layer::no_sequence_parallel, class Model = layer::gpt_model>
 struct strategy {
   static_assert(detail::is_mesh_v<Mesh>,
                 "weft::strategy<Mesh, ...>: Mesh must be a weft::mesh<...> of tp, pp and dp axes, "
@@ -198,28 +208,32 @@ struct strategy {
   /// The mesh's ranks (0 when an axis is weft::dynamic).
   static constexpr int size = detail::static_size<Mesh>();
 
+  using config = basic_strategy_config<typename layer::detail::config_of<Model>::type>;
+
   template <class Rule, communicator Comm>
   class trainer;
 
   /// Collective over `world`: splits it by the mesh and builds this rank's part of the model
   /// and its optimizer (see the header comment).
   template <class Rule = optim::adamw, communicator Comm>
-  static std::unique_ptr<trainer<Rule, Comm>> make(Comm& world, strategy_config config, Rule rule = {}) {
-    return std::make_unique<trainer<Rule, Comm>>(world, std::move(config), rule);
+  static std::unique_ptr<trainer<Rule, Comm>> make(Comm& world, config cfg, Rule rule = {}) {
+    return std::make_unique<trainer<Rule, Comm>>(world, std::move(cfg), rule);
   }
 };
 
-template <class Mesh, class Schedule, class Sharding, class Recompute, class SP>
+template <class Mesh, class Schedule, class Sharding, class Recompute, class SP, class Model>
 template <class Rule, communicator Comm>
-class strategy<Mesh, Schedule, Sharding, Recompute, SP>::trainer {
+class strategy<Mesh, Schedule, Sharding, Recompute, SP, Model>::trainer {
 public:
   using T = float;
-  using block_type = layer::transformer_block<T, Comm, layer::cblas, SP, Recompute>;
-  using embedding_type = layer::vocab_parallel_embedding<T, Comm, SP>;
-  using head_type = layer::column_parallel_linear<T, Comm, layer::cblas, SP>;
+  static_assert(layer::detail::model_check<Model, T, Comm, layer::cblas, SP, Recompute>::value);
+  using parts = typename Model::template parts<T, Comm, layer::cblas, SP, Recompute>;
+  using block_type = typename parts::block;
+  using embedding_type = typename parts::embedding;
+  using head_type = typename parts::head;
 
-  trainer(Comm& world, strategy_config config, Rule rule)
-      : config_(std::move(config)), comms_(split(world, config_)), tp_(comms_.tp()), pp_(comms_.pp()),
+  trainer(Comm& world, config cfg, Rule rule)
+      : config_(std::move(cfg)), comms_(split(world, config_)), tp_(comms_.tp()), pp_(comms_.pp()),
         dp_(comms_.dp()), rank_(world.rank()) {
     if constexpr (requires(Comm& c) { c.set_axis(std::string()); }) {  // weft::traced: name the axes
       tp_.set_axis("tp");
@@ -231,8 +245,8 @@ public:
     const int dp = dp_.size();
     const int vstages = p * chunks;
     const auto fail = [&](const std::string& what) { throw error("strategy", rank_, error::unknown, what); };
-    if (m.seq == 0 || m.hidden == 0 || m.vocab == 0 || m.layers == 0 || m.heads == 0) {
-      fail("the model needs a positive vocab, hidden, heads, seq and layers");
+    if (m.seq == 0 || m.hidden == 0 || m.vocab == 0 || m.layers == 0) {
+      fail("the model needs a positive vocab, hidden, seq and layers");
     }
     if (config_.micro_batch == 0) fail("micro_batch must be at least 1");
     const std::size_t per_step = config_.micro_batch * static_cast<std::size_t>(dp);
@@ -255,29 +269,22 @@ public:
 
     // This rank's layers: the blocks of its virtual stages, the embedding on the first, the rest on the last.
     const int r = pp_.rank();
-    const block_shape_t shape{m.hidden, m.heads, m.ffn, m.seq};
     chunks_.resize(chunks);
     for (int c = 0; c < chunks; ++c) {
       const auto v = static_cast<std::size_t>(c * p + r);
       for (int l = first_layer_[v]; l < first_layer_[v + 1]; ++l) {
-        chunks_[static_cast<std::size_t>(c)].emplace_back(std::make_unique<block_type>(
-            tp_, shape, config_.seed, 1 + block_type::tensor_ids * static_cast<std::uint64_t>(l)));
+        chunks_[static_cast<std::size_t>(c)].emplace_back(
+            std::make_unique<block_type>(tp_, m, static_cast<std::size_t>(l), config_.seed, layer::cblas{}));
       }
     }
-    if (r == 0) embedding_ = std::make_unique<embedding_type>(tp_, m.vocab, m.hidden, config_.seed, 0);
-    if (r == p - 1) {
-      final_norm_ = std::make_unique<layer::layer_norm<T, SP>>(m.hidden);
-      // Tied: the head's weight is initialised as the embedding table (tensor id 0, the same
-      // split of the vocabulary), untied as the gpt model's head.
-      const std::uint64_t head_id = config_.tie_embeddings ? 0 : 1 + block_type::tensor_ids * m.layers;
-      head_ = std::make_unique<head_type>(tp_, m.hidden, m.vocab, config_.seed, head_id,
-                                          typename head_type::options{.bias = false});
-      loss_ = std::make_unique<layer::vocab_parallel_cross_entropy<T, Comm>>(tp_, m.vocab);
-    }
-    if (config_.tie_embeddings && p > 1) {
+    if (r == 0) embedding_ = std::make_unique<embedding_type>(tp_, m, config_.seed, layer::cblas{});
+    if (r == p - 1) head_ = std::make_unique<head_type>(tp_, m, config_.seed, layer::cblas{});
+    tied_ = layer::tied<Model>(m);
+    if (tied_ && p > 1) {
       // The embedding group: the first and the last pipeline stage of this TP and DP position.
       embedding_group_.emplace(pp_.split(r == 0 || r == p - 1 ? 0 : 1, r));
     }
+    if (tied_) share_tied_weight();
 
     params_ = parameters();
     optim::param_set ps;
@@ -286,9 +293,9 @@ public:
     std::vector<float> initial(elements);
     std::size_t at = 0;
     for (const auto& q : params_) {
-      const std::size_t index = ps.add(q.name, {q.value.rows(), q.value.cols()}, q.replicated);
-      if (config_.tie_embeddings && head_ && q.value.data() == head_->parameters()[0].value.data()) {
-        ps.mark_tied_copy(index);  // the embedding table counts it
+      const std::size_t index = ps.add(q.name, {q.value.rows(), q.value.cols()}, q.replicated, q.decay);
+      if ((tied_ && head_ && q.value.data() == head_->tied_weight().value.data()) || q.duplicate) {
+        ps.mark_tied_copy(index);  // the embedding table, or the first replica, counts it
       }
       copy_to_flat(q.value, std::span<float>(initial).subspan(at, q.value.size()));
       at += q.value.size();
@@ -321,6 +328,13 @@ public:
     const std::size_t mine = want / static_cast<std::size_t>(dp_.size());
     ids_ = ids.subspan(static_cast<std::size_t>(dp_.rank()) * mine, mine);
     targets_ = targets.subspan(static_cast<std::size_t>(dp_.rank()) * mine, mine);
+    // Every microbatch's loss is its counted tokens' sum over the whole batch's count: the sums
+    // over microbatches and replicas are then the batch's mean, however unevenly the ignored
+    // targets fall (a mean per microbatch, averaged, would weigh their tokens unequally).
+    if (head_) {
+      const std::size_t counted = layer::vocab_parallel_cross_entropy<T, Comm>::counted(targets, head_->ignore_index());
+      divisor_ = static_cast<double>(std::max<std::size_t>(counted, 1));
+    }
     for (auto& q : params_) zero(q.grad);
     timeline_.clear();
     const auto t0 = clock::now();
@@ -333,12 +347,12 @@ public:
     timeline_.push_back({"optimizer", t1, t2});
     pipeline_seconds_ = std::chrono::duration<double>(t1 - t0).count();
     optimizer_seconds_ = std::chrono::duration<double>(t2 - t1).count();
-    // The mean over every microbatch of every DP rank: the last stage's sums, reduced over pp and dp.
+    // The mean over the global batch: the last stage's sums, reduced over pp and dp.
     double loss[1] = {0.0};
     for (double l : losses) loss[0] += l;
     if (pp_.size() > 1) all_reduce(pp_, std::span<double>(loss));
     if (dp_.size() > 1) all_reduce(dp_, std::span<double>(loss));
-    return loss[0] / static_cast<double>(microbatches_ * dp_.size());
+    return loss[0];
   }
 
   [[nodiscard]] int microbatches() const noexcept { return microbatches_; }
@@ -360,15 +374,14 @@ public:
     std::chrono::steady_clock::time_point begin, end;
   };
   [[nodiscard]] const std::vector<span>& timeline() const noexcept { return timeline_; }
-  /// This rank's parameters (its TP slice of its stages' layers), named as in layer::gpt with
-  /// the block's global index.
+  /// This rank's parameters (its TP slice of its stages' layers), named as in layer::sequential
+  /// with the block's global index.
   [[nodiscard]] const std::vector<layer::parameter<T>>& parameters_view() const noexcept { return params_; }
 
 private:
   using clock = std::chrono::steady_clock;
-  using block_shape_t = layer::block_shape;
 
-  static axis_comms<Comm> split(Comm& world, const strategy_config& c) {
+  static axis_comms<Comm> split(Comm& world, const config& c) {
     if constexpr (Mesh::size > 0) {
       if (world.size() != Mesh::size) {
         throw error("strategy", world.rank(), error::unknown,
@@ -400,26 +413,41 @@ private:
             chunks_[static_cast<std::size_t>(c)][k]->parameters());
       }
     }
-    if (final_norm_) {
-      add("final_norm.", final_norm_->parameters());
-      add("head.", head_->parameters());
-    }
+    if (head_) add("head.", head_->parameters());
     return ps;
+  }
+
+  // Tied: the head's copy of the table starts as the table (the first stage's, sent to the last).
+  void share_tied_weight() {
+    const int p = pp_.size();
+    const int r = pp_.rank();
+    if (p == 1) {
+      const auto e = embedding_->tied_weight();
+      const auto h = head_->tied_weight();
+      for (std::size_t i = 0; i < e.value.rows(); ++i)
+        for (std::size_t j = 0; j < e.value.cols(); ++j) h.value(i, j) = e.value(i, j);
+    } else if (r == 0 || r == p - 1) {
+      auto w = (r == 0 ? embedding_->tied_weight() : head_->tied_weight()).value;
+      std::vector<T> buf(w.size());
+      copy_to_flat(w, std::span(buf));
+      broadcast(*embedding_group_, std::span(buf), 0);
+      copy_from_flat(std::span<const T>(buf), w);
+    }
   }
 
   // After the pipeline: the gradients that need one more reduction before the DP optimizer.
   void finish_gradients() {
     if constexpr (SP::enabled) layer::reduce_sequence_parallel_grads(tp_, std::span(params_));
-    if (!config_.tie_embeddings) return;
+    if (!tied_) return;
     const int p = pp_.size();
     const int r = pp_.rank();
     if (p == 1) {  // both copies here: each gets the sum
-      auto e = embedding_->parameters()[0].grad;
-      auto h = head_->parameters()[0].grad;
+      auto e = embedding_->tied_weight().grad;
+      auto h = head_->tied_weight().grad;
       for (std::size_t i = 0; i < e.rows(); ++i)
         for (std::size_t j = 0; j < e.cols(); ++j) e(i, j) = h(i, j) = e(i, j) + h(i, j);
     } else if (r == 0 || r == p - 1) {
-      auto g = (r == 0 ? embedding_->parameters() : head_->parameters())[0].grad;
+      auto g = (r == 0 ? embedding_->tied_weight() : head_->tied_weight()).grad;
       std::vector<T> buf(g.size());
       copy_to_flat(g, std::span(buf));
       all_reduce(*embedding_group_, std::span(buf));
@@ -435,7 +463,7 @@ private:
       copy_to_flat(q.grad, optimizer_->grad(q.name));
       optimizer_->grad_ready(q.name);
     }
-    optimizer_->step(1.0f / static_cast<float>(microbatches_ * dp_.size()));
+    optimizer_->step(1.0f);  // the losses are divided by the batch's count already
     for (auto& q : params_) {
       copy_from_flat(optimizer_->param(q.name), q.value);
       optimizer_->release(q.name);
@@ -484,14 +512,9 @@ private:
       const timed scope(t, "loss", i, -1);
       const std::size_t hidden = t.config_.model.hidden;
       const matrix_view<const T> y(out.data(), t.rows_, hidden);
-      matrix<T> normed(t.rows_, hidden), logits(t.tokens_, t.head_->out_local());
-      t.final_norm_->forward(y, normed.view());
-      t.head_->forward(layer::detail::cview(normed.view()), logits.view());
-      const double l = t.loss_->forward(layer::detail::cview(logits.view()), t.microbatch(t.targets_, i));
-      t.loss_->backward(logits.view());  // the logits' gradient, in place
-      t.head_->backward(layer::detail::cview(logits.view()), normed.view());
-      pipeline::loss_result<T> r{l, std::vector<T>(t.rows_ * hidden)};
-      t.final_norm_->backward(layer::detail::cview(normed.view()), matrix_view<T>(r.gradient.data(), t.rows_, hidden));
+      pipeline::loss_result<T> r{t.head_->forward(y, t.microbatch(t.targets_, i), t.divisor_),
+                                 std::vector<T>(t.rows_ * hidden)};
+      t.head_->backward(matrix_view<T>(r.gradient.data(), t.rows_, hidden));
       return r;
     }
 
@@ -527,7 +550,7 @@ private:
     std::vector<typename block_type::activations> blocks;
   };
 
-  strategy_config config_;
+  config config_;
   axis_comms<Comm> comms_;
   Comm& tp_;
   Comm& pp_;
@@ -540,10 +563,10 @@ private:
   std::vector<int> first_layer_;
   std::vector<std::vector<std::unique_ptr<block_type>>> chunks_;
   std::unique_ptr<embedding_type> embedding_;
-  std::unique_ptr<layer::layer_norm<T, SP>> final_norm_;
   std::unique_ptr<head_type> head_;
-  std::unique_ptr<layer::vocab_parallel_cross_entropy<T, Comm>> loss_;
+  bool tied_ = false;
   std::optional<Comm> embedding_group_;
+  double divisor_ = 1;  // the global batch's counted targets
   std::vector<layer::parameter<T>> params_;
   std::unique_ptr<optim::data_parallel<Sharding, Rule, float, Comm>> optimizer_;
   std::optional<pipeline::executor<Schedule, Comm, T>> executor_;

@@ -45,19 +45,33 @@ inline batch batch_of(int step, std::size_t sequences = global_batch, const laye
   return b;
 }
 
+/// Megatron's parameter groups, by name alone: every weight matrix and embedding table decays,
+/// biases and norm parameters (LayerNorm's gamma and beta, RMSNorm's weight) do not.
+inline bool decays(const std::string& name) {
+  const auto ends = [&](const std::string& tail) {
+    return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  const auto has = [&](const char* part) { return name.find(part) != std::string::npos; };
+  return !(ends("bias") || ends("gamma") || ends("beta") || has("ln1.") || has("ln2.") || has("norm."));
+}
+
 /// The reference: layer::gpt on one in-process rank, the whole batch per step, the update
 /// written out in double: SGD as PyTorch defines it (L2 decay, momentum buffer b = mu b + g),
-/// AdamW as Loshchilov & Hutter write it (decoupled decay, bias-corrected moments).
+/// AdamW as Loshchilov & Hutter write it (decoupled decay, bias-corrected moments); weight decay
+/// on the tensors decays() names.
 /// Tied: the head's weight is set to the embedding table at the start and both get the sum
 /// of their gradients each step, so they stay one matrix used twice. max_grad_norm > 0: the
 /// gradients are scaled by min(1, max / (norm + 1e-6)), the norm over every parameter once (the
 /// tied matrix once); `norms` (if given) receives each step's norm.
-template <class Rule>
-std::vector<double> reference_losses(const Rule& rule, bool tied = false, std::uint64_t seed = 1, int n = steps,
-                                     double max_grad_norm = 0, std::vector<double>* norms = nullptr) {
+/// `Model` with configuration `config` (untied: the reference ties by hand), step s's batch
+/// `batch_for(s)`.
+template <class Model, class Rule, class BatchFor>
+std::vector<double> reference_losses_of(const typename Model::config& config, BatchFor batch_for, const Rule& rule,
+                                        bool tied = false, std::uint64_t seed = 1, int n = steps,
+                                        double max_grad_norm = 0, std::vector<double>* norms = nullptr) {
   std::vector<double> losses;
   local::run(1, [&](local::communicator& c) {
-    layer::gpt<float, local::communicator> model(c, shape, seed);
+    layer::sequential<Model, float, local::communicator, layer::cblas> model(c, config, seed);
     auto ps = model.parameters();
     const auto find = [&](const std::string& name) {
       for (auto& p : ps) {
@@ -65,8 +79,8 @@ std::vector<double> reference_losses(const Rule& rule, bool tied = false, std::u
       }
       throw std::runtime_error("no parameter " + name);
     };
-    const auto table = find("embedding.weight");
-    const auto head = find("head.weight");
+    const auto table = find("embedding.wte.weight");
+    const auto head = find("head.output.weight");
     if (tied) {
       for (std::size_t r = 0; r < table.value.rows(); ++r)
         for (std::size_t c = 0; c < table.value.cols(); ++c) head.value(r, c) = table.value(r, c);
@@ -77,7 +91,7 @@ std::vector<double> reference_losses(const Rule& rule, bool tied = false, std::u
       v[k].assign(ps[k].value.size(), 0.0);
     }
     for (int s = 0; s < n; ++s) {
-      const auto b = batch_of(s);
+      const auto b = batch_for(s);
       model.zero_grad();
       losses.push_back(model.forward(b.ids, b.targets));
       model.backward();
@@ -89,7 +103,7 @@ std::vector<double> reference_losses(const Rule& rule, bool tied = false, std::u
       if (max_grad_norm > 0) {
         double sq = 0;
         for (const auto& q : ps) {
-          if (tied && q.name == "head.weight") continue;
+          if (tied && q.name == "head.output.weight") continue;
           for (std::size_t r = 0; r < q.grad.rows(); ++r)
             for (std::size_t c = 0; c < q.grad.cols(); ++c) sq += double{q.grad(r, c)} * double{q.grad(r, c)};
         }
@@ -105,20 +119,21 @@ std::vector<double> reference_losses(const Rule& rule, bool tied = false, std::u
       for (std::size_t k = 0; k < ps.size(); ++k) {
         auto w = ps[k].value;
         auto g = ps[k].grad;
+        const double decay = decays(ps[k].name) ? 1.0 : 0.0;
         std::size_t i = 0;
         for (std::size_t r = 0; r < w.rows(); ++r) {
           for (std::size_t col = 0; col < w.cols(); ++col, ++i) {
             double gi = clip * g(r, col);
             double wi = w(r, col);
             if constexpr (std::is_same_v<Rule, optim::sgd>) {
-              gi += double{rule.weight_decay} * wi;
+              gi += decay * double{rule.weight_decay} * wi;
               m[k][i] = rule.momentum * m[k][i] + gi;
               wi -= double{rule.lr} * m[k][i];
             } else {
               static_assert(std::is_same_v<Rule, optim::adamw>);
               m[k][i] = rule.beta1 * m[k][i] + (1.0 - rule.beta1) * gi;
               v[k][i] = rule.beta2 * v[k][i] + (1.0 - rule.beta2) * gi * gi;
-              wi -= double{rule.lr} * rule.weight_decay * wi;
+              wi -= decay * double{rule.lr} * rule.weight_decay * wi;
               wi -= double{rule.lr} * (m[k][i] / c1) / (std::sqrt(v[k][i] / c2) + rule.eps);
             }
             w(r, col) = static_cast<float>(wi);
@@ -130,10 +145,19 @@ std::vector<double> reference_losses(const Rule& rule, bool tied = false, std::u
   return losses;
 }
 
+template <class Rule>
+std::vector<double> reference_losses(const Rule& rule, bool tied = false, std::uint64_t seed = 1, int n = steps,
+                                     double max_grad_norm = 0, std::vector<double>* norms = nullptr) {
+  return reference_losses_of<layer::gpt_model>(
+      shape, [](int s) { return batch_of(s); }, rule, tied, seed, n, max_grad_norm, norms);
+}
+
 /// The strategy S's losses over `n` steps on `world` (every rank gets them).
 template <class S, class Comm, class Rule>
 std::vector<double> strategy_losses(Comm& world, strategy_config config, const Rule& rule, int n = steps) {
+  const bool tied = config.model.tie_embeddings;
   config.model = shape;
+  config.model.tie_embeddings = tied;
   config.global_batch = global_batch;
   auto trainer = S::make(world, config, rule);
   std::vector<double> losses;

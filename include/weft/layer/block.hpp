@@ -1,16 +1,18 @@
 #pragma once
-// A pre-LayerNorm transformer block over a tensor-parallel group:
+// A pre-norm transformer block over a tensor-parallel group:
 //
-//   h = x + attention(layer_norm_1(x))
-//   y = h + mlp(layer_norm_2(h))
+//   h = x + attention(norm_1(x))
+//   y = h + mlp(norm_2(h))
+//
+// basic_transformer_block takes the norm and the MLP as types (GPT: LayerNorm and the GELU MLP,
+// transformer_block; Llama: RMSNorm and SwiGLU, llama.hpp); the attention's options say whether
+// keys and values are grouped, whether projections have biases and whether q and k rotate.
 //
 // Communication per block, forward and backward (tp > 1; with `full` recompute the backward runs the
 // forward's again first):
 //   no_sequence_parallel: forward 2 all-reduces (attention out, MLP out), backward 2 (their inputs)
 //   sequence_parallel:    forward 2 all-gathers + 2 reduce-scatters, backward the same;
 //                         the LayerNorm and bias gradients are partial (reduce_sequence_parallel_grads)
-//
-// Tensor ids tensor_id .. tensor_id + 3 (attention QKV and output, MLP in and out).
 //
 // With a device GEMM policy (cublas on the communicator's stream) the whole block, its layer
 // norms and residual adds included, runs in device memory on that stream (exec.hpp).
@@ -42,18 +44,44 @@ struct block_shape {
   std::size_t seq = 0;
 };
 
-template <class T, communicator Comm, class Gemm = cblas, class SP = no_sequence_parallel,
-          recompute::policy Recompute = recompute::none>
-class transformer_block {
-public:
-  static constexpr std::uint64_t tensor_ids = 4;
-  using space = space_of<Gemm>;
-  using norm_type = layer_norm<T, SP, Gemm>;
+/// Initialisation and norms: the projections into the block N(0, init_std^2), the two that end a
+/// residual branch (attention output, the MLP's last) N(0, out_init_std^2); the norms' epsilon.
+/// The attention's grouped keys and values, biases and rotary positions (attention.hpp); the MLP's
+/// first tensor id is the block's plus mlp_tensor_offset (the attention's come first).
+struct block_options {
+  double init_std = 0.02;
+  double out_init_std = 0.02;
+  double norm_eps = 1e-5;
+  std::size_t kv_heads = 0;  // 0: as many as heads
+  bool attention_bias = true;
+  double rope_theta = 0;  // 0: no rotary embedding
+  std::uint64_t mlp_tensor_offset = 2;
+};
 
-  transformer_block(Comm& tp, block_shape shape, std::uint64_t seed, std::uint64_t tensor_id, Gemm gemm = {})
-      : hidden_(shape.hidden), gemm_(gemm), ln1_(shape.hidden, 1e-5, gemm),
-        attn_(tp, shape.hidden, shape.heads, shape.seq, seed, tensor_id, gemm), ln2_(shape.hidden, 1e-5, gemm),
-        mlp_(tp, shape.hidden, shape.ffn == 0 ? 4 * shape.hidden : shape.ffn, seed, tensor_id + 2, gemm) {
+/// The block with its norm and MLP as types: Norm(hidden, eps, gemm) as layer_norm or rms_norm,
+/// Mlp(tp, hidden, ffn, seed, tensor_id, {.init_std, .out_init_std}, gemm) as parallel_mlp or
+/// parallel_swiglu_mlp.
+template <class T, communicator Comm, class Gemm, class SP, recompute::policy Recompute, class Norm, class Mlp>
+class basic_transformer_block {
+public:
+  using space = space_of<Gemm>;
+  using norm_type = Norm;
+  using mlp_type = Mlp;
+  using attention_type = parallel_attention<T, Comm, Gemm, SP>;
+
+  basic_transformer_block(Comm& tp, block_shape shape, std::uint64_t seed, std::uint64_t tensor_id,
+                          block_options opt, Gemm gemm = {})
+      : hidden_(shape.hidden), gemm_(gemm), ln1_(shape.hidden, opt.norm_eps, gemm),
+        attn_(tp, shape.hidden, shape.heads, shape.seq, seed, tensor_id,
+              attention_options{.kv_heads = opt.kv_heads,
+                                .bias = opt.attention_bias,
+                                .rope_theta = opt.rope_theta,
+                                .init_std = opt.init_std,
+                                .out_init_std = opt.out_init_std},
+              gemm),
+        ln2_(shape.hidden, opt.norm_eps, gemm),
+        mlp_(tp, shape.hidden, shape.ffn == 0 ? 4 * shape.hidden : shape.ffn, seed, tensor_id + opt.mlp_tensor_offset,
+             {.init_std = opt.init_std, .out_init_std = opt.out_init_std}, gemm) {
     attn_.keep_probabilities(!std::is_same_v<Recompute, recompute::selective>);
   }
 
@@ -113,9 +141,9 @@ public:
   /// keeps one per microbatch in flight, so the recompute policy holds per microbatch too.
   struct activations {
     typename norm_type::activations ln1;
-    typename parallel_attention<T, Comm, Gemm, SP>::activations attn;
+    typename attention_type::activations attn;
     typename norm_type::activations ln2;
-    typename parallel_mlp<T, Comm, Gemm, SP>::activations mlp;
+    typename mlp_type::activations mlp;
     matrix<T, space> input;
   };
   [[nodiscard]] activations stash() {
@@ -129,8 +157,8 @@ public:
     input_ = std::move(a.input);
   }
 
-  parallel_attention<T, Comm, Gemm, SP>& attention() noexcept { return attn_; }
-  parallel_mlp<T, Comm, Gemm, SP>& mlp() noexcept { return mlp_; }
+  attention_type& attention() noexcept { return attn_; }
+  mlp_type& mlp() noexcept { return mlp_; }
 
 private:
   static void append(std::vector<parameter<T>>& to, const char* prefix, std::vector<parameter<T>> ps) {
@@ -170,12 +198,31 @@ private:
   std::size_t hidden_;
   Gemm gemm_;
   norm_type ln1_;
-  parallel_attention<T, Comm, Gemm, SP> attn_;
+  attention_type attn_;
   norm_type ln2_;
-  parallel_mlp<T, Comm, Gemm, SP> mlp_;
+  mlp_type mlp_;
   matrix<T, space> input_;  // full recompute: the block's input
   matrix<T, space> a_, h_;  // forward scratch: normed input, the residual stream after attention
   matrix<T, space> t1_, t2_, scratch_;
+};
+
+/// The GPT block: LayerNorms and the GELU MLP. Tensor ids tensor_id .. tensor_id + 3 (attention
+/// QKV and output, MLP in and out).
+template <class T, communicator Comm, class Gemm = cblas, class SP = no_sequence_parallel,
+          recompute::policy Recompute = recompute::none>
+class transformer_block : public basic_transformer_block<T, Comm, Gemm, SP, Recompute, layer_norm<T, SP, Gemm>,
+                                                         parallel_mlp<T, Comm, Gemm, SP>> {
+  using base = basic_transformer_block<T, Comm, Gemm, SP, Recompute, layer_norm<T, SP, Gemm>,
+                                       parallel_mlp<T, Comm, Gemm, SP>>;
+
+public:
+  static constexpr std::uint64_t tensor_ids = 4;
+
+  transformer_block(Comm& tp, block_shape shape, std::uint64_t seed, std::uint64_t tensor_id, Gemm gemm = {})
+      : base(tp, shape, seed, tensor_id, block_options{}, gemm) {}
+  transformer_block(Comm& tp, block_shape shape, std::uint64_t seed, std::uint64_t tensor_id, block_options opt,
+                    Gemm gemm = {})
+      : base(tp, shape, seed, tensor_id, opt, gemm) {}
 };
 
 } // namespace weft::layer

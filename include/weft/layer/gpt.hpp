@@ -1,201 +1,161 @@
 #pragma once
-// A GPT-style language model over a tensor-parallel group, built from the layers: the model the
-// layer tests, the benchmark and the 3D strategy train.
+// The GPT-2 / Megatron GPT model over a tensor-parallel group, as a weft model (model.hpp):
 //
-//   vocab-parallel embedding -> `layers` transformer blocks -> final LayerNorm
-//     -> LM head (column-parallel, no bias, vocabulary split like the embedding) -> vocab-parallel cross entropy
+//   token embedding (vocab-parallel) + learned position embedding (replicated over TP)
+//     -> `layers` pre-LayerNorm transformer blocks (attention and tanh-GELU MLP, with biases)
+//     -> final LayerNorm -> output layer (column-parallel, no bias; tied to the token table or not)
+//     -> vocab-parallel cross entropy
 //
 //   weft::layer::gpt<float, weft::local::communicator> model(tp, {.vocab = 1000, .hidden = 256, .heads = 8,
 //                                                                 .seq = 64, .layers = 4}, seed);
 //   double loss = model.forward(ids, targets);   // ids, targets: batch * seq tokens, sequence after sequence
 //   model.backward();                             // gradients accumulate until zero_grad()
 //
-// The loss is the mean over the tokens. Under sequence parallelism backward ends with the one
-// all-reduce of the replicated parameters' partial gradients (reduce_sequence_parallel_grads), of
-// its own contribution only: gradients accumulated over several backwards are summed once.
-// Tensor ids: embedding 0, blocks from 1 (4 each), LM head after them; one seed makes the same
-// model at every TP size.
+// weft::strategy<..., weft::layer::gpt_model> trains the same model over TP x PP x DP.
+// Initialisation as GPT-2 and Megatron: every weight N(0, init_std^2), the two projections that
+// end a residual branch (attention output, MLP fc2) N(0, init_std^2 / (2 layers)); biases 0,
+// norms 1 and 0. Weight decay: the linears' matrices and, unless decay_embeddings is false, the
+// two embedding tables; never biases or norms. Tensor ids (init.hpp): token table 0, block l
+// 1 + 4 l .. 4 + 4 l, output layer 1 + 4 layers (the token table's when tied), positions
+// 2 + 4 layers: one seed makes the same model at every TP size.
 //
 // With a device GEMM policy (cublas on the communicator's stream) every layer runs in device
 // memory on that stream; ids and targets stay host spans, and forward waits for the loss.
 #include <weft/comm/communicator.hpp>
-#include <weft/core/error.hpp>
 #include <weft/layer/block.hpp>
 #include <weft/layer/cblas.hpp>
-#include <weft/layer/exec.hpp>
-#include <weft/layer/cross_entropy.hpp>
 #include <weft/layer/embedding.hpp>
 #include <weft/layer/layer_norm.hpp>
-#include <weft/layer/linear.hpp>
-#include <weft/layer/matrix.hpp>
-#include <weft/layer/parameter.hpp>
+#include <weft/layer/lm_head.hpp>
+#include <weft/layer/model.hpp>
 #include <weft/layer/policy.hpp>
+#include <weft/layer/position_embedding.hpp>
 #include <weft/layer/recompute.hpp>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <string>
+#include <utility>
 #include <vector>
 
 namespace weft::layer {
 
-struct gpt_shape {
+struct gpt_config {
   std::size_t vocab = 0;
   std::size_t hidden = 0;
   std::size_t heads = 0;
   std::size_t ffn = 0;  // 0: 4 * hidden
-  std::size_t seq = 0;
+  std::size_t seq = 0;  // also the number of learned positions
   std::size_t layers = 0;
+  bool tie_embeddings = false;  // the output layer is the token table
+  double init_std = 0.02;
+  double norm_eps = 1e-5;
+  bool decay_embeddings = true;  // Megatron's default; nanoGPT exempts them
+  std::int32_t ignore_index = -100;
 };
+using gpt_shape = gpt_config;
 
-template <class T, communicator Comm, class Gemm = cblas, class SP = no_sequence_parallel,
-          recompute::policy Recompute = recompute::none>
-class gpt {
+namespace detail {
+
+[[nodiscard]] inline double residual_init_std(double init_std, std::size_t layers) {
+  return init_std / std::sqrt(2.0 * static_cast<double>(layers));
+}
+
+} // namespace detail
+
+/// Token and position embeddings, summed: "wte." and "wpe." parameters.
+template <class T, communicator Comm, class Gemm, class SP>
+class gpt_embedding {
 public:
-  using block_type = transformer_block<T, Comm, Gemm, SP, Recompute>;
-  using space = space_of<Gemm>;
+  static constexpr std::uint64_t token_tensor_id = 0;
 
-  gpt(Comm& tp, gpt_shape shape, std::uint64_t seed, Gemm gemm = {})
-      : tp_(&tp), shape_(shape), gemm_(gemm), embedding_(tp, shape.vocab, shape.hidden, seed, 0, 0.02, gemm),
-        final_norm_(shape.hidden, 1e-5, gemm),
-        head_(tp, shape.hidden, shape.vocab, seed, 1 + block_type::tensor_ids * shape.layers, {.bias = false}, gemm),
-        loss_(tp, shape.vocab, gemm) {
-    if (shape.layers == 0) throw error("gpt: a model needs at least one layer");
-    blocks_.reserve(shape.layers);
-    for (std::size_t l = 0; l < shape.layers; ++l) {
-      blocks_.emplace_back(tp, block_shape{shape.hidden, shape.heads, shape.ffn, shape.seq}, seed,
-                           1 + block_type::tensor_ids * l, gemm);
-    }
+  gpt_embedding(Comm& tp, const gpt_config& c, std::uint64_t seed, Gemm gemm = {})
+      : tp_(&tp), decay_(c.decay_embeddings), tokens_(tp, c.vocab, c.hidden, seed, token_tensor_id, c.init_std, gemm),
+        positions_(c.seq, c.hidden, seed, 2 + 4 * static_cast<std::uint64_t>(c.layers), c.init_std, gemm) {}
+
+  void forward(std::span<const std::int32_t> ids, matrix_view<T> y) {
+    tokens_.forward(ids, y);
+    positions_.forward(y, SP::enabled ? y.rows() * static_cast<std::size_t>(tp_->rank()) : 0);
   }
-
-  [[nodiscard]] const gpt_shape& shape() const noexcept { return shape_; }
-
-  /// The mean loss over the tokens of `ids` (batch * seq of them) predicting `targets`.
-  double forward(std::span<const std::int32_t> ids, std::span<const std::int32_t> targets) {
-    if (ids.size() != targets.size() || ids.empty() || ids.size() % shape_.seq != 0) {
-      throw error("gpt::forward: " + std::to_string(ids.size()) + " ids and " + std::to_string(targets.size()) +
-                  " targets; both must be the same whole number of sequences of " + std::to_string(shape_.seq));
-    }
-    const std::size_t tokens = ids.size();
-    const std::size_t rows = SP::enabled ? detail::check_sequence_split("gpt::forward", tokens, tp_->size()) : tokens;
-    acts_.resize(shape_.layers + 1);
-    detail::resize(gemm_, acts_[0], rows, shape_.hidden);
-    embedding_.forward(ids, acts_[0].view());
-    for (std::size_t l = 0; l < shape_.layers; ++l) {
-      detail::resize(gemm_, acts_[l + 1], rows, shape_.hidden);
-      blocks_[l].forward(detail::cview(acts_[l].view()), acts_[l + 1].view());
-    }
-    detail::resize(gemm_, normed_, rows, shape_.hidden);
-    final_norm_.forward(detail::cview(acts_.back().view()), normed_.view());
-    detail::resize(gemm_, logits_, tokens, head_.out_local());
-    head_.forward(detail::cview(normed_.view()), logits_.view());
-    // The blocks keep what their backward needs. On a device the buffers stay for the next step:
-    // cudaFree and cudaMalloc synchronize the device (and can stall NCCL peers driven by other threads).
-    if constexpr (!on_device<Gemm>) {
-      for (auto& a : acts_) a = {};
-    }
-    return loss_.forward(detail::cview(logits_.view()), targets);
-  }
-
-  /// Gradients of the last forward's loss, accumulated into every parameter's grad.
-  void backward() {
-    if constexpr (SP::enabled) {
-      if (reduced_since_zero_grad_) set_aside_reduced_grads();
-    }
-    const std::size_t rows = normed_.rows();
-    detail::resize(gemm_, dlogits_, logits_.rows(), logits_.cols());
-    loss_.backward(dlogits_.view());
-    detail::resize(gemm_, d_a_, rows, shape_.hidden);
-    detail::resize(gemm_, d_b_, rows, shape_.hidden);
-    head_.backward(detail::cview(dlogits_.view()), d_a_.view());
-    final_norm_.backward(detail::cview(d_a_.view()), d_b_.view());
-    for (std::size_t l = shape_.layers; l-- > 0;) {
-      blocks_[l].backward(detail::cview(d_b_.view()), d_a_.view());
-      std::swap(d_a_, d_b_);
-    }
-    embedding_.backward(detail::cview(d_b_.view()));
-    if constexpr (SP::enabled) {
-      auto ps = parameters();
-      reduce_sequence_parallel_grads(gemm_, *tp_, std::span<parameter<T>>(ps), sp_grads_);
-      if (reduced_since_zero_grad_) add_back_reduced_grads(ps);
-      reduced_since_zero_grad_ = true;
-    }
+  void backward(matrix_view<const T> dy) {
+    positions_.backward(dy);
+    tokens_.backward(dy);
   }
 
   [[nodiscard]] std::vector<parameter<T>> parameters() {
     std::vector<parameter<T>> ps;
-    append(ps, "embedding.", embedding_.parameters());
-    for (std::size_t l = 0; l < shape_.layers; ++l) {
-      append(ps, "block" + std::to_string(l) + ".", blocks_[l].parameters());
-    }
-    append(ps, "final_norm.", final_norm_.parameters());
-    append(ps, "head.", head_.parameters());
+    append_parameters(ps, "wte.", tokens_.parameters());
+    append_parameters(ps, "wpe.", positions_.parameters());
+    for (auto& p : ps) p.decay = decay_;
     return ps;
   }
   void zero_grad() {
-    reduced_since_zero_grad_ = false;
-    embedding_.zero_grad();
-    for (auto& b : blocks_) b.zero_grad();
-    final_norm_.zero_grad();
-    head_.zero_grad();
+    tokens_.zero_grad();
+    positions_.zero_grad();
   }
+  [[nodiscard]] parameter<T> tied_weight() { return tokens_.parameters()[0]; }
 
-  /// The logits of the last forward: tokens x this rank's vocabulary columns (in Gemm's memory).
-  [[nodiscard]] matrix_view<const T> logits() const noexcept { return logits_.view(); }
-  block_type& block(std::size_t l) { return blocks_.at(l); }
+  struct activations {
+    typename vocab_parallel_embedding<T, Comm, SP, Gemm>::activations tokens;
+    typename position_embedding<T, SP, Gemm>::activations positions;
+  };
+  [[nodiscard]] activations stash() { return {tokens_.stash(), positions_.stash()}; }
+  void restore(activations a) {
+    tokens_.restore(std::move(a.tokens));
+    positions_.restore(std::move(a.positions));
+  }
 
 private:
-  static void append(std::vector<parameter<T>>& to, const std::string& prefix, std::vector<parameter<T>> ps) {
-    for (auto& p : ps) {
-      p.name = prefix + p.name;
-      to.push_back(std::move(p));
-    }
-  }
-
-  // Sequence parallelism: what earlier backwards accumulated (since zero_grad) into the
-  // replicated parameters' gradients is summed over the TP group already. A backward sets it
-  // aside, reduces only its own partial sums, and adds it back: reducing the whole gradient would
-  // count the earlier backwards tp times.
-  void set_aside_reduced_grads() {
-    auto ps = parameters();
-    std::size_t n = 0;
-    for (const auto& p : ps) {
-      if (p.sequence_partial) n += p.grad.size();
-    }
-    detail::resize(gemm_, sp_kept_, 1, n);
-    std::size_t at = 0;
-    for (const auto& p : ps) {
-      if (!p.sequence_partial) continue;
-      const matrix_view<T> kept(sp_kept_.data() + at, p.grad.rows(), p.grad.cols());
-      detail::copy_view(gemm_, matrix_view<const T>(p.grad), kept);
-      detail::for_each_element(gemm_, p.grad.rows(), p.grad.cols(), detail::zero_element<T>{p.grad});
-      at += p.grad.size();
-    }
-  }
-  void add_back_reduced_grads(const std::vector<parameter<T>>& ps) {
-    std::size_t at = 0;
-    for (const auto& p : ps) {
-      if (!p.sequence_partial) continue;
-      const matrix_view<const T> kept(sp_kept_.data() + at, p.grad.rows(), p.grad.cols());
-      detail::for_each_element(gemm_, p.grad.rows(), p.grad.cols(), detail::add_element<T>{p.grad, kept});
-      at += p.grad.size();
-    }
-  }
-
   Comm* tp_;
-  gpt_shape shape_;
-  Gemm gemm_;
-  vocab_parallel_embedding<T, Comm, SP, Gemm> embedding_;
-  std::vector<block_type> blocks_;
-  layer_norm<T, SP, Gemm> final_norm_;
-  column_parallel_linear<T, Comm, Gemm, SP> head_;
-  vocab_parallel_cross_entropy<T, Comm, Gemm> loss_;
-  std::vector<matrix<T, space>> acts_;
-  matrix<T, space> normed_, logits_, dlogits_, d_a_, d_b_;
-  matrix<T, space> sp_grads_;  // sequence_parallel: the replicated parameters' gradients, packed
-  matrix<T, space> sp_kept_;   // ... and what earlier backwards reduced, set aside
-  bool reduced_since_zero_grad_ = false;
+  bool decay_;
+  vocab_parallel_embedding<T, Comm, SP, Gemm> tokens_;
+  position_embedding<T, SP, Gemm> positions_;
 };
+
+/// Block `layer` of a GPT: tensor ids 1 + 4 layer .. 4 + 4 layer.
+template <class T, communicator Comm, class Gemm, class SP, class Recompute>
+class gpt_block : public transformer_block<T, Comm, Gemm, SP, Recompute> {
+public:
+  gpt_block(Comm& tp, const gpt_config& c, std::size_t layer, std::uint64_t seed, Gemm gemm = {})
+      : transformer_block<T, Comm, Gemm, SP, Recompute>(
+            tp, block_shape{c.hidden, c.heads, c.ffn, c.seq}, seed,
+            1 + transformer_block<T, Comm, Gemm, SP, Recompute>::tensor_ids * layer,
+            block_options{.init_std = c.init_std, .out_init_std = detail::residual_init_std(c.init_std, c.layers),
+                          .norm_eps = c.norm_eps},
+            gemm) {}
+};
+
+/// Final LayerNorm, output layer, loss.
+template <class T, communicator Comm, class Gemm, class SP>
+class gpt_head : public lm_head<T, Comm, Gemm, SP, layer_norm<T, SP, Gemm>> {
+public:
+  gpt_head(Comm& tp, const gpt_config& c, std::uint64_t seed, Gemm gemm = {})
+      : lm_head<T, Comm, Gemm, SP, layer_norm<T, SP, Gemm>>(
+            tp,
+            {.hidden = c.hidden,
+             .vocab = c.vocab,
+             .tensor_id = c.tie_embeddings ? gpt_embedding<T, Comm, Gemm, SP>::token_tensor_id : 1 + 4 * c.layers,
+             .init_std = c.init_std,
+             .norm_eps = c.norm_eps,
+             .ignore_index = c.ignore_index},
+            seed, gemm) {}
+};
+
+/// The GPT model family (model.hpp).
+struct gpt_model {
+  using config = gpt_config;
+  template <class T, communicator Comm, class Gemm, class SP, class Recompute>
+  struct parts {
+    using embedding = gpt_embedding<T, Comm, Gemm, SP>;
+    using block = gpt_block<T, Comm, Gemm, SP, Recompute>;
+    using head = gpt_head<T, Comm, Gemm, SP>;
+  };
+  static constexpr bool tied(const config& c) noexcept { return c.tie_embeddings; }
+};
+
+template <class T, communicator Comm, class Gemm = cblas, class SP = no_sequence_parallel,
+          recompute::policy Recompute = recompute::none>
+using gpt = sequential<gpt_model, T, Comm, Gemm, SP, Recompute>;
 
 } // namespace weft::layer

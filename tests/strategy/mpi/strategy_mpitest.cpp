@@ -62,8 +62,8 @@ void check_on(weft::mpi::communicator& group, const weft::strategy_config& confi
               const std::string& what, const Rule& rule) {
   ASSERT_EQ(group.size(), S::size);
   const double bound = config.optimizer.max_grad_norm;
-  const std::vector<double> want = bound > 0 ? ts::reference_losses(rule, config.tie_embeddings, 1, ts::steps, bound)
-                                             : reference(rule, config.tie_embeddings);
+  const std::vector<double> want = bound > 0 ? ts::reference_losses(rule, config.model.tie_embeddings, 1, ts::steps, bound)
+                                             : reference(rule, config.model.tie_embeddings);
   const std::vector<double> got = ts::strategy_losses<S>(group, config, rule);
   ts::expect_same_losses(got, want,
                          what + " " + std::string(Rule::name) + " rank " +
@@ -156,7 +156,7 @@ TEST(StrategyMpi, SequenceParallel2x2x2Matches) {
 TEST(StrategyMpi, TiedEmbeddings1x4x2Matches) {
   expect_matches<weft::strategy<mesh<tp<1>, pp<4>, dp<2>>, pipeline::one_f_one_b, optim::zero<3>,
                                 recompute::none>>(
-      {.micro_batch = 1, .layout = pipeline::parse_layout("Et*2|t|t|L"), .tie_embeddings = true},
+      {.model = {.tie_embeddings = true}, .micro_batch = 1, .layout = pipeline::parse_layout("Et*2|t|t|L")},
       "1x4x2 tied");
 }
 
@@ -169,7 +169,7 @@ TEST(StrategyMpi, GradientClippingMatches) {
   expect_matches<weft::strategy<mesh<tp<2>, pp<2>, dp<2>>, pipeline::one_f_one_b, optim::zero<1>, recompute::none>>(
       c, "2x2x2 clipped");
   c.layout = pipeline::parse_layout("Et*2|t|t|L");
-  c.tie_embeddings = true;
+  c.model.tie_embeddings = true;
   expect_matches<weft::strategy<mesh<tp<1>, pp<4>, dp<2>>, pipeline::one_f_one_b, optim::zero<3>, recompute::none>>(
       c, "1x4x2 tied clipped");
 }
