@@ -48,10 +48,12 @@
 // without tensor parallelism, V > 1 chunks on one pipeline stage); run-time errors (weft::error)
 // name the bad value: a world that does not match the mesh, layers that do not split as asked,
 // heads or vocabulary against the TP size, batches that do not divide, a TP group across nodes.
+#include <weft/comm/all_gather.hpp>
 #include <weft/comm/all_reduce.hpp>
 #include <weft/comm/broadcast.hpp>
 #include <weft/comm/communicator.hpp>
 #include <weft/core/error.hpp>
+#include <weft/io/safetensors.hpp>
 #include <weft/layer/block.hpp>
 #include <weft/layer/cblas.hpp>
 #include <weft/layer/cross_entropy.hpp>
@@ -64,6 +66,7 @@
 #include <weft/layer/parameter.hpp>
 #include <weft/layer/policy.hpp>
 #include <weft/layer/recompute.hpp>
+#include <weft/layer/weights.hpp>
 #include <weft/mesh/make_comms.hpp>
 #include <weft/mesh/mesh.hpp>
 #include <weft/optim/data_parallel.hpp>
@@ -79,6 +82,8 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -378,6 +383,60 @@ public:
   /// with the block's global index.
   [[nodiscard]] const std::vector<layer::parameter<T>>& parameters_view() const noexcept { return params_; }
 
+  /// Writes the whole model, unsplit, to `path` in the safetensors format under the model's
+  /// stored names (weft/layer/weights.hpp: Hugging Face's for GPT-2 and Llama), as float32.
+  /// Collective over every rank of the mesh: each writes its own slices (data-parallel rank 0;
+  /// a tensor-replicated parameter from TP rank 0), into path + ".tmp", renamed to `path` once
+  /// every rank has written. A rank's failure fails the call on every rank, naming it.
+  void save_weights(const std::string& path) {
+    const auto stored = stored_parameters();
+    const safetensors::header h = file_plan(stored);
+    const std::string tmp = path + ".tmp";
+    const bool first = tp_.rank() == 0 && pp_.rank() == 0 && dp_.rank() == 0;
+    agree("save_weights", [&] {
+      if (first) safetensors::create(tmp, h);
+    });
+    agree("save_weights", [&] {
+      if (dp_.rank() != 0) return;
+      for (std::size_t k = 0; k < params_.size(); ++k) {
+        const auto& q = params_[k];
+        if (!stored[k].written || q.duplicate || (q.replicated && tp_.rank() != 0)) continue;
+        layer::write_slice(tmp, h, stored[k], q);
+      }
+    });
+    agree("save_weights", [&] {
+      if (first) std::filesystem::rename(tmp, path);
+    });
+  }
+
+  /// Reads the whole model from `path` (as save_weights writes it, or any safetensors file with
+  /// the model's stored names and shapes in F32, F64, F16 or BF16; GPT-2's names may lack the
+  /// "transformer." prefix), every rank only its own slices, at any mesh and ZeRO stage; then
+  /// the layers, the optimizer's parameters and its fp32 master copy all hold the loaded values
+  /// (the optimizer's moments are left as they are: they live in optim checkpoints). Collective.
+  /// A file that cannot be read, a tensor missing or extra, a wrong shape or dtype is a weft::error
+  /// naming the tensor, on every rank, before anything changes.
+  void load_weights(const std::string& path) {
+    const auto stored = stored_parameters();
+    const safetensors::header expected = file_plan(stored);
+    std::vector<matrix<float>> values(params_.size());
+    agree("load_weights", [&] {
+      const safetensors::header h = safetensors::read_header(path);
+      const std::map<std::string, std::string> names = file_names(expected, h, path);
+      for (std::size_t k = 0; k < params_.size(); ++k) {
+        auto s = stored[k];
+        s.name = names.at(s.name);
+        layer::read_slice(path, h, s, params_[k], values[k]);
+      }
+    });
+    std::vector<float> flat;
+    for (std::size_t k = 0; k < params_.size(); ++k) {
+      copy_from_flat(std::span<const float>(values[k].flat()), params_[k].value);
+      flat.insert(flat.end(), values[k].flat().begin(), values[k].flat().end());
+    }
+    optimizer_->set_parameters(flat);
+  }
+
 private:
   using clock = std::chrono::steady_clock;
 
@@ -390,6 +449,107 @@ private:
       }
     }
     return c.cluster ? make_comms<Mesh>(world, *c.cluster) : make_comms<Mesh>(world);
+  }
+
+  // Runs f; if it throws on any rank, every rank throws: the failed ranks their own error, the
+  // others one that names the first failed rank. Collective (reductions over tp, pp and dp).
+  template <class F>
+  void agree(const char* what, F&& f) {
+    std::string failure;
+    try {
+      f();
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    std::int32_t failed[1] = {failure.empty() ? 0 : rank_ + 1};
+    all_reduce(tp_, std::span<std::int32_t>(failed), op::max{});
+    all_reduce(pp_, std::span<std::int32_t>(failed), op::max{});
+    all_reduce(dp_, std::span<std::int32_t>(failed), op::max{});
+    if (!failure.empty()) throw error("strategy", rank_, error::unknown, std::string(what) + ": " + failure);
+    if (failed[0] != 0) {
+      throw error("strategy", rank_, error::unknown,
+                  std::string(what) + ": rank " + std::to_string(failed[0] - 1) + " failed (its error says why)");
+    }
+  }
+
+  // How each of this rank's parameters is stored (layer/weights.hpp).
+  std::vector<layer::stored_tensor> stored_parameters() const {
+    std::vector<layer::stored_tensor> out;
+    for (const auto& q : params_) out.push_back(layer::stored_as<Model>(config_.model, q.name));
+    return out;
+  }
+
+  // The file every rank agrees on: the tensors written by every pipeline stage (gathered over pp;
+  // TP and DP ranks of a stage hold the same names), in name order, float32. Collective over pp.
+  safetensors::header file_plan(const std::vector<layer::stored_tensor>& stored) {
+    std::string mine;
+    for (std::size_t k = 0; k < params_.size(); ++k) {
+      if (!stored[k].written) continue;
+      const auto shape = layer::stored_shape(stored[k], params_[k].full_rows, params_[k].full_cols);
+      mine += stored[k].name;
+      for (std::size_t n : shape) mine += '\t' + std::to_string(n);
+      mine += '\n';
+    }
+    std::int32_t longest[1] = {static_cast<std::int32_t>(mine.size())};
+    all_reduce(pp_, std::span<std::int32_t>(longest), op::max{});
+    std::vector<std::int32_t> text(static_cast<std::size_t>(longest[0]), 0);
+    std::copy(mine.begin(), mine.end(), text.begin());
+    std::vector<std::int32_t> all(text.size() * static_cast<std::size_t>(pp_.size()));
+    all_gather(pp_, std::span<const std::int32_t>(text), std::span<std::int32_t>(all));
+    std::map<std::string, std::vector<std::size_t>> tensors;
+    std::string line;
+    for (std::int32_t ch : all) {
+      if (ch == 0) continue;
+      if (ch != '\n') {
+        line += static_cast<char>(ch);
+        continue;
+      }
+      std::vector<std::size_t> shape;
+      std::size_t tab = line.find('\t');
+      const std::string name = line.substr(0, tab);
+      while (tab != std::string::npos) {
+        const std::size_t next = line.find('\t', tab + 1);
+        shape.push_back(std::stoull(line.substr(tab + 1, next - tab - 1)));
+        tab = next;
+      }
+      tensors.emplace(name, std::move(shape));
+      line.clear();
+    }
+    std::vector<safetensors::tensor_spec> specs;
+    for (auto& [name, shape] : tensors) specs.push_back({name, safetensors::dtype::f32, shape});
+    return safetensors::plan(specs, {{"format", "pt"}});
+  }
+
+  // The file's name of each expected tensor (GPT-2's may lack "transformer."), after checking
+  // that the file holds exactly the expected tensors, with their shapes, in a float dtype.
+  static std::map<std::string, std::string> file_names(const safetensors::header& expected,
+                                                       const safetensors::header& file, const std::string& path) {
+    std::map<std::string, std::string> names;
+    const std::string prefix = "transformer.";
+    for (const auto& t : expected.tensors) {
+      const auto* f = file.find(t.name);
+      if (f == nullptr && t.name.rfind(prefix, 0) == 0) f = file.find(t.name.substr(prefix.size()));
+      const auto shape = [](const std::vector<std::size_t>& v) {
+        std::string s = "[";
+        for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+        return s + "]";
+      };
+      if (f == nullptr) throw error(path + ": tensor '" + t.name + "' of the model is not in the file");
+      if (f->shape != t.shape) {
+        throw error(path + ": tensor '" + f->name + "' is " + shape(f->shape) + ", the model's is " + shape(t.shape));
+      }
+      if (!safetensors::converts_to_float(f->type)) {
+        throw error(path + ": tensor '" + f->name + "' is " + std::string(safetensors::dtype_name(f->type)) +
+                    "; weights load from F32, F64, F16 or BF16");
+      }
+      names.emplace(t.name, f->name);
+    }
+    for (const auto& f : file.tensors) {
+      bool used = false;
+      for (const auto& [want, have] : names) used = used || have == f.name;
+      if (!used) throw error(path + ": tensor '" + f.name + "' is not a parameter of the model");
+    }
+    return names;
   }
 
   static void zero(matrix_view<T> g) {

@@ -31,11 +31,14 @@
 #include <weft/layer/policy.hpp>
 #include <weft/layer/position_embedding.hpp>
 #include <weft/layer/recompute.hpp>
+#include <weft/layer/weights.hpp>
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -142,6 +145,28 @@ public:
             seed, gemm) {}
 };
 
+namespace detail {
+
+/// "block12.attention.qkv.weight" -> {12, "attention.qkv.weight"}; not a block: {-1, name}.
+[[nodiscard]] inline std::pair<long, std::string> split_block_name(const std::string& name) {
+  constexpr std::string_view prefix = "block";
+  if (name.rfind(prefix, 0) != 0) return {-1, name};
+  const std::size_t dot = name.find('.');
+  if (dot == std::string::npos || dot == prefix.size()) return {-1, name};
+  long l = 0;
+  for (std::size_t i = prefix.size(); i < dot; ++i) {
+    if (name[i] < '0' || name[i] > '9') return {-1, name};
+    l = 10 * l + (name[i] - '0');
+  }
+  return {l, name.substr(dot + 1)};
+}
+
+[[noreturn]] inline void unknown_parameter(const char* model, const std::string& name) {
+  throw error(std::string(model) + ": no stored name for a parameter named '" + name + "'");
+}
+
+} // namespace detail
+
 /// The GPT model family (model.hpp).
 struct gpt_model {
   using config = gpt_config;
@@ -152,6 +177,39 @@ struct gpt_model {
     using head = gpt_head<T, Comm, Gemm, SP>;
   };
   static constexpr bool tied(const config& c) noexcept { return c.tie_embeddings; }
+
+  /// Hugging Face's GPT2LMHeadModel names (weights.hpp). Its Conv1D layers (c_attn, c_proj,
+  /// c_fc) hold in x out, so weft's out x in matrices are stored transposed, and c_attn's outputs
+  /// are [q of every head | k | v] where weft's QKV is [q | k | v] head after head. The tied
+  /// output layer is the token table (lm_head.weight is not written).
+  static stored_tensor stored(const config& c, const std::string& name) {
+    const std::string t = "transformer.";
+    if (name == "embedding.wte.weight") return {t + "wte.weight"};
+    if (name == "embedding.wpe.weight") return {t + "wpe.weight"};
+    if (name == "head.norm.gamma") return {t + "ln_f.weight"};
+    if (name == "head.norm.beta") return {t + "ln_f.bias"};
+    if (name == "head.output.weight") {
+      return c.tie_embeddings ? stored_tensor{t + "wte.weight", false, {}, false} : stored_tensor{"lm_head.weight"};
+    }
+    const auto [l, part] = detail::split_block_name(name);
+    if (l < 0) detail::unknown_parameter("gpt_model", name);
+    const std::string h = t + "h." + std::to_string(l) + ".";
+    const std::size_t d = c.hidden / c.heads, hidden = c.hidden;
+    const auto qkv = [d, hidden](std::size_t r) { return (r % (3 * d)) / d * hidden + r / (3 * d) * d + r % d; };
+    if (part == "ln1.gamma") return {h + "ln_1.weight"};
+    if (part == "ln1.beta") return {h + "ln_1.bias"};
+    if (part == "ln2.gamma") return {h + "ln_2.weight"};
+    if (part == "ln2.beta") return {h + "ln_2.bias"};
+    if (part == "attention.qkv.weight") return {h + "attn.c_attn.weight", true, qkv};
+    if (part == "attention.qkv.bias") return {h + "attn.c_attn.bias", false, qkv};
+    if (part == "attention.out.weight") return {h + "attn.c_proj.weight", true};
+    if (part == "attention.out.bias") return {h + "attn.c_proj.bias"};
+    if (part == "mlp.fc1.weight") return {h + "mlp.c_fc.weight", true};
+    if (part == "mlp.fc1.bias") return {h + "mlp.c_fc.bias"};
+    if (part == "mlp.fc2.weight") return {h + "mlp.c_proj.weight", true};
+    if (part == "mlp.fc2.bias") return {h + "mlp.c_proj.bias"};
+    detail::unknown_parameter("gpt_model", name);
+  }
 };
 
 template <class T, communicator Comm, class Gemm = cblas, class SP = no_sequence_parallel,

@@ -27,10 +27,12 @@
 #include <weft/layer/recompute.hpp>
 #include <weft/layer/rms_norm.hpp>
 #include <weft/layer/swiglu_mlp.hpp>
+#include <weft/layer/weights.hpp>
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -134,6 +136,32 @@ struct llama_model {
     using head = llama_head<T, Comm, Gemm, SP>;
   };
   static constexpr bool tied(const config& c) noexcept { return c.tie_embeddings; }
+
+  /// Hugging Face's LlamaForCausalLM names (weights.hpp); every matrix out x in as weft holds
+  /// it. The rotation is Hugging Face's rotate-half convention, so its q_proj and k_proj load as
+  /// they are (Meta's original checkpoints permute them). A tied output layer is the token table.
+  static stored_tensor stored(const config& c, const std::string& name) {
+    if (name == "embedding.wte.weight") return {"model.embed_tokens.weight"};
+    if (name == "head.norm.weight") return {"model.norm.weight"};
+    if (name == "head.output.weight") {
+      return c.tie_embeddings ? stored_tensor{"model.embed_tokens.weight", false, {}, false}
+                              : stored_tensor{"lm_head.weight"};
+    }
+    const auto [l, part] = detail::split_block_name(name);
+    if (l < 0) detail::unknown_parameter("llama_model", name);
+    const std::string h = "model.layers." + std::to_string(l) + ".";
+    if (part == "ln1.weight") return {h + "input_layernorm.weight"};
+    if (part == "ln2.weight") return {h + "post_attention_layernorm.weight"};
+    for (const char* p : {"q", "k", "v", "o"}) {
+      for (const char* w : {"weight", "bias"}) {
+        if (part == std::string("attention.") + p + "." + w) return {h + "self_attn." + p + "_proj." + w};
+      }
+    }
+    for (const char* p : {"gate", "up", "down"}) {
+      if (part == std::string("mlp.") + p + ".weight") return {h + "mlp." + p + "_proj.weight"};
+    }
+    detail::unknown_parameter("llama_model", name);
+  }
 };
 
 template <class T, communicator Comm, class Gemm = cblas, class SP = no_sequence_parallel,
