@@ -3,13 +3,14 @@
 // DP) and each ZeRO stage, the per-step losses of 20 SGD steps (and for 2x2x2 also AdamW) equal
 // those of the same model trained on one rank on the whole batch (strategy_support.hpp), within
 // 1e-5 relative, on every process of the mesh; so do sequence parallelism, tied embeddings and
-// gradient clipping.
-// strategy_test.cpp runs the same on threads.
+// gradient clipping; and the Llama model at 2x2x2, TP 4 over two kv heads, with SP, uneven.
+// strategy_test.cpp and models_test.cpp run the same on threads.
 //
 // ctest starts it with 8 processes. A mesh of N < 8 ranks runs on the first N processes (a split
 // of the world); the others wait for them in a barrier on the world, which sleeps instead of
 // spinning, so the waiting processes leave the cores to the working ones.
 #include <weft/comm/transport/mpi.hpp>
+#include <weft/layer/llama.hpp>
 #include <weft/pipeline/layout.hpp>
 #include <weft/strategy.hpp>
 
@@ -70,25 +71,54 @@ void check_on(weft::mpi::communicator& group, const weft::strategy_config& confi
                              std::to_string(group.rank()) + " of " + std::to_string(group.size()));
 }
 
-// The strategy S on the first S::size processes; the others wait until they are done. Every
-// process reaches the barrier, whatever the check did (a failed assertion, a weft::error), so the
-// world stays in step and the next case runs.
-template <class S, class Rule = optim::sgd>
-void expect_matches(const weft::strategy_config& config, const std::string& what,
-                    const Rule& rule = ts::sgd_rule) {
+// check(group) on the first n processes; the others wait until they are done. Every process
+// reaches the barrier, whatever the check did (a failed assertion, a weft::error), so the world
+// stays in step and the next case runs.
+template <class Check>
+void on_first_processes(int n, const std::string& what, Check check) {
   auto& world = waiting_world();
-  ASSERT_GE(world.size(), S::size) << what << " needs " << S::size << " processes";
-  const bool member = world.rank() < S::size;
+  ASSERT_GE(world.size(), n) << what << " needs " << n << " processes";
+  const bool member = world.rank() < n;
   weft::mpi::communicator group = world.split(member ? 0 : 1, world.rank());
   if (member) {
     group.set_timeout(weft::test::mpi_test_timeout);
     try {
-      check_on<S>(group, config, what, rule);
+      check(group);
     } catch (const std::exception& e) {
       ADD_FAILURE() << what << " on rank " << group.rank() << ": " << e.what();
     }
   }
   world.barrier();
+}
+
+// The strategy S on the first S::size processes.
+template <class S, class Rule = optim::sgd>
+void expect_matches(const weft::strategy_config& config, const std::string& what,
+                    const Rule& rule = ts::sgd_rule) {
+  on_first_processes(S::size, what, [&](weft::mpi::communicator& group) { check_on<S>(group, config, what, rule); });
+}
+
+// --- Llama: the same checks against layer::llama on one rank (tests/strategy/models_test.cpp on threads)
+constexpr weft::layer::llama_config llama_shape{
+    .vocab = 53, .hidden = 16, .heads = 4, .kv_heads = 2, .ffn = 24, .seq = 8, .layers = 4, .rope_theta = 10000};
+
+template <class Mesh, class Sharding, class Schedule = pipeline::one_f_one_b, class Recompute = recompute::none,
+          class SP = no_sequence_parallel>
+void expect_llama_matches(weft::basic_strategy_config<weft::layer::llama_config> config, const std::string& what) {
+  using S = weft::strategy<Mesh, Schedule, Sharding, Recompute, SP, weft::layer::llama_model>;
+  static const std::vector<double> want = ts::reference_losses_of<weft::layer::llama_model>(
+      llama_shape, [](int s) { return ts::batch_of(s); }, ts::adamw_rule);
+  on_first_processes(S::size, what, [&](weft::mpi::communicator& group) {
+    config.model = llama_shape;
+    config.global_batch = ts::global_batch;
+    auto trainer = S::make(group, config, ts::adamw_rule);
+    std::vector<double> got;
+    for (int s = 0; s < ts::steps; ++s) {
+      const auto b = ts::batch_of(s);
+      got.push_back(trainer->train_step(b.ids, b.targets));
+    }
+    ts::expect_same_losses(got, want, what + " rank " + std::to_string(group.rank()));
+  });
 }
 
 template <class Mesh, class Schedule, class Rule = optim::sgd>
@@ -172,6 +202,16 @@ TEST(StrategyMpi, GradientClippingMatches) {
   c.model.tie_embeddings = true;
   expect_matches<weft::strategy<mesh<tp<1>, pp<4>, dp<2>>, pipeline::one_f_one_b, optim::zero<3>, recompute::none>>(
       c, "1x4x2 tied clipped");
+}
+
+TEST(StrategyMpi, LlamaMatches) {
+  expect_llama_matches<mesh<tp<2>, pp<2>, dp<2>>, optim::zero<1>>({.micro_batch = 1}, "llama 2x2x2 zero<1>");
+  expect_llama_matches<mesh<tp<2>, pp<2>, dp<2>>, optim::zero<3>>({.micro_batch = 1}, "llama 2x2x2 zero<3>");
+  expect_llama_matches<mesh<tp<4>, pp<1>, dp<2>>, optim::zero<2>>({.micro_batch = 2}, "llama 4x1x2 replicated kv");
+  expect_llama_matches<mesh<tp<2>, pp<2>, dp<2>>, optim::zero<1>, pipeline::interleaved<2>, recompute::selective,
+                       weft::layer::sequence_parallel>({.micro_batch = 1}, "llama 2x2x2 V=2 SP");
+  expect_llama_matches<mesh<tp<1>, pp<4>, dp<2>>, optim::zero<0>>(
+      {.micro_batch = 1, .layout = pipeline::parse_layout("Et*2|t|t|L")}, "llama 1x4x2 uneven");
 }
 
 } // namespace
