@@ -141,7 +141,8 @@ public:
              .tensor_id = c.tie_embeddings ? gpt_embedding<T, Comm, Gemm, SP>::token_tensor_id : 1 + 4 * c.layers,
              .init_std = c.init_std,
              .norm_eps = c.norm_eps,
-             .ignore_index = c.ignore_index},
+             .ignore_index = c.ignore_index,
+             .output_decay = !c.tie_embeddings || c.decay_embeddings},
             seed, gemm) {}
 };
 

@@ -122,7 +122,8 @@ public:
              .tensor_id = c.tie_embeddings ? 0 : 1 + llama_block<T, Comm, Gemm, SP, recompute::none>::tensor_ids * c.layers,
              .init_std = c.init_std,
              .norm_eps = c.norm_eps,
-             .ignore_index = c.ignore_index},
+             .ignore_index = c.ignore_index,
+             .output_decay = !c.tie_embeddings || c.decay_embeddings},
             seed, gemm) {}
 };
 

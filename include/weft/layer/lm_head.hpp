@@ -37,6 +37,7 @@ struct lm_head_options {
   double init_std = 0.02;
   double norm_eps = 1e-5;
   std::int32_t ignore_index = -100;
+  bool output_decay = true;  // whether weight decay applies to the output layer (a tied one: as the table)
 };
 
 template <class T, communicator Comm, class Gemm, class SP, class Norm>
@@ -46,7 +47,7 @@ public:
   using output_type = column_parallel_linear<T, Comm, Gemm, SP>;
 
   lm_head(Comm& tp, lm_head_options opt, std::uint64_t seed, Gemm gemm = {})
-      : gemm_(gemm), hidden_(opt.hidden), norm_(opt.hidden, opt.norm_eps, gemm),
+      : gemm_(gemm), hidden_(opt.hidden), output_decay_(opt.output_decay), norm_(opt.hidden, opt.norm_eps, gemm),
         output_(tp, opt.hidden, opt.vocab, seed, opt.tensor_id, {.bias = false, .init_std = opt.init_std}, gemm),
         loss_(tp, opt.vocab, gemm, opt.ignore_index) {}
 
@@ -71,14 +72,17 @@ public:
   [[nodiscard]] std::vector<parameter<T>> parameters() {
     std::vector<parameter<T>> ps;
     for (auto& p : norm_.parameters()) ps.push_back(renamed("norm.", std::move(p)));
-    for (auto& p : output_.parameters()) ps.push_back(renamed("output.", std::move(p)));
+    for (auto& p : output_.parameters()) {
+      p.decay = p.decay && output_decay_;
+      ps.push_back(renamed("output.", std::move(p)));
+    }
     return ps;
   }
   void zero_grad() {
     norm_.zero_grad();
     output_.zero_grad();
   }
-  [[nodiscard]] parameter<T> tied_weight() { return output_.parameters()[0]; }
+  [[nodiscard]] parameter<T> tied_weight() { return parameters()[norm_.parameters().size()]; }
   [[nodiscard]] std::int32_t ignore_index() const noexcept { return loss_.ignore_index(); }
   /// The logits of the last forward: tokens x this rank's vocabulary columns (in Gemm's memory).
   [[nodiscard]] matrix_view<const T> logits() const noexcept { return logits_.view(); }
@@ -93,6 +97,7 @@ private:
 
   Gemm gemm_;
   std::size_t hidden_;
+  bool output_decay_;
   Norm norm_;
   output_type output_;
   vocab_parallel_cross_entropy<T, Comm, Gemm> loss_;
