@@ -82,6 +82,8 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cerrno>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <map>
@@ -92,6 +94,9 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 namespace weft {
 
@@ -254,6 +259,9 @@ public:
       fail("the model needs a positive vocab, hidden, seq and layers");
     }
     if (config_.micro_batch == 0) fail("micro_batch must be at least 1");
+    if (config_.optimizer.loss_scaling.value_or(false)) {
+      fail("optimizer.loss_scaling: the strategy trains in float and does not scale its losses; leave it unset");
+    }
     const std::size_t per_step = config_.micro_batch * static_cast<std::size_t>(dp);
     if (config_.global_batch == 0 || config_.global_batch % per_step != 0) {
       fail("a global batch of " + std::to_string(config_.global_batch) + " sequences does not split into " +
@@ -389,8 +397,13 @@ public:
   /// a tensor-replicated parameter from TP rank 0), into path + ".tmp", renamed to `path` once
   /// every rank has written. A rank's failure fails the call on every rank, naming it.
   void save_weights(const std::string& path) {
-    const auto stored = stored_parameters();
-    const safetensors::header h = file_plan(stored);
+    std::vector<layer::stored_tensor> stored;
+    std::string listing;
+    agree("save_weights", [&] {
+      stored = stored_parameters();
+      listing = file_listing(stored);
+    });
+    const safetensors::header h = file_plan(listing);
     const std::string tmp = path + ".tmp";
     const bool first = tp_.rank() == 0 && pp_.rank() == 0 && dp_.rank() == 0;
     agree("save_weights", [&] {
@@ -405,7 +418,7 @@ public:
       }
     });
     agree("save_weights", [&] {
-      if (first) std::filesystem::rename(tmp, path);
+      if (first) durable_rename(tmp, path);
     });
   }
 
@@ -415,13 +428,26 @@ public:
   /// the layers, the optimizer's parameters and its fp32 master copy all hold the loaded values
   /// (the optimizer's moments are left as they are: they live in optim checkpoints). Collective.
   /// A file that cannot be read, a tensor missing or extra, a wrong shape or dtype is a weft::error
-  /// naming the tensor, on every rank, before anything changes.
+  /// naming the tensor, on every rank, before anything changes; so is a file whose recorded
+  /// configuration ("weft.heads", "weft.rope_theta", ... in its metadata) differs from the model's.
+  /// Tensors the model calls buffers (GPT-2's causal masks) are skipped.
   void load_weights(const std::string& path) {
-    const auto stored = stored_parameters();
-    const safetensors::header expected = file_plan(stored);
+    std::vector<layer::stored_tensor> stored;
+    std::string listing;
+    agree("load_weights", [&] {
+      stored = stored_parameters();
+      listing = file_listing(stored);
+    });
+    const safetensors::header expected = file_plan(listing);
     std::vector<matrix<float>> values(params_.size());
     agree("load_weights", [&] {
       const safetensors::header h = safetensors::read_header(path);
+      for (const auto& [key, value] : h.metadata) {
+        const auto mine = expected.metadata.find(key);
+        if (key.rfind("weft.", 0) == 0 && mine != expected.metadata.end() && mine->second != value) {
+          throw error(path + ": the file's model has " + key.substr(5) + " " + value + ", this one " + mine->second);
+        }
+      }
       const std::map<std::string, std::string> names = file_names(expected, h, path);
       for (std::size_t k = 0; k < params_.size(); ++k) {
         auto s = stored[k];
@@ -479,9 +505,8 @@ private:
     return out;
   }
 
-  // The file every rank agrees on: the tensors written by every pipeline stage (gathered over pp;
-  // TP and DP ranks of a stage hold the same names), in name order, float32. Collective over pp.
-  safetensors::header file_plan(const std::vector<layer::stored_tensor>& stored) {
+  // This rank's tensors of the file, a line each: name, then the shape, tab-separated.
+  std::string file_listing(const std::vector<layer::stored_tensor>& stored) const {
     std::string mine;
     for (std::size_t k = 0; k < params_.size(); ++k) {
       if (!stored[k].written) continue;
@@ -490,6 +515,13 @@ private:
       for (std::size_t n : shape) mine += '\t' + std::to_string(n);
       mine += '\n';
     }
+    return mine;
+  }
+
+  // The file every rank agrees on: the tensors written by every pipeline stage (the listings
+  // gathered over pp; TP and DP ranks of a stage hold the same names), in name order, float32,
+  // the model's facts as metadata. Collective over pp.
+  safetensors::header file_plan(const std::string& mine) {
     std::int32_t longest[1] = {static_cast<std::int32_t>(mine.size())};
     all_reduce(pp_, std::span<std::int32_t>(longest), op::max{});
     std::vector<std::int32_t> text(static_cast<std::size_t>(longest[0]), 0);
@@ -517,7 +549,27 @@ private:
     }
     std::vector<safetensors::tensor_spec> specs;
     for (auto& [name, shape] : tensors) specs.push_back({name, safetensors::dtype::f32, shape});
-    return safetensors::plan(specs, {{"format", "pt"}});
+    auto metadata = layer::stored_facts<Model>(config_.model);
+    metadata.emplace("format", "pt");
+    return safetensors::plan(specs, metadata);
+  }
+
+  // Renames the written file into place once its bytes, and then the rename, are on disk: a
+  // crash leaves the old file or the whole new one.
+  static void durable_rename(const std::string& from, const std::string& to) {
+    const auto sync = [](const std::string& p, int flags) {
+      const int fd = ::open(p.c_str(), flags);
+      if (fd < 0 || ::fsync(fd) != 0) {
+        const int e = errno;
+        if (fd >= 0) ::close(fd);
+        throw error(p + ": cannot sync to disk: " + std::strerror(e));
+      }
+      ::close(fd);
+    };
+    sync(from, O_RDONLY);
+    std::filesystem::rename(from, to);
+    const auto dir = std::filesystem::absolute(to).parent_path();
+    sync(dir.string(), O_RDONLY | O_DIRECTORY);
   }
 
   // The file's name of each expected tensor (GPT-2's may lack "transformer."), after checking
@@ -547,7 +599,9 @@ private:
     for (const auto& f : file.tensors) {
       bool used = false;
       for (const auto& [want, have] : names) used = used || have == f.name;
-      if (!used) throw error(path + ": tensor '" + f.name + "' is not a parameter of the model");
+      if (!used && !layer::stored_buffer<Model>(f.name)) {
+        throw error(path + ": tensor '" + f.name + "' is not a parameter of the model");
+      }
     }
     return names;
   }

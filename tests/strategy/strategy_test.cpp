@@ -238,6 +238,14 @@ TEST(strategy_errors, a_batch_that_does_not_divide) {
                          "a global batch of 8 sequences does not split into 2 data-parallel ranks x microbatches of 3");
 }
 
+// The strategy trains in float and scales no loss: a loss scale would shrink every update.
+TEST(strategy_errors, loss_scaling_asked_of_a_float_strategy) {
+  using S = weft::strategy<mesh<tp<1>, pp<1>, dp<2>>, pipeline::one_f_one_b, optim::zero<1>, recompute::none>;
+  weft::strategy_config c{.micro_batch = 2};
+  c.optimizer.loss_scaling = true;
+  expect_every_rank_says(errors_of<S>(2, c), "optimizer.loss_scaling: the strategy trains in float");
+}
+
 TEST(strategy_errors, heads_that_do_not_divide_over_tp) {
   using S = weft::strategy<mesh<tp<3>, pp<1>, dp<1>>, pipeline::one_f_one_b, optim::zero<0>, recompute::none>;
   expect_every_rank_says(errors_of<S>(3, {}), "4 heads do not divide over a tensor-parallel group of 3");

@@ -34,8 +34,10 @@
 #include <weft/layer/weights.hpp>
 
 #include <cmath>
+#include <cstdio>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <span>
 #include <string>
 #include <string_view>
@@ -162,6 +164,13 @@ namespace detail {
   return {l, name.substr(dot + 1)};
 }
 
+/// A double as text that reads back to the same double.
+[[nodiscard]] inline std::string exact(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", x);
+  return buf;
+}
+
 [[noreturn]] inline void unknown_parameter(const char* model, const std::string& name) {
   throw error(std::string(model) + ": no stored name for a parameter named '" + name + "'");
 }
@@ -210,6 +219,19 @@ struct gpt_model {
     if (part == "mlp.fc2.weight") return {h + "mlp.c_proj.weight", true};
     if (part == "mlp.fc2.bias") return {h + "mlp.c_proj.bias"};
     detail::unknown_parameter("gpt_model", name);
+  }
+
+  /// What decides how the tensors read: the head count orders the fused QKV (weights.hpp).
+  static std::map<std::string, std::string> describe(const config& c) {
+    return {{"model", "gpt"}, {"heads", std::to_string(c.heads)}, {"norm_eps", detail::exact(c.norm_eps)},
+            {"tie_embeddings", c.tie_embeddings ? "true" : "false"}};
+  }
+  /// Hugging Face's GPT-2 files may carry each block's causal mask (attn.bias, attn.masked_bias).
+  static bool buffer(std::string_view name) {
+    const auto ends = [&](std::string_view tail) {
+      return name.size() >= tail.size() && name.substr(name.size() - tail.size()) == tail;
+    };
+    return ends(".attn.bias") || ends(".attn.masked_bias");
   }
 };
 

@@ -31,8 +31,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -162,6 +164,21 @@ struct llama_model {
       if (part == std::string("mlp.") + p + ".weight") return {h + "mlp." + p + "_proj.weight"};
     }
     detail::unknown_parameter("llama_model", name);
+  }
+
+  /// What decides how the tensors read: which query heads share a key/value head, the rotation.
+  static std::map<std::string, std::string> describe(const config& c) {
+    return {{"model", "llama"},
+            {"heads", std::to_string(c.heads)},
+            {"kv_heads", std::to_string(c.kv_heads == 0 ? c.heads : c.kv_heads)},
+            {"rope_theta", detail::exact(c.rope_theta)},
+            {"norm_eps", detail::exact(c.norm_eps)},
+            {"tie_embeddings", c.tie_embeddings ? "true" : "false"}};
+  }
+  /// Older conversions carry each layer's rotary frequencies as a tensor.
+  static bool buffer(std::string_view name) {
+    constexpr std::string_view tail = ".rotary_emb.inv_freq";
+    return name.size() >= tail.size() && name.substr(name.size() - tail.size()) == tail;
   }
 };
 

@@ -15,6 +15,14 @@
 // parameter is stored under its own name as it is. A 1 x n parameter (a bias, a norm) is a 1-D
 // tensor of n, and the row order applies along it.
 //
+// A family may also name the facts of its configuration that decide how its tensors read
+// (static std::map<std::string, std::string> describe(const config&): head counts, rotary base,
+// norm epsilon...): save_weights writes them into the file's metadata as "weft.<key>", and
+// load_weights refuses a file whose "weft.<key>" differs, since a wrong head count reorders a
+// fused QKV or a rotary base turns positions without any shape telling. And it may name tensors
+// that files of other frameworks carry but that are no parameters (static bool
+// buffer(std::string_view name): GPT-2's causal-mask buffers), which loading skips.
+//
 // write_slice and read_slice move one rank's slice (parameter::row0/col0 in the full shape) of
 // one parameter between memory and the file, each run of consecutive file rows in one write or
 // read; they are what the strategy's save_weights and load_weights do on every rank.
@@ -25,7 +33,9 @@
 
 #include <cstddef>
 #include <functional>
+#include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace weft::layer {
@@ -47,6 +57,26 @@ template <class Model>
     return Model::stored(c, name);
   } else {
     return {name};
+  }
+}
+
+/// The facts of Model's configuration its weights files record (see the header comment).
+template <class Model>
+[[nodiscard]] std::map<std::string, std::string> stored_facts(const typename Model::config& c) {
+  std::map<std::string, std::string> facts;
+  if constexpr (requires { { Model::describe(c) } -> std::convertible_to<std::map<std::string, std::string>>; }) {
+    for (auto& [k, v] : Model::describe(c)) facts.emplace("weft." + k, v);
+  }
+  return facts;
+}
+
+/// Whether a file's tensor `name` is a buffer of Model's (skipped), not a missing parameter.
+template <class Model>
+[[nodiscard]] bool stored_buffer(std::string_view name) {
+  if constexpr (requires { { Model::buffer(name) } -> std::convertible_to<bool>; }) {
+    return Model::buffer(name);
+  } else {
+    return false;
   }
 }
 
