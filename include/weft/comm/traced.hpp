@@ -133,6 +133,26 @@ public:
     const timer t(*this, "recv", data.size_bytes());
     comm_.recv(data, peer, tag);
   }
+  /// A buffered send (weft::mpi's post()), where the wrapped communicator has one: the pipeline
+  /// executor posts its sends so that neighbours that both send first do not deadlock.
+  template <class T>
+  void post(std::span<const T> data, int peer, int tag = 0)
+    requires requires(Comm& c) { c.post(data, peer, tag); }
+  {
+    const timer t(*this, "send", data.size_bytes());
+    comm_.post(data, peer, tag);
+  }
+  template <class T>
+  void post(std::span<T> data, int peer, int tag = 0)
+    requires requires(Comm& c, std::span<const T> d) { c.post(d, peer, tag); }
+  {
+    post(std::span<const T>(data), peer, tag);
+  }
+  void flush()
+    requires requires(Comm& c) { c.flush(); }
+  {
+    comm_.flush();
+  }
   template <class T>
   void sendrecv(std::span<const T> out, int to, std::span<T> in, int from, int tag = 0) {
     const timer t(*this, "sendrecv", out.size_bytes() + in.size_bytes());
