@@ -25,6 +25,7 @@
 //   const st::header g = st::read_header(path);                       // every rank validates
 //   const st::tensor_info& t = g.at("wte");                           // check names, shapes
 //   st::read_block(path, g, "wte", row0, 0, rows, hidden, out, ld);   // each rank its slice
+#include <weft/core/detail/json.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/half.hpp>
 
@@ -267,278 +268,28 @@ inline bool add_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t& out) 
 }
 
 // --- JSON --------------------------------------------------------------------------------------
-// A strict RFC 8259 parser of its own rather than weft::detail::json, whose checkpoint limits
-// (64 keys an object, ASCII-only escapes) do not fit a file of thousands of tensors with UTF-8
-// names. Numbers keep whether they are an exact unsigned integer, as offsets and dimensions
-// must be (the reference refuses 1.0 and 1e2 there too).
-struct json {
-  enum class kind { null, boolean, number, string, array, object } type = kind::null;
-  bool uint_ok = false; // a number written as digits only, within 64 bits
-  std::uint64_t uint = 0;
-  std::string str;               // a string's value, or a number as written
-  std::vector<json> items;       // an array's elements
-  std::vector<std::string> keys; // an object's keys in file order, and their values below (two
-  std::vector<json> values;      // vectors: a pair of an incomplete json is not allowed)
+// weft's one JSON reader, in RFC 8259's full grammar (UTF-8 names, \u escapes with surrogate
+// pairs), with no bound on keys: a file holds thousands of tensors. Offsets and dimensions
+// read its exact unsigned integers (the reference refuses 1.0 and 1e2 there too).
+using weft::detail::json;
 
-  [[nodiscard]] std::string describe() const {
-    switch (type) {
-      case kind::null: return "null";
-      case kind::boolean: return "a boolean";
-      case kind::number: return "the number " + str;
-      case kind::string: return "a string";
-      case kind::array: return "an array";
-      case kind::object: return "an object";
-    }
-    return "?";
-  }
-};
-
-class json_parser {
-public:
-  json_parser(std::string_view text, std::string_view source) : s_(text), source_(source) {}
-
-  json parse() {
-    json v = value(0);
-    skip_space();
-    if (i_ != s_.size()) fail_here("trailing characters after the JSON object");
-    return v;
-  }
-
-private:
+/// Parses the header JSON (checked for UTF-8 first); every error names the byte, and the
+/// tensor whose entry holds it.
+inline json parse_json(std::string_view text, std::string_view source) {
   // The schema nests three deep; the bound keeps a hostile header off the stack's end.
-  static constexpr int max_depth = 16;
-
-  [[noreturn]] void fail_here(const std::string& what) const {
-    std::string where = "header JSON, byte " + std::to_string(i_);
-    if (!tensor_.empty()) where += " (in the entry of '" + tensor_ + "')";
-    fail(source_, where + ": " + what);
+  static constexpr json_grammar grammar{.max_depth = 16};
+  try {
+    return weft::detail::parse_json(text, grammar);
+  } catch (const json_parse_error& e) {
+    if (e.duplicate_key && e.depth == 0) {
+      fail(source, *e.duplicate_key == "__metadata__"
+                       ? std::string("\"__metadata__\" appears twice")
+                       : "tensor '" + *e.duplicate_key + "' appears twice in the header");
+    }
+    std::string where = "header JSON, byte " + std::to_string(e.at);
+    if (!e.top_key.empty()) where += " (in the entry of '" + e.top_key + "')";
+    fail(source, where + ": " + e.what);
   }
-  void skip_space() {
-    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\r' || s_[i_] == '\t'))
-      ++i_;
-  }
-  char peek() {
-    skip_space();
-    if (i_ >= s_.size()) fail_here("unexpected end");
-    return s_[i_];
-  }
-  void expect(char c) {
-    if (peek() != c) fail_here(std::string("expected '") + c + "'");
-    ++i_;
-  }
-
-  json value(int depth) {
-    if (depth > max_depth) fail_here("nested too deeply");
-    const char c = peek();
-    json v;
-    if (c == '{') {
-      v.type = json::kind::object;
-      ++i_;
-      if (peek() == '}') {
-        ++i_;
-        return v;
-      }
-      std::set<std::string, std::less<>> seen;
-      for (;;) {
-        if (peek() != '"') fail_here("expected a key");
-        std::string k = string();
-        if (!seen.insert(k).second) {
-          if (depth == 0)
-            fail(source_, k == "__metadata__" ? std::string("\"__metadata__\" appears twice")
-                                              : "tensor '" + k + "' appears twice in the header");
-          fail_here("key '" + k + "' appears twice");
-        }
-        expect(':');
-        if (depth == 0) tensor_ = k;
-        json item = value(depth + 1);
-        if (depth == 0) tensor_.clear();
-        v.keys.push_back(std::move(k));
-        v.values.push_back(std::move(item));
-        if (peek() == ',') {
-          ++i_;
-          continue;
-        }
-        expect('}');
-        return v;
-      }
-    }
-    if (c == '[') {
-      v.type = json::kind::array;
-      ++i_;
-      if (peek() == ']') {
-        ++i_;
-        return v;
-      }
-      for (;;) {
-        v.items.push_back(value(depth + 1));
-        if (peek() == ',') {
-          ++i_;
-          continue;
-        }
-        expect(']');
-        return v;
-      }
-    }
-    if (c == '"') {
-      v.type = json::kind::string;
-      v.str = string();
-      return v;
-    }
-    if (literal("true")) {
-      v.type = json::kind::boolean;
-      return v;
-    }
-    if (literal("false")) {
-      v.type = json::kind::boolean;
-      return v;
-    }
-    if (literal("null")) return v;
-    if (c == '-' || (c >= '0' && c <= '9')) return number();
-    fail_here("expected a value");
-  }
-
-  bool literal(std::string_view w) {
-    if (s_.substr(i_, w.size()) != w) return false;
-    i_ += w.size();
-    return true;
-  }
-
-  unsigned hex4() {
-    if (i_ + 4 > s_.size()) fail_here("short \\u escape");
-    unsigned cp = 0;
-    for (int k = 0; k < 4; ++k) {
-      const char h = s_[i_++];
-      const int d = h >= '0' && h <= '9'   ? h - '0'
-                    : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                    : h >= 'A' && h <= 'F' ? h - 'A' + 10
-                                           : -1;
-      if (d < 0) fail_here("bad hex digit in a \\u escape");
-      cp = cp * 16 + static_cast<unsigned>(d);
-    }
-    return cp;
-  }
-  static void append_utf8(std::string& out, std::uint32_t cp) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xc0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3f));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xe0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-      out += static_cast<char>(0x80 | (cp & 0x3f));
-    } else {
-      out += static_cast<char>(0xf0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-      out += static_cast<char>(0x80 | (cp & 0x3f));
-    }
-  }
-  std::string string() {
-    ++i_; // the opening quote
-    std::string out;
-    for (;;) {
-      if (i_ >= s_.size()) fail_here("unterminated string");
-      const char c = s_[i_++];
-      if (c == '"') return out;
-      if (static_cast<unsigned char>(c) < 0x20) fail_here("control character in a string");
-      if (c != '\\') {
-        out += c; // the whole header is checked for UTF-8 before it is parsed
-        continue;
-      }
-      if (i_ >= s_.size()) fail_here("unexpected end in an escape");
-      switch (s_[i_++]) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'u': {
-          std::uint32_t cp = hex4();
-          if (cp >= 0xdc00 && cp <= 0xdfff) fail_here("lone low surrogate in a \\u escape");
-          if (cp >= 0xd800 && cp <= 0xdbff) {
-            if (!literal("\\u")) fail_here("lone high surrogate in a \\u escape");
-            const std::uint32_t low = hex4();
-            if (low < 0xdc00 || low > 0xdfff)
-              fail_here("high surrogate without a low one in a \\u escape");
-            cp = 0x10000 + ((cp - 0xd800) << 10) + (low - 0xdc00);
-          }
-          append_utf8(out, cp);
-          break;
-        }
-        default: fail_here("unknown escape");
-      }
-    }
-  }
-
-  json number() {
-    const std::size_t start = i_;
-    json v;
-    v.type = json::kind::number;
-    const bool negative = s_[i_] == '-';
-    if (negative) ++i_;
-    auto digits = [&] {
-      const std::size_t from = i_;
-      while (i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '9')
-        ++i_;
-      return i_ - from;
-    };
-    const std::size_t int_start = i_;
-    const std::size_t int_digits = digits();
-    if (int_digits == 0) fail_here("expected a digit");
-    if (int_digits > 1 && s_[int_start] == '0') fail_here("leading zero in a number");
-    bool integral = !negative;
-    if (i_ < s_.size() && s_[i_] == '.') {
-      ++i_;
-      if (digits() == 0) fail_here("expected a digit after '.'");
-      integral = false;
-    }
-    if (i_ < s_.size() && (s_[i_] == 'e' || s_[i_] == 'E')) {
-      ++i_;
-      if (i_ < s_.size() && (s_[i_] == '+' || s_[i_] == '-')) ++i_;
-      if (digits() == 0) fail_here("expected a digit in the exponent");
-      integral = false;
-    }
-    v.str = std::string(s_.substr(start, i_ - start));
-    if (integral) {
-      std::uint64_t u = 0;
-      v.uint_ok = true;
-      for (std::size_t k = int_start; k < int_start + int_digits && v.uint_ok; ++k) {
-        v.uint_ok = !mul_overflows(u, 10, u) &&
-                    !add_overflows(u, static_cast<std::uint64_t>(s_[k] - '0'), u);
-      }
-      v.uint = u;
-    }
-    return v;
-  }
-
-  std::string_view s_;
-  std::string_view source_;
-  std::string tensor_; // the top-level key whose value is being parsed, for messages
-  std::size_t i_ = 0;
-};
-
-/// s as a JSON string: UTF-8 passes through (plan() checks it), controls are escaped.
-inline std::string quote(std::string_view s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    const auto u = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (u < 0x20) {
-      static constexpr char hex[] = "0123456789abcdef";
-      out += "\\u00";
-      out += hex[u >> 4];
-      out += hex[u & 15];
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
 }
 
 /// The header JSON a writer puts in the file, padded with spaces to a multiple of 8 bytes so
@@ -549,14 +300,15 @@ inline std::string encode(const st::header& h) {
     s += "\"__metadata__\":{";
     bool first = true;
     for (const auto& [k, v] : h.metadata) {
-      s += (first ? "" : ",") + quote(k) + ":" + quote(v);
+      s += (first ? "" : ",") + json_string(k) + ":" + json_string(v);
       first = false;
     }
     s += "}";
   }
   for (const st::tensor_info& t : h.tensors) {
     if (s.size() > 1) s += ",";
-    s += quote(t.name) + ":{\"dtype\":\"" + std::string(st::dtype_name(t.type)) + "\",\"shape\":[";
+    s += json_string(t.name) + ":{\"dtype\":\"" + std::string(st::dtype_name(t.type)) +
+         "\",\"shape\":[";
     for (std::size_t i = 0; i < t.shape.size(); ++i)
       s += (i == 0 ? "" : ",") + std::to_string(t.shape[i]);
     s += "],\"data_offsets\":[" + std::to_string(t.begin) + "," + std::to_string(t.end) + "]}";
@@ -901,7 +653,7 @@ namespace weft::safetensors {
   }
   if (json_text.empty() || json_text[0] != '{')
     d::fail(source, "the header JSON does not start with '{'");
-  const d::json root = d::json_parser(json_text, source).parse();
+  const d::json root = d::parse_json(json_text, source);
   header h;
   h.data_start = 8 + json_text.size();
   h.file_size = file_size;

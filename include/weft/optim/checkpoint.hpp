@@ -214,7 +214,7 @@ inline void write_then_rename(const std::filesystem::path& final_name, std::stri
                              std::to_string(file_size));
   }
   const std::string_view text(reinterpret_cast<const char*>(head.data() + 16), static_cast<std::size_t>(len));
-  const json root = weft::detail::json_parser(text, source).parse();
+  const json root = weft::detail::parse_checkpoint_json(text, source);
   if (root.type != json::kind::object) detail::fail(source, "malformed header: not a JSON object");
   header h;
   h.data_start = 16 + len;
@@ -306,7 +306,7 @@ private:
 [[nodiscard]] inline index parse_index(std::span<const std::byte> bytes, std::string_view source = "<memory>") {
   using weft::detail::json;
   const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-  const json root = weft::detail::json_parser(text, source).parse();
+  const json root = weft::detail::parse_checkpoint_json(text, source);
   if (root.type != json::kind::object) detail::fail(source, "malformed index: not a JSON object");
   if (detail::field(root, "format", json::kind::string, source, "the index").str != "weft-checkpoint-index") {
     detail::fail(source, "not a weft checkpoint index");
