@@ -7,7 +7,9 @@
 //     interleaving with sequence parallelism, the recompute policies, a tied head;
 //   - a model whose block exists only here (a residual MLP of weft's parallel linears);
 //   - loss masks: ignored targets spread unevenly over microbatches and replicas, which only the
-//     global count of the counted tokens normalises right.
+//     global count of the counted tokens normalises right;
+//   - the first step's gradients of every parameter, put together from every rank, against the
+//     one-rank model's (GPT and Llama, with SP, tied, recompute, replicated kv heads).
 #include "strategy/strategy_support.hpp"
 
 #include <weft/comm/transport/local.hpp>
@@ -19,7 +21,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -145,6 +150,75 @@ TEST(llama_strategy, tied_head_and_one_key_value_head_match) {
   expect_losses<llama_strategy<mesh<tp<2>, pp<2>, dp<1>>, pipeline::one_f_one_b, optim::zero<1>>>(
       {.model = shape, .micro_batch = 2}, plain_batch, reference<wl::llama_model>(shape, ts::sgd_rule),
       "llama 2x2x1 tied, 1 kv head", ts::sgd_rule);
+}
+
+// --- gradients ---------------------------------------------------------------------------------
+
+// The first step's gradient of every parameter, put together from every rank (TP slices in their
+// places, DP replicas summed, TP-replicated and duplicate copies once), equals the one-rank
+// model's on the whole batch: losses over 20 steps could hide a gradient that is off where it
+// barely moves the loss.
+template <class S, class Model>
+void expect_first_gradients_match(const typename Model::config& model, std::size_t micro_batch, const std::string& what) {
+  using grads = std::map<std::string, std::vector<double>>;
+  const auto b = masked_batch(0);
+  grads want;
+  weft::local::run(1, [&](weft::local::communicator& c) {
+    wl::sequential<Model, float, weft::local::communicator, wl::cblas> one(c, model, 1);
+    one.zero_grad();
+    (void)one.forward(b.ids, b.targets);
+    one.backward();
+    for (auto& q : one.parameters()) {
+      auto& g = want[q.name];
+      for (std::size_t r = 0; r < q.grad.rows(); ++r)
+        for (std::size_t col = 0; col < q.grad.cols(); ++col) g.push_back(q.grad(r, col));
+    }
+  });
+  grads got;
+  std::mutex mu;
+  weft::local::run(S::size, [&](weft::local::communicator& world) {
+    auto t = S::make(world, {.model = model, .micro_batch = micro_batch, .global_batch = ts::global_batch}, ts::sgd_rule);
+    (void)t->train_step(b.ids, b.targets);
+    const int tp_rank = t->comms().tp().rank();
+    std::lock_guard lock(mu);
+    for (const auto& q : t->parameters_view()) {
+      if ((q.replicated && tp_rank != 0) || q.duplicate) continue;
+      auto& g = got[q.name];
+      g.resize(q.full_rows * q.full_cols, 0.0);
+      for (std::size_t r = 0; r < q.grad.rows(); ++r)
+        for (std::size_t col = 0; col < q.grad.cols(); ++col) g[(q.row0 + r) * q.full_cols + q.col0 + col] += q.grad(r, col);
+    }
+  });
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (const auto& [name, w] : want) {
+    ASSERT_TRUE(got.count(name)) << what << ": " << name;
+    const auto& g = got.at(name);
+    ASSERT_EQ(g.size(), w.size()) << what << ": " << name;
+    double diff = 0, scale = 0;
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      diff = std::max(diff, std::abs(g[i] - w[i]));
+      scale = std::max(scale, std::abs(w[i]));
+    }
+    EXPECT_LT(diff, 1e-5 * scale) << what << ": " << name << " differs by " << diff << " (largest " << scale << ")";
+  }
+}
+
+TEST(gradients_strategy, the_first_steps_gradients_equal_one_ranks) {
+  using M = mesh<tp<2>, pp<2>, dp<2>>;
+  expect_first_gradients_match<weft::strategy<M, pipeline::one_f_one_b, optim::zero<1>, recompute::none>, wl::gpt_model>(
+      ts::shape, 1, "gpt 2x2x2");
+  expect_first_gradients_match<weft::strategy<M, pipeline::interleaved<2>, optim::zero<3>, recompute::selective,
+                                              sequence_parallel>,
+                               wl::gpt_model>(ts::shape, 1, "gpt 2x2x2 V=2 SP zero<3>");
+  auto tied = ts::shape;
+  tied.tie_embeddings = true;
+  expect_first_gradients_match<weft::strategy<mesh<tp<1>, pp<4>, dp<2>>, pipeline::one_f_one_b, optim::zero<2>,
+                                              recompute::full>,
+                               wl::gpt_model>(tied, 1, "gpt 1x4x2 tied full recompute");
+  expect_first_gradients_match<llama_strategy<M, pipeline::one_f_one_b, optim::zero<2>, recompute::full, sequence_parallel>,
+                               wl::llama_model>(llama_shape, 1, "llama 2x2x2 SP");
+  expect_first_gradients_match<llama_strategy<mesh<tp<4>, pp<1>, dp<2>>, pipeline::one_f_one_b, optim::zero<0>>,
+                               wl::llama_model>(llama_shape, 2, "llama 4x1x2 replicated kv");
 }
 
 // --- a model whose block is the test's own ---------------------------------------------------
