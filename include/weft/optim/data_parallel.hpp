@@ -51,6 +51,7 @@
 #include <weft/optim/sharding.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstddef>
@@ -72,8 +73,16 @@ struct memory_report {
   std::size_t optimizer_state = 0;  // the rule's state (Adam: two fp32 words per element of the shard)
   std::size_t master_weights = 0;   // fp32 copies of half/bfloat16 parameters (the shard)
   std::size_t padding_elements = 0; // elements added to make every bucket divide by the shard group
-  std::size_t transient_peak = 0;   // most bytes of short-lived buffers at once (buckets, gathers)
+  std::size_t transient_peak = 0;   // most bytes of short-lived buffers at once (the three below together)
   std::size_t slot_gap = 0;         // bytes between the state's slots (optim::slot_stride), not counted above
+  /// Short-lived buffers by kind: now, and the most at once since the last reset_peaks().
+  struct amount {
+    std::size_t current = 0;
+    std::size_t peak = 0;
+  };
+  amount gathered_weights;   // zero<3>: full buckets of parameters gathered for use or prefetched
+  amount gradient_buckets;   // zero<2>/<3>: full buckets of gradients written until reduced
+  amount scratch;            // the collectives' staging (a shard being reduced or gathered)
   [[nodiscard]] std::size_t total() const noexcept {
     return parameters + gradients + optimizer_state + master_weights + slot_gap;
   }
@@ -253,7 +262,7 @@ public:
     if constexpr (stage == 3) {
       const auto b = layout_.tensors()[layout_index(name)].bucket;
       if (gather_started_[b]) gathers_[b].wait();
-      free_transient(gathered_[b], lane::main);
+      free_transient(gathered_[b], lane::main, transient_kind::gathered_weights);
       gather_started_[b] = false;
       resident_[b] = false;
     }
@@ -269,7 +278,7 @@ public:
     }
     if constexpr (stage >= 2) {
       auto& s = staging_[ti.bucket];
-      if (s.empty()) alloc_transient(s, layout_.buckets()[ti.bucket].padded, lane::main);
+      if (s.empty()) alloc_transient(s, layout_.buckets()[ti.bucket].padded, lane::main, transient_kind::gradient_buckets);
       return {s.data() + ti.bucket_offset, ti.count};
     } else {
       return {grads_.data() + layout_.padded_offset(t), ti.count};
@@ -281,8 +290,13 @@ public:
   /// first (the order a backward completes them when tensors are added in the forward's order,
   /// as PyTorch DDP orders its buckets), so ranks that mark tensors in different orders, or
   /// leave a tensor unmarked until step(), still reduce the same buckets together.
-  void grad_ready(std::string_view name) {
-    const std::size_t t = layout_index(name);
+  void grad_ready(std::string_view name) { grad_ready(layout_index(name)); }
+  /// grad_ready of tensor t (its index in the param_set).
+  void grad_ready(std::size_t t) {
+    if (t >= layout_.tensors().size()) {
+      throw error("data_parallel::grad_ready", dp_rank_, error::unknown,
+                  "no tensor " + std::to_string(t) + " (the set has " + std::to_string(layout_.tensors().size()) + ")");
+    }
     const auto& ti = layout_.tensors()[t];
     if (marked_[t] != 0) {
       throw error("data_parallel::grad_ready: tensor '" + ti.name + "' marked ready twice in one step");
@@ -394,7 +408,77 @@ public:
     m.master_weights = master_.size() * sizeof(float);
     m.padding_elements = layout_.padding();
     m.transient_peak = transient_peak_.load();
+    const auto of = [&](transient_kind k) {
+      const auto i = static_cast<std::size_t>(k);
+      return memory_report::amount{held_[i].load(), held_peak_[i].load()};
+    };
+    m.gathered_weights = of(transient_kind::gathered_weights);
+    m.gradient_buckets = of(transient_kind::gradient_buckets);
+    m.scratch = of(transient_kind::scratch);
     return m;
+  }
+  /// Starts measuring the short-lived buffers' peaks afresh (from what is held now).
+  void reset_peaks() {
+    wait_all();
+    transient_peak_.store(transient_.load());
+    for (std::size_t i = 0; i < held_.size(); ++i) held_peak_[i].store(held_[i].load());
+  }
+
+  // --- whole buckets, for a trainer whose layers use the optimizer's buffers in place -----------
+  // The layers' parameter and gradient matrices are views into these spans (layer/matrix.hpp
+  // matrix::bind), at each tensor's bucket_offset, so nothing is copied between them.
+  /// Bucket b's parameters, full (padded): zero<0..2> the parameter buffer, after the bucket's
+  /// all-gather from the last step (valid until the next step); zero<3> gathered now, or by the
+  /// prefetch() already started, and valid until release_bucket(b). No prefetch of its own.
+  [[nodiscard]] std::span<P> bucket_parameters(std::size_t b) {
+    check_bucket(b, "bucket_parameters");
+    const bucket_info& bi = layout_.buckets()[b];
+    if constexpr (stage < 3) {
+      gathers_[b].wait();
+      return {params_.data() + bi.offset, bi.padded};
+    } else {
+      acquire(b);
+      return {gathered_[b].data(), bi.padded};
+    }
+  }
+  /// zero<3>: starts gathering bucket b on the progress thread (a no-op if it is gathered or
+  /// being gathered, and under zero<0..2>).
+  void prefetch(std::size_t b) {
+    check_bucket(b, "prefetch");
+    if constexpr (stage == 3) start_gather(b);
+  }
+  /// zero<3>: frees bucket b's gathered parameters (a no-op under zero<0..2>).
+  void release_bucket(std::size_t b) {
+    check_bucket(b, "release_bucket");
+    if constexpr (stage == 3) {
+      if (gather_started_[b]) gathers_[b].wait();
+      free_transient(gathered_[b], lane::main, transient_kind::gathered_weights);
+      gather_started_[b] = false;
+      resident_[b] = false;
+    }
+  }
+  /// Bucket b's gradients, full (padded), zero at the start of a step: zero<0>/<1> the gradient
+  /// buffer; zero<2>/<3> a bucket allocated at the first call of the step and freed once reduced.
+  /// Accumulate into it, then call bucket_ready(b).
+  [[nodiscard]] std::span<P> bucket_gradients(std::size_t b) {
+    check_bucket(b, "bucket_gradients");
+    const bucket_info& bi = layout_.buckets()[b];
+    if (submitted_[b]) throw error("data_parallel::bucket_gradients: bucket " + std::to_string(b) + " is already being reduced this step");
+    if constexpr (stage >= 2) {
+      auto& s = staging_[b];
+      if (s.empty()) alloc_transient(s, bi.padded, lane::main, transient_kind::gradient_buckets);
+      return {s.data(), bi.padded};
+    } else {
+      return {grads_.data() + bi.offset, bi.padded};
+    }
+  }
+  /// Marks every tensor of bucket b ready (grad_ready for each that is not yet).
+  void bucket_ready(std::size_t b) {
+    check_bucket(b, "bucket_ready");
+    const bucket_info& bi = layout_.buckets()[b];
+    for (std::size_t t = bi.first_tensor; t < bi.end_tensor; ++t) {
+      if (marked_[t] == 0) grad_ready(t);
+    }
   }
 
   // --- access for checkpoints: this rank's shard, in host memory ------------------------------
@@ -581,12 +665,12 @@ private:
       buffer<P> full;
       if constexpr (stage >= 2) {
         full = std::move(staging_[bi]);
-        if (full.empty()) alloc_transient(full, b.padded, lane::main);  // no grad() this step: zeros
+        if (full.empty()) alloc_transient(full, b.padded, lane::main, transient_kind::gradient_buckets);  // no grad(): zeros
       }
       reductions_[bi] = queue_->submit([this, &b, full = std::move(full)]() mutable {
         const P* in = stage >= 2 ? full.data() : grads_.data() + b.offset;
         buffer<P> tmp;
-        alloc_transient(tmp, b.shard, lane::side);
+        alloc_transient(tmp, b.shard, lane::side, transient_kind::scratch);
         const std::span<P> out(tmp.data(), b.shard);
         if (shard_.size() > 1) {
           mem_.run(shard_, [&](Comm& c) { reduce_scatter(c, std::span<const P>(in, b.padded), out); });
@@ -595,8 +679,8 @@ private:
         }
         if (replica_.size() > 1) mem_.run(replica_, [&](Comm& c) { all_reduce(c, out); });
         mem_.copy(grad_shard(b), out.data(), b.shard, lane::side);
-        free_transient(tmp, lane::side);
-        if constexpr (stage >= 2) free_transient(full, lane::side);  // the full-size bucket is gone once reduced
+        free_transient(tmp, lane::side, transient_kind::scratch);
+        if constexpr (stage >= 2) free_transient(full, lane::side, transient_kind::gradient_buckets);  // the full-size bucket is gone once reduced
       });
     }
   }
@@ -607,12 +691,12 @@ private:
     for (std::size_t bi = 0; bi < layout_.buckets().size(); ++bi) {
       gathers_[bi] = queue_->submit([this, &b = layout_.buckets()[bi]] {
         buffer<P> mine;
-        alloc_transient(mine, b.shard, lane::side);
+        alloc_transient(mine, b.shard, lane::side, transient_kind::scratch);
         mem_.copy(mine.data(), params_.data() + shard_begin(b), b.shard, lane::side);
         mem_.run(shard_, [&](Comm& c) {
           all_gather(c, std::span<const P>(mine.data(), b.shard), std::span<P>(params_.data() + b.offset, b.padded));
         });
-        free_transient(mine, lane::side);
+        free_transient(mine, lane::side, transient_kind::scratch);
       });
     }
   }
@@ -645,7 +729,7 @@ private:
     if (gather_started_[bi] || resident_[bi]) return;
     gather_started_[bi] = true;
     const bucket_info& b = layout_.buckets()[bi];
-    alloc_transient(gathered_[bi], b.padded, lane::main);
+    alloc_transient(gathered_[bi], b.padded, lane::main, transient_kind::gathered_weights);
     gathers_[bi] = queue_->submit([this, &b, bi] {
       gather_into(std::span<const P>(params_.data() + b.shard_offset, b.shard), std::span<P>(gathered_[bi].data(), b.padded));
     });
@@ -662,7 +746,7 @@ private:
     } else {
       for (std::size_t b = 0; b < gathered_.size(); ++b) {
         if (gather_started_[b]) gathers_[b].wait();
-        free_transient(gathered_[b], lane::main);
+        free_transient(gathered_[b], lane::main, transient_kind::gathered_weights);
         gather_started_[b] = false;
         resident_[b] = false;
       }
@@ -685,7 +769,7 @@ private:
   }
   void finish_step() {
     if constexpr (stage < 2) mem_.fill_zero(grads_.data(), grads_.size(), lane::main);
-    for (auto& s : staging_) free_transient(s, lane::main);
+    for (auto& s : staging_) free_transient(s, lane::main, transient_kind::gradient_buckets);
     std::fill(ready_.begin(), ready_.end(), 0);
     std::fill(marked_.begin(), marked_.end(), 0);
     std::fill(submitted_.begin(), submitted_.end(), false);
@@ -696,16 +780,28 @@ private:
   }
 
   // Short-lived buffers, counted for memory(): allocated by either thread.
-  void alloc_transient(buffer<P>& v, std::size_t n, lane l) {
-    mem_.zeros(v, n, l);
-    const auto now = transient_.fetch_add(n * sizeof(P)) + n * sizeof(P);
-    auto peak = transient_peak_.load();
-    while (now > peak && !transient_peak_.compare_exchange_weak(peak, now)) {
+  enum class transient_kind : std::uint8_t { gathered_weights, gradient_buckets, scratch };
+  static void raise(std::atomic<std::size_t>& peak, std::size_t now) {
+    auto p = peak.load();
+    while (now > p && !peak.compare_exchange_weak(p, now)) {
     }
   }
-  void free_transient(buffer<P>& v, lane l) {
+  void alloc_transient(buffer<P>& v, std::size_t n, lane l, transient_kind k) {
+    mem_.zeros(v, n, l);
+    const auto i = static_cast<std::size_t>(k);
+    raise(held_peak_[i], held_[i].fetch_add(n * sizeof(P)) + n * sizeof(P));
+    raise(transient_peak_, transient_.fetch_add(n * sizeof(P)) + n * sizeof(P));
+  }
+  void free_transient(buffer<P>& v, lane l, transient_kind k) {
+    held_[static_cast<std::size_t>(k)].fetch_sub(v.size() * sizeof(P));
     transient_.fetch_sub(v.size() * sizeof(P));
     mem_.release(v, l);
+  }
+  void check_bucket(std::size_t b, const char* what) const {
+    if (b >= layout_.buckets().size()) {
+      throw error("data_parallel::" + std::string(what), dp_rank_, error::unknown,
+                  "no bucket " + std::to_string(b) + " (there are " + std::to_string(layout_.buckets().size()) + ")");
+    }
   }
 
   Rule rule_;
@@ -736,6 +832,7 @@ private:
   std::vector<work_t> gathers_;
   std::vector<bool> gather_started_, resident_;
   std::atomic<std::size_t> transient_{0}, transient_peak_{0};
+  std::array<std::atomic<std::size_t>, 3> held_{}, held_peak_{};  // by transient_kind
   std::vector<float> host_weights_, host_state_;  // take_host_copy's (a device's checkpoints)
   bool host_copy_ = false;
   std::unique_ptr<typename space::queue> queue_;  // last: its thread stops before the buffers go

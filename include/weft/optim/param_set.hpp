@@ -9,7 +9,10 @@
 //
 // Every bucket is padded to a multiple of N with zeros, so the shards are equal (balanced to
 // within one element per bucket); padding() says how many elements that costs. A tensor is
-// never split across buckets; a bucket closes once it holds at least bucket_elements.
+// never split across buckets; a bucket closes once it holds at least bucket_elements. A set may
+// group its tensors into units (param_set::end_unit: a model's blocks, which a trainer gathers and
+// frees as one under zero<3>, as FSDP wraps them): buckets then close only between units, so a
+// unit is never split, and bucket_elements = 1 makes one bucket per unit.
 //
 // Weight decay is per tensor (biases and norm weights are exempt, as Megatron, nanoGPT and
 // Hugging Face group them), but a shard cuts through tensors anywhere: layout::decay_runs
@@ -37,6 +40,7 @@ struct tensor_info {
   bool replicated = false;        // the same on every model-parallel rank (counted once in the norm)
   bool tied_copy = false;         // a second copy of a tied tensor (never counted in the norm)
   bool decay = true;              // the rule's weight decay applies (false: biases, norm weights)
+  bool ends_unit = false;         // the last tensor of a unit (param_set::end_unit)
 };
 
 /// A stretch [begin, begin + count) of one bucket's shard, in elements from the shard's start,
@@ -88,6 +92,15 @@ public:
     }
     tensors_[index].tied_copy = true;
   }
+  /// Closes a unit: the tensors added since the last end_unit() (or the start) stay in one
+  /// bucket, and buckets close only at such boundaries. No call: every tensor is a unit.
+  void end_unit() {
+    if (tensors_.empty()) throw error("param_set::end_unit: no tensor added yet");
+    tensors_.back().ends_unit = true;
+    units_ = true;
+  }
+  /// Whether end_unit() was called (the set is grouped into units).
+  [[nodiscard]] bool has_units() const noexcept { return units_; }
   [[nodiscard]] const std::vector<tensor_info>& tensors() const noexcept { return tensors_; }
   /// Elements of all tensors (Psi).
   [[nodiscard]] std::size_t elements() const noexcept { return total_; }
@@ -101,6 +114,7 @@ public:
 private:
   std::vector<tensor_info> tensors_;
   std::size_t total_ = 0;
+  bool units_ = false;
 };
 
 struct bucket_info {
@@ -138,7 +152,8 @@ public:
       tensors_[i].bucket = buckets_.size();
       tensors_[i].bucket_offset = b.elements;
       b.elements += tensors_[i].count;
-      if (b.elements >= bucket_elements) close(i + 1);
+      const bool boundary = !ps.has_units() || tensors_[i].ends_unit || i + 1 == tensors_.size();
+      if (boundary && b.elements >= bucket_elements) close(i + 1);
     }
     if (b.elements > 0 || buckets_.empty()) {
       close(tensors_.size());
