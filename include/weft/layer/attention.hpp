@@ -331,13 +331,15 @@ public:
                             bool duplicate) {
       return parameter<T>{.name = name, .value = w_.view().rows_from(at, rows), .grad = dw_.view().rows_from(at, rows),
                           .replicated = false, .sequence_partial = false, .row0 = row0, .col0 = 0, .full_rows = full,
-                          .full_cols = hidden_, .decay = true, .duplicate = duplicate};
+                          .full_cols = hidden_, .decay = true, .duplicate = duplicate,
+                          .value_home = home_of(w_, at * hidden_), .grad_home = home_of(dw_, at * hidden_)};
     };
     const auto bias = [&](const char* name, std::size_t at, std::size_t cols, std::size_t col0, std::size_t full,
                           bool duplicate) {
       return parameter<T>{.name = name, .value = b_.view().cols_from(at, cols), .grad = db_.view().cols_from(at, cols),
                           .replicated = false, .sequence_partial = false, .row0 = 0, .col0 = col0, .full_rows = 1,
-                          .full_cols = full, .decay = false, .duplicate = duplicate};
+                          .full_cols = full, .decay = false, .duplicate = duplicate, .value_home = home_of(b_, at),
+                          .grad_home = home_of(db_, at)};
     };
     std::vector<parameter<T>> ps;
     ps.push_back(weight("q.weight", 0, q, q_.begin, heads_ * d_, false));
@@ -533,13 +535,14 @@ public:
     out_.zero_grad();
   }
 
-  /// Bytes kept from forward for backward: the (rotated) projection q, k, v, the context, the
-  /// probabilities unless selective recompute dropped them, and the two projections' input copies.
-  /// release() frees them all; backward then needs a new forward (full recompute). The grouped
-  /// layout's per-query-head copy of k and v is scratch, made again in backward.
+  /// Bytes kept from forward for backward: the (rotated) projection q, k, v, the probabilities
+  /// unless selective recompute dropped them, and the two projections' input copies (the output
+  /// projection's is the context). release() frees them all; backward then needs a new forward
+  /// (full recompute). The grouped layout's per-query-head copy of k and v and the context the
+  /// forward writes are scratch.
   [[nodiscard]] std::size_t saved_bytes() const noexcept {
-    return (proj_.size() + ctx_.size() + (kept_probs_ ? probs_.size() : 0)) * sizeof(T) +
-           input_state().saved_bytes() + out_.saved_bytes();
+    return (proj_.size() + (kept_probs_ ? probs_.size() : 0)) * sizeof(T) + input_state().saved_bytes() +
+           out_.saved_bytes();
   }
   void release() {
     input_state().release();
@@ -556,18 +559,21 @@ public:
   struct activations {
     typename detail::linear_state<T, Gemm>::activations qkv;  // the input projection's, either layout
     typename out_layer::activations out;
-    matrix<T, space> qkv_out, ctx, probs;
+    matrix<T, space> qkv_out, probs;
     std::size_t batch = 0;
     bool kept_probs = true;
+    [[nodiscard]] std::size_t bytes() const noexcept {
+      return qkv.bytes() + out.bytes() + (qkv_out.size() + probs.size()) * sizeof(T);
+    }
   };
   [[nodiscard]] activations stash() {
-    // Probabilities not kept, and the grouped layout's copy of k and v, are the layer's scratch,
-    // not the micro-batch's: they stay.
+    // Probabilities not kept, the grouped layout's copy of k and v and the context (which the
+    // output projection's stash holds a copy of) are the layer's scratch, not the micro-batch's:
+    // they stay.
     expanded_ = false;
     return {input_state().stash(),
             out_.stash(),
             std::exchange(proj_, {}),
-            std::exchange(ctx_, {}),
             kept_probs_ ? std::exchange(probs_, {}) : matrix<T, space>{},
             batch_,
             kept_probs_};
@@ -577,7 +583,6 @@ public:
     out_.restore(std::move(a.out));
     proj_ = std::move(a.qkv_out);
     expanded_ = false;
-    ctx_ = std::move(a.ctx);
     if (a.kept_probs) probs_ = std::move(a.probs);
     batch_ = a.batch;
     kept_probs_ = a.kept_probs;

@@ -114,6 +114,12 @@ public:
     attn_.backward(detail::cview(t2_.view()), t1_.view());
     ln1_.backward(detail::cview(t1_.view()), dx);
     residual(dx, detail::cview(t2_.view()));
+    if constexpr (std::is_same_v<Recompute, recompute::full>) {
+      // What the recompute rebuilt is this backward's alone: kept, every block of a stage would
+      // hold a whole microbatch's activations until its next forward.
+      drop_activations();
+      input_ = {};
+    }
   }
 
   [[nodiscard]] std::vector<parameter<T>> parameters() {
@@ -145,6 +151,10 @@ public:
     typename norm_type::activations ln2;
     typename mlp_type::activations mlp;
     matrix<T, space> input;
+    /// Bytes held (what an allocation account counts as this microbatch's activations).
+    [[nodiscard]] std::size_t bytes() const noexcept {
+      return ln1.bytes() + attn.bytes() + ln2.bytes() + mlp.bytes() + input.size() * sizeof(T);
+    }
   };
   [[nodiscard]] activations stash() {
     return {ln1_.stash(), attn_.stash(), ln2_.stash(), mlp_.stash(), std::exchange(input_, {})};

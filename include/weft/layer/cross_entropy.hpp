@@ -230,7 +230,7 @@ private:
   Exec exec_;
   matrix<T, space> probs_;    // the softmax on local columns, kept for backward
   matrix<T, space> sums_;     // 2 x tokens: shifted target logits, sums of exponentials
-  std::vector<std::int32_t> targets_;
+  weft::detail::tallied_vector<std::int32_t> targets_;
   matrix<std::int32_t, space> device_targets_;  // a device policy's copy of targets_
   detail::row_scratch<T, space> scratch_;        // the row statistics' lanes; results: the row maxima
   std::int32_t ignore_index_;

@@ -141,14 +141,16 @@ public:
   }
 
   [[nodiscard]] std::vector<parameter<T>> parameters() {
-    return {{"weight", w_.view(), dw_.view(), false, false, range_.begin, 0, vocab_, hidden_, true, false}};
+    return {{"weight", w_.view(), dw_.view(), false, false, range_.begin, 0, vocab_, hidden_, true, false, home_of(w_),
+             home_of(dw_)}};
   }
   void zero_grad() { detail::zero(exec_, dw_); }
 
   /// What backward needs from forward (the ids), moved out and back (see linear.hpp).
   struct activations {
-    std::vector<std::int32_t> ids;
+    weft::detail::tallied_vector<std::int32_t> ids;
     bool forwarded = false;
+    [[nodiscard]] std::size_t bytes() const noexcept { return ids.size() * sizeof(std::int32_t); }
   };
   [[nodiscard]] activations stash() {
     device_ids_ = {};
@@ -170,7 +172,7 @@ private:
   range range_;
   Exec exec_;
   matrix<T, space> w_, dw_;
-  std::vector<std::int32_t> ids_;               // kept for backward (a stash carries them)
+  weft::detail::tallied_vector<std::int32_t> ids_;  // kept for backward (a stash carries them)
   matrix<std::int32_t, space> device_ids_;      // a device policy's copy of ids_, 1 x tokens
   matrix<T, space> part_;  // this rank's lookups, zeros elsewhere, before the reduction
   matrix<T, space> dy_;    // sequence_parallel: the gathered dy

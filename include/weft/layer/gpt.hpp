@@ -104,6 +104,7 @@ public:
   struct activations {
     typename vocab_parallel_embedding<T, Comm, SP, Gemm>::activations tokens;
     typename position_embedding<T, SP, Gemm>::activations positions;
+    [[nodiscard]] std::size_t bytes() const noexcept { return tokens.bytes() + positions.bytes(); }
   };
   [[nodiscard]] activations stash() { return {tokens_.stash(), positions_.stash()}; }
   void restore(activations a) {

@@ -232,8 +232,10 @@ public:
   }
 
   [[nodiscard]] std::vector<parameter<T>> parameters() {
-    return {{"gamma", gamma_.view(), dgamma_.view(), true, SP::enabled, 0, 0, 1, hidden_, false, false},
-            {"beta", beta_.view(), dbeta_.view(), true, SP::enabled, 0, 0, 1, hidden_, false, false}};
+    return {{"gamma", gamma_.view(), dgamma_.view(), true, SP::enabled, 0, 0, 1, hidden_, false, false, home_of(gamma_),
+             home_of(dgamma_)},
+            {"beta", beta_.view(), dbeta_.view(), true, SP::enabled, 0, 0, 1, hidden_, false, false, home_of(beta_),
+             home_of(dbeta_)}};
   }
   void zero_grad() {
     detail::zero(exec_, dgamma_);
@@ -255,6 +257,7 @@ public:
     matrix<double, space> xhat;
     matrix<double, space> rstd;
     bool forwarded = false;
+    [[nodiscard]] std::size_t bytes() const noexcept { return (xhat.size() + rstd.size()) * sizeof(double); }
   };
   [[nodiscard]] activations stash() {
     return {std::exchange(xhat_, {}), std::exchange(rstd_, {}), std::exchange(forwarded_, false)};

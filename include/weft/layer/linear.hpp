@@ -164,6 +164,7 @@ public:
   struct activations {
     matrix<T, space> x;
     bool forwarded = false;
+    [[nodiscard]] std::size_t bytes() const noexcept { return x.size() * sizeof(T); }
   };
   [[nodiscard]] activations stash() { return {std::exchange(x_, {}), std::exchange(forwarded_, false)}; }
   void restore(activations a) {
@@ -291,8 +292,12 @@ public:
 
   [[nodiscard]] std::vector<parameter<T>> parameters() {
     std::vector<parameter<T>> ps;
-    ps.push_back({"weight", w_.view(), dw_.view(), false, false, range_.begin, 0, out_, in_, true, false});
-    if (opt_.bias) ps.push_back({"bias", b_.view(), db_.view(), false, false, 0, range_.begin, 1, out_, false, false});
+    ps.push_back({"weight", w_.view(), dw_.view(), false, false, range_.begin, 0, out_, in_, true, false, home_of(w_),
+                  home_of(dw_)});
+    if (opt_.bias) {
+      ps.push_back({"bias", b_.view(), db_.view(), false, false, 0, range_.begin, 1, out_, false, false, home_of(b_),
+                    home_of(db_)});
+    }
     return ps;
   }
 
@@ -384,8 +389,12 @@ public:
 
   [[nodiscard]] std::vector<parameter<T>> parameters() {
     std::vector<parameter<T>> ps;
-    ps.push_back({"weight", w_.view(), dw_.view(), false, false, 0, range_.begin, out_, in_, true, false});
-    if (opt_.bias) ps.push_back({"bias", b_.view(), db_.view(), true, SP::enabled, 0, 0, 1, out_, false, false});
+    ps.push_back({"weight", w_.view(), dw_.view(), false, false, 0, range_.begin, out_, in_, true, false, home_of(w_),
+                  home_of(dw_)});
+    if (opt_.bias) {
+      ps.push_back({"bias", b_.view(), db_.view(), true, SP::enabled, 0, 0, 1, out_, false, false, home_of(b_),
+                    home_of(db_)});
+    }
     return ps;
   }
 

@@ -14,10 +14,14 @@
 #include <weft/core/error.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace weft {
@@ -98,6 +102,76 @@ matrix_view(T*, std::size_t, std::size_t, std::size_t) -> matrix_view<T>;
 template <class T, class Space = host_space>
 class matrix;
 
+namespace detail {
+
+/// Bytes of host matrices held now and at most, for an allocation account: a trainer points
+/// this thread's host_matrix_bytes at its tally while it builds and runs its layers, and every
+/// host matrix allocated meanwhile is charged to it until freed (from any thread), also after
+/// it moves. A stash moved out of the layers can be taken off (take) and put back (give).
+struct byte_tally {
+  std::atomic<std::int64_t> current{0};
+  std::atomic<std::int64_t> peak{0};
+  void give(std::int64_t n) noexcept {
+    const std::int64_t now = current.fetch_add(n) + n;
+    std::int64_t p = peak.load();
+    while (now > p && !peak.compare_exchange_weak(p, now)) {
+    }
+  }
+  void take(std::int64_t n) noexcept { current.fetch_sub(n); }
+  /// Starts a new peak from what is held now.
+  void reset_peak() noexcept { peak.store(current.load()); }
+};
+inline thread_local byte_tally* host_matrix_bytes = nullptr;
+
+/// Makes `t` this thread's tally while in scope (the previous one after).
+class tally_scope {
+public:
+  explicit tally_scope(byte_tally* t) noexcept : previous_(std::exchange(host_matrix_bytes, t)) {}
+  tally_scope(const tally_scope&) = delete;
+  tally_scope& operator=(const tally_scope&) = delete;
+  ~tally_scope() { host_matrix_bytes = previous_; }
+
+private:
+  byte_tally* previous_;
+};
+
+/// std::allocator that charges its allocations to the tally current where it was made.
+template <class T>
+struct tallied_allocator {
+  using value_type = T;
+  using propagate_on_container_copy_assignment = std::true_type;
+  using propagate_on_container_move_assignment = std::true_type;
+  using propagate_on_container_swap = std::true_type;
+  using is_always_equal = std::false_type;
+
+  byte_tally* tally = host_matrix_bytes;
+
+  tallied_allocator() noexcept = default;
+  template <class U>
+  tallied_allocator(const tallied_allocator<U>& o) noexcept : tally(o.tally) {}  // NOLINT: rebinding
+  [[nodiscard]] T* allocate(std::size_t n) {
+    T* p = std::allocator<T>{}.allocate(n);
+    if (tally != nullptr) tally->give(static_cast<std::int64_t>(n * sizeof(T)));
+    return p;
+  }
+  void deallocate(T* p, std::size_t n) noexcept {
+    if (tally != nullptr) tally->take(static_cast<std::int64_t>(n * sizeof(T)));
+    std::allocator<T>{}.deallocate(p, n);
+  }
+  /// A copied matrix is charged where it is copied.
+  [[nodiscard]] tallied_allocator select_on_container_copy_construction() const noexcept { return {}; }
+  template <class U>
+  friend bool operator==(const tallied_allocator& a, const tallied_allocator<U>& b) noexcept {
+    return a.tally == b.tally;
+  }
+};
+
+/// A host vector charged like a matrix (a layer's kept token ids, say).
+template <class T>
+using tallied_vector = std::vector<T, tallied_allocator<T>>;
+
+} // namespace detail
+
 template <class T>
 class matrix<T, host_space> {
 public:
@@ -105,36 +179,82 @@ public:
   using space = host_space;
 
   matrix() = default;
-  matrix(std::size_t rows, std::size_t cols, T fill = T{}) : rows_(rows), cols_(cols), data_(rows * cols, fill) {}
+  matrix(std::size_t rows, std::size_t cols, T fill = T{})
+      : rows_(rows), cols_(cols), data_(rows * cols, fill), ptr_(data_.data()) {}
+  /// A copy owns its elements, also when `other` is bound (bind) to memory it does not own; a
+  /// copy of one bound to nothing is bound to nothing.
+  matrix(const matrix& other) : rows_(other.rows_), cols_(other.cols_) {
+    if (other.ptr_ == nullptr) {
+      bound_ = other.bound_;
+      return;
+    }
+    data_.assign(other.ptr_, other.ptr_ + other.size());
+    ptr_ = data_.data();
+  }
+  matrix(matrix&& other) noexcept
+      : rows_(std::exchange(other.rows_, 0)), cols_(std::exchange(other.cols_, 0)), data_(std::move(other.data_)),
+        ptr_(std::exchange(other.ptr_, nullptr)), bound_(std::exchange(other.bound_, false)) {}
+  matrix& operator=(const matrix& other) {
+    if (this != &other) *this = matrix(other);
+    return *this;
+  }
+  matrix& operator=(matrix&& other) noexcept {
+    if (this == &other) return *this;
+    rows_ = std::exchange(other.rows_, 0);
+    cols_ = std::exchange(other.cols_, 0);
+    data_ = std::move(other.data_);
+    ptr_ = std::exchange(other.ptr_, nullptr);
+    bound_ = std::exchange(other.bound_, false);
+    other.data_.clear();
+    return *this;
+  }
+  ~matrix() = default;
 
   [[nodiscard]] std::size_t rows() const noexcept { return rows_; }
   [[nodiscard]] std::size_t cols() const noexcept { return cols_; }
-  [[nodiscard]] std::size_t size() const noexcept { return data_.size(); }
-  [[nodiscard]] T* data() noexcept { return data_.data(); }
-  [[nodiscard]] const T* data() const noexcept { return data_.data(); }
-  [[nodiscard]] std::span<T> flat() noexcept { return data_; }
-  [[nodiscard]] std::span<const T> flat() const noexcept { return data_; }
+  [[nodiscard]] std::size_t size() const noexcept { return rows_ * cols_; }
+  [[nodiscard]] T* data() noexcept { return ptr_; }
+  [[nodiscard]] const T* data() const noexcept { return ptr_; }
+  [[nodiscard]] std::span<T> flat() noexcept { return {ptr_, size()}; }
+  [[nodiscard]] std::span<const T> flat() const noexcept { return {ptr_, size()}; }
 
-  [[nodiscard]] T& operator()(std::size_t r, std::size_t c) noexcept { return data_[r * cols_ + c]; }
-  [[nodiscard]] const T& operator()(std::size_t r, std::size_t c) const noexcept { return data_[r * cols_ + c]; }
+  [[nodiscard]] T& operator()(std::size_t r, std::size_t c) noexcept { return ptr_[r * cols_ + c]; }
+  [[nodiscard]] const T& operator()(std::size_t r, std::size_t c) const noexcept { return ptr_[r * cols_ + c]; }
 
-  [[nodiscard]] matrix_view<T> view() noexcept { return {data_.data(), rows_, cols_, cols_}; }
-  [[nodiscard]] matrix_view<const T> view() const noexcept { return {data_.data(), rows_, cols_, cols_}; }
+  [[nodiscard]] matrix_view<T> view() noexcept { return {ptr_, rows_, cols_, cols_}; }
+  [[nodiscard]] matrix_view<const T> view() const noexcept { return {ptr_, rows_, cols_, cols_}; }
   operator matrix_view<T>() noexcept { return view(); }                   // NOLINT: views are cheap
   operator matrix_view<const T>() const noexcept { return view(); }       // NOLINT
 
-  /// Reshape to rows x cols, zero-filled; keeps the allocation where it is large enough.
+  /// Reshape to rows x cols, zero-filled; keeps the allocation where it is large enough. A bound
+  /// matrix owns its elements again.
   void resize(std::size_t rows, std::size_t cols) {
     rows_ = rows;
     cols_ = cols;
     data_.assign(rows * cols, T{});
+    ptr_ = data_.data();
+    bound_ = false;
   }
-  void fill(T v) { std::fill(data_.begin(), data_.end(), v); }
+  void fill(T v) { std::fill_n(ptr_, size(), v); }
+
+  /// Makes the matrix a view of rows() x cols() elements at `external`, which the caller owns
+  /// and keeps alive (a trainer's flat parameter or gradient buffer: the layer then computes in
+  /// it, and nothing is copied); its own elements are freed. nullptr leaves it with no memory
+  /// at all (a zero<3> layer between uses): bind again before the layer runs.
+  void bind(T* external) noexcept {
+    decltype(data_)().swap(data_);
+    ptr_ = external;
+    bound_ = true;
+  }
+  /// Whether the elements are someone else's (bind).
+  [[nodiscard]] bool bound() const noexcept { return bound_; }
 
 private:
   std::size_t rows_ = 0;
   std::size_t cols_ = 0;
-  std::vector<T> data_;
+  std::vector<T, detail::tallied_allocator<T>> data_;  // charged to the thread's tally where made
+  T* ptr_ = nullptr;  // data_.data(), or the memory bind() was given
+  bool bound_ = false;
 };
 
 namespace detail {

@@ -98,6 +98,7 @@ public:
     typename column_type::activations fc1;
     typename row_type::activations fc2;
     matrix<T, space> h;
+    [[nodiscard]] std::size_t bytes() const noexcept { return fc1.bytes() + fc2.bytes() + h.size() * sizeof(T); }
   };
   [[nodiscard]] activations stash() { return {fc1_.stash(), fc2_.stash(), std::exchange(h_, {})}; }
   void restore(activations a) {

@@ -46,6 +46,25 @@ namespace weft::layer {
 
 namespace detail {
 
+/// Whether a stash (a layer's activations) says how many bytes it holds.
+template <class A>
+inline constexpr bool counts_bytes = requires(const A& a) {
+  { a.bytes() } -> std::convertible_to<std::size_t>;
+};
+/// The bytes a stash holds (0 where it does not say).
+template <class A>
+[[nodiscard]] std::size_t bytes_of(const A& a) noexcept {
+  if constexpr (counts_bytes<A>) {
+    return a.bytes();
+  } else {
+    return 0;
+  }
+}
+
+} // namespace detail
+
+namespace detail {
+
 template <class C>
 concept model_config = requires(const C& c) {
   { c.vocab } -> std::convertible_to<std::size_t>;

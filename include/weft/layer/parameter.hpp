@@ -22,6 +22,29 @@
 
 namespace weft::layer {
 
+/// Where a parameter's value or gradient lives in its layer: the matrix that owns it (type-erased)
+/// and the parameter's offset in it, so that a trainer can put the matrix into its own flat
+/// buffers (matrix::bind) and the layer computes there, with nothing copied. Empty where the
+/// memory cannot be moved (a matrix type without bind).
+struct storage_home {
+  void* owner = nullptr;
+  void (*bind)(void* owner, void* data) = nullptr;
+  std::size_t offset = 0;    // elements from the matrix's start
+  std::size_t elements = 0;  // the whole matrix's
+  [[nodiscard]] explicit operator bool() const noexcept { return owner != nullptr; }
+};
+
+/// The home of a parameter at element `offset` of matrix m.
+template <class M>
+[[nodiscard]] storage_home home_of(M& m, std::size_t offset = 0) {
+  using V = typename M::value_type;
+  if constexpr (requires(V* p) { m.bind(p); }) {
+    return {&m, [](void* o, void* d) { static_cast<M*>(o)->bind(static_cast<V*>(d)); }, offset, m.size()};
+  } else {
+    return {};
+  }
+}
+
 template <class T>
 struct parameter {
   std::string name;
@@ -42,6 +65,9 @@ struct parameter {
   // Another rank of the TP group holds the same slice and counts it (a key/value head replicated
   // over the ranks whose query heads use it): a norm over the group leaves this copy out.
   bool duplicate = false;
+  // The matrices value and grad live in (storage_home): for a trainer that moves them.
+  storage_home value_home = {};
+  storage_home grad_home = {};
 };
 
 /// Sums over the TP group the gradients of the parameters marked sequence_partial, packed into one
