@@ -40,8 +40,32 @@
 // tied head not at all (the embedding table carries the same gradient), as Megatron counts them.
 //
 // The loss train_step returns is the mean counted-token loss over the global batch, on every
-// rank. Under zero<3> the optimizer holds the parameters sharded and the layers a working copy, which
-// it refreshes after each step (the memory saving of zero<3> is the optimizer's, not the layers').
+// rank.
+//
+// Memory. The layers compute in the optimizer's flat buffers: each layer matrix (a weight, a
+// bias, a fused QKV weight) is bound (matrix::bind) to its stretch of a bucket, found from the
+// parameters' storage homes (layer::parameter::value_home, grad_home), so nothing is copied
+// between layers and optimizer. The optimizer's tensors are grouped in units, each the
+// parameters of one stage part (the embedding stage, the head stage, each block):
+//   zero<0..2>  the layers' parameters are the parameter buffer (zero<1>/<2>: a unit waits for its
+//               bucket's all-gather from the last step before it runs); gradients accumulate over
+//               the microbatches in the gradient buffer (zero<2>: in the bucket, which is
+//               reduce-scattered and freed once every unit in it has finished its last backward)
+//   zero<3>     as FSDP wraps each block: a unit's parameters are gathered just before its forward
+//               and again before its backward, and freed after each; the next config.prefetch
+//               units in the order the schedule runs them (default 1) are gathered meanwhile on
+//               the progress thread, so a rank holds its shard plus at most 1 + prefetch units'
+//               full parameters. Each unit is its own bucket (unless optimizer.bucket_elements
+//               says otherwise); its gradients accumulate unsharded over the step's microbatches
+//               (FSDP without gradient sync on the accumulation steps) and are reduce-scattered
+//               after its last backward. hybrid<zero<3>, zero<0>> likewise, sharded in the group.
+// A unit's gradients are final after its last microbatch's backward: the sequence-parallel
+// partial sums are reduced over TP then and its tensors marked ready, so the DP reductions start
+// during the pipeline's remaining backward work (a tied model's embedding and head after the
+// pipeline, once the embedding group has summed them). memory() counts what the rank holds, by
+// category (memory_account): the optimizer's buffers, the gathered units, the gradient buckets,
+// the communication scratch, and the stashes of the microbatches in flight, each stash as its
+// bytes() says.
 //
 // Compile-time errors name what to change (a model that lacks a part, a mesh that is no
 // weft::mesh or has context/expert axes, zero_bubble_h1 whose split backward the layers do not provide, sequence parallelism
@@ -86,6 +110,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -112,6 +137,37 @@ struct basic_strategy_config {
   /// The cluster, for make_comms's placement check (a TP group must stay inside a node).
   std::optional<topology::cluster> cluster = std::nullopt;
   optim::data_parallel_options optimizer = {};
+  /// zero<3>: how many units (blocks, the embedding and head stages) are gathered ahead of the
+  /// one in use, in the order the schedule uses them; unset: 1. Not for zero<0..2>.
+  std::optional<int> prefetch = std::nullopt;
+};
+
+/// What a trainer holds on this rank, by category: now (current) and the most at once during
+/// the last step (peak). Bytes. (strategy<...>::trainer::memory())
+struct memory_account {
+  struct amount {
+    std::size_t current = 0;
+    std::size_t peak = 0;
+  };
+  amount weights;           // the optimizer's parameter buffer, which the layers compute in (zero<3>: the shard)
+  amount gathered_weights;  // zero<3>: units' full parameters, gathered for use or prefetched
+  amount gradients;         // the optimizer's gradient buffer (zero<2>/<3>: the shard)
+  amount gradient_buckets;  // zero<2>/<3>: full buckets the backward accumulates into until reduced
+  amount optimizer_state;   // the rule's state (Adam: two floats per element of the shard)
+  amount master_weights;    // fp32 copies of 16-bit parameters (none: the strategy trains in float)
+  amount activations;       // the stashes of the microbatches in flight (saved for their backward)
+  bool activations_counted = true;  // false: the model's stashes have no bytes() to count
+  amount scratch;           // the optimizer's communication staging
+  amount workspace;         // the layers' other host buffers: a block's scratch, the logits, a
+                            // microbatch's activations until they are stashed
+  /// Every category's current bytes.
+  [[nodiscard]] std::size_t total() const noexcept {
+    return weights.current + gathered_weights.current + gradients.current + gradient_buckets.current +
+           optimizer_state.current + master_weights.current + activations.current + scratch.current +
+           workspace.current;
+  }
+  /// All parameter bytes at their most: the buffer and the gathered units.
+  [[nodiscard]] std::size_t peak_parameters() const noexcept { return weights.peak + gathered_weights.peak; }
 };
 /// The configuration of a strategy that trains layer::gpt_model.
 using strategy_config = basic_strategy_config<layer::gpt_config>;
@@ -245,6 +301,7 @@ public:
   trainer(Comm& world, config cfg, Rule rule)
       : config_(std::move(cfg)), comms_(split(world, config_)), tp_(comms_.tp()), pp_(comms_.pp()),
         dp_(comms_.dp()), rank_(world.rank()) {
+    const weft::detail::tally_scope charged(&tally_);  // the layers' matrices count in memory()
     if constexpr (requires(Comm& c) { c.set_axis(std::string()); }) {  // weft::traced: name the axes
       tp_.set_axis("tp");
       pp_.set_axis("pp");
@@ -259,6 +316,15 @@ public:
       fail("the model needs a positive vocab, hidden, seq and layers");
     }
     if (config_.micro_batch == 0) fail("micro_batch must be at least 1");
+    if (config_.prefetch) {
+      if (Sharding::stage != 3) {
+        fail("prefetch " + std::to_string(*config_.prefetch) +
+             ": only zero<3> gathers parameters ahead of use; leave it unset for zero<" +
+             std::to_string(Sharding::stage) + ">");
+      }
+      if (*config_.prefetch < 0) fail("prefetch must be 0 or more, not " + std::to_string(*config_.prefetch));
+      prefetch_ = *config_.prefetch;
+    }
     if (config_.optimizer.loss_scaling.value_or(false)) {
       fail("optimizer.loss_scaling: the strategy trains in float and does not scale its losses; leave it unset");
     }
@@ -299,21 +365,57 @@ public:
     }
     if (tied_) share_tied_weight();
 
-    params_ = parameters();
-    optim::param_set ps;
-    std::size_t elements = 0;
-    for (const auto& q : params_) elements += q.value.size();
-    std::vector<float> initial(elements);
-    std::size_t at = 0;
-    for (const auto& q : params_) {
-      const std::size_t index = ps.add(q.name, {q.value.rows(), q.value.cols()}, q.replicated, q.decay);
-      if ((tied_ && head_ && q.value.data() == head_->tied_weight().value.data()) || q.duplicate) {
-        ps.mark_tied_copy(index);  // the embedding table, or the first replica, counts it
+    // The optimizer's tensors, unit by unit (the embedding stage, the head stage, then each
+    // block: what zero<3> gathers and frees as one), each unit's tensors in the order of the
+    // matrices they live in, so that every layer matrix is one stretch of a bucket.
+    const T* tied_head = tied_ && head_ ? head_->tied_weight().value.data() : nullptr;
+    const auto add_unit = [&](std::string prefix, auto* layer) {
+      units_.push_back({});
+      units_.back().prefix = prefix;
+      units_.back().parameters = [layer, prefix] {
+        auto qs = layer->parameters();
+        for (auto& q : qs) q.name = prefix + q.name;
+        return qs;
+      };
+      return units_.size() - 1;
+    };
+    if (embedding_) embedding_unit_ = add_unit("embedding.", embedding_.get());
+    if (head_) head_unit_ = add_unit("head.", head_.get());
+    chunk_units_.resize(chunks_.size());
+    for (int c = 0; c < chunks; ++c) {
+      const auto v = static_cast<std::size_t>(c * p + r);
+      for (std::size_t k = 0; k < chunks_[static_cast<std::size_t>(c)].size(); ++k) {
+        chunk_units_[static_cast<std::size_t>(c)].push_back(
+            add_unit("block" + std::to_string(first_layer_[v] + static_cast<int>(k)) + ".",
+                     chunks_[static_cast<std::size_t>(c)][k].get()));
       }
-      copy_to_flat(q.value, std::span<float>(initial).subspan(at, q.value.size()));
-      at += q.value.size();
     }
-    optimizer_ = optim::make_data_parallel<Sharding>(dp_, ps, rule, config_.optimizer);
+    optim::param_set ps;
+    std::vector<float> initial;
+    for (auto& u : units_) {
+      u.first_tensor = params_.size();
+      for (auto& q : in_storage_order(u)) {
+        const std::size_t index = ps.add(q.name, {q.value.rows(), q.value.cols()}, q.replicated, q.decay);
+        if ((tied_head != nullptr && q.value.data() == tied_head) || q.duplicate) {
+          ps.mark_tied_copy(index);  // the embedding table, or the first replica, counts it
+        }
+        const std::size_t at = initial.size();
+        initial.resize(at + q.value.size());
+        copy_to_flat(q.value, std::span<float>(initial).subspan(at, q.value.size()));
+        q.value = {nullptr, q.value.rows(), q.value.cols()};  // the shape only: the values move
+        q.grad = {nullptr, q.grad.rows(), q.grad.cols()};
+        params_.push_back(std::move(q));
+      }
+      u.end_tensor = params_.size();
+      if (u.end_tensor > u.first_tensor) ps.end_unit();
+      // A tied model's embedding table and the head's copy are made ready after the pipeline,
+      // once their gradients are summed.
+      const auto index = static_cast<std::size_t>(&u - units_.data());
+      u.deferred = tied_ && (index == embedding_unit_ || index == head_unit_);
+    }
+    auto options = config_.optimizer;
+    if (Sharding::stage == 3 && options.bucket_elements == 0) options.bucket_elements = 1;  // a bucket per unit
+    optimizer_ = std::make_unique<optimizer_type>(dp_, ps, rule, options);
     if (tp_.size() * p > 1) {
       // The global gradient norm (clipping, overflow) over the whole model: every rank that holds
       // this rank's replica of the optimizer's shards (zero<0>: this DP index; zero<k>: all),
@@ -322,7 +424,30 @@ public:
       optimizer_->set_norm_group(model_group, tp_.rank());
     }
     optimizer_->set_parameters(initial);
+    std::vector<float>().swap(initial);
+    const auto& ts = optimizer_->buckets().tensors();
+    for (auto& u : units_) {
+      if (u.end_tensor == u.first_tensor) continue;
+      u.first_bucket = ts[u.first_tensor].bucket;
+      u.end_bucket = ts[u.end_tensor - 1].bucket + 1;
+      // The layers compute in the optimizer's buffers from now on; their own copies are freed.
+      bind_values(u, Sharding::stage < 3);
+      bind_gradients(u, Sharding::stage < 2);
+    }
     executor_.emplace(pp_, microbatches_, rows_ * m.hidden);
+    // The order this rank uses its units in a step, for zero<3>'s prefetch.
+    for (const auto& a : executor_->schedule().ranks[static_cast<std::size_t>(r)]) {
+      const int v = a.chunk * p + r;
+      const auto& blocks = chunk_units_[static_cast<std::size_t>(a.chunk)];
+      if (a.kind == pipeline::action_kind::forward) {
+        if (v == 0) sequence_.push_back(embedding_unit_);
+        sequence_.insert(sequence_.end(), blocks.begin(), blocks.end());
+        if (v == vstages - 1) sequence_.push_back(head_unit_);
+      } else if (a.kind == pipeline::action_kind::backward) {
+        sequence_.insert(sequence_.end(), blocks.rbegin(), blocks.rend());
+        if (v == 0) sequence_.push_back(embedding_unit_);
+      }
+    }
   }
 
   trainer(const trainer&) = delete;
@@ -348,14 +473,22 @@ public:
       const std::size_t counted = layer::vocab_parallel_cross_entropy<T, Comm>::counted(targets, head_->ignore_index());
       divisor_ = static_cast<double>(std::max<std::size_t>(counted, 1));
     }
-    for (auto& q : params_) zero(q.grad);
+    const weft::detail::tally_scope charged(&tally_);
     timeline_.clear();
+    optimizer_->reset_peaks();
+    tally_.reset_peak();
+    activations_.peak = activations_.current;
+    for (auto& u : units_) u.backwards = 0;
+    cursor_ = 0;
+    for (std::size_t k = 0; k < sequence_.size() && k < static_cast<std::size_t>(prefetch_); ++k) {
+      prefetch(units_[sequence_[k]]);
+    }
     const auto t0 = clock::now();
     stage st{*this};
     const std::vector<double> losses = executor_->run(st);
     const auto t1 = clock::now();
-    finish_gradients();
-    update();
+    finish_tied();
+    optimizer_->step(1.0f);  // the losses are divided by the batch's count already
     const auto t2 = clock::now();
     timeline_.push_back({"optimizer", t1, t2});
     pipeline_seconds_ = std::chrono::duration<double>(t1 - t0).count();
@@ -374,6 +507,25 @@ public:
   [[nodiscard]] const axis_comms<Comm>& comms() const noexcept { return comms_; }
   [[nodiscard]] axis_comms<Comm>& comms() noexcept { return comms_; }
   [[nodiscard]] optim::memory_report optimizer_memory() const { return optimizer_->memory(); }
+  /// What this rank holds, by category, now and at most during the last step (memory_account).
+  [[nodiscard]] memory_account memory() const {
+    const optim::memory_report r = optimizer_->memory();
+    const auto fixed = [](std::size_t bytes) { return memory_account::amount{bytes, bytes}; };
+    const auto held = [](optim::memory_report::amount a) { return memory_account::amount{a.current, a.peak}; };
+    memory_account m;
+    m.weights = fixed(r.parameters);
+    m.gathered_weights = held(r.gathered_weights);
+    m.gradients = fixed(r.gradients);
+    m.gradient_buckets = held(r.gradient_buckets);
+    m.optimizer_state = fixed(r.optimizer_state + r.slot_gap);
+    m.master_weights = fixed(r.master_weights);
+    m.activations = activations_;
+    m.activations_counted = layer::detail::counts_bytes<typename block_type::activations>;
+    m.scratch = held(r.scratch);
+    const auto bytes = [](std::int64_t b) { return static_cast<std::size_t>(std::max<std::int64_t>(b, 0)); };
+    m.workspace = {bytes(tally_.current.load()), bytes(tally_.peak.load())};
+    return m;
+  }
   [[nodiscard]] const pipeline::schedule& schedule() const noexcept { return executor_->schedule(); }
   /// Seconds of the last step in the pipeline (forward, backward and their communication) and
   /// in the gradient reduction and update.
@@ -388,8 +540,18 @@ public:
   };
   [[nodiscard]] const std::vector<span>& timeline() const noexcept { return timeline_; }
   /// This rank's parameters (its TP slice of its stages' layers), named as in layer::sequential
-  /// with the block's global index.
-  [[nodiscard]] const std::vector<layer::parameter<T>>& parameters_view() const noexcept { return params_; }
+  /// with the block's global index, their values as of the last step: views into a copy the
+  /// trainer keeps until the next call (grad is empty). Collective over the data-parallel group
+  /// (zero<3> gathers the shards).
+  [[nodiscard]] const std::vector<layer::parameter<T>>& parameter_values() {
+    snapshot_ = optimizer_->gather_parameters();
+    values_ = params_;
+    const auto& ts = optimizer_->buckets().tensors();
+    for (std::size_t k = 0; k < values_.size(); ++k) {
+      values_[k].value = {snapshot_.data() + ts[k].offset, params_[k].value.rows(), params_[k].value.cols()};
+    }
+    return values_;
+  }
 
   /// Writes the whole model, unsplit, to `path` in the safetensors format under the model's
   /// stored names (weft/layer/weights.hpp: Hugging Face's for GPT-2 and Llama), as float32.
@@ -409,10 +571,11 @@ public:
     agree("save_weights", [&] {
       if (first) safetensors::create(tmp, h);
     });
+    const auto& values = parameter_values();
     agree("save_weights", [&] {
       if (dp_.rank() != 0) return;
-      for (std::size_t k = 0; k < params_.size(); ++k) {
-        const auto& q = params_[k];
+      for (std::size_t k = 0; k < values.size(); ++k) {
+        const auto& q = values[k];
         if (!stored[k].written || q.duplicate || (q.replicated && tp_.rank() != 0)) continue;
         layer::write_slice(tmp, h, stored[k], q);
       }
@@ -456,11 +619,8 @@ public:
       }
     });
     std::vector<float> flat;
-    for (std::size_t k = 0; k < params_.size(); ++k) {
-      copy_from_flat(std::span<const float>(values[k].flat()), params_[k].value);
-      flat.insert(flat.end(), values[k].flat().begin(), values[k].flat().end());
-    }
-    optimizer_->set_parameters(flat);
+    for (std::size_t k = 0; k < params_.size(); ++k) flat.insert(flat.end(), values[k].flat().begin(), values[k].flat().end());
+    optimizer_->set_parameters(flat);  // which the layers compute in (zero<3>: from the next gather)
   }
 
 private:
@@ -606,31 +766,6 @@ private:
     return names;
   }
 
-  static void zero(matrix_view<T> g) {
-    for (std::size_t i = 0; i < g.rows(); ++i) std::fill_n(g.row(i).begin(), g.cols(), T{});
-  }
-
-  std::vector<layer::parameter<T>> parameters() {
-    std::vector<layer::parameter<T>> ps;
-    const auto add = [&](const std::string& prefix, std::vector<layer::parameter<T>> from) {
-      for (auto& q : from) {
-        q.name = prefix + q.name;
-        ps.push_back(std::move(q));
-      }
-    };
-    if (embedding_) add("embedding.", embedding_->parameters());
-    const int p = pp_.size();
-    for (int c = 0; c < chunks; ++c) {
-      const auto v = static_cast<std::size_t>(c * p + pp_.rank());
-      for (std::size_t k = 0; k < chunks_[static_cast<std::size_t>(c)].size(); ++k) {
-        add("block" + std::to_string(first_layer_[v] + static_cast<int>(k)) + ".",
-            chunks_[static_cast<std::size_t>(c)][k]->parameters());
-      }
-    }
-    if (head_) add("head.", head_->parameters());
-    return ps;
-  }
-
   // Tied: the head's copy of the table starts as the table (the first stage's, sent to the last).
   void share_tied_weight() {
     const int p = pp_.size();
@@ -649,9 +784,9 @@ private:
     }
   }
 
-  // After the pipeline: the gradients that need one more reduction before the DP optimizer.
-  void finish_gradients() {
-    if constexpr (SP::enabled) layer::reduce_sequence_parallel_grads(tp_, std::span(params_));
+  // A tied model after the pipeline: the embedding table's gradient and the head's copy's summed
+  // (over the embedding group, or here when one rank holds both), then both made ready.
+  void finish_tied() {
     if (!tied_) return;
     const int p = pp_.size();
     const int r = pp_.rank();
@@ -662,26 +797,138 @@ private:
         for (std::size_t j = 0; j < e.cols(); ++j) e(i, j) = h(i, j) = e(i, j) + h(i, j);
     } else if (r == 0 || r == p - 1) {
       auto g = (r == 0 ? embedding_->tied_weight() : head_->tied_weight()).grad;
-      std::vector<T> buf(g.size());
-      copy_to_flat(g, std::span(buf));
-      all_reduce(*embedding_group_, std::span(buf));
-      copy_from_flat(std::span<const T>(buf), g);
+      all_reduce(*embedding_group_, g.flat());
     }
+    if (embedding_) gradients_complete(units_[embedding_unit_]);
+    if (head_) gradients_complete(units_[head_unit_]);
   }
 
-  // The layers' gradients into the optimizer (last tensor first, as a backward completes them),
-  // the step, and the new parameters back into the layers.
-  void update() {
-    for (std::size_t k = params_.size(); k-- > 0;) {
-      const auto& q = params_[k];
-      copy_to_flat(q.grad, optimizer_->grad(q.name));
-      optimizer_->grad_ready(q.name);
+  // --- the layers in the optimizer's buffers -------------------------------------------------
+  // A unit (the embedding stage, the head stage, a block) is what zero<3> gathers before use and
+  // frees after; its parameters' matrices are bound (matrix::bind) to their stretch of a bucket.
+
+  // A matrix of a unit and where it starts in the optimizer's tensors (its first tensor).
+  struct storage {
+    layer::storage_home value, grad;
+    std::size_t tensor = 0;
+  };
+  struct unit {
+    std::string prefix;
+    std::function<std::vector<layer::parameter<T>>()> parameters;  // the layer's, with this prefix
+    std::vector<storage> matrices;
+    std::size_t first_tensor = 0, end_tensor = 0;  // in the optimizer's set
+    std::size_t first_bucket = 0, end_bucket = 0;
+    int backwards = 0;       // this step's
+    bool deferred = false;   // tied: made ready after the pipeline (finish_tied)
+    bool grads_bound = false;
+  };
+
+  // Unit u's parameters grouped by the matrix they live in (in the order of the matrices' first
+  // parameter), each group in its offset order, after checking that they tile the matrix: the
+  // order the optimizer holds them in, so that a matrix is one stretch of its bucket. Records
+  // the matrices in u.
+  std::vector<layer::parameter<T>> in_storage_order(unit& u) {
+    std::vector<layer::parameter<T>> qs = u.parameters(), out;
+    std::vector<char> taken(qs.size(), 0);
+    const auto fail = [&](const std::string& name, const std::string& what) {
+      throw error("strategy", rank_, error::unknown,
+                  "parameter '" + name + "' " + what +
+                      ": the strategy's layers compute in the optimizer's buffers, so every parameter must name "
+                      "the matrices its value and gradient live in (layer::parameter::value_home and grad_home, "
+                      "made by layer::home_of) and the parameters of a matrix must cover it");
+    };
+    for (std::size_t k = 0; k < qs.size(); ++k) {
+      if (taken[k] != 0) continue;
+      if (!qs[k].value_home || !qs[k].grad_home) fail(qs[k].name, "has no storage home");
+      std::vector<std::size_t> group;
+      for (std::size_t j = k; j < qs.size(); ++j) {
+        if (taken[j] == 0 && qs[j].value_home.owner == qs[k].value_home.owner) group.push_back(j);
+      }
+      std::sort(group.begin(), group.end(),
+                [&](std::size_t a, std::size_t b) { return qs[a].value_home.offset < qs[b].value_home.offset; });
+      std::size_t at = 0;
+      for (std::size_t j : group) {
+        const auto& q = qs[j];
+        if (q.value_home.offset != at || q.grad_home.offset != at || q.grad_home.owner != qs[group[0]].grad_home.owner ||
+            q.grad_home.elements != q.value_home.elements || !q.value.contiguous() || q.grad.size() != q.value.size()) {
+          fail(q.name, "does not continue its matrix where the one before it ends");
+        }
+        at += q.value.size();
+        taken[j] = 1;
+      }
+      if (at != qs[k].value_home.elements) fail(qs[k].name, "and its neighbours do not cover their matrix");
+      u.matrices.push_back({qs[group[0]].value_home, qs[group[0]].grad_home, params_.size() + out.size()});
+      for (std::size_t j : group) out.push_back(std::move(qs[j]));
     }
-    optimizer_->step(1.0f);  // the losses are divided by the batch's count already
-    for (auto& q : params_) {
-      copy_from_flat(optimizer_->param(q.name), q.value);
-      optimizer_->release(q.name);
+    return out;
+  }
+
+  // Points unit u's parameter matrices at their stretch of its buckets (zero<0..2>: the
+  // parameter buffer; zero<3>: the gathered buckets), or at nothing.
+  void bind_values(unit& u, bool on) {
+    const auto& ts = optimizer_->buckets().tensors();
+    for (auto& m : u.matrices) {
+      const auto& t = ts[m.tensor];
+      m.value.bind(m.value.owner, on ? optimizer_->bucket_parameters(t.bucket).data() + t.bucket_offset : nullptr);
     }
+  }
+  // The same for the gradients: zero<0>/<1> the gradient buffer; zero<2>/<3> each bucket's
+  // gradients, from the unit's first backward of a step until its reduction.
+  void bind_gradients(unit& u, bool on) {
+    const auto& ts = optimizer_->buckets().tensors();
+    for (auto& m : u.matrices) {
+      const auto& t = ts[m.tensor];
+      m.grad.bind(m.grad.owner, on ? optimizer_->bucket_gradients(t.bucket).data() + t.bucket_offset : nullptr);
+    }
+    u.grads_bound = on;
+  }
+
+  void prefetch(const unit& u) {
+    for (std::size_t b = u.first_bucket; b < u.end_bucket; ++b) optimizer_->prefetch(b);
+  }
+
+  // Before unit u runs (a forward; backward: also its backward): its parameters in place
+  // (zero<3>: gathered, or waited for when prefetched; zero<1>/<2>: the all-gather after the
+  // last step waited for), its gradients bound, and the next units in this rank's order
+  // prefetched.
+  void enter(std::size_t index, bool backward) {
+    unit& u = units_[index];
+    if (u.end_tensor == u.first_tensor) return;
+    if constexpr (Sharding::stage == 3) {
+      bind_values(u, true);
+    } else {
+      for (std::size_t b = u.first_bucket; b < u.end_bucket; ++b) (void)optimizer_->bucket_parameters(b);
+    }
+    if (backward && !u.grads_bound) bind_gradients(u, true);
+    auto at = std::find(sequence_.begin() + static_cast<std::ptrdiff_t>(cursor_), sequence_.end(), index);
+    if (at != sequence_.end()) {
+      cursor_ = static_cast<std::size_t>(at - sequence_.begin()) + 1;
+      for (std::size_t k = cursor_; k < sequence_.size() && k < cursor_ + static_cast<std::size_t>(prefetch_); ++k) {
+        prefetch(units_[sequence_[k]]);
+      }
+    }
+  }
+  // After unit u ran: zero<3> frees its gathered parameters; after its last backward of the step
+  // its gradients are complete.
+  void leave(std::size_t index, bool backward) {
+    unit& u = units_[index];
+    if (u.end_tensor == u.first_tensor) return;
+    if constexpr (Sharding::stage == 3) {
+      bind_values(u, false);
+      for (std::size_t b = u.first_bucket; b < u.end_bucket; ++b) optimizer_->release_bucket(b);
+    }
+    if (backward && ++u.backwards == microbatches_ && !u.deferred) gradients_complete(u);
+  }
+  // Unit u's gradients are final: the sequence-parallel partial sums reduced over TP, then each
+  // tensor marked ready (a bucket's reduction starts once all its tensors are).
+  void gradients_complete(unit& u) {
+    if (u.end_tensor == u.first_tensor) return;
+    if constexpr (SP::enabled) {
+      auto qs = u.parameters();
+      layer::reduce_sequence_parallel_grads(tp_, std::span(qs));
+    }
+    for (std::size_t t = u.first_tensor; t < u.end_tensor; ++t) optimizer_->grad_ready(t);
+    if constexpr (Sharding::stage >= 2) bind_gradients(u, false);  // the bucket is freed once reduced
   }
 
   // Adds a span to the timeline when it goes out of scope.
@@ -709,16 +956,27 @@ private:
       auto& saved = t.saved_[{i, chunk}];
       matrix<T> x(t.rows_, hidden), y(t.rows_, hidden);
       if (v == 0) {
+        t.enter(t.embedding_unit_, false);
         t.embedding_->forward(t.microbatch(t.ids_, i), x.view());
         saved.embedding = t.embedding_->stash();
+        t.leave(t.embedding_unit_, false);
+        saved.bytes += layer::detail::bytes_of(saved.embedding);
       } else {
         std::copy(in.begin(), in.end(), x.flat().begin());
       }
-      for (auto& b : t.chunks_[static_cast<std::size_t>(chunk)]) {
-        b->forward(layer::detail::cview(x.view()), y.view());
-        saved.blocks.push_back(b->stash());
+      auto& blocks = t.chunks_[static_cast<std::size_t>(chunk)];
+      for (std::size_t k = 0; k < blocks.size(); ++k) {
+        const std::size_t u = t.chunk_units_[static_cast<std::size_t>(chunk)][k];
+        t.enter(u, false);
+        blocks[k]->forward(layer::detail::cview(x.view()), y.view());
+        saved.blocks.push_back(blocks[k]->stash());
+        t.leave(u, false);
+        saved.bytes += layer::detail::bytes_of(saved.blocks.back());
         std::swap(x, y);
       }
+      t.tally_.take(static_cast<std::int64_t>(saved.bytes));  // from the workspace into the activations
+      t.activations_.current += saved.bytes;
+      t.activations_.peak = std::max(t.activations_.peak, t.activations_.current);
       return {x.flat().begin(), x.flat().end()};
     }
 
@@ -726,9 +984,11 @@ private:
       const timed scope(t, "loss", i, -1);
       const std::size_t hidden = t.config_.model.hidden;
       const matrix_view<const T> y(out.data(), t.rows_, hidden);
+      t.enter(t.head_unit_, true);
       pipeline::loss_result<T> r{t.head_->forward(y, t.microbatch(t.targets_, i), t.divisor_),
                                  std::vector<T>(t.rows_ * hidden)};
       t.head_->backward(matrix_view<T>(r.gradient.data(), t.rows_, hidden));
+      t.leave(t.head_unit_, true);
       return r;
     }
 
@@ -740,15 +1000,22 @@ private:
       auto& saved = node.mapped();
       matrix<T> dy(t.rows_, hidden), dx(t.rows_, hidden);
       std::copy(gout.begin(), gout.end(), dy.flat().begin());
+      t.activations_.current -= saved.bytes;
+      t.tally_.give(static_cast<std::int64_t>(saved.bytes));
       auto& blocks = t.chunks_[static_cast<std::size_t>(chunk)];
       for (std::size_t k = blocks.size(); k-- > 0;) {
+        const std::size_t u = t.chunk_units_[static_cast<std::size_t>(chunk)][k];
+        t.enter(u, true);
         blocks[k]->restore(std::move(saved.blocks[k]));
         blocks[k]->backward(layer::detail::cview(dy.view()), dx.view());
+        t.leave(u, true);
         std::swap(dx, dy);
       }
       if (v == 0) {
+        t.enter(t.embedding_unit_, true);
         t.embedding_->restore(std::move(saved.embedding));
         t.embedding_->backward(layer::detail::cview(dy.view()));
+        t.leave(t.embedding_unit_, true);
         return {};
       }
       return {dy.flat().begin(), dy.flat().end()};
@@ -762,8 +1029,11 @@ private:
   struct saved_activations {
     typename embedding_type::activations embedding;
     std::vector<typename block_type::activations> blocks;
+    std::size_t bytes = 0;  // what the account counts (the stashes' bytes(), where they say)
   };
 
+  // The host matrices the layers allocate (memory_account::workspace), first: it outlives them.
+  weft::detail::byte_tally tally_;
   config config_;
   axis_comms<Comm> comms_;
   Comm& tp_;
@@ -781,8 +1051,19 @@ private:
   bool tied_ = false;
   std::optional<Comm> embedding_group_;
   double divisor_ = 1;  // the global batch's counted targets
-  std::vector<layer::parameter<T>> params_;
-  std::unique_ptr<optim::data_parallel<Sharding, Rule, float, Comm>> optimizer_;
+  std::vector<layer::parameter<T>> params_;  // the optimizer's tensors in its order: names and shapes (no data)
+  std::vector<float> snapshot_;               // parameter_values()'s copy
+  std::vector<layer::parameter<T>> values_;
+  using optimizer_type = optim::data_parallel<Sharding, Rule, float, Comm>;
+  std::unique_ptr<optimizer_type> optimizer_;
+  std::vector<unit> units_;
+  static constexpr std::size_t none = static_cast<std::size_t>(-1);
+  std::size_t embedding_unit_ = none, head_unit_ = none;
+  std::vector<std::vector<std::size_t>> chunk_units_;  // per chunk, per block: its unit
+  std::vector<std::size_t> sequence_;  // this rank's units in the order a step uses them
+  std::size_t cursor_ = 0;             // where in sequence_ the step is
+  int prefetch_ = 1;
+  memory_account::amount activations_;
   std::optional<pipeline::executor<Schedule, Comm, T>> executor_;
   std::map<std::pair<int, int>, saved_activations> saved_;
   std::span<const std::int32_t> ids_, targets_;

@@ -154,10 +154,12 @@ TEST(llama_strategy, tied_head_and_one_key_value_head_match) {
 
 // --- gradients ---------------------------------------------------------------------------------
 
-// The first step's gradient of every parameter, put together from every rank (TP slices in their
-// places, DP replicas summed, TP-replicated and duplicate copies once), equals the one-rank
-// model's on the whole batch: losses over 20 steps could hide a gradient that is off where it
-// barely moves the loss.
+// The first step's gradient of every parameter, as the optimizer applies it (summed over the DP
+// replicas), put together from every rank (TP slices in their places, TP-replicated and duplicate
+// copies once), equals the one-rank model's on the whole batch: losses over 20 steps could hide a
+// gradient that is off where it barely moves the loss. The layers compute in the optimizer's
+// buffers, whose gradients are gone after the step, so the test reads them from a plain SGD step
+// (lr 1024, no momentum or decay): g = (w0 - w1) / 1024, to float's precision relative to g.
 template <class S, class Model>
 void expect_first_gradients_match(const typename Model::config& model, std::size_t micro_batch, const std::string& what) {
   using grads = std::map<std::string, std::vector<double>>;
@@ -176,17 +178,28 @@ void expect_first_gradients_match(const typename Model::config& model, std::size
   });
   grads got;
   std::mutex mu;
+  constexpr float lr = 1024.0f;
   weft::local::run(S::size, [&](weft::local::communicator& world) {
-    auto t = S::make(world, {.model = model, .micro_batch = micro_batch, .global_batch = ts::global_batch}, ts::sgd_rule);
+    auto t = S::make(world, {.model = model, .micro_batch = micro_batch, .global_batch = ts::global_batch},
+                     optim::sgd{.lr = lr});
+    const auto before = t->parameter_values();
+    std::vector<std::vector<float>> w0;
+    for (const auto& q : before) w0.emplace_back(q.value.flat().begin(), q.value.flat().end());
     (void)t->train_step(b.ids, b.targets);
+    const auto& after = t->parameter_values();
     const int tp_rank = t->comms().tp().rank();
+    if (t->comms().dp().rank() != 0) return;
     std::lock_guard lock(mu);
-    for (const auto& q : t->parameters_view()) {
+    for (std::size_t k = 0; k < after.size(); ++k) {
+      const auto& q = after[k];
       if ((q.replicated && tp_rank != 0) || q.duplicate) continue;
       auto& g = got[q.name];
       g.resize(q.full_rows * q.full_cols, 0.0);
-      for (std::size_t r = 0; r < q.grad.rows(); ++r)
-        for (std::size_t col = 0; col < q.grad.cols(); ++col) g[(q.row0 + r) * q.full_cols + q.col0 + col] += q.grad(r, col);
+      for (std::size_t r = 0; r < q.value.rows(); ++r)
+        for (std::size_t col = 0; col < q.value.cols(); ++col) {
+          const double w = w0[k][r * q.value.cols() + col];
+          g[(q.row0 + r) * q.full_cols + q.col0 + col] = (w - static_cast<double>(q.value(r, col))) / lr;
+        }
     }
   });
   ASSERT_EQ(got.size(), want.size()) << what;

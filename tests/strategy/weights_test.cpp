@@ -52,9 +52,10 @@ fs::path scratch(const std::string& name) {
 
 // Every rank's slices put together into the full tensors (and checked to agree where ranks overlap).
 template <class Trainer>
-void collect(const Trainer& t, full_tensors& into, std::mutex& mu) {
+void collect(Trainer& t, full_tensors& into, std::mutex& mu) {
+  const auto& values = t.parameter_values();  // collective: before the lock
   std::lock_guard lock(mu);
-  for (const auto& q : t.parameters_view()) {
+  for (const auto& q : values) {
     auto& full = into[q.name];
     full.resize(q.full_rows * q.full_cols);
     for (std::size_t r = 0; r < q.value.rows(); ++r)
@@ -64,8 +65,8 @@ void collect(const Trainer& t, full_tensors& into, std::mutex& mu) {
 
 // Whether every slice of every rank equals `want` bit for bit.
 template <class Trainer>
-void expect_holds(const Trainer& t, const full_tensors& want, const std::string& what) {
-  for (const auto& q : t.parameters_view()) {
+void expect_holds(Trainer& t, const full_tensors& want, const std::string& what) {
+  for (const auto& q : t.parameter_values()) {
     ASSERT_TRUE(want.count(q.name)) << what << ": " << q.name;
     const auto& full = want.at(q.name);
     std::size_t differ = 0;
