@@ -2,11 +2,13 @@
 // weft::sim: the simulator. The cost model of plans (cost_model.hpp) and of groups running at
 // once (groups.hpp), the hardware and its calibration (hardware.hpp, calibration.hpp), the
 // transformer's arithmetic (model.hpp), the step of a TP x PP x DP layout (step.hpp), the
-// planner (planner.hpp) and Chrome traces of a simulated step (trace.hpp). Host C++20 only.
+// planner (planner.hpp), Chrome traces of a simulated step (trace.hpp) and the memory of weft's own
+// host trainer (host.hpp). Host C++20 only.
 #include <weft/sim/calibration.hpp>
 #include <weft/sim/cost_model.hpp>
 #include <weft/sim/groups.hpp>
 #include <weft/sim/hardware.hpp>
+#include <weft/sim/host.hpp>
 #include <weft/sim/model.hpp>
 #include <weft/sim/planner.hpp>
 #include <weft/sim/step.hpp>

@@ -1,11 +1,14 @@
 // weft-plan: predicts the step time, throughput and memory of a TP x PP x DP layout of a
-// transformer on a GPU cluster, or searches all layouts and explains the best.
+// transformer on a GPU cluster, or searches all layouts and explains the best; with --host, the
+// memory of each rank of weft's own host trainer (sim/host.hpp) for such a layout.
 //
 //   weft-plan --model mt-nlg-530b --gpu a100-80gb --nodes 280 --global-batch 1920 --search
 //   weft-plan --layers 80 --hidden 8192 --heads 64 --seq 4096 --vocab 32000 --gpu h100-sxm
 //             --nodes 8 --global-batch 128 --tp 8 --pp 1 --zero 1 --json
 //   weft-plan --model gpt-1t --gpu a100-80gb --nodes 384 --global-batch 3072 --tp 8 --pp 64
 //             --schedule interleaved --chunks 2 --recompute full --trace step.json
+//   weft-plan --host llama --layers 8 --hidden 256 --heads 8 --kv-heads 2 --seq 64 --vocab 1000
+//             --global-batch 16 --tp 2 --pp 2 --dp 2 --zero 1
 //
 // Exit status: 0; 2 for bad arguments (the message says which and what it takes); 1 when the
 // layout cannot be simulated or nothing fits.
@@ -13,6 +16,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <climits>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -67,6 +72,16 @@ output:
                        memory_gib, communication per axis
   --trace FILE         the simulated step as a Chrome trace (one layout)
   -h, --help           this text
+weft's host trainer (weft::strategy in float32 on the CPU; memory only, no timing):
+  --host FAMILY        gpt | llama: each rank's bytes by category, as the trainer reports them,
+                       for the model and --tp --pp --dp (default 1 each) --global-batch
+                       --micro-batch --schedule (1f1b, gpipe, interleaved) --chunks --zero
+                       --recompute --sequence-parallel; --ffn defaults to the family's width
+  --tied               the output layer is the token table (the head keeps a copy of it)
+  --optimizer O        adamw (default) | adam | sgd | sgd-momentum
+  --bucket-elements N  gradient bucket size (default: the optimizer's)
+  --prefetch N         ZeRO 3: units gathered ahead of the one in use (default 1)
+  --pipeline-layout S  blocks per virtual stage, as "Et*3|t*2|t*2|tL" (default: even)
 )";
 
 struct config {
@@ -85,6 +100,13 @@ struct config {
   bool json = false;
   std::string trace;
   bool help = false;
+  // --host
+  std::optional<sim::host_family> host;
+  bool tied = false;
+  std::string optimizer = "adamw";
+  std::size_t bucket_elements = 0;
+  int prefetch = 1;
+  std::vector<int> stage_blocks;
 };
 
 [[noreturn]] void bad(const std::string& what) { throw weft::error("weft-plan: " + what); }
@@ -153,6 +175,7 @@ config parse(const std::vector<std::string_view>& args) {
   c.model.name = "model";
   bool has_preset = false, has_shape = false;
   std::vector<std::string_view> seen; // the options with values given so far
+  std::vector<std::string_view> flags; // every option given
   for (std::size_t i = 0; i < args.size(); ++i) {
     std::string_view flag = args[i];
     std::optional<std::string_view> inline_value;
@@ -164,6 +187,7 @@ config parse(const std::vector<std::string_view>& args) {
       c.help = true;
       continue;
     }
+    flags.push_back(flag);
     // Switches.
     if (flag == "--gated") { c.model.gated = true; continue; }
     if (flag == "--flash") { c.model.flash_attention = true; continue; }
@@ -172,11 +196,13 @@ config parse(const std::vector<std::string_view>& args) {
     if (flag == "--tp-overlap") { c.layout.tp_overlap = true; continue; }
     if (flag == "--search") { c.search = true; continue; }
     if (flag == "--json") { c.json = true; continue; }
+    if (flag == "--tied") { c.tied = true; continue; }
     static constexpr std::string_view valued[] = {
         "--model", "--layers", "--hidden", "--heads", "--seq", "--vocab", "--ffn", "--kv-heads",
         "--gpu", "--nodes", "--gpus-per-node", "--global-batch", "--tp", "--pp", "--dp",
         "--schedule", "--chunks", "--micro-batch", "--zero", "--recompute", "--top",
-        "--memory-limit", "--trace", "--grad-accum", "--engine"};
+        "--memory-limit", "--trace", "--grad-accum", "--engine", "--host", "--optimizer", "--bucket-elements",
+        "--prefetch", "--pipeline-layout"};
     bool known = false;
     for (std::string_view k : valued)
       known = known || flag == k;
@@ -226,6 +252,14 @@ config parse(const std::vector<std::string_view>& args) {
     } else if (flag == "--top") c.top = whole(flag, v, 1);
     else if (flag == "--memory-limit") c.memory_limit_gib = real(flag, v);
     else if (flag == "--trace") c.trace = std::string(v);
+    else if (flag == "--host") c.host = sim::host_family_named(v);
+    else if (flag == "--optimizer") {
+      if (v != "adamw" && v != "adam" && v != "sgd" && v != "sgd-momentum")
+        bad("unknown optimizer '" + std::string(v) + "' (adamw, adam, sgd or sgd-momentum)");
+      c.optimizer = std::string(v);
+    } else if (flag == "--bucket-elements") c.bucket_elements = static_cast<std::size_t>(whole(flag, v, 1, INT_MAX));
+    else if (flag == "--prefetch") c.prefetch = whole(flag, v, 0, 1024);
+    else if (flag == "--pipeline-layout") c.stage_blocks = pl::parse_layout(v);
   }
   if (c.help) return c;
   if (c.ffn) c.model.ffn = *c.ffn;
@@ -233,6 +267,25 @@ config parse(const std::vector<std::string_view>& args) {
   if (has_preset && has_shape) bad("--model and shape flags (--layers ...) exclude each other");
   if (!has_preset && !has_shape) bad("a model is required: --model NAME or --layers --hidden --heads --seq --vocab");
   if (c.global_batch == 0) bad("--global-batch is required");
+  const auto given = [&](std::string_view f) { return std::find(flags.begin(), flags.end(), f) != flags.end(); };
+  const auto take_chunks = [&] {
+    if (c.chunks && c.layout.schedule != pl::schedule_kind::interleaved)
+      bad("--chunks applies to --schedule interleaved only");
+    c.layout.chunks = c.chunks.value_or(c.layout.schedule == pl::schedule_kind::interleaved ? 2 : 1);
+    c.layout.global_batch = c.global_batch;
+  };
+  if (c.host) {
+    // What prices a GPU cluster has no meaning for the host trainer: refused, not ignored.
+    for (std::string_view f : {"--gpu", "--nodes", "--gpus-per-node", "--engine", "--grad-accum", "--top",
+                               "--memory-limit", "--trace", "--search", "--gated", "--flash", "--tp-across-nodes",
+                               "--tp-overlap"})
+      if (given(f))
+        bad(std::string(f) + " prices a GPU cluster; --host predicts the host trainer's memory (leave it out)");
+    take_chunks();
+    return c;
+  }
+  for (std::string_view f : {"--tied", "--optimizer", "--bucket-elements", "--prefetch", "--pipeline-layout"})
+    if (given(f)) bad(std::string(f) + " applies to --host only");
   if (!c.search && (!c.tp || !c.pp)) bad("give a layout (--tp and --pp) or --search");
   if (c.search && !c.trace.empty()) bad("--trace draws one layout; leave out --search");
   if (c.search && c.nodes == 0) bad("--search needs --nodes");
@@ -243,10 +296,7 @@ config parse(const std::vector<std::string_view>& args) {
         bad(std::string(f) + " sets one layout; --search chooses it (leave it out, or drop --search)");
     if (c.layout.tp_across_nodes) bad("--tp-across-nodes sets one layout; --search keeps TP inside nodes");
   }
-  if (c.chunks && c.layout.schedule != pl::schedule_kind::interleaved)
-    bad("--chunks applies to --schedule interleaved only");
-  c.layout.chunks = c.chunks.value_or(c.layout.schedule == pl::schedule_kind::interleaved ? 2 : 1);
-  c.layout.global_batch = c.global_batch;
+  take_chunks();
   if (!c.search) { // the engine's limits are the layout's: say so before simulating
     sim::layout l = c.layout;
     l.pp = *c.pp;
@@ -355,6 +405,87 @@ std::string text(const sim::model_spec& m, const sim::layout& l, const sim::step
   return o;
 }
 
+sim::host_model host_model_of(const config& c) {
+  const sim::model_spec& m = c.model;
+  const auto z = [](int v) { return static_cast<std::size_t>(v); };
+  return {.family = *c.host, .vocab = z(m.vocab), .hidden = z(m.hidden), .heads = z(m.heads),
+          .kv_heads = z(m.kv_heads), .ffn = z(m.ffn), .seq = z(m.seq), .layers = z(m.layers), .tied = c.tied};
+}
+
+sim::host_layout host_layout_of(const config& c) {
+  const sim::layout& l = c.layout;
+  return {.tp = c.tp.value_or(1), .pp = c.pp.value_or(1), .dp = c.dp.value_or(1), .chunks = l.chunks,
+          .schedule = l.schedule, .micro_batch = l.micro_batch, .global_batch = l.global_batch, .zero = l.zero,
+          .recomputation = l.recomputation, .sequence_parallel = l.sequence_parallel,
+          .bucket_elements = c.bucket_elements, .prefetch = c.prefetch,
+          .slots = c.optimizer == "sgd" ? 0 : c.optimizer == "sgd-momentum" ? 1 : 2,
+          .blocks_per_stage = c.stage_blocks};
+}
+
+// Every rank's memory, pp rank by pp rank, as a table of bytes (or JSON).
+std::string host_report(const config& c) {
+  const sim::host_model m = host_model_of(c);
+  const sim::host_layout l = host_layout_of(c);
+  std::vector<std::vector<sim::host_memory>> ranks(static_cast<std::size_t>(l.pp));
+  for (int p = 0; p < l.pp; ++p)
+    for (int t = 0; t < l.tp; ++t) ranks[static_cast<std::size_t>(p)].push_back(sim::host_memory_of(m, l, p, t));
+  const std::string family(sim::name_of(m.family));
+  const std::string schedule(pl::name_of(l.schedule));
+  if (c.json) {
+    std::string o = "{\n  \"host\": {\"family\": " + q(family) + ", \"vocab\": " + std::to_string(m.vocab) +
+                    ", \"hidden\": " + std::to_string(m.hidden) + ", \"heads\": " + std::to_string(m.heads) +
+                    ", \"kv_heads\": " + std::to_string(m.kv()) + ", \"ffn\": " + std::to_string(m.ffn_size()) +
+                    ", \"seq\": " + std::to_string(m.seq) + ", \"layers\": " + std::to_string(m.layers) +
+                    ", \"tied\": " + (m.tied ? "true" : "false") + "},\n";
+    o += "  \"layout\": {\"tp\": " + std::to_string(l.tp) + ", \"pp\": " + std::to_string(l.pp) +
+         ", \"dp\": " + std::to_string(l.dp) + ", \"chunks\": " + std::to_string(l.chunks) +
+         ", \"schedule\": " + q(schedule) + ", \"micro_batch\": " + std::to_string(l.micro_batch) +
+         ", \"global_batch\": " + std::to_string(l.batch()) + ", \"zero\": " + std::to_string(l.zero) +
+         ", \"recompute\": " + q(sim::name_of(l.recomputation)) +
+         ", \"sequence_parallel\": " + (l.sequence_parallel ? "true" : "false") + ", \"optimizer\": " + q(c.optimizer) +
+         "},\n  \"microbatches\": " + std::to_string(l.microbatches()) + ",\n  \"ranks\": [";
+    for (int p = 0; p < l.pp; ++p) {
+      for (int t = 0; t < l.tp; ++t) {
+        const sim::host_memory& r = ranks[static_cast<std::size_t>(p)][static_cast<std::size_t>(t)];
+        o += std::string(p + t > 0 ? ",\n" : "\n") + "    {\"pp\": " + std::to_string(p) + ", \"tp\": " +
+             std::to_string(t) + ", \"weights\": " + std::to_string(r.weights) + ", \"gathered_weights\": " +
+             std::to_string(r.gathered_weights) + ", \"gradients\": " + std::to_string(r.gradients) +
+             ", \"gradient_buckets\": " + std::to_string(r.gradient_buckets) + ", \"optimizer_state\": " +
+             std::to_string(r.optimizer_state) + ", \"master_weights\": " + std::to_string(r.master_weights) +
+             ", \"activations\": " + std::to_string(r.activations) + ", \"total\": " + std::to_string(r.total()) + "}";
+      }
+    }
+    return o + "\n  ]\n}\n";
+  }
+  std::string o = "weft's host trainer, float32 on the CPU (memory only, no timing): " + family + ", " +
+                  std::to_string(m.layers) + " layers, hidden " + std::to_string(m.hidden) + ", " +
+                  std::to_string(m.heads) + " heads" +
+                  (m.kv() != m.heads ? " (" + std::to_string(m.kv()) + " key/value)" : "") + ", FFN " +
+                  std::to_string(m.ffn_size()) + ", seq " + std::to_string(m.seq) + ", vocab " +
+                  std::to_string(m.vocab) + (m.tied ? ", tied" : "") + "\n";
+  o += "  tp " + std::to_string(l.tp) + " pp " + std::to_string(l.pp) + " dp " + std::to_string(l.dp) + ", " +
+       schedule +
+       (l.chunks > 1 ? " of " + std::to_string(l.chunks) + " chunks" : "") + ", micro-batch " +
+       std::to_string(l.micro_batch) + ", " + std::to_string(l.microbatches()) + " micro-batches, ZeRO-" +
+       std::to_string(l.zero) + ", recompute " + std::string(sim::name_of(l.recomputation)) +
+       (l.sequence_parallel ? ", sequence parallel" : "") + ", " + c.optimizer + "\n";
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "  %-12s%13s%13s%13s%13s%13s%13s%13s%13s\n", "bytes", "weights", "gathered",
+                "gradients", "grad buckets", "optimizer", "master", "activations", "total");
+  o += buf;
+  for (int p = 0; p < l.pp; ++p) {
+    for (int t = 0; t < l.tp; ++t) {
+      const sim::host_memory& r = ranks[static_cast<std::size_t>(p)][static_cast<std::size_t>(t)];
+      const std::string who = "pp " + std::to_string(p) + " tp " + std::to_string(t);
+      std::snprintf(buf, sizeof buf, "  %-12s%13zu%13zu%13zu%13zu%13zu%13zu%13zu%13zu\n", who.c_str(), r.weights,
+                    r.gathered_weights, r.gradients, r.gradient_buckets, r.optimizer_state, r.master_weights,
+                    r.activations, r.total());
+      o += buf;
+    }
+  }
+  return o;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -372,6 +503,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    if (c.host) {
+      std::fputs(host_report(c).c_str(), stdout);
+      return 0;
+    }
     if (c.search) {
       const sim::machine mc = make_machine(c, 0);
       sim::search_options o;
