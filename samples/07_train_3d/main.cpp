@@ -29,6 +29,7 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -101,11 +102,16 @@ struct span_record {
 struct rank_record {
   weft::mesh_coord coord;
   std::vector<span_record> spans;
+  // trainer->memory()'s peaks in the last step: weights, gradients, optimizer state, activations,
+  // communication scratch (bytes).
+  std::array<std::int64_t, 5> memory{};
 };
 
 // A rank_record as 64-bit integers, the way it travels to rank 0 (strings as length, characters).
 std::vector<std::int64_t> pack(const rank_record& r) {
-  std::vector<std::int64_t> v{r.coord.tp, r.coord.pp, r.coord.dp, static_cast<std::int64_t>(r.spans.size())};
+  std::vector<std::int64_t> v{r.coord.tp, r.coord.pp, r.coord.dp};
+  v.insert(v.end(), r.memory.begin(), r.memory.end());
+  v.push_back(static_cast<std::int64_t>(r.spans.size()));
   const auto text = [&](const std::string& s) {
     v.push_back(static_cast<std::int64_t>(s.size()));
     for (const char c : s) v.push_back(c);
@@ -135,6 +141,7 @@ rank_record unpack(const std::vector<std::int64_t>& v) {
   r.coord.tp = static_cast<int>(next());
   r.coord.pp = static_cast<int>(next());
   r.coord.dp = static_cast<int>(next());
+  for (auto& m : r.memory) m = next();
   r.spans.resize(static_cast<std::size_t>(next()));
   for (auto& s : r.spans) {
     s.lane = static_cast<int>(next());
@@ -362,7 +369,14 @@ int train(World& world, const options& o, const transport_traits& how) {
       std::fflush(stdout);
     }
   }
-  rank_record me{.coord = trainer->comms().coord(), .spans = {}};
+  const weft::memory_account held = trainer->memory();
+  const auto peak = [](weft::memory_account::amount a) { return static_cast<std::int64_t>(a.peak); };
+  rank_record me{.coord = trainer->comms().coord(),
+                 .spans = {},
+                 .memory = {peak(held.weights) + peak(held.gathered_weights),
+                            peak(held.gradients) + peak(held.gradient_buckets),
+                            peak(held.optimizer_state) + peak(held.master_weights), peak(held.activations),
+                            peak(held.scratch)}};
   for (const auto& c : trainer->timeline()) me.spans.push_back({c.name, "compute", 0, 0, c.begin, c.end});
   for (const auto& c : world.spans()) {
     me.spans.push_back({c.axis + " " + std::string(c.what), c.axis, c.thread == std::this_thread::get_id() ? 1 : 2,
@@ -423,6 +437,17 @@ int train(World& world, const options& o, const transport_traits& how) {
               "     that sums the step's loss over the stages; dp: the ZeRO-1 reduce-scatter and all-gather, on\n"
               "     the optimizer's progress thread, and the all-reduce that sums the loss over the replicas;\n"
               "     world: the demo's barrier. Time in calls includes waiting for the other ranks.)\n");
+  // What each rank held (trainer->memory()): the layers compute in the optimizer's buffers, so
+  // weights are counted once; ZeRO-1 shards the optimizer state over the 2 DP ranks.
+  std::printf("\n  memory in the last step, per rank, at its peak (KiB; trainer->memory()):\n");
+  std::printf("    rank   tp pp dp   weights   gradients   optimizer state   activations   scratch\n");
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    const auto& c = ranks[r].coord;
+    const auto& m = ranks[r].memory;
+    const auto kib = [](std::int64_t b) { return static_cast<double>(b) / 1024.0; };
+    std::printf("    %4zu   %2d %2d %2d   %7.0f   %9.0f   %15.0f   %11.0f   %7.0f\n", r, c.tp, c.pp, c.dp, kib(m[0]),
+                kib(m[1]), kib(m[2]), kib(m[3]), kib(m[4]));
+  }
   write_trace(trace, ranks);
   trace.close();  // flushes: a full disk shows here
   if (!trace) {
