@@ -301,7 +301,7 @@ public:
   trainer(Comm& world, config cfg, Rule rule)
       : config_(std::move(cfg)), comms_(split(world, config_)), tp_(comms_.tp()), pp_(comms_.pp()),
         dp_(comms_.dp()), rank_(world.rank()) {
-    const weft::detail::tally_scope charged(&tally_);  // the layers' matrices count in memory()
+    const weft::detail::tally_scope charged(tally_);  // the layers' matrices count in memory()
     if constexpr (requires(Comm& c) { c.set_axis(std::string()); }) {  // weft::traced: name the axes
       tp_.set_axis("tp");
       pp_.set_axis("pp");
@@ -406,6 +406,10 @@ public:
         q.grad = {nullptr, q.grad.rows(), q.grad.cols()};
         params_.push_back(std::move(q));
       }
+      for (auto& mx : u.matrices) {  // the layer's own copies go now: the optimizer's take their place
+        mx.value.bind(mx.value.owner, nullptr);
+        mx.grad.bind(mx.grad.owner, nullptr);
+      }
       u.end_tensor = params_.size();
       if (u.end_tensor > u.first_tensor) ps.end_unit();
       // A tied model's embedding table and the head's copy are made ready after the pipeline,
@@ -455,13 +459,52 @@ public:
 
   /// One optimizer step on the global batch: ids and targets of global_batch sequences of seq
   /// tokens each, the same on every rank. Returns the mean token loss, on every rank.
+  /// A batch that is not the right size or holds a token outside the vocabulary is refused before
+  /// anything changes. A step that fails part-way (a peer's failure, a timeout) leaves the
+  /// gradients and stashes of a half-run pipeline behind: every later train_step throws that
+  /// first error (make a new trainer, or load weights into one).
   double train_step(std::span<const std::int32_t> ids, std::span<const std::int32_t> targets) {
+    if (!broken_.empty()) {
+      throw error("strategy", rank_, error::unknown,
+                  "train_step: an earlier train_step failed part-way and left this trainer's state undefined: " +
+                      broken_);
+    }
+    check_batch(ids, targets);
+    try {
+      return run_step(ids, targets);
+    } catch (const std::exception& e) {
+      broken_ = e.what();
+      throw;
+    }
+  }
+
+private:
+  void check_batch(std::span<const std::int32_t> ids, std::span<const std::int32_t> targets) const {
     const std::size_t want = config_.global_batch * config_.model.seq;
     if (ids.size() != want || targets.size() != want) {
       throw error("strategy", rank_, error::unknown,
                   "train_step: " + std::to_string(ids.size()) + " ids and " + std::to_string(targets.size()) +
                       " targets, expected global_batch x seq = " + std::to_string(want) + " of each");
     }
+    const auto vocab = static_cast<std::int64_t>(config_.model.vocab);
+    const auto bad = [&](std::span<const std::int32_t> v, const char* what, auto allowed) {
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        if ((v[i] < 0 || v[i] >= vocab) && !allowed(v[i])) {
+          throw error("strategy", rank_, error::unknown,
+                      std::string("train_step: ") + what + " " + std::to_string(i) + " (sequence " +
+                          std::to_string(i / config_.model.seq) + ") is " + std::to_string(v[i]) +
+                          ", outside the vocabulary of " + std::to_string(vocab));
+        }
+      }
+    };
+    bad(ids, "token id", [](std::int32_t) { return false; });
+    if constexpr (requires { config_.model.ignore_index; }) {
+      bad(targets, "target", [&](std::int32_t t) { return t == config_.model.ignore_index; });
+    }
+  }
+
+  double run_step(std::span<const std::int32_t> ids, std::span<const std::int32_t> targets) {
+    const std::size_t want = ids.size();
     // This DP rank's samples.
     const std::size_t mine = want / static_cast<std::size_t>(dp_.size());
     ids_ = ids.subspan(static_cast<std::size_t>(dp_.rank()) * mine, mine);
@@ -473,10 +516,10 @@ public:
       const std::size_t counted = layer::vocab_parallel_cross_entropy<T, Comm>::counted(targets, head_->ignore_index());
       divisor_ = static_cast<double>(std::max<std::size_t>(counted, 1));
     }
-    const weft::detail::tally_scope charged(&tally_);
+    const weft::detail::tally_scope charged(tally_);
     timeline_.clear();
     optimizer_->reset_peaks();
-    tally_.reset_peak();
+    tally_->reset_peak();
     activations_.peak = activations_.current;
     for (auto& u : units_) u.backwards = 0;
     cursor_ = 0;
@@ -501,6 +544,7 @@ public:
     return loss[0];
   }
 
+public:
   [[nodiscard]] int microbatches() const noexcept { return microbatches_; }
   /// Blocks per virtual stage.
   [[nodiscard]] const std::vector<int>& layout() const noexcept { return layout_; }
@@ -523,7 +567,7 @@ public:
     m.activations_counted = layer::detail::counts_bytes<typename block_type::activations>;
     m.scratch = held(r.scratch);
     const auto bytes = [](std::int64_t b) { return static_cast<std::size_t>(std::max<std::int64_t>(b, 0)); };
-    m.workspace = {bytes(tally_.current.load()), bytes(tally_.peak.load())};
+    m.workspace = {bytes(tally_->current.load()), bytes(tally_->peak.load())};
     return m;
   }
   [[nodiscard]] const pipeline::schedule& schedule() const noexcept { return executor_->schedule(); }
@@ -539,18 +583,40 @@ public:
     std::chrono::steady_clock::time_point begin, end;
   };
   [[nodiscard]] const std::vector<span>& timeline() const noexcept { return timeline_; }
-  /// This rank's parameters (its TP slice of its stages' layers), named as in layer::sequential
-  /// with the block's global index, their values as of the last step: views into a copy the
-  /// trainer keeps until the next call (grad is empty). Collective over the data-parallel group
-  /// (zero<3> gathers the shards).
-  [[nodiscard]] const std::vector<layer::parameter<T>>& parameter_values() {
-    snapshot_ = optimizer_->gather_parameters();
-    values_ = params_;
+  /// This rank's parameters as of the last step (its TP slice of its stages' layers), named as
+  /// in layer::sequential with the block's global index: a copy the caller owns (movable, not
+  /// copyable: the views point into it), each parameter's value a view into it, its grad empty.
+  /// Collective over the data-parallel group under every ZeRO stage (zero<3> gathers the shards).
+  class snapshot {
+  public:
+    snapshot(const snapshot&) = delete;
+    snapshot& operator=(const snapshot&) = delete;
+    snapshot(snapshot&&) noexcept = default;
+    snapshot& operator=(snapshot&&) noexcept = default;
+    ~snapshot() = default;
+    [[nodiscard]] auto begin() const noexcept { return parameters_.begin(); }
+    [[nodiscard]] auto end() const noexcept { return parameters_.end(); }
+    [[nodiscard]] std::size_t size() const noexcept { return parameters_.size(); }
+    [[nodiscard]] const layer::parameter<T>& operator[](std::size_t k) const { return parameters_.at(k); }
+
+  private:
+    friend class trainer;
+    snapshot() = default;
+    std::vector<float> values_;
+    std::vector<layer::parameter<T>> parameters_;
+  };
+  [[nodiscard]] snapshot parameter_values() {
+    snapshot out;
+    out.values_ = optimizer_->gather_parameters();
+    out.parameters_ = params_;
     const auto& ts = optimizer_->buckets().tensors();
-    for (std::size_t k = 0; k < values_.size(); ++k) {
-      values_[k].value = {snapshot_.data() + ts[k].offset, params_[k].value.rows(), params_[k].value.cols()};
+    for (std::size_t k = 0; k < out.parameters_.size(); ++k) {
+      auto& q = out.parameters_[k];
+      q.value = {out.values_.data() + ts[k].offset, params_[k].value.rows(), params_[k].value.cols()};
+      q.grad = {};
+      q.value_home = q.grad_home = {};
     }
-    return values_;
+    return out;
   }
 
   /// Writes the whole model, unsplit, to `path` in the safetensors format under the model's
@@ -571,7 +637,7 @@ public:
     agree("save_weights", [&] {
       if (first) safetensors::create(tmp, h);
     });
-    const auto& values = parameter_values();
+    const snapshot values = parameter_values();
     agree("save_weights", [&] {
       if (dp_.rank() != 0) return;
       for (std::size_t k = 0; k < values.size(); ++k) {
@@ -853,6 +919,10 @@ private:
             q.grad_home.elements != q.value_home.elements || !q.value.contiguous() || q.grad.size() != q.value.size()) {
           fail(q.name, "does not continue its matrix where the one before it ends");
         }
+        if (q.value.data() != static_cast<const T*>(q.value_home.base) + at ||
+            q.grad.data() != static_cast<const T*>(q.grad_home.base) + at) {
+          fail(q.name, "is not where its storage home says (layer::home_of(matrix, offset))");
+        }
         at += q.value.size();
         taken[j] = 1;
       }
@@ -974,7 +1044,7 @@ private:
         saved.bytes += layer::detail::bytes_of(saved.blocks.back());
         std::swap(x, y);
       }
-      t.tally_.take(static_cast<std::int64_t>(saved.bytes));  // from the workspace into the activations
+      t.tally_->take(static_cast<std::int64_t>(saved.bytes));  // from the workspace into the activations
       t.activations_.current += saved.bytes;
       t.activations_.peak = std::max(t.activations_.peak, t.activations_.current);
       return {x.flat().begin(), x.flat().end()};
@@ -1001,7 +1071,7 @@ private:
       matrix<T> dy(t.rows_, hidden), dx(t.rows_, hidden);
       std::copy(gout.begin(), gout.end(), dy.flat().begin());
       t.activations_.current -= saved.bytes;
-      t.tally_.give(static_cast<std::int64_t>(saved.bytes));
+      t.tally_->give(static_cast<std::int64_t>(saved.bytes));
       auto& blocks = t.chunks_[static_cast<std::size_t>(chunk)];
       for (std::size_t k = blocks.size(); k-- > 0;) {
         const std::size_t u = t.chunk_units_[static_cast<std::size_t>(chunk)][k];
@@ -1032,8 +1102,8 @@ private:
     std::size_t bytes = 0;  // what the account counts (the stashes' bytes(), where they say)
   };
 
-  // The host matrices the layers allocate (memory_account::workspace), first: it outlives them.
-  weft::detail::byte_tally tally_;
+  // The host matrices the layers allocate (memory_account::workspace); shared with them.
+  std::shared_ptr<weft::detail::byte_tally> tally_ = std::make_shared<weft::detail::byte_tally>();
   config config_;
   axis_comms<Comm> comms_;
   Comm& tp_;
@@ -1052,8 +1122,6 @@ private:
   std::optional<Comm> embedding_group_;
   double divisor_ = 1;  // the global batch's counted targets
   std::vector<layer::parameter<T>> params_;  // the optimizer's tensors in its order: names and shapes (no data)
-  std::vector<float> snapshot_;               // parameter_values()'s copy
-  std::vector<layer::parameter<T>> values_;
   using optimizer_type = optim::data_parallel<Sharding, Rule, float, Comm>;
   std::unique_ptr<optimizer_type> optimizer_;
   std::vector<unit> units_;
@@ -1062,6 +1130,7 @@ private:
   std::vector<std::vector<std::size_t>> chunk_units_;  // per chunk, per block: its unit
   std::vector<std::size_t> sequence_;  // this rank's units in the order a step uses them
   std::size_t cursor_ = 0;             // where in sequence_ the step is
+  std::string broken_;                 // the error of a train_step that failed part-way
   int prefetch_ = 1;
   memory_account::amount activations_;
   std::optional<pipeline::executor<Schedule, Comm, T>> executor_;

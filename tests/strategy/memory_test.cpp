@@ -41,7 +41,8 @@ template <class Mesh, class Sharding, class Model, class Recompute = recompute::
 using strategy_of = weft::strategy<Mesh, Schedule, Sharding, Recompute, SP, Model>;
 
 // A rank's parameters (elements) by unit: "embedding", "head", "block<i>".
-std::map<std::string, std::size_t> elements_by_unit(const std::vector<wl::parameter<float>>& ps) {
+template <class Snapshot>
+std::map<std::string, std::size_t> elements_by_unit(const Snapshot& ps) {
   std::map<std::string, std::size_t> units;
   for (const auto& q : ps) units[q.name.substr(0, q.name.find('.'))] += q.value.size();
   return units;
@@ -116,6 +117,11 @@ TEST(memory_strategy, zero3_holds_a_shard_and_the_units_in_use_gpt_and_llama) {
   expect_sharded_parameters(measure<strategy_of<tp2dp2, optim::zero<3>, wl::llama_model>>(
                                 {.model = llama_shape, .micro_batch = 1, .global_batch = 8}),
                             1, "llama 2x1x2");
+  // A vocabulary large enough that the embedding and head stages are the largest units.
+  constexpr wl::gpt_config wide{.vocab = 1024, .hidden = 32, .heads = 4, .ffn = 64, .seq = 8, .layers = 8};
+  expect_sharded_parameters(measure<strategy_of<dp4, optim::zero<3>, wl::gpt_model>>(
+                                {.model = wide, .micro_batch = 1, .global_batch = 8}),
+                            1, "gpt 1x1x4, vocabulary 1024");
   // With pipeline stages and interleaving: a rank's units are its chunks' blocks.
   expect_sharded_parameters(
       measure<strategy_of<mesh<tp<1>, pp<2>, dp<2>>, optim::zero<3>, wl::gpt_model, recompute::selective,

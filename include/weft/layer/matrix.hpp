@@ -108,7 +108,7 @@ namespace detail {
 /// this thread's host_matrix_bytes at its tally while it builds and runs its layers, and every
 /// host matrix allocated meanwhile is charged to it until freed (from any thread), also after
 /// it moves. A stash moved out of the layers can be taken off (take) and put back (give).
-struct byte_tally {
+struct byte_tally {  // held by shared_ptr: a matrix may outlive the trainer that charged it
   std::atomic<std::int64_t> current{0};
   std::atomic<std::int64_t> peak{0};
   void give(std::int64_t n) noexcept {
@@ -121,18 +121,18 @@ struct byte_tally {
   /// Starts a new peak from what is held now.
   void reset_peak() noexcept { peak.store(current.load()); }
 };
-inline thread_local byte_tally* host_matrix_bytes = nullptr;
+inline thread_local std::shared_ptr<byte_tally> host_matrix_bytes = nullptr;
 
 /// Makes `t` this thread's tally while in scope (the previous one after).
 class tally_scope {
 public:
-  explicit tally_scope(byte_tally* t) noexcept : previous_(std::exchange(host_matrix_bytes, t)) {}
+  explicit tally_scope(std::shared_ptr<byte_tally> t) noexcept : previous_(std::exchange(host_matrix_bytes, std::move(t))) {}
   tally_scope(const tally_scope&) = delete;
   tally_scope& operator=(const tally_scope&) = delete;
-  ~tally_scope() { host_matrix_bytes = previous_; }
+  ~tally_scope() { host_matrix_bytes = std::move(previous_); }
 
 private:
-  byte_tally* previous_;
+  std::shared_ptr<byte_tally> previous_;
 };
 
 /// std::allocator that charges its allocations to the tally current where it was made.
@@ -144,7 +144,7 @@ struct tallied_allocator {
   using propagate_on_container_swap = std::true_type;
   using is_always_equal = std::false_type;
 
-  byte_tally* tally = host_matrix_bytes;
+  std::shared_ptr<byte_tally> tally = host_matrix_bytes;
 
   tallied_allocator() noexcept = default;
   template <class U>
@@ -226,16 +226,24 @@ public:
   operator matrix_view<T>() noexcept { return view(); }                   // NOLINT: views are cheap
   operator matrix_view<const T>() const noexcept { return view(); }       // NOLINT
 
-  /// Reshape to rows x cols, zero-filled; keeps the allocation where it is large enough. A bound
-  /// matrix owns its elements again.
+  /// Reshape to rows x cols, zero-filled; keeps the allocation where it is large enough. Not for
+  /// a bound matrix (bind): its memory is someone else's.
   void resize(std::size_t rows, std::size_t cols) {
+    if (bound_) {
+      throw error("matrix::resize: the matrix is bound to memory it does not own (a trainer's buffer); a " +
+                  std::to_string(rows_) + " x " + std::to_string(cols_) + " matrix cannot become " +
+                  std::to_string(rows) + " x " + std::to_string(cols));
+    }
     rows_ = rows;
     cols_ = cols;
     data_.assign(rows * cols, T{});
     ptr_ = data_.data();
     bound_ = false;
   }
-  void fill(T v) { std::fill_n(ptr_, size(), v); }
+  void fill(T v) {
+    if (ptr_ == nullptr && size() != 0) throw error("matrix::fill: the matrix is bound to no memory (bind(nullptr))");
+    std::fill_n(ptr_, size(), v);
+  }
 
   /// Makes the matrix a view of rows() x cols() elements at `external`, which the caller owns
   /// and keeps alive (a trainer's flat parameter or gradient buffer: the layer then computes in

@@ -29,8 +29,9 @@ namespace weft::layer {
 struct storage_home {
   void* owner = nullptr;
   void (*bind)(void* owner, void* data) = nullptr;
-  std::size_t offset = 0;    // elements from the matrix's start
-  std::size_t elements = 0;  // the whole matrix's
+  const void* base = nullptr;  // the matrix's elements when the home was made (the view's start - offset)
+  std::size_t offset = 0;      // elements from the matrix's start
+  std::size_t elements = 0;    // the whole matrix's
   [[nodiscard]] explicit operator bool() const noexcept { return owner != nullptr; }
 };
 
@@ -39,7 +40,7 @@ template <class M>
 [[nodiscard]] storage_home home_of(M& m, std::size_t offset = 0) {
   using V = typename M::value_type;
   if constexpr (requires(V* p) { m.bind(p); }) {
-    return {&m, [](void* o, void* d) { static_cast<M*>(o)->bind(static_cast<V*>(d)); }, offset, m.size()};
+    return {&m, [](void* o, void* d) { static_cast<M*>(o)->bind(static_cast<V*>(d)); }, m.data(), offset, m.size()};
   } else {
     return {};
   }

@@ -417,9 +417,9 @@ public:
     m.scratch = of(transient_kind::scratch);
     return m;
   }
-  /// Starts measuring the short-lived buffers' peaks afresh (from what is held now).
+  /// Starts measuring the short-lived buffers' peaks afresh (from what is held now; a collective
+  /// still running may add to them, and is not waited for).
   void reset_peaks() {
-    wait_all();
     transient_peak_.store(transient_.load());
     for (std::size_t i = 0; i < held_.size(); ++i) held_peak_[i].store(held_[i].load());
   }
