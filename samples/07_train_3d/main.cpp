@@ -103,8 +103,8 @@ struct rank_record {
   weft::mesh_coord coord;
   std::vector<span_record> spans;
   // trainer->memory()'s peaks in the last step: weights, gradients, optimizer state, activations,
-  // communication scratch (bytes).
-  std::array<std::int64_t, 5> memory{};
+  // communication scratch, the layers' workspace (bytes).
+  std::array<std::int64_t, 6> memory{};
 };
 
 // A rank_record as 64-bit integers, the way it travels to rank 0 (strings as length, characters).
@@ -376,7 +376,7 @@ int train(World& world, const options& o, const transport_traits& how) {
                  .memory = {peak(held.weights) + peak(held.gathered_weights),
                             peak(held.gradients) + peak(held.gradient_buckets),
                             peak(held.optimizer_state) + peak(held.master_weights), peak(held.activations),
-                            peak(held.scratch)}};
+                            peak(held.scratch), peak(held.workspace)}};
   for (const auto& c : trainer->timeline()) me.spans.push_back({c.name, "compute", 0, 0, c.begin, c.end});
   for (const auto& c : world.spans()) {
     me.spans.push_back({c.axis + " " + std::string(c.what), c.axis, c.thread == std::this_thread::get_id() ? 1 : 2,
@@ -440,13 +440,13 @@ int train(World& world, const options& o, const transport_traits& how) {
   // What each rank held (trainer->memory()): the layers compute in the optimizer's buffers, so
   // weights are counted once; ZeRO-1 shards the optimizer state over the 2 DP ranks.
   std::printf("\n  memory in the last step, per rank, at its peak (KiB; trainer->memory()):\n");
-  std::printf("    rank   tp pp dp   weights   gradients   optimizer state   activations   scratch\n");
+  std::printf("    rank   tp pp dp   weights   gradients   optimizer state   activations   scratch   workspace\n");
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     const auto& c = ranks[r].coord;
     const auto& m = ranks[r].memory;
     const auto kib = [](std::int64_t b) { return static_cast<double>(b) / 1024.0; };
-    std::printf("    %4zu   %2d %2d %2d   %7.0f   %9.0f   %15.0f   %11.0f   %7.0f\n", r, c.tp, c.pp, c.dp, kib(m[0]),
-                kib(m[1]), kib(m[2]), kib(m[3]), kib(m[4]));
+    std::printf("    %4zu   %2d %2d %2d   %7.0f   %9.0f   %15.0f   %11.0f   %7.0f   %9.0f\n", r, c.tp, c.pp, c.dp,
+                kib(m[0]), kib(m[1]), kib(m[2]), kib(m[3]), kib(m[4]), kib(m[5]));
   }
   write_trace(trace, ranks);
   trace.close();  // flushes: a full disk shows here
