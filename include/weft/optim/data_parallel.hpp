@@ -243,46 +243,27 @@ public:
   /// than keeping the span, whose address does not change, since the call is what orders
   /// later reads after that all-gather.
   [[nodiscard]] std::span<const P> param(std::string_view name) {
-    const auto t = layout_index(name);
-    const auto& ti = layout_.tensors()[t];
-    if constexpr (stage < 3) {
-      gathers_[ti.bucket].wait();  // zero<1>/<2>: the bucket's all-gather after the last step
-      return {params_.data() + layout_.padded_offset(t), ti.count};
-    } else {
-      acquire(ti.bucket);
+    const auto& ti = layout_.tensors()[layout_index(name)];
+    const std::span<const P> bucket = bucket_parameters(ti.bucket);
+    if constexpr (stage == 3) {
       const auto nb = layout_.buckets().size();
       if (!backward_ && ti.bucket + 1 < nb) start_gather(ti.bucket + 1);
       if (backward_ && ti.bucket > 0) start_gather(ti.bucket - 1);
-      return {gathered_[ti.bucket].data() + ti.bucket_offset, ti.count};
     }
+    return bucket.subspan(ti.bucket_offset, ti.count);
   }
 
   /// zero<3>: frees the gathered parameters of `name`'s bucket (no-op otherwise).
-  void release(std::string_view name) {
-    if constexpr (stage == 3) {
-      const auto b = layout_.tensors()[layout_index(name)].bucket;
-      if (gather_started_[b]) gathers_[b].wait();
-      free_transient(gathered_[b], lane::main, transient_kind::gathered_weights);
-      gather_started_[b] = false;
-      resident_[b] = false;
-    }
-  }
+  void release(std::string_view name) { release_bucket(layout_.tensors()[layout_index(name)].bucket); }
 
   /// Tensor `name`'s gradient, zero at the start of a step; write (or add) it, then call grad_ready.
   [[nodiscard]] std::span<P> grad(std::string_view name) {
-    const auto t = layout_index(name);
-    const auto& ti = layout_.tensors()[t];
+    const auto& ti = layout_.tensors()[layout_index(name)];
     backward_ = true;
     if (submitted_[ti.bucket]) {
       throw error("data_parallel::grad: the bucket of tensor '" + ti.name + "' is already being reduced this step");
     }
-    if constexpr (stage >= 2) {
-      auto& s = staging_[ti.bucket];
-      if (s.empty()) alloc_transient(s, layout_.buckets()[ti.bucket].padded, lane::main, transient_kind::gradient_buckets);
-      return {s.data() + ti.bucket_offset, ti.count};
-    } else {
-      return {grads_.data() + layout_.padded_offset(t), ti.count};
-    }
+    return bucket_gradients(ti.bucket).subspan(ti.bucket_offset, ti.count);
   }
 
   /// Marks `name`'s gradient complete; the bucket's reduction starts once all its tensors are
@@ -450,12 +431,7 @@ public:
   /// zero<3>: frees bucket b's gathered parameters (a no-op under zero<0..2>).
   void release_bucket(std::size_t b) {
     check_bucket(b, "release_bucket");
-    if constexpr (stage == 3) {
-      if (gather_started_[b]) gathers_[b].wait();
-      free_transient(gathered_[b], lane::main, transient_kind::gathered_weights);
-      gather_started_[b] = false;
-      resident_[b] = false;
-    }
+    if constexpr (stage == 3) free_gathered(b);
   }
   /// Bucket b's gradients, full (padded), zero at the start of a step: zero<0>/<1> the gradient
   /// buffer; zero<2>/<3> a bucket allocated at the first call of the step and freed once reduced.
@@ -734,6 +710,13 @@ private:
       gather_into(std::span<const P>(params_.data() + b.shard_offset, b.shard), std::span<P>(gathered_[bi].data(), b.padded));
     });
   }
+  // zero<3>: bucket b's gathered parameters freed (after its gather, if one is running).
+  void free_gathered(std::size_t b) {
+    if (gather_started_[b]) gathers_[b].wait();
+    free_transient(gathered_[b], lane::main, transient_kind::gathered_weights);
+    gather_started_[b] = false;
+    resident_[b] = false;
+  }
   void acquire(std::size_t bi) {
     if (resident_[bi]) return;
     start_gather(bi);
@@ -744,12 +727,7 @@ private:
     if constexpr (stage < 3) {
       for (auto& w : gathers_) w.wait();
     } else {
-      for (std::size_t b = 0; b < gathered_.size(); ++b) {
-        if (gather_started_[b]) gathers_[b].wait();
-        free_transient(gathered_[b], lane::main, transient_kind::gathered_weights);
-        gather_started_[b] = false;
-        resident_[b] = false;
-      }
+      for (std::size_t b = 0; b < gathered_.size(); ++b) free_gathered(b);
     }
   }
 
