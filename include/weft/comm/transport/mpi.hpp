@@ -37,19 +37,40 @@
 // node-major, so devices()[r] is rank r's device in cluster(), as topology::cluster numbers
 // them, whatever order the launcher placed the processes in.
 //
-// Failure. Every wait has a deadline (set_timeout, default 5 minutes): a peer that stalls
-// or left gives a weft::error naming the operation, this rank and the peer, not a hang, and
-// this rank's position from its progress counters: the operation's sequence number on this
-// communicator, the plan round and step (progress() returns them; a process sees only its
-// own, so the other ranks' positions are in their own errors, one per process in the job's
-// output). A process that dies (a signal, exit without MPI_Finalize) is noticed by the
-// launcher, which ends the job (Open MPI's mpirun: "exited on signal"/"exiting improperly");
-// if it does not, the peers' deadlines pass and they fail with the message above.
-// MPI errors become weft::error (WEFT_MPI_TRY) naming the MPI call, its error and where.
-// After such an error the communicator must not be used again: what was in flight is
-// cancelled where MPI allows and the ranks no longer agree on where they are. End the job:
-// environment's destructor calls MPI_Abort when it runs during stack unwinding, so the
-// other processes, blocked in a collective with this one, are ended too (see environment).
+// Failure (docs/reliability.md says what a program may do after each kind of error). Every
+// wait has a deadline (set_timeout, default 5 minutes). While a rank waits it reads its
+// family's control channel (transport/detail/mpi_family.hpp: the communicator and all its
+// splits share one); at a deadline it asks the ranks it waits on where they are, follows
+// "waits on" to the rank that holds everyone up, and tells every rank. So every rank's
+// weft::error names the operation, itself, its peer, its position (sequence number, plan
+// round and step) and the culprit: "world rank 2 stalled: it did not answer within 750 ms".
+// A rank whose call fails part-way for another reason (a reduction that throws, a receive of
+// the wrong size) tells the others the same way, and they fail at once instead of at their
+// deadline.
+//
+// A failed call leaves nothing behind in the caller's buffers: a plan's large message goes
+// only once its receiver has posted the receive and sent a credit for it (so a sender never
+// hands MPI a buffer for a receiver that is not there), receives still pending are cancelled,
+// and what MPI cannot cancel is given a bounded time to complete. Should a request on the
+// caller's buffer still be live after that, weft ends the job (the process must not return
+// into the program while MPI may still read or write that buffer). Messages are never taken
+// from or written into the buffers after the call has thrown.
+//
+// A failed communicator stays failed, with every communicator split from it (and the one it
+// was split from): each later call throws at once with the first failure's message, and its
+// MPI communicators are never freed, so a message of the failed call still in flight cannot
+// match another call. What happens at the failure is options::on_failure: abort_job (the
+// default) prints weft's error and calls MPI_Abort, ending every process of the job;
+// throw_error throws, for a program that ends the job its own way (MPI cannot continue
+// without the failed rank: there is no shrink()). Errors found before any data moves (a bad
+// peer or tag, a plan for another rank, WEFT_CHECK_CALLS) throw and leave the communicator
+// usable. MPI errors become weft::error (WEFT_MPI_TRY) naming the MPI call, its error and
+// where.
+//
+// A process that dies (a signal, exit without MPI_Finalize) is noticed by the launcher,
+// which ends the job (Open MPI's mpirun: "exited on signal"/"exiting improperly"); if it
+// does not, the peers' deadlines pass and the verdict names the dead rank. An exception that
+// leaves the environment's scope uncaught ends the job too (see environment).
 #include <weft/comm/detail/kernels.hpp>
 #include <weft/comm/detail/scratch.hpp>
 #include <weft/comm/plan.hpp>
@@ -57,7 +78,9 @@
 #include <weft/comm/transport/detail/mpi_comm_handle.hpp>
 #include <weft/comm/transport/detail/mpi_datatype.hpp>
 #include <weft/comm/transport/detail/mpi_error.hpp>
+#include <weft/comm/transport/detail/mpi_family.hpp>
 #include <weft/comm/transport/detail/mpi_requests.hpp>
+#include <weft/comm/failure.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/types.hpp>
 #include <weft/topology/topology.hpp>
@@ -74,6 +97,7 @@
 #include <exception>
 #include <memory>
 #include <optional>
+#include <random>
 #include <span>
 #include <string>
 #include <string_view>
@@ -141,6 +165,9 @@ struct options {
   /// Emulated nodes: ranks grouped as this cluster's nodes, rank r on its device r; its
   /// size must equal the communicator's. Empty: WEFT_TOPOLOGY, else the real nodes.
   std::optional<topology::cluster> topology;
+  /// What a call that fails part-way does (weft/comm/failure.hpp): end the job (MPI_Abort)
+  /// after printing weft's error, or throw it. Splits inherit it.
+  weft::on_failure on_failure = weft::on_failure::abort_job;
 };
 
 class communicator;
@@ -174,7 +201,17 @@ public:
   communicator& operator=(communicator&&) noexcept = default;
   communicator(const communicator&) = delete;
   communicator& operator=(const communicator&) = delete;
-  ~communicator() = default;
+  ~communicator() {
+    // A failed family's communicators are never freed (mpi_family.hpp says why); a process
+    // that learns of the failure only here keeps them too.
+    if (family_ && detail::mpi_alive()) {
+      family_->poll();
+      if (family_->failure().failed()) {
+        dup_.keep();
+        credit_.keep();
+      }
+    }
+  }
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return size_; }
@@ -207,21 +244,45 @@ public:
   /// private duplicate and never matches them).
   [[nodiscard]] MPI_Comm native() const noexcept { return base_.get(); }
 
+  /// What a call that fails part-way does; splits inherit it.
+  [[nodiscard]] weft::on_failure failure_policy() const noexcept { return family_->policy(); }
+  /// Whether this communicator's family (it, the one it was split from, its splits) failed:
+  /// every call then throws failure() at once.
+  [[nodiscard]] bool failed() const {
+    family_->poll();
+    return family_->failure().failed();
+  }
+  /// The family's first failure ("" while there is none).
+  [[nodiscard]] std::string failure() const {
+    family_->poll();
+    return family_->failure().what();
+  }
+  /// Ends the job: prints `why` as weft's error and calls MPI_Abort, which ends every process.
+  [[noreturn]] void abort(std::string_view why, int code = 1) const noexcept {
+    detail::print_abort_message(why);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::abort();
+  }
+
   // --- point to point -------------------------------------------------------------------
   // MPI semantics: send returns once the buffer may be reused, which for a large message
   // can mean once the receiver has matched it; a receive must name the count and type that
   // were sent. Another count of bytes is a weft::error; another type of the same bytes (float
   // sent, int32 received) is not detected, since MPI messages do not carry their type
-  // (weft::local's do, and refuse it). Both wait at most timeout().
+  // (weft::local's do, and refuse it). Both wait at most timeout(). A send that fails while
+  // MPI still reads its buffer for a receiver that vanished cannot be cancelled: weft then
+  // ends the job (see the header comment); post() copies, and never has to.
 
   template <element T>
   void send(std::span<const T> data, int peer, int tag = 0) {
     check_peer(peer, "send");
     check_tag(tag, "send");
-    const detail::mpi_wait_context ctx{"send", rank_, timeout_};
-    const abandon_on_exit guard{p2p_};
-    post_sends(data.data(), data.size(), peer, tag, max_message, p2p_, ctx.operation);
-    p2p_.wait_all(detail::mpi_datatype<T>(), dtype_traits<T>::name, ctx);
+    const recorded scope(*this, "send", recorded::point_to_point);
+    const auto ctx = context("send");
+    guarded(ctx.operation, [&] {
+      post_sends(data.data(), data.size(), peer, tag, max_message, p2p_, ctx.operation);
+      p2p_.wait_all(detail::mpi_datatype<T>(), dtype_traits<T>::name, ctx);
+    });
   }
   template <element T>
   void send(std::span<T> data, int peer, int tag = 0) {
@@ -231,41 +292,51 @@ public:
   void recv(std::span<T> data, int peer, int tag = 0) {
     check_peer(peer, "recv");
     check_tag(tag, "recv");
-    const detail::mpi_wait_context ctx{"recv", rank_, timeout_};
-    const abandon_on_exit guard{p2p_};
-    post_recvs(data.data(), data.size(), peer, tag, max_message, p2p_, ctx.operation);
-    p2p_.wait_all(detail::mpi_datatype<T>(), dtype_traits<T>::name, ctx);
+    const recorded scope(*this, "recv", recorded::point_to_point);
+    const auto ctx = context("recv");
+    guarded(ctx.operation, [&] {
+      post_recvs(data.data(), data.size(), peer, tag, max_message, p2p_, ctx.operation);
+      p2p_.wait_all(detail::mpi_datatype<T>(), dtype_traits<T>::name, ctx);
+    });
   }
   /// A buffered send, like weft::local's: copies `data`, starts sending the copy and returns
   /// at once, whatever the size, so two ranks that both post before they receive cannot
   /// deadlock (a pipeline's neighbours do). The copy is freed once delivered: later calls
   /// of post() free what has arrived, and flush() waits, at most timeout(), until every
   /// posted message has been delivered. Messages to one peer arrive in order with send's.
+  /// After a failure the copies still in flight are kept until the end of the process.
   template <element T>
   void post(std::span<const T> data, int peer, int tag = 0) {
     check_peer(peer, "post");
     check_tag(tag, "post");
-    const detail::mpi_wait_context ctx{"post", rank_, timeout_};
-    while (!posted_.empty() && posted_.front().requests.test_all(posted_.front().type_name, ctx)) posted_.pop_front();
-    posted_message& m = posted_.emplace_back();
-    m.type_name = dtype_traits<T>::name;
-    m.copy = std::make_unique<std::byte[]>(data.size_bytes() == 0 ? 1 : data.size_bytes());
-    if (!data.empty()) std::memcpy(m.copy.get(), data.data(), data.size_bytes());
-    post_sends(reinterpret_cast<const T*>(m.copy.get()), data.size(), peer, tag, max_message, m.requests,
-               ctx.operation);
+    const recorded scope(*this, "post", recorded::point_to_point);
+    const auto ctx = context("post");
+    guarded(ctx.operation, [&] {
+      while (!posted_.empty() && posted_.front().requests.test_all(MPI_BYTE, posted_.front().type_name, ctx))
+        posted_.pop_front();
+      posted_message& m = posted_.emplace_back();
+      m.type_name = dtype_traits<T>::name;
+      m.copy = std::make_unique<std::byte[]>(data.size_bytes() == 0 ? 1 : data.size_bytes());
+      if (!data.empty()) std::memcpy(m.copy.get(), data.data(), data.size_bytes());
+      post_sends(reinterpret_cast<const T*>(m.copy.get()), data.size(), peer, tag, max_message, m.requests,
+                 ctx.operation, true);
+    });
   }
   template <element T>
   void post(std::span<T> data, int peer, int tag = 0) {
     post(std::span<const T>(data), peer, tag);
   }
   /// Waits until every posted message has been delivered (at most timeout(), then a
-  /// weft::error naming the peer that did not take its message).
+  /// weft::error naming the peer that did not take its message, and the culprit).
   void flush() {
-    const detail::mpi_wait_context ctx{"flush", rank_, timeout_};
-    while (!posted_.empty()) {
-      posted_.front().requests.wait_all(MPI_BYTE, posted_.front().type_name, ctx);
-      posted_.pop_front();
-    }
+    const recorded scope(*this, "flush", recorded::point_to_point);
+    const auto ctx = context("flush");
+    guarded(ctx.operation, [&] {
+      while (!posted_.empty()) {
+        posted_.front().requests.wait_all(MPI_BYTE, posted_.front().type_name, ctx);
+        posted_.pop_front();
+      }
+    });
   }
 
   /// Sends `out` to `to` and receives `in` from `from` at the same time (no deadlock when
@@ -275,62 +346,78 @@ public:
     check_peer(to, "sendrecv");
     check_peer(from, "sendrecv");
     check_tag(tag, "sendrecv");
-    const detail::mpi_wait_context ctx{"sendrecv", rank_, timeout_};
-    const abandon_on_exit guard{p2p_};
-    post_recvs(in.data(), in.size(), from, tag, max_message, p2p_, ctx.operation);
-    post_sends(out.data(), out.size(), to, tag, max_message, p2p_, ctx.operation);
-    p2p_.wait_all(detail::mpi_datatype<T>(), dtype_traits<T>::name, ctx);
+    const recorded scope(*this, "sendrecv", recorded::point_to_point);
+    const auto ctx = context("sendrecv");
+    guarded(ctx.operation, [&] {
+      post_recvs(in.data(), in.size(), from, tag, max_message, p2p_, ctx.operation);
+      post_sends(out.data(), out.size(), to, tag, max_message, p2p_, ctx.operation);
+      p2p_.wait_all(detail::mpi_datatype<T>(), dtype_traits<T>::name, ctx);
+    });
   }
 
   void barrier() {
     const recorded scope(*this, "barrier");
-    const detail::mpi_wait_context ctx{"barrier", rank_, timeout_, progress_.get()};
-    MPI_Request req = MPI_REQUEST_NULL;
-    WEFT_MPI_TRY(MPI_Ibarrier(dup_.get(), &req), ctx.operation, rank_);
-    detail::mpi_wait(req, ctx, "have every rank enter the barrier");
+    const auto ctx = context("barrier");
+    guarded(ctx.operation, [&] {
+      MPI_Request req = MPI_REQUEST_NULL;
+      WEFT_MPI_TRY(MPI_Ibarrier(dup_.get(), &req), ctx.operation, rank_);
+      detail::mpi_wait(req, ctx, "have every rank enter the barrier");
+    });
   }
 
   /// Splits into communicators of the ranks with the same color (>= 0), ordered by (key,
   /// rank), as MPI_Comm_split. Collective. The result owns its MPI_Comm and keeps this
-  /// communicator's cluster: its rank r sits on the same device as before.
+  /// communicator's cluster: its rank r sits on the same device as before. It belongs to
+  /// this communicator's family: a failure of either fails both.
   communicator split(int color, int key) {
     WEFT_EXPECTS(color >= 0, "mpi::communicator::split: color must be >= 0");
     const recorded scope(*this, "split");
-    const detail::mpi_wait_context ctx{"split", rank_, timeout_, progress_.get()};
-    // Gathering first, with a deadline, means MPI_Comm_split below (which has none) starts
-    // only when every rank has arrived; the table also gives the children's placement.
-    constexpr int fields = 4;
-    const int mine[fields] = {color, key, devices_[static_cast<std::size_t>(rank_)],
-                              world_ranks_[static_cast<std::size_t>(rank_)]};
-    std::vector<int> table(static_cast<std::size_t>(fields * size_));
-    all_gather_ints(mine, fields, table, ctx);
-    std::vector<std::pair<int, int>> members; // (key, rank) of my color
-    for (int r = 0; r < size_; ++r) {
-      if (table[static_cast<std::size_t>(fields * r)] == color) {
-        members.emplace_back(table[static_cast<std::size_t>(fields * r + 1)], r);
+    const auto ctx = context("split");
+    std::optional<communicator> made;
+    guarded(ctx.operation, [&] {
+      // Gathering first, with a deadline, means MPI_Comm_split below (which has none) starts
+      // only when every rank has arrived; the table also gives the children's placement.
+      constexpr int fields = 5;
+      const int mine[fields] = {color, key, devices_[static_cast<std::size_t>(rank_)],
+                                world_ranks_[static_cast<std::size_t>(rank_)], (*root_of_)[static_cast<std::size_t>(rank_)]};
+      std::vector<int> table(static_cast<std::size_t>(fields * size_));
+      all_gather_ints(mine, fields, table, ctx);
+      std::vector<std::pair<int, int>> members; // (key, rank) of my color
+      for (int r = 0; r < size_; ++r) {
+        if (table[static_cast<std::size_t>(fields * r)] == color) {
+          members.emplace_back(table[static_cast<std::size_t>(fields * r + 1)], r);
+        }
       }
-    }
-    std::sort(members.begin(), members.end());
-    std::vector<int> devices;
-    std::vector<int> world_ranks;
-    int new_rank = -1;
-    for (const auto& [k, r] : members) {
-      if (r == rank_) new_rank = static_cast<int>(devices.size());
-      devices.push_back(table[static_cast<std::size_t>(fields * r + 2)]);
-      world_ranks.push_back(table[static_cast<std::size_t>(fields * r + 3)]);
-    }
-    MPI_Comm child = MPI_COMM_NULL;
-    WEFT_MPI_TRY(MPI_Comm_split(dup_.get(), color, key, &child), ctx.operation, rank_);
-    detail::mpi_comm_handle owned(child, true);
-    WEFT_MPI_TRY(MPI_Comm_set_errhandler(child, MPI_ERRORS_RETURN), ctx.operation, rank_);
-    communicator c(std::move(owned), new_rank, std::move(devices), std::move(world_ranks), cluster_, emulated_,
-                   timeout_);
-    c.check_calls_ = check_calls_;
-    return c;
+      std::sort(members.begin(), members.end());
+      std::vector<int> devices;
+      std::vector<int> world_ranks;
+      std::vector<int> roots;
+      int new_rank = -1;
+      for (const auto& [k, r] : members) {
+        if (r == rank_) new_rank = static_cast<int>(devices.size());
+        devices.push_back(table[static_cast<std::size_t>(fields * r + 2)]);
+        world_ranks.push_back(table[static_cast<std::size_t>(fields * r + 3)]);
+        roots.push_back(table[static_cast<std::size_t>(fields * r + 4)]);
+      }
+      MPI_Comm child = MPI_COMM_NULL;
+      WEFT_MPI_TRY(MPI_Comm_split(dup_.get(), color, key, &child), ctx.operation, rank_);
+      detail::mpi_comm_handle owned(child, true);
+      WEFT_MPI_TRY(MPI_Comm_set_errhandler(child, MPI_ERRORS_RETURN), ctx.operation, rank_);
+      made.emplace(communicator(std::move(owned), new_rank, std::move(devices), std::move(world_ranks),
+                                std::move(roots), cluster_, emulated_, timeout_, family_));
+    });
+    made->check_calls_ = check_calls_;
+    return std::move(*made);
   }
 
   /// Runs one rank's plan over its buffers. `in`/`out` hold in_count/out_count elements
   /// (in may equal out: in place).
+  ///
+  /// Each round hands MPI its small sends at once; a send above credit_bytes waits for the
+  /// receiver's credit, a zero-byte message on the communicator's credit channel that the
+  /// receiver sends as it posts the receive, so MPI never holds a large send of the caller's
+  /// buffer for a receiver that is not in the call. The waits of the round release the sends
+  /// as their credits arrive.
   template <element T, class Op>
   void execute(const plan& pl, const T* in, std::size_t in_count, T* out, std::size_t out_count,
                const Op& op, std::string_view operation) {
@@ -346,6 +433,7 @@ public:
                       std::to_string(pl.size()) + ", not rank " + std::to_string(rank_) + " of " +
                       std::to_string(size_));
     }
+    const recorded scope(*this, operation, pl.steps().size());
     T* const scratch = scratch_.get<T>(pl.scratch_count());
     T* const bufs[3] = {const_cast<T*>(in), out, scratch}; // input is only ever read
     const std::size_t sizes[3] = {in_count, out_count, pl.scratch_count()};
@@ -358,74 +446,99 @@ public:
       }
       return bufs[i] + off;
     };
-    const recorded scope(*this, operation, pl.steps().size());
-    const detail::mpi_wait_context ctx{operation, rank_, timeout_, progress_.get()};
+    auto ctx = context(operation);
+    ctx.tick = [](void* self) { static_cast<communicator*>(self)->release_queued_sends(); };
+    ctx.tick_arg = this;
     const MPI_Datatype type = detail::mpi_datatype<T>();
     constexpr std::string_view type_name = dtype_traits<T>::name;
     constexpr std::size_t piece = message_bytes / sizeof(T) > 0 ? message_bytes / sizeof(T) : 1;
-    const abandon_on_exit guard{sends_, recvs_};
-    const auto& steps = pl.steps();
-    std::size_t i = 0;
-    while (i < steps.size()) {
-      const std::uint32_t round = steps[i].round;
-      std::size_t end = i;
-      while (end < steps.size() && steps[end].round == round)
-        ++end;
-      for (std::size_t k = i; k < end; ++k) {
-        const step& s = steps[k];
-        if (s.kind != step_kind::send) continue;
-        progress_->at_step(round, k, s.kind);
-        check_peer(s.peer, operation);
-        post_sends(range(s.src, s.src_offset, s.count), s.count, s.peer, plan_tag_, piece, sends_,
-                   operation);
-      }
-      for (std::size_t k = i; k < end; ++k) {
-        const step& s = steps[k];
-        if (s.kind != step_kind::send) progress_->at_step(round, k, s.kind);
-        switch (s.kind) {
-          case step_kind::send: break;
-          case step_kind::recv:
-            check_peer(s.peer, operation);
-            post_recvs(range(s.dst, s.dst_offset, s.count), s.count, s.peer, plan_tag_, piece,
-                       recvs_, operation);
-            recvs_.wait_all(type, type_name, ctx);
-            break;
-          case step_kind::recv_reduce:
-            check_peer(s.peer, operation);
-            recv_reduce(range(s.src, s.src_offset, s.count), range(s.dst, s.dst_offset, s.count),
-                        s.count, s.peer, piece, op, ctx);
-            break;
-          case step_kind::copy:
-            detail::copy_n(range(s.dst, s.dst_offset, s.count), range(s.src, s.src_offset, s.count),
-                           s.count);
-            break;
-          case step_kind::reduce: {
-            T* d = range(s.dst, s.dst_offset, s.count);
-            detail::reduce2(d, d, range(s.src, s.src_offset, s.count), s.count, op);
-            break;
-          }
-          case step_kind::load:
-          case step_kind::load_reduce:
-          case step_kind::sync:
-            throw error(operation, rank_, s.peer,
-                        "the MPI transport cannot run a peer-access step");
+    guarded(operation, [&] {
+      const auto& steps = pl.steps();
+      std::size_t i = 0;
+      while (i < steps.size()) {
+        const std::uint32_t round = steps[i].round;
+        std::size_t end = i;
+        while (end < steps.size() && steps[end].round == round)
+          ++end;
+        for (std::size_t k = i; k < end; ++k) {
+          const step& s = steps[k];
+          if (s.kind != step_kind::send) continue;
+          progress_->at_step(round, k, s.kind);
+          check_peer(s.peer, operation);
+          queue_plan_sends(range(s.src, s.src_offset, s.count), s.count, s.peer, piece, s.src == buffer::scratch,
+                           operation);
         }
+        release_queued_sends();
+        for (std::size_t k = i; k < end; ++k) {
+          const step& s = steps[k];
+          if (s.kind != step_kind::send) progress_->at_step(round, k, s.kind);
+          switch (s.kind) {
+            case step_kind::send: break;
+            case step_kind::recv:
+              check_peer(s.peer, operation);
+              post_plan_recvs(range(s.dst, s.dst_offset, s.count), s.count, s.peer, piece, s.dst == buffer::scratch,
+                              operation);
+              recvs_.wait_all(type, type_name, ctx);
+              break;
+            case step_kind::recv_reduce:
+              check_peer(s.peer, operation);
+              recv_reduce(range(s.src, s.src_offset, s.count), range(s.dst, s.dst_offset, s.count), s.count, s.peer,
+                          piece, op, ctx);
+              break;
+            case step_kind::copy:
+              detail::copy_n(range(s.dst, s.dst_offset, s.count), range(s.src, s.src_offset, s.count), s.count);
+              break;
+            case step_kind::reduce: {
+              T* d = range(s.dst, s.dst_offset, s.count);
+              detail::reduce2(d, d, range(s.src, s.src_offset, s.count), s.count, op);
+              break;
+            }
+            case step_kind::load:
+            case step_kind::load_reduce:
+            case step_kind::sync:
+              throw error(operation, rank_, s.peer, "the MPI transport cannot run a peer-access step");
+          }
+        }
+        // The round's sends: those still waiting for a credit, then their completion.
+        detail::mpi_poll(
+            [&] {
+              release_queued_sends();
+              return unsent_ == 0 && sends_.test_all(type, type_name, ctx);
+            },
+            ctx, unsent_ > 0 ? first_unsent_peer() : sends_.first_pending_peer(),
+            unsent_ > 0 ? "have its receive posted" : "have its message received");
+        i = end;
       }
-      sends_.wait_all(type, type_name, ctx);
-      i = end;
-    }
+    });
   }
+
+  /// A piece of a plan's step larger than this many bytes waits for its receiver's credit
+  /// (see execute); smaller ones go at once, as MPI sends them eagerly (copied out of the
+  /// buffer before the send completes): 4 KiB, Open MPI's eager limit over shared memory,
+  /// the smallest of its transports'.
+  static constexpr std::size_t credit_bytes = 4096;
 
 private:
   friend void broadcast_bytes(communicator& comm, std::span<std::byte> data, int root);
 
-  // Records an operation in the progress counters while it runs; one that ends by an
-  // exception stays recorded (progress() then shows where it failed).
+  // Records an operation in the progress counters while it runs, after checking that the
+  // family has not failed (then the call throws the failure at once); one that ends by an
+  // exception stays recorded (progress() then shows where it failed; the family is failed,
+  // so no query takes it for a wait). Point-to-point calls count on their own.
   class recorded {
   public:
+    struct point_to_point_t {};
+    static constexpr point_to_point_t point_to_point{};
+
     recorded(communicator& c, std::string_view operation, std::size_t steps = 0)
         : c_(c), uncaught_(std::uncaught_exceptions()) {
+      c.family_->check(operation, c.rank_);
       c.progress_->begin(operation, ++c.seq_, 0, c.rank_, c.size_, steps);
+    }
+    recorded(communicator& c, std::string_view operation, point_to_point_t)
+        : c_(c), uncaught_(std::uncaught_exceptions()) {
+      c.family_->check(operation, c.rank_);
+      c.progress_->begin(operation, ++c.p2p_seq_, 0, c.rank_, c.size_);
     }
     recorded(const recorded&) = delete;
     recorded& operator=(const recorded&) = delete;
@@ -438,20 +551,72 @@ private:
     int uncaught_;
   };
 
-  // Whatever is still in flight when a call ends is abandoned: nothing, unless it ends by
-  // an exception, and then MPI must not go on writing into the caller's buffers.
-  struct abandon_on_exit {
-    detail::mpi_requests& a;
-    detail::mpi_requests* b = nullptr;
-    explicit abandon_on_exit(detail::mpi_requests& x) : a(x) {}
-    abandon_on_exit(detail::mpi_requests& x, detail::mpi_requests& y) : a(x), b(&y) {}
-    abandon_on_exit(const abandon_on_exit&) = delete;
-    abandon_on_exit& operator=(const abandon_on_exit&) = delete;
-    ~abandon_on_exit() {
-      a.abandon();
-      if (b != nullptr) b->abandon();
+  // The context of this communicator's waits in `operation`.
+  [[nodiscard]] detail::mpi_wait_context context(std::string_view operation) const {
+    return {operation, rank_, timeout_, progress_.get(), family_.get(), root_of_.get()};
+  }
+
+  // Runs f, the part of a call that moves data. If it throws, the call failed part-way:
+  // see failed_call. The exception goes on to the caller unchanged.
+  template <class F>
+  void guarded(std::string_view operation, F&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      failed_call(operation, e.what());
+      throw;
+    } catch (...) {
+      failed_call(operation, "an exception not derived from std::exception");
+      throw;
     }
-  };
+  }
+
+  // After a call failed part-way: the family is failed (and told, when this is the first
+  // failure), every request retired, weft's memory that MPI may still use kept for good, and
+  // this communicator's MPI communicators never freed. A request on the caller's buffer that
+  // is still live ends the job: the call must not return with it. Under abort_job, so does
+  // every failure.
+  WEFT_COLD void failed_call(std::string_view operation, const std::string& what) noexcept {
+    try {
+      const int me = world_ranks_[static_cast<std::size_t>(rank_)];
+      (void)family_->fail_and_tell("world rank " + std::to_string(me) + " failed in " + std::string(operation) + ": " +
+                                   what);
+      const auto window = detail::mpi_answer_window(timeout_);
+      for (MPI_Request& r : credits_in_) {
+        if (r == MPI_REQUEST_NULL) continue;
+        MPI_Cancel(&r);
+        MPI_Request_free(&r); // a zero-byte receive: no buffer to keep
+      }
+      credits_in_.clear();
+      credit_arrived_.clear();
+      queued_.clear();
+      unsent_ = 0;
+      detail::mpi_retired left;
+      for (detail::mpi_requests* set : {&sends_, &recvs_, &p2p_}) {
+        const detail::mpi_retired l = set->retire(window);
+        left.caller_memory = left.caller_memory || l.caller_memory;
+        left.weft_memory = left.weft_memory || l.weft_memory;
+      }
+      for (posted_message& m : posted_) {
+        if (m.requests.retire(window).weft_memory) family_->park(std::move(m.copy));
+      }
+      posted_.clear();
+      if (left.weft_memory) {
+        family_->park(std::move(scratch_));
+        family_->park(std::move(staging_));
+      }
+      dup_.keep();
+      credit_.keep();
+      if (left.caller_memory) {
+        abort(what + "\nweft: " + std::string(operation) + " on rank " + std::to_string(rank_) +
+              ": MPI still uses the call's buffer for a message it cannot cancel; the process must not return into the "
+              "program with it");
+      }
+    } catch (...) {
+      abort(what); // out of memory while failing: nothing better is left
+    }
+    if (family_->policy() == weft::on_failure::abort_job) abort(what);
+  }
 
   // The most elements of one MPI message (MPI counts are int).
   static constexpr std::size_t max_message = static_cast<std::size_t>(INT_MAX);
@@ -464,12 +629,15 @@ private:
                   "call MPI_Init, or create a weft::mpi::environment first");
     }
     WEFT_EXPECTS(base_.get() != MPI_COMM_NULL, "mpi::communicator: the MPI_Comm is MPI_COMM_NULL");
+    WEFT_EXPECTS(opt.on_failure == weft::on_failure::throw_error || opt.on_failure == weft::on_failure::abort_job,
+                 "mpi::options::on_failure: not an on_failure value");
     if (base_.owned())
       WEFT_MPI_TRY(MPI_Comm_set_errhandler(base_.get(), MPI_ERRORS_RETURN), "mpi::communicator");
     duplicate(base_.get());
     std::vector<int> world(static_cast<std::size_t>(size_));
     translate_to_world(world);
     world_ranks_ = std::move(world);
+    make_family(opt.on_failure);
     std::optional<topology::cluster> emulated = opt.topology;
     std::string source = "the topology in mpi::options";
     if (!emulated) {
@@ -499,16 +667,19 @@ private:
     set_node_of();
   }
 
-  // A communicator made by split: owns `base`, inherits the parent's cluster.
+  // A communicator made by split: owns `base`, inherits the parent's cluster and family.
   communicator(detail::mpi_comm_handle base, int rank, std::vector<int> devices,
-               std::vector<int> world_ranks, std::shared_ptr<const topology::cluster> cluster,
-               bool emulated, std::chrono::milliseconds timeout)
+               std::vector<int> world_ranks, std::vector<int> root_ranks,
+               std::shared_ptr<const topology::cluster> cluster, bool emulated, std::chrono::milliseconds timeout,
+               std::shared_ptr<detail::mpi_family> family)
       : base_(std::move(base)),
         world_ranks_(std::move(world_ranks)),
         devices_(std::move(devices)),
         cluster_(std::move(cluster)),
         emulated_(emulated),
-        timeout_(timeout) {
+        timeout_(timeout),
+        family_(std::move(family)),
+        root_of_(std::make_shared<const std::vector<int>>(std::move(root_ranks))) {
     duplicate(base_.get());
     if (rank_ != rank || size_ != static_cast<int>(devices_.size())) {
       throw error("split", rank_, error::unknown,
@@ -516,22 +687,62 @@ private:
                       std::to_string(size_) + ", weft expected rank " + std::to_string(rank) +
                       " of " + std::to_string(devices_.size()));
     }
+    membership_ = family_membership(family_, progress_.get(), root_of_.get());
     set_node_of();
   }
 
-  // dup_ = a private duplicate of `comm` for all of weft's traffic; rank_, size_, plan_tag_.
+  // The root's family: a control channel (another duplicate), and a nonce from rank 0 that
+  // tells this family's control messages from any other's.
+  void make_family(weft::on_failure policy) {
+    const detail::mpi_wait_context ctx{"mpi::communicator", rank_, timeout_};
+    MPI_Comm control = MPI_COMM_NULL;
+    MPI_Request req = MPI_REQUEST_NULL;
+    WEFT_MPI_TRY(MPI_Comm_idup(dup_.get(), &control, &req), ctx.operation, rank_);
+    detail::mpi_wait(req, ctx, "duplicate the communicator (MPI_Comm_idup) with every rank");
+    detail::mpi_comm_handle owned(control, true);
+    WEFT_MPI_TRY(MPI_Comm_set_errhandler(control, MPI_ERRORS_RETURN), ctx.operation, rank_);
+    // On the heap: a broadcast that times out keeps its buffer.
+    auto nonce = std::make_unique<std::uint64_t>(0);
+    if (rank_ == 0) {
+      std::random_device rd;
+      *nonce = (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^
+               static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    }
+    WEFT_MPI_TRY(MPI_Ibcast(nonce.get(), 1, MPI_UINT64_T, 0, dup_.get(), &req), ctx.operation, rank_);
+    try {
+      detail::mpi_wait(req, ctx, "agree on the family's nonce with every rank");
+    } catch (...) {
+      (void)nonce.release();
+      throw;
+    }
+    std::vector<int> roots(static_cast<std::size_t>(size_));
+    for (int r = 0; r < size_; ++r) roots[static_cast<std::size_t>(r)] = r;
+    root_of_ = std::make_shared<const std::vector<int>>(std::move(roots));
+    family_ = std::make_shared<detail::mpi_family>(owned.get(), *nonce, rank_, world_ranks_, policy);
+    owned.keep(); // the family owns it now
+    membership_ = family_membership(family_, progress_.get(), root_of_.get());
+  }
+
+  // dup_ = a private duplicate of `comm` for all of weft's traffic, credit_ = another for the
+  // credits of plans' sends; rank_, size_, plan_tag_.
   void duplicate(MPI_Comm comm) {
     int rank = 0;
     WEFT_MPI_TRY(MPI_Comm_rank(comm, &rank), "mpi::communicator");
-    const detail::mpi_wait_context ctx{"mpi::communicator", rank, timeout_};
-    MPI_Comm dup = MPI_COMM_NULL;
-    MPI_Request req = MPI_REQUEST_NULL;
-    WEFT_MPI_TRY(MPI_Comm_idup(comm, &dup, &req), ctx.operation, rank);
-    detail::mpi_wait(req, ctx, "duplicate the communicator (MPI_Comm_idup) with every rank");
-    dup_ = detail::mpi_comm_handle(dup, true);
-    WEFT_MPI_TRY(MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN), ctx.operation, rank);
-    WEFT_MPI_TRY(MPI_Comm_rank(dup, &rank_), ctx.operation, rank);
-    WEFT_MPI_TRY(MPI_Comm_size(dup, &size_), ctx.operation, rank);
+    detail::mpi_wait_context ctx{"mpi::communicator", rank, timeout_};
+    if (family_) { // a split's: its family hears of a failure meanwhile
+      ctx.family = family_.get();
+      ctx.root_of = root_of_.get();
+    }
+    for (detail::mpi_comm_handle* h : {&dup_, &credit_}) {
+      MPI_Comm dup = MPI_COMM_NULL;
+      MPI_Request req = MPI_REQUEST_NULL;
+      WEFT_MPI_TRY(MPI_Comm_idup(comm, &dup, &req), ctx.operation, rank);
+      detail::mpi_wait(req, ctx, "duplicate the communicator (MPI_Comm_idup) with every rank");
+      *h = detail::mpi_comm_handle(dup, true);
+      WEFT_MPI_TRY(MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN), ctx.operation, rank);
+    }
+    WEFT_MPI_TRY(MPI_Comm_rank(dup_.get(), &rank_), ctx.operation, rank);
+    WEFT_MPI_TRY(MPI_Comm_size(dup_.get(), &size_), ctx.operation, rank);
     // MPI defines the largest tag on MPI_COMM_WORLD, for every communicator.
     void* value = nullptr;
     int found = 0;
@@ -557,7 +768,7 @@ private:
   // Real nodes: the processes that share memory with this one, each node named by its
   // lowest rank; nodes in the order of those ranks, devices node-major.
   void detect_nodes() {
-    const detail::mpi_wait_context ctx{"mpi::communicator", rank_, timeout_};
+    const auto ctx = context("mpi::communicator");
     MPI_Comm node = MPI_COMM_NULL;
     WEFT_MPI_TRY(MPI_Comm_split_type(dup_.get(), MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
                  ctx.operation, rank_);
@@ -605,12 +816,21 @@ private:
       node_of_[r] = cluster_->node_of(devices_[r]);
   }
 
-  void all_gather_ints(const int* mine, int n, std::vector<int>& all,
-                       const detail::mpi_wait_context& ctx) {
+  // all = every rank's n ints, gathered through weft's own buffer: one that MPI may still
+  // write into after a deadline is kept, not freed.
+  void all_gather_ints(const int* mine, int n, std::vector<int>& all, const detail::mpi_wait_context& ctx) {
+    auto gathered = std::make_unique<std::byte[]>(all.size() * sizeof(int));
+    auto* ints = reinterpret_cast<int*>(gathered.get());
     MPI_Request req = MPI_REQUEST_NULL;
-    WEFT_MPI_TRY(MPI_Iallgather(mine, n, MPI_INT, all.data(), n, MPI_INT, dup_.get(), &req),
-                 ctx.operation, rank_);
-    detail::mpi_wait(req, ctx, "gather from every rank");
+    WEFT_MPI_TRY(MPI_Iallgather(mine, n, MPI_INT, ints, n, MPI_INT, dup_.get(), &req), ctx.operation, rank_);
+    try {
+      detail::mpi_wait(req, ctx, "gather from every rank");
+    } catch (...) {
+      if (family_) family_->park(std::move(gathered));
+      else (void)gathered.release();
+      throw;
+    }
+    std::copy(ints, ints + all.size(), all.begin());
   }
 
   void check_peer(int peer, std::string_view operation) const {
@@ -632,29 +852,121 @@ private:
   // The messages of one step: pieces of at most `piece` elements, posted in order.
   template <class T>
   void post_sends(const T* data, std::size_t count, int peer, int tag, std::size_t piece,
-                  detail::mpi_requests& set, std::string_view operation) {
+                  detail::mpi_requests& set, std::string_view operation, bool weft_memory = false) {
     const MPI_Datatype type = detail::mpi_datatype<T>();
     std::size_t off = 0;
     do { // a count of 0 is still one (empty) message
       const std::size_t n = std::min(piece, count - off);
       WEFT_MPI_TRY(MPI_Isend(data + off, static_cast<int>(n), type, peer, tag, dup_.get(),
-                             &set.add_send(peer)),
+                             &set.add_send(peer, weft_memory)),
                    operation, rank_, peer);
       off += n;
     } while (off < count);
   }
   template <class T>
   void post_recvs(T* data, std::size_t count, int peer, int tag, std::size_t piece,
-                  detail::mpi_requests& set, std::string_view operation) {
+                  detail::mpi_requests& set, std::string_view operation, bool weft_memory = false) {
     const MPI_Datatype type = detail::mpi_datatype<T>();
     std::size_t off = 0;
     do {
       const std::size_t n = std::min(piece, count - off);
       WEFT_MPI_TRY(MPI_Irecv(data + off, static_cast<int>(n), type, peer, tag, dup_.get(),
-                             &set.add_recv(peer, n)),
+                             &set.add_recv(peer, n, weft_memory)),
                    operation, rank_, peer);
       off += n;
     } while (off < count);
+  }
+
+  // A plan's send step, queued piece by piece: a piece larger than credit_bytes waits for its
+  // receiver's credit (a zero-byte receive posted here, in the order of the pieces: MPI keeps
+  // the order of one sender's messages, so the k-th credit from a peer is for the k-th large
+  // piece this rank queued for it); a smaller one goes as soon as every piece queued before
+  // it for the same peer has gone, so that the pieces reach the receiver in order.
+  template <class T>
+  void queue_plan_sends(const T* data, std::size_t count, int peer, std::size_t piece, bool weft_memory,
+                        std::string_view operation) {
+    const MPI_Datatype type = detail::mpi_datatype<T>();
+    std::size_t off = 0;
+    do {
+      const std::size_t n = std::min(piece, count - off);
+      int credit = -1;
+      if (n * sizeof(T) > credit_bytes) {
+        credit = static_cast<int>(credits_in_.size());
+        credits_in_.push_back(MPI_REQUEST_NULL);
+        credit_arrived_.push_back(0);
+        WEFT_MPI_TRY(MPI_Irecv(nullptr, 0, MPI_BYTE, peer, plan_tag_, credit_.get(), &credits_in_.back()), operation,
+                     rank_, peer);
+      }
+      queued_.push_back({data + off, static_cast<int>(n), type, peer, weft_memory, credit, false});
+      ++unsent_;
+      off += n;
+    } while (off < count);
+  }
+
+  // Gives `peer` the credit for one piece of n elements of T that this rank has just posted
+  // the receive for (none for a piece small enough to go without).
+  template <class T>
+  void grant_credit(std::size_t n, int peer, std::string_view operation) {
+    if (n * sizeof(T) <= credit_bytes) return;
+    MPI_Request r = MPI_REQUEST_NULL;
+    WEFT_MPI_TRY(MPI_Isend(nullptr, 0, MPI_BYTE, peer, plan_tag_, credit_.get(), &r), operation, rank_, peer);
+    MPI_Request_free(&r); // no buffer: nothing to wait for
+  }
+
+  // A plan's recv step: its pieces' receives, each with its credit.
+  template <class T>
+  void post_plan_recvs(T* data, std::size_t count, int peer, std::size_t piece, bool weft_memory,
+                       std::string_view operation) {
+    const MPI_Datatype type = detail::mpi_datatype<T>();
+    std::size_t off = 0;
+    do {
+      const std::size_t n = std::min(piece, count - off);
+      WEFT_MPI_TRY(MPI_Irecv(data + off, static_cast<int>(n), type, peer, plan_tag_, dup_.get(),
+                             &recvs_.add_recv(peer, n, weft_memory)),
+                   operation, rank_, peer);
+      grant_credit<T>(n, peer, operation);
+      off += n;
+    } while (off < count);
+  }
+
+  // Sends the queued pieces that may go (see queue_plan_sends). The round's last wait ends
+  // when unsent_ is 0 and the sends are done; the next round starts with empty lists.
+  void release_queued_sends() {
+    if (unsent_ == 0) {
+      queued_.clear();
+      credits_in_.clear();
+      credit_arrived_.clear();
+      return;
+    }
+    if (!credits_in_.empty()) {
+      credit_index_.resize(credits_in_.size());
+      int completed = 0;
+      WEFT_MPI_TRY(MPI_Testsome(static_cast<int>(credits_in_.size()), credits_in_.data(), &completed,
+                                credit_index_.data(), MPI_STATUSES_IGNORE),
+                   "plan", rank_);
+      if (completed != MPI_UNDEFINED) {
+        for (int k = 0; k < completed; ++k) credit_arrived_[static_cast<std::size_t>(credit_index_[static_cast<std::size_t>(k)])] = 1;
+      }
+    }
+    blocked_.assign(static_cast<std::size_t>(size_), 0);
+    for (queued_send& q : queued_) {
+      if (q.sent || blocked_[static_cast<std::size_t>(q.peer)] != 0) continue;
+      if (q.credit >= 0 && credit_arrived_[static_cast<std::size_t>(q.credit)] == 0) {
+        blocked_[static_cast<std::size_t>(q.peer)] = 1;
+        continue;
+      }
+      WEFT_MPI_TRY(MPI_Isend(q.data, q.count, q.type, q.peer, plan_tag_, dup_.get(), &sends_.add_send(q.peer, q.weft_memory)),
+                   "plan", rank_, q.peer);
+      q.sent = true;
+      --unsent_;
+    }
+  }
+
+  [[nodiscard]] int first_unsent_peer() const noexcept {
+    for (const queued_send& q : queued_) {
+      if (!q.sent) return q.peer;
+    }
+    return error::unknown;
   }
 
   // dst = a (op) message from peer, piece by piece: up to pieces_in_flight pieces land in
@@ -675,6 +987,7 @@ private:
       WEFT_MPI_TRY(MPI_Irecv(stage + slot * stride, static_cast<int>(n), type, peer, plan_tag_,
                              dup_.get(), &recvs_.set_recv(slot, peer, n)),
                    ctx.operation, rank_, peer);
+      grant_credit<T>(n, peer, ctx.operation);
     };
     for (std::size_t p = 0; p < depth; ++p)
       post(p);
@@ -689,8 +1002,43 @@ private:
     recvs_.resize(0);
   }
 
-  detail::mpi_comm_handle base_; // the wrapped communicator (borrowed or owned)
-  detail::mpi_comm_handle dup_;  // weft's private duplicate of it, always owned
+  // Registers a communicator's progress record with its family while it lives (moves with
+  // the communicator), so that the family's answers find where this process waits.
+  class family_membership {
+  public:
+    family_membership() = default;
+    family_membership(std::shared_ptr<detail::mpi_family> f, const detail::progress_record* r,
+                      const std::vector<int>* root_of)
+        : family_(std::move(f)), record_(r) {
+      family_->enlist(record_, root_of);
+    }
+    family_membership(family_membership&& o) noexcept
+        : family_(std::move(o.family_)), record_(std::exchange(o.record_, nullptr)) {}
+    family_membership& operator=(family_membership&& o) noexcept {
+      if (this != &o) {
+        leave();
+        family_ = std::move(o.family_);
+        record_ = std::exchange(o.record_, nullptr);
+      }
+      return *this;
+    }
+    family_membership(const family_membership&) = delete;
+    family_membership& operator=(const family_membership&) = delete;
+    ~family_membership() { leave(); }
+
+  private:
+    void leave() noexcept {
+      if (family_ && record_ != nullptr) family_->delist(record_);
+      family_.reset();
+      record_ = nullptr;
+    }
+    std::shared_ptr<detail::mpi_family> family_;
+    const detail::progress_record* record_ = nullptr;
+  };
+
+  detail::mpi_comm_handle base_;   // the wrapped communicator (borrowed or owned)
+  detail::mpi_comm_handle dup_;    // weft's private duplicate of it, always owned
+  detail::mpi_comm_handle credit_; // another, for the credits of plans' sends
   int rank_ = 0;
   int size_ = 0;
   int plan_tag_ = 32767;
@@ -702,7 +1050,11 @@ private:
   std::chrono::milliseconds timeout_;
   bool check_calls_ = false;
   std::uint64_t seq_ = 0;
+  std::uint64_t p2p_seq_ = 0;
   std::unique_ptr<detail::progress_record> progress_ = std::make_unique<detail::progress_record>();
+  std::shared_ptr<detail::mpi_family> family_;
+  std::shared_ptr<const std::vector<int>> root_of_; // rank r's rank in the family's root
+  family_membership membership_;
   detail::scratch_buffer scratch_;
   detail::scratch_buffer staging_;
   // post()'s messages in flight, oldest first, each with its own copy of the data.
@@ -734,13 +1086,10 @@ private:
       for (posted_message& m : *this) {
         bool delivered = false;
         try {
-          delivered = detail::mpi_alive() && m.requests.test_all(m.type_name, {"post", error::unknown, {}});
+          delivered = detail::mpi_alive() && m.requests.test_all(MPI_BYTE, m.type_name, {"post", error::unknown, {}});
         } catch (...) {
         }
-        if (!delivered) {
-          m.requests.abandon();
-          (void)m.copy.release();
-        }
+        if (!delivered && m.requests.retire(std::chrono::milliseconds(0)).weft_memory) (void)m.copy.release();
       }
       clear();
     }
@@ -750,6 +1099,22 @@ private:
   detail::mpi_requests sends_;
   detail::mpi_requests recvs_;
   detail::mpi_requests p2p_;
+  // A plan round's sends in order, and the credits the large ones wait for (see execute).
+  struct queued_send {
+    const void* data;
+    int count;
+    MPI_Datatype type;
+    int peer;
+    bool weft_memory;
+    int credit; // index into credits_in_; -1: small enough to go without
+    bool sent;
+  };
+  std::vector<queued_send> queued_;
+  std::vector<MPI_Request> credits_in_;
+  std::vector<char> credit_arrived_;
+  std::vector<int> credit_index_;
+  std::vector<char> blocked_; // per peer, in one pass of release_queued_sends
+  std::size_t unsent_ = 0;
 };
 
 /// A communicator over MPI_COMM_WORLD (borrowed). Collective over all processes.
@@ -759,22 +1124,34 @@ inline communicator world(const options& opt = {}) {
 
 /// Broadcasts `data` from `root` to every rank of `comm`, which must all pass the same
 /// number of bytes: the bootstrap of another library's communicator (NCCL's ncclUniqueId,
-/// made on one rank and needed by all). Waits at most comm.timeout().
+/// made on one rank and needed by all). Waits at most comm.timeout(). The broadcast goes
+/// through weft's own buffer, so a deadline never leaves MPI writing into `data`.
 inline void broadcast_bytes(communicator& comm, std::span<std::byte> data, int root) {
-  const detail::mpi_wait_context ctx{"broadcast_bytes", comm.rank_, comm.timeout_};
+  const std::string_view operation = "broadcast_bytes";
   if (root < 0 || root >= comm.size_) {
-    throw error(ctx.operation, comm.rank_, error::unknown,
+    throw error(operation, comm.rank_, error::unknown,
                 "root " + std::to_string(root) + " outside the communicator of " +
                     std::to_string(comm.size_) + " ranks");
   }
   if (data.size() > communicator::max_message) {
-    throw error(ctx.operation, comm.rank_, error::unknown, "more than INT_MAX bytes");
+    throw error(operation, comm.rank_, error::unknown, "more than INT_MAX bytes");
   }
-  MPI_Request req = MPI_REQUEST_NULL;
-  WEFT_MPI_TRY(
-      MPI_Ibcast(data.data(), static_cast<int>(data.size()), MPI_BYTE, root, comm.dup_.get(), &req),
-      ctx.operation, comm.rank_);
-  detail::mpi_wait(req, ctx, "receive the broadcast from rank " + std::to_string(root));
+  const communicator::recorded scope(comm, operation);
+  const auto ctx = comm.context(operation);
+  comm.guarded(operation, [&] {
+    auto bytes = std::make_unique<std::byte[]>(data.empty() ? 1 : data.size());
+    if (comm.rank_ == root && !data.empty()) std::memcpy(bytes.get(), data.data(), data.size());
+    MPI_Request req = MPI_REQUEST_NULL;
+    WEFT_MPI_TRY(MPI_Ibcast(bytes.get(), static_cast<int>(data.size()), MPI_BYTE, root, comm.dup_.get(), &req),
+                 ctx.operation, comm.rank_);
+    try {
+      detail::mpi_wait(req, ctx, "receive the broadcast from its root");
+    } catch (...) {
+      comm.family_->park(std::move(bytes));
+      throw;
+    }
+    if (!data.empty()) std::memcpy(data.data(), bytes.get(), data.size());
+  });
 }
 
 } // namespace weft::mpi

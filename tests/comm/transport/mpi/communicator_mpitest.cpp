@@ -205,21 +205,29 @@ TEST(mpi_communicator, steps_larger_than_one_message_go_in_pieces) {
 }
 
 TEST(mpi_communicator, a_receive_of_another_size_is_an_error_naming_both_sides) {
-  auto& c = test::mpi_world();
-  if (c.rank() == 0) {
-    const std::vector<double> three(3, 1.0);
-    c.send(std::span<const double>(three), 1, 7);
-    c.send(std::span<const double>(three), 1, 8);
-  } else if (c.rank() == 1) {
-    std::vector<double> five(5);
-    const auto fewer = failure_of([&] { c.recv(std::span(five), 0, 7); });
-    EXPECT_TRUE(contains(fewer, "recv on rank 1 (peer 0)"));
-    EXPECT_TRUE(contains(fewer, "expected 5 x double but the peer sent 3"));
-    std::vector<double> two(2);
-    const auto more = failure_of([&] { c.recv(std::span(two), 0, 8); });
-    EXPECT_TRUE(contains(more, "expected 2 x double but the peer sent more"));
+  // Communicators of their own: a receive of the wrong size fails the communicator.
+  for (const bool fewer : {true, false}) {
+    auto c = mpi::world({.timeout = test::mpi_test_timeout, .topology = {}, .on_failure = on_failure::throw_error});
+    if (c.rank() == 0) {
+      const std::vector<double> three(3, 1.0);
+      c.send(std::span<const double>(three), 1, 7);
+    } else if (c.rank() == 1) {
+      std::vector<double> v(fewer ? 5 : 2);
+      const auto msg = failure_of([&] { c.recv(std::span(v), 0, 7); });
+      EXPECT_TRUE(contains(msg, "recv on rank 1 (peer 0)"));
+      EXPECT_TRUE(contains(msg, fewer ? "expected 5 x double but the peer sent 3" : "expected 2 x double but the peer sent more"));
+      // The communicator failed: the next call throws the same error at once.
+      const auto t0 = std::chrono::steady_clock::now();
+      const auto again = failure_of([&] { c.recv(std::span(v), 0, 8); });
+      EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+      EXPECT_TRUE(contains(again, "the communicator failed earlier"));
+      EXPECT_TRUE(contains(again, fewer ? "expected 5 x double but the peer sent 3" : "expected 2 x double but the peer sent more"));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    // Every rank of the family heard of it: its next call throws rank 1's error.
+    const auto later = failure_of([&] { c.barrier(); });
+    EXPECT_TRUE(contains(later, "world rank 1 failed in recv")) << later;
   }
-  c.barrier();
 }
 
 TEST(mpi_communicator, bad_peers_and_tags_are_errors) {
@@ -339,7 +347,7 @@ TEST(mpi_communicator, mpi_errors_name_the_call_the_place_and_the_error) {
 
 TEST(mpi_communicator, a_rank_that_never_joins_is_a_timeout_naming_the_operation) {
   // A communicator of its own: after a timeout it must not be used again.
-  auto c = mpi::world({.timeout = 1000ms, .topology = {}});
+  auto c = mpi::world({.timeout = 1000ms, .topology = {}, .on_failure = on_failure::throw_error});
   std::vector<float> v(1000, 1.0f);
   std::string msg;
   if (c.rank() != 1) { // rank 1 stalls: it does not call the collective at all
@@ -350,8 +358,16 @@ TEST(mpi_communicator, a_rank_that_never_joins_is_a_timeout_naming_the_operation
     EXPECT_LT(waited, 20s);
     EXPECT_TRUE(contains(msg, "all_reduce on rank " + std::to_string(c.rank()) + " (peer "));
     EXPECT_TRUE(contains(msg, "timed out after 1000 ms"));
+    // Every waiting rank names rank 1, the one that never came, not only its neighbour.
+    EXPECT_TRUE(contains(msg, "world rank 1 stalled")) << msg;
   }
   MPI_Barrier(MPI_COMM_WORLD);
+  // Rank 1 arrives late: the communicator failed meanwhile, and its call says so at once.
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto late = failure_of([&] { all_reduce<algo::ring>(c, std::span(v)); });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 500ms);
+  EXPECT_TRUE(contains(late, "the communicator failed earlier")) << late;
+  EXPECT_TRUE(contains(late, "world rank 1 stalled")) << late;
 }
 
 TEST(mpi_communicator, direct_plans_are_refused_with_a_reason) {
@@ -379,7 +395,7 @@ TEST(mpi_communicator, check_calls_finds_ranks_that_disagree) {
 }
 
 TEST(mpi_communicator, a_timeout_names_the_sequence_number_and_plan_step) {
-  auto c = mpi::world({.timeout = 1000ms, .topology = {}});
+  auto c = mpi::world({.timeout = 1000ms, .topology = {}, .on_failure = on_failure::throw_error});
   std::vector<float> v(1000, 1.0f);
   all_reduce<algo::ring>(c, std::span(v));  // #1, with everyone
   c.barrier();                              // #2

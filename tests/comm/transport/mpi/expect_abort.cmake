@@ -1,5 +1,6 @@
-# cmake -DEXIT_CODE=<n> -DFORBID=<regex> -P expect_abort.cmake -- <command...>
-# Runs the command; passes when it exits with EXIT_CODE and its output does not match FORBID.
+# cmake -DEXIT_CODE=<n> [-DFORBID=<regex>] [-DREQUIRE=<regex>] -P expect_abort.cmake -- <command...>
+# Runs the command; passes when it exits with EXIT_CODE, its output does not match FORBID and
+# does match REQUIRE.
 # For a job ended by MPI_Abort, whose launcher's own message (help text relayed from the
 # aborting process) is not reliably printed, the exit code is the errorcode given to MPI_Abort.
 set(command "")
@@ -18,4 +19,7 @@ if(NOT rc STREQUAL "${EXIT_CODE}")
 endif()
 if(DEFINED FORBID AND "${out}${err}" MATCHES "${FORBID}")
   message(FATAL_ERROR "the output matches '${FORBID}'")
+endif()
+if(DEFINED REQUIRE AND NOT "${out}${err}" MATCHES "${REQUIRE}")
+  message(FATAL_ERROR "the output does not match '${REQUIRE}'")
 endif()

@@ -37,6 +37,8 @@ public:
 
   [[nodiscard]] MPI_Comm get() const noexcept { return comm_; }
   [[nodiscard]] bool owned() const noexcept { return owned_; }
+  /// Never frees the communicator from now on (a failed family's: see mpi_family.hpp).
+  void keep() noexcept { owned_ = false; }
 
 private:
   void release() noexcept {
