@@ -10,15 +10,34 @@
 // Failure behaviour. Every rank records its progress (operation, sequence number, plan step,
 // the peer it waits on: weft/comm/progress.hpp), and every wait has a deadline, the watchdog
 // (communicator::set_timeout, default 5 minutes; options::watchdog = false waits forever).
-// When a rank throws or returns early, the ranks waiting on it get a weft::error naming the
-// operation and that rank. When a rank stalls, the first wait to pass its deadline follows
-// the waits to the culprit, aborts the world with a message naming the culprit's operation,
-// sequence number and step and the dump of every rank's pending operations, and every other
-// rank fails promptly with that message. After a failure the survivors may call shrink() to
-// continue on a communicator of the ranks that are left. run() rethrows the first failure.
+// When a rank stalls, the first wait to pass its deadline follows the waits to the culprit
+// and aborts the world with a verdict naming the culprit's operation, sequence number and
+// step and the dump of every rank's pending operations; every other rank fails promptly with
+// that verdict, so every survivor names the stalled rank, not only its neighbours. When a
+// rank throws or returns early, the ranks waiting on it get a weft::error naming the
+// operation and that rank.
+//
+// A call that fails part-way (a deadline, a peer's failure, a check inside a plan after data
+// may have moved, a user's reduction that throws) fails the world of its communicator: that
+// communicator, those split from it and every other one of its world, on every rank. Each
+// later call on any of them, collective or point-to-point, throws at once, quoting the error
+// this rank's first failed call threw (a rank that was in no call quotes the world's first
+// failure), so no message of a failed call pairs with a later call. Errors found before any
+// data moves (a bad peer or root, a plan for another rank, a point-to-point receive whose
+// message is not the one asked for, which stays queued, the call check's "no data moved")
+// leave the communicator usable. Before a failed call's error leaves, no peer can read the
+// rank's buffers any more: its unconsumed messages are withdrawn, and the buffers it
+// published for a peer-access plan are withdrawn once the peers loading from them let go (a
+// load waits on no one, so this lasts one copy or reduction at most). Peers never write a
+// rank's buffers. With options::on_failure = on_failure::abort_job, a call that fails, or is
+// made on a failed communicator, prints weft's error and ends the process instead of
+// throwing (weft/comm/failure.hpp). After a failure the survivors may call shrink() to
+// continue on a communicator of the ranks that are left, in a new world. run() rethrows the
+// first failure of a rank's function.
 #include <weft/comm/detail/deadline.hpp>
 #include <weft/comm/detail/kernels.hpp>
 #include <weft/comm/detail/scratch.hpp>
+#include <weft/comm/failure.hpp>
 #include <weft/comm/plan.hpp>
 #include <weft/comm/progress.hpp>
 #include <weft/comm/transport/detail/local_state.hpp>
@@ -28,6 +47,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -49,6 +69,9 @@ struct options {
   /// Pace every transfer at the figures of the cluster's links (latency, bandwidth, shared
   /// NICs), as sim::simulate prices them, so one machine shows what a fabric does.
   bool emulate_links = false;
+  /// What a call that fails part-way does: throw (and leave the communicator failed), or print
+  /// weft's error and end the process (weft/comm/failure.hpp).
+  weft::on_failure on_failure = weft::on_failure::throw_error;
 };
 
 class communicator {
@@ -89,6 +112,9 @@ public:
   /// dispatch also does so for all communicators when WEFT_CHECK_CALLS=1 or check_calls(true)).
   [[nodiscard]] bool check_calls() const noexcept { return check_calls_; }
   void set_check_calls(bool on) noexcept { check_calls_ = on; }
+  /// What a call that fails part-way does (options::on_failure); splits and shrink() inherit it.
+  [[nodiscard]] weft::on_failure failure_policy() const noexcept { return on_failure_; }
+  void set_failure_policy(weft::on_failure p) noexcept { on_failure_ = p; }
   /// This communicator's number in its world, as the dumps name it.
   [[nodiscard]] int id() const noexcept { return group_->id; }
   /// How many collective operations (plans, barriers, splits) this rank has begun here.
@@ -165,6 +191,7 @@ public:
     communicator c(sh.result, static_cast<int>(it - sh.survivors.begin()), timeout_);
     c.watchdog_ = watchdog_;
     c.check_calls_ = check_calls_;
+    c.on_failure_ = on_failure_;
     return c;
   }
 
@@ -178,11 +205,15 @@ public:
   template <element T>
   void send(std::span<const T> data, int peer, int tag = 0) {
     check_peer(peer, "send");
-    const p2p_scope scope(*this, "send");
+    const p2p_scope scope(*this, "send", peer);
     auto owned = std::make_unique<std::byte[]>(data.size_bytes() == 0 ? 1 : data.size_bytes());
     if (!data.empty()) std::memcpy(owned.get(), data.data(), data.size_bytes());
     const void* copy = owned.get();  // before the move below: argument order is unspecified
-    post(peer, copy, data.size(), dtype_of<T>, tag, std::move(owned), "send");
+    try {
+      post(peer, copy, data.size(), dtype_of<T>, tag, std::move(owned), "send");
+    } catch (...) {
+      fail_part_way([] {});  // the message owns a copy: nothing of the caller's to let go of
+    }
   }
   template <element T>
   void send(std::span<T> data, int peer, int tag = 0) {
@@ -191,10 +222,16 @@ public:
   template <element T>
   void recv(std::span<T> data, int peer, int tag = 0) {
     check_peer(peer, "recv");
-    const p2p_scope scope(*this, "recv");
-    consume(peer, data.size(), dtype_of<T>, tag, "recv", [&](const void* src) {
-      detail::copy_n(data.data(), static_cast<const T*>(src), data.size());
-    });
+    const p2p_scope scope(*this, "recv", peer);
+    try {
+      consume(peer, data.size(), dtype_of<T>, tag, "recv", [&](const void* src) {
+        detail::copy_n(data.data(), static_cast<const T*>(src), data.size());
+      });
+    } catch (const disagreement&) {
+      throw;  // the message stays where it is and nothing moved: the communicator stays usable
+    } catch (...) {
+      fail_part_way([] {});  // only this rank writes into `data`, and it stopped
+    }
   }
   template <element T>
   void sendrecv(std::span<const T> out, int to, std::span<T> in, int from, int tag = 0) {
@@ -204,7 +241,11 @@ public:
 
   void barrier() {
     const op_scope scope(*this, "barrier");
-    sync_with(all_ranks(), "barrier");
+    try {
+      sync_with(all_ranks(), "barrier");
+    } catch (...) {
+      fail_part_way([] {});
+    }
   }
 
   /// Splits into communicators of the ranks with the same color (>= 0), ordered by (key, rank).
@@ -212,32 +253,37 @@ public:
   communicator split(int color, int key) {
     WEFT_EXPECTS(color >= 0, "local::communicator::split: color must be >= 0");
     const op_scope scope(*this, "split");
-    auto& me = group_->slots[static_cast<std::size_t>(rank_)];
-    me.words[0] = static_cast<std::uint64_t>(color);
-    me.words[1] = static_cast<std::uint64_t>(static_cast<std::int64_t>(key));
-    sync_with(all_ranks(), "split");
-    std::vector<std::pair<std::int64_t, int>> members;  // (key, rank) of my color
-    for (int r = 0; r < size(); ++r) {
-      const auto& s = group_->slots[static_cast<std::size_t>(r)];
-      if (s.words[0] == static_cast<std::uint64_t>(color)) members.emplace_back(static_cast<std::int64_t>(s.words[1]), r);
+    try {
+      auto& me = group_->slots[static_cast<std::size_t>(rank_)];
+      me.words[0] = static_cast<std::uint64_t>(color);
+      me.words[1] = static_cast<std::uint64_t>(static_cast<std::int64_t>(key));
+      sync_with(all_ranks(), "split");
+      std::vector<std::pair<std::int64_t, int>> members;  // (key, rank) of my color
+      for (int r = 0; r < size(); ++r) {
+        const auto& s = group_->slots[static_cast<std::size_t>(r)];
+        if (s.words[0] == static_cast<std::uint64_t>(color)) members.emplace_back(static_cast<std::int64_t>(s.words[1]), r);
+      }
+      std::sort(members.begin(), members.end());
+      const bool leader = members.front().second == rank_;
+      if (leader) {
+        std::vector<int> world;
+        for (auto [k, r] : members) world.push_back(group_->world_rank[static_cast<std::size_t>(r)]);
+        me.child = detail::local_group::make(group_->world, std::move(world));
+      }
+      sync_with(all_ranks(), "split");
+      std::shared_ptr<detail::local_group> child = group_->slots[static_cast<std::size_t>(members.front().second)].child;
+      int new_rank = 0;
+      while (members[static_cast<std::size_t>(new_rank)].second != rank_) ++new_rank;
+      sync_with(all_ranks(), "split");
+      if (leader) me.child.reset();
+      communicator c(std::move(child), new_rank, timeout_);
+      c.watchdog_ = watchdog_;
+      c.check_calls_ = check_calls_;
+      c.on_failure_ = on_failure_;
+      return c;
+    } catch (...) {
+      fail_part_way([] {});
     }
-    std::sort(members.begin(), members.end());
-    const bool leader = members.front().second == rank_;
-    if (leader) {
-      std::vector<int> world;
-      for (auto [k, r] : members) world.push_back(group_->world_rank[static_cast<std::size_t>(r)]);
-      me.child = detail::local_group::make(group_->world, std::move(world));
-    }
-    sync_with(all_ranks(), "split");
-    std::shared_ptr<detail::local_group> child = group_->slots[static_cast<std::size_t>(members.front().second)].child;
-    int new_rank = 0;
-    while (members[static_cast<std::size_t>(new_rank)].second != rank_) ++new_rank;
-    sync_with(all_ranks(), "split");
-    if (leader) me.child.reset();
-    communicator c(std::move(child), new_rank, timeout_);
-    c.watchdog_ = watchdog_;
-    c.check_calls_ = check_calls_;
-    return c;
   }
 
   /// Runs one rank's plan over its buffers. `in`/`out` hold in_count/out_count elements
@@ -262,13 +308,15 @@ public:
     const std::size_t sizes[3] = {in_count, out_count, pl.scratch_count()};
     // A staged plan's peers find its staging area in the group: the buffers published here
     // may still be read by a slower peer's previous call.
-    if (pl.peer_access() && !staged) {
+    const bool publish = pl.peer_access() && !staged;
+    if (publish) {
       auto& me = group_->slots[static_cast<std::size_t>(rank_)];
       for (int b = 0; b < 3; ++b) {
         me.buffers[b] = bufs[b];
         me.sizes[b] = sizes[b];
       }
       me.count = pl.count();
+      me.published.store(true, std::memory_order_seq_cst);
     }
     const auto range = [&](buffer b, std::size_t off, std::size_t n) -> T* {
       const auto i = static_cast<std::size_t>(b);
@@ -280,6 +328,24 @@ public:
       return bufs[i] + off;
     };
     pending_guard pending(*this);
+    try {
+      run_steps<T>(pl, range, op, operation, staged, pending);
+    } catch (...) {
+      // No peer may read this rank's buffers once the error leaves: its messages are taken
+      // back, and its published buffers once the peers loading from them have let go.
+      fail_part_way([&] {
+        pending.withdraw();
+        if (publish) withdraw_buffers();
+      });
+    }
+  }
+
+private:
+  static constexpr int plan_tag = -1;
+
+  template <class T, class Range, class Op, class Pending>
+  void run_steps(const plan& pl, const Range& range, const Op& op, std::string_view operation, bool staged,
+                 Pending& pending) {
     const auto& steps = pl.steps();
     std::size_t i = 0;
     while (i < steps.size()) {
@@ -324,6 +390,8 @@ public:
           }
           case step_kind::load: {
             const std::int64_t arrived = pace_loads(std::span(&s.peer, 1), s.count * sizeof(T));
+            peer_reads reading(*this);
+            if (!staged) reading.add(s.peer, operation);
             detail::copy_n(range(s.dst, s.dst_offset, s.count),
                            peer_range<T>(s.peer, s.src, s.src_offset, s.count, pl.count(), operation, staged), s.count);
             detail::link_pacer::wait_until(arrived);
@@ -331,8 +399,12 @@ public:
           }
           case step_kind::load_reduce: {
             const auto& g = pl.group(s.peer);
+            peer_reads reading(*this);
             srcs_.clear();
-            for (int q : g) srcs_.push_back(peer_range<T>(q, s.src, s.src_offset, s.count, pl.count(), operation, staged));
+            for (int q : g) {
+              if (!staged) reading.add(q, operation);
+              srcs_.push_back(peer_range<T>(q, s.src, s.src_offset, s.count, pl.count(), operation, staged));
+            }
             detail::link_pacer::wait_until(pace_loads(g, s.count * sizeof(T)));
             detail::reduce_many(range(s.dst, s.dst_offset, s.count), reinterpret_cast<const T* const*>(srcs_.data()),
                                 srcs_.size(), s.count, op);
@@ -354,9 +426,6 @@ public:
       i = end;
     }
   }
-
-private:
-  static constexpr int plan_tag = -1;
 
   std::vector<int> all_ranks() const {
     std::vector<int> v(static_cast<std::size_t>(size()));
@@ -495,14 +564,120 @@ private:
     return group_->progress[static_cast<std::size_t>(rank_)];
   }
 
-  // An operation fails at once on a failed or aborted world.
-  void check_alive(std::string_view operation) const {
-    if (group_->world->failed.load(std::memory_order_acquire)) {
-      throw error(operation, rank_, error::unknown,
-                  "the communicator was aborted: " + group_->world->failure() +
-                      " (the ranks left may continue on communicator::shrink())");
+  // An operation fails at once on a failed or aborted world. The first such error of a rank
+  // that had no failed call quotes the world's failure and becomes the rank's failure; every
+  // later one quotes the rank's failure whole.
+  void check_alive(std::string_view operation, int peer = error::unknown) {
+    auto& world = *group_->world;
+    if (!world.failed.load(std::memory_order_acquire)) return;
+    auto& mine = world.failure_of(world_rank(rank_));
+    std::string first = mine.what();
+    if (first.empty()) {
+      const error e(operation, rank_, peer,
+                    "the communicator was aborted: " + world.failure() +
+                        " (the ranks left may continue on communicator::shrink())");
+      first = mine.fail(e.what());
+      if (first == e.what()) raise(e);
+    }
+    raise(error(operation, rank_, peer,
+                "the communicator was aborted by an earlier failure, and every later call on it fails (the ranks "
+                "left may continue on communicator::shrink()): " +
+                    first));
+  }
+
+  // Throws e, or under on_failure::abort_job prints it and ends the process.
+  [[noreturn]] void raise(const error& e) const {
+    if (on_failure_ == weft::on_failure::abort_job) end_job(e.what());
+    throw e;
+  }
+
+  // A call's error found where nothing moved: a receive whose message is not the one asked
+  // for (the message stays, the communicator stays usable). Caught as weft::error.
+  class disagreement : public error {
+  public:
+    using error::error;
+  };
+
+  // What the exception being handled says.
+  static std::string current_what() {
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      return e.what();
+    } catch (...) {
+      return "an exception not derived from std::exception";
     }
   }
+
+  [[noreturn]] static void end_job(const std::string& what) noexcept {
+    weft::detail::print_abort_message(what);
+    std::abort();
+  }
+
+  // From the handler of a call that failed part-way (after data may have moved: a deadline,
+  // a peer's failure, a check inside a plan, a reduction that threw): records the error as
+  // this rank's failure, which its later calls quote, and aborts the world, so every peer's
+  // call fails promptly and every later call on any communicator of the world fails at once.
+  // Then `release()` lets go of the caller's buffers, and the error leaves (throw_error) or
+  // the process ends (abort_job).
+  template <class Release>
+  [[noreturn]] void fail_part_way(Release&& release) {
+    const std::string what = current_what();
+    auto& world = *group_->world;
+    const int me = world_rank(rank_);
+    world.failure_of(me).fail(what);
+    world.abort(me, what);
+    release();
+    if (on_failure_ == weft::on_failure::abort_job) end_job(what);
+    throw;
+  }
+
+  // Takes back the buffers this rank published for a peer-access plan, and returns once no
+  // peer is loading from them. A reader never waits on anyone while it copies, so the wait
+  // lasts as long as a copy (or a user's reduction) of the peer's current step at most.
+  void withdraw_buffers() {
+    auto& me = group_->slots[static_cast<std::size_t>(rank_)];
+    me.published.store(false, std::memory_order_seq_cst);
+    const auto unread = [&] { return me.readers.load(std::memory_order_seq_cst) == 0; };
+    const auto never = [] { return false; };
+    auto& world = *group_->world;
+    world.bells[static_cast<std::size_t>(world_rank(rank_))].wait(unread, never,
+                                                                  std::chrono::steady_clock::time_point::max(),
+                                                                  world.spins);
+  }
+
+  // The peers whose published buffers a load step reads, counted as their readers while it
+  // does (see local_group::exchange). A peer whose call failed and took its buffers back is a
+  // weft::error here, before anything is read.
+  class peer_reads {
+  public:
+    explicit peer_reads(communicator& c) : c_(c) { c_.reading_.clear(); }
+    peer_reads(const peer_reads&) = delete;
+    peer_reads& operator=(const peer_reads&) = delete;
+    ~peer_reads() {
+      for (int q : c_.reading_) {
+        c_.group_->slots[static_cast<std::size_t>(q)].readers.fetch_sub(1, std::memory_order_seq_cst);
+        c_.group_->bell(q).ring();
+      }
+      c_.reading_.clear();
+    }
+    void add(int peer, std::string_view operation) {
+      if (peer == c_.rank_) return;
+      auto& s = c_.group_->slots[static_cast<std::size_t>(peer)];
+      s.readers.fetch_add(1, std::memory_order_seq_cst);
+      if (!s.published.load(std::memory_order_seq_cst)) {
+        s.readers.fetch_sub(1, std::memory_order_seq_cst);
+        c_.group_->bell(peer).ring();
+        throw error(operation, c_.rank_, peer,
+                    "the peer's call failed and took back its buffers before this rank loaded from them (" +
+                        c_.group_->world->failure() + ")");
+      }
+      c_.reading_.push_back(peer);
+    }
+
+  private:
+    communicator& c_;
+  };
 
   // Records a collective operation in the progress counters while it runs; one that ends by
   // an exception is recorded as ended "(threw)" in the history, so that a rank that caught it
@@ -529,9 +704,12 @@ private:
   // different numbers of messages on different ranks, collectives stay aligned).
   class p2p_scope {
   public:
-    // No check_alive here: an eager send never waits, and a receive whose message is already
-    // there may complete (the call check's table reaches every rank even when one has thrown).
-    p2p_scope(communicator& c, std::string_view operation) : c_(c), uncaught_(std::uncaught_exceptions()) {
+    // A failed world fails point-to-point calls at once too, so that no message of a failed
+    // call pairs with a later one. The call check (detail::check_same_call) runs on these
+    // calls and still reaches every rank: a disagreement it finds moves no data and fails
+    // nothing, and every rank holds the table before any throws.
+    p2p_scope(communicator& c, std::string_view operation, int peer) : c_(c), uncaught_(std::uncaught_exceptions()) {
+      c.check_alive(operation, peer);
       c.record().begin(operation, ++c.p2p_seq_, c.group_->id, c.rank_, c.size());
     }
     p2p_scope(const p2p_scope&) = delete;
@@ -607,9 +785,10 @@ private:
                (t == plan_tag ? std::string(" (collective)") : " tag " + std::to_string(t));
       };
       m.state.store(static_cast<std::uint32_t>(detail::slot_state::posted), std::memory_order_release);
-      throw error(operation, rank_, peer, "expected " + describe(tag, type, count) + " but the peer sent " +
-                                              describe(m.tag, m.type, m.count) +
-                                              ": the ranks disagree on the call (set WEFT_CHECK_CALLS=1 to find where)");
+      throw disagreement(operation, rank_, peer,
+                         "expected " + describe(tag, type, count) + " but the peer sent " +
+                             describe(m.tag, m.type, m.count) +
+                             ": the ranks disagree on the call (set WEFT_CHECK_CALLS=1 to find where)");
     }
     // If f throws (a user's reduction), the message goes back to posted, so that its sender,
     // unwinding on the failure, can withdraw it rather than wait on it forever.
@@ -643,7 +822,8 @@ private:
     explicit pending_guard(communicator& c) : c_(c) {}
     pending_guard(const pending_guard&) = delete;
     pending_guard& operator=(const pending_guard&) = delete;
-    ~pending_guard() {
+    ~pending_guard() { withdraw(); }
+    void withdraw() noexcept {
       for (auto [peer, seq] : sends_) {
         detail::message_slot& m = c_.group_->chan(c_.rank_, peer).slots[seq % detail::channel::capacity];
         // Withdraw it unless it was consumed. A peer mid-copy finishes without waiting on
@@ -658,6 +838,7 @@ private:
           std::this_thread::yield();
         }
       }
+      sends_.clear();
     }
     void add(int peer, std::uint64_t seq) { sends_.emplace_back(peer, seq); }
     void wait_all(std::string_view operation) {
@@ -699,6 +880,7 @@ private:
   std::chrono::milliseconds timeout_;
   bool watchdog_ = true;
   bool check_calls_ = false;
+  weft::on_failure on_failure_ = weft::on_failure::throw_error;
   std::uint64_t seq_ = 0;      // collective operations begun
   std::uint64_t p2p_seq_ = 0;  // point-to-point calls begun
   std::vector<std::uint64_t> synced_;  // syncs completed with each peer
@@ -706,7 +888,8 @@ private:
   std::vector<int> node_of_;
   detail::scratch_buffer scratch_;
   std::vector<const void*> srcs_;
-  std::vector<int> devs_;  // scratch for the pacer's device lists
+  std::vector<int> devs_;     // scratch for the pacer's device lists
+  std::vector<int> reading_;  // the peers the current load step reads (peer_reads)
 };
 
 } // namespace weft::local
@@ -728,6 +911,7 @@ void run_ranks(topology::cluster cluster, F&& f, local::options opt) {
       local::communicator c(group, r, opt.timeout);
       c.set_watchdog(opt.watchdog);
       c.set_check_calls(opt.check_calls);
+      c.set_failure_policy(opt.on_failure);
       f(c);
       world->finish(r);
     } catch (const std::exception& e) {

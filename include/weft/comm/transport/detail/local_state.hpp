@@ -4,6 +4,7 @@
 // single-consumer ring of descriptors; a plan's message points at the sender's own buffer
 // (single copy: the receiver copies or reduces straight from it), and the sender's round
 // waits until the receiver has consumed it.
+#include <weft/comm/failure.hpp>
 #include <weft/comm/plan.hpp>
 #include <weft/comm/progress.hpp>
 #include <weft/comm/transport/detail/doorbell.hpp>
@@ -44,6 +45,7 @@ struct local_world {
         size(cluster.size()),
         bells(std::make_unique<doorbell[]>(static_cast<std::size_t>(size))),
         status(std::make_unique<std::atomic<int>[]>(static_cast<std::size_t>(size))),
+        failures(std::make_unique<failure_state[]>(static_cast<std::size_t>(size))),
         pacer(emulate_links ? std::make_unique<link_pacer>(cluster) : nullptr),
         spins(static_cast<unsigned>(size) > std::thread::hardware_concurrency() ? 0 : 64) {
     for (int r = 0; r < size; ++r) status[static_cast<std::size_t>(r)].store(0);
@@ -99,6 +101,7 @@ struct local_world {
     failed.store(true, std::memory_order_release);
     ring_all();
   }
+  failure_state& failure_of(int world_rank) { return failures[static_cast<std::size_t>(world_rank)]; }
   std::string failure() {
     std::lock_guard lock(mutex);
     if (first_failed < 0) return abort_reason;
@@ -123,6 +126,10 @@ struct local_world {
   int size;
   std::unique_ptr<doorbell[]> bells;
   std::unique_ptr<std::atomic<int>[]> status;
+  // Per world rank: the error its first failed call threw (or, for a rank that was in no
+  // call, the world's failure as it first saw it), which its later calls quote. Shared by a
+  // rank's communicators of this world and its progress threads.
+  std::unique_ptr<failure_state[]> failures;
   std::unique_ptr<link_pacer> pacer;  // set when the links are emulated
   int spins;                          // polls before a wait yields: none when ranks outnumber cores
   std::atomic<bool> failed{false};
@@ -204,10 +211,18 @@ struct local_group {
 
   /// Per-rank exchange area: buffers a peer-access plan reads, a call fingerprint, split
   /// arguments. Written before a sync, read after it.
+  ///
+  /// A peer loads from the buffers only while it is counted in `readers` and `published`
+  /// holds; the owner's call, failing, clears `published` and waits for `readers` to drop to
+  /// zero before its error leaves, so no peer touches the user's buffers after the call.
+  /// Both sides use sequentially consistent operations: either the reader sees the buffers
+  /// withdrawn, or the owner sees the reader.
   struct exchange {
     const void* buffers[3] = {nullptr, nullptr, nullptr};
     std::size_t sizes[3] = {0, 0, 0};
     std::size_t count = 0;  // the published call's count (plan::count), which its loads check
+    std::atomic<bool> published{false};
+    std::atomic<int> readers{0};
     std::uint64_t words[8] = {};
     std::shared_ptr<local_group> child;
   };
