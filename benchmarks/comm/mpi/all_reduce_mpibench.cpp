@@ -13,7 +13,9 @@
 //   busbw             weft's bus bandwidth, nccl-tests' definition (algbw * 2(p-1)/p), GB/s
 //   mpi_busbw         the same for MPI_Allreduce
 //   ratio             busbw / mpi_busbw: above 1, weft is faster
-// automatic's row is labelled with the algorithm it chose.
+// automatic's row is labelled with the algorithm it chose. The rows "automatic,throw_error"
+// run automatic on a communicator with on_failure::throw_error, whose large steps wait for
+// their receivers' credits (docs/reliability.md).
 // Only rank 0 reports. The iteration counts are fixed per size (the same on every rank,
 // which collectives need).
 #include <weft/comm/transport/mpi.hpp>
@@ -59,8 +61,8 @@ float input(int r, std::size_t i) {
 }
 
 template <class Algo>
-void all_reduce_vs_mpi(benchmark::State& state) {
-  auto& c = *world;
+void all_reduce_vs_mpi(benchmark::State& state, weft::mpi::communicator* comm) {
+  auto& c = *comm;
   const auto bytes = static_cast<std::size_t>(state.range(0));
   const std::size_t count = bytes / sizeof(float);
   const int p = c.size();
@@ -131,11 +133,11 @@ std::int64_t iterations_for(std::int64_t bytes) {
 }
 
 template <class Algo>
-void add(std::string_view name) {
+void add(std::string_view name, weft::mpi::communicator* comm = world) {
   for (std::int64_t s = 4; s <= (std::int64_t{64} << 20); s *= 4) {
     benchmark::RegisterBenchmark(
-        ("all_reduce/mpi" + std::to_string(world->size()) + "/" + std::string(name)).c_str(),
-        all_reduce_vs_mpi<Algo>)
+        ("all_reduce/mpi" + std::to_string(comm->size()) + "/" + std::string(name)).c_str(),
+        all_reduce_vs_mpi<Algo>, comm)
         ->Arg(s)
         ->Iterations(iterations_for(s))
         ->UseManualTime()
@@ -169,6 +171,12 @@ int main(int argc, char** argv) {
     add<weft::algo::recursive_doubling>("recursive_doubling");
     add<weft::algo::hierarchical<weft::algo::ring, weft::algo::ring>>("hierarchical<ring,ring>");
     add<weft::algo::hierarchical<weft::algo::ring, weft::algo::tree>>("hierarchical<ring,tree>");
+    // The default policy is abort_job; under throw_error a large step waits for its
+    // receiver's credit (docs/reliability.md): what that costs.
+    weft::mpi::options throwing;
+    throwing.on_failure = weft::on_failure::throw_error;
+    auto t = weft::mpi::world(throwing);
+    add<weft::algo::automatic>("automatic,throw_error", &t);
     if (rank == 0) {
       benchmark::RunSpecifiedBenchmarks();
     } else {

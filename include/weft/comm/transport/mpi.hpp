@@ -48,13 +48,14 @@
 // the wrong size) tells the others the same way, and they fail at once instead of at their
 // deadline.
 //
-// A failed call leaves nothing behind in the caller's buffers: a plan's large message goes
-// only once its receiver has posted the receive and sent a credit for it (so a sender never
-// hands MPI a buffer for a receiver that is not there), receives still pending are cancelled,
-// and what MPI cannot cancel is given a bounded time to complete. Should a request on the
-// caller's buffer still be live after that, weft ends the job (the process must not return
-// into the program while MPI may still read or write that buffer). Messages are never taken
-// from or written into the buffers after the call has thrown.
+// A failed call leaves nothing behind in the caller's buffers: receives still pending are
+// cancelled, and what MPI cannot cancel is given a bounded time to complete. MPI cannot
+// cancel a send, so under on_failure::throw_error a plan's large step goes only once its
+// receiver has posted the receive and sent a credit for it (a sender never hands MPI a buffer
+// for a receiver that is not there); under abort_job the job ends at a failure, and sends go
+// at once. Should a request on the caller's buffer still be live after that, weft ends the
+// job (the process must not return into the program while MPI may still read or write that
+// buffer). Messages are never taken from or written into the buffers after the call threw.
 //
 // A failed communicator stays failed, with every communicator split from it (and the one it
 // was split from): each later call throws at once with the first failure's message, and its
@@ -413,11 +414,12 @@ public:
   /// Runs one rank's plan over its buffers. `in`/`out` hold in_count/out_count elements
   /// (in may equal out: in place).
   ///
-  /// Each round hands MPI its small sends at once; a send above credit_bytes waits for the
-  /// receiver's credit, a zero-byte message on the communicator's credit channel that the
-  /// receiver sends as it posts the receive, so MPI never holds a large send of the caller's
-  /// buffer for a receiver that is not in the call. The waits of the round release the sends
-  /// as their credits arrive.
+  /// Each round hands MPI its sends at once, except, under on_failure::throw_error, a step
+  /// above credit_bytes: it waits for the receiver's credit, a zero-byte message on the
+  /// communicator's credit channel that the receiver sends as it posts the step's receives,
+  /// so MPI never holds a large send of the caller's buffer for a receiver that is not in the
+  /// call. The waits of the round release such sends as their credits arrive, every piece of
+  /// a step at once (one credit per step, not per piece).
   template <element T, class Op>
   void execute(const plan& pl, const T* in, std::size_t in_count, T* out, std::size_t out_count,
                const Op& op, std::string_view operation) {
@@ -512,10 +514,10 @@ public:
     });
   }
 
-  /// A piece of a plan's step larger than this many bytes waits for its receiver's credit
-  /// (see execute); smaller ones go at once, as MPI sends them eagerly (copied out of the
-  /// buffer before the send completes): 4 KiB, Open MPI's eager limit over shared memory,
-  /// the smallest of its transports'.
+  /// Under on_failure::throw_error, a plan's step larger than this many bytes waits for its
+  /// receiver's credit (see execute); a smaller one goes at once, as MPI sends it eagerly (copied out of the buffer
+  /// before the send completes): 4 KiB, Open MPI's eager limit over shared memory, the
+  /// smallest of its transports'.
   static constexpr std::size_t credit_bytes = 4096;
 
 private:
@@ -715,6 +717,23 @@ private:
       (void)nonce.release();
       throw;
     }
+    // Every rank must have the same policy: it decides whether plans send credits.
+    auto policies = std::make_unique<int[]>(2);
+    policies[0] = static_cast<int>(policy);
+    policies[1] = -static_cast<int>(policy);
+    WEFT_MPI_TRY(MPI_Iallreduce(MPI_IN_PLACE, policies.get(), 2, MPI_INT, MPI_MAX, dup_.get(), &req), ctx.operation,
+                 rank_);
+    try {
+      detail::mpi_wait(req, ctx, "compare the failure policy with every rank");
+    } catch (...) {
+      (void)policies.release();
+      throw;
+    }
+    if (policies[0] != -policies[1]) {
+      throw error(ctx.operation, rank_, error::unknown,
+                  "the ranks disagree on mpi::options::on_failure (this rank: " + std::string(weft::name_of(policy)) +
+                      "): every rank of a communicator must pass the same");
+    }
     std::vector<int> roots(static_cast<std::size_t>(size_));
     for (int r = 0; r < size_; ++r) roots[static_cast<std::size_t>(r)] = r;
     root_of_ = std::make_shared<const std::vector<int>>(std::move(roots));
@@ -877,43 +896,37 @@ private:
     } while (off < count);
   }
 
-  // A plan's send step, queued piece by piece: a piece larger than credit_bytes waits for its
-  // receiver's credit (a zero-byte receive posted here, in the order of the pieces: MPI keeps
-  // the order of one sender's messages, so the k-th credit from a peer is for the k-th large
-  // piece this rank queued for it); a smaller one goes as soon as every piece queued before
-  // it for the same peer has gone, so that the pieces reach the receiver in order.
+  // A plan's send step, queued whole. A step larger than credit_bytes waits for its
+  // receiver's credit (a zero-byte receive posted here; MPI keeps the order of one sender's
+  // messages, so the k-th credit from a peer is for the k-th large step this rank queued for
+  // it), then goes, all its pieces at once; a smaller step goes as soon as every step queued
+  // before it for the same peer has gone, so that the pieces reach the receiver in order.
   template <class T>
   void queue_plan_sends(const T* data, std::size_t count, int peer, std::size_t piece, bool weft_memory,
                         std::string_view operation) {
-    const MPI_Datatype type = detail::mpi_datatype<T>();
-    std::size_t off = 0;
-    do {
-      const std::size_t n = std::min(piece, count - off);
-      int credit = -1;
-      if (n * sizeof(T) > credit_bytes) {
-        credit = static_cast<int>(credits_in_.size());
-        credits_in_.push_back(MPI_REQUEST_NULL);
-        credit_arrived_.push_back(0);
-        WEFT_MPI_TRY(MPI_Irecv(nullptr, 0, MPI_BYTE, peer, plan_tag_, credit_.get(), &credits_in_.back()), operation,
-                     rank_, peer);
-      }
-      queued_.push_back({data + off, static_cast<int>(n), type, peer, weft_memory, credit, false});
-      ++unsent_;
-      off += n;
-    } while (off < count);
+    int credit = -1;
+    if (credits() && count * sizeof(T) > credit_bytes) {
+      credit = static_cast<int>(credits_in_.size());
+      credits_in_.push_back(MPI_REQUEST_NULL);
+      credit_arrived_.push_back(0);
+      WEFT_MPI_TRY(MPI_Irecv(nullptr, 0, MPI_BYTE, peer, plan_tag_, credit_.get(), &credits_in_.back()), operation,
+                   rank_, peer);
+    }
+    queued_.push_back({data, count, piece, sizeof(T), detail::mpi_datatype<T>(), peer, weft_memory, credit, false});
+    ++unsent_;
   }
 
-  // Gives `peer` the credit for one piece of n elements of T that this rank has just posted
-  // the receive for (none for a piece small enough to go without).
+  // Gives `peer` the credit for a step of `count` elements of T, as this rank posts the
+  // step's first receive (none for a step small enough to go without).
   template <class T>
-  void grant_credit(std::size_t n, int peer, std::string_view operation) {
-    if (n * sizeof(T) <= credit_bytes) return;
+  void grant_credit(std::size_t count, int peer, std::string_view operation) {
+    if (!credits() || count * sizeof(T) <= credit_bytes) return;
     MPI_Request r = MPI_REQUEST_NULL;
     WEFT_MPI_TRY(MPI_Isend(nullptr, 0, MPI_BYTE, peer, plan_tag_, credit_.get(), &r), operation, rank_, peer);
     MPI_Request_free(&r); // no buffer: nothing to wait for
   }
 
-  // A plan's recv step: its pieces' receives, each with its credit.
+  // A plan's recv step: its pieces' receives, then the step's credit.
   template <class T>
   void post_plan_recvs(T* data, std::size_t count, int peer, std::size_t piece, bool weft_memory,
                        std::string_view operation) {
@@ -924,12 +937,12 @@ private:
       WEFT_MPI_TRY(MPI_Irecv(data + off, static_cast<int>(n), type, peer, plan_tag_, dup_.get(),
                              &recvs_.add_recv(peer, n, weft_memory)),
                    operation, rank_, peer);
-      grant_credit<T>(n, peer, operation);
       off += n;
     } while (off < count);
+    grant_credit<T>(count, peer, operation);
   }
 
-  // Sends the queued pieces that may go (see queue_plan_sends). The round's last wait ends
+  // Sends the queued steps that may go (see queue_plan_sends). The round's last wait ends
   // when unsent_ is 0 and the sends are done; the next round starts with empty lists.
   void release_queued_sends() {
     if (unsent_ == 0) {
@@ -955,12 +968,25 @@ private:
         blocked_[static_cast<std::size_t>(q.peer)] = 1;
         continue;
       }
-      WEFT_MPI_TRY(MPI_Isend(q.data, q.count, q.type, q.peer, plan_tag_, dup_.get(), &sends_.add_send(q.peer, q.weft_memory)),
-                   "plan", rank_, q.peer);
+      const auto* bytes = static_cast<const std::byte*>(q.data);
+      std::size_t off = 0;
+      do { // a count of 0 is still one (empty) message
+        const std::size_t n = std::min(q.piece, q.count - off);
+        WEFT_MPI_TRY(MPI_Isend(bytes + off * q.element_bytes, static_cast<int>(n), q.type, q.peer, plan_tag_,
+                               dup_.get(), &sends_.add_send(q.peer, q.weft_memory)),
+                     "plan", rank_, q.peer);
+        off += n;
+      } while (off < q.count);
       q.sent = true;
       --unsent_;
     }
   }
+
+  // Whether large steps wait for credits: under throw_error, whose failed calls must return
+  // with nothing left on the caller's buffers. Under abort_job a failure ends the job, and
+  // large sends go at once, as fast as without weft's failure handling. Every rank of a
+  // family has the same policy (checked when the root is made).
+  [[nodiscard]] bool credits() const noexcept { return family_->policy() == weft::on_failure::throw_error; }
 
   [[nodiscard]] int first_unsent_peer() const noexcept {
     for (const queued_send& q : queued_) {
@@ -987,10 +1013,10 @@ private:
       WEFT_MPI_TRY(MPI_Irecv(stage + slot * stride, static_cast<int>(n), type, peer, plan_tag_,
                              dup_.get(), &recvs_.set_recv(slot, peer, n)),
                    ctx.operation, rank_, peer);
-      grant_credit<T>(n, peer, ctx.operation);
     };
     for (std::size_t p = 0; p < depth; ++p)
       post(p);
+    grant_credit<T>(count, peer, ctx.operation);
     for (std::size_t p = 0; p < pieces; ++p) {
       const std::size_t off = p * piece;
       const std::size_t n = std::min(piece, count - off);
@@ -1102,7 +1128,9 @@ private:
   // A plan round's sends in order, and the credits the large ones wait for (see execute).
   struct queued_send {
     const void* data;
-    int count;
+    std::size_t count; // elements of the step
+    std::size_t piece; // elements of one message
+    std::size_t element_bytes;
     MPI_Datatype type;
     int peer;
     bool weft_memory;
