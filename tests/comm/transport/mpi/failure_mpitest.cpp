@@ -2,11 +2,12 @@
 // instead of leaving the other processes waiting until CI's limit. ctest runs each mode
 // under mpirun with a 60 s limit and looks for the message the user would see.
 //
-//   failure_mpitest throw    rank 1's reduction throws inside all_reduce; main catches the
-//                            weft::error, prints it and calls environment::abort (the
-//                            pattern weft documents)
+//   failure_mpitest throw    rank 1's reduction throws inside all_reduce, under
+//                            on_failure::throw_error; main catches the weft::error, prints it
+//                            and calls environment::abort (the pattern weft documents)
 //   failure_mpitest stall    rank 1 never joins the collective; the others' 2 s deadline
-//                            passes and they print a weft::error naming the peer, then abort
+//                            passes, and under the default on_failure::abort_job weft prints
+//                            their error naming the peer and the culprit, then ends the job
 //   failure_mpitest unwind   rank 1's exception leaves the environment's scope uncaught;
 //                            its destructor calls MPI_Abort, and the launcher ends the job
 //   failure_mpitest die      rank 1's process dies inside the second all_reduce (_Exit, no
@@ -79,7 +80,10 @@ int main(int argc, char** argv) {
   }
   weft::mpi::environment env(argc, argv);
   try {
-    auto world = weft::mpi::world({.timeout = 2s, .topology = {}});
+    auto world = weft::mpi::world({.timeout = 2s,
+                                   .topology = {},
+                                   .on_failure = mode == "throw" ? weft::on_failure::throw_error
+                                                                 : weft::on_failure::abort_job});
     steps(world, mode);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -326,7 +326,16 @@ private:
     }
     const member* best = nullptr;
     rank_progress best_p;
+    std::string last; // the operation this process finished last, for an answer from outside any call
+    std::int64_t last_done = 0;
     for (const member& m : members_) {
+      if (m.record != nullptr && !m.record->active() && m.record->last_done() > last_done) {
+        const rank_progress p = m.record->snapshot(world_of_[static_cast<std::size_t>(me_)], "running");
+        if (!p.history.empty()) {
+          last = p.history.back();
+          last_done = m.record->last_done();
+        }
+      }
       if (m.record == nullptr || !m.record->active()) continue;
       rank_progress p = m.record->snapshot(world_of_[static_cast<std::size_t>(me_)], "running", m.root_of);
       if (best == nullptr || (p.waiting_on >= 0 && (best_p.waiting_on < 0 || p.waiting_ms > best_p.waiting_ms))) {
@@ -336,7 +345,7 @@ private:
     }
     if (best == nullptr) {
       a.in_call = 0;
-      a.set_text("outside any weft call");
+      a.set_text(last.empty() ? std::string("outside any weft call") : "outside any weft call; its last was " + last);
       return;
     }
     a.in_call = 1;
