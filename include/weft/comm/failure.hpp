@@ -80,10 +80,12 @@ private:
   std::string what_;
 };
 
-/// Prints a failure the way on_failure::abort_job reports it, before the job ends.
-WEFT_COLD inline void print_abort_message(std::string_view what) noexcept {
-  std::fprintf(stderr, "%.*s\nweft: ending the job (on_failure::abort_job)\n",
-               static_cast<int>(what.size()), what.data());
+/// Prints a failure the way weft reports it before it ends the job; `reason` says why the job
+/// ends (the policy, or what left no other way).
+WEFT_COLD inline void print_abort_message(std::string_view what,
+                                          std::string_view reason = "on_failure::abort_job") noexcept {
+  std::fprintf(stderr, "%.*s\nweft: ending the job (%.*s)\n", static_cast<int>(what.size()), what.data(),
+               static_cast<int>(reason.size()), reason.data());
   std::fflush(stderr);
 }
 

@@ -199,7 +199,15 @@ public:
   }
 
   communicator(communicator&&) noexcept = default;
-  communicator& operator=(communicator&&) noexcept = default;
+  /// Runs the destructor's rule on the communicator assigned over (a failed family's MPI
+  /// communicators are kept, not freed), then takes `o` over.
+  communicator& operator=(communicator&& o) noexcept {
+    if (this != &o) {
+      std::destroy_at(this);
+      std::construct_at(this, std::move(o));
+    }
+    return *this;
+  }
   communicator(const communicator&) = delete;
   communicator& operator=(const communicator&) = delete;
   ~communicator() {
@@ -250,19 +258,19 @@ public:
   /// Whether this communicator's family (it, the one it was split from, its splits) failed:
   /// every call then throws failure() at once.
   [[nodiscard]] bool failed() const {
+    if (!family_) return false; // moved from
     family_->poll();
     return family_->failure().failed();
   }
   /// The family's first failure ("" while there is none).
   [[nodiscard]] std::string failure() const {
+    if (!family_) return {};
     family_->poll();
     return family_->failure().what();
   }
   /// Ends the job: prints `why` as weft's error and calls MPI_Abort, which ends every process.
   [[noreturn]] void abort(std::string_view why, int code = 1) const noexcept {
-    detail::print_abort_message(why);
-    MPI_Abort(MPI_COMM_WORLD, code);
-    std::abort();
+    end_job(why, "mpi::communicator::abort", code);
   }
 
   // --- point to point -------------------------------------------------------------------
@@ -281,8 +289,9 @@ public:
     const recorded scope(*this, "send", recorded::point_to_point);
     const auto ctx = context("send");
     guarded(ctx.operation, [&] {
-      post_sends(data.data(), data.size(), peer, tag, max_message, p2p_, ctx.operation);
+      post_sends(send_buffer(data), data.size(), peer, tag, max_message, p2p_, ctx.operation, credits());
       p2p_.wait_all(detail::mpi_datatype<T>(), dtype_traits<T>::name, ctx);
+      p2p_copy_.reset();
     });
   }
   template <element T>
@@ -351,8 +360,9 @@ public:
     const auto ctx = context("sendrecv");
     guarded(ctx.operation, [&] {
       post_recvs(in.data(), in.size(), from, tag, max_message, p2p_, ctx.operation);
-      post_sends(out.data(), out.size(), to, tag, max_message, p2p_, ctx.operation);
+      post_sends(send_buffer(out), out.size(), to, tag, max_message, p2p_, ctx.operation, credits());
       p2p_.wait_all(detail::mpi_datatype<T>(), dtype_traits<T>::name, ctx);
+      p2p_copy_.reset();
     });
   }
 
@@ -448,6 +458,7 @@ public:
       }
       return bufs[i] + off;
     };
+    operation_ = operation;
     auto ctx = context(operation);
     ctx.tick = [](void* self) { static_cast<communicator*>(self)->release_queued_sends(); };
     ctx.tick_arg = this;
@@ -507,8 +518,11 @@ public:
               release_queued_sends();
               return unsent_ == 0 && sends_.test_all(type, type_name, ctx);
             },
-            ctx, unsent_ > 0 ? first_unsent_peer() : sends_.first_pending_peer(),
-            unsent_ > 0 ? "have its receive posted" : "have its message received");
+            ctx, [&] {
+              return unsent_ > 0 ? detail::mpi_waiting_for{first_unsent_peer(), "have its receive posted"}
+                                 : detail::mpi_waiting_for{sends_.first_pending_peer(), "have its message received"};
+            });
+        eager_copies_.clear();
         i = end;
       }
     });
@@ -552,6 +566,12 @@ private:
     communicator& c_;
     int uncaught_;
   };
+
+  [[noreturn]] static void end_job(std::string_view what, std::string_view reason, int code = 1) noexcept {
+    detail::print_abort_message(what, reason);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::abort();
+  }
 
   // The context of this communicator's waits in `operation`.
   [[nodiscard]] detail::mpi_wait_context context(std::string_view operation) const {
@@ -606,18 +626,23 @@ private:
       if (left.weft_memory) {
         family_->park(std::move(scratch_));
         family_->park(std::move(staging_));
+        for (auto& c : eager_copies_) family_->park(std::move(c));
+        if (p2p_copy_) family_->park(std::move(p2p_copy_));
       }
+      eager_copies_.clear();
+      p2p_copy_.reset();
       dup_.keep();
       credit_.keep();
       if (left.caller_memory) {
-        abort(what + "\nweft: " + std::string(operation) + " on rank " + std::to_string(rank_) +
-              ": MPI still uses the call's buffer for a message it cannot cancel; the process must not return into the "
-              "program with it");
+        end_job(what + "\nweft: " + std::string(operation) + " on rank " + std::to_string(rank_) +
+                    ": MPI still uses the call's buffer for a message it cannot cancel, and the process must not "
+                    "return into the program with it",
+                "a request still uses the caller's buffer");
       }
     } catch (...) {
-      abort(what); // out of memory while failing: nothing better is left
+      end_job(what, "out of memory while failing"); // nothing better is left
     }
-    if (family_->policy() == weft::on_failure::abort_job) abort(what);
+    if (family_->policy() == weft::on_failure::abort_job) end_job(what, "on_failure::abort_job");
   }
 
   // The most elements of one MPI message (MPI counts are int).
@@ -838,10 +863,13 @@ private:
   // all = every rank's n ints, gathered through weft's own buffer: one that MPI may still
   // write into after a deadline is kept, not freed.
   void all_gather_ints(const int* mine, int n, std::vector<int>& all, const detail::mpi_wait_context& ctx) {
-    auto gathered = std::make_unique<std::byte[]>(all.size() * sizeof(int));
+    // This rank's ints, then everyone's: both read or written by MPI until the gather is done.
+    auto gathered = std::make_unique<std::byte[]>((all.size() + static_cast<std::size_t>(n)) * sizeof(int));
     auto* ints = reinterpret_cast<int*>(gathered.get());
+    std::copy(mine, mine + n, ints + all.size());
     MPI_Request req = MPI_REQUEST_NULL;
-    WEFT_MPI_TRY(MPI_Iallgather(mine, n, MPI_INT, ints, n, MPI_INT, dup_.get(), &req), ctx.operation, rank_);
+    WEFT_MPI_TRY(MPI_Iallgather(ints + all.size(), n, MPI_INT, ints, n, MPI_INT, dup_.get(), &req), ctx.operation,
+                 rank_);
     try {
       detail::mpi_wait(req, ctx, "gather from every rank");
     } catch (...) {
@@ -916,6 +944,17 @@ private:
     ++unsent_;
   }
 
+  // What a point-to-point send sends from: under throw_error a copy (p2p_copy_), since a
+  // point-to-point receive posts no credit and MPI cannot cancel a send whose receiver is gone;
+  // the caller's buffer otherwise.
+  template <class T>
+  const T* send_buffer(std::span<const T> data) {
+    if (!credits()) return data.data();
+    p2p_copy_ = std::make_unique<std::byte[]>(data.size_bytes() == 0 ? 1 : data.size_bytes());
+    if (!data.empty()) std::memcpy(p2p_copy_.get(), data.data(), data.size_bytes());
+    return reinterpret_cast<const T*>(p2p_copy_.get());
+  }
+
   // Gives `peer` the credit for a step of `count` elements of T, as this rank posts the
   // step's first receive (none for a step small enough to go without).
   template <class T>
@@ -957,8 +996,12 @@ private:
       WEFT_MPI_TRY(MPI_Testsome(static_cast<int>(credits_in_.size()), credits_in_.data(), &completed,
                                 credit_index_.data(), MPI_STATUSES_IGNORE),
                    "plan", rank_);
-      if (completed != MPI_UNDEFINED) {
+      if (completed != MPI_UNDEFINED && completed > 0) {
         for (int k = 0; k < completed; ++k) credit_arrived_[static_cast<std::size_t>(credit_index_[static_cast<std::size_t>(k)])] = 1;
+        // A credit may be older than a verdict: a receiver that failed since has cancelled
+        // its receive. Read the control channel before handing MPI the caller's buffer.
+        family_->poll();
+        family_->failure().check(operation_, rank_);
       }
     }
     blocked_.assign(static_cast<std::size_t>(size_), 0);
@@ -969,11 +1012,21 @@ private:
         continue;
       }
       const auto* bytes = static_cast<const std::byte*>(q.data);
+      bool weft_memory = q.weft_memory;
+      if (q.credit < 0 && credits() && !weft_memory) {
+        // A small step goes without a credit: from a copy, so that a send MPI did not buffer
+        // eagerly cannot keep the caller's buffer after a failure (the copy is parked instead).
+        const std::size_t n = q.count * q.element_bytes;
+        auto& copy = eager_copies_.emplace_back(std::make_unique<std::byte[]>(n == 0 ? 1 : n));
+        if (n > 0) std::memcpy(copy.get(), bytes, n);
+        bytes = copy.get();
+        weft_memory = true;
+      }
       std::size_t off = 0;
       do { // a count of 0 is still one (empty) message
         const std::size_t n = std::min(q.piece, q.count - off);
         WEFT_MPI_TRY(MPI_Isend(bytes + off * q.element_bytes, static_cast<int>(n), q.type, q.peer, plan_tag_,
-                               dup_.get(), &sends_.add_send(q.peer, q.weft_memory)),
+                               dup_.get(), &sends_.add_send(q.peer, weft_memory)),
                      "plan", rank_, q.peer);
         off += n;
       } while (off < q.count);
@@ -1143,6 +1196,9 @@ private:
   std::vector<int> credit_index_;
   std::vector<char> blocked_; // per peer, in one pass of release_queued_sends
   std::size_t unsent_ = 0;
+  std::vector<std::unique_ptr<std::byte[]>> eager_copies_; // small steps' data, under throw_error
+  std::unique_ptr<std::byte[]> p2p_copy_;                  // send()'s data, under throw_error
+  std::string_view operation_ = "plan";                    // the plan running now, for errors
 };
 
 /// A communicator over MPI_COMM_WORLD (borrowed). Collective over all processes.

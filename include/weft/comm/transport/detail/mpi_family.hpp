@@ -52,7 +52,7 @@ namespace weft::detail {
 /// One message of the control channel; see the header comment. Plain bytes on the wire.
 struct mpi_control_message {
   enum kind_t : std::int32_t { query = 1, state = 2, verdict = 3 };
-  static constexpr std::size_t text_bytes = 480;
+  static constexpr std::size_t text_bytes = 2032;
 
   std::uint64_t nonce = 0;
   std::int32_t kind = 0;
@@ -204,7 +204,7 @@ public:
       if (!silent.empty()) {
         verdict = ranks_text(silent) + (silent.size() == 1 ? " stalled: it" : " stalled: they") +
                   " did not answer within " + std::to_string(window.count()) +
-                  " ms (outside any weft call: in its own code, stopped, or dead)";
+                  " ms (it is not waiting inside weft: in its own code or a reduction, stopped, or dead)";
         break;
       }
       std::vector<int> next;

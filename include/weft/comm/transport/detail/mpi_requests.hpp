@@ -23,6 +23,8 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace weft::detail {
@@ -85,12 +87,23 @@ struct mpi_wait_context {
               "stopped waiting to " + std::string(what) + where + ": the communicator failed: " + ctx.family->failure().what());
 }
 
+/// What a wait is waiting for now: a rank of the communicator (-1: none, or every rank of a
+/// collective) and a string literal completing "waiting to ...".
+struct mpi_waiting_for {
+  int peer = error::unknown;
+  const char* what = "";
+};
+
 /// Polls done() until it returns true. Meanwhile it runs the context's tick, reads the
 /// family's control channel (a verdict: weft::error), and at the deadline finds the culprit
-/// and throws weft::error. `peer` (a rank of the communicator, -1: none) and `what` (a string
-/// literal completing "waiting to ...") describe the wait.
-template <class Done>
-void mpi_poll(Done&& done, const mpi_wait_context& ctx, int peer, const char* what) {
+/// and throws weft::error. now() says what the wait waits for at the moment (a wait on several
+/// requests moves from peer to peer as they complete): it is asked when the wait begins,
+/// every 16th poll (for the progress record, which answers the control channel's queries)
+/// and at the deadline, so that the error and the search for the culprit start from the peer
+/// still outstanding, not from one that has long finished.
+template <class Done, class Now>
+  requires std::is_invocable_r_v<mpi_waiting_for, Now&>
+void mpi_poll(Done&& done, const mpi_wait_context& ctx, Now&& now) {
   for (int i = 0; i < 64; ++i) {
     if (done()) return;
     if (ctx.tick != nullptr) ctx.tick(ctx.tick_arg);
@@ -101,7 +114,8 @@ void mpi_poll(Done&& done, const mpi_wait_context& ctx, int peer, const char* wh
       if (r != nullptr) r->not_waiting();
     }
   } const waiting{ctx.progress};
-  if (ctx.progress != nullptr) ctx.progress->waiting(peer, what);
+  mpi_waiting_for w = now();
+  if (ctx.progress != nullptr) ctx.progress->waiting(w.peer, w.what);
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = deadline_after(ctx.timeout);
   for (std::uint32_t i = 0;; ++i) {
@@ -109,23 +123,37 @@ void mpi_poll(Done&& done, const mpi_wait_context& ctx, int peer, const char* wh
     if (ctx.tick != nullptr) ctx.tick(ctx.tick_arg);
     // The control channel is read every 16th poll: a verdict waits a few microseconds more,
     // and a short wait pays for no extra test.
-    if (ctx.family != nullptr && i % 16 == 15) {
-      ctx.family->poll();
-      if (ctx.family->failure().failed()) mpi_stopped(ctx, peer, what);
+    if (i % 16 == 15) {
+      const mpi_waiting_for moved = now();
+      if (ctx.progress != nullptr && (moved.peer != w.peer || moved.what != w.what)) {
+        ctx.progress->waiting(moved.peer, moved.what);
+      }
+      w = moved;
+      if (ctx.family != nullptr) {
+        ctx.family->poll();
+        if (ctx.family->failure().failed()) mpi_stopped(ctx, w.peer, w.what);
+      }
     }
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline) {
+    const auto t = std::chrono::steady_clock::now();
+    if (t >= deadline) {
       if (done()) return;
-      mpi_timeout(ctx, peer, what);
+      w = now();
+      mpi_timeout(ctx, w.peer, w.what);
     }
     // A wait this long is a peer still computing, not a message in flight: stop competing
     // with it for the core. Before that, yielding keeps the latency of a hand-off low.
-    if (now - start < std::chrono::milliseconds(10)) {
+    if (t - start < std::chrono::milliseconds(10)) {
       std::this_thread::yield();
     } else {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
   }
+}
+
+/// The same for a wait on one peer (or none) for one reason.
+template <class Done>
+void mpi_poll(Done&& done, const mpi_wait_context& ctx, int peer, const char* what) {
+  mpi_poll(std::forward<Done>(done), ctx, [peer, what] { return mpi_waiting_for{peer, what}; });
 }
 
 /// Waits for one request that has no peer of its own (a collective: barrier, broadcast,
@@ -229,7 +257,8 @@ public:
   /// Waits for every request, then forgets them all.
   void wait_all(MPI_Datatype type, std::string_view type_name, const mpi_wait_context& ctx) {
     if (requests_.empty()) return;
-    mpi_poll([&] { return test_all(type, type_name, ctx); }, ctx, first_pending_peer(), first_pending_what());
+    mpi_poll([&] { return test_all(type, type_name, ctx); }, ctx,
+             [&] { return mpi_waiting_for{first_pending_peer(), first_pending_what()}; });
   }
 
   /// The peer of the first request still in flight (-1: none).
