@@ -10,8 +10,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -435,3 +437,92 @@ TEST(mpi_environment, reports_mpi_already_initialized) {
 }
 
 } // namespace
+
+namespace {
+
+// A sum whose first use on a rank takes `delay`: a rank stalled inside a call.
+struct slow_sum {
+  static constexpr std::string_view name = "slow_sum";
+  std::shared_ptr<bool> slept = std::make_shared<bool>(false);
+  std::chrono::milliseconds delay{};
+  template <class A>
+  A operator()(A a, A b) const {
+    if (!*slept) {
+      *slept = true;
+      std::this_thread::sleep_for(delay);
+    }
+    return a + b;
+  }
+};
+
+// The first `n` ranks of a fresh throw_error world, or nothing on the others.
+std::optional<mpi::communicator> first_ranks(int n, std::chrono::milliseconds timeout) {
+  auto w = mpi::world({.timeout = timeout, .topology = {}, .on_failure = on_failure::throw_error});
+  auto c = w.split(w.rank() < n ? 0 : 1, w.rank());
+  if (w.rank() >= n) return std::nullopt;
+  return c;
+}
+
+} // namespace
+
+TEST(mpi_communicator, a_timeout_names_the_rank_still_outstanding_not_the_first_one_waited_for) {
+  // Rank 0 sends to ranks 1 and 2 in one round. Rank 1 takes its message a little late and
+  // goes back to its own code; rank 2 sleeps through the deadline. Rank 0's wait began on
+  // rank 1, but at its deadline only rank 2 is outstanding: the verdict must name rank 2.
+  if (test::mpi_world().size() < 3) GTEST_SKIP() << "needs 3 processes";
+  auto c = first_ranks(3, 1000ms);
+  if (c) {
+    const int r = c->rank();
+    constexpr std::size_t n = 4096; // 16 KiB: above credit_bytes
+    std::vector<float> in(n, 1.0f), out(n, 0.0f);
+    plan pl(plan_request{.coll = collective::broadcast, .size = 3, .rank = r, .count = n, .root = 0, .node_of = {}, .element_size = 4});
+    if (r == 0) {
+      pl.send(1, buffer::input, 0, n);
+      pl.send(2, buffer::input, 0, n);
+    } else {
+      pl.recv(0, buffer::output, 0, n);
+    }
+    if (r == 1) std::this_thread::sleep_for(100ms);
+    if (r == 2) std::this_thread::sleep_for(3s);
+    const auto msg = failure_of([&] { c->execute(pl, in.data(), n, out.data(), n, op::sum{}, "broadcast"); });
+    if (r == 0) {
+      EXPECT_TRUE(contains(msg, "on rank 0 (peer 2)")) << msg;
+      EXPECT_TRUE(contains(msg, "world rank 2 stalled")) << msg;
+    }
+    if (r == 1) {
+      EXPECT_TRUE(msg.empty()) << msg;
+      std::this_thread::sleep_for(3s); // its own code, outside weft, while rank 0 investigates
+      const auto later = failure_of([&] { c->barrier(); });
+      EXPECT_TRUE(contains(later, "world rank 2 stalled")) << later;
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST(mpi_communicator, a_rank_stalled_inside_a_call_throws_when_it_comes_back) {
+  // Rank 0's plan has a slow reduction after its send; rank 1 times out and cancels its
+  // receive. Rank 0's credit from rank 1 is older than the failure: coming back, it must
+  // throw the verdict, not hand MPI its buffer for a receive that is gone (which, under
+  // throw_error, would leave it no way but to end the job).
+  auto c = first_ranks(2, 1000ms);
+  if (c) {
+    const int r = c->rank();
+    constexpr std::size_t n = 4096;
+    std::vector<float> in(n, 1.0f), out(n, 0.0f);
+    plan pl(plan_request{.coll = collective::broadcast, .size = 2, .rank = r, .count = n, .root = 0, .node_of = {}, .element_size = 4});
+    if (r == 0) {
+      pl.send(1, buffer::input, 0, n);
+      pl.reduce(buffer::output, 0, buffer::output, 0, 1);
+    } else {
+      pl.recv(0, buffer::output, 0, n);
+    }
+    if (r == 1) std::this_thread::sleep_for(100ms);
+    const auto msg = failure_of(
+        [&] { c->execute(pl, in.data(), n, out.data(), n, slow_sum{.delay = std::chrono::milliseconds(3000)}, "broadcast"); });
+    EXPECT_TRUE(contains(msg, "world rank " + std::to_string(c->world_rank(0)) + " stalled")) << msg;
+    if (r == 0) {
+      EXPECT_TRUE(contains(msg, "the communicator failed earlier")) << msg;
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
