@@ -505,6 +505,77 @@ TEST(nccl, capture_refuses_to_grow_the_scratch_and_to_block) {
   WEFT_CUDA_TRY(cudaGraphDestroy(graph));
 }
 
+// Keeps the stream busy for `ns` nanoseconds of the device's clock: work that outlasts a
+// deadline without any peer.
+__global__ void busy_for(std::uint64_t ns) {
+  const auto now = [] {
+    std::uint64_t t = 0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+  };
+  const std::uint64_t start = now();
+  while (now() - start < ns) __nanosleep(1000);
+}
+
+TEST(nccl, a_wait_past_the_deadline_aborts_and_every_later_call_throws_the_first_error_at_once) {
+  WEFT_REQUIRE_DEVICE();
+  auto c = single_rank();  // made with a long deadline: NCCL's initialization may take a while
+  auto child = c.split(0, 0);  // one family: the split fails with its parent
+  c.set_timeout(std::chrono::milliseconds(300));
+  device_buffer<float> d(16);
+  busy_for<<<1, 1, 0, c.stream()>>>(2'000'000'000);  // 2 s: past the deadline
+  WEFT_CUDA_TRY(cudaGetLastError());
+  std::string first;
+  try {
+    c.synchronize();
+    ADD_FAILURE() << "no weft::error thrown";
+  } catch (const weft::error& e) {
+    first = e.what();
+  }
+  EXPECT_NE(first.find("synchronize on rank 0: timed out after 300 ms"), std::string::npos) << first;
+  EXPECT_NE(first.find("the NCCL communicator is aborted"), std::string::npos) << first;
+  EXPECT_TRUE(c.failed());
+  EXPECT_TRUE(child.failed());
+  EXPECT_EQ(c.failure(), first);
+  const auto t = std::chrono::steady_clock::now();
+  expect_error([&] { c.barrier(); }, {"barrier on rank 0", "failed earlier", first});
+  expect_error([&] { weft::all_reduce<algo::ring>(c, std::span(d.data(), 16)); }, {"all_reduce on rank 0", first});
+  expect_error([&] { weft::all_reduce<algo::vendor>(child, std::span(d.data(), 16)); },
+               {"all_reduce on rank 0", first});
+  expect_error([&] { (void)c.split(0, 0); }, {"split on rank 0", first});
+  expect_error([&] { c.check_async_error("work"); }, {"work on rank 0", first});
+  EXPECT_LT(std::chrono::steady_clock::now() - t, std::chrono::milliseconds(100)) << "not at once";
+  WEFT_CUDA_TRY(cudaStreamSynchronize(c.stream()));  // the busy kernel, not NCCL's
+}
+
+TEST(nccl, destroying_waits_at_most_the_deadline) {
+  WEFT_REQUIRE_DEVICE();
+  std::chrono::steady_clock::duration took{};
+  {
+    auto c = single_rank();
+    c.set_timeout(std::chrono::milliseconds(300));
+    check_collective<algo::ring, collective::all_reduce, float, op::sum>(c, 100, 0, pattern::exact, false);
+    busy_for<<<1, 1, 0, c.stream()>>>(3'000'000'000);  // 3 s of work the destructor would wait for
+    WEFT_CUDA_TRY(cudaGetLastError());
+    const auto t = std::chrono::steady_clock::now();
+    { communicator gone = std::move(c); }  // drains at most 300 ms, then aborts
+    took = std::chrono::steady_clock::now() - t;
+  }
+  EXPECT_LT(took, std::chrono::milliseconds(1500));
+  {
+    auto healthy = single_rank();  // finalized and destroyed, quickly
+    healthy.set_timeout(std::chrono::milliseconds(300));
+    check_collective<algo::vendor, collective::all_reduce, float, op::sum>(healthy, 100, 0, pattern::exact, false);
+  }
+  WEFT_CUDA_TRY(cudaDeviceSynchronize());  // the busy kernel, before the next test
+}
+
+TEST(nccl, on_failure_is_an_option_and_throws_by_default) {
+  static_assert(std::is_same_v<decltype(nccl::options{}.on_failure), weft::on_failure>);
+  EXPECT_EQ(nccl::options{}.on_failure, weft::on_failure::throw_error);
+  EXPECT_EQ(nccl::options{}.end_job, nullptr);
+}
+
 // ---------------------------------------------------------------------------------------
 // Several devices: one host thread per rank
 
@@ -700,11 +771,47 @@ TEST(nccl, multi_rank_a_receive_that_expects_another_message_is_an_error) {
       << errors[1];
   // The sender's data is never received. NCCL may still complete a send this small (its LL
   // protocol sends eagerly into the receiver's buffer); where it does not, the sender's wait
-  // ends at the deadline, naming the peer. The mismatch is detected on the receiving side.
+  // ends at the deadline, naming the peer, or earlier with NCCL's asynchronous error once the
+  // receiver has aborted its communicator. The mismatch is detected on the receiving side.
   EXPECT_TRUE(errors[0].empty() ||
               errors[0].find("send on rank 0 (peer 1): timed out after 3000 ms waiting to send to it") !=
-                  std::string::npos)
+                  std::string::npos ||
+              errors[0].find("send on rank 0 (peer 1): an NCCL operation (asynchronous error") != std::string::npos)
       << errors[0];
+}
+
+TEST(nccl, multi_rank_a_rank_that_never_joins_fails_the_others_call_and_every_later_one) {
+  WEFT_REQUIRE_DEVICES(devices);
+  (void)devices;
+  std::string first;
+  std::string later;
+  std::chrono::steady_clock::duration later_took{};
+  const auto start = std::chrono::steady_clock::now();
+  on_ranks(2, test_options(), [&](communicator& c) {
+    c.set_timeout(std::chrono::milliseconds(500));  // after NCCL's initialization, on both ranks
+    if (c.rank() == 1) return;  // never joins
+    try {
+      c.barrier();
+    } catch (const weft::error& e) {
+      first = e.what();
+    }
+    const auto t = std::chrono::steady_clock::now();
+    try {
+      c.barrier();
+    } catch (const weft::error& e) {
+      later = e.what();
+    }
+    later_took = std::chrono::steady_clock::now() - t;
+  });
+  // Both communicators are gone too: the aborted one at once, the other finalized or aborted
+  // within its deadline.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  EXPECT_NE(first.find("barrier on rank 0"), std::string::npos) << first;
+  EXPECT_NE(first.find("timed out after 500 ms"), std::string::npos) << first;
+  EXPECT_NE(first.find("the NCCL communicator is aborted"), std::string::npos) << first;
+  EXPECT_NE(later.find("barrier on rank 0"), std::string::npos) << later;
+  EXPECT_NE(later.find(first), std::string::npos) << later;
+  EXPECT_LT(later_took, std::chrono::milliseconds(100));
 }
 
 } // namespace

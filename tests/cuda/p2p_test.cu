@@ -16,11 +16,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -508,6 +510,72 @@ TEST(p2p, a_sync_timeout_inside_a_call_names_the_call_when_the_host_looks) {
     EXPECT_HAS(m, "all_reduce on rank " + std::to_string(r) + " (peer 1)");
     EXPECT_HAS(m, "found by synchronize");
   }
+}
+
+// The epochs a timed-out sync leaves half-advanced are abandoned (detail/p2p_epoch.hpp): rank 0
+// gives up on rank 1 at a barrier; rank 1, arriving afterwards, fails instead of passing on
+// rank 0's stale flag. Rank 0's later calls throw its first error at once.
+TEST(p2p, a_late_peer_finds_the_timed_out_epoch_abandoned_and_later_calls_throw_at_once) {
+  WEFT_REQUIRE_DEVICE();
+  std::vector<std::string> seen(2);
+  std::string later;
+  std::chrono::steady_clock::duration later_took{};
+  std::atomic<bool> rank0_failed{false};
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(
+      p2p::run(on_device_zero(2),
+               [&](p2p::communicator& c) {
+                 if (c.rank() == 1) {  // arrives only once rank 0 has given up
+                   while (!rank0_failed.load() && std::chrono::steady_clock::now() - start < 20s)
+                     std::this_thread::sleep_for(1ms);
+                 }
+                 try {
+                   c.barrier();
+                 } catch (const error& e) {
+                   seen[static_cast<std::size_t>(c.rank())] = e.what();
+                 }
+                 if (c.rank() != 0) return;
+                 rank0_failed.store(true);
+                 EXPECT_TRUE(c.failed());
+                 const auto t = std::chrono::steady_clock::now();
+                 later = failure_of([&] { c.barrier(); });
+                 weft::cuda::stream_buffer<float> d(16, c.stream());
+                 EXPECT_HAS(failure_of([&] { all_reduce<algo::direct>(c, std::span(d.data(), 16)); }),
+                            seen[0]);
+                 EXPECT_HAS(failure_of([&] { (void)c.split(0, 0); }), seen[0]);
+                 EXPECT_HAS(failure_of([&] { c.check(); }), seen[0]);
+                 later_took = std::chrono::steady_clock::now() - t;
+               },
+               {.sync_timeout = 300ms, .timeout = 20s}),
+      error);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 15s);
+  EXPECT_HAS(seen[0], "barrier on rank 0 (peer 1)");
+  EXPECT_HAS(seen[0], "timed out after 300 ms");
+  EXPECT_HAS(seen[1], "barrier on rank 1 (peer 0)");
+  EXPECT_HAS(seen[1], "gave up on a sync with this one");
+  EXPECT_HAS(later, "barrier on rank 0");
+  EXPECT_HAS(later, "failed earlier");
+  EXPECT_HAS(later, seen[0]);
+  EXPECT_LT(later_took, 100ms) << "not at once";
+}
+
+// A split shares its parent's failure: a call on either after the other failed throws at once.
+TEST(p2p, a_split_fails_with_its_parent) {
+  WEFT_REQUIRE_DEVICE();
+  std::vector<std::string> seen(2);
+  EXPECT_THROW(p2p::run(on_device_zero(2),
+                        [&](p2p::communicator& c) {
+                          auto child = c.split(0, c.rank());
+                          if (c.rank() == 1) return;  // leaves: rank 0's barrier times out
+                          const std::string first = failure_of([&] { c.barrier(); });
+                          EXPECT_HAS(first, "timed out after 300 ms");
+                          EXPECT_TRUE(child.failed());
+                          seen[0] = failure_of([&] { child.barrier(); });
+                          EXPECT_HAS(seen[0], first);
+                        },
+                        {.sync_timeout = 300ms, .timeout = 20s}),
+               error);
+  EXPECT_HAS(seen[0], "barrier on rank 0");
 }
 
 TEST(p2p, split_gives_communicators_with_workspaces_and_streams_of_their_own) {

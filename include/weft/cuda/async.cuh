@@ -19,6 +19,11 @@
 // stay alive, and the main stream must not write them, until the work is waited for. The
 // events are made on the device current at construction, which must be the communicator's.
 //
+// A wait() past its deadline throws, and over a transport that can abort (NCCL) it first
+// aborts the side communicator with that error (abort(): its stream drained, see nccl.cuh),
+// which fails its family: every later call on the side or the parent communicator throws that
+// first failure at once. NCCL's asynchronous errors, polled while waiting, fail it the same way.
+//
 // Over NCCL two communicators then run at once on one device, which NCCL allows only while no
 // rank blocks its device between queuing its parts: a call that synchronises the whole device
 // (cudaFree, cudaDeviceSynchronize, a pageable cudaMemcpy) while side work is in flight can wait
@@ -77,10 +82,10 @@ private:
 /// A collective queued on a side stream. Copies share it; a default-made work is done.
 class work {
 public:
-  /// Called by wait() on every poll with false, and once with true when the deadline passes,
-  /// before the timeout error: a transport raises its asynchronous errors here, and marks
-  /// itself failed on a timeout (async_communicator over NCCL does both).
-  using watch = std::function<void(bool deadline_passed)>;
+  /// Called by wait() on every poll with nullptr, and once with the timeout error when the
+  /// deadline passes, before that error is thrown: a transport raises its asynchronous errors
+  /// here, and fails itself with the timeout (async_communicator over NCCL does both).
+  using watch = std::function<void(const error* timed_out)>;
 
   work() = default;
   work(std::shared_ptr<const event> done, std::chrono::milliseconds timeout, std::string what, int rank,
@@ -107,13 +112,14 @@ public:
     if (!done_) return;
     const cudaError_t e = detail::poll_until([this] { return cudaEventQuery(done_->get()); },
                                              std::chrono::steady_clock::now() + timeout_, [this] {
-                                               if (watch_) watch_(false);
+                                               if (watch_) watch_(nullptr);
                                              });
     if (e == cudaErrorNotReady) {
-      if (watch_) watch_(true);
-      throw error(what_, rank_, error::unknown,
-                  "not done after " + std::to_string(timeout_.count()) +
-                      " ms on the side stream (a peer that never made the same call, or a stalled device)");
+      const error late(what_, rank_, error::unknown,
+                       "not done after " + std::to_string(timeout_.count()) +
+                           " ms on the side stream (a peer that never made the same call, or a stalled device)");
+      if (watch_) watch_(&late);
+      throw late;
     }
     WEFT_CUDA_TRY(e);
   }
@@ -154,9 +160,10 @@ public:
   work submit(std::string what, F&& f) {
     auto done = order_.submit([&] { std::forward<F>(f)(side_); });
     work::watch w;
-    if constexpr (requires { side_.check_async_error(what); side_.abort_on_destroy(); }) {
-      w = [side = &side_, op = what](bool deadline_passed) {
-        if (deadline_passed) side->abort_on_destroy();  // a peer may never come: do not wait again when it goes
+    if constexpr (requires { side_.check_async_error(what); side_.abort(what); }) {
+      w = [side = &side_, op = what](const error* timed_out) {
+        // A peer may never come: the family fails with the timeout, which later calls throw.
+        if (timed_out != nullptr) side->abort(timed_out->what());
         else side->check_async_error(op);
       };
     }

@@ -5,6 +5,12 @@
 // 16-byte aligned, then the elements past the last whole pack one by one; element by element
 // when a pointer is not aligned. Low-precision types accumulate in float and round once,
 // left to right over the sources, so the result is the host's to the bit.
+//
+// Gates. Each takes a gate last, a trivially copyable functor `bool operator()() const` that
+// every block of the kernel asks once, in its first thread, before it touches memory: a block
+// that hears false does nothing. The p2p transport's gate reads its rank's failed mark
+// (detail/p2p_epoch.hpp), so that no data moves once a sync of the rank gave up. The default,
+// ungated, costs nothing.
 #include <weft/comm/detail/elementwise.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/ops.hpp>
@@ -16,18 +22,31 @@
 #include <algorithm>
 #include <cstddef>
 #include <string>
+#include <type_traits>
 
 namespace weft::cuda {
 namespace detail {
 
 inline constexpr int block_threads = 512;
 
+/// The gate that always opens: no read, no barrier.
+struct ungated {
+  WEFT_HOST_DEVICE constexpr bool operator()() const noexcept { return true; }
+};
+
 // Bounded to the block it is launched with (more registers per thread than 512 threads can have
 // would fail the launch), and f left in the parameter space where the threads read it
 // (__grid_constant__): a reduce's functor holds up to max_sources pointers, indexed at run time,
-// which would otherwise be copied per thread.
-template <class F>
-__global__ void __launch_bounds__(block_threads) for_each_index(const __grid_constant__ F f, std::size_t n) {
+// which would otherwise be copied per thread. The gate is asked once per block.
+template <class F, class Gate>
+__global__ void __launch_bounds__(block_threads)
+    for_each_index(const __grid_constant__ F f, std::size_t n, const Gate gate) {
+  if constexpr (!std::is_same_v<Gate, ungated>) {
+    __shared__ bool open;
+    if (threadIdx.x == 0) open = gate();
+    __syncthreads();
+    if (!open) return;
+  }
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) f(i);
 }
@@ -47,10 +66,10 @@ inline unsigned grid_for(std::size_t n) {
   return static_cast<unsigned>(std::max<std::size_t>(1, std::min<std::size_t>(wanted, static_cast<std::size_t>(sms) * 8)));
 }
 
-template <class F>
-void launch(const F& f, std::size_t n, cudaStream_t s) {
+template <class F, class Gate = ungated>
+void launch(const F& f, std::size_t n, cudaStream_t s, const Gate& gate = {}) {
   if (n == 0) return;
-  for_each_index<<<grid_for(n), block_threads, 0, s>>>(f, n);
+  for_each_index<<<grid_for(n), block_threads, 0, s>>>(f, n, gate);
   WEFT_CUDA_TRY(cudaGetLastError());
 }
 
@@ -58,8 +77,9 @@ void launch(const F& f, std::size_t n, cudaStream_t s) {
 
 /// dst[i] = src[0][i] op ... op src[k-1][i] for i < n, on stream s. dst may equal a source
 /// (each element is read before it is written); 1 <= k <= weft::detail::max_sources.
-template <element T, class Op>
-void reduce(T* dst, const T* const* src, int k, std::size_t n, const Op& op, cudaStream_t s) {
+template <element T, class Op, class Gate = detail::ungated>
+void reduce(T* dst, const T* const* src, int k, std::size_t n, const Op& op, cudaStream_t s,
+            const Gate& gate = {}) {
   using weft::detail::max_sources;
   if (k < 1 || k > max_sources) {
     throw error("weft: cuda::reduce of " + std::to_string(k) + " sources; it takes 1 to " + std::to_string(max_sources));
@@ -71,40 +91,41 @@ void reduce(T* dst, const T* const* src, int k, std::size_t n, const Op& op, cud
   if (packs != 0) {
     weft::detail::reduce_sources_packed<T, Op> f{dst, {}, k, op};
     std::copy(src, src + k, f.src);
-    detail::launch(f, packs, s);
+    detail::launch(f, packs, s, gate);
   }
   const std::size_t done = packs * w;
   if (done < n) {
     weft::detail::reduce_sources<T, Op> f{dst + done, {}, k, op};
     for (int j = 0; j < k; ++j) f.src[j] = src[j] + done;
-    detail::launch(f, n - done, s);
+    detail::launch(f, n - done, s, gate);
   }
 }
 
 /// dst[i] = a[i] op b[i] (the two-source case of reduce).
-template <element T, class Op>
-void reduce(T* dst, const T* a, const T* b, std::size_t n, const Op& op, cudaStream_t s) {
+template <element T, class Op, class Gate = detail::ungated>
+void reduce(T* dst, const T* a, const T* b, std::size_t n, const Op& op, cudaStream_t s,
+            const Gate& gate = {}) {
   const T* src[2] = {a, b};
-  reduce(dst, src, 2, n, op, s);
+  reduce(dst, src, 2, n, op, s, gate);
 }
 
 /// dst[i] = src[i] for i < n with 16-byte loads and stores where aligned; the ranges are the
 /// same or disjoint.
-template <element T>
-void copy(T* dst, const T* src, std::size_t n, cudaStream_t s) {
+template <element T, class Gate = detail::ungated>
+void copy(T* dst, const T* src, std::size_t n, cudaStream_t s, const Gate& gate = {}) {
   if (dst == src || n == 0) return;
   constexpr int w = weft::detail::packed<T>::width;
   const bool aligned = weft::detail::is_pack_aligned(dst) && weft::detail::is_pack_aligned(src);
   const std::size_t packs = aligned ? n / w : 0;
-  if (packs != 0) detail::launch(weft::detail::copy_packed<T>{dst, src}, packs, s);
+  if (packs != 0) detail::launch(weft::detail::copy_packed<T>{dst, src}, packs, s, gate);
   const std::size_t done = packs * w;
-  if (done < n) detail::launch(weft::detail::copy_elements<T>{dst + done, src + done}, n - done, s);
+  if (done < n) detail::launch(weft::detail::copy_elements<T>{dst + done, src + done}, n - done, s, gate);
 }
 
 /// data[i] /= ranks in the accumulation type (the avg operator's last step).
-template <element T>
-void divide(T* data, std::size_t n, int ranks, cudaStream_t s) {
-  detail::launch(weft::detail::divide_elements<T>{data, ranks}, n, s);
+template <element T, class Gate = detail::ungated>
+void divide(T* data, std::size_t n, int ranks, cudaStream_t s, const Gate& gate = {}) {
+  detail::launch(weft::detail::divide_elements<T>{data, ranks}, n, s, gate);
 }
 
 } // namespace weft::cuda

@@ -8,15 +8,16 @@
 //   auto c = weft::cuda::nccl::communicator::borrow(comm, stream);         // weft never destroys them
 //   weft::all_reduce(c, std::span(grad, n));                               // grad: device memory
 //   weft::all_reduce<weft::algo::vendor>(c, std::span(grad, n));           // ncclAllReduce itself
-//   auto owned = weft::cuda::nccl::communicator::init_rank(id, rank, size); // ncclCommInitRank
+//   auto owned = weft::cuda::nccl::communicator::init_rank(id, rank, size); // non-blocking, weft's own
 //
 // Plan execution. Each round is one ncclGroupStart/ncclGroupEnd holding all of its sends
 // and receives, followed by its local steps in plan order as kernels on the stream (the
 // device execution rule): a receive lands straight in its destination unless an earlier
 // step of its round reads or writes an overlapping range of that buffer (in place, input
 // and output are one buffer); then, like every recv_reduce, it lands in a temporary, copied
-// or reduced into place when its turn comes. Nothing waits on the host, so a collective can
-// be captured into a CUDA graph. NCCL ranks cannot load from each other (peer_access is
+// or reduced into place when its turn comes. Nothing waits on the host for the data, so a
+// collective can be captured into a CUDA graph; only a non-blocking NCCL call that answers
+// ncclInProgress (ncclGroupEnd while NCCL connects two ranks) is polled until it settles. NCCL ranks cannot load from each other (peer_access is
 // false): a plan with peer-access steps (algo::direct, hierarchical<direct, ...>) is refused
 // with a weft::error before anything is queued, and automatic never picks one.
 //
@@ -39,9 +40,11 @@
 // Threads. One host thread or process per rank: a plan's rounds are separate NCCL groups
 // with kernels between them, so one thread cannot drive several ranks (their groups would
 // wait on each other). A communicator is used by one thread at a time; it makes its device
-// current around each call. NCCL's communicators must be blocking (NCCL's default). Never
-// call weft inside your own ncclGroupStart/ncclGroupEnd: NCCL would hold a plan's sends and
-// receives until your ncclGroupEnd, while the kernels between its rounds run at once.
+// current around each call. The communicators weft makes (init_rank, init_all, split) are
+// non-blocking (ncclConfig_t::blocking = 0); a borrowed or adopted one may be either, and weft
+// polls every answer of ncclInProgress (a blocking one's calls wait without weft's deadline).
+// Never call weft inside your own ncclGroupStart/ncclGroupEnd: NCCL would hold a plan's sends
+// and receives until your ncclGroupEnd, while the kernels between its rounds run at once.
 //
 // Node locality, which hierarchical<> and automatic use, comes from the first of:
 //   options::topology   a weft::topology::cluster: emulated nodes, rank r on its device r
@@ -52,17 +55,32 @@
 // topology gives them. devices()[r] is rank r's device in cluster(), numbered node-major.
 //
 // Failure. CUDA and NCCL errors become weft::error naming the call, the operation, the
-// rank and, where there is one, the peer. After a failed or timed-out wait the ranks no
-// longer agree on where they are: the communicator must not be used again, and an owned
-// NCCL communicator is then aborted (ncclCommAbort) rather than destroyed. One wait the
-// deadline does not cover: NCCL connects two ranks lazily, inside the first call that joins
-// them (ncclGroupEnd or the collective), and a peer that never makes that call leaves this
-// rank in NCCL's handshake, before any weft wait starts. Once a pair has exchanged anything,
-// the deadline holds for everything between them.
+// rank and, where there is one, the peer. Every host wait (the blocking calls, synchronize,
+// an NCCL call's ncclInProgress) polls ncclCommGetAsyncError, where a peer's failure shows,
+// and ends at the deadline. Then the ranks no longer agree on where they are, so the
+// communicator fails (detail/comm_state.hpp): an owned NCCL communicator is aborted at once
+// (ncclCommAbort, which ends its kernels), and every later call on the communicator, or on any
+// communicator split from it or that it was split from, throws at once with the first
+// failure's message. Before the error leaves the call, an aborted communicator's stream drains:
+// the abort ends NCCL's kernels, and weft's copy and reduce kernels queued behind them, which
+// write the call's buffers, then finish; the wait is bounded (by the deadline, and at least
+// 10 s: the stream may hold the program's own kernels too), and a stream still busy then ends
+// the job (weft's message, then options::end_job or std::abort: MPI_Abort under
+// from_mpi), whatever on_failure says, since returning would leave work queued that writes the
+// caller's buffers (detail/comm_state.hpp). So once a call has thrown, its buffers are the
+// caller's. A borrowed one is not aborted (it is the program's, which aborts it and waits for the
+// stream before reusing the call's buffers). options::on_failure chooses between throwing (the
+// default) and ending the job (weft/comm/failure.hpp). Errors found before anything is queued (a bad
+// buffer, a plan for another rank) leave the communicator usable. Destruction is bounded by
+// the deadline: ncclCommFinalize polled until NCCL is quiet, then ncclCommDestroy, or else
+// ncclCommAbort. NCCL connects two ranks inside the first call that joins them; with a
+// non-blocking communicator that handshake answers ncclInProgress and so has the deadline too.
+#include <weft/comm/failure.hpp>
 #include <weft/comm/plan.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/ops.hpp>
 #include <weft/core/types.hpp>
+#include <weft/cuda/detail/comm_state.hpp>
 #include <weft/cuda/detail/runtime.cuh>
 #include <weft/cuda/error.cuh>
 #include <weft/cuda/kernels.cuh>
@@ -176,23 +194,20 @@ private:
   std::size_t n_ = 0;
 };
 
-/// An ncclComm_t, destroyed on destruction when owned and never when it is the user's. An
-/// owned communicator marked failed is aborted instead: destroying it would wait for peers
-/// that may never arrive.
+/// An ncclComm_t, owned or the program's. The communicator releases an owned one itself, bounded
+/// by its deadline (finalized, or aborted); what is still held when this goes (a constructor
+/// that threw) is aborted, which waits for no peer.
 class nccl_comm_handle {
 public:
   nccl_comm_handle() = default;
   nccl_comm_handle(ncclComm_t comm, bool owned) noexcept : comm_(comm), owned_(owned) {}
   nccl_comm_handle(nccl_comm_handle&& o) noexcept
-      : comm_(std::exchange(o.comm_, nullptr)),
-        owned_(std::exchange(o.owned_, false)),
-        failed_(std::exchange(o.failed_, false)) {}
+      : comm_(std::exchange(o.comm_, nullptr)), owned_(std::exchange(o.owned_, false)) {}
   nccl_comm_handle& operator=(nccl_comm_handle&& o) noexcept {
     if (this != &o) {
       release();
       comm_ = std::exchange(o.comm_, nullptr);
       owned_ = std::exchange(o.owned_, false);
-      failed_ = std::exchange(o.failed_, false);
     }
     return *this;
   }
@@ -202,21 +217,73 @@ public:
 
   [[nodiscard]] ncclComm_t get() const noexcept { return comm_; }
   [[nodiscard]] bool owned() const noexcept { return owned_; }
-  void mark_failed() noexcept { failed_ = true; }
-  [[nodiscard]] bool failed() const noexcept { return failed_; }
+  /// Lets go of the communicator without a call: it was aborted or destroyed, or is borrowed.
+  void forget() noexcept { comm_ = nullptr; }
 
 private:
   void release() noexcept {
-    if (owned_ && comm_ != nullptr) (void)(failed_ ? ncclCommAbort(comm_) : ncclCommDestroy(comm_));
+    if (owned_ && comm_ != nullptr) (void)ncclCommAbort(comm_);
     comm_ = nullptr;
     owned_ = false;
-    failed_ = false;
   }
 
   ncclComm_t comm_ = nullptr;
   bool owned_ = false;
-  bool failed_ = false;
 };
+
+/// NCCL's result codes as the host state machine (detail/comm_state.hpp) takes them.
+inline constexpr native_codes nccl_codes{static_cast<int>(ncclSuccess), static_cast<int>(ncclInProgress)};
+
+/// The configuration of every communicator weft makes: non-blocking, so that no NCCL call
+/// waits without weft's deadline (a call may answer ncclInProgress, and weft polls
+/// ncclCommGetAsyncError until it settles).
+inline ncclConfig_t nonblocking_config() noexcept {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  return config;
+}
+
+/// NCCL's asynchronous state of `comm`: ncclInProgress while a non-blocking call is settling,
+/// an error once one happened (a peer's failure shows here), else ncclSuccess. A failure of
+/// the query itself is answered as that failure.
+inline ncclResult_t nccl_async_state(ncclComm_t comm) noexcept {
+  ncclResult_t async = ncclSuccess;
+  const ncclResult_t r = ncclCommGetAsyncError(comm, &async);
+  return r != ncclSuccess ? r : async;
+}
+
+/// Polls a new communicator (ncclCommInitRankConfig, ncclCommSplit) whose call answered `r`
+/// until it is ready, at most until `deadline`. Returns "" when it is; else aborts it and
+/// returns what went wrong.
+[[nodiscard]] inline std::string nccl_settle_new(ncclComm_t comm, ncclResult_t r, std::string_view call,
+                                                 std::chrono::steady_clock::time_point deadline,
+                                                 std::chrono::milliseconds timeout) {
+  comm_state state(nccl_codes, true, nullptr);
+  const comm_action first = state.returned(static_cast<int>(r));
+  comm_action a = first;
+  if (a == comm_action::poll) {
+    (void)poll_until(
+        [&] {
+          a = state.polled(static_cast<int>(nccl_async_state(comm)), true, false);
+          return a == comm_action::poll ? cudaErrorNotReady : cudaSuccess;
+        },
+        deadline, [] {});
+    if (a == comm_action::poll) a = state.polled(static_cast<int>(nccl_async_state(comm)), true, true);
+  }
+  if (a == comm_action::proceed) return {};
+  std::string what;
+  if (state.last_verdict() == poll_verdict::timed_out) {
+    what = "timed out after " + std::to_string(timeout.count()) + " ms waiting for " + std::string(call) +
+           " to complete (does every rank make the call?); the new NCCL communicator is aborted";
+  } else {
+    const ncclResult_t e = first == comm_action::record_failure ? r : nccl_async_state(comm);
+    what = std::string(call) + " failed: " + nccl_error_text(e);
+    const char* last = comm != nullptr ? ncclGetLastError(comm) : nullptr;
+    if (last != nullptr && *last != '\0') what += ": " + std::string(last);
+  }
+  if (comm != nullptr) (void)ncclCommAbort(comm);
+  return what;
+}
 
 /// Where the ranks of a communicator sit.
 struct rank_placement {
@@ -381,7 +448,8 @@ inline void lay_out(const plan& pl, int rank, int size, const std::size_t (&size
 namespace nccl {
 
 struct options {
-  /// Deadline of every host-side wait (barrier, split, synchronize, send/recv).
+  /// Deadline of every host-side wait (barrier, split, synchronize, send/recv), of every NCCL
+  /// call that answers ncclInProgress, and of destruction.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
   /// Emulated nodes: ranks grouped as this cluster's nodes, rank r on its device r; its size
   /// must equal the communicator's.
@@ -389,6 +457,13 @@ struct options {
   /// node_of[r]: a label of rank r's node (ranks with equal labels share one), e.g. from the
   /// launcher. Empty: one node. Used when neither topology nor WEFT_TOPOLOGY is given.
   std::vector<int> node_of;
+  /// What a failure (a deadline, NCCL's asynchronous error, a peer's failure) does besides
+  /// failing the communicator: throw (the default: the caller decides, and every later call
+  /// throws at once), or print and end the job (weft/comm/failure.hpp).
+  weft::on_failure on_failure = weft::on_failure::throw_error;
+  /// How the job ends (on_failure::abort_job, or a stream that does not drain after an abort),
+  /// after weft's message: nullptr is std::abort(); from_mpi gives MPI_Abort.
+  void (*end_job)() noexcept = nullptr;
 };
 
 class communicator {
@@ -413,25 +488,64 @@ public:
   /// every rank calls it, from its own thread or process. `stream` as for adopt().
   static communicator init_rank(const ncclUniqueId& id, int rank, int size, cudaStream_t stream = nullptr,
                                 const options& opt = {}) {
+    constexpr std::string_view operation = "nccl::communicator";
     ncclComm_t comm = nullptr;
-    detail::nccl_check(ncclCommInitRank(&comm, size, id, rank), "ncclCommInitRank", "nccl::communicator", rank);
+    ncclConfig_t config = detail::nonblocking_config();
+    const auto deadline = std::chrono::steady_clock::now() + opt.timeout;
+    const ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+    if (const std::string why = detail::nccl_settle_new(comm, r, "ncclCommInitRankConfig", deadline, opt.timeout);
+        !why.empty()) {
+      throw error(operation, rank, error::unknown, why);
+    }
     return adopt(comm, stream, opt);
   }
-  /// One communicator per device of `cuda_devices` (ncclCommInitAll, rank r on
-  /// cuda_devices[r]), each owning a stream on its device. Drive each from its own thread.
+  /// One communicator per device of `cuda_devices` (rank r on cuda_devices[r], initialized in
+  /// one NCCL group as ncclCommInitAll does, non-blocking), each owning a stream on its device.
+  /// Drive each from its own thread.
   static std::vector<communicator> init_all(const std::vector<int>& cuda_devices, const options& opt = {}) {
+    constexpr std::string_view operation = "nccl::communicator";
+    const int n = static_cast<int>(cuda_devices.size());
+    ncclUniqueId id{};
+    detail::nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId", operation, error::unknown);
     std::vector<ncclComm_t> comms(cuda_devices.size(), nullptr);
-    detail::nccl_check(ncclCommInitAll(comms.data(), static_cast<int>(comms.size()), cuda_devices.data()),
-                       "ncclCommInitAll", "nccl::communicator", error::unknown);
-    std::vector<detail::nccl_comm_handle> owned;  // so that all are destroyed if one adopt throws
-    for (ncclComm_t c : comms) owned.emplace_back(c, true);
+    std::vector<detail::nccl_comm_handle> owned;  // so that all are aborted if one step throws
+    owned.reserve(comms.size());
+    ncclResult_t group_end = ncclSuccess;
+    {
+      detail::nccl_check(ncclGroupStart(), "ncclGroupStart", operation, error::unknown);
+      ncclResult_t r = ncclSuccess;
+      int failed_rank = error::unknown;
+      for (int q = 0; q < n && r == ncclSuccess; ++q) {
+        ncclConfig_t config = detail::nonblocking_config();
+        const detail::device_scope on(cuda_devices[static_cast<std::size_t>(q)]);
+        r = ncclCommInitRankConfig(&comms[static_cast<std::size_t>(q)], n, id, q, &config);
+        if (r != ncclSuccess && r != ncclInProgress) failed_rank = q;
+        if (r == ncclInProgress) r = ncclSuccess;
+      }
+      group_end = ncclGroupEnd();
+      for (ncclComm_t c : comms) {
+        if (c != nullptr) owned.emplace_back(c, true);
+      }
+      detail::nccl_check(r, "ncclCommInitRankConfig", operation, failed_rank);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + opt.timeout;
+    for (int q = 0; q < n; ++q) {
+      ncclComm_t c = owned[static_cast<std::size_t>(q)].get();
+      const ncclResult_t r = group_end == ncclSuccess ? detail::nccl_async_state(c) : group_end;
+      owned[static_cast<std::size_t>(q)].forget();  // nccl_settle_new aborts it if it fails
+      if (const std::string why = detail::nccl_settle_new(c, r, "ncclCommInitRankConfig", deadline, opt.timeout);
+          !why.empty()) {
+        throw error(operation, q, error::unknown, why);
+      }
+      owned[static_cast<std::size_t>(q)] = detail::nccl_comm_handle(c, true);
+    }
     std::vector<communicator> all;
     for (auto& c : owned) all.push_back(communicator(std::move(c), nullptr, true, opt));
     return all;
   }
 
   communicator(communicator&&) noexcept = default;
-  /// What this one owned goes as in the destructor (drained or aborted, in member order).
+  /// What this one owned goes as in the destructor (finalized or aborted, in member order).
   communicator& operator=(communicator&& o) noexcept {
     if (this != &o) {
       std::destroy_at(this);
@@ -441,30 +555,46 @@ public:
   }
   communicator(const communicator&) = delete;
   communicator& operator=(const communicator&) = delete;
-  /// Destroys what it owns. An owned NCCL communicator is destroyed once the stream's work is
-  /// done, or aborted if that takes longer than timeout() or the communicator failed (then at
-  /// once, without waiting for the stream).
-  /// Destroying is collective for NCCL (ncclCommDestroy may wait for the peers): where a
-  /// peer has died, call abort_on_destroy() first, or end the process.
+  /// Releases what it owns, within timeout(): an owned NCCL communicator is finalized
+  /// (ncclCommFinalize, polled until NCCL is quiet) and destroyed once the stream's work is
+  /// done; it is aborted instead (ncclCommAbort, which waits for no peer) when the work or the
+  /// finalize takes longer than timeout(), when NCCL reports an error, when the family failed,
+  /// or after abort_on_destroy(). A borrowed one is left as it is. Never hangs on a dead peer
+  /// (a blocking communicator that was adopted finalizes as NCCL's blocking calls do).
   ~communicator() {
-    if (comm_.owned() && comm_.get() != nullptr && !comm_.failed() && !drained()) comm_.mark_failed();
+    if (comm_.get() != nullptr) close();
   }
 
-  /// NCCL's asynchronous error of this communicator (ncclCommGetAsyncError), if any, as a
-  /// weft::error naming `operation`; the communicator is then marked failed. For a caller that
-  /// polls its own work on the stream (weft::cuda::work::wait does).
+  /// Raises NCCL's asynchronous error of this communicator (ncclCommGetAsyncError), if any:
+  /// the communicator fails (aborted, when owned) and this throws weft::error naming
+  /// `operation`, or ends the job under on_failure::abort_job. Throws the family's failure at
+  /// once if it has failed. For a caller that polls its own work on the stream
+  /// (weft::cuda::work::wait does).
   void check_async_error(std::string_view operation, int peer = error::unknown) {
-    ncclResult_t async = ncclSuccess;
-    check_nccl(ncclCommGetAsyncError(comm_.get(), &async), "ncclCommGetAsyncError", operation, peer);
-    if (async != ncclSuccess && async != ncclInProgress) {
-      comm_.mark_failed();
-      detail::nccl_fail(async, "an NCCL operation (asynchronous error)", operation, rank_, peer, comm_.get());
-    }
+    enter(operation);
+    poll_async_error(operation, peer);
   }
 
-  /// An owned NCCL communicator is then aborted (ncclCommAbort) when this goes, not destroyed:
+  /// An owned NCCL communicator is then aborted (ncclCommAbort) when this goes, not finalized:
   /// for a caller that knows a peer is gone. No effect on a borrowed one.
-  void abort_on_destroy() noexcept { comm_.mark_failed(); }
+  void abort_on_destroy() noexcept { abort_on_destroy_ = true; }
+
+  /// Fails the communicator and its family now, with `why` as the failure every later call
+  /// quotes, and aborts the NCCL communicator if it is owned (at once, waiting for no peer),
+  /// then waits (at most timeout(), and at least 10 s) for its stream to drain, so that no queued work writes a
+  /// call's buffers once this returns: for a program that learned of a failure elsewhere. Does
+  /// not throw; ends the job only when the stream does not drain (see the header comment).
+  void abort(std::string_view why = "aborted by the program") {
+    if (comm_.get() == nullptr) return;
+    const error e("abort", rank_, error::unknown, why);
+    if (state_.fail(e.what()) == detail::comm_action::abort) abort_and_drain(e.what());
+  }
+
+  /// Whether the communicator (or one of its family) has failed: every call then throws.
+  [[nodiscard]] bool failed() const noexcept { return state_.family()->failed(); }
+  /// The first failure of the family ("" while there is none).
+  [[nodiscard]] std::string failure() const { return state_.family()->what(); }
+  [[nodiscard]] weft::on_failure failure_policy() const noexcept { return state_.policy(); }
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return size_; }
@@ -487,13 +617,19 @@ public:
   /// Grows the device scratch to at least `bytes` now (stream-ordered), so that calls up to
   /// that size can be captured into a CUDA graph.
   void reserve(std::size_t bytes) {
+    enter("reserve");
     const detail::device_scope on(device_);
     scratch_.reserve(bytes, "reserve", rank_);
   }
 
   /// Waits until the work queued on the stream is done, at most timeout(): a peer that
-  /// never joins gives a weft::error instead of a hang.
-  void synchronize() { wait_idle("synchronize", error::unknown, "finish the work queued on the stream"); }
+  /// never joins gives a weft::error instead of a hang (and fails the communicator).
+  void synchronize() {
+    constexpr std::string_view operation = "synchronize";
+    enter(operation);
+    const detail::device_scope on(device_);
+    wait_idle(operation, error::unknown, "finish the work queued on the stream");
+  }
 
   // --- point to point: blocking host calls on host spans (see the header comment) ------
 
@@ -575,8 +711,18 @@ public:
       child_place.node_of.push_back(place_.node_of[static_cast<std::size_t>(r)]);
     }
     ncclComm_t child = nullptr;
-    check_nccl(ncclCommSplit(comm_.get(), color, key, &child, nullptr), "ncclCommSplit", operation);
-    communicator c(detail::nccl_comm_handle(child, true), stream_, std::move(child_place), timeout_);
+    ncclConfig_t config = detail::nonblocking_config();
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    const ncclResult_t r = ncclCommSplit(comm_.get(), color, key, &child, &config);
+    {
+      detail::nccl_comm_handle held(child, true);  // aborted if the parent fails
+      check_nccl(r, "ncclCommSplit", operation);  // the parent settles first, then the child
+      held.forget();
+    }
+    const std::string why =
+        detail::nccl_settle_new(child, detail::nccl_async_state(child), "ncclCommSplit", deadline, timeout_);
+    if (!why.empty()) fail_now(why, operation, error::unknown);  // the ranks are out of step
+    communicator c(detail::nccl_comm_handle(child, true), stream_, std::move(child_place), timeout_, *this);
     if (c.rank_ != expected_rank || c.size_ != static_cast<int>(members.size())) {
       throw error(operation, rank_, error::unknown,
                   "ncclCommSplit placed this rank at " + std::to_string(c.rank_) + " of " + std::to_string(c.size_) +
@@ -590,6 +736,7 @@ public:
   template <element T, class Op>
   void execute(const plan& pl, const T* in, std::size_t in_count, T* out, std::size_t out_count, const Op& op,
                std::string_view operation) {
+    enter(operation);
     if (pl.peer_access()) {
       throw error(operation, rank_, error::unknown,
                   "the plan loads from peers' buffers (algo::direct, alone or inside hierarchical<>), and NCCL ranks "
@@ -674,6 +821,7 @@ public:
   /// out[i] /= size() on the stream: avg's last step after a plan (device buffers).
   template <element T>
   void divide(T* out, std::size_t n) {
+    enter("divide");
     const detail::device_scope on(device_);
     cuda::divide(out, n, size_, stream());
   }
@@ -683,6 +831,7 @@ private:
   void vendor_run(const T* in, std::size_t in_count, T* out, std::size_t out_count, std::size_t count, int root,
                   ncclRedOp_t op) {
     constexpr std::string_view operation = name_of(C);
+    enter(operation);
     const auto p = static_cast<std::size_t>(size_);
     const bool blocks_in = C == collective::reduce_scatter || C == collective::all_to_all;
     const bool blocks_out = C == collective::all_gather || C == collective::all_to_all;
@@ -729,20 +878,24 @@ private:
   }
 
   // One ncclGroupStart/ncclGroupEnd; closed on the way out by an exception too, so the
-  // thread's NCCL group state stays balanced.
+  // thread's NCCL group state stays balanced. A failure inside the group closes it before it
+  // aborts the NCCL communicator (fail_now): the group still holds its calls.
   class group {
   public:
     group(communicator& c, std::string_view operation) : c_(c), operation_(operation) {
       c_.check_nccl(ncclGroupStart(), "ncclGroupStart", operation_);
+      c_.group_open_ = true;
     }
     group(const group&) = delete;
     group& operator=(const group&) = delete;
     ~group() {
-      if (open_) (void)ncclGroupEnd();
+      if (!c_.group_open_) return;
+      c_.group_open_ = false;
+      (void)ncclGroupEnd();
     }
     void end() {
-      open_ = false;
-      c_.check_nccl(ncclGroupEnd(), "ncclGroupEnd", operation_);
+      c_.group_open_ = false;
+      c_.check_nccl(ncclGroupEnd(), "ncclGroupEnd", operation_);  // polled while NCCL connects
     }
 
   private:
@@ -761,7 +914,10 @@ private:
   static constexpr std::size_t header_words = sizeof(message_header) / sizeof(std::int64_t);
 
   communicator(detail::nccl_comm_handle comm, cudaStream_t s, bool own_stream, const options& opt)
-      : comm_(std::move(comm)), timeout_(opt.timeout) {
+      : comm_(std::move(comm)),
+        state_(detail::nccl_codes, comm_.owned(), nullptr, opt.on_failure),
+        timeout_(opt.timeout),
+        end_job_(opt.end_job) {
     constexpr std::string_view operation = "nccl::communicator";
     WEFT_EXPECTS(comm_.get() != nullptr, "nccl::communicator: the ncclComm_t is null");
     read_comm(operation);
@@ -785,15 +941,18 @@ private:
     staging_ = detail::stream_memory(stream_);
   }
 
-  // A communicator made by split: owns `comm`, shares the parent's stream and cluster.
+  // A communicator made by split: owns `comm`, shares the parent's stream, cluster, failure
+  // policy and family (a failure of either fails both).
   communicator(detail::nccl_comm_handle comm, std::shared_ptr<const cuda::stream> s, detail::rank_placement place,
-               std::chrono::milliseconds timeout)
+               std::chrono::milliseconds timeout, const communicator& parent)
       : stream_(std::move(s)),
         comm_(std::move(comm)),
+        state_(detail::nccl_codes, true, parent.state_.family(), parent.state_.policy()),
         place_(std::move(place)),
         timeout_(timeout),
         scratch_(stream_),
-        staging_(stream_) {
+        staging_(stream_),
+        end_job_(parent.end_job_) {
     read_comm("split");
   }
 
@@ -803,10 +962,173 @@ private:
     check_nccl(ncclCommCuDevice(comm_.get(), &device_), "ncclCommCuDevice", operation);
   }
 
+  // A host call starts: throws at once (aborting this one's NCCL communicator if it still
+  // holds it) when the family has failed.
+  void enter(std::string_view operation) {
+    switch (state_.enter()) {
+      case detail::comm_action::proceed: return;
+      case detail::comm_action::abort: abort_and_drain(state_.family()->what()); break;
+      default: break;
+    }
+    state_.family()->rethrow(operation, rank_);
+  }
+
+  // An NCCL call answered `r`: an answer of ncclInProgress is polled (ncclCommGetAsyncError)
+  // until it settles, at most timeout(); an error, an asynchronous error or the deadline fails
+  // the communicator.
   void check_nccl(ncclResult_t r, std::string_view call, std::string_view operation, int peer = error::unknown) {
-    if (r != ncclSuccess) {
-      comm_.mark_failed();
-      detail::nccl_fail(r, call, operation, rank_, peer, comm_.get());
+    detail::comm_action a = state_.returned(static_cast<int>(r));
+    if (a == detail::comm_action::proceed) return;
+    if (a == detail::comm_action::record_failure) fail_now(nccl_failure_text(r, call), operation, peer);
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    ncclResult_t async = ncclInProgress;
+    (void)detail::poll_until(
+        [&] {
+          async = detail::nccl_async_state(comm_.get());
+          a = state_.polled(static_cast<int>(async), true, false);
+          return a == detail::comm_action::poll ? cudaErrorNotReady : cudaSuccess;
+        },
+        deadline, [] {});
+    if (a == detail::comm_action::poll) a = state_.polled(static_cast<int>(async), true, true);
+    if (a == detail::comm_action::proceed) return;
+    if (state_.last_verdict() == detail::poll_verdict::timed_out) {
+      fail_now("timed out after " + std::to_string(timeout_.count()) + " ms waiting for " + std::string(call) +
+                   " to complete (NCCL answered ncclInProgress; is every rank alive and making the same calls "
+                   "in the same order?)",
+               operation, peer);
+    }
+    fail_now(nccl_failure_text(async, std::string(call) + " (asynchronously)"), operation, peer);
+  }
+
+  std::string nccl_failure_text(ncclResult_t r, std::string_view call) const {
+    std::string what = std::string(call) + " failed: " + detail::nccl_error_text(r);
+    const char* last = comm_.get() != nullptr ? ncclGetLastError(comm_.get()) : nullptr;
+    if (last != nullptr && *last != '\0') what += ": " + std::string(last);
+    return what;
+  }
+
+  // The communicator fails with `what`: recorded as the family's failure (the first one
+  // stays), the NCCL communicator aborted if owned (the open group, if any, closed first: it
+  // holds its calls); then the job ended under on_failure::abort_job, or else the aborted
+  // one's stream drained and the error thrown.
+  [[noreturn]] WEFT_COLD void fail_now(const std::string& what, std::string_view operation, int peer) {
+    const error e(operation, rank_, peer, what + fate());
+    const bool abort = state_.fail(e.what()) == detail::comm_action::abort;
+    if (abort) {
+      if (group_open_) {
+        group_open_ = false;
+        (void)ncclGroupEnd();
+      }
+      abort_native();
+    }
+    if (state_.ends_job()) detail::end_job(e.what(), end_job_);
+    if (abort) drain(e.what());
+    throw e;
+  }
+
+  // What becomes of the NCCL communicator after a failure, for the message.
+  std::string fate() const {
+    if (state_.holds_native()) return "; the NCCL communicator is aborted and cannot be used again";
+    if (comm_.get() != nullptr && !comm_.owned()) {
+      return "; the NCCL communicator (the program's own) cannot be used again: abort it (ncclCommAbort) and wait "
+             "for the stream before reusing the call's buffers";
+    }
+    return "";
+  }
+
+  void abort_native() noexcept {
+    if (comm_.get() != nullptr && comm_.owned()) (void)ncclCommAbort(comm_.get());
+    comm_.forget();
+    state_.aborted();
+  }
+
+  void abort_and_drain(const std::string& what) noexcept {
+    abort_native();
+    drain(what);
+  }
+
+  // After an abort: waits, at most detail::drain_bound(timeout()), until nothing queued on the
+  // stream runs any more (the abort ended NCCL's kernels, and weft's kernels behind them, which
+  // write the failed call's buffers, finish). A stream still busy then ends the job: returning
+  // into the program with that work queued would break the promise that a call that threw holds
+  // no buffer of the caller's (detail/comm_state.hpp). `what`: the failure, for that message.
+  void drain(const std::string& what) noexcept {
+    detail::comm_action a = detail::comm_action::poll;
+    const auto look = [&](bool bound_passed) {
+      const cudaError_t e = cudaStreamQuery(stream());
+      const detail::stream_poll p = e == cudaSuccess           ? detail::stream_poll::idle
+                                    : e == cudaErrorNotReady ? detail::stream_poll::busy
+                                                             : detail::stream_poll::broken;
+      a = detail::judge_drain(p, bound_passed);
+    };
+    int previous = -1;  // the device, made current without throwing
+    const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device_ &&
+                          cudaSetDevice(device_) == cudaSuccess;
+    (void)detail::poll_until(
+        [&] {
+          look(false);
+          return a == detail::comm_action::poll ? cudaErrorNotReady : cudaSuccess;
+        },
+        std::chrono::steady_clock::now() + detail::drain_bound(timeout_), [] {});
+    if (a == detail::comm_action::poll) look(true);
+    if (switched) (void)cudaSetDevice(previous);
+    if (a == detail::comm_action::end_job) {
+      detail::end_job(what + "\nweft: the stream of rank " + std::to_string(rank_) +
+                          " did not go idle within " + std::to_string(detail::drain_bound(timeout_).count()) +
+                          " ms after the NCCL communicator was aborted, and the work still queued on it may "
+                          "write the failed call's buffers: weft ends the job rather than return into the "
+                          "program (whatever options::on_failure says)",
+                      end_job_, "the stream did not drain");
+    }
+  }
+
+  // Polls NCCL's asynchronous error once: an error fails the communicator.
+  void poll_async_error(std::string_view operation, int peer) {
+    const ncclResult_t async = detail::nccl_async_state(comm_.get());
+    if (state_.polled(static_cast<int>(async), false, false) == detail::comm_action::record_failure) {
+      fail_now(nccl_failure_text(async, "an NCCL operation (asynchronous error: a peer may have failed)"), operation,
+               peer);
+    }
+  }
+
+  // Destruction, bounded by timeout() (see ~communicator). Never throws.
+  void close() noexcept {
+    try {
+      const detail::device_scope on(device_);
+      const auto deadline = std::chrono::steady_clock::now() + timeout_;
+      bool abort_now = abort_on_destroy_;
+      if (state_.holds_native() && !abort_now && !state_.family()->failed()) {
+        // The stream's work first: NCCL's asynchronous error ends the wait early.
+        const cudaError_t e = detail::poll_until(
+            [this] {
+              const ncclResult_t async = detail::nccl_async_state(comm_.get());
+              if (async != ncclSuccess && async != ncclInProgress) return cudaErrorUnknown;
+              return cudaStreamQuery(stream());
+            },
+            deadline, [] {});
+        abort_now = e != cudaSuccess;
+      }
+      detail::comm_action a = state_.destroy_begin(abort_now);
+      if (a == detail::comm_action::finalize) {
+        a = state_.finalize_returned(static_cast<int>(ncclCommFinalize(comm_.get())));
+        if (a == detail::comm_action::poll) {
+          (void)detail::poll_until(
+              [&] {
+                a = state_.finalize_polled(static_cast<int>(detail::nccl_async_state(comm_.get())), false);
+                return a == detail::comm_action::poll ? cudaErrorNotReady : cudaSuccess;
+              },
+              deadline, [] {});
+          if (a == detail::comm_action::poll) {
+            a = state_.finalize_polled(static_cast<int>(detail::nccl_async_state(comm_.get())), true);
+          }
+        }
+      }
+      if (a == detail::comm_action::destroy) (void)ncclCommDestroy(comm_.get());
+      if (a == detail::comm_action::abort) (void)ncclCommAbort(comm_.get());
+      comm_.forget();
+      state_.destroyed();
+    } catch (...) {
+      // comm_ still holds an owned communicator: its handle aborts it.
     }
   }
 
@@ -850,6 +1172,7 @@ private:
   // A host-visible call starts from an idle stream: the earlier work must not be waited
   // for without a deadline (a pageable copy would), and a capture cannot be waited for.
   void begin_host_call(std::string_view operation, int peer) {
+    enter(operation);
     if (detail::capturing(stream())) {
       throw error(operation, rank_, peer,
                   "a blocking call cannot run while the stream is being captured into a CUDA graph "
@@ -858,23 +1181,22 @@ private:
     wait_idle(operation, peer, "finish the work queued on the stream before it");
   }
 
-  // Polls the stream until it is idle, at most timeout(); NCCL's asynchronous errors and
-  // the deadline become weft::error (and the communicator is then marked failed).
+  // Polls the stream until it is idle, at most timeout(), and NCCL's asynchronous error
+  // between polls; an error, an asynchronous error or the deadline fails the communicator.
   void wait_idle(std::string_view operation, int peer, std::string_view what) {
     const cudaError_t e = detail::poll_until([this] { return cudaStreamQuery(stream()); },
                                              std::chrono::steady_clock::now() + timeout_,
-                                             [&] { check_async_error(operation, peer); });
-    if (e == cudaSuccess) return;
-    comm_.mark_failed();
-    if (e != cudaErrorNotReady) detail::cuda_fail(e, "cudaStreamQuery", operation, rank_);
-    throw error(operation, rank_, peer,
-                "timed out after " + std::to_string(timeout_.count()) + " ms waiting to " + std::string(what) +
-                    " (is every rank alive and making the same calls in the same order?)");
-  }
-
-  // Whether the stream's work finishes within timeout(); never throws (for the destructor).
-  bool drained() const noexcept {
-    return detail::poll_stream(stream(), std::chrono::steady_clock::now() + timeout_) == cudaSuccess;
+                                             [&] { poll_async_error(operation, peer); });
+    if (e == cudaSuccess) {
+      poll_async_error(operation, peer);  // an error NCCL raised as the work ended
+      return;
+    }
+    if (e != cudaErrorNotReady) {
+      fail_now("cudaStreamQuery failed: " + detail::cuda_error_text(e), operation, peer);
+    }
+    fail_now("timed out after " + std::to_string(timeout_.count()) + " ms waiting to " + std::string(what) +
+                 " (is every rank alive and making the same calls in the same order?)",
+             operation, peer);
   }
 
   void to_device(void* dst, const void* src, std::size_t bytes, std::string_view operation) {
@@ -926,10 +1248,10 @@ private:
       message_header theirs;
       to_host(&theirs, base + a, sizeof theirs, operation);
       if (!(theirs == expected)) {
-        comm_.mark_failed();  // the sender's data will never be received: the ranks are out of step
-        throw error(operation, rank_, from,
-                    "expected " + describe(expected) + " but the peer sent " + describe(theirs) +
-                        ": the ranks disagree on the call (set WEFT_CHECK_CALLS=1 to find where)");
+        // The sender's data will never be received: the ranks are out of step.
+        fail_now("expected " + describe(expected) + " but the peer sent " + describe(theirs) +
+                     ": the ranks disagree on the call (set WEFT_CHECK_CALLS=1 to find where)",
+                 operation, from);
       }
     }
     const bool sending = to >= 0 && out_n != 0;
@@ -963,10 +1285,11 @@ private:
     return all;
   }
 
-  // Declaration order is destruction order reversed: the memory (which keeps the stream
-  // alive itself) goes first, then the NCCL communicator, then the stream.
+  // The destructor releases the NCCL communicator first (close()); then, in declaration order
+  // reversed, the memory (which keeps the stream alive itself), then the stream.
   std::shared_ptr<const cuda::stream> stream_;
   detail::nccl_comm_handle comm_;
+  detail::comm_state state_;  // after comm_, whose ownership it is made from
   int rank_ = 0;
   int size_ = 0;
   int device_ = 0;
@@ -975,6 +1298,9 @@ private:
   detail::stream_memory scratch_{nullptr};  // the plan's scratch, then the temporaries
   detail::stream_memory staging_{nullptr};  // barrier, split and send/recv
   detail::device_plan_layout layout_;       // of the current call; a member so its storage is reused
+  void (*end_job_)() noexcept = nullptr;    // on_failure::abort_job's end; nullptr: std::abort()
+  bool abort_on_destroy_ = false;
+  bool group_open_ = false;  // inside a group: a failure closes it before it aborts
 };
 
 } // namespace nccl

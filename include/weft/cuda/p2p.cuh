@@ -40,13 +40,23 @@
 // Failure. A sync waits for its peers at most options::sync_timeout on the device; then it
 // writes the rank and the missing peer into a host-mapped word and returns. The host reads
 // that word when it next looks (every call, barrier(), synchronize(), check()) and throws
-// weft::error naming the operation whose sync timed out, the rank and the peer. After that the
-// communicator cannot be used again; results since the timeout are garbage. Host waits have
-// options::timeout as their deadline. Ranks that share a device rely on their streams running
-// at once and on no kernel loading late: call configure_shared_device() first.
+// weft::error naming the operation whose sync timed out, the rank and the peer. Host waits
+// have options::timeout as their deadline. Either failure fails the communicator for good,
+// and the communicators split from it (or that it was split from) with it: every later call
+// throws at once with the first failure's message, and nothing more is queued. On the device
+// the failure invalidates the rank's sync epochs (detail/p2p_epoch.hpp): its later syncs give
+// up without publishing an epoch, and its peers find its flags abandoned, so none of them
+// passes a sync on a flag of the failed call; each fails at its next sync with it instead. The
+// rank's copy, reduce and load kernels after a sync that gave up do nothing (each block reads
+// the rank's failed mark first), so no data moves past it, into the workspace or the caller's
+// output. Results of the failed call are garbage. options::on_failure chooses between throwing
+// (the default) and printing the error and ending the job (weft/comm/failure.hpp; MPI_Abort
+// under from_mpi). Ranks that share a device rely on their streams
+// running at once and on no kernel loading late: call configure_shared_device() first.
 #include <weft/comm/algorithm/ring.hpp>
 #include <weft/comm/all_gather.hpp>
 #include <weft/comm/communicator.hpp>
+#include <weft/comm/failure.hpp>
 #include <weft/comm/plan.hpp>
 #include <weft/comm/transport/local.hpp>
 #include <weft/core/error.hpp>
@@ -87,6 +97,13 @@ struct options {
   std::chrono::milliseconds sync_timeout = std::chrono::seconds(30);
   /// Deadline of every host-side wait (creation, barrier, synchronize, split, send/recv).
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  /// What a failure (a sync that gave up, a host deadline, a launch that failed part-way) does
+  /// besides failing the communicator: throw (the default: every later call throws at once), or
+  /// print and end the job (weft/comm/failure.hpp). Splits inherit it.
+  weft::on_failure on_failure = weft::on_failure::throw_error;
+  /// How on_failure::abort_job ends the job, after weft's message: nullptr is std::abort();
+  /// from_mpi gives MPI_Abort.
+  void (*end_job)() noexcept = nullptr;
 };
 
 template <class Host>
@@ -220,26 +237,35 @@ public:
     const detail::device_scope on(device());
     ep_->wait_idle("synchronize", "finish the work queued on the stream");
   }
-  /// Throws weft::error if a sync of this rank has timed out so far (it reads a host word,
-  /// and waits for nothing: what the device has not finished yet shows later).
+  /// Throws weft::error if the communicator has failed: a sync of this rank gave up so far (it
+  /// reads a host word, and waits for nothing: what the device has not finished yet shows
+  /// later), or an earlier call failed, here or in a communicator of its family.
   void check() const { ep_->check("check"); }
+  /// Whether the communicator (or one of its family) has failed: every call then throws.
+  [[nodiscard]] bool failed() const noexcept { return ep_->family()->failed(); }
+  /// The first failure of the family ("" while there is none).
+  [[nodiscard]] std::string failure() const { return ep_->family()->what(); }
+  [[nodiscard]] weft::on_failure failure_policy() const noexcept { return ep_->policy(); }
 
   // --- point to point on host memory, what WEFT_CHECK_CALLS uses: the host communicator's ----
   // (threads: weft::local's mailbox; processes: MPI). They never touch the device or stream.
   template <element T>
   void send(std::span<const T> data, int peer, int tag = 0) {
+    ep_->check("send");
     host_->send(data, peer, tag);
   }
   template <element T>
   void send(std::span<T> data, int peer, int tag = 0) {
-    host_->send(std::span<const T>(data), peer, tag);
+    send(std::span<const T>(data), peer, tag);
   }
   template <element T>
   void recv(std::span<T> data, int peer, int tag = 0) {
+    ep_->check("recv");
     host_->recv(data, peer, tag);
   }
   template <element T>
   void sendrecv(std::span<const T> out, int to, std::span<T> in, int from, int tag = 0) {
+    ep_->check("sendrecv");
     host_->sendrecv(out, to, in, from, tag);
   }
 
@@ -266,16 +292,19 @@ public:
     auto child = std::make_unique<Host>(host_->split(color, key));
     options opt{.workspace_bytes = ep_->layout().data_bytes,
                 .sync_timeout = sync_timeout(),
-                .timeout = timeout()};
+                .timeout = timeout(),
+                .on_failure = ep_->policy(),
+                .end_job = ep_->end_job()};
     return basic_communicator(nullptr, std::move(child), device(), opt, world_, stream(),
-                              operation);
+                              operation, ep_->family());
   }
 
   /// avg's last step, on this rank's stream.
   template <element T>
   void divide(T* data, std::size_t n) {
+    ep_->check("divide");
     const detail::device_scope on(device());
-    cuda::divide(data, n, size(), stream());
+    cuda::divide(data, n, size(), stream(), ep_->data_gate());
   }
 
   /// Queues one rank's plan over device buffers on stream() and returns: nothing waits on the
@@ -310,22 +339,25 @@ public:
     const auto at = [&](buffer b, std::size_t off) {
       return mine[static_cast<std::size_t>(b)] + off;
     };
+    // Every data kernel asks the rank's failed mark first: none moves data past a sync that gave
+    // up (detail/p2p_epoch.hpp).
+    const detail::p2p_data_gate gate = ep_->data_gate();
     try {
       // A broadcast's input region is its output region (the layout gives both offset 0).
-      if (!lay.staged) cuda::copy(mine[0], in, in_count, s);
+      if (!lay.staged) cuda::copy(mine[0], in, in_count, s, gate);
       for (const step& st : pl.steps()) {
         switch (st.kind) {
           case step_kind::copy:
-            cuda::copy(at(st.dst, st.dst_offset), at(st.src, st.src_offset), st.count, s);
+            cuda::copy(at(st.dst, st.dst_offset), at(st.src, st.src_offset), st.count, s, gate);
             break;
           case step_kind::reduce: {
             T* const d = at(st.dst, st.dst_offset);
-            cuda::reduce(d, d, at(st.src, st.src_offset), st.count, op, s);
+            cuda::reduce(d, d, at(st.src, st.src_offset), st.count, op, s, gate);
             break;
           }
           case step_kind::load:
             cuda::copy(at(st.dst, st.dst_offset), region(st.peer, st.src) + st.src_offset, st.count,
-                       s);
+                       s, gate);
             break;
           case step_kind::load_reduce: {
             const auto& group = pl.group(st.peer);
@@ -333,7 +365,7 @@ public:
             for (std::size_t j = 0; j < group.size(); ++j)
               sources[j] = region(group[j], st.src) + st.src_offset;
             cuda::reduce(at(st.dst, st.dst_offset), sources.data(), static_cast<int>(group.size()),
-                         st.count, op, s);
+                         st.count, op, s, gate);
             break;
           }
           case step_kind::sync: ep_->sync(pl.group(st.peer), operation); break;
@@ -346,11 +378,12 @@ public:
         for (const auto& group : pl.groups())
           ep_->sync(group, operation);
       }
-      if (!lay.staged) cuda::copy(out, mine[1], out_count, s);
+      if (!lay.staged) cuda::copy(out, mine[1], out_count, s, gate);
     } catch (const error& e) {
-      if (!e.operation().empty()) throw;
-      throw error(operation, rank(), error::unknown,
-                  detail::p2p_without_prefix(e.what())); // a kernel launch's failure
+      // Part of the call is queued and part is not (a kernel launch failed): the ranks' epochs
+      // no longer agree, so the communicator fails.
+      if (!e.operation().empty()) ep_->fail_with(e);
+      ep_->fail_with(error(operation, rank(), error::unknown, detail::p2p_without_prefix(e.what())));
     }
   }
 
@@ -359,10 +392,12 @@ private:
 
   // Collective over the host communicator: allocates this rank's workspace and trades
   // addresses with every peer. `borrowed` or else `owned` is the host communicator; `world`
-  // (threads) keeps the memory until the run ends; `after`: a stream the new one starts after.
+  // (threads) keeps the memory until the run ends; `after`: a stream the new one starts after;
+  // `family`: the failure state of the communicator this one is split from (null: a new one).
   basic_communicator(Host* borrowed, std::unique_ptr<Host> owned, int device, const options& opt,
                      std::shared_ptr<detail::p2p_world> world, cudaStream_t after,
-                     std::string_view operation)
+                     std::string_view operation,
+                     std::shared_ptr<weft::detail::failure_state> family = nullptr)
       : owned_host_(std::move(owned)),
         host_(borrowed != nullptr ? borrowed : owned_host_.get()),
         world_(std::move(world)) {
@@ -378,7 +413,8 @@ private:
         topology::default_link(topology::link_kind::infiniband));
     ep_ = std::make_unique<detail::p2p_endpoint>(device, r, n, opt.workspace_bytes,
                                                  opt.sync_timeout, opt.timeout,
-                                                 !detail::p2p_same_process<Host>, after, operation);
+                                                 !detail::p2p_same_process<Host>, after, operation,
+                                                 std::move(family), opt.on_failure, opt.end_job);
     if (world_) world_->keep(ep_->memory());
     connect(operation);
   }

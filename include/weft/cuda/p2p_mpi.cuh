@@ -13,8 +13,9 @@
 // Destruction is collective: a communicator's destructor syncs with every rank on the device
 // and frees its workspace once that sync shows no peer will read it again (destroy the
 // communicators at the same point in every process, as with MPI_Comm_free). A communicator
-// destroyed while an exception unwinds, or after a sync timed out, leaves its workspace
-// allocated instead: a peer may still use it, and such a process is ending anyway.
+// destroyed while an exception unwinds, or after it failed (a sync gave up, a host deadline,
+// a failure of its family), leaves its workspace allocated instead: a peer may still use it,
+// and such a process is ending anyway.
 // Needs both weft::mpi and weft::cuda (link both targets).
 #include <weft/comm/transport/detail/mpi_error.hpp>
 #include <weft/comm/transport/mpi.hpp>
@@ -27,6 +28,13 @@
 #include <string>
 #include <string_view>
 
+namespace weft::cuda::detail {
+
+/// on_failure::abort_job's end for a job of MPI processes: every process, not this one alone.
+inline void p2p_mpi_end_job() noexcept { MPI_Abort(MPI_COMM_WORLD, 1); }
+
+} // namespace weft::cuda::detail
+
 namespace weft::cuda::p2p {
 
 /// Ranks as processes, trading their host messages over MPI.
@@ -36,10 +44,12 @@ using mpi_communicator = basic_communicator<mpi::communicator>;
 /// calling process's current CUDA device. Every process must be on this node (weft::error
 /// otherwise: IPC handles do not cross nodes), and every device must have peer access to the
 /// others' (or be the same device). Collective over `node_comm`, which is borrowed (never
-/// freed); the MPI waits have opt.timeout as their deadline.
+/// freed); the MPI waits have opt.timeout as their deadline. Under on_failure::abort_job a
+/// failure ends the job with MPI_Abort (unless opt.end_job says otherwise), after weft's message.
 inline mpi_communicator from_mpi(MPI_Comm node_comm, options opt = {}) {
   constexpr std::string_view who = "cuda::p2p::from_mpi";
   detail::p2p_check_options(opt.workspace_bytes, opt.sync_timeout, opt.timeout, who);
+  if (opt.end_job == nullptr) opt.end_job = detail::p2p_mpi_end_job;
   int rank = 0;
   int size = 0;
   WEFT_MPI_TRY(MPI_Comm_rank(node_comm, &rank), who);

@@ -3,7 +3,10 @@
 // memory, its peers' workspace addresses, its stream, and the syncs (detail/p2p_sync.cuh).
 // Nothing here knows how the addresses were traded; the communicator does that over its host
 // communicator.
+#include <weft/comm/failure.hpp>
 #include <weft/core/error.hpp>
+#include <weft/cuda/detail/comm_state.hpp>
+#include <weft/cuda/detail/p2p_epoch.hpp>
 #include <weft/cuda/detail/p2p_plan.cuh>
 #include <weft/cuda/detail/p2p_sync.cuh>
 #include <weft/cuda/detail/runtime.cuh>
@@ -14,6 +17,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -68,6 +72,12 @@ public:
   /// The error word as the host reads it (the device writes it behind the compiler's back).
   [[nodiscard]] std::uint64_t error_word() const noexcept {
     return *static_cast<volatile std::uint64_t*>(error_host_);
+  }
+  /// Writes `w` into the error word unless a failure is there already: the host failing the
+  /// rank, so that its queued syncs give up.
+  void set_error_word(std::uint64_t w) noexcept {
+    std::uint64_t clear = 0;
+    std::atomic_ref<std::uint64_t>(*error_host_).compare_exchange_strong(clear, w);
   }
   /// Never frees: for when a peer may still read or write this memory.
   void leak() noexcept {
@@ -131,12 +141,24 @@ private:
 /// addresses. With `closing_sync` (processes, where no run outlives the ranks) the destructor
 /// syncs with every rank and frees its memory only once that sync shows that no peer will
 /// touch it again; otherwise (threads) the run's p2p_world frees it.
+///
+/// Failure. The first failure (a sync's, from the error word, or a host deadline) is recorded
+/// in `family`, shared with the communicators split from this one, and written into the error
+/// word if the device has not written one: from then on every check() throws it at once, so
+/// the host queues nothing more, and the syncs already queued give up (detail/p2p_epoch.hpp).
+/// Under on_failure::abort_job the failure ends the job instead of throwing (end_job(), with
+/// `end_job` where given).
 class p2p_endpoint {
 public:
   p2p_endpoint(int device, int rank, int size, std::size_t data_bytes,
                std::chrono::milliseconds sync_timeout, std::chrono::milliseconds timeout,
-               bool closing_sync, cudaStream_t after, std::string_view operation)
-      : device_(device),
+               bool closing_sync, cudaStream_t after, std::string_view operation,
+               std::shared_ptr<weft::detail::failure_state> family, on_failure policy,
+               void (*end_job)() noexcept)
+      : family_(family ? std::move(family) : std::make_shared<weft::detail::failure_state>()),
+        policy_(policy),
+        end_job_(end_job),
+        device_(device),
         rank_(rank),
         size_(size),
         layout_(p2p_lay_out_workspace(size, data_bytes)),
@@ -172,6 +194,14 @@ public:
   void set_sync_timeout(std::chrono::milliseconds t) noexcept { sync_timeout_ = t; }
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
   void set_timeout(std::chrono::milliseconds t) noexcept { timeout_ = t; }
+  /// The failure state this rank shares with the communicators split from it.
+  [[nodiscard]] const std::shared_ptr<weft::detail::failure_state>& family() const noexcept { return family_; }
+  [[nodiscard]] on_failure policy() const noexcept { return policy_; }
+  [[nodiscard]] auto end_job() const noexcept { return end_job_; }
+  /// The gate of this rank's data kernels: closed once a sync of the rank gave up.
+  [[nodiscard]] p2p_data_gate data_gate() const noexcept {
+    return {reinterpret_cast<const std::uint64_t*>(workspace() + layout_.counters) + rank_};
+  }
 
   /// The peers' workspaces, bases[q] in this rank's address space (its own included), and the
   /// IPC mappings among them that the destructor closes.
@@ -212,12 +242,26 @@ public:
     cuda_check(cudaGetLastError(), "launching the sync kernel", operation, rank_);
   }
 
-  /// Throws weft::error if a sync of this rank has timed out (at any time before now, once
-  /// the device has written it): naming that sync's operation, this rank and the peer that did
-  /// not arrive. Reads host memory only.
-  void check(std::string_view operation) const {
+  /// Throws weft::error if the communicator has failed: the family's first failure, or a
+  /// sync of this rank that gave up (at any time before now, once the device has written it),
+  /// naming that sync's operation, this rank and the peer. Reads host memory only.
+  void check(std::string_view operation) {
+    if (family_->failed()) {
+      memory_->set_error_word(p2p_error_word(p2p_cause::host_failed, 0, rank_));  // a split's failure
+      family_->rethrow(operation, rank_);
+    }
     const std::uint64_t w = memory_->error_word();
     if (w != 0) fail(w, operation);
+  }
+
+  /// Fails the communicator with `e` (unless it failed before: then the first failure is what
+  /// every later call quotes) and throws it, or ends the job under on_failure::abort_job. The
+  /// rank's queued syncs give up.
+  [[noreturn]] WEFT_COLD void fail_with(const error& e) {
+    family_->fail(e.what());
+    memory_->set_error_word(p2p_error_word(p2p_cause::host_failed, 0, rank_));
+    if (policy_ == on_failure::abort_job) detail::end_job(e.what(), end_job_);
+    throw e;
   }
 
   /// Waits until the stream is idle, at most timeout(), then reports a sync's timeout. After a
@@ -232,11 +276,14 @@ public:
     const cudaError_t e = poll_stream(stream(), std::chrono::steady_clock::now() + timeout_);
     if (e == cudaErrorNotReady) {
       check(operation);
-      throw error(operation, rank_, error::unknown,
-                  "timed out after " + std::to_string(timeout_.count()) + " ms waiting to " + std::string(what) +
-                      " (the stream's work did not finish; a kernel of the program's own may be stuck)");
+      fail_with(error(operation, rank_, error::unknown,
+                      "timed out after " + std::to_string(timeout_.count()) + " ms waiting to " + std::string(what) +
+                          " (the stream's work did not finish; a kernel of the program's own may be stuck). The "
+                          "communicator cannot be used any more"));
     }
-    if (e != cudaSuccess) cuda_fail(e, "cudaStreamQuery", operation, rank_);
+    if (e != cudaSuccess) {
+      fail_with(error(operation, rank_, error::unknown, "cudaStreamQuery failed: " + cuda_error_text(e)));
+    }
     check(operation);
   }
 
@@ -259,8 +306,9 @@ private:
     WEFT_CUDA_TRY(cudaStreamWaitEvent(later, e.get(), 0));
   }
 
-  [[noreturn]] WEFT_COLD void fail(std::uint64_t w, std::string_view operation) const {
-    const p2p_timeout t = p2p_read_timeout_word(w);
+  [[noreturn]] WEFT_COLD void fail(std::uint64_t w, std::string_view operation) {
+    const p2p_error t = p2p_read_error_word(w);
+    if (t.cause == p2p_cause::host_failed) family_->rethrow(operation, rank_);
     // The sync's name, if it is among the last few this rank queued (a graph's replay keeps
     // the number the sync had when it was captured).
     const std::uint32_t age = (static_cast<std::uint32_t>(syncs_) - t.sync) & 0x7fffffffu;
@@ -268,12 +316,14 @@ private:
     const std::string name =
         known ? sync_names_[t.sync % sync_names_.size()] : std::string(operation);
     std::string what =
-        "timed out after " + std::to_string(sync_timeout_.count()) +
-        " ms at a sync, waiting for that rank to arrive (every rank must make the same calls in "
-        "the "
-        "same order: one that failed, returned or called something else never arrives)";
+        t.cause == p2p_cause::peer_abandoned
+            ? std::string("that rank gave up on a sync with this one (it had failed: a sync of its own timed out, "
+                          "or its host stopped it), so this rank's sync failed rather than pass on a stale flag")
+            : "timed out after " + std::to_string(sync_timeout_.count()) +
+                  " ms at a sync, waiting for that rank to arrive (every rank must make the same calls in the "
+                  "same order: one that failed, returned or called something else never arrives)";
     if (name != operation) what += "; found by " + std::string(operation);
-    throw error(name, rank_, t.peer, what + ". The communicator cannot be used any more");
+    fail_with(error(name, rank_, t.peer, what + ". The communicator cannot be used any more"));
   }
 
   // Frees the memory only once a sync with every rank has completed: then no peer reads it
@@ -284,7 +334,7 @@ private:
       const device_scope on(device_);
       bool done = std::uncaught_exceptions() == 0 &&
                   bases_.size() == static_cast<std::size_t>(size_) && memory_->error_word() == 0 &&
-                  !capturing(stream());
+                  !family_->failed() && !capturing(stream());
       if (done) {
         sync(everyone_, "close");
         wait_idle("close", "sync with every rank before freeing the workspace");
@@ -300,6 +350,9 @@ private:
     }
   }
 
+  std::shared_ptr<weft::detail::failure_state> family_;
+  on_failure policy_;
+  void (*end_job_)() noexcept;
   int device_;
   int rank_;
   int size_;

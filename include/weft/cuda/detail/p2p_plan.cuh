@@ -1,7 +1,8 @@
 #pragma once
 // The host side of the p2p transport (weft/cuda/p2p.cuh) that needs no device: where a rank's
-// workspace keeps its flags, staging areas and data, where one call's plan lands in it, the
-// checks a call passes before anything is queued, and the word a timed-out sync leaves.
+// workspace keeps its flags, staging areas and data, where one call's plan lands in it, and the
+// checks a call passes before anything is queued. (What a failed sync leaves, and the epochs'
+// rules, are detail/p2p_epoch.hpp.)
 //
 // A rank's workspace, the same layout on every rank of a communicator:
 //
@@ -9,7 +10,6 @@
 //     peers store   this rank's      staged calls alternate 0 and 1;     a call's input,
 //     their syncs   syncs with each  captured ones use 2                 output and scratch
 #include <weft/comm/plan.hpp>
-#include <weft/core/config.hpp>
 #include <weft/core/error.hpp>
 
 #include <algorithm>
@@ -38,7 +38,8 @@ constexpr std::size_t p2p_aligned(std::size_t bytes) noexcept {
 /// Byte offsets in a rank's workspace.
 struct p2p_workspace_layout {
   std::size_t flags = 0;    // flags[q]: the count of syncs rank q has made with this rank
-  std::size_t counters = 0; // counters[q]: the count of syncs this rank has made with rank q
+  std::size_t counters = 0; // counters[q]: the count of syncs this rank has made with rank q;
+                            // counters[rank]: its failed mark (detail/p2p_epoch.hpp)
   std::size_t staging = 0;  // the first staging area; the others follow
   std::size_t staging_stride = 0;
   std::size_t data = 0; // the data area
@@ -306,27 +307,5 @@ inline p2p_call_layout p2p_lay_out_call(const plan& pl, int rank, int size,
   }
   return lay;
 }
-
-/// The word a sync leaves in its rank's host-mapped error word when it gives up waiting: the
-/// sync's number and the peer that did not arrive. Zero means no timeout.
-WEFT_HOST_DEVICE constexpr std::uint64_t p2p_timeout_word(std::uint32_t sync, int peer) noexcept {
-  return (std::uint64_t{1} << 63) | (std::uint64_t{sync & 0x7fffffffu} << 32) |
-         static_cast<std::uint32_t>(peer);
-}
-
-struct p2p_timeout {
-  std::uint32_t sync = 0;
-  int peer = -1;
-};
-
-constexpr p2p_timeout p2p_read_timeout_word(std::uint64_t w) noexcept {
-  return {static_cast<std::uint32_t>(w >> 32) & 0x7fffffffu,
-          static_cast<int>(static_cast<std::uint32_t>(w))};
-}
-
-static_assert(p2p_read_timeout_word(p2p_timeout_word(0x12345, 7)).sync == 0x12345);
-static_assert(p2p_read_timeout_word(p2p_timeout_word(0x80000003u, 63)).sync == 3);
-static_assert(p2p_read_timeout_word(p2p_timeout_word(5, 63)).peer == 63);
-static_assert(p2p_timeout_word(0, 0) != 0);
 
 } // namespace weft::cuda::detail
