@@ -969,15 +969,7 @@ private:
   template <class T>
   void post_plan_recvs(T* data, std::size_t count, int peer, std::size_t piece, bool weft_memory,
                        std::string_view operation) {
-    const MPI_Datatype type = detail::mpi_datatype<T>();
-    std::size_t off = 0;
-    do {
-      const std::size_t n = std::min(piece, count - off);
-      WEFT_MPI_TRY(MPI_Irecv(data + off, static_cast<int>(n), type, peer, plan_tag_, dup_.get(),
-                             &recvs_.add_recv(peer, n, weft_memory)),
-                   operation, rank_, peer);
-      off += n;
-    } while (off < count);
+    post_recvs(data, count, peer, plan_tag_, piece, recvs_, operation, weft_memory);
     grant_credit<T>(count, peer, operation);
   }
 
