@@ -211,9 +211,12 @@ public:
   communicator(const communicator&) = delete;
   communicator& operator=(const communicator&) = delete;
   ~communicator() {
+    if (!family_) return; // moved from
+    // The family no longer finds this communicator's progress when it answers a query.
+    family_->delist(progress_.get());
     // A failed family's communicators are never freed (mpi_family.hpp says why); a process
     // that learns of the failure only here keeps them too.
-    if (family_ && detail::mpi_alive()) {
+    if (detail::mpi_alive()) {
       family_->poll();
       if (family_->failure().failed()) {
         dup_.keep();
@@ -512,12 +515,10 @@ public:
               throw error(operation, rank_, s.peer, "the MPI transport cannot run a peer-access step");
           }
         }
-        // The round's sends: those still waiting for a credit, then their completion.
+        // The round's sends: those still waiting for a credit (the tick releases them), then
+        // their completion.
         detail::mpi_poll(
-            [&] {
-              release_queued_sends();
-              return unsent_ == 0 && sends_.test_all(type, type_name, ctx);
-            },
+            [&] { return unsent_ == 0 && sends_.test_all(type, type_name, ctx); },
             ctx, [&] {
               return unsent_ > 0 ? detail::mpi_waiting_for{first_unsent_peer(), "have its receive posted"}
                                  : detail::mpi_waiting_for{sends_.first_pending_peer(), "have its message received"};
@@ -714,8 +715,8 @@ private:
                       std::to_string(size_) + ", weft expected rank " + std::to_string(rank) +
                       " of " + std::to_string(devices_.size()));
     }
-    membership_ = family_membership(family_, progress_.get(), root_of_.get());
     set_node_of();
+    family_->enlist(progress_.get(), root_of_.get()); // last: a constructor that throws leaves nothing enlisted
   }
 
   // The root's family: a control channel (another duplicate), and a nonce from rank 0 that
@@ -762,9 +763,8 @@ private:
     std::vector<int> roots(static_cast<std::size_t>(size_));
     for (int r = 0; r < size_; ++r) roots[static_cast<std::size_t>(r)] = r;
     root_of_ = std::make_shared<const std::vector<int>>(std::move(roots));
-    family_ = std::make_shared<detail::mpi_family>(owned.get(), *nonce, rank_, world_ranks_, policy);
-    owned.keep(); // the family owns it now
-    membership_ = family_membership(family_, progress_.get(), root_of_.get());
+    family_ = std::make_shared<detail::mpi_family>(std::move(owned), *nonce, rank_, world_ranks_, policy);
+    family_->enlist(progress_.get(), root_of_.get());
   }
 
   // dup_ = a private duplicate of `comm` for all of weft's traffic, credit_ = another for the
@@ -1073,40 +1073,6 @@ private:
     recvs_.resize(0);
   }
 
-  // Registers a communicator's progress record with its family while it lives (moves with
-  // the communicator), so that the family's answers find where this process waits.
-  class family_membership {
-  public:
-    family_membership() = default;
-    family_membership(std::shared_ptr<detail::mpi_family> f, const detail::progress_record* r,
-                      const std::vector<int>* root_of)
-        : family_(std::move(f)), record_(r) {
-      family_->enlist(record_, root_of);
-    }
-    family_membership(family_membership&& o) noexcept
-        : family_(std::move(o.family_)), record_(std::exchange(o.record_, nullptr)) {}
-    family_membership& operator=(family_membership&& o) noexcept {
-      if (this != &o) {
-        leave();
-        family_ = std::move(o.family_);
-        record_ = std::exchange(o.record_, nullptr);
-      }
-      return *this;
-    }
-    family_membership(const family_membership&) = delete;
-    family_membership& operator=(const family_membership&) = delete;
-    ~family_membership() { leave(); }
-
-  private:
-    void leave() noexcept {
-      if (family_ && record_ != nullptr) family_->delist(record_);
-      family_.reset();
-      record_ = nullptr;
-    }
-    std::shared_ptr<detail::mpi_family> family_;
-    const detail::progress_record* record_ = nullptr;
-  };
-
   detail::mpi_comm_handle base_;   // the wrapped communicator (borrowed or owned)
   detail::mpi_comm_handle dup_;    // weft's private duplicate of it, always owned
   detail::mpi_comm_handle credit_; // another, for the credits of plans' sends
@@ -1125,7 +1091,6 @@ private:
   std::unique_ptr<detail::progress_record> progress_ = std::make_unique<detail::progress_record>();
   std::shared_ptr<detail::mpi_family> family_;
   std::shared_ptr<const std::vector<int>> root_of_; // rank r's rank in the family's root
-  family_membership membership_;
   detail::scratch_buffer scratch_;
   detail::scratch_buffer staging_;
   // post()'s messages in flight, oldest first, each with its own copy of the data.
@@ -1137,17 +1102,12 @@ private:
   // Dropping a message not yet delivered (the communicator destroyed or assigned over first)
   // lets MPI finish it in the background: its request is freed, its copy leaked, since MPI may
   // still read it. Correct programs' peers take every message, so little or nothing leaks.
+  // (The communicator's move assignment destroys and rebuilds, so an outbox is never assigned.)
   class outbox : public std::deque<posted_message> {
   public:
     outbox() = default;
     outbox(outbox&&) noexcept = default;
-    outbox& operator=(outbox&& o) noexcept {
-      if (this != &o) {
-        settle();
-        std::deque<posted_message>::operator=(std::move(o));
-      }
-      return *this;
-    }
+    outbox& operator=(outbox&&) = delete;
     outbox(const outbox&) = delete;
     outbox& operator=(const outbox&) = delete;
     ~outbox() { settle(); }

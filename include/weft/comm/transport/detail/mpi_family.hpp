@@ -73,10 +73,11 @@ struct mpi_control_message {
 
 class mpi_family {
 public:
-  /// `control`: a duplicate of the root communicator, owned; `root_rank`/`world_of_root`: this
-  /// process's rank in it and every root rank's rank in MPI_COMM_WORLD.
-  mpi_family(MPI_Comm control, std::uint64_t nonce, int root_rank, std::vector<int> world_of_root, on_failure policy)
-      : control_(control, true), nonce_(nonce), me_(root_rank), world_of_(std::move(world_of_root)), policy_(policy) {
+  /// `control`: a duplicate of the root communicator, taken over; `root_rank`/`world_of_root`:
+  /// this process's rank in it and every root rank's rank in MPI_COMM_WORLD.
+  mpi_family(mpi_comm_handle control, std::uint64_t nonce, int root_rank, std::vector<int> world_of_root,
+             on_failure policy)
+      : control_(std::move(control)), nonce_(nonce), me_(root_rank), world_of_(std::move(world_of_root)), policy_(policy) {
     post_receive();
   }
   mpi_family(const mpi_family&) = delete;
