@@ -8,7 +8,7 @@ cd "$weft_root" || exit 1
 # Debian packages weft's build needs. Later needs (openmpi-bin libopenmpi-dev, ...) go here;
 # a package without a special case in weft_package_present is checked with dpkg.
 WEFT_APT_PACKAGES="cmake ninja-build g++ libgtest-dev libbenchmark-dev openmpi-bin libopenmpi-dev libgloo-dev
-  python3-matplotlib libopenblas-dev"
+  python3-matplotlib libopenblas-dev clang-format"
 
 # shellcheck disable=SC2034 # used by the scripts that source this file
 weft_jobs="$(nproc 2>/dev/null || echo 2)"
@@ -48,6 +48,7 @@ weft_package_present() {
     cmake) command -v cmake >/dev/null 2>&1 ;;
     ninja-build) command -v ninja >/dev/null 2>&1 ;;
     g++) command -v g++ >/dev/null 2>&1 ;;
+    clang-format) command -v clang-format-14 >/dev/null 2>&1 || command -v clang-format >/dev/null 2>&1 ;;
     libgtest-dev)
       { [[ -f /usr/include/gtest/gtest.h ]] || [[ -f /usr/local/include/gtest/gtest.h ]]; } &&
         { weft_cmake_config_present GTest || weft_dpkg_installed libgtest-dev; } ;;
