@@ -4,8 +4,10 @@
 //
 // Placement: ranks are numbered TP fastest, then DP, then PP (Megatron-LM's order), so a TP
 // group of 8 fills one DGX; tp_across_nodes numbers TP slowest instead, one TP rank per node
-// when dp * pp >= 8, which is the mistake the planner warns of.
+// when dp * pp >= 8, which is the mistake the planner warns of. The numbering is a
+// weft::mesh_layout (layout::mesh): the simulator takes its groups from there.
 #include <weft/core/error.hpp>
+#include <weft/mesh/mesh.hpp>
 #include <weft/pipeline/generators.hpp>
 #include <weft/sim/hardware.hpp>
 #include <weft/sim/model.hpp>
@@ -55,9 +57,16 @@ struct layout {
   }
   [[nodiscard]] int microbatches() const noexcept { return batch() / (dp * micro_batch); }
 
+  /// The rank numbering as a mesh: TP fastest, then DP, then PP (Megatron-LM's order); with
+  /// tp_across_nodes DP fastest, then PP, then TP. Rank r runs on device r of the cluster.
+  [[nodiscard]] mesh_layout mesh() const {
+    if (tp_across_nodes) return mesh_layout{{axis::dp, dp}, {axis::pp, pp}, {axis::tp, tp}};
+    return mesh_layout{{axis::tp, tp}, {axis::dp, dp}, {axis::pp, pp}};
+  }
+
   /// Device of the rank at (tp index, pp index, dp index).
-  [[nodiscard]] int device(int t, int p, int d) const noexcept {
-    return tp_across_nodes ? d + dp * (p + pp * t) : t + tp * (d + dp * p);
+  [[nodiscard]] int device(int t, int p, int d) const {
+    return mesh().rank({.tp = t, .pp = p, .dp = d});
   }
 };
 

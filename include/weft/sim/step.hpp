@@ -24,6 +24,7 @@
 //          the memory by memory.hpp; the layout and its rank numbering are layout.hpp's, the
 //          engine presets pipeline_engine.hpp's. This header includes them all.
 #include <weft/core/error.hpp>
+#include <weft/mesh/mesh.hpp>
 #include <weft/pipeline/generators.hpp>
 #include <weft/pipeline/schedule.hpp>
 #include <weft/pipeline/stats.hpp>
@@ -97,46 +98,27 @@ struct step_result {
   // where it lies, and each stage takes its slowest: where tp does not divide a node's GPUs
   // some TP groups straddle two nodes, and where tp * dp does not fill a node some hops stay
   // inside one. Groups whose members share nodes in the same pattern are priced once.
-  const auto group = [&](int n, auto&& device_of) {
-    std::vector<int> g(static_cast<std::size_t>(n));
-    for (int i = 0; i < n; ++i)
-      g[static_cast<std::size_t>(i)] = device_of(i);
-    return g;
-  };
+  // Ranks, groups and their order come from the layout's mesh_layout: rank r is device r.
+  const mesh_layout mesh = l.mesh();
+  const auto device = [&](int i, int r, int d) { return mesh.rank({.tp = i, .pp = r, .dp = d}); };
   // How many TP and DP groups have members on one node (the first) and others elsewhere: they
   // run their collectives at once and share its NICs (a group inside the node uses none).
   int tp_sharing = 0, dp_sharing = 0;
-  {
-    std::vector<std::pair<int, int>> tp_keys, dp_keys;
+  for (const axis a : {axis::tp, axis::dp}) {
+    // The groups with a member on the first node, each once, named by its first member.
+    std::vector<int> firsts;
     const int first_node = std::min(mc.cluster.devices_on(0), l.gpus());
-    for (int dev = 0; dev < first_node; ++dev) {
-      int ti = 0, pi = 0, di = 0;
-      if (l.tp_across_nodes) {
-        di = dev % l.dp;
-        pi = dev / l.dp % l.pp;
-        ti = dev / (l.dp * l.pp);
-      } else {
-        ti = dev % l.tp;
-        di = dev / l.tp % l.dp;
-        pi = dev / (l.tp * l.dp);
-      }
-      tp_keys.emplace_back(pi, di);
-      dp_keys.emplace_back(ti, pi);
+    for (int dev = 0; dev < first_node; ++dev)
+      firsts.push_back(mesh.group_member(a, dev, 0));
+    std::sort(firsts.begin(), firsts.end());
+    firsts.erase(std::unique(firsts.begin(), firsts.end()), firsts.end());
+    int& sharing = a == axis::tp ? tp_sharing : dp_sharing;
+    for (const int first : firsts) {
+      const std::vector<int> members = mesh.group(a, first);
+      if (std::any_of(members.begin(), members.end(),
+                      [&](int d) { return mc.cluster.node_of(d) != 0; }))
+        ++sharing;
     }
-    const auto leaves = [&](int n, auto&& device_of) {
-      for (int i = 0; i < n; ++i)
-        if (mc.cluster.node_of(device_of(i)) != 0) return true;
-      return false;
-    };
-    for (auto* keys : {&tp_keys, &dp_keys}) {
-      std::sort(keys->begin(), keys->end());
-      keys->erase(std::unique(keys->begin(), keys->end()), keys->end());
-    }
-    // Keys as pairs, not structured bindings: clang before 16 cannot capture those in a lambda.
-    for (const std::pair<int, int>& key : tp_keys) // (pi, di)
-      tp_sharing += leaves(t, [&](int i) { return l.device(i, key.first, key.second); }) ? 1 : 0;
-    for (const std::pair<int, int>& key : dp_keys) // (ti, pi)
-      dp_sharing += leaves(l.dp, [&](int d) { return l.device(key.first, key.second, d); }) ? 1 : 0;
   }
   const topology::cluster tp_net = detail::nic_share(net, tp_sharing);
   const topology::cluster dp_net = detail::nic_share(net, dp_sharing);
@@ -153,7 +135,7 @@ struct step_result {
     std::map<std::vector<int>, tp_price> priced;
     for (int r = 0; r < p; ++r) {
       for (int d = 0; d < l.dp; ++d) {
-        const std::vector<int> members = group(t, [&](int i) { return l.device(i, r, d); });
+        const std::vector<int> members = mesh.group(axis::tp, device(0, r, d));
         auto [it, fresh] = priced.try_emplace(detail::node_pattern(members, mc.cluster));
         tp_price& q = it->second;
         if (fresh) {
@@ -192,7 +174,7 @@ struct step_result {
     const topology::link* slowest = nullptr;
     for (int d = 0; d < l.dp; ++d) {
       for (int i = 0; i < t; ++i) {
-        const topology::link& lk = net.link_between(l.device(i, r, d), l.device(i, (r + 1) % p, d));
+        const topology::link& lk = net.link_between(device(i, r, d), device(i, (r + 1) % p, d));
         if (slowest == nullptr || lk.bandwidth < slowest->bandwidth ||
             (lk.bandwidth == slowest->bandwidth && lk.latency > slowest->latency))
           slowest = &lk;
@@ -362,7 +344,7 @@ struct step_result {
     std::map<std::vector<int>, double> priced;
     for (int r = 0; r < p; ++r) {
       for (int i = 0; i < t; ++i) {
-        const std::vector<int> members = group(l.dp, [&](int d) { return l.device(i, r, d); });
+        const std::vector<int> members = mesh.group(axis::dp, device(i, r, 0));
         auto [it, fresh] = priced.try_emplace(detail::node_pattern(members, mc.cluster), 0.0);
         if (fresh) {
           const auto price = [&](collective c, std::size_t n, std::size_t bytes) {
