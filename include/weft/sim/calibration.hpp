@@ -10,8 +10,8 @@
 //                  a large one reaches gemm_peak_fraction. Never faster than its operands
 //                  cross HBM.
 //   elementwise    bytes / (hbm_bandwidth * hbm_fraction): layer norms, dropout, residual
-//                  adds, GeLU, softmax (the byte counts are in step.hpp; they are counted, not
-//                  fitted).
+//                  adds, GeLU, softmax (the byte counts are in layer_cost.hpp; they are counted,
+//                  not fitted).
 //   links          the cost model runs on the node's links with their bandwidth scaled by
 //                  nvlink_fraction and ib_fraction: the share of the wire a collective library
 //                  reaches (nccl-tests on DGX A100 report all-reduce bus bandwidths near

@@ -1,0 +1,121 @@
+#pragma once
+// How a model is cut and how it trains: tensor, pipeline and data parallel extents, the
+// micro-batches, the schedule, ZeRO, recomputation, and how the step's communication runs.
+//
+// Placement: ranks are numbered TP fastest, then DP, then PP (Megatron-LM's order), so a TP
+// group of 8 fills one DGX; tp_across_nodes numbers TP slowest instead, one TP rank per node
+// when dp * pp >= 8, which is the mistake the planner warns of. The numbering is a
+// weft::mesh_layout (layout::mesh): the simulator takes its groups from there.
+#include <weft/core/error.hpp>
+#include <weft/mesh/mesh.hpp>
+#include <weft/pipeline/generators.hpp>
+#include <weft/sim/hardware.hpp>
+#include <weft/sim/model.hpp>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace weft::sim {
+
+/// How the model is spread, and how it trains.
+struct layout {
+  int tp = 1;
+  int pp = 1;
+  int dp = 1;
+  int chunks = 1;       // V: model chunks per pipeline rank (interleaved schedule)
+  int micro_batch = 1;  // sequences per micro-batch
+  int global_batch = 0; // sequences per step; 0: one micro-batch per DP rank
+  pipeline::schedule_kind schedule = pipeline::schedule_kind::one_f_one_b;
+  int zero = 0;                   // ZeRO stage 0..3 over the DP group
+  bool sequence_parallel = false; // Korthikanti et al.: layer norms and dropout split over TP
+  recompute recomputation = recompute::none;
+  bool tp_across_nodes = false;       // number TP slowest: its ranks on different nodes
+  bool overlap_dp = true;             // DP reduction overlaps the last backward (bucketed)
+  int dp_buckets = 4;                 // gradient buckets per pipeline rank
+  bool p2p_scatter_gather = true;     // each TP rank sends 1/tp of an activation (SC21 4.1)
+  bool p2p_blocking = false;          // sends and receives hold the rank (DeepSpeed's pipeline
+                                      // engine) instead of overlapping its compute (Megatron-LM)
+  bool tp_overlap = false;            // the backward's TP collectives run during GEMMs (Megatron-LM
+                                      // since late 2021: a column-parallel linear's input-gradient
+                                      // all-reduce, or reduce-scatter with SP, during its
+                                      // weight-gradient GEMM, SP's re-gather of its input during
+                                      // its input-gradient GEMM); false: on the critical path
+  double grad_bytes = 2;              // bytes per gradient element in the DP reduction
+  double grad_accumulation_bytes = 0; // HBM bytes per weight and micro-batch to add its
+                                      // gradient to the accumulated one outside the GEMM: 0 when
+                                      // the weight-gradient GEMM accumulates into it (Megatron-LM's
+                                      // gradient accumulation fusion, by early 2022); 6 for a
+                                      // separate 16-bit add (read both, write one), 10 for 16-bit
+                                      // into fp32; charged every micro-batch (autograd skips the
+                                      // first one's add: one pass in m too many)
+
+  [[nodiscard]] int gpus() const noexcept { return tp * pp * dp; }
+  [[nodiscard]] int batch() const noexcept {
+    return global_batch > 0 ? global_batch : dp * micro_batch;
+  }
+  [[nodiscard]] int microbatches() const noexcept { return batch() / (dp * micro_batch); }
+
+  /// The rank numbering as a mesh: TP fastest, then DP, then PP (Megatron-LM's order); with
+  /// tp_across_nodes DP fastest, then PP, then TP. Rank r runs on device r of the cluster.
+  [[nodiscard]] mesh_layout mesh() const {
+    if (tp_across_nodes) return mesh_layout{{axis::dp, dp}, {axis::pp, pp}, {axis::tp, tp}};
+    return mesh_layout{{axis::tp, tp}, {axis::dp, dp}, {axis::pp, pp}};
+  }
+
+  /// Device of the rank at (tp index, pp index, dp index).
+  [[nodiscard]] int device(int t, int p, int d) const {
+    return mesh().rank({.tp = t, .pp = p, .dp = d});
+  }
+};
+
+/// layout::grad_accumulation_bytes of a software's gradient accumulation by name: "fused" (0),
+/// "fp16" (6: a 16-bit add reads both gradients and writes one) or "fp32" (10: into fp32).
+[[nodiscard]] inline double grad_accumulation_named(std::string_view s) {
+  if (s == "fused") return 0;
+  if (s == "fp16") return 6;
+  if (s == "fp32") return 10;
+  throw error("weft: sim: unknown gradient accumulation '" + std::string(s) +
+              "': expected fused, fp16 or fp32");
+}
+
+namespace detail {
+
+inline void check_layout(const model_spec& m, const machine& mc, const layout& l) {
+  const auto fail = [&](const std::string& what) { throw error("weft: sim: layout: " + what); };
+  for (auto [name, v] : {std::pair{"tp", l.tp},
+                         {"pp", l.pp},
+                         {"dp", l.dp},
+                         {"chunks", l.chunks},
+                         {"micro_batch", l.micro_batch}}) {
+    if (v < 1) fail(std::string(name) + " must be at least 1, not " + std::to_string(v));
+  }
+  // Products in 64 bits: flags near INT_MAX must not wrap into a small or zero divisor.
+  const std::int64_t gpus = std::int64_t{l.tp} * l.pp * l.dp;
+  if (gpus > mc.cluster.size())
+    fail("tp * pp * dp = " + std::to_string(gpus) + " GPUs, more than the cluster's " +
+         std::to_string(mc.cluster.size()));
+  const std::int64_t per_microbatch = std::int64_t{l.dp} * l.micro_batch;
+  if (l.global_batch < 0 || (l.global_batch > 0 && l.global_batch % per_microbatch != 0))
+    fail("global batch " + std::to_string(l.global_batch) +
+         " is not a multiple of dp * micro_batch = " + std::to_string(per_microbatch));
+  if (m.heads % l.tp != 0)
+    fail("tp " + std::to_string(l.tp) + " does not divide the " + std::to_string(m.heads) +
+         " heads");
+  if (m.kv_heads > 0 && m.kv_heads % l.tp != 0) // Megatron-core splits the key-value groups over TP
+    fail("tp " + std::to_string(l.tp) + " does not divide the " + std::to_string(m.kv_heads) +
+         " key-value heads (grouped-query attention)");
+  const std::int64_t model_chunks = std::int64_t{l.pp} * l.chunks;
+  if (m.layers < model_chunks)
+    fail(std::to_string(m.layers) +
+         " layers cannot fill pp * chunks = " + std::to_string(model_chunks) + " model chunks");
+  if (l.zero < 0 || l.zero > 3) fail("zero must be 0..3, not " + std::to_string(l.zero));
+  if (l.dp_buckets < 1) fail("dp_buckets must be at least 1");
+  if (l.chunks > 1 && l.schedule != pipeline::schedule_kind::interleaved)
+    fail("chunks > 1 needs the interleaved schedule");
+}
+
+} // namespace detail
+
+} // namespace weft::sim

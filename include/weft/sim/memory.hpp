@@ -1,0 +1,119 @@
+#pragma once
+// The memory account of a layout: the layers and weights each pipeline rank holds, the model
+// states (ZeRO) and activations of the fullest rank, and the micro-batches a schedule keeps
+// in flight.
+#include <weft/pipeline/generators.hpp>
+#include <weft/pipeline/schedule.hpp>
+#include <weft/sim/layout.hpp>
+#include <weft/sim/model.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+namespace weft::sim {
+
+namespace detail {
+
+/// Layers of each pipeline rank: as even as possible, the extra ones on the middle ranks (the
+/// first holds the embedding, the last the logits).
+inline std::vector<int> layers_per_rank(const model_spec& m, int p) {
+  std::vector<int> layers_of(static_cast<std::size_t>(p), m.layers / p);
+  for (int extra = m.layers % p, i = 0; extra > 0; ++i, --extra)
+    ++layers_of[static_cast<std::size_t>((p / 2 + (i % 2 == 0 ? i / 2 : -(i + 1) / 2) + p) % p)];
+  return layers_of;
+}
+
+/// The weights each pipeline rank holds, per TP rank (the first adds the embedding, the last the
+/// output layer).
+inline std::vector<double> weights_per_rank(const model_spec& m, const layout& l,
+                                            const std::vector<int>& layers_of) {
+  const double input =
+      static_cast<double>(m.vocab) * m.h() + (m.learned_positions ? m.seq * m.h() : 0.0);
+  // The output layer: its own weights, or, tied, the embedding; with pp > 1 the last stage keeps a
+  // copy of a tied embedding (Megatron-LM's, its gradient summed with the first stage's), so the
+  // last stage holds vocab x hidden either way.
+  const double output = static_cast<double>(m.vocab) * m.h();
+  std::vector<double> w(layers_of.size());
+  for (std::size_t r = 0; r < w.size(); ++r) {
+    w[r] = layers_of[r] * m.layer_parameters();
+    if (r == 0) w[r] += input;
+    if (r + 1 == w.size() && (l.pp > 1 || !m.tied_embeddings)) w[r] += output;
+    w[r] /= l.tp;
+  }
+  return w;
+}
+
+/// Weights held by the pipeline rank with the most of them, per TP rank.
+inline double rank_parameters(const model_spec& m, const layout& l,
+                              const std::vector<int>& layers_of) {
+  const std::vector<double> w = weights_per_rank(m, l, layers_of);
+  return *std::max_element(w.begin(), w.end());
+}
+
+/// Model states and activations of the fullest rank (the most of both together), given how
+/// many (micro-batch, chunk) pairs each pipeline rank holds at its peak (a chunk's pair holds
+/// 1/V of the rank's layers).
+inline std::pair<state_memory, double> memory_of(const model_spec& m, const layout& l,
+                                                 const std::vector<int>& layers_of,
+                                                 const std::vector<int>& peak) {
+  const int t = l.tp, p = l.pp;
+  const double b = l.micro_batch, T = b * m.seq, h = m.h(), v = l.chunks;
+  const std::vector<double> weights = weights_per_rank(m, l, layers_of);
+  const double per_layer =
+      activation_bytes_per_layer(m, b, t, l.sequence_parallel, l.recomputation);
+  std::pair<state_memory, double> worst{};
+  for (int r = 0; r < p; ++r) {
+    const double held = peak[static_cast<std::size_t>(r)];
+    double a = per_layer * layers_of[static_cast<std::size_t>(r)] * held / v;
+    if (l.recomputation == recompute::full) // one layer's activations live while recomputed
+      a += activation_bytes_per_layer(m, b, t, l.sequence_parallel, recompute::none);
+    if (r == 0) a += 2.0 * T * h / (l.sequence_parallel ? t : 1) * held / v; // embedding output
+    if (r == p - 1) a += 4.0 * T * m.vocab / t;                              // fp32 logits
+    if (l.zero >= 3)
+      a += 2.0 * 2.0 * m.layer_parameters() / t; // ZeRO-3: a layer gathered, the next prefetched
+    const state_memory states =
+        zero_memory(weights[static_cast<std::size_t>(r)], l.dp, l.zero, l.grad_bytes);
+    if (r == 0 || states.total() + a > worst.first.total() + worst.second) worst = {states, a};
+  }
+  return worst;
+}
+
+/// The most (micro-batch, chunk) pairs each rank of `s` holds at once: from its F until its
+/// B (W when the backward is split).
+inline std::vector<int> peak_in_flight(const pipeline::schedule& s) {
+  std::vector<int> peak(static_cast<std::size_t>(s.stages), 0);
+  for (int r = 0; r < s.stages; ++r) {
+    int held = 0;
+    auto& top = peak[static_cast<std::size_t>(r)];
+    for (const pipeline::action& a : s.ranks[static_cast<std::size_t>(r)]) {
+      if (a.kind == pipeline::action_kind::forward)
+        top = std::max(top, ++held);
+      else if (a.kind ==
+               (s.split_backward ? pipeline::action_kind::weight : pipeline::action_kind::backward))
+        --held;
+    }
+  }
+  return peak;
+}
+
+} // namespace detail
+
+/// Bytes per GPU of `l` (model states and activations) without simulating the step: what the
+/// planner checks before it simulates.
+/// `peak`: the (micro-batch, chunk) pairs each pipeline rank holds at most
+/// (detail::peak_in_flight of the layout's schedule), when the caller has it.
+[[nodiscard]] inline double estimate_memory(const model_spec& m, const layout& l,
+                                            const std::vector<int>& peak) {
+  const auto mem = detail::memory_of(m, l, detail::layers_per_rank(m, l.pp), peak);
+  return mem.first.total() + mem.second;
+}
+
+[[nodiscard]] inline double estimate_memory(const model_spec& m, const layout& l) {
+  return estimate_memory(
+      m, l,
+      detail::peak_in_flight(pipeline::generate(l.schedule, l.pp, l.microbatches(), l.chunks)));
+}
+
+} // namespace weft::sim
