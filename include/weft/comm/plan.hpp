@@ -25,6 +25,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -258,6 +259,85 @@ private:
   int rank_ = 0;
   std::size_t count_ = 0;
   int root_ = 0;
+};
+
+// --- running a plan -------------------------------------------------------------------
+// Every executor (the transports, the serial model, the cost model) walks a plan with these:
+// the rounds, and the one check of a step's range against its buffer.
+
+/// Steps [begin, end) of a plan's steps: one round, numbered `number`.
+struct plan_round {
+  std::uint32_t number = 0;
+  std::size_t begin = 0;
+  std::size_t end = 0;
+};
+
+/// One past the last step of the round that steps[begin] opens.
+[[nodiscard]] inline std::size_t round_end(std::span<const step> steps, std::size_t begin) noexcept {
+  std::size_t end = begin;
+  while (end < steps.size() && steps[end].round == steps[begin].round) ++end;
+  return end;
+}
+
+/// A plan's rounds in order: `for (const plan_round& r : rounds_of(pl.steps()))`.
+class rounds_of {
+public:
+  explicit rounds_of(std::span<const step> steps) noexcept : steps_(steps) {}
+
+  class iterator {
+  public:
+    iterator(std::span<const step> steps, std::size_t begin) noexcept : steps_(steps) { at(begin); }
+    const plan_round& operator*() const noexcept { return round_; }
+    const plan_round* operator->() const noexcept { return &round_; }
+    iterator& operator++() noexcept {
+      at(round_.end);
+      return *this;
+    }
+    friend bool operator==(const iterator& a, const iterator& b) noexcept { return a.round_.begin == b.round_.begin; }
+
+  private:
+    void at(std::size_t begin) noexcept {
+      round_.begin = begin;
+      round_.end = begin < steps_.size() ? round_end(steps_, begin) : begin;
+      round_.number = begin < steps_.size() ? steps_[begin].round : 0;
+    }
+    std::span<const step> steps_;
+    plan_round round_;
+  };
+
+  [[nodiscard]] iterator begin() const noexcept { return {steps_, 0}; }
+  [[nodiscard]] iterator end() const noexcept { return {steps_, steps_.size()}; }
+
+private:
+  std::span<const step> steps_;
+};
+
+/// Throws weft::error unless elements [offset, offset + count) lie inside a buffer of
+/// `size` elements. The one bounds check of a step's range, on every executor.
+inline void check_step_range(std::size_t offset, std::size_t count, std::size_t size, std::string_view operation,
+                             int rank) {
+  if (offset > size || count > size - offset) {
+    throw error(operation, rank, error::unknown,
+                "plan step addresses elements [" + std::to_string(offset) + ", " + std::to_string(offset + count) +
+                    ") of a buffer of " + std::to_string(size));
+  }
+}
+
+/// The three buffers one rank runs a plan over (indexed by `buffer`: input, output,
+/// scratch) and their lengths in elements. at() checks a step's range and returns its first
+/// element.
+template <class T>
+struct plan_buffers {
+  T* base[3] = {};
+  std::size_t size[3] = {};
+  std::string_view operation;
+  int rank = 0;
+
+  [[nodiscard]] T* at(buffer b, std::size_t offset, std::size_t count) const {
+    const auto i = static_cast<std::size_t>(b);
+    check_step_range(offset, count, size[i], operation, rank);
+    return base[i] + offset;
+  }
 };
 
 } // namespace weft

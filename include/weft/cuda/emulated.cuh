@@ -263,12 +263,7 @@ inline std::size_t place_receives(std::span<const step> round, const std::uintpt
 inline void check_plan(const plan& pl, const std::size_t (&sizes)[3], int rank, int size,
                        std::string_view operation) {
   const auto in_range = [&](buffer b, std::size_t offset, std::size_t count) {
-    const std::size_t n = sizes[static_cast<std::size_t>(b)];
-    if (offset > n || count > n - offset) {
-      throw error(operation, rank, error::unknown,
-                  "plan step addresses elements [" + std::to_string(offset) + ", " +
-                      std::to_string(offset + count) + ") of a buffer of " + std::to_string(n));
-    }
+    check_step_range(offset, count, sizes[static_cast<std::size_t>(b)], operation, rank);
   };
   const auto a_rank = [&](int peer, bool self_allowed) {
     if (peer < 0 || peer >= size || (!self_allowed && peer == rank)) {
@@ -607,12 +602,8 @@ private:
       return bufs[static_cast<std::size_t>(b)] + off;
     };
     const auto& steps = pl.steps();
-    std::size_t i = 0;
-    while (i < steps.size()) {
-      std::size_t end = i;
-      while (end < steps.size() && steps[end].round == steps[i].round)
-        ++end;
-      const std::span<const step> round(steps.data() + i, end - i);
+    for (const plan_round& r : rounds_of(steps)) {
+      const std::span<const step> round(steps.data() + r.begin, r.end - r.begin);
       auto* temps = static_cast<std::byte*>(
           temps_.get(detail::place_receives(round, base, sizeof(T), landing_), *world_));
       const auto temporary = [&](std::size_t k) {
@@ -691,7 +682,6 @@ private:
       for (const step& st : round) {
         if (st.kind == step_kind::send) wait(fetch(st.peer, message::consumed, operation).event());
       }
-      i = end;
     }
   }
 

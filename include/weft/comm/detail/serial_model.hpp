@@ -79,8 +79,8 @@ void run_serial(const std::vector<plan>& plans, std::vector<model_rank<T>>& rank
     const auto& steps = pl.steps();
     if (s.pc >= steps.size() && !s.posted) return false;
     if (!s.posted) {
-      const std::uint32_t round = s.round = steps[s.pc].round;
-      for (std::size_t i = s.pc; i < steps.size() && steps[i].round == round; ++i) {
+      s.round = steps[s.pc].round;
+      for (std::size_t i = s.pc, end = round_end(steps, s.pc); i < end; ++i) {
         const step& x = steps[i];
         if (x.kind != step_kind::send) continue;
         if (x.peer < 0 || x.peer >= p || x.peer == r) throw error("serial model: bad send peer at " + where(r, i));

@@ -304,32 +304,26 @@ public:
       group_->staging_of(rank_, staged_calls_).count = pl.count();
     }
     T* scratch = staged ? static_cast<T*>(group_->staging(rank_, staged_calls_)) : scratch_.get<T>(pl.scratch_count());
-    T* bufs[3] = {const_cast<T*>(in), out, scratch};  // input is only ever read
-    const std::size_t sizes[3] = {in_count, out_count, pl.scratch_count()};
+    const plan_buffers<T> buffers{// input is only ever read
+                                  {const_cast<T*>(in), out, scratch},
+                                  {in_count, out_count, pl.scratch_count()},
+                                  operation,
+                                  rank_};
     // A staged plan's peers find its staging area in the group: the buffers published here
     // may still be read by a slower peer's previous call.
     const bool publish = pl.peer_access() && !staged;
     if (publish) {
       auto& me = group_->slots[static_cast<std::size_t>(rank_)];
       for (int b = 0; b < 3; ++b) {
-        me.buffers[b] = bufs[b];
-        me.sizes[b] = sizes[b];
+        me.buffers[b] = buffers.base[b];
+        me.sizes[b] = buffers.size[b];
       }
       me.count = pl.count();
       me.published.store(true, std::memory_order_seq_cst);
     }
-    const auto range = [&](buffer b, std::size_t off, std::size_t n) -> T* {
-      const auto i = static_cast<std::size_t>(b);
-      if (off + n > sizes[i]) {
-        throw error(operation, rank_, error::unknown,
-                    "plan step addresses elements [" + std::to_string(off) + ", " + std::to_string(off + n) +
-                        ") of a buffer of " + std::to_string(sizes[i]));
-      }
-      return bufs[i] + off;
-    };
     pending_guard pending(*this);
     try {
-      run_steps<T>(pl, range, op, operation, staged, pending);
+      run_steps<T>(pl, buffers, op, operation, staged, pending);
     } catch (...) {
       // No peer may read this rank's buffers once the error leaves: its messages are taken
       // back, and its published buffers once the peers loading from them have let go.
@@ -343,37 +337,34 @@ public:
 private:
   static constexpr int plan_tag = -1;
 
-  template <class T, class Range, class Op, class Pending>
-  void run_steps(const plan& pl, const Range& range, const Op& op, std::string_view operation, bool staged,
-                 Pending& pending) {
+  template <class T, class Op, class Pending>
+  void run_steps(const plan& pl, const plan_buffers<T>& buffers, const Op& op, std::string_view operation,
+                 bool staged, Pending& pending) {
     const auto& steps = pl.steps();
-    std::size_t i = 0;
-    while (i < steps.size()) {
-      const std::uint32_t round = steps[i].round;
-      std::size_t end = i;
-      while (end < steps.size() && steps[end].round == round) ++end;
-      for (std::size_t k = i; k < end; ++k) {
+    for (const plan_round& r : rounds_of(steps)) {
+      const std::uint32_t round = r.number;
+      for (std::size_t k = r.begin; k < r.end; ++k) {
         const step& s = steps[k];
         if (s.kind == step_kind::send) {
           record().at_step(round, k, s.kind);
-          pending.add(s.peer, post(s.peer, range(s.src, s.src_offset, s.count), s.count, dtype_of<T>, plan_tag, nullptr,
+          pending.add(s.peer, post(s.peer, buffers.at(s.src, s.src_offset, s.count), s.count, dtype_of<T>, plan_tag, nullptr,
                                    operation));
         }
       }
-      for (std::size_t k = i; k < end; ++k) {
+      for (std::size_t k = r.begin; k < r.end; ++k) {
         const step& s = steps[k];
         if (s.kind != step_kind::send) record().at_step(round, k, s.kind);
         switch (s.kind) {
           case step_kind::send: break;
           case step_kind::recv: {
-            T* dst = range(s.dst, s.dst_offset, s.count);
+            T* dst = buffers.at(s.dst, s.dst_offset, s.count);
             consume(s.peer, s.count, dtype_of<T>, plan_tag, operation,
                     [&](const void* src) { detail::copy_n(dst, static_cast<const T*>(src), s.count); });
             break;
           }
           case step_kind::recv_reduce: {
-            const T* a = range(s.src, s.src_offset, s.count);
-            T* dst = range(s.dst, s.dst_offset, s.count);
+            const T* a = buffers.at(s.src, s.src_offset, s.count);
+            T* dst = buffers.at(s.dst, s.dst_offset, s.count);
             consume(
                 s.peer, s.count, dtype_of<T>, plan_tag, operation,
                 [&](const void* src) { detail::reduce2(dst, a, static_cast<const T*>(src), s.count, op); },
@@ -381,18 +372,18 @@ private:
             break;
           }
           case step_kind::copy:
-            detail::copy_n(range(s.dst, s.dst_offset, s.count), range(s.src, s.src_offset, s.count), s.count);
+            detail::copy_n(buffers.at(s.dst, s.dst_offset, s.count), buffers.at(s.src, s.src_offset, s.count), s.count);
             break;
           case step_kind::reduce: {
-            T* d = range(s.dst, s.dst_offset, s.count);
-            detail::reduce2(d, d, range(s.src, s.src_offset, s.count), s.count, op);
+            T* d = buffers.at(s.dst, s.dst_offset, s.count);
+            detail::reduce2(d, d, buffers.at(s.src, s.src_offset, s.count), s.count, op);
             break;
           }
           case step_kind::load: {
             const std::int64_t arrived = pace_loads(std::span(&s.peer, 1), s.count * sizeof(T));
             peer_reads reading(*this);
             if (!staged) reading.add(s.peer, operation);
-            detail::copy_n(range(s.dst, s.dst_offset, s.count),
+            detail::copy_n(buffers.at(s.dst, s.dst_offset, s.count),
                            peer_range<T>(s.peer, s.src, s.src_offset, s.count, pl.count(), operation, staged), s.count);
             detail::link_pacer::wait_until(arrived);
             break;
@@ -406,7 +397,7 @@ private:
               srcs_.push_back(peer_range<T>(q, s.src, s.src_offset, s.count, pl.count(), operation, staged));
             }
             detail::link_pacer::wait_until(pace_loads(g, s.count * sizeof(T)));
-            detail::reduce_many(range(s.dst, s.dst_offset, s.count), reinterpret_cast<const T* const*>(srcs_.data()),
+            detail::reduce_many(buffers.at(s.dst, s.dst_offset, s.count), reinterpret_cast<const T* const*>(srcs_.data()),
                                 srcs_.size(), s.count, op);
             break;
           }
@@ -423,7 +414,6 @@ private:
         }
       }
       pending.wait_all(operation);
-      i = end;
     }
   }
 

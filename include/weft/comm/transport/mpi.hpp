@@ -450,17 +450,11 @@ public:
     }
     const recorded scope(*this, operation, pl.steps().size());
     T* const scratch = scratch_.get<T>(pl.scratch_count());
-    T* const bufs[3] = {const_cast<T*>(in), out, scratch}; // input is only ever read
-    const std::size_t sizes[3] = {in_count, out_count, pl.scratch_count()};
-    const auto range = [&](buffer b, std::size_t off, std::size_t n) -> T* {
-      const auto i = static_cast<std::size_t>(b);
-      if (off + n > sizes[i]) {
-        throw error(operation, rank_, error::unknown,
-                    "plan step addresses elements [" + std::to_string(off) + ", " +
-                        std::to_string(off + n) + ") of a buffer of " + std::to_string(sizes[i]));
-      }
-      return bufs[i] + off;
-    };
+    const plan_buffers<T> buffers{// input is only ever read
+                                  {const_cast<T*>(in), out, scratch},
+                                  {in_count, out_count, pl.scratch_count()},
+                                  operation,
+                                  rank_};
     operation_ = operation;
     auto ctx = context(operation);
     ctx.tick = [](void* self) { static_cast<communicator*>(self)->release_queued_sends(); };
@@ -470,43 +464,39 @@ public:
     constexpr std::size_t piece = message_bytes / sizeof(T) > 0 ? message_bytes / sizeof(T) : 1;
     guarded(operation, [&] {
       const auto& steps = pl.steps();
-      std::size_t i = 0;
-      while (i < steps.size()) {
-        const std::uint32_t round = steps[i].round;
-        std::size_t end = i;
-        while (end < steps.size() && steps[end].round == round)
-          ++end;
-        for (std::size_t k = i; k < end; ++k) {
+      for (const plan_round& r : rounds_of(steps)) {
+        const std::uint32_t round = r.number;
+        for (std::size_t k = r.begin; k < r.end; ++k) {
           const step& s = steps[k];
           if (s.kind != step_kind::send) continue;
           progress_->at_step(round, k, s.kind);
           check_peer(s.peer, operation);
-          queue_plan_sends(range(s.src, s.src_offset, s.count), s.count, s.peer, piece, s.src == buffer::scratch,
+          queue_plan_sends(buffers.at(s.src, s.src_offset, s.count), s.count, s.peer, piece, s.src == buffer::scratch,
                            operation);
         }
         release_queued_sends();
-        for (std::size_t k = i; k < end; ++k) {
+        for (std::size_t k = r.begin; k < r.end; ++k) {
           const step& s = steps[k];
           if (s.kind != step_kind::send) progress_->at_step(round, k, s.kind);
           switch (s.kind) {
             case step_kind::send: break;
             case step_kind::recv:
               check_peer(s.peer, operation);
-              post_plan_recvs(range(s.dst, s.dst_offset, s.count), s.count, s.peer, piece, s.dst == buffer::scratch,
+              post_plan_recvs(buffers.at(s.dst, s.dst_offset, s.count), s.count, s.peer, piece, s.dst == buffer::scratch,
                               operation);
               recvs_.wait_all(type, type_name, ctx);
               break;
             case step_kind::recv_reduce:
               check_peer(s.peer, operation);
-              recv_reduce(range(s.src, s.src_offset, s.count), range(s.dst, s.dst_offset, s.count), s.count, s.peer,
+              recv_reduce(buffers.at(s.src, s.src_offset, s.count), buffers.at(s.dst, s.dst_offset, s.count), s.count, s.peer,
                           piece, op, ctx);
               break;
             case step_kind::copy:
-              detail::copy_n(range(s.dst, s.dst_offset, s.count), range(s.src, s.src_offset, s.count), s.count);
+              detail::copy_n(buffers.at(s.dst, s.dst_offset, s.count), buffers.at(s.src, s.src_offset, s.count), s.count);
               break;
             case step_kind::reduce: {
-              T* d = range(s.dst, s.dst_offset, s.count);
-              detail::reduce2(d, d, range(s.src, s.src_offset, s.count), s.count, op);
+              T* d = buffers.at(s.dst, s.dst_offset, s.count);
+              detail::reduce2(d, d, buffers.at(s.src, s.src_offset, s.count), s.count, op);
               break;
             }
             case step_kind::load:
@@ -524,7 +514,6 @@ public:
                                  : detail::mpi_waiting_for{sends_.first_pending_peer(), "have its message received"};
             });
         eager_copies_.clear();
-        i = end;
       }
     });
   }

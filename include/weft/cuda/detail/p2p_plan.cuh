@@ -223,12 +223,7 @@ inline p2p_call_layout p2p_lay_out_call(const plan& pl, int rank, int size,
   }
 
   const auto own_range = [&](buffer b, std::size_t off, std::size_t n) {
-    const std::size_t have = sizes[static_cast<std::size_t>(b)];
-    if (n > have || off > have - n) {
-      throw error(operation, rank, error::unknown,
-                  "plan step addresses elements [" + std::to_string(off) + ", " +
-                      std::to_string(off + n) + ") of a buffer of " + std::to_string(have));
-    }
+    check_step_range(off, n, sizes[static_cast<std::size_t>(b)], operation, rank);
   };
   const auto a_rank = [&](int q) {
     if (q < 0 || q >= size) {
