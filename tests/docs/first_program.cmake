@@ -22,7 +22,7 @@ string(SUBSTRING "${readme}" 0 ${close} block)
 file(READ "${CMAKE_CURRENT_LIST_DIR}/first_program.cpp" program)
 if(NOT block STREQUAL program)
   file(WRITE "${CMAKE_CURRENT_BINARY_DIR}/first_program_in_readme.cpp" "${block}")
-  message(FATAL_ERROR "README.md's first program differs from tests/docs/first_program.cpp: compare "
-                      "${CMAKE_CURRENT_BINARY_DIR}/first_program_in_readme.cpp with it")
+  message(FATAL_ERROR "README.md's first program differs from tests/docs/first_program.cpp: "
+                      "compare ${CMAKE_CURRENT_BINARY_DIR}/first_program_in_readme.cpp with it")
 endif()
 message(STATUS "README.md's first program is tests/docs/first_program.cpp")
