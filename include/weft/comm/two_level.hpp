@@ -65,6 +65,7 @@
 // block of local rank l of node c to place l*N + c), reduce-scatters that inside the node (local
 // rank l keeps the node's sums of the N blocks of local index l) and then across nodes (each
 // rank its own block); all_gather runs the same steps backwards.
+#include <weft/comm/algorithm/detail/node_layout.hpp>
 #include <weft/comm/all_gather.hpp>
 #include <weft/comm/all_reduce.hpp>
 #include <weft/comm/broadcast.hpp>
@@ -79,7 +80,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <limits>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -115,14 +115,10 @@ inline constexpr bool is_stages_v<stages<I, O>> = true;
 
 namespace detail {
 
-/// Each rank's node as an index among the nodes numbered in the order of their first ranks:
-/// split colors (>= 0) that put each node's ranks together.
+/// Each rank's node, numbered in the order of the nodes' first ranks (node_layout's
+/// by_first_rank): split colors (>= 0) that put each node's ranks together.
 inline std::vector<int> node_colors(const std::vector<int>& node_of) {
-  std::map<int, int> color;  // node id -> its number
-  std::vector<int> out;
-  out.reserve(node_of.size());
-  for (const int n : node_of) out.push_back(color.try_emplace(n, static_cast<int>(color.size())).first->second);
-  return out;
+  return node_layout(node_of, node_numbering::by_first_rank).node;
 }
 
 /// node_colors(node_of)[rank].
@@ -271,29 +267,28 @@ public:
                   "rank " + std::to_string(rank_) + " outside a world of " + std::to_string(size) + " ranks (node_of)");
     }
     if (opt_.chunk_bytes == 0) throw error("two_level", rank_, error::unknown, "chunk_bytes must be at least 1");
+    layout_ = detail::node_layout(node_of_, detail::node_numbering::by_first_rank);
     // Node-major order (nodes numbered by first rank, a node's ranks in world order): each
     // rank's node, its index there, each node's size and first position; where each rank's
     // block sits when every node's blocks are kept together.
-    color_of_ = detail::node_colors(node_of_);
-    nodes_ = 1 + *std::max_element(color_of_.begin(), color_of_.end());
-    node_size_.assign(to_size(nodes_), 0);
-    local_of_.resize(to_size(size));
-    for (std::size_t r = 0; r < local_of_.size(); ++r) local_of_[r] = node_size_[to_size(color_of_[r])]++;
+    nodes_ = layout_.nodes();
     node_first_.assign(to_size(nodes_), 0);
-    for (std::size_t c = 1; c < node_first_.size(); ++c) node_first_[c] = node_first_[c - 1] + node_size_[c - 1];
+    for (int c = 1; c < nodes_; ++c) node_first_[to_size(c)] = node_first_[to_size(c - 1)] + ranks_on(c - 1);
     pos_.resize(to_size(size));
     contiguous_ = true;
     for (std::size_t r = 0; r < pos_.size(); ++r) {
-      pos_[r] = node_first_[to_size(color_of_[r])] + local_of_[r];
+      pos_[r] = node_first_[to_size(layout_.node[r])] + layout_.local[r];
       contiguous_ = contiguous_ && pos_[r] == static_cast<int>(r);
     }
-    color_ = color_of_[to_size(rank_)];
-    local_ = local_of_[to_size(rank_)];
-    leaders_ = *std::min_element(node_size_.begin(), node_size_.end());
-    even_ = leaders_ == *std::max_element(node_size_.begin(), node_size_.end());
-    const int mine = node_size_[to_size(color_)];
-    const auto with_local =
-        static_cast<int>(std::count_if(node_size_.begin(), node_size_.end(), [&](int n) { return n > local_; }));
+    color_ = layout_.node[to_size(rank_)];
+    local_ = layout_.local[to_size(rank_)];
+    leaders_ = layout_.min_ranks_per_node();
+    even_ = layout_.uniform();
+    const int mine = ranks_on(color_);
+    const auto with_local = static_cast<int>(
+        std::count_if(layout_.ranks.begin(), layout_.ranks.end(), [&](const std::vector<int>& n) {
+          return static_cast<int>(n.size()) > local_;
+        }));
     if (intra_.size() != mine || intra_.rank() != local_) {
       throw error("two_level", rank_, error::unknown,
                   "the intra-node communicator has rank " + std::to_string(intra_.rank()) + " of " +
@@ -306,7 +301,7 @@ public:
                       std::to_string(with_local) + " nodes have a rank of local index " + std::to_string(local_));
     }
     int inter_rank = 0;  // nodes before this one (by first rank) with a rank of this local index
-    for (int c = 0; c < color_; ++c) inter_rank += node_size_[static_cast<std::size_t>(c)] > local_;
+    for (int c = 0; c < color_; ++c) inter_rank += ranks_on(c) > local_;
     if (inter_.rank() != inter_rank) {
       throw error("two_level", rank_, error::unknown,
                   "the inter-node communicator has this rank at " + std::to_string(inter_.rank()) +
@@ -432,8 +427,8 @@ private:
     check_stages<Algo>();
     using IA = typename Algo::intra;
     using OA = typename Algo::inter;
-    const int root_node = color_of_[to_size(root)];
-    const int root_local = local_of_[to_size(root)];
+    const int root_node = layout_.node[to_size(root)];
+    const int root_local = layout_.local[to_size(root)];
     if (nodes_ == 1 || nodes_ == size()) {  // one level: one node, or one rank per node
       if (nodes_ == 1) weft::broadcast<IA>(intra_, std::span<T>(data, count), root_local);
       else inter_alone([&] { weft::broadcast<OA>(inter_, std::span<T>(data, count), root_node); });
@@ -496,8 +491,8 @@ private:
     check_stages<Algo>();
     using IA = typename Algo::intra;
     using OA = typename Algo::inter;
-    const int root_node = color_of_[to_size(root)];
-    const int root_local = local_of_[to_size(root)];
+    const int root_node = layout_.node[to_size(root)];
+    const int root_local = layout_.local[to_size(root)];
     const bool at_root = rank_ == root;
     if (nodes_ == 1 || nodes_ == size()) {
       const std::span<const T> src(in, count);
@@ -618,10 +613,10 @@ private:
     const bool lead = leader();
     std::size_t carried = 0;  // a leader's rank blocks (i mod m == its local rank)
     for (int c = 0; c < nodes_; ++c) {
-      for (int i = 0; i < node_size_[to_size(c)]; ++i) carried += lead && i % leaders_ == local_;
+      for (int i = 0; i < ranks_on(c); ++i) carried += lead && i % leaders_ == local_;
     }
     auto part = handoff_.template scratch<T>(intra_, carried * n);
-    const bool extras_here = node_size_[to_size(color_)] > leaders_;  // blocks handed on by a broadcast
+    const bool extras_here = ranks_on(color_) > leaders_;  // blocks handed on by a broadcast
     auto sink = handoff_.template scratch<T>(intra_, extras_here ? std::min(n, chunk_elements<T>()) : 0);
     const auto within = [&](const rank_piece& q) {
       const std::span<T> dst = local_ == q.leader ? std::span<T>(part.data() + q.slot, q.len) : std::span<T>{};
@@ -687,7 +682,7 @@ private:
     auto ordered = handoff_.template scratch<T>(intra_, contiguous_ ? 0 : p * n);
     T* const w = contiguous_ ? out : ordered.data();
     const auto here = to_size(node_first_[to_size(color_)]) * n;
-    const int mine = node_size_[to_size(color_)];
+    const int mine = ranks_on(color_);
     if constexpr (IA::serves(collective::all_gather)) {
       weft::all_gather<IA>(intra_, std::span<const T>(in, n), std::span<T>(w + here, to_size(mine) * n));
     } else {  // IA plans broadcasts only (tree): one per rank of the node
@@ -723,7 +718,7 @@ private:
   /// in which one Intra reduce_scatter (all_gather) of N blocks per rank meets, on each local
   /// rank, the blocks of its local index on every node.
   [[nodiscard]] std::size_t local_major(std::size_t r) const noexcept {
-    return to_size(local_of_[r]) * to_size(nodes_) + to_size(color_of_[r]);
+    return to_size(layout_.local[r]) * to_size(nodes_) + to_size(layout_.node[r]);
   }
 
   /// all_reduce on even nodes (L ranks each) of a count that L divides, where IntraAlgo plans
@@ -748,7 +743,7 @@ private:
   /// scratch). Two or three calls per chunk instead of 2L.
   template <class IA, class OA, class T, class Op>
   void reduce_even(const T* in, T* out, std::size_t count, int root, const Op& op) {
-    const int root_node = color_of_[to_size(root)];
+    const int root_node = layout_.node[to_size(root)];
     const bool on_root_node = color_ == root_node;
     const bool at_root = rank_ == root;
     const detail::summing_t<Op> sop(op);
@@ -809,11 +804,11 @@ private:
   void broadcast_even(T* data, std::size_t count, int root) {
     if (count == 0) return;
     const auto L = to_size(leaders_);
-    const int root_node = color_of_[to_size(root)];
+    const int root_node = layout_.node[to_size(root)];
     const std::size_t chunk = even_chunk<T>();
     const std::size_t chunks = chunk_count(count, chunk);
     if (color_ == root_node) {
-      const int root_local = local_of_[to_size(root)];
+      const int root_local = layout_.local[to_size(root)];
       const auto whole = [&](std::size_t k) {
         const auto [first, len] = chunk_span(k, chunk, count);
         weft::broadcast<IA>(intra_, std::span<T>(data + first, len), root_local);
@@ -916,7 +911,7 @@ private:
     const std::size_t chunk = chunk_elements<T>();
     std::size_t slot = 0;
     for (int c = 0; c < nodes_; ++c) {
-      for (int i = 0; i < node_size_[to_size(c)]; ++i) {
+      for (int i = 0; i < ranks_on(c); ++i) {
         const int leader = i % leaders_;
         for (std::size_t first = 0; first < n; first += chunk) {
           const std::size_t len = std::min(chunk, n - first);
@@ -928,6 +923,8 @@ private:
     return ps;
   }
   static constexpr std::size_t to_size(int v) noexcept { return static_cast<std::size_t>(v); }
+  /// Ranks on node c.
+  [[nodiscard]] int ranks_on(int c) const { return layout_.ranks_on(c); }
   template <class Algo>
   static constexpr void check_stages() {
     static_assert(algo::is_stages_v<Algo>,
@@ -974,8 +971,8 @@ private:
   two_level_options opt_;
   Handoff handoff_;
   int nodes_ = 1;
-  std::vector<int> node_size_, node_first_;  // by node (numbered by first rank): ranks, node-major offset
-  std::vector<int> color_of_, local_of_;     // by world rank: its node's number, its index there
+  detail::node_layout layout_;   // nodes numbered by first rank, as the inter communicators rank them
+  std::vector<int> node_first_;  // by node: its first position in node-major order
   std::vector<int> pos_;                     // world rank -> node-major position
   bool contiguous_ = true;                   // node-major order is world order
   int local_ = 0;  // this rank's index on its node (Intra's rank)
