@@ -5,20 +5,22 @@
 // but with each level on the transport that suits its link: peer loads over NVLink
 // (weft::cuda::p2p) inside a node and NCCL over InfiniBand across nodes.
 //
-//   auto world = weft::cuda::two_level_from_mpi(MPI_COMM_WORLD);          // p2p + NCCL (cuda/two_level_mpi.cuh)
-//   weft::all_reduce(world, std::span(d_grad, n));                          // on world.stream()
-//   weft::all_reduce<weft::algo::stages<weft::algo::direct, weft::algo::vendor>>(world, std::span(d_grad, n));
-//   auto host = weft::make_two_level(local_world);                          // one transport, split by node
+//   // p2p + NCCL (cuda/two_level_mpi.cuh), queued on world.stream():
+//   auto world = weft::cuda::two_level_from_mpi(MPI_COMM_WORLD);
+//   weft::all_reduce(world, std::span(d_grad, n));
+//   using weft::algo::direct, weft::algo::vendor;
+//   weft::all_reduce<weft::algo::levels<direct, vendor>>(world, std::span(d_grad, n));
+//   auto host = weft::make_two_level(local_world);  // one transport, split by node
 //
 // The pieces, one concept each, under comm/two_level/:
-//   levels.hpp        algo::stages<IntraAlgo, InterAlgo>, the algorithm tag naming each level's
+//   levels.hpp        algo::levels<IntraAlgo, InterAlgo>: the tag naming each level's algorithm
 //   scratch_pool.hpp  host working memory kept between calls
-//   host_handoff.hpp  host_handoff: level order, working memory, copies and op::avg's division
-//                     on the host (cuda/two_level.cuh's stream_handoff on GPUs)
+//   host_space.hpp    host_space: level order, working memory, copies and op::avg's division
+//                     on the host (cuda/two_level.cuh's stream_space on GPUs)
 //   communicator.hpp  the two_level class, its algorithms, and make_two_level
 //   collectives.hpp   all_reduce, reduce_scatter, all_gather, broadcast and reduce on it
 #include <weft/comm/two_level/collectives.hpp>
 #include <weft/comm/two_level/communicator.hpp>
-#include <weft/comm/two_level/host_handoff.hpp>
+#include <weft/comm/two_level/host_space.hpp>
 #include <weft/comm/two_level/levels.hpp>
 #include <weft/comm/two_level/scratch_pool.hpp>

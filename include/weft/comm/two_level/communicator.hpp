@@ -1,5 +1,5 @@
 #pragma once
-// weft::two_level<Intra, Inter, Handoff>: the communicator (comm/two_level.hpp says what it is).
+// weft::two_level<Intra, Inter, Space>: the communicator (comm/two_level.hpp says what it is).
 //
 // all_reduce, by chunks of options::chunk_bytes; m = the fewest ranks on any node, and each
 // chunk is cut into m blocks (sizes differ by at most one, the same on every node):
@@ -9,11 +9,11 @@
 //   broadcast  Intra: block j broadcast from local rank j
 // A node with more than m ranks gives its extra ranks no block: they take part in the reduce
 // and the broadcast only, so nodes may hold different numbers of ranks. Chunks are queued as
-// a pipeline, chunk k+1's reduce before chunk k's broadcast. On even nodes (L ranks each),
+// a pipeline, chunk k+1's reduce before chunk k's broadcast. On uniform nodes (L ranks each),
 // where IntraAlgo plans reduce_scatter and all_gather, the m reduces of a chunk are one Intra
 // reduce_scatter and the m broadcasts one all_gather (chunks a multiple of L elements; the
 // last count mod L elements go by blocks as above). On GPUs Intra and Inter run on
-// their own streams, ordered by events (Handoff, weft::cuda::stream_handoff), so the inter-node
+// their own streams, ordered by events (the Space, weft::cuda::stream_space), so the inter-node
 // all-reduce of one chunk overlaps the intra-node reduce of the next. One node: Intra's
 // all-reduce; one rank per node: Inter's.
 //
@@ -24,24 +24,27 @@
 // transports' own (device memory for device transports); the call is queued on Intra's stream
 // and returns when queued there, as the transports' calls do.
 //
-// Algorithms: algo::stages<IntraAlgo, InterAlgo> names each level's (IntraAlgo must plan
+// Algorithms: algo::levels<IntraAlgo, InterAlgo> names each level's (IntraAlgo must plan
 // reduce and broadcast: ring, tree, direct, automatic; InterAlgo all_reduce, or vendor for the
-// transport's own). The default, stages<>, is automatic at both levels.
+// transport's own). The default, levels<>, is automatic at both levels.
 //
 // broadcast and reduce (root: a world rank) use the same blocks and chunks: broadcast sends
 // block j of each chunk across nodes from the root's node's local rank j to the other nodes'
 // local ranks j, which spread it on their node; reduce is its mirror image, and on the root's
-// node the blocks that did not end on the root are handed to it. On even nodes, where
+// node the blocks that did not end on the root are handed to it. On uniform nodes, where
 // IntraAlgo plans all_gather (and, for reduce, reduce_scatter), the spreading is one Intra
 // all_gather per chunk instead of m broadcasts, and reduce's m reduces one reduce_scatter.
 //
-// A Handoff orders the levels (operator()(from, to)) and gives a call what it needs besides the
-// transports: scratch<T>(comm, n) (host memory from a pool kept between calls, or stream-ordered
-// device memory), copy and copy_rows (std::copy_n, or cudaMemcpyAsync and cudaMemcpy2DAsync on
-// comm's stream), and divide (op::avg's last step).
+// The Space (host_space, weft::cuda::stream_space) orders the levels (operator()(from, to))
+// and gives a call what it needs besides the transports: scratch<T>(comm, n) (host memory from
+// a pool kept between calls, or stream-ordered device memory), copy and copy_rows
+// (std::copy_n, or cudaMemcpyAsync and cudaMemcpy2DAsync on comm's stream), and divide
+// (op::avg's last step).
 //
 // Ranks are numbered as the world they were split from; rank(), size(), node_of() are the
-// world's; a node's ranks need not be contiguous. A two_level is not itself split again:
+// world's; a node's ranks need not be contiguous. Nodes are numbered in the order of their
+// first ranks (detail::node_layout, by_first_rank): that is the inter communicators' rank
+// order, which make_two_level splits with. A two_level is not itself split again:
 // split the world, then make one from that. Collectives offered: all_reduce, broadcast,
 // reduce, reduce_scatter, all_gather and barrier (all_to_all: use a world communicator).
 //
@@ -63,7 +66,7 @@
 #include <weft/comm/communicator.hpp>
 #include <weft/comm/reduce.hpp>
 #include <weft/comm/reduce_scatter.hpp>
-#include <weft/comm/two_level/host_handoff.hpp>
+#include <weft/comm/two_level/host_space.hpp>
 #include <weft/comm/two_level/levels.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/ops.hpp>
@@ -93,7 +96,7 @@ inline int node_color(const std::vector<int>& node_of, int rank) {
   return node_colors(node_of)[static_cast<std::size_t>(rank)];
 }
 
-/// The operator two_level's stages apply: op::avg sums (the division comes once, at the end).
+/// The operator two_level's levels apply: op::avg sums (the division comes once, at the end).
 template <class Op>
 using summing_t = std::conditional_t<is_average_v<Op>, op::sum, Op>;
 
@@ -108,7 +111,7 @@ namespace detail {
 struct two_level_access;
 } // namespace detail
 
-template <communicator Intra, communicator Inter = Intra, class Handoff = host_handoff>
+template <communicator Intra, communicator Inter = Intra, class Space = host_space>
 class two_level {
 public:
   using intra_type = Intra;
@@ -119,23 +122,31 @@ public:
   /// nodes' first world ranks; `node_of`: the world's node of each rank; `rank`: this rank in
   /// the world. make_two_level() builds all of it from a world communicator.
   /// `held`: what the communicators borrow (an MPI communicator, say), released after them.
-  two_level(Intra intra, Inter inter, std::vector<int> node_of, int rank, two_level_options opt = {},
-            Handoff handoff = {}, std::shared_ptr<const void> held = {})
-      : held_(std::move(held)), intra_(std::move(intra)), inter_(std::move(inter)), node_of_(std::move(node_of)), rank_(rank), opt_(opt),
-        handoff_(std::move(handoff)) {
+  two_level(Intra intra, Inter inter, std::vector<int> node_of, int rank,
+            two_level_options opt = {}, Space space = {}, std::shared_ptr<const void> held = {})
+      : held_(std::move(held)),
+        intra_(std::move(intra)),
+        inter_(std::move(inter)),
+        node_of_(std::move(node_of)),
+        rank_(rank),
+        opt_(opt),
+        space_(std::move(space)) {
     const int size = static_cast<int>(node_of_.size());
     if (rank_ < 0 || rank_ >= size) {
       throw error("two_level", rank_, error::unknown,
-                  "rank " + std::to_string(rank_) + " outside a world of " + std::to_string(size) + " ranks (node_of)");
+                  "rank " + std::to_string(rank_) + " outside a world of " + std::to_string(size) +
+                      " ranks (node_of)");
     }
-    if (opt_.chunk_bytes == 0) throw error("two_level", rank_, error::unknown, "chunk_bytes must be at least 1");
+    if (opt_.chunk_bytes == 0)
+      throw error("two_level", rank_, error::unknown, "chunk_bytes must be at least 1");
     layout_ = detail::node_layout(node_of_, detail::node_numbering::by_first_rank);
     // Node-major order (nodes numbered by first rank, a node's ranks in world order): each
     // rank's node, its index there, each node's size and first position; where each rank's
     // block sits when every node's blocks are kept together.
     nodes_ = layout_.nodes();
     node_first_.assign(to_size(nodes_), 0);
-    for (int c = 1; c < nodes_; ++c) node_first_[to_size(c)] = node_first_[to_size(c - 1)] + ranks_on(c - 1);
+    for (int c = 1; c < nodes_; ++c)
+      node_first_[to_size(c)] = node_first_[to_size(c - 1)] + ranks_on(c - 1);
     pos_.resize(to_size(size));
     contiguous_ = true;
     for (std::size_t r = 0; r < pos_.size(); ++r) {
@@ -144,26 +155,28 @@ public:
     }
     color_ = layout_.node[to_size(rank_)];
     local_ = layout_.local[to_size(rank_)];
-    leaders_ = layout_.min_ranks_per_node();
-    even_ = layout_.uniform();
+    min_ranks_ = layout_.min_ranks_per_node();
+    uniform_ = layout_.uniform();
     const int mine = ranks_on(color_);
-    const auto with_local = static_cast<int>(
-        std::count_if(layout_.ranks.begin(), layout_.ranks.end(), [&](const std::vector<int>& n) {
-          return static_cast<int>(n.size()) > local_;
-        }));
+    const auto with_local = static_cast<int>(std::count_if(
+        layout_.ranks.begin(), layout_.ranks.end(),
+        [&](const std::vector<int>& n) { return static_cast<int>(n.size()) > local_; }));
     if (intra_.size() != mine || intra_.rank() != local_) {
       throw error("two_level", rank_, error::unknown,
                   "the intra-node communicator has rank " + std::to_string(intra_.rank()) + " of " +
-                      std::to_string(intra_.size()) + ", but node_of puts this rank at local index " +
-                      std::to_string(local_) + " of " + std::to_string(mine) + " ranks on its node");
+                      std::to_string(intra_.size()) +
+                      ", but node_of puts this rank at local index " + std::to_string(local_) +
+                      " of " + std::to_string(mine) + " ranks on its node");
     }
     if (inter_.size() != with_local) {
       throw error("two_level", rank_, error::unknown,
-                  "the inter-node communicator has " + std::to_string(inter_.size()) + " ranks, but " +
-                      std::to_string(with_local) + " nodes have a rank of local index " + std::to_string(local_));
+                  "the inter-node communicator has " + std::to_string(inter_.size()) +
+                      " ranks, but " + std::to_string(with_local) +
+                      " nodes have a rank of local index " + std::to_string(local_));
     }
-    int inter_rank = 0;  // nodes before this one (by first rank) with a rank of this local index
-    for (int c = 0; c < color_; ++c) inter_rank += ranks_on(c) > local_;
+    int inter_rank = 0; // nodes before this one (by first rank) with a rank of this local index
+    for (int c = 0; c < color_; ++c)
+      inter_rank += ranks_on(c) > local_;
     if (inter_.rank() != inter_rank) {
       throw error("two_level", rank_, error::unknown,
                   "the inter-node communicator has this rank at " + std::to_string(inter_.rank()) +
@@ -177,18 +190,18 @@ public:
   [[nodiscard]] int size() const noexcept { return static_cast<int>(node_of_.size()); }
   [[nodiscard]] const std::vector<int>& node_of() const noexcept { return node_of_; }
   /// The fewest ranks on a node: the blocks of an all-reduce, and the leaders per node.
-  [[nodiscard]] int leaders() const noexcept { return leaders_; }
+  [[nodiscard]] int min_ranks_per_node() const noexcept { return min_ranks_; }
+  [[deprecated("use min_ranks_per_node()")]] [[nodiscard]] int leaders() const noexcept {
+    return min_ranks_;
+  }
   [[nodiscard]] int nodes() const noexcept { return nodes_; }
-  [[nodiscard]] bool leader() const noexcept { return intra_.rank() < leaders_; }
+  [[nodiscard]] bool leader() const noexcept { return intra_.rank() < min_ranks_; }
   [[nodiscard]] Intra& intra() noexcept { return intra_; }
   [[nodiscard]] Inter& inter() noexcept { return inter_; }
   [[nodiscard]] const two_level_options& options() const noexcept { return opt_; }
   /// Intra's stream, where a call's work is queued and ends (device transports only).
-  [[nodiscard]] auto stream() const noexcept
-    requires requires(const Intra& c) { c.stream(); }
-  {
-    return intra_.stream();
-  }
+  [[nodiscard]] auto stream() const noexcept requires requires(const Intra& c) { c.stream(); }
+  { return intra_.stream(); }
 
   /// The call check (check_calls on either level's communicator, or WEFT_CHECK_CALLS=1): every
   /// rank's call of this two_level is compared, on its node and then across the nodes, before
@@ -197,7 +210,8 @@ public:
   template <class T, class Op>
   void check_call(collective c, std::size_t count, int root) {
     if (!detail::check_calls_enabled(intra_) && !detail::check_calls_enabled(inter_)) return;
-    const detail::call_signature sig{c, "two_level", count, dtype_of<T>, detail::call_op_name<Op>(), root};
+    const detail::call_signature sig{
+        c, "two_level", count, dtype_of<T>, detail::call_op_name<Op>(), root};
     detail::check_same_call(intra_, sig);
     detail::check_same_call(inter_, sig);
   }
@@ -216,35 +230,35 @@ private:
 
   template <class Algo, class T, class Op>
   void all_reduce(const T* in, T* out, std::size_t count, const Op& op) {
-    check_stages<Algo>();
+    check_levels<Algo>();
     using IA = typename Algo::intra;
     using OA = typename Algo::inter;
     if (nodes_ == 1) {
       run_all_reduce<IA>(intra_, in, out, count, op);
       return;
     }
-    if (nodes_ == size()) {  // one rank per node
+    if (nodes_ == size()) { // one rank per node
       inter_alone([&] { run_all_reduce<OA>(inter_, in, out, count, op); });
       return;
     }
     if constexpr (IA::serves(collective::reduce_scatter) && IA::serves(collective::all_gather)) {
-      if (even_) {
-        const std::size_t head = count - count % to_size(leaders_);
-        all_reduce_even<IA, OA>(in, out, head, op);
+      if (uniform_) {
+        const std::size_t head = count - count % to_size(min_ranks_);
+        all_reduce_uniform<IA, OA>(in, out, head, op);
         in += head;
         out += head;
-        count -= head;  // fewer than L elements left: by blocks below
+        count -= head; // fewer than L elements left: by blocks below
       }
     }
     if (count == 0) return;
     constexpr bool average = is_average_v<Op>;
-    const detail::summing_t<Op> sop(op);  // avg sums in the stages, then divides once
+    const detail::summing_t<Op> sop(op); // avg sums in the levels, then divides once
     const std::size_t chunk = chunk_elements<T>();
     const std::size_t chunks = chunk_count(count, chunk);
     const auto span_of = [&](std::size_t k) { return chunk_span(k, chunk, count); };
     const auto reduce_chunk = [&](std::size_t k) {
       const auto [first, len] = span_of(k);
-      for (int j = 0; j < leaders_; ++j) {
+      for (int j = 0; j < min_ranks_; ++j) {
         const auto [b, e] = block(len, j);
         if (b == e) continue;
         const std::span<const T> src(in + first + b, e - b);
@@ -257,25 +271,27 @@ private:
       const auto [b, e] = block(len, local_);
       if (b == e) return;
       weft::all_reduce<OA>(inter_, std::span<T>(out + first + b, e - b), sop);
-      if constexpr (average) handoff_.divide(inter_, out + first + b, e - b, size());
+      if constexpr (average) space_.divide(inter_, out + first + b, e - b, size());
     };
     const auto broadcast_chunk = [&](std::size_t k) {
       const auto [first, len] = span_of(k);
-      for (int j = 0; j < leaders_; ++j) {
+      for (int j = 0; j < min_ranks_; ++j) {
         const auto [b, e] = block(len, j);
         if (b != e) weft::broadcast<IA>(intra_, std::span<T>(out + first + b, e - b), j);
       }
     };
     const bool lead = leader();
     reduce_chunk(0);
-    if (lead) handoff_(intra_, inter_);
+    if (lead) space_(intra_, inter_);
     for (std::size_t k = 0; k < chunks; ++k) {
       if (lead) reduce_across(k);
       if (k + 1 < chunks) {
         reduce_chunk(k + 1);
-        if (lead) handoff_(intra_, inter_);  // Inter's next chunk waits for this reduce, not for the broadcast below
+        if (lead)
+          space_(intra_,
+                 inter_); // Inter's next chunk waits for this reduce, not for the broadcast below
       }
-      if (lead) handoff_(inter_, intra_);
+      if (lead) space_(inter_, intra_);
       broadcast_chunk(k);
     }
   }
@@ -283,25 +299,27 @@ private:
   /// data from world rank `root` to every rank. Per chunk: the root's node broadcasts it from
   /// the root (Intra); leader j sends block j from the root's node to the leaders j of the
   /// other nodes (Inter's broadcast); each other node spreads block j from its local rank j
-  /// (on even nodes by broadcast_even, but for the last count mod L elements).
+  /// (on uniform nodes by broadcast_uniform, but for the last count mod L elements).
   template <class Algo, class T>
   void broadcast(T* data, std::size_t count, int root) {
-    check_stages<Algo>();
+    check_levels<Algo>();
     using IA = typename Algo::intra;
     using OA = typename Algo::inter;
     const int root_node = layout_.node[to_size(root)];
     const int root_local = layout_.local[to_size(root)];
-    if (nodes_ == 1 || nodes_ == size()) {  // one level: one node, or one rank per node
-      if (nodes_ == 1) weft::broadcast<IA>(intra_, std::span<T>(data, count), root_local);
-      else inter_alone([&] { weft::broadcast<OA>(inter_, std::span<T>(data, count), root_node); });
+    if (nodes_ == 1 || nodes_ == size()) { // one level: one node, or one rank per node
+      if (nodes_ == 1)
+        weft::broadcast<IA>(intra_, std::span<T>(data, count), root_local);
+      else
+        inter_alone([&] { weft::broadcast<OA>(inter_, std::span<T>(data, count), root_node); });
       return;
     }
     if constexpr (IA::serves(collective::all_gather)) {
-      if (even_) {
-        const std::size_t head = count - count % to_size(leaders_);
-        broadcast_even<IA, OA>(data, head, root);
+      if (uniform_) {
+        const std::size_t head = count - count % to_size(min_ranks_);
+        broadcast_uniform<IA, OA>(data, head, root);
         data += head;
-        count -= head;  // fewer than L elements left: by blocks below
+        count -= head; // fewer than L elements left: by blocks below
       }
     }
     if (count == 0) return;
@@ -321,36 +339,36 @@ private:
       whole(0);
       for (std::size_t k = 0; k < chunks; ++k) {
         if (lead) {
-          handoff_(intra_, inter_);  // chunk k is here
+          space_(intra_, inter_); // chunk k is here
           across(k);
         }
         if (k + 1 < chunks) whole(k + 1);
       }
     } else {
-      if (lead) handoff_(intra_, inter_);  // the caller's earlier work on the buffer
+      if (lead) space_(intra_, inter_); // the caller's earlier work on the buffer
       for (std::size_t k = 0; k < chunks; ++k) {
         if (lead) {
           across(k);
-          handoff_(inter_, intra_);
+          space_(inter_, intra_);
         }
         const auto [first, len] = chunk_span(k, chunk, count);
-        for (int j = 0; j < leaders_; ++j) {
+        for (int j = 0; j < min_ranks_; ++j) {
           const auto [b, e] = block(len, j);
           if (b != e) weft::broadcast<IA>(intra_, std::span<T>(data + first + b, e - b), j);
         }
       }
     }
-    if (lead) handoff_(inter_, intra_);  // the call ends on Intra's stream
+    if (lead) space_(inter_, intra_); // the call ends on Intra's stream
   }
 
   /// out (at world rank `root` only) = the reduction of every rank's `in`. Per chunk: every
   /// node reduces block j onto its local rank j (Intra); the leaders j reduce it onto the root's
   /// node (Inter); there, blocks held by a local rank other than the root's are broadcast
   /// (Intra) and the root keeps them. op::avg sums, then the root divides by the world size.
-  /// On even nodes by reduce_even, but for the last count mod L elements.
+  /// On uniform nodes by reduce_uniform, but for the last count mod L elements.
   template <class Algo, class T, class Op>
   void reduce(const T* in, T* out, std::size_t count, int root, const Op& op) {
-    check_stages<Algo>();
+    check_levels<Algo>();
     using IA = typename Algo::intra;
     using OA = typename Algo::inter;
     const int root_node = layout_.node[to_size(root)];
@@ -359,22 +377,24 @@ private:
     if (nodes_ == 1 || nodes_ == size()) {
       const std::span<const T> src(in, count);
       const std::span<T> dst(out, at_root ? count : 0);
-      if (nodes_ == 1) weft::reduce<IA>(intra_, src, dst, root_local, op);
-      else inter_alone([&] { weft::reduce<OA>(inter_, src, dst, root_node, op); });
+      if (nodes_ == 1)
+        weft::reduce<IA>(intra_, src, dst, root_local, op);
+      else
+        inter_alone([&] { weft::reduce<OA>(inter_, src, dst, root_node, op); });
       return;
     }
     if constexpr (IA::serves(collective::reduce_scatter) && IA::serves(collective::all_gather)) {
-      if (even_) {
-        const std::size_t head = count - count % to_size(leaders_);
-        reduce_even<IA, OA>(in, out, head, root, op);
+      if (uniform_) {
+        const std::size_t head = count - count % to_size(min_ranks_);
+        reduce_uniform<IA, OA>(in, out, head, root, op);
         in += head;
         out += at_root ? head : 0;
-        count -= head;  // fewer than L elements left: by blocks below
+        count -= head; // fewer than L elements left: by blocks below
       }
     }
     if (count == 0) return;
     constexpr bool average = is_average_v<Op>;
-    const detail::summing_t<Op> sop(op);  // avg sums in the stages, then divides once
+    const detail::summing_t<Op> sop(op); // avg sums in the levels, then divides once
     const std::size_t chunk = chunk_elements<T>();
     const std::size_t chunks = chunk_count(count, chunk);
     const bool lead = leader();
@@ -383,16 +403,18 @@ private:
     // root's node the ranks that only pass blocks on to the root receive them into `sink`.
     // (sized by the longest chunk there is: chunk_bytes may well exceed the whole call)
     const std::size_t longest = std::min(chunk, count);
-    const std::size_t slot = (longest + static_cast<std::size_t>(leaders_) - 1) / static_cast<std::size_t>(leaders_);
-    auto part = handoff_.template scratch<T>(intra_, lead ? chunks * slot : 0);
-    auto sink = handoff_.template scratch<T>(intra_, on_root_node && !at_root ? slot : 0);
+    const std::size_t slot =
+        (longest + static_cast<std::size_t>(min_ranks_) - 1) / static_cast<std::size_t>(min_ranks_);
+    auto part = space_.template scratch<T>(intra_, lead ? chunks * slot : 0);
+    auto sink = space_.template scratch<T>(intra_, on_root_node && !at_root ? slot : 0);
     const auto reduce_within = [&](std::size_t k) {
       const auto [first, len] = chunk_span(k, chunk, count);
-      for (int j = 0; j < leaders_; ++j) {
+      for (int j = 0; j < min_ranks_; ++j) {
         const auto [b, e] = block(len, j);
         if (b == e) continue;
         // Only rank j receives (part is empty on the others: no pointer into it there).
-        const std::span<T> dst = local_ == j ? std::span<T>(part.data() + k * slot, e - b) : std::span<T>{};
+        const std::span<T> dst =
+            local_ == j ? std::span<T>(part.data() + k * slot, e - b) : std::span<T>{};
         weft::reduce<IA>(intra_, std::span<const T>(in + first + b, e - b), dst, j, sop);
       }
     };
@@ -401,34 +423,36 @@ private:
       const auto [b, e] = block(len, local_);
       if (b == e) return;
       T* const mine = part.data() + k * slot;
-      T* const dst = at_root ? out + first + b : mine;  // the root's node's other leaders: in place
-      weft::reduce<OA>(inter_, std::span<const T>(mine, e - b), std::span<T>(dst, on_root_node ? e - b : 0), root_node,
-                       sop);
+      T* const dst = at_root ? out + first + b : mine; // the root's node's other leaders: in place
+      weft::reduce<OA>(inter_, std::span<const T>(mine, e - b),
+                       std::span<T>(dst, on_root_node ? e - b : 0), root_node, sop);
     };
     const auto hand_to_root = [&](std::size_t k) {
       const auto [first, len] = chunk_span(k, chunk, count);
-      for (int j = 0; j < leaders_; ++j) {
+      for (int j = 0; j < min_ranks_; ++j) {
         const auto [b, e] = block(len, j);
         if (b == e || j == root_local) continue;
-        T* const buf = at_root ? out + first + b : local_ == j ? part.data() + k * slot : sink.data();
+        T* const buf = at_root       ? out + first + b
+                       : local_ == j ? part.data() + k * slot
+                                     : sink.data();
         weft::broadcast<IA>(intra_, std::span<T>(buf, e - b), j);
       }
     };
     reduce_within(0);
     for (std::size_t k = 0; k < chunks; ++k) {
       if (lead) {
-        handoff_(intra_, inter_);
+        space_(intra_, inter_);
         reduce_across(k);
       }
       if (k + 1 < chunks) reduce_within(k + 1);
       if (on_root_node) {
-        if (lead) handoff_(inter_, intra_);
+        if (lead) space_(inter_, intra_);
         hand_to_root(k);
       }
     }
-    if (lead) handoff_(inter_, intra_);  // ends on Intra's stream, before `part` is released there
+    if (lead) space_(inter_, intra_); // ends on Intra's stream, before `part` is released there
     if constexpr (average) {
-      if (at_root) handoff_.divide(intra_, out, count, size());
+      if (at_root) space_.divide(intra_, out, count, size());
     }
   }
 
@@ -439,7 +463,7 @@ private:
   /// nodes reorder the input into a node-major copy first.
   template <class Algo, class T, class Op>
   void reduce_scatter(const T* in, T* out, std::size_t n, const Op& op) {
-    check_stages<Algo>();
+    check_levels<Algo>();
     using IA = typename Algo::intra;
     using OA = typename Algo::inter;
     const auto p = static_cast<std::size_t>(size());
@@ -452,46 +476,56 @@ private:
     }
     if constexpr (OA::serves(collective::reduce_scatter)) {
       if (nodes_ == size()) {
-        inter_alone([&] { weft::reduce_scatter<OA>(inter_, std::span<const T>(in, n * p), std::span<T>(out, n), op); });
+        inter_alone([&] {
+          weft::reduce_scatter<OA>(inter_, std::span<const T>(in, n * p), std::span<T>(out, n), op);
+        });
         return;
       }
     }
     if (n == 0) return;
-    if constexpr (IA::serves(collective::reduce_scatter) && OA::serves(collective::reduce_scatter)) {
-      if (even_) {
-        reduce_scatter_even<IA, OA>(in, out, n, op);
+    if constexpr (IA::serves(collective::reduce_scatter) &&
+                  OA::serves(collective::reduce_scatter)) {
+      if (uniform_) {
+        reduce_scatter_uniform<IA, OA>(in, out, n, op);
         return;
       }
     }
     constexpr bool average = is_average_v<Op>;
-    const detail::summing_t<Op> sop(op);  // avg sums in the stages, then divides once
-    auto ordered = handoff_.template scratch<T>(intra_, contiguous_ ? 0 : p * n);
+    const detail::summing_t<Op> sop(op); // avg sums in the levels, then divides once
+    auto ordered = space_.template scratch<T>(intra_, contiguous_ ? 0 : p * n);
     const T* x = in;
     if (!contiguous_) {
-      for (std::size_t r = 0; r < p; ++r) handoff_.copy(intra_, ordered.data() + to_size(pos_[r]) * n, in + r * n, n);
+      for (std::size_t r = 0; r < p; ++r)
+        space_.copy(intra_, ordered.data() + to_size(pos_[r]) * n, in + r * n, n);
       x = ordered.data();
     }
     const auto pieces = rank_pieces<T>(n);
     const bool lead = leader();
-    std::size_t carried = 0;  // a leader's rank blocks (i mod m == its local rank)
+    std::size_t carried = 0; // a leader's rank blocks (i mod m == its local rank)
     for (int c = 0; c < nodes_; ++c) {
-      for (int i = 0; i < ranks_on(c); ++i) carried += lead && i % leaders_ == local_;
+      for (int i = 0; i < ranks_on(c); ++i)
+        carried += lead && i % min_ranks_ == local_;
     }
-    auto part = handoff_.template scratch<T>(intra_, carried * n);
-    const bool extras_here = ranks_on(color_) > leaders_;  // blocks handed on by a broadcast
-    auto sink = handoff_.template scratch<T>(intra_, extras_here ? std::min(n, chunk_elements<T>()) : 0);
+    auto part = space_.template scratch<T>(intra_, carried * n);
+    const bool extras_here = ranks_on(color_) > min_ranks_; // blocks handed on by a broadcast
+    auto sink =
+        space_.template scratch<T>(intra_, extras_here ? std::min(n, chunk_elements<T>()) : 0);
     const auto within = [&](const rank_piece& q) {
-      const std::span<T> dst = local_ == q.leader ? std::span<T>(part.data() + q.slot, q.len) : std::span<T>{};
+      const std::span<T> dst =
+          local_ == q.leader ? std::span<T>(part.data() + q.slot, q.len) : std::span<T>{};
       weft::reduce<IA>(intra_, std::span<const T>(x + q.offset, q.len), dst, q.leader, sop);
     };
     const auto across = [&](const rank_piece& q) {
       T* const mine = part.data() + q.slot;
       const bool home = color_ == q.node;
       T* const dst = home && local_ == q.local ? out + q.first : mine;
-      weft::reduce<OA>(inter_, std::span<const T>(mine, q.len), std::span<T>(dst, home ? q.len : 0), q.node, sop);
+      weft::reduce<OA>(inter_, std::span<const T>(mine, q.len), std::span<T>(dst, home ? q.len : 0),
+                       q.node, sop);
     };
     const auto hand_on = [&](const rank_piece& q) {
-      T* const buf = local_ == q.local ? out + q.first : local_ == q.leader ? part.data() + q.slot : sink.data();
+      T* const buf = local_ == q.local    ? out + q.first
+                     : local_ == q.leader ? part.data() + q.slot
+                                          : sink.data();
       weft::broadcast<IA>(intra_, std::span<T>(buf, q.len), q.leader);
     };
     within(pieces.front());
@@ -499,17 +533,17 @@ private:
       const auto& q = pieces[k];
       const bool carries = local_ == q.leader;
       if (carries) {
-        handoff_(intra_, inter_);
+        space_(intra_, inter_);
         across(q);
       }
       if (k + 1 < pieces.size()) within(pieces[k + 1]);
       if (q.local != q.leader && color_ == q.node) {
-        if (carries) handoff_(inter_, intra_);
+        if (carries) space_(inter_, intra_);
         hand_on(q);
       }
     }
-    if (lead) handoff_(inter_, intra_);
-    if constexpr (average) handoff_.divide(intra_, out, n, size());
+    if (lead) space_(inter_, intra_);
+    if constexpr (average) space_.divide(intra_, out, n, size());
   }
 
   /// Block r (n elements) of out = rank r's in, on every rank. The node gathers its own
@@ -518,7 +552,7 @@ private:
   /// spread it on their node. Interleaved nodes gather node-major, then reorder.
   template <class Algo, class T>
   void all_gather(const T* in, T* out, std::size_t n) {
-    check_stages<Algo>();
+    check_levels<Algo>();
     using IA = typename Algo::intra;
     using OA = typename Algo::inter;
     const auto p = static_cast<std::size_t>(size());
@@ -530,40 +564,45 @@ private:
     }
     if constexpr (OA::serves(collective::all_gather)) {
       if (nodes_ == size()) {
-        inter_alone([&] { weft::all_gather<OA>(inter_, std::span<const T>(in, n), std::span<T>(out, n * p)); });
+        inter_alone([&] {
+          weft::all_gather<OA>(inter_, std::span<const T>(in, n), std::span<T>(out, n * p));
+        });
         return;
       }
     }
     if (n == 0) return;
     if constexpr (IA::serves(collective::all_gather) && OA::serves(collective::all_gather)) {
-      if (even_) {
-        all_gather_even<IA, OA>(in, out, n);
+      if (uniform_) {
+        all_gather_uniform<IA, OA>(in, out, n);
         return;
       }
     }
-    auto ordered = handoff_.template scratch<T>(intra_, contiguous_ ? 0 : p * n);
+    auto ordered = space_.template scratch<T>(intra_, contiguous_ ? 0 : p * n);
     T* const w = contiguous_ ? out : ordered.data();
     const auto here = to_size(node_first_[to_size(color_)]) * n;
     const int mine = ranks_on(color_);
     if constexpr (IA::serves(collective::all_gather)) {
-      weft::all_gather<IA>(intra_, std::span<const T>(in, n), std::span<T>(w + here, to_size(mine) * n));
-    } else {  // IA plans broadcasts only (tree): one per rank of the node
-      handoff_.copy(intra_, w + here + to_size(local_) * n, in, n);
-      for (int i = 0; i < mine; ++i) weft::broadcast<IA>(intra_, std::span<T>(w + here + to_size(i) * n, n), i);
+      weft::all_gather<IA>(intra_, std::span<const T>(in, n),
+                           std::span<T>(w + here, to_size(mine) * n));
+    } else { // IA plans broadcasts only (tree): one per rank of the node
+      space_.copy(intra_, w + here + to_size(local_) * n, in, n);
+      for (int i = 0; i < mine; ++i)
+        weft::broadcast<IA>(intra_, std::span<T>(w + here + to_size(i) * n, n), i);
     }
     const bool lead = leader();
-    if (lead) handoff_(intra_, inter_);
+    if (lead) space_(intra_, inter_);
     for (const auto& q : rank_pieces<T>(n)) {
       const bool carries = local_ == q.leader;
       if (carries) weft::broadcast<OA>(inter_, std::span<T>(w + q.offset, q.len), q.node);
       if (color_ != q.node) {
-        if (carries) handoff_(inter_, intra_);
+        if (carries) space_(inter_, intra_);
         weft::broadcast<IA>(intra_, std::span<T>(w + q.offset, q.len), q.leader);
       }
     }
-    if (lead) handoff_(inter_, intra_);
+    if (lead) space_(inter_, intra_);
     if (!contiguous_) {
-      for (std::size_t r = 0; r < p; ++r) handoff_.copy(intra_, out + r * n, w + to_size(pos_[r]) * n, n);
+      for (std::size_t r = 0; r < p; ++r)
+        space_.copy(intra_, out + r * n, w + to_size(pos_[r]) * n, n);
     }
   }
 
@@ -571,9 +610,9 @@ private:
   /// Intra's stream, and ending there, as every call does (on GPUs the levels' streams differ).
   template <class F>
   void inter_alone(F&& call) {
-    handoff_(intra_, inter_);
+    space_(intra_, inter_);
     std::forward<F>(call)();
-    handoff_(inter_, intra_);
+    space_(inter_, intra_);
   }
 
   /// Where world rank r's block sits in local-major order (local index, then node): the order
@@ -583,56 +622,59 @@ private:
     return to_size(layout_.local[r]) * to_size(nodes_) + to_size(layout_.node[r]);
   }
 
-  /// all_reduce on even nodes (L ranks each) of a count that L divides, where IntraAlgo plans
+  /// all_reduce on uniform nodes (L ranks each) of a count that L divides, where IntraAlgo plans
   /// reduce_scatter and all_gather: per chunk one Intra reduce_scatter leaves local rank j block
   /// j of the node's sum in scratch, the leaders j all-reduce it across nodes (Inter), and one
   /// Intra all_gather brings the blocks back. The same blocks and pipeline as the general path,
   /// in three calls per chunk instead of 2L + 1.
   template <class IA, class OA, class T, class Op>
-  void all_reduce_even(const T* in, T* out, std::size_t count, const Op& op) {
+  void all_reduce_uniform(const T* in, T* out, std::size_t count, const Op& op) {
     const detail::summing_t<Op> sop(op);
     const auto across = [&](std::span<T> block) {
       weft::all_reduce<OA>(inter_, block, sop);
-      if constexpr (is_average_v<Op>) handoff_.divide(inter_, block.data(), block.size(), size());
+      if constexpr (is_average_v<Op>) space_.divide(inter_, block.data(), block.size(), size());
     };
     reduce_by_blocks<IA>(in, count, sop, across, [&](std::size_t first) { return out + first; });
   }
 
-  /// reduce on even nodes (L ranks each) of a count that L divides, where IntraAlgo plans
+  /// reduce on uniform nodes (L ranks each) of a count that L divides, where IntraAlgo plans
   /// reduce_scatter and all_gather: per chunk one Intra reduce_scatter leaves local rank j block
   /// j of its node's sum, the leaders j reduce it onto the root's node (Inter), and there one
   /// Intra all_gather brings the blocks to the root (the others of that node receive them into
   /// scratch). Two or three calls per chunk instead of 2L.
   template <class IA, class OA, class T, class Op>
-  void reduce_even(const T* in, T* out, std::size_t count, int root, const Op& op) {
+  void reduce_uniform(const T* in, T* out, std::size_t count, int root, const Op& op) {
     const int root_node = layout_.node[to_size(root)];
     const bool on_root_node = color_ == root_node;
     const bool at_root = rank_ == root;
     const detail::summing_t<Op> sop(op);
-    auto sink = handoff_.template scratch<T>(intra_, on_root_node && !at_root ? std::min(count, even_chunk<T>()) : 0);
-    const auto across = [&](std::span<T> block) {  // in place on the root's node
-      weft::reduce<OA>(inter_, std::span<const T>(block), block.first(on_root_node ? block.size() : 0), root_node, sop);
+    auto sink = space_.template scratch<T>(
+        intra_, on_root_node && !at_root ? std::min(count, uniform_chunk<T>()) : 0);
+    const auto across = [&](std::span<T> block) { // in place on the root's node
+      weft::reduce<OA>(inter_, std::span<const T>(block),
+                       block.first(on_root_node ? block.size() : 0), root_node, sop);
     };
     reduce_by_blocks<IA>(in, count, sop, across, [&](std::size_t first) -> T* {
       return !on_root_node ? nullptr : at_root ? out + first : sink.data();
     });
     if constexpr (is_average_v<Op>) {
-      if (at_root) handoff_.divide(intra_, out, count, size());
+      if (at_root) space_.divide(intra_, out, count, size());
     }
   }
 
-  /// The pipeline of all_reduce_even and reduce_even over even_chunk()s of `in`: per chunk k one
-  /// Intra reduce_scatter into block k of scratch (this local rank's len / L elements of the
+  /// The pipeline of all_reduce_uniform and reduce_uniform over uniform_chunk()s of `in`: per chunk
+  /// k one Intra reduce_scatter into block k of scratch (this local rank's len / L elements of the
   /// node's sum), across(block) on Inter, and, where into(first element) gives a destination,
   /// one Intra all_gather of the chunk's blocks there. Chunk k + 1's reduce_scatter is queued
   /// before chunk k's all_gather, so on GPUs Inter's work on chunk k overlaps it.
   template <class IA, class T, class Op, class Across, class Into>
-  void reduce_by_blocks(const T* in, std::size_t count, const Op& sop, const Across& across, const Into& into) {
+  void reduce_by_blocks(const T* in, std::size_t count, const Op& sop, const Across& across,
+                        const Into& into) {
     if (count == 0) return;
-    const auto L = to_size(leaders_);
-    const std::size_t chunk = even_chunk<T>();
+    const auto L = to_size(min_ranks_);
+    const std::size_t chunk = uniform_chunk<T>();
     const std::size_t chunks = chunk_count(count, chunk);
-    auto part = handoff_.template scratch<T>(intra_, count / L);
+    auto part = space_.template scratch<T>(intra_, count / L);
     const auto block = [&](std::size_t k) {
       return std::span<T>(part.data() + k * (chunk / L), chunk_span(k, chunk, count).second / L);
     };
@@ -641,33 +683,34 @@ private:
       weft::reduce_scatter<IA>(intra_, std::span<const T>(in + first, len), block(k), sop);
     };
     reduce_chunk(0);
-    handoff_(intra_, inter_);
+    space_(intra_, inter_);
     for (std::size_t k = 0; k < chunks; ++k) {
       across(block(k));
       if (k + 1 < chunks) {
         reduce_chunk(k + 1);
-        handoff_(intra_, inter_);  // Inter's next chunk waits for this reduce, not for the gather below
+        space_(intra_,
+               inter_); // Inter's next chunk waits for this reduce, not for the gather below
       }
       const auto [first, len] = chunk_span(k, chunk, count);
       if (T* const dst = into(first)) {
-        handoff_(inter_, intra_);
+        space_(inter_, intra_);
         weft::all_gather<IA>(intra_, std::span<const T>(block(k)), std::span<T>(dst, len));
       }
     }
-    handoff_(inter_, intra_);  // ends on Intra's stream, before the scratch is released there
+    space_(inter_, intra_); // ends on Intra's stream, before the scratch is released there
   }
 
-  /// broadcast on even nodes (L ranks each) of a count that L divides, where IntraAlgo plans
+  /// broadcast on uniform nodes (L ranks each) of a count that L divides, where IntraAlgo plans
   /// all_gather: per chunk the root's node broadcasts it from the root (Intra), its local rank j
   /// sends block j to the other nodes' local ranks j (Inter), which receive it into scratch, and
   /// one Intra all_gather spreads the blocks on each of those nodes. One Intra call per chunk on
   /// every node instead of L.
   template <class IA, class OA, class T>
-  void broadcast_even(T* data, std::size_t count, int root) {
+  void broadcast_uniform(T* data, std::size_t count, int root) {
     if (count == 0) return;
-    const auto L = to_size(leaders_);
+    const auto L = to_size(min_ranks_);
     const int root_node = layout_.node[to_size(root)];
-    const std::size_t chunk = even_chunk<T>();
+    const std::size_t chunk = uniform_chunk<T>();
     const std::size_t chunks = chunk_count(count, chunk);
     if (color_ == root_node) {
       const int root_local = layout_.local[to_size(root)];
@@ -677,57 +720,61 @@ private:
       };
       whole(0);
       for (std::size_t k = 0; k < chunks; ++k) {
-        handoff_(intra_, inter_);  // chunk k is here
+        space_(intra_, inter_); // chunk k is here
         const auto [first, len] = chunk_span(k, chunk, count);
-        weft::broadcast<OA>(inter_, std::span<T>(data + first + to_size(local_) * (len / L), len / L), root_node);
+        weft::broadcast<OA>(
+            inter_, std::span<T>(data + first + to_size(local_) * (len / L), len / L), root_node);
         if (k + 1 < chunks) whole(k + 1);
       }
     } else {
-      auto part = handoff_.template scratch<T>(intra_, count / L);
-      handoff_(intra_, inter_);  // the caller's earlier work on the buffer, and the scratch
+      auto part = space_.template scratch<T>(intra_, count / L);
+      space_(intra_, inter_); // the caller's earlier work on the buffer, and the scratch
       for (std::size_t k = 0; k < chunks; ++k) {
         const auto [first, len] = chunk_span(k, chunk, count);
         const std::span<T> block(part.data() + k * (chunk / L), len / L);
         weft::broadcast<OA>(inter_, block, root_node);
-        handoff_(inter_, intra_);
+        space_(inter_, intra_);
         weft::all_gather<IA>(intra_, std::span<const T>(block), std::span<T>(data + first, len));
       }
     }
-    handoff_(inter_, intra_);  // the call ends on Intra's stream, after the scratch's last use
+    space_(inter_, intra_); // the call ends on Intra's stream, after the scratch's last use
   }
 
-  /// reduce_scatter on even nodes (L ranks each), where both levels plan one: the blocks copied
+  /// reduce_scatter on uniform nodes (L ranks each), where both levels plan one: the blocks copied
   /// local-major, one Intra reduce_scatter leaves local rank l the node's sums of the N blocks
   /// of local index l, and one Inter reduce_scatter of those leaves each rank its own block. Two
   /// calls, and N blocks per rank cross between nodes.
   template <class IA, class OA, class T, class Op>
-  void reduce_scatter_even(const T* in, T* out, std::size_t n, const Op& op) {
+  void reduce_scatter_uniform(const T* in, T* out, std::size_t n, const Op& op) {
     const auto p = to_size(size());
     const auto N = to_size(nodes_);
     const detail::summing_t<Op> sop(op);
-    auto major = handoff_.template scratch<T>(intra_, p * n);
+    auto major = space_.template scratch<T>(intra_, p * n);
     reorder(major.data(), in, n, order::local_major);
-    auto sums = handoff_.template scratch<T>(intra_, N * n);
-    weft::reduce_scatter<IA>(intra_, std::span<const T>(major.data(), p * n), std::span<T>(sums.data(), N * n), sop);
-    handoff_(intra_, inter_);
-    weft::reduce_scatter<OA>(inter_, std::span<const T>(sums.data(), N * n), std::span<T>(out, n), sop);
-    handoff_(inter_, intra_);  // ends on Intra's stream, before the scratch is released there
-    if constexpr (is_average_v<Op>) handoff_.divide(intra_, out, n, size());
+    auto sums = space_.template scratch<T>(intra_, N * n);
+    weft::reduce_scatter<IA>(intra_, std::span<const T>(major.data(), p * n),
+                             std::span<T>(sums.data(), N * n), sop);
+    space_(intra_, inter_);
+    weft::reduce_scatter<OA>(inter_, std::span<const T>(sums.data(), N * n), std::span<T>(out, n),
+                             sop);
+    space_(inter_, intra_); // ends on Intra's stream, before the scratch is released there
+    if constexpr (is_average_v<Op>) space_.divide(intra_, out, n, size());
   }
 
-  /// all_gather on even nodes, where both levels plan one: Inter gathers the N blocks of this
+  /// all_gather on uniform nodes, where both levels plan one: Inter gathers the N blocks of this
   /// local index, Intra gathers those of every local index (local-major), and a copy puts each
   /// rank's block at its place. Two calls.
   template <class IA, class OA, class T>
-  void all_gather_even(const T* in, T* out, std::size_t n) {
+  void all_gather_uniform(const T* in, T* out, std::size_t n) {
     const auto p = to_size(size());
     const auto N = to_size(nodes_);
-    auto mine = handoff_.template scratch<T>(intra_, N * n);
-    auto major = handoff_.template scratch<T>(intra_, p * n);
-    handoff_(intra_, inter_);  // the caller's work on `in`
+    auto mine = space_.template scratch<T>(intra_, N * n);
+    auto major = space_.template scratch<T>(intra_, p * n);
+    space_(intra_, inter_); // the caller's work on `in`
     weft::all_gather<OA>(inter_, std::span<const T>(in, n), std::span<T>(mine.data(), N * n));
-    handoff_(inter_, intra_);
-    weft::all_gather<IA>(intra_, std::span<const T>(mine.data(), N * n), std::span<T>(major.data(), p * n));
+    space_(inter_, intra_);
+    weft::all_gather<IA>(intra_, std::span<const T>(mine.data(), N * n),
+                         std::span<T>(major.data(), p * n));
     reorder(out, major.data(), n, order::rank);
   }
 
@@ -739,12 +786,12 @@ private:
   void reorder(T* dst, const T* src, std::size_t n, order to) {
     const auto N = to_size(nodes_);
     if (contiguous_) {
-      const auto L = to_size(leaders_);
+      const auto L = to_size(min_ranks_);
       for (std::size_t l = 0; l < L; ++l) {
         if (to == order::local_major) {
-          handoff_.copy_rows(intra_, dst + l * N * n, n, src + l * n, L * n, n, N);
+          space_.copy_rows(intra_, dst + l * N * n, n, src + l * n, L * n, n, N);
         } else {
-          handoff_.copy_rows(intra_, dst + l * n, L * n, src + l * N * n, n, n, N);
+          space_.copy_rows(intra_, dst + l * n, L * n, src + l * N * n, n, n, N);
         }
       }
       return;
@@ -753,9 +800,9 @@ private:
       const std::size_t major = local_major(r) * n;
       const std::size_t ranked = r * n;
       if (to == order::local_major) {
-        handoff_.copy(intra_, dst + major, src + ranked, n);
+        space_.copy(intra_, dst + major, src + ranked, n);
       } else {
-        handoff_.copy(intra_, dst + ranked, src + major, n);
+        space_.copy(intra_, dst + ranked, src + major, n);
       }
     }
   }
@@ -774,10 +821,11 @@ private:
     std::size_t slot = 0;
     for (int c = 0; c < nodes_; ++c) {
       for (int i = 0; i < ranks_on(c); ++i) {
-        const int leader = i % leaders_;
+        const int leader = i % min_ranks_;
         for (std::size_t first = 0; first < n; first += chunk) {
           const std::size_t len = std::min(chunk, n - first);
-          ps.push_back({c, i, leader, first, len, to_size(node_first_[to_size(c)] + i) * n + first, slot + first});
+          ps.push_back({c, i, leader, first, len, to_size(node_first_[to_size(c)] + i) * n + first,
+                        slot + first});
         }
         if (leader == local_) slot += n;
       }
@@ -788,32 +836,35 @@ private:
   /// Ranks on node c.
   [[nodiscard]] int ranks_on(int c) const { return layout_.ranks_on(c); }
   template <class Algo>
-  static constexpr void check_stages() {
-    static_assert(algo::is_stages_v<Algo>,
-                  "weft::two_level: name each level's algorithm with algo::stages<IntraAlgo, InterAlgo>, e.g. "
-                  "stages<algo::direct, algo::vendor>; the default stages<> is automatic at both");
+  static constexpr void check_levels() {
+    static_assert(algo::is_levels_v<Algo>,
+                  "weft::two_level: name each level's algorithm with algo::levels<IntraAlgo, "
+                  "InterAlgo>, e.g. "
+                  "levels<algo::direct, algo::vendor>; the default levels<> is automatic at both");
   }
   template <class T>
   [[nodiscard]] std::size_t chunk_elements() const noexcept {
     return std::max<std::size_t>(1, opt_.chunk_bytes / sizeof(T));
   }
-  /// The even paths' chunk: chunk_bytes rounded down to a multiple of L elements, at least L.
+  /// The uniform paths' chunk: chunk_bytes rounded down to a multiple of L elements, at least L.
   template <class T>
-  [[nodiscard]] std::size_t even_chunk() const noexcept {
-    const auto L = to_size(leaders_);
+  [[nodiscard]] std::size_t uniform_chunk() const noexcept {
+    const auto L = to_size(min_ranks_);
     return std::max(L, chunk_elements<T>() / L * L);
   }
   static std::size_t chunk_count(std::size_t count, std::size_t chunk) noexcept {
-    return count == 0 ? 0 : 1 + (count - 1) / chunk;  // no count + chunk - 1: chunk may be near SIZE_MAX
+    return count == 0 ? 0
+                      : 1 + (count - 1) / chunk; // no count + chunk - 1: chunk may be near SIZE_MAX
   }
   /// (first element, length) of chunk k.
-  static std::pair<std::size_t, std::size_t> chunk_span(std::size_t k, std::size_t chunk, std::size_t count) noexcept {
+  static std::pair<std::size_t, std::size_t> chunk_span(std::size_t k, std::size_t chunk,
+                                                        std::size_t count) noexcept {
     const std::size_t first = k * chunk;
     return {first, std::min(chunk, count - first)};
   }
   /// [begin, end) of block j of a chunk of len elements: m blocks, sizes within one.
   [[nodiscard]] std::pair<std::size_t, std::size_t> block(std::size_t len, int j) const noexcept {
-    const auto m = static_cast<std::size_t>(leaders_);
+    const auto m = static_cast<std::size_t>(min_ranks_);
     return {len * static_cast<std::size_t>(j) / m, len * static_cast<std::size_t>(j + 1) / m};
   }
   template <class A, class C, class T, class Op>
@@ -825,34 +876,36 @@ private:
     }
   }
 
-  std::shared_ptr<const void> held_;  // first: released after the communicators that borrow it
+  std::shared_ptr<const void> held_; // first: released after the communicators that borrow it
   Intra intra_;
   Inter inter_;
   std::vector<int> node_of_;
   int rank_ = 0;
   two_level_options opt_;
-  Handoff handoff_;
+  Space space_;
   int nodes_ = 1;
-  detail::node_layout layout_;   // nodes numbered by first rank, as the inter communicators rank them
-  std::vector<int> node_first_;  // by node: its first position in node-major order
-  std::vector<int> pos_;                     // world rank -> node-major position
-  bool contiguous_ = true;                   // node-major order is world order
-  int local_ = 0;  // this rank's index on its node (Intra's rank)
-  int color_ = 0;  // this rank's node, numbered by first rank (the inter communicators' rank of it)
-  int leaders_ = 1;
-  bool even_ = true;  // every node has leaders_ ranks
+  detail::node_layout layout_; // nodes numbered by first rank, as the inter communicators rank them
+  std::vector<int> node_first_; // by node: its first position in node-major order
+  std::vector<int> pos_;        // world rank -> node-major position
+  bool contiguous_ = true;      // node-major order is world order
+  int local_ = 0;               // this rank's index on its node (Intra's rank)
+  int color_ = 0; // this rank's node, numbered by first rank (the inter communicators' rank of it)
+  int min_ranks_ = 1;
+  bool uniform_ = true; // every node has min_ranks_ ranks
 };
 
 /// A two_level of one transport, split from `world` by its node_of(): Intra = the ranks of
 /// this rank's node, Inter = the ranks of its local index. Collective over `world`.
-template <communicator World, class Handoff = host_handoff>
-two_level<World, World, Handoff> make_two_level(World& world, two_level_options opt = {}, Handoff handoff = {}) {
+template <communicator World, class Space = host_space>
+two_level<World, World, Space> make_two_level(World& world, two_level_options opt = {},
+                                              Space space = {}) {
   const std::vector<int> node_of = world.node_of();
   const int rank = world.rank();
   const int color = detail::node_color(node_of, rank);
   World intra = world.split(color, rank);
   World inter = world.split(intra.rank(), color);
-  return two_level<World, World, Handoff>(std::move(intra), std::move(inter), node_of, rank, opt, std::move(handoff));
+  return two_level<World, World, Space>(std::move(intra), std::move(inter), node_of, rank, opt,
+                                        std::move(space));
 }
 
 } // namespace weft

@@ -40,7 +40,8 @@ public:
       throw error("two_level: working memory of " + std::to_string(bytes) + " bytes");
     }
     const std::size_t units = (bytes + sizeof(std::max_align_t) - 1) / sizeof(std::max_align_t);
-    return {std::make_unique_for_overwrite<std::max_align_t[]>(units), units * sizeof(std::max_align_t)};
+    return {std::make_unique_for_overwrite<std::max_align_t[]>(units),
+            units * sizeof(std::max_align_t)};
   }
   void give(slab s) {
     const std::lock_guard lock(m_);
