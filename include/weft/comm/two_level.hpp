@@ -17,10 +17,16 @@
 //   scratch_pool.hpp  host working memory kept between calls
 //   host_space.hpp    host_space: level order, working memory, copies and op::avg's division
 //                     on the host (cuda/two_level.cuh's stream_space on GPUs)
-//   communicator.hpp  the two_level class, its algorithms, and make_two_level
+//   communicator.hpp  the two_level class (its protocol described), and make_two_level
+//   chunked.hpp       its all_reduce, broadcast and reduce by chunks cut into blocks
+//   rank_blocks.hpp   its reduce_scatter and all_gather by rank blocks
+//   uniform_nodes.hpp its one-call-per-level paths where every node holds as many ranks
 //   collectives.hpp   all_reduce, reduce_scatter, all_gather, broadcast and reduce on it
+#include <weft/comm/two_level/chunked.hpp>
 #include <weft/comm/two_level/collectives.hpp>
 #include <weft/comm/two_level/communicator.hpp>
 #include <weft/comm/two_level/host_space.hpp>
 #include <weft/comm/two_level/levels.hpp>
+#include <weft/comm/two_level/rank_blocks.hpp>
 #include <weft/comm/two_level/scratch_pool.hpp>
+#include <weft/comm/two_level/uniform_nodes.hpp>

@@ -3,9 +3,12 @@
 // all_gather, broadcast and reduce, which check the call and reach the communicator's own.
 #include <weft/comm/communicator.hpp>
 #include <weft/comm/detail/kernels.hpp>
+#include <weft/comm/two_level/chunked.hpp>
 #include <weft/comm/two_level/communicator.hpp>
 #include <weft/comm/two_level/host_space.hpp>
 #include <weft/comm/two_level/levels.hpp>
+#include <weft/comm/two_level/rank_blocks.hpp>
+#include <weft/comm/two_level/uniform_nodes.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/ops.hpp>
 #include <weft/core/types.hpp>

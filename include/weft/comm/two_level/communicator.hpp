@@ -224,142 +224,19 @@ public:
   }
 
 private:
-  // The collectives, on pointers: the free functions below check the call (buffers, root,
-  // the call check) and scale half averages, then come here through two_level_access.
+  // The collectives, on pointers: the free functions (collectives.hpp) check the call (buffers,
+  // root, the call check) and scale half averages, then come here through two_level_access.
   friend struct detail::two_level_access;
 
   template <class Algo, class T, class Op>
-  void all_reduce(const T* in, T* out, std::size_t count, const Op& op) {
-    check_levels<Algo>();
-    using IA = typename Algo::intra;
-    using OA = typename Algo::inter;
-    if (nodes_ == 1) {
-      run_all_reduce<IA>(intra_, in, out, count, op);
-      return;
-    }
-    if (nodes_ == size()) { // one rank per node
-      inter_alone([&] { run_all_reduce<OA>(inter_, in, out, count, op); });
-      return;
-    }
-    if constexpr (IA::serves(collective::reduce_scatter) && IA::serves(collective::all_gather)) {
-      if (uniform_) {
-        const std::size_t head = count - count % to_size(min_ranks_);
-        all_reduce_uniform<IA, OA>(in, out, head, op);
-        in += head;
-        out += head;
-        count -= head; // fewer than L elements left: by blocks below
-      }
-    }
-    if (count == 0) return;
-    constexpr bool average = is_average_v<Op>;
-    const detail::summing_t<Op> sop(op); // avg sums in the levels, then divides once
-    const std::size_t chunk = chunk_elements<T>();
-    const std::size_t chunks = chunk_count(count, chunk);
-    const auto span_of = [&](std::size_t k) { return chunk_span(k, chunk, count); };
-    const auto reduce_chunk = [&](std::size_t k) {
-      const auto [first, len] = span_of(k);
-      for (int j = 0; j < min_ranks_; ++j) {
-        const auto [b, e] = block(len, j);
-        if (b == e) continue;
-        const std::span<const T> src(in + first + b, e - b);
-        const std::span<T> dst(out + first + b, intra_.rank() == j ? e - b : 0);
-        weft::reduce<IA>(intra_, src, dst, j, sop);
-      }
-    };
-    const auto reduce_across = [&](std::size_t k) {
-      const auto [first, len] = span_of(k);
-      const auto [b, e] = block(len, local_);
-      if (b == e) return;
-      weft::all_reduce<OA>(inter_, std::span<T>(out + first + b, e - b), sop);
-      if constexpr (average) space_.divide(inter_, out + first + b, e - b, size());
-    };
-    const auto broadcast_chunk = [&](std::size_t k) {
-      const auto [first, len] = span_of(k);
-      for (int j = 0; j < min_ranks_; ++j) {
-        const auto [b, e] = block(len, j);
-        if (b != e) weft::broadcast<IA>(intra_, std::span<T>(out + first + b, e - b), j);
-      }
-    };
-    const bool lead = leader();
-    reduce_chunk(0);
-    if (lead) space_(intra_, inter_);
-    for (std::size_t k = 0; k < chunks; ++k) {
-      if (lead) reduce_across(k);
-      if (k + 1 < chunks) {
-        reduce_chunk(k + 1);
-        if (lead)
-          space_(intra_,
-                 inter_); // Inter's next chunk waits for this reduce, not for the broadcast below
-      }
-      if (lead) space_(inter_, intra_);
-      broadcast_chunk(k);
-    }
-  }
+  void all_reduce(const T* in, T* out, std::size_t count, const Op& op);
 
   /// data from world rank `root` to every rank. Per chunk: the root's node broadcasts it from
   /// the root (Intra); leader j sends block j from the root's node to the leaders j of the
   /// other nodes (Inter's broadcast); each other node spreads block j from its local rank j
   /// (on uniform nodes by broadcast_uniform, but for the last count mod L elements).
   template <class Algo, class T>
-  void broadcast(T* data, std::size_t count, int root) {
-    check_levels<Algo>();
-    using IA = typename Algo::intra;
-    using OA = typename Algo::inter;
-    const int root_node = layout_.node[to_size(root)];
-    const int root_local = layout_.local[to_size(root)];
-    if (nodes_ == 1 || nodes_ == size()) { // one level: one node, or one rank per node
-      if (nodes_ == 1)
-        weft::broadcast<IA>(intra_, std::span<T>(data, count), root_local);
-      else
-        inter_alone([&] { weft::broadcast<OA>(inter_, std::span<T>(data, count), root_node); });
-      return;
-    }
-    if constexpr (IA::serves(collective::all_gather)) {
-      if (uniform_) {
-        const std::size_t head = count - count % to_size(min_ranks_);
-        broadcast_uniform<IA, OA>(data, head, root);
-        data += head;
-        count -= head; // fewer than L elements left: by blocks below
-      }
-    }
-    if (count == 0) return;
-    const std::size_t chunk = chunk_elements<T>();
-    const std::size_t chunks = chunk_count(count, chunk);
-    const bool lead = leader();
-    const auto across = [&](std::size_t k) {
-      const auto [first, len] = chunk_span(k, chunk, count);
-      const auto [b, e] = block(len, local_);
-      if (b != e) weft::broadcast<OA>(inter_, std::span<T>(data + first + b, e - b), root_node);
-    };
-    if (color_ == root_node) {
-      const auto whole = [&](std::size_t k) {
-        const auto [first, len] = chunk_span(k, chunk, count);
-        weft::broadcast<IA>(intra_, std::span<T>(data + first, len), root_local);
-      };
-      whole(0);
-      for (std::size_t k = 0; k < chunks; ++k) {
-        if (lead) {
-          space_(intra_, inter_); // chunk k is here
-          across(k);
-        }
-        if (k + 1 < chunks) whole(k + 1);
-      }
-    } else {
-      if (lead) space_(intra_, inter_); // the caller's earlier work on the buffer
-      for (std::size_t k = 0; k < chunks; ++k) {
-        if (lead) {
-          across(k);
-          space_(inter_, intra_);
-        }
-        const auto [first, len] = chunk_span(k, chunk, count);
-        for (int j = 0; j < min_ranks_; ++j) {
-          const auto [b, e] = block(len, j);
-          if (b != e) weft::broadcast<IA>(intra_, std::span<T>(data + first + b, e - b), j);
-        }
-      }
-    }
-    if (lead) space_(inter_, intra_); // the call ends on Intra's stream
-  }
+  void broadcast(T* data, std::size_t count, int root);
 
   /// out (at world rank `root` only) = the reduction of every rank's `in`. Per chunk: every
   /// node reduces block j onto its local rank j (Intra); the leaders j reduce it onto the root's
@@ -367,94 +244,7 @@ private:
   /// (Intra) and the root keeps them. op::avg sums, then the root divides by the world size.
   /// On uniform nodes by reduce_uniform, but for the last count mod L elements.
   template <class Algo, class T, class Op>
-  void reduce(const T* in, T* out, std::size_t count, int root, const Op& op) {
-    check_levels<Algo>();
-    using IA = typename Algo::intra;
-    using OA = typename Algo::inter;
-    const int root_node = layout_.node[to_size(root)];
-    const int root_local = layout_.local[to_size(root)];
-    const bool at_root = rank_ == root;
-    if (nodes_ == 1 || nodes_ == size()) {
-      const std::span<const T> src(in, count);
-      const std::span<T> dst(out, at_root ? count : 0);
-      if (nodes_ == 1)
-        weft::reduce<IA>(intra_, src, dst, root_local, op);
-      else
-        inter_alone([&] { weft::reduce<OA>(inter_, src, dst, root_node, op); });
-      return;
-    }
-    if constexpr (IA::serves(collective::reduce_scatter) && IA::serves(collective::all_gather)) {
-      if (uniform_) {
-        const std::size_t head = count - count % to_size(min_ranks_);
-        reduce_uniform<IA, OA>(in, out, head, root, op);
-        in += head;
-        out += at_root ? head : 0;
-        count -= head; // fewer than L elements left: by blocks below
-      }
-    }
-    if (count == 0) return;
-    constexpr bool average = is_average_v<Op>;
-    const detail::summing_t<Op> sop(op); // avg sums in the levels, then divides once
-    const std::size_t chunk = chunk_elements<T>();
-    const std::size_t chunks = chunk_count(count, chunk);
-    const bool lead = leader();
-    const bool on_root_node = color_ == root_node;
-    // A leader's block of chunk k, reduced over its node, lives at slot k of `part`; on the
-    // root's node the ranks that only pass blocks on to the root receive them into `sink`.
-    // (sized by the longest chunk there is: chunk_bytes may well exceed the whole call)
-    const std::size_t longest = std::min(chunk, count);
-    const std::size_t slot =
-        (longest + static_cast<std::size_t>(min_ranks_) - 1) / static_cast<std::size_t>(min_ranks_);
-    auto part = space_.template scratch<T>(intra_, lead ? chunks * slot : 0);
-    auto sink = space_.template scratch<T>(intra_, on_root_node && !at_root ? slot : 0);
-    const auto reduce_within = [&](std::size_t k) {
-      const auto [first, len] = chunk_span(k, chunk, count);
-      for (int j = 0; j < min_ranks_; ++j) {
-        const auto [b, e] = block(len, j);
-        if (b == e) continue;
-        // Only rank j receives (part is empty on the others: no pointer into it there).
-        const std::span<T> dst =
-            local_ == j ? std::span<T>(part.data() + k * slot, e - b) : std::span<T>{};
-        weft::reduce<IA>(intra_, std::span<const T>(in + first + b, e - b), dst, j, sop);
-      }
-    };
-    const auto reduce_across = [&](std::size_t k) {
-      const auto [first, len] = chunk_span(k, chunk, count);
-      const auto [b, e] = block(len, local_);
-      if (b == e) return;
-      T* const mine = part.data() + k * slot;
-      T* const dst = at_root ? out + first + b : mine; // the root's node's other leaders: in place
-      weft::reduce<OA>(inter_, std::span<const T>(mine, e - b),
-                       std::span<T>(dst, on_root_node ? e - b : 0), root_node, sop);
-    };
-    const auto hand_to_root = [&](std::size_t k) {
-      const auto [first, len] = chunk_span(k, chunk, count);
-      for (int j = 0; j < min_ranks_; ++j) {
-        const auto [b, e] = block(len, j);
-        if (b == e || j == root_local) continue;
-        T* const buf = at_root       ? out + first + b
-                       : local_ == j ? part.data() + k * slot
-                                     : sink.data();
-        weft::broadcast<IA>(intra_, std::span<T>(buf, e - b), j);
-      }
-    };
-    reduce_within(0);
-    for (std::size_t k = 0; k < chunks; ++k) {
-      if (lead) {
-        space_(intra_, inter_);
-        reduce_across(k);
-      }
-      if (k + 1 < chunks) reduce_within(k + 1);
-      if (on_root_node) {
-        if (lead) space_(inter_, intra_);
-        hand_to_root(k);
-      }
-    }
-    if (lead) space_(inter_, intra_); // ends on Intra's stream, before `part` is released there
-    if constexpr (average) {
-      if (at_root) space_.divide(intra_, out, count, size());
-    }
-  }
+  void reduce(const T* in, T* out, std::size_t count, int root, const Op& op);
 
   /// out (n elements) = the reduction of block rank() (n elements) of every rank's in. Each
   /// rank's block, by pieces of up to a chunk: every node reduces it onto its local rank
@@ -462,149 +252,14 @@ private:
   /// its rank (when i >= m, on uneven nodes, by a broadcast from the leader). Interleaved
   /// nodes reorder the input into a node-major copy first.
   template <class Algo, class T, class Op>
-  void reduce_scatter(const T* in, T* out, std::size_t n, const Op& op) {
-    check_levels<Algo>();
-    using IA = typename Algo::intra;
-    using OA = typename Algo::inter;
-    const auto p = static_cast<std::size_t>(size());
-    // One level, where its algorithm plans a reduce_scatter (else the pieces below work too).
-    if constexpr (IA::serves(collective::reduce_scatter)) {
-      if (nodes_ == 1) {
-        weft::reduce_scatter<IA>(intra_, std::span<const T>(in, n * p), std::span<T>(out, n), op);
-        return;
-      }
-    }
-    if constexpr (OA::serves(collective::reduce_scatter)) {
-      if (nodes_ == size()) {
-        inter_alone([&] {
-          weft::reduce_scatter<OA>(inter_, std::span<const T>(in, n * p), std::span<T>(out, n), op);
-        });
-        return;
-      }
-    }
-    if (n == 0) return;
-    if constexpr (IA::serves(collective::reduce_scatter) &&
-                  OA::serves(collective::reduce_scatter)) {
-      if (uniform_) {
-        reduce_scatter_uniform<IA, OA>(in, out, n, op);
-        return;
-      }
-    }
-    constexpr bool average = is_average_v<Op>;
-    const detail::summing_t<Op> sop(op); // avg sums in the levels, then divides once
-    auto ordered = space_.template scratch<T>(intra_, contiguous_ ? 0 : p * n);
-    const T* x = in;
-    if (!contiguous_) {
-      for (std::size_t r = 0; r < p; ++r)
-        space_.copy(intra_, ordered.data() + to_size(pos_[r]) * n, in + r * n, n);
-      x = ordered.data();
-    }
-    const auto pieces = rank_pieces<T>(n);
-    const bool lead = leader();
-    std::size_t carried = 0; // a leader's rank blocks (i mod m == its local rank)
-    for (int c = 0; c < nodes_; ++c) {
-      for (int i = 0; i < ranks_on(c); ++i)
-        carried += lead && i % min_ranks_ == local_;
-    }
-    auto part = space_.template scratch<T>(intra_, carried * n);
-    const bool extras_here = ranks_on(color_) > min_ranks_; // blocks handed on by a broadcast
-    auto sink =
-        space_.template scratch<T>(intra_, extras_here ? std::min(n, chunk_elements<T>()) : 0);
-    const auto within = [&](const rank_piece& q) {
-      const std::span<T> dst =
-          local_ == q.leader ? std::span<T>(part.data() + q.slot, q.len) : std::span<T>{};
-      weft::reduce<IA>(intra_, std::span<const T>(x + q.offset, q.len), dst, q.leader, sop);
-    };
-    const auto across = [&](const rank_piece& q) {
-      T* const mine = part.data() + q.slot;
-      const bool home = color_ == q.node;
-      T* const dst = home && local_ == q.local ? out + q.first : mine;
-      weft::reduce<OA>(inter_, std::span<const T>(mine, q.len), std::span<T>(dst, home ? q.len : 0),
-                       q.node, sop);
-    };
-    const auto hand_on = [&](const rank_piece& q) {
-      T* const buf = local_ == q.local    ? out + q.first
-                     : local_ == q.leader ? part.data() + q.slot
-                                          : sink.data();
-      weft::broadcast<IA>(intra_, std::span<T>(buf, q.len), q.leader);
-    };
-    within(pieces.front());
-    for (std::size_t k = 0; k < pieces.size(); ++k) {
-      const auto& q = pieces[k];
-      const bool carries = local_ == q.leader;
-      if (carries) {
-        space_(intra_, inter_);
-        across(q);
-      }
-      if (k + 1 < pieces.size()) within(pieces[k + 1]);
-      if (q.local != q.leader && color_ == q.node) {
-        if (carries) space_(inter_, intra_);
-        hand_on(q);
-      }
-    }
-    if (lead) space_(inter_, intra_);
-    if constexpr (average) space_.divide(intra_, out, n, size());
-  }
+  void reduce_scatter(const T* in, T* out, std::size_t n, const Op& op);
 
   /// Block r (n elements) of out = rank r's in, on every rank. The node gathers its own
   /// ranks' blocks (Intra); then, by pieces of up to a chunk, rank block i of each node goes
   /// across from that node's local rank i mod m to the other nodes' (Inter's broadcast), which
   /// spread it on their node. Interleaved nodes gather node-major, then reorder.
   template <class Algo, class T>
-  void all_gather(const T* in, T* out, std::size_t n) {
-    check_levels<Algo>();
-    using IA = typename Algo::intra;
-    using OA = typename Algo::inter;
-    const auto p = static_cast<std::size_t>(size());
-    if constexpr (IA::serves(collective::all_gather)) {
-      if (nodes_ == 1) {
-        weft::all_gather<IA>(intra_, std::span<const T>(in, n), std::span<T>(out, n * p));
-        return;
-      }
-    }
-    if constexpr (OA::serves(collective::all_gather)) {
-      if (nodes_ == size()) {
-        inter_alone([&] {
-          weft::all_gather<OA>(inter_, std::span<const T>(in, n), std::span<T>(out, n * p));
-        });
-        return;
-      }
-    }
-    if (n == 0) return;
-    if constexpr (IA::serves(collective::all_gather) && OA::serves(collective::all_gather)) {
-      if (uniform_) {
-        all_gather_uniform<IA, OA>(in, out, n);
-        return;
-      }
-    }
-    auto ordered = space_.template scratch<T>(intra_, contiguous_ ? 0 : p * n);
-    T* const w = contiguous_ ? out : ordered.data();
-    const auto here = to_size(node_first_[to_size(color_)]) * n;
-    const int mine = ranks_on(color_);
-    if constexpr (IA::serves(collective::all_gather)) {
-      weft::all_gather<IA>(intra_, std::span<const T>(in, n),
-                           std::span<T>(w + here, to_size(mine) * n));
-    } else { // IA plans broadcasts only (tree): one per rank of the node
-      space_.copy(intra_, w + here + to_size(local_) * n, in, n);
-      for (int i = 0; i < mine; ++i)
-        weft::broadcast<IA>(intra_, std::span<T>(w + here + to_size(i) * n, n), i);
-    }
-    const bool lead = leader();
-    if (lead) space_(intra_, inter_);
-    for (const auto& q : rank_pieces<T>(n)) {
-      const bool carries = local_ == q.leader;
-      if (carries) weft::broadcast<OA>(inter_, std::span<T>(w + q.offset, q.len), q.node);
-      if (color_ != q.node) {
-        if (carries) space_(inter_, intra_);
-        weft::broadcast<IA>(intra_, std::span<T>(w + q.offset, q.len), q.leader);
-      }
-    }
-    if (lead) space_(inter_, intra_);
-    if (!contiguous_) {
-      for (std::size_t r = 0; r < p; ++r)
-        space_.copy(intra_, out + r * n, w + to_size(pos_[r]) * n, n);
-    }
-  }
+  void all_gather(const T* in, T* out, std::size_t n);
 
   /// A call that is Inter's alone (one rank per node): ordered after the caller's work on
   /// Intra's stream, and ending there, as every call does (on GPUs the levels' streams differ).
@@ -628,14 +283,7 @@ private:
   /// Intra all_gather brings the blocks back. The same blocks and pipeline as the general path,
   /// in three calls per chunk instead of 2L + 1.
   template <class IA, class OA, class T, class Op>
-  void all_reduce_uniform(const T* in, T* out, std::size_t count, const Op& op) {
-    const detail::summing_t<Op> sop(op);
-    const auto across = [&](std::span<T> block) {
-      weft::all_reduce<OA>(inter_, block, sop);
-      if constexpr (is_average_v<Op>) space_.divide(inter_, block.data(), block.size(), size());
-    };
-    reduce_by_blocks<IA>(in, count, sop, across, [&](std::size_t first) { return out + first; });
-  }
+  void all_reduce_uniform(const T* in, T* out, std::size_t count, const Op& op);
 
   /// reduce on uniform nodes (L ranks each) of a count that L divides, where IntraAlgo plans
   /// reduce_scatter and all_gather: per chunk one Intra reduce_scatter leaves local rank j block
@@ -643,24 +291,7 @@ private:
   /// Intra all_gather brings the blocks to the root (the others of that node receive them into
   /// scratch). Two or three calls per chunk instead of 2L.
   template <class IA, class OA, class T, class Op>
-  void reduce_uniform(const T* in, T* out, std::size_t count, int root, const Op& op) {
-    const int root_node = layout_.node[to_size(root)];
-    const bool on_root_node = color_ == root_node;
-    const bool at_root = rank_ == root;
-    const detail::summing_t<Op> sop(op);
-    auto sink = space_.template scratch<T>(
-        intra_, on_root_node && !at_root ? std::min(count, uniform_chunk<T>()) : 0);
-    const auto across = [&](std::span<T> block) { // in place on the root's node
-      weft::reduce<OA>(inter_, std::span<const T>(block),
-                       block.first(on_root_node ? block.size() : 0), root_node, sop);
-    };
-    reduce_by_blocks<IA>(in, count, sop, across, [&](std::size_t first) -> T* {
-      return !on_root_node ? nullptr : at_root ? out + first : sink.data();
-    });
-    if constexpr (is_average_v<Op>) {
-      if (at_root) space_.divide(intra_, out, count, size());
-    }
-  }
+  void reduce_uniform(const T* in, T* out, std::size_t count, int root, const Op& op);
 
   /// The pipeline of all_reduce_uniform and reduce_uniform over uniform_chunk()s of `in`: per chunk
   /// k one Intra reduce_scatter into block k of scratch (this local rank's len / L elements of the
@@ -669,36 +300,7 @@ private:
   /// before chunk k's all_gather, so on GPUs Inter's work on chunk k overlaps it.
   template <class IA, class T, class Op, class Across, class Into>
   void reduce_by_blocks(const T* in, std::size_t count, const Op& sop, const Across& across,
-                        const Into& into) {
-    if (count == 0) return;
-    const auto L = to_size(min_ranks_);
-    const std::size_t chunk = uniform_chunk<T>();
-    const std::size_t chunks = chunk_count(count, chunk);
-    auto part = space_.template scratch<T>(intra_, count / L);
-    const auto block = [&](std::size_t k) {
-      return std::span<T>(part.data() + k * (chunk / L), chunk_span(k, chunk, count).second / L);
-    };
-    const auto reduce_chunk = [&](std::size_t k) {
-      const auto [first, len] = chunk_span(k, chunk, count);
-      weft::reduce_scatter<IA>(intra_, std::span<const T>(in + first, len), block(k), sop);
-    };
-    reduce_chunk(0);
-    space_(intra_, inter_);
-    for (std::size_t k = 0; k < chunks; ++k) {
-      across(block(k));
-      if (k + 1 < chunks) {
-        reduce_chunk(k + 1);
-        space_(intra_,
-               inter_); // Inter's next chunk waits for this reduce, not for the gather below
-      }
-      const auto [first, len] = chunk_span(k, chunk, count);
-      if (T* const dst = into(first)) {
-        space_(inter_, intra_);
-        weft::all_gather<IA>(intra_, std::span<const T>(block(k)), std::span<T>(dst, len));
-      }
-    }
-    space_(inter_, intra_); // ends on Intra's stream, before the scratch is released there
-  }
+                        const Into& into);
 
   /// broadcast on uniform nodes (L ranks each) of a count that L divides, where IntraAlgo plans
   /// all_gather: per chunk the root's node broadcasts it from the root (Intra), its local rank j
@@ -706,106 +308,27 @@ private:
   /// one Intra all_gather spreads the blocks on each of those nodes. One Intra call per chunk on
   /// every node instead of L.
   template <class IA, class OA, class T>
-  void broadcast_uniform(T* data, std::size_t count, int root) {
-    if (count == 0) return;
-    const auto L = to_size(min_ranks_);
-    const int root_node = layout_.node[to_size(root)];
-    const std::size_t chunk = uniform_chunk<T>();
-    const std::size_t chunks = chunk_count(count, chunk);
-    if (color_ == root_node) {
-      const int root_local = layout_.local[to_size(root)];
-      const auto whole = [&](std::size_t k) {
-        const auto [first, len] = chunk_span(k, chunk, count);
-        weft::broadcast<IA>(intra_, std::span<T>(data + first, len), root_local);
-      };
-      whole(0);
-      for (std::size_t k = 0; k < chunks; ++k) {
-        space_(intra_, inter_); // chunk k is here
-        const auto [first, len] = chunk_span(k, chunk, count);
-        weft::broadcast<OA>(
-            inter_, std::span<T>(data + first + to_size(local_) * (len / L), len / L), root_node);
-        if (k + 1 < chunks) whole(k + 1);
-      }
-    } else {
-      auto part = space_.template scratch<T>(intra_, count / L);
-      space_(intra_, inter_); // the caller's earlier work on the buffer, and the scratch
-      for (std::size_t k = 0; k < chunks; ++k) {
-        const auto [first, len] = chunk_span(k, chunk, count);
-        const std::span<T> block(part.data() + k * (chunk / L), len / L);
-        weft::broadcast<OA>(inter_, block, root_node);
-        space_(inter_, intra_);
-        weft::all_gather<IA>(intra_, std::span<const T>(block), std::span<T>(data + first, len));
-      }
-    }
-    space_(inter_, intra_); // the call ends on Intra's stream, after the scratch's last use
-  }
+  void broadcast_uniform(T* data, std::size_t count, int root);
 
   /// reduce_scatter on uniform nodes (L ranks each), where both levels plan one: the blocks copied
   /// local-major, one Intra reduce_scatter leaves local rank l the node's sums of the N blocks
   /// of local index l, and one Inter reduce_scatter of those leaves each rank its own block. Two
   /// calls, and N blocks per rank cross between nodes.
   template <class IA, class OA, class T, class Op>
-  void reduce_scatter_uniform(const T* in, T* out, std::size_t n, const Op& op) {
-    const auto p = to_size(size());
-    const auto N = to_size(nodes_);
-    const detail::summing_t<Op> sop(op);
-    auto major = space_.template scratch<T>(intra_, p * n);
-    reorder(major.data(), in, n, order::local_major);
-    auto sums = space_.template scratch<T>(intra_, N * n);
-    weft::reduce_scatter<IA>(intra_, std::span<const T>(major.data(), p * n),
-                             std::span<T>(sums.data(), N * n), sop);
-    space_(intra_, inter_);
-    weft::reduce_scatter<OA>(inter_, std::span<const T>(sums.data(), N * n), std::span<T>(out, n),
-                             sop);
-    space_(inter_, intra_); // ends on Intra's stream, before the scratch is released there
-    if constexpr (is_average_v<Op>) space_.divide(intra_, out, n, size());
-  }
+  void reduce_scatter_uniform(const T* in, T* out, std::size_t n, const Op& op);
 
   /// all_gather on uniform nodes, where both levels plan one: Inter gathers the N blocks of this
   /// local index, Intra gathers those of every local index (local-major), and a copy puts each
   /// rank's block at its place. Two calls.
   template <class IA, class OA, class T>
-  void all_gather_uniform(const T* in, T* out, std::size_t n) {
-    const auto p = to_size(size());
-    const auto N = to_size(nodes_);
-    auto mine = space_.template scratch<T>(intra_, N * n);
-    auto major = space_.template scratch<T>(intra_, p * n);
-    space_(intra_, inter_); // the caller's work on `in`
-    weft::all_gather<OA>(inter_, std::span<const T>(in, n), std::span<T>(mine.data(), N * n));
-    space_(inter_, intra_);
-    weft::all_gather<IA>(intra_, std::span<const T>(mine.data(), N * n),
-                         std::span<T>(major.data(), p * n));
-    reorder(out, major.data(), n, order::rank);
-  }
+  void all_gather_uniform(const T* in, T* out, std::size_t n);
 
   enum class order { rank, local_major };
   /// Copies the p blocks of n elements from `src` to `dst` into order `to` (from the other
   /// order), on Intra's stream: where nodes are contiguous, local index l's blocks are every
   /// L-th in rank order, so one strided copy per local index; else one copy per rank.
   template <class T>
-  void reorder(T* dst, const T* src, std::size_t n, order to) {
-    const auto N = to_size(nodes_);
-    if (contiguous_) {
-      const auto L = to_size(min_ranks_);
-      for (std::size_t l = 0; l < L; ++l) {
-        if (to == order::local_major) {
-          space_.copy_rows(intra_, dst + l * N * n, n, src + l * n, L * n, n, N);
-        } else {
-          space_.copy_rows(intra_, dst + l * n, L * n, src + l * N * n, n, n, N);
-        }
-      }
-      return;
-    }
-    for (std::size_t r = 0; r < to_size(size()); ++r) {
-      const std::size_t major = local_major(r) * n;
-      const std::size_t ranked = r * n;
-      if (to == order::local_major) {
-        space_.copy(intra_, dst + major, src + ranked, n);
-      } else {
-        space_.copy(intra_, dst + ranked, src + major, n);
-      }
-    }
-  }
+  void reorder(T* dst, const T* src, std::size_t n, order to);
 
   /// Piece of rank block i of node `node`, carried between nodes by local rank `leader`
   /// (i mod m): elements [first, first + len) of the block, at `offset` in node-major order;
