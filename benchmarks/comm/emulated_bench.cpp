@@ -6,8 +6,8 @@
 //   a 4-rank tensor-parallel group inside one node vs spread across nodes;
 //   reduce-scatter and all-gather on 2x4: flat ring vs hierarchical<ring, ring> (over rails) vs
 //   weft::two_level, whose even-node path
-//   (one call per level, stages<ring, ring>) is priced as its two calls, and whose rank-block
-//   path (stages<ring, tree>: tree plans neither collective) is timed unpriced.
+//   (one call per level, levels<ring, ring>) is priced as its two calls, and whose rank-block
+//   path (levels<ring, tree>: tree plans neither collective) is timed unpriced.
 //
 //   build/benchmarks/comm_emulated_bench --benchmark_counters_tabular=true
 // The links are WEFT_EMULATED_LINKS (default below) appended to each shape, the sizes
@@ -89,7 +89,7 @@ void tp_group(benchmark::State& state) {
 }
 
 // reduce_scatter or all_gather (C) through make_two_level(world) on 2x4, with Algo =
-// stages<IntraAlgo, InterAlgo>. Where both levels plan C, two_level makes one call per level,
+// levels<IntraAlgo, InterAlgo>. Where both levels plan C, two_level makes one call per level,
 // and the model prices those two: Intra's over the N blocks of a local index on every node at
 // once, then Inter's over one block on every local index at once, plus the local-major copy of
 // all p blocks: memory traffic at the measured reduce bandwidth, whose kernel moves three
@@ -149,12 +149,12 @@ void add(const char* nodes) {
   })->Apply(sizes);
 }
 
-// C through two_level on 2x4, stages<IntraAlgo, InterAlgo>.
+// C through two_level on 2x4, levels<IntraAlgo, InterAlgo>.
 template <collective C, class IntraAlgo, class InterAlgo>
 void add_two_level() {
   const std::string name = std::string(weft::name_of(C)) + "/local8@2x4/two_level<" + std::string(IntraAlgo::name) +
                            ", " + std::string(InterAlgo::name) + ">";
-  benchmark::RegisterBenchmark(name.c_str(), two_level_case<C, algo::stages<IntraAlgo, InterAlgo>>)->Apply(sizes);
+  benchmark::RegisterBenchmark(name.c_str(), two_level_case<C, algo::levels<IntraAlgo, InterAlgo>>)->Apply(sizes);
 }
 
 // C by Algo on 2x4, as "<C>/local8@2x4/<Algo>".

@@ -59,7 +59,7 @@ double time_all_reduce(Comm& comm, cudaStream_t s, std::span<float> span) {
   return stop.elapsed_ms(start) * 1e-3 / timed_calls;
 }
 
-// Seconds per all_reduce of `count` floats on the ranks of `shape`; for algo::stages, through
+// Seconds per all_reduce of `count` floats on the ranks of `shape`; for algo::levels, through
 // weft::cuda::two_level (make_two_level of the emulated world: each level its own communicator
 // and stream, ordered by events), timed on the call's stream (the intra level's).
 template <class Algo>
@@ -69,8 +69,8 @@ double seconds_per_call(const weft::topology::cluster& shape, std::size_t count)
     weft::cuda::device_buffer<float> data(count);
     const std::span<float> span(data.data(), count);
     double t = 0;
-    if constexpr (weft::algo::is_stages_v<Algo>) {
-      auto tl = weft::make_two_level(c, {}, weft::cuda::stream_handoff{});
+    if constexpr (weft::algo::is_levels_v<Algo>) {
+      auto tl = weft::make_two_level(c, {}, weft::cuda::stream_space{});
       t = time_all_reduce<Algo>(tl, tl.stream(), span);
     } else {
       t = time_all_reduce<Algo>(c, c.stream(), span);
@@ -103,7 +103,7 @@ template <class Algo>
 void add(const std::string& shape_name, const weft::topology::cluster& shape,
          const std::vector<std::int64_t>& sizes) {
   std::string algo_name(Algo::name);
-  if constexpr (weft::algo::is_stages_v<Algo>) {
+  if constexpr (weft::algo::is_levels_v<Algo>) {
     algo_name = "two_level<" + std::string(Algo::intra::name) + ", " + std::string(Algo::inter::name) + ">";
   }
   const std::string name = "all_reduce/cuda_emulated" + shape_name + "/" + algo_name;
@@ -127,7 +127,7 @@ void register_all(const std::vector<std::int64_t>& sizes) {
   add<algo::hierarchical<algo::ring, algo::ring>>("2x2", nodes, sizes);
   add<algo::hierarchical<algo::ring, algo::tree>>("2x2", nodes, sizes);
   add<algo::automatic>("2x2", nodes, sizes);
-  add<algo::stages<algo::ring, algo::ring>>("2x2", nodes, sizes);
+  add<algo::levels<algo::ring, algo::ring>>("2x2", nodes, sizes);
 }
 
 } // namespace

@@ -81,13 +81,13 @@ int main(int argc, char** argv) {
     auto world = weft::cuda::two_level_from_mpi(MPI_COMM_WORLD);
     if (rank == 0) {
       std::printf("%d ranks in %d nodes, %d leaders per node; 64 MiB of float per rank\n", world.size(),
-                  world.nodes(), world.leaders());
+                  world.nodes(), world.min_ranks_per_node());
     }
     const std::size_t n = std::size_t{16} << 20;
     weft::cuda::device_buffer<float> grad(n);
-    ok &= run<weft::algo::stages<>>(world, grad.data(), n, "stages<automatic>") ? 1 : 0;
-    ok &= run<weft::algo::stages<weft::algo::direct, weft::algo::vendor>>(world, grad.data(), n,
-                                                                          "stages<direct, vendor>")
+    ok &= run<weft::algo::levels<>>(world, grad.data(), n, "levels<automatic>") ? 1 : 0;
+    ok &= run<weft::algo::levels<weft::algo::direct, weft::algo::vendor>>(world, grad.data(), n,
+                                                                          "levels<direct, vendor>")
               ? 1
               : 0;
   }

@@ -190,29 +190,29 @@ TEST(two_level, all_reduce_matches_the_reference_on_every_layout) {
   for (const auto& l : layouts()) {
     for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{1000}}) {
       // 64-byte chunks: 16 int32 per chunk, so the 1000 elements take 63 chunks (the last short).
-      check_all_reduce<algo::stages<>, std::int32_t, op::sum>(l, count, 64, true, test::pattern::exact);
-      check_all_reduce<algo::stages<>, std::int32_t, op::sum>(l, count, 1 << 20, false, test::pattern::exact);
+      check_all_reduce<algo::levels<>, std::int32_t, op::sum>(l, count, 64, true, test::pattern::exact);
+      check_all_reduce<algo::levels<>, std::int32_t, op::sum>(l, count, 1 << 20, false, test::pattern::exact);
     }
   }
 }
 
 TEST(two_level, operators_and_types) {
   for (const auto& spec : {from_spec("2x3"), from_spec("3+5")}) {
-    check_all_reduce<algo::stages<>, std::int64_t, op::max>(spec, 777, 256, true, test::pattern::exact);
-    check_all_reduce<algo::stages<>, std::int32_t, op::prod>(spec, 301, 128, false, test::pattern::exact);
-    check_all_reduce<algo::stages<>, std::int32_t, op::avg>(spec, 301, 128, true, test::pattern::exact);
-    check_all_reduce<algo::stages<>, double, op::avg>(spec, 513, 1024, true, test::pattern::exact);
-    check_all_reduce<algo::stages<>, float, op::sum>(spec, 4099, 4096, false, test::pattern::random);
+    check_all_reduce<algo::levels<>, std::int64_t, op::max>(spec, 777, 256, true, test::pattern::exact);
+    check_all_reduce<algo::levels<>, std::int32_t, op::prod>(spec, 301, 128, false, test::pattern::exact);
+    check_all_reduce<algo::levels<>, std::int32_t, op::avg>(spec, 301, 128, true, test::pattern::exact);
+    check_all_reduce<algo::levels<>, double, op::avg>(spec, 513, 1024, true, test::pattern::exact);
+    check_all_reduce<algo::levels<>, float, op::sum>(spec, 4099, 4096, false, test::pattern::random);
   }
 }
 
 TEST(two_level, each_level_takes_the_named_algorithm) {
   for (const auto& spec : {from_spec("2x4"), from_spec("3+5"), from_spec("4+2+3")}) {
-    check_all_reduce<algo::stages<algo::ring, algo::tree>, std::int32_t, op::sum>(spec, 997, 200, true,
+    check_all_reduce<algo::levels<algo::ring, algo::tree>, std::int32_t, op::sum>(spec, 997, 200, true,
                                                                                    test::pattern::exact);
-    check_all_reduce<algo::stages<algo::direct, algo::halving_doubling>, std::int32_t, op::sum>(
+    check_all_reduce<algo::levels<algo::direct, algo::halving_doubling>, std::int32_t, op::sum>(
         spec, 997, 200, false, test::pattern::exact);
-    check_all_reduce<algo::stages<algo::tree, algo::ring>, float, op::sum>(spec, 997, 1 << 16, true,
+    check_all_reduce<algo::levels<algo::tree, algo::ring>, float, op::sum>(spec, 997, 1 << 16, true,
                                                                           test::pattern::random);
   }
 }
@@ -223,9 +223,9 @@ TEST(two_level, broadcast_and_reduce_from_every_root_on_every_layout) {
     for (int root = 0; root < p; ++root) {
       for (const collective c : {collective::broadcast, collective::reduce}) {
         for (std::size_t count : {std::size_t{0}, std::size_t{5}, std::size_t{1000}}) {
-          check_rooted<algo::stages<>, std::int32_t>(c, l, count, 64, root, false, test::pattern::exact);
+          check_rooted<algo::levels<>, std::int32_t>(c, l, count, 64, root, false, test::pattern::exact);
         }
-        check_rooted<algo::stages<>, std::int32_t>(c, l, 1000, 1 << 20, root, true, test::pattern::exact);
+        check_rooted<algo::levels<>, std::int32_t>(c, l, 1000, 1 << 20, root, true, test::pattern::exact);
       }
     }
   }
@@ -234,20 +234,20 @@ TEST(two_level, broadcast_and_reduce_from_every_root_on_every_layout) {
 TEST(two_level, reduce_operators_types_and_algorithms) {
   for (const auto& l : {from_spec("2x3"), from_spec("3+5"), layouts().back()}) {
     const int last = static_cast<int>(l.node_of.size()) - 1;
-    check_rooted<algo::stages<>, std::int64_t, op::max>(collective::reduce, l, 777, 256, last, false,
+    check_rooted<algo::levels<>, std::int64_t, op::max>(collective::reduce, l, 777, 256, last, false,
                                                         test::pattern::exact);
-    check_rooted<algo::stages<>, std::int32_t, op::prod>(collective::reduce, l, 301, 128, 1, true,
+    check_rooted<algo::levels<>, std::int32_t, op::prod>(collective::reduce, l, 301, 128, 1, true,
                                                          test::pattern::exact);
-    check_rooted<algo::stages<>, std::int32_t, op::avg>(collective::reduce, l, 301, 128, last, true,
+    check_rooted<algo::levels<>, std::int32_t, op::avg>(collective::reduce, l, 301, 128, last, true,
                                                         test::pattern::exact);
-    check_rooted<algo::stages<>, double, op::avg>(collective::reduce, l, 513, 1024, 0, false, test::pattern::exact);
-    check_rooted<algo::stages<>, float, op::sum>(collective::reduce, l, 4099, 4096, last, false,
+    check_rooted<algo::levels<>, double, op::avg>(collective::reduce, l, 513, 1024, 0, false, test::pattern::exact);
+    check_rooted<algo::levels<>, float, op::sum>(collective::reduce, l, 4099, 4096, last, false,
                                                  test::pattern::random);
-    check_rooted<algo::stages<algo::ring, algo::tree>, std::int32_t>(collective::reduce, l, 997, 200, last, false,
+    check_rooted<algo::levels<algo::ring, algo::tree>, std::int32_t>(collective::reduce, l, 997, 200, last, false,
                                                                      test::pattern::exact);
-    check_rooted<algo::stages<algo::direct, algo::ring>, double>(collective::broadcast, l, 997, 200,
+    check_rooted<algo::levels<algo::direct, algo::ring>, double>(collective::broadcast, l, 997, 200,
                                                                              last, false, test::pattern::exact);
-    check_rooted<algo::stages<algo::tree, algo::ring>, float>(collective::broadcast, l, 997, 1 << 16, 1, false,
+    check_rooted<algo::levels<algo::tree, algo::ring>, float>(collective::broadcast, l, 997, 1 << 16, 1, false,
                                                               test::pattern::random);
   }
 }
@@ -257,8 +257,8 @@ TEST(two_level, reduce_scatter_and_all_gather_on_every_layout) {
     for (const collective c : {collective::reduce_scatter, collective::all_gather}) {
       for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{100}}) {
         // 64-byte chunks: a block of 100 int32 goes across in 7 pieces.
-        check_scatter_gather<algo::stages<>, std::int32_t>(c, l, n, 64, test::pattern::exact);
-        check_scatter_gather<algo::stages<>, std::int32_t>(c, l, n, 1 << 20, test::pattern::exact);
+        check_scatter_gather<algo::levels<>, std::int32_t>(c, l, n, 64, test::pattern::exact);
+        check_scatter_gather<algo::levels<>, std::int32_t>(c, l, n, 1 << 20, test::pattern::exact);
       }
     }
   }
@@ -266,19 +266,19 @@ TEST(two_level, reduce_scatter_and_all_gather_on_every_layout) {
 
 TEST(two_level, reduce_scatter_operators_types_and_algorithms) {
   for (const auto& l : {from_spec("2x3"), from_spec("3+5"), layouts().back()}) {
-    check_scatter_gather<algo::stages<>, std::int64_t, op::max>(collective::reduce_scatter, l, 77, 256,
+    check_scatter_gather<algo::levels<>, std::int64_t, op::max>(collective::reduce_scatter, l, 77, 256,
                                                                 test::pattern::exact);
-    check_scatter_gather<algo::stages<>, std::int32_t, op::prod>(collective::reduce_scatter, l, 31, 32,
+    check_scatter_gather<algo::levels<>, std::int32_t, op::prod>(collective::reduce_scatter, l, 31, 32,
                                                                  test::pattern::exact);
-    check_scatter_gather<algo::stages<>, std::int32_t, op::avg>(collective::reduce_scatter, l, 31, 32,
+    check_scatter_gather<algo::levels<>, std::int32_t, op::avg>(collective::reduce_scatter, l, 31, 32,
                                                                 test::pattern::exact);
-    check_scatter_gather<algo::stages<>, float, op::sum>(collective::reduce_scatter, l, 409, 1024,
+    check_scatter_gather<algo::levels<>, float, op::sum>(collective::reduce_scatter, l, 409, 1024,
                                                          test::pattern::random);
-    check_scatter_gather<algo::stages<algo::ring, algo::tree>, double>(collective::reduce_scatter, l, 97, 200,
+    check_scatter_gather<algo::levels<algo::ring, algo::tree>, double>(collective::reduce_scatter, l, 97, 200,
                                                                        test::pattern::exact);
-    check_scatter_gather<algo::stages<algo::direct, algo::ring>, double>(collective::all_gather, l, 97, 200,
+    check_scatter_gather<algo::levels<algo::direct, algo::ring>, double>(collective::all_gather, l, 97, 200,
                                                                          test::pattern::exact);
-    check_scatter_gather<algo::stages<algo::ring, algo::tree>, float>(collective::all_gather, l, 97, 64,
+    check_scatter_gather<algo::levels<algo::ring, algo::tree>, float>(collective::all_gather, l, 97, 64,
                                                                       test::pattern::random);
   }
 }
@@ -296,7 +296,7 @@ TEST(two_level, only_the_blocks_cross_between_nodes) {
   local::run(cluster, [&](local::communicator& c) {
     traced world(std::move(c), "world");
     auto tl = make_two_level(world, {.chunk_bytes = chunk * sizeof(std::int32_t)});
-    EXPECT_EQ(tl.leaders(), 3);
+    EXPECT_EQ(tl.min_ranks_per_node(), 3);
     EXPECT_EQ(tl.nodes(), 2);
     std::vector<std::int32_t> v(count, 1);
     all_reduce(tl, std::span(v));
@@ -527,7 +527,7 @@ TEST(two_level, even_nodes_reduce_by_reduce_scatter_and_all_gather) {
 // The host handoff's scratch comes back to its pool and is handed out again where it fits:
 // the smallest free block that holds the request, else a new one.
 TEST(two_level, host_scratch_is_reused_between_calls) {
-  host_handoff h;
+  host_space h;
   int comm = 0;  // the host handoff ignores the communicator
   const float* first = nullptr;
   {
@@ -553,7 +553,7 @@ TEST(two_level, host_scratch_is_reused_between_calls) {
 // order from Intra to Inter before Inter's first operation, and back after its last, so the call
 // starts after the caller's work and ends on Intra's stream. The host transports' handoff does
 // nothing, so this records when each handoff came, as the number of Inter operations by then.
-struct recorded_handoff : host_handoff {
+struct recorded_space : host_space {
   struct state {
     const void* intra = nullptr;  // the two_level's own communicators, set once it is made
     const traced<local::communicator>* inter = nullptr;
@@ -576,8 +576,8 @@ TEST(two_level, a_call_on_inter_is_ordered_after_the_callers_work_and_ends_on_in
       const int color = detail::node_color(nodes, rank);
       auto intra = world.split(color, rank);
       auto inter = world.split(intra.rank(), color);
-      recorded_handoff h;
-      two_level<traced<local::communicator>, traced<local::communicator>, recorded_handoff> tl(
+      recorded_space h;
+      two_level<traced<local::communicator>, traced<local::communicator>, recorded_space> tl(
           traced(std::move(intra), "intra"), traced(std::move(inter), "inter"), nodes, rank, {}, h);
       h.s->intra = &tl.intra();
       h.s->inter = &tl.inter();
@@ -626,16 +626,16 @@ TEST(two_level, refuses_bad_roots_and_buffers) {
 // indexed past the world's node table).
 template <class TL>
 concept pointer_collectives_reachable = requires(TL& tl, const float* in, float* out, std::size_t n) {
-  tl.template all_reduce<algo::stages<>>(in, out, n, op::sum{});
-  tl.template broadcast<algo::stages<>>(out, n, 0);
-  tl.template reduce<algo::stages<>>(in, out, n, 0, op::sum{});
-  tl.template reduce_scatter<algo::stages<>>(in, out, n, op::sum{});
-  tl.template all_gather<algo::stages<>>(in, out, n);
+  tl.template all_reduce<algo::levels<>>(in, out, n, op::sum{});
+  tl.template broadcast<algo::levels<>>(out, n, 0);
+  tl.template reduce<algo::levels<>>(in, out, n, 0, op::sum{});
+  tl.template reduce_scatter<algo::levels<>>(in, out, n, op::sum{});
+  tl.template all_gather<algo::levels<>>(in, out, n);
 };
 static_assert(!pointer_collectives_reachable<two_level<local::communicator>>);
 // The concept can hold: the free functions reach them through the access struct.
 static_assert(requires(two_level<local::communicator>& tl, const float* in, float* out, std::size_t n) {
-  detail::two_level_access::all_reduce<algo::stages<>>(tl, in, out, n, op::sum{});
+  detail::two_level_access::all_reduce<algo::levels<>>(tl, in, out, n, op::sum{});
 });
 
 TEST(two_level, barrier_meets_every_rank) {

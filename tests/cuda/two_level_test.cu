@@ -1,5 +1,5 @@
 // weft::cuda::two_level on one GPU: the two levels on their own streams, ordered by
-// stream_handoff (reduce's scratch stream-ordered device memory), against the serial reference:
+// stream_space (reduce's scratch stream-ordered device memory), against the serial reference:
 // every collective two_level offers, on even, uneven and interleaved nodes. The one-GPU harness (emulated) gives both
 // levels; p2p gives both with peer loads (ranks sharing the device). The p2p + NCCL pairing of
 // cuda/two_level_mpi.cuh needs one GPU per NCCL rank: samples/11_two_level runs it.
@@ -151,12 +151,12 @@ TEST(cuda_two_level, emulated_levels_on_their_own_streams_match_the_reference) {
     std::vector<std::vector<std::int32_t>> ints(static_cast<std::size_t>(cluster.size()));
     emu::run(cluster, [&](emu::communicator& world) {
       // 1 KiB chunks: the 70001-element calls take dozens, pipelined across the two streams.
-      auto tl = make_two_level(world, {.chunk_bytes = 1024}, weft::cuda::stream_handoff{});
+      auto tl = make_two_level(world, {.chunk_bytes = 1024}, weft::cuda::stream_space{});
       EXPECT_NE(tl.intra().stream(), tl.inter().stream()) << "each level has its own stream";
       for (std::size_t count : {std::size_t{0}, std::size_t{3}, std::size_t{70001}}) {
-        check<algo::stages<>, std::int32_t, op::sum>(tl, count, test::pattern::exact, ints, m);
-        check<algo::stages<algo::ring, algo::tree>, std::int32_t, op::avg>(tl, count, test::pattern::exact, ints, m);
-        check<algo::stages<>, float, op::sum>(tl, count, test::pattern::random, floats, m);
+        check<algo::levels<>, std::int32_t, op::sum>(tl, count, test::pattern::exact, ints, m);
+        check<algo::levels<algo::ring, algo::tree>, std::int32_t, op::avg>(tl, count, test::pattern::exact, ints, m);
+        check<algo::levels<>, float, op::sum>(tl, count, test::pattern::random, floats, m);
       }
     }, run_options);
     expect_identical(floats);
@@ -170,14 +170,14 @@ TEST(cuda_two_level, emulated_broadcast_and_reduce_match_the_reference) {
     const auto cluster = topology::parse(spec);
     const int p = cluster.size();
     emu::run(cluster, [&](emu::communicator& world) {
-      auto tl = make_two_level(world, {.chunk_bytes = 1024}, weft::cuda::stream_handoff{});
+      auto tl = make_two_level(world, {.chunk_bytes = 1024}, weft::cuda::stream_space{});
       for (int root : {0, p / 2, p - 1}) {
         for (std::size_t count : {std::size_t{0}, std::size_t{3}, std::size_t{70001}}) {
-          check_rooted<algo::stages<>, std::int32_t>(tl, collective::broadcast, count, root, test::pattern::exact);
-          check_rooted<algo::stages<>, std::int32_t>(tl, collective::reduce, count, root, test::pattern::exact);
-          check_rooted<algo::stages<algo::ring, algo::tree>, std::int32_t, op::avg>(tl, collective::reduce, count, root,
+          check_rooted<algo::levels<>, std::int32_t>(tl, collective::broadcast, count, root, test::pattern::exact);
+          check_rooted<algo::levels<>, std::int32_t>(tl, collective::reduce, count, root, test::pattern::exact);
+          check_rooted<algo::levels<algo::ring, algo::tree>, std::int32_t, op::avg>(tl, collective::reduce, count, root,
                                                                                    test::pattern::exact);
-          check_rooted<algo::stages<>, float>(tl, collective::reduce, count, root, test::pattern::random);
+          check_rooted<algo::levels<>, float>(tl, collective::reduce, count, root, test::pattern::random);
         }
       }
     }, run_options);
@@ -190,16 +190,16 @@ TEST(cuda_two_level, emulated_reduce_scatter_and_all_gather_match_the_reference)
   const auto run_all = [](auto& tl) {
     for (std::size_t n : {std::size_t{0}, std::size_t{3}, std::size_t{9001}}) {
       for (const collective c : {collective::reduce_scatter, collective::all_gather}) {
-        check_scatter_gather<algo::stages<>, std::int32_t>(tl, c, n, test::pattern::exact);
-        check_scatter_gather<algo::stages<algo::ring, algo::tree>, float>(tl, c, n, test::pattern::random);
+        check_scatter_gather<algo::levels<>, std::int32_t>(tl, c, n, test::pattern::exact);
+        check_scatter_gather<algo::levels<algo::ring, algo::tree>, float>(tl, c, n, test::pattern::random);
       }
-      check_scatter_gather<algo::stages<>, std::int32_t, op::avg>(tl, collective::reduce_scatter, n,
+      check_scatter_gather<algo::levels<>, std::int32_t, op::avg>(tl, collective::reduce_scatter, n,
                                                                   test::pattern::exact);
     }
   };
   for (const char* spec : {"2x2", "3+5", "4+2+3", "3x1"}) {
     emu::run(topology::parse(spec), [&](emu::communicator& world) {
-      auto tl = make_two_level(world, {.chunk_bytes = 1024}, weft::cuda::stream_handoff{});
+      auto tl = make_two_level(world, {.chunk_bytes = 1024}, weft::cuda::stream_space{});
       run_all(tl);
     }, run_options);
     if (::testing::Test::HasFailure()) return;
@@ -232,16 +232,16 @@ TEST(cuda_two_level, p2p_levels_sharing_one_device_match_the_reference) {
         weft::cuda::two_level<p2p::communicator> tl(std::move(intra), std::move(inter), node_of, r,
                                                     {.chunk_bytes = 4096});
         for (std::size_t count : {std::size_t{1}, std::size_t{4097}, std::size_t{100003}}) {
-          check<algo::stages<algo::direct, algo::direct>, std::int32_t, op::sum>(tl, count, test::pattern::exact,
+          check<algo::levels<algo::direct, algo::direct>, std::int32_t, op::sum>(tl, count, test::pattern::exact,
                                                                                  ints, m);
-          check<algo::stages<algo::direct, algo::direct>, float, op::avg>(tl, count, test::pattern::random, floats, m);
-          check_rooted<algo::stages<algo::direct, algo::direct>, std::int32_t>(tl, collective::broadcast, count, 3,
+          check<algo::levels<algo::direct, algo::direct>, float, op::avg>(tl, count, test::pattern::random, floats, m);
+          check_rooted<algo::levels<algo::direct, algo::direct>, std::int32_t>(tl, collective::broadcast, count, 3,
                                                                                test::pattern::exact);
-          check_rooted<algo::stages<algo::direct, algo::direct>, std::int32_t>(tl, collective::reduce, count, 1,
+          check_rooted<algo::levels<algo::direct, algo::direct>, std::int32_t>(tl, collective::reduce, count, 1,
                                                                                test::pattern::exact);
-          check_scatter_gather<algo::stages<algo::direct, algo::direct>, std::int32_t>(
+          check_scatter_gather<algo::levels<algo::direct, algo::direct>, std::int32_t>(
               tl, collective::reduce_scatter, count, test::pattern::exact);
-          check_scatter_gather<algo::stages<algo::direct, algo::direct>, std::int32_t>(tl, collective::all_gather, count,
+          check_scatter_gather<algo::levels<algo::direct, algo::direct>, std::int32_t>(tl, collective::all_gather, count,
                                                                                        test::pattern::exact);
         }
       },

@@ -7,7 +7,7 @@
 //   cudaSetDevice(local_rank);                               // each process on its GPU first
 //   auto world = weft::cuda::two_level_from_mpi(MPI_COMM_WORLD);
 //   weft::all_reduce(world, std::span(d_grad, n));                                     // automatic at both levels
-//   weft::all_reduce<weft::algo::stages<weft::algo::direct, weft::algo::vendor>>(world, std::span(d_grad, n));
+//   weft::all_reduce<weft::algo::levels<weft::algo::direct, weft::algo::vendor>>(world, std::span(d_grad, n));
 //
 // Nodes are MPI's shared-memory domains (MPI_Comm_split_type). The p2p level runs peer-access
 // plans only: give IntraAlgo = direct or automatic (which picks direct there). Collective over
@@ -50,7 +50,7 @@ inline mpi_two_level two_level_from_mpi(MPI_Comm comm, two_level_options opt = {
   for (std::size_t i = 0; i < one_per_node.size(); ++i) one_per_node[i] = static_cast<int>(i);
   if (!inter.topology && inter.node_of.empty()) inter.node_of = one_per_node;
   auto nccl_comm = nccl::from_mpi(held->local.native(), nullptr, inter);
-  return mpi_two_level(std::move(p2p_comm), std::move(nccl_comm), node_of, rank, opt, stream_handoff{},
+  return mpi_two_level(std::move(p2p_comm), std::move(nccl_comm), node_of, rank, opt, stream_space{},
                        std::shared_ptr<const void>(held, held.get()));
 }
 

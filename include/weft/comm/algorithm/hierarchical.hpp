@@ -36,8 +36,9 @@
 //   Nodes of different sizes, or of one rank each: one Inter collective over all ranks.
 //
 // Every element is reduced once, at one place, then only copied, so every rank ends with
-// bitwise identical values. Nodes come from plan_request::node_of; a node's ranks need not
-// be contiguous, and nodes may hold different numbers of ranks.
+// bitwise identical values. Nodes come from plan_request::node_of, numbered in increasing
+// node_of (detail::node_layout, by_node_id); a node's ranks need not be contiguous, and nodes
+// may hold different numbers of ranks.
 //
 // Scratch: [0, c) holds a leader's block; the sub-plans share the region after it, one at a
 // time: a sub-plan's last round ends only when its messages have been received (and a
@@ -134,7 +135,7 @@ private:
 
   static void all_reduce(plan& pl, const plan_request& q, const detail::node_layout& lay) {
     const int nodes = lay.nodes();
-    const int m = lay.fewest;
+    const int m = lay.min_ranks_per_node();
     const auto ur = static_cast<std::size_t>(q.rank);
     const int node = lay.node[ur];
     const int j = lay.local[ur];
@@ -212,11 +213,8 @@ private:
   // the sub-plans' own scratch after that.
   static void over_rails(plan& pl, const plan_request& q, const detail::node_layout& lay) {
     const int nodes = lay.nodes();
-    const int m = lay.fewest;
-    bool even = true;
-    for (const auto& members : lay.ranks)
-      even = even && static_cast<int>(members.size()) == m;
-    if (nodes == 1 || m == 1 || !even) { // one level: the whole call by Intra or by Inter
+    const int m = lay.min_ranks_per_node();
+    if (nodes == 1 || m == 1 || !lay.uniform()) { // one level: the whole call by Intra or by Inter
       pl.append(nodes == 1 ? Intra::make_plan(q) : Inter::make_plan(q), iota(q.size), {buffer::input, 0},
                 {buffer::output, 0}, {buffer::scratch, 0});
       return;

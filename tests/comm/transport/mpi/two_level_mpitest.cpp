@@ -64,8 +64,8 @@ TEST(two_level_on_mpi, every_collective_on_the_worlds_nodes) {
   auto tl = make_two_level(world, small_chunks);
   EXPECT_EQ(tl.size(), world.size());
   EXPECT_EQ(tl.node_of(), world.node_of());
-  every_collective<algo::stages<>>(tl, "world's nodes");
-  every_collective<algo::stages<algo::ring, algo::tree>>(tl, "world's nodes, ring/tree");
+  every_collective<algo::levels<>>(tl, "world's nodes");
+  every_collective<algo::levels<algo::ring, algo::tree>>(tl, "world's nodes, ring/tree");
 }
 
 // Two nodes whose ranks alternate: reduce_scatter and all_gather reorder through scratch.
@@ -76,7 +76,7 @@ TEST(two_level_on_mpi, every_collective_on_interleaved_nodes) {
   for (int r = 0; r < world.size(); ++r) node_of.push_back(r % 2);
   auto tl = split_by(world, node_of);
   EXPECT_EQ(tl.nodes(), 2);
-  every_collective<algo::stages<>>(tl, "interleaved");
+  every_collective<algo::levels<>>(tl, "interleaved");
 }
 
 // About 1 MiB per rank, in the default 4 MiB chunks: float within tolerance and identical on
@@ -86,14 +86,14 @@ TEST(two_level_on_mpi, one_mib) {
   auto tl = make_two_level(world);
   const auto p = static_cast<std::size_t>(world.size());
   const std::size_t n = (std::size_t{1} << 18) + 3;
-  auto sum = test::call_and_check<algo::stages<>, collective::all_reduce, float, op::sum>(tl, n, 0,
+  auto sum = test::call_and_check<algo::levels<>, collective::all_reduce, float, op::sum>(tl, n, 0,
                                                                                          test::pattern::random, false);
   test::expect_identical_across_processes(world, sum, "all_reduce 1 MiB");
-  test::call_and_check<algo::stages<>, collective::all_reduce, std::int32_t, op::sum>(tl, n, 0, test::pattern::exact,
+  test::call_and_check<algo::levels<>, collective::all_reduce, std::int32_t, op::sum>(tl, n, 0, test::pattern::exact,
                                                                                       true);
-  test::call_and_check<algo::stages<>, collective::reduce_scatter, float, op::sum>(tl, n / p, 0, test::pattern::random,
+  test::call_and_check<algo::levels<>, collective::reduce_scatter, float, op::sum>(tl, n / p, 0, test::pattern::random,
                                                                                   false);
-  auto all = test::call_and_check<algo::stages<>, collective::all_gather, float, op::sum>(tl, n / p, 0,
+  auto all = test::call_and_check<algo::levels<>, collective::all_gather, float, op::sum>(tl, n / p, 0,
                                                                                          test::pattern::random, false);
   test::expect_identical_across_processes(world, all, "all_gather 1 MiB");
 }

@@ -1,0 +1,163 @@
+#pragma once
+// two_level's reduce_scatter and all_gather by rank blocks: rank block i of a node crosses
+// between nodes on the local ranks i mod m, by pieces of up to a chunk
+// (comm/two_level/communicator.hpp describes the protocol). On uniform nodes, where both levels
+// plan the collective, uniform_nodes.hpp's two calls take it instead.
+#include <weft/comm/all_gather.hpp>
+#include <weft/comm/broadcast.hpp>
+#include <weft/comm/reduce.hpp>
+#include <weft/comm/reduce_scatter.hpp>
+#include <weft/comm/two_level/communicator.hpp>
+#include <weft/comm/two_level/uniform_nodes.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <vector>
+
+namespace weft {
+
+template <communicator Intra, communicator Inter, class Space>
+template <class Algo, class T, class Op>
+void two_level<Intra, Inter, Space>::reduce_scatter(const T* in, T* out, std::size_t n,
+                                                    const Op& op) {
+  check_levels<Algo>();
+  using IA = typename Algo::intra;
+  using OA = typename Algo::inter;
+  const auto p = static_cast<std::size_t>(size());
+  // One level, where its algorithm plans a reduce_scatter (else the pieces below work too).
+  if constexpr (IA::serves(collective::reduce_scatter)) {
+    if (nodes_ == 1) {
+      weft::reduce_scatter<IA>(intra_, std::span<const T>(in, n * p), std::span<T>(out, n), op);
+      return;
+    }
+  }
+  if constexpr (OA::serves(collective::reduce_scatter)) {
+    if (nodes_ == size()) {
+      inter_alone([&] {
+        weft::reduce_scatter<OA>(inter_, std::span<const T>(in, n * p), std::span<T>(out, n), op);
+      });
+      return;
+    }
+  }
+  if (n == 0) return;
+  if constexpr (IA::serves(collective::reduce_scatter) && OA::serves(collective::reduce_scatter)) {
+    if (uniform_) {
+      reduce_scatter_uniform<IA, OA>(in, out, n, op);
+      return;
+    }
+  }
+  constexpr bool average = is_average_v<Op>;
+  const detail::summing_t<Op> sop(op); // avg sums in the levels, then divides once
+  auto ordered = space_.template scratch<T>(intra_, contiguous_ ? 0 : p * n);
+  const T* x = in;
+  if (!contiguous_) {
+    for (std::size_t r = 0; r < p; ++r)
+      space_.copy(intra_, ordered.data() + to_size(pos_[r]) * n, in + r * n, n);
+    x = ordered.data();
+  }
+  const auto pieces = rank_pieces<T>(n);
+  const bool lead = leader();
+  std::size_t carried = 0; // a leader's rank blocks (i mod m == its local rank)
+  for (int c = 0; c < nodes_; ++c) {
+    for (int i = 0; i < ranks_on(c); ++i)
+      carried += lead && i % min_ranks_ == local_;
+  }
+  auto part = space_.template scratch<T>(intra_, carried * n);
+  const bool extras_here = ranks_on(color_) > min_ranks_; // blocks handed on by a broadcast
+  auto sink =
+      space_.template scratch<T>(intra_, extras_here ? std::min(n, chunk_elements<T>()) : 0);
+  const auto within = [&](const rank_piece& q) {
+    const std::span<T> dst =
+        local_ == q.leader ? std::span<T>(part.data() + q.slot, q.len) : std::span<T>{};
+    weft::reduce<IA>(intra_, std::span<const T>(x + q.offset, q.len), dst, q.leader, sop);
+  };
+  const auto across = [&](const rank_piece& q) {
+    T* const mine = part.data() + q.slot;
+    const bool home = color_ == q.node;
+    T* const dst = home && local_ == q.local ? out + q.first : mine;
+    weft::reduce<OA>(inter_, std::span<const T>(mine, q.len), std::span<T>(dst, home ? q.len : 0),
+                     q.node, sop);
+  };
+  const auto hand_on = [&](const rank_piece& q) {
+    T* const buf = local_ == q.local    ? out + q.first
+                   : local_ == q.leader ? part.data() + q.slot
+                                        : sink.data();
+    weft::broadcast<IA>(intra_, std::span<T>(buf, q.len), q.leader);
+  };
+  within(pieces.front());
+  for (std::size_t k = 0; k < pieces.size(); ++k) {
+    const auto& q = pieces[k];
+    const bool carries = local_ == q.leader;
+    if (carries) {
+      space_(intra_, inter_);
+      across(q);
+    }
+    if (k + 1 < pieces.size()) within(pieces[k + 1]);
+    if (q.local != q.leader && color_ == q.node) {
+      if (carries) space_(inter_, intra_);
+      hand_on(q);
+    }
+  }
+  if (lead) space_(inter_, intra_);
+  if constexpr (average) space_.divide(intra_, out, n, size());
+}
+
+template <communicator Intra, communicator Inter, class Space>
+template <class Algo, class T>
+void two_level<Intra, Inter, Space>::all_gather(const T* in, T* out, std::size_t n) {
+  check_levels<Algo>();
+  using IA = typename Algo::intra;
+  using OA = typename Algo::inter;
+  const auto p = static_cast<std::size_t>(size());
+  if constexpr (IA::serves(collective::all_gather)) {
+    if (nodes_ == 1) {
+      weft::all_gather<IA>(intra_, std::span<const T>(in, n), std::span<T>(out, n * p));
+      return;
+    }
+  }
+  if constexpr (OA::serves(collective::all_gather)) {
+    if (nodes_ == size()) {
+      inter_alone([&] {
+        weft::all_gather<OA>(inter_, std::span<const T>(in, n), std::span<T>(out, n * p));
+      });
+      return;
+    }
+  }
+  if (n == 0) return;
+  if constexpr (IA::serves(collective::all_gather) && OA::serves(collective::all_gather)) {
+    if (uniform_) {
+      all_gather_uniform<IA, OA>(in, out, n);
+      return;
+    }
+  }
+  auto ordered = space_.template scratch<T>(intra_, contiguous_ ? 0 : p * n);
+  T* const w = contiguous_ ? out : ordered.data();
+  const auto here = to_size(node_first_[to_size(color_)]) * n;
+  const int mine = ranks_on(color_);
+  if constexpr (IA::serves(collective::all_gather)) {
+    weft::all_gather<IA>(intra_, std::span<const T>(in, n),
+                         std::span<T>(w + here, to_size(mine) * n));
+  } else { // IA plans broadcasts only (tree): one per rank of the node
+    space_.copy(intra_, w + here + to_size(local_) * n, in, n);
+    for (int i = 0; i < mine; ++i)
+      weft::broadcast<IA>(intra_, std::span<T>(w + here + to_size(i) * n, n), i);
+  }
+  const bool lead = leader();
+  if (lead) space_(intra_, inter_);
+  for (const auto& q : rank_pieces<T>(n)) {
+    const bool carries = local_ == q.leader;
+    if (carries) weft::broadcast<OA>(inter_, std::span<T>(w + q.offset, q.len), q.node);
+    if (color_ != q.node) {
+      if (carries) space_(inter_, intra_);
+      weft::broadcast<IA>(intra_, std::span<T>(w + q.offset, q.len), q.leader);
+    }
+  }
+  if (lead) space_(inter_, intra_);
+  if (!contiguous_) {
+    for (std::size_t r = 0; r < p; ++r)
+      space_.copy(intra_, out + r * n, w + to_size(pos_[r]) * n, n);
+  }
+}
+
+} // namespace weft
