@@ -23,11 +23,11 @@ namespace weft::cuda::detail {
 /// temp[k] of its round's temporaries, which follow the plan's scratch.
 struct device_plan_layout {
   static constexpr std::size_t direct = static_cast<std::size_t>(-1);
-  static constexpr std::size_t alignment = 256;  // of the scratch and of every temporary
+  static constexpr std::size_t alignment = 256; // of the scratch and of every temporary
 
-  std::vector<std::size_t> temp;  // one per step
-  std::size_t scratch_bytes = 0;  // the plan's scratch, rounded up to the alignment
-  std::size_t temp_bytes = 0;     // the most that one round's temporaries take
+  std::vector<std::size_t> temp; // one per step
+  std::size_t scratch_bytes = 0; // the plan's scratch, rounded up to the alignment
+  std::size_t temp_bytes = 0;    // the most that one round's temporaries take
 
   [[nodiscard]] std::size_t bytes() const noexcept { return scratch_bytes + temp_bytes; }
   static constexpr std::size_t aligned(std::size_t bytes) noexcept {
@@ -41,23 +41,25 @@ struct device_plan_layout {
 /// does when an earlier step of its round touches an overlapping range of its destination.
 /// Throws weft::error naming `operation` on a peer-access step, a peer outside the ranks, or
 /// a range outside its buffer.
-inline void lay_out(const plan& pl, int rank, int size, const std::size_t (&sizes)[3], std::size_t element_size,
-                    bool in_place, std::string_view operation, device_plan_layout& out) {
+inline void lay_out(const plan& pl, int rank, int size, const std::size_t (&sizes)[3],
+                    std::size_t element_size, bool in_place, std::string_view operation,
+                    device_plan_layout& out) {
   const auto& steps = pl.steps();
   out.temp.assign(steps.size(), device_plan_layout::direct);
   out.scratch_bytes = device_plan_layout::aligned(pl.scratch_count() * element_size);
   out.temp_bytes = 0;
   const auto check_peer = [&](const step& s) {
     if (s.peer < 0 || s.peer >= size || s.peer == rank) {
-      throw error(operation, rank, s.peer, "peer outside the communicator of " + std::to_string(size) + " ranks");
+      throw error(operation, rank, s.peer,
+                  "peer outside the communicator of " + std::to_string(size) + " ranks");
     }
   };
   const auto check_range = [&](buffer b, std::size_t off, std::size_t n) {
     const std::size_t have = sizes[static_cast<std::size_t>(b)];
     if (n > have || off > have - n) {
       throw error(operation, rank, error::unknown,
-                  "plan step addresses elements [" + std::to_string(off) + ", " + std::to_string(off + n) +
-                      ") of a buffer of " + std::to_string(have));
+                  "plan step addresses elements [" + std::to_string(off) + ", " +
+                      std::to_string(off + n) + ") of a buffer of " + std::to_string(have));
     }
   };
   const auto same = [&](buffer b) { return in_place && b == buffer::output ? buffer::input : b; };
@@ -75,7 +77,8 @@ inline void lay_out(const plan& pl, int rank, int size, const std::size_t (&size
   std::size_t i = 0;
   while (i < steps.size()) {
     std::size_t end = i;
-    while (end < steps.size() && steps[end].round == steps[i].round) ++end;
+    while (end < steps.size() && steps[end].round == steps[i].round)
+      ++end;
     std::size_t round_bytes = 0;
     for (std::size_t k = i; k < end; ++k) {
       const step& s = steps[k];
@@ -88,7 +91,8 @@ inline void lay_out(const plan& pl, int rank, int size, const std::size_t (&size
         case step_kind::recv:
           check_peer(s);
           check_range(s.dst, s.dst_offset, s.count);
-          for (std::size_t j = i; j < k && !temporary; ++j) temporary = touches(steps[j], s.dst, s.dst_offset, s.count);
+          for (std::size_t j = i; j < k && !temporary; ++j)
+            temporary = touches(steps[j], s.dst, s.dst_offset, s.count);
           break;
         case step_kind::recv_reduce:
           check_peer(s);
@@ -102,9 +106,10 @@ inline void lay_out(const plan& pl, int rank, int size, const std::size_t (&size
         case step_kind::load:
         case step_kind::load_reduce:
         case step_kind::sync:
-          throw error(operation, rank, error::unknown,
-                      "the plan has a " + std::string(name_of(s.kind)) +
-                          " step, which needs peer access, and NCCL ranks cannot read each other's memory");
+          throw error(
+              operation, rank, error::unknown,
+              "the plan has a " + std::string(name_of(s.kind)) +
+                  " step, which needs peer access, and NCCL ranks cannot read each other's memory");
       }
       if (temporary) {
         out.temp[k] = round_bytes;
@@ -115,6 +120,5 @@ inline void lay_out(const plan& pl, int rank, int size, const std::size_t (&size
     i = end;
   }
 }
-
 
 } // namespace weft::cuda::detail

@@ -18,8 +18,9 @@
 
 namespace weft::cuda::detail {
 
-[[noreturn]] WEFT_COLD inline void nccl_fail(ncclResult_t r, std::string_view call, std::string_view operation,
-                                             int rank, int peer, ncclComm_t comm) {
+[[noreturn]] WEFT_COLD inline void nccl_fail(ncclResult_t r, std::string_view call,
+                                             std::string_view operation, int rank, int peer,
+                                             ncclComm_t comm) {
   std::string what = std::string(call) + " failed: " + nccl_error_text(r);
   const char* last = comm != nullptr ? ncclGetLastError(comm) : nullptr;
   if (last != nullptr && *last != '\0') what += ": " + std::string(last);
@@ -68,7 +69,8 @@ private:
 };
 
 /// NCCL's result codes as the host state machine (detail/comm_state.hpp) takes them.
-inline constexpr native_codes nccl_codes{static_cast<int>(ncclSuccess), static_cast<int>(ncclInProgress)};
+inline constexpr native_codes nccl_codes{static_cast<int>(ncclSuccess),
+                                         static_cast<int>(ncclInProgress)};
 
 /// The configuration of every communicator weft makes: non-blocking, so that no NCCL call
 /// waits without weft's deadline (a call may answer ncclInProgress, and weft polls
@@ -91,7 +93,8 @@ inline ncclResult_t nccl_async_state(ncclComm_t comm) noexcept {
 /// Polls a new communicator (ncclCommInitRankConfig, ncclCommSplit) whose call answered `r`
 /// until it is ready, at most until `deadline`. Returns "" when it is; else aborts it and
 /// returns what went wrong.
-[[nodiscard]] inline std::string nccl_settle_new(ncclComm_t comm, ncclResult_t r, std::string_view call,
+[[nodiscard]] inline std::string nccl_settle_new(ncclComm_t comm, ncclResult_t r,
+                                                 std::string_view call,
                                                  std::chrono::steady_clock::time_point deadline,
                                                  std::chrono::milliseconds timeout) {
   comm_state state(nccl_codes, true, nullptr);
@@ -104,12 +107,14 @@ inline ncclResult_t nccl_async_state(ncclComm_t comm) noexcept {
           return a == comm_action::poll ? cudaErrorNotReady : cudaSuccess;
         },
         deadline, [] {});
-    if (a == comm_action::poll) a = state.polled(static_cast<int>(nccl_async_state(comm)), true, true);
+    if (a == comm_action::poll)
+      a = state.polled(static_cast<int>(nccl_async_state(comm)), true, true);
   }
   if (a == comm_action::proceed) return {};
   std::string what;
   if (state.last_verdict() == poll_verdict::timed_out) {
-    what = "timed out after " + std::to_string(timeout.count()) + " ms waiting for " + std::string(call) +
+    what = "timed out after " + std::to_string(timeout.count()) + " ms waiting for " +
+           std::string(call) +
            " to complete (does every rank make the call?); the new NCCL communicator is aborted";
   } else {
     const ncclResult_t e = first == comm_action::record_failure ? r : nccl_async_state(comm);

@@ -25,7 +25,9 @@ class stream_memory {
 public:
   explicit stream_memory(std::shared_ptr<const stream> s) : stream_(std::move(s)) {}
   stream_memory(stream_memory&& o) noexcept
-      : stream_(std::move(o.stream_)), p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+      : stream_(std::move(o.stream_)),
+        p_(std::exchange(o.p_, nullptr)),
+        n_(std::exchange(o.n_, 0)) {}
   stream_memory& operator=(stream_memory&& o) noexcept {
     if (this != &o) {
       release();
@@ -47,18 +49,21 @@ public:
     if (bytes <= n_) return p_;
     if (capturing(stream_->get())) {
       throw error(operation, rank, error::unknown,
-                  "needs " + std::to_string(bytes) + " bytes of device scratch and has " + std::to_string(n_) +
-                      ", and its stream is being captured into a CUDA graph, where weft cannot allocate: run the "
+                  "needs " + std::to_string(bytes) + " bytes of device scratch and has " +
+                      std::to_string(n_) +
+                      ", and its stream is being captured into a CUDA graph, where weft cannot "
+                      "allocate: run the "
                       "call once before capturing it, or reserve() the scratch first");
     }
-    constexpr std::size_t granule = std::size_t{64} << 10;  // fewer regrowths for slowly rising sizes
+    constexpr std::size_t granule = std::size_t{64}
+                                    << 10; // fewer regrowths for slowly rising sizes
     const std::size_t want = (bytes + granule - 1) / granule * granule;
     // NCCL between GPUs of one process writes straight into a peer's receive buffer, and pool
     // memory is reachable from other devices only once the pool grants them access.
     share_default_pool(stream_device(stream_->get()));
     void* p = nullptr;
     cuda_check(cudaMallocAsync(&p, want, stream_->get()), "cudaMallocAsync", operation, rank);
-    release();  // stream-ordered: after the queued work that may still use the old block
+    release(); // stream-ordered: after the queued work that may still use the old block
     p_ = static_cast<std::byte*>(p);
     n_ = want;
     return p_;
