@@ -81,6 +81,7 @@
 #include <weft/core/ops.hpp>
 #include <weft/core/types.hpp>
 #include <weft/cuda/detail/comm_state.hpp>
+#include <weft/cuda/detail/device_alignment.hpp>
 #include <weft/cuda/detail/device_plan_layout.hpp>
 #include <weft/cuda/detail/nccl_handle.cuh>
 #include <weft/cuda/detail/rank_placement.hpp>
@@ -902,9 +903,9 @@ private:
     const int peer = from >= 0 ? from : to;
     const detail::device_scope on(device_);
     begin_host_call(operation, peer);
-    constexpr std::size_t a = detail::device_plan_layout::alignment;
+    constexpr std::size_t a = detail::device_alignment;
     const std::size_t out_at = 2 * a;
-    const std::size_t in_at = out_at + detail::device_plan_layout::aligned(out_n * sizeof(T));
+    const std::size_t in_at = out_at + detail::device_aligned(out_n * sizeof(T));
     std::byte* const base = staging_.reserve(in_at + in_n * sizeof(T), operation, rank_);
     const auto describe = [](const message_header& h) {
       const auto type = static_cast<dtype>(h.type);
@@ -956,7 +957,7 @@ private:
   template <std::size_t N>
   std::vector<int> all_gather_ints(const int (&mine)[N], std::string_view operation) {
     begin_host_call(operation, error::unknown);
-    const std::size_t all_at = detail::device_plan_layout::alignment;
+    const std::size_t all_at = detail::device_alignment;
     std::byte* const base = staging_.reserve(all_at + N * sizeof(int) * static_cast<std::size_t>(size_), operation, rank_);
     to_device(base, mine, sizeof mine, operation);
     check_nccl(ncclAllGather(base, base + all_at, N, ncclInt32, comm_.get(), stream()), "ncclAllGather", operation);

@@ -9,6 +9,7 @@
 // Host logic only: nothing here calls CUDA or NCCL.
 #include <weft/comm/plan.hpp>
 #include <weft/core/error.hpp>
+#include <weft/cuda/detail/device_alignment.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -23,16 +24,14 @@ namespace weft::cuda::detail {
 /// temp[k] of its round's temporaries, which follow the plan's scratch.
 struct device_plan_layout {
   static constexpr std::size_t direct = static_cast<std::size_t>(-1);
-  static constexpr std::size_t alignment = 256; // of the scratch and of every temporary
+  static constexpr std::size_t alignment = device_alignment; // of the scratch and every temporary
 
   std::vector<std::size_t> temp; // one per step
   std::size_t scratch_bytes = 0; // the plan's scratch, rounded up to the alignment
   std::size_t temp_bytes = 0;    // the most that one round's temporaries take
 
   [[nodiscard]] std::size_t bytes() const noexcept { return scratch_bytes + temp_bytes; }
-  static constexpr std::size_t aligned(std::size_t bytes) noexcept {
-    return (bytes + alignment - 1) / alignment * alignment;
-  }
+  static constexpr std::size_t aligned(std::size_t bytes) noexcept { return device_aligned(bytes); }
 };
 
 /// Checks rank `rank`'s plan `pl` on `size` ranks against its buffers (sizes[b] elements of
