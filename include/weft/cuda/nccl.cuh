@@ -683,10 +683,7 @@ private:
   }
 
   std::string nccl_failure_text(ncclResult_t r, std::string_view call) const {
-    std::string what = std::string(call) + " failed: " + detail::nccl_error_text(r);
-    const char* last = comm_.get() != nullptr ? ncclGetLastError(comm_.get()) : nullptr;
-    if (last != nullptr && *last != '\0') what += ": " + std::string(last);
-    return what;
+    return detail::nccl_failure_text(r, call, comm_.get());
   }
 
   // The communicator fails with `what`: recorded as the family's failure (the first one

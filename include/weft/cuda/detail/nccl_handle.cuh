@@ -18,13 +18,19 @@
 
 namespace weft::cuda::detail {
 
-[[noreturn]] WEFT_COLD inline void nccl_fail(ncclResult_t r, std::string_view call,
-                                             std::string_view operation, int rank, int peer,
-                                             ncclComm_t comm) {
+/// "`call` failed: " and NCCL's name for `r`, then NCCL's last message for `comm`, if any.
+WEFT_COLD inline std::string nccl_failure_text(ncclResult_t r, std::string_view call,
+                                               ncclComm_t comm) {
   std::string what = std::string(call) + " failed: " + nccl_error_text(r);
   const char* last = comm != nullptr ? ncclGetLastError(comm) : nullptr;
   if (last != nullptr && *last != '\0') what += ": " + std::string(last);
-  throw error(operation, rank, peer, what);
+  return what;
+}
+
+[[noreturn]] WEFT_COLD inline void nccl_fail(ncclResult_t r, std::string_view call,
+                                             std::string_view operation, int rank, int peer,
+                                             ncclComm_t comm) {
+  throw error(operation, rank, peer, nccl_failure_text(r, call, comm));
 }
 
 inline void nccl_check(ncclResult_t r, std::string_view call, std::string_view operation, int rank,
@@ -118,9 +124,7 @@ inline ncclResult_t nccl_async_state(ncclComm_t comm) noexcept {
            " to complete (does every rank make the call?); the new NCCL communicator is aborted";
   } else {
     const ncclResult_t e = first == comm_action::record_failure ? r : nccl_async_state(comm);
-    what = std::string(call) + " failed: " + nccl_error_text(e);
-    const char* last = comm != nullptr ? ncclGetLastError(comm) : nullptr;
-    if (last != nullptr && *last != '\0') what += ": " + std::string(last);
+    what = nccl_failure_text(e, call, comm);
   }
   if (comm != nullptr) (void)ncclCommAbort(comm);
   return what;
