@@ -49,6 +49,7 @@
 #include <weft/comm/transport/local.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/types.hpp>
+#include <weft/cuda/detail/device_alignment.hpp>
 #include <weft/cuda/error.cuh>
 #include <weft/cuda/kernels.cuh>
 #include <weft/cuda/memory.cuh>
@@ -199,8 +200,6 @@ private:
 
 /// Marks a step whose message lands in its destination (or that receives nothing).
 inline constexpr std::size_t lands_in_place = static_cast<std::size_t>(-1);
-/// Temporaries start on this boundary, so the kernels that read them use 16-byte packs.
-inline constexpr std::size_t temporary_alignment = 256;
 
 /// Where the messages of one round land. `base` holds the addresses of the rank's input,
 /// output and scratch (input == output in place); offsets[k] becomes round[k]'s byte offset
@@ -250,8 +249,7 @@ inline std::size_t place_receives(std::span<const step> round, const std::uintpt
     }
     if (temporary) {
       offsets[k] = bytes;
-      bytes += (s.count * element_size + temporary_alignment - 1) / temporary_alignment *
-               temporary_alignment;
+      bytes += device_aligned(s.count * element_size);
     }
   }
   return bytes;

@@ -81,7 +81,12 @@
 #include <weft/core/ops.hpp>
 #include <weft/core/types.hpp>
 #include <weft/cuda/detail/comm_state.hpp>
+#include <weft/cuda/detail/device_alignment.hpp>
+#include <weft/cuda/detail/device_plan_layout.hpp>
+#include <weft/cuda/detail/nccl_handle.cuh>
+#include <weft/cuda/detail/rank_placement.hpp>
 #include <weft/cuda/detail/runtime.cuh>
+#include <weft/cuda/detail/stream_memory.cuh>
 #include <weft/cuda/error.cuh>
 #include <weft/cuda/kernels.cuh>
 #include <weft/cuda/memory.cuh>
@@ -121,329 +126,6 @@ inline constexpr ncclRedOp_t nccl_op_of = [] {
   else if constexpr (std::same_as<Op, op::max>) return ncclMax;
   else return ncclAvg;
 }();
-
-namespace detail {
-
-[[noreturn]] WEFT_COLD inline void nccl_fail(ncclResult_t r, std::string_view call, std::string_view operation,
-                                             int rank, int peer, ncclComm_t comm) {
-  std::string what = std::string(call) + " failed: " + nccl_error_text(r);
-  const char* last = comm != nullptr ? ncclGetLastError(comm) : nullptr;
-  if (last != nullptr && *last != '\0') what += ": " + std::string(last);
-  throw error(operation, rank, peer, what);
-}
-
-inline void nccl_check(ncclResult_t r, std::string_view call, std::string_view operation, int rank,
-                       int peer = error::unknown, ncclComm_t comm = nullptr) {
-  if (r != ncclSuccess) nccl_fail(r, call, operation, rank, peer, comm);
-}
-
-/// Device memory used by the work of one stream, allocated and freed in that stream's order.
-/// It keeps the stream alive until the memory is released.
-class stream_memory {
-public:
-  explicit stream_memory(std::shared_ptr<const stream> s) : stream_(std::move(s)) {}
-  stream_memory(stream_memory&& o) noexcept
-      : stream_(std::move(o.stream_)), p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  stream_memory& operator=(stream_memory&& o) noexcept {
-    if (this != &o) {
-      release();
-      stream_ = std::move(o.stream_);
-      p_ = std::exchange(o.p_, nullptr);
-      n_ = std::exchange(o.n_, 0);
-    }
-    return *this;
-  }
-  stream_memory(const stream_memory&) = delete;
-  stream_memory& operator=(const stream_memory&) = delete;
-  ~stream_memory() { release(); }
-
-  [[nodiscard]] std::size_t size() const noexcept { return n_; }
-
-  /// At least `bytes` for work queued from now on (contents unspecified). The device whose
-  /// memory it is must be current.
-  std::byte* reserve(std::size_t bytes, std::string_view operation, int rank) {
-    if (bytes <= n_) return p_;
-    if (capturing(stream_->get())) {
-      throw error(operation, rank, error::unknown,
-                  "needs " + std::to_string(bytes) + " bytes of device scratch and has " + std::to_string(n_) +
-                      ", and its stream is being captured into a CUDA graph, where weft cannot allocate: run the "
-                      "call once before capturing it, or reserve() the scratch first");
-    }
-    constexpr std::size_t granule = std::size_t{64} << 10;  // fewer regrowths for slowly rising sizes
-    const std::size_t want = (bytes + granule - 1) / granule * granule;
-    // NCCL between GPUs of one process writes straight into a peer's receive buffer, and pool
-    // memory is reachable from other devices only once the pool grants them access.
-    share_default_pool(stream_device(stream_->get()));
-    void* p = nullptr;
-    cuda_check(cudaMallocAsync(&p, want, stream_->get()), "cudaMallocAsync", operation, rank);
-    release();  // stream-ordered: after the queued work that may still use the old block
-    p_ = static_cast<std::byte*>(p);
-    n_ = want;
-    return p_;
-  }
-
-private:
-  void release() noexcept {
-    if (p_ != nullptr) (void)cudaFreeAsync(p_, stream_->get());
-    p_ = nullptr;
-    n_ = 0;
-  }
-
-  std::shared_ptr<const stream> stream_;
-  std::byte* p_ = nullptr;
-  std::size_t n_ = 0;
-};
-
-/// An ncclComm_t, owned or the program's. The communicator releases an owned one itself, bounded
-/// by its deadline (finalized, or aborted); what is still held when this goes (a constructor
-/// that threw) is aborted, which waits for no peer.
-class nccl_comm_handle {
-public:
-  nccl_comm_handle() = default;
-  nccl_comm_handle(ncclComm_t comm, bool owned) noexcept : comm_(comm), owned_(owned) {}
-  nccl_comm_handle(nccl_comm_handle&& o) noexcept
-      : comm_(std::exchange(o.comm_, nullptr)), owned_(std::exchange(o.owned_, false)) {}
-  nccl_comm_handle& operator=(nccl_comm_handle&& o) noexcept {
-    if (this != &o) {
-      release();
-      comm_ = std::exchange(o.comm_, nullptr);
-      owned_ = std::exchange(o.owned_, false);
-    }
-    return *this;
-  }
-  nccl_comm_handle(const nccl_comm_handle&) = delete;
-  nccl_comm_handle& operator=(const nccl_comm_handle&) = delete;
-  ~nccl_comm_handle() { release(); }
-
-  [[nodiscard]] ncclComm_t get() const noexcept { return comm_; }
-  [[nodiscard]] bool owned() const noexcept { return owned_; }
-  /// Lets go of the communicator without a call: it was aborted or destroyed, or is borrowed.
-  void forget() noexcept { comm_ = nullptr; }
-
-private:
-  void release() noexcept {
-    if (owned_ && comm_ != nullptr) (void)ncclCommAbort(comm_);
-    comm_ = nullptr;
-    owned_ = false;
-  }
-
-  ncclComm_t comm_ = nullptr;
-  bool owned_ = false;
-};
-
-/// NCCL's result codes as the host state machine (detail/comm_state.hpp) takes them.
-inline constexpr native_codes nccl_codes{static_cast<int>(ncclSuccess), static_cast<int>(ncclInProgress)};
-
-/// The configuration of every communicator weft makes: non-blocking, so that no NCCL call
-/// waits without weft's deadline (a call may answer ncclInProgress, and weft polls
-/// ncclCommGetAsyncError until it settles).
-inline ncclConfig_t nonblocking_config() noexcept {
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  return config;
-}
-
-/// NCCL's asynchronous state of `comm`: ncclInProgress while a non-blocking call is settling,
-/// an error once one happened (a peer's failure shows here), else ncclSuccess. A failure of
-/// the query itself is answered as that failure.
-inline ncclResult_t nccl_async_state(ncclComm_t comm) noexcept {
-  ncclResult_t async = ncclSuccess;
-  const ncclResult_t r = ncclCommGetAsyncError(comm, &async);
-  return r != ncclSuccess ? r : async;
-}
-
-/// Polls a new communicator (ncclCommInitRankConfig, ncclCommSplit) whose call answered `r`
-/// until it is ready, at most until `deadline`. Returns "" when it is; else aborts it and
-/// returns what went wrong.
-[[nodiscard]] inline std::string nccl_settle_new(ncclComm_t comm, ncclResult_t r, std::string_view call,
-                                                 std::chrono::steady_clock::time_point deadline,
-                                                 std::chrono::milliseconds timeout) {
-  comm_state state(nccl_codes, true, nullptr);
-  const comm_action first = state.returned(static_cast<int>(r));
-  comm_action a = first;
-  if (a == comm_action::poll) {
-    (void)poll_until(
-        [&] {
-          a = state.polled(static_cast<int>(nccl_async_state(comm)), true, false);
-          return a == comm_action::poll ? cudaErrorNotReady : cudaSuccess;
-        },
-        deadline, [] {});
-    if (a == comm_action::poll) a = state.polled(static_cast<int>(nccl_async_state(comm)), true, true);
-  }
-  if (a == comm_action::proceed) return {};
-  std::string what;
-  if (state.last_verdict() == poll_verdict::timed_out) {
-    what = "timed out after " + std::to_string(timeout.count()) + " ms waiting for " + std::string(call) +
-           " to complete (does every rank make the call?); the new NCCL communicator is aborted";
-  } else {
-    const ncclResult_t e = first == comm_action::record_failure ? r : nccl_async_state(comm);
-    what = std::string(call) + " failed: " + nccl_error_text(e);
-    const char* last = comm != nullptr ? ncclGetLastError(comm) : nullptr;
-    if (last != nullptr && *last != '\0') what += ": " + std::string(last);
-  }
-  if (comm != nullptr) (void)ncclCommAbort(comm);
-  return what;
-}
-
-/// Where the ranks of a communicator sit.
-struct rank_placement {
-  std::shared_ptr<const topology::cluster> cluster;
-  std::vector<int> devices;  // devices[r]: rank r's device in *cluster, node-major
-  std::vector<int> node_of;  // node_of[r]: rank r's node in *cluster
-  bool emulated = false;
-};
-
-/// Places `size` ranks by the first of: `topology` (rank r on its device r), the spec
-/// `env_spec` (WEFT_TOPOLOGY; null or empty: none), `node_label` (ranks with equal labels
-/// share a node; nodes in the order of their lowest rank, devices numbered node-major), one
-/// node. A topology must describe exactly `size` ranks, and node_label must have one label
-/// per rank, else weft::error.
-inline rank_placement place_ranks(int size, const std::optional<topology::cluster>& topology,
-                                  const char* env_spec, const std::vector<int>& node_label) {
-  constexpr std::string_view where = "nccl::communicator";
-  rank_placement pl;
-  std::optional<topology::cluster> emulated = topology;
-  std::string source = "the topology in nccl::options";
-  if (!emulated && env_spec != nullptr && *env_spec != '\0') {
-    emulated = topology::parse(env_spec);
-    source = "WEFT_TOPOLOGY=\"" + std::string(env_spec) + "\"";
-  }
-  if (emulated) {
-    if (emulated->size() != size) {
-      throw error(where, error::unknown, error::unknown,
-                  source + " describes " + std::to_string(emulated->size()) +
-                      " ranks, but the NCCL communicator has " + std::to_string(size) + ": give a topology of " +
-                      std::to_string(size) + " ranks (unset WEFT_TOPOLOGY to use options::node_of or one node)");
-    }
-    pl.emulated = true;
-    for (int r = 0; r < size; ++r) pl.devices.push_back(r);
-    pl.cluster = std::make_shared<const topology::cluster>(std::move(*emulated));
-  } else {
-    std::vector<int> label = node_label;
-    if (label.empty()) label.assign(static_cast<std::size_t>(size), 0);
-    if (label.size() != static_cast<std::size_t>(size)) {
-      throw error(where, error::unknown, error::unknown,
-                  "options::node_of has " + std::to_string(label.size()) + " labels for a communicator of " +
-                      std::to_string(size) + " ranks: give one per rank, or none");
-    }
-    std::vector<int> names;  // labels in the order of each node's lowest rank
-    std::vector<int> node(label.size());
-    for (std::size_t r = 0; r < label.size(); ++r) {
-      const auto it = std::find(names.begin(), names.end(), label[r]);
-      node[r] = static_cast<int>(it - names.begin());
-      if (it == names.end()) names.push_back(label[r]);
-    }
-    std::vector<int> per_node(names.size(), 0);
-    for (int n : node) ++per_node[static_cast<std::size_t>(n)];
-    std::vector<int> next(names.size(), 0);  // the next free device of each node
-    for (std::size_t n = 1; n < names.size(); ++n) next[n] = next[n - 1] + per_node[n - 1];
-    for (int n : node) pl.devices.push_back(next[static_cast<std::size_t>(n)]++);
-    pl.cluster = std::make_shared<const topology::cluster>(per_node, topology::default_link(topology::link_kind::nvlink),
-                                                           topology::default_link(topology::link_kind::infiniband));
-  }
-  for (int d : pl.devices) pl.node_of.push_back(pl.cluster->node_of(d));
-  return pl;
-}
-
-/// How one rank's plan runs on a device: every step checked, and each receive landing
-/// either straight in its destination (temp[k] == direct) or in a temporary at byte offset
-/// temp[k] of its round's temporaries, which follow the plan's scratch.
-struct device_plan_layout {
-  static constexpr std::size_t direct = static_cast<std::size_t>(-1);
-  static constexpr std::size_t alignment = 256;  // of the scratch and of every temporary
-
-  std::vector<std::size_t> temp;  // one per step
-  std::size_t scratch_bytes = 0;  // the plan's scratch, rounded up to the alignment
-  std::size_t temp_bytes = 0;     // the most that one round's temporaries take
-
-  [[nodiscard]] std::size_t bytes() const noexcept { return scratch_bytes + temp_bytes; }
-  static constexpr std::size_t aligned(std::size_t bytes) noexcept {
-    return (bytes + alignment - 1) / alignment * alignment;
-  }
-};
-
-/// Checks rank `rank`'s plan `pl` on `size` ranks against its buffers (sizes[b] elements of
-/// element_size bytes; in_place: input and output are the same memory) and lays out its
-/// temporaries by the device execution rule: recv_reduce always lands in a temporary; a recv
-/// does when an earlier step of its round touches an overlapping range of its destination.
-/// Throws weft::error naming `operation` on a peer-access step, a peer outside the ranks, or
-/// a range outside its buffer.
-inline void lay_out(const plan& pl, int rank, int size, const std::size_t (&sizes)[3], std::size_t element_size,
-                    bool in_place, std::string_view operation, device_plan_layout& out) {
-  const auto& steps = pl.steps();
-  out.temp.assign(steps.size(), device_plan_layout::direct);
-  out.scratch_bytes = device_plan_layout::aligned(pl.scratch_count() * element_size);
-  out.temp_bytes = 0;
-  const auto check_peer = [&](const step& s) {
-    if (s.peer < 0 || s.peer >= size || s.peer == rank) {
-      throw error(operation, rank, s.peer, "peer outside the communicator of " + std::to_string(size) + " ranks");
-    }
-  };
-  const auto check_range = [&](buffer b, std::size_t off, std::size_t n) {
-    const std::size_t have = sizes[static_cast<std::size_t>(b)];
-    if (n > have || off > have - n) {
-      throw error(operation, rank, error::unknown,
-                  "plan step addresses elements [" + std::to_string(off) + ", " + std::to_string(off + n) +
-                      ") of a buffer of " + std::to_string(have));
-    }
-  };
-  const auto same = [&](buffer b) { return in_place && b == buffer::output ? buffer::input : b; };
-  // Whether step s reads or writes elements [off, off + n) of buffer b.
-  const auto touches = [&](const step& s, buffer b, std::size_t off, std::size_t n) {
-    const auto hit = [&](buffer sb, std::size_t soff) {
-      return same(sb) == same(b) && soff < off + n && off < soff + s.count;
-    };
-    switch (s.kind) {
-      case step_kind::send: return hit(s.src, s.src_offset);
-      case step_kind::recv: return hit(s.dst, s.dst_offset);
-      default: return hit(s.src, s.src_offset) || hit(s.dst, s.dst_offset);
-    }
-  };
-  std::size_t i = 0;
-  while (i < steps.size()) {
-    std::size_t end = i;
-    while (end < steps.size() && steps[end].round == steps[i].round) ++end;
-    std::size_t round_bytes = 0;
-    for (std::size_t k = i; k < end; ++k) {
-      const step& s = steps[k];
-      bool temporary = false;
-      switch (s.kind) {
-        case step_kind::send:
-          check_peer(s);
-          check_range(s.src, s.src_offset, s.count);
-          break;
-        case step_kind::recv:
-          check_peer(s);
-          check_range(s.dst, s.dst_offset, s.count);
-          for (std::size_t j = i; j < k && !temporary; ++j) temporary = touches(steps[j], s.dst, s.dst_offset, s.count);
-          break;
-        case step_kind::recv_reduce:
-          check_peer(s);
-          temporary = true;
-          [[fallthrough]];
-        case step_kind::copy:
-        case step_kind::reduce:
-          check_range(s.src, s.src_offset, s.count);
-          check_range(s.dst, s.dst_offset, s.count);
-          break;
-        case step_kind::load:
-        case step_kind::load_reduce:
-        case step_kind::sync:
-          throw error(operation, rank, error::unknown,
-                      "the plan has a " + std::string(name_of(s.kind)) +
-                          " step, which needs peer access, and NCCL ranks cannot read each other's memory");
-      }
-      if (temporary) {
-        out.temp[k] = round_bytes;
-        round_bytes += device_plan_layout::aligned(s.count * element_size);
-      }
-    }
-    out.temp_bytes = std::max(out.temp_bytes, round_bytes);
-    i = end;
-  }
-}
-
-} // namespace detail
 
 namespace nccl {
 
@@ -1001,10 +683,7 @@ private:
   }
 
   std::string nccl_failure_text(ncclResult_t r, std::string_view call) const {
-    std::string what = std::string(call) + " failed: " + detail::nccl_error_text(r);
-    const char* last = comm_.get() != nullptr ? ncclGetLastError(comm_.get()) : nullptr;
-    if (last != nullptr && *last != '\0') what += ": " + std::string(last);
-    return what;
+    return detail::nccl_failure_text(r, call, comm_.get());
   }
 
   // The communicator fails with `what`: recorded as the family's failure (the first one
@@ -1221,9 +900,9 @@ private:
     const int peer = from >= 0 ? from : to;
     const detail::device_scope on(device_);
     begin_host_call(operation, peer);
-    constexpr std::size_t a = detail::device_plan_layout::alignment;
+    constexpr std::size_t a = detail::device_alignment;
     const std::size_t out_at = 2 * a;
-    const std::size_t in_at = out_at + detail::device_plan_layout::aligned(out_n * sizeof(T));
+    const std::size_t in_at = out_at + detail::device_aligned(out_n * sizeof(T));
     std::byte* const base = staging_.reserve(in_at + in_n * sizeof(T), operation, rank_);
     const auto describe = [](const message_header& h) {
       const auto type = static_cast<dtype>(h.type);
@@ -1275,7 +954,7 @@ private:
   template <std::size_t N>
   std::vector<int> all_gather_ints(const int (&mine)[N], std::string_view operation) {
     begin_host_call(operation, error::unknown);
-    const std::size_t all_at = detail::device_plan_layout::alignment;
+    const std::size_t all_at = detail::device_alignment;
     std::byte* const base = staging_.reserve(all_at + N * sizeof(int) * static_cast<std::size_t>(size_), operation, rank_);
     to_device(base, mine, sizeof mine, operation);
     check_nccl(ncclAllGather(base, base + all_at, N, ncclInt32, comm_.get(), stream()), "ncclAllGather", operation);

@@ -11,6 +11,7 @@
 //     their syncs   syncs with each  captured ones use 2                 output and scratch
 #include <weft/comm/plan.hpp>
 #include <weft/core/error.hpp>
+#include <weft/cuda/detail/device_alignment.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -25,15 +26,9 @@ namespace weft::cuda::detail {
 
 /// The most ranks of one p2p communicator: a sync's kernel takes its members as arguments.
 inline constexpr int p2p_max_ranks = 64;
-/// Every workspace region starts on this boundary (the kernels' 16-byte packs, whole lines).
-inline constexpr std::size_t p2p_alignment = 256;
 /// Staging areas: two that non-captured staged calls alternate, one for captured calls.
 inline constexpr int p2p_staging_areas = 3;
 inline constexpr int p2p_captured_staging = 2;
-
-constexpr std::size_t p2p_aligned(std::size_t bytes) noexcept {
-  return (bytes + p2p_alignment - 1) / p2p_alignment * p2p_alignment;
-}
 
 /// Byte offsets in a rank's workspace.
 struct p2p_workspace_layout {
@@ -52,17 +47,17 @@ struct p2p_workspace_layout {
 
 constexpr p2p_workspace_layout p2p_lay_out_workspace(int size, std::size_t data_bytes) noexcept {
   p2p_workspace_layout w;
-  const std::size_t words = p2p_aligned(static_cast<std::size_t>(size) * sizeof(std::uint64_t));
+  const std::size_t words = device_aligned(static_cast<std::size_t>(size) * sizeof(std::uint64_t));
   w.counters = words;
   w.staging = 2 * words;
-  w.staging_stride = p2p_aligned(max_staged_scratch_bytes);
+  w.staging_stride = device_aligned(max_staged_scratch_bytes);
   w.data = w.staging + p2p_staging_areas * w.staging_stride;
-  w.data_bytes = p2p_aligned(data_bytes);
+  w.data_bytes = device_aligned(data_bytes);
   w.total = w.data + w.data_bytes;
   return w;
 }
 
-static_assert(p2p_lay_out_workspace(3, 1000).data % p2p_alignment == 0);
+static_assert(p2p_lay_out_workspace(3, 1000).data % device_alignment == 0);
 static_assert(p2p_lay_out_workspace(3, 1000).data_bytes == 1024);
 
 /// Checks the options of a p2p communicator (before any device is touched).
@@ -137,8 +132,8 @@ constexpr std::size_t p2p_saturating_sum(std::size_t a, std::size_t b) noexcept 
 /// The aligned bytes of a region of n elements (saturating: a region too large never fits).
 constexpr std::size_t p2p_region_bytes(std::size_t n, std::size_t element_size) noexcept {
   const std::size_t bytes = p2p_saturating_product(n, element_size);
-  return bytes > std::numeric_limits<std::size_t>::max() - p2p_alignment ? bytes
-                                                                         : p2p_aligned(bytes);
+  return bytes > std::numeric_limits<std::size_t>::max() - device_alignment ? bytes
+                                                                            : device_aligned(bytes);
 }
 
 inline std::string_view p2p_buffer_name(buffer b) noexcept {
