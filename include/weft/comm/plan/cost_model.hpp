@@ -6,32 +6,29 @@
 // CS-2", Parallel Computing 20(3), 1994: a message of n bytes costs alpha + n / beta).
 //
 //   round of rank r, starting at its clock t0:
-//     sends       all posted at t0; they share r's link, so the k-th is ready at
-//                 t0 + (bytes of the sends before it) / bandwidth
-//     recv        starts when the sender's message is ready and r has reached the step;
-//                 lasts latency + bytes / bandwidth of the link between the two devices
+//     sends       all posted at t0; they take r's link one after another
+//     recv        starts when the sender's message is ready and r has reached the step
 //     reduce      recv_reduce, reduce and copy add bytes / reduce_bandwidth of local work
-//     load        latency + bytes / bandwidth from the peer's device; load_reduce loads
-//                 from every member in turn, then reduces (k - 1 passes); a load from
-//                 another node queues on that node's NICs like a message
-//     sync        waits for every member to arrive, plus one latency
+//     load        load_reduce loads from every member in turn, then reduces (k - 1 passes)
+//     sync        waits for every member to arrive
 //     end         when the round's steps are done and its sends have been received
 //
-//   shared NICs: a message that leaves its node also queues on the node's NICs, one pipe of
-//                nics * inter bandwidth shared by all its ranks, in the order the transfers
-//                start; each transfer still gets at most one NIC's worth. (local::options::
-//                emulate_links paces real transfers by these same rules.)
+// What a send, receive, load and sync cost, and how a node's ranks share its NICs, are the
+// link rules of comm/detail/link_rules.hpp, by which local::options::emulate_links paces real
+// transfers too.
 //
 // Matching of messages (FIFO per pair of ranks) and of syncs (the k-th sync over the same
 // ranks) is the serial model's. The simulation always advances the rank with the earliest
 // clock (ties: the lower rank) by one step, so transfers take the NIC pipes in time order; it
 // is deterministic, and the work is O(steps log ranks) (sync groups count once per member).
 #include <weft/comm/algorithm/generator.hpp>
+#include <weft/comm/detail/link_rules.hpp>
 #include <weft/comm/plan.hpp>
 #include <weft/core/error.hpp>
 #include <weft/topology/topology.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -91,9 +88,15 @@ WEFT_PLANNING inline breakdown simulate(const std::vector<plan>& plans, const to
   };
   const auto rank_ok = [&](int q) { return q >= 0 && q < p; };
 
+  namespace rules = detail::link_rules;
+  using clock = rules::seconds_clock;
   // When each node's NIC pipe is next free: messages leaving the node queue on it.
   std::vector<double> nic_free(static_cast<std::size_t>(c.nodes()), 0.0);
-  const double nic_pipe = static_cast<double>(c.nics_per_node()) * c.inter().bandwidth;
+  const auto nic_of = [&nic_free](int n) {
+    return [&nic_free, n](double t, double seconds) {
+      return rules::take<clock>(nic_free[static_cast<std::size_t>(n)], t, seconds).end;
+    };
+  };
 
   // Sync groups, interned by their members so that plans built apart still match.
   std::map<std::vector<int>, int> group_ids;
@@ -108,10 +111,10 @@ WEFT_PLANNING inline breakdown simulate(const std::vector<plan>& plans, const to
   }
 
   struct message {
-    double ready;    // when the sender's link can start it
-    double duration; // latency + bytes / bandwidth
+    double ready; // when the sender's link can start it
+    const topology::link* link; // between the sender and the receiver
     double bytes;
-    int from_node;   // the sender's node, when the message leaves it; -1 otherwise
+    int from_node; // the sender's node, when the message leaves it; -1 otherwise
     double end = 0;
     bool consumed = false;
   };
@@ -163,16 +166,22 @@ WEFT_PLANNING inline breakdown simulate(const std::vector<plan>& plans, const to
   };
 
   // Rank r reads `bytes` of rank q's memory from time t: when the bytes are in (without the
-  // latency). A read from another node queues on that node's NICs, as a message would.
+  // latency).
   const auto pull = [&](int q, int r, double t, double bytes) {
-    const topology::link& l = link_of(r, q);
-    double end = t + bytes / l.bandwidth;
-    if (node[static_cast<std::size_t>(q)] != node[static_cast<std::size_t>(r)]) {
-      double& pipe = nic_free[static_cast<std::size_t>(node[static_cast<std::size_t>(q)])];
-      pipe = std::max(pipe, t) + bytes / nic_pipe;
-      end = std::max(end, pipe);
-    }
-    return end;
+    const int from = node[static_cast<std::size_t>(q)];
+    return rules::pulled<clock>(c, link_of(r, q), from != node[static_cast<std::size_t>(r)], t,
+                                bytes, nic_of(from));
+  };
+  // Rank r, at step x, loads `bytes` from each of `sources` in turn from time t: when the last
+  // has arrived.
+  const auto load = [&](int r, const step& x, double t, const auto& sources, double bytes) {
+    const auto pull_from = [&](int q, double from) {
+      if (!rank_ok(q)) throw bad_peer(r, x);
+      count_bytes(r, q, bytes);
+      return pull(q, r, from, bytes);
+    };
+    const auto link_to = [&](int q) -> const topology::link& { return link_of(r, q); };
+    return rules::loaded<clock>(t, sources, pull_from, link_to);
   };
 
   // Runs rank r until it blocks or finishes.
@@ -185,7 +194,9 @@ WEFT_PLANNING inline breakdown simulate(const std::vector<plan>& plans, const to
       if (!s.posted) {
         if (s.pc >= steps.size()) return;
         const std::uint32_t round = s.round = steps[s.pc].round;
-        double busy = 0; // the sends of one round share the rank's link, one after another
+        // The round's sends are all posted at its start, when r's link is free (the last
+        // round's sends have been received): busy is when the link is free, from the start.
+        double busy = 0;
         for (std::size_t i = s.pc; i < steps.size() && steps[i].round == round; ++i) {
           const step& x = steps[i];
           if (x.kind != step_kind::send) continue;
@@ -195,9 +206,8 @@ WEFT_PLANNING inline breakdown simulate(const std::vector<plan>& plans, const to
           const bool leaves = node[ur] != node[static_cast<std::size_t>(x.peer)];
           const std::uint64_t key = channel_key(r, x.peer);
           channel& ch = channels[key];
-          ch.messages.push_back(
-              message{s.clock + busy, l.latency + bytes / l.bandwidth, bytes, leaves ? node[ur] : -1});
-          busy += bytes / l.bandwidth;
+          const double at = s.clock + rules::sent<clock>(busy, 0.0, l, bytes);
+          ch.messages.push_back(message{at, &l, bytes, leaves ? node[ur] : -1});
           s.sent.emplace_back(key, ch.messages.size() - 1);
           count_bytes(r, x.peer, bytes);
           wake(x.peer);
@@ -233,13 +243,8 @@ WEFT_PLANNING inline breakdown simulate(const std::vector<plan>& plans, const to
             return;
           }
           message& m = ch.messages[ch.next++];
-          const double start = std::max(s.clock, m.ready);
-          m.end = start + m.duration;
-          if (m.from_node >= 0) {
-            double& pipe = nic_free[static_cast<std::size_t>(m.from_node)];
-            pipe = std::max(pipe, start) + m.bytes / nic_pipe;
-            m.end = std::max(m.end, pipe + c.inter().latency);
-          }
+          m.end = rules::received<clock>(c, *m.link, m.from_node >= 0, s.clock, m.ready, m.bytes,
+                                         nic_of(m.from_node));
           m.consumed = true;
           s.clock = m.end;
           if (x.kind == step_kind::recv_reduce) s.clock += bytes / reduce_bw;
@@ -248,23 +253,10 @@ WEFT_PLANNING inline breakdown simulate(const std::vector<plan>& plans, const to
         }
         case step_kind::copy:
         case step_kind::reduce: s.clock += bytes / reduce_bw; break;
-        case step_kind::load: {
-          if (!rank_ok(x.peer)) throw bad_peer(r, x);
-          const topology::link& l = link_of(r, x.peer);
-          s.clock = pull(x.peer, r, s.clock, bytes) + l.latency;
-          count_bytes(r, x.peer, bytes);
-          break;
-        }
+        case step_kind::load: s.clock = load(r, x, s.clock, std::array{x.peer}, bytes); break;
         case step_kind::load_reduce: {
           const auto& g = pl.group(x.peer);
-          double latency = 0;
-          for (int q : g) {
-            if (!rank_ok(q)) throw bad_peer(r, x);
-            latency = std::max(latency, link_of(r, q).latency);
-            s.clock = pull(q, r, s.clock, bytes);
-            count_bytes(r, q, bytes);
-          }
-          s.clock += latency;
+          s.clock = load(r, x, s.clock, g, bytes);
           if (g.size() > 1) s.clock += static_cast<double>(g.size() - 1) * bytes / reduce_bw;
           break;
         }
@@ -282,8 +274,7 @@ WEFT_PLANNING inline breakdown simulate(const std::vector<plan>& plans, const to
                 if (!rank_ok(q)) throw bad_peer(r, x);
                 one_node = one_node && node[static_cast<std::size_t>(q)] == node[ur];
               }
-              si.release = si.latest + (one_node ? c.intra().latency
-                                                 : std::max(c.intra().latency, c.inter().latency));
+              si.release = si.latest + rules::sync_latency(c, one_node);
               for (int q : members) {
                 if (q != r) wake(q);
               }
