@@ -316,8 +316,8 @@ std::int64_t run_table(Comm& c, Agree& agree, const config& cfg, const table_cas
         generator = pick.make_plan;
         chosen = pick.name;
       }
-      const double model =
-          sim::price(sim::plans_of(generator, q), c.cluster(), c.devices(), sizeof(T));
+      const double model = cost_model::price(cost_model::plans_of(generator, q), c.cluster(),
+                                             c.devices(), sizeof(T));
       const double algbw = static_cast<double>(total * sizeof(T)) / seconds / 1e9;
       rep->add(row{tc.op, tc.type, tc.rop, tc.algo, chosen, total * sizeof(T), count,
                    rooted(tc.op) ? root : -1, seconds * 1e6, algbw,

@@ -62,9 +62,13 @@ prediction predict(const Comm& c, std::size_t count, std::size_t element_size) {
   constexpr bool can_load = requires { requires Comm::peer_access; };
   if constexpr (std::is_same_v<Algo, algo::automatic>) {
     const algo::candidate& chosen = algo::choose(q, c.cluster(), c.devices(), can_load);
-    return {sim::price(sim::plans_of(chosen.make_plan, q), c.cluster(), c.devices(), element_size), chosen.name};
+    return {cost_model::price(cost_model::plans_of(chosen.make_plan, q), c.cluster(), c.devices(),
+                              element_size),
+            chosen.name};
   } else {
-    return {sim::price(sim::plans_of(&Algo::make_plan, q), c.cluster(), c.devices(), element_size), Algo::name};
+    return {cost_model::price(cost_model::plans_of(&Algo::make_plan, q), c.cluster(), c.devices(),
+                              element_size),
+            Algo::name};
   }
 }
 
@@ -93,13 +97,13 @@ prediction predict_concurrent(const std::vector<std::vector<int>>& groups, const
       make = &Algo::make_plan;
       out.algorithm = Algo::name;
     }
-    const auto plans = sim::plans_of(make, q);
+    const auto plans = cost_model::plans_of(make, q);
     for (std::size_t i = 0; i < members.size(); ++i) {
       world[static_cast<std::size_t>(members[i])].append(plans[i], members, {buffer::input, 0},
                                                          {buffer::output, 0}, {buffer::scratch, 0});
     }
   }
-  out.seconds = sim::price(world, cluster, {}, element_size);
+  out.seconds = cost_model::price(world, cluster, {}, element_size);
   return out;
 }
 

@@ -171,7 +171,8 @@ int main(int argc, char** argv) try {
         make = pick.make_plan;
         chosen = "automatic=" + std::string(pick.name);
       }
-      const double model = weft::sim::price(weft::sim::plans_of(make, q), cluster, devices, sizeof(float));
+      const double model = weft::cost_model::price(weft::cost_model::plans_of(make, q), cluster,
+                                                   devices, sizeof(float));
       const double algbw = static_cast<double>(bytes) / seconds / 1e9;
       const double busbw = algbw * (p > 1 ? 2.0 * (p - 1) / p : 1.0);
       busbw_sum += busbw;

@@ -1,5 +1,5 @@
 #include <weft/comm/algorithm/automatic.hpp>
-#include <weft/sim/cost_model.hpp>
+#include <weft/comm/plan/cost_model.hpp>
 
 #include <set>
 #include <string>
@@ -34,7 +34,8 @@ bool eligible(const candidate& a, const plan_request& q, bool peer_access) {
 
 double price_of(const candidate& a, const plan_request& q, const topo::cluster& c,
                 const std::vector<int>& dev) {
-  return weft::sim::price(weft::sim::plans_of(a.make_plan, q), c, dev, q.element_size);
+  return weft::cost_model::price(weft::cost_model::plans_of(a.make_plan, q), c, dev,
+                                 q.element_size);
 }
 
 // The chosen candidate is eligible and no eligible candidate is priced lower.

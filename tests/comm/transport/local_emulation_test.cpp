@@ -6,8 +6,8 @@
 #include <weft/comm/algorithm/hierarchical.hpp>
 #include <weft/comm/algorithm/ring.hpp>
 #include <weft/comm/all_reduce.hpp>
+#include <weft/comm/plan/cost_model.hpp>
 #include <weft/comm/transport/local.hpp>
-#include <weft/sim/cost_model.hpp>
 
 #include <gtest/gtest.h>
 

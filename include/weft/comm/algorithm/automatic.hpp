@@ -1,14 +1,14 @@
 #pragma once
 // automatic: picks, for each call, the algorithm the cost model prices cheapest on the
 // call's topology. It does not move anything itself: it builds every candidate's plans for
-// all ranks of the call, runs them through sim::price, and hands back the cheapest.
+// all ranks of the call, runs them through cost_model::price, and hands back the cheapest.
 //
 //   choose(request, cluster, device_of, peer_access, messages)
 //     for each candidate, in table order:
 //       skip it if it does not plan the collective, needs peer access the transport lacks
 //       (or would load across nodes), sends messages a load-only transport cannot (p2p),
 //       or is hierarchical and the group sits on one node
-//       price = sim::price(its plans for ranks 0 .. size-1)
+//       price = cost_model::price(its plans for ranks 0 .. size-1)
 //     the cheapest wins; a tie goes to the earlier entry
 //
 // The choice depends only on the arguments (never on the calling rank), so every rank of
@@ -23,7 +23,7 @@
 #include <weft/comm/algorithm/recursive_doubling.hpp>
 #include <weft/comm/algorithm/ring.hpp>
 #include <weft/comm/algorithm/tree.hpp>
-#include <weft/sim/cost_model.hpp>
+#include <weft/comm/plan/cost_model.hpp>
 #include <weft/topology/topology.hpp>
 
 #include <array>
@@ -190,7 +190,8 @@ WEFT_PLANNING inline const candidate& choose(const plan_request& q, const topolo
     if (!a.serves(q.coll) || (a.needs_peer_access && !peer_access) || (a.needs_messages && !messages) ||
         (a.needs_nodes && !nodes) || flat_loads_across_nodes)
       continue;
-    const double t = sim::price(sim::plans_of(a.make_plan, q), c, device_of, q.element_size);
+    const double t =
+        cost_model::price(cost_model::plans_of(a.make_plan, q), c, device_of, q.element_size);
     if (best == table.size() || t < best_price) {
       best = i;
       best_price = t;

@@ -67,7 +67,7 @@ struct options {
   /// Compare every collective call across the ranks before it runs (as WEFT_CHECK_CALLS=1).
   bool check_calls = false;
   /// Pace every transfer at the figures of the cluster's links (latency, bandwidth, shared
-  /// NICs), as sim::simulate prices them, so one machine shows what a fabric does.
+  /// NICs), as cost_model::simulate prices them, so one machine shows what a fabric does.
   bool emulate_links = false;
   /// What a call that fails part-way does: throw (and leave the communicator failed), or print
   /// weft's error and end the process (weft/comm/failure.hpp).

@@ -1,22 +1,16 @@
 #pragma once
 // Emulated links for the local transport (local::options::emulate_links): every transfer
 // between two ranks is held back until it would have finished on the cluster's links, by the
-// rules sim::simulate prices plans with, so a run on one machine shows what a fabric does and
-// can be checked against the model's prediction.
-//
-//   send          ready at max(now, when the sender's link is free); it then holds the
-//                 sender's link for bytes / bandwidth (a rank's sends go out one after another)
-//   receive       starts at max(now, ready) and ends latency + bytes / bandwidth later; a
-//                 message that leaves its node also queues on that node's NICs, one pipe of
-//                 nics_per_node x inter bandwidth shared by every rank of the node
-//   load          latency + bytes / bandwidth from now, queueing on the source node's NICs
-//                 when it reads across nodes; load_reduce pays every member's bytes in turn
-//                 and the largest latency
-//   sync          the group's latency once everyone has arrived
+// link rules (comm/detail/link_rules.hpp) the cost model prices plans with, so a run on one
+// machine shows what a fabric does and can be checked against the model's prediction. A send
+// takes its sender's link from when it is posted, a receive starts when the receiver reaches
+// it, a load or load_reduce from when the reader starts it, a sync's latency from when the
+// last member arrives.
 //
 // Times are nanoseconds of steady_clock. The real copy of a plain receive or load overlaps the
 // emulated transfer (the copy is the transfer); a reduction runs after its data has arrived,
 // as the model adds it after. Waits sleep, so emulated ranks leave the cores to the others.
+#include <weft/comm/detail/link_rules.hpp>
 #include <weft/topology/topology.hpp>
 
 #include <algorithm>
@@ -52,32 +46,26 @@ public:
   /// Two threads of one device may post at once (a progress thread's collectives beside the
   /// main thread's sends): each message takes the link in turn.
   std::int64_t post(int a, int b, double bytes) {
-    auto& free = link_free_[static_cast<std::size_t>(a)];
-    const double seconds = bytes / link(a, b).bandwidth;
-    const std::int64_t t = now();
-    std::int64_t seen = free.load(std::memory_order_relaxed);
-    std::int64_t ready = 0;
-    do {
-      ready = std::max(t, seen);
-    } while (!free.compare_exchange_weak(seen, later(ready, seconds), std::memory_order_relaxed));
-    return ready;
+    const double seconds = link_rules::hold_seconds(link(a, b), bytes);
+    return take(link_free_[static_cast<std::size_t>(a)], now(), seconds).start;
   }
 
   /// The receiver has reached a message posted with `ready`: when it has arrived.
   std::int64_t arrival(int a, int b, double bytes, std::int64_t ready) {
-    return later(pull(a, b, std::max(now(), ready), bytes), link(a, b).latency);
+    const std::int64_t reached = now();
+    return link_rules::received<clock_rules>(cluster_, link(a, b), leaves(a, b), reached, ready,
+                                             bytes, nic_of(a));
   }
 
   /// Device `reader` loads `bytes` from each of `sources`, in turn: when the last has arrived.
   template <class Sources>
   std::int64_t loads(int reader, const Sources& sources, double bytes) {
-    std::int64_t t = now();
-    double latency = 0;
-    for (int s : sources) {
-      t = pull(s, reader, t, bytes);
-      latency = std::max(latency, link(s, reader).latency);
-    }
-    return later(t, latency);
+    const auto pull = [&](int s, std::int64_t t) {
+      return link_rules::pulled<clock_rules>(cluster_, link(s, reader), leaves(s, reader), t, bytes,
+                                             nic_of(s));
+    };
+    const auto link_to = [&](int s) -> const topology::link& { return link(s, reader); };
+    return link_rules::loaded<clock_rules>(now(), sources, pull, link_to);
   }
 
   /// A sync over `devices` has completed now: when its latency has passed.
@@ -90,9 +78,7 @@ public:
       one_node = one_node && (node < 0 || n == node);
       node = n;
     }
-    const double latency =
-        one_node ? cluster_.intra().latency : std::max(cluster_.intra().latency, cluster_.inter().latency);
-    return later(now(), latency);
+    return later(now(), link_rules::sync_latency(cluster_, one_node));
   }
 
   /// Sleeps until steady_clock reaches t (nanoseconds), to within a few microseconds. t == 0
@@ -118,23 +104,6 @@ public:
   }
 
 private:
-  // `bytes` of device a's memory go to device b from time t: when they are through (without
-  // the latency). Off a's node they also queue on its NICs, one pipe of nics x inter bandwidth.
-  std::int64_t pull(int a, int b, std::int64_t t, double bytes) {
-    std::int64_t end = later(t, bytes / link(a, b).bandwidth);
-    if (cluster_.node_of(a) != cluster_.node_of(b)) {
-      const double pipe = static_cast<double>(cluster_.nics_per_node()) * cluster_.inter().bandwidth;
-      auto& nic = nic_free_[static_cast<std::size_t>(cluster_.node_of(a))];
-      std::int64_t seen = nic.load(std::memory_order_relaxed);
-      std::int64_t done = 0;
-      do {
-        done = later(std::max(t, seen), bytes / pipe);
-      } while (!nic.compare_exchange_weak(seen, done, std::memory_order_relaxed));
-      end = std::max(end, done);
-    }
-    return end;
-  }
-
   // Times saturate at `never` (about 73 years): a transfer of a terabyte at 1 B/s must not
   // overflow the clock into the past (undefined, and then an instant link). Every time kept
   // is at most `never`, so the sum of two cannot overflow either.
@@ -144,6 +113,41 @@ private:
     const std::int64_t step = d < static_cast<double>(never) ? static_cast<std::int64_t>(d) : never;
     return std::min(t + step, never);
   }
+
+  // The link rules' clock: nanoseconds, each duration rounded down to whole ones as it is added.
+  struct clock_rules {
+    using time = std::int64_t;
+    static time after(time t, double seconds) { return later(t, seconds); }
+    static time through(time t, double seconds, double latency) {
+      return later(later(t, seconds), latency);
+    }
+  };
+
+  // Takes a pipe that threads share (link_rules::take), retrying while another thread takes it.
+  static link_rules::slot<clock_rules> take(std::atomic<std::int64_t>& free, std::int64_t t,
+                                            double seconds) {
+    std::int64_t seen = free.load(std::memory_order_relaxed);
+    link_rules::slot<clock_rules> s{};
+    do {
+      std::int64_t mine = seen;
+      s = link_rules::take<clock_rules>(mine, t, seconds);
+    } while (!free.compare_exchange_weak(seen, s.end, std::memory_order_relaxed));
+    return s;
+  }
+
+  // The NIC pipe of a device's node, as the link rules take it: when it has carried `seconds`
+  // from t.
+  struct nic_pipe {
+    link_pacer* pacer;
+    int device;
+    std::int64_t operator()(std::int64_t t, double seconds) const {
+      const auto node = static_cast<std::size_t>(pacer->cluster_.node_of(device));
+      return take(pacer->nic_free_[node], t, seconds).end;
+    }
+  };
+  nic_pipe nic_of(int device) { return {this, device}; }
+
+  bool leaves(int a, int b) const { return cluster_.node_of(a) != cluster_.node_of(b); }
   const topology::link& link(int a, int b) const { return cluster_.link_between(a, b); }
 
   topology::cluster cluster_;

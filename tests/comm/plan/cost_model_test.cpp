@@ -1,7 +1,7 @@
 #include <weft/comm/algorithm/direct.hpp>
 #include <weft/comm/algorithm/halving_doubling.hpp>
 #include <weft/comm/algorithm/ring.hpp>
-#include <weft/sim/cost_model.hpp>
+#include <weft/comm/plan/cost_model.hpp>
 
 #include <gtest/gtest.h>
 
@@ -14,8 +14,8 @@ using weft::buffer;
 using weft::collective;
 using weft::plan;
 using weft::plan_request;
-using weft::sim::price;
-using weft::sim::simulate;
+using weft::cost_model::price;
+using weft::cost_model::simulate;
 namespace topo = weft::topology;
 
 // Round figures, so that every expectation below is plain arithmetic.
