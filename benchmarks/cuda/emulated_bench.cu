@@ -70,7 +70,7 @@ double seconds_per_call(const weft::topology::cluster& shape, std::size_t count)
     const std::span<float> span(data.data(), count);
     double t = 0;
     if constexpr (weft::algo::is_levels_v<Algo>) {
-      auto tl = weft::make_two_level(c, {}, weft::cuda::stream_space{});
+      auto tl = weft::make_two_level(c, {}, weft::cuda::stream_runtime{});
       t = time_all_reduce<Algo>(tl, tl.stream(), span);
     } else {
       t = time_all_reduce<Algo>(c, c.stream(), span);

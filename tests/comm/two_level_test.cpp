@@ -527,7 +527,7 @@ TEST(two_level, even_nodes_reduce_by_reduce_scatter_and_all_gather) {
 // The host handoff's scratch comes back to its pool and is handed out again where it fits:
 // the smallest free block that holds the request, else a new one.
 TEST(two_level, host_scratch_is_reused_between_calls) {
-  host_space h;
+  host_runtime h;
   int comm = 0;  // the host handoff ignores the communicator
   const float* first = nullptr;
   {
@@ -553,7 +553,7 @@ TEST(two_level, host_scratch_is_reused_between_calls) {
 // order from Intra to Inter before Inter's first operation, and back after its last, so the call
 // starts after the caller's work and ends on Intra's stream. The host transports' handoff does
 // nothing, so this records when each handoff came, as the number of Inter operations by then.
-struct recorded_space : host_space {
+struct recorded_space : host_runtime {
   struct state {
     const void* intra = nullptr;  // the two_level's own communicators, set once it is made
     const traced<local::communicator>* inter = nullptr;

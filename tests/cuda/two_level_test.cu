@@ -1,5 +1,5 @@
 // weft::cuda::two_level on one GPU: the two levels on their own streams, ordered by
-// stream_space (reduce's scratch stream-ordered device memory), against the serial reference:
+// stream_runtime (reduce's scratch stream-ordered device memory), against the serial reference:
 // every collective two_level offers, on even, uneven and interleaved nodes. The one-GPU harness (emulated) gives both
 // levels; p2p gives both with peer loads (ranks sharing the device). The p2p + NCCL pairing of
 // cuda/two_level_mpi.cuh needs one GPU per NCCL rank: samples/11_two_level runs it.
@@ -151,7 +151,7 @@ TEST(cuda_two_level, emulated_levels_on_their_own_streams_match_the_reference) {
     std::vector<std::vector<std::int32_t>> ints(static_cast<std::size_t>(cluster.size()));
     emu::run(cluster, [&](emu::communicator& world) {
       // 1 KiB chunks: the 70001-element calls take dozens, pipelined across the two streams.
-      auto tl = make_two_level(world, {.chunk_bytes = 1024}, weft::cuda::stream_space{});
+      auto tl = make_two_level(world, {.chunk_bytes = 1024}, weft::cuda::stream_runtime{});
       EXPECT_NE(tl.intra().stream(), tl.inter().stream()) << "each level has its own stream";
       for (std::size_t count : {std::size_t{0}, std::size_t{3}, std::size_t{70001}}) {
         check<algo::levels<>, std::int32_t, op::sum>(tl, count, test::pattern::exact, ints, m);
@@ -170,7 +170,7 @@ TEST(cuda_two_level, emulated_broadcast_and_reduce_match_the_reference) {
     const auto cluster = topology::parse(spec);
     const int p = cluster.size();
     emu::run(cluster, [&](emu::communicator& world) {
-      auto tl = make_two_level(world, {.chunk_bytes = 1024}, weft::cuda::stream_space{});
+      auto tl = make_two_level(world, {.chunk_bytes = 1024}, weft::cuda::stream_runtime{});
       for (int root : {0, p / 2, p - 1}) {
         for (std::size_t count : {std::size_t{0}, std::size_t{3}, std::size_t{70001}}) {
           check_rooted<algo::levels<>, std::int32_t>(tl, collective::broadcast, count, root, test::pattern::exact);
@@ -199,7 +199,7 @@ TEST(cuda_two_level, emulated_reduce_scatter_and_all_gather_match_the_reference)
   };
   for (const char* spec : {"2x2", "3+5", "4+2+3", "3x1"}) {
     emu::run(topology::parse(spec), [&](emu::communicator& world) {
-      auto tl = make_two_level(world, {.chunk_bytes = 1024}, weft::cuda::stream_space{});
+      auto tl = make_two_level(world, {.chunk_bytes = 1024}, weft::cuda::stream_runtime{});
       run_all(tl);
     }, run_options);
     if (::testing::Test::HasFailure()) return;

@@ -15,8 +15,8 @@
 // The pieces, one concept each, under comm/two_level/:
 //   levels.hpp        algo::levels<IntraAlgo, InterAlgo>: the tag naming each level's algorithm
 //   scratch_pool.hpp  host working memory kept between calls
-//   host_space.hpp    host_space: level order, working memory, copies and op::avg's division
-//                     on the host (cuda/two_level.cuh's stream_space on GPUs)
+//   host_runtime.hpp    host_runtime: level order, working memory, copies and op::avg's division
+//                     on the host (cuda/two_level.cuh's stream_runtime on GPUs)
 //   communicator.hpp  the two_level class (its protocol described), and make_two_level
 //   chunked.hpp       its all_reduce, broadcast and reduce by chunks cut into blocks
 //   rank_blocks.hpp   its reduce_scatter and all_gather by rank blocks
@@ -25,7 +25,7 @@
 #include <weft/comm/two_level/chunked.hpp>
 #include <weft/comm/two_level/collectives.hpp>
 #include <weft/comm/two_level/communicator.hpp>
-#include <weft/comm/two_level/host_space.hpp>
+#include <weft/comm/two_level/host_runtime.hpp>
 #include <weft/comm/two_level/levels.hpp>
 #include <weft/comm/two_level/rank_blocks.hpp>
 #include <weft/comm/two_level/scratch_pool.hpp>

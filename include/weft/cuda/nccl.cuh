@@ -447,24 +447,21 @@ public:
     constexpr ncclDataType_t type = nccl_type_of<T>;
     const cudaStream_t s = stream();
     const auto& steps = pl.steps();
-    std::size_t i = 0;
-    while (i < steps.size()) {
-      std::size_t end = i;
+    for (const plan_round& r : rounds_of(steps)) {
       bool messages = false;
-      while (end < steps.size() && steps[end].round == steps[i].round) {
-        const step_kind kind = steps[end].kind;
+      for (std::size_t k = r.begin; k < r.end; ++k) {
+        const step_kind kind = steps[k].kind;
         messages = messages || kind == step_kind::send || kind == step_kind::recv || kind == step_kind::recv_reduce;
-        ++end;
       }
       if (messages) {
         group g(*this, operation);
-        for (std::size_t k = i; k < end; ++k) {
+        for (std::size_t k = r.begin; k < r.end; ++k) {
           const step& st = steps[k];
           if (st.kind == step_kind::send) {
             check_nccl(ncclSend(src(st), st.count, type, st.peer, comm_.get(), s), "ncclSend", operation, st.peer);
           }
         }
-        for (std::size_t k = i; k < end; ++k) {
+        for (std::size_t k = r.begin; k < r.end; ++k) {
           const step& st = steps[k];
           if (st.kind == step_kind::recv || st.kind == step_kind::recv_reduce) {
             check_nccl(ncclRecv(landing(k), st.count, type, st.peer, comm_.get(), s), "ncclRecv", operation, st.peer);
@@ -472,7 +469,7 @@ public:
         }
         g.end();
       }
-      for (std::size_t k = i; k < end; ++k) {
+      for (std::size_t k = r.begin; k < r.end; ++k) {
         const step& st = steps[k];
         switch (st.kind) {
           case step_kind::recv:
@@ -484,7 +481,6 @@ public:
           default: break;  // sends are queued; lay_out refused peer-access steps
         }
       }
-      i = end;
     }
   }
 

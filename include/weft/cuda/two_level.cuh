@@ -1,21 +1,21 @@
 #pragma once
 // weft::cuda::two_level<Intra, Inter>: weft::two_level (comm/two_level.hpp) over device
 // transports, each level on its own stream: Intra's (p2p or NCCL over NVLink) and Inter's (NCCL
-// over InfiniBand). stream_space, the device space (comm/two_level/host_space.hpp says what a
-// space does), orders them with an event, recorded on one stream and waited
+// over InfiniBand). stream_runtime, the device runtime (comm/two_level/host_runtime.hpp says what a
+// runtime does), orders them with an event, recorded on one stream and waited
 // on by the other, so nothing waits on the host and chunk k's inter-node all-reduce runs while
 // chunk k+1's intra-node reduce does. op::avg's divide is a kernel: all_reduce's on Inter's
 // stream (each leader divides its block), the other collectives' on Intra's. A call's scratch
 // (reduce's, the reordering of interleaved or uniform nodes) is stream-ordered device memory.
 //
 //   weft::cuda::emulated::run(weft::topology::parse("2x4"), [&](weft::cuda::emulated::communicator& world) {
-//     auto tl = weft::make_two_level(world, {}, weft::cuda::stream_space{});
+//     auto tl = weft::make_two_level(world, {}, weft::cuda::stream_runtime{});
 //     weft::all_reduce(tl, std::span(d_grad, n));   // queued on tl.stream() (the intra level's)
 //   });
 //   auto tl = weft::cuda::two_level_from_mpi(MPI_COMM_WORLD);   // p2p + NCCL (cuda/two_level_mpi.cuh)
 //
 // Each step runs with its stream's device current (a thread may drive ranks on several devices),
-// and the event is made there on first use. A stream_space is shared by the copies of its
+// and the event is made there on first use. A stream_runtime is shared by the copies of its
 // two_level.
 #include <weft/comm/two_level.hpp>
 #include <weft/cuda/detail/runtime.cuh>
@@ -32,9 +32,9 @@
 
 namespace weft::cuda {
 
-/// weft::two_level's space on GPUs: each level on its own stream, ordered by an event; working
+/// weft::two_level's runtime on GPUs: each level on its own stream, ordered by an event; working
 /// memory stream-ordered on the device; copies and op::avg's division queued on a stream.
-class stream_space {
+class stream_runtime {
 public:
   /// Work queued on `to` from now on waits for the work queued on `from` so far.
   template <class From, class To>
@@ -90,8 +90,8 @@ private:
 };
 
 template <class Intra, class Inter = Intra>
-using two_level = weft::two_level<Intra, Inter, stream_space>;
+using two_level = weft::two_level<Intra, Inter, stream_runtime>;
 
-using stream_handoff [[deprecated("use weft::cuda::stream_space")]] = stream_space;
+using stream_handoff [[deprecated("use weft::cuda::stream_runtime")]] = stream_runtime;
 
 } // namespace weft::cuda

@@ -50,7 +50,7 @@ inline mpi_two_level two_level_from_mpi(MPI_Comm comm, two_level_options opt = {
   for (std::size_t i = 0; i < one_per_node.size(); ++i) one_per_node[i] = static_cast<int>(i);
   if (!inter.topology && inter.node_of.empty()) inter.node_of = one_per_node;
   auto nccl_comm = nccl::from_mpi(held->local.native(), nullptr, inter);
-  return mpi_two_level(std::move(p2p_comm), std::move(nccl_comm), node_of, rank, opt, stream_space{},
+  return mpi_two_level(std::move(p2p_comm), std::move(nccl_comm), node_of, rank, opt, stream_runtime{},
                        std::shared_ptr<const void>(held, held.get()));
 }
 

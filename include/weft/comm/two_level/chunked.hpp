@@ -15,9 +15,9 @@
 
 namespace weft {
 
-template <communicator Intra, communicator Inter, class Space>
+template <communicator Intra, communicator Inter, class Runtime>
 template <class Algo, class T, class Op>
-void two_level<Intra, Inter, Space>::all_reduce(const T* in, T* out, std::size_t count,
+void two_level<Intra, Inter, Runtime>::all_reduce(const T* in, T* out, std::size_t count,
                                                 const Op& op) {
   check_levels<Algo>();
   using IA = typename Algo::intra;
@@ -60,7 +60,7 @@ void two_level<Intra, Inter, Space>::all_reduce(const T* in, T* out, std::size_t
     const auto [b, e] = block(len, local_);
     if (b == e) return;
     weft::all_reduce<OA>(inter_, std::span<T>(out + first + b, e - b), sop);
-    if constexpr (average) space_.divide(inter_, out + first + b, e - b, size());
+    if constexpr (average) runtime_.divide(inter_, out + first + b, e - b, size());
   };
   const auto broadcast_chunk = [&](std::size_t k) {
     const auto [first, len] = span_of(k);
@@ -71,23 +71,23 @@ void two_level<Intra, Inter, Space>::all_reduce(const T* in, T* out, std::size_t
   };
   const bool lead = leader();
   reduce_chunk(0);
-  if (lead) space_(intra_, inter_);
+  if (lead) runtime_(intra_, inter_);
   for (std::size_t k = 0; k < chunks; ++k) {
     if (lead) reduce_across(k);
     if (k + 1 < chunks) {
       reduce_chunk(k + 1);
       if (lead)
-        space_(intra_,
+        runtime_(intra_,
                inter_); // Inter's next chunk waits for this reduce, not for the broadcast below
     }
-    if (lead) space_(inter_, intra_);
+    if (lead) runtime_(inter_, intra_);
     broadcast_chunk(k);
   }
 }
 
-template <communicator Intra, communicator Inter, class Space>
+template <communicator Intra, communicator Inter, class Runtime>
 template <class Algo, class T>
-void two_level<Intra, Inter, Space>::broadcast(T* data, std::size_t count, int root) {
+void two_level<Intra, Inter, Runtime>::broadcast(T* data, std::size_t count, int root) {
   check_levels<Algo>();
   using IA = typename Algo::intra;
   using OA = typename Algo::inter;
@@ -125,17 +125,17 @@ void two_level<Intra, Inter, Space>::broadcast(T* data, std::size_t count, int r
     whole(0);
     for (std::size_t k = 0; k < chunks; ++k) {
       if (lead) {
-        space_(intra_, inter_); // chunk k is here
+        runtime_(intra_, inter_); // chunk k is here
         across(k);
       }
       if (k + 1 < chunks) whole(k + 1);
     }
   } else {
-    if (lead) space_(intra_, inter_); // the caller's earlier work on the buffer
+    if (lead) runtime_(intra_, inter_); // the caller's earlier work on the buffer
     for (std::size_t k = 0; k < chunks; ++k) {
       if (lead) {
         across(k);
-        space_(inter_, intra_);
+        runtime_(inter_, intra_);
       }
       const auto [first, len] = chunk_span(k, chunk, count);
       for (int j = 0; j < min_ranks_; ++j) {
@@ -144,12 +144,12 @@ void two_level<Intra, Inter, Space>::broadcast(T* data, std::size_t count, int r
       }
     }
   }
-  if (lead) space_(inter_, intra_); // the call ends on Intra's stream
+  if (lead) runtime_(inter_, intra_); // the call ends on Intra's stream
 }
 
-template <communicator Intra, communicator Inter, class Space>
+template <communicator Intra, communicator Inter, class Runtime>
 template <class Algo, class T, class Op>
-void two_level<Intra, Inter, Space>::reduce(const T* in, T* out, std::size_t count, int root,
+void two_level<Intra, Inter, Runtime>::reduce(const T* in, T* out, std::size_t count, int root,
                                             const Op& op) {
   check_levels<Algo>();
   using IA = typename Algo::intra;
@@ -188,8 +188,8 @@ void two_level<Intra, Inter, Space>::reduce(const T* in, T* out, std::size_t cou
   const std::size_t longest = std::min(chunk, count);
   const std::size_t slot =
       (longest + static_cast<std::size_t>(min_ranks_) - 1) / static_cast<std::size_t>(min_ranks_);
-  auto part = space_.template scratch<T>(intra_, lead ? chunks * slot : 0);
-  auto sink = space_.template scratch<T>(intra_, on_root_node && !at_root ? slot : 0);
+  auto part = runtime_.template scratch<T>(intra_, lead ? chunks * slot : 0);
+  auto sink = runtime_.template scratch<T>(intra_, on_root_node && !at_root ? slot : 0);
   const auto reduce_within = [&](std::size_t k) {
     const auto [first, len] = chunk_span(k, chunk, count);
     for (int j = 0; j < min_ranks_; ++j) {
@@ -222,18 +222,18 @@ void two_level<Intra, Inter, Space>::reduce(const T* in, T* out, std::size_t cou
   reduce_within(0);
   for (std::size_t k = 0; k < chunks; ++k) {
     if (lead) {
-      space_(intra_, inter_);
+      runtime_(intra_, inter_);
       reduce_across(k);
     }
     if (k + 1 < chunks) reduce_within(k + 1);
     if (on_root_node) {
-      if (lead) space_(inter_, intra_);
+      if (lead) runtime_(inter_, intra_);
       hand_to_root(k);
     }
   }
-  if (lead) space_(inter_, intra_); // ends on Intra's stream, before `part` is released there
+  if (lead) runtime_(inter_, intra_); // ends on Intra's stream, before `part` is released there
   if constexpr (average) {
-    if (at_root) space_.divide(intra_, out, count, size());
+    if (at_root) runtime_.divide(intra_, out, count, size());
   }
 }
 

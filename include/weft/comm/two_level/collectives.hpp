@@ -5,7 +5,7 @@
 #include <weft/comm/detail/kernels.hpp>
 #include <weft/comm/two_level/chunked.hpp>
 #include <weft/comm/two_level/communicator.hpp>
-#include <weft/comm/two_level/host_space.hpp>
+#include <weft/comm/two_level/host_runtime.hpp>
 #include <weft/comm/two_level/levels.hpp>
 #include <weft/comm/two_level/rank_blocks.hpp>
 #include <weft/comm/two_level/uniform_nodes.hpp>
@@ -59,15 +59,15 @@ struct two_level_access {
 
 /// half averages on the host as the plain collectives do (op::avg): each input scaled by
 /// 1/ranks first, then summed, so that a mean half holds does not overflow on the way.
-template <class Space, class T, class Op>
+template <class Runtime, class T, class Op>
 inline constexpr bool premultiplied_average = is_average_v<Op>&&
-    std::is_same_v<std::remove_cv_t<T>, half>&& std::is_same_v<Space, host_space>;
+    std::is_same_v<std::remove_cv_t<T>, half>&& std::is_same_v<Runtime, host_runtime>;
 
 /// call(input, op): with the n elements of `in` scaled by 1/ranks and op::sum where
 /// premultiplied_average holds, else with `in` and `op` as given.
-template <class Space, class T, class Op, class Call>
+template <class Runtime, class T, class Op, class Call>
 void premultiplying_averages(const T* in, std::size_t n, int ranks, const Op& op, Call&& call) {
-  if constexpr (premultiplied_average<Space, T, Op>) {
+  if constexpr (premultiplied_average<Runtime, T, Op>) {
     const auto scaled = scaled_by_ranks(in, n, ranks);
     call(static_cast<const T*>(scaled.data()), op::sum{});
   } else {
@@ -77,56 +77,56 @@ void premultiplying_averages(const T* in, std::size_t n, int ranks, const Op& op
 
 } // namespace detail
 
-template <class Algo = algo::levels<>, class Intra, class Inter, class Space, element T,
+template <class Algo = algo::levels<>, class Intra, class Inter, class Runtime, element T,
           class Op = op::sum>
 requires reduction_for<Op, T>
-void all_reduce(two_level<Intra, Inter, Space>& comm, std::span<T> inout, Op op = {}) {
+void all_reduce(two_level<Intra, Inter, Runtime>& comm, std::span<T> inout, Op op = {}) {
   comm.template check_call<T, Op>(collective::all_reduce, inout.size(), 0);
-  detail::premultiplying_averages<Space>(
+  detail::premultiplying_averages<Runtime>(
       inout.data(), inout.size(), comm.size(), op, [&](const T* src, auto o) {
         detail::two_level_access::all_reduce<Algo>(comm, src, inout.data(), inout.size(), o);
       });
 }
 
-template <class Algo = algo::levels<>, class Intra, class Inter, class Space, class In, element T,
+template <class Algo = algo::levels<>, class Intra, class Inter, class Runtime, class In, element T,
           class Op = op::sum>
 requires std::same_as<std::remove_const_t<In>, T> && reduction_for<Op, T>
-void all_reduce(two_level<Intra, Inter, Space>& comm, std::span<In> in, std::span<T> out,
+void all_reduce(two_level<Intra, Inter, Runtime>& comm, std::span<In> in, std::span<T> out,
                 Op op = {}) {
   detail::check_all_reduce_buffers(comm.rank(), in, out);
   comm.template check_call<T, Op>(collective::all_reduce, in.size(), 0);
-  detail::premultiplying_averages<Space>(
+  detail::premultiplying_averages<Runtime>(
       in.data(), in.size(), comm.size(), op, [&](const T* src, auto o) {
         detail::two_level_access::all_reduce<Algo>(comm, src, out.data(), in.size(), o);
       });
 }
 
 /// out (in.size() / size() elements) = the reduction of block rank() of every rank's in.
-template <class Algo = algo::levels<>, class Intra, class Inter, class Space, class In, element T,
+template <class Algo = algo::levels<>, class Intra, class Inter, class Runtime, class In, element T,
           class Op = op::sum>
 requires std::same_as<std::remove_const_t<In>, T> && reduction_for<Op, T>
-void reduce_scatter(two_level<Intra, Inter, Space>& comm, std::span<In> in, std::span<T> out,
+void reduce_scatter(two_level<Intra, Inter, Runtime>& comm, std::span<In> in, std::span<T> out,
                     Op op = {}) {
   detail::check_reduce_scatter_buffers(comm.rank(), comm.size(), in, out);
   comm.template check_call<T, Op>(collective::reduce_scatter, out.size(), 0);
-  detail::premultiplying_averages<Space>(
+  detail::premultiplying_averages<Runtime>(
       in.data(), in.size(), comm.size(), op, [&](const T* src, auto o) {
         detail::two_level_access::reduce_scatter<Algo>(comm, src, out.data(), out.size(), o);
       });
 }
 
 /// Block r of out (in.size() elements each) = rank r's in, on every rank.
-template <class Algo = algo::levels<>, class Intra, class Inter, class Space, class In, element T>
+template <class Algo = algo::levels<>, class Intra, class Inter, class Runtime, class In, element T>
 requires std::same_as<std::remove_const_t<In>, T>
-void all_gather(two_level<Intra, Inter, Space>& comm, std::span<In> in, std::span<T> out) {
+void all_gather(two_level<Intra, Inter, Runtime>& comm, std::span<In> in, std::span<T> out) {
   detail::check_all_gather_buffers(comm.rank(), comm.size(), in, out);
   comm.template check_call<T, op::sum>(collective::all_gather, in.size(), 0);
   detail::two_level_access::all_gather<Algo>(comm, in.data(), out.data(), in.size());
 }
 
 /// data from world rank `root` to every rank of the two_level.
-template <class Algo = algo::levels<>, class Intra, class Inter, class Space, element T>
-void broadcast(two_level<Intra, Inter, Space>& comm, std::span<T> data, int root) {
+template <class Algo = algo::levels<>, class Intra, class Inter, class Runtime, element T>
+void broadcast(two_level<Intra, Inter, Runtime>& comm, std::span<T> data, int root) {
   detail::check_two_level_root(comm, "broadcast", root);
   comm.template check_call<T, op::sum>(collective::broadcast, data.size(), root);
   detail::two_level_access::broadcast<Algo>(comm, data.data(), data.size(), root);
@@ -134,15 +134,15 @@ void broadcast(two_level<Intra, Inter, Space>& comm, std::span<T> data, int root
 
 /// out, at world rank `root` (other ranks' out is not touched and may be empty), = the
 /// reduction over every rank's in.
-template <class Algo = algo::levels<>, class Intra, class Inter, class Space, class In, element T,
+template <class Algo = algo::levels<>, class Intra, class Inter, class Runtime, class In, element T,
           class Op = op::sum>
 requires std::same_as<std::remove_const_t<In>, T> && reduction_for<Op, T>
-void reduce(two_level<Intra, Inter, Space>& comm, std::span<In> in, std::span<T> out, int root,
+void reduce(two_level<Intra, Inter, Runtime>& comm, std::span<In> in, std::span<T> out, int root,
             Op op = {}) {
   detail::check_two_level_root(comm, "reduce", root);
   detail::check_reduce_buffers(comm.rank(), comm.rank() == root, in, out);
   comm.template check_call<T, Op>(collective::reduce, in.size(), root);
-  detail::premultiplying_averages<Space>(
+  detail::premultiplying_averages<Runtime>(
       in.data(), in.size(), comm.size(), op, [&](const T* src, auto o) {
         detail::two_level_access::reduce<Algo>(comm, src, out.data(), in.size(), root, o);
       });

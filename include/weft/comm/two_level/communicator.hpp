@@ -1,5 +1,5 @@
 #pragma once
-// weft::two_level<Intra, Inter, Space>: the communicator (comm/two_level.hpp says what it is).
+// weft::two_level<Intra, Inter, Runtime>: the communicator (comm/two_level.hpp says what it is).
 //
 // all_reduce, by chunks of options::chunk_bytes; m = the fewest ranks on any node, and each
 // chunk is cut into m blocks (sizes differ by at most one, the same on every node):
@@ -13,7 +13,7 @@
 // where IntraAlgo plans reduce_scatter and all_gather, the m reduces of a chunk are one Intra
 // reduce_scatter and the m broadcasts one all_gather (chunks a multiple of L elements; the
 // last count mod L elements go by blocks as above). On GPUs Intra and Inter run on
-// their own streams, ordered by events (the Space, weft::cuda::stream_space), so the inter-node
+// their own streams, ordered by events (the Runtime, weft::cuda::stream_runtime), so the inter-node
 // all-reduce of one chunk overlaps the intra-node reduce of the next. One node: Intra's
 // all-reduce; one rank per node: Inter's.
 //
@@ -35,7 +35,7 @@
 // IntraAlgo plans all_gather (and, for reduce, reduce_scatter), the spreading is one Intra
 // all_gather per chunk instead of m broadcasts, and reduce's m reduces one reduce_scatter.
 //
-// The Space (host_space, weft::cuda::stream_space) orders the levels (operator()(from, to))
+// The Runtime (host_runtime, weft::cuda::stream_runtime) orders the levels (operator()(from, to))
 // and gives a call what it needs besides the transports: scratch<T>(comm, n) (host memory from
 // a pool kept between calls, or stream-ordered device memory), copy and copy_rows
 // (std::copy_n, or cudaMemcpyAsync and cudaMemcpy2DAsync on comm's stream), and divide
@@ -66,7 +66,7 @@
 #include <weft/comm/communicator.hpp>
 #include <weft/comm/reduce.hpp>
 #include <weft/comm/reduce_scatter.hpp>
-#include <weft/comm/two_level/host_space.hpp>
+#include <weft/comm/two_level/host_runtime.hpp>
 #include <weft/comm/two_level/levels.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/ops.hpp>
@@ -111,7 +111,7 @@ namespace detail {
 struct two_level_access;
 } // namespace detail
 
-template <communicator Intra, communicator Inter = Intra, class Space = host_space>
+template <communicator Intra, communicator Inter = Intra, class Runtime = host_runtime>
 class two_level {
 public:
   using intra_type = Intra;
@@ -123,14 +123,14 @@ public:
   /// the world. make_two_level() builds all of it from a world communicator.
   /// `held`: what the communicators borrow (an MPI communicator, say), released after them.
   two_level(Intra intra, Inter inter, std::vector<int> node_of, int rank,
-            two_level_options opt = {}, Space space = {}, std::shared_ptr<const void> held = {})
+            two_level_options opt = {}, Runtime runtime = {}, std::shared_ptr<const void> held = {})
       : held_(std::move(held)),
         intra_(std::move(intra)),
         inter_(std::move(inter)),
         node_of_(std::move(node_of)),
         rank_(rank),
         opt_(opt),
-        space_(std::move(space)) {
+        runtime_(std::move(runtime)) {
     const int size = static_cast<int>(node_of_.size());
     if (rank_ < 0 || rank_ >= size) {
       throw error("two_level", rank_, error::unknown,
@@ -265,9 +265,9 @@ private:
   /// Intra's stream, and ending there, as every call does (on GPUs the levels' streams differ).
   template <class F>
   void inter_alone(F&& call) {
-    space_(intra_, inter_);
+    runtime_(intra_, inter_);
     std::forward<F>(call)();
-    space_(inter_, intra_);
+    runtime_(inter_, intra_);
   }
 
   /// Where world rank r's block sits in local-major order (local index, then node): the order
@@ -405,7 +405,7 @@ private:
   std::vector<int> node_of_;
   int rank_ = 0;
   two_level_options opt_;
-  Space space_;
+  Runtime runtime_;
   int nodes_ = 1;
   detail::node_layout layout_; // nodes numbered by first rank, as the inter communicators rank them
   std::vector<int> node_first_; // by node: its first position in node-major order
@@ -419,16 +419,16 @@ private:
 
 /// A two_level of one transport, split from `world` by its node_of(): Intra = the ranks of
 /// this rank's node, Inter = the ranks of its local index. Collective over `world`.
-template <communicator World, class Space = host_space>
-two_level<World, World, Space> make_two_level(World& world, two_level_options opt = {},
-                                              Space space = {}) {
+template <communicator World, class Runtime = host_runtime>
+two_level<World, World, Runtime> make_two_level(World& world, two_level_options opt = {},
+                                              Runtime runtime = {}) {
   const std::vector<int> node_of = world.node_of();
   const int rank = world.rank();
   const int color = detail::node_color(node_of, rank);
   World intra = world.split(color, rank);
   World inter = world.split(intra.rank(), color);
-  return two_level<World, World, Space>(std::move(intra), std::move(inter), node_of, rank, opt,
-                                        std::move(space));
+  return two_level<World, World, Runtime>(std::move(intra), std::move(inter), node_of, rank, opt,
+                                        std::move(runtime));
 }
 
 } // namespace weft

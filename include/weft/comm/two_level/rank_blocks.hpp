@@ -17,9 +17,9 @@
 
 namespace weft {
 
-template <communicator Intra, communicator Inter, class Space>
+template <communicator Intra, communicator Inter, class Runtime>
 template <class Algo, class T, class Op>
-void two_level<Intra, Inter, Space>::reduce_scatter(const T* in, T* out, std::size_t n,
+void two_level<Intra, Inter, Runtime>::reduce_scatter(const T* in, T* out, std::size_t n,
                                                     const Op& op) {
   check_levels<Algo>();
   using IA = typename Algo::intra;
@@ -49,11 +49,11 @@ void two_level<Intra, Inter, Space>::reduce_scatter(const T* in, T* out, std::si
   }
   constexpr bool average = is_average_v<Op>;
   const detail::summing_t<Op> sop(op); // avg sums in the levels, then divides once
-  auto ordered = space_.template scratch<T>(intra_, contiguous_ ? 0 : p * n);
+  auto ordered = runtime_.template scratch<T>(intra_, contiguous_ ? 0 : p * n);
   const T* x = in;
   if (!contiguous_) {
     for (std::size_t r = 0; r < p; ++r)
-      space_.copy(intra_, ordered.data() + to_size(pos_[r]) * n, in + r * n, n);
+      runtime_.copy(intra_, ordered.data() + to_size(pos_[r]) * n, in + r * n, n);
     x = ordered.data();
   }
   const auto pieces = rank_pieces<T>(n);
@@ -63,10 +63,10 @@ void two_level<Intra, Inter, Space>::reduce_scatter(const T* in, T* out, std::si
     for (int i = 0; i < ranks_on(c); ++i)
       carried += lead && i % min_ranks_ == local_;
   }
-  auto part = space_.template scratch<T>(intra_, carried * n);
+  auto part = runtime_.template scratch<T>(intra_, carried * n);
   const bool extras_here = ranks_on(color_) > min_ranks_; // blocks handed on by a broadcast
   auto sink =
-      space_.template scratch<T>(intra_, extras_here ? std::min(n, chunk_elements<T>()) : 0);
+      runtime_.template scratch<T>(intra_, extras_here ? std::min(n, chunk_elements<T>()) : 0);
   const auto within = [&](const rank_piece& q) {
     const std::span<T> dst =
         local_ == q.leader ? std::span<T>(part.data() + q.slot, q.len) : std::span<T>{};
@@ -90,22 +90,22 @@ void two_level<Intra, Inter, Space>::reduce_scatter(const T* in, T* out, std::si
     const auto& q = pieces[k];
     const bool carries = local_ == q.leader;
     if (carries) {
-      space_(intra_, inter_);
+      runtime_(intra_, inter_);
       across(q);
     }
     if (k + 1 < pieces.size()) within(pieces[k + 1]);
     if (q.local != q.leader && color_ == q.node) {
-      if (carries) space_(inter_, intra_);
+      if (carries) runtime_(inter_, intra_);
       hand_on(q);
     }
   }
-  if (lead) space_(inter_, intra_);
-  if constexpr (average) space_.divide(intra_, out, n, size());
+  if (lead) runtime_(inter_, intra_);
+  if constexpr (average) runtime_.divide(intra_, out, n, size());
 }
 
-template <communicator Intra, communicator Inter, class Space>
+template <communicator Intra, communicator Inter, class Runtime>
 template <class Algo, class T>
-void two_level<Intra, Inter, Space>::all_gather(const T* in, T* out, std::size_t n) {
+void two_level<Intra, Inter, Runtime>::all_gather(const T* in, T* out, std::size_t n) {
   check_levels<Algo>();
   using IA = typename Algo::intra;
   using OA = typename Algo::inter;
@@ -131,7 +131,7 @@ void two_level<Intra, Inter, Space>::all_gather(const T* in, T* out, std::size_t
       return;
     }
   }
-  auto ordered = space_.template scratch<T>(intra_, contiguous_ ? 0 : p * n);
+  auto ordered = runtime_.template scratch<T>(intra_, contiguous_ ? 0 : p * n);
   T* const w = contiguous_ ? out : ordered.data();
   const auto here = to_size(node_first_[to_size(color_)]) * n;
   const int mine = ranks_on(color_);
@@ -139,24 +139,24 @@ void two_level<Intra, Inter, Space>::all_gather(const T* in, T* out, std::size_t
     weft::all_gather<IA>(intra_, std::span<const T>(in, n),
                          std::span<T>(w + here, to_size(mine) * n));
   } else { // IA plans broadcasts only (tree): one per rank of the node
-    space_.copy(intra_, w + here + to_size(local_) * n, in, n);
+    runtime_.copy(intra_, w + here + to_size(local_) * n, in, n);
     for (int i = 0; i < mine; ++i)
       weft::broadcast<IA>(intra_, std::span<T>(w + here + to_size(i) * n, n), i);
   }
   const bool lead = leader();
-  if (lead) space_(intra_, inter_);
+  if (lead) runtime_(intra_, inter_);
   for (const auto& q : rank_pieces<T>(n)) {
     const bool carries = local_ == q.leader;
     if (carries) weft::broadcast<OA>(inter_, std::span<T>(w + q.offset, q.len), q.node);
     if (color_ != q.node) {
-      if (carries) space_(inter_, intra_);
+      if (carries) runtime_(inter_, intra_);
       weft::broadcast<IA>(intra_, std::span<T>(w + q.offset, q.len), q.leader);
     }
   }
-  if (lead) space_(inter_, intra_);
+  if (lead) runtime_(inter_, intra_);
   if (!contiguous_) {
     for (std::size_t r = 0; r < p; ++r)
-      space_.copy(intra_, out + r * n, w + to_size(pos_[r]) * n, n);
+      runtime_.copy(intra_, out + r * n, w + to_size(pos_[r]) * n, n);
   }
 }
 

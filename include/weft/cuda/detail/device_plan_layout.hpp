@@ -54,12 +54,7 @@ inline void lay_out(const plan& pl, int rank, int size, const std::size_t (&size
     }
   };
   const auto check_range = [&](buffer b, std::size_t off, std::size_t n) {
-    const std::size_t have = sizes[static_cast<std::size_t>(b)];
-    if (n > have || off > have - n) {
-      throw error(operation, rank, error::unknown,
-                  "plan step addresses elements [" + std::to_string(off) + ", " +
-                      std::to_string(off + n) + ") of a buffer of " + std::to_string(have));
-    }
+    check_step_range(off, n, sizes[static_cast<std::size_t>(b)], operation, rank);
   };
   const auto same = [&](buffer b) { return in_place && b == buffer::output ? buffer::input : b; };
   // Whether step s reads or writes elements [off, off + n) of buffer b.
@@ -73,13 +68,9 @@ inline void lay_out(const plan& pl, int rank, int size, const std::size_t (&size
       default: return hit(s.src, s.src_offset) || hit(s.dst, s.dst_offset);
     }
   };
-  std::size_t i = 0;
-  while (i < steps.size()) {
-    std::size_t end = i;
-    while (end < steps.size() && steps[end].round == steps[i].round)
-      ++end;
+  for (const plan_round& r : rounds_of(steps)) {
     std::size_t round_bytes = 0;
-    for (std::size_t k = i; k < end; ++k) {
+    for (std::size_t k = r.begin; k < r.end; ++k) {
       const step& s = steps[k];
       bool temporary = false;
       switch (s.kind) {
@@ -90,7 +81,7 @@ inline void lay_out(const plan& pl, int rank, int size, const std::size_t (&size
         case step_kind::recv:
           check_peer(s);
           check_range(s.dst, s.dst_offset, s.count);
-          for (std::size_t j = i; j < k && !temporary; ++j)
+          for (std::size_t j = r.begin; j < k && !temporary; ++j)
             temporary = touches(steps[j], s.dst, s.dst_offset, s.count);
           break;
         case step_kind::recv_reduce:
@@ -116,7 +107,6 @@ inline void lay_out(const plan& pl, int rank, int size, const std::size_t (&size
       }
     }
     out.temp_bytes = std::max(out.temp_bytes, round_bytes);
-    i = end;
   }
 }
 

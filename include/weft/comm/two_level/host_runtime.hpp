@@ -1,13 +1,12 @@
 #pragma once
-// host_space: where weft::two_level's own work runs and its working memory lives, for host
-// transports. A two_level's Space (as in an execution and memory space) does what a call needs
-// besides the transports' collectives:
+// host_runtime: where weft::two_level's own work runs and its working memory lives, for host
+// transports. A two_level's Runtime does what a call needs besides the levels' collectives:
 //   operator()(from, to)   orders the levels: work queued on `to` from now on follows the work
 //                          queued on `from` so far
 //   scratch<T>(comm, n)    working memory for the call, in the transports' memory
 //   copy, copy_rows        copies in that memory, in order with comm's work
 //   divide                 op::avg's last step
-// cuda/two_level.cuh's stream_space is the device one: two streams ordered by an event,
+// cuda/two_level.cuh's stream_runtime is the device one: two streams ordered by an event,
 // stream-ordered device memory, cudaMemcpyAsync copies and a divide kernel.
 #include <weft/comm/detail/kernels.hpp>
 #include <weft/comm/two_level/scratch_pool.hpp>
@@ -18,9 +17,9 @@
 
 namespace weft {
 
-/// The host's space: each transport call returns only when its work is done, so the levels
+/// The host's runtime: each transport call returns only when its work is done, so the levels
 /// need no ordering; working memory comes from a pool kept between calls.
-struct host_space {
+struct host_runtime {
   /// Nothing to order: the host transports' calls return when done.
   template <class From, class To>
   void operator()(From&, To&) {}
@@ -52,6 +51,6 @@ private:
   std::shared_ptr<detail::scratch_pool> pool_ = std::make_shared<detail::scratch_pool>();
 };
 
-using host_handoff [[deprecated("use weft::host_space")]] = host_space;
+using host_handoff [[deprecated("use weft::host_runtime")]] = host_runtime;
 
 } // namespace weft
