@@ -312,6 +312,43 @@ private:
   std::span<const step> steps_;
 };
 
+/// A rank's place in its plan, for the executors that interleave every rank's plan in one
+/// thread (the serial model, the cost model): the execution model above as a state machine.
+/// A closed round opens, posting its sends (open() returns them); current() is then each of
+/// its other steps in order, next() moving past it, and nullptr once none is left, when the
+/// round closes as soon as its sends have been consumed.
+class plan_cursor {
+public:
+  plan_cursor() = default;
+  explicit plan_cursor(std::span<const step> steps) noexcept : steps_(steps) {}
+
+  /// Every round run and closed.
+  [[nodiscard]] bool finished() const noexcept { return !open_ && pc_ >= steps_.size(); }
+  [[nodiscard]] bool is_open() const noexcept { return open_; }
+  /// Opens the next round (not finished(), not is_open()); returns its steps.
+  plan_round open() noexcept {
+    open_ = true;
+    round_ = steps_[pc_].round;
+    return {round_, pc_, round_end(steps_, pc_)};
+  }
+  /// The open round's next step that is not a send, or nullptr at the round's end.
+  [[nodiscard]] const step* current() noexcept {
+    while (pc_ < steps_.size() && steps_[pc_].round == round_ && steps_[pc_].kind == step_kind::send) ++pc_;
+    if (pc_ >= steps_.size() || steps_[pc_].round != round_) return nullptr;
+    return &steps_[pc_];
+  }
+  void next() noexcept { ++pc_; }
+  void close() noexcept { open_ = false; }
+  /// current()'s index in the plan's steps (or one past the last step).
+  [[nodiscard]] std::size_t index() const noexcept { return pc_; }
+
+private:
+  std::span<const step> steps_;
+  std::size_t pc_ = 0;
+  std::uint32_t round_ = 0;
+  bool open_ = false;
+};
+
 /// Throws weft::error unless elements [offset, offset + count) lie inside a buffer of
 /// `size` elements. The one bounds check of a step's range, on every executor.
 inline void check_step_range(std::size_t offset, std::size_t count, std::size_t size, std::string_view operation,

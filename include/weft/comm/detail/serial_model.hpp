@@ -40,9 +40,7 @@ void run_serial(const std::vector<plan>& plans, std::vector<model_rank<T>>& rank
     bool consumed = false;
   };
   struct rank_state {
-    std::size_t pc = 0;           // next step to run
-    std::uint32_t round = 0;      // the current round
-    bool posted = false;          // sends of the current round posted
+    plan_cursor at;               // where the rank is in its plan
     bool arrived = false;         // arrived at the current sync
     std::vector<message*> sent;   // this round's messages
     std::map<std::vector<int>, std::uint64_t> syncs;  // syncs passed per group
@@ -53,6 +51,7 @@ void run_serial(const std::vector<plan>& plans, std::vector<model_rank<T>>& rank
 
   for (int r = 0; r < p; ++r) {
     ranks[static_cast<std::size_t>(r)].scratch.assign(plans[static_cast<std::size_t>(r)].scratch_count(), T{});
+    st[static_cast<std::size_t>(r)].at = plan_cursor(plans[static_cast<std::size_t>(r)].steps());
   }
   const auto where = [&](int r, std::size_t i) {
     return "rank " + std::to_string(r) + " step " + std::to_string(i) + " of\n" +
@@ -77,10 +76,10 @@ void run_serial(const std::vector<plan>& plans, std::vector<model_rank<T>>& rank
     const plan& pl = plans[static_cast<std::size_t>(r)];
     rank_state& s = st[static_cast<std::size_t>(r)];
     const auto& steps = pl.steps();
-    if (s.pc >= steps.size() && !s.posted) return false;
-    if (!s.posted) {
-      s.round = steps[s.pc].round;
-      for (std::size_t i = s.pc, end = round_end(steps, s.pc); i < end; ++i) {
+    if (s.at.finished()) return false;
+    if (!s.at.is_open()) {
+      const plan_round round = s.at.open();
+      for (std::size_t i = round.begin; i < round.end; ++i) {
         const step& x = steps[i];
         if (x.kind != step_kind::send) continue;
         if (x.peer < 0 || x.peer >= p || x.peer == r) throw error("serial model: bad send peer at " + where(r, i));
@@ -89,22 +88,20 @@ void run_serial(const std::vector<plan>& plans, std::vector<model_rank<T>>& rank
         q.push_back(message{r, i, std::vector<T>(src, src + x.count)});
         s.sent.push_back(&q.back());
       }
-      s.posted = true;
       return true;
     }
-    const std::uint32_t round = s.round;
-    while (s.pc < steps.size() && steps[s.pc].round == round && steps[s.pc].kind == step_kind::send) ++s.pc;
-    if (s.pc >= steps.size() || steps[s.pc].round != round) {
+    const step* const at = s.at.current();
+    if (at == nullptr) {
       // End of round: every send consumed, and its source unchanged until then.
       for (message* m : s.sent) {
         if (!m->consumed) return false;
       }
       s.sent.clear();
-      s.posted = false;
+      s.at.close();
       return true;
     }
-    const std::size_t i = s.pc;
-    const step& x = steps[i];
+    const std::size_t i = s.at.index();
+    const step& x = *at;
     switch (x.kind) {
       case step_kind::recv:
       case step_kind::recv_reduce: {
@@ -195,7 +192,7 @@ void run_serial(const std::vector<plan>& plans, std::vector<model_rank<T>>& rank
       }
       case step_kind::send: break;
     }
-    ++s.pc;
+    s.at.next();
     return true;
   };
 
@@ -205,7 +202,7 @@ void run_serial(const std::vector<plan>& plans, std::vector<model_rank<T>>& rank
     if (seed != 0) std::shuffle(order.begin(), order.end(), rng);
     for (int r : order) {
       const auto& s = st[static_cast<std::size_t>(r)];
-      if (s.pc < plans[static_cast<std::size_t>(r)].steps().size() || s.posted) {
+      if (!s.at.finished()) {
         all_done = false;
         // Seeded runs advance a random number of steps, to vary the interleaving.
         const int burst = seed != 0 ? 1 + static_cast<int>(rng() % 3) : 1 << 30;
@@ -218,8 +215,8 @@ void run_serial(const std::vector<plan>& plans, std::vector<model_rank<T>>& rank
       for (int r = 0; r < p; ++r) {
         const auto& s = st[static_cast<std::size_t>(r)];
         const auto& steps = plans[static_cast<std::size_t>(r)].steps();
-        if (s.pc < steps.size() || s.posted) {
-          std::size_t i = s.pc < steps.size() ? s.pc : steps.size() - 1;
+        if (!s.at.finished()) {
+          std::size_t i = s.at.index() < steps.size() ? s.at.index() : steps.size() - 1;
           msg += "\n  rank " + std::to_string(r) + " step " + std::to_string(i) + " (" +
                  std::string(name_of(steps[i].kind)) + " peer " + std::to_string(steps[i].peer) + ", round " +
                  std::to_string(steps[i].round) + ")";

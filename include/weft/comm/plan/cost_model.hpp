@@ -128,10 +128,8 @@ WEFT_PLANNING inline breakdown simulate(const std::vector<plan>& plans, const to
     double release = 0;
   };
   struct rank_state {
-    std::size_t pc = 0;
-    std::uint32_t round = 0;
-    bool posted = false;
-    bool arrived = false; // arrived at the sync at pc
+    plan_cursor at;
+    bool arrived = false; // arrived at the sync at the cursor
     bool blocked = false;
     double clock = 0;
     std::vector<std::pair<std::uint64_t, std::size_t>> sent; // (channel, message) of this round
@@ -144,6 +142,8 @@ WEFT_PLANNING inline breakdown simulate(const std::vector<plan>& plans, const to
   };
   std::map<std::pair<int, std::uint64_t>, sync_instance> syncs;
   std::vector<rank_state> st(up);
+  for (std::size_t r = 0; r < up; ++r)
+    st[r].at = plan_cursor(plans[r].steps());
   // Runnable ranks, earliest clock first (then lowest rank).
   using entry = std::pair<double, int>;
   std::priority_queue<entry, std::vector<entry>, std::greater<>> ready;
@@ -191,13 +191,13 @@ WEFT_PLANNING inline breakdown simulate(const std::vector<plan>& plans, const to
     const auto& steps = pl.steps();
     rank_state& s = st[ur];
     for (;;) {
-      if (!s.posted) {
-        if (s.pc >= steps.size()) return;
-        const std::uint32_t round = s.round = steps[s.pc].round;
+      if (!s.at.is_open()) {
+        if (s.at.finished()) return;
+        const plan_round round = s.at.open();
         // The round's sends are all posted at its start, when r's link is free (the last
         // round's sends have been received): busy is when the link is free, from the start.
         double busy = 0;
-        for (std::size_t i = s.pc; i < steps.size() && steps[i].round == round; ++i) {
+        for (std::size_t i = round.begin; i < round.end; ++i) {
           const step& x = steps[i];
           if (x.kind != step_kind::send) continue;
           if (!rank_ok(x.peer) || x.peer == r) throw bad_peer(r, x);
@@ -212,13 +212,9 @@ WEFT_PLANNING inline breakdown simulate(const std::vector<plan>& plans, const to
           count_bytes(r, x.peer, bytes);
           wake(x.peer);
         }
-        s.posted = true;
       }
-      const std::uint32_t round = s.round;
-      while (s.pc < steps.size() && steps[s.pc].round == round &&
-             steps[s.pc].kind == step_kind::send)
-        ++s.pc;
-      if (s.pc >= steps.size() || steps[s.pc].round != round) {
+      const step* const at = s.at.current();
+      if (at == nullptr) {
         for (const auto& [key, idx] : s.sent) {
           const message& m = channels[key].messages[idx];
           if (!m.consumed) {
@@ -228,10 +224,10 @@ WEFT_PLANNING inline breakdown simulate(const std::vector<plan>& plans, const to
           s.clock = std::max(s.clock, m.end);
         }
         s.sent.clear();
-        s.posted = false;
+        s.at.close();
         continue;
       }
-      const step& x = steps[s.pc];
+      const step& x = *at;
       const double bytes = static_cast<double>(x.count) * es;
       switch (x.kind) {
         case step_kind::recv:
@@ -291,7 +287,7 @@ WEFT_PLANNING inline breakdown simulate(const std::vector<plan>& plans, const to
         }
         case step_kind::send: break;
       }
-      ++s.pc;
+      s.at.next();
       if (!ready.empty() && ready.top() < entry{s.clock, r}) {  // someone is earlier: let them go first
         ready.emplace(s.clock, r);
         return;
@@ -309,8 +305,8 @@ WEFT_PLANNING inline breakdown simulate(const std::vector<plan>& plans, const to
   for (int r = 0; r < p; ++r) {
     const auto& s = st[static_cast<std::size_t>(r)];
     const auto& steps = plans[static_cast<std::size_t>(r)].steps();
-    if (s.pc < steps.size() || s.posted) {
-      const std::size_t i = std::min(s.pc, steps.size() - 1);
+    if (!s.at.finished()) {
+      const std::size_t i = std::min(s.at.index(), steps.size() - 1);
       stuck += "\n  rank " + std::to_string(r) + " step " + std::to_string(i) + " (" +
                std::string(name_of(steps[i].kind)) + " peer " + std::to_string(steps[i].peer) +
                ", round " + std::to_string(steps[i].round) + ")";
