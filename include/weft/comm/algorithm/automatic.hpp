@@ -154,7 +154,7 @@ inline std::span<const candidate> candidates() noexcept { return detail::candida
 /// device device_of[r] (device r when empty). Hierarchical candidates only when q.node_of
 /// spans more than one node; peer-access candidates only when peer_access. q.rank does not
 /// matter. Throws weft::error for a bad request or when no candidate plans q.coll.
-WEFT_PLANNING inline const candidate& choose(const plan_request& q, const topology::cluster& c,
+WEFT_COLD inline const candidate& choose(const plan_request& q, const topology::cluster& c,
                                const std::vector<int>& device_of, bool peer_access, bool messages = true) {
   detail::check_request(q, "automatic");
   const bool rooted = q.coll == collective::broadcast || q.coll == collective::reduce;
@@ -218,7 +218,7 @@ struct automatic {
 
   static constexpr bool serves(collective) { return true; }
 
-  WEFT_PLANNING static plan make_plan(const plan_request& q) {
+  WEFT_COLD static plan make_plan(const plan_request& q) {
     detail::check_request(q, name);
     // Devices numbered node-major, as a cluster numbers them.
     const detail::node_layout lay = detail::layout_nodes(q, name);

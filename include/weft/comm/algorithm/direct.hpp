@@ -30,7 +30,7 @@ struct direct {
 
   static constexpr bool serves(collective) { return true; }
 
-  WEFT_PLANNING static plan make_plan(const plan_request& q) {
+  WEFT_COLD static plan make_plan(const plan_request& q) {
     detail::check_request(q, name);
     plan pl(q);
     const int p = q.size;

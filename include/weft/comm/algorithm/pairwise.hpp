@@ -19,7 +19,7 @@ struct pairwise {
 
   static constexpr bool serves(collective c) { return c == collective::all_to_all; }
 
-  WEFT_PLANNING static plan make_plan(const plan_request& q) {
+  WEFT_COLD static plan make_plan(const plan_request& q) {
     detail::check_request(q, name);
     if (!serves(q.coll)) {
       throw error(name_of(q.coll), q.rank, error::unknown, "pairwise plans all_to_all only");

@@ -60,7 +60,7 @@ struct ring {
 
   static constexpr bool serves(collective c) { return c != collective::all_to_all; }
 
-  WEFT_PLANNING static plan make_plan(const plan_request& q) {
+  WEFT_COLD static plan make_plan(const plan_request& q) {
     detail::check_request(q, name);
     if (q.coll == collective::all_to_all) {
       throw error(name_of(q.coll), q.rank, error::unknown, "ring does not plan all_to_all");

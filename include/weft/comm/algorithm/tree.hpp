@@ -68,7 +68,7 @@ struct tree {
     return c == collective::all_reduce || c == collective::broadcast || c == collective::reduce;
   }
 
-  WEFT_PLANNING static plan make_plan(const plan_request& q) {
+  WEFT_COLD static plan make_plan(const plan_request& q) {
     detail::check_request(q, name);
     if (!serves(q.coll)) {
       throw error(name_of(q.coll), q.rank, error::unknown,

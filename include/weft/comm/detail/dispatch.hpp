@@ -159,7 +159,7 @@ struct call_signature {
   int root;
 };
 
-WEFT_PLANNING inline std::string describe(const call_signature& s) {
+WEFT_COLD inline std::string describe(const call_signature& s) {
   return std::string(name_of(s.coll)) + "<" + std::string(s.algorithm) + "> of " + std::to_string(s.count) + " x " +
          std::string(name_of(s.type)) + ", op " + std::string(s.op) + ", root " + std::to_string(s.root);
 }
@@ -183,7 +183,7 @@ inline std::string unpack_name(const std::int64_t* words, std::size_t n) {
 }
 
 // A table row back as text: "all_reduce<ring> of 6 x int32, op sum, root 0".
-WEFT_PLANNING inline std::string describe_row(const std::int64_t* row) {
+WEFT_COLD inline std::string describe_row(const std::int64_t* row) {
   const auto coll = static_cast<collective>(row[0]);
   const auto type = static_cast<dtype>(row[3]);
   return std::string(name_of(coll)) + "<" + unpack_name(row + fingerprint_words, 4) + "> of " +
@@ -195,7 +195,7 @@ WEFT_PLANNING inline std::string describe_row(const std::int64_t* row) {
 /// if any differ, every rank throws the same description of who disagrees and how. Only the
 /// fingerprints move, so a mismatch is reported before any of the call's data does.
 template <class Comm>
-WEFT_PLANNING void check_same_call(Comm& comm, const call_signature& sig) {
+WEFT_COLD void check_same_call(Comm& comm, const call_signature& sig) {
   const int p = comm.size();
   if (p == 1) return;
   constexpr std::size_t fields = fingerprint_words;
