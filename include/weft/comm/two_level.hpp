@@ -101,9 +101,10 @@ struct stages {
   using intra = IntraAlgo;
   using inter = InterAlgo;
   static constexpr std::string_view name = "stages";
-  static constexpr bool serves(collective c) {
-    return c != collective::all_to_all;
-  }
+  /// What it needs is what each level's algorithm needs of that level's communicator.
+  static constexpr capabilities caps{.serves = every_collective.without(collective::all_to_all),
+                                     .messages = false};
+  static constexpr bool serves(collective c) { return caps.serves.contains(c); }
 };
 
 template <class A>

@@ -17,7 +17,8 @@ namespace weft::algo {
 struct pairwise {
   static constexpr std::string_view name = "pairwise";
 
-  static constexpr bool serves(collective c) { return c == collective::all_to_all; }
+  static constexpr capabilities caps{.serves = collectives_of(collective::all_to_all)};
+  static constexpr bool serves(collective c) { return caps.serves.contains(c); }
 
   WEFT_COLD static plan make_plan(const plan_request& q) {
     detail::check_request(q, name);

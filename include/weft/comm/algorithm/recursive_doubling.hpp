@@ -37,7 +37,8 @@ namespace weft::algo {
 struct recursive_doubling {
   static constexpr std::string_view name = "recursive_doubling";
 
-  static constexpr bool serves(collective c) { return c == collective::all_reduce; }
+  static constexpr capabilities caps{.serves = collectives_of(collective::all_reduce)};
+  static constexpr bool serves(collective c) { return caps.serves.contains(c); }
 
   WEFT_COLD static plan make_plan(const plan_request& q) {
     detail::check_request(q, name);

@@ -1,9 +1,15 @@
 #pragma once
 // The compile-time check of an explicit algorithm against the collective and the communicator
-// of a call: the algorithm must plan the collective, and the communicator must have what its
-// plans need (peer access, messages).
+// of a call, read from the algorithm's capabilities (capabilities.hpp). Where the algorithm
+// does not plan the collective, the error's note lists the algorithms that do, taken from the
+// same declarations:
+//
+//   In instantiation of 'void weft::detail::check_plans() [with weft::collective C =
+//   weft::collective::all_to_all; Algo = weft::algo::tree; PlannedBy = weft::algo::algorithms<
+//   weft::algo::direct, weft::algo::pairwise, weft::algo::automatic, weft::algo::vendor>]'
 #include <weft/comm/algorithm/automatic.hpp>
-#include <weft/comm/algorithm/generator.hpp>
+#include <weft/comm/algorithm/capabilities.hpp>
+#include <weft/comm/algorithm/vendor.hpp>
 #include <weft/comm/communicator.hpp>
 #include <weft/comm/plan.hpp>
 
@@ -11,24 +17,33 @@
 
 namespace weft::detail {
 
-// Whether algorithm A's plans send messages: all but those that say otherwise (direct).
-template <class A>
-inline constexpr bool needs_messages_v = [] {
-  if constexpr (requires { A::needs_messages; }) {
-    return static_cast<bool>(A::needs_messages);
-  } else {
-    return true;
-  }
-}();
+template <class... A>
+constexpr algo::algorithms<A...> concat(algo::algorithms<A...>) {
+  return {};
+}
+template <class... A, class... B, class... Rest>
+constexpr auto concat(algo::algorithms<A...>, algo::algorithms<B...>, Rest... rest) {
+  return concat(algo::algorithms<A..., B...>{}, rest...);
+}
 
-template <class A>
-inline constexpr bool needs_peer_access_v = [] {
-  if constexpr (requires { A::needs_peer_access; }) {
-    return static_cast<bool>(A::needs_peer_access);
-  } else {
-    return false;
-  }
-}();
+/// Every algorithm a call may name: automatic's candidates, automatic and vendor.
+using named_algorithms =
+    decltype(concat(candidate_algorithms{}, algo::algorithms<algo::automatic, algo::vendor>{}));
+
+/// The algorithms of List that plan C.
+template <collective C, class... A>
+constexpr auto planning(algo::algorithms<A...>) {
+  return concat(algo::algorithms<>{},
+                std::conditional_t<A::serves(C), algo::algorithms<A>, algo::algorithms<>>{}...);
+}
+
+template <collective C, class Algo, class PlannedBy>
+constexpr void check_plans() {
+  static_assert(
+      Algo::serves(C),
+      "weft: this algorithm does not plan this collective (Algo and C in the instantiation note); "
+      "PlannedBy there lists the algorithms that do, as their tags' caps declare");
+}
 
 /// Fails to compile, with a message that says what to change, where Algo cannot run C on Comm.
 template <collective C, class Algo, class Comm>
@@ -40,18 +55,13 @@ constexpr void check_algorithm() {
   static_assert(plan_executor<Comm>,
                 "weft: this communicator cannot run collectives (no execute())");
   if constexpr (!std::is_same_v<Algo, algo::automatic>) {
-    static_assert(Algo::serves(C),
-                  "weft: this algorithm cannot run this collective. all_reduce: ring, tree, "
-                  "halving_doubling, recursive_doubling, direct, hierarchical, automatic; "
-                  "reduce_scatter and all_gather: ring, halving_doubling, direct, hierarchical, "
-                  "automatic; broadcast and reduce: ring, tree, direct, automatic; all_to_all: "
-                  "direct, automatic");
+    check_plans<C, Algo, decltype(planning<C>(named_algorithms{}))>();
     static_assert(
-        !needs_peer_access_v<Algo> || declared_peer_access<Comm>(),
+        lends_peer_access_for<Comm, Algo>,
         "weft: this algorithm loads from peers' buffers (algo::direct) and needs a "
         "communicator with the peer_access capability, such as weft::local; use algo::ring "
         "or algo::automatic here");
-    static_assert(!needs_messages_v<Algo> || declared_messages<Comm>(),
+    static_assert(sends_messages_for<Comm, Algo>,
                   "weft: this algorithm sends messages, and this communicator only loads from its "
                   "peers (weft::cuda::p2p): use algo::direct or algo::automatic here");
   }
