@@ -15,3 +15,6 @@
 #else
 #define WEFT_COLD
 #endif
+
+// Deprecated, for one release: use WEFT_COLD.
+#define WEFT_PLANNING WEFT_COLD
