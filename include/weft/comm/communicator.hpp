@@ -60,7 +60,8 @@ template <class C, class A>
 inline constexpr bool lends_peer_access_for =
     algo::capabilities_of<A>.loads != algo::peer_loads::always || declared_peer_access<C>();
 template <class C, class A>
-inline constexpr bool sends_messages_for = !algo::capabilities_of<A>.messages || declared_messages<C>();
+inline constexpr bool sends_messages_for =
+    !algo::capabilities_of<A>.messages || declared_messages<C>();
 
 } // namespace detail
 
