@@ -103,8 +103,10 @@ decltype(auto) with_redop(redop r, F&& f) {
 }
 
 /// Algorithms that load from peers' buffers, which only transports with peer access run.
-constexpr bool needs_peer_access(algorithm a) noexcept {
-  return a == algorithm::direct || a == algorithm::hierarchical_direct_ring;
+inline bool needs_peer_access(algorithm a) {
+  return with_algorithm(a, []<class A>(std::type_identity<A>) {
+    return algo::capabilities_of<A>.loads != algo::peer_loads::none;
+  });
 }
 
 inline bool serves(algorithm a, collective c) {
@@ -208,8 +210,7 @@ template <class Comm, class Body>
 void with_call(const table_case& tc, Body&& body) {
   with_collective(tc.op, [&]<collective C>(std::integral_constant<collective, C>) {
     with_algorithm(tc.algo, [&]<class Algo>(std::type_identity<Algo>) {
-      constexpr bool loads = std::is_same_v<Algo, algo::direct>;
-      if constexpr (Algo::serves(C) && (!loads || Comm::peer_access)) {
+      if constexpr (Algo::serves(C) && runs_algorithm<Comm, Algo>) {
         with_type(tc.type, [&]<class T>(std::type_identity<T>) {
           if constexpr (reduces(C)) {
             with_redop(tc.rop, [&]<class Op>(std::type_identity<Op>) {

@@ -1,6 +1,7 @@
 #pragma once
 // What a communicator is. Transports (weft::local, weft::mpi, the CUDA ones) model these
 // concepts; operations and layers are written against them.
+#include <weft/comm/algorithm/capabilities.hpp>
 #include <weft/comm/plan.hpp>
 #include <weft/core/ops.hpp>
 
@@ -53,6 +54,21 @@ constexpr bool declared_messages() {
   }
 }
 
+/// Whether C has what algorithm A's plans need of it, as A's capabilities declare: peer
+/// access where every plan loads from peers (direct), messages where its plans send.
+template <class C, class A>
+inline constexpr bool lends_peer_access_for =
+    algo::capabilities_of<A>.loads != algo::peer_loads::always || declared_peer_access<C>();
+template <class C, class A>
+inline constexpr bool sends_messages_for =
+    !algo::capabilities_of<A>.messages || declared_messages<C>();
+
 } // namespace detail
+
+/// A communicator that can run algorithm A's plans (capabilities.hpp): plans that load from
+/// every peer need peer_access, plans that send need a communicator that sends.
+template <class C, class A>
+concept runs_algorithm =
+    plan_executor<C> && detail::lends_peer_access_for<C, A> && detail::sends_messages_for<C, A>;
 
 } // namespace weft

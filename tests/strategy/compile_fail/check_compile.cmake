@@ -2,7 +2,9 @@
 #
 # Compiles SOURCE (syntax only) and checks the outcome its comments ask for:
 #   // expected error: <text>   the compiler must fail, and <text> (a static_assert message of
-#                               weft::strategy, taken literally) must be in its output
+#                               weft, taken literally) must be in its output; the lines after it
+#                               that open with '//   ' continue <text>, joined by one space; a
+#                               file may hold several, and every one must be there
 #   // expected: compiles       the compiler must succeed (the harness's control)
 # A file with neither line is an error of the test itself.
 foreach(var COMPILER INCLUDE_DIR SOURCE)
@@ -13,9 +15,13 @@ endforeach()
 
 file(READ "${SOURCE}" text)
 set(expected "")
-if(text MATCHES "\n// expected error: ([^\n]+)")
-  set(expected "${CMAKE_MATCH_1}")
-elseif(NOT text MATCHES "\n// expected: compiles\n")
+string(REGEX MATCHALL "\n// expected error: [^\n]+(\n//   [^\n]+)*" lines "${text}")
+foreach(line IN LISTS lines)
+  string(REGEX REPLACE "^\n// expected error: " "" line "${line}")
+  string(REPLACE "\n//   " " " line "${line}")
+  list(APPEND expected "${line}")
+endforeach()
+if(expected STREQUAL "" AND NOT text MATCHES "\n// expected: compiles\n")
   message(FATAL_ERROR "${SOURCE}: no '// expected error: <message>' or '// expected: compiles' line")
 endif()
 
@@ -35,8 +41,11 @@ endif()
 if(rc EQUAL 0)
   message(FATAL_ERROR "${SOURCE} compiled, but it must fail with: ${expected}")
 endif()
-string(FIND "${output}" "${expected}" at)
-if(at EQUAL -1)
-  message(FATAL_ERROR "${SOURCE} failed to compile (exit ${rc}), but not with '${expected}':\n${output}")
-endif()
-message(STATUS "${SOURCE}: refused with '${expected}'")
+foreach(want IN LISTS expected)
+  string(FIND "${output}" "${want}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR
+            "${SOURCE} failed to compile (exit ${rc}), but not with '${want}':\n${output}")
+  endif()
+  message(STATUS "${SOURCE}: refused with '${want}'")
+endforeach()

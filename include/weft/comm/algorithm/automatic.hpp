@@ -41,7 +41,8 @@
 
 namespace weft::algo {
 
-/// One algorithm automatic may pick, as plain function pointers.
+/// One algorithm automatic may pick, as plain function pointers, with its needs as its tag's
+/// capabilities declare them.
 struct candidate {
   std::string_view name;
   bool (*serves)(collective);
@@ -56,21 +57,26 @@ struct candidate {
 namespace weft::detail {
 
 template <class A>
-constexpr algo::candidate candidate_of(bool needs_peer_access, bool needs_nodes, bool needs_messages = true) {
-  return {A::name, &A::serves, &A::make_plan, needs_peer_access, needs_nodes, needs_messages};
+constexpr algo::candidate candidate_of() {
+  constexpr algo::capabilities caps = algo::capabilities_of<A>;
+  return {A::name,   &A::serves, &A::make_plan, caps.loads != algo::peer_loads::none,
+          caps.nodes, caps.messages};
 }
 
-inline constexpr std::array candidate_table = {
-    candidate_of<algo::direct>(true, false, false),
-    candidate_of<algo::ring>(false, false),
-    candidate_of<algo::tree>(false, false),
-    candidate_of<algo::halving_doubling>(false, false),
-    candidate_of<algo::recursive_doubling>(false, false),
-    candidate_of<algo::pairwise>(false, false),
-    candidate_of<algo::hierarchical<algo::ring, algo::ring>>(false, true),
-    candidate_of<algo::hierarchical<algo::direct, algo::ring>>(true, true),
-    candidate_of<algo::hierarchical<algo::ring, algo::tree>>(false, true),
-};
+template <class... A>
+constexpr auto candidate_table_of(algo::algorithms<A...>) {
+  return std::array{candidate_of<A>()...};
+}
+
+/// The algorithms automatic chooses among, in tie-break order.
+using candidate_algorithms =
+    algo::algorithms<algo::direct, algo::ring, algo::tree, algo::halving_doubling,
+                     algo::recursive_doubling, algo::pairwise,
+                     algo::hierarchical<algo::ring, algo::ring>,
+                     algo::hierarchical<algo::direct, algo::ring>,
+                     algo::hierarchical<algo::ring, algo::tree>>;
+
+inline constexpr auto candidate_table = candidate_table_of(candidate_algorithms{});
 
 // Everything a choice depends on. The cluster is kept by its figures, not its address, so
 // a cluster rebuilt equal hits and one rebuilt different misses.
@@ -154,7 +160,7 @@ inline std::span<const candidate> candidates() noexcept { return detail::candida
 /// device device_of[r] (device r when empty). Hierarchical candidates only when q.node_of
 /// spans more than one node; peer-access candidates only when peer_access. q.rank does not
 /// matter. Throws weft::error for a bad request or when no candidate plans q.coll.
-WEFT_PLANNING inline const candidate& choose(const plan_request& q, const topology::cluster& c,
+WEFT_COLD inline const candidate& choose(const plan_request& q, const topology::cluster& c,
                                const std::vector<int>& device_of, bool peer_access, bool messages = true) {
   detail::check_request(q, "automatic");
   const bool rooted = q.coll == collective::broadcast || q.coll == collective::reduce;
@@ -216,10 +222,13 @@ WEFT_PLANNING inline const candidate& choose(const plan_request& q, const topolo
 /// node_of groups them) and picks among the algorithms every transport runs (no peer access).
 struct automatic {
   static constexpr std::string_view name = "automatic";
+  /// It plans every collective and needs nothing: it picks among the candidates the
+  /// communicator runs.
+  static constexpr capabilities caps{.serves = every_collective, .messages = false};
 
-  static constexpr bool serves(collective) { return true; }
+  static constexpr bool serves(collective c) { return caps.serves.contains(c); }
 
-  WEFT_PLANNING static plan make_plan(const plan_request& q) {
+  WEFT_COLD static plan make_plan(const plan_request& q) {
     detail::check_request(q, name);
     // Devices numbered node-major, as a cluster numbers them.
     const detail::node_layout lay = detail::layout_nodes(q, name);

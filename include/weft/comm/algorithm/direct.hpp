@@ -23,14 +23,14 @@ struct direct {
   static constexpr std::string_view name = "direct";
   /// Its plans load from peers' buffers and never send: it runs on communicators with peer
   /// access (weft::local, weft::cuda::p2p, the one-GPU harness) and only there.
-  static constexpr bool needs_peer_access = true;
-  static constexpr bool needs_messages = false;
+  static constexpr capabilities caps{
+      .serves = every_collective, .loads = peer_loads::always, .messages = false};
   /// All-reduces of at most this many bytes take the one-shot path.
   static constexpr std::size_t one_shot_bytes = max_staged_scratch_bytes;
 
-  static constexpr bool serves(collective) { return true; }
+  static constexpr bool serves(collective c) { return caps.serves.contains(c); }
 
-  WEFT_PLANNING static plan make_plan(const plan_request& q) {
+  WEFT_COLD static plan make_plan(const plan_request& q) {
     detail::check_request(q, name);
     plan pl(q);
     const int p = q.size;

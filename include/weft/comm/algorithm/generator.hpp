@@ -1,7 +1,9 @@
 #pragma once
-// What an algorithm policy is: an empty tag with a name, the collectives it can plan, and a
-// plan generator. Generators are plain functions of the request, not templates over the
-// element type, so one compiled generator serves every type.
+// What an algorithm policy is: an empty tag with a name, its capabilities (the collectives it
+// plans and what it needs: capabilities.hpp), and a plan generator. Generators are plain
+// functions of the request, not templates over the element type, so one compiled generator
+// serves every type.
+#include <weft/comm/algorithm/capabilities.hpp>
 #include <weft/comm/plan.hpp>
 #include <weft/core/config.hpp>
 

@@ -44,12 +44,11 @@ namespace weft::algo {
 struct halving_doubling {
   static constexpr std::string_view name = "halving_doubling";
 
-  static constexpr bool serves(collective c) {
-    return c == collective::all_reduce || c == collective::reduce_scatter ||
-           c == collective::all_gather;
-  }
+  static constexpr capabilities caps{.serves = collectives_of(
+      collective::all_reduce, collective::reduce_scatter, collective::all_gather)};
+  static constexpr bool serves(collective c) { return caps.serves.contains(c); }
 
-  WEFT_PLANNING static plan make_plan(const plan_request& q) {
+  WEFT_COLD static plan make_plan(const plan_request& q) {
     detail::check_request(q, name);
     if (!serves(q.coll)) {
       throw error(name_of(q.coll), q.rank, error::unknown,

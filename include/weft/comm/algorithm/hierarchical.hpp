@@ -50,6 +50,7 @@
 #include <weft/comm/algorithm/ring.hpp>
 
 #include <cstddef>
+#include <initializer_list>
 #include <numeric>
 #include <string>
 #include <string_view>
@@ -78,20 +79,29 @@ private:
 public:
   static constexpr std::string_view name = spelled.view();
 
-  static constexpr bool serves(collective c) {
-    switch (c) {
-      case collective::all_reduce: return true;
-      case collective::broadcast:
-        return Intra::serves(collective::broadcast) && Inter::serves(collective::broadcast);
-      case collective::reduce:
-        return Intra::serves(collective::reduce) && Inter::serves(collective::reduce);
-      case collective::all_gather:
-      case collective::reduce_scatter: return Inter::serves(c);
-      default: return false;
-    }
-  }
+  /// all_reduce always; broadcast and reduce where both levels plan them; reduce_scatter and
+  /// all_gather where Inter plans them. Its plans load where a level's do, as the nodes fall
+  /// (a transport without peer access refuses such a plan when it runs); the fold of a node's
+  /// extra ranks sends.
+  static constexpr capabilities caps{
+      .serves = [] {
+        collectives s = collectives_of(collective::all_reduce);
+        for (const collective c : {collective::broadcast, collective::reduce}) {
+          if (Intra::serves(c) && Inter::serves(c)) s = s.with(c);
+        }
+        for (const collective c : {collective::reduce_scatter, collective::all_gather}) {
+          if (Inter::serves(c)) s = s.with(c);
+        }
+        return s;
+      }(),
+      .loads = capabilities_of<Intra>.loads == peer_loads::none &&
+                       capabilities_of<Inter>.loads == peer_loads::none
+                   ? peer_loads::none
+                   : peer_loads::by_layout,
+      .nodes = true};
+  static constexpr bool serves(collective c) { return caps.serves.contains(c); }
 
-  WEFT_PLANNING static plan make_plan(const plan_request& q) {
+  WEFT_COLD static plan make_plan(const plan_request& q) {
     detail::check_request(q, name);
     if (!serves(q.coll)) {
       throw error(name_of(q.coll), q.rank, error::unknown,

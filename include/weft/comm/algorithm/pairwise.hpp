@@ -17,9 +17,10 @@ namespace weft::algo {
 struct pairwise {
   static constexpr std::string_view name = "pairwise";
 
-  static constexpr bool serves(collective c) { return c == collective::all_to_all; }
+  static constexpr capabilities caps{.serves = collectives_of(collective::all_to_all)};
+  static constexpr bool serves(collective c) { return caps.serves.contains(c); }
 
-  WEFT_PLANNING static plan make_plan(const plan_request& q) {
+  WEFT_COLD static plan make_plan(const plan_request& q) {
     detail::check_request(q, name);
     if (!serves(q.coll)) {
       throw error(name_of(q.coll), q.rank, error::unknown, "pairwise plans all_to_all only");

@@ -37,9 +37,10 @@ namespace weft::algo {
 struct recursive_doubling {
   static constexpr std::string_view name = "recursive_doubling";
 
-  static constexpr bool serves(collective c) { return c == collective::all_reduce; }
+  static constexpr capabilities caps{.serves = collectives_of(collective::all_reduce)};
+  static constexpr bool serves(collective c) { return caps.serves.contains(c); }
 
-  WEFT_PLANNING static plan make_plan(const plan_request& q) {
+  WEFT_COLD static plan make_plan(const plan_request& q) {
     detail::check_request(q, name);
     if (!serves(q.coll)) {
       throw error(name_of(q.coll), q.rank, error::unknown, std::string(name) + " plans only all_reduce");

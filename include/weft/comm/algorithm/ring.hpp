@@ -58,9 +58,10 @@ struct ring {
   /// chunks than the ring, where every link is busy from the first round.
   static constexpr std::size_t chain_chunk_bytes = std::size_t{256} << 10;
 
-  static constexpr bool serves(collective c) { return c != collective::all_to_all; }
+  static constexpr capabilities caps{.serves = every_collective.without(collective::all_to_all)};
+  static constexpr bool serves(collective c) { return caps.serves.contains(c); }
 
-  WEFT_PLANNING static plan make_plan(const plan_request& q) {
+  WEFT_COLD static plan make_plan(const plan_request& q) {
     detail::check_request(q, name);
     if (q.coll == collective::all_to_all) {
       throw error(name_of(q.coll), q.rank, error::unknown, "ring does not plan all_to_all");

@@ -64,11 +64,11 @@ struct tree {
   /// the per-round latency stays small beside the transfer.
   static constexpr std::size_t chunk_bytes = std::size_t{128} << 10;
 
-  static constexpr bool serves(collective c) {
-    return c == collective::all_reduce || c == collective::broadcast || c == collective::reduce;
-  }
+  static constexpr capabilities caps{
+      .serves = collectives_of(collective::all_reduce, collective::broadcast, collective::reduce)};
+  static constexpr bool serves(collective c) { return caps.serves.contains(c); }
 
-  WEFT_PLANNING static plan make_plan(const plan_request& q) {
+  WEFT_COLD static plan make_plan(const plan_request& q) {
     detail::check_request(q, name);
     if (!serves(q.coll)) {
       throw error(name_of(q.coll), q.rank, error::unknown,

@@ -14,7 +14,7 @@
 // finishes op::avg itself (NCCL's ncclAvg), so the operation does not divide again. Its
 // operators are the vendor's: user functors do not compile, and results follow the vendor's
 // reduction order, not weft's fixed one.
-#include <weft/comm/plan.hpp>
+#include <weft/comm/algorithm/capabilities.hpp>
 
 #include <string_view>
 
@@ -22,8 +22,10 @@ namespace weft::algo {
 
 struct vendor {
   static constexpr std::string_view name = "vendor";
+  /// No plan of weft's: what it needs is the communicator's own collective (vendor_collective).
+  static constexpr capabilities caps{.serves = every_collective, .messages = false};
 
-  static constexpr bool serves(collective) { return true; }
+  static constexpr bool serves(collective c) { return caps.serves.contains(c); }
 };
 
 } // namespace weft::algo

@@ -54,7 +54,7 @@ struct breakdown {
 /// Simulates plans[r] on rank r, which runs on device device_of[r] of `c` (device r when
 /// device_of is empty), for elements of element_size bytes. Throws weft::error on a peer or
 /// device out of range, a deadlock, or a message nobody receives.
-WEFT_PLANNING inline breakdown simulate(const std::vector<plan>& plans, const topology::cluster& c,
+WEFT_COLD inline breakdown simulate(const std::vector<plan>& plans, const topology::cluster& c,
                           const std::vector<int>& device_of, std::size_t element_size) {
   const int p = static_cast<int>(plans.size());
   const auto up = plans.size();

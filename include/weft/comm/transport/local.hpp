@@ -515,7 +515,7 @@ private:
     if (!bell.wait(ready, give_up, deadline, world.spins)) fail_wait(operation, peer, what);
   }
 
-  [[noreturn]] WEFT_PLANNING void fail_wait(std::string_view operation, int peer, std::string_view what) {
+  [[noreturn]] WEFT_COLD void fail_wait(std::string_view operation, int peer, std::string_view what) {
     auto& world = *group_->world;
     const auto aborted = [&] {
       return error(operation, rank_, peer, "aborted while waiting to " + std::string(what) + ": " + world.failure());

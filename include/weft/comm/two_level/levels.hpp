@@ -2,6 +2,7 @@
 // algo::levels<IntraAlgo, InterAlgo>: the algorithm tag of weft::two_level, naming the
 // algorithm of each level (comm/two_level/communicator.hpp).
 #include <weft/comm/algorithm/automatic.hpp>
+#include <weft/comm/algorithm/capabilities.hpp>
 #include <weft/comm/plan.hpp>
 
 #include <string_view>
@@ -19,7 +20,10 @@ struct levels {
   using intra = IntraAlgo;
   using inter = InterAlgo;
   static constexpr std::string_view name = "levels";
-  static constexpr bool serves(collective c) { return c != collective::all_to_all; }
+  /// What it needs is what each level's algorithm needs of that level's communicator.
+  static constexpr capabilities caps{.serves = every_collective.without(collective::all_to_all),
+                                     .messages = false};
+  static constexpr bool serves(collective c) { return caps.serves.contains(c); }
 };
 
 template <class A>

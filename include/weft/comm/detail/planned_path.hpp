@@ -1,0 +1,81 @@
+#pragma once
+// The path of every algorithm with plans: check the algorithm against the collective and the
+// communicator, pick it (automatic: the cost model's choice), fetch the rank's plan from the
+// cache, optionally check that all ranks make the same call, run the plan, finish avg.
+#include <weft/comm/algorithm/automatic.hpp>
+#include <weft/comm/communicator.hpp>
+#include <weft/comm/detail/algorithm_check.hpp>
+#include <weft/comm/detail/argument_checks.hpp>
+#include <weft/comm/detail/call_check.hpp>
+#include <weft/comm/detail/call_check_switch.hpp>
+#include <weft/comm/detail/kernels.hpp>
+#include <weft/comm/detail/plan_cache.hpp>
+#include <weft/comm/plan.hpp>
+#include <weft/core/ops.hpp>
+#include <weft/core/types.hpp>
+
+#include <cstddef>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+namespace weft::detail {
+
+/// A copy of the n elements of `in`, each times 1/ranks (in float): half averages on the host.
+template <class T>
+std::vector<std::remove_cv_t<T>> scaled_by_ranks(const T* in, std::size_t n, int ranks) {
+  std::vector<std::remove_cv_t<T>> scaled(in, in + n);
+  const float by = 1.0f / static_cast<float>(ranks);
+  for (auto& v : scaled)
+    v = static_cast<std::remove_cv_t<T>>(static_cast<float>(v) * by);
+  return scaled;
+}
+
+template <collective C, class Algo, class Comm, class T, class Op>
+void run_planned(Comm& comm, const T* in, std::size_t in_n, T* out, std::size_t out_n,
+                 std::size_t count, int root, const Op& op) {
+  check_algorithm<C, Algo, Comm>();
+  // What automatic may pick: a load-only transport (weft::cuda::p2p) declares `messages = false`.
+  constexpr bool can_load = declared_peer_access<Comm>();
+  constexpr bool can_send = declared_messages<Comm>();
+  const std::string_view opname = name_of(C);
+  check_root(comm, root, opname);
+  plan_request q{C, comm.size(), comm.rank(), count, root, comm.node_of(), sizeof(T)};
+  std::string_view algorithm;
+  const plan* pl = nullptr;
+  if constexpr (std::is_same_v<Algo, algo::automatic>) {
+    const auto& chosen = algo::choose(q, comm.cluster(), comm.devices(), can_load, can_send);
+    algorithm = chosen.name;
+    pl = &plan_cache::mine().get(chosen.name, q, chosen.make_plan);
+  } else {
+    algorithm = Algo::name;
+    pl = &plan_cache::mine().get(Algo::name, q,
+                                 [](const plan_request& r) { return Algo::make_plan(r); });
+  }
+  if (check_calls_enabled(comm))
+    check_same_call(comm, {C, algorithm, count, dtype_of<T>, call_op_name<Op>(), root});
+  if constexpr (is_average_v<Op> && std::is_same_v<std::remove_cv_t<T>, half> &&
+                !requires { comm.divide(out, out_n); }) {
+    if (C == collective::all_reduce || C == collective::reduce_scatter || C == collective::reduce) {
+      // half ends at 65504: the sum of the inputs overflows where their mean need not. Each input
+      // is scaled by 1/ranks first (as ncclAvg does for floating types), and the plan sums.
+      const auto scaled = scaled_by_ranks(in, in_n, comm.size());
+      comm.execute(*pl, scaled.data(), in_n, out, out_n, op, opname);
+      return;
+    }
+  }
+  comm.execute(*pl, in, in_n, out, out_n, op, opname);
+  if constexpr (is_average_v<Op>) {
+    if (C != collective::reduce || comm.rank() == root) {
+      const std::size_t n = C == collective::reduce ? count : out_n;
+      if constexpr (requires { comm.divide(out, n); }) {
+        // Buffers the host cannot touch (device memory): the transport's kernel.
+        comm.divide(out, n);
+      } else {
+        divide(out, n, comm.size());
+      }
+    }
+  }
+}
+
+} // namespace weft::detail
