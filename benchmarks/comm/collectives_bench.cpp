@@ -8,15 +8,15 @@
 // input and writes every output once: 2 p N bytes).
 //
 //   build/benchmarks/comm_collectives_bench --benchmark_counters_tabular=true
-#include "support/references.hpp"
-#include "support/sizes.hpp"
-#include "support/suite.hpp"
-
 #include <benchmark/benchmark.h>
 
 #include <cstdio>
 #include <string>
 #include <vector>
+
+#include "support/references.hpp"
+#include "support/sizes.hpp"
+#include "support/suite.hpp"
 
 namespace {
 
@@ -37,16 +37,18 @@ void apply_sizes(benchmark::internal::Benchmark* b, std::int64_t at_least = 1) {
 template <collective C, class Algo>
 void add() {
   if constexpr (Algo::serves(C)) {
-    const std::string name =
-        std::string(weft::name_of(C)) + "/local" + std::to_string(ranks) + "/" + std::string(Algo::name);
+    const std::string name = std::string(weft::name_of(C)) + "/local" + std::to_string(ranks) +
+                             "/" + std::string(Algo::name);
     benchmark::RegisterBenchmark(name.c_str(), [](benchmark::State& state) {
       const auto bytes = static_cast<std::size_t>(state.range(0));
       weft::bench::run_local_case<C, Algo>(state, weft::topology::host(ranks), {}, bytes);
       if constexpr (C == collective::all_reduce) {
-        state.counters["of_bound"] = weft::bench::of_bound(ranks, bytes, state.counters["time_us"] * 1e-6);
+        state.counters["of_bound"] =
+            weft::bench::of_bound(ranks, bytes, state.counters["time_us"] * 1e-6);
       }
     })->Apply([](benchmark::internal::Benchmark* b) {
-      constexpr bool blocks = C == collective::reduce_scatter || C == collective::all_gather || C == collective::all_to_all;
+      constexpr bool blocks = C == collective::reduce_scatter || C == collective::all_gather ||
+                              C == collective::all_to_all;
       apply_sizes(b, static_cast<std::int64_t>(sizeof(float)) * (blocks ? ranks : 1));
     });
   }
@@ -68,13 +70,15 @@ void add_all() {
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   try {
-    sizes();  // read here: a bad WEFT_BENCH_SIZES thrown from a registration would abort
+    sizes(); // read here: a bad WEFT_BENCH_SIZES thrown from a registration would abort
   } catch (const weft::error& e) {
     std::fprintf(stderr, "comm_collectives_bench: %s\n", e.what());
     return 2;
   }
   benchmark::RegisterBenchmark("stream_add", weft::bench::stream_add_row)->Iterations(1);
-  benchmark::RegisterBenchmark("memcpy", weft::bench::memcpy_row)->Apply([](auto* b) { apply_sizes(b); });
+  benchmark::RegisterBenchmark("memcpy", weft::bench::memcpy_row)->Apply([](auto* b) {
+    apply_sizes(b);
+  });
   add_all<collective::all_reduce>();
   add_all<collective::reduce_scatter>();
   add_all<collective::all_gather>();

@@ -12,9 +12,6 @@
 //   build/benchmarks/comm_emulated_bench --benchmark_counters_tabular=true
 // The links are WEFT_EMULATED_LINKS (default below) appended to each shape, the sizes
 // WEFT_BENCH_SIZES (default 64K:64M:4).
-#include "support/sizes.hpp"
-#include "support/suite.hpp"
-
 #include <weft/comm/two_level.hpp>
 
 #include <benchmark/benchmark.h>
@@ -24,6 +21,9 @@
 #include <cstdlib>
 #include <string>
 #include <vector>
+
+#include "support/sizes.hpp"
+#include "support/suite.hpp"
 
 namespace {
 
@@ -46,7 +46,9 @@ double reduce_bandwidth() {
   return bw;
 }
 
-std::string reduce_figure() { return ",reduce=" + std::to_string(reduce_bandwidth() / 1e6) + "MB/s"; }
+std::string reduce_figure() {
+  return ",reduce=" + std::to_string(reduce_bandwidth() / 1e6) + "MB/s";
+}
 
 weft::topology::cluster shape(const char* s) {
   return weft::topology::parse(std::string(s) + "," + links() + reduce_figure());
@@ -73,13 +75,15 @@ void tp_group(benchmark::State& state) {
           auto tp = world.split(color, world.rank());
           std::vector<float> in(count, 1.0f), out(count);
           const double t = weft::bench::time_collective(
-              world, [&] { weft::all_reduce(tp, std::span<const float>(in), std::span(out)); }, 0.1);
+              world, [&] { weft::all_reduce(tp, std::span<const float>(in), std::span(out)); },
+              0.1);
           if (world.rank() == 0) {
             seconds = t;
             std::vector<std::vector<int>> groups(2);
-            for (int w = 0; w < world.size(); ++w) groups[static_cast<std::size_t>(across ? w % 2 : w / 4)].push_back(w);
-            model = weft::bench::predict_concurrent<collective::all_reduce, algo::automatic>(groups, cluster, count,
-                                                                                            sizeof(float));
+            for (int w = 0; w < world.size(); ++w)
+              groups[static_cast<std::size_t>(across ? w % 2 : w / 4)].push_back(w);
+            model = weft::bench::predict_concurrent<collective::all_reduce, algo::automatic>(
+                groups, cluster, count, sizeof(float));
           }
         },
         emulated);
@@ -112,7 +116,9 @@ void two_level_case(benchmark::State& state) {
           auto tl = weft::make_two_level(world);
           std::vector<float> in(in_n, 1.0f), out(out_n);
           const double t = weft::bench::time_collective(
-              world, [&] { weft::bench::call<C, Algo>(tl, std::span<const float>(in), std::span(out)); }, 0.1);
+              world,
+              [&] { weft::bench::call<C, Algo>(tl, std::span<const float>(in), std::span(out)); },
+              0.1);
           if (world.rank() != 0) return;
           seconds = t;
           if constexpr (two_calls) {
@@ -121,9 +127,12 @@ void two_level_case(benchmark::State& state) {
               nodes[static_cast<std::size_t>(w / 4)].push_back(w);
               locals[static_cast<std::size_t>(w % 4)].push_back(w);
             }
-            const auto intra = weft::bench::predict_concurrent<C, typename Algo::intra>(nodes, cluster, 2 * n, 4);
-            const auto inter = weft::bench::predict_concurrent<C, typename Algo::inter>(locals, cluster, n, 4);
-            const double copy = static_cast<double>(in_n > out_n ? in_n : out_n) * sizeof(float) / (1.5 * reduce_bandwidth());
+            const auto intra =
+                weft::bench::predict_concurrent<C, typename Algo::intra>(nodes, cluster, 2 * n, 4);
+            const auto inter =
+                weft::bench::predict_concurrent<C, typename Algo::inter>(locals, cluster, n, 4);
+            const double copy = static_cast<double>(in_n > out_n ? in_n : out_n) * sizeof(float) /
+                                (1.5 * reduce_bandwidth());
             model.seconds = intra.seconds + inter.seconds + copy;
           }
         },
@@ -142,19 +151,21 @@ void sizes(benchmark::internal::Benchmark* b) { weft::bench::apply_sizes(b, size
 
 template <class Algo>
 void add(const char* nodes) {
-  const std::string name = "all_reduce/local8@" + std::string(nodes) + "/" + std::string(Algo::name);
+  const std::string name =
+      "all_reduce/local8@" + std::string(nodes) + "/" + std::string(Algo::name);
   benchmark::RegisterBenchmark(name.c_str(), [nodes](benchmark::State& state) {
-    weft::bench::run_local_case<collective::all_reduce, Algo>(state, shape(nodes), emulated,
-                                                              static_cast<std::size_t>(state.range(0)), 0.1);
+    weft::bench::run_local_case<collective::all_reduce, Algo>(
+        state, shape(nodes), emulated, static_cast<std::size_t>(state.range(0)), 0.1);
   })->Apply(sizes);
 }
 
 // C through two_level on 2x4, levels<IntraAlgo, InterAlgo>.
 template <collective C, class IntraAlgo, class InterAlgo>
 void add_two_level() {
-  const std::string name = std::string(weft::name_of(C)) + "/local8@2x4/two_level<" + std::string(IntraAlgo::name) +
-                           ", " + std::string(InterAlgo::name) + ">";
-  benchmark::RegisterBenchmark(name.c_str(), two_level_case<C, algo::levels<IntraAlgo, InterAlgo>>)->Apply(sizes);
+  const std::string name = std::string(weft::name_of(C)) + "/local8@2x4/two_level<" +
+                           std::string(IntraAlgo::name) + ", " + std::string(InterAlgo::name) + ">";
+  benchmark::RegisterBenchmark(name.c_str(), two_level_case<C, algo::levels<IntraAlgo, InterAlgo>>)
+      ->Apply(sizes);
 }
 
 // C by Algo on 2x4, as "<C>/local8@2x4/<Algo>".
@@ -162,7 +173,8 @@ template <collective C, class Algo>
 void add_2x4() {
   const std::string name = std::string(weft::name_of(C)) + "/local8@2x4/" + std::string(Algo::name);
   benchmark::RegisterBenchmark(name.c_str(), [](benchmark::State& state) {
-    weft::bench::run_local_case<C, Algo>(state, shape("2x4"), emulated, static_cast<std::size_t>(state.range(0)), 0.1);
+    weft::bench::run_local_case<C, Algo>(state, shape("2x4"), emulated,
+                                         static_cast<std::size_t>(state.range(0)), 0.1);
   })->Apply(sizes);
 }
 
@@ -203,7 +215,8 @@ int main(int argc, char** argv) {
   try {
     (void)weft::topology::parse("2x4," + links());
   } catch (const weft::error& e) {
-    std::fprintf(stderr, "comm_emulated_bench: WEFT_EMULATED_LINKS=\"%s\": %s\n", links().c_str(), e.what());
+    std::fprintf(stderr, "comm_emulated_bench: WEFT_EMULATED_LINKS=\"%s\": %s\n", links().c_str(),
+                 e.what());
     return 2;
   }
   for (const char* nodes : {"2x4", "4x2"}) {

@@ -104,7 +104,8 @@ void add(const std::string& shape_name, const weft::topology::cluster& shape,
          const std::vector<std::int64_t>& sizes) {
   std::string algo_name(Algo::name);
   if constexpr (weft::algo::is_levels_v<Algo>) {
-    algo_name = "two_level<" + std::string(Algo::intra::name) + ", " + std::string(Algo::inter::name) + ">";
+    algo_name =
+        "two_level<" + std::string(Algo::intra::name) + ", " + std::string(Algo::inter::name) + ">";
   }
   const std::string name = "all_reduce/cuda_emulated" + shape_name + "/" + algo_name;
   auto* b = benchmark::RegisterBenchmark(
@@ -134,7 +135,7 @@ void register_all(const std::vector<std::int64_t>& sizes) {
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;  // as BENCHMARK_MAIN does
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1; // as BENCHMARK_MAIN does
   std::vector<std::int64_t> sizes;
   try {
     sizes = weft::bench::sizes_from_env("1M:256M:4");

@@ -19,12 +19,12 @@
 
 #include <benchmark/benchmark.h>
 
-#include "support/cuda_timing.cuh"
-
 #include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
+
+#include "support/cuda_timing.cuh"
 
 namespace {
 
@@ -36,10 +36,13 @@ std::map<std::size_t, double>& memcpy_gbps() {
   return m;
 }
 
-int calls_for(std::size_t bytes) { return static_cast<int>(std::clamp<std::size_t>((std::size_t{1} << 30) / bytes, 3, 200)); }
+int calls_for(std::size_t bytes) {
+  return static_cast<int>(std::clamp<std::size_t>((std::size_t{1} << 30) / bytes, 3, 200));
+}
 
 // `against_memcpy`: the row is compared with memcpy_d2d's (false for memcpy_d2d's own rows).
-void report(benchmark::State& state, double seconds, double traffic, std::size_t bytes, bool against_memcpy = true) {
+void report(benchmark::State& state, double seconds, double traffic, std::size_t bytes,
+            bool against_memcpy = true) {
   state.SetIterationTime(seconds);
   state.counters["time_us"] = seconds * 1e6;
   state.counters["GBps"] = traffic / seconds / 1e9;
@@ -48,7 +51,8 @@ void report(benchmark::State& state, double seconds, double traffic, std::size_t
   if (it != memcpy_gbps().end()) {
     state.counters["of_memcpy"] = traffic / seconds / 1e9 / it->second;
   } else {
-    state.SetLabel("no of_memcpy: memcpy_d2d/" + std::to_string(bytes) + " did not run (filtered out?)");
+    state.SetLabel("no of_memcpy: memcpy_d2d/" + std::to_string(bytes) +
+                   " did not run (filtered out?)");
   }
 }
 
@@ -56,7 +60,8 @@ void memcpy_d2d(benchmark::State& state) {
   if (skip_without_device(state)) return;
   const auto bytes = static_cast<std::size_t>(state.range(0));
   double t = 0;
-  for (auto _ : state) t = weft::bench::memcpy_d2d_seconds(bytes, calls_for(bytes));
+  for (auto _ : state)
+    t = weft::bench::memcpy_d2d_seconds(bytes, calls_for(bytes));
   report(state, t, 2.0 * static_cast<double>(bytes), bytes, false);
   memcpy_gbps()[bytes] = 2.0 * static_cast<double>(bytes) / t / 1e9;
 }
@@ -72,7 +77,9 @@ void reduce_row(benchmark::State& state) {
   weft::cuda::stream s;
   double t = 0;
   for (auto _ : state) {
-    t = time_calls(s.get(), calls_for(bytes), [&] { weft::cuda::reduce(d.data(), a.data(), b.data(), n, weft::op::sum{}, s.get()); });
+    t = time_calls(s.get(), calls_for(bytes), [&] {
+      weft::cuda::reduce(d.data(), a.data(), b.data(), n, weft::op::sum{}, s.get());
+    });
   }
   report(state, t, 3.0 * static_cast<double>(bytes), bytes);
 }
@@ -86,12 +93,15 @@ void copy_row(benchmark::State& state) {
   WEFT_CUDA_TRY(cudaMemset(a.data(), 0, bytes));
   weft::cuda::stream s;
   double t = 0;
-  for (auto _ : state) t = time_calls(s.get(), calls_for(bytes), [&] { weft::cuda::copy(d.data(), a.data(), n, s.get()); });
+  for (auto _ : state)
+    t = time_calls(s.get(), calls_for(bytes),
+                   [&] { weft::cuda::copy(d.data(), a.data(), n, s.get()); });
   report(state, t, 2.0 * static_cast<double>(bytes), bytes);
 }
 
 void sizes(benchmark::internal::Benchmark* b) {
-  for (std::int64_t bytes = std::int64_t{1} << 20; bytes <= (std::int64_t{1} << 30); bytes *= 4) b->Arg(bytes);
+  for (std::int64_t bytes = std::int64_t{1} << 20; bytes <= (std::int64_t{1} << 30); bytes *= 4)
+    b->Arg(bytes);
   b->UseManualTime()->Iterations(1)->Unit(benchmark::kMicrosecond);
 }
 

@@ -53,7 +53,8 @@ timing measure() {
     const wl::cublas gemm(s);
     wl::transformer_block<float, emulated::communicator, wl::cublas> blk(
         c, {.hidden = hidden, .heads = heads, .ffn = 4 * hidden, .seq = seq}, 1, 1, gemm);
-    weft::device_matrix<float> x(tokens, hidden, s), y(tokens, hidden, s), dy(tokens, hidden, s), dx(tokens, hidden, s);
+    weft::device_matrix<float> x(tokens, hidden, s), y(tokens, hidden, s), dy(tokens, hidden, s),
+        dx(tokens, hidden, s);
     fill_random(x, 1, s);
     fill_random(dy, 2, s);
     const auto step = [&] {
@@ -61,17 +62,19 @@ timing measure() {
       blk.backward(dy.cview(), dx.view());
     };
     const weft::cuda::event start(true), stop(true);
-    for (int i = 0; i < warmup; ++i) step();
+    for (int i = 0; i < warmup; ++i)
+      step();
     start.record(s);
-    for (int i = 0; i < timed; ++i) step();
+    for (int i = 0; i < timed; ++i)
+      step();
     stop.record(s);
     t.block_s = stop.elapsed_ms(start) * 1e-3 / timed;
 
     // The dense GEMMs alone: for each linear (in -> out), y = x W^T, dx = dy W, dW += dy^T x.
     // x, dy and W are inputs that no call writes: fed back (x = dy W, dy = x W^T, unscaled), the
     // operands grew some 600x per call and were inf/NaN from about the 12th of the 23 calls.
-    const std::array<std::array<std::size_t, 2>, 4> linears{{{hidden, 3 * hidden}, {hidden, hidden},
-                                                             {hidden, 4 * hidden}, {4 * hidden, hidden}}};
+    const std::array<std::array<std::size_t, 2>, 4> linears{
+        {{hidden, 3 * hidden}, {hidden, hidden}, {hidden, 4 * hidden}, {4 * hidden, hidden}}};
     std::array<weft::device_matrix<float>, 4> w, dw, xs, ys, dys, dxs;
     for (std::size_t l = 0; l < 4; ++l) {
       const auto [i, o] = linears[l];
@@ -93,9 +96,11 @@ timing measure() {
         gemm(wl::trans::t, wl::trans::n, 1.0f, dys[l].cview(), xs[l].cview(), 1.0f, dw[l].view());
       }
     };
-    for (int i = 0; i < warmup; ++i) gemms();
+    for (int i = 0; i < warmup; ++i)
+      gemms();
     start.record(s);
-    for (int i = 0; i < timed; ++i) gemms();
+    for (int i = 0; i < timed; ++i)
+      gemms();
     stop.record(s);
     t.gemm_s = stop.elapsed_ms(start) * 1e-3 / timed;
   });
@@ -113,8 +118,8 @@ void block_forward_backward(benchmark::State& state) {
     state.SetIterationTime(t.block_s);
   }
   const double h = hidden, n = tokens;
-  const double dense = 3 * 24 * n * h * h;       // forward + backward of the four linears
-  const double core = 3 * 4 * n * seq * h;       // QK^T and PV (the full square), forward + backward
+  const double dense = 3 * 24 * n * h * h; // forward + backward of the four linears
+  const double core = 3 * 4 * n * seq * h; // QK^T and PV (the full square), forward + backward
   state.counters["block_ms"] = t.block_s * 1e3;
   state.counters["gemm_ms"] = t.gemm_s * 1e3;
   state.counters["gemm_share"] = t.gemm_s / t.block_s;
@@ -122,7 +127,11 @@ void block_forward_backward(benchmark::State& state) {
   state.counters["gemm_TFLOPs"] = dense / t.gemm_s / 1e12;
 }
 
-BENCHMARK(block_forward_backward)->Name("layer_block/float/tp1")->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
+BENCHMARK(block_forward_backward)
+    ->Name("layer_block/float/tp1")
+    ->UseManualTime()
+    ->Iterations(3)
+    ->Unit(benchmark::kMillisecond);
 
 } // namespace
 

@@ -19,12 +19,12 @@
 
 #include <benchmark/benchmark.h>
 
-#include "support/cuda_timing.cuh"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
+
+#include "support/cuda_timing.cuh"
 
 namespace {
 
@@ -48,7 +48,8 @@ void memcpy_d2d(benchmark::State& state) {
   if (skip_without_device(state)) return;
   const auto bytes = static_cast<std::size_t>(state.range(0));
   double t = 0;
-  for (auto _ : state) t = weft::bench::memcpy_d2d_seconds(bytes, 10);
+  for (auto _ : state)
+    t = weft::bench::memcpy_d2d_seconds(bytes, 10);
   memcpy_gbps() = 2.0 * static_cast<double>(bytes) / t / 1e9;
   report(state, t, 2.0 * static_cast<double>(bytes));
 }
@@ -72,7 +73,9 @@ void adamw(benchmark::State& state) {
     t = time_calls(s.get(), 10, [&] {
       const auto k = rule.at(++step, 1.0f);
       weft::cuda::detail::launch(
-          weft::optim::update_ref<decltype(k), P, P>{k, master.data(), grad.data(), st.data(), low, n}, n, s.get());
+          weft::optim::update_ref<decltype(k), P, P>{k, master.data(), grad.data(), st.data(), low,
+                                                     n},
+          n, s.get());
     });
   }
   // float: w, g, m, v read (16 B), w, m, v written (12 B); half/bfloat16: master, m, v read and
@@ -81,13 +84,18 @@ void adamw(benchmark::State& state) {
   state.counters["params_per_s"] = static_cast<double>(n) / t;
 }
 
-void manual(benchmark::internal::Benchmark* b) { b->UseManualTime()->Iterations(1)->Unit(benchmark::kMicrosecond); }
+void manual(benchmark::internal::Benchmark* b) {
+  b->UseManualTime()->Iterations(1)->Unit(benchmark::kMicrosecond);
+}
 
 } // namespace
 
 BENCHMARK(memcpy_d2d)->Arg(std::int64_t{1} << 30)->Apply(manual);
 BENCHMARK(adamw<float>)->Name("adamw/float")->Arg(std::int64_t{64} << 20)->Apply(manual);
-BENCHMARK(adamw<weft::bfloat16>)->Name("adamw/bfloat16")->Arg(std::int64_t{64} << 20)->Apply(manual);
+BENCHMARK(adamw<weft::bfloat16>)
+    ->Name("adamw/bfloat16")
+    ->Arg(std::int64_t{64} << 20)
+    ->Apply(manual);
 BENCHMARK(adamw<weft::half>)->Name("adamw/half")->Arg(std::int64_t{64} << 20)->Apply(manual);
 
 BENCHMARK_MAIN();

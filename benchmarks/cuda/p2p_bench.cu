@@ -50,7 +50,7 @@ double time_all_reduce(const std::vector<int>& devices, std::size_t bytes) {
       for (int i = 0; i < calls; ++i)
         weft::all_reduce<weft::algo::direct>(c, data);
       stop.record(c.stream());
-      c.synchronize();  // also reports a sync that timed out
+      c.synchronize(); // also reports a sync that timed out
       t = std::min(t, static_cast<double>(stop.elapsed_ms(start)) * 1e-3 / calls);
     }
     if (c.rank() == 0) best = t;

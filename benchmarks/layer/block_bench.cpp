@@ -37,7 +37,8 @@ struct config {
 
 config chosen() {
   const char* v = std::getenv("WEFT_BENCH_BLOCK");
-  if (v != nullptr && std::strcmp(v, "small") == 0) return {{.hidden = 64, .heads = 4, .ffn = 0, .seq = 16}, 2, 2};
+  if (v != nullptr && std::strcmp(v, "small") == 0)
+    return {{.hidden = 64, .heads = 4, .ffn = 0, .seq = 16}, 2, 2};
   return {{.hidden = 1024, .heads = 16, .ffn = 0, .seq = 256}, 4, 5};
 }
 
@@ -49,22 +50,31 @@ struct gpt {
   static block make(comm_t& c, const weft::layer::block_shape& s) { return block(c, s, 1, 1); }
   static double weights(const weft::layer::block_shape& s) {
     const double h = static_cast<double>(s.hidden);
-    return 12.0 * h * h;  // QKV and output 4 h^2, MLP 2 h (4 h)
+    return 12.0 * h * h; // QKV and output 4 h^2, MLP 2 h (4 h)
   }
 };
 
 struct llama {
-  using block = weft::layer::llama_block<float, comm_t, weft::layer::cblas, weft::layer::no_sequence_parallel,
-                                         weft::layer::recompute::none>;
+  using block =
+      weft::layer::llama_block<float, comm_t, weft::layer::cblas, weft::layer::no_sequence_parallel,
+                               weft::layer::recompute::none>;
   static weft::layer::llama_config config(const weft::layer::block_shape& s) {
-    return {.hidden = s.hidden, .heads = s.heads, .kv_heads = s.heads / 4, .seq = s.seq, .layers = 1, .rope_theta = 10000};
+    return {.hidden = s.hidden,
+            .heads = s.heads,
+            .kv_heads = s.heads / 4,
+            .seq = s.seq,
+            .layers = 1,
+            .rope_theta = 10000};
   }
-  static block make(comm_t& c, const weft::layer::block_shape& s) { return block(c, config(s), 0, 1); }
+  static block make(comm_t& c, const weft::layer::block_shape& s) {
+    return block(c, config(s), 0, 1);
+  }
   static double weights(const weft::layer::block_shape& s) {
     const auto cfg = config(s);
     const double h = static_cast<double>(s.hidden);
     const double kv = h * static_cast<double>(cfg.kv_heads) / static_cast<double>(cfg.heads);
-    return 2.0 * h * h + 2.0 * h * kv + 3.0 * h * static_cast<double>(cfg.ffn_size());  // q, o; k, v; gate, up, down
+    return 2.0 * h * h + 2.0 * h * kv +
+           3.0 * h * static_cast<double>(cfg.ffn_size()); // q, o; k, v; gate, up, down
   }
 };
 
@@ -79,17 +89,20 @@ double step_seconds(const config& cfg, int tp) {
       [&](comm_t& c) {
         auto blk = Kind::make(c, cfg.shape);
         const std::size_t rows = cfg.batch * cfg.shape.seq;
-        weft::matrix<float> x(rows, cfg.shape.hidden), y(rows, cfg.shape.hidden), dx(rows, cfg.shape.hidden);
+        weft::matrix<float> x(rows, cfg.shape.hidden), y(rows, cfg.shape.hidden),
+            dx(rows, cfg.shape.hidden);
         std::mt19937 g(3);
         std::normal_distribution<float> d;
-        for (auto& v : x.flat()) v = d(g);
+        for (auto& v : x.flat())
+          v = d(g);
         for (int r = -1; r < cfg.reps; ++r) {
           c.barrier();
           const auto t0 = std::chrono::steady_clock::now();
           blk.forward(x.view(), y.view());
           blk.backward(y.view(), dx.view());
           c.barrier();
-          const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          const double s =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
           if (c.rank() == 0 && r >= 0) times.push_back(s);
           benchmark::DoNotOptimize(dx.data());
         }
@@ -110,7 +123,8 @@ void block_strong_scaling(benchmark::State& state) {
   }
   const double tokens = static_cast<double>(cfg.batch * cfg.shape.seq);
   const double flops = 3.0 * (2.0 * tokens * Kind::weights(cfg.shape) +
-                              4.0 * tokens * static_cast<double>(cfg.shape.seq) * static_cast<double>(cfg.shape.hidden));
+                              4.0 * tokens * static_cast<double>(cfg.shape.seq) *
+                                  static_cast<double>(cfg.shape.hidden));
   state.counters["tp1_ms"] = t1 * 1e3;
   state.counters["tp2_ms"] = t2 * 1e3;
   state.counters["tp1_gflops"] = flops / t1 / 1e9;
@@ -118,8 +132,14 @@ void block_strong_scaling(benchmark::State& state) {
   state.counters["efficiency"] = t1 / (2.0 * t2);
 }
 
-BENCHMARK_TEMPLATE(block_strong_scaling, gpt)->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_TEMPLATE(block_strong_scaling, llama)->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(block_strong_scaling, gpt)
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_TEMPLATE(block_strong_scaling, llama)
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 } // namespace
 

@@ -13,9 +13,6 @@
 // 28 bytes per parameter: master, two moments read and written (24), the gradient read, the 16-bit copy
 // written), and, on one thread, the same step as the functor's plain element loop (`scalar`: what
 // the vectorized loop replaces; compare their GBps with the one-thread rows').
-#include "support/references.hpp"
-#include "support/sizes.hpp"
-
 #include <weft/optim/optimizers.hpp>
 
 #include <benchmark/benchmark.h>
@@ -26,6 +23,9 @@
 #include <cstdlib>
 #include <thread>
 #include <vector>
+
+#include "support/references.hpp"
+#include "support/sizes.hpp"
 
 namespace {
 
@@ -43,8 +43,9 @@ std::size_t parameters() {
 
 template <class P, bool Scalar = false>
 void adamw_step(benchmark::State& state) {
-  const int threads = state.range(0) == 0 ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))
-                                          : static_cast<int>(state.range(0));
+  const int threads = state.range(0) == 0
+                          ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))
+                          : static_cast<int>(state.range(0));
   const std::size_t n = parameters();
   std::vector<float> master(n, 0.5f), moments(2 * wo::slot_stride(n), 0.0f);
   std::vector<P> grad(n, P(0.001f)), param(std::is_same_v<P, float> ? 0 : n, P(0.5f));
@@ -53,16 +54,19 @@ void adamw_step(benchmark::State& state) {
   double best = 1e30;
   // First touch from the threads that will use the memory (a NUMA machine cares).
   {
-    const wo::update_ref<wo::adamw::kernel, P, P> u{rule.at(1, 0.0f), master.data(), grad.data(), moments.data(),
-                                                    param.data(), wo::slot_stride(n)};
+    const wo::update_ref<wo::adamw::kernel, P, P> u{rule.at(1, 0.0f), master.data(),
+                                                    grad.data(),      moments.data(),
+                                                    param.data(),     wo::slot_stride(n)};
     wo::apply_parallel(u, n, threads);
   }
   for (auto _ : state) {
-    const wo::update_ref<wo::adamw::kernel, P, P> u{rule.at(++t, 1.0f), master.data(), grad.data(), moments.data(),
-                                                    param.data(), wo::slot_stride(n)};
+    const wo::update_ref<wo::adamw::kernel, P, P> u{rule.at(++t, 1.0f), master.data(),
+                                                    grad.data(),        moments.data(),
+                                                    param.data(),       wo::slot_stride(n)};
     const auto t0 = std::chrono::steady_clock::now();
     if constexpr (Scalar) {
-      for (std::size_t i = 0; i < n; ++i) u(i);
+      for (std::size_t i = 0; i < n; ++i)
+        u(i);
     } else {
       wo::apply_parallel(u, n, threads);
     }
@@ -71,9 +75,9 @@ void adamw_step(benchmark::State& state) {
     state.SetIterationTime(s);
   }
   benchmark::DoNotOptimize(master[n / 2]);
-  const double bytes_per = 28.0;  // float: 16 read, 12 written; 16-bit: 24 + 2 read + 2 written
+  const double bytes_per = 28.0; // float: 16 read, 12 written; 16-bit: 24 + 2 read + 2 written
   const double gbps = bytes_per * static_cast<double>(n) / best / 1e9;
-  const double stream = weft::bench::stream_bandwidth() / 1e9;  // right after the rows, within 10 s
+  const double stream = weft::bench::stream_bandwidth() / 1e9; // right after the rows, within 10 s
   state.counters["params_M"] = static_cast<double>(n) / (1 << 20);
   state.counters["threads"] = threads;
   state.counters["best_ms"] = best * 1e3;
@@ -82,7 +86,13 @@ void adamw_step(benchmark::State& state) {
   state.counters["of_stream"] = gbps / stream;
 }
 
-BENCHMARK(adamw_step<float>)->Name("adamw_step/float")->Arg(0)->Arg(1)->UseManualTime()->Iterations(10)->Unit(benchmark::kMillisecond);
+BENCHMARK(adamw_step<float>)
+    ->Name("adamw_step/float")
+    ->Arg(0)
+    ->Arg(1)
+    ->UseManualTime()
+    ->Iterations(10)
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(adamw_step<weft::bfloat16>)
     ->Name("adamw_step/bfloat16_master_fp32")
     ->Arg(0)
@@ -114,7 +124,7 @@ BENCHMARK(adamw_step<weft::half, true>)
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;  // as BENCHMARK_MAIN does
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1; // as BENCHMARK_MAIN does
   try {
     parameters();
   } catch (const weft::error& e) {

@@ -36,7 +36,6 @@ inline constexpr bool available = false;
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/hash_store.h>
 #include <gloo/transport/tcp/device.h>
-
 #include <netdb.h>
 
 #include <algorithm>
@@ -99,15 +98,19 @@ namespace detail {
 
 // Small integers: every order of summation gives the exact float answer.
 inline float check_input(int rank, std::size_t i) {
-  return static_cast<float>(static_cast<int>((static_cast<std::size_t>(rank) * 7 + i * 13) % 11) - 5);
+  return static_cast<float>(static_cast<int>((static_cast<std::size_t>(rank) * 7 + i * 13) % 11) -
+                            5);
 }
 
-inline std::unique_ptr<::gloo::Algorithm> make(algorithm a, const std::shared_ptr<::gloo::Context>& context,
+inline std::unique_ptr<::gloo::Algorithm> make(algorithm a,
+                                               const std::shared_ptr<::gloo::Context>& context,
                                                float* data, int count) {
   const std::vector<float*> ptrs{data};
   switch (a) {
-    case algorithm::ring: return std::make_unique<::gloo::AllreduceRing<float>>(context, ptrs, count);
-    case algorithm::ring_chunked: return std::make_unique<::gloo::AllreduceRingChunked<float>>(context, ptrs, count);
+    case algorithm::ring:
+      return std::make_unique<::gloo::AllreduceRing<float>>(context, ptrs, count);
+    case algorithm::ring_chunked:
+      return std::make_unique<::gloo::AllreduceRingChunked<float>>(context, ptrs, count);
     case algorithm::halving_doubling:
       return std::make_unique<::gloo::AllreduceHalvingDoubling<float>>(context, ptrs, count);
   }
@@ -135,7 +138,8 @@ public:
     }
     try {
       const int devices = opt_.device_per_rank ? ranks : 1;
-      for (int d = 0; d < devices; ++d) devices_.push_back(::gloo::transport::tcp::CreateDevice(attr));
+      for (int d = 0; d < devices; ++d)
+        devices_.push_back(::gloo::transport::tcp::CreateDevice(attr));
     } catch (const std::exception& e) {
       throw weft::error("gloo TCP device", error::unknown, error::unknown,
                         "cannot listen on " + opt_.hostname + ": " + e.what());
@@ -147,7 +151,8 @@ public:
     on_ranks("gloo connectFullMesh", [&](int r, std::barrier<>&) {
       auto context = std::make_shared<::gloo::rendezvous::Context>(r, ranks_);
       context->setTimeout(opt_.timeout);
-      context->connectFullMesh(store, devices_[opt_.device_per_rank ? static_cast<std::size_t>(r) : 0]);
+      context->connectFullMesh(store,
+                               devices_[opt_.device_per_rank ? static_cast<std::size_t>(r) : 0]);
       contexts_[static_cast<std::size_t>(r)] = std::move(context);
     });
   }
@@ -163,7 +168,8 @@ public:
   /// all ranks at once (a barrier) and timed by its slowest rank; the best run's mean.
   /// The buffers hold zeros, which stay zeros: repeated in-place sums cannot overflow.
   double time_all_reduce(algorithm a, std::size_t count, int iterations, int repetitions = 3) {
-    WEFT_EXPECTS(iterations >= 1 && repetitions >= 1, "iterations and repetitions must be positive");
+    WEFT_EXPECTS(iterations >= 1 && repetitions >= 1,
+                 "iterations and repetitions must be positive");
     const int n = checked_count(count);
     // seconds[rep][rank]: each thread writes its own slots, read after on_ranks joined them all.
     std::vector<std::vector<double>> seconds(static_cast<std::size_t>(repetitions),
@@ -175,15 +181,18 @@ public:
       for (int rep = 0; rep < repetitions; ++rep) {
         sync.arrive_and_wait();
         const auto t0 = std::chrono::steady_clock::now();
-        for (int i = 0; i < iterations; ++i) algo->run();
+        for (int i = 0; i < iterations; ++i)
+          algo->run();
         seconds[static_cast<std::size_t>(rep)][static_cast<std::size_t>(r)] =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iterations;
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+            iterations;
       }
       // Nobody frees a buffer that a slower rank's last call may still be using.
       sync.arrive_and_wait();
     });
     double best = 1e300;
-    for (const auto& run : seconds) best = std::min(best, *std::max_element(run.begin(), run.end()));
+    for (const auto& run : seconds)
+      best = std::min(best, *std::max_element(run.begin(), run.end()));
     return best;
   }
 
@@ -194,14 +203,16 @@ public:
     std::atomic<std::size_t> wrong{0};
     on_ranks(operation(a), [&](int r, std::barrier<>& sync) {
       std::vector<float> data(count);
-      for (std::size_t i = 0; i < count; ++i) data[i] = detail::check_input(r, i);
+      for (std::size_t i = 0; i < count; ++i)
+        data[i] = detail::check_input(r, i);
       auto algo = detail::make(a, contexts_[static_cast<std::size_t>(r)], data.data(), n);
       algo->run();
       sync.arrive_and_wait();
       std::size_t mine = 0;
       for (std::size_t i = 0; i < count; ++i) {
         float want = 0;
-        for (int q = 0; q < ranks_; ++q) want += detail::check_input(q, i);
+        for (int q = 0; q < ranks_; ++q)
+          want += detail::check_input(q, i);
         mine += data[i] == want ? 0 : 1;
       }
       wrong += mine;
@@ -210,7 +221,9 @@ public:
   }
 
   /// Whether one all-reduce of `count` elements per rank gives the exact sum on every rank.
-  bool check_all_reduce(algorithm a, std::size_t count) { return count_wrong_all_reduce(a, count) == 0; }
+  bool check_all_reduce(algorithm a, std::size_t count) {
+    return count_wrong_all_reduce(a, count) == 0;
+  }
 
 private:
   static std::string operation(algorithm a) { return "gloo all_reduce " + std::string(name(a)); }

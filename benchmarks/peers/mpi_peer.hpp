@@ -57,7 +57,8 @@ enum class operation { all_reduce, reduce_scatter, all_gather };
 
 /// A barrier that sleeps while it waits. MPI_Barrier polls at full speed; on a machine with
 /// fewer cores than ranks the waiting ranks would take the cores from the one still working.
-inline void polite_barrier(MPI_Comm comm, std::chrono::microseconds poll = std::chrono::microseconds(200)) {
+inline void polite_barrier(MPI_Comm comm,
+                           std::chrono::microseconds poll = std::chrono::microseconds(200)) {
   MPI_Request request = MPI_REQUEST_NULL;
   WEFT_MPI_TRY(MPI_Ibarrier(comm, &request), "polite_barrier");
   for (;;) {
@@ -72,7 +73,8 @@ namespace detail {
 
 // Small integers: every order of summation gives the exact float answer.
 inline float check_input(int rank, std::size_t i) {
-  return static_cast<float>(static_cast<int>((static_cast<std::size_t>(rank) * 5 + i * 3) % 13) - 6);
+  return static_cast<float>(static_cast<int>((static_cast<std::size_t>(rank) * 5 + i * 3) % 13) -
+                            6);
 }
 
 inline int comm_size(MPI_Comm comm) {
@@ -99,10 +101,12 @@ inline void call(operation op, MPI_Comm comm, const float* in, float* out, int c
       WEFT_MPI_TRY(MPI_Allreduce(in, out, count, MPI_FLOAT, MPI_SUM, comm), "MPI_Allreduce");
       return;
     case operation::reduce_scatter:
-      WEFT_MPI_TRY(MPI_Reduce_scatter_block(in, out, count, MPI_FLOAT, MPI_SUM, comm), "MPI_Reduce_scatter_block");
+      WEFT_MPI_TRY(MPI_Reduce_scatter_block(in, out, count, MPI_FLOAT, MPI_SUM, comm),
+                   "MPI_Reduce_scatter_block");
       return;
     case operation::all_gather:
-      WEFT_MPI_TRY(MPI_Allgather(in, count, MPI_FLOAT, out, count, MPI_FLOAT, comm), "MPI_Allgather");
+      WEFT_MPI_TRY(MPI_Allgather(in, count, MPI_FLOAT, out, count, MPI_FLOAT, comm),
+                   "MPI_Allgather");
       return;
   }
 }
@@ -123,7 +127,8 @@ double time_calls(MPI_Comm comm, int iterations, int repetitions, Call&& call) {
   for (int rep = 0; rep < repetitions; ++rep) {
     WEFT_MPI_TRY(MPI_Barrier(comm), "time_calls");
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < iterations; ++i) call();
+    for (int i = 0; i < iterations; ++i)
+      call();
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     WEFT_MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, &s, 1, MPI_DOUBLE, MPI_MAX, comm), "time_calls");
     best = std::min(best, s / iterations);
@@ -133,21 +138,26 @@ double time_calls(MPI_Comm comm, int iterations, int repetitions, Call&& call) {
 
 /// Seconds per call of `op` on `count` elements per rank (out of place, float sum), timed by
 /// time_calls.
-inline double time_operation(operation op, MPI_Comm comm, std::size_t count, int iterations, int repetitions = 3) {
+inline double time_operation(operation op, MPI_Comm comm, std::size_t count, int iterations,
+                             int repetitions = 3) {
   const int n = detail::checked_count(count);
   const int p = detail::comm_size(comm);
   std::vector<float> in(input_count(op, count, p), 1.0f);
   std::vector<float> out(output_count(op, count, p));
-  return time_calls(comm, iterations, repetitions, [&] { detail::call(op, comm, in.data(), out.data(), n); });
+  return time_calls(comm, iterations, repetitions,
+                    [&] { detail::call(op, comm, in.data(), out.data(), n); });
 }
 
-inline double time_all_reduce(MPI_Comm comm, std::size_t count, int iterations, int repetitions = 3) {
+inline double time_all_reduce(MPI_Comm comm, std::size_t count, int iterations,
+                              int repetitions = 3) {
   return time_operation(operation::all_reduce, comm, count, iterations, repetitions);
 }
-inline double time_reduce_scatter(MPI_Comm comm, std::size_t count, int iterations, int repetitions = 3) {
+inline double time_reduce_scatter(MPI_Comm comm, std::size_t count, int iterations,
+                                  int repetitions = 3) {
   return time_operation(operation::reduce_scatter, comm, count, iterations, repetitions);
 }
-inline double time_all_gather(MPI_Comm comm, std::size_t count, int iterations, int repetitions = 3) {
+inline double time_all_gather(MPI_Comm comm, std::size_t count, int iterations,
+                              int repetitions = 3) {
   return time_operation(operation::all_gather, comm, count, iterations, repetitions);
 }
 
@@ -158,14 +168,16 @@ inline long long count_wrong(operation op, MPI_Comm comm, std::size_t count) {
   const int p = detail::comm_size(comm);
   const int me = detail::comm_rank(comm);
   std::vector<float> in(input_count(op, count, p));
-  for (std::size_t i = 0; i < in.size(); ++i) in[i] = detail::check_input(me, i);
+  for (std::size_t i = 0; i < in.size(); ++i)
+    in[i] = detail::check_input(me, i);
   std::vector<float> out(output_count(op, count, p));
   polite_barrier(comm);
   detail::call(op, comm, in.data(), out.data(), n);
   long long wrong = 0;
   const auto sum_over_ranks = [&](std::size_t i) {
     float s = 0;
-    for (int q = 0; q < p; ++q) s += detail::check_input(q, i);
+    for (int q = 0; q < p; ++q)
+      s += detail::check_input(q, i);
     return s;
   };
   for (std::size_t i = 0; i < out.size(); ++i) {
@@ -173,18 +185,25 @@ inline long long count_wrong(operation op, MPI_Comm comm, std::size_t count) {
     switch (op) {
       case operation::all_reduce: want = sum_over_ranks(i); break;
       // Rank me keeps block me of the reduced count*p vector.
-      case operation::reduce_scatter: want = sum_over_ranks(static_cast<std::size_t>(me) * count + i); break;
+      case operation::reduce_scatter:
+        want = sum_over_ranks(static_cast<std::size_t>(me) * count + i);
+        break;
       // Block q of the output is rank q's input.
-      case operation::all_gather: want = detail::check_input(static_cast<int>(i / count), i % count); break;
+      case operation::all_gather:
+        want = detail::check_input(static_cast<int>(i / count), i % count);
+        break;
     }
     wrong += out[i] == want ? 0 : 1;
   }
   long long total = 0;
-  WEFT_MPI_TRY(MPI_Allreduce(&wrong, &total, 1, MPI_LONG_LONG, MPI_SUM, comm), std::string(name(op)));
+  WEFT_MPI_TRY(MPI_Allreduce(&wrong, &total, 1, MPI_LONG_LONG, MPI_SUM, comm),
+               std::string(name(op)));
   return total;
 }
 
 /// Whether one call of `op` on `count` elements per rank gives the exact answer on every rank.
-inline bool check(operation op, MPI_Comm comm, std::size_t count) { return count_wrong(op, comm, count) == 0; }
+inline bool check(operation op, MPI_Comm comm, std::size_t count) {
+  return count_wrong(op, comm, count) == 0;
+}
 
 } // namespace weft::bench::mpi_peer

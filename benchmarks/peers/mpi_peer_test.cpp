@@ -27,7 +27,9 @@ int main(int argc, char** argv) {
   });
   int failures = 0;
   if (s < nap_s) {
-    std::fprintf(stderr, "mpi_peer_test: rank %d: time_calls gave %.3f ms per call, but rank %d slept %.0f ms in each\n",
+    std::fprintf(stderr,
+                 "mpi_peer_test: rank %d: time_calls gave %.3f ms per call, but rank %d slept %.0f "
+                 "ms in each\n",
                  rank, s * 1e3, size - 1, nap_s * 1e3);
     ++failures;
   }
@@ -36,12 +38,14 @@ int main(int argc, char** argv) {
   MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
   MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   if (rank == 0 && lo != hi) {
-    std::fprintf(stderr, "mpi_peer_test: the ranks disagree: %.3f to %.3f ms per call\n", lo * 1e3, hi * 1e3);
+    std::fprintf(stderr, "mpi_peer_test: the ranks disagree: %.3f to %.3f ms per call\n", lo * 1e3,
+                 hi * 1e3);
     ++failures;
   }
   MPI_Allreduce(MPI_IN_PLACE, &failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (rank == 0 && failures == 0) {
-    std::printf("mpi_peer_test: time_calls reports the slowest rank (%.1f ms per call): OK\n", s * 1e3);
+    std::printf("mpi_peer_test: time_calls reports the slowest rank (%.1f ms per call): OK\n",
+                s * 1e3);
   }
   MPI_Finalize();
   return failures == 0 ? 0 : 1;

@@ -91,7 +91,8 @@ struct series {
 };
 std::map<std::string, std::vector<series>> results;
 
-[[maybe_unused]] void record(const std::string& collective, const std::string& name, std::int64_t bytes, measurement m) {
+[[maybe_unused]] void record(const std::string& collective, const std::string& name,
+                             std::int64_t bytes, measurement m) {
   auto& list = results[collective];
   auto it = std::find_if(list.begin(), list.end(), [&](const series& x) { return x.name == name; });
   if (it == list.end()) it = list.insert(list.end(), series{name, {}});
@@ -106,7 +107,8 @@ void print_summary() {
     std::set<std::int64_t> seen;
     for (const series& x : list) {
       std::printf("  %24s", x.name.c_str());
-      for (const auto& [bytes, m] : x.by_size) seen.insert(bytes);
+      for (const auto& [bytes, m] : x.by_size)
+        seen.insert(bytes);
     }
     std::printf("\n");
     for (std::int64_t bytes : seen) {
@@ -117,7 +119,8 @@ void print_summary() {
           std::printf("  %24s", "-");
           continue;
         }
-        const double busbw = static_cast<double>(bytes) / it->second.seconds / 1e9 * it->second.factor;
+        const double busbw =
+            static_cast<double>(bytes) / it->second.seconds / 1e9 * it->second.factor;
         std::printf("  %13.1f | %8.3f", it->second.seconds * 1e6, busbw);
       }
       std::printf("\n");
@@ -126,8 +129,8 @@ void print_summary() {
 }
 
 // `peer`: the row is another library's (MPI's, Gloo's), marked for plot.py with a counter.
-[[maybe_unused]] void report(benchmark::State& state, double seconds, std::int64_t bytes, double factor,
-                             bool peer = false) {
+[[maybe_unused]] void report(benchmark::State& state, double seconds, std::int64_t bytes,
+                             double factor, bool peer = false) {
   state.SetIterationTime(seconds);
   const double algbw = static_cast<double>(bytes) / seconds / 1e9;
   state.counters["time_us"] = seconds * 1e6;
@@ -145,7 +148,8 @@ public:
 
 // Counts at which every peer is checked: 1, fewer than p, non-multiples of p and of Gloo's
 // chunking (256 elements, 2p chunks), and a few MiB.
-constexpr std::size_t check_counts[] = {1, 3, 255, 1031, (std::size_t{1} << 18) + 5, std::size_t{1} << 20};
+constexpr std::size_t check_counts[] = {
+    1, 3, 255, 1031, (std::size_t{1} << 18) + 5, std::size_t{1} << 20};
 
 // Threaded rows (weft's local ones, Gloo's, the references) run on rank 0 alone; the other
 // ranks pass through and wait for it, sleeping.
@@ -156,7 +160,8 @@ void rank0_only(benchmark::State& state, Body&& body) {
   if (on_rank0) {
     body();
   } else {
-    for (auto _ : state) state.SetIterationTime(1e-9);
+    for (auto _ : state)
+      state.SetIterationTime(1e-9);
   }
 #if WEFT_PEERS_MPI
   // The others wait here, waking rarely: at the 200 us of the MPI rows' barrier their wake-ups
@@ -176,7 +181,8 @@ bool check_gloo() {
     for (std::size_t count : check_counts) {
       const std::size_t wrong = gloo_world->count_wrong_all_reduce(a, count);
       if (wrong != 0) {
-        std::fprintf(stderr, "peers: Gloo %s all-reduce of %zu floats on %d ranks: %zu elements wrong\n",
+        std::fprintf(stderr,
+                     "peers: Gloo %s all-reduce of %zu floats on %d ranks: %zu elements wrong\n",
                      std::string(gloo::name(a)).c_str(), count, gloo_world->size(), wrong);
         ok = false;
       }
@@ -189,25 +195,23 @@ bool check_gloo() {
 // MPI benchmarks on all of them); only rank 0 has a gloo_world.
 void add_gloo(int p) {
   for (gloo::algorithm a : gloo::all_algorithms) {
-    const std::string name = "all_reduce/gloo" + std::to_string(p) + "/" + std::string(gloo::name(a));
-    benchmark::RegisterBenchmark(name.c_str(),
-                                 [a, p](benchmark::State& state) {
-                                   const std::int64_t bytes = state.range(0);
-                                   const auto count = static_cast<std::size_t>(bytes) / sizeof(float);
-                                   const double factor = p > 1 ? 2.0 * (p - 1) / p : 1.0;
-                                   // Only rank 0 runs Gloo, as it runs weft's local rows.
-                                   rank0_only(state, [&] {
-                                     for (auto _ : state) {
-                                       const double s = gloo_world->time_all_reduce(a, count, iterations_for(bytes),
-                                                                                    repetitions);
-                                       report(state, s, bytes, factor, true);
-                                       record("all_reduce",
-                                              "gloo" + std::to_string(p) + "/" + std::string(gloo::name(a)), bytes,
-                                              {s, factor});
-                                     }
-                                   });
-                                 })
-        ->Apply([](benchmark::internal::Benchmark* b) { apply_sizes(b, 4); });
+    const std::string name =
+        "all_reduce/gloo" + std::to_string(p) + "/" + std::string(gloo::name(a));
+    benchmark::RegisterBenchmark(name.c_str(), [a, p](benchmark::State& state) {
+      const std::int64_t bytes = state.range(0);
+      const auto count = static_cast<std::size_t>(bytes) / sizeof(float);
+      const double factor = p > 1 ? 2.0 * (p - 1) / p : 1.0;
+      // Only rank 0 runs Gloo, as it runs weft's local rows.
+      rank0_only(state, [&] {
+        for (auto _ : state) {
+          const double s =
+              gloo_world->time_all_reduce(a, count, iterations_for(bytes), repetitions);
+          report(state, s, bytes, factor, true);
+          record("all_reduce", "gloo" + std::to_string(p) + "/" + std::string(gloo::name(a)), bytes,
+                 {s, factor});
+        }
+      });
+    })->Apply([](benchmark::internal::Benchmark* b) { apply_sizes(b, 4); });
   }
 }
 #endif
@@ -227,7 +231,8 @@ bool check_mpi(MPI_Comm comm) {
       const long long wrong = mpi_peer::count_wrong(op, comm, count);
       if (wrong != 0) {
         if (rank == 0) {
-          std::fprintf(stderr, "peers: %s of %zu floats per rank on %d ranks: %lld elements wrong\n",
+          std::fprintf(stderr,
+                       "peers: %s of %zu floats per rank on %d ranks: %lld elements wrong\n",
                        std::string(mpi_peer::name(op)).c_str(), count, p, wrong);
         }
         ok = false;
@@ -247,18 +252,20 @@ void add_mpi(MPI_Comm comm) {
   for (entry e : {entry{mpi_peer::operation::all_reduce, "all_reduce"},
                   entry{mpi_peer::operation::reduce_scatter, "reduce_scatter"},
                   entry{mpi_peer::operation::all_gather, "all_gather"}}) {
-    const std::string name =
-        std::string(e.collective) + "/mpi" + std::to_string(p) + "/" + std::string(mpi_peer::name(e.op));
+    const std::string name = std::string(e.collective) + "/mpi" + std::to_string(p) + "/" +
+                             std::string(mpi_peer::name(e.op));
     // The size is the larger buffer; reduce-scatter and all-gather need at least one float per rank.
     const std::int64_t per_rank_divisor = e.op == mpi_peer::operation::all_reduce ? 1 : p;
-    auto* b = benchmark::RegisterBenchmark(name.c_str(), [e, p, comm, per_rank_divisor](benchmark::State& state) {
+    auto* b = benchmark::RegisterBenchmark(name.c_str(), [e, p, comm, per_rank_divisor](
+                                                             benchmark::State& state) {
       const std::int64_t bytes = state.range(0);
       const auto count = static_cast<std::size_t>(bytes / per_rank_divisor) / sizeof(float);
       for (auto _ : state) {
-        const double s = mpi_peer::time_operation(e.op, comm, count, iterations_for(bytes), repetitions);
+        const double s =
+            mpi_peer::time_operation(e.op, comm, count, iterations_for(bytes), repetitions);
         report(state, s, bytes, mpi_peer::bus_factor(e.op, p), true);
-        record(e.collective, "mpi" + std::to_string(p) + "/" + std::string(mpi_peer::name(e.op)), bytes,
-               {s, mpi_peer::bus_factor(e.op, p)});
+        record(e.collective, "mpi" + std::to_string(p) + "/" + std::string(mpi_peer::name(e.op)),
+               bytes, {s, mpi_peer::bus_factor(e.op, p)});
       }
     });
     apply_sizes(b, per_rank_divisor * static_cast<std::int64_t>(sizeof(float)));
@@ -272,19 +279,18 @@ template <class Algo>
 void add_local(int p) {
   if constexpr (Algo::serves(weft::collective::all_reduce)) {
     const std::string series = "local" + std::to_string(p) + "/" + std::string(Algo::name);
-    benchmark::RegisterBenchmark(("all_reduce/" + series).c_str(),
-                                 [p, series](benchmark::State& state) {
-                                   rank0_only(state, [&] {
-                                     const auto bytes = static_cast<std::size_t>(state.range(0));
-                                     weft::bench::run_local_case<weft::collective::all_reduce, Algo>(
-                                         state, weft::topology::host(p), {}, bytes);
-                                     const double s = state.counters["time_us"] * 1e-6;
-                                     state.counters["of_bound"] = weft::bench::of_bound(p, bytes, s);
-                                     record("all_reduce", series, static_cast<std::int64_t>(bytes),
-                                            {s, weft::bench::bus_factor_all_reduce(p)});
-                                   });
-                                 })
-        ->Apply([](benchmark::internal::Benchmark* b) { apply_sizes(b, 4); });
+    benchmark::RegisterBenchmark(("all_reduce/" + series).c_str(), [p, series](
+                                                                       benchmark::State& state) {
+      rank0_only(state, [&] {
+        const auto bytes = static_cast<std::size_t>(state.range(0));
+        weft::bench::run_local_case<weft::collective::all_reduce, Algo>(
+            state, weft::topology::host(p), {}, bytes);
+        const double s = state.counters["time_us"] * 1e-6;
+        state.counters["of_bound"] = weft::bench::of_bound(p, bytes, s);
+        record("all_reduce", series, static_cast<std::int64_t>(bytes),
+               {s, weft::bench::bus_factor_all_reduce(p)});
+      });
+    })->Apply([](benchmark::internal::Benchmark* b) { apply_sizes(b, 4); });
   }
 }
 
@@ -305,32 +311,33 @@ void add_weft_mpi() {
   if constexpr (Algo::serves(C)) {
     const int p = mpi_world->size();
     const std::string series = "mpi" + std::to_string(p) + "/" + std::string(Algo::name);
-    constexpr bool blocks =
-        C == weft::collective::reduce_scatter || C == weft::collective::all_gather || C == weft::collective::all_to_all;
-    benchmark::RegisterBenchmark((std::string(weft::name_of(C)) + "/" + series).c_str(),
-                                 [p, series](benchmark::State& state) {
-                                   auto& c = *mpi_world;
-                                   const std::int64_t bytes = state.range(0);
-                                   const std::size_t count =
-                                       weft::bench::count_for(C, static_cast<std::size_t>(bytes), p, sizeof(float));
-                                   const auto [in_n, out_n] = weft::bench::buffer_sizes(C, count, p);
-                                   std::vector<float> in(in_n, 1.0f), out(out_n, 1.0f);
-                                   for (auto _ : state) {
-                                     const double s = mpi_peer::time_calls(
-                                         c.native(), iterations_for(bytes), repetitions, [&] {
-                                           weft::bench::call<C, Algo>(c, std::span<const float>(in), std::span(out));
-                                         });
-                                     report(state, s, bytes, weft::bench::bus_factor(C, p));
-                                     const auto model = weft::bench::predict<C, Algo>(c, count, sizeof(float));
-                                     state.counters["model_us"] = model.seconds * 1e6;
-                                     state.SetLabel(std::string(model.algorithm));
-                                     if (C == weft::collective::all_reduce) {
-                                       record("all_reduce", series, bytes, {s, weft::bench::bus_factor(C, p)});
-                                     }
-                                   }
-                                 })
+    constexpr bool blocks = C == weft::collective::reduce_scatter ||
+                            C == weft::collective::all_gather || C == weft::collective::all_to_all;
+    benchmark::RegisterBenchmark(
+        (std::string(weft::name_of(C)) + "/" + series).c_str(),
+        [p, series](benchmark::State& state) {
+          auto& c = *mpi_world;
+          const std::int64_t bytes = state.range(0);
+          const std::size_t count =
+              weft::bench::count_for(C, static_cast<std::size_t>(bytes), p, sizeof(float));
+          const auto [in_n, out_n] = weft::bench::buffer_sizes(C, count, p);
+          std::vector<float> in(in_n, 1.0f), out(out_n, 1.0f);
+          for (auto _ : state) {
+            const double s = mpi_peer::time_calls(
+                c.native(), iterations_for(bytes), repetitions,
+                [&] { weft::bench::call<C, Algo>(c, std::span<const float>(in), std::span(out)); });
+            report(state, s, bytes, weft::bench::bus_factor(C, p));
+            const auto model = weft::bench::predict<C, Algo>(c, count, sizeof(float));
+            state.counters["model_us"] = model.seconds * 1e6;
+            state.SetLabel(std::string(model.algorithm));
+            if (C == weft::collective::all_reduce) {
+              record("all_reduce", series, bytes, {s, weft::bench::bus_factor(C, p)});
+            }
+          }
+        })
         ->Apply([](benchmark::internal::Benchmark* b) {
-          apply_sizes(b, static_cast<std::int64_t>(sizeof(float)) * (blocks ? mpi_world->size() : 1));
+          apply_sizes(b,
+                      static_cast<std::int64_t>(sizeof(float)) * (blocks ? mpi_world->size() : 1));
         });
   }
 }
@@ -351,7 +358,8 @@ void add_weft_mpi_all() {
 
 // Drops `flag` from the arguments; whether it was there.
 bool take_flag(std::vector<char*>& args, const char* flag) {
-  const auto it = std::remove_if(args.begin() + 1, args.end(), [&](const char* a) { return std::strcmp(a, flag) == 0; });
+  const auto it = std::remove_if(args.begin() + 1, args.end(),
+                                 [&](const char* a) { return std::strcmp(a, flag) == 0; });
   const bool found = it != args.end();
   args.erase(it, args.end());
   return found;
@@ -387,17 +395,20 @@ int run(std::vector<char*>& args, int rank, [[maybe_unused]] int size) {
 #endif
   ok = ok && gloo_ok != 0;
 #else
-  if (rank == 0) std::fprintf(stderr, "peers: built without Gloo (libgloo-dev not found): no Gloo benchmarks\n");
+  if (rank == 0)
+    std::fprintf(stderr, "peers: built without Gloo (libgloo-dev not found): no Gloo benchmarks\n");
 #endif
   if (!ok) {
-    if (rank == 0) std::fprintf(stderr, "peers: a peer library gave a wrong answer; no benchmarks run\n");
+    if (rank == 0)
+      std::fprintf(stderr, "peers: a peer library gave a wrong answer; no benchmarks run\n");
     return 1;
   }
-  if (rank == 0) std::printf("peers: every peer's result checked against a plain loop: all right\n");
+  if (rank == 0)
+    std::printf("peers: every peer's result checked against a plain loop: all right\n");
   if (check_only) return 0;
 
   on_rank0 = rank == 0;
-  const int local_ranks = WEFT_PEERS_MPI ? size : 4;  // local4 beside mpi4 and gloo4
+  const int local_ranks = WEFT_PEERS_MPI ? size : 4; // local4 beside mpi4 and gloo4
   // Order matters on a small machine: rank 0's threaded rows run before weft's MPI rows,
   // after which (for reasons not found) a 4 KiB local all-reduce on 2 cores ran 2x slower.
 #if WEFT_PEERS_MPI
@@ -455,9 +466,10 @@ int main(int argc, char** argv) {
   // Only rank 0 may write --benchmark_out's file; the others would truncate it.
   args.assign(argv, argv + argc);
   if (rank != 0) {
-    args.erase(std::remove_if(args.begin() + 1, args.end(),
-                              [](const char* a) { return std::strncmp(a, "--benchmark_out", 15) == 0; }),
-               args.end());
+    args.erase(
+        std::remove_if(args.begin() + 1, args.end(),
+                       [](const char* a) { return std::strncmp(a, "--benchmark_out", 15) == 0; }),
+        args.end());
   }
   try {
     return run(args, rank, size);

@@ -4,14 +4,14 @@
 // itself succeeds and the pages fail later).
 #pragma once
 
+#include <unistd.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <optional>
 #include <string>
-
-#include <unistd.h>
 
 namespace weft::perf {
 
@@ -34,11 +34,12 @@ inline std::optional<std::uint64_t> available_memory() {
   if (!avail) {
     const long pages = ::sysconf(_SC_PHYS_PAGES);
     const long page = ::sysconf(_SC_PAGESIZE);
-    if (pages > 0 && page > 0) avail = static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page);
+    if (pages > 0 && page > 0)
+      avail = static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page);
   }
   std::uint64_t max = 0;
   std::uint64_t current = 0;
-  if (std::ifstream f("/sys/fs/cgroup/memory.max"); f >> max) {  // "max" (no limit) fails to parse
+  if (std::ifstream f("/sys/fs/cgroup/memory.max"); f >> max) { // "max" (no limit) fails to parse
     if (std::ifstream g("/sys/fs/cgroup/memory.current"); g >> current) {
       const std::uint64_t left = max > current ? max - current : 0;
       if (!avail || left < *avail) avail = left;
@@ -54,16 +55,20 @@ inline std::optional<std::uint64_t> available_memory() {
 inline std::string memory_problem(std::size_t max_bytes, std::size_t ranks_here,
                                   std::optional<std::uint64_t> available) {
   if (!available) return {};
-  const long double need = 2.0L * static_cast<long double>(max_bytes) * static_cast<long double>(ranks_here);
+  const long double need =
+      2.0L * static_cast<long double>(max_bytes) * static_cast<long double>(ranks_here);
   if (need <= static_cast<long double>(*available)) return {};
   const auto gib = [](long double b) {
     char text[32];
-    std::snprintf(text, sizeof text, "%.1f GiB", static_cast<double>(b / (1024.0L * 1024.0L * 1024.0L)));
+    std::snprintf(text, sizeof text, "%.1f GiB",
+                  static_cast<double>(b / (1024.0L * 1024.0L * 1024.0L)));
     return std::string(text);
   };
-  return "-e " + gib(static_cast<long double>(max_bytes)) + " needs an input and an output buffer of that size for each of " +
+  return "-e " + gib(static_cast<long double>(max_bytes)) +
+         " needs an input and an output buffer of that size for each of " +
          std::to_string(ranks_here) + " ranks on this machine, " + gib(need) + " in all, and " +
-         gib(static_cast<long double>(*available)) + " is available: use a smaller -e or fewer ranks";
+         gib(static_cast<long double>(*available)) +
+         " is available: use a smaller -e or fewer ranks";
 }
 
 } // namespace weft::perf

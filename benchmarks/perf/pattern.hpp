@@ -42,7 +42,8 @@ public:
     if (t == dtype::float16) exact = 2048;
     if (t == dtype::bfloat16) exact = 256;
     if (op_ == redop::sum) m_ = std::clamp<std::int64_t>(exact / p_, 1, 4);
-    if (op_ == redop::avg) m_ = std::clamp<std::int64_t>((exact - 1) / p_, 0, 4);  // p * m + 1 <= exact
+    if (op_ == redop::avg)
+      m_ = std::clamp<std::int64_t>((exact - 1) / p_, 0, 4); // p * m + 1 <= exact
   }
 
   /// Element k of rank r's input buffer.

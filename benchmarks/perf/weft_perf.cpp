@@ -235,10 +235,12 @@ std::int64_t check_output(collective op, const pattern& pat, int r, int p, int r
   const auto ur = static_cast<std::size_t>(r);
   switch (op) {
     case collective::all_reduce:
-      return count_wrong(out.first(count), [&](std::size_t i) { return pat.reduced(i); }, pat.tolerance());
+      return count_wrong(
+          out.first(count), [&](std::size_t i) { return pat.reduced(i); }, pat.tolerance());
     case collective::reduce_scatter:
-      return count_wrong(out.first(count), [&](std::size_t i) { return pat.reduced(ur * count + i); },
-                         pat.tolerance());
+      return count_wrong(
+          out.first(count), [&](std::size_t i) { return pat.reduced(ur * count + i); },
+          pat.tolerance());
     case collective::all_gather:
       return count_wrong(out.first(count * static_cast<std::size_t>(p)), [&](std::size_t i) {
         return static_cast<double>(pat.input(static_cast<int>(i / count), i % count));
@@ -247,9 +249,10 @@ std::int64_t check_output(collective op, const pattern& pat, int r, int p, int r
       return count_wrong(out.first(count),
                          [&](std::size_t i) { return static_cast<double>(pat.input(root, i)); });
     case collective::reduce:
-      return r == root
-                 ? count_wrong(out.first(count), [&](std::size_t i) { return pat.reduced(i); }, pat.tolerance())
-                 : 0;
+      return r == root ? count_wrong(
+                             out.first(count), [&](std::size_t i) { return pat.reduced(i); },
+                             pat.tolerance())
+                       : 0;
     case collective::all_to_all:
       return count_wrong(out.first(count * static_cast<std::size_t>(p)), [&](std::size_t i) {
         return static_cast<double>(pat.input(static_cast<int>(i / count), ur * count + i % count));
@@ -374,8 +377,8 @@ inline int run_local(const config& cfg) {
         "weft-perf: none of the algorithms given serves the ops given (see weft-perf -h)\n");
     return 2;
   }
-  if (const std::string bad = memory_problem(cfg.max_bytes, static_cast<std::size_t>(cluster.size()),
-                                             available_memory());
+  if (const std::string bad = memory_problem(
+          cfg.max_bytes, static_cast<std::size_t>(cluster.size()), available_memory());
       !bad.empty()) {
     std::fprintf(stderr, "weft-perf: %s\n", bad.c_str());
     return 2;
@@ -469,15 +472,17 @@ inline int run_mpi(config cfg, int& argc, char**& argv) {
     // The processes of one node share its memory: each checks for its node, and the first
     // process whose node is short says so.
     MPI_Comm node = MPI_COMM_NULL;
-    WEFT_MPI_TRY(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node),
-                 "weft-perf");
+    WEFT_MPI_TRY(
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node),
+        "weft-perf");
     int here = 1;
     MPI_Comm_size(node, &here);
     MPI_Comm_free(&node);
     const std::string short_of =
         memory_problem(cfg.max_bytes, static_cast<std::size_t>(here), available_memory());
     int first = short_of.empty() ? size : rank;
-    WEFT_MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD), "weft-perf");
+    WEFT_MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD),
+                 "weft-perf");
     if (first < size) {
       if (rank == first) std::fprintf(stderr, "weft-perf: rank %d: %s\n", rank, short_of.c_str());
       return 2;

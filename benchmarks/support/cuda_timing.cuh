@@ -21,7 +21,8 @@ double time_calls(cudaStream_t s, int calls, F&& f) {
   double best = 1e30;
   for (int batch = 0; batch < 5; ++batch) {
     start.record(s);
-    for (int i = 0; i < calls; ++i) f();
+    for (int i = 0; i < calls; ++i)
+      f();
     stop.record(s);
     best = std::min(best, static_cast<double>(stop.elapsed_ms(start)) * 1e-3 / calls);
   }

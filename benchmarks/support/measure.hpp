@@ -39,17 +39,19 @@ inline double stream_add_bandwidth(std::size_t bytes, int threads, int reps = 5)
     for (int t = 0; t < threads; ++t) {
       pool.emplace_back([&, t] {
         const std::size_t lo = n * static_cast<std::size_t>(t) / static_cast<std::size_t>(threads);
-        const std::size_t hi = n * static_cast<std::size_t>(t + 1) / static_cast<std::size_t>(threads);
+        const std::size_t hi =
+            n * static_cast<std::size_t>(t + 1) / static_cast<std::size_t>(threads);
         float* __restrict pa = a.data();
         const float* __restrict pb = b.data();
-        for (std::size_t i = lo; i < hi; ++i) pa[i] += pb[i];
+        for (std::size_t i = lo; i < hi; ++i)
+          pa[i] += pb[i];
       });
     }
     pool.clear();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = std::max(best, 3.0 * static_cast<double>(n * sizeof(float)) / s);
   }
-  if (a[n / 2] < 0) std::terminate();  // keeps the work observable
+  if (a[n / 2] < 0) std::terminate(); // keeps the work observable
   return best;
 }
 
@@ -59,10 +61,12 @@ inline double stream_add_bandwidth(std::size_t bytes, int threads, int reps = 5)
 /// reductions mostly write a buffer other than their sources: recv_reduce into the output).
 /// Counts the elements' bytes once per pass, as the model does; the slowest thread's rate,
 /// best of `reps`.
-inline double reduce_bandwidth_per_rank(int ranks, std::size_t bytes = std::size_t{8} << 20, int reps = 3) {
+inline double reduce_bandwidth_per_rank(int ranks, std::size_t bytes = std::size_t{8} << 20,
+                                        int reps = 3) {
   const std::size_t n = bytes / sizeof(float);
   const auto per_rank = [&](float v) {
-    return std::vector<std::vector<float>>(static_cast<std::size_t>(ranks), std::vector<float>(n, v));
+    return std::vector<std::vector<float>>(static_cast<std::size_t>(ranks),
+                                           std::vector<float>(n, v));
   };
   auto a = per_rank(1.0f), b = per_rank(2.0f), d = per_rank(0.0f);
   double best = 0;
@@ -74,14 +78,16 @@ inline double reduce_bandwidth_per_rank(int ranks, std::size_t bytes = std::size
         pool.emplace_back([&, t] {
           const auto u = static_cast<std::size_t>(t);
           const auto t0 = std::chrono::steady_clock::now();
-          for (int pass = 0; pass < 4; ++pass) detail::reduce2(d[u].data(), a[u].data(), b[u].data(), n, op::sum{});
+          for (int pass = 0; pass < 4; ++pass)
+            detail::reduce2(d[u].data(), a[u].data(), b[u].data(), n, op::sum{});
           seconds[u] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         });
       }
     }
-    best = std::max(best, 4.0 * static_cast<double>(bytes) / *std::max_element(seconds.begin(), seconds.end()));
+    best = std::max(
+        best, 4.0 * static_cast<double>(bytes) / *std::max_element(seconds.begin(), seconds.end()));
   }
-  if (d[0][n / 2] < 0) std::terminate();  // keeps the work observable
+  if (d[0][n / 2] < 0) std::terminate(); // keeps the work observable
   return best;
 }
 
@@ -91,7 +97,8 @@ template <class Call>
 double time_calls(local::communicator& c, int iters, Call&& call) {
   c.barrier();
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < iters; ++i) call();
+  for (int i = 0; i < iters; ++i)
+    call();
   c.barrier();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
 }
@@ -103,12 +110,14 @@ double time_collective(local::communicator& c, Call&& call, double target = 0.2,
   static std::atomic<int> agreed{0};
   call();
   double once = time_calls(c, 2, call);
-  if (c.rank() == 0) agreed.store(std::clamp(static_cast<int>(target / reps / std::max(once, 1e-9)), 1, 100000));
+  if (c.rank() == 0)
+    agreed.store(std::clamp(static_cast<int>(target / reps / std::max(once, 1e-9)), 1, 100000));
   c.barrier();
   const int iters = agreed.load();
   c.barrier();
   double best = 1e30;
-  for (int r = 0; r < reps; ++r) best = std::min(best, time_calls(c, iters, call));
+  for (int r = 0; r < reps; ++r)
+    best = std::min(best, time_calls(c, iters, call));
   return best;
 }
 

@@ -4,8 +4,6 @@
 // the streaming bandwidth of a[i] += b[i] on every core, from which an all-reduce's of_bound
 // is the fraction of the memory-traffic bound it reaches (an in-memory all-reduce of N bytes
 // on p ranks reads every input and writes every output once: 2 p N bytes).
-#include "support/measure.hpp"
-
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -13,6 +11,8 @@
 #include <cstring>
 #include <thread>
 #include <vector>
+
+#include "support/measure.hpp"
 
 namespace weft::bench {
 
@@ -25,7 +25,8 @@ inline double stream_bandwidth() {
   static double bw = 0;
   static clock::time_point measured{};
   if (bw == 0 || clock::now() - measured > std::chrono::seconds(10)) {
-    bw = stream_add_bandwidth(std::size_t{256} << 20, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+    bw = stream_add_bandwidth(std::size_t{256} << 20,
+                              static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
     measured = clock::now();
   }
   return bw;
@@ -49,7 +50,9 @@ inline void memcpy_row(benchmark::State& state) {
         std::memcpy(b.data(), a.data(), bytes);
         benchmark::ClobberMemory();
       }
-      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps);
+      best = std::min(
+          best,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps);
     }
     state.SetIterationTime(best);
   }
@@ -59,7 +62,8 @@ inline void memcpy_row(benchmark::State& state) {
 
 /// Benchmark row `stream_add`: the streaming bandwidth above, GB/s.
 inline void stream_add_row(benchmark::State& state) {
-  for (auto _ : state) benchmark::DoNotOptimize(stream_bandwidth());
+  for (auto _ : state)
+    benchmark::DoNotOptimize(stream_bandwidth());
   state.counters["stream_add_GBps"] = stream_bandwidth() / 1e9;
 }
 

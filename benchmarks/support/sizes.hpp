@@ -18,7 +18,8 @@ namespace weft::bench {
 /// A size such as 4096, 64K, 16m or 1G (K, M, G in either case, powers of 1024), from the
 /// environment variable `variable` (named in the error). Throws weft::error on anything else:
 /// fractions, other suffixes, trailing junk, zero, negatives, overflow.
-inline std::int64_t parse_size(std::string_view text, std::string_view variable = "WEFT_BENCH_SIZES") {
+inline std::int64_t parse_size(std::string_view text,
+                               std::string_view variable = "WEFT_BENCH_SIZES") {
   std::size_t used = 0;
   const std::string s(text);
   const std::string where = std::string(variable) + ": bad size \"" + s + "\"";
@@ -31,9 +32,12 @@ inline std::int64_t parse_size(std::string_view text, std::string_view variable 
   std::int64_t scale = 1;
   if (used < s.size()) {
     switch (s[used]) {
-      case 'K': case 'k': scale = std::int64_t{1} << 10; break;
-      case 'M': case 'm': scale = std::int64_t{1} << 20; break;
-      case 'G': case 'g': scale = std::int64_t{1} << 30; break;
+      case 'K':
+      case 'k': scale = std::int64_t{1} << 10; break;
+      case 'M':
+      case 'm': scale = std::int64_t{1} << 20; break;
+      case 'G':
+      case 'g': scale = std::int64_t{1} << 30; break;
       default: throw error(where + " (a whole number, then K, M or G)");
     }
     if (used + 1 != s.size()) throw error(where + " (a whole number, then K, M or G)");
@@ -63,7 +67,7 @@ inline std::vector<std::int64_t> sizes_from_env(std::string_view fallback) {
   std::vector<std::int64_t> out;
   for (std::int64_t s = lo; s <= hi; s *= f) {
     out.push_back(s);
-    if (s > hi / f) break;  // the next step would pass max (or overflow)
+    if (s > hi / f) break; // the next step would pass max (or overflow)
   }
   return out;
 }

@@ -4,8 +4,6 @@
 // the very plans the call runs, so each measured row carries its prediction.
 #include <weft/weft.hpp>
 
-#include "support/measure.hpp"
-
 #include <benchmark/benchmark.h>
 
 #include <cstddef>
@@ -13,6 +11,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "support/measure.hpp"
 
 namespace weft::bench {
 
@@ -29,7 +29,8 @@ inline std::size_t count_for(collective c, std::size_t bytes, int ranks, std::si
 }
 
 /// Buffer sizes (input, output) of a call of `count` per rank, as plan.hpp's table says.
-inline std::pair<std::size_t, std::size_t> buffer_sizes(collective c, std::size_t count, int ranks) {
+inline std::pair<std::size_t, std::size_t> buffer_sizes(collective c, std::size_t count,
+                                                        int ranks) {
   const std::size_t all = count * static_cast<std::size_t>(ranks);
   switch (c) {
     case collective::reduce_scatter: return {all, count};
@@ -42,17 +43,23 @@ inline std::pair<std::size_t, std::size_t> buffer_sizes(collective c, std::size_
 /// One call of collective C with algorithm Algo, float sum, root 0.
 template <collective C, class Algo, class Comm>
 void call(Comm& c, std::span<const float> in, std::span<float> out) {
-  if constexpr (C == collective::all_reduce) all_reduce<Algo>(c, in, out);
-  else if constexpr (C == collective::reduce_scatter) reduce_scatter<Algo>(c, in, out);
-  else if constexpr (C == collective::all_gather) all_gather<Algo>(c, in, out);
-  else if constexpr (C == collective::broadcast) broadcast<Algo>(c, out, 0);
-  else if constexpr (C == collective::reduce) reduce<Algo>(c, in, out, 0);
-  else all_to_all<Algo>(c, in, out);
+  if constexpr (C == collective::all_reduce)
+    all_reduce<Algo>(c, in, out);
+  else if constexpr (C == collective::reduce_scatter)
+    reduce_scatter<Algo>(c, in, out);
+  else if constexpr (C == collective::all_gather)
+    all_gather<Algo>(c, in, out);
+  else if constexpr (C == collective::broadcast)
+    broadcast<Algo>(c, out, 0);
+  else if constexpr (C == collective::reduce)
+    reduce<Algo>(c, in, out, 0);
+  else
+    all_to_all<Algo>(c, in, out);
 }
 
 struct prediction {
   double seconds = 0;
-  std::string_view algorithm;  // automatic's choice, or Algo's name
+  std::string_view algorithm; // automatic's choice, or Algo's name
 };
 
 /// The cost model's price of the plans a call of `count` per rank would run on c.
@@ -77,16 +84,19 @@ prediction predict(const Comm& c, std::size_t count, std::size_t element_size) {
 /// they do when measured: each group's plans, by the algorithm it would use, are mapped onto
 /// the world's ranks and the whole world is simulated.
 template <collective C, class Algo>
-prediction predict_concurrent(const std::vector<std::vector<int>>& groups, const topology::cluster& cluster,
-                              std::size_t count, std::size_t element_size, bool peer_access = true) {
+prediction predict_concurrent(const std::vector<std::vector<int>>& groups,
+                              const topology::cluster& cluster, std::size_t count,
+                              std::size_t element_size, bool peer_access = true) {
   std::vector<plan> world(static_cast<std::size_t>(cluster.size()));
   for (int w = 0; w < cluster.size(); ++w) {
-    world[static_cast<std::size_t>(w)] = plan(plan_request{C, cluster.size(), w, count, 0, {}, element_size});
+    world[static_cast<std::size_t>(w)] =
+        plan(plan_request{C, cluster.size(), w, count, 0, {}, element_size});
   }
   prediction out;
   for (const auto& members : groups) {
     std::vector<int> node_of;
-    for (int w : members) node_of.push_back(cluster.node_of(w));
+    for (int w : members)
+      node_of.push_back(cluster.node_of(w));
     const plan_request q{C, static_cast<int>(members.size()), 0, count, 0, node_of, element_size};
     plan (*make)(const plan_request&) = nullptr;
     if constexpr (std::is_same_v<Algo, algo::automatic>) {
@@ -109,14 +119,14 @@ prediction predict_concurrent(const std::vector<std::vector<int>>& groups, const
 
 /// The suite's counters for one row: time_us, algbw_GBps, busbw_GBps (nccl-tests' factor),
 /// model_us and measured_over_model; the label names the algorithm the model priced.
-inline void set_counters(benchmark::State& state, std::size_t bytes, double seconds, double bus_factor,
-                         const prediction& model) {
+inline void set_counters(benchmark::State& state, std::size_t bytes, double seconds,
+                         double bus_factor, const prediction& model) {
   const double algbw = static_cast<double>(bytes) / seconds;
   state.counters["time_us"] = seconds * 1e6;
   state.counters["algbw_GBps"] = algbw / 1e9;
   state.counters["busbw_GBps"] = algbw * bus_factor / 1e9;
   state.SetLabel(std::string(model.algorithm));
-  if (model.seconds <= 0) return;  // a case the model does not price
+  if (model.seconds <= 0) return; // a case the model does not price
   state.counters["model_us"] = model.seconds * 1e6;
   state.counters["measured_over_model"] = seconds / model.seconds;
 }
@@ -138,7 +148,8 @@ void run_local_case(benchmark::State& state, const topology::cluster& cluster, l
         [&](local::communicator& c) {
           std::vector<float> in(in_n, 1.0f), out(out_n, 1.0f);
           const double t = time_collective(
-              c, [&] { call<C, Algo>(c, std::span<const float>(in), std::span(out)); }, target_seconds);
+              c, [&] { call<C, Algo>(c, std::span<const float>(in), std::span(out)); },
+              target_seconds);
           if (c.rank() == 0) {
             seconds = t;
             model = predict<C, Algo>(c, count, sizeof(float));

@@ -12,8 +12,6 @@
 //   weft/cuda/data_parallel.cuh  weft::optim::data_parallel (ZeRO) in device memory, on streams
 //
 // Not included, because they need MPI too: weft/cuda/nccl_mpi.cuh and weft/cuda/p2p_mpi.cuh.
-#include <weft/weft.hpp>
-
 #include <weft/cuda/async.cuh>
 #include <weft/cuda/data_parallel.cuh>
 #include <weft/cuda/emulated.cuh>
@@ -24,3 +22,4 @@
 #include <weft/cuda/p2p.cuh>
 #include <weft/cuda/two_level.cuh>
 #include <weft/cuda/types.cuh>
+#include <weft/weft.hpp>

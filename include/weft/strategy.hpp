@@ -83,10 +83,10 @@
 #include <weft/layer/cross_entropy.hpp>
 #include <weft/layer/embedding.hpp>
 #include <weft/layer/gpt.hpp>
-#include <weft/layer/model.hpp>
 #include <weft/layer/layer_norm.hpp>
 #include <weft/layer/linear.hpp>
 #include <weft/layer/matrix.hpp>
+#include <weft/layer/model.hpp>
 #include <weft/layer/parameter.hpp>
 #include <weft/layer/policy.hpp>
 #include <weft/layer/recompute.hpp>
@@ -102,11 +102,14 @@
 #include <weft/pipeline/layout.hpp>
 #include <weft/topology/topology.hpp>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <cerrno>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -120,18 +123,15 @@
 #include <utility>
 #include <vector>
 
-#include <fcntl.h>
-#include <unistd.h>
-
 namespace weft {
 
 /// What the strategy trains and how the batch is cut.
 template <class ModelConfig>
 struct basic_strategy_config {
   ModelConfig model = {};
-  std::size_t micro_batch = 1;   // sequences per microbatch
-  std::size_t global_batch = 0;  // sequences per step, over all DP ranks
-  std::uint64_t seed = 1;        // the model's initialisation (layer/init.hpp)
+  std::size_t micro_batch = 1;  // sequences per microbatch
+  std::size_t global_batch = 0; // sequences per step, over all DP ranks
+  std::uint64_t seed = 1;       // the model's initialisation (layer/init.hpp)
   /// Blocks per virtual stage (V * pp entries); empty: an even split (layers % (V * pp) == 0).
   std::vector<int> layout = {};
   /// The cluster, for make_comms's placement check (a TP group must stay inside a node).
@@ -149,25 +149,28 @@ struct memory_account {
     std::size_t current = 0;
     std::size_t peak = 0;
   };
-  amount weights;           // the optimizer's parameter buffer, which the layers compute in (zero<3>: the shard)
-  amount gathered_weights;  // zero<3>: units' full parameters, gathered for use or prefetched
-  amount gradients;         // the optimizer's gradient buffer (zero<2>/<3>: the shard)
-  amount gradient_buckets;  // zero<2>/<3>: full buckets the backward accumulates into until reduced
-  amount optimizer_state;   // the rule's state (Adam: two floats per element of the shard)
-  amount master_weights;    // fp32 copies of 16-bit parameters (none: the strategy trains in float)
-  amount activations;       // the stashes of the microbatches in flight (saved for their backward)
-  bool activations_counted = true;  // false: the model's stashes have no bytes() to count
-  amount scratch;           // the optimizer's communication staging
-  amount workspace;         // the layers' other host buffers: a block's scratch, the logits, a
-                            // microbatch's activations until they are stashed
+  amount
+      weights; // the optimizer's parameter buffer, which the layers compute in (zero<3>: the shard)
+  amount gathered_weights; // zero<3>: units' full parameters, gathered for use or prefetched
+  amount gradients;        // the optimizer's gradient buffer (zero<2>/<3>: the shard)
+  amount gradient_buckets; // zero<2>/<3>: full buckets the backward accumulates into until reduced
+  amount optimizer_state;  // the rule's state (Adam: two floats per element of the shard)
+  amount master_weights;   // fp32 copies of 16-bit parameters (none: the strategy trains in float)
+  amount activations;      // the stashes of the microbatches in flight (saved for their backward)
+  bool activations_counted = true; // false: the model's stashes have no bytes() to count
+  amount scratch;                  // the optimizer's communication staging
+  amount workspace; // the layers' other host buffers: a block's scratch, the logits, a
+                    // microbatch's activations until they are stashed
   /// Every category's current bytes.
   [[nodiscard]] std::size_t total() const noexcept {
-    return weights.current + gathered_weights.current + gradients.current + gradient_buckets.current +
-           optimizer_state.current + master_weights.current + activations.current + scratch.current +
-           workspace.current;
+    return weights.current + gathered_weights.current + gradients.current +
+           gradient_buckets.current + optimizer_state.current + master_weights.current +
+           activations.current + scratch.current + workspace.current;
   }
   /// All parameter bytes at their most: the buffer and the gathered units.
-  [[nodiscard]] std::size_t peak_parameters() const noexcept { return weights.peak + gathered_weights.peak; }
+  [[nodiscard]] std::size_t peak_parameters() const noexcept {
+    return weights.peak + gathered_weights.peak;
+  }
 };
 /// The configuration of a strategy that trains layer::gpt_model.
 using strategy_config = basic_strategy_config<layer::gpt_config>;
@@ -240,36 +243,43 @@ struct strategy {
   static_assert(detail::is_mesh_v<Mesh>,
                 "weft::strategy<Mesh, ...>: Mesh must be a weft::mesh<...> of tp, pp and dp axes, "
                 "e.g. weft::mesh<weft::tp<2>, weft::pp<2>, weft::dp<2>>");
-  static_assert(detail::mesh_has_only_tp_pp_dp<Mesh>(),
-                "weft::strategy: the mesh may have only tp, pp and dp axes; context (cp) and expert (ep) "
-                "parallelism are not part of the strategy: drop those axes");
+  static_assert(
+      detail::mesh_has_only_tp_pp_dp<Mesh>(),
+      "weft::strategy: the mesh may have only tp, pp and dp axes; context (cp) and expert (ep) "
+      "parallelism are not part of the strategy: drop those axes");
   static_assert(pipeline::schedule_policy<Schedule>,
                 "weft::strategy<Mesh, Schedule, ...>: Schedule must be a pipeline schedule policy: "
                 "weft::pipeline::gpipe, one_f_one_b or interleaved<V>");
-  static_assert(!detail::splits_backward<Schedule>(),
-                "weft::strategy: the schedule splits the backward into input and weight gradients "
-                "(zero_bubble_h1), which weft's layers compute together: use weft::pipeline::gpipe, "
-                "one_f_one_b or interleaved<V>");
-  static_assert(optim::sharding_policy<Sharding>,
-                "weft::strategy<Mesh, Schedule, Sharding, ...>: Sharding must be weft::optim::zero<0..3> or "
-                "weft::optim::hybrid<zero<k>, zero<0>>");
+  static_assert(
+      !detail::splits_backward<Schedule>(),
+      "weft::strategy: the schedule splits the backward into input and weight gradients "
+      "(zero_bubble_h1), which weft's layers compute together: use weft::pipeline::gpipe, "
+      "one_f_one_b or interleaved<V>");
+  static_assert(
+      optim::sharding_policy<Sharding>,
+      "weft::strategy<Mesh, Schedule, Sharding, ...>: Sharding must be weft::optim::zero<0..3> or "
+      "weft::optim::hybrid<zero<k>, zero<0>>");
   static_assert(layer::recompute::policy<Recompute>,
-                "weft::strategy<..., Recompute>: Recompute must be weft::layer::recompute::none, selective or full");
-  static_assert(layer::sequence_policy<SequenceParallel>,
-                "weft::strategy<..., SequenceParallel>: must be weft::layer::no_sequence_parallel or "
-                "weft::layer::sequence_parallel");
+                "weft::strategy<..., Recompute>: Recompute must be weft::layer::recompute::none, "
+                "selective or full");
+  static_assert(
+      layer::sequence_policy<SequenceParallel>,
+      "weft::strategy<..., SequenceParallel>: must be weft::layer::no_sequence_parallel or "
+      "weft::layer::sequence_parallel");
 
   static constexpr int tp_size = detail::static_extent<Mesh, axis::tp>();
   static constexpr int pp_size = detail::static_extent<Mesh, axis::pp>();
   static constexpr int dp_size = detail::static_extent<Mesh, axis::dp>();
   static constexpr int chunks = detail::schedule_chunks<Schedule>();
 
-  static_assert(!detail::sequence_parallel_enabled<SequenceParallel>() || tp_size != 1,
-                "weft::strategy: sequence parallelism splits the tokens over the tensor-parallel group, "
-                "and this mesh has tp<1>: use weft::layer::no_sequence_parallel or a tp axis of 2 or more");
-  static_assert(chunks == 1 || pp_size != 1,
-                "weft::strategy: an interleaved schedule with V > 1 chunks needs a pipeline of 2 or more "
-                "stages; with pp<1> use weft::pipeline::one_f_one_b (or interleaved<1>)");
+  static_assert(
+      !detail::sequence_parallel_enabled<SequenceParallel>() || tp_size != 1,
+      "weft::strategy: sequence parallelism splits the tokens over the tensor-parallel group, "
+      "and this mesh has tp<1>: use weft::layer::no_sequence_parallel or a tp axis of 2 or more");
+  static_assert(
+      chunks == 1 || pp_size != 1,
+      "weft::strategy: an interleaved schedule with V > 1 chunks needs a pipeline of 2 or more "
+      "stages; with pp<1> use weft::pipeline::one_f_one_b (or interleaved<1>)");
 
   /// The mesh's ranks (0 when an axis is weft::dynamic).
   static constexpr int size = detail::static_size<Mesh>();
@@ -299,10 +309,16 @@ public:
   using head_type = typename parts::head;
 
   trainer(Comm& world, config cfg, Rule rule)
-      : config_(std::move(cfg)), comms_(split(world, config_)), tp_(comms_.tp()), pp_(comms_.pp()),
-        dp_(comms_.dp()), rank_(world.rank()) {
-    const weft::detail::tally_scope charged(tally_);  // the layers' matrices count in memory()
-    if constexpr (requires(Comm& c) { c.set_axis(std::string()); }) {  // weft::traced: name the axes
+      : config_(std::move(cfg)),
+        comms_(split(world, config_)),
+        tp_(comms_.tp()),
+        pp_(comms_.pp()),
+        dp_(comms_.dp()),
+        rank_(world.rank()) {
+    const weft::detail::tally_scope charged(tally_); // the layers' matrices count in memory()
+    if constexpr (requires(Comm & c) {
+                    c.set_axis(std::string());
+                  }) { // weft::traced: name the axes
       tp_.set_axis("tp");
       pp_.set_axis("pp");
       dp_.set_axis("dp");
@@ -311,7 +327,9 @@ public:
     const int p = pp_.size();
     const int dp = dp_.size();
     const int vstages = p * chunks;
-    const auto fail = [&](const std::string& what) { throw error("strategy", rank_, error::unknown, what); };
+    const auto fail = [&](const std::string& what) {
+      throw error("strategy", rank_, error::unknown, what);
+    };
     if (m.seq == 0 || m.hidden == 0 || m.vocab == 0 || m.layers == 0) {
       fail("the model needs a positive vocab, hidden, seq and layers");
     }
@@ -322,29 +340,34 @@ public:
              ": only zero<3> gathers parameters ahead of use; leave it unset for zero<" +
              std::to_string(Sharding::stage) + ">");
       }
-      if (*config_.prefetch < 0) fail("prefetch must be 0 or more, not " + std::to_string(*config_.prefetch));
+      if (*config_.prefetch < 0)
+        fail("prefetch must be 0 or more, not " + std::to_string(*config_.prefetch));
       prefetch_ = *config_.prefetch;
     }
     if (config_.optimizer.loss_scaling.value_or(false)) {
-      fail("optimizer.loss_scaling: the strategy trains in float and does not scale its losses; leave it unset");
+      fail(
+          "optimizer.loss_scaling: the strategy trains in float and does not scale its losses; "
+          "leave it unset");
     }
     const std::size_t per_step = config_.micro_batch * static_cast<std::size_t>(dp);
     if (config_.global_batch == 0 || config_.global_batch % per_step != 0) {
-      fail("a global batch of " + std::to_string(config_.global_batch) + " sequences does not split into " +
-           std::to_string(dp) + " data-parallel ranks x microbatches of " + std::to_string(config_.micro_batch));
+      fail("a global batch of " + std::to_string(config_.global_batch) +
+           " sequences does not split into " + std::to_string(dp) +
+           " data-parallel ranks x microbatches of " + std::to_string(config_.micro_batch));
     }
     microbatches_ = static_cast<int>(config_.global_batch / per_step);
     tokens_ = config_.micro_batch * m.seq;
     if (SP::enabled && tokens_ % static_cast<std::size_t>(tp_.size()) != 0) {
-      fail("sequence parallelism: a microbatch of " + std::to_string(tokens_) + " tokens does not split over " +
-           std::to_string(tp_.size()) + " tensor-parallel ranks");
+      fail("sequence parallelism: a microbatch of " + std::to_string(tokens_) +
+           " tokens does not split over " + std::to_string(tp_.size()) + " tensor-parallel ranks");
     }
     rows_ = SP::enabled ? tokens_ / static_cast<std::size_t>(tp_.size()) : tokens_;
     layout_ = config_.layout.empty() ? pipeline::even_layout(static_cast<int>(m.layers), vstages)
                                      : config_.layout;
     pipeline::check_layout(layout_, static_cast<int>(m.layers), vstages);
     first_layer_.assign(layout_.size() + 1, 0);
-    for (std::size_t v = 0; v < layout_.size(); ++v) first_layer_[v + 1] = first_layer_[v] + layout_[v];
+    for (std::size_t v = 0; v < layout_.size(); ++v)
+      first_layer_[v + 1] = first_layer_[v] + layout_[v];
 
     // This rank's layers: the blocks of its virtual stages, the embedding on the first, the rest on the last.
     const int r = pp_.rank();
@@ -352,8 +375,8 @@ public:
     for (int c = 0; c < chunks; ++c) {
       const auto v = static_cast<std::size_t>(c * p + r);
       for (int l = first_layer_[v]; l < first_layer_[v + 1]; ++l) {
-        chunks_[static_cast<std::size_t>(c)].emplace_back(
-            std::make_unique<block_type>(tp_, m, static_cast<std::size_t>(l), config_.seed, layer::cblas{}));
+        chunks_[static_cast<std::size_t>(c)].emplace_back(std::make_unique<block_type>(
+            tp_, m, static_cast<std::size_t>(l), config_.seed, layer::cblas{}));
       }
     }
     if (r == 0) embedding_ = std::make_unique<embedding_type>(tp_, m, config_.seed, layer::cblas{});
@@ -374,7 +397,8 @@ public:
       units_.back().prefix = prefix;
       units_.back().parameters = [layer, prefix] {
         auto qs = layer->parameters();
-        for (auto& q : qs) q.name = prefix + q.name;
+        for (auto& q : qs)
+          q.name = prefix + q.name;
         return qs;
       };
       return units_.size() - 1;
@@ -395,18 +419,20 @@ public:
     for (auto& u : units_) {
       u.first_tensor = params_.size();
       for (auto& q : in_storage_order(u)) {
-        const std::size_t index = ps.add(q.name, {q.value.rows(), q.value.cols()}, q.replicated, q.decay);
+        const std::size_t index =
+            ps.add(q.name, {q.value.rows(), q.value.cols()}, q.replicated, q.decay);
         if ((tied_head != nullptr && q.value.data() == tied_head) || q.duplicate) {
-          ps.mark_tied_copy(index);  // the embedding table, or the first replica, counts it
+          ps.mark_tied_copy(index); // the embedding table, or the first replica, counts it
         }
         const std::size_t at = initial.size();
         initial.resize(at + q.value.size());
         copy_to_flat(q.value, std::span<float>(initial).subspan(at, q.value.size()));
-        q.value = {nullptr, q.value.rows(), q.value.cols()};  // the shape only: the values move
+        q.value = {nullptr, q.value.rows(), q.value.cols()}; // the shape only: the values move
         q.grad = {nullptr, q.grad.rows(), q.grad.cols()};
         params_.push_back(std::move(q));
       }
-      for (auto& mx : u.matrices) {  // the layer's own copies go now: the optimizer's take their place
+      for (auto& mx :
+           u.matrices) { // the layer's own copies go now: the optimizer's take their place
         mx.value.bind(mx.value.owner, nullptr);
         mx.grad.bind(mx.grad.owner, nullptr);
       }
@@ -418,7 +444,8 @@ public:
       u.deferred = tied_ && (index == embedding_unit_ || index == head_unit_);
     }
     auto options = config_.optimizer;
-    if (Sharding::stage == 3 && options.bucket_elements == 0) options.bucket_elements = 1;  // a bucket per unit
+    if (Sharding::stage == 3 && options.bucket_elements == 0)
+      options.bucket_elements = 1; // a bucket per unit
     optimizer_ = std::make_unique<optimizer_type>(dp_, ps, rule, options);
     if (tp_.size() * p > 1) {
       // The global gradient norm (clipping, overflow) over the whole model: every rank that holds
@@ -466,7 +493,8 @@ public:
   double train_step(std::span<const std::int32_t> ids, std::span<const std::int32_t> targets) {
     if (!broken_.empty()) {
       throw error("strategy", rank_, error::unknown,
-                  "train_step: an earlier train_step failed part-way and left this trainer's state undefined: " +
+                  "train_step: an earlier train_step failed part-way and left this trainer's state "
+                  "undefined: " +
                       broken_);
     }
     check_batch(ids, targets);
@@ -483,8 +511,9 @@ private:
     const std::size_t want = config_.global_batch * config_.model.seq;
     if (ids.size() != want || targets.size() != want) {
       throw error("strategy", rank_, error::unknown,
-                  "train_step: " + std::to_string(ids.size()) + " ids and " + std::to_string(targets.size()) +
-                      " targets, expected global_batch x seq = " + std::to_string(want) + " of each");
+                  "train_step: " + std::to_string(ids.size()) + " ids and " +
+                      std::to_string(targets.size()) + " targets, expected global_batch x seq = " +
+                      std::to_string(want) + " of each");
     }
     const auto vocab = static_cast<std::int64_t>(config_.model.vocab);
     const auto bad = [&](std::span<const std::int32_t> v, const char* what, auto allowed) {
@@ -513,7 +542,8 @@ private:
     // over microbatches and replicas are then the batch's mean, however unevenly the ignored
     // targets fall (a mean per microbatch, averaged, would weigh their tokens unequally).
     if (head_) {
-      const std::size_t counted = layer::vocab_parallel_cross_entropy<T, Comm>::counted(targets, head_->ignore_index());
+      const std::size_t counted =
+          layer::vocab_parallel_cross_entropy<T, Comm>::counted(targets, head_->ignore_index());
       divisor_ = static_cast<double>(std::max<std::size_t>(counted, 1));
     }
     const weft::detail::tally_scope charged(tally_);
@@ -521,7 +551,8 @@ private:
     optimizer_->reset_peaks();
     tally_->reset_peak();
     activations_.peak = activations_.current;
-    for (auto& u : units_) u.backwards = 0;
+    for (auto& u : units_)
+      u.backwards = 0;
     cursor_ = 0;
     for (std::size_t k = 0; k < sequence_.size() && k < static_cast<std::size_t>(prefetch_); ++k) {
       prefetch(units_[sequence_[k]]);
@@ -531,14 +562,15 @@ private:
     const std::vector<double> losses = executor_->run(st);
     const auto t1 = clock::now();
     finish_tied();
-    optimizer_->step(1.0f);  // the losses are divided by the batch's count already
+    optimizer_->step(1.0f); // the losses are divided by the batch's count already
     const auto t2 = clock::now();
     timeline_.push_back({"optimizer", t1, t2});
     pipeline_seconds_ = std::chrono::duration<double>(t1 - t0).count();
     optimizer_seconds_ = std::chrono::duration<double>(t2 - t1).count();
     // The mean over the global batch: the last stage's sums, reduced over pp and dp.
     double loss[1] = {0.0};
-    for (double l : losses) loss[0] += l;
+    for (double l : losses)
+      loss[0] += l;
     if (pp_.size() > 1) all_reduce(pp_, std::span<double>(loss));
     if (dp_.size() > 1) all_reduce(dp_, std::span<double>(loss));
     return loss[0];
@@ -555,7 +587,9 @@ public:
   [[nodiscard]] memory_account memory() const {
     const optim::memory_report r = optimizer_->memory();
     const auto fixed = [](std::size_t bytes) { return memory_account::amount{bytes, bytes}; };
-    const auto held = [](optim::memory_report::amount a) { return memory_account::amount{a.current, a.peak}; };
+    const auto held = [](optim::memory_report::amount a) {
+      return memory_account::amount{a.current, a.peak};
+    };
     memory_account m;
     m.weights = fixed(r.parameters);
     m.gathered_weights = held(r.gathered_weights);
@@ -566,11 +600,15 @@ public:
     m.activations = activations_;
     m.activations_counted = layer::detail::counts_bytes<typename block_type::activations>;
     m.scratch = held(r.scratch);
-    const auto bytes = [](std::int64_t b) { return static_cast<std::size_t>(std::max<std::int64_t>(b, 0)); };
+    const auto bytes = [](std::int64_t b) {
+      return static_cast<std::size_t>(std::max<std::int64_t>(b, 0));
+    };
     m.workspace = {bytes(tally_->current.load()), bytes(tally_->peak.load())};
     return m;
   }
-  [[nodiscard]] const pipeline::schedule& schedule() const noexcept { return executor_->schedule(); }
+  [[nodiscard]] const pipeline::schedule& schedule() const noexcept {
+    return executor_->schedule();
+  }
   /// Seconds of the last step in the pipeline (forward, backward and their communication) and
   /// in the gradient reduction and update.
   [[nodiscard]] double pipeline_seconds() const noexcept { return pipeline_seconds_; }
@@ -597,7 +635,9 @@ public:
     [[nodiscard]] auto begin() const noexcept { return parameters_.begin(); }
     [[nodiscard]] auto end() const noexcept { return parameters_.end(); }
     [[nodiscard]] std::size_t size() const noexcept { return parameters_.size(); }
-    [[nodiscard]] const layer::parameter<T>& operator[](std::size_t k) const { return parameters_.at(k); }
+    [[nodiscard]] const layer::parameter<T>& operator[](std::size_t k) const {
+      return parameters_.at(k);
+    }
 
   private:
     friend class trainer;
@@ -612,7 +652,8 @@ public:
     const auto& ts = optimizer_->buckets().tensors();
     for (std::size_t k = 0; k < out.parameters_.size(); ++k) {
       auto& q = out.parameters_[k];
-      q.value = {out.values_.data() + ts[k].offset, params_[k].value.rows(), params_[k].value.cols()};
+      q.value = {out.values_.data() + ts[k].offset, params_[k].value.rows(),
+                 params_[k].value.cols()};
       q.grad = {};
       q.value_home = q.grad_home = {};
     }
@@ -673,8 +714,10 @@ public:
       const safetensors::header h = safetensors::read_header(path);
       for (const auto& [key, value] : h.metadata) {
         const auto mine = expected.metadata.find(key);
-        if (key.rfind("weft.", 0) == 0 && mine != expected.metadata.end() && mine->second != value) {
-          throw error(path + ": the file's model has " + key.substr(5) + " " + value + ", this one " + mine->second);
+        if (key.rfind("weft.", 0) == 0 && mine != expected.metadata.end() &&
+            mine->second != value) {
+          throw error(path + ": the file's model has " + key.substr(5) + " " + value +
+                      ", this one " + mine->second);
         }
       }
       const std::map<std::string, std::string> names = file_names(expected, h, path);
@@ -685,8 +728,9 @@ public:
       }
     });
     std::vector<float> flat;
-    for (std::size_t k = 0; k < params_.size(); ++k) flat.insert(flat.end(), values[k].flat().begin(), values[k].flat().end());
-    optimizer_->set_parameters(flat);  // which the layers compute in (zero<3>: from the next gather)
+    for (std::size_t k = 0; k < params_.size(); ++k)
+      flat.insert(flat.end(), values[k].flat().begin(), values[k].flat().end());
+    optimizer_->set_parameters(flat); // which the layers compute in (zero<3>: from the next gather)
   }
 
 private:
@@ -717,17 +761,20 @@ private:
     all_reduce(tp_, std::span<std::int32_t>(failed), op::max{});
     all_reduce(pp_, std::span<std::int32_t>(failed), op::max{});
     all_reduce(dp_, std::span<std::int32_t>(failed), op::max{});
-    if (!failure.empty()) throw error("strategy", rank_, error::unknown, std::string(what) + ": " + failure);
+    if (!failure.empty())
+      throw error("strategy", rank_, error::unknown, std::string(what) + ": " + failure);
     if (failed[0] != 0) {
       throw error("strategy", rank_, error::unknown,
-                  std::string(what) + ": rank " + std::to_string(failed[0] - 1) + " failed (its error says why)");
+                  std::string(what) + ": rank " + std::to_string(failed[0] - 1) +
+                      " failed (its error says why)");
     }
   }
 
   // How each of this rank's parameters is stored (layer/weights.hpp).
   std::vector<layer::stored_tensor> stored_parameters() const {
     std::vector<layer::stored_tensor> out;
-    for (const auto& q : params_) out.push_back(layer::stored_as<Model>(config_.model, q.name));
+    for (const auto& q : params_)
+      out.push_back(layer::stored_as<Model>(config_.model, q.name));
     return out;
   }
 
@@ -738,7 +785,8 @@ private:
       if (!stored[k].written) continue;
       const auto shape = layer::stored_shape(stored[k], params_[k].full_rows, params_[k].full_cols);
       mine += stored[k].name;
-      for (std::size_t n : shape) mine += '\t' + std::to_string(n);
+      for (std::size_t n : shape)
+        mine += '\t' + std::to_string(n);
       mine += '\n';
     }
     return mine;
@@ -774,7 +822,8 @@ private:
       line.clear();
     }
     std::vector<safetensors::tensor_spec> specs;
-    for (auto& [name, shape] : tensors) specs.push_back({name, safetensors::dtype::f32, shape});
+    for (auto& [name, shape] : tensors)
+      specs.push_back({name, safetensors::dtype::f32, shape});
     auto metadata = layer::stored_facts<Model>(config_.model);
     metadata.emplace("format", "pt");
     return safetensors::plan(specs, metadata);
@@ -801,7 +850,8 @@ private:
   // The file's name of each expected tensor (GPT-2's may lack "transformer."), after checking
   // that the file holds exactly the expected tensors, with their shapes, in a float dtype.
   static std::map<std::string, std::string> file_names(const safetensors::header& expected,
-                                                       const safetensors::header& file, const std::string& path) {
+                                                       const safetensors::header& file,
+                                                       const std::string& path) {
     std::map<std::string, std::string> names;
     const std::string prefix = "transformer.";
     for (const auto& t : expected.tensors) {
@@ -809,22 +859,27 @@ private:
       if (f == nullptr && t.name.rfind(prefix, 0) == 0) f = file.find(t.name.substr(prefix.size()));
       const auto shape = [](const std::vector<std::size_t>& v) {
         std::string s = "[";
-        for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+        for (std::size_t i = 0; i < v.size(); ++i)
+          s += (i ? ", " : "") + std::to_string(v[i]);
         return s + "]";
       };
-      if (f == nullptr) throw error(path + ": tensor '" + t.name + "' of the model is not in the file");
+      if (f == nullptr)
+        throw error(path + ": tensor '" + t.name + "' of the model is not in the file");
       if (f->shape != t.shape) {
-        throw error(path + ": tensor '" + f->name + "' is " + shape(f->shape) + ", the model's is " + shape(t.shape));
+        throw error(path + ": tensor '" + f->name + "' is " + shape(f->shape) +
+                    ", the model's is " + shape(t.shape));
       }
       if (!safetensors::converts_to_float(f->type)) {
-        throw error(path + ": tensor '" + f->name + "' is " + std::string(safetensors::dtype_name(f->type)) +
+        throw error(path + ": tensor '" + f->name + "' is " +
+                    std::string(safetensors::dtype_name(f->type)) +
                     "; weights load from F32, F64, F16 or BF16");
       }
       names.emplace(t.name, f->name);
     }
     for (const auto& f : file.tensors) {
       bool used = false;
-      for (const auto& [want, have] : names) used = used || have == f.name;
+      for (const auto& [want, have] : names)
+        used = used || have == f.name;
       if (!used && !layer::stored_buffer<Model>(f.name)) {
         throw error(path + ": tensor '" + f.name + "' is not a parameter of the model");
       }
@@ -840,7 +895,8 @@ private:
       const auto e = embedding_->tied_weight();
       const auto h = head_->tied_weight();
       for (std::size_t i = 0; i < e.value.rows(); ++i)
-        for (std::size_t j = 0; j < e.value.cols(); ++j) h.value(i, j) = e.value(i, j);
+        for (std::size_t j = 0; j < e.value.cols(); ++j)
+          h.value(i, j) = e.value(i, j);
     } else if (r == 0 || r == p - 1) {
       auto w = (r == 0 ? embedding_->tied_weight() : head_->tied_weight()).value;
       std::vector<T> buf(w.size());
@@ -856,11 +912,12 @@ private:
     if (!tied_) return;
     const int p = pp_.size();
     const int r = pp_.rank();
-    if (p == 1) {  // both copies here: each gets the sum
+    if (p == 1) { // both copies here: each gets the sum
       auto e = embedding_->tied_weight().grad;
       auto h = head_->tied_weight().grad;
       for (std::size_t i = 0; i < e.rows(); ++i)
-        for (std::size_t j = 0; j < e.cols(); ++j) e(i, j) = h(i, j) = e(i, j) + h(i, j);
+        for (std::size_t j = 0; j < e.cols(); ++j)
+          e(i, j) = h(i, j) = e(i, j) + h(i, j);
     } else if (r == 0 || r == p - 1) {
       auto g = (r == 0 ? embedding_->tied_weight() : head_->tied_weight()).grad;
       all_reduce(*embedding_group_, g.flat());
@@ -880,12 +937,12 @@ private:
   };
   struct unit {
     std::string prefix;
-    std::function<std::vector<layer::parameter<T>>()> parameters;  // the layer's, with this prefix
+    std::function<std::vector<layer::parameter<T>>()> parameters; // the layer's, with this prefix
     std::vector<storage> matrices;
-    std::size_t first_tensor = 0, end_tensor = 0;  // in the optimizer's set
+    std::size_t first_tensor = 0, end_tensor = 0; // in the optimizer's set
     std::size_t first_bucket = 0, end_bucket = 0;
-    int backwards = 0;       // this step's
-    bool deferred = false;   // tied: made ready after the pipeline (finish_tied)
+    int backwards = 0;     // this step's
+    bool deferred = false; // tied: made ready after the pipeline (finish_tied)
     bool grads_bound = false;
   };
 
@@ -899,8 +956,10 @@ private:
     const auto fail = [&](const std::string& name, const std::string& what) {
       throw error("strategy", rank_, error::unknown,
                   "parameter '" + name + "' " + what +
-                      ": the strategy's layers compute in the optimizer's buffers, so every parameter must name "
-                      "the matrices its value and gradient live in (layer::parameter::value_home and grad_home, "
+                      ": the strategy's layers compute in the optimizer's buffers, so every "
+                      "parameter must name "
+                      "the matrices its value and gradient live in (layer::parameter::value_home "
+                      "and grad_home, "
                       "made by layer::home_of) and the parameters of a matrix must cover it");
     };
     for (std::size_t k = 0; k < qs.size(); ++k) {
@@ -910,13 +969,16 @@ private:
       for (std::size_t j = k; j < qs.size(); ++j) {
         if (taken[j] == 0 && qs[j].value_home.owner == qs[k].value_home.owner) group.push_back(j);
       }
-      std::sort(group.begin(), group.end(),
-                [&](std::size_t a, std::size_t b) { return qs[a].value_home.offset < qs[b].value_home.offset; });
+      std::sort(group.begin(), group.end(), [&](std::size_t a, std::size_t b) {
+        return qs[a].value_home.offset < qs[b].value_home.offset;
+      });
       std::size_t at = 0;
       for (std::size_t j : group) {
         const auto& q = qs[j];
-        if (q.value_home.offset != at || q.grad_home.offset != at || q.grad_home.owner != qs[group[0]].grad_home.owner ||
-            q.grad_home.elements != q.value_home.elements || !q.value.contiguous() || q.grad.size() != q.value.size()) {
+        if (q.value_home.offset != at || q.grad_home.offset != at ||
+            q.grad_home.owner != qs[group[0]].grad_home.owner ||
+            q.grad_home.elements != q.value_home.elements || !q.value.contiguous() ||
+            q.grad.size() != q.value.size()) {
           fail(q.name, "does not continue its matrix where the one before it ends");
         }
         if (q.value.data() != static_cast<const T*>(q.value_home.base) + at ||
@@ -926,9 +988,12 @@ private:
         at += q.value.size();
         taken[j] = 1;
       }
-      if (at != qs[k].value_home.elements) fail(qs[k].name, "and its neighbours do not cover their matrix");
-      u.matrices.push_back({qs[group[0]].value_home, qs[group[0]].grad_home, params_.size() + out.size()});
-      for (std::size_t j : group) out.push_back(std::move(qs[j]));
+      if (at != qs[k].value_home.elements)
+        fail(qs[k].name, "and its neighbours do not cover their matrix");
+      u.matrices.push_back(
+          {qs[group[0]].value_home, qs[group[0]].grad_home, params_.size() + out.size()});
+      for (std::size_t j : group)
+        out.push_back(std::move(qs[j]));
     }
     return out;
   }
@@ -939,7 +1004,8 @@ private:
     const auto& ts = optimizer_->buckets().tensors();
     for (auto& m : u.matrices) {
       const auto& t = ts[m.tensor];
-      m.value.bind(m.value.owner, on ? optimizer_->bucket_parameters(t.bucket).data() + t.bucket_offset : nullptr);
+      m.value.bind(m.value.owner,
+                   on ? optimizer_->bucket_parameters(t.bucket).data() + t.bucket_offset : nullptr);
     }
   }
   // The same for the gradients: zero<0>/<1> the gradient buffer; zero<2>/<3> each bucket's
@@ -948,13 +1014,15 @@ private:
     const auto& ts = optimizer_->buckets().tensors();
     for (auto& m : u.matrices) {
       const auto& t = ts[m.tensor];
-      m.grad.bind(m.grad.owner, on ? optimizer_->bucket_gradients(t.bucket).data() + t.bucket_offset : nullptr);
+      m.grad.bind(m.grad.owner,
+                  on ? optimizer_->bucket_gradients(t.bucket).data() + t.bucket_offset : nullptr);
     }
     u.grads_bound = on;
   }
 
   void prefetch(const unit& u) {
-    for (std::size_t b = u.first_bucket; b < u.end_bucket; ++b) optimizer_->prefetch(b);
+    for (std::size_t b = u.first_bucket; b < u.end_bucket; ++b)
+      optimizer_->prefetch(b);
   }
 
   // Before unit u runs (a forward; backward: also its backward): its parameters in place
@@ -967,13 +1035,16 @@ private:
     if constexpr (Sharding::stage == 3) {
       bind_values(u, true);
     } else {
-      for (std::size_t b = u.first_bucket; b < u.end_bucket; ++b) (void)optimizer_->bucket_parameters(b);
+      for (std::size_t b = u.first_bucket; b < u.end_bucket; ++b)
+        (void)optimizer_->bucket_parameters(b);
     }
     if (backward && !u.grads_bound) bind_gradients(u, true);
-    auto at = std::find(sequence_.begin() + static_cast<std::ptrdiff_t>(cursor_), sequence_.end(), index);
+    auto at =
+        std::find(sequence_.begin() + static_cast<std::ptrdiff_t>(cursor_), sequence_.end(), index);
     if (at != sequence_.end()) {
       cursor_ = static_cast<std::size_t>(at - sequence_.begin()) + 1;
-      for (std::size_t k = cursor_; k < sequence_.size() && k < cursor_ + static_cast<std::size_t>(prefetch_); ++k) {
+      for (std::size_t k = cursor_;
+           k < sequence_.size() && k < cursor_ + static_cast<std::size_t>(prefetch_); ++k) {
         prefetch(units_[sequence_[k]]);
       }
     }
@@ -985,7 +1056,8 @@ private:
     if (u.end_tensor == u.first_tensor) return;
     if constexpr (Sharding::stage == 3) {
       bind_values(u, false);
-      for (std::size_t b = u.first_bucket; b < u.end_bucket; ++b) optimizer_->release_bucket(b);
+      for (std::size_t b = u.first_bucket; b < u.end_bucket; ++b)
+        optimizer_->release_bucket(b);
     }
     if (backward && ++u.backwards == microbatches_ && !u.deferred) gradients_complete(u);
   }
@@ -997,8 +1069,10 @@ private:
       auto qs = u.parameters();
       layer::reduce_sequence_parallel_grads(tp_, std::span(qs));
     }
-    for (std::size_t t = u.first_tensor; t < u.end_tensor; ++t) optimizer_->grad_ready(t);
-    if constexpr (Sharding::stage >= 2) bind_gradients(u, false);  // the bucket is freed once reduced
+    for (std::size_t t = u.first_tensor; t < u.end_tensor; ++t)
+      optimizer_->grad_ready(t);
+    if constexpr (Sharding::stage >= 2)
+      bind_gradients(u, false); // the bucket is freed once reduced
   }
 
   // Adds a span to the timeline when it goes out of scope.
@@ -1007,7 +1081,9 @@ private:
     std::string name;
     clock::time_point begin = clock::now();
     timed(trainer& tr, const char* what, int i, int chunk)
-        : t(tr), name(what + std::to_string(i) + (chunk >= 0 ? "." + std::to_string(chunk) : std::string())) {}
+        : t(tr),
+          name(what + std::to_string(i) +
+               (chunk >= 0 ? "." + std::to_string(chunk) : std::string())) {}
     timed(const timed&) = delete;
     timed& operator=(const timed&) = delete;
     ~timed() { t.timeline_.push_back({std::move(name), begin, clock::now()}); }
@@ -1017,7 +1093,7 @@ private:
   struct stage {
     trainer& t;
 
-    std::vector<T> input(int) { return {}; }  // the first stage reads the token ids itself
+    std::vector<T> input(int) { return {}; } // the first stage reads the token ids itself
 
     std::vector<T> forward(int i, int chunk, std::span<const T> in) {
       const timed scope(t, "F", i, chunk);
@@ -1044,7 +1120,8 @@ private:
         saved.bytes += layer::detail::bytes_of(saved.blocks.back());
         std::swap(x, y);
       }
-      t.tally_->take(static_cast<std::int64_t>(saved.bytes));  // from the workspace into the activations
+      t.tally_->take(
+          static_cast<std::int64_t>(saved.bytes)); // from the workspace into the activations
       t.activations_.current += saved.bytes;
       t.activations_.peak = std::max(t.activations_.peak, t.activations_.current);
       return {x.flat().begin(), x.flat().end()};
@@ -1092,14 +1169,15 @@ private:
     }
   };
 
-  [[nodiscard]] std::span<const std::int32_t> microbatch(std::span<const std::int32_t> all, int i) const {
+  [[nodiscard]] std::span<const std::int32_t> microbatch(std::span<const std::int32_t> all,
+                                                         int i) const {
     return all.subspan(static_cast<std::size_t>(i) * tokens_, tokens_);
   }
 
   struct saved_activations {
     typename embedding_type::activations embedding;
     std::vector<typename block_type::activations> blocks;
-    std::size_t bytes = 0;  // what the account counts (the stashes' bytes(), where they say)
+    std::size_t bytes = 0; // what the account counts (the stashes' bytes(), where they say)
   };
 
   // The host matrices the layers allocate (memory_account::workspace); shared with them.
@@ -1111,8 +1189,8 @@ private:
   Comm& dp_;
   int rank_ = 0;
   int microbatches_ = 0;
-  std::size_t tokens_ = 0;  // per microbatch
-  std::size_t rows_ = 0;    // per microbatch on this rank (tokens / tp under sequence parallelism)
+  std::size_t tokens_ = 0; // per microbatch
+  std::size_t rows_ = 0;   // per microbatch on this rank (tokens / tp under sequence parallelism)
   std::vector<int> layout_;
   std::vector<int> first_layer_;
   std::vector<std::vector<std::unique_ptr<block_type>>> chunks_;
@@ -1120,17 +1198,18 @@ private:
   std::unique_ptr<head_type> head_;
   bool tied_ = false;
   std::optional<Comm> embedding_group_;
-  double divisor_ = 1;  // the global batch's counted targets
-  std::vector<layer::parameter<T>> params_;  // the optimizer's tensors in its order: names and shapes (no data)
+  double divisor_ = 1; // the global batch's counted targets
+  std::vector<layer::parameter<T>>
+      params_; // the optimizer's tensors in its order: names and shapes (no data)
   using optimizer_type = optim::data_parallel<Sharding, Rule, float, Comm>;
   std::unique_ptr<optimizer_type> optimizer_;
   std::vector<unit> units_;
   static constexpr std::size_t none = static_cast<std::size_t>(-1);
   std::size_t embedding_unit_ = none, head_unit_ = none;
-  std::vector<std::vector<std::size_t>> chunk_units_;  // per chunk, per block: its unit
-  std::vector<std::size_t> sequence_;  // this rank's units in the order a step uses them
-  std::size_t cursor_ = 0;             // where in sequence_ the step is
-  std::string broken_;                 // the error of a train_step that failed part-way
+  std::vector<std::vector<std::size_t>> chunk_units_; // per chunk, per block: its unit
+  std::vector<std::size_t> sequence_; // this rank's units in the order a step uses them
+  std::size_t cursor_ = 0;            // where in sequence_ the step is
+  std::string broken_;                // the error of a train_step that failed part-way
   int prefetch_ = 1;
   memory_account::amount activations_;
   std::optional<pipeline::executor<Schedule, Comm, T>> executor_;

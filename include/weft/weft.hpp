@@ -4,16 +4,6 @@
 // the rest where it is used: <weft/optim.hpp> (data parallelism, ZeRO, checkpoints), <weft/sim.hpp>
 // (the simulator and planner), <weft/strategy.hpp> and <weft/layer/...> (the layers and the 3D
 // trainer; a CBLAS), <weft/cuda.hpp> (nvcc, NCCL).
-#include <weft/core/error.hpp>
-#include <weft/core/half.hpp>
-#include <weft/core/ops.hpp>
-#include <weft/core/types.hpp>
-
-#include <weft/topology/topology.hpp>
-
-#include <weft/mesh/make_comms.hpp>
-#include <weft/mesh/mesh.hpp>
-
 #include <weft/comm/algorithm/automatic.hpp>
 #include <weft/comm/algorithm/direct.hpp>
 #include <weft/comm/algorithm/halving_doubling.hpp>
@@ -35,7 +25,12 @@
 #include <weft/comm/send_recv.hpp>
 #include <weft/comm/transport/local.hpp>
 #include <weft/comm/two_level.hpp>
-
-#include <weft/sim/cost_model.hpp>
-
+#include <weft/core/error.hpp>
+#include <weft/core/half.hpp>
+#include <weft/core/ops.hpp>
+#include <weft/core/types.hpp>
+#include <weft/mesh/make_comms.hpp>
+#include <weft/mesh/mesh.hpp>
 #include <weft/pipeline.hpp>
+#include <weft/sim/cost_model.hpp>
+#include <weft/topology/topology.hpp>

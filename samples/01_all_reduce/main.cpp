@@ -44,8 +44,8 @@ bool whole_number(std::string_view v, T& n) {
 std::size_t bytes_arg(std::string_view flag, std::string_view v) {
   std::uint64_t n = 0;
   if (!whole_number(v, n) || n > (std::uint64_t{1} << 40)) {
-    throw weft::error("weft_all_reduce: " + std::string(flag) + " takes a number of bytes up to 2^40, not '" +
-                      std::string(v) + "'");
+    throw weft::error("weft_all_reduce: " + std::string(flag) +
+                      " takes a number of bytes up to 2^40, not '" + std::string(v) + "'");
   }
   if (n % sizeof(float) != 0) {
     throw weft::error("weft_all_reduce: " + std::string(flag) + " " + std::string(v) +
@@ -62,18 +62,23 @@ settings parse_args(int argc, char** argv) {
       if (i + 1 >= argc) throw weft::error("weft_all_reduce: " + std::string(a) + " needs a value");
       return argv[++i];
     };
-    if (a == "--topology") s.topology = value();
-    else if (a == "--min-bytes") s.min_bytes = bytes_arg(a, value());
-    else if (a == "--max-bytes") s.max_bytes = bytes_arg(a, value());
+    if (a == "--topology")
+      s.topology = value();
+    else if (a == "--min-bytes")
+      s.min_bytes = bytes_arg(a, value());
+    else if (a == "--max-bytes")
+      s.max_bytes = bytes_arg(a, value());
     else if (a == "--iters") {
       const std::string v = value();
       if (!whole_number(v, s.iters) || s.iters < 1) {
         throw weft::error("weft_all_reduce: --iters takes a whole number from 1, not '" + v + "'");
       }
-    }
-    else if (a == "--no-emulation") s.emulate = false;
+    } else if (a == "--no-emulation")
+      s.emulate = false;
     else if (a == "--help" || a == "-h") {
-      std::puts("usage: weft_all_reduce [--topology SPEC] [--min-bytes B] [--max-bytes B] [--iters N] [--no-emulation]");
+      std::puts(
+          "usage: weft_all_reduce [--topology SPEC] [--min-bytes B] [--max-bytes B] [--iters N] "
+          "[--no-emulation]");
       std::exit(0);
     } else {
       throw weft::error("weft_all_reduce: unknown argument '" + std::string(a) + "' (try --help)");
@@ -88,7 +93,7 @@ settings parse_args(int argc, char** argv) {
 struct algorithm_row {
   std::string_view name;
   std::function<void(weft::local::communicator&, std::span<const float>, std::span<float>)> run;
-  weft::plan (*make_plan)(const weft::plan_request&);  // null: automatic (asks the cost model)
+  weft::plan (*make_plan)(const weft::plan_request&); // null: automatic (asks the cost model)
 };
 
 template <class Algo>
@@ -101,7 +106,9 @@ algorithm_row row() {
 }
 
 // Input of rank r: small integers, so every order of summation gives the exact answer.
-float input(int r, std::size_t i) { return static_cast<float>(static_cast<int>((r * 7 + i * 13) % 11) - 5); }
+float input(int r, std::size_t i) {
+  return static_cast<float>(static_cast<int>((r * 7 + i * 13) % 11) - 5);
+}
 
 } // namespace
 
@@ -128,12 +135,13 @@ int main(int argc, char** argv) try {
   std::printf("# weft demo: all_reduce, float sum, %d in-process ranks\n", p);
   std::printf("# topology %s (%d nodes)\n", cluster.to_string().c_str(), cluster.nodes());
   std::printf("# time: measured here, %s; model: the cost model's price of the same plan\n",
-              s.emulate ? "every transfer paced at the topology's links" : "at memory speed (--no-emulation)");
+              s.emulate ? "every transfer paced at the topology's links"
+                        : "at memory speed (--no-emulation)");
   std::printf("# on those links; busbw = algbw * 2(n-1)/n as in nccl-tests; out of place\n#\n");
-  std::printf("# %10s %12s %6s %6s %-38s %10s %8s %8s %7s %10s\n", "size", "count", "type", "redop", "algorithm",
-              "time", "algbw", "busbw", "#wrong", "model");
-  std::printf("# %10s %12s %6s %6s %-38s %10s %8s %8s %7s %10s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)",
-              "(GB/s)", "", "(us)");
+  std::printf("# %10s %12s %6s %6s %-38s %10s %8s %8s %7s %10s\n", "size", "count", "type", "redop",
+              "algorithm", "time", "algbw", "busbw", "#wrong", "model");
+  std::printf("# %10s %12s %6s %6s %-38s %10s %8s %8s %7s %10s\n", "(B)", "(elements)", "", "", "",
+              "(us)", "(GB/s)", "(GB/s)", "", "(us)");
 
   long long total_wrong = 0;
   double busbw_sum = 0;
@@ -144,30 +152,39 @@ int main(int argc, char** argv) try {
       double seconds = 0;
       long long wrong = 0;
       std::string chosen(a.name);
-      weft::local::run(cluster, [&](weft::local::communicator& c) {
-        std::vector<float> in(count), out(count);
-        for (std::size_t i = 0; i < count; ++i) in[i] = input(c.rank(), i);
-        a.run(c, in, out);  // warm-up, and the call that is checked
-        std::int64_t bad = 0;
-        for (std::size_t i = 0; i < count; ++i) {
-          float want = 0;
-          for (int r = 0; r < p; ++r) want += input(r, i);
-          bad += out[i] == want ? 0 : 1;
-        }
-        weft::all_reduce<weft::algo::ring>(c, std::span(&bad, 1));
-        c.barrier();
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int k = 0; k < s.iters; ++k) a.run(c, in, out);
-        c.barrier();
-        if (c.rank() == 0) {
-          seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / s.iters;
-          wrong = bad;
-        }
-      }, weft::local::options{.emulate_links = s.emulate});
+      weft::local::run(
+          cluster,
+          [&](weft::local::communicator& c) {
+            std::vector<float> in(count), out(count);
+            for (std::size_t i = 0; i < count; ++i)
+              in[i] = input(c.rank(), i);
+            a.run(c, in, out); // warm-up, and the call that is checked
+            std::int64_t bad = 0;
+            for (std::size_t i = 0; i < count; ++i) {
+              float want = 0;
+              for (int r = 0; r < p; ++r)
+                want += input(r, i);
+              bad += out[i] == want ? 0 : 1;
+            }
+            weft::all_reduce<weft::algo::ring>(c, std::span(&bad, 1));
+            c.barrier();
+            const auto t0 = std::chrono::steady_clock::now();
+            for (int k = 0; k < s.iters; ++k)
+              a.run(c, in, out);
+            c.barrier();
+            if (c.rank() == 0) {
+              seconds =
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+                  s.iters;
+              wrong = bad;
+            }
+          },
+          weft::local::options{.emulate_links = s.emulate});
       weft::plan_request q{weft::collective::all_reduce, p, 0, count, 0, node_of, sizeof(float)};
       auto make = a.make_plan;
       if (make == nullptr) {
-        const auto& pick = weft::algo::choose(q, cluster, devices, weft::local::communicator::peer_access);
+        const auto& pick =
+            weft::algo::choose(q, cluster, devices, weft::local::communicator::peer_access);
         make = pick.make_plan;
         chosen = "automatic=" + std::string(pick.name);
       }
@@ -178,8 +195,8 @@ int main(int argc, char** argv) try {
       busbw_sum += busbw;
       ++busbw_n;
       total_wrong += wrong;
-      std::printf("  %10zu %12zu %6s %6s %-38s %10.1f %8.2f %8.2f %7lld %10.1f\n", bytes, count, "float", "sum",
-                  chosen.c_str(), seconds * 1e6, algbw, busbw, wrong, model * 1e6);
+      std::printf("  %10zu %12zu %6s %6s %-38s %10.1f %8.2f %8.2f %7lld %10.1f\n", bytes, count,
+                  "float", "sum", chosen.c_str(), seconds * 1e6, algbw, busbw, wrong, model * 1e6);
     }
   }
   std::printf("# Out of bounds values : %lld %s\n", total_wrong, total_wrong == 0 ? "OK" : "WRONG");

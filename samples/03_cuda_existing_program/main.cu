@@ -8,7 +8,7 @@
 //   build/samples/03_cuda_existing_program/weft_cuda_existing_program
 //
 // Without a CUDA device it says so and exits 0.
-#include <weft/cuda.hpp>  // weft
+#include <weft/cuda.hpp> // weft
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -51,7 +51,7 @@ int main() {
     return 0;
   }
   try {
-    const std::size_t n = std::size_t{4} << 20;  // 4 Mi floats: a 16 MiB gradient per GPU
+    const std::size_t n = std::size_t{4} << 20; // 4 Mi floats: a 16 MiB gradient per GPU
     const int steps = 3;
     std::vector<int> devices(static_cast<std::size_t>(gpus));
     std::iota(devices.begin(), devices.end(), 0);
@@ -86,30 +86,35 @@ int main() {
 
             // The program goes on as before, on its own stream.
             results[d].resize(n);
-            cuda_ok(cudaMemcpyAsync(results[d].data(), grads[d], n * sizeof(float), cudaMemcpyDeviceToHost,
-                                    streams[d]),
+            cuda_ok(cudaMemcpyAsync(results[d].data(), grads[d], n * sizeof(float),
+                                    cudaMemcpyDeviceToHost, streams[d]),
                     "cudaMemcpyAsync");
             cuda_ok(cudaStreamSynchronize(streams[d]), "cudaStreamSynchronize");
-            ms[d] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+            ms[d] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                        .count();
           }
         } catch (const std::exception& e) {
           failures[d] = e.what();
         }
       });
     }
-    for (auto& t : threads) t.join();
+    for (auto& t : threads)
+      t.join();
 
     bool right = true;
     for (int d : devices) {
-      if (!failures[d].empty()) throw std::runtime_error("GPU " + std::to_string(d) + ": " + failures[d]);
+      if (!failures[d].empty())
+        throw std::runtime_error("GPU " + std::to_string(d) + ": " + failures[d]);
       // The average of (d + 1) * (i % 7) over d = 0 .. gpus-1 is (gpus + 1) / 2 * (i % 7).
       for (std::size_t i = 0; i < n && right; ++i) {
         right = results[d][i] == static_cast<float>(gpus + 1) / 2.0f * static_cast<float>(i % 7);
       }
     }
-    std::printf("%d GPU%s: weft::all_reduce avg of %zu MiB on the program's own NCCL communicator: "
-                "%.2f ms on GPU 0 (step %d), %s\n",
-                gpus, gpus == 1 ? "" : "s", n * sizeof(float) >> 20, ms[0], steps, right ? "every element right" : "WRONG");
+    std::printf(
+        "%d GPU%s: weft::all_reduce avg of %zu MiB on the program's own NCCL communicator: "
+        "%.2f ms on GPU 0 (step %d), %s\n",
+        gpus, gpus == 1 ? "" : "s", n * sizeof(float) >> 20, ms[0], steps,
+        right ? "every element right" : "WRONG");
 
     for (int d : devices) {
       cuda_ok(cudaSetDevice(d), "cudaSetDevice");

@@ -25,7 +25,9 @@ constexpr int steps = 10;
 
 // The data: inputs x and targets sin(x) . 0.5 (the same on every rank: without sequence
 // parallelism every TP rank sees every token).
-float input(std::size_t t, std::size_t c) { return std::sin(0.37f * static_cast<float>(t * hidden + c)); }
+float input(std::size_t t, std::size_t c) {
+  return std::sin(0.37f * static_cast<float>(t * hidden + c));
+}
 float target(std::size_t t, std::size_t c) { return 0.5f * std::sin(3.0f * input(t, c)); }
 
 std::vector<double> train(int tp, bool print_ops) {
@@ -37,15 +39,18 @@ std::vector<double> train(int tp, bool print_ops) {
     // Initial weights 5x the default 0.02, so that a few steps show progress.
     for (auto& p : mlp.parameters())
       for (std::size_t r = 0; r < p.value.rows(); ++r)
-        for (std::size_t k = 0; k < p.value.cols(); ++k) p.value(r, k) *= 5.0f;
-    weft::matrix<float> x(tokens, hidden), y(tokens, hidden), dy(tokens, hidden), dx(tokens, hidden);
+        for (std::size_t k = 0; k < p.value.cols(); ++k)
+          p.value(r, k) *= 5.0f;
+    weft::matrix<float> x(tokens, hidden), y(tokens, hidden), dy(tokens, hidden),
+        dx(tokens, hidden);
     for (std::size_t t = 0; t < tokens; ++t)
-      for (std::size_t k = 0; k < hidden; ++k) x(t, k) = input(t, k);
+      for (std::size_t k = 0; k < hidden; ++k)
+        x(t, k) = input(t, k);
     for (int step = 0; step < steps; ++step) {
       mlp.zero_grad();
       comm.clear();
       mlp.forward(x.view(), y.view());
-      double loss = 0.0;  // mean squared error; every rank has all of y after the all-reduce
+      double loss = 0.0; // mean squared error; every rank has all of y after the all-reduce
       for (std::size_t t = 0; t < tokens; ++t)
         for (std::size_t k = 0; k < hidden; ++k) {
           const float e = y(t, k) - target(t, k);
@@ -55,15 +60,16 @@ std::vector<double> train(int tp, bool print_ops) {
       mlp.backward(dy.view(), dx.view());
       for (auto& p : mlp.parameters())
         for (std::size_t r = 0; r < p.value.rows(); ++r)
-          for (std::size_t k = 0; k < p.value.cols(); ++k) p.value(r, k) -= 0.05f * p.grad(r, k);
+          for (std::size_t k = 0; k < p.value.cols(); ++k)
+            p.value(r, k) -= 0.05f * p.grad(r, k);
       if (comm.rank() == 0) {
         std::lock_guard lock(mu);
         losses.push_back(loss);
         if (print_ops && step == 0) {
           std::printf("rank 0's collectives in one step at TP=%d:\n", tp);
           for (const auto& op : comm.ops()) {
-            std::printf("  %-14s %6zu floats on axis %s\n", std::string(weft::name_of(op.kind)).c_str(), op.count,
-                        op.axis.c_str());
+            std::printf("  %-14s %6zu floats on axis %s\n",
+                        std::string(weft::name_of(op.kind)).c_str(), op.count, op.axis.c_str());
           }
         }
       }
@@ -82,7 +88,8 @@ int main() try {
   // A wrong split or a missing all-reduce moves them by far more than 1e-5 within a step or two.
   constexpr double bound = 1e-5;
   double worst = 0;
-  int not_finite = -1;  // the first step whose losses differ by NaN or infinity (std::max skips a NaN)
+  int not_finite =
+      -1; // the first step whose losses differ by NaN or infinity (std::max skips a NaN)
   std::printf("\nstep   loss (TP=1)   loss (TP=2)   relative difference\n");
   for (int s = 0; s < steps; ++s) {
     const double diff = std::abs(two[s] - one[s]) / one[s];
@@ -100,7 +107,8 @@ int main() try {
     std::printf("largest relative difference %.1e (bound %.0e): %s\n", worst, bound,
                 same ? "the same losses" : "MISMATCH");
   }
-  if (!same) std::fprintf(stderr, "weft_tensor_parallel_mlp: check failed: TP=1 and TP=2 losses differ\n");
+  if (!same)
+    std::fprintf(stderr, "weft_tensor_parallel_mlp: check failed: TP=1 and TP=2 losses differ\n");
   return same ? 0 : 1;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "weft_tensor_parallel_mlp: %s\n", e.what());

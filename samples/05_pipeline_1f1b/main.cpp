@@ -253,10 +253,12 @@ int main() try {
   const bool same = not_finite < 0 && worst <= 1e-6;
   const bool learned = serial.back() < 0.8 * serial.front();
   if (not_finite >= 0) {
-    std::printf("MISMATCH: at step %d a loss is not a finite number (serial %g, 1F1B %g)\n", not_finite,
-                serial[static_cast<std::size_t>(not_finite)], piped[static_cast<std::size_t>(not_finite)]);
+    std::printf("MISMATCH: at step %d a loss is not a finite number (serial %g, 1F1B %g)\n",
+                not_finite, serial[static_cast<std::size_t>(not_finite)],
+                piped[static_cast<std::size_t>(not_finite)]);
   } else {
-    std::printf("largest relative difference %.3g: %s\n", worst, same ? "the same losses" : "MISMATCH");
+    std::printf("largest relative difference %.3g: %s\n", worst,
+                same ? "the same losses" : "MISMATCH");
   }
 
   // Priced with stats.hpp's default costs per microbatch and stage: T_F = 1, and T_B = 2 for the
@@ -289,7 +291,9 @@ int main() try {
 
   if (!same || !learned || !bubble_ok) {
     std::fprintf(stderr, "weft_pipeline_1f1b: check failed:%s%s%s\n",
-                 same ? "" : not_finite >= 0 ? " a loss is not a finite number" : " losses differ",
+                 same              ? ""
+                 : not_finite >= 0 ? " a loss is not a finite number"
+                                   : " losses differ",
                  learned ? "" : " the loss did not fall",
                  bubble_ok ? "" : " bubble off the formula");
     return 1;

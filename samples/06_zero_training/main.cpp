@@ -274,7 +274,9 @@ int main() try {
 
   if (!same || !learned || !memory_ok) {
     std::fprintf(stderr, "weft_zero_training: check failed:%s%s%s\n",
-                 same ? "" : not_finite >= 0 ? " a loss is not a finite number" : " losses differ",
+                 same              ? ""
+                 : not_finite >= 0 ? " a loss is not a finite number"
+                                   : " losses differ",
                  learned ? "" : " the loss did not fall",
                  memory_ok ? "" : " memory off the formulas");
     return 1;

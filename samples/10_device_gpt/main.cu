@@ -14,8 +14,8 @@
 // Without a CUDA device it says so and exits 0.
 #include <weft/comm/transport/mpi.hpp>
 #include <weft/cuda.hpp>
-#include <weft/cuda/nccl_mpi.cuh>
 #include <weft/cuda/emulated.cuh>
+#include <weft/cuda/nccl_mpi.cuh>
 #include <weft/layer/cuda/cublas.cuh>
 #include <weft/layer/gpt.hpp>
 
@@ -36,7 +36,8 @@ namespace {
 
 namespace wl = weft::layer;
 
-constexpr wl::gpt_shape shape{.vocab = 1000, .hidden = 256, .heads = 8, .ffn = 0, .seq = 64, .layers = 2};
+constexpr wl::gpt_shape shape{
+    .vocab = 1000, .hidden = 256, .heads = 8, .ffn = 0, .seq = 64, .layers = 2};
 constexpr std::size_t batch = 4;
 constexpr float learning_rate = 0.05f;
 
@@ -44,7 +45,9 @@ constexpr float learning_rate = 0.05f;
 struct sgd {
   weft::matrix_view<float> value;
   weft::matrix_view<const float> grad;
-  __host__ __device__ void operator()(std::size_t r, std::size_t c) const { value(r, c) -= learning_rate * grad(r, c); }
+  __host__ __device__ void operator()(std::size_t r, std::size_t c) const {
+    value(r, c) -= learning_rate * grad(r, c);
+  }
 };
 
 // A fixed pseudo-random corpus: batch sequences of ids and their next-token targets.
@@ -61,18 +64,20 @@ std::vector<std::int32_t> tokens(std::uint32_t seed) {
 template <class Comm>
 std::vector<double> train(Comm& tp, int steps) {
   const wl::cublas gemm(tp.stream());
-  wl::gpt<float, Comm, wl::cublas, wl::sequence_parallel, wl::recompute::selective> model(tp, shape, 42, gemm);
+  wl::gpt<float, Comm, wl::cublas, wl::sequence_parallel, wl::recompute::selective> model(tp, shape,
+                                                                                          42, gemm);
   const auto ids = tokens(1), targets = tokens(2);
   std::vector<double> losses;
   for (int s = 0; s < steps; ++s) {
     model.zero_grad();
-    losses.push_back(model.forward(ids, targets));  // waits for the loss
+    losses.push_back(model.forward(ids, targets)); // waits for the loss
     model.backward();
     for (auto& p : model.parameters()) {
       wl::detail::for_each_element(gemm, p.value.rows(), p.value.cols(), sgd{p.value, p.grad});
     }
   }
-  if (cudaStreamSynchronize(tp.stream()) != cudaSuccess) throw std::runtime_error("cudaStreamSynchronize failed");
+  if (cudaStreamSynchronize(tp.stream()) != cudaSuccess)
+    throw std::runtime_error("cudaStreamSynchronize failed");
   return losses;
 }
 
@@ -90,7 +95,9 @@ int main(int argc, char** argv) {
       const char* end = v + std::strlen(v);
       const auto [stop, ec] = std::from_chars(v, end, steps);
       if (ec != std::errc{} || stop != end || steps < 1) {
-        if (root) std::fprintf(stderr, "weft_device_gpt: --steps takes a whole number from 1, not '%s'\n", v);
+        if (root)
+          std::fprintf(stderr, "weft_device_gpt: --steps takes a whole number from 1, not '%s'\n",
+                       v);
         return 2;
       }
     }
@@ -106,12 +113,15 @@ int main(int argc, char** argv) {
   try {
     const int tp = world.size();
     if (tp > 1 && (tp > gpus || shape.heads % static_cast<std::size_t>(tp) != 0)) {
-      throw std::runtime_error("run 2 or 4 processes, one per GPU (" + std::to_string(gpus) + " here)");
+      throw std::runtime_error("run 2 or 4 processes, one per GPU (" + std::to_string(gpus) +
+                               " here)");
     }
     // TP = 1 on this process's GPU, for the comparison.
-    if (cudaSetDevice(tp > 1 ? world.rank() % gpus : 0) != cudaSuccess) throw std::runtime_error("cudaSetDevice failed");
+    if (cudaSetDevice(tp > 1 ? world.rank() % gpus : 0) != cudaSuccess)
+      throw std::runtime_error("cudaSetDevice failed");
     std::vector<double> one;
-    weft::cuda::emulated::run(1, [&](weft::cuda::emulated::communicator& c) { one = train(c, steps); });
+    weft::cuda::emulated::run(
+        1, [&](weft::cuda::emulated::communicator& c) { one = train(c, steps); });
 
     std::vector<double> split;
     std::string how;
@@ -127,12 +137,14 @@ int main(int argc, char** argv) {
       how = "TP 2 emulated";
     }
     if (!root) return 0;
-    std::printf("GPT (vocab %zu, hidden %zu, %zu heads, seq %zu, %zu layers), batch %zu, SGD, sequence parallel,"
-                " selective recompute, float on the device\n",
-                shape.vocab, shape.hidden, shape.heads, shape.seq, shape.layers, batch);
+    std::printf(
+        "GPT (vocab %zu, hidden %zu, %zu heads, seq %zu, %zu layers), batch %zu, SGD, sequence "
+        "parallel,"
+        " selective recompute, float on the device\n",
+        shape.vocab, shape.hidden, shape.heads, shape.seq, shape.layers, batch);
     std::printf("%6s %14s %16s\n", "step", "TP 1", how.c_str());
     double worst = 0;
-    int not_finite = 0;  // the first step (from 1) whose losses differ by NaN or infinity
+    int not_finite = 0; // the first step (from 1) whose losses differ by NaN or infinity
     for (int s = 0; s < steps; ++s) {
       const auto i = static_cast<std::size_t>(s);
       std::printf("%6d %14.6f %16.6f\n", s + 1, one[i], split[i]);
@@ -148,7 +160,8 @@ int main(int argc, char** argv) {
     if (not_finite != 0) {
       std::printf("at step %d a loss is not a finite number: DIFFERENT\n", not_finite);
     } else {
-      std::printf("largest relative difference %.2e: %s\n", worst, same ? "the same training" : "DIFFERENT");
+      std::printf("largest relative difference %.2e: %s\n", worst,
+                  same ? "the same training" : "DIFFERENT");
     }
     return same ? 0 : 1;
   } catch (const std::exception& e) {

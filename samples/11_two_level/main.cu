@@ -22,7 +22,9 @@
 namespace {
 
 __global__ void fill(float* x, std::size_t n, float v) {
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += std::size_t{blockDim.x} * gridDim.x) x[i] = v;
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += std::size_t{blockDim.x} * gridDim.x)
+    x[i] = v;
 }
 
 template <class Algo>
@@ -30,17 +32,19 @@ bool run(weft::cuda::mpi_two_level& world, float* grad, std::size_t n, const cha
   const int p = world.size();
   const cudaStream_t s = world.stream();
   fill<<<1024, 256, 0, s>>>(grad, n, static_cast<float>(world.rank() + 1));
-  weft::all_reduce<Algo>(world, std::span(grad, n));  // warm-up, and the call checked below
+  weft::all_reduce<Algo>(world, std::span(grad, n)); // warm-up, and the call checked below
   std::vector<float> back(n);
   WEFT_CUDA_TRY(cudaMemcpyAsync(back.data(), grad, n * sizeof(float), cudaMemcpyDeviceToHost, s));
   WEFT_CUDA_TRY(cudaStreamSynchronize(s));
   const float want = static_cast<float>(p) * static_cast<float>(p + 1) / 2;
   std::size_t wrong = 0;
-  for (float v : back) wrong += v != want ? 1 : 0;
+  for (float v : back)
+    wrong += v != want ? 1 : 0;
   const weft::cuda::event start(true), stop(true);
   constexpr int iterations = 10;
   start.record(s);
-  for (int i = 0; i < iterations; ++i) weft::all_reduce<Algo>(world, std::span(grad, n));
+  for (int i = 0; i < iterations; ++i)
+    weft::all_reduce<Algo>(world, std::span(grad, n));
   stop.record(s);
   const double seconds = stop.elapsed_ms(start) / 1e3 / iterations;
   int all_wrong = 0;
@@ -80,8 +84,8 @@ int main(int argc, char** argv) {
 
     auto world = weft::cuda::two_level_from_mpi(MPI_COMM_WORLD);
     if (rank == 0) {
-      std::printf("%d ranks in %d nodes, %d leaders per node; 64 MiB of float per rank\n", world.size(),
-                  world.nodes(), world.min_ranks_per_node());
+      std::printf("%d ranks in %d nodes, %d leaders per node; 64 MiB of float per rank\n",
+                  world.size(), world.nodes(), world.min_ranks_per_node());
     }
     const std::size_t n = std::size_t{16} << 20;
     weft::cuda::device_buffer<float> grad(n);

@@ -40,8 +40,9 @@ using weft::mesh;
 using weft::pp;
 using weft::tp;
 
-constexpr std::size_t global_batch = 8;  // sequences per step
-constexpr weft::optim::adamw rule{.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.01f};
+constexpr std::size_t global_batch = 8; // sequences per step
+constexpr weft::optim::adamw rule{
+    .lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.01f};
 
 struct batch {
   std::vector<std::int32_t> ids, targets;
@@ -71,25 +72,36 @@ double relative(double a, double b) { return std::abs(a - b) / std::abs(b); }
 
 // --- 1 and 2: a Llama, one rank to TP2 x PP2 x DP2 -------------------------------------------
 
-constexpr wl::llama_config llama{
-    .vocab = 512, .hidden = 128, .heads = 8, .kv_heads = 2, .ffn = 0, .seq = 64, .layers = 4, .rope_theta = 10000};
-using llama_1 = weft::strategy<mesh<tp<1>, pp<1>, dp<1>>, weft::pipeline::one_f_one_b, weft::optim::zero<0>,
-                               wl::recompute::none, wl::no_sequence_parallel, wl::llama_model>;
-using llama_3d = weft::strategy<mesh<tp<2>, pp<2>, dp<2>>, weft::pipeline::one_f_one_b, weft::optim::zero<1>,
-                                wl::recompute::selective, wl::no_sequence_parallel, wl::llama_model>;
-constexpr int steps_before = 10;  // on one rank, before saving
+constexpr wl::llama_config llama{.vocab = 512,
+                                 .hidden = 128,
+                                 .heads = 8,
+                                 .kv_heads = 2,
+                                 .ffn = 0,
+                                 .seq = 64,
+                                 .layers = 4,
+                                 .rope_theta = 10000};
+using llama_1 =
+    weft::strategy<mesh<tp<1>, pp<1>, dp<1>>, weft::pipeline::one_f_one_b, weft::optim::zero<0>,
+                   wl::recompute::none, wl::no_sequence_parallel, wl::llama_model>;
+using llama_3d =
+    weft::strategy<mesh<tp<2>, pp<2>, dp<2>>, weft::pipeline::one_f_one_b, weft::optim::zero<1>,
+                   wl::recompute::selective, wl::no_sequence_parallel, wl::llama_model>;
+constexpr int steps_before = 10; // on one rank, before saving
 constexpr int steps_after = 4;   // at TP2 x PP2 x DP2, after loading
 
 // Returns whether the loaded trainer's first loss is the one-rank trainer's.
 bool llama_from_one_rank_to_3d(const std::string& path) {
-  std::printf("1. a Llama (vocabulary %zu, hidden %zu, %zu heads sharing %zu key/value heads, SwiGLU %zu, sequence "
-              "%zu, %zu layers)\n   trained on 1 rank, %zu sequences per step:\n",
-              llama.vocab, llama.hidden, llama.heads, llama.kv_heads, llama.ffn_size(), llama.seq, llama.layers,
-              global_batch);
-  double next_on_one = 0;  // the saved weights' loss on the next batch
+  std::printf(
+      "1. a Llama (vocabulary %zu, hidden %zu, %zu heads sharing %zu key/value heads, SwiGLU %zu, "
+      "sequence "
+      "%zu, %zu layers)\n   trained on 1 rank, %zu sequences per step:\n",
+      llama.vocab, llama.hidden, llama.heads, llama.kv_heads, llama.ffn_size(), llama.seq,
+      llama.layers, global_batch);
+  double next_on_one = 0; // the saved weights' loss on the next batch
   weft::local::run(1, [&](weft::local::communicator& one) {
     auto trainer = llama_1::make(
-        one, {.model = llama, .micro_batch = global_batch, .global_batch = global_batch, .seed = 3}, rule);
+        one, {.model = llama, .micro_batch = global_batch, .global_batch = global_batch, .seed = 3},
+        rule);
     for (int s = 0; s < steps_before; ++s) {
       const batch b = batch_of(s, llama.vocab, llama.seq);
       std::printf("   step %2d   loss %.6f\n", s + 1, trainer->train_step(b.ids, b.targets));
@@ -100,15 +112,18 @@ bool llama_from_one_rank_to_3d(const std::string& path) {
   });
   const weft::safetensors::header h = weft::safetensors::read_header(path);
   std::printf("   saved to %s: %zu tensors (%s, %s, ..., %s)\n\n", path.c_str(), h.tensors.size(),
-              h.tensors.front().name.c_str(), h.tensors[1].name.c_str(), h.tensors.back().name.c_str());
+              h.tensors.front().name.c_str(), h.tensors[1].name.c_str(),
+              h.tensors.back().name.c_str());
 
-  std::printf("2. loaded into TP 2 x PP 2 x DP 2 on 8 in-process ranks (initialised from another seed first),\n"
-              "   ZeRO-1, training on:\n");
+  std::printf(
+      "2. loaded into TP 2 x PP 2 x DP 2 on 8 in-process ranks (initialised from another seed "
+      "first),\n"
+      "   ZeRO-1, training on:\n");
   std::vector<double> losses;
   weft::local::run(llama_3d::size, [&](weft::local::communicator& world) {
-    auto trainer = llama_3d::make(world, {.model = llama, .micro_batch = 1, .global_batch = global_batch, .seed = 99},
-                                  rule);
-    trainer->load_weights(path);  // collective: every rank reads its own slices
+    auto trainer = llama_3d::make(
+        world, {.model = llama, .micro_batch = 1, .global_batch = global_batch, .seed = 99}, rule);
+    trainer->load_weights(path); // collective: every rank reads its own slices
     for (int s = steps_before; s < steps_before + steps_after; ++s) {
       const batch b = batch_of(s, llama.vocab, llama.seq);
       const double loss = trainer->train_step(b.ids, b.targets);
@@ -125,7 +140,8 @@ bool llama_from_one_rank_to_3d(const std::string& path) {
     std::printf("\n");
   }
   std::printf("   the first loss after loading is %s: relative difference %.1e (bound 1e-5)\n\n",
-              same ? "the same loss as the one-rank trainer's" : "NOT the one-rank trainer's", diff);
+              same ? "the same loss as the one-rank trainer's" : "NOT the one-rank trainer's",
+              diff);
   return same;
 }
 
@@ -140,9 +156,11 @@ template <class T, weft::communicator Comm, class Gemm, class SP, class Recomput
 class post_norm_mlp_block {
 public:
   // Tensor ids (layer/init.hpp) 1 + 4 layer .. 3 + 4 layer, as a GPT block's, past the embedding's.
-  post_norm_mlp_block(Comm& tp, const wl::gpt_config& c, std::size_t layer, std::uint64_t seed, Gemm gemm)
+  post_norm_mlp_block(Comm& tp, const wl::gpt_config& c, std::size_t layer, std::uint64_t seed,
+                      Gemm gemm)
       : mlp_(tp, c.hidden, c.ffn, seed, 1 + 4 * layer,
-             {.init_std = c.init_std, .out_init_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.layers))},
+             {.init_std = c.init_std,
+              .out_init_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.layers))},
              gemm),
         norm_(c.hidden, c.norm_eps, gemm) {}
 
@@ -150,7 +168,8 @@ public:
     weft::matrix<T> sum(x.rows(), x.cols());
     mlp_.forward(x, sum.view());
     for (std::size_t i = 0; i < x.rows(); ++i)
-      for (std::size_t j = 0; j < x.cols(); ++j) sum(i, j) += x(i, j);
+      for (std::size_t j = 0; j < x.cols(); ++j)
+        sum(i, j) += x(i, j);
     norm_.forward(sum, y);
   }
   // dx = d(sum) + SwiGLU's backward of d(sum), d(sum) the norm's backward of dy.
@@ -159,7 +178,8 @@ public:
     norm_.backward(dy, dsum.view());
     mlp_.backward(dsum, dx);
     for (std::size_t i = 0; i < dx.rows(); ++i)
-      for (std::size_t j = 0; j < dx.cols(); ++j) dx(i, j) += dsum(i, j);
+      for (std::size_t j = 0; j < dx.cols(); ++j)
+        dx(i, j) += dsum(i, j);
   }
   [[nodiscard]] std::vector<wl::parameter<T>> parameters() {
     std::vector<wl::parameter<T>> ps;
@@ -200,19 +220,22 @@ struct post_norm_mlp_model {
   };
 };
 
-constexpr wl::gpt_config own{.vocab = 512, .hidden = 128, .heads = 8, .ffn = 256, .seq = 64, .layers = 4};
+constexpr wl::gpt_config own{
+    .vocab = 512, .hidden = 128, .heads = 8, .ffn = 256, .seq = 64, .layers = 4};
 constexpr int own_steps = 6;
 
 template <class Mesh>
-using own_strategy = weft::strategy<Mesh, weft::pipeline::one_f_one_b, weft::optim::zero<1>, wl::recompute::none,
-                                    wl::no_sequence_parallel, post_norm_mlp_model>;
+using own_strategy =
+    weft::strategy<Mesh, weft::pipeline::one_f_one_b, weft::optim::zero<1>, wl::recompute::none,
+                   wl::no_sequence_parallel, post_norm_mlp_model>;
 
 template <class S>
 std::vector<double> own_losses(std::size_t micro_batch) {
   std::vector<double> losses;
   weft::local::run(S::size, [&](weft::local::communicator& world) {
-    auto trainer = S::make(world, {.model = own, .micro_batch = micro_batch, .global_batch = global_batch, .seed = 5},
-                           rule);
+    auto trainer = S::make(
+        world, {.model = own, .micro_batch = micro_batch, .global_batch = global_batch, .seed = 5},
+        rule);
     for (int s = 0; s < own_steps; ++s) {
       const batch b = batch_of(s, own.vocab, own.seq);
       const double loss = trainer->train_step(b.ids, b.targets);
@@ -223,9 +246,12 @@ std::vector<double> own_losses(std::size_t micro_batch) {
 }
 
 bool own_block_at_2x2x1() {
-  std::printf("3. a model of this sample's own block, y = RMSNorm(x + SwiGLU(x)), between GPT's embedding and head\n"
-              "   (%zu blocks, hidden %zu, SwiGLU %zu), at TP 2 x PP 2 x DP 1 on 4 in-process ranks and on 1 rank:\n",
-              own.layers, own.hidden, own.ffn);
+  std::printf(
+      "3. a model of this sample's own block, y = RMSNorm(x + SwiGLU(x)), between GPT's embedding "
+      "and head\n"
+      "   (%zu blocks, hidden %zu, SwiGLU %zu), at TP 2 x PP 2 x DP 1 on 4 in-process ranks and on "
+      "1 rank:\n",
+      own.layers, own.hidden, own.ffn);
   const auto on_one = own_losses<own_strategy<mesh<tp<1>, pp<1>, dp<1>>>>(global_batch);
   const auto on_four = own_losses<own_strategy<mesh<tp<2>, pp<2>, dp<1>>>>(2);
   std::printf("   step   loss, 4 ranks   loss, 1 rank   relative difference\n");
@@ -238,8 +264,10 @@ bool own_block_at_2x2x1() {
     std::printf("   %4zu   %13.6f   %12.6f   %19.1e\n", i + 1, on_four[i], on_one[i], d);
   }
   const bool match = finite && worst <= 1e-5 && on_one.back() < on_one.front();
-  std::printf("   own block: the two runs %s (largest relative difference %.1e, bound 1e-5; loss %.3f -> %.3f)\n",
-              match ? "match" : "DO NOT MATCH", worst, on_one.front(), on_one.back());
+  std::printf(
+      "   own block: the two runs %s (largest relative difference %.1e, bound 1e-5; loss %.3f -> "
+      "%.3f)\n",
+      match ? "match" : "DO NOT MATCH", worst, on_one.front(), on_one.back());
   return match;
 }
 
@@ -252,7 +280,8 @@ int main(int argc, char** argv) try {
     if (a == "--weights" && i + 1 < argc) {
       path = argv[++i];
     } else {
-      std::fprintf(a == "--help" || a == "-h" ? stdout : stderr, "usage: %s [--weights FILE]\n", argv[0]);
+      std::fprintf(a == "--help" || a == "-h" ? stdout : stderr, "usage: %s [--weights FILE]\n",
+                   argv[0]);
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }

@@ -6,7 +6,8 @@ using namespace weft;
 
 template <class Algo>
 class all_reduce_algorithms : public ::testing::Test {};
-using algorithms = ::testing::Types<algo::ring, algo::tree, algo::halving_doubling, algo::recursive_doubling, algo::direct, algo::hierarchical<>,
+using algorithms = ::testing::Types<algo::ring, algo::tree, algo::halving_doubling,
+                                    algo::recursive_doubling, algo::direct, algo::hierarchical<>,
                                     algo::hierarchical<algo::direct, algo::tree>, algo::automatic>;
 TYPED_TEST_SUITE(all_reduce_algorithms, algorithms);
 
@@ -14,7 +15,9 @@ TYPED_TEST(all_reduce_algorithms, matches_the_serial_reference) {
   test::sweep<TypeParam, collective::all_reduce>();
 }
 
-TYPED_TEST(all_reduce_algorithms, several_mib) { test::large<TypeParam, collective::all_reduce>(3u << 20); }
+TYPED_TEST(all_reduce_algorithms, several_mib) {
+  test::large<TypeParam, collective::all_reduce>(3u << 20);
+}
 
 // Ranks grouped into emulated nodes, uneven ones included: the topology-aware algorithms
 // take a different path for every shape.
@@ -22,17 +25,21 @@ TYPED_TEST(all_reduce_algorithms, on_emulated_nodes) {
   for (const char* spec : {"2x4", "3+5", "1+2+3", "4x1", "2+2+2+3"}) {
     const auto cluster = topology::parse(spec);
     test::shared_outputs<float> shared(cluster.size());
-    local::run(cluster, [&](local::communicator& c) {
-      for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{1001}, test::scaled(70000)}) {
-        test::call_and_check<TypeParam, collective::all_reduce, std::int64_t, op::sum>(c, count, 0, test::pattern::exact,
-                                                                                      true);
-        test::call_and_check<TypeParam, collective::all_reduce, float, op::max>(c, count, 0, test::pattern::random,
-                                                                              false);
-      }
-      auto mine = test::call_and_check<TypeParam, collective::all_reduce, float, op::sum>(c, 4097, 0,
-                                                                                         test::pattern::random, false);
-      test::expect_identical(c, shared, std::move(mine), spec);
-    }, test::test_options);
+    local::run(
+        cluster,
+        [&](local::communicator& c) {
+          for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{5},
+                                    std::size_t{1001}, test::scaled(70000)}) {
+            test::call_and_check<TypeParam, collective::all_reduce, std::int64_t, op::sum>(
+                c, count, 0, test::pattern::exact, true);
+            test::call_and_check<TypeParam, collective::all_reduce, float, op::max>(
+                c, count, 0, test::pattern::random, false);
+          }
+          auto mine = test::call_and_check<TypeParam, collective::all_reduce, float, op::sum>(
+              c, 4097, 0, test::pattern::random, false);
+          test::expect_identical(c, shared, std::move(mine), spec);
+        },
+        test::test_options);
   }
 }
 
@@ -42,35 +49,47 @@ TYPED_TEST(all_reduce_algorithms, on_emulated_nodes) {
 TYPED_TEST(all_reduce_algorithms, half_averages_do_not_overflow) {
   for (const int p : {8, 3}) {
     const float each = p == 8 ? 10000.0f : 30000.0f;
-    local::run(p, [&](local::communicator& c) {
-      const std::size_t n = 2 * static_cast<std::size_t>(p);
-      std::vector<half> in(n, half(each)), out(n);
-      all_reduce<TypeParam>(c, std::span<const half>(in), std::span(out), op::avg{});
-      for (const half v : out) EXPECT_NEAR(static_cast<float>(v), each, each / 1024) << "p " << p;
-      all_reduce<TypeParam>(c, std::span(in), op::avg{});
-      for (const half v : in) EXPECT_NEAR(static_cast<float>(v), each, each / 1024) << "p " << p << " in place";
-    }, test::test_options);
+    local::run(
+        p,
+        [&](local::communicator& c) {
+          const std::size_t n = 2 * static_cast<std::size_t>(p);
+          std::vector<half> in(n, half(each)), out(n);
+          all_reduce<TypeParam>(c, std::span<const half>(in), std::span(out), op::avg{});
+          for (const half v : out)
+            EXPECT_NEAR(static_cast<float>(v), each, each / 1024) << "p " << p;
+          all_reduce<TypeParam>(c, std::span(in), op::avg{});
+          for (const half v : in)
+            EXPECT_NEAR(static_cast<float>(v), each, each / 1024) << "p " << p << " in place";
+        },
+        test::test_options);
   }
-  local::run(8, [&](local::communicator& c) {
-    std::vector<half> in(16, half(10000.0f)), part(2), root(16);
-    reduce_scatter(c, std::span<const half>(in), std::span(part), op::avg{});
-    for (const half v : part) EXPECT_EQ(static_cast<float>(v), 10000.0f);
-    reduce(c, std::span<const half>(in), std::span(root), 3, op::avg{});
-    if (c.rank() == 3) {
-      for (const half v : root) EXPECT_EQ(static_cast<float>(v), 10000.0f);
-    }
-  }, test::test_options);
+  local::run(
+      8,
+      [&](local::communicator& c) {
+        std::vector<half> in(16, half(10000.0f)), part(2), root(16);
+        reduce_scatter(c, std::span<const half>(in), std::span(part), op::avg{});
+        for (const half v : part)
+          EXPECT_EQ(static_cast<float>(v), 10000.0f);
+        reduce(c, std::span<const half>(in), std::span(root), 3, op::avg{});
+        if (c.rank() == 3) {
+          for (const half v : root)
+            EXPECT_EQ(static_cast<float>(v), 10000.0f);
+        }
+      },
+      test::test_options);
 }
 
 TEST(all_reduce, rejects_mismatched_spans_and_partial_overlap) {
   local::run(2, [](local::communicator& c) {
     std::vector<float> a(8), b(7);
     EXPECT_THROW(all_reduce(c, std::span<const float>(a), std::span(b)), error);
-    EXPECT_THROW(all_reduce(c, std::span<const float>(a.data(), 4), std::span(a.data() + 2, 4)), error);
+    EXPECT_THROW(all_reduce(c, std::span<const float>(a.data(), 4), std::span(a.data() + 2, 4)),
+                 error);
     try {
       all_reduce(c, std::span<const float>(a), std::span(b));
     } catch (const error& e) {
-      EXPECT_NE(std::string(e.what()).find("8 elements but output has 7"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("8 elements but output has 7"), std::string::npos)
+          << e.what();
     }
   });
 }
@@ -90,7 +109,8 @@ TEST(all_reduce, a_count_that_differs_between_ranks_is_an_error_not_a_hang) {
                           }),
                error);
   int errors = 0;
-  for (const auto& s : seen) errors += s.empty() ? 0 : 1;
+  for (const auto& s : seen)
+    errors += s.empty() ? 0 : 1;
   EXPECT_GE(errors, 2);
 }
 

@@ -23,7 +23,8 @@ TEST(barrier, nobody_leaves_before_everyone_arrived) {
 TEST(barrier, on_split_communicators) {
   weft::local::run(6, [](weft::local::communicator& c) {
     auto half_comm = c.split(c.rank() / 3, c.rank());
-    for (int i = 0; i < 10; ++i) weft::barrier(half_comm);
+    for (int i = 0; i < 10; ++i)
+      weft::barrier(half_comm);
     weft::barrier(c);
   });
 }

@@ -9,9 +9,13 @@ class broadcast_algorithms : public ::testing::Test {};
 using algorithms = ::testing::Types<algo::ring, algo::tree, algo::direct, algo::automatic>;
 TYPED_TEST_SUITE(broadcast_algorithms, algorithms);
 
-TYPED_TEST(broadcast_algorithms, matches_the_serial_reference) { test::sweep<TypeParam, collective::broadcast>(); }
+TYPED_TEST(broadcast_algorithms, matches_the_serial_reference) {
+  test::sweep<TypeParam, collective::broadcast>();
+}
 
-TYPED_TEST(broadcast_algorithms, several_mib) { test::large<TypeParam, collective::broadcast>(3u << 20); }
+TYPED_TEST(broadcast_algorithms, several_mib) {
+  test::large<TypeParam, collective::broadcast>(3u << 20);
+}
 
 TEST(broadcast, rejects_a_root_outside_the_communicator) {
   local::run(3, [](local::communicator& c) {

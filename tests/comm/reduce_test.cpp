@@ -9,7 +9,9 @@ class reduce_algorithms : public ::testing::Test {};
 using algorithms = ::testing::Types<algo::ring, algo::tree, algo::direct, algo::automatic>;
 TYPED_TEST_SUITE(reduce_algorithms, algorithms);
 
-TYPED_TEST(reduce_algorithms, matches_the_serial_reference) { test::sweep<TypeParam, collective::reduce>(); }
+TYPED_TEST(reduce_algorithms, matches_the_serial_reference) {
+  test::sweep<TypeParam, collective::reduce>();
+}
 
 TYPED_TEST(reduce_algorithms, several_mib) { test::large<TypeParam, collective::reduce>(3u << 20); }
 

@@ -32,8 +32,10 @@ TEST(send_recv, wrong_tag_is_an_error) {
   EXPECT_THROW(local::run(2,
                           [](local::communicator& c) {
                             std::vector<int> v(2);
-                            if (c.rank() == 0) send(c, std::span(v), 1, 4);
-                            else recv(c, std::span(v), 0, 5);
+                            if (c.rank() == 0)
+                              send(c, std::span(v), 1, 4);
+                            else
+                              recv(c, std::span(v), 0, 5);
                           }),
                error);
 }

@@ -8,14 +8,13 @@
 #include <weft/comm/broadcast.hpp>
 #include <weft/comm/reduce_scatter.hpp>
 #include <weft/comm/traced.hpp>
+#include <weft/comm/transport/local.hpp>
 
 #include <gtest/gtest.h>
 
 #include <numeric>
 #include <string>
 #include <vector>
-
-#include <weft/comm/transport/local.hpp>
 
 namespace {
 
@@ -34,7 +33,8 @@ TEST(Traced, RecordsEveryCollective) {
     std::vector<float> a(5);
     std::iota(a.begin(), a.end(), static_cast<float>(r));
     weft::all_reduce(t, std::span(a));
-    for (int i = 0; i < 5; ++i) EXPECT_EQ(a[i], static_cast<float>(3 * i + 0 + 1 + 2));
+    for (int i = 0; i < 5; ++i)
+      EXPECT_EQ(a[i], static_cast<float>(3 * i + 0 + 1 + 2));
     std::vector<double> in(2, r + 1.0), out(6);
     weft::all_gather(t, std::span<const double>(in), std::span(out));
     EXPECT_EQ(out, (std::vector<double>{1, 1, 2, 2, 3, 3}));
@@ -47,11 +47,12 @@ TEST(Traced, RecordsEveryCollective) {
     std::vector<std::int32_t> bc(7, r == 1 ? 9 : 0);
     weft::broadcast(t, std::span(bc), 1);
     EXPECT_EQ(bc[6], 9);
-    const std::vector<weft::traced_op> want = {{collective::all_reduce, 5, dtype::float32, "tp"},
-                                               {collective::all_gather, 2, dtype::float64, "tp"},
-                                               {collective::reduce_scatter, 2, dtype::float64, "tp"},
-                                               {collective::all_reduce, 4, dtype::float32, "tp"},
-                                               {collective::broadcast, 7, dtype::int32, "tp"}};
+    const std::vector<weft::traced_op> want = {
+        {collective::all_reduce, 5, dtype::float32, "tp"},
+        {collective::all_gather, 2, dtype::float64, "tp"},
+        {collective::reduce_scatter, 2, dtype::float64, "tp"},
+        {collective::all_reduce, 4, dtype::float32, "tp"},
+        {collective::broadcast, 7, dtype::int32, "tp"}};
     EXPECT_EQ(t.ops(), want);
     EXPECT_EQ(t.count(collective::all_reduce), 2u);
     t.clear();
@@ -65,7 +66,7 @@ TEST(Traced, RecordsEveryCollective) {
     EXPECT_EQ(s[0], static_cast<float>(sub.size()));
     ASSERT_EQ(sub.ops().size(), 1u);
     EXPECT_EQ(sub.ops()[0].axis, "tp");
-    EXPECT_TRUE(t.ops().empty());  // the child records its own
+    EXPECT_TRUE(t.ops().empty()); // the child records its own
   });
 }
 
@@ -87,7 +88,8 @@ TEST(Traced, KeepsTheWrappedCommunicatorsCallCheck) {
     } catch (const weft::error& e) {
       what = e.what();
     }
-    EXPECT_NE(what.find("different collectives"), std::string::npos) << "rank " << t.rank() << ": " << what;
+    EXPECT_NE(what.find("different collectives"), std::string::npos)
+        << "rank " << t.rank() << ": " << what;
   });
 }
 

@@ -32,13 +32,14 @@ using namespace weft;
 struct layout {
   std::string name;
   std::vector<int> node_of;
-  bool from_topology = false;  // name is a topology spec: make_two_level splits its world
+  bool from_topology = false; // name is a topology spec: make_two_level splits its world
 };
 
 layout from_spec(const std::string& spec) {
   const auto cluster = topology::parse(spec);
   layout l{spec, {}, true};
-  for (int r = 0; r < cluster.size(); ++r) l.node_of.push_back(cluster.node_of(r));
+  for (int r = 0; r < cluster.size(); ++r)
+    l.node_of.push_back(cluster.node_of(r));
   return l;
 }
 
@@ -46,7 +47,8 @@ layout from_spec(const std::string& spec) {
 // the smallest node last; uneven with the biggest node's ranks first and last).
 std::vector<layout> layouts() {
   std::vector<layout> ls;
-  for (const char* spec : {"2x2", "2x3", "3+5", "1+3", "4+2+3", "4x1", "4"}) ls.push_back(from_spec(spec));
+  for (const char* spec : {"2x2", "2x3", "3+5", "1+3", "4+2+3", "4x1", "4"})
+    ls.push_back(from_spec(spec));
   ls.push_back({"interleaved 0101", {0, 1, 0, 1}});
   ls.push_back({"interleaved 10120120", {1, 0, 1, 2, 0, 1, 2, 0}});
   ls.push_back({"interleaved 00101", {0, 0, 1, 0, 1}});
@@ -89,7 +91,8 @@ void expect_outputs(const std::vector<std::vector<T>>& got, const std::vector<st
       if (pat == test::pattern::exact) {
         ASSERT_EQ(g[i], w[i]) << what << ", rank " << r << ", element " << i;
       } else {
-        ASSERT_NEAR(static_cast<double>(g[i]), static_cast<double>(w[i]), 1e-5 * p) << what << ", element " << i;
+        ASSERT_NEAR(static_cast<double>(g[i]), static_cast<double>(w[i]), 1e-5 * p)
+            << what << ", element " << i;
       }
     }
   }
@@ -99,17 +102,20 @@ template <class T, class Op>
 std::vector<std::vector<T>> inputs(int p, std::size_t count, test::pattern pat) {
   std::vector<std::vector<T>> in(static_cast<std::size_t>(p), std::vector<T>(count));
   for (int r = 0; r < p; ++r) {
-    for (std::size_t i = 0; i < count; ++i) in[static_cast<std::size_t>(r)][i] = test::input_value<T, Op>(r, i, pat);
+    for (std::size_t i = 0; i < count; ++i)
+      in[static_cast<std::size_t>(r)][i] = test::input_value<T, Op>(r, i, pat);
   }
   return in;
 }
 
 std::string describe(const layout& l, std::size_t count, std::size_t chunk_bytes) {
-  return l.name + ", " + std::to_string(count) + " elements, chunks of " + std::to_string(chunk_bytes) + " B";
+  return l.name + ", " + std::to_string(count) + " elements, chunks of " +
+         std::to_string(chunk_bytes) + " B";
 }
 
 template <class Algo, class T, class Op>
-void check_all_reduce(const layout& l, std::size_t count, std::size_t chunk_bytes, bool in_place, test::pattern pat) {
+void check_all_reduce(const layout& l, std::size_t count, std::size_t chunk_bytes, bool in_place,
+                      test::pattern pat) {
   const int p = static_cast<int>(l.node_of.size());
   const auto in = inputs<T, Op>(p, count, pat);
   const auto want = test::reference<T, Op>(collective::all_reduce, p, count, 0, in);
@@ -125,13 +131,15 @@ void check_all_reduce(const layout& l, std::size_t count, std::size_t chunk_byte
     }
     got[r] = std::move(out);
   });
-  const std::string what = describe(l, count, chunk_bytes) + (in_place ? ", in place" : ", out of place");
+  const std::string what =
+      describe(l, count, chunk_bytes) + (in_place ? ", in place" : ", out of place");
   // Every rank holds the same bits as rank 0.
   for (int r = 0; r < p; ++r) {
     const auto& g = got[static_cast<std::size_t>(r)];
     ASSERT_EQ(g.size(), count) << what;
     if (count != 0) {
-      ASSERT_EQ(std::memcmp(g.data(), got[0].data(), count * sizeof(T)), 0) << what << ": rank " << r << " differs";
+      ASSERT_EQ(std::memcmp(g.data(), got[0].data(), count * sizeof(T)), 0)
+          << what << ": rank " << r << " differs";
     }
   }
   expect_outputs(got, want, pat, what);
@@ -140,8 +148,8 @@ void check_all_reduce(const layout& l, std::size_t count, std::size_t chunk_byte
 // broadcast (in place: the root's data, -7 elsewhere) or reduce (out of place; in place at the
 // root when in_place) from `root`.
 template <class Algo, class T, class Op = op::sum>
-void check_rooted(collective c, const layout& l, std::size_t count, std::size_t chunk_bytes, int root, bool in_place,
-                  test::pattern pat) {
+void check_rooted(collective c, const layout& l, std::size_t count, std::size_t chunk_bytes,
+                  int root, bool in_place, test::pattern pat) {
   const int p = static_cast<int>(l.node_of.size());
   const auto in = inputs<T, Op>(p, count, pat);
   const auto want = test::reference<T, Op>(c, p, count, root, in);
@@ -163,12 +171,14 @@ void check_rooted(collective c, const layout& l, std::size_t count, std::size_t 
   });
   expect_outputs(got, want, pat,
                  std::string(c == collective::broadcast ? "broadcast" : "reduce") + " from rank " +
-                     std::to_string(root) + ", " + describe(l, count, chunk_bytes) + (in_place ? ", in place" : ""));
+                     std::to_string(root) + ", " + describe(l, count, chunk_bytes) +
+                     (in_place ? ", in place" : ""));
 }
 
 // reduce_scatter (in: size() blocks of n) or all_gather (in: n), out of place.
 template <class Algo, class T, class Op = op::sum>
-void check_scatter_gather(collective c, const layout& l, std::size_t n, std::size_t chunk_bytes, test::pattern pat) {
+void check_scatter_gather(collective c, const layout& l, std::size_t n, std::size_t chunk_bytes,
+                          test::pattern pat) {
   const int p = static_cast<int>(l.node_of.size());
   const auto in = inputs<T, Op>(p, test::input_count(c, p, n), pat);
   const auto want = test::reference<T, Op>(c, p, n, 0, in);
@@ -190,30 +200,36 @@ TEST(two_level, all_reduce_matches_the_reference_on_every_layout) {
   for (const auto& l : layouts()) {
     for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{1000}}) {
       // 64-byte chunks: 16 int32 per chunk, so the 1000 elements take 63 chunks (the last short).
-      check_all_reduce<algo::levels<>, std::int32_t, op::sum>(l, count, 64, true, test::pattern::exact);
-      check_all_reduce<algo::levels<>, std::int32_t, op::sum>(l, count, 1 << 20, false, test::pattern::exact);
+      check_all_reduce<algo::levels<>, std::int32_t, op::sum>(l, count, 64, true,
+                                                              test::pattern::exact);
+      check_all_reduce<algo::levels<>, std::int32_t, op::sum>(l, count, 1 << 20, false,
+                                                              test::pattern::exact);
     }
   }
 }
 
 TEST(two_level, operators_and_types) {
   for (const auto& spec : {from_spec("2x3"), from_spec("3+5")}) {
-    check_all_reduce<algo::levels<>, std::int64_t, op::max>(spec, 777, 256, true, test::pattern::exact);
-    check_all_reduce<algo::levels<>, std::int32_t, op::prod>(spec, 301, 128, false, test::pattern::exact);
-    check_all_reduce<algo::levels<>, std::int32_t, op::avg>(spec, 301, 128, true, test::pattern::exact);
+    check_all_reduce<algo::levels<>, std::int64_t, op::max>(spec, 777, 256, true,
+                                                            test::pattern::exact);
+    check_all_reduce<algo::levels<>, std::int32_t, op::prod>(spec, 301, 128, false,
+                                                             test::pattern::exact);
+    check_all_reduce<algo::levels<>, std::int32_t, op::avg>(spec, 301, 128, true,
+                                                            test::pattern::exact);
     check_all_reduce<algo::levels<>, double, op::avg>(spec, 513, 1024, true, test::pattern::exact);
-    check_all_reduce<algo::levels<>, float, op::sum>(spec, 4099, 4096, false, test::pattern::random);
+    check_all_reduce<algo::levels<>, float, op::sum>(spec, 4099, 4096, false,
+                                                     test::pattern::random);
   }
 }
 
 TEST(two_level, each_level_takes_the_named_algorithm) {
   for (const auto& spec : {from_spec("2x4"), from_spec("3+5"), from_spec("4+2+3")}) {
-    check_all_reduce<algo::levels<algo::ring, algo::tree>, std::int32_t, op::sum>(spec, 997, 200, true,
-                                                                                   test::pattern::exact);
+    check_all_reduce<algo::levels<algo::ring, algo::tree>, std::int32_t, op::sum>(
+        spec, 997, 200, true, test::pattern::exact);
     check_all_reduce<algo::levels<algo::direct, algo::halving_doubling>, std::int32_t, op::sum>(
         spec, 997, 200, false, test::pattern::exact);
     check_all_reduce<algo::levels<algo::tree, algo::ring>, float, op::sum>(spec, 997, 1 << 16, true,
-                                                                          test::pattern::random);
+                                                                           test::pattern::random);
   }
 }
 
@@ -223,9 +239,11 @@ TEST(two_level, broadcast_and_reduce_from_every_root_on_every_layout) {
     for (int root = 0; root < p; ++root) {
       for (const collective c : {collective::broadcast, collective::reduce}) {
         for (std::size_t count : {std::size_t{0}, std::size_t{5}, std::size_t{1000}}) {
-          check_rooted<algo::levels<>, std::int32_t>(c, l, count, 64, root, false, test::pattern::exact);
+          check_rooted<algo::levels<>, std::int32_t>(c, l, count, 64, root, false,
+                                                     test::pattern::exact);
         }
-        check_rooted<algo::levels<>, std::int32_t>(c, l, 1000, 1 << 20, root, true, test::pattern::exact);
+        check_rooted<algo::levels<>, std::int32_t>(c, l, 1000, 1 << 20, root, true,
+                                                   test::pattern::exact);
       }
     }
   }
@@ -234,21 +252,22 @@ TEST(two_level, broadcast_and_reduce_from_every_root_on_every_layout) {
 TEST(two_level, reduce_operators_types_and_algorithms) {
   for (const auto& l : {from_spec("2x3"), from_spec("3+5"), layouts().back()}) {
     const int last = static_cast<int>(l.node_of.size()) - 1;
-    check_rooted<algo::levels<>, std::int64_t, op::max>(collective::reduce, l, 777, 256, last, false,
-                                                        test::pattern::exact);
+    check_rooted<algo::levels<>, std::int64_t, op::max>(collective::reduce, l, 777, 256, last,
+                                                        false, test::pattern::exact);
     check_rooted<algo::levels<>, std::int32_t, op::prod>(collective::reduce, l, 301, 128, 1, true,
                                                          test::pattern::exact);
     check_rooted<algo::levels<>, std::int32_t, op::avg>(collective::reduce, l, 301, 128, last, true,
                                                         test::pattern::exact);
-    check_rooted<algo::levels<>, double, op::avg>(collective::reduce, l, 513, 1024, 0, false, test::pattern::exact);
+    check_rooted<algo::levels<>, double, op::avg>(collective::reduce, l, 513, 1024, 0, false,
+                                                  test::pattern::exact);
     check_rooted<algo::levels<>, float, op::sum>(collective::reduce, l, 4099, 4096, last, false,
                                                  test::pattern::random);
-    check_rooted<algo::levels<algo::ring, algo::tree>, std::int32_t>(collective::reduce, l, 997, 200, last, false,
-                                                                     test::pattern::exact);
+    check_rooted<algo::levels<algo::ring, algo::tree>, std::int32_t>(
+        collective::reduce, l, 997, 200, last, false, test::pattern::exact);
     check_rooted<algo::levels<algo::direct, algo::ring>, double>(collective::broadcast, l, 997, 200,
-                                                                             last, false, test::pattern::exact);
-    check_rooted<algo::levels<algo::tree, algo::ring>, float>(collective::broadcast, l, 997, 1 << 16, 1, false,
-                                                              test::pattern::random);
+                                                                 last, false, test::pattern::exact);
+    check_rooted<algo::levels<algo::tree, algo::ring>, float>(
+        collective::broadcast, l, 997, 1 << 16, 1, false, test::pattern::random);
   }
 }
 
@@ -266,20 +285,20 @@ TEST(two_level, reduce_scatter_and_all_gather_on_every_layout) {
 
 TEST(two_level, reduce_scatter_operators_types_and_algorithms) {
   for (const auto& l : {from_spec("2x3"), from_spec("3+5"), layouts().back()}) {
-    check_scatter_gather<algo::levels<>, std::int64_t, op::max>(collective::reduce_scatter, l, 77, 256,
-                                                                test::pattern::exact);
-    check_scatter_gather<algo::levels<>, std::int32_t, op::prod>(collective::reduce_scatter, l, 31, 32,
-                                                                 test::pattern::exact);
-    check_scatter_gather<algo::levels<>, std::int32_t, op::avg>(collective::reduce_scatter, l, 31, 32,
-                                                                test::pattern::exact);
+    check_scatter_gather<algo::levels<>, std::int64_t, op::max>(collective::reduce_scatter, l, 77,
+                                                                256, test::pattern::exact);
+    check_scatter_gather<algo::levels<>, std::int32_t, op::prod>(collective::reduce_scatter, l, 31,
+                                                                 32, test::pattern::exact);
+    check_scatter_gather<algo::levels<>, std::int32_t, op::avg>(collective::reduce_scatter, l, 31,
+                                                                32, test::pattern::exact);
     check_scatter_gather<algo::levels<>, float, op::sum>(collective::reduce_scatter, l, 409, 1024,
                                                          test::pattern::random);
-    check_scatter_gather<algo::levels<algo::ring, algo::tree>, double>(collective::reduce_scatter, l, 97, 200,
-                                                                       test::pattern::exact);
-    check_scatter_gather<algo::levels<algo::direct, algo::ring>, double>(collective::all_gather, l, 97, 200,
-                                                                         test::pattern::exact);
-    check_scatter_gather<algo::levels<algo::ring, algo::tree>, float>(collective::all_gather, l, 97, 64,
-                                                                      test::pattern::random);
+    check_scatter_gather<algo::levels<algo::ring, algo::tree>, double>(
+        collective::reduce_scatter, l, 97, 200, test::pattern::exact);
+    check_scatter_gather<algo::levels<algo::direct, algo::ring>, double>(
+        collective::all_gather, l, 97, 200, test::pattern::exact);
+    check_scatter_gather<algo::levels<algo::ring, algo::tree>, float>(collective::all_gather, l, 97,
+                                                                      64, test::pattern::random);
   }
 }
 
@@ -290,7 +309,7 @@ TEST(two_level, reduce_scatter_operators_types_and_algorithms) {
 TEST(two_level, only_the_blocks_cross_between_nodes) {
   const auto cluster = topology::parse("3+5");
   const std::size_t count = 3000;
-  const std::size_t chunk = 1200;  // elements of int32: chunks of 1200, 1200 and 600
+  const std::size_t chunk = 1200; // elements of int32: chunks of 1200, 1200 and 600
   std::mutex m;
   std::vector<std::size_t> inter_elements(8), inter_calls(8), intra_reduces(8), intra_broadcasts(8);
   local::run(cluster, [&](local::communicator& c) {
@@ -300,7 +319,8 @@ TEST(two_level, only_the_blocks_cross_between_nodes) {
     EXPECT_EQ(tl.nodes(), 2);
     std::vector<std::int32_t> v(count, 1);
     all_reduce(tl, std::span(v));
-    for (auto x : v) ASSERT_EQ(x, 8);
+    for (auto x : v)
+      ASSERT_EQ(x, 8);
     const std::lock_guard lock(m);
     const auto r = static_cast<std::size_t>(world.rank());
     for (const auto& o : tl.inter().ops()) {
@@ -326,7 +346,8 @@ TEST(two_level, only_the_blocks_cross_between_nodes) {
 TEST(two_level, broadcast_and_reduce_cross_between_nodes_by_blocks) {
   const std::size_t count = 3000;
   const std::size_t chunk = 1200;
-  const int root = 6;  // local rank 3 of the 5-rank node: no leader, so reduce hands every block to it
+  const int root =
+      6; // local rank 3 of the 5-rank node: no leader, so reduce hands every block to it
   std::mutex m;
   std::vector<std::size_t> inter_elements(8);
   local::run(topology::parse("3+5"), [&](local::communicator& c) {
@@ -334,10 +355,12 @@ TEST(two_level, broadcast_and_reduce_cross_between_nodes_by_blocks) {
     auto tl = make_two_level(world, {.chunk_bytes = chunk * sizeof(std::int32_t)});
     std::vector<std::int32_t> v(count, world.rank() == root ? 5 : 0);
     broadcast(tl, std::span(v), root);
-    for (auto x : v) ASSERT_EQ(x, 5);
+    for (auto x : v)
+      ASSERT_EQ(x, 5);
     std::vector<std::int32_t> sum(world.rank() == root ? count : 0);
     reduce(tl, std::span<const std::int32_t>(v), std::span(sum), root);
-    for (auto x : sum) ASSERT_EQ(x, 40);
+    for (auto x : sum)
+      ASSERT_EQ(x, 40);
     const std::lock_guard lock(m);
     for (const auto& o : tl.inter().ops()) {
       EXPECT_TRUE(o.kind == collective::broadcast || o.kind == collective::reduce);
@@ -363,14 +386,18 @@ TEST(two_level, reduce_scatter_and_all_gather_cross_between_nodes_by_rank_blocks
     auto tl = make_two_level(world);
     std::vector<std::int32_t> all(8 * n, 1), mine(n);
     reduce_scatter(tl, std::span<const std::int32_t>(all), std::span(mine));
-    for (auto x : mine) ASSERT_EQ(x, 8);
+    for (auto x : mine)
+      ASSERT_EQ(x, 8);
     all_gather(tl, std::span<const std::int32_t>(mine), std::span(all));
-    for (auto x : all) ASSERT_EQ(x, 8);
+    for (auto x : all)
+      ASSERT_EQ(x, 8);
     const std::lock_guard lock(m);
-    for (const auto& o : tl.inter().ops()) inter_elements[static_cast<std::size_t>(world.rank())] += o.count;
+    for (const auto& o : tl.inter().ops())
+      inter_elements[static_cast<std::size_t>(world.rank())] += o.count;
   });
-  const std::size_t blocks[] = {3, 3, 2, 3, 3, 2, 0, 0};  // by world rank: local ranks 0-2, then 0-4
-  for (std::size_t r = 0; r < 8; ++r) EXPECT_EQ(inter_elements[r], 2 * blocks[r] * n) << "rank " << r;
+  const std::size_t blocks[] = {3, 3, 2, 3, 3, 2, 0, 0}; // by world rank: local ranks 0-2, then 0-4
+  for (std::size_t r = 0; r < 8; ++r)
+    EXPECT_EQ(inter_elements[r], 2 * blocks[r] * n) << "rank " << r;
 }
 
 // On even nodes (2 of 3 ranks; and 2 of 2 interleaved) reduce_scatter and all_gather take one
@@ -381,23 +408,28 @@ TEST(two_level, even_nodes_reduce_scatter_and_all_gather_in_one_call_per_level) 
   for (const auto& l : {from_spec("2x3"), layout{"interleaved 0101", {0, 1, 0, 1}}}) {
     const int p = static_cast<int>(l.node_of.size());
     std::mutex m;
-    std::vector<std::vector<traced_op>> intra_ops(static_cast<std::size_t>(p)), inter_ops(static_cast<std::size_t>(p));
+    std::vector<std::vector<traced_op>> intra_ops(static_cast<std::size_t>(p)),
+        inter_ops(static_cast<std::size_t>(p));
     local::run(topology::parse(std::to_string(p)), [&](local::communicator& c) {
       traced world(std::move(c), "world");
       const int rank = world.rank();
       const int color = detail::node_color(l.node_of, rank);
       auto intra = world.split(color, rank);
       auto inter = world.split(intra.rank(), color);
-      two_level<traced<local::communicator>> tl(std::move(intra), std::move(inter), l.node_of, rank);
+      two_level<traced<local::communicator>> tl(std::move(intra), std::move(inter), l.node_of,
+                                                rank);
       // rank r's block b holds r + 10 b: the sum over ranks of block b is known in closed form.
       std::vector<std::int32_t> all(static_cast<std::size_t>(p) * n), mine(n);
-      for (std::size_t i = 0; i < all.size(); ++i) all[i] = rank + 10 * static_cast<std::int32_t>(i / n);
+      for (std::size_t i = 0; i < all.size(); ++i)
+        all[i] = rank + 10 * static_cast<std::int32_t>(i / n);
       reduce_scatter(tl, std::span<const std::int32_t>(all), std::span(mine));
       const std::int32_t want = p * (p - 1) / 2 + 10 * p * rank;
-      for (auto x : mine) ASSERT_EQ(x, want) << l.name << ", rank " << rank;
+      for (auto x : mine)
+        ASSERT_EQ(x, want) << l.name << ", rank " << rank;
       all_gather(tl, std::span<const std::int32_t>(mine), std::span(all));
       for (std::size_t i = 0; i < all.size(); ++i) {
-        ASSERT_EQ(all[i], p * (p - 1) / 2 + 10 * p * static_cast<std::int32_t>(i / n)) << l.name << ", element " << i;
+        ASSERT_EQ(all[i], p * (p - 1) / 2 + 10 * p * static_cast<std::int32_t>(i / n))
+            << l.name << ", element " << i;
       }
       const std::lock_guard lock(m);
       intra_ops[static_cast<std::size_t>(rank)] = tl.intra().ops();
@@ -430,7 +462,8 @@ template <class F>
 level_calls trace_on_2x3(F&& f) {
   const auto kinds_of = [](const std::vector<traced_op>& ops) {
     calls out;
-    for (const auto& o : ops) out.emplace_back(o.kind, o.count);
+    for (const auto& o : ops)
+      out.emplace_back(o.kind, o.count);
     return out;
   };
   std::mutex m;
@@ -456,14 +489,17 @@ TEST(two_level, even_nodes_all_reduce_by_reduce_scatter_and_all_gather) {
   const std::size_t count = 602;
   const auto got = trace_on_2x3([&](auto& tl, int rank) {
     std::vector<std::int32_t> v(count);
-    for (std::size_t i = 0; i < count; ++i) v[i] = rank + static_cast<std::int32_t>(i);
+    for (std::size_t i = 0; i < count; ++i)
+      v[i] = rank + static_cast<std::int32_t>(i);
     all_reduce(tl, std::span(v));
-    for (std::size_t i = 0; i < count; ++i) ASSERT_EQ(v[i], 15 + 6 * static_cast<std::int32_t>(i)) << "element " << i;
+    for (std::size_t i = 0; i < count; ++i)
+      ASSERT_EQ(v[i], 15 + 6 * static_cast<std::int32_t>(i)) << "element " << i;
   });
   for (std::size_t r = 0; r < 6; ++r) {
     // RS 0, RS 1, AG 0, AG 1 (chunk 1's reduce before chunk 0's gather), then the 2 left over.
-    const calls intra = {{C::reduce_scatter, 100}, {C::reduce_scatter, 100}, {C::all_gather, 100}, {C::all_gather, 100},
-                         {C::reduce, 1},           {C::reduce, 1},           {C::broadcast, 1},   {C::broadcast, 1}};
+    const calls intra = {{C::reduce_scatter, 100}, {C::reduce_scatter, 100}, {C::all_gather, 100},
+                         {C::all_gather, 100},     {C::reduce, 1},           {C::reduce, 1},
+                         {C::broadcast, 1},        {C::broadcast, 1}};
     EXPECT_EQ(got.intra[r], intra) << "rank " << r;
     calls inter = {{C::all_reduce, 100}, {C::all_reduce, 100}};
     if (r % 3 != 0) inter.emplace_back(C::all_reduce, 1);
@@ -482,14 +518,19 @@ TEST(two_level, even_nodes_broadcast_by_all_gather) {
   const auto got = trace_on_2x3([&](auto& tl, int rank) {
     std::vector<std::int32_t> v(count, -1);
     if (rank == root) {
-      for (std::size_t i = 0; i < count; ++i) v[i] = 7 * static_cast<std::int32_t>(i);
+      for (std::size_t i = 0; i < count; ++i)
+        v[i] = 7 * static_cast<std::int32_t>(i);
     }
     broadcast(tl, std::span(v), root);
-    for (std::size_t i = 0; i < count; ++i) ASSERT_EQ(v[i], 7 * static_cast<std::int32_t>(i)) << "element " << i;
+    for (std::size_t i = 0; i < count; ++i)
+      ASSERT_EQ(v[i], 7 * static_cast<std::int32_t>(i)) << "element " << i;
   });
   for (std::size_t r = 0; r < 6; ++r) {
-    const calls intra = r >= 3 ? calls{{C::broadcast, 300}, {C::broadcast, 300}, {C::broadcast, 2}}
-                               : calls{{C::all_gather, 100}, {C::all_gather, 100}, {C::broadcast, 1}, {C::broadcast, 1}};
+    const calls intra =
+        r >= 3
+            ? calls{{C::broadcast, 300}, {C::broadcast, 300}, {C::broadcast, 2}}
+            : calls{
+                  {C::all_gather, 100}, {C::all_gather, 100}, {C::broadcast, 1}, {C::broadcast, 1}};
     EXPECT_EQ(got.intra[r], intra) << "rank " << r;
     calls inter = {{C::broadcast, 100}, {C::broadcast, 100}};
     if (r % 3 != 0) inter.emplace_back(C::broadcast, 1);
@@ -506,9 +547,11 @@ TEST(two_level, even_nodes_reduce_by_reduce_scatter_and_all_gather) {
   const int root = 4;
   const auto got = trace_on_2x3([&](auto& tl, int rank) {
     std::vector<std::int32_t> v(count), sum(rank == root ? count : 0);
-    for (std::size_t i = 0; i < count; ++i) v[i] = rank + static_cast<std::int32_t>(i);
+    for (std::size_t i = 0; i < count; ++i)
+      v[i] = rank + static_cast<std::int32_t>(i);
     reduce(tl, std::span<const std::int32_t>(v), std::span(sum), root);
-    for (std::size_t i = 0; i < sum.size(); ++i) ASSERT_EQ(sum[i], 15 + 6 * static_cast<std::int32_t>(i)) << "element " << i;
+    for (std::size_t i = 0; i < sum.size(); ++i)
+      ASSERT_EQ(sum[i], 15 + 6 * static_cast<std::int32_t>(i)) << "element " << i;
   });
   for (std::size_t r = 0; r < 6; ++r) {
     const bool root_node = r >= 3;
@@ -528,21 +571,21 @@ TEST(two_level, even_nodes_reduce_by_reduce_scatter_and_all_gather) {
 // the smallest free block that holds the request, else a new one.
 TEST(two_level, host_scratch_is_reused_between_calls) {
   host_runtime h;
-  int comm = 0;  // the host handoff ignores the communicator
+  int comm = 0; // the host handoff ignores the communicator
   const float* first = nullptr;
   {
     auto a = h.scratch<float>(comm, 1000);
     first = a.data();
-    a.data()[999] = 1.0f;  // usable to its end
+    a.data()[999] = 1.0f; // usable to its end
   }
   {
-    auto b = h.scratch<float>(comm, 500);   // fits the freed block
-    auto c = h.scratch<float>(comm, 2000);  // does not: a new one
+    auto b = h.scratch<float>(comm, 500);  // fits the freed block
+    auto c = h.scratch<float>(comm, 2000); // does not: a new one
     EXPECT_EQ(b.data(), first);
     EXPECT_NE(c.data(), first);
     c.data()[1999] = 2.0f;
   }
-  auto d = h.scratch<double>(comm, 900);  // 7200 bytes: only the 8000-byte block fits
+  auto d = h.scratch<double>(comm, 900); // 7200 bytes: only the 8000-byte block fits
   EXPECT_NE(d.data(), reinterpret_cast<const double*>(first));
   auto e = h.scratch<float>(comm, 0);
   EXPECT_EQ(e.data(), nullptr);
@@ -555,9 +598,9 @@ TEST(two_level, host_scratch_is_reused_between_calls) {
 // nothing, so this records when each handoff came, as the number of Inter operations by then.
 struct recorded_space : host_runtime {
   struct state {
-    const void* intra = nullptr;  // the two_level's own communicators, set once it is made
+    const void* intra = nullptr; // the two_level's own communicators, set once it is made
     const traced<local::communicator>* inter = nullptr;
-    std::vector<std::size_t> to_inter, to_intra;  // each handoff, as the Inter operations by then
+    std::vector<std::size_t> to_inter, to_intra; // each handoff, as the Inter operations by then
   };
   std::shared_ptr<state> s = std::make_shared<state>();
   template <class From, class To>
@@ -587,19 +630,23 @@ TEST(two_level, a_call_on_inter_is_ordered_after_the_callers_work_and_ends_on_in
         const std::size_t before = tl.inter().ops().size();
         call();
         const std::size_t after = tl.inter().ops().size();
-        const std::string where = std::string(spec) + ", " + what + ", rank " + std::to_string(rank);
-        if (after == before) return;  // Inter not used here
+        const std::string where =
+            std::string(spec) + ", " + what + ", rank " + std::to_string(rank);
+        if (after == before) return; // Inter not used here
         ASSERT_FALSE(h.s->to_inter.empty()) << where << ": Inter ran without a handoff from Intra";
-        EXPECT_EQ(h.s->to_inter.front(), before) << where << ": Inter ran before the handoff from Intra";
+        EXPECT_EQ(h.s->to_inter.front(), before)
+            << where << ": Inter ran before the handoff from Intra";
         ASSERT_FALSE(h.s->to_intra.empty()) << where << ": the call did not end on Intra";
-        EXPECT_EQ(h.s->to_intra.back(), after) << where << ": Inter ran after the last handoff back";
+        EXPECT_EQ(h.s->to_intra.back(), after)
+            << where << ": Inter ran after the last handoff back";
       };
       const std::size_t p = static_cast<std::size_t>(world.size());
       std::vector<float> v(64, 1.0f), all(64 * p, 1.0f), out(64);
       check("all_reduce", [&] { all_reduce(tl, std::span(v)); });
       check("broadcast", [&] { broadcast(tl, std::span(v), 0); });
       check("reduce", [&] { reduce(tl, std::span<const float>(v), std::span(out), 0); });
-      check("reduce_scatter", [&] { reduce_scatter(tl, std::span<const float>(all), std::span(out)); });
+      check("reduce_scatter",
+            [&] { reduce_scatter(tl, std::span<const float>(all), std::span(out)); });
       check("all_gather", [&] { all_gather(tl, std::span<const float>(out), std::span(all)); });
     });
   }
@@ -612,7 +659,7 @@ TEST(two_level, refuses_bad_roots_and_buffers) {
     EXPECT_THROW(broadcast(tl, std::span(v), 4), error);
     EXPECT_THROW(broadcast(tl, std::span(v), -1), error);
     EXPECT_THROW(reduce(tl, std::span<const float>(v), std::span(v), 7), error);
-    if (world.rank() == 1) {  // only the root's output is checked
+    if (world.rank() == 1) { // only the root's output is checked
       EXPECT_THROW(reduce(tl, std::span<const float>(v), std::span(small), 1), error);
     }
     std::vector<float> three(3);
@@ -625,7 +672,8 @@ TEST(two_level, refuses_bad_roots_and_buffers) {
 // roots and the call, and scale half averages (a member broadcast from root 9 of 4 ranks
 // indexed past the world's node table).
 template <class TL>
-concept pointer_collectives_reachable = requires(TL& tl, const float* in, float* out, std::size_t n) {
+concept pointer_collectives_reachable = requires(TL& tl, const float* in, float* out,
+                                                 std::size_t n) {
   tl.template all_reduce<algo::levels<>>(in, out, n, op::sum{});
   tl.template broadcast<algo::levels<>>(out, n, 0);
   tl.template reduce<algo::levels<>>(in, out, n, 0, op::sum{});
@@ -634,14 +682,16 @@ concept pointer_collectives_reachable = requires(TL& tl, const float* in, float*
 };
 static_assert(!pointer_collectives_reachable<two_level<local::communicator>>);
 // The concept can hold: the free functions reach them through the access struct.
-static_assert(requires(two_level<local::communicator>& tl, const float* in, float* out, std::size_t n) {
+static_assert(requires(two_level<local::communicator> & tl, const float* in, float* out,
+                       std::size_t n) {
   detail::two_level_access::all_reduce<algo::levels<>>(tl, in, out, n, op::sum{});
 });
 
 TEST(two_level, barrier_meets_every_rank) {
   local::run(topology::parse("2+3"), [](local::communicator& world) {
     auto tl = make_two_level(world);
-    for (int i = 0; i < 3; ++i) tl.barrier();
+    for (int i = 0; i < 3; ++i)
+      tl.barrier();
     EXPECT_EQ(tl.size(), 5);
     EXPECT_EQ(tl.rank(), world.rank());
   });
@@ -653,30 +703,35 @@ TEST(two_level, refuses_communicators_that_do_not_match_node_of) {
     auto intra = world.split(0, world.rank());
     auto inter = world.split(0, world.rank());
     try {
-      two_level<local::communicator> tl(std::move(intra), std::move(inter), world.node_of(), world.rank());
+      two_level<local::communicator> tl(std::move(intra), std::move(inter), world.node_of(),
+                                        world.rank());
       ADD_FAILURE() << "a world-sized intra communicator must be refused";
     } catch (const error& e) {
-      EXPECT_NE(std::string(e.what()).find("intra-node communicator has rank"), std::string::npos) << e.what();
-    }
-  });
-  local::run(topology::parse("2x2"), [](local::communicator& world) {
-    const int node = world.rank() / 2;
-    auto intra = world.split(node, world.rank());
-    auto inter = world.split(0, world.rank());  // everyone, where it should be one per node
-    try {
-      two_level<local::communicator> tl(std::move(intra), std::move(inter), world.node_of(), world.rank());
-      ADD_FAILURE() << "a world-sized inter communicator must be refused";
-    } catch (const error& e) {
-      EXPECT_NE(std::string(e.what()).find("inter-node communicator has 4 ranks, but 2 nodes"), std::string::npos)
+      EXPECT_NE(std::string(e.what()).find("intra-node communicator has rank"), std::string::npos)
           << e.what();
     }
   });
   local::run(topology::parse("2x2"), [](local::communicator& world) {
     const int node = world.rank() / 2;
     auto intra = world.split(node, world.rank());
-    auto inter = world.split(world.rank() % 2, -node);  // the nodes in reverse order
+    auto inter = world.split(0, world.rank()); // everyone, where it should be one per node
     try {
-      two_level<local::communicator> tl(std::move(intra), std::move(inter), world.node_of(), world.rank());
+      two_level<local::communicator> tl(std::move(intra), std::move(inter), world.node_of(),
+                                        world.rank());
+      ADD_FAILURE() << "a world-sized inter communicator must be refused";
+    } catch (const error& e) {
+      EXPECT_NE(std::string(e.what()).find("inter-node communicator has 4 ranks, but 2 nodes"),
+                std::string::npos)
+          << e.what();
+    }
+  });
+  local::run(topology::parse("2x2"), [](local::communicator& world) {
+    const int node = world.rank() / 2;
+    auto intra = world.split(node, world.rank());
+    auto inter = world.split(world.rank() % 2, -node); // the nodes in reverse order
+    try {
+      two_level<local::communicator> tl(std::move(intra), std::move(inter), world.node_of(),
+                                        world.rank());
       ADD_FAILURE() << "an inter communicator with the nodes out of order must be refused";
     } catch (const error& e) {
       EXPECT_NE(std::string(e.what()).find("but its node comes at"), std::string::npos) << e.what();
@@ -691,13 +746,15 @@ TEST(two_level, refuses_communicators_that_do_not_match_node_of) {
 // chunk. The reduce used to size its working memory by the chunk: SIZE_MAX wrapped to a 1-byte
 // block written past (ASan), 2^36 asked for 64 GiB for 10 floats; and the chunk count wrapped to 0.
 TEST(two_level, chunks_larger_than_the_call_take_it_in_one) {
-  for (const std::size_t chunk_bytes : {std::numeric_limits<std::size_t>::max(), std::size_t{1} << 36}) {
+  for (const std::size_t chunk_bytes :
+       {std::numeric_limits<std::size_t>::max(), std::size_t{1} << 36}) {
     for (const char* spec : {"1+3", "2x2", "3+2"}) {
       local::run(topology::parse(spec), [&](local::communicator& world) {
         auto tl = make_two_level(world, {.chunk_bytes = chunk_bytes});
         const int p = world.size();
         std::vector<float> in(10), out(10, -1.0f), all(10);
-        for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(world.rank() * 100 + i);
+        for (std::size_t i = 0; i < in.size(); ++i)
+          in[i] = static_cast<float>(world.rank() * 100 + i);
         reduce(tl, std::span<const float>(in), std::span(out), 0);
         all_reduce(tl, std::span<const float>(in), std::span(all));
         for (std::size_t i = 0; i < in.size(); ++i) {
@@ -721,15 +778,19 @@ TEST(two_level, half_averages_do_not_overflow) {
       const std::size_t n = 2 * static_cast<std::size_t>(world.size());
       std::vector<half> in(n, half(30000.0f)), out(n), part(2), root(n);
       all_reduce(tl, std::span<const half>(in), std::span(out), op::avg{});
-      for (const half v : out) EXPECT_NEAR(static_cast<float>(v), 30000.0f, 30.0f) << spec;
+      for (const half v : out)
+        EXPECT_NEAR(static_cast<float>(v), 30000.0f, 30.0f) << spec;
       reduce_scatter(tl, std::span<const half>(in), std::span(part), op::avg{});
-      for (const half v : part) EXPECT_NEAR(static_cast<float>(v), 30000.0f, 30.0f) << spec;
+      for (const half v : part)
+        EXPECT_NEAR(static_cast<float>(v), 30000.0f, 30.0f) << spec;
       reduce(tl, std::span<const half>(in), std::span(root), 1, op::avg{});
       if (world.rank() == 1) {
-        for (const half v : root) EXPECT_NEAR(static_cast<float>(v), 30000.0f, 30.0f) << spec;
+        for (const half v : root)
+          EXPECT_NEAR(static_cast<float>(v), 30000.0f, 30.0f) << spec;
       }
       all_reduce(tl, std::span(in), op::avg{});
-      for (const half v : in) EXPECT_NEAR(static_cast<float>(v), 30000.0f, 30.0f) << spec << " in place";
+      for (const half v : in)
+        EXPECT_NEAR(static_cast<float>(v), 30000.0f, 30.0f) << spec << " in place";
     });
   }
 }
@@ -740,31 +801,32 @@ TEST(two_level, half_averages_do_not_overflow) {
 TEST(two_level, the_call_check_compares_the_two_level_call) {
   for (int variant = 0; variant < 2; ++variant) {
     std::vector<std::string> seen(4);
-    (void)local::run(
-        topology::parse("2x2"),
-        [&](local::communicator& world) {
-          auto tl = make_two_level(world);
-          std::vector<float> a(4, static_cast<float>(world.rank() + 1)), out(4);
-          try {
-            if (variant == 0) {
-              if (world.rank() == 0) {
-                all_reduce(tl, std::span(a), op::avg{});
-              } else {
-                all_reduce(tl, std::span(a), op::sum{});
-              }
-            } else {
-              const int root = world.rank() == 1 ? 1 : 0;
-              reduce(tl, std::span<const float>(a), std::span(out), root);
-            }
-          } catch (const error& e) {
-            seen[static_cast<std::size_t>(world.rank())] = e.what();
-          }
-        },
-        {.timeout = std::chrono::seconds(20), .check_calls = true});
+    (void)local::run(topology::parse("2x2"),
+                     [&](local::communicator& world) {
+                       auto tl = make_two_level(world);
+                       std::vector<float> a(4, static_cast<float>(world.rank() + 1)), out(4);
+                       try {
+                         if (variant == 0) {
+                           if (world.rank() == 0) {
+                             all_reduce(tl, std::span(a), op::avg{});
+                           } else {
+                             all_reduce(tl, std::span(a), op::sum{});
+                           }
+                         } else {
+                           const int root = world.rank() == 1 ? 1 : 0;
+                           reduce(tl, std::span<const float>(a), std::span(out), root);
+                         }
+                       } catch (const error& e) {
+                         seen[static_cast<std::size_t>(world.rank())] = e.what();
+                       }
+                     },
+                     {.timeout = std::chrono::seconds(20), .check_calls = true});
     int told = 0;
-    for (const auto& m : seen) told += m.find("the ranks called different collectives") != std::string::npos ? 1 : 0;
+    for (const auto& m : seen)
+      told += m.find("the ranks called different collectives") != std::string::npos ? 1 : 0;
     EXPECT_GE(told, 2) << "variant " << variant << ": " << seen[0] << " | " << seen[1];
-    for (const auto& m : seen) EXPECT_FALSE(m.empty()) << "variant " << variant << ": a rank finished the call";
+    for (const auto& m : seen)
+      EXPECT_FALSE(m.empty()) << "variant " << variant << ": a rank finished the call";
   }
 }
 

@@ -35,7 +35,8 @@ __global__ void late_fill(std::int64_t* x, std::size_t n, std::int64_t v, long l
   const long long start = clock64();
   while (clock64() - start < cycles) {
   }
-  for (std::size_t i = threadIdx.x; i < n; i += blockDim.x) x[i] = v + static_cast<std::int64_t>(i);
+  for (std::size_t i = threadIdx.x; i < n; i += blockDim.x)
+    x[i] = v + static_cast<std::int64_t>(i);
 }
 
 TEST(cuda_async, side_stream_collectives_start_after_the_main_streams_work) {
@@ -49,7 +50,8 @@ TEST(cuda_async, side_stream_collectives_start_after_the_main_streams_work) {
     // Written late on the main stream: a call queued right after must see these values.
     late_fill<<<1, 256, 0, c.stream()>>>(a.data(), n, 1000 * (c.rank() + 1), 20'000'000);
     auto w1 = weft::cuda::all_reduce_async<algo::ring>(ac, std::span(a.data(), n));
-    auto w2 = weft::cuda::all_gather_async(ac, std::span<const std::int64_t>(a.data(), n), std::span(b.data(), p * n));
+    auto w2 = weft::cuda::all_gather_async(ac, std::span<const std::int64_t>(a.data(), n),
+                                           std::span(b.data(), p * n));
     w2.wait(c.stream());
     const auto sum = download(a.data(), n, c.stream());
     const auto gathered = download(b.data(), p * n, c.stream());
@@ -57,7 +59,8 @@ TEST(cuda_async, side_stream_collectives_start_after_the_main_streams_work) {
     for (std::size_t i = 0; i < n; ++i) {
       const std::int64_t want = 1000 * (1 + 2 + 3) + p * static_cast<std::int64_t>(i);
       ASSERT_EQ(sum[i], want) << "element " << i;
-      for (int r = 0; r < p; ++r) ASSERT_EQ(gathered[r * n + i], want) << "rank " << r << ", element " << i;
+      for (int r = 0; r < p; ++r)
+        ASSERT_EQ(gathered[r * n + i], want) << "rank " << r << ", element " << i;
     }
   });
 }
@@ -71,10 +74,11 @@ TEST(cuda_async, the_work_finishes_while_the_main_stream_is_busy) {
     auto w = weft::cuda::all_reduce_async(ac, std::span(g.data(), g.size()));
     // More "backward" on the main stream: about a second of it.
     late_fill<<<1, 1, 0, c.stream()>>>(nullptr, 0, 0, 2'000'000'000);
-    w.wait();  // the host waits for the side stream only
+    w.wait(); // the host waits for the side stream only
     // Its polls saw "not ready" and left no error behind for the next launch's check.
     EXPECT_EQ(cudaPeekAtLastError(), cudaSuccess);
-    EXPECT_EQ(cudaStreamQuery(c.stream()), cudaErrorNotReady) << "the side stream waited for the main stream's later work";
+    EXPECT_EQ(cudaStreamQuery(c.stream()), cudaErrorNotReady)
+        << "the side stream waited for the main stream's later work";
     (void)cudaGetLastError();
     WEFT_CUDA_TRY(cudaStreamSynchronize(c.stream()));
   });
@@ -92,7 +96,8 @@ TEST(cuda_async, nccl_splits_a_side_stream_of_its_own) {
   auto w = weft::cuda::all_reduce_async<algo::vendor>(ac, std::span(a.data(), 1000));
   w.wait(c.stream());
   const auto back = download(a.data(), 1000, c.stream());
-  for (std::size_t i = 0; i < back.size(); ++i) ASSERT_EQ(back[i], 7 + static_cast<std::int64_t>(i));
+  for (std::size_t i = 0; i < back.size(); ++i)
+    ASSERT_EQ(back[i], 7 + static_cast<std::int64_t>(i));
 }
 
 } // namespace

@@ -10,25 +10,26 @@
 #include <weft/cuda/p2p.cuh>
 #include <weft/optim.hpp>
 
-#include <gtest/gtest.h>
-
 #include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <string>
 #include <vector>
 
-#include <unistd.h>
-
 #include "optim/support.hpp"
 #include "support/cuda.cuh"
 
 // Every member compiles over the transports users run it on (only emulated runs here).
-template class weft::optim::data_parallel<weft::optim::zero<2>, weft::optim::adamw, float, weft::cuda::nccl::communicator>;
-template class weft::optim::data_parallel<weft::optim::zero<3>, weft::optim::sgd, weft::half, weft::cuda::p2p::communicator>;
-template class weft::optim::data_parallel<weft::optim::hybrid<weft::optim::zero<1>, weft::optim::zero<0>>,
-                                          weft::optim::adam, weft::bfloat16, weft::cuda::nccl::communicator>;
+template class weft::optim::data_parallel<weft::optim::zero<2>, weft::optim::adamw, float,
+                                          weft::cuda::nccl::communicator>;
+template class weft::optim::data_parallel<weft::optim::zero<3>, weft::optim::sgd, weft::half,
+                                          weft::cuda::p2p::communicator>;
+template class weft::optim::data_parallel<
+    weft::optim::hybrid<weft::optim::zero<1>, weft::optim::zero<0>>, weft::optim::adam,
+    weft::bfloat16, weft::cuda::nccl::communicator>;
 
 namespace {
 
@@ -38,9 +39,10 @@ namespace wo = weft::optim;
 namespace emu = weft::cuda::emulated;
 
 static_assert(wo::data_parallel<wo::zero<2>, wo::adamw, float, emu::communicator>::on_device);
-static_assert(!wo::data_parallel<wo::zero<2>, wo::adamw, float, weft::local::communicator>::on_device);
+static_assert(
+    !wo::data_parallel<wo::zero<2>, wo::adamw, float, weft::local::communicator>::on_device);
 
-constexpr int batch = 12;  // divides by 1..4
+constexpr int batch = 12; // divides by 1..4
 constexpr int steps = 6;
 
 wo::data_parallel_options small_buckets(int dp, float max_norm) {
@@ -56,25 +58,29 @@ struct device_access {
     std::vector<T> h(p.size());
     WEFT_CUDA_TRY(cudaMemcpyAsync(h.data(), p.data(), p.size_bytes(), cudaMemcpyDeviceToHost, s));
     WEFT_CUDA_TRY(cudaStreamSynchronize(s));
-    for (std::size_t i = 0; i < h.size(); ++i) out[i] = static_cast<float>(h[i]);
+    for (std::size_t i = 0; i < h.size(); ++i)
+      out[i] = static_cast<float>(h[i]);
   }
   template <class T>
   void write(std::span<T> g, const float* in, float scale) const {
     std::vector<T> h(g.size());
-    for (std::size_t i = 0; i < h.size(); ++i) h[i] = static_cast<T>(in[i] * scale);
+    for (std::size_t i = 0; i < h.size(); ++i)
+      h[i] = static_cast<T>(in[i] * scale);
     WEFT_CUDA_TRY(cudaMemcpyAsync(g.data(), h.data(), g.size_bytes(), cudaMemcpyHostToDevice, s));
-    WEFT_CUDA_TRY(cudaStreamSynchronize(s));  // h is pageable and goes now
+    WEFT_CUDA_TRY(cudaStreamSynchronize(s)); // h is pageable and goes now
   }
 };
 
 /// train_parallel of tests/optim/support.hpp on `dp` emulated ranks of one GPU.
 template <class Policy, class P = float, class Rule>
-std::vector<float> train_on_device(const model& m, int dp, Rule rule, float multiplier, wo::data_parallel_options o) {
+std::vector<float> train_on_device(const model& m, int dp, Rule rule, float multiplier,
+                                   wo::data_parallel_options o) {
   std::vector<std::vector<float>> result(static_cast<std::size_t>(dp));
   emu::run(dp, [&](emu::communicator& c) {
     auto opt = wo::make_data_parallel<Policy, P>(c, m.params, rule, o);
     opt->set_parameters(m.initial());
-    train_steps(*opt, m, batch * c.rank() / dp, batch * (c.rank() + 1) / dp, steps, multiplier, device_access{c.stream()});
+    train_steps(*opt, m, batch * c.rank() / dp, batch * (c.rank() + 1) / dp, steps, multiplier,
+                device_access{c.stream()});
     result[static_cast<std::size_t>(c.rank())] = opt->gather_parameters();
   });
   return agreed(result);
@@ -82,8 +88,9 @@ std::vector<float> train_on_device(const model& m, int dp, Rule rule, float mult
 
 template <class Policy>
 class device_sharded_training : public ::testing::Test {};
-using policies = ::testing::Types<wo::zero<0>, wo::zero<1>, wo::zero<2>, wo::zero<3>, wo::hybrid<wo::zero<1>, wo::zero<0>>,
-                                  wo::hybrid<wo::zero<3>, wo::zero<0>>>;
+using policies =
+    ::testing::Types<wo::zero<0>, wo::zero<1>, wo::zero<2>, wo::zero<3>,
+                     wo::hybrid<wo::zero<1>, wo::zero<0>>, wo::hybrid<wo::zero<3>, wo::zero<0>>>;
 TYPED_TEST_SUITE(device_sharded_training, policies);
 
 TYPED_TEST(device_sharded_training, integer_data_sgd_is_bitwise) {
@@ -92,7 +99,8 @@ TYPED_TEST(device_sharded_training, integer_data_sgd_is_bitwise) {
   for (int dp = 1; dp <= 4; ++dp) {
     for (float clip : {0.0f, 0.5f}) {
       const auto expected = train_serial(m, batch, rule_kind::sgd, steps, 1.0f / batch, clip);
-      const auto got = train_on_device<TypeParam>(m, dp, sgd_rule(), 1.0f / batch, small_buckets(dp, clip));
+      const auto got =
+          train_on_device<TypeParam>(m, dp, sgd_rule(), 1.0f / batch, small_buckets(dp, clip));
       EXPECT_EQ(got, expected) << "dp " << dp << " clip " << clip;
     }
   }
@@ -108,7 +116,7 @@ TYPED_TEST(device_sharded_training, float_mlp_matches_full_batch_training) {
       const auto got = train_on_device<TypeParam>(m, dp, rule, 1.0f, small_buckets(dp, 0.05f));
       const double err = relative_error(got, expected);
       EXPECT_LT(err, 1e-5) << name_of(k) << " dp " << dp;
-      EXPECT_GT(relative_error(m.initial(), expected), 1e-2);  // the run moved the weights
+      EXPECT_GT(relative_error(m.initial(), expected), 1e-2); // the run moved the weights
       worst = std::max(worst, err);
     };
     check(rule_kind::sgd, sgd_rule());
@@ -123,13 +131,16 @@ TYPED_TEST(device_sharded_training, float_mlp_matches_full_batch_training) {
 template <class P>
 void check_mixed(bool scaling) {
   const l1_linear m(batch);
-  const auto expected = rounded_to<P>(train_serial(m, batch, rule_kind::sgd, steps, 1.0f / batch, 0.0f));
+  const auto expected =
+      rounded_to<P>(train_serial(m, batch, rule_kind::sgd, steps, 1.0f / batch, 0.0f));
   for (int dp : {1, 3, 4}) {
     auto o = small_buckets(dp, 0.0f);
     o.loss_scaling = scaling;
     o.scaling.initial = 256.0f;
-    EXPECT_EQ((train_on_device<wo::zero<1>, P>(m, dp, sgd_rule(), 1.0f / batch, o)), expected) << dp;
-    EXPECT_EQ((train_on_device<wo::zero<3>, P>(m, dp, sgd_rule(), 1.0f / batch, o)), expected) << dp;
+    EXPECT_EQ((train_on_device<wo::zero<1>, P>(m, dp, sgd_rule(), 1.0f / batch, o)), expected)
+        << dp;
+    EXPECT_EQ((train_on_device<wo::zero<3>, P>(m, dp, sgd_rule(), 1.0f / batch, o)), expected)
+        << dp;
   }
 }
 
@@ -142,7 +153,8 @@ TEST(device_mixed_precision, bfloat16_keeps_fp32_master_weights) {
   check_mixed<weft::bfloat16>(false);
 }
 
-TEST(device_data_parallel, without_overlap_the_collectives_run_on_the_main_stream_with_the_same_result) {
+TEST(device_data_parallel,
+     without_overlap_the_collectives_run_on_the_main_stream_with_the_same_result) {
   WEFT_REQUIRE_DEVICE();
   const l1_linear m(batch);
   const auto expected = train_serial(m, batch, rule_kind::sgd, steps, 1.0f / batch, 0.5f);
@@ -182,8 +194,10 @@ TEST(device_data_parallel, checkpoints_reshard_and_resume_on_the_device_or_the_h
   namespace ck = weft::optim::checkpoint;
   const l1_linear m(batch);
   const wo::data_parallel_options o{.bucket_elements = 5};
-  const auto uninterrupted = train_parallel<wo::zero<2>>(m, batch, 4, sgd_rule(), 2 * steps, 1.0f / batch, o);
-  const auto dir = std::filesystem::temp_directory_path() / ("weft_device_ckpt_" + std::to_string(::getpid()));
+  const auto uninterrupted =
+      train_parallel<wo::zero<2>>(m, batch, 4, sgd_rule(), 2 * steps, 1.0f / batch, o);
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("weft_device_ckpt_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   const auto on_device = [&]<class Policy>(Policy, int dp, bool load, bool save) {
     std::vector<std::vector<float>> result(static_cast<std::size_t>(dp));
@@ -203,8 +217,8 @@ TEST(device_data_parallel, checkpoints_reshard_and_resume_on_the_device_or_the_h
   EXPECT_EQ(on_device(wo::zero<3>{}, 3, true, false), uninterrupted);
   std::vector<float> on_host;
   weft::local::run(4, [&](weft::local::communicator& c) {
-    auto opt = wo::make_data_parallel<wo::hybrid<wo::zero<2>, wo::zero<0>>>(c, m.params, sgd_rule(),
-                                                                            {.bucket_elements = 5, .inner_size = 2});
+    auto opt = wo::make_data_parallel<wo::hybrid<wo::zero<2>, wo::zero<0>>>(
+        c, m.params, sgd_rule(), {.bucket_elements = 5, .inner_size = 2});
     opt->set_parameters(m.initial());
     ck::load(*opt, c, dir);
     train_steps(*opt, m, batch * c.rank() / 4, batch * (c.rank() + 1) / 4, steps, 1.0f / batch);
@@ -212,7 +226,8 @@ TEST(device_data_parallel, checkpoints_reshard_and_resume_on_the_device_or_the_h
     if (c.rank() == 0) on_host = p;
   });
   EXPECT_EQ(on_host, uninterrupted);
-  EXPECT_NE(on_device(wo::zero<1>{}, 2, false, false), uninterrupted);  // without the checkpoint it differs
+  EXPECT_NE(on_device(wo::zero<1>{}, 2, false, false),
+            uninterrupted); // without the checkpoint it differs
   std::filesystem::remove_all(dir);
 }
 
@@ -225,7 +240,8 @@ TEST(device_data_parallel, squared_norm_of_large_and_empty_ranges) {
     wo::detail::dp_memory<emu::communicator> mem(c);
     const std::size_t n = 300001;
     std::vector<weft::half> h(n);
-    for (std::size_t i = 0; i < n; ++i) h[i] = weft::half(static_cast<float>(static_cast<int>(i % 13) - 6));
+    for (std::size_t i = 0; i < n; ++i)
+      h[i] = weft::half(static_cast<float>(static_cast<int>(i % 13) - 6));
     weft::cuda::device_buffer<weft::half> d(n);
     const auto expected = [&] {
       double sq = 0.0;
@@ -236,20 +252,22 @@ TEST(device_data_parallel, squared_norm_of_large_and_empty_ranges) {
       }
       return sq;
     };
-    mem.upload(d.data(), h.data(), n);  // on the communicator's stream (non-blocking: cudaMemcpy would not order it)
-    const auto squares = mem.prepare_squares(
-        std::vector<wo::detail::norm_range<weft::half>>{{d.data(), 7}, {d.data() + 7, 0}, {d.data() + 100, n - 100}});
+    mem.upload(d.data(), h.data(),
+               n); // on the communicator's stream (non-blocking: cudaMemcpy would not order it)
+    const auto squares = mem.prepare_squares(std::vector<wo::detail::norm_range<weft::half>>{
+        {d.data(), 7}, {d.data() + 7, 0}, {d.data() + 100, n - 100}});
     weft::cuda::device_buffer<double> out(1);
     double got = -1.0;
     mem.sum_squares(squares, out.data());
     mem.download(&got, out.data(), 1);
     EXPECT_EQ(got, expected());
     EXPECT_GT(got, 0.0);
-    for (auto& x : h) x = weft::half(static_cast<float>(x) * 2.0f);
+    for (auto& x : h)
+      x = weft::half(static_cast<float>(x) * 2.0f);
     mem.upload(d.data(), h.data(), n);
     mem.sum_squares(squares, out.data());
     mem.download(&got, out.data(), 1);
-    EXPECT_EQ(got, expected());  // of the doubled values
+    EXPECT_EQ(got, expected()); // of the doubled values
     const auto none = mem.prepare_squares(std::vector<wo::detail::norm_range<weft::half>>{});
     mem.sum_squares(none, out.data());
     mem.download(&got, out.data(), 1);

@@ -203,8 +203,8 @@ const emu::options test_options{.timeout = std::chrono::seconds(60)};
 /// algorithm could get wrong on its own. (Every operator everywhere was ~700 instantiations and
 /// four minutes of nvcc in CI.)
 template <class Algo>
-constexpr bool every_operator =
-    std::is_same_v<Algo, algo::ring> || std::is_same_v<Algo, algo::hierarchical<algo::ring, algo::ring>>;
+constexpr bool every_operator = std::is_same_v<Algo, algo::ring> ||
+                                std::is_same_v<Algo, algo::hierarchical<algo::ring, algo::ring>>;
 
 std::vector<topology::cluster> flat_worlds() {
   std::vector<topology::cluster> v;
@@ -465,27 +465,33 @@ TEST(emulated, the_call_check_runs_over_the_host_messages) {
 
 TEST(emulated, split_gives_communicators_on_the_same_device_with_their_own_streams) {
   WEFT_REQUIRE_DEVICE();
-  emu::run(5, [](emu::communicator& c) {
-    constexpr std::size_t n = 3000;
-    weft::cuda::device_buffer<std::int32_t> d(n);
-    // Queued on the parent's stream before the split: the part's stream starts after it.
-    upload(d.data(), std::vector<std::int32_t>(n, c.rank() + 1), c.stream());
-    emu::communicator part = c.split(c.rank() % 2, -c.rank()); // reversed order within each half
-    EXPECT_NE(part.stream(), c.stream());
-    EXPECT_EQ(part.device(), c.device());
-    const std::vector<int> members =
-        c.rank() % 2 == 0 ? std::vector<int>{4, 2, 0} : std::vector<int>{3, 1};
-    EXPECT_EQ(part.size(), static_cast<int>(members.size()));  // not ASSERT: a rank leaving would stall the others
-    if (part.size() != static_cast<int>(members.size())) return;
-    EXPECT_EQ(members[static_cast<std::size_t>(part.rank())], c.rank());
-    std::int32_t want = 0;
-    for (int m : members)
-      want += m + 1;
-    all_reduce<algo::ring>(part, std::span(d.data(), n));
-    all_reduce<algo::direct>(part, std::span(d.data(), n), op::max{});
-    const auto got = download(d.data(), n, part.stream());
-    EXPECT_EQ(got, std::vector<std::int32_t>(n, want)) << "rank " << c.rank();
-  }, test_options);
+  emu::run(
+      5,
+      [](emu::communicator& c) {
+        constexpr std::size_t n = 3000;
+        weft::cuda::device_buffer<std::int32_t> d(n);
+        // Queued on the parent's stream before the split: the part's stream starts after it.
+        upload(d.data(), std::vector<std::int32_t>(n, c.rank() + 1), c.stream());
+        emu::communicator part =
+            c.split(c.rank() % 2, -c.rank()); // reversed order within each half
+        EXPECT_NE(part.stream(), c.stream());
+        EXPECT_EQ(part.device(), c.device());
+        const std::vector<int> members =
+            c.rank() % 2 == 0 ? std::vector<int>{4, 2, 0} : std::vector<int>{3, 1};
+        EXPECT_EQ(
+            part.size(),
+            static_cast<int>(members.size())); // not ASSERT: a rank leaving would stall the others
+        if (part.size() != static_cast<int>(members.size())) return;
+        EXPECT_EQ(members[static_cast<std::size_t>(part.rank())], c.rank());
+        std::int32_t want = 0;
+        for (int m : members)
+          want += m + 1;
+        all_reduce<algo::ring>(part, std::span(d.data(), n));
+        all_reduce<algo::direct>(part, std::span(d.data(), n), op::max{});
+        const auto got = download(d.data(), n, part.stream());
+        EXPECT_EQ(got, std::vector<std::int32_t>(n, want)) << "rank " << c.rank();
+      },
+      test_options);
 }
 
 TEST(emulated, a_rank_may_lend_its_own_stream) {
@@ -493,16 +499,19 @@ TEST(emulated, a_rank_may_lend_its_own_stream) {
   std::vector<cudaStream_t> streams(3);
   for (auto& s : streams)
     WEFT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  emu::run(3, [&](emu::communicator& c) {
-    weft::cuda::device_buffer<float> d(100);
-    upload(d.data(), std::vector<float>(100, static_cast<float>(c.rank())),
-           c.stream()); // on the old stream
-    const cudaStream_t mine = streams[static_cast<std::size_t>(c.rank())];
-    c.set_stream(mine);
-    EXPECT_EQ(c.stream(), mine);
-    all_reduce<algo::direct>(c, std::span(d.data(), 100));
-    EXPECT_EQ(download(d.data(), 100, mine), std::vector<float>(100, 3.0f));
-  }, test_options);
+  emu::run(
+      3,
+      [&](emu::communicator& c) {
+        weft::cuda::device_buffer<float> d(100);
+        upload(d.data(), std::vector<float>(100, static_cast<float>(c.rank())),
+               c.stream()); // on the old stream
+        const cudaStream_t mine = streams[static_cast<std::size_t>(c.rank())];
+        c.set_stream(mine);
+        EXPECT_EQ(c.stream(), mine);
+        all_reduce<algo::direct>(c, std::span(d.data(), 100));
+        EXPECT_EQ(download(d.data(), 100, mine), std::vector<float>(100, 3.0f));
+      },
+      test_options);
   for (auto s : streams)
     WEFT_CUDA_TRY(cudaStreamDestroy(s)); // borrowed: still valid after the run
 }

@@ -21,9 +21,11 @@ std::string message_of(void (*f)()) {
 
 TEST(cuda_error, a_failed_runtime_call_names_the_call_the_place_and_the_error) {
   const std::string m = message_of([] { WEFT_CUDA_TRY(cudaErrorMemoryAllocation); });
-  EXPECT_NE(m.find("cudaErrorMemoryAllocation failed at"), std::string::npos) << m;  // the call's text
+  EXPECT_NE(m.find("cudaErrorMemoryAllocation failed at"), std::string::npos)
+      << m; // the call's text
   EXPECT_NE(m.find("error_test.cu:"), std::string::npos) << m;
-  EXPECT_NE(m.find("cudaErrorMemoryAllocation ("), std::string::npos) << m;  // its name, then its description
+  EXPECT_NE(m.find("cudaErrorMemoryAllocation ("), std::string::npos)
+      << m; // its name, then its description
   EXPECT_NE(m.find("out of memory"), std::string::npos) << m;
 }
 

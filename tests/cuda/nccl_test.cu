@@ -6,9 +6,6 @@
 #include <weft/cuda/nccl.cuh>
 #include <weft/weft.hpp>
 
-#include "support/cuda.cuh"
-#include "support/reference.hpp"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,16 +20,19 @@
 #include <type_traits>
 #include <vector>
 
+#include "support/cuda.cuh"
+#include "support/reference.hpp"
+
 namespace {
 
 namespace algo = weft::algo;
 namespace op = weft::op;
 namespace nccl = weft::cuda::nccl;
+using nccl::communicator;
 using weft::buffer;
 using weft::collective;
 using weft::cuda::device_buffer;
 using weft::test::pattern;
-using nccl::communicator;
 
 // Expects `f` to throw weft::error whose message contains every one of `parts`.
 template <class F>
@@ -61,14 +61,18 @@ TEST(nccl, every_element_type_has_its_nccl_type) {
   static_assert(nccl_type_of<std::int64_t> == ncclInt64);
   static_assert(nccl_type_of<const float> == ncclFloat32);
   const std::pair<weft::dtype, ncclDataType_t> table[] = {
-      {weft::dtype::float32, ncclFloat32}, {weft::dtype::float64, ncclFloat64}, {weft::dtype::float16, ncclFloat16},
-      {weft::dtype::bfloat16, ncclBfloat16}, {weft::dtype::int32, ncclInt32},   {weft::dtype::int64, ncclInt64}};
-  for (const auto& [t, n] : table) EXPECT_EQ(weft::cuda::nccl_type(t), n) << weft::name_of(t);
+      {weft::dtype::float32, ncclFloat32}, {weft::dtype::float64, ncclFloat64},
+      {weft::dtype::float16, ncclFloat16}, {weft::dtype::bfloat16, ncclBfloat16},
+      {weft::dtype::int32, ncclInt32},     {weft::dtype::int64, ncclInt64}};
+  for (const auto& [t, n] : table)
+    EXPECT_EQ(weft::cuda::nccl_type(t), n) << weft::name_of(t);
 }
 
 struct user_max {
   template <class A>
-  WEFT_HOST_DEVICE A operator()(A a, A b) const { return a < b ? b : a; }
+  WEFT_HOST_DEVICE A operator()(A a, A b) const {
+    return a < b ? b : a;
+  }
 };
 struct derived_sum : op::sum {};
 
@@ -81,12 +85,13 @@ TEST(nccl, built_in_operators_map_to_nccl_and_user_functors_do_not) {
   static_assert(nccl_op_of<op::max> == ncclMax);
   static_assert(nccl_op_of<op::avg> == ncclAvg);
   static_assert(!nccl_reduction<user_max>);
-  static_assert(!nccl_reduction<derived_sum>);  // NCCL cannot know what a subclass means
+  static_assert(!nccl_reduction<derived_sum>); // NCCL cannot know what a subclass means
 }
 
 TEST(nccl, nccl_try_names_the_call_where_and_the_result) {
   const auto fails = [] { return ncclInvalidUsage; };
-  expect_error([&] { WEFT_NCCL_TRY(fails()); }, {"weft: fails() failed at ", "nccl_test.cu:", "ncclInvalidUsage ("});
+  expect_error([&] { WEFT_NCCL_TRY(fails()); },
+               {"weft: fails() failed at ", "nccl_test.cu:", "ncclInvalidUsage ("});
   int n = 0;
   // A real NCCL call that fails without any device: a null communicator.
   expect_error([&] { WEFT_NCCL_TRY(ncclCommCount(nullptr, &n)); },
@@ -94,10 +99,12 @@ TEST(nccl, nccl_try_names_the_call_where_and_the_result) {
 }
 
 TEST(nccl, transport_errors_name_operation_rank_peer_and_call) {
-  expect_error([] { weft::cuda::detail::nccl_check(ncclSystemError, "ncclSend", "all_reduce", 2, 3); },
-               {"weft: all_reduce on rank 2 (peer 3): ncclSend failed: ncclSystemError ("});
-  expect_error([] { weft::cuda::detail::cuda_check(cudaErrorInvalidValue, "cudaMemcpyAsync", "recv", 1); },
-               {"weft: recv on rank 1: cudaMemcpyAsync failed: cudaErrorInvalidValue ("});
+  expect_error(
+      [] { weft::cuda::detail::nccl_check(ncclSystemError, "ncclSend", "all_reduce", 2, 3); },
+      {"weft: all_reduce on rank 2 (peer 3): ncclSend failed: ncclSystemError ("});
+  expect_error(
+      [] { weft::cuda::detail::cuda_check(cudaErrorInvalidValue, "cudaMemcpyAsync", "recv", 1); },
+      {"weft: recv on rank 1: cudaMemcpyAsync failed: cudaErrorInvalidValue ("});
 }
 
 TEST(nccl, models_the_communicator_concepts_without_peer_access) {
@@ -110,10 +117,14 @@ TEST(nccl, models_the_communicator_concepts_without_peer_access) {
 
 TEST(nccl, vendor_is_a_policy_only_nccl_serves) {
   EXPECT_EQ(algo::vendor::name, "vendor");
-  static_assert(algo::vendor::serves(collective::all_to_all) && algo::vendor::serves(collective::reduce));
-  static_assert(weft::detail::vendor_collective<communicator, collective::all_reduce, float, op::sum>);
-  static_assert(weft::detail::vendor_collective<communicator, collective::all_to_all, std::int64_t, op::sum>);
-  static_assert(!weft::detail::vendor_collective<weft::local::communicator, collective::all_reduce, float, op::sum>);
+  static_assert(algo::vendor::serves(collective::all_to_all) &&
+                algo::vendor::serves(collective::reduce));
+  static_assert(
+      weft::detail::vendor_collective<communicator, collective::all_reduce, float, op::sum>);
+  static_assert(
+      weft::detail::vendor_collective<communicator, collective::all_to_all, std::int64_t, op::sum>);
+  static_assert(!weft::detail::vendor_collective<weft::local::communicator, collective::all_reduce,
+                                                 float, op::sum>);
 }
 
 TEST(nccl, places_every_rank_on_one_node_by_default) {
@@ -132,8 +143,11 @@ TEST(nccl, groups_ranks_by_node_label_nodes_by_lowest_rank) {
   EXPECT_EQ(pl.cluster->devices_per_node(), (std::vector<int>{2, 2, 1}));
   EXPECT_EQ(pl.devices, (std::vector<int>{0, 2, 1, 3, 4}));
   EXPECT_EQ(pl.node_of, (std::vector<int>{0, 1, 0, 1, 2}));
-  expect_error([] { (void)weft::cuda::detail::place_ranks(3, std::nullopt, nullptr, {0, 1}); },
-               {"options::node_of has 2 labels for a communicator of 3 ranks"});
+  expect_error(
+      [] {
+        (void)weft::cuda::detail::place_ranks(3, std::nullopt, nullptr, {0, 1});
+      },
+      {"options::node_of has 2 labels for a communicator of 3 ranks"});
 }
 
 TEST(nccl, an_emulated_topology_wins_and_must_match_the_size) {
@@ -141,7 +155,8 @@ TEST(nccl, an_emulated_topology_wins_and_must_match_the_size) {
   auto pl = weft::cuda::detail::place_ranks(4, topo, "1+3", {0, 0, 0, 0});
   EXPECT_TRUE(pl.emulated);
   EXPECT_EQ(pl.node_of, (std::vector<int>{0, 0, 1, 1}));
-  pl = weft::cuda::detail::place_ranks(4, std::nullopt, "1+3", {0, 0, 0, 0});  // the environment before labels
+  pl = weft::cuda::detail::place_ranks(4, std::nullopt, "1+3",
+                                       {0, 0, 0, 0}); // the environment before labels
   EXPECT_EQ(pl.node_of, (std::vector<int>{0, 1, 1, 1}));
   expect_error([&] { (void)weft::cuda::detail::place_ranks(3, topo, nullptr, {}); },
                {"the topology in nccl::options describes 4 ranks", "the NCCL communicator has 3"});
@@ -157,7 +172,8 @@ weft::plan plan_for(int size, int rank) {
   return weft::plan(weft::plan_request{collective::all_reduce, size, rank, 8, 0, {}, 4});
 }
 
-device_plan_layout lay_out(const weft::plan& pl, std::size_t in, std::size_t out, bool in_place = false) {
+device_plan_layout lay_out(const weft::plan& pl, std::size_t in, std::size_t out,
+                           bool in_place = false) {
   const std::size_t sizes[3] = {in, out, pl.scratch_count()};
   device_plan_layout l;
   weft::cuda::detail::lay_out(pl, pl.rank(), pl.size(), sizes, 4, in_place, "all_reduce", l);
@@ -167,23 +183,23 @@ device_plan_layout lay_out(const weft::plan& pl, std::size_t in, std::size_t out
 TEST(nccl, a_receive_lands_directly_unless_an_earlier_step_of_its_round_touches_it) {
   auto pl = plan_for(3, 0);
   pl.send(1, buffer::input, 0, 4);
-  pl.recv(2, buffer::output, 0, 4);  // 0: nothing before it touches output[0, 4)
+  pl.recv(2, buffer::output, 0, 4); // 0: nothing before it touches output[0, 4)
   pl.next_round();
   pl.copy(buffer::input, 0, buffer::output, 0, 4);
-  pl.recv(1, buffer::output, 2, 4);  // 3: the copy wrote output[0, 4)
-  pl.recv(2, buffer::output, 6, 2);  // 4: disjoint from both
+  pl.recv(1, buffer::output, 2, 4); // 3: the copy wrote output[0, 4)
+  pl.recv(2, buffer::output, 6, 2); // 4: disjoint from both
   pl.next_round();
   pl.recv(1, buffer::output, 0, 4);
-  pl.recv(2, buffer::output, 3, 2);  // 6: overlaps the receive before it
+  pl.recv(2, buffer::output, 3, 2); // 6: overlaps the receive before it
   pl.next_round();
-  pl.recv_reduce(1, buffer::input, 0, buffer::output, 0, 8);  // 7: always a temporary
+  pl.recv_reduce(1, buffer::input, 0, buffer::output, 0, 8); // 7: always a temporary
   pl.recv_reduce(2, buffer::input, 0, buffer::scratch, 0, 1);
   pl.need_scratch(1);
   const auto l = lay_out(pl, 8, 8);
   const std::size_t a = device_plan_layout::alignment;
   EXPECT_EQ(l.temp, (std::vector<std::size_t>{direct, direct, direct, 0, direct, direct, 0, 0, a}));
   EXPECT_EQ(l.scratch_bytes, a);
-  EXPECT_EQ(l.temp_bytes, 2 * a);  // the largest round: two temporaries
+  EXPECT_EQ(l.temp_bytes, 2 * a); // the largest round: two temporaries
   EXPECT_EQ(l.bytes(), 3 * a);
 }
 
@@ -221,7 +237,7 @@ TEST(nccl, plan_layout_refuses_bad_ranges_peers_and_peer_access_steps) {
 
 nccl::options test_options(std::optional<weft::topology::cluster> topo = std::nullopt) {
   nccl::options o;
-  o.timeout = std::chrono::seconds(60);  // a broken plan fails the test instead of stalling it
+  o.timeout = std::chrono::seconds(60); // a broken plan fails the test instead of stalling it
   o.topology = std::move(topo);
   return o;
 }
@@ -234,15 +250,17 @@ communicator single_rank(const nccl::options& opt = test_options()) {
 template <class T>
 void upload(communicator& c, const device_buffer<T>& d, const std::vector<T>& h) {
   if (h.empty()) return;
-  WEFT_CUDA_TRY(cudaMemcpyAsync(d.data(), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice, c.stream()));
+  WEFT_CUDA_TRY(cudaMemcpyAsync(d.data(), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice,
+                                c.stream()));
 }
 
 template <class T>
 std::vector<T> download(communicator& c, const device_buffer<T>& d, std::size_t n) {
-  c.synchronize();  // with a deadline: a hung collective fails here, not in cudaMemcpy
+  c.synchronize(); // with a deadline: a hung collective fails here, not in cudaMemcpy
   std::vector<T> h(n);
   if (n != 0) {
-    WEFT_CUDA_TRY(cudaMemcpyAsync(h.data(), d.data(), n * sizeof(T), cudaMemcpyDeviceToHost, c.stream()));
+    WEFT_CUDA_TRY(
+        cudaMemcpyAsync(h.data(), d.data(), n * sizeof(T), cudaMemcpyDeviceToHost, c.stream()));
   }
   c.synchronize();
   return h;
@@ -262,7 +280,8 @@ void check_collective(communicator& c, std::size_t count, int root, pattern pat,
       inputs[static_cast<std::size_t>(s)].push_back(weft::test::input_value<T, Op>(s, i, pat));
     }
   }
-  const auto want = weft::test::reference<T, Op>(C, p, count, root, inputs)[static_cast<std::size_t>(r)];
+  const auto want =
+      weft::test::reference<T, Op>(C, p, count, root, inputs)[static_cast<std::size_t>(r)];
   const std::vector<T>& mine = inputs[static_cast<std::size_t>(r)];
   std::vector<T> out(output_count(C, p, count, r, root), T{});
   if (C == collective::broadcast && r == root) out = mine;
@@ -294,23 +313,26 @@ void check_collective(communicator& c, std::size_t count, int root, pattern pat,
   const auto got = download(c, *result, want.size());
   const bool exact = pat == pattern::exact || std::is_integral_v<T>;
   const std::string diff = weft::test::compare(got, want, exact, weft::test::tolerance<T>(p));
-  EXPECT_TRUE(diff.empty()) << weft::name_of(C) << "<" << Algo::name << "> " << weft::dtype_traits<T>::name << " "
-                            << weft::op_name<Op>() << " p=" << p << " rank " << r << " count " << count << " root "
-                            << root << (in_place ? " in place" : "") << ": " << diff;
+  EXPECT_TRUE(diff.empty()) << weft::name_of(C) << "<" << Algo::name << "> "
+                            << weft::dtype_traits<T>::name << " " << weft::op_name<Op>()
+                            << " p=" << p << " rank " << r << " count " << count << " root " << root
+                            << (in_place ? " in place" : "") << ": " << diff;
 }
 
 template <class... A>
 struct type_list {};
 
-using algorithms = type_list<algo::ring, algo::tree, algo::halving_doubling, algo::recursive_doubling,
-                             algo::hierarchical<algo::ring, algo::ring>, algo::automatic, algo::pairwise, algo::vendor>;
+using algorithms = type_list<algo::ring, algo::tree, algo::halving_doubling,
+                             algo::recursive_doubling, algo::hierarchical<algo::ring, algo::ring>,
+                             algo::automatic, algo::pairwise, algo::vendor>;
 
 // The cases of the brief: float sum, int32 sum and max, half sum, double avg (reductions);
 // float, int32 and half for the collectives that only move data.
 template <class Algo, collective C>
 void check_cases(communicator& c, const std::vector<std::size_t>& counts) {
   if constexpr (Algo::serves(C)) {
-    constexpr bool reduces = C == collective::all_reduce || C == collective::reduce_scatter || C == collective::reduce;
+    constexpr bool reduces =
+        C == collective::all_reduce || C == collective::reduce_scatter || C == collective::reduce;
     const int p = c.size();
     std::vector<int> roots{p - 1};
     if ((C == collective::broadcast || C == collective::reduce) && p > 1) roots.push_back(0);
@@ -343,7 +365,8 @@ void check_algorithm(communicator& c, const std::vector<std::size_t>& counts) {
 }
 
 template <class... A>
-void check_every_algorithm(communicator& c, const std::vector<std::size_t>& counts, type_list<A...>) {
+void check_every_algorithm(communicator& c, const std::vector<std::size_t>& counts,
+                           type_list<A...>) {
   (check_algorithm<A>(c, counts), ...);
 }
 
@@ -373,17 +396,21 @@ TEST(nccl, a_borrowed_comm_and_stream_keep_working_after_weft_is_done) {
     EXPECT_FALSE(c.owns_stream());
     EXPECT_EQ(c.native(), user_comm);
     EXPECT_EQ(c.stream(), user_stream);
-    check_collective<algo::ring, collective::all_reduce, float, op::sum>(c, 1000, 0, pattern::random, false);
-    check_collective<algo::vendor, collective::all_reduce, float, op::sum>(c, 1000, 0, pattern::random, false);
+    check_collective<algo::ring, collective::all_reduce, float, op::sum>(c, 1000, 0,
+                                                                         pattern::random, false);
+    check_collective<algo::vendor, collective::all_reduce, float, op::sum>(c, 1000, 0,
+                                                                           pattern::random, false);
     c.barrier();
   }
   // weft destroyed neither: the program's own NCCL call on its own stream still works.
   device_buffer<float> d(4);
   const std::vector<float> h{1, 2, 3, 4};
-  WEFT_CUDA_TRY(cudaMemcpyAsync(d.data(), h.data(), 4 * sizeof(float), cudaMemcpyHostToDevice, user_stream));
+  WEFT_CUDA_TRY(
+      cudaMemcpyAsync(d.data(), h.data(), 4 * sizeof(float), cudaMemcpyHostToDevice, user_stream));
   WEFT_NCCL_TRY(ncclAllReduce(d.data(), d.data(), 4, ncclFloat32, ncclSum, user_comm, user_stream));
   std::vector<float> back(4);
-  WEFT_CUDA_TRY(cudaMemcpyAsync(back.data(), d.data(), 4 * sizeof(float), cudaMemcpyDeviceToHost, user_stream));
+  WEFT_CUDA_TRY(cudaMemcpyAsync(back.data(), d.data(), 4 * sizeof(float), cudaMemcpyDeviceToHost,
+                                user_stream));
   WEFT_CUDA_TRY(cudaStreamSynchronize(user_stream));
   EXPECT_EQ(back, h);
   WEFT_NCCL_TRY(ncclCommDestroy(user_comm));
@@ -398,17 +425,21 @@ TEST(nccl, owning_communicators_from_a_unique_id_and_from_init_all) {
   auto c = communicator::init_rank(id, 0, 1, nullptr, test_options());
   EXPECT_TRUE(c.owns_comm());
   EXPECT_TRUE(c.owns_stream());
-  check_collective<algo::automatic, collective::all_gather, std::int32_t, op::sum>(c, 77, 0, pattern::exact, false);
-  communicator moved = std::move(c);  // the moved-to object owns, the moved-from one holds nothing
-  check_collective<algo::vendor, collective::reduce, double, op::avg>(moved, 77, 0, pattern::random, false);
+  check_collective<algo::automatic, collective::all_gather, std::int32_t, op::sum>(
+      c, 77, 0, pattern::exact, false);
+  communicator moved = std::move(c); // the moved-to object owns, the moved-from one holds nothing
+  check_collective<algo::vendor, collective::reduce, double, op::avg>(moved, 77, 0, pattern::random,
+                                                                      false);
   auto d = single_rank();
   EXPECT_TRUE(d.owns_comm());
-  d = std::move(moved);  // assignment releases d's own communicator first
+  d = std::move(moved); // assignment releases d's own communicator first
   EXPECT_EQ(d.size(), 1);
-  check_collective<algo::ring, collective::broadcast, weft::half, op::sum>(d, 77, 0, pattern::exact, false);
-  d = single_rank();  // d's communicator, moved in from c, goes by assignment too
-  check_collective<algo::ring, collective::all_reduce, float, op::sum>(d, 77, 0, pattern::random, false);
-  d.abort_on_destroy();  // then aborted (ncclCommAbort), not destroyed, when d goes
+  check_collective<algo::ring, collective::broadcast, weft::half, op::sum>(d, 77, 0, pattern::exact,
+                                                                           false);
+  d = single_rank(); // d's communicator, moved in from c, goes by assignment too
+  check_collective<algo::ring, collective::all_reduce, float, op::sum>(d, 77, 0, pattern::random,
+                                                                       false);
+  d.abort_on_destroy(); // then aborted (ncclCommAbort), not destroyed, when d goes
 }
 
 TEST(nccl, split_shares_the_stream_and_runs_collectives) {
@@ -419,8 +450,10 @@ TEST(nccl, split_shares_the_stream_and_runs_collectives) {
   EXPECT_EQ(child.rank(), 0);
   EXPECT_EQ(child.stream(), c.stream());
   EXPECT_TRUE(child.owns_comm());
-  check_collective<algo::ring, collective::all_reduce, float, op::sum>(child, 300, 0, pattern::exact, false);
-  check_collective<algo::vendor, collective::all_reduce, std::int32_t, op::avg>(child, 300, 0, pattern::exact, true);
+  check_collective<algo::ring, collective::all_reduce, float, op::sum>(child, 300, 0,
+                                                                       pattern::exact, false);
+  check_collective<algo::vendor, collective::all_reduce, std::int32_t, op::avg>(
+      child, 300, 0, pattern::exact, true);
   expect_error([&] { (void)c.split(-1, 0); }, {"color must be >= 0"});
 }
 
@@ -432,12 +465,14 @@ TEST(nccl, an_all_reduce_captured_into_a_cuda_graph_replays) {
   device_buffer<float> out(n);
   const auto run = [&] {
     weft::all_reduce<algo::ring>(c, std::span<const float>(in.data(), n), std::span(out.data(), n));
-    weft::all_reduce<algo::vendor>(c, std::span(out.data(), n), op::avg{});  // NCCL's kernels, captured too
+    weft::all_reduce<algo::vendor>(c, std::span(out.data(), n),
+                                   op::avg{}); // NCCL's kernels, captured too
   };
   std::vector<float> h(n);
-  for (std::size_t i = 0; i < n; ++i) h[i] = static_cast<float>(i % 97);
+  for (std::size_t i = 0; i < n; ++i)
+    h[i] = static_cast<float>(i % 97);
   upload(c, in, h);
-  run();  // before the capture: plans built, scratch grown
+  run(); // before the capture: plans built, scratch grown
   EXPECT_EQ(download(c, out, n), h);
   cudaGraph_t graph = nullptr;
   WEFT_CUDA_TRY(cudaStreamBeginCapture(c.stream(), cudaStreamCaptureModeGlobal));
@@ -446,7 +481,8 @@ TEST(nccl, an_all_reduce_captured_into_a_cuda_graph_replays) {
   cudaGraphExec_t exec = nullptr;
   WEFT_CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
   for (int replay = 1; replay <= 2; ++replay) {
-    for (auto& v : h) v += 1.0f;
+    for (auto& v : h)
+      v += 1.0f;
     upload(c, in, h);
     WEFT_CUDA_TRY(cudaGraphLaunch(exec, c.stream()));
     EXPECT_EQ(download(c, out, n), h) << "replay " << replay;
@@ -460,10 +496,12 @@ TEST(nccl, bad_buffers_and_plans_are_errors_before_anything_is_queued) {
   auto c = single_rank();
   device_buffer<float> in(8);
   device_buffer<float> out(8);
-  const auto ring8 = algo::ring::make_plan(weft::plan_request{collective::all_reduce, 1, 0, 8, 0, {}, 4});
+  const auto ring8 =
+      algo::ring::make_plan(weft::plan_request{collective::all_reduce, 1, 0, 8, 0, {}, 4});
   expect_error([&] { c.execute(ring8, in.data(), 4, out.data(), 8, op::sum{}, "all_reduce"); },
                {"all_reduce on rank 0", "of a buffer of 4"});
-  const auto other = algo::ring::make_plan(weft::plan_request{collective::all_reduce, 2, 1, 8, 0, {}, 4});
+  const auto other =
+      algo::ring::make_plan(weft::plan_request{collective::all_reduce, 2, 1, 8, 0, {}, 4});
   expect_error([&] { c.execute(other, in.data(), 8, out.data(), 8, op::sum{}, "all_reduce"); },
                {"the plan is for rank 1 of 2, not rank 0 of 1"});
   weft::plan loads(weft::plan_request{collective::all_reduce, 1, 0, 8, 0, {}, 4});
@@ -471,14 +509,17 @@ TEST(nccl, bad_buffers_and_plans_are_errors_before_anything_is_queued) {
   loads.load(0, buffer::input, 0, buffer::output, 0, 8);
   expect_error([&] { c.execute(loads, in.data(), 8, out.data(), 8, op::sum{}, "all_reduce"); },
                {"loads from peers' buffers", "NCCL ranks cannot"});
-  expect_error([&] { c.vendor<collective::all_gather>(in.data(), 8, out.data(), 4, 8, 0, op::sum{}); },
-               {"vendor all_gather of 8 on 1 ranks needs an input of 8 elements and an output of 8, not 8 and 4"});
+  expect_error(
+      [&] { c.vendor<collective::all_gather>(in.data(), 8, out.data(), 4, 8, 0, op::sum{}); },
+      {"vendor all_gather of 8 on 1 ranks needs an input of 8 elements and an output of 8, not 8 "
+       "and 4"});
   std::vector<float> host(8, 1.0f);
   expect_error([&] { weft::all_reduce<algo::ring>(c, std::span(host)); },
                {"all_reduce on rank 0", "the input is host memory"});
   expect_error([&] { weft::all_reduce<algo::vendor>(c, std::span(host)); }, {"host memory"});
-  c.synchronize();  // nothing was queued by the failed calls, and the communicator still works
-  check_collective<algo::ring, collective::all_reduce, float, op::sum>(c, 8, 0, pattern::exact, false);
+  c.synchronize(); // nothing was queued by the failed calls, and the communicator still works
+  check_collective<algo::ring, collective::all_reduce, float, op::sum>(c, 8, 0, pattern::exact,
+                                                                       false);
 }
 
 TEST(nccl, capture_refuses_to_grow_the_scratch_and_to_block) {
@@ -492,13 +533,15 @@ TEST(nccl, capture_refuses_to_grow_the_scratch_and_to_block) {
   through_scratch.copy(buffer::input, 0, buffer::scratch, 0, n);
   through_scratch.copy(buffer::scratch, 0, buffer::output, 0, n);
   WEFT_CUDA_TRY(cudaStreamBeginCapture(c.stream(), cudaStreamCaptureModeGlobal));
-  expect_error([&] { c.execute(through_scratch, in.data(), n, out.data(), n, op::sum{}, "all_reduce"); },
-               {"being captured into a CUDA graph", "reserve()"});
-  expect_error([&] { c.barrier(); }, {"barrier on rank 0", "cannot run while the stream is being captured"});
+  expect_error(
+      [&] { c.execute(through_scratch, in.data(), n, out.data(), n, op::sum{}, "all_reduce"); },
+      {"being captured into a CUDA graph", "reserve()"});
+  expect_error([&] { c.barrier(); },
+               {"barrier on rank 0", "cannot run while the stream is being captured"});
   cudaGraph_t graph = nullptr;
   WEFT_CUDA_TRY(cudaStreamEndCapture(c.stream(), &graph));
   WEFT_CUDA_TRY(cudaGraphDestroy(graph));
-  c.reserve(n * sizeof(float));  // after reserving, the same plan captures
+  c.reserve(n * sizeof(float)); // after reserving, the same plan captures
   WEFT_CUDA_TRY(cudaStreamBeginCapture(c.stream(), cudaStreamCaptureModeGlobal));
   c.execute(through_scratch, in.data(), n, out.data(), n, op::sum{}, "all_reduce");
   WEFT_CUDA_TRY(cudaStreamEndCapture(c.stream(), &graph));
@@ -514,16 +557,17 @@ __global__ void busy_for(std::uint64_t ns) {
     return t;
   };
   const std::uint64_t start = now();
-  while (now() - start < ns) __nanosleep(1000);
+  while (now() - start < ns)
+    __nanosleep(1000);
 }
 
 TEST(nccl, a_wait_past_the_deadline_aborts_and_every_later_call_throws_the_first_error_at_once) {
   WEFT_REQUIRE_DEVICE();
-  auto c = single_rank();  // made with a long deadline: NCCL's initialization may take a while
-  auto child = c.split(0, 0);  // one family: the split fails with its parent
+  auto c = single_rank();     // made with a long deadline: NCCL's initialization may take a while
+  auto child = c.split(0, 0); // one family: the split fails with its parent
   c.set_timeout(std::chrono::milliseconds(300));
   device_buffer<float> d(16);
-  busy_for<<<1, 1, 0, c.stream()>>>(2'000'000'000);  // 2 s: past the deadline
+  busy_for<<<1, 1, 0, c.stream()>>>(2'000'000'000); // 2 s: past the deadline
   WEFT_CUDA_TRY(cudaGetLastError());
   std::string first;
   try {
@@ -532,20 +576,22 @@ TEST(nccl, a_wait_past_the_deadline_aborts_and_every_later_call_throws_the_first
   } catch (const weft::error& e) {
     first = e.what();
   }
-  EXPECT_NE(first.find("synchronize on rank 0: timed out after 300 ms"), std::string::npos) << first;
+  EXPECT_NE(first.find("synchronize on rank 0: timed out after 300 ms"), std::string::npos)
+      << first;
   EXPECT_NE(first.find("the NCCL communicator is aborted"), std::string::npos) << first;
   EXPECT_TRUE(c.failed());
   EXPECT_TRUE(child.failed());
   EXPECT_EQ(c.failure(), first);
   const auto t = std::chrono::steady_clock::now();
   expect_error([&] { c.barrier(); }, {"barrier on rank 0", "failed earlier", first});
-  expect_error([&] { weft::all_reduce<algo::ring>(c, std::span(d.data(), 16)); }, {"all_reduce on rank 0", first});
+  expect_error([&] { weft::all_reduce<algo::ring>(c, std::span(d.data(), 16)); },
+               {"all_reduce on rank 0", first});
   expect_error([&] { weft::all_reduce<algo::vendor>(child, std::span(d.data(), 16)); },
                {"all_reduce on rank 0", first});
   expect_error([&] { (void)c.split(0, 0); }, {"split on rank 0", first});
   expect_error([&] { c.check_async_error("work"); }, {"work on rank 0", first});
   EXPECT_LT(std::chrono::steady_clock::now() - t, std::chrono::milliseconds(100)) << "not at once";
-  WEFT_CUDA_TRY(cudaStreamSynchronize(c.stream()));  // the busy kernel, not NCCL's
+  WEFT_CUDA_TRY(cudaStreamSynchronize(c.stream())); // the busy kernel, not NCCL's
 }
 
 TEST(nccl, destroying_waits_at_most_the_deadline) {
@@ -554,20 +600,22 @@ TEST(nccl, destroying_waits_at_most_the_deadline) {
   {
     auto c = single_rank();
     c.set_timeout(std::chrono::milliseconds(300));
-    check_collective<algo::ring, collective::all_reduce, float, op::sum>(c, 100, 0, pattern::exact, false);
-    busy_for<<<1, 1, 0, c.stream()>>>(3'000'000'000);  // 3 s of work the destructor would wait for
+    check_collective<algo::ring, collective::all_reduce, float, op::sum>(c, 100, 0, pattern::exact,
+                                                                         false);
+    busy_for<<<1, 1, 0, c.stream()>>>(3'000'000'000); // 3 s of work the destructor would wait for
     WEFT_CUDA_TRY(cudaGetLastError());
     const auto t = std::chrono::steady_clock::now();
-    { communicator gone = std::move(c); }  // drains at most 300 ms, then aborts
+    { communicator gone = std::move(c); } // drains at most 300 ms, then aborts
     took = std::chrono::steady_clock::now() - t;
   }
   EXPECT_LT(took, std::chrono::milliseconds(1500));
   {
-    auto healthy = single_rank();  // finalized and destroyed, quickly
+    auto healthy = single_rank(); // finalized and destroyed, quickly
     healthy.set_timeout(std::chrono::milliseconds(300));
-    check_collective<algo::vendor, collective::all_reduce, float, op::sum>(healthy, 100, 0, pattern::exact, false);
+    check_collective<algo::vendor, collective::all_reduce, float, op::sum>(healthy, 100, 0,
+                                                                           pattern::exact, false);
   }
-  WEFT_CUDA_TRY(cudaDeviceSynchronize());  // the busy kernel, before the next test
+  WEFT_CUDA_TRY(cudaDeviceSynchronize()); // the busy kernel, before the next test
 }
 
 TEST(nccl, on_failure_is_an_option_and_throws_by_default) {
@@ -598,20 +646,23 @@ void on_ranks(int p, const nccl::options& opt, F&& f) {
       }
     });
   }
-  for (auto& t : threads) t.join();
+  for (auto& t : threads)
+    t.join();
   for (int r = 0; r < p; ++r) {
-    EXPECT_TRUE(failures[static_cast<std::size_t>(r)].empty()) << "rank " << r << ": " << failures[static_cast<std::size_t>(r)];
+    EXPECT_TRUE(failures[static_cast<std::size_t>(r)].empty())
+        << "rank " << r << ": " << failures[static_cast<std::size_t>(r)];
   }
 }
 
 // The number of ranks the multi-rank tests use; skips the test when below two.
-#define WEFT_REQUIRE_DEVICES(var)                                                                          \
-  WEFT_REQUIRE_DEVICE();                                                                                   \
-  const int var = std::min(4, weft::cuda::device_count());                                                 \
-  if (var < 2) {                                                                                           \
-    GTEST_SKIP() << "a multi-rank NCCL communicator needs two CUDA devices or more (one rank per device); " \
-                    "this machine has "                                                                    \
-                 << var;                                                                                   \
+#define WEFT_REQUIRE_DEVICES(var)                                                                  \
+  WEFT_REQUIRE_DEVICE();                                                                           \
+  const int var = std::min(4, weft::cuda::device_count());                                         \
+  if (var < 2) {                                                                                   \
+    GTEST_SKIP()                                                                                   \
+        << "a multi-rank NCCL communicator needs two CUDA devices or more (one rank per device); " \
+           "this machine has "                                                                     \
+        << var;                                                                                    \
   }
 
 // Two emulated nodes over p ranks: hierarchical<> then has traffic within and across nodes.
@@ -622,8 +673,10 @@ weft::topology::cluster two_nodes(int p) {
 TEST(nccl, multi_rank_every_collective_and_algorithm_matches_the_reference) {
   WEFT_REQUIRE_DEVICES(devices);
   for (int p = 2; p <= devices; ++p) {
-    const std::vector<std::size_t> counts{0, 1, static_cast<std::size_t>(p) - 1, static_cast<std::size_t>(p) + 3, 3001};
-    on_ranks(p, test_options(), [&](communicator& c) { check_every_algorithm(c, counts, algorithms{}); });
+    const std::vector<std::size_t> counts{0, 1, static_cast<std::size_t>(p) - 1,
+                                          static_cast<std::size_t>(p) + 3, 3001};
+    on_ranks(p, test_options(),
+             [&](communicator& c) { check_every_algorithm(c, counts, algorithms{}); });
   }
 }
 
@@ -642,14 +695,20 @@ TEST(nccl, multi_rank_hierarchical_and_automatic_across_emulated_nodes) {
 
 TEST(nccl, multi_rank_large_messages_cut_into_chunks) {
   WEFT_REQUIRE_DEVICES(devices);
-  constexpr std::size_t n = 600'001;  // 2.4 MB of floats: several ring and tree chunks
+  constexpr std::size_t n = 600'001; // 2.4 MB of floats: several ring and tree chunks
   on_ranks(devices, test_options(), [&](communicator& c) {
-    check_collective<algo::ring, collective::all_reduce, float, op::sum>(c, n, 0, pattern::random, false);
-    check_collective<algo::tree, collective::all_reduce, float, op::sum>(c, n, 0, pattern::random, true);
-    check_collective<algo::halving_doubling, collective::all_reduce, float, op::sum>(c, n, 0, pattern::random, false);
-    check_collective<algo::ring, collective::all_gather, std::int32_t, op::sum>(c, n, 0, pattern::exact, false);
-    check_collective<algo::ring, collective::broadcast, std::int32_t, op::sum>(c, n, 1, pattern::exact, false);
-    check_collective<algo::vendor, collective::all_reduce, float, op::sum>(c, n, 0, pattern::random, false);
+    check_collective<algo::ring, collective::all_reduce, float, op::sum>(c, n, 0, pattern::random,
+                                                                         false);
+    check_collective<algo::tree, collective::all_reduce, float, op::sum>(c, n, 0, pattern::random,
+                                                                         true);
+    check_collective<algo::halving_doubling, collective::all_reduce, float, op::sum>(
+        c, n, 0, pattern::random, false);
+    check_collective<algo::ring, collective::all_gather, std::int32_t, op::sum>(
+        c, n, 0, pattern::exact, false);
+    check_collective<algo::ring, collective::broadcast, std::int32_t, op::sum>(
+        c, n, 1, pattern::exact, false);
+    check_collective<algo::vendor, collective::all_reduce, float, op::sum>(c, n, 0, pattern::random,
+                                                                           false);
   });
 }
 
@@ -663,23 +722,27 @@ TEST(nccl, multi_rank_barrier_split_and_point_to_point) {
     auto group = c.split(r % 2, -r);
     const int members = (p - r % 2 + 1) / 2;
     EXPECT_EQ(group.size(), members);
-    EXPECT_EQ(group.rank(), (p - 1 - r) / 2);  // the same-parity ranks above r come first
+    EXPECT_EQ(group.rank(), (p - 1 - r) / 2); // the same-parity ranks above r come first
     EXPECT_EQ(group.stream(), c.stream());
     EXPECT_EQ(group.cuda_device(), c.cuda_device());
-    check_collective<algo::ring, collective::all_reduce, std::int32_t, op::sum>(group, 7, 0, pattern::exact, false);
+    check_collective<algo::ring, collective::all_reduce, std::int32_t, op::sum>(
+        group, 7, 0, pattern::exact, false);
     // A ring of sendrecv, then plain send/recv between ranks 0 and 1.
     const std::vector<std::int64_t> mine{r, 10 * r, 7};
     std::vector<std::int64_t> left(3);
-    c.sendrecv(std::span<const std::int64_t>(mine), (r + 1) % p, std::span(left), (r + p - 1) % p, 9);
+    c.sendrecv(std::span<const std::int64_t>(mine), (r + 1) % p, std::span(left), (r + p - 1) % p,
+               9);
     const std::int64_t l = (r + p - 1) % p;
     EXPECT_EQ(left, (std::vector<std::int64_t>{l, 10 * l, 7}));
     std::vector<weft::half> h(5);
     if (r == 0) {
-      for (std::size_t i = 0; i < h.size(); ++i) h[i] = weft::half(static_cast<float>(i) + 0.5f);
+      for (std::size_t i = 0; i < h.size(); ++i)
+        h[i] = weft::half(static_cast<float>(i) + 0.5f);
       c.send(std::span<const weft::half>(h), 1, 3);
     } else if (r == 1) {
       c.recv(std::span(h), 0, 3);
-      for (std::size_t i = 0; i < h.size(); ++i) EXPECT_EQ(static_cast<float>(h[i]), static_cast<float>(i) + 0.5f);
+      for (std::size_t i = 0; i < h.size(); ++i)
+        EXPECT_EQ(static_cast<float>(h[i]), static_cast<float>(i) + 0.5f);
     }
     c.barrier();
   });
@@ -693,14 +756,16 @@ TEST(nccl, multi_rank_graph_capture_of_a_plan_and_of_vendor) {
     device_buffer<std::int32_t> buf(n);
     std::vector<std::int32_t> h(n);
     const auto fill = [&](int round) {
-      for (std::size_t i = 0; i < n; ++i) h[i] = static_cast<std::int32_t>((c.rank() + 1) * round + static_cast<int>(i % 13));
+      for (std::size_t i = 0; i < n; ++i)
+        h[i] = static_cast<std::int32_t>((c.rank() + 1) * round + static_cast<int>(i % 13));
       upload(c, buf, h);
     };
     // Sum over ranks of (rank + 1) * round + i % 13, then the vendor all-reduce's max leaves it.
     const auto expect_sum = [&](int round) {
       const auto got = download(c, buf, n);
       for (std::size_t i = 0; i < n; i += 997) {
-        EXPECT_EQ(got[i], p * (p + 1) / 2 * round + p * static_cast<int>(i % 13)) << "element " << i;
+        EXPECT_EQ(got[i], p * (p + 1) / 2 * round + p * static_cast<int>(i % 13))
+            << "element " << i;
       }
     };
     const auto run = [&] {
@@ -708,7 +773,7 @@ TEST(nccl, multi_rank_graph_capture_of_a_plan_and_of_vendor) {
       weft::all_reduce<algo::vendor>(c, std::span(buf.data(), n), op::max{});
     };
     fill(1);
-    run();  // builds the plans and grows the scratch before the capture
+    run(); // builds the plans and grows the scratch before the capture
     expect_sum(1);
     c.barrier();
     cudaGraph_t graph = nullptr;
@@ -733,8 +798,10 @@ TEST(nccl, multi_rank_check_calls_finds_ranks_that_disagree) {
   weft::check_calls(true);
   std::vector<std::string> errors(static_cast<std::size_t>(devices));
   on_ranks(devices, test_options(), [&](communicator& c) {
-    check_collective<algo::ring, collective::all_reduce, float, op::sum>(c, 100, 0, pattern::exact, false);
-    check_collective<algo::vendor, collective::reduce, float, op::sum>(c, 100, 1, pattern::exact, false);
+    check_collective<algo::ring, collective::all_reduce, float, op::sum>(c, 100, 0, pattern::exact,
+                                                                         false);
+    check_collective<algo::vendor, collective::reduce, float, op::sum>(c, 100, 1, pattern::exact,
+                                                                       false);
     device_buffer<float> d(101);
     try {
       weft::all_reduce<algo::ring>(c, std::span(d.data(), c.rank() == 1 ? 101 : 100));
@@ -766,17 +833,21 @@ TEST(nccl, multi_rank_a_receive_that_expects_another_message_is_an_error) {
     }
     c.abort_on_destroy();
   });
-  EXPECT_NE(errors[1].find("recv on rank 1 (peer 0): expected 4 x int32 tag 5 but the peer sent 3 x int32 tag 5"),
-            std::string::npos)
+  EXPECT_NE(
+      errors[1].find(
+          "recv on rank 1 (peer 0): expected 4 x int32 tag 5 but the peer sent 3 x int32 tag 5"),
+      std::string::npos)
       << errors[1];
   // The sender's data is never received. NCCL may still complete a send this small (its LL
   // protocol sends eagerly into the receiver's buffer); where it does not, the sender's wait
   // ends at the deadline, naming the peer, or earlier with NCCL's asynchronous error once the
   // receiver has aborted its communicator. The mismatch is detected on the receiving side.
-  EXPECT_TRUE(errors[0].empty() ||
-              errors[0].find("send on rank 0 (peer 1): timed out after 3000 ms waiting to send to it") !=
-                  std::string::npos ||
-              errors[0].find("send on rank 0 (peer 1): an NCCL operation (asynchronous error") != std::string::npos)
+  EXPECT_TRUE(
+      errors[0].empty() ||
+      errors[0].find("send on rank 0 (peer 1): timed out after 3000 ms waiting to send to it") !=
+          std::string::npos ||
+      errors[0].find("send on rank 0 (peer 1): an NCCL operation (asynchronous error") !=
+          std::string::npos)
       << errors[0];
 }
 
@@ -788,8 +859,8 @@ TEST(nccl, multi_rank_a_rank_that_never_joins_fails_the_others_call_and_every_la
   std::chrono::steady_clock::duration later_took{};
   const auto start = std::chrono::steady_clock::now();
   on_ranks(2, test_options(), [&](communicator& c) {
-    c.set_timeout(std::chrono::milliseconds(500));  // after NCCL's initialization, on both ranks
-    if (c.rank() == 1) return;  // never joins
+    c.set_timeout(std::chrono::milliseconds(500)); // after NCCL's initialization, on both ranks
+    if (c.rank() == 1) return;                     // never joins
     try {
       c.barrier();
     } catch (const weft::error& e) {

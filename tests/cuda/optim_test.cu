@@ -9,14 +9,14 @@
 #include <weft/cuda/memory.cuh>
 #include <weft/optim/optimizers.hpp>
 
-#include "support/cuda.cuh"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <vector>
+
+#include "support/cuda.cuh"
 
 namespace {
 
@@ -31,7 +31,8 @@ std::vector<T> to_host(const T* d, std::size_t n) {
 template <class T>
 weft::cuda::device_buffer<T> to_device(const std::vector<T>& h) {
   weft::cuda::device_buffer<T> d(h.size());
-  if (!h.empty()) WEFT_CUDA_TRY(cudaMemcpy(d.data(), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  if (!h.empty())
+    WEFT_CUDA_TRY(cudaMemcpy(d.data(), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
   return d;
 }
 
@@ -45,18 +46,24 @@ void check(Rule rule) {
     s = s * 1664525u + 1013904223u;
     return lo + (hi - lo) * static_cast<float>(s >> 8) / 16777216.0f;
   };
-  for (auto& x : master) x = rnd(-1, 1);
-  for (auto& x : grad) x = P(rnd(-1, 1));
-  for (auto& x : state) x = rnd(0, 0.01f);
+  for (auto& x : master)
+    x = rnd(-1, 1);
+  for (auto& x : grad)
+    x = P(rnd(-1, 1));
+  for (auto& x : state)
+    x = rnd(0, 0.01f);
   auto dm = to_device(master);
   auto ds = to_device(state);
   auto dg = to_device(grad);
   auto dp = to_device(param);
   for (long t = 1; t <= 3; ++t) {
     const auto k = rule.at(t, 0.5f);
-    wo::apply(wo::update_ref<decltype(k), P, P>{k, master.data(), grad.data(), state.data(), param.data(), n}, 0, n);
-    weft::cuda::detail::launch(wo::update_ref<decltype(k), P, P>{k, dm.data(), dg.data(), ds.data(), dp.data(), n}, n,
-                               nullptr);
+    wo::apply(wo::update_ref<decltype(k), P, P>{k, master.data(), grad.data(), state.data(),
+                                                param.data(), n},
+              0, n);
+    weft::cuda::detail::launch(
+        wo::update_ref<decltype(k), P, P>{k, dm.data(), dg.data(), ds.data(), dp.data(), n}, n,
+        nullptr);
   }
   WEFT_CUDA_TRY(cudaDeviceSynchronize());
   const auto m2 = to_host(dm.data(), n);
@@ -64,19 +71,22 @@ void check(Rule rule) {
   double worst = 0;
   std::size_t differ = 0;
   for (std::size_t i = 0; i < n; ++i) {
-    worst = std::max(worst, std::fabs(static_cast<double>(m2[i]) - master[i]) / (std::fabs(master[i]) + 1e-3));
+    worst = std::max(
+        worst, std::fabs(static_cast<double>(m2[i]) - master[i]) / (std::fabs(master[i]) + 1e-3));
     differ += m2[i] != master[i];
   }
   for (std::size_t i = 0; i < 2 * n; ++i) {
-    worst = std::max(worst, std::fabs(static_cast<double>(s2[i]) - state[i]) / (std::fabs(state[i]) + 1e-6));
+    worst = std::max(
+        worst, std::fabs(static_cast<double>(s2[i]) - state[i]) / (std::fabs(state[i]) + 1e-6));
     differ += s2[i] != state[i];
   }
   EXPECT_EQ(differ, 0u) << Rule::name << ": largest relative difference " << worst;
   if constexpr (!std::is_same_v<P, float>) {
     const auto p2 = to_host(dp.data(), n);
     std::size_t off = 0;
-    for (std::size_t i = 0; i < n; ++i) off += !(p2[i] == P(m2[i]));
-    EXPECT_EQ(off, 0u);  // the low-precision copy is the device's own master, rounded
+    for (std::size_t i = 0; i < n; ++i)
+      off += !(p2[i] == P(m2[i]));
+    EXPECT_EQ(off, 0u); // the low-precision copy is the device's own master, rounded
   }
 }
 
@@ -117,14 +127,18 @@ TEST(cuda_optim, adamw_step_bandwidth_64m) {
   const wo::adamw rule{};
   const double step_s = time([&] {
     const auto k = rule.at(++t, 1.0f);
-    weft::cuda::detail::launch(wo::update_ref<decltype(k), float, float>{k, w.data(), g.data(), st.data(), nullptr, n}, n,
-                               nullptr);
+    weft::cuda::detail::launch(
+        wo::update_ref<decltype(k), float, float>{k, w.data(), g.data(), st.data(), nullptr, n}, n,
+        nullptr);
   });
-  const double copy_s = time([&] { WEFT_CUDA_TRY(cudaMemcpy(b.data(), a.data(), 4 * n * 4, cudaMemcpyDeviceToDevice)); });
+  const double copy_s = time(
+      [&] { WEFT_CUDA_TRY(cudaMemcpy(b.data(), a.data(), 4 * n * 4, cudaMemcpyDeviceToDevice)); });
   const double step_gbps = 28.0 * static_cast<double>(n) / step_s / 1e9;
-  const double copy_gbps = 2.0 * 16.0 * static_cast<double>(n) / copy_s / 1e9;  // read + write
-  std::printf("AdamW step, 64M float params: %.3f ms, %.0f GB/s; device-to-device copy %.0f GB/s; ratio %.2f\n",
-              step_s * 1e3, step_gbps, copy_gbps, step_gbps / copy_gbps);
+  const double copy_gbps = 2.0 * 16.0 * static_cast<double>(n) / copy_s / 1e9; // read + write
+  std::printf(
+      "AdamW step, 64M float params: %.3f ms, %.0f GB/s; device-to-device copy %.0f GB/s; ratio "
+      "%.2f\n",
+      step_s * 1e3, step_gbps, copy_gbps, step_gbps / copy_gbps);
   EXPECT_GT(step_gbps / copy_gbps, 0.5);
   WEFT_CUDA_TRY(cudaEventDestroy(e0));
   WEFT_CUDA_TRY(cudaEventDestroy(e1));

@@ -300,14 +300,14 @@ void sweep() {
             check_all_types<algo::direct, C, true>(c, mem, shared, count, p - 1);
           if constexpr (C == collective::broadcast || C == collective::reduce) {
             for (int root = 0; root < p - 1; ++root) {
-              call_and_check<algo::direct, C, std::int32_t, op::sum>(c, mem, 7, root, test::pattern::exact,
-                                                       false);
+              call_and_check<algo::direct, C, std::int32_t, op::sum>(c, mem, 7, root,
+                                                                     test::pattern::exact, false);
             }
           }
           if constexpr (C ==
                         collective::all_reduce) { // a large two-shot call: many blocks per kernel
             call_and_check<algo::direct, C, float, op::sum>(c, mem, (std::size_t{1} << 20) + 3, 0,
-                                              test::pattern::random, false);
+                                                            test::pattern::random, false);
           }
         },
         test_options);
@@ -525,7 +525,7 @@ TEST(p2p, a_late_peer_finds_the_timed_out_epoch_abandoned_and_later_calls_throw_
   EXPECT_THROW(
       p2p::run(on_device_zero(2),
                [&](p2p::communicator& c) {
-                 if (c.rank() == 1) {  // arrives only once rank 0 has given up
+                 if (c.rank() == 1) { // arrives only once rank 0 has given up
                    while (!rank0_failed.load() && std::chrono::steady_clock::now() - start < 20s)
                      std::this_thread::sleep_for(1ms);
                  }
@@ -540,8 +540,9 @@ TEST(p2p, a_late_peer_finds_the_timed_out_epoch_abandoned_and_later_calls_throw_
                  const auto t = std::chrono::steady_clock::now();
                  later = failure_of([&] { c.barrier(); });
                  weft::cuda::stream_buffer<float> d(16, c.stream());
-                 EXPECT_HAS(failure_of([&] { all_reduce<algo::direct>(c, std::span(d.data(), 16)); }),
-                            seen[0]);
+                 EXPECT_HAS(
+                     failure_of([&] { all_reduce<algo::direct>(c, std::span(d.data(), 16)); }),
+                     seen[0]);
                  EXPECT_HAS(failure_of([&] { (void)c.split(0, 0); }), seen[0]);
                  EXPECT_HAS(failure_of([&] { c.check(); }), seen[0]);
                  later_took = std::chrono::steady_clock::now() - t;
@@ -566,7 +567,7 @@ TEST(p2p, a_split_fails_with_its_parent) {
   EXPECT_THROW(p2p::run(on_device_zero(2),
                         [&](p2p::communicator& c) {
                           auto child = c.split(0, c.rank());
-                          if (c.rank() == 1) return;  // leaves: rank 0's barrier times out
+                          if (c.rank() == 1) return; // leaves: rank 0's barrier times out
                           const std::string first = failure_of([&] { c.barrier(); });
                           EXPECT_HAS(first, "timed out after 300 ms");
                           EXPECT_TRUE(child.failed());

@@ -17,8 +17,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try {
     const ck::index x = ck::parse_index(bytes, "fuzz/index.json");
     if (x.world < 1 || x.files.size() != static_cast<std::size_t>(x.world)) {
-      std::fprintf(stderr, "checkpoint_index_fuzz: parse_index accepted %zu files for a world of %d\n", x.files.size(),
-                   x.world);
+      std::fprintf(stderr,
+                   "checkpoint_index_fuzz: parse_index accepted %zu files for a world of %d\n",
+                   x.files.size(), x.world);
       std::abort();
     }
   } catch (const weft::error&) {
@@ -30,10 +31,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     unsigned sum = 0;
     for (const auto& e : h.entries) {
       if (h.data_start + e.offset + e.bytes > size) {
-        std::fprintf(stderr, "checkpoint_index_fuzz: entry %s ends past the file\n", e.name.c_str());
+        std::fprintf(stderr, "checkpoint_index_fuzz: entry %s ends past the file\n",
+                     e.name.c_str());
         std::abort();
       }
-      for (std::uint64_t i = 0; i < e.bytes; ++i) sum += data[h.data_start + e.offset + i];
+      for (std::uint64_t i = 0; i < e.bytes; ++i)
+        sum += data[h.data_start + e.offset + i];
     }
     volatile unsigned sink = sum;
     (void)sink;

@@ -63,11 +63,13 @@ const std::vector<generator>& generators() {
 enum class reduction { sum, prod, min, max };
 
 std::string describe(const plan_request& q, const generator& g, reduction op) {
-  std::string s = std::string(weft::name_of(q.coll)) + "<" + g.name + "> p=" + std::to_string(q.size) +
-                  " count=" + std::to_string(q.count) + " root=" + std::to_string(q.root) +
-                  " element_size=" + std::to_string(q.element_size) + " op=" + std::to_string(static_cast<int>(op)) +
-                  " node_of=[";
-  for (int n : q.node_of) s += std::to_string(n) + ",";
+  std::string s = std::string(weft::name_of(q.coll)) + "<" + g.name +
+                  "> p=" + std::to_string(q.size) + " count=" + std::to_string(q.count) +
+                  " root=" + std::to_string(q.root) +
+                  " element_size=" + std::to_string(q.element_size) +
+                  " op=" + std::to_string(static_cast<int>(op)) + " node_of=[";
+  for (int n : q.node_of)
+    s += std::to_string(n) + ",";
   return s + "]";
 }
 
@@ -98,8 +100,8 @@ std::int64_t combine(reduction op, std::int64_t a, std::int64_t b) {
 }
 
 template <class Op>
-void run_model(const std::vector<plan>& plans, std::vector<weft::detail::model_rank<std::int64_t>>& ranks,
-               std::uint64_t seed) {
+void run_model(const std::vector<plan>& plans,
+               std::vector<weft::detail::model_rank<std::int64_t>>& ranks, std::uint64_t seed) {
   weft::detail::run_serial(plans, ranks, Op{}, seed);
 }
 
@@ -112,16 +114,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const generator& g = gens[data[1] % gens.size()];
   if (!g.serves(coll)) return 0;
   const int p = 1 + data[2] % 24;
-  const std::size_t count = (static_cast<std::size_t>(data[3]) | static_cast<std::size_t>(data[4]) << 8) % 600;
+  const std::size_t count =
+      (static_cast<std::size_t>(data[3]) | static_cast<std::size_t>(data[4]) << 8) % 600;
   const int root = data[5] % p;
   static constexpr std::size_t element_sizes[] = {1, 2, 4, 8};
   const std::size_t element_size = element_sizes[data[6] % 4];
   const auto op = static_cast<reduction>(data[7] % 4);
-  const int nodes = data[8] % 5;  // 0: no layout (one node)
+  const int nodes = data[8] % 5; // 0: no layout (one node)
   std::size_t at = 9;
   std::vector<int> node_of;
   if (nodes > 0) {
-    for (int r = 0; r < p; ++r) node_of.push_back(at < size ? data[at++] % nodes : r % nodes);
+    for (int r = 0; r < p; ++r)
+      node_of.push_back(at < size ? data[at++] % nodes : r % nodes);
     // A layout names nodes 0..k-1, each with a rank: renumber in order of first appearance.
     std::vector<int> rename(static_cast<std::size_t>(nodes), -1);
     int next = 0;
@@ -132,9 +136,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
   }
   std::uint64_t seed = 0;
-  for (; at < size; ++at) seed = seed * 131 + data[at];
+  for (; at < size; ++at)
+    seed = seed * 131 + data[at];
 
-  const bool reduces = coll == collective::all_reduce || coll == collective::reduce_scatter || coll == collective::reduce;
+  const bool reduces = coll == collective::all_reduce || coll == collective::reduce_scatter ||
+                       coll == collective::reduce;
   const bool blocks_in = coll == collective::reduce_scatter || coll == collective::all_to_all;
   const bool blocks_out = coll == collective::all_gather || coll == collective::all_to_all;
   const auto P = static_cast<std::size_t>(p);
@@ -147,7 +153,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     } catch (const weft::error& e) {
       // A refusal must be the same on every rank and say what is wrong; one rank refusing
       // what another accepted is a bug.
-      if (r != 0) fail("rank " + std::to_string(r) + " refused what rank 0 accepted: " + describe(q, g, op) + ": " + e.what());
+      if (r != 0)
+        fail("rank " + std::to_string(r) + " refused what rank 0 accepted: " + describe(q, g, op) +
+             ": " + e.what());
       return 0;
     }
     const plan& pl = plans.back();
@@ -159,10 +167,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (int r = 0; r < p; ++r) {
     auto& m = ranks[static_cast<std::size_t>(r)];
     m.input.resize(blocks_in ? count * P : count);
-    for (std::size_t i = 0; i < m.input.size(); ++i) m.input[i] = value(r, i, op, reduces);
+    for (std::size_t i = 0; i < m.input.size(); ++i)
+      m.input[i] = value(r, i, op, reduces);
     const bool has_out = coll != collective::reduce || r == root;
     m.output.assign(blocks_out ? count * P : (has_out ? count : 0), -7);
-    if (coll == collective::all_reduce && (seed & 1) != 0) {  // in place: input aliases output
+    if (coll == collective::all_reduce && (seed & 1) != 0) { // in place: input aliases output
       m.in_place = true;
       m.output = m.input;
     }
@@ -181,46 +190,56 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } catch (const weft::error& e) {
     fail("the plans do not run on the model: " + describe(q, g, op) + ": " + e.what());
   }
-  const auto in = [&](std::size_t r, std::size_t i) { return value(static_cast<int>(r), i, op, reduces); };
+  const auto in = [&](std::size_t r, std::size_t i) {
+    return value(static_cast<int>(r), i, op, reduces);
+  };
   for (std::size_t r = 0; r < P; ++r) {
     std::vector<std::int64_t> want;
     const auto reduced = [&](std::size_t i) {
       std::int64_t acc = in(0, i);
-      for (std::size_t s = 1; s < P; ++s) acc = combine(op, acc, in(s, i));
+      for (std::size_t s = 1; s < P; ++s)
+        acc = combine(op, acc, in(s, i));
       return acc;
     };
     switch (coll) {
       case collective::all_reduce:
-        for (std::size_t i = 0; i < count; ++i) want.push_back(reduced(i));
+        for (std::size_t i = 0; i < count; ++i)
+          want.push_back(reduced(i));
         break;
       case collective::reduce_scatter:
-        for (std::size_t i = 0; i < count; ++i) want.push_back(reduced(r * count + i));
+        for (std::size_t i = 0; i < count; ++i)
+          want.push_back(reduced(r * count + i));
         break;
       case collective::all_gather:
         for (std::size_t s = 0; s < P; ++s) {
-          for (std::size_t i = 0; i < count; ++i) want.push_back(in(s, i));
+          for (std::size_t i = 0; i < count; ++i)
+            want.push_back(in(s, i));
         }
         break;
       case collective::broadcast:
-        for (std::size_t i = 0; i < count; ++i) want.push_back(in(static_cast<std::size_t>(root), i));
+        for (std::size_t i = 0; i < count; ++i)
+          want.push_back(in(static_cast<std::size_t>(root), i));
         break;
       case collective::reduce:
         if (r == static_cast<std::size_t>(root)) {
-          for (std::size_t i = 0; i < count; ++i) want.push_back(reduced(i));
+          for (std::size_t i = 0; i < count; ++i)
+            want.push_back(reduced(i));
         }
         break;
       case collective::all_to_all:
         for (std::size_t s = 0; s < P; ++s) {
-          for (std::size_t i = 0; i < count; ++i) want.push_back(in(s, r * count + i));
+          for (std::size_t i = 0; i < count; ++i)
+            want.push_back(in(s, r * count + i));
         }
         break;
     }
     const auto& got = ranks[r].output;
     if (got.size() < want.size() || !std::equal(want.begin(), want.end(), got.begin())) {
       std::size_t i = 0;
-      while (i < want.size() && i < got.size() && got[i] == want[i]) ++i;
-      fail("rank " + std::to_string(r) + " output differs from the reference at element " + std::to_string(i) +
-           ": " + describe(q, g, op) + "\n" + plans[r].to_string());
+      while (i < want.size() && i < got.size() && got[i] == want[i])
+        ++i;
+      fail("rank " + std::to_string(r) + " output differs from the reference at element " +
+           std::to_string(i) + ": " + describe(q, g, op) + "\n" + plans[r].to_string());
     }
   }
   return 0;

@@ -33,17 +33,23 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;
   }
   const auto& c = *parsed;
-  if (c.size() < 1 || c.nodes() < 1) fail("a parsed cluster without devices: \"" + std::string(spec) + "\"");
+  if (c.size() < 1 || c.nodes() < 1)
+    fail("a parsed cluster without devices: \"" + std::string(spec) + "\"");
   int devices = 0;
-  for (int n = 0; n < c.nodes(); ++n) devices += c.devices_on(n);
-  if (devices != c.size()) fail("node sizes do not add up to the size: \"" + std::string(spec) + "\"");
+  for (int n = 0; n < c.nodes(); ++n)
+    devices += c.devices_on(n);
+  if (devices != c.size())
+    fail("node sizes do not add up to the size: \"" + std::string(spec) + "\"");
   const std::string written = c.to_string();
   std::optional<weft::topology::cluster> again;
   try {
     again.emplace(weft::topology::parse(written));
   } catch (const weft::error& e) {
-    fail("to_string() wrote \"" + written + "\" for \"" + std::string(spec) + "\", which parse() refuses: " + e.what());
+    fail("to_string() wrote \"" + written + "\" for \"" + std::string(spec) +
+         "\", which parse() refuses: " + e.what());
   }
-  if (!(*again == c)) fail("\"" + std::string(spec) + "\" -> \"" + written + "\" does not read back to the same cluster");
+  if (!(*again == c))
+    fail("\"" + std::string(spec) + "\" -> \"" + written +
+         "\" does not read back to the same cluster");
   return 0;
 }

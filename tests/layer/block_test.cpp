@@ -2,9 +2,6 @@
 // the test from the full weights; the block's gradients against central finite differences; and
 // the communication of one block, counted by weft::traced, for each sequence-parallel and
 // recompute policy.
-#include "layer/layer_support.hpp"
-#include "layer/reversed_elements.hpp"
-
 #include <weft/comm/traced.hpp>
 #include <weft/layer/attention.hpp>
 #include <weft/layer/block.hpp>
@@ -16,6 +13,9 @@
 #include <memory>
 #include <mutex>
 #include <vector>
+
+#include "layer/layer_support.hpp"
+#include "layer/reversed_elements.hpp"
 
 namespace {
 
@@ -30,7 +30,8 @@ constexpr std::uint64_t seed = 20261130;
 
 /// Causal multi-head attention, the textbook way: x tokens x hidden (batch sequences of seq rows),
 /// wqkv 3*hidden x hidden with head h's q, k, v rows at [3hd, 3hd + 3d), wo hidden x hidden.
-dmat ref_attention(const dmat& x, const dmat& wqkv, const dmat& wo, std::size_t heads, std::size_t seq) {
+dmat ref_attention(const dmat& x, const dmat& wqkv, const dmat& wo, std::size_t heads,
+                   std::size_t seq) {
   const std::size_t hidden = x.cols();
   const std::size_t d = hidden / heads;
   const dmat qkv = ref_linear(x, wqkv, nullptr);
@@ -42,15 +43,18 @@ dmat ref_attention(const dmat& x, const dmat& wqkv, const dmat& wo, std::size_t 
         double top = -1e300;
         for (std::size_t j = 0; j <= i; ++j) {
           double s = 0.0;
-          for (std::size_t e = 0; e < d; ++e) s += qkv(b * seq + i, 3 * h * d + e) * qkv(b * seq + j, 3 * h * d + d + e);
+          for (std::size_t e = 0; e < d; ++e)
+            s += qkv(b * seq + i, 3 * h * d + e) * qkv(b * seq + j, 3 * h * d + d + e);
           w[j] = s / std::sqrt(static_cast<double>(d));
           top = std::max(top, w[j]);
         }
         double sum = 0.0;
-        for (auto& v : w) sum += (v = std::exp(v - top));
+        for (auto& v : w)
+          sum += (v = std::exp(v - top));
         for (std::size_t e = 0; e < d; ++e) {
           double o = 0.0;
-          for (std::size_t j = 0; j <= i; ++j) o += w[j] / sum * qkv(b * seq + j, 3 * h * d + 2 * d + e);
+          for (std::size_t j = 0; j <= i; ++j)
+            o += w[j] / sum * qkv(b * seq + j, 3 * h * d + 2 * d + e);
           ctx(b * seq + i, h * d + e) = o;
         }
       }
@@ -82,10 +86,12 @@ void attention_matches_reference(int tp, std::size_t seq = 5) {
 }
 
 TEST(Attention, MatchesSerialReferenceFloat) {
-  for (int tp : {1, 2, 3}) attention_matches_reference<float>(tp);
+  for (int tp : {1, 2, 3})
+    attention_matches_reference<float>(tp);
 }
 TEST(Attention, MatchesSerialReferenceDouble) {
-  for (int tp : {1, 2, 3}) attention_matches_reference<double>(tp);
+  for (int tp : {1, 2, 3})
+    attention_matches_reference<double>(tp);
 }
 
 // Sequences longer than the lanes a softmax row is reduced by (exec.hpp's row_lanes): late rows'
@@ -109,10 +115,12 @@ void stacked_heads_equal_head_by_head(int tp, std::size_t seq, bool keep) {
   run_ranks(tp, [&](comm_t& c) {
     const reversed_elements device_like;
     weft::layer::parallel_attention<T, comm_t> host(c, hidden, heads, seq, seed, 7);
-    weft::layer::parallel_attention<T, comm_t, reversed_elements> stacked(c, hidden, heads, seq, seed, 7, device_like);
+    weft::layer::parallel_attention<T, comm_t, reversed_elements> stacked(c, hidden, heads, seq,
+                                                                          seed, 7, device_like);
     host.keep_probabilities(keep);
     stacked.keep_probabilities(keep);
-    weft::matrix<T> y1(batch * seq, hidden), y2(batch * seq, hidden), dx1(batch * seq, hidden), dx2(batch * seq, hidden);
+    weft::matrix<T> y1(batch * seq, hidden), y2(batch * seq, hidden), dx1(batch * seq, hidden),
+        dx2(batch * seq, hidden);
     host.zero_grad();
     stacked.zero_grad();
     host.forward(x.view(), y1.view());
@@ -125,15 +133,18 @@ void stacked_heads_equal_head_by_head(int tp, std::size_t seq, bool keep) {
       ASSERT_EQ(a.cols(), b.cols());
       std::size_t differ = 0;
       for (std::size_t i = 0; i < a.rows(); ++i)
-        for (std::size_t j = 0; j < a.cols(); ++j) differ += a(i, j) != b(i, j) ? 1 : 0;
-      EXPECT_EQ(differ, 0u) << what << ": tp " << tp << " rank " << c.rank() << " seq " << seq << " keep " << keep;
+        for (std::size_t j = 0; j < a.cols(); ++j)
+          differ += a(i, j) != b(i, j) ? 1 : 0;
+      EXPECT_EQ(differ, 0u) << what << ": tp " << tp << " rank " << c.rank() << " seq " << seq
+                            << " keep " << keep;
     };
     same("y", y1.view(), y2.view());
     same("dx", dx1.view(), dx2.view());
     auto p1 = host.parameters();
     auto p2 = stacked.parameters();
     ASSERT_EQ(p1.size(), p2.size());
-    for (std::size_t i = 0; i < p1.size(); ++i) same(p1[i].name, p1[i].grad, p2[i].grad);
+    for (std::size_t i = 0; i < p1.size(); ++i)
+      same(p1[i].name, p1[i].grad, p2[i].grad);
   });
 }
 
@@ -141,7 +152,7 @@ TEST(Attention, StackedHeadsEqualHeadByHead) {
   for (bool keep : {true, false}) {
     stacked_heads_equal_head_by_head<float>(1, 5, keep);
     stacked_heads_equal_head_by_head<double>(3, 5, keep);
-    stacked_heads_equal_head_by_head<float>(2, 70, keep);  // rows longer than the lanes
+    stacked_heads_equal_head_by_head<float>(2, 70, keep); // rows longer than the lanes
   }
 }
 
@@ -154,7 +165,8 @@ TEST(Attention, StageLaunchesDoNotGrowWithTheHeads) {
     std::size_t n = 0;
     run_ranks(1, [&](comm_t& c) {
       const reversed_elements device_like;
-      weft::layer::parallel_attention<float, comm_t, reversed_elements> attn(c, hidden, heads, seq, seed, 7, device_like);
+      weft::layer::parallel_attention<float, comm_t, reversed_elements> attn(c, hidden, heads, seq,
+                                                                             seed, 7, device_like);
       weft::matrix<float> y(batch * seq, hidden), dx(batch * seq, hidden);
       attn.forward(x.view(), y.view());
       attn.backward(weft::matrix_view<const float>(y.view()), dx.view());
@@ -169,10 +181,12 @@ TEST(Attention, StageLaunchesDoNotGrowWithTheHeads) {
 
 TEST(Attention, HeadsMustDivideOverTheGroup) {
   run_ranks(4, [](comm_t& c) {
-    expect_error([&] { weft::layer::parallel_attention<float, comm_t> a(c, 12, 6, 4, seed, 0); }, "6 heads do not divide");
+    expect_error([&] { weft::layer::parallel_attention<float, comm_t> a(c, 12, 6, 4, seed, 0); },
+                 "6 heads do not divide");
   });
   run_ranks(1, [](comm_t& c) {
-    expect_error([&] { weft::layer::parallel_attention<float, comm_t> a(c, 10, 4, 4, seed, 0); }, "does not divide");
+    expect_error([&] { weft::layer::parallel_attention<float, comm_t> a(c, 10, 4, 4, seed, 0); },
+                 "does not divide");
   });
 }
 
@@ -198,9 +212,11 @@ void refused_forward_changes_nothing(int tp, std::size_t rows, std::size_t hidde
       std::vector<double> g;
       for (auto& p : layer->parameters())
         for (std::size_t i = 0; i < p.grad.rows(); ++i)
-          for (std::size_t j = 0; j < p.grad.cols(); ++j) g.push_back(p.grad(i, j));
+          for (std::size_t j = 0; j < p.grad.cols(); ++j)
+            g.push_back(p.grad(i, j));
       for (std::size_t i = 0; i < rows; ++i)
-        for (std::size_t j = 0; j < in; ++j) g.push_back(dx(i, j));
+        for (std::size_t j = 0; j < in; ++j)
+          g.push_back(dx(i, j));
       return g;
     };
     EXPECT_EQ(grads(true), grads(false)) << "rank " << c.rank();
@@ -212,14 +228,16 @@ TEST(Layers, ARefusedForwardChangesNothingBackwardUses) {
   // The column layer gathers its output (y: tokens x hidden on every rank).
   refused_forward_changes_nothing(2, 8, 6, [](comm_t& c) {
     return std::make_unique<weft::layer::column_parallel_linear<double, comm_t>>(
-        c, 6, 6, seed, 1, weft::layer::column_parallel_linear<double, comm_t>::options{.gather_output = true});
+        c, 6, 6, seed, 1,
+        weft::layer::column_parallel_linear<double, comm_t>::options{.gather_output = true});
   });
   refused_forward_changes_nothing(2, 8, 8, [](comm_t& c) {
     return std::make_unique<weft::layer::parallel_attention<double, comm_t>>(c, 8, 2, 4, seed, 1);
   });
-  refused_forward_changes_nothing(2, 4, 8, [](comm_t& c) {  // sequence parallel: 4 of 8 tokens each
-    return std::make_unique<weft::layer::parallel_attention<double, comm_t, cblas, sequence_parallel>>(c, 8, 2, 4,
-                                                                                                         seed, 1);
+  refused_forward_changes_nothing(2, 4, 8, [](comm_t& c) { // sequence parallel: 4 of 8 tokens each
+    return std::make_unique<
+        weft::layer::parallel_attention<double, comm_t, cblas, sequence_parallel>>(c, 8, 2, 4, seed,
+                                                                                   1);
   });
   refused_forward_changes_nothing(2, 8, 8, [](comm_t& c) {
     return std::make_unique<weft::layer::parallel_mlp<double, comm_t>>(c, 8, 12, seed, 1);
@@ -233,23 +251,26 @@ void block_matches_finite_differences() {
   const weft::layer::block_shape shape{.hidden = 8, .heads = 2, .ffn = 12, .seq = 4};
   const std::size_t rows = 2 * shape.seq;
   const dmat x0 = scaled(random_dmat(rows, shape.hidden, 11), 2.0);
-  const dmat r = random_dmat(rows, shape.hidden, 12);  // L = sum(y .* r), so dL/dy = r
+  const dmat r = random_dmat(rows, shape.hidden, 12); // L = sum(y .* r), so dL/dy = r
   run_ranks(1, [&](comm_t& c) {
-    weft::layer::transformer_block<double, comm_t, weft::layer::cblas, no_sequence_parallel, Recompute> blk(c, shape,
-                                                                                                           seed, 1);
+    weft::layer::transformer_block<double, comm_t, weft::layer::cblas, no_sequence_parallel,
+                                   Recompute>
+        blk(c, shape, seed, 1);
     // Weights 10x the 0.02 default, nonzero biases: every path of the block matters in the loss,
     // and the softmax stays soft (much larger weights saturate it, and q, k's gradients vanish).
     for (auto& p : blk.parameters()) {
       for (std::size_t i = 0; i < p.value.rows(); ++i)
         for (std::size_t j = 0; j < p.value.cols(); ++j)
-          p.value(i, j) = p.value(i, j) * 10.0 + 0.02 * std::sin(static_cast<double>(3 * i + 7 * j + p.name.size()));
+          p.value(i, j) = p.value(i, j) * 10.0 +
+                          0.02 * std::sin(static_cast<double>(3 * i + 7 * j + p.name.size()));
     }
     dmat x = x0, y(rows, shape.hidden), dx(rows, shape.hidden);
     auto loss = [&] {
       blk.forward(x.view(), y.view());
       double l = 0.0;
       for (std::size_t i = 0; i < rows; ++i)
-        for (std::size_t j = 0; j < shape.hidden; ++j) l += y(i, j) * r(i, j);
+        for (std::size_t j = 0; j < shape.hidden; ++j)
+          l += y(i, j) * r(i, j);
       return l;
     };
     blk.zero_grad();
@@ -270,23 +291,29 @@ void block_matches_finite_differences() {
       EXPECT_NEAR(analytic, n, 1e-6 * (1.0 + std::abs(n))) << what;
     };
     for (std::size_t i = 0; i < rows; i += 3)
-      for (std::size_t j = 0; j < shape.hidden; j += 2) check("dx(" + std::to_string(i) + "," + std::to_string(j) + ")", dx(i, j), x(i, j));
+      for (std::size_t j = 0; j < shape.hidden; j += 2)
+        check("dx(" + std::to_string(i) + "," + std::to_string(j) + ")", dx(i, j), x(i, j));
     for (auto& p : blk.parameters()) {
       // A handful of entries of every parameter, spread over its shape.
       const std::size_t n = p.value.rows() * p.value.cols();
       for (std::size_t k = 0; k < n; k += std::max<std::size_t>(1, n / 7)) {
         const std::size_t i = k / p.value.cols(), j = k % p.value.cols();
-        check(p.name + "(" + std::to_string(i) + "," + std::to_string(j) + ")", p.grad(i, j), p.value(i, j));
+        check(p.name + "(" + std::to_string(i) + "," + std::to_string(j) + ")", p.grad(i, j),
+              p.value(i, j));
       }
     }
   });
 }
 
-TEST(Block, GradientsMatchFiniteDifferences) { block_matches_finite_differences<recompute::none>(); }
+TEST(Block, GradientsMatchFiniteDifferences) {
+  block_matches_finite_differences<recompute::none>();
+}
 TEST(Block, GradientsMatchFiniteDifferencesSelectiveRecompute) {
   block_matches_finite_differences<recompute::selective>();
 }
-TEST(Block, GradientsMatchFiniteDifferencesFullRecompute) { block_matches_finite_differences<recompute::full>(); }
+TEST(Block, GradientsMatchFiniteDifferencesFullRecompute) {
+  block_matches_finite_differences<recompute::full>();
+}
 
 // --- communication of one block ---------------------------------------------------------------
 
@@ -312,7 +339,8 @@ void block_communication(counts fwd, counts bwd) {
   const std::size_t tokens = 2 * shape.seq;
   run_ranks(2, [&](comm_t& c) {
     weft::traced<comm_t> tp(std::move(c), "tp");
-    weft::layer::transformer_block<float, weft::traced<comm_t>, weft::layer::cblas, SP, Recompute> blk(tp, shape, seed, 1);
+    weft::layer::transformer_block<float, weft::traced<comm_t>, weft::layer::cblas, SP, Recompute>
+        blk(tp, shape, seed, 1);
     const std::size_t rows = SP::enabled ? tokens / 2 : tokens;
     const auto x = to<float>(random_dmat(rows, shape.hidden, 5));
     weft::matrix<float> y(rows, shape.hidden), dx(rows, shape.hidden);
@@ -334,7 +362,8 @@ void block_communication(counts fwd, counts bwd) {
     for (const auto& op : tp.ops()) {
       EXPECT_EQ(op.axis, "tp");
       EXPECT_EQ(op.type, weft::dtype::float32);
-      const std::size_t want = op.kind == weft::collective::all_reduce ? tokens * shape.hidden : tokens * shape.hidden / 2;
+      const std::size_t want = op.kind == weft::collective::all_reduce ? tokens * shape.hidden
+                                                                       : tokens * shape.hidden / 2;
       EXPECT_EQ(op.count, want) << weft::name_of(op.kind);
     }
   });
@@ -342,13 +371,14 @@ void block_communication(counts fwd, counts bwd) {
 
 TEST(Block, TwoAllReducesEachWay) {
   block_communication<no_sequence_parallel, recompute::none>({.all_reduce = 2}, {.all_reduce = 2});
-  block_communication<no_sequence_parallel, recompute::selective>({.all_reduce = 2}, {.all_reduce = 2});
+  block_communication<no_sequence_parallel, recompute::selective>({.all_reduce = 2},
+                                                                  {.all_reduce = 2});
 }
 TEST(Block, SequenceParallelGathersAndScatters) {
   block_communication<sequence_parallel, recompute::none>({.all_gather = 2, .reduce_scatter = 2},
                                                           {.all_gather = 2, .reduce_scatter = 2});
-  block_communication<sequence_parallel, recompute::selective>({.all_gather = 2, .reduce_scatter = 2},
-                                                               {.all_gather = 2, .reduce_scatter = 2});
+  block_communication<sequence_parallel, recompute::selective>(
+      {.all_gather = 2, .reduce_scatter = 2}, {.all_gather = 2, .reduce_scatter = 2});
 }
 TEST(Block, FullRecomputeRepeatsTheForwardsCommunication) {
   block_communication<no_sequence_parallel, recompute::full>({.all_reduce = 2}, {.all_reduce = 4});
@@ -360,20 +390,24 @@ TEST(Block, SelectiveRecomputeKeepsNoProbabilities) {
   const weft::layer::block_shape shape{.hidden = 8, .heads = 2, .ffn = 16, .seq = 16};
   run_ranks(1, [&](comm_t& c) {
     weft::layer::transformer_block<float, comm_t> keep(c, shape, seed, 1);
-    weft::layer::transformer_block<float, comm_t, weft::layer::cblas, no_sequence_parallel, recompute::selective> drop(
-        c, shape, seed, 1);
+    weft::layer::transformer_block<float, comm_t, weft::layer::cblas, no_sequence_parallel,
+                                   recompute::selective>
+        drop(c, shape, seed, 1);
     const auto x = to<float>(random_dmat(2 * shape.seq, shape.hidden, 5));
     weft::matrix<float> y1(x.rows(), shape.hidden), y2(x.rows(), shape.hidden);
     keep.forward(x.view(), y1.view());
     drop.forward(x.view(), y2.view());
     // batch 2 x heads 2 x 16 x 16 probabilities, 4 bytes each.
-    EXPECT_EQ(keep.attention().saved_bytes() - drop.attention().saved_bytes(), 2u * 2 * 16 * 16 * 4);
-    EXPECT_EQ(rel_err(y2, [&] {
-                dmat d(y1.rows(), y1.cols());
-                for (std::size_t i = 0; i < d.rows(); ++i)
-                  for (std::size_t j = 0; j < d.cols(); ++j) d(i, j) = y1(i, j);
-                return d;
-              }()),
+    EXPECT_EQ(keep.attention().saved_bytes() - drop.attention().saved_bytes(),
+              2u * 2 * 16 * 16 * 4);
+    EXPECT_EQ(rel_err(y2,
+                      [&] {
+                        dmat d(y1.rows(), y1.cols());
+                        for (std::size_t i = 0; i < d.rows(); ++i)
+                          for (std::size_t j = 0; j < d.cols(); ++j)
+                            d(i, j) = y1(i, j);
+                        return d;
+                      }()),
               0.0);
   });
 }
@@ -382,20 +416,24 @@ TEST(Block, FullRecomputeKeepsOnlyTheInput) {
   const weft::layer::block_shape shape{.hidden = 8, .heads = 2, .ffn = 16, .seq = 16};
   run_ranks(2, [&](comm_t& c) {
     weft::layer::transformer_block<float, comm_t> keep(c, shape, seed, 1);
-    weft::layer::transformer_block<float, comm_t, weft::layer::cblas, no_sequence_parallel, recompute::full> drop(
-        c, shape, seed, 1);
+    weft::layer::transformer_block<float, comm_t, weft::layer::cblas, no_sequence_parallel,
+                                   recompute::full>
+        drop(c, shape, seed, 1);
     const auto x = to<float>(random_dmat(2 * shape.seq, shape.hidden, 5));
-    weft::matrix<float> y(x.rows(), shape.hidden), dx1(x.rows(), shape.hidden), dx2(x.rows(), shape.hidden);
+    weft::matrix<float> y(x.rows(), shape.hidden), dx1(x.rows(), shape.hidden),
+        dx2(x.rows(), shape.hidden);
     keep.forward(x.view(), y.view());
     drop.forward(x.view(), y.view());
     EXPECT_EQ(drop.saved_bytes(), x.size() * sizeof(float));
     // Without recompute the block holds at least the first norm's input (as x-hat, in double), this
     // rank's q/k/v (32 rows x 3 * 8 / 2 columns) and its probabilities (2 sequences x 1 head x 16 x 16).
-    EXPECT_GE(keep.saved_bytes(), x.size() * sizeof(double) + (32 * 12 + 2 * 16 * 16) * sizeof(float));
+    EXPECT_GE(keep.saved_bytes(),
+              x.size() * sizeof(double) + (32 * 12 + 2 * 16 * 16) * sizeof(float));
     keep.backward(y.view(), dx1.view());
     drop.backward(y.view(), dx2.view());
     for (std::size_t i = 0; i < x.rows(); ++i)
-      for (std::size_t j = 0; j < shape.hidden; ++j) EXPECT_EQ(dx1(i, j), dx2(i, j));
+      for (std::size_t j = 0; j < shape.hidden; ++j)
+        EXPECT_EQ(dx1(i, j), dx2(i, j));
   });
 }
 

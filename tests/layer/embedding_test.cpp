@@ -21,7 +21,8 @@ constexpr std::size_t tokens = 12, vocab = 11, hidden = 5;
 
 template <class T, class SP>
 void check(int tp) {
-  const std::vector<std::int32_t> ids = {3, 0, 10, 3, 7, 5, 5, 5, 1, 9, 10, 2};  // repeats, both ends
+  const std::vector<std::int32_t> ids = {3, 0, 10, 3, 7,  5,
+                                         5, 5, 1,  9, 10, 2}; // repeats, both ends
   dmat table(vocab, hidden);
   wl::init_normal(table.view(), hidden, 0, 0, 8, 1, 0.02);
   tl::round_to<T>(table);
@@ -48,7 +49,8 @@ void check(int tp) {
       emb.forward(ids, yl.view());
       emb.backward(dyl);
       EXPECT_LT(tl::rel_err(yl, tl::block(y, row0, local, 0, hidden)), tol);
-      EXPECT_LT(tl::rel_err(emb.parameters()[0].grad, tl::scaled(tl::block(dw, vr.begin, vr.size(), 0, hidden), pass)),
+      EXPECT_LT(tl::rel_err(emb.parameters()[0].grad,
+                            tl::scaled(tl::block(dw, vr.begin, vr.size(), 0, hidden), pass)),
                 tol);
       std::vector<weft::traced_op> want;
       if (tp > 1) {
@@ -79,10 +81,12 @@ TEST(VocabParallelEmbedding, Errors) {
     weft::matrix<float> y(2, 3), bad(2, 4);
     tl::expect_error([&] { emb.backward(y); }, "before forward");
     const std::vector<std::int32_t> big = {1, 5}, neg = {-1, 0}, ok = {1, 2};
-    tl::expect_error([&] { emb.forward(big, y.view()); }, "token 1 has id 5, outside the vocabulary [0, 5)");
+    tl::expect_error([&] { emb.forward(big, y.view()); },
+                     "token 1 has id 5, outside the vocabulary [0, 5)");
     tl::expect_error([&] { emb.forward(neg, y.view()); }, "token 0 has id -1");
     tl::expect_error([&] { emb.forward(ok, bad.view()); }, "y is 2 x 4, expected 2 x 3");
-    wl::vocab_parallel_embedding<float, weft::local::communicator, wl::sequence_parallel> sp(c, 5, 3, 1, 1);
+    wl::vocab_parallel_embedding<float, weft::local::communicator, wl::sequence_parallel> sp(
+        c, 5, 3, 1, 1);
     const std::vector<std::int32_t> three = {1, 2, 3};
     weft::matrix<float> y1(1, 3);
     tl::expect_error([&] { sp.forward(three, y1.view()); }, "3 tokens over 2 ranks");

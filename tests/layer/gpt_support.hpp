@@ -2,8 +2,6 @@
 // The two-block GPT the TP tests train (tests/layer/gpt_test.cpp on the host, tests/cuda/layer/
 // gpt_test.cu on the device): its shape, its data, a host training run that collects the losses,
 // the first step's logits and every gradient as full matrices, and the norm-wise difference.
-#include "layer/layer_support.hpp"
-
 #include <weft/layer/cblas.hpp>
 #include <weft/layer/gpt.hpp>
 #include <weft/layer/init.hpp>
@@ -17,20 +15,23 @@
 #include <string>
 #include <vector>
 
+#include "layer/layer_support.hpp"
+
 namespace weft::test::layer::gpt_run {
 
 using comm_t = weft::local::communicator;
 
-constexpr weft::layer::gpt_shape shape{.vocab = 37, .hidden = 24, .heads = 12, .ffn = 40, .seq = 6, .layers = 2};
+constexpr weft::layer::gpt_shape shape{
+    .vocab = 37, .hidden = 24, .heads = 12, .ffn = 40, .seq = 6, .layers = 2};
 constexpr std::size_t batch = 2;
 constexpr std::size_t tokens = batch * shape.seq;
 constexpr int steps = 3;
 constexpr double learning_rate = 0.5;
 
 struct run_result {
-  std::vector<double> losses;            // one per step, before its update
-  dmat logits;                           // tokens x vocab, first step
-  std::map<std::string, dmat> grads;     // full shapes, first step
+  std::vector<double> losses;        // one per step, before its update
+  dmat logits;                       // tokens x vocab, first step
+  std::map<std::string, dmat> grads; // full shapes, first step
 };
 
 std::vector<std::int32_t> ids_from(std::uint32_t s) {
@@ -44,19 +45,22 @@ std::vector<std::int32_t> ids_from(std::uint32_t s) {
 }
 
 /// Copies a rank's shard into the full matrix (creating it from the TP = 1 shape on first use).
-void place(std::map<std::string, dmat>& into, const std::string& name, weft::matrix_view<const double> v,
-           std::size_t row0, std::size_t col0, std::size_t full_rows, std::size_t full_cols) {
+void place(std::map<std::string, dmat>& into, const std::string& name,
+           weft::matrix_view<const double> v, std::size_t row0, std::size_t col0,
+           std::size_t full_rows, std::size_t full_cols) {
   auto [it, fresh] = into.try_emplace(name, full_rows, full_cols);
   (void)fresh;
   for (std::size_t r = 0; r < v.rows(); ++r)
-    for (std::size_t c = 0; c < v.cols(); ++c) it->second(row0 + r, col0 + c) = v(r, c);
+    for (std::size_t c = 0; c < v.cols(); ++c)
+      it->second(row0 + r, col0 + c) = v(r, c);
 }
 
 template <class T>
 weft::matrix<double> as_double(weft::matrix_view<const T> v) {
   weft::matrix<double> d(v.rows(), v.cols());
   for (std::size_t r = 0; r < v.rows(); ++r)
-    for (std::size_t c = 0; c < v.cols(); ++c) d(r, c) = static_cast<double>(v(r, c));
+    for (std::size_t c = 0; c < v.cols(); ++c)
+      d(r, c) = static_cast<double>(v(r, c));
   return d;
 }
 
@@ -72,7 +76,7 @@ run_result train(int tp, int micro_batches = 1) {
     for (int step = 0; step < steps; ++step) {
       model.zero_grad();
       double loss = 0.0;
-      for (int m = micro_batches; m-- > 0;) {  // the first micro-batch last: its logits stay
+      for (int m = micro_batches; m-- > 0;) { // the first micro-batch last: its logits stay
         const auto ids = ids_from(static_cast<std::uint32_t>(1 + 2 * m));
         const auto targets = ids_from(static_cast<std::uint32_t>(2 + 2 * m));
         loss = model.forward(ids, targets);
@@ -82,9 +86,11 @@ run_result train(int tp, int micro_batches = 1) {
       if (c.rank() == 0) out.losses.push_back(loss);
       if (step == 0) {
         const auto vr = weft::layer::split_range(shape.vocab, tp, c.rank());
-        place(out.grads, "logits", as_double(model.logits()).view(), 0, vr.begin, tokens, shape.vocab);
+        place(out.grads, "logits", as_double(model.logits()).view(), 0, vr.begin, tokens,
+              shape.vocab);
         for (auto& p : model.parameters()) {
-          const auto g = as_double(weft::matrix_view<const T>(p.grad.data(), p.grad.rows(), p.grad.cols(), p.grad.ld()));
+          const auto g = as_double(
+              weft::matrix_view<const T>(p.grad.data(), p.grad.rows(), p.grad.cols(), p.grad.ld()));
           place(out.grads, p.name, g.view(), p.row0, p.col0, p.full_rows, p.full_cols);
         }
       }
@@ -112,7 +118,6 @@ double difference(const dmat& got, const dmat& want) {
     }
   return scale == 0.0 ? d : d / scale;
 }
-
 
 /// got's losses, logits and every gradient against want's, each within tol (relative, norm-wise).
 inline void expect_same_training(const run_result& got, const run_result& want, double tol) {

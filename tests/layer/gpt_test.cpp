@@ -7,12 +7,12 @@
 // tests, the block's finite differences); here each rank's shards are put back into full
 // matrices at their place (parameter::row0/col0) and compared with TP = 1's. Also with every
 // element-wise step run backwards (reversed_elements.hpp), as a device may run them.
-#include "layer/gpt_support.hpp"
-#include "layer/reversed_elements.hpp"
-
 #include <gtest/gtest.h>
 
 #include <string>
+
+#include "layer/gpt_support.hpp"
+#include "layer/reversed_elements.hpp"
 
 namespace {
 
@@ -61,11 +61,14 @@ TEST(Gpt, AccumulatedBackwardsMatchTp1) {
   const run_result one = train<double, no_sequence_parallel, recompute::none>(1, 3);
   for (int tp : {2, 3}) {
     SCOPED_TRACE("tp=" + std::to_string(tp));
-    expect_same_training(train<double, sequence_parallel, recompute::none>(tp, 3), one, tolerance<double>);
-    expect_same_training(train<double, no_sequence_parallel, recompute::selective>(tp, 3), one, tolerance<double>);
+    expect_same_training(train<double, sequence_parallel, recompute::none>(tp, 3), one,
+                         tolerance<double>);
+    expect_same_training(train<double, no_sequence_parallel, recompute::selective>(tp, 3), one,
+                         tolerance<double>);
   }
   const run_result one_float = train<float, no_sequence_parallel, recompute::none>(1, 2);
-  expect_same_training(train<float, sequence_parallel, recompute::full>(2, 2), one_float, tolerance<float>);
+  expect_same_training(train<float, sequence_parallel, recompute::full>(2, 2), one_float,
+                       tolerance<float>);
 }
 
 TEST(Gpt, BadBatchIsAnError) {

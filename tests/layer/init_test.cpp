@@ -36,17 +36,19 @@ TEST(Init, FloatIsTheRoundedDouble) {
   weft::matrix<float> f(4, 6);
   wl::init_normal(d.view(), 6, 0, 0, 9, 1, 0.02);
   wl::init_normal(f.view(), 6, 0, 0, 9, 1, 0.02);
-  for (std::size_t i = 0; i < d.size(); ++i) EXPECT_EQ(f.flat()[i], static_cast<float>(d.flat()[i]));
+  for (std::size_t i = 0; i < d.size(); ++i)
+    EXPECT_EQ(f.flat()[i], static_cast<float>(d.flat()[i]));
 }
 
 TEST(Init, DependsOnTheFlatIndexOnly) {
   weft::matrix<double> a(3, 4), b(1, 12), c(2, 5);
   wl::init_normal(a.view(), 4, 0, 0, 1, 2, 1.0);
   wl::init_normal(b.view(), 12, 0, 0, 1, 2, 1.0);
-  for (std::size_t i = 0; i < 12; ++i) EXPECT_EQ(a.flat()[i], b.flat()[i]);
+  for (std::size_t i = 0; i < 12; ++i)
+    EXPECT_EQ(a.flat()[i], b.flat()[i]);
   wl::init_normal(c.view(), 5, 0, 0, 1, 2, 1.0);
   EXPECT_EQ(c(0, 0), a(0, 0));
-  EXPECT_EQ(c(1, 0), a(1, 1));  // flat index 5 either way
+  EXPECT_EQ(c(1, 0), a(1, 1)); // flat index 5 either way
 }
 
 TEST(Init, SeedsAndIdsGiveDifferentStreams) {
@@ -74,9 +76,9 @@ TEST(Init, MeanAndSpread) {
     s4 += x * x * x * x;
   }
   const double mean = s / n, var = s2 / n - mean * mean;
-  EXPECT_NEAR(mean, 0.0, 0.01);             // 4.5 standard errors (0.5 / sqrt(n))
+  EXPECT_NEAR(mean, 0.0, 0.01); // 4.5 standard errors (0.5 / sqrt(n))
   EXPECT_NEAR(std::sqrt(var), 0.5, 0.004);
-  EXPECT_NEAR(s4 / n / (var * var), 3.0, 0.06);  // a normal's kurtosis, not a uniform's 1.8
+  EXPECT_NEAR(s4 / n / (var * var), 3.0, 0.06); // a normal's kurtosis, not a uniform's 1.8
 }
 
 TEST(Init, SplitRangeIsBalancedAndCovers) {
@@ -94,7 +96,8 @@ TEST(Init, SplitRangeIsBalancedAndCovers) {
   }
   weft::test::layer::expect_error([] { (void)wl::split_range(4, 2, 2); }, "part 2 of 2");
   weft::matrix<float> m(2, 3);
-  weft::test::layer::expect_error([&] { wl::init_normal(m.view(), 4, 0, 2, 1, 1, 1.0); }, "outside a tensor");
+  weft::test::layer::expect_error([&] { wl::init_normal(m.view(), 4, 0, 2, 1, 1, 1.0); },
+                                  "outside a tensor");
 }
 
 } // namespace

@@ -32,8 +32,10 @@ ln_ref reference(const dmat& x, const dmat& dy, const dmat& gamma, const dmat& b
   ln_ref r{dmat(rows, n), dmat(rows, n), dmat(1, n), dmat(1, n)};
   for (std::size_t t = 0; t < rows; ++t) {
     double mean = 0, var = 0;
-    for (std::size_t j = 0; j < n; ++j) mean += x(t, j) / n;
-    for (std::size_t j = 0; j < n; ++j) var += (x(t, j) - mean) * (x(t, j) - mean) / n;
+    for (std::size_t j = 0; j < n; ++j)
+      mean += x(t, j) / n;
+    for (std::size_t j = 0; j < n; ++j)
+      var += (x(t, j) - mean) * (x(t, j) - mean) / n;
     const double rstd = 1.0 / std::sqrt(var + eps);
     std::vector<double> xh(n);
     for (std::size_t j = 0; j < n; ++j) {
@@ -66,7 +68,8 @@ TEST(LayerNormReference, JacobianMatchesFiniteDifferences) {
       xm(t, i) -= h;
       const dmat yp = reference(xp, dy, g, b).y, ym = reference(xm, dy, g, b).y;
       double fd = 0;
-      for (std::size_t j = 0; j < 6; ++j) fd += dy(t, j) * (yp(t, j) - ym(t, j)) / (2 * h);
+      for (std::size_t j = 0; j < 6; ++j)
+        fd += dy(t, j) * (yp(t, j) - ym(t, j)) / (2 * h);
       EXPECT_NEAR(r.dx(t, i), fd, 1e-7);
     }
   }
@@ -76,7 +79,8 @@ template <class T, class SP, class Exec = wl::host_policy>
 void check(int tp, std::size_t hidden = 10, std::size_t tokens = 12) {
   dmat x = tl::random_dmat(tokens, hidden, 5, 3.0), dy = tl::random_dmat(tokens, hidden, 6);
   dmat g = tl::random_dmat(1, hidden, 7), b = tl::random_dmat(1, hidden, 8);
-  for (dmat* m : {&x, &dy, &g, &b}) tl::round_to<T>(*m);
+  for (dmat* m : {&x, &dy, &g, &b})
+    tl::round_to<T>(*m);
   const ln_ref ref = reference(x, dy, g, b);
   const double tol = tl::tolerance<T>;
   tl::run_ranks(tp, [&](weft::local::communicator& comm) {
@@ -103,7 +107,9 @@ void check(int tp, std::size_t hidden = 10, std::size_t tokens = 12) {
     EXPECT_LT(tl::rel_err(ps[0].grad, ref.dgamma), tol) << "tp=" << tp;
     EXPECT_LT(tl::rel_err(ps[1].grad, ref.dbeta), tol) << "tp=" << tp;
     if constexpr (!std::is_same_v<Exec, wl::host_policy>) {
-      EXPECT_EQ(*exec.steps, 11u);  // gamma's fill, the forward's 5 row stages, the gradients' 2, dx's 3 row stages
+      EXPECT_EQ(
+          *exec.steps,
+          11u); // gamma's fill, the forward's 5 row stages, the gradients' 2, dx's 3 row stages
     }
     ln.zero_grad();
     EXPECT_EQ(ps[0].grad(0, 0), T{0});
@@ -113,7 +119,7 @@ void check(int tp, std::size_t hidden = 10, std::size_t tokens = 12) {
 TEST(LayerNorm, MatchesReference) {
   check<float, wl::no_sequence_parallel>(1);
   check<double, wl::no_sequence_parallel>(1);
-  check<float, wl::no_sequence_parallel>(2);  // replicated: every rank holds every token
+  check<float, wl::no_sequence_parallel>(2); // replicated: every rank holds every token
 }
 
 // With the element-wise steps run backwards, as a device may run them (one thread per row or column).
@@ -129,8 +135,8 @@ TEST(LayerNorm, MoreThanTheLanes) {
   check<double, wl::sequence_parallel>(2, 70);
   check<double, wl::no_sequence_parallel, tl::reversed_elements>(1, 70);
   check<float, wl::no_sequence_parallel>(1, 70, 75);
-  check<double, wl::sequence_parallel>(3, 70, 75);  // 25 rows a rank
-  check<double, wl::sequence_parallel>(2, 40, 72);  // 36 rows a rank
+  check<double, wl::sequence_parallel>(3, 70, 75); // 25 rows a rank
+  check<double, wl::sequence_parallel>(2, 40, 72); // 36 rows a rank
   check<double, wl::no_sequence_parallel, tl::reversed_elements>(1, 70, 75);
 }
 

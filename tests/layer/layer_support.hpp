@@ -10,9 +10,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
 #include <cmath>
 #include <cstddef>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -28,7 +28,8 @@ inline dmat random_dmat(std::size_t r, std::size_t c, std::uint32_t seed, double
   std::mt19937 g(seed);
   std::uniform_real_distribution<double> d(-scale, scale);
   dmat m(r, c);
-  for (auto& x : m.flat()) x = d(g);
+  for (auto& x : m.flat())
+    x = d(g);
   return m;
 }
 
@@ -38,7 +39,8 @@ template <class T>
 weft::matrix<T> to(const weft::matrix_view<const double> m) {
   weft::matrix<T> out(m.rows(), m.cols());
   for (std::size_t r = 0; r < m.rows(); ++r)
-    for (std::size_t c = 0; c < m.cols(); ++c) out(r, c) = static_cast<T>(m(r, c));
+    for (std::size_t c = 0; c < m.cols(); ++c)
+      out(r, c) = static_cast<T>(m(r, c));
   return out;
 }
 template <class T>
@@ -49,7 +51,8 @@ weft::matrix<T> to(const dmat& m) {
 /// Rounds every element to T and back, in place.
 template <class T>
 void round_to(dmat& m) {
-  for (auto& x : m.flat()) x = static_cast<double>(static_cast<T>(x));
+  for (auto& x : m.flat())
+    x = static_cast<double>(static_cast<T>(x));
 }
 
 /// A rows x cols matrix, optionally embedded in a larger one (one row above and below, two
@@ -59,12 +62,16 @@ template <class T>
 class embedded {
 public:
   embedded(std::size_t rows, std::size_t cols, bool pad)
-      : rows_(rows), cols_(cols), pad_(pad), big_(rows + (pad ? 2 : 0), cols + (pad ? 3 : 0), pad ? sentinel : T{}) {
+      : rows_(rows),
+        cols_(cols),
+        pad_(pad),
+        big_(rows + (pad ? 2 : 0), cols + (pad ? 3 : 0), pad ? sentinel : T{}) {
     if (pad) view_fill(T{});
   }
   embedded(const weft::matrix<T>& m, bool pad) : embedded(m.rows(), m.cols(), pad) {
     for (std::size_t r = 0; r < rows_; ++r)
-      for (std::size_t c = 0; c < cols_; ++c) view()(r, c) = m(r, c);
+      for (std::size_t c = 0; c < cols_; ++c)
+        view()(r, c) = m(r, c);
   }
   [[nodiscard]] weft::matrix_view<T> view() {
     return pad_ ? big_.view().rows_from(1, rows_).cols_from(2, cols_) : big_.view();
@@ -89,7 +96,8 @@ private:
   void view_fill(T v) {
     auto w = view();
     for (std::size_t r = 0; r < rows_; ++r)
-      for (std::size_t c = 0; c < cols_; ++c) w(r, c) = v;
+      for (std::size_t c = 0; c < cols_; ++c)
+        w(r, c) = v;
   }
   std::size_t rows_, cols_;
   bool pad_;
@@ -100,7 +108,8 @@ private:
 inline dmat block(const dmat& m, std::size_t r0, std::size_t nr, std::size_t c0, std::size_t nc) {
   dmat out(nr, nc);
   for (std::size_t r = 0; r < nr; ++r)
-    for (std::size_t c = 0; c < nc; ++c) out(r, c) = m(r0 + r, c0 + c);
+    for (std::size_t c = 0; c < nc; ++c)
+      out(r, c) = m(r0 + r, c0 + c);
   return out;
 }
 
@@ -119,17 +128,20 @@ inline void note_error(std::atomic<double>& w, double e) {
 class worst_error_report : public ::testing::Environment {
 public:
   void TearDown() override {
-    std::printf("[ layer    ] largest relative error vs the serial reference: float %.3g, double %.3g\n",
-                worst_error<float>().load(), worst_error<double>().load());
+    std::printf(
+        "[ layer    ] largest relative error vs the serial reference: float %.3g, double %.3g\n",
+        worst_error<float>().load(), worst_error<double>().load());
   }
 };
-inline ::testing::Environment* const worst_error_env = ::testing::AddGlobalTestEnvironment(new worst_error_report);
+inline ::testing::Environment* const worst_error_env =
+    ::testing::AddGlobalTestEnvironment(new worst_error_report);
 
 /// max |got - want| / max |want| (norm-wise: the elements near zero do not blow it up).
 template <class T>
 double rel_err(weft::matrix_view<const T> got, weft::matrix_view<const double> want) {
   if (got.rows() != want.rows() || got.cols() != want.cols()) {
-    ADD_FAILURE() << "shape " << got.rows() << "x" << got.cols() << " vs " << want.rows() << "x" << want.cols();
+    ADD_FAILURE() << "shape " << got.rows() << "x" << got.cols() << " vs " << want.rows() << "x"
+                  << want.cols();
     return 1e300;
   }
   double diff = 0.0;
@@ -148,7 +160,8 @@ double rel_err(weft::matrix_view<const T> got, weft::matrix_view<const double> w
 }
 template <class T>
 double rel_err(weft::matrix_view<T> got, const dmat& want) {
-  return rel_err(weft::matrix_view<const T>(got.data(), got.rows(), got.cols(), got.ld()), want.view());
+  return rel_err(weft::matrix_view<const T>(got.data(), got.rows(), got.cols(), got.ld()),
+                 want.view());
 }
 template <class T>
 double rel_err(const weft::matrix<T>& got, const dmat& want) {
@@ -182,7 +195,8 @@ inline dmat ref_linear(const dmat& x, const dmat& w, const dmat* b) {
   for (std::size_t t = 0; t < x.rows(); ++t)
     for (std::size_t o = 0; o < w.rows(); ++o) {
       double s = b != nullptr ? (*b)(0, o) : 0.0;
-      for (std::size_t i = 0; i < x.cols(); ++i) s += x(t, i) * w(o, i);
+      for (std::size_t i = 0; i < x.cols(); ++i)
+        s += x(t, i) * w(o, i);
       y(t, o) = s;
     }
   return y;
@@ -193,7 +207,8 @@ inline dmat ref_linear_dx(const dmat& dy, const dmat& w) {
   for (std::size_t t = 0; t < dy.rows(); ++t)
     for (std::size_t i = 0; i < w.cols(); ++i) {
       double s = 0.0;
-      for (std::size_t o = 0; o < w.rows(); ++o) s += dy(t, o) * w(o, i);
+      for (std::size_t o = 0; o < w.rows(); ++o)
+        s += dy(t, o) * w(o, i);
       dx(t, i) = s;
     }
   return dx;
@@ -204,7 +219,8 @@ inline dmat ref_linear_dw(const dmat& dy, const dmat& x) {
   for (std::size_t o = 0; o < dy.cols(); ++o)
     for (std::size_t i = 0; i < x.cols(); ++i) {
       double s = 0.0;
-      for (std::size_t t = 0; t < dy.rows(); ++t) s += dy(t, o) * x(t, i);
+      for (std::size_t t = 0; t < dy.rows(); ++t)
+        s += dy(t, o) * x(t, i);
       dw(o, i) = s;
     }
   return dw;
@@ -213,11 +229,13 @@ inline dmat ref_linear_dw(const dmat& dy, const dmat& x) {
 inline dmat ref_colsum(const dmat& dy, std::size_t r0, std::size_t n) {
   dmat s(1, dy.cols());
   for (std::size_t t = r0; t < r0 + n; ++t)
-    for (std::size_t c = 0; c < dy.cols(); ++c) s(0, c) += dy(t, c);
+    for (std::size_t c = 0; c < dy.cols(); ++c)
+      s(0, c) += dy(t, c);
   return s;
 }
 inline dmat scaled(dmat m, double k) {
-  for (auto& x : m.flat()) x *= k;
+  for (auto& x : m.flat())
+    x *= k;
   return m;
 }
 

@@ -31,11 +31,13 @@ struct config {
 template <class C>
 class linear : public ::testing::Test {};
 
-using configs = ::testing::Types<config<float, wl::no_sequence_parallel>, config<double, wl::no_sequence_parallel>,
-                                 config<float, wl::sequence_parallel>, config<double, wl::sequence_parallel>>;
+using configs =
+    ::testing::Types<config<float, wl::no_sequence_parallel>,
+                     config<double, wl::no_sequence_parallel>, config<float, wl::sequence_parallel>,
+                     config<double, wl::sequence_parallel>>;
 TYPED_TEST_SUITE(linear, configs);
 
-constexpr std::size_t default_tokens = 12;  // divides by 1..4
+constexpr std::size_t default_tokens = 12; // divides by 1..4
 constexpr std::uint64_t seed = 42;
 constexpr double init_std = 0.5; // of the layers' weights, and of full_weight's references
 
@@ -119,8 +121,8 @@ pass_ops forward_backward(Comm& comm, Layer& fc, X x, Y y, DY dy, DX dx) {
 }
 
 template <class T, class SP>
-void check_column(int tp, std::size_t in, std::size_t out, bool gather_output, bool bias, bool strided = false,
-                  std::size_t tokens = default_tokens) {
+void check_column(int tp, std::size_t in, std::size_t out, bool gather_output, bool bias,
+                  bool strided = false, std::size_t tokens = default_tokens) {
   const linear_case<T> d(tokens, in, out, 1, 7, bias);
   const dmat db_ref = tl::ref_colsum(d.dy, 0, tokens);
   const double tol = tl::tolerance<T>;
@@ -163,7 +165,9 @@ void check_column(int tp, std::size_t in, std::size_t out, bool gather_output, b
                 tol)
           << where << " pass " << pass;
       if (bias) {
-        EXPECT_LT(tl::rel_err(params[1].grad, tl::scaled(tl::block(db_ref, 0, 1, o.begin, o.size()), pass)), tol)
+        EXPECT_LT(tl::rel_err(params[1].grad,
+                              tl::scaled(tl::block(db_ref, 0, 1, o.begin, o.size()), pass)),
+                  tol)
             << where;
         EXPECT_FALSE(params[1].sequence_partial);
       }
@@ -179,7 +183,8 @@ void check_column(int tp, std::size_t in, std::size_t out, bool gather_output, b
     fc.zero_grad();
     for (const auto& prm : fc.parameters())
       for (std::size_t i = 0; i < prm.grad.rows(); ++i)
-        for (std::size_t j = 0; j < prm.grad.cols(); ++j) EXPECT_EQ(prm.grad(i, j), T{0});
+        for (std::size_t j = 0; j < prm.grad.cols(); ++j)
+          EXPECT_EQ(prm.grad(i, j), T{0});
   });
 }
 
@@ -253,7 +258,7 @@ TYPED_TEST(linear, ColumnParallelMatchesSerial) {
   using T = typename TypeParam::type;
   using SP = typename TypeParam::sp;
   for (int tp = 1; tp <= 4; ++tp) {
-    check_column<T, SP>(tp, 7, 10, false, true);  // 10 over 3 and 4: uneven
+    check_column<T, SP>(tp, 7, 10, false, true); // 10 over 3 and 4: uneven
     check_column<T, SP>(tp, 5, 6, false, false);
   }
 }
@@ -261,14 +266,15 @@ TYPED_TEST(linear, ColumnParallelMatchesSerial) {
 TYPED_TEST(linear, ColumnParallelGatherOutput) {
   using T = typename TypeParam::type;
   using SP = typename TypeParam::sp;
-  for (int tp = 1; tp <= 4; ++tp) check_column<T, SP>(tp, 7, 10, true, true);
+  for (int tp = 1; tp <= 4; ++tp)
+    check_column<T, SP>(tp, 7, 10, true, true);
 }
 
 TYPED_TEST(linear, RowParallelMatchesSerial) {
   using T = typename TypeParam::type;
   using SP = typename TypeParam::sp;
   for (int tp = 1; tp <= 4; ++tp) {
-    check_row<T, SP>(tp, 10, 7, true);  // in = 10 over 3 and 4: uneven
+    check_row<T, SP>(tp, 10, 7, true); // in = 10 over 3 and 4: uneven
     check_row<T, SP>(tp, 6, 5, false);
   }
 }
@@ -276,11 +282,13 @@ TYPED_TEST(linear, RowParallelMatchesSerial) {
 TYPED_TEST(linear, MoreRanksThanFeatures) {
   using T = typename TypeParam::type;
   using SP = typename TypeParam::sp;
-  check_column<T, SP>(4, 5, 3, false, true);  // rank 3 holds no output column
-  check_row<T, SP>(4, 3, 5, true);            // rank 3 holds no input column
+  check_column<T, SP>(4, 5, 3, false, true); // rank 3 holds no output column
+  check_row<T, SP>(4, 3, 5, true);           // rank 3 holds no input column
 }
 
-TYPED_TEST(linear, StridedViews) {  // inputs and outputs with ld > cols, and the memory around them untouched
+TYPED_TEST(
+    linear,
+    StridedViews) { // inputs and outputs with ld > cols, and the memory around them untouched
   using T = typename TypeParam::type;
   using SP = typename TypeParam::sp;
   for (int tp = 1; tp <= 4; ++tp) {
@@ -311,14 +319,18 @@ TEST(LinearColumnSums, EveryPolicyGivesTheSameSums) {
   tl::round_to<float>(dy);
   const auto dyf = tl::to<float>(dy);
   dmat want = tl::ref_colsum(dy, 0, rows);
-  for (std::size_t c = 0; c < cols; ++c) want(0, c) += 1.0;
+  for (std::size_t c = 0; c < cols; ++c)
+    want(0, c) += 1.0;
   weft::matrix<float> host_db(1, cols, 1.0f), device_db(1, cols, 1.0f);
   weft::matrix<double> host_lanes, device_lanes;
   const tl::reversed_elements device_like;
-  wl::detail::accumulate_column_sums(wl::cblas{}, weft::matrix_view<const float>(dyf.view()), host_db, host_lanes);
-  wl::detail::accumulate_column_sums(device_like, weft::matrix_view<const float>(dyf.view()), device_db, device_lanes);
-  EXPECT_EQ(*device_like.steps, 2u);  // the lanes, then their sums
-  for (std::size_t c = 0; c < cols; ++c) EXPECT_EQ(host_db(0, c), device_db(0, c)) << c;
+  wl::detail::accumulate_column_sums(wl::cblas{}, weft::matrix_view<const float>(dyf.view()),
+                                     host_db, host_lanes);
+  wl::detail::accumulate_column_sums(device_like, weft::matrix_view<const float>(dyf.view()),
+                                     device_db, device_lanes);
+  EXPECT_EQ(*device_like.steps, 2u); // the lanes, then their sums
+  for (std::size_t c = 0; c < cols; ++c)
+    EXPECT_EQ(host_db(0, c), device_db(0, c)) << c;
   EXPECT_LT(tl::rel_err(host_db, want), tl::tolerance<float>);
 }
 
@@ -328,13 +340,15 @@ TEST(LinearErrors, BadShapes) {
     wl::row_parallel_linear<float, weft::local::communicator> row(c, 6, 4, seed, 2);
     weft::matrix<float> x(8, 4), bad_x(8, 5), y(8, 3), bad_y(8, 6), dx(8, 4);
     tl::expect_error([&] { col.backward(y.view(), dx.view()); }, "before forward");
-    tl::expect_error([&] { col.forward(bad_x, y.view()); }, "column_parallel_linear::forward: x is 8 x 5");
+    tl::expect_error([&] { col.forward(bad_x, y.view()); },
+                     "column_parallel_linear::forward: x is 8 x 5");
     tl::expect_error([&] { col.forward(x, bad_y.view()); }, "y is 8 x 6, expected 8 x 3");
     col.forward(x, y.view());
     tl::expect_error([&] { col.backward(y, bad_x.view()); }, "dx is 8 x 5");
     weft::matrix<float> rx(8, 3), ry(8, 4), bad_ry(4, 4), rdx(8, 3);
     tl::expect_error([&] { row.backward(ry, rdx.view()); }, "before forward");
-    tl::expect_error([&] { row.forward(x, ry.view()); }, "row_parallel_linear::forward: x is 8 x 4");
+    tl::expect_error([&] { row.forward(x, ry.view()); },
+                     "row_parallel_linear::forward: x is 8 x 4");
     tl::expect_error([&] { row.forward(rx, bad_ry.view()); }, "y is 4 x 4, expected 8 x 4");
     tl::expect_error([] { (void)wl::split_range(4, 0, 0); }, "split_range");
   });
@@ -342,7 +356,8 @@ TEST(LinearErrors, BadShapes) {
 
 TEST(LinearErrors, SequenceParallelTokensMustDivide) {
   tl::run_ranks(2, [](weft::local::communicator& c) {
-    wl::row_parallel_linear<double, weft::local::communicator, wl::cblas, wl::sequence_parallel> row(c, 6, 4, seed, 2);
+    wl::row_parallel_linear<double, weft::local::communicator, wl::cblas, wl::sequence_parallel>
+        row(c, 6, 4, seed, 2);
     weft::matrix<double> x(7, 3), y(3, 4);
     tl::expect_error([&] { row.forward(x, y.view()); }, "7 tokens over 2 ranks");
   });

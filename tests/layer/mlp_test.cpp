@@ -36,10 +36,12 @@ struct config {
   using sp = SP;
   using gemm = G;
 };
-using configs = ::testing::Types<config<float, wl::no_sequence_parallel>, config<double, wl::no_sequence_parallel>,
-                                 config<float, wl::sequence_parallel>, config<double, wl::sequence_parallel>,
-                                 config<float, wl::no_sequence_parallel, reversed_elements>,
-                                 config<double, wl::sequence_parallel, reversed_elements>>;
+using configs =
+    ::testing::Types<config<float, wl::no_sequence_parallel>,
+                     config<double, wl::no_sequence_parallel>, config<float, wl::sequence_parallel>,
+                     config<double, wl::sequence_parallel>,
+                     config<float, wl::no_sequence_parallel, reversed_elements>,
+                     config<double, wl::sequence_parallel, reversed_elements>>;
 TYPED_TEST_SUITE(mlp, configs);
 
 TYPED_TEST(mlp, MatchesSerial) {
@@ -48,7 +50,8 @@ TYPED_TEST(mlp, MatchesSerial) {
   using G = typename TypeParam::gemm;
   const tl::mlp_case ref = tl::mlp_reference<T>(tokens, hidden, ffn, seed, id);
   const dmat &x = ref.x, &dy = ref.dy, &w1 = ref.w1, &b1 = ref.b1, &w2 = ref.w2, &b2 = ref.b2;
-  const dmat &y = ref.y, &dx = ref.dx, &dw1 = ref.dw1, &db1 = ref.db1, &dw2 = ref.dw2, &db2 = ref.db2;
+  const dmat &y = ref.y, &dx = ref.dx, &dw1 = ref.dw1, &db1 = ref.db1, &dw2 = ref.dw2,
+             &db2 = ref.db2;
   const double tol = tl::tolerance<T>;
 
   for (int tp = 1; tp <= 4; ++tp) {
@@ -72,7 +75,8 @@ TYPED_TEST(mlp, MatchesSerial) {
         }
         ps[1].value(0, i) = static_cast<T>(b1(0, fr.begin + i));
       }
-      for (std::size_t j = 0; j < hidden; ++j) ps[3].value(0, j) = static_cast<T>(b2(0, j));
+      for (std::size_t j = 0; j < hidden; ++j)
+        ps[3].value(0, j) = static_cast<T>(b2(0, j));
       weft::matrix<T> yl(local, hidden), dxl(local, hidden);
       m.forward(tl::to<T>(tl::block(x, row0, local, 0, hidden)), yl.view());
       const auto fwd = comm.ops();
@@ -91,16 +95,18 @@ TYPED_TEST(mlp, MatchesSerial) {
       const std::string where = "tp=" + std::to_string(tp) + " rank " + std::to_string(comm.rank());
       EXPECT_LT(tl::rel_err(yl, tl::block(y, row0, local, 0, hidden)), tol) << where;
       EXPECT_LT(tl::rel_err(dxl, tl::block(dx, row0, local, 0, hidden)), tol) << where;
-      EXPECT_LT(tl::rel_err(ps[0].grad, tl::block(dw1, fr.begin, fr.size(), 0, hidden)), tol) << where;
+      EXPECT_LT(tl::rel_err(ps[0].grad, tl::block(dw1, fr.begin, fr.size(), 0, hidden)), tol)
+          << where;
       EXPECT_LT(tl::rel_err(ps[1].grad, tl::block(db1, 0, 1, fr.begin, fr.size())), tol) << where;
-      EXPECT_LT(tl::rel_err(ps[2].grad, tl::block(dw2, 0, hidden, fr.begin, fr.size())), tol) << where;
+      EXPECT_LT(tl::rel_err(ps[2].grad, tl::block(dw2, 0, hidden, fr.begin, fr.size())), tol)
+          << where;
       comm.clear();
       wl::reduce_sequence_parallel_grads(comm, std::span<wl::parameter<T>>(ps));
       EXPECT_LT(tl::rel_err(ps[3].grad, db2), tol) << where;
       if (tp > 1) {
         if (SP::enabled) {
           EXPECT_EQ(fwd.size(), 2u);
-          EXPECT_EQ(comm.ops().size(), 1u);  // the bias gradient's reduction
+          EXPECT_EQ(comm.ops().size(), 1u); // the bias gradient's reduction
           for (const auto* ops : {&fwd, &bwd}) {
             ASSERT_EQ(ops->size(), 2u) << where;
             EXPECT_EQ((*ops)[0].count + (*ops)[1].count, 2 * local * hidden);
@@ -110,7 +116,8 @@ TYPED_TEST(mlp, MatchesSerial) {
           EXPECT_EQ(bwd[0].kind, collective::all_gather);
           EXPECT_EQ(bwd[1].kind, collective::reduce_scatter);
         } else {
-          const std::vector<weft::traced_op> one = {{collective::all_reduce, tokens * hidden, weft::dtype_of<T>, "tp"}};
+          const std::vector<weft::traced_op> one = {
+              {collective::all_reduce, tokens * hidden, weft::dtype_of<T>, "tp"}};
           EXPECT_EQ(fwd, one) << where;
           EXPECT_EQ(bwd, one) << where;
         }

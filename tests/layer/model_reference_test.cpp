@@ -16,8 +16,6 @@
 // at TP 4), with kv_heads = heads, in the fused layout (kv_heads 0), and tied. Then the published
 // initialisation (residual projections N(0, init_std^2 / (2 layers)), the rest N(0, init_std^2),
 // norms 1, biases 0) on a wider model, and the weight-decay groups.
-#include "layer/layer_support.hpp"
-
 #include <weft/layer/cblas.hpp>
 #include <weft/layer/gpt.hpp>
 #include <weft/layer/init.hpp>
@@ -36,6 +34,8 @@
 #include <string>
 #include <vector>
 
+#include "layer/layer_support.hpp"
+
 namespace {
 
 namespace wl = weft::layer;
@@ -44,14 +44,16 @@ using tl::dmat;
 using comm_t = weft::local::communicator;
 using weights = std::map<std::string, dmat>;
 
-constexpr double tol = 1e-12;  // loss, logits and gradients, relative (norm-wise)
+constexpr double tol = 1e-12; // loss, logits and gradients, relative (norm-wise)
 constexpr std::size_t batch = 2;
 constexpr std::uint64_t seed = 5;
 
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 // The test's own naming rule for the groups: biases, and the weights of the norms (the blocks'
 // ln1 and ln2, the head's final norm).
@@ -73,21 +75,24 @@ struct arch {
   family kind = family::gpt;
   std::size_t vocab = 0, hidden = 0, heads = 0, kv_heads = 0, ffn = 0, seq = 0, layers = 0;
   bool tied = false;
-  double theta = 0;  // llama
-  static constexpr double eps = 1e-5;  // GPT-2's LayerNorm, Llama 2's RMSNorm
+  double theta = 0;                   // llama
+  static constexpr double eps = 1e-5; // GPT-2's LayerNorm, Llama 2's RMSNorm
   [[nodiscard]] std::size_t head_dim() const { return hidden / heads; }
 };
 
 arch arch_of(const wl::gpt_config& c) {
-  return {family::gpt, c.vocab, c.hidden, c.heads, c.heads, c.ffn, c.seq, c.layers, c.tie_embeddings, 0.0};
+  return {family::gpt, c.vocab, c.hidden, c.heads,          c.heads,
+          c.ffn,       c.seq,   c.layers, c.tie_embeddings, 0.0};
 }
 arch arch_of(const wl::llama_config& c) {
-  return {family::llama, c.vocab, c.hidden, c.heads, c.kv_heads == 0 ? c.heads : c.kv_heads,
-          c.ffn, c.seq, c.layers, c.tie_embeddings, c.rope_theta};
+  return {
+      family::llama, c.vocab, c.hidden, c.heads,          c.kv_heads == 0 ? c.heads : c.kv_heads,
+      c.ffn,         c.seq,   c.layers, c.tie_embeddings, c.rope_theta};
 }
 
 void add_to(dmat& a, const dmat& b) {
-  for (std::size_t i = 0; i < a.flat().size(); ++i) a.flat()[i] += b.flat()[i];
+  for (std::size_t i = 0; i < a.flat().size(); ++i)
+    a.flat()[i] += b.flat()[i];
 }
 dmat sum(const dmat& a, const dmat& b) {
   dmat s = a;
@@ -95,7 +100,7 @@ dmat sum(const dmat& a, const dmat& b) {
   return s;
 }
 
-double gelu(double x) {  // the tanh approximation
+double gelu(double x) { // the tanh approximation
   const double c = std::sqrt(2.0 / 3.14159265358979323846);
   return 0.5 * x * (1.0 + std::tanh(c * (x + 0.044715 * x * x * x)));
 }
@@ -122,11 +127,13 @@ dmat norm_forward(bool layer, const dmat& x, const dmat& g, const dmat* b, norm_
   for (std::size_t t = 0; t < x.rows(); ++t) {
     double mean = 0.0;
     if (layer) {
-      for (std::size_t i = 0; i < n; ++i) mean += x(t, i);
+      for (std::size_t i = 0; i < n; ++i)
+        mean += x(t, i);
       mean /= static_cast<double>(n);
     }
     double sq = 0.0;
-    for (std::size_t i = 0; i < n; ++i) sq += (x(t, i) - mean) * (x(t, i) - mean);
+    for (std::size_t i = 0; i < n; ++i)
+      sq += (x(t, i) - mean) * (x(t, i) - mean);
     c.rstd[t] = 1.0 / std::sqrt(sq / static_cast<double>(n) + arch::eps);
     for (std::size_t i = 0; i < n; ++i) {
       c.xhat(t, i) = (x(t, i) - mean) * c.rstd[t];
@@ -137,7 +144,8 @@ dmat norm_forward(bool layer, const dmat& x, const dmat& g, const dmat* b, norm_
 }
 
 // With e = dy g: LayerNorm dx = rstd (e - mean(e) - xhat mean(e xhat)); RMSNorm drops mean(e).
-dmat norm_backward(bool layer, const dmat& dy, const dmat& g, const norm_cache& c, dmat& dg, dmat* db) {
+dmat norm_backward(bool layer, const dmat& dy, const dmat& g, const norm_cache& c, dmat& dg,
+                   dmat* db) {
   const std::size_t n = dy.cols();
   dmat dx(dy.rows(), n);
   for (std::size_t t = 0; t < dy.rows(); ++t) {
@@ -164,7 +172,8 @@ void rope(dmat& m, std::size_t heads, std::size_t d, std::size_t seq, double the
     const auto pos = static_cast<double>(t % seq);
     for (std::size_t h = 0; h < heads; ++h)
       for (std::size_t i = 0; i < d / 2; ++i) {
-        const double angle = pos * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+        const double angle =
+            pos * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
         const double cs = std::cos(angle), sn = inverse ? -std::sin(angle) : std::sin(angle);
         const double a = m(t, h * d + i), b = m(t, h * d + i + d / 2);
         m(t, h * d + i) = a * cs - b * sn;
@@ -189,7 +198,8 @@ public:
         if (gpt()) x(t, i) += w("embedding.wpe.weight")(t % a_.seq, i);
       }
     blocks_.assign(a_.layers, {});
-    for (std::size_t l = 0; l < a_.layers; ++l) x = block_forward(l, x, blocks_[l]);
+    for (std::size_t l = 0; l < a_.layers; ++l)
+      x = block_forward(l, x, blocks_[l]);
     normed_ = norm("head.norm.", x, final_norm_);
     logits_ = tl::ref_linear(normed_, w(output_name()), nullptr);
     double total = 0.0;
@@ -197,10 +207,13 @@ public:
     probs_ = dmat(n, a_.vocab);
     for (std::size_t t = 0; t < n; ++t) {
       double top = logits_(t, 0);
-      for (std::size_t v = 0; v < a_.vocab; ++v) top = std::max(top, logits_(t, v));
+      for (std::size_t v = 0; v < a_.vocab; ++v)
+        top = std::max(top, logits_(t, v));
       double s = 0.0;
-      for (std::size_t v = 0; v < a_.vocab; ++v) s += std::exp(logits_(t, v) - top);
-      for (std::size_t v = 0; v < a_.vocab; ++v) probs_(t, v) = std::exp(logits_(t, v) - top) / s;
+      for (std::size_t v = 0; v < a_.vocab; ++v)
+        s += std::exp(logits_(t, v) - top);
+      for (std::size_t v = 0; v < a_.vocab; ++v)
+        probs_(t, v) = std::exp(logits_(t, v) - top) / s;
       if (targets[t] == -100) continue;
       ++counted_;
       total += std::log(s) + top - logits_(t, static_cast<std::size_t>(targets[t]));
@@ -221,7 +234,8 @@ public:
     }
     add_to(grad(output_name()), tl::ref_linear_dw(dlogits, normed_));
     dmat dx = norm_back("head.norm.", tl::ref_linear_dx(dlogits, w(output_name())), final_norm_);
-    for (std::size_t l = a_.layers; l-- > 0;) dx = block_backward(l, dx, blocks_[l]);
+    for (std::size_t l = a_.layers; l-- > 0;)
+      dx = block_backward(l, dx, blocks_[l]);
     for (std::size_t t = 0; t < n; ++t)
       for (std::size_t i = 0; i < a_.hidden; ++i) {
         grad("embedding.wte.weight")(static_cast<std::size_t>(ids_[t]), i) += dx(t, i);
@@ -235,15 +249,19 @@ public:
 
 private:
   struct block_cache {
-    dmat x, a1, q, k, v, ctx, h, a2, pre, up, act;  // q, k: rotated (Llama)
+    dmat x, a1, q, k, v, ctx, h, a2, pre, up, act; // q, k: rotated (Llama)
     norm_cache n1, n2;
-    std::vector<dmat> probs;  // (sequence, head): seq x seq
+    std::vector<dmat> probs; // (sequence, head): seq x seq
   };
 
   [[nodiscard]] bool gpt() const { return a_.kind == family::gpt; }
   // Llama with kv_heads 0 keeps GPT's fused per-head [q|k|v] rows.
-  [[nodiscard]] bool fused(const std::string& p) const { return w_->count(p + "attention.qkv.weight") != 0; }
-  [[nodiscard]] std::string output_name() const { return a_.tied ? "embedding.wte.weight" : "head.output.weight"; }
+  [[nodiscard]] bool fused(const std::string& p) const {
+    return w_->count(p + "attention.qkv.weight") != 0;
+  }
+  [[nodiscard]] std::string output_name() const {
+    return a_.tied ? "embedding.wte.weight" : "head.output.weight";
+  }
 
   const dmat& w(const std::string& name) const {
     const auto it = w_->find(name);
@@ -260,13 +278,17 @@ private:
   }
 
   dmat norm(const std::string& p, const dmat& x, norm_cache& c) const {
-    return gpt() ? norm_forward(true, x, w(p + "gamma"), &w(p + "beta"), c) : norm_forward(false, x, w(p + "weight"), nullptr, c);
+    return gpt() ? norm_forward(true, x, w(p + "gamma"), &w(p + "beta"), c)
+                 : norm_forward(false, x, w(p + "weight"), nullptr, c);
   }
   dmat norm_back(const std::string& p, const dmat& dy, const norm_cache& c) {
-    if (gpt()) return norm_backward(true, dy, w(p + "gamma"), c, grad(p + "gamma"), &grad(p + "beta"));
+    if (gpt())
+      return norm_backward(true, dy, w(p + "gamma"), c, grad(p + "gamma"), &grad(p + "beta"));
     return norm_backward(false, dy, w(p + "weight"), c, grad(p + "weight"), nullptr);
   }
-  dmat linear(const std::string& p, const dmat& x) const { return tl::ref_linear(x, w(p + "weight"), bias(p + "bias")); }
+  dmat linear(const std::string& p, const dmat& x) const {
+    return tl::ref_linear(x, w(p + "weight"), bias(p + "bias"));
+  }
   dmat linear_back(const std::string& p, const dmat& dy, const dmat& x) {
     add_to(grad(p + "weight"), tl::ref_linear_dw(dy, x));
     if (bias(p + "bias") != nullptr) add_to(grad(p + "bias"), tl::ref_colsum(dy, 0, dy.rows()));
@@ -287,16 +309,20 @@ private:
           double top = -1e300;
           for (std::size_t j = 0; j <= i; ++j) {
             double s = 0.0;
-            for (std::size_t e = 0; e < d; ++e) s += q(r0 + i, h * d + e) * k(r0 + j, g * d + e);
+            for (std::size_t e = 0; e < d; ++e)
+              s += q(r0 + i, h * d + e) * k(r0 + j, g * d + e);
             p(i, j) = s * scale;
             top = std::max(top, p(i, j));
           }
           double z = 0.0;
-          for (std::size_t j = 0; j <= i; ++j) z += (p(i, j) = std::exp(p(i, j) - top));
-          for (std::size_t j = 0; j <= i; ++j) p(i, j) /= z;
+          for (std::size_t j = 0; j <= i; ++j)
+            z += (p(i, j) = std::exp(p(i, j) - top));
+          for (std::size_t j = 0; j <= i; ++j)
+            p(i, j) /= z;
           for (std::size_t e = 0; e < d; ++e) {
             double s = 0.0;
-            for (std::size_t j = 0; j <= i; ++j) s += p(i, j) * v(r0 + j, g * d + e);
+            for (std::size_t j = 0; j <= i; ++j)
+              s += p(i, j) * v(r0 + j, g * d + e);
             ctx(r0 + i, h * d + e) = s;
           }
         }
@@ -340,7 +366,7 @@ private:
     const std::size_t d = a_.head_dim(), n = x.rows();
     c.x = x;
     c.a1 = norm(p + "ln1.", x, c.n1);
-    if (fused(p)) {  // head h's rows [3 h d, 3 h d + 3 d): q, k, v
+    if (fused(p)) { // head h's rows [3 h d, 3 h d + 3 d): q, k, v
       const dmat qkv = linear(p + "attention.qkv.", c.a1);
       c.q = dmat(n, a_.heads * d);
       c.k = dmat(n, a_.heads * d);
@@ -367,13 +393,15 @@ private:
     if (gpt()) {
       c.pre = linear(p + "mlp.fc1.", c.a2);
       c.act = c.pre;
-      for (auto& e : c.act.flat()) e = gelu(e);
+      for (auto& e : c.act.flat())
+        e = gelu(e);
       return sum(c.h, linear(p + "mlp.fc2.", c.act));
     }
     c.pre = linear(p + "mlp.gate.", c.a2);
     c.up = linear(p + "mlp.up.", c.a2);
     c.act = c.pre;
-    for (std::size_t i = 0; i < c.act.flat().size(); ++i) c.act.flat()[i] = silu(c.pre.flat()[i]) * c.up.flat()[i];
+    for (std::size_t i = 0; i < c.act.flat().size(); ++i)
+      c.act.flat()[i] = silu(c.pre.flat()[i]) * c.up.flat()[i];
     return sum(c.h, linear(p + "mlp.down.", c.act));
   }
 
@@ -383,7 +411,8 @@ private:
     dmat da2;
     if (gpt()) {
       dmat dpre = linear_back(p + "mlp.fc2.", dy, c.act);
-      for (std::size_t i = 0; i < dpre.flat().size(); ++i) dpre.flat()[i] *= gelu_derivative(c.pre.flat()[i]);
+      for (std::size_t i = 0; i < dpre.flat().size(); ++i)
+        dpre.flat()[i] *= gelu_derivative(c.pre.flat()[i]);
       da2 = linear_back(p + "mlp.fc1.", dpre, c.a2);
     } else {
       const dmat dact = linear_back(p + "mlp.down.", dy, c.act);
@@ -414,8 +443,9 @@ private:
           }
       da1 = linear_back(p + "attention.qkv.", dqkv, c.a1);
     } else {
-      da1 = sum(sum(linear_back(p + "attention.q.", dq, c.a1), linear_back(p + "attention.k.", dk, c.a1)),
-                linear_back(p + "attention.v.", dv, c.a1));
+      da1 = sum(
+          sum(linear_back(p + "attention.q.", dq, c.a1), linear_back(p + "attention.k.", dk, c.a1)),
+          linear_back(p + "attention.v.", dv, c.a1));
     }
     return sum(dh, norm_back(p + "ln1.", da1, c.n1));
   }
@@ -444,7 +474,8 @@ batch_data make_batch(std::size_t vocab, std::size_t seq) {
     b.ids.push_back(token(g));
     b.targets.push_back(token(g));
   }
-  for (const std::size_t t : {std::size_t{1}, seq + 2, 2 * seq - 1}) b.targets[t] = -100;  // not counted
+  for (const std::size_t t : {std::size_t{1}, seq + 2, 2 * seq - 1})
+    b.targets[t] = -100; // not counted
   return b;
 }
 
@@ -452,7 +483,8 @@ batch_data make_batch(std::size_t vocab, std::size_t seq) {
 // comparison sees them. A function of the full index: every TP rank sets the same model.
 double moved(const std::string& name, std::size_t index) {
   std::uint64_t h = 1469598103934665603ull;
-  for (const char ch : name) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+  for (const char ch : name)
+    h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
   const double u = wl::normal_at(17, h, index);
   return ends_with(name, ".bias") || ends_with(name, ".beta") ? 0.2 * u : 1.0 + 0.2 * u;
 }
@@ -463,7 +495,7 @@ struct weft_run {
   double loss = 0;
   dmat logits;
   weights values, grads;
-  std::size_t replicas = 0;  // slices marked duplicate (a kv head another rank holds too)
+  std::size_t replicas = 0; // slices marked duplicate (a kv head another rank holds too)
 };
 
 struct shard {
@@ -476,12 +508,14 @@ struct shard {
 void place(weights& into, const shard& s, std::size_t full_rows, std::size_t full_cols) {
   dmat& m = into.try_emplace(s.name, full_rows, full_cols).first->second;
   for (std::size_t r = 0; r < s.value.rows(); ++r)
-    for (std::size_t c = 0; c < s.value.cols(); ++c) m(s.row0 + r, s.col0 + c) = s.value(r, c);
+    for (std::size_t c = 0; c < s.value.cols(); ++c)
+      m(s.row0 + r, s.col0 + c) = s.value(r, c);
 }
 shard shard_of(const wl::parameter<double>& p, weft::matrix_view<double> v) {
   dmat m(v.rows(), v.cols());
   for (std::size_t r = 0; r < v.rows(); ++r)
-    for (std::size_t c = 0; c < v.cols(); ++c) m(r, c) = v(r, c);
+    for (std::size_t c = 0; c < v.cols(); ++c)
+      m(r, c) = v(r, c);
   return {p.name, p.row0, p.col0, std::move(m)};
 }
 
@@ -491,7 +525,7 @@ weft_run run_weft(int tp, const typename Model::config& config, const batch_data
   out.logits = dmat(data.ids.size(), config.vocab);
   std::mutex mu;
   std::vector<double> losses(static_cast<std::size_t>(tp));
-  std::vector<shard> copies;  // the slices of a kv head that another rank holds too
+  std::vector<shard> copies; // the slices of a kv head that another rank holds too
   tl::run_ranks(tp, [&](comm_t& c) {
     wl::sequential<Model, double, comm_t, wl::cblas> model(c, config, seed);
     for (auto& p : model.parameters()) {
@@ -508,7 +542,8 @@ weft_run run_weft(int tp, const typename Model::config& config, const batch_data
     const auto vr = wl::split_range(config.vocab, tp, c.rank());
     const auto logits = model.logits();
     for (std::size_t t = 0; t < logits.rows(); ++t)
-      for (std::size_t v = 0; v < logits.cols(); ++v) out.logits(t, vr.begin + v) = logits(t, v);
+      for (std::size_t v = 0; v < logits.cols(); ++v)
+        out.logits(t, vr.begin + v) = logits(t, v);
     for (auto& p : model.parameters()) {
       shard value = shard_of(p, p.value), grad = shard_of(p, p.grad);
       if (p.duplicate) {
@@ -520,11 +555,13 @@ weft_run run_weft(int tp, const typename Model::config& config, const batch_data
     }
   });
   out.loss = losses[0];
-  for (std::size_t r = 1; r < losses.size(); ++r) EXPECT_EQ(losses[r], losses[0]) << "rank " << r;
+  for (std::size_t r = 1; r < losses.size(); ++r)
+    EXPECT_EQ(losses[r], losses[0]) << "rank " << r;
   out.replicas = copies.size();
-  for (const auto& s : copies) {  // the replica's gradient is the one the first copy has
+  for (const auto& s : copies) { // the replica's gradient is the one the first copy has
     const dmat& full = out.grads.at(s.name);
-    EXPECT_EQ(tl::rel_err(s.value, tl::block(full, s.row0, s.value.rows(), s.col0, s.value.cols())), 0.0)
+    EXPECT_EQ(tl::rel_err(s.value, tl::block(full, s.row0, s.value.rows(), s.col0, s.value.cols())),
+              0.0)
         << s.name << " replica";
   }
   return out;
@@ -543,10 +580,11 @@ double check_reference_gradients(const arch& a, weights w, const batch_data& dat
   double worst = 0.0;
   std::mt19937 pick(3);
   for (const auto& [name, grad] : g) {
-    if (a.tied && name == "head.output.weight") continue;  // the token table itself
+    if (a.tied && name == "head.output.weight") continue; // the token table itself
     const auto flat = grad.flat();
     const std::size_t top = static_cast<std::size_t>(
-        std::max_element(flat.begin(), flat.end(), [](double x, double y) { return std::abs(x) < std::abs(y); }) -
+        std::max_element(flat.begin(), flat.end(),
+                         [](double x, double y) { return std::abs(x) < std::abs(y); }) -
         flat.begin());
     const double scale = std::abs(flat[top]);
     EXPECT_GT(scale, 0.0) << name;
@@ -559,8 +597,8 @@ double check_reference_gradients(const arch& a, weights w, const batch_data& dat
       const double down = reference(a, w).forward(data.ids, data.targets);
       x = keep;
       const double e = std::abs((up - down) / (2 * h) - flat[i]) / scale;
-      EXPECT_LT(e, 1e-6) << name << " entry " << i << ": differences " << (up - down) / (2 * h) << ", backward "
-                         << flat[i];
+      EXPECT_LT(e, 1e-6) << name << " entry " << i << ": differences " << (up - down) / (2 * h)
+                         << ", backward " << flat[i];
       worst = std::max(worst, e);
     }
   }
@@ -582,7 +620,8 @@ void matches_reference(const typename Model::config& config) {
   for (const int tp : {1, 2, 4}) {
     SCOPED_TRACE("tp=" + std::to_string(tp));
     const weft_run r = tp == 1 ? one : run_weft<Model>(tp, config, data);
-    EXPECT_EQ(r.replicas > 0, a.kv_heads < static_cast<std::size_t>(tp)) << r.replicas << " replicated slices";
+    EXPECT_EQ(r.replicas > 0, a.kv_heads < static_cast<std::size_t>(tp))
+        << r.replicas << " replicated slices";
     const double le = relative(r.loss, loss);
     EXPECT_LT(le, tol) << "loss " << r.loss << " vs " << loss;
     const double ge = tl::rel_err(r.logits, ref.logits());
@@ -591,20 +630,30 @@ void matches_reference(const typename Model::config& config) {
     ASSERT_EQ(r.grads.size(), grads.size());
     for (const auto& [name, want] : grads) {
       ASSERT_TRUE(r.grads.count(name)) << name;
-      EXPECT_EQ(tl::rel_err(r.values.at(name), one.values.at(name)), 0.0) << name << ": not TP 1's weights";
+      EXPECT_EQ(tl::rel_err(r.values.at(name), one.values.at(name)), 0.0)
+          << name << ": not TP 1's weights";
       const double e = tl::rel_err(r.grads.at(name), want);
       EXPECT_LT(e, tol) << name;
       worst = std::max(worst, e);
     }
   }
-  std::printf("[ model    ] loss %.6f; worst relative error vs the reference %.3g; reference vs differences %.3g\n",
-              loss, worst, fd);
+  std::printf(
+      "[ model    ] loss %.6f; worst relative error vs the reference %.3g; reference vs "
+      "differences %.3g\n",
+      loss, worst, fd);
 }
 
-constexpr wl::gpt_config gpt_small{.vocab = 29, .hidden = 12, .heads = 4, .ffn = 20, .seq = 5, .layers = 2,
-                                   .init_std = 0.3};
-constexpr wl::llama_config llama_small{.vocab = 29, .hidden = 16, .heads = 4, .kv_heads = 2, .ffn = 20, .seq = 5,
-                                       .layers = 2, .rope_theta = 100, .init_std = 0.3};
+constexpr wl::gpt_config gpt_small{
+    .vocab = 29, .hidden = 12, .heads = 4, .ffn = 20, .seq = 5, .layers = 2, .init_std = 0.3};
+constexpr wl::llama_config llama_small{.vocab = 29,
+                                       .hidden = 16,
+                                       .heads = 4,
+                                       .kv_heads = 2,
+                                       .ffn = 20,
+                                       .seq = 5,
+                                       .layers = 2,
+                                       .rope_theta = 100,
+                                       .init_std = 0.3};
 
 TEST(ModelReference, GptUntied) { matches_reference<wl::gpt_model>(gpt_small); }
 TEST(ModelReference, GptTied) {
@@ -667,7 +716,8 @@ void check_initialisation(const typename Model::config& config) {
 }
 
 TEST(ModelReference, GptInitialisation) {
-  check_initialisation<wl::gpt_model>({.vocab = 64, .hidden = 256, .heads = 4, .seq = 16, .layers = 3});
+  check_initialisation<wl::gpt_model>(
+      {.vocab = 64, .hidden = 256, .heads = 4, .seq = 16, .layers = 3});
 }
 TEST(ModelReference, LlamaInitialisation) {
   check_initialisation<wl::llama_model>(
@@ -685,7 +735,9 @@ void check_groups(typename Model::config config) {
       wl::sequential<Model, double, comm_t, wl::cblas> model(c, config, 3);
       std::size_t decayed = 0, exempt = 0;
       for (const auto& p : model.parameters()) {
-        const bool want = is_bias(p.name) || is_norm(p.name) ? false : is_embedding(p.name) ? decay_embeddings : true;
+        const bool want = is_bias(p.name) || is_norm(p.name) ? false
+                          : is_embedding(p.name)             ? decay_embeddings
+                                                             : true;
         EXPECT_EQ(p.decay, want) << p.name;
         (p.decay ? decayed : exempt) += 1;
       }
@@ -707,7 +759,8 @@ void check_tied_group(typename Model::config config) {
     tl::run_ranks(1, [&](comm_t& c) {
       wl::sequential<Model, double, comm_t, wl::cblas> model(c, config, 3);
       std::map<std::string, bool> decay;
-      for (const auto& p : model.parameters()) decay[p.name] = p.decay;
+      for (const auto& p : model.parameters())
+        decay[p.name] = p.decay;
       EXPECT_EQ(decay.at("embedding.wte.weight"), decay_embeddings);
       EXPECT_EQ(decay.at("head.output.weight"), decay.at("embedding.wte.weight"))
           << "the head's copy of the tied table is in another weight-decay group than the table";
@@ -718,6 +771,8 @@ void check_tied_group(typename Model::config config) {
 TEST(ModelReference, GptDecayGroups) { check_groups<wl::gpt_model>(gpt_small); }
 TEST(ModelReference, LlamaDecayGroups) { check_groups<wl::llama_model>(llama_small); }
 TEST(ModelReference, GptTiedTableIsOneDecayGroup) { check_tied_group<wl::gpt_model>(gpt_small); }
-TEST(ModelReference, LlamaTiedTableIsOneDecayGroup) { check_tied_group<wl::llama_model>(llama_small); }
+TEST(ModelReference, LlamaTiedTableIsOneDecayGroup) {
+  check_tied_group<wl::llama_model>(llama_small);
+}
 
 } // namespace

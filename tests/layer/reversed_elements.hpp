@@ -16,7 +16,8 @@ struct reversed_elements : weft::layer::cblas {
 
 template <class F>
 void each_element(const reversed_elements& g, std::size_t rows, std::size_t cols, const F& f) {
-  for (std::size_t i = rows * cols; i-- > 0;) f(i / cols, i % cols);
+  for (std::size_t i = rows * cols; i-- > 0;)
+    f(i / cols, i % cols);
   ++*g.steps;
 }
 

@@ -22,13 +22,18 @@ void check_strided_batched(const G& gemm, Up up, Down down, double tol) {
   std::uniform_real_distribution<double> d(-1.0, 1.0);
   const auto random = [&](std::size_t r, std::size_t c) {
     weft::matrix<T> m(r, c);
-    for (auto& x : m.flat()) x = static_cast<T>(d(g));
+    for (auto& x : m.flat())
+      x = static_cast<T>(d(g));
     return m;
   };
   for (auto ta : {trans::n, trans::t}) {
     for (auto tb : {trans::n, trans::t}) {
-      for (auto [count, m, n, k] : {std::tuple<std::size_t, std::size_t, std::size_t, std::size_t>{3, 5, 7, 4},
-                                    {1, 6, 2, 3}, {4, 1, 1, 1}, {5, 16, 16, 8}, {2, 3, 4, 0}}) {
+      for (auto [count, m, n, k] :
+           {std::tuple<std::size_t, std::size_t, std::size_t, std::size_t>{3, 5, 7, 4},
+            {1, 6, 2, 3},
+            {4, 1, 1, 1},
+            {5, 16, 16, 8},
+            {2, 3, 4, 0}}) {
         const std::size_t ar = ta == trans::n ? m : k, ac = ta == trans::n ? k : m;
         const std::size_t br = tb == trans::n ? k : n, bc = tb == trans::n ? n : k;
         const auto wide_a = random(ar, count * ac + 1);
@@ -37,17 +42,19 @@ void check_strided_batched(const G& gemm, Up up, Down down, double tol) {
         auto want = c0;
         const T alpha = static_cast<T>(0.75), beta = static_cast<T>(-0.5);
         for (std::size_t i = 0; i < count; ++i) {
-          weft::layer::reference_gemm{}(ta, tb, alpha, weft::matrix_view<const T>(wide_a.view().cols_from(i * ac, ac)),
-                                        weft::matrix_view<const T>(wide_b.view().cols_from(i * bc, bc)), beta,
-                                        want.view().rows_from(i * m, m));
+          weft::layer::reference_gemm{}(
+              ta, tb, alpha, weft::matrix_view<const T>(wide_a.view().cols_from(i * ac, ac)),
+              weft::matrix_view<const T>(wide_b.view().cols_from(i * bc, bc)), beta,
+              want.view().rows_from(i * m, m));
         }
         auto da = up(wide_a);
         auto db = up(wide_b);
         auto dc = up(c0);
-        weft::layer::gemm_strided_batched(gemm, count, weft::layer::gemm_strides{ac, bc, m * n}, ta, tb, alpha,
+        weft::layer::gemm_strided_batched(gemm, count, weft::layer::gemm_strides{ac, bc, m * n}, ta,
+                                          tb, alpha,
                                           weft::matrix_view<const T>(da.view().cols_from(0, ac)),
-                                          weft::matrix_view<const T>(db.view().cols_from(0, bc)), beta,
-                                          dc.view().rows_from(0, m));
+                                          weft::matrix_view<const T>(db.view().cols_from(0, bc)),
+                                          beta, dc.view().rows_from(0, m));
         const auto got = down(dc);
         for (std::size_t i = 0; i < count * m; ++i)
           for (std::size_t j = 0; j < n; ++j)

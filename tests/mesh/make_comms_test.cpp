@@ -368,7 +368,7 @@ TEST(MakeComms, PlacementFollowsTheDeviceEachRankRunsOn) {
   std::vector<std::string> tp_first(8), dp_first(8);
   weft::local::run(weft::topology::parse("2x4"), [&](weft::local::communicator& c) {
     const int r = c.rank();
-    auto world = c.split(0, (r % 4) * 2 + r / 4);  // device r sits at rank (r % 4) * 2 + r / 4
+    auto world = c.split(0, (r % 4) * 2 + r / 4); // device r sits at rank (r % 4) * 2 + r / 4
     ASSERT_EQ(world.devices()[static_cast<std::size_t>(world.rank())], r);
     const auto what = [&](auto make) {
       try {
@@ -379,19 +379,21 @@ TEST(MakeComms, PlacementFollowsTheDeviceEachRankRunsOn) {
       return std::string();
     };
     // Ranks 0 and 1 are devices 0 and 4: two nodes.
-    tp_first[static_cast<std::size_t>(r)] =
-        what([&] { (void)weft::make_comms<weft::mesh<weft::tp<2>, weft::dp<4>>>(world, c.cluster()); });
+    tp_first[static_cast<std::size_t>(r)] = what(
+        [&] { (void)weft::make_comms<weft::mesh<weft::tp<2>, weft::dp<4>>>(world, c.cluster()); });
     // Ranks 0, 2, 4, 6 are devices 0-3, one node.
     dp_first[static_cast<std::size_t>(r)] = what([&] {
       auto comms = weft::make_comms<weft::mesh<weft::dp<2>, weft::tp<4>>>(world, c.cluster());
       std::vector<int> devices;
-      for (int d : comms.tp().devices()) devices.push_back(d);
+      for (int d : comms.tp().devices())
+        devices.push_back(d);
       std::sort(devices.begin(), devices.end());
       EXPECT_EQ(devices, (r < 4 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{4, 5, 6, 7}));
     });
   });
   for (int r = 0; r < 8; ++r) {
-    EXPECT_NE(tp_first[static_cast<std::size_t>(r)].find("group of ranks [0, 1] on nodes [0, 1]"), std::string::npos)
+    EXPECT_NE(tp_first[static_cast<std::size_t>(r)].find("group of ranks [0, 1] on nodes [0, 1]"),
+              std::string::npos)
         << tp_first[static_cast<std::size_t>(r)];
     EXPECT_EQ(dp_first[static_cast<std::size_t>(r)], "") << "rank " << r;
   }

@@ -1,7 +1,5 @@
 // weft/comm/async.hpp: queued collectives on a progress thread give what the blocking calls
 // give, in order, and hand their errors to wait().
-#include "support/scale.hpp"
-
 #include <weft/comm/async.hpp>
 #include <weft/comm/transport/local.hpp>
 
@@ -12,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "support/scale.hpp"
+
 namespace {
 
 using namespace weft;
@@ -21,22 +21,31 @@ TEST(async, collectives_match_the_serial_reference) {
     local::run(p, [&](local::communicator& c) {
       async_communicator ac(c);
       const std::size_t n = 37;
-      std::vector<std::int64_t> a(n), rs_in(n * static_cast<std::size_t>(p)), rs_out(n), ag_out(n * static_cast<std::size_t>(p));
-      for (std::size_t i = 0; i < n; ++i) a[i] = static_cast<std::int64_t>(i) * (c.rank() + 1);
-      for (std::size_t i = 0; i < rs_in.size(); ++i) rs_in[i] = static_cast<std::int64_t>(i) + c.rank();
+      std::vector<std::int64_t> a(n), rs_in(n * static_cast<std::size_t>(p)), rs_out(n),
+          ag_out(n * static_cast<std::size_t>(p));
+      for (std::size_t i = 0; i < n; ++i)
+        a[i] = static_cast<std::int64_t>(i) * (c.rank() + 1);
+      for (std::size_t i = 0; i < rs_in.size(); ++i)
+        rs_in[i] = static_cast<std::int64_t>(i) + c.rank();
       std::vector<work> ws;
       ws.push_back(all_reduce_async(ac, std::span(a)));
-      ws.push_back(reduce_scatter_async(ac, std::span<const std::int64_t>(rs_in), std::span(rs_out)));
-      ws.push_back(all_gather_async(ac, std::span<const std::int64_t>(rs_out), std::span(ag_out)));  // after the scatter
-      c.barrier();  // the original communicator stays usable meanwhile
-      for (auto& w : ws) w.wait();
+      ws.push_back(
+          reduce_scatter_async(ac, std::span<const std::int64_t>(rs_in), std::span(rs_out)));
+      ws.push_back(all_gather_async(ac, std::span<const std::int64_t>(rs_out),
+                                    std::span(ag_out))); // after the scatter
+      c.barrier(); // the original communicator stays usable meanwhile
+      for (auto& w : ws)
+        w.wait();
       const std::int64_t ranks_sum = static_cast<std::int64_t>(p) * (p + 1) / 2;
       const std::int64_t rank_ids = static_cast<std::int64_t>(p) * (p - 1) / 2;
       for (std::size_t i = 0; i < n; ++i) {
         EXPECT_EQ(a[i], static_cast<std::int64_t>(i) * ranks_sum);
-        EXPECT_EQ(rs_out[i], p * static_cast<std::int64_t>(n * static_cast<std::size_t>(c.rank()) + i) + rank_ids);
+        EXPECT_EQ(
+            rs_out[i],
+            p * static_cast<std::int64_t>(n * static_cast<std::size_t>(c.rank()) + i) + rank_ids);
       }
-      for (std::size_t i = 0; i < ag_out.size(); ++i) EXPECT_EQ(ag_out[i], p * static_cast<std::int64_t>(i) + rank_ids);
+      for (std::size_t i = 0; i < ag_out.size(); ++i)
+        EXPECT_EQ(ag_out[i], p * static_cast<std::int64_t>(i) + rank_ids);
     });
   }
 }
@@ -49,22 +58,26 @@ TEST(async, jobs_run_in_order_and_a_failure_stops_the_later_jobs) {
     progress_queue q(inline_execution);
     std::vector<int> order;
     std::vector<work> ws;
-    for (int i = 0; i < 50; ++i) ws.push_back(q.submit([&order, i] { order.push_back(i); }));
+    for (int i = 0; i < 50; ++i)
+      ws.push_back(q.submit([&order, i] { order.push_back(i); }));
     work bad = q.submit([] { throw std::runtime_error("job 50 failed"); });
     work after = q.submit([&order] { order.push_back(51); });
-    for (auto& w : ws) w.wait();
+    for (auto& w : ws)
+      w.wait();
     EXPECT_THROW(bad.wait(), std::runtime_error);
-    EXPECT_THROW(bad.wait(), std::runtime_error);  // every wait
+    EXPECT_THROW(bad.wait(), std::runtime_error); // every wait
     try {
       after.wait();
       ADD_FAILURE() << "a job queued after a failed one ran";
     } catch (const error& e) {
-      EXPECT_NE(std::string(e.what()).find("an earlier queued job failed on this rank (job 50 failed)"),
-                std::string::npos)
+      EXPECT_NE(
+          std::string(e.what()).find("an earlier queued job failed on this rank (job 50 failed)"),
+          std::string::npos)
           << e.what();
     }
     ASSERT_EQ(order.size(), 50u) << "inline " << inline_execution;
-    for (int i = 0; i < 50; ++i) EXPECT_EQ(order[static_cast<std::size_t>(i)], i);
+    for (int i = 0; i < 50; ++i)
+      EXPECT_EQ(order[static_cast<std::size_t>(i)], i);
   }
   EXPECT_TRUE(work{}.done());
 }
@@ -88,7 +101,7 @@ TEST(async, after_a_failed_job_later_jobs_fail_instead_of_pairing_with_other_cal
     const auto r = static_cast<std::size_t>(c.rank());
     async_communicator ac(c);
     const std::vector<int> in1(2, 100 + c.rank()), in2(2, 200 + c.rank());
-    std::vector<int> out1(c.rank() == 0 ? 3 : 4), out2(4);  // rank 0's first output is too short
+    std::vector<int> out1(c.rank() == 0 ? 3 : 4), out2(4); // rank 0's first output is too short
     work w1 = all_gather_async(ac, std::span<const int>(in1), std::span(out1));
     work w2 = all_gather_async(ac, std::span<const int>(in2), std::span(out2));
     try {
@@ -105,9 +118,11 @@ TEST(async, after_a_failed_job_later_jobs_fail_instead_of_pairing_with_other_cal
     }
   });
   EXPECT_NE(first[0].find("all_gather"), std::string::npos) << first[0];
-  EXPECT_NE(second[0].find("an earlier queued job failed on this rank"), std::string::npos) << second[0];
+  EXPECT_NE(second[0].find("an earlier queued job failed on this rank"), std::string::npos)
+      << second[0];
   // Rank 1's calls find no partner (rank 0 sent nothing): errors, not rank 0's second call's data.
-  EXPECT_FALSE(first[1].empty()) << "rank 1 finished its first all-gather with {" << got[1][0] << ", ...}";
+  EXPECT_FALSE(first[1].empty()) << "rank 1 finished its first all-gather with {" << got[1][0]
+                                 << ", ...}";
   EXPECT_FALSE(second[1].empty());
 }
 

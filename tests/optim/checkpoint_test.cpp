@@ -2,11 +2,10 @@
 // zero<3>, training continues bitwise as if uninterrupted (AdamW on integer-valued gradients,
 // whose sums are exact on any number of ranks); a save that crashes leaves the previous
 // checkpoint loadable; damaged files are reported with the file and the tensor.
-#include "optim/support.hpp"
-
 #include <weft/optim/checkpoint.hpp>
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -14,7 +13,8 @@
 #include <fstream>
 #include <string>
 #include <vector>
-#include <unistd.h>
+
+#include "optim/support.hpp"
 
 namespace {
 
@@ -24,7 +24,7 @@ namespace wo = weft::optim;
 namespace ck = weft::optim::checkpoint;
 namespace fs = std::filesystem;
 
-constexpr int batch = 24;  // divides by 1, 2, 3, 4, 8
+constexpr int batch = 24; // divides by 1, 2, 3, 4, 8
 const wo::adamw rule{.lr = 0.01f, .weight_decay = 0.1f};
 const wo::data_parallel_options opts{.bucket_elements = 5};
 
@@ -43,8 +43,8 @@ struct temp_dir {
 // Trains `steps` steps from the checkpoint in dir (or from the start) on dp ranks; optionally
 // saves at the end; returns the parameters.
 template <class Policy>
-std::vector<float> resume(const l1_linear& m, int dp, const fs::path& dir, bool load, int steps, bool save_after,
-                          ck::save_options so = {}) {
+std::vector<float> resume(const l1_linear& m, int dp, const fs::path& dir, bool load, int steps,
+                          bool save_after, ck::save_options so = {}) {
   std::vector<float> out;
   local::run(dp, [&](local::communicator& c) {
     auto opt = wo::make_data_parallel<Policy, float>(c, m.params, rule, opts);
@@ -65,7 +65,8 @@ TEST(checkpoint, reshards_across_dp_sizes_and_stages_bitwise) {
   (void)resume<wo::zero<2>>(m, 4, d.path, false, 5, true);
   EXPECT_EQ(resume<wo::zero<1>>(m, 2, d.path, true, 5, false), uninterrupted);
   EXPECT_EQ(resume<wo::zero<3>>(m, 8, d.path, true, 5, false), uninterrupted);
-  EXPECT_EQ((resume<wo::hybrid<wo::zero<2>, wo::zero<0>>>(m, 4, d.path, true, 5, false)), uninterrupted);
+  EXPECT_EQ((resume<wo::hybrid<wo::zero<2>, wo::zero<0>>>(m, 4, d.path, true, 5, false)),
+            uninterrupted);
   EXPECT_EQ(resume<wo::zero<0>>(m, 3, d.path, true, 5, false), uninterrupted);
   // Without the checkpoint the continuation differs (the test can fail).
   EXPECT_NE(resume<wo::zero<1>>(m, 2, d.path, false, 5, false), uninterrupted);
@@ -75,25 +76,33 @@ TEST(checkpoint, a_crashed_save_leaves_the_previous_checkpoint_loadable) {
   const l1_linear m(batch);
   const auto uninterrupted = train_parallel<wo::zero<2>>(m, batch, 4, rule, 10, 1.0f / batch, opts);
   temp_dir d("crash");
-  (void)resume<wo::zero<2>>(m, 4, d.path, false, 5, true);  // the good checkpoint, step 5
-  EXPECT_THROW(resume<wo::zero<2>>(m, 4, d.path, false, 7, true, {.crash = ck::simulated_crash::while_writing_rank_files}),
+  (void)resume<wo::zero<2>>(m, 4, d.path, false, 5, true); // the good checkpoint, step 5
+  EXPECT_THROW(resume<wo::zero<2>>(m, 4, d.path, false, 7, true,
+                                   {.crash = ck::simulated_crash::while_writing_rank_files}),
                error);
-  EXPECT_THROW(resume<wo::zero<2>>(m, 4, d.path, false, 7, true, {.crash = ck::simulated_crash::before_index}), error);
+  EXPECT_THROW(resume<wo::zero<2>>(m, 4, d.path, false, 7, true,
+                                   {.crash = ck::simulated_crash::before_index}),
+               error);
   std::size_t leftovers = 0;
-  for (const auto& f : fs::directory_iterator(d.path)) leftovers += f.path().filename().string().find("g2-") == 0;
-  EXPECT_GT(leftovers, 0u);  // the crashed saves did leave files behind
+  for (const auto& f : fs::directory_iterator(d.path))
+    leftovers += f.path().filename().string().find("g2-") == 0;
+  EXPECT_GT(leftovers, 0u); // the crashed saves did leave files behind
   EXPECT_EQ(resume<wo::zero<1>>(m, 2, d.path, true, 5, false), uninterrupted);
   // A later good save cleans up what the crashes left, and only that: a user's files that
   // look alike stay.
-  const std::vector<std::string> users = {"gpt-rank0.log", "grads-rank1.npy", "g2-rank0-of4.weft.bak", "g-rank0-of4.weft"};
-  for (const auto& u : users) std::ofstream(d.path / u) << "mine";
+  const std::vector<std::string> users = {"gpt-rank0.log", "grads-rank1.npy",
+                                          "g2-rank0-of4.weft.bak", "g-rank0-of4.weft"};
+  for (const auto& u : users)
+    std::ofstream(d.path / u) << "mine";
   (void)resume<wo::zero<1>>(m, 2, d.path, true, 0, true);
   for (const auto& f : fs::directory_iterator(d.path)) {
     const auto name = f.path().filename().string();
     const bool user = std::find(users.begin(), users.end(), name) != users.end();
-    EXPECT_TRUE(user || name == "index.json" || name.find("-of2.weft") != std::string::npos) << name;
+    EXPECT_TRUE(user || name == "index.json" || name.find("-of2.weft") != std::string::npos)
+        << name;
   }
-  for (const auto& u : users) EXPECT_TRUE(fs::exists(d.path / u)) << u << " was deleted";
+  for (const auto& u : users)
+    EXPECT_TRUE(fs::exists(d.path / u)) << u << " was deleted";
 }
 
 std::vector<std::byte> slurp(const fs::path& p) {
@@ -175,7 +184,8 @@ TEST(checkpoint, damage_is_reported_with_file_and_tensor) {
     EXPECT_EQ(opt->steps(), 0);
     for (const auto& b : opt->buckets().buckets()) {
       for (std::size_t j = 0; j < opt->slots(); ++j) {
-        for (float x : opt->shard_state(b, j)) EXPECT_EQ(x, 0.0f);
+        for (float x : opt->shard_state(b, j))
+          EXPECT_EQ(x, 0.0f);
       }
     }
   });
@@ -254,7 +264,8 @@ TEST(checkpoint, parse_header_survives_truncation_and_flips) {
   }
   EXPECT_THROW((void)ck::parse_index(std::span<const std::byte>()), error);
   const auto index_bytes = slurp(d.path / "index.json");
-  for (std::size_t n = 0; n + 2 < index_bytes.size(); ++n) {  // (the last two bytes: "}" and a newline)
+  for (std::size_t n = 0; n + 2 < index_bytes.size();
+       ++n) { // (the last two bytes: "}" and a newline)
     EXPECT_THROW((void)ck::parse_index(std::span(index_bytes.data(), n)), error) << n;
   }
   // Counts kept in an int must fit one (a world of 2^32 + 1 must not wrap to 1).
@@ -335,14 +346,16 @@ TEST(checkpoint, rejects_another_rule_or_model) {
   (void)resume<wo::zero<2>>(m, 2, d.path, false, 1, true);
   EXPECT_THROW(local::run(2,
                           [&](local::communicator& c) {
-                            auto opt = wo::make_data_parallel<wo::zero<1>, float>(c, m.params, sgd_rule(), opts);
+                            auto opt = wo::make_data_parallel<wo::zero<1>, float>(c, m.params,
+                                                                                  sgd_rule(), opts);
                             ck::load(*opt, c, d.path);
                           }),
                error);
   const mlp other(batch);
   EXPECT_THROW(local::run(2,
                           [&](local::communicator& c) {
-                            auto opt = wo::make_data_parallel<wo::zero<1>, float>(c, other.params, rule, opts);
+                            auto opt = wo::make_data_parallel<wo::zero<1>, float>(c, other.params,
+                                                                                  rule, opts);
                             ck::load(*opt, c, d.path);
                           }),
                error);

@@ -1,8 +1,5 @@
 // Sharded data-parallel training equals single-rank training on the full batch: every ZeRO
 // stage and hybrid sharding, DP = 1..4, SGD / Adam / AdamW, with and without clipping.
-#include "optim/support.hpp"
-#include "support/scale.hpp"
-
 #include <weft/optim.hpp>
 
 #include <gtest/gtest.h>
@@ -14,19 +11,23 @@
 #include <string>
 #include <vector>
 
+#include "optim/support.hpp"
+#include "support/scale.hpp"
+
 namespace {
 
 using namespace weft;
 using namespace weft::test::optim;
 namespace wo = weft::optim;
 
-constexpr int batch = 12;  // divides by 1..4
+constexpr int batch = 12; // divides by 1..4
 constexpr int steps = 10;
 
 template <class Policy>
 class sharded_training : public ::testing::Test {};
-using policies = ::testing::Types<wo::zero<0>, wo::zero<1>, wo::zero<2>, wo::zero<3>, wo::hybrid<wo::zero<1>, wo::zero<0>>,
-                                  wo::hybrid<wo::zero<3>, wo::zero<0>>>;
+using policies =
+    ::testing::Types<wo::zero<0>, wo::zero<1>, wo::zero<2>, wo::zero<3>,
+                     wo::hybrid<wo::zero<1>, wo::zero<0>>, wo::hybrid<wo::zero<3>, wo::zero<0>>>;
 TYPED_TEST_SUITE(sharded_training, policies);
 
 wo::data_parallel_options small_buckets(int dp, float max_norm) {
@@ -38,7 +39,8 @@ wo::data_parallel_options small_buckets(int dp, float max_norm) {
 template <class Policy, class Rule>
 double check_float(const mlp& m, rule_kind k, Rule rule, int dp, float max_norm) {
   const auto expected = train_serial(m, batch, k, steps, 1.0f, max_norm);
-  const auto got = train_parallel<Policy>(m, batch, dp, rule, steps, 1.0f, small_buckets(dp, max_norm));
+  const auto got =
+      train_parallel<Policy>(m, batch, dp, rule, steps, 1.0f, small_buckets(dp, max_norm));
   const double err = relative_error(got, expected);
   EXPECT_LT(err, 1e-5) << name_of(k) << " dp " << dp << " clip " << max_norm;
   // The run must have moved the weights (a test that cannot fail is no test).
@@ -50,7 +52,7 @@ TYPED_TEST(sharded_training, float_mlp_matches_full_batch_training) {
   const mlp m(batch);
   double worst = 0;
   for (int dp = 1; dp <= 4; ++dp) {
-    for (float clip : {0.0f, 0.05f}) {  // 0.05: below the gradients' norm, so every step clips
+    for (float clip : {0.0f, 0.05f}) { // 0.05: below the gradients' norm, so every step clips
       worst = std::max(worst, check_float<TypeParam>(m, rule_kind::sgd, sgd_rule(), dp, clip));
       worst = std::max(worst, check_float<TypeParam>(m, rule_kind::adam, adam_rule(), dp, clip));
       worst = std::max(worst, check_float<TypeParam>(m, rule_kind::adamw, adamw_rule(), dp, clip));
@@ -64,7 +66,8 @@ TYPED_TEST(sharded_training, integer_data_sgd_is_bitwise) {
   for (int dp = 1; dp <= 4; ++dp) {
     for (float clip : {0.0f, 0.5f}) {
       const auto expected = train_serial(m, batch, rule_kind::sgd, steps, 1.0f / batch, clip);
-      const auto got = train_parallel<TypeParam>(m, batch, dp, sgd_rule(), steps, 1.0f / batch, small_buckets(dp, clip));
+      const auto got = train_parallel<TypeParam>(m, batch, dp, sgd_rule(), steps, 1.0f / batch,
+                                                 small_buckets(dp, clip));
       EXPECT_EQ(got, expected) << "dp " << dp << " clip " << clip;
     }
   }
@@ -75,16 +78,26 @@ TYPED_TEST(sharded_training, integer_data_sgd_is_bitwise) {
 template <class P>
 void check_mixed(bool scaling) {
   const l1_linear m(batch);
-  const auto expected = rounded_to<P>(train_serial(m, batch, rule_kind::sgd, steps, 1.0f / batch, 0.0f));
+  const auto expected =
+      rounded_to<P>(train_serial(m, batch, rule_kind::sgd, steps, 1.0f / batch, 0.0f));
   for (int dp : {1, 3, 4}) {
     auto o = small_buckets(dp, 0.0f);
     o.loss_scaling = scaling;
     o.scaling.initial = 256.0f;
-    EXPECT_EQ((train_parallel<wo::zero<0>, P>(m, batch, dp, sgd_rule(), steps, 1.0f / batch, o)), expected) << dp;
-    EXPECT_EQ((train_parallel<wo::zero<1>, P>(m, batch, dp, sgd_rule(), steps, 1.0f / batch, o)), expected) << dp;
-    EXPECT_EQ((train_parallel<wo::zero<2>, P>(m, batch, dp, sgd_rule(), steps, 1.0f / batch, o)), expected) << dp;
-    EXPECT_EQ((train_parallel<wo::zero<3>, P>(m, batch, dp, sgd_rule(), steps, 1.0f / batch, o)), expected) << dp;
-    EXPECT_EQ((train_parallel<wo::hybrid<wo::zero<2>, wo::zero<0>>, P>(m, batch, dp, sgd_rule(), steps, 1.0f / batch, o)),
+    EXPECT_EQ((train_parallel<wo::zero<0>, P>(m, batch, dp, sgd_rule(), steps, 1.0f / batch, o)),
+              expected)
+        << dp;
+    EXPECT_EQ((train_parallel<wo::zero<1>, P>(m, batch, dp, sgd_rule(), steps, 1.0f / batch, o)),
+              expected)
+        << dp;
+    EXPECT_EQ((train_parallel<wo::zero<2>, P>(m, batch, dp, sgd_rule(), steps, 1.0f / batch, o)),
+              expected)
+        << dp;
+    EXPECT_EQ((train_parallel<wo::zero<3>, P>(m, batch, dp, sgd_rule(), steps, 1.0f / batch, o)),
+              expected)
+        << dp;
+    EXPECT_EQ((train_parallel<wo::hybrid<wo::zero<2>, wo::zero<0>>, P>(m, batch, dp, sgd_rule(),
+                                                                       steps, 1.0f / batch, o)),
               expected)
         << dp;
   }
@@ -92,21 +105,29 @@ void check_mixed(bool scaling) {
 
 // Growth every `interval` good steps up to max_scale, backoff on overflow down to min_scale.
 TEST(loss_scaler, grows_and_backs_off_within_its_bounds) {
-  wo::loss_scaler s({.initial = 4.0f, .growth = 2.0f, .backoff = 0.5f, .interval = 2, .min_scale = 1.0f, .max_scale = 16.0f});
+  wo::loss_scaler s({.initial = 4.0f,
+                     .growth = 2.0f,
+                     .backoff = 0.5f,
+                     .interval = 2,
+                     .min_scale = 1.0f,
+                     .max_scale = 16.0f});
   s.update(false);
   EXPECT_EQ(s.scale(), 4.0f);
   s.update(false);
   EXPECT_EQ(s.scale(), 8.0f);
-  for (int i = 0; i < 10; ++i) s.update(false);
+  for (int i = 0; i < 10; ++i)
+    s.update(false);
   EXPECT_EQ(s.scale(), 16.0f);
   s.update(true);
   EXPECT_EQ(s.scale(), 8.0f);
   EXPECT_EQ(s.good_steps(), 0);
-  for (int i = 0; i < 10; ++i) s.update(true);
+  for (int i = 0; i < 10; ++i)
+    s.update(true);
   EXPECT_EQ(s.scale(), 1.0f);
   // The defaults stop at 2^24 (a scale grown to infinity would stay there, skipping every step).
   wo::loss_scaler d(wo::loss_scale_options{});
-  for (int i = 0; i < 2000 * 200; ++i) d.update(false);
+  for (int i = 0; i < 2000 * 200; ++i)
+    d.update(false);
   EXPECT_EQ(d.scale(), 16777216.0f);
   EXPECT_THROW(wo::loss_scaler({.initial = 32.0f, .max_scale = 16.0f}), error);
   EXPECT_THROW(wo::loss_scaler({.max_scale = std::numeric_limits<float>::infinity()}), error);
@@ -126,8 +147,9 @@ TEST(mixed_precision, overflow_skips_the_step_on_every_rank_and_backs_off) {
     // Only rank 1 overflows (in one element): every rank must skip.
     for (const auto& t : m.params.tensors()) {
       auto g = opt->grad(t.name);
-      for (auto& v : g) v = half(1.0f);
-      if (c.rank() == 1 && t.name == "b") g[0] = half(60000.0f * 2.0f);  // rounds to infinity
+      for (auto& v : g)
+        v = half(1.0f);
+      if (c.rank() == 1 && t.name == "b") g[0] = half(60000.0f * 2.0f); // rounds to infinity
       opt->grad_ready(t.name);
     }
     const auto r = opt->step(1.0f);
@@ -137,7 +159,8 @@ TEST(mixed_precision, overflow_skips_the_step_on_every_rank_and_backs_off) {
     EXPECT_EQ(opt->gather_parameters(), before);
     // The next, finite step goes through.
     for (const auto& t : m.params.tensors()) {
-      for (auto& v : opt->grad(t.name)) v = half(1.0f);
+      for (auto& v : opt->grad(t.name))
+        v = half(1.0f);
       opt->grad_ready(t.name);
     }
     EXPECT_FALSE(opt->step(1.0f).skipped);
@@ -154,7 +177,7 @@ TEST(data_parallel, bad_input_is_reported) {
     EXPECT_THROW((void)opt->param("nope"), error);
     (void)opt->grad("w");
     opt->grad_ready("w");
-    EXPECT_THROW(opt->grad_ready("w"), error);  // twice
+    EXPECT_THROW(opt->grad_ready("w"), error); // twice
     (void)opt->step();
   });
   // w and b share one bucket: w marked twice is refused, and does not count for b, whose mark
@@ -170,12 +193,15 @@ TEST(data_parallel, bad_input_is_reported) {
   local::run(2, [&](local::communicator& c) {
     auto opt = wo::make_data_parallel<wo::zero<1>>(c, m.params, sgd_rule());
     opt->grad_ready("w");
-    EXPECT_NE(message_of([&] { opt->grad_ready("w"); }).find("tensor 'w' marked ready twice in one step"),
-              std::string::npos);
+    EXPECT_NE(
+        message_of([&] { opt->grad_ready("w"); }).find("tensor 'w' marked ready twice in one step"),
+        std::string::npos);
     opt->grad_ready("b");
     (void)opt->step();
     opt->reduce_gradients();
-    EXPECT_NE(message_of([&] { opt->grad_ready("b"); }).find("'b' marked ready after its bucket's reduction started"),
+    EXPECT_NE(message_of([&] {
+                opt->grad_ready("b");
+              }).find("'b' marked ready after its bucket's reduction started"),
               std::string::npos);
     (void)opt->step();
   });
@@ -202,20 +228,24 @@ void check_marking_order(bool overlap) {
   ps.add("b", {4});
   for (const bool unused : {false, true}) {
     local::run(2, [&](local::communicator& c) {
-      auto opt = wo::make_data_parallel<Policy>(c, ps, wo::sgd{.lr = 1.0f}, {.bucket_elements = 4, .overlap = overlap});
+      auto opt = wo::make_data_parallel<Policy>(c, ps, wo::sgd{.lr = 1.0f},
+                                                {.bucket_elements = 4, .overlap = overlap});
       opt->set_parameters(std::vector<float>(8, 0.0f));
       const auto r = static_cast<float>(c.rank() + 1);
-      std::vector<std::string> order = c.rank() == 0 ? std::vector<std::string>{"a", "b"} : std::vector<std::string>{"b", "a"};
+      std::vector<std::string> order =
+          c.rank() == 0 ? std::vector<std::string>{"a", "b"} : std::vector<std::string>{"b", "a"};
       if (unused && c.rank() == 0) order = {"b"};
       for (const auto& n : order) {
-        for (auto& x : opt->grad(n)) x = (n == "a" ? 1.0f : 100.0f) * r;
+        for (auto& x : opt->grad(n))
+          x = (n == "a" ? 1.0f : 100.0f) * r;
         opt->grad_ready(n);
       }
       (void)opt->step();
       const auto p = opt->gather_parameters();
       const float a = unused ? -2.0f : -3.0f;
       for (std::size_t i = 0; i < 4; ++i) {
-        EXPECT_EQ(p[i], a) << "a[" << i << "] on rank " << c.rank() << (unused ? ", a unmarked on rank 0" : "");
+        EXPECT_EQ(p[i], a) << "a[" << i << "] on rank " << c.rank()
+                           << (unused ? ", a unmarked on rank 0" : "");
         EXPECT_EQ(p[4 + i], -300.0f) << "b[" << i << "] on rank " << c.rank();
       }
     });
@@ -241,9 +271,11 @@ TEST(data_parallel, an_empty_last_tensor_joins_the_last_bucket) {
   EXPECT_EQ(l.tensors()[1].bucket, 0u);
   EXPECT_EQ(l.buckets()[0].end_tensor, 2u);
   local::run(2, [&](local::communicator& c) {
-    auto opt = wo::make_data_parallel<wo::zero<1>>(c, ps, wo::sgd{.lr = 1.0f}, {.bucket_elements = 4});
+    auto opt =
+        wo::make_data_parallel<wo::zero<1>>(c, ps, wo::sgd{.lr = 1.0f}, {.bucket_elements = 4});
     opt->set_parameters(std::vector<float>(8, 0.0f));
-    for (auto& x : opt->grad("w")) x = 1.0f;
+    for (auto& x : opt->grad("w"))
+      x = 1.0f;
     opt->grad_ready("w");
     opt->grad_ready("empty");
     (void)opt->step();
@@ -266,17 +298,25 @@ TEST(data_parallel, out_of_range_hyper_parameters_are_refused) {
     });
     return what;
   };
-  EXPECT_NE(message(wo::adamw{.beta1 = 1.0f}).find("adamw: beta1 must be in [0, 1), not 1"), std::string::npos);
-  EXPECT_NE(message(wo::adam{.beta2 = 1.5f}).find("adam: beta2 must be in [0, 1), not 1.5"), std::string::npos);
-  EXPECT_NE(message(wo::adamw{.lr = -1e-3f}).find("adamw: lr must be a finite number >= 0, not -0.001"),
+  EXPECT_NE(message(wo::adamw{.beta1 = 1.0f}).find("adamw: beta1 must be in [0, 1), not 1"),
             std::string::npos);
+  EXPECT_NE(message(wo::adam{.beta2 = 1.5f}).find("adam: beta2 must be in [0, 1), not 1.5"),
+            std::string::npos);
+  EXPECT_NE(
+      message(wo::adamw{.lr = -1e-3f}).find("adamw: lr must be a finite number >= 0, not -0.001"),
+      std::string::npos);
   EXPECT_NE(message(wo::adamw{.eps = -1e-8f}).find("eps"), std::string::npos);
   EXPECT_NE(message(wo::adamw{.weight_decay = -0.1f}).find("weight_decay"), std::string::npos);
-  EXPECT_NE(message(wo::sgd{.lr = std::numeric_limits<float>::quiet_NaN()}).find("sgd: lr must be"), std::string::npos);
+  EXPECT_NE(message(wo::sgd{.lr = std::numeric_limits<float>::quiet_NaN()}).find("sgd: lr must be"),
+            std::string::npos);
   EXPECT_NE(message(wo::sgd{.momentum = -0.9f}).find("momentum"), std::string::npos);
-  EXPECT_NE(message(wo::sgd{.nesterov = true}).find("Nesterov momentum needs momentum > 0"), std::string::npos);
-  EXPECT_NE(message(wo::sgd{}, {.scaling = {.min_scale = 0.0f}}).find("0 < min_scale <= initial"), std::string::npos);
-  EXPECT_EQ(message(wo::adamw{.lr = 0.0f, .beta1 = 0.0f, .beta2 = 0.0f, .eps = 0.0f, .weight_decay = 0.0f}), "");
+  EXPECT_NE(message(wo::sgd{.nesterov = true}).find("Nesterov momentum needs momentum > 0"),
+            std::string::npos);
+  EXPECT_NE(message(wo::sgd{}, {.scaling = {.min_scale = 0.0f}}).find("0 < min_scale <= initial"),
+            std::string::npos);
+  EXPECT_EQ(message(wo::adamw{
+                .lr = 0.0f, .beta1 = 0.0f, .beta2 = 0.0f, .eps = 0.0f, .weight_decay = 0.0f}),
+            "");
   EXPECT_EQ(message(wo::sgd{.momentum = 0.9f, .nesterov = true}), "");
 }
 
@@ -293,7 +333,8 @@ void check_model_parallel_norm() {
   double expected_sq = 0;
   const auto grad = [](const std::string& name, int tp, int dp, std::size_t i) {
     return static_cast<float>(name != "ln" ? (tp * 7 + dp * 3 + static_cast<int>(i)) % 5 - 2
-                                           : (dp * 2 + static_cast<int>(i)) % 3 + 1);  // ln: the same on both tp ranks
+                                           : (dp * 2 + static_cast<int>(i)) % 3 +
+                                                 1); // ln: the same on both tp ranks
   };
   for (int tp = 0; tp < 2; ++tp) {
     for (std::size_t i = 0; i < 5; ++i) {
@@ -308,19 +349,24 @@ void check_model_parallel_norm() {
   local::run(4, [&](local::communicator& world) {
     const int tp = world.rank() % 2, dp = world.rank() / 2;
     auto dp_comm = world.split(tp, world.rank());
-    auto opt = wo::make_data_parallel<Policy, float>(dp_comm, ps, wo::sgd{}, {.bucket_elements = 4, .max_grad_norm = 1e9f});
-    auto norm_group = world.split(opt->replica_rank(), world.rank());  // shard group x TP, one replica
+    auto opt = wo::make_data_parallel<Policy, float>(dp_comm, ps, wo::sgd{},
+                                                     {.bucket_elements = 4, .max_grad_norm = 1e9f});
+    auto norm_group =
+        world.split(opt->replica_rank(), world.rank()); // shard group x TP, one replica
     opt->set_norm_group(norm_group, tp);
     for (const auto& t : ps.tensors()) {
       auto g = opt->grad(t.name);
-      for (std::size_t i = 0; i < g.size(); ++i) g[i] = grad(t.name, tp, dp, i);
+      for (std::size_t i = 0; i < g.size(); ++i)
+        g[i] = grad(t.name, tp, dp, i);
       opt->grad_ready(t.name);
     }
     EXPECT_EQ(opt->step(1.0f).grad_norm, std::sqrt(expected_sq));
   });
 }
 
-TEST(data_parallel, clipping_norm_spans_tensor_parallel_ranks_counting_replicated_tensors_once_and_tied_copies_never) {
+TEST(
+    data_parallel,
+    clipping_norm_spans_tensor_parallel_ranks_counting_replicated_tensors_once_and_tied_copies_never) {
   check_model_parallel_norm<wo::zero<0>>();
   check_model_parallel_norm<wo::zero<1>>();
   check_model_parallel_norm<wo::zero<3>>();
@@ -331,8 +377,8 @@ TEST(data_parallel, hybrid_shards_within_a_node_by_default) {
   const auto expected = train_serial(m, batch, rule_kind::sgd, steps, 1.0f / batch, 0.0f);
   std::vector<float> got;
   local::run(topology::parse("2x2"), [&](local::communicator& c) {
-    auto opt = wo::make_data_parallel<wo::hybrid<wo::zero<2>, wo::zero<0>>, float>(c, m.params, sgd_rule(),
-                                                                                   {.bucket_elements = 5});
+    auto opt = wo::make_data_parallel<wo::hybrid<wo::zero<2>, wo::zero<0>>, float>(
+        c, m.params, sgd_rule(), {.bucket_elements = 5});
     EXPECT_EQ(opt->shard_size(), 2);
     EXPECT_EQ(opt->replica_size(), 2);
     opt->set_parameters(m.initial());
@@ -342,7 +388,8 @@ TEST(data_parallel, hybrid_shards_within_a_node_by_default) {
       const auto g = m.gradient(w, begin, end);
       for (const auto& t : m.params.tensors()) {
         auto gs = opt->grad(t.name);
-        for (std::size_t i = 0; i < t.count; ++i) gs[i] = g[t.offset + i];
+        for (std::size_t i = 0; i < t.count; ++i)
+          gs[i] = g[t.offset + i];
         opt->grad_ready(t.name);
       }
       (void)opt->step(1.0f / batch);
@@ -359,7 +406,7 @@ TEST(layout, buckets_pad_to_equal_shards) {
   ps.add("b", {2, 3});
   ps.add("c", {1});
   const wo::layout l(ps, 6, 4);
-  ASSERT_EQ(l.buckets().size(), 2u);                 // {a, b} = 11, {c} = 1
+  ASSERT_EQ(l.buckets().size(), 2u); // {a, b} = 11, {c} = 1
   EXPECT_EQ(l.buckets()[0].padded, 12u);
   EXPECT_EQ(l.buckets()[1].padded, 4u);
   EXPECT_EQ(l.padding(), 4u);

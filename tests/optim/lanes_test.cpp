@@ -6,8 +6,6 @@
 // stream), main-lane work on the rank's own thread. A memory policy for one communicator type
 // (weft::traced<local::communicator>) wraps the host one and records every call that runs on
 // the wrong thread; training must also still match the full-batch reference.
-#include "optim/support.hpp"
-
 #include <weft/comm/traced.hpp>
 #include <weft/comm/transport/local.hpp>
 #include <weft/optim.hpp>
@@ -20,13 +18,15 @@
 #include <thread>
 #include <vector>
 
+#include "optim/support.hpp"
+
 namespace lane_probe {
 
 using comm = weft::traced<weft::local::communicator>;
 
 struct record {
   std::mutex mutex;
-  std::vector<std::string> wrong;  // "<call> on the <lane> lane, run on the <other> thread"
+  std::vector<std::string> wrong; // "<call> on the <lane> lane, run on the <other> thread"
   std::atomic<long> main_calls{0}, side_calls{0};
 };
 inline record& log() {
@@ -106,8 +106,8 @@ private:
     (l == lane::main ? r.main_calls : r.side_calls)++;
     if (on_owner != (l == lane::main)) {
       std::lock_guard lock(r.mutex);
-      r.wrong.push_back(std::string(what) + " on the " + (l == lane::main ? "main" : "side") + " lane, run on the " +
-                        (on_owner ? "rank's" : "progress") + " thread");
+      r.wrong.push_back(std::string(what) + " on the " + (l == lane::main ? "main" : "side") +
+                        " lane, run on the " + (on_owner ? "rank's" : "progress") + " thread");
     }
   }
   std::thread::id owner_;
@@ -126,11 +126,13 @@ constexpr int steps = 4;
 
 template <class Policy, class P = float>
 std::vector<float> train_probed(const model& m, int dp, float clip, bool scaling) {
-  wo::data_parallel_options o{.bucket_elements = 20, .overlap = true, .max_grad_norm = clip, .inner_size = 1};
+  wo::data_parallel_options o{
+      .bucket_elements = 20, .overlap = true, .max_grad_norm = clip, .inner_size = 1};
   o.loss_scaling = scaling;
   o.scaling.initial = 256.0f;
-  return train_parallel<Policy, P>(m, batch, dp, sgd_rule(), steps, 1.0f / batch, o,
-                                   [](weft::local::communicator& c) { return lane_probe::comm(std::move(c), "dp"); });
+  return train_parallel<Policy, P>(
+      m, batch, dp, sgd_rule(), steps, 1.0f / batch, o,
+      [](weft::local::communicator& c) { return lane_probe::comm(std::move(c), "dp"); });
 }
 
 template <class Policy, class P = float>
@@ -140,10 +142,13 @@ void check_lanes(float clip, bool scaling) {
   r.wrong.clear();
   r.main_calls = 0;
   r.side_calls = 0;
-  const auto expected = rounded_to<P>(train_serial(m, batch, rule_kind::sgd, steps, 1.0f / batch, clip));
-  for (int dp : {2, 3}) EXPECT_EQ((train_probed<Policy, P>(m, dp, clip, scaling)), expected) << "dp " << dp;
+  const auto expected =
+      rounded_to<P>(train_serial(m, batch, rule_kind::sgd, steps, 1.0f / batch, clip));
+  for (int dp : {2, 3})
+    EXPECT_EQ((train_probed<Policy, P>(m, dp, clip, scaling)), expected) << "dp " << dp;
   std::string wrong;
-  for (const auto& w : r.wrong) wrong += "\n  " + w;
+  for (const auto& w : r.wrong)
+    wrong += "\n  " + w;
   EXPECT_TRUE(r.wrong.empty()) << r.wrong.size() << " calls on the wrong lane:" << wrong;
   // Both lanes saw work: the check above looked at something.
   EXPECT_GT(r.main_calls.load(), 0);
@@ -154,7 +159,11 @@ TEST(data_parallel_lanes, zero0) { check_lanes<wo::zero<0>>(0.5f, false); }
 TEST(data_parallel_lanes, zero1) { check_lanes<wo::zero<1>>(0.5f, false); }
 TEST(data_parallel_lanes, zero2) { check_lanes<wo::zero<2>>(0.5f, false); }
 TEST(data_parallel_lanes, zero3) { check_lanes<wo::zero<3>>(0.5f, false); }
-TEST(data_parallel_lanes, hybrid_zero3) { check_lanes<wo::hybrid<wo::zero<3>, wo::zero<0>>>(0.5f, false); }
-TEST(data_parallel_lanes, half_with_loss_scaling) { check_lanes<wo::zero<2>, weft::half>(0.0f, true); }
+TEST(data_parallel_lanes, hybrid_zero3) {
+  check_lanes<wo::hybrid<wo::zero<3>, wo::zero<0>>>(0.5f, false);
+}
+TEST(data_parallel_lanes, half_with_loss_scaling) {
+  check_lanes<wo::zero<2>, weft::half>(0.0f, true);
+}
 
 } // namespace

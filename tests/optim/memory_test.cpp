@@ -46,24 +46,28 @@ template <int Stage>
 void check(int n) {
   const auto ps = model();
   local::run(n, [&](local::communicator& c) {
-    auto opt = wo::make_data_parallel<wo::zero<Stage>, half>(c, ps, wo::adamw{}, {.bucket_elements = 4000});
+    auto opt = wo::make_data_parallel<wo::zero<Stage>, half>(c, ps, wo::adamw{},
+                                                             {.bucket_elements = 4000});
     const auto m = opt->memory();
     const auto& l = opt->buckets();
     const std::size_t shards = Stage == 0 ? 1 : static_cast<std::size_t>(n);
     const std::size_t psi = l.padded_elements();
     EXPECT_EQ(psi, ps.elements() + m.padding_elements);
-    EXPECT_LT(m.padding_elements, shards * l.buckets().size());  // under one element per shard and bucket
+    EXPECT_LT(m.padding_elements,
+              shards * l.buckets().size()); // under one element per shard and bucket
     const auto e = formula<Stage>(psi, static_cast<std::size_t>(n));
     EXPECT_EQ(m.parameters, e.params);
     EXPECT_EQ(m.gradients, e.grads);
     EXPECT_EQ(m.optimizer_state + m.master_weights, e.state_and_master);
     EXPECT_EQ(m.master_weights, 4 * psi / (Stage == 0 ? 1 : static_cast<std::size_t>(n)));
-    EXPECT_LT(m.slot_gap, 2 * (2064 + 16) * sizeof(float));  // the gap between Adam's two slots
+    EXPECT_LT(m.slot_gap, 2 * (2064 + 16) * sizeof(float)); // the gap between Adam's two slots
     if (c.rank() == 0) {
-      std::printf("zero<%d> N=%d: Psi %zu (+%zu padding) params %zu grads %zu state %zu master %zu total %zu B "
-                  "(formula %zu)\n",
-                  Stage, n, ps.elements(), m.padding_elements, m.parameters, m.gradients, m.optimizer_state,
-                  m.master_weights, m.total() - m.slot_gap, e.params + e.grads + e.state_and_master);
+      std::printf(
+          "zero<%d> N=%d: Psi %zu (+%zu padding) params %zu grads %zu state %zu master %zu total "
+          "%zu B "
+          "(formula %zu)\n",
+          Stage, n, ps.elements(), m.padding_elements, m.parameters, m.gradients, m.optimizer_state,
+          m.master_weights, m.total() - m.slot_gap, e.params + e.grads + e.state_and_master);
     }
   });
 }
@@ -83,18 +87,21 @@ TEST(memory_report, matches_the_zero_formulas) {
 TEST(memory_report, zero2_frees_each_bucket_after_its_reduction) {
   const auto ps = model();
   local::run(4, [&](local::communicator& c) {
-    auto opt = wo::make_data_parallel<wo::zero<2>, half>(c, ps, wo::adamw{}, {.bucket_elements = 4000, .overlap = false});
+    auto opt = wo::make_data_parallel<wo::zero<2>, half>(
+        c, ps, wo::adamw{}, {.bucket_elements = 4000, .overlap = false});
     for (auto t = ps.tensors().rbegin(); t != ps.tensors().rend(); ++t) {
-      for (auto& g : opt->grad(t->name)) g = half(1.0f);
+      for (auto& g : opt->grad(t->name))
+        g = half(1.0f);
       opt->grad_ready(t->name);
     }
     (void)opt->step();
     std::size_t biggest = 0;
-    for (const auto& b : opt->buckets().buckets()) biggest = std::max(biggest, b.padded);
+    for (const auto& b : opt->buckets().buckets())
+      biggest = std::max(biggest, b.padded);
     const auto m = opt->memory();
     EXPECT_GT(m.transient_peak, 0u);
     // Not every bucket at once: the whole model's gradients would be 2 * padded bytes.
-    EXPECT_EQ(m.transient_peak, 2 * (biggest + biggest / 4));  // one bucket and its reduced shard
+    EXPECT_EQ(m.transient_peak, 2 * (biggest + biggest / 4)); // one bucket and its reduced shard
   });
 }
 

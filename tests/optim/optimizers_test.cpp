@@ -62,32 +62,41 @@ TEST(adam, adam_and_adamw_follow_the_formulas) {
 
 template <class Rule>
 void loop_equals_functor(Rule rule) {
-  const std::size_t n = 1003;  // not a multiple of the vector width
+  const std::size_t n = 1003; // not a multiple of the vector width
   std::uint32_t seed = 99;
   std::vector<float> w(n), g(n), st(2 * n);
-  for (auto& x : w) x = value(seed, -1, 1);
-  for (auto& x : g) x = value(seed, -1, 1);
-  for (auto& x : st) x = value(seed, 0, 0.1f);
+  for (auto& x : w)
+    x = value(seed, -1, 1);
+  for (auto& x : g)
+    x = value(seed, -1, 1);
+  for (auto& x : st)
+    x = value(seed, 0, 0.1f);
   auto w2 = w, st2 = st;
   for (long t = 3; t <= 5; ++t) {
     const auto k = rule.at(t, 0.25f);
     const wo::update_ref<decltype(k), float, float> u{k, w.data(), g.data(), st.data(), nullptr, n};
     wo::apply(u, 0, n);
-    for (std::size_t i = 0; i < n; ++i) k(w2[i], g[i], st2.data() + i, n);
+    for (std::size_t i = 0; i < n; ++i)
+      k(w2[i], g[i], st2.data() + i, n);
   }
   EXPECT_EQ(w, w2);
   EXPECT_EQ(st, st2);
   // and across threads, every element different, so that a chunk applied at another offset shows
   std::vector<float> big_g(1 << 18), big_w(1 << 18), big_s(2 << 18);
-  for (auto& x : big_g) x = value(seed, -0.01f, 0.01f);
-  for (auto& x : big_w) x = value(seed, -1, 1);
-  for (auto& x : big_s) x = value(seed, 0, 0.1f);
+  for (auto& x : big_g)
+    x = value(seed, -0.01f, 0.01f);
+  for (auto& x : big_w)
+    x = value(seed, -1, 1);
+  for (auto& x : big_s)
+    x = value(seed, 0, 0.1f);
   auto bw2 = big_w, bs2 = big_s;
   const auto k = rule.at(1, 1.0f);
-  wo::apply_parallel(wo::update_ref<decltype(k), float, float>{k, big_w.data(), big_g.data(), big_s.data(), nullptr, 1 << 18},
+  wo::apply_parallel(wo::update_ref<decltype(k), float, float>{k, big_w.data(), big_g.data(),
+                                                               big_s.data(), nullptr, 1 << 18},
                      1 << 18, 3);
-  wo::apply(wo::update_ref<decltype(k), float, float>{k, bw2.data(), big_g.data(), bs2.data(), nullptr, 1 << 18}, 0,
-            1 << 18);
+  wo::apply(wo::update_ref<decltype(k), float, float>{k, bw2.data(), big_g.data(), bs2.data(),
+                                                      nullptr, 1 << 18},
+            0, 1 << 18);
   EXPECT_EQ(big_w, bw2);
   EXPECT_EQ(big_s, bs2);
 }
@@ -107,11 +116,14 @@ void low_precision_loop_equals_functor(Rule rule) {
   std::uint32_t seed = 7;
   std::vector<float> w(n), st(2 * n);
   std::vector<P> g(n), p(n);
-  for (auto& x : w) x = value(seed, -1, 1);
-  for (auto& x : g) x = P(value(seed, -1, 1));
-  for (auto& x : st) x = value(seed, 0, 0.1f);
-  w[5] = 1e-39f;  // a subnormal master
-  w[9] = 3.0e38f; // near the top of the range
+  for (auto& x : w)
+    x = value(seed, -1, 1);
+  for (auto& x : g)
+    x = P(value(seed, -1, 1));
+  for (auto& x : st)
+    x = value(seed, 0, 0.1f);
+  w[5] = 1e-39f;    // a subnormal master
+  w[9] = 3.0e38f;   // near the top of the range
   w[13] = 3.0e-6f;  // a half subnormal
   w[17] = 65519.0f; // rounds to half's largest finite value; 65520 and on to infinity
   w[21] = 70000.0f;
@@ -122,11 +134,13 @@ void low_precision_loop_equals_functor(Rule rule) {
     const wo::update_ref<decltype(k), P, P> u{k, w.data(), g.data(), st.data(), p.data(), n};
     wo::apply(u, 0, n);
     const wo::update_ref<decltype(k), P, P> ref{k, w2.data(), g.data(), st2.data(), p2.data(), n};
-    for (std::size_t i = 0; i < n; ++i) ref(i);
+    for (std::size_t i = 0; i < n; ++i)
+      ref(i);
   }
   EXPECT_EQ(w, w2);
   EXPECT_EQ(st, st2);
-  for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(p[i].bits(), p2[i].bits()) << "element " << i;
+  for (std::size_t i = 0; i < n; ++i)
+    ASSERT_EQ(p[i].bits(), p2[i].bits()) << "element " << i;
 }
 
 TEST(update_ref, bfloat16_host_loop_is_bitwise_the_functor) {
@@ -146,7 +160,8 @@ TEST(update_ref, half_host_loop_is_bitwise_the_functor) {
 TEST(update_ref, bfloat16_vector_conversions_are_the_scalar_ones) {
   for (std::uint32_t h = 0; h < 65536; h += 4) {
     weft::bfloat16 in[4];
-    for (std::uint32_t j = 0; j < 4; ++j) in[j] = weft::bfloat16::from_bits(static_cast<std::uint16_t>(h + j));
+    for (std::uint32_t j = 0; j < 4; ++j)
+      in[j] = weft::bfloat16::from_bits(static_cast<std::uint16_t>(h + j));
     float out[4];
     _mm_storeu_ps(out, wo::detail::load_bf16x4(in));
     for (std::uint32_t j = 0; j < 4; ++j) {
@@ -156,7 +171,8 @@ TEST(update_ref, bfloat16_vector_conversions_are_the_scalar_ones) {
   }
   std::vector<std::uint32_t> bits;
   for (std::uint32_t h = 0; h < 65536; ++h) {
-    for (std::uint32_t lo : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xc000u, 0xffffu, 0x3a5cu})
+    for (std::uint32_t lo :
+         {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xc000u, 0xffffu, 0x3a5cu})
       bits.push_back(h << 16 | lo);
   }
   std::uint32_t seed = 12345;
@@ -170,7 +186,8 @@ TEST(update_ref, bfloat16_vector_conversions_are_the_scalar_ones) {
     weft::bfloat16 out[4];
     wo::detail::store_bf16x4(out, _mm_loadu_ps(in));
     for (std::size_t j = 0; j < 4; ++j) {
-      ASSERT_EQ(out[j].bits(), weft::bfloat16(in[j]).bits()) << "float bits " << std::hex << bits[i + j];
+      ASSERT_EQ(out[j].bits(), weft::bfloat16(in[j]).bits())
+          << "float bits " << std::hex << bits[i + j];
     }
   }
 }
@@ -181,7 +198,8 @@ TEST(update_ref, bfloat16_vector_conversions_are_the_scalar_ones) {
 TEST(update_ref, half_vector_conversions_are_the_scalar_ones) {
   for (std::uint32_t h = 0; h < 65536; h += 4) {
     weft::half in[4];
-    for (std::uint32_t j = 0; j < 4; ++j) in[j] = weft::half::from_bits(static_cast<std::uint16_t>(h + j));
+    for (std::uint32_t j = 0; j < 4; ++j)
+      in[j] = weft::half::from_bits(static_cast<std::uint16_t>(h + j));
     float out[4];
     _mm_storeu_ps(out, wo::detail::load_half4(in));
     for (std::uint32_t j = 0; j < 4; ++j) {
@@ -190,15 +208,17 @@ TEST(update_ref, half_vector_conversions_are_the_scalar_ones) {
     }
   }
   std::vector<std::uint32_t> bits;
-  for (std::uint32_t top = 0; top < 512; ++top) {  // sign and exponent
-    for (std::uint32_t kept : {0u, 1u, 2u, 3u, 0x1ffu, 0x200u, 0x3feu, 0x3ffu}) {  // the 10 kept fraction bits
+  for (std::uint32_t top = 0; top < 512; ++top) { // sign and exponent
+    for (std::uint32_t kept :
+         {0u, 1u, 2u, 3u, 0x1ffu, 0x200u, 0x3feu, 0x3ffu}) { // the 10 kept fraction bits
       for (std::uint32_t dropped : {0u, 1u, 0xfffu, 0x1000u, 0x1001u, 0x1fffu, 0x0800u}) {
         bits.push_back(top << 23 | kept << 13 | dropped);
       }
     }
   }
-  for (std::uint32_t b : {0x477fe000u, 0x477fefffu, 0x477ff000u, 0x477fffffu, 0x47800000u, 0x38800000u, 0x387fffffu,
-                          0x33000000u, 0x33000001u, 0x32ffffffu, 0x7f800001u, 0x7fc00000u, 0xffbfffffu}) {
+  for (std::uint32_t b :
+       {0x477fe000u, 0x477fefffu, 0x477ff000u, 0x477fffffu, 0x47800000u, 0x38800000u, 0x387fffffu,
+        0x33000000u, 0x33000001u, 0x32ffffffu, 0x7f800001u, 0x7fc00000u, 0xffbfffffu}) {
     bits.push_back(b);
   }
   std::uint32_t seed = 54321;
@@ -206,14 +226,16 @@ TEST(update_ref, half_vector_conversions_are_the_scalar_ones) {
     seed = seed * 1664525u + 1013904223u;
     bits.push_back(seed);
   }
-  while (bits.size() % 4 != 0) bits.push_back(0);
+  while (bits.size() % 4 != 0)
+    bits.push_back(0);
   for (std::size_t i = 0; i + 4 <= bits.size(); i += 4) {
     float in[4];
     std::memcpy(in, bits.data() + i, sizeof in);
     weft::half out[4];
     wo::detail::store_half4(out, _mm_loadu_ps(in));
     for (std::size_t j = 0; j < 4; ++j) {
-      ASSERT_EQ(out[j].bits(), weft::half(in[j]).bits()) << "float bits " << std::hex << bits[i + j];
+      ASSERT_EQ(out[j].bits(), weft::half(in[j]).bits())
+          << "float bits " << std::hex << bits[i + j];
     }
   }
 }
@@ -221,13 +243,17 @@ TEST(update_ref, half_vector_conversions_are_the_scalar_ones) {
 
 TEST(update_ref, low_precision_parameters_get_the_rounded_master) {
   float master[3] = {1.0f, 2.0f, 3.0f};
-  const weft::bfloat16 grad[3] = {weft::bfloat16(1.0f), weft::bfloat16(-1.0f), weft::bfloat16(0.5f)};
+  const weft::bfloat16 grad[3] = {weft::bfloat16(1.0f), weft::bfloat16(-1.0f),
+                                  weft::bfloat16(0.5f)};
   weft::bfloat16 param[3] = {};
   const auto k = wo::sgd{.lr = 0.001f}.at(1, 1.0f);
-  wo::apply(wo::update_ref<decltype(k), weft::bfloat16, weft::bfloat16>{k, master, grad, nullptr, param, 3}, 0, 3);
+  wo::apply(wo::update_ref<decltype(k), weft::bfloat16, weft::bfloat16>{k, master, grad, nullptr,
+                                                                        param, 3},
+            0, 3);
   EXPECT_EQ(master[0], 1.0f - 0.001f);
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(param[i], weft::bfloat16(master[i]));
-  EXPECT_NE(static_cast<float>(param[0]), master[0]);  // the fp32 master keeps what bf16 cannot
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(param[i], weft::bfloat16(master[i]));
+  EXPECT_NE(static_cast<float>(param[0]), master[0]); // the fp32 master keeps what bf16 cannot
 }
 
 } // namespace

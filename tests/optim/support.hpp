@@ -42,8 +42,10 @@ struct mlp final : model {
     };
     x.resize(static_cast<std::size_t>(batch * d));
     t.resize(static_cast<std::size_t>(batch * o));
-    for (auto& v : x) v = rnd();
-    for (auto& v : t) v = rnd();
+    for (auto& v : x)
+      v = rnd();
+    for (auto& v : t)
+      v = rnd();
   }
   std::vector<float> initial() const override {
     std::vector<float> w(params.elements());
@@ -69,25 +71,30 @@ struct mlp final : model {
       float hid[h], y[o], dy[o], dz[h];
       for (int i = 0; i < h; ++i) {
         float z = b1[i];
-        for (int j = 0; j < d; ++j) z += w1[i * d + j] * xn[j];
+        for (int j = 0; j < d; ++j)
+          z += w1[i * d + j] * xn[j];
         hid[i] = std::tanh(z);
       }
       for (int i = 0; i < o; ++i) {
         float z = b2[i];
-        for (int j = 0; j < h; ++j) z += w2[i * h + j] * hid[j];
+        for (int j = 0; j < h; ++j)
+          z += w2[i * h + j] * hid[j];
         y[i] = z;
         dy[i] = (y[i] - t[static_cast<std::size_t>(n * o + i)]) / static_cast<float>(batch);
       }
       for (int i = 0; i < o; ++i) {
         gb2[i] += dy[i];
-        for (int j = 0; j < h; ++j) g2[i * h + j] += dy[i] * hid[j];
+        for (int j = 0; j < h; ++j)
+          g2[i * h + j] += dy[i] * hid[j];
       }
       for (int j = 0; j < h; ++j) {
         float dh = 0;
-        for (int i = 0; i < o; ++i) dh += w2[i * h + j] * dy[i];
+        for (int i = 0; i < o; ++i)
+          dh += w2[i * h + j] * dy[i];
         dz[j] = dh * (1.0f - hid[j] * hid[j]);
         gb1[j] += dz[j];
-        for (int k = 0; k < d; ++k) g1[j * d + k] += dz[j] * xn[k];
+        for (int k = 0; k < d; ++k)
+          g1[j * d + k] += dz[j] * xn[k];
       }
     }
     return g;
@@ -105,13 +112,16 @@ struct l1_linear final : model {
     params.add("w", {o, d});
     params.add("b", {o});
     for (int n = 0; n < batch; ++n) {
-      for (int j = 0; j < d; ++j) x.push_back(static_cast<float>((n * 7 + j * 3) % 7 - 3));
-      for (int i = 0; i < o; ++i) t.push_back(static_cast<float>((n * 5 + i * 11) % 9 - 4));
+      for (int j = 0; j < d; ++j)
+        x.push_back(static_cast<float>((n * 7 + j * 3) % 7 - 3));
+      for (int i = 0; i < o; ++i)
+        t.push_back(static_cast<float>((n * 5 + i * 11) % 9 - 4));
     }
   }
   std::vector<float> initial() const override {
     std::vector<float> w(params.elements());
-    for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(static_cast<int>(i % 5) - 2) * 0.25f;
+    for (std::size_t i = 0; i < w.size(); ++i)
+      w[i] = static_cast<float>(static_cast<int>(i % 5) - 2) * 0.25f;
     return w;
   }
   std::vector<float> gradient(const std::vector<float>& w, int begin, int end) const override {
@@ -119,10 +129,12 @@ struct l1_linear final : model {
     for (int n = begin; n < end; ++n) {
       for (int i = 0; i < o; ++i) {
         float y = w[static_cast<std::size_t>(o * d + i)];
-        for (int j = 0; j < d; ++j) y += w[static_cast<std::size_t>(i * d + j)] * x[static_cast<std::size_t>(n * d + j)];
+        for (int j = 0; j < d; ++j)
+          y += w[static_cast<std::size_t>(i * d + j)] * x[static_cast<std::size_t>(n * d + j)];
         const float r = y - t[static_cast<std::size_t>(n * o + i)];
         const float s = r > 0 ? 1.0f : (r < 0 ? -1.0f : 0.0f);
-        for (int j = 0; j < d; ++j) g[static_cast<std::size_t>(i * d + j)] += s * x[static_cast<std::size_t>(n * d + j)];
+        for (int j = 0; j < d; ++j)
+          g[static_cast<std::size_t>(i * d + j)] += s * x[static_cast<std::size_t>(n * d + j)];
         g[static_cast<std::size_t>(o * d + i)] += s;
       }
     }
@@ -136,13 +148,15 @@ inline const char* name_of(rule_kind k) {
   return k == rule_kind::sgd ? "sgd" : (k == rule_kind::adam ? "adam" : "adamw");
 }
 
-inline weft::optim::sgd sgd_rule() { return {.lr = 0.125f, .momentum = 0.5f, .weight_decay = 0.0f, .nesterov = true}; }
+inline weft::optim::sgd sgd_rule() {
+  return {.lr = 0.125f, .momentum = 0.5f, .weight_decay = 0.0f, .nesterov = true};
+}
 inline weft::optim::adam adam_rule() { return {.lr = 0.01f, .weight_decay = 0.01f}; }
 inline weft::optim::adamw adamw_rule() { return {.lr = 0.01f, .weight_decay = 0.1f}; }
 
 /// The serial reference: `steps` steps on the full batch, the rules written out again.
-inline std::vector<float> train_serial(const model& m, int batch, rule_kind k, int steps, float multiplier,
-                                       float max_norm) {
+inline std::vector<float> train_serial(const model& m, int batch, rule_kind k, int steps,
+                                       float multiplier, float max_norm) {
   std::vector<float> w = m.initial();
   std::vector<float> s0(w.size(), 0.0f), s1(w.size(), 0.0f);
   for (int t = 1; t <= steps; ++t) {
@@ -150,7 +164,8 @@ inline std::vector<float> train_serial(const model& m, int batch, rule_kind k, i
     float mul = multiplier;
     if (max_norm > 0) {
       double sq = 0;
-      for (float v : g) sq += static_cast<double>(v) * static_cast<double>(v);
+      for (float v : g)
+        sq += static_cast<double>(v) * static_cast<double>(v);
       const double norm = std::sqrt(sq) * std::fabs(static_cast<double>(multiplier));
       const auto coef = static_cast<float>(static_cast<double>(max_norm) / (norm + 1e-6));
       if (coef < 1.0f) mul = mul * coef;
@@ -187,11 +202,13 @@ inline std::vector<float> train_serial(const model& m, int batch, rule_kind k, i
 struct host_access {
   template <class T>
   void read(std::span<const T> p, float* out) const {
-    for (std::size_t i = 0; i < p.size(); ++i) out[i] = static_cast<float>(p[i]);
+    for (std::size_t i = 0; i < p.size(); ++i)
+      out[i] = static_cast<float>(p[i]);
   }
   template <class T>
   void write(std::span<T> g, const float* in, float scale) const {
-    for (std::size_t i = 0; i < g.size(); ++i) g[i] = static_cast<T>(in[i] * scale);
+    for (std::size_t i = 0; i < g.size(); ++i)
+      g[i] = static_cast<T>(in[i] * scale);
   }
 };
 
@@ -200,7 +217,8 @@ struct host_access {
 /// releases it; a backward, last tensor first, that reads each tensor again (zero<3>: gathered
 /// again), hands over its gradient and marks it ready; then the step.
 template <class Opt, class Access = host_access>
-void train_steps(Opt& opt, const model& m, int begin, int end, int steps, float multiplier, const Access& access = {}) {
+void train_steps(Opt& opt, const model& m, int begin, int end, int steps, float multiplier,
+                 const Access& access = {}) {
   const auto& ts = m.params.tensors();
   for (int t = 0; t < steps; ++t) {
     std::vector<float> w(m.params.elements());
@@ -209,7 +227,7 @@ void train_steps(Opt& opt, const model& m, int begin, int end, int steps, float 
       opt.release(ti.name);
     }
     const std::vector<float> g = m.gradient(w, begin, end);
-    const float scale = opt.loss_scale();  // 1 unless loss scaling is on
+    const float scale = opt.loss_scale(); // 1 unless loss scaling is on
     for (auto it = ts.rbegin(); it != ts.rend(); ++it) {
       (void)opt.param(it->name);
       access.write(opt.grad(it->name), g.data() + it->offset, scale);
@@ -232,19 +250,21 @@ inline std::vector<float> agreed(const std::vector<std::vector<float>>& per_rank
 template <class P>
 std::vector<float> rounded_to(const std::vector<float>& master) {
   std::vector<float> out;
-  for (float v : master) out.push_back(static_cast<float>(static_cast<P>(v)));
+  for (float v : master)
+    out.push_back(static_cast<float>(static_cast<P>(v)));
   return out;
 }
 
 /// One training run on `dp` local ranks (over `wrap(c)` of each rank's communicator: by
 /// default the communicator itself); returns rank 0's gathered parameters.
 template <class Policy, class P = float, class Rule, class Wrap = std::identity>
-std::vector<float> train_parallel(const model& m, int batch, int dp, Rule rule, int steps, float multiplier,
-                                  weft::optim::data_parallel_options o, Wrap wrap = {}) {
+std::vector<float> train_parallel(const model& m, int batch, int dp, Rule rule, int steps,
+                                  float multiplier, weft::optim::data_parallel_options o,
+                                  Wrap wrap = {}) {
   std::vector<std::vector<float>> result(static_cast<std::size_t>(dp));
   weft::local::run(dp, [&](weft::local::communicator& c) {
     const int rank = c.rank();
-    auto&& comm = wrap(c);  // may take c over
+    auto&& comm = wrap(c); // may take c over
     auto opt = weft::optim::make_data_parallel<Policy, P>(comm, m.params, rule, o);
     opt->set_parameters(m.initial());
     train_steps(*opt, m, batch * rank / dp, batch * (rank + 1) / dp, steps, multiplier);

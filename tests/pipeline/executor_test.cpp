@@ -282,10 +282,13 @@ TEST(executor_errors, a_schedule_that_overfills_a_channel_is_refused_at_construc
     using ex2 = pl::executor<pl::interleaved<2>, communicator>;
     const std::string what = failure_of([&] { ex2(c, 130, 1, {.group_size = 130}); });
     EXPECT_TRUE(contains(what, "the schedule queues more than 64 messages to a peer")) << what;
-    EXPECT_TRUE(contains(what, "rank 1 at send:F64.0->0 with 64 messages to rank 0 unreceived")) << what;
+    EXPECT_TRUE(contains(what, "rank 1 at send:F64.0->0 with 64 messages to rank 0 unreceived"))
+        << what;
     EXPECT_EQ(failure_of([&] { ex2(c, 129, 1, {.group_size = 129}); }), "");
   });
-  EXPECT_EQ(pl::detail::stalls_with_bounded_channels(pl::interleaved<2>::make(2, 130, {.group_size = 130}), 1000), "");
+  EXPECT_EQ(pl::detail::stalls_with_bounded_channels(
+                pl::interleaved<2>::make(2, 130, {.group_size = 130}), 1000),
+            "");
 }
 
 // A schedule that forgets rank 1's last backward is refused before anything runs.

@@ -23,14 +23,16 @@ using namespace std::chrono_literals;
 std::vector<std::int64_t> sum_over(const std::vector<int>& ranks, std::size_t n) {
   std::vector<std::int64_t> out(n, 0);
   for (int r : ranks) {
-    for (std::size_t i = 0; i < n; ++i) out[i] += r * 100 + static_cast<std::int64_t>(i);
+    for (std::size_t i = 0; i < n; ++i)
+      out[i] += r * 100 + static_cast<std::int64_t>(i);
   }
   return out;
 }
 
 std::vector<std::int64_t> input_of(int world_rank, std::size_t n) {
   std::vector<std::int64_t> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = world_rank * 100 + static_cast<std::int64_t>(i);
+  for (std::size_t i = 0; i < n; ++i)
+    v[i] = world_rank * 100 + static_cast<std::int64_t>(i);
   return v;
 }
 
@@ -55,7 +57,8 @@ TEST(shrink, after_a_rank_fails_the_survivors_finish_an_all_reduce) {
           EXPECT_EQ(v, sum_over({0, 1, 2, 3, 4}, n));
           finished_first.fetch_add(1);
           if (c.rank() == dead) {
-            while (finished_first.load() < p) std::this_thread::yield();
+            while (finished_first.load() < p)
+              std::this_thread::yield();
             throw weft::error("rank 3 lost its device");
           }
           v = input_of(c.rank(), n);
@@ -65,7 +68,7 @@ TEST(shrink, after_a_rank_fails_the_survivors_finish_an_all_reduce) {
           } catch (const weft::error& e) {
             first_error[r] = e.what();
           }
-          try {  // and every later operation on it fails at once
+          try { // and every later operation on it fails at once
             c.barrier();
           } catch (const weft::error& e) {
             later_error[r] = e.what();
@@ -75,7 +78,7 @@ TEST(shrink, after_a_rank_fails_the_survivors_finish_an_all_reduce) {
           new_size[r] = s.size();
           v = input_of(c.rank(), n);
           weft::all_reduce<weft::algo::tree>(s, std::span(v));
-          weft::all_reduce<weft::algo::ring>(s, std::span(v));  // twice: the sum times the size
+          weft::all_reduce<weft::algo::ring>(s, std::span(v)); // twice: the sum times the size
           results[r] = v;
         },
         {.timeout = 30s});
@@ -85,7 +88,8 @@ TEST(shrink, after_a_rank_fails_the_survivors_finish_an_all_reduce) {
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "nobody waits for the deadline";
   auto expected = sum_over({0, 1, 2, 4}, n);
-  for (auto& x : expected) x *= 4;
+  for (auto& x : expected)
+    x *= 4;
   for (int r = 0; r < p; ++r) {
     if (r == dead) continue;
     const auto i = static_cast<std::size_t>(r);
@@ -104,58 +108,59 @@ TEST(shrink, a_stalled_rank_is_left_out_and_told_when_it_comes_back) {
   constexpr std::size_t n = 10;
   std::vector<std::vector<std::int64_t>> results(p);
   std::string came_back;
-  weft::local::run(
-      p,
-      [&](weft::local::communicator& c) {
-        auto v = input_of(c.rank(), n);
-        if (c.rank() == stalled) {
-          std::this_thread::sleep_for(1200ms);
-          try {
-            weft::all_reduce<weft::algo::ring>(c, std::span(v));
-          } catch (const weft::error& e) {
-            came_back = e.what();
-          }
-          EXPECT_THROW((void)c.shrink(), weft::error);
-          return;
-        }
-        try {
-          weft::all_reduce<weft::algo::ring>(c, std::span(v));
-          ADD_FAILURE() << "the all_reduce with a stalled rank returned";
-        } catch (const weft::error&) {
-        }
-        auto s = c.shrink();  // rank 1 never joins: left out at the deadline
-        v = input_of(c.rank(), n);
-        weft::all_reduce<weft::algo::ring>(s, std::span(v));
-        results[static_cast<std::size_t>(c.rank())] = v;
-      },
-      {.timeout = 200ms});
+  weft::local::run(p,
+                   [&](weft::local::communicator& c) {
+                     auto v = input_of(c.rank(), n);
+                     if (c.rank() == stalled) {
+                       std::this_thread::sleep_for(1200ms);
+                       try {
+                         weft::all_reduce<weft::algo::ring>(c, std::span(v));
+                       } catch (const weft::error& e) {
+                         came_back = e.what();
+                       }
+                       EXPECT_THROW((void)c.shrink(), weft::error);
+                       return;
+                     }
+                     try {
+                       weft::all_reduce<weft::algo::ring>(c, std::span(v));
+                       ADD_FAILURE() << "the all_reduce with a stalled rank returned";
+                     } catch (const weft::error&) {
+                     }
+                     auto s = c.shrink(); // rank 1 never joins: left out at the deadline
+                     v = input_of(c.rank(), n);
+                     weft::all_reduce<weft::algo::ring>(s, std::span(v));
+                     results[static_cast<std::size_t>(c.rank())] = v;
+                   },
+                   {.timeout = 200ms});
   EXPECT_NE(came_back.find("aborted"), std::string::npos) << came_back;
-  EXPECT_NE(came_back.find("rank 1 is outside any weft operation: it has not made the call"), std::string::npos) << came_back;
-  for (int r : {0, 2, 3}) EXPECT_EQ(results[static_cast<std::size_t>(r)], sum_over({0, 2, 3}, n)) << r;
+  EXPECT_NE(came_back.find("rank 1 is outside any weft operation: it has not made the call"),
+            std::string::npos)
+      << came_back;
+  for (int r : {0, 2, 3})
+    EXPECT_EQ(results[static_cast<std::size_t>(r)], sum_over({0, 2, 3}, n)) << r;
 }
 
 TEST(shrink, a_rank_that_ends_after_the_shrink_is_reported_at_once_in_the_new_world) {
   constexpr int p = 4;
   std::vector<std::string> seen(p);
   const auto start = std::chrono::steady_clock::now();
-  EXPECT_THROW(weft::local::run(
-                   p,
-                   [&](weft::local::communicator& c) {
-                     if (c.rank() == 0) throw weft::error("rank 0 lost its device");
-                     try {
-                       c.barrier();
-                     } catch (const weft::error&) {
-                     }
-                     auto s = c.shrink();  // world ranks 1, 2, 3
-                     if (c.rank() == 3) return;  // leaves without the next call
-                     auto v = input_of(c.rank(), 5);
-                     try {
-                       weft::all_reduce<weft::algo::ring>(s, std::span(v));
-                     } catch (const weft::error& e) {
-                       seen[static_cast<std::size_t>(c.rank())] = e.what();
-                     }
-                   },
-                   {.timeout = 30s}),
+  EXPECT_THROW(weft::local::run(p,
+                                [&](weft::local::communicator& c) {
+                                  if (c.rank() == 0) throw weft::error("rank 0 lost its device");
+                                  try {
+                                    c.barrier();
+                                  } catch (const weft::error&) {
+                                  }
+                                  auto s = c.shrink();       // world ranks 1, 2, 3
+                                  if (c.rank() == 3) return; // leaves without the next call
+                                  auto v = input_of(c.rank(), 5);
+                                  try {
+                                    weft::all_reduce<weft::algo::ring>(s, std::span(v));
+                                  } catch (const weft::error& e) {
+                                    seen[static_cast<std::size_t>(c.rank())] = e.what();
+                                  }
+                                },
+                                {.timeout = 30s}),
                weft::error);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "nobody waits for the deadline";
   int named = 0;
@@ -189,7 +194,8 @@ TEST(shrink, an_explicit_abort_fails_every_rank_and_shrink_with_nobody_lost_keep
     results[static_cast<std::size_t>(c.rank())] = v;
   });
   for (int r = 0; r < p; ++r) {
-    EXPECT_NE(seen[static_cast<std::size_t>(r)].find("rank 0 aborted: the loss went to NaN"), std::string::npos)
+    EXPECT_NE(seen[static_cast<std::size_t>(r)].find("rank 0 aborted: the loss went to NaN"),
+              std::string::npos)
         << seen[static_cast<std::size_t>(r)];
     EXPECT_EQ(results[static_cast<std::size_t>(r)], sum_over({0, 1, 2}, n));
   }

@@ -41,13 +41,14 @@ namespace {
 using namespace std::chrono_literals;
 using weft::collective;
 
-using algorithms = std::tuple<weft::algo::automatic, weft::algo::ring, weft::algo::tree, weft::algo::halving_doubling,
-                              weft::algo::recursive_doubling, weft::algo::direct, weft::algo::pairwise,
-                              weft::algo::hierarchical<weft::algo::ring, weft::algo::tree>>;
+using algorithms =
+    std::tuple<weft::algo::automatic, weft::algo::ring, weft::algo::tree,
+               weft::algo::halving_doubling, weft::algo::recursive_doubling, weft::algo::direct,
+               weft::algo::pairwise, weft::algo::hierarchical<weft::algo::ring, weft::algo::tree>>;
 constexpr std::size_t algorithm_count = std::tuple_size_v<algorithms>;
-constexpr std::array<collective, 6> collectives = {collective::all_reduce, collective::reduce_scatter,
-                                                   collective::all_gather, collective::broadcast,
-                                                   collective::reduce,     collective::all_to_all};
+constexpr std::array<collective, 6> collectives = {
+    collective::all_reduce, collective::reduce_scatter, collective::all_gather,
+    collective::broadcast,  collective::reduce,         collective::all_to_all};
 
 template <std::size_t... I>
 std::vector<std::size_t> serving(collective c, std::index_sequence<I...>) {
@@ -70,21 +71,21 @@ struct call {
   [[nodiscard]] std::string to_string(int iteration, int size) const {
     static constexpr const char* types[] = {"int32", "int64", "float32", "float64"};
     static constexpr const char* ops[] = {"sum", "prod", "min", "max"};
-    static constexpr const char* algos[] = {"automatic",          "ring",   "tree",    "halving_doubling",
-                                            "recursive_doubling", "direct", "pairwise", "hierarchical<ring,tree>"};
-    return "call " + std::to_string(iteration) + ": " + std::string(weft::name_of(coll)) + "<" + algos[algorithm] +
-           "> of " + std::to_string(count) + " x " + types[static_cast<int>(type)] + ", op " +
-           ops[static_cast<int>(op)] + ", root " + std::to_string(root_draw % size) + ", on " + std::to_string(size) +
-           " ranks";
+    static constexpr const char* algos[] = {
+        "automatic",          "ring",   "tree",     "halving_doubling",
+        "recursive_doubling", "direct", "pairwise", "hierarchical<ring,tree>"};
+    return "call " + std::to_string(iteration) + ": " + std::string(weft::name_of(coll)) + "<" +
+           algos[algorithm] + "> of " + std::to_string(count) + " x " +
+           types[static_cast<int>(type)] + ", op " + ops[static_cast<int>(op)] + ", root " +
+           std::to_string(root_draw % size) + ", on " + std::to_string(size) + " ranks";
   }
 };
 
 // Input element i of world rank w in call `it`: small integers, exact in every type and every
 // reduction order; larger distinct values where nothing is reduced (misplacement shows).
 std::int64_t input(int it, int w, std::size_t i, collective c, reduction op) {
-  const auto h = static_cast<std::int64_t>((static_cast<std::uint64_t>(it) * 5 + static_cast<std::uint64_t>(w) * 7 +
-                                            i * 13) %
-                                           1000003);
+  const auto h = static_cast<std::int64_t>(
+      (static_cast<std::uint64_t>(it) * 5 + static_cast<std::uint64_t>(w) * 7 + i * 13) % 1000003);
   if (c == collective::all_gather || c == collective::broadcast || c == collective::all_to_all) {
     return (h * 31 + w * 1009) % 100000;
   }
@@ -113,36 +114,45 @@ std::vector<std::int64_t> expected(const call& k, int it, const std::vector<int>
   const auto p = static_cast<std::size_t>(members.size());
   const std::size_t n = k.count;
   const int root = k.root_draw % static_cast<int>(p);
-  const auto in = [&](std::size_t m, std::size_t i) { return input(it, members[m], i, k.coll, k.op); };
+  const auto in = [&](std::size_t m, std::size_t i) {
+    return input(it, members[m], i, k.coll, k.op);
+  };
   const auto reduced = [&](std::size_t i) {
     std::int64_t acc = in(0, i);
-    for (std::size_t m = 1; m < p; ++m) acc = combine(k.op, acc, in(m, i));
+    for (std::size_t m = 1; m < p; ++m)
+      acc = combine(k.op, acc, in(m, i));
     return acc;
   };
   std::vector<std::int64_t> out;
   switch (k.coll) {
     case collective::all_reduce:
-      for (std::size_t i = 0; i < n; ++i) out.push_back(reduced(i));
+      for (std::size_t i = 0; i < n; ++i)
+        out.push_back(reduced(i));
       break;
     case collective::reduce_scatter:
-      for (std::size_t i = 0; i < n; ++i) out.push_back(reduced(static_cast<std::size_t>(me) * n + i));
+      for (std::size_t i = 0; i < n; ++i)
+        out.push_back(reduced(static_cast<std::size_t>(me) * n + i));
       break;
     case collective::all_gather:
       for (std::size_t s = 0; s < p; ++s) {
-        for (std::size_t i = 0; i < n; ++i) out.push_back(in(s, i));
+        for (std::size_t i = 0; i < n; ++i)
+          out.push_back(in(s, i));
       }
       break;
     case collective::broadcast:
-      for (std::size_t i = 0; i < n; ++i) out.push_back(in(static_cast<std::size_t>(root), i));
+      for (std::size_t i = 0; i < n; ++i)
+        out.push_back(in(static_cast<std::size_t>(root), i));
       break;
     case collective::reduce:
       if (me == root) {
-        for (std::size_t i = 0; i < n; ++i) out.push_back(reduced(i));
+        for (std::size_t i = 0; i < n; ++i)
+          out.push_back(reduced(i));
       }
       break;
     case collective::all_to_all:
       for (std::size_t s = 0; s < p; ++s) {
-        for (std::size_t i = 0; i < n; ++i) out.push_back(in(s, static_cast<std::size_t>(me) * n + i));
+        for (std::size_t i = 0; i < n; ++i)
+          out.push_back(in(s, static_cast<std::size_t>(me) * n + i));
       }
       break;
   }
@@ -150,19 +160,21 @@ std::vector<std::int64_t> expected(const call& k, int it, const std::vector<int>
 }
 
 template <collective Coll, class Algo, class T, class Op>
-void run_call(weft::local::communicator& c, const call& k, int it, int world_rank, std::vector<T>& out) {
+void run_call(weft::local::communicator& c, const call& k, int it, int world_rank,
+              std::vector<T>& out) {
   const auto p = static_cast<std::size_t>(c.size());
   const std::size_t n = k.count;
   const int root = k.root_draw % c.size();
   const bool blocks_in = k.coll == collective::reduce_scatter || k.coll == collective::all_to_all;
   std::vector<T> in(blocks_in ? n * p : n);
-  for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<T>(input(it, world_rank, i, k.coll, k.op));
+  for (std::size_t i = 0; i < in.size(); ++i)
+    in[i] = static_cast<T>(input(it, world_rank, i, k.coll, k.op));
   const bool blocks_out = k.coll == collective::all_gather || k.coll == collective::all_to_all;
   out.assign(blocks_out ? n * p : n, T{});
   const Op op{};
   if constexpr (Coll == collective::all_reduce) {
     if (it % 2 == 0) {
-      out = in;  // in place
+      out = in; // in place
       weft::all_reduce<Algo>(c, std::span(out), op);
     } else {
       weft::all_reduce<Algo>(c, std::span<const T>(in), std::span(out), op);
@@ -193,13 +205,19 @@ void by_algorithm(weft::local::communicator& c, const call& k, int it, int w, st
     if (k.algorithm == I) {
       bool done = false;
       [&]<std::size_t... C>(std::index_sequence<C...>) {
-        ((!done && k.coll == collectives[C] ? (done = true, [&] {
-          if constexpr ((std::is_same_v<A, weft::algo::automatic> || A::serves(collectives[C])) &&
-                        (reduces(collectives[C]) || std::is_same_v<Op, weft::op::sum>)) {
-            run_call<collectives[C], A, T, Op>(c, k, it, w, out);
-          }
-        }()) : void()), ...);
-      }(std::make_index_sequence<collectives.size()>{});
+        ((!done && k.coll == collectives[C]
+              ? (done = true,
+                 [&] {
+                   if constexpr ((std::is_same_v<A, weft::algo::automatic> ||
+                                  A::serves(collectives[C])) &&
+                                 (reduces(collectives[C]) || std::is_same_v<Op, weft::op::sum>)) {
+                     run_call<collectives[C], A, T, Op>(c, k, it, w, out);
+                   }
+                 }())
+              : void()),
+         ...);
+      }
+      (std::make_index_sequence<collectives.size()>{});
       return;
     }
     by_algorithm<I + 1, T, Op>(c, k, it, w, out);
@@ -220,13 +238,15 @@ void by_op(weft::local::communicator& c, const call& k, int it, int w, std::vect
 template <class T>
 bool matches(const std::vector<T>& got, const std::vector<std::int64_t>& want, std::string& why) {
   if (got.size() < want.size()) {
-    why = "output of " + std::to_string(got.size()) + " elements, expected " + std::to_string(want.size());
+    why = "output of " + std::to_string(got.size()) + " elements, expected " +
+          std::to_string(want.size());
     return false;
   }
   for (std::size_t i = 0; i < want.size(); ++i) {
     if (static_cast<std::int64_t>(got[i]) != want[i] || static_cast<T>(want[i]) != got[i]) {
-      why = "element " + std::to_string(i) + " is " + std::to_string(static_cast<std::int64_t>(got[i])) +
-            ", expected " + std::to_string(want[i]);
+      why = "element " + std::to_string(i) + " is " +
+            std::to_string(static_cast<std::int64_t>(got[i])) + ", expected " +
+            std::to_string(want[i]);
       return false;
     }
   }
@@ -253,7 +273,8 @@ TEST(stress, random_collectives_on_8_ranks_match_the_serial_reference) {
   const auto cluster = weft::topology::parse("2x4");
   constexpr int p = 8;
   std::vector<std::vector<std::size_t>> serves;
-  for (collective c : collectives) serves.push_back(serving(c, std::make_index_sequence<algorithm_count>{}));
+  for (collective c : collectives)
+    serves.push_back(serving(c, std::make_index_sequence<algorithm_count>{}));
   std::atomic<int> mismatches{0};
   std::atomic<long> checked{0};
   std::array<std::atomic<int>, collectives.size()> per_op{};
@@ -261,20 +282,22 @@ TEST(stress, random_collectives_on_8_ranks_match_the_serial_reference) {
   weft::local::run(
       cluster,
       [&](weft::local::communicator& world) {
-        std::mt19937_64 rng(seed);  // the same on every rank: the same calls
+        std::mt19937_64 rng(seed); // the same on every rank: the same calls
         std::optional<weft::local::communicator> sub;
-        std::vector<int> members;  // world ranks of my communicator, in its order
+        std::vector<int> members; // world ranks of my communicator, in its order
         const int w = world.rank();
         for (int it = 0; it < ops; ++it) {
-          if (it % 250 == 0) {  // a new layout: the world, or a split into 2..4 colors
+          if (it % 250 == 0) { // a new layout: the world, or a split into 2..4 colors
             const int colors = static_cast<int>(rng() % 4) + 1;
             std::array<int, p> color{};
             std::array<int, p> key{};
             for (int r = 0; r < p; ++r) {
-              color[static_cast<std::size_t>(r)] = static_cast<int>(rng() % static_cast<unsigned>(colors));
+              color[static_cast<std::size_t>(r)] =
+                  static_cast<int>(rng() % static_cast<unsigned>(colors));
               key[static_cast<std::size_t>(r)] = static_cast<int>(rng() % 5);
             }
-            sub.emplace(world.split(color[static_cast<std::size_t>(w)], key[static_cast<std::size_t>(w)]));
+            sub.emplace(
+                world.split(color[static_cast<std::size_t>(w)], key[static_cast<std::size_t>(w)]));
             std::vector<std::pair<int, int>> order;
             for (int r = 0; r < p; ++r) {
               if (color[static_cast<std::size_t>(r)] == color[static_cast<std::size_t>(w)]) {
@@ -283,7 +306,8 @@ TEST(stress, random_collectives_on_8_ranks_match_the_serial_reference) {
             }
             std::sort(order.begin(), order.end());
             members.clear();
-            for (auto [kk, r] : order) members.push_back(r);
+            for (auto [kk, r] : order)
+              members.push_back(r);
           }
           call k;
           const auto ci = static_cast<std::size_t>(rng() % collectives.size());
@@ -293,8 +317,10 @@ TEST(stress, random_collectives_on_8_ranks_match_the_serial_reference) {
           k.type = static_cast<element>(rng() % 4);
           k.op = static_cast<reduction>(rng() % 4);
           const auto size_class = rng() % 20;
-          k.count = static_cast<std::size_t>(size_class < 14 ? rng() % 65 : size_class < 19 ? rng() % 1024 : rng() % 4096);
-          k.root_draw = static_cast<int>(rng() % 840);  // divisible by every size: uniform roots
+          k.count = static_cast<std::size_t>(size_class < 14   ? rng() % 65
+                                             : size_class < 19 ? rng() % 1024
+                                                               : rng() % 4096);
+          k.root_draw = static_cast<int>(rng() % 840); // divisible by every size: uniform roots
           auto& c = *sub;
           const int me = c.rank();
           const auto want = expected(k, it, members, me);
@@ -340,11 +366,14 @@ TEST(stress, random_collectives_on_8_ranks_match_the_serial_reference) {
   EXPECT_EQ(checked.load(), static_cast<long>(ops) * p);
   std::string mix;
   for (std::size_t i = 0; i < collectives.size(); ++i) {
-    mix += " " + std::string(weft::name_of(collectives[i])) + "=" + std::to_string(per_op[i].load());
+    mix +=
+        " " + std::string(weft::name_of(collectives[i])) + "=" + std::to_string(per_op[i].load());
   }
-  std::printf("stress: seed %llu, %d calls x 8 ranks checked in %.2f s (%.0f us per call); calls per sub-communicator "
-              "and operation:%s\n",
-              static_cast<unsigned long long>(seed), ops, s, 1e6 * s / ops, mix.c_str());
+  std::printf(
+      "stress: seed %llu, %d calls x 8 ranks checked in %.2f s (%.0f us per call); calls per "
+      "sub-communicator "
+      "and operation:%s\n",
+      static_cast<unsigned long long>(seed), ops, s, 1e6 * s / ops, mix.c_str());
 }
 
 } // namespace

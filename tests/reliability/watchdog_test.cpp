@@ -25,8 +25,8 @@ using weft::test::rank_errors;
 // A sum that sleeps once, on the rank and in the call the test picks: a rank stuck in its
 // own code in the middle of a plan step.
 struct stalling_sum {
-  std::atomic<int>* reductions;  // this rank's count of recv_reduce elements so far
-  int stall_at;                  // stall at this element (-1: never)
+  std::atomic<int>* reductions; // this rank's count of recv_reduce elements so far
+  int stall_at;                 // stall at this element (-1: never)
   std::chrono::milliseconds stall;
   float operator()(float a, float b) const {
     if (reductions->fetch_add(1) == stall_at) std::this_thread::sleep_for(stall);
@@ -37,7 +37,7 @@ struct stalling_sum {
 TEST(watchdog, a_rank_stalled_inside_a_ring_step_is_named_with_its_step_on_every_rank) {
   constexpr int p = 4;
   constexpr int stalled = 2;
-  constexpr std::size_t n = 64 * p;  // a block of 64 per rank
+  constexpr std::size_t n = 64 * p; // a block of 64 per rank
   constexpr auto timeout = 300ms;
   // The ring's reduce-scatter runs one recv_reduce of one block per round, so the element
   // 64 * 1 of the third call's reductions is the first of round 1 (the second reduce step).
@@ -62,23 +62,27 @@ TEST(watchdog, a_rank_stalled_inside_a_ring_step_is_named_with_its_step_on_every
       throw;
     }
   });
-  for (int r = 0; r < p; ++r) EXPECT_EQ(first_two[static_cast<std::size_t>(r)], 16.f) << "the calls before the stall";
+  for (int r = 0; r < p; ++r)
+    EXPECT_EQ(first_two[static_cast<std::size_t>(r)], 16.f) << "the calls before the stall";
   // The step the stalled rank is in: the second recv_reduce of its ring plan.
-  const auto pl = weft::algo::ring::make_plan({weft::collective::all_reduce, p, stalled, n, 0, {}, 4});
+  const auto pl =
+      weft::algo::ring::make_plan({weft::collective::all_reduce, p, stalled, n, 0, {}, 4});
   std::size_t step = 0;
   for (int seen_reduces = 0; step < pl.steps().size(); ++step) {
     if (pl.steps()[step].kind == weft::step_kind::recv_reduce && ++seen_reduces == 2) break;
   }
   ASSERT_LT(step, pl.steps().size());
   EXPECT_EQ(pl.steps()[step].round, 1u);
-  const std::string where = "rank 2 is stalled inside all_reduce #3 round 1 step " + std::to_string(step) + " of " +
-                            std::to_string(pl.steps().size()) + " (recv_reduce)";
+  const std::string where = "rank 2 is stalled inside all_reduce #3 round 1 step " +
+                            std::to_string(step) + " of " + std::to_string(pl.steps().size()) +
+                            " (recv_reduce)";
   for (int r = 0; r < p; ++r) {
     const auto& m = seen[static_cast<std::size_t>(r)];
     SCOPED_TRACE("rank " + std::to_string(r) + ": " + m);
     EXPECT_NE(m.find(where), std::string::npos);
     EXPECT_NE(m.find("pending operations"), std::string::npos);
-    for (int q = 0; q < p; ++q) EXPECT_NE(m.find("rank " + std::to_string(q) + " | "), std::string::npos);
+    for (int q = 0; q < p; ++q)
+      EXPECT_NE(m.find("rank " + std::to_string(q) + " | "), std::string::npos);
     EXPECT_NE(m.find("rank 2 | running | all_reduce #3 round 1"), std::string::npos);
     // Within the timeout of the wait that noticed, plus the time to wake: not the stall.
     // Rank 1 is the exception by design: the stalled rank is reducing straight from rank 1's
@@ -103,7 +107,8 @@ TEST(watchdog, a_rank_that_never_makes_the_call_is_named_as_such) {
   });
   for (int r : {0, 2}) {
     const auto& m = seen[static_cast<std::size_t>(r)];
-    EXPECT_NE(m.find("rank 1 is outside any weft operation: it has not made the call (its last was all_reduce#1)"),
+    EXPECT_NE(m.find("rank 1 is outside any weft operation: it has not made the call (its last was "
+                     "all_reduce#1)"),
               std::string::npos)
         << m;
     EXPECT_NE(m.find("all_reduce #2"), std::string::npos) << m;
@@ -127,7 +132,9 @@ TEST(watchdog, a_rank_in_another_communicators_call_is_followed_there) {
     }
   });
   for (const auto& m : seen) {
-    EXPECT_NE(m.find("rank 2 has not made the call on comm 0: it is in barrier #1"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank 2 has not made the call on comm 0: it is in barrier #1"),
+              std::string::npos)
+        << m;
     EXPECT_NE(m.find("on comm 1"), std::string::npos) << m;
     EXPECT_NE(m.find("wait on each other in a cycle"), std::string::npos) << m;
   }
@@ -152,7 +159,8 @@ TEST(watchdog, a_rank_that_caught_its_calls_error_is_not_taken_for_stalled_in_it
   });
   for (int r : {0, 2}) {
     const auto& m = seen[static_cast<std::size_t>(r)];
-    EXPECT_NE(m.find("rank 1 is outside any weft operation: it has not made the call (its last was recv#1 (threw))"),
+    EXPECT_NE(m.find("rank 1 is outside any weft operation: it has not made the call (its last was "
+                     "recv#1 (threw))"),
               std::string::npos)
         << m;
     EXPECT_EQ(m.find("stalled inside"), std::string::npos) << m;
@@ -161,27 +169,25 @@ TEST(watchdog, a_rank_that_caught_its_calls_error_is_not_taken_for_stalled_in_it
 
 TEST(watchdog, off_it_lets_a_slow_rank_take_longer_than_the_timeout) {
   std::vector<int> result(3, 0);
-  weft::local::run(
-      3,
-      [&](weft::local::communicator& c) {
-        std::vector<int> v(5, c.rank() + 1);
-        if (c.rank() == 0) std::this_thread::sleep_for(400ms);
-        weft::all_reduce<weft::algo::ring>(c, std::span(v));
-        result[static_cast<std::size_t>(c.rank())] = v[4];
-      },
-      {.timeout = 100ms, .watchdog = false});
-  EXPECT_EQ(result, std::vector<int>(3, 1 + 2 + 3));
-}
-
-TEST(watchdog, on_the_same_slow_rank_is_an_error) {
-  EXPECT_THROW(weft::local::run(
-                   3,
+  weft::local::run(3,
                    [&](weft::local::communicator& c) {
                      std::vector<int> v(5, c.rank() + 1);
                      if (c.rank() == 0) std::this_thread::sleep_for(400ms);
                      weft::all_reduce<weft::algo::ring>(c, std::span(v));
+                     result[static_cast<std::size_t>(c.rank())] = v[4];
                    },
-                   {.timeout = 100ms}),
+                   {.timeout = 100ms, .watchdog = false});
+  EXPECT_EQ(result, std::vector<int>(3, 1 + 2 + 3));
+}
+
+TEST(watchdog, on_the_same_slow_rank_is_an_error) {
+  EXPECT_THROW(weft::local::run(3,
+                                [&](weft::local::communicator& c) {
+                                  std::vector<int> v(5, c.rank() + 1);
+                                  if (c.rank() == 0) std::this_thread::sleep_for(400ms);
+                                  weft::all_reduce<weft::algo::ring>(c, std::span(v));
+                                },
+                                {.timeout = 100ms}),
                weft::error);
 }
 
@@ -206,7 +212,8 @@ TEST(progress, counts_operations_and_records_the_last_ones) {
       // Each rank dumps after the fourth operation: the other is in the last barrier or
       // about to be; its history holds at least the first three.
       ASSERT_GE(p.history.size(), 3u) << weft::to_string(d);
-      EXPECT_NE(std::find(p.history.begin(), p.history.end(), "all_reduce#3"), p.history.end()) << weft::to_string(d);
+      EXPECT_NE(std::find(p.history.begin(), p.history.end(), "all_reduce#3"), p.history.end())
+          << weft::to_string(d);
     }
   }
 }

@@ -8,8 +8,8 @@
 
 namespace weft_test {
 
-inline weft::sim::model_spec gpt(std::string name, int layers, int hidden, int heads, int vocab = 51200,
-                                 int seq = 2048) {
+inline weft::sim::model_spec gpt(std::string name, int layers, int hidden, int heads,
+                                 int vocab = 51200, int seq = 2048) {
   weft::sim::model_spec m;
   m.name = std::move(name);
   m.layers = layers;

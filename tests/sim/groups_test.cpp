@@ -70,18 +70,24 @@ TEST(sim_groups, emulated_runs_within_25_percent) {
     const auto cluster = weft::topology::parse(cells[2] + links);
     const std::string& a = cells[3];
     weft::plan (*make)(const weft::plan_request&) = nullptr;
-    if (a == "ring") make = &weft::algo::ring::make_plan;
-    else if (a == "tree") make = &weft::algo::tree::make_plan;
-    else if (a == "hierarchical_ring_ring") make = &weft::algo::hierarchical<weft::algo::ring, weft::algo::ring>::make_plan;
-    else if (a == "hierarchical_ring_tree") make = &weft::algo::hierarchical<weft::algo::ring, weft::algo::tree>::make_plan;
-    else ASSERT_EQ(a, "automatic") << line;
+    if (a == "ring")
+      make = &weft::algo::ring::make_plan;
+    else if (a == "tree")
+      make = &weft::algo::tree::make_plan;
+    else if (a == "hierarchical_ring_ring")
+      make = &weft::algo::hierarchical<weft::algo::ring, weft::algo::ring>::make_plan;
+    else if (a == "hierarchical_ring_tree")
+      make = &weft::algo::hierarchical<weft::algo::ring, weft::algo::tree>::make_plan;
+    else
+      ASSERT_EQ(a, "automatic") << line;
     const std::size_t bytes = std::stoull(cells[5]);
     const double measured = std::stod(cells[6]) * 1e-3;
-    const double predicted = weft::sim::price_groups(weft::collective::all_reduce, parse_groups(cells[4]), cluster,
-                                                     bytes / sizeof(float), sizeof(float), make);
+    const double predicted =
+        weft::sim::price_groups(weft::collective::all_reduce, parse_groups(cells[4]), cluster,
+                                bytes / sizeof(float), sizeof(float), make);
     const double err = predicted / measured - 1;
-    std::printf("  %-40s %9zu B: measured %7.1f ms, simulated %7.1f ms (%+5.1f%%)\n", cells[1].c_str(), bytes,
-                measured * 1e3, predicted * 1e3, 100 * err);
+    std::printf("  %-40s %9zu B: measured %7.1f ms, simulated %7.1f ms (%+5.1f%%)\n",
+                cells[1].c_str(), bytes, measured * 1e3, predicted * 1e3, 100 * err);
     EXPECT_LT(std::abs(err), 0.25) << line;
     worst = std::max(worst, std::abs(err));
     ++rows;
@@ -93,15 +99,19 @@ TEST(sim_groups, emulated_runs_within_25_percent) {
 TEST(sim_groups, groups_sharing_nics_take_longer_than_one_alone) {
   const auto c = weft::topology::parse("2x4,intra=shm:1GB/s:5us,inter=net:0.25GB/s:20us");
   const std::size_t count = 1 << 20;
-  const double one = weft::sim::price_groups(weft::collective::all_reduce, {{0, 2, 4, 6}}, c, count, 4,
-                                             &weft::algo::ring::make_plan);
-  const double two = weft::sim::price_groups(weft::collective::all_reduce, {{0, 2, 4, 6}, {1, 3, 5, 7}}, c, count,
+  const double one = weft::sim::price_groups(weft::collective::all_reduce, {{0, 2, 4, 6}}, c, count,
                                              4, &weft::algo::ring::make_plan);
+  const double two =
+      weft::sim::price_groups(weft::collective::all_reduce, {{0, 2, 4, 6}, {1, 3, 5, 7}}, c, count,
+                              4, &weft::algo::ring::make_plan);
   // One NIC per node carries both groups' crossings: close to twice the time.
   EXPECT_GT(two, 1.6 * one);
   EXPECT_LT(two, 2.2 * one);
-  EXPECT_THROW((void)weft::sim::price_groups(weft::collective::all_reduce, {{0, 1}, {1, 2}}, c, 8, 4), weft::error);
-  EXPECT_THROW((void)weft::sim::price_groups(weft::collective::all_reduce, {{0, 9}}, c, 8, 4), weft::error);
+  EXPECT_THROW(
+      (void)weft::sim::price_groups(weft::collective::all_reduce, {{0, 1}, {1, 2}}, c, 8, 4),
+      weft::error);
+  EXPECT_THROW((void)weft::sim::price_groups(weft::collective::all_reduce, {{0, 9}}, c, 8, 4),
+               weft::error);
 }
 
 } // namespace

@@ -318,8 +318,7 @@ template <class A>
 std::size_t stash_bytes(const A& s) {
   const auto norm = [](const auto& n) { return bytes(n.xhat) + bytes(n.rstd); };
   std::size_t sum = norm(s.ln1) + norm(s.ln2) + bytes(s.input);
-  sum += bytes(s.attn.qkv.x) + bytes(s.attn.out.x) + bytes(s.attn.qkv_out) +
-         bytes(s.attn.probs);
+  sum += bytes(s.attn.qkv.x) + bytes(s.attn.out.x) + bytes(s.attn.qkv_out) + bytes(s.attn.probs);
   if constexpr (requires { s.mlp.fc1; }) { // GELU MLP
     sum += bytes(s.mlp.fc1.x) + bytes(s.mlp.fc2.x) + bytes(s.mlp.h);
   } else { // SwiGLU

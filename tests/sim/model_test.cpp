@@ -1,8 +1,6 @@
 // The model spec's arithmetic against the published formulas and figures: SC21 Eq. 2 and 3
 // written out here, the parameter counts of SC21 Table 1, the ZeRO paper's memory example,
 // Korthikanti et al.'s Table 2, and the 1F1B bubble of the mission brief.
-#include "sim/gpt.hpp"
-
 #include <weft/pipeline/generators.hpp>
 #include <weft/pipeline/stats.hpp>
 #include <weft/sim/model.hpp>
@@ -11,6 +9,8 @@
 
 #include <cmath>
 #include <cstdio>
+
+#include "sim/gpt.hpp"
 
 namespace {
 
@@ -53,7 +53,8 @@ TEST(sim_model, llama_parameters_are_the_published_counts) {
   };
   const double llama2_70b = 68976648192.0, llama3_405b = 405853388800.0;
   EXPECT_NEAR(llama(80, 8192, 64, 8, 28672, 32000).parameters(), llama2_70b, 1e-4 * llama2_70b);
-  EXPECT_NEAR(llama(126, 16384, 128, 8, 53248, 128256).parameters(), llama3_405b, 1e-4 * llama3_405b);
+  EXPECT_NEAR(llama(126, 16384, 128, 8, 53248, 128256).parameters(), llama3_405b,
+              1e-4 * llama3_405b);
 }
 
 TEST(sim_model, flops_with_full_recompute_are_sc21_eq3) {
@@ -76,7 +77,8 @@ TEST(sim_model, zero_paper_example) {
   for (int stage = 0; stage <= 3; ++stage) {
     const auto mem = weft::sim::zero_memory(psi, 64, stage);
     EXPECT_NEAR(mem.total() / 1e9, expected[stage], 0.05) << "ZeRO-" << stage;
-    std::printf("  7.5B parameters on 64 GPUs, ZeRO-%d: %.1f GB per GPU\n", stage, mem.total() / 1e9);
+    std::printf("  7.5B parameters on 64 GPUs, ZeRO-%d: %.1f GB per GPU\n", stage,
+                mem.total() / 1e9);
   }
   const auto z1 = weft::sim::zero_memory(psi, 64, 1);
   EXPECT_DOUBLE_EQ(z1.weights, 2 * psi);
@@ -107,17 +109,21 @@ TEST(sim_model, activation_memory_is_korthikanti_table2) {
   EXPECT_LT(ratio, 6.5);
   // The same table at micro-batch 4 and 4-way TP: every entry is linear in b.
   const double b4 = 4, t4 = 4;
-  const auto act4 = [&](bool sp, recompute r) { return weft::sim::activation_bytes_per_layer(m, b4, 4, sp, r); };
-  EXPECT_DOUBLE_EQ(act4(false, recompute::none), s * b4 * h * (10 + 24 / t4 + 5 * a * s / (h * t4)));
+  const auto act4 = [&](bool sp, recompute r) {
+    return weft::sim::activation_bytes_per_layer(m, b4, 4, sp, r);
+  };
+  EXPECT_DOUBLE_EQ(act4(false, recompute::none),
+                   s * b4 * h * (10 + 24 / t4 + 5 * a * s / (h * t4)));
   EXPECT_DOUBLE_EQ(act4(true, recompute::none), s * b4 * h / t4 * (34 + 5 * a * s / h));
   EXPECT_DOUBLE_EQ(act4(false, recompute::selective), s * b4 * h * (10 + 24 / t4));
   EXPECT_DOUBLE_EQ(act4(true, recompute::selective), s * b4 * h * 34 / t4);
   EXPECT_DOUBLE_EQ(act4(false, recompute::full), 2 * s * b4 * h);
-  EXPECT_DOUBLE_EQ(act4(true, recompute::full), 2 * s * b4 * h / t4);  // the input, split over TP
+  EXPECT_DOUBLE_EQ(act4(true, recompute::full), 2 * s * b4 * h / t4); // the input, split over TP
   // Flash attention keeps no a s^2 scores: what selective recompute keeps.
   model_spec flash = m;
   flash.flash_attention = true;
-  EXPECT_DOUBLE_EQ(weft::sim::activation_bytes_per_layer(flash, b4, 4, true, recompute::none), s * b4 * h * 34 / t4);
+  EXPECT_DOUBLE_EQ(weft::sim::activation_bytes_per_layer(flash, b4, 4, true, recompute::none),
+                   s * b4 * h * 34 / t4);
   EXPECT_DOUBLE_EQ(weft::sim::activation_bytes_per_layer(flash, b4, 4, false, recompute::none),
                    s * b4 * h * (10 + 24 / t4));
 }
@@ -140,16 +146,20 @@ TEST(sim_model, activation_memory_follows_the_ffn_width_the_gate_and_the_key_val
         m.gated = gated;
         m.kv_heads = kv;
         const double g = kv / a, sbh = s * b * h, sbf = s * b * f;
-        const double whole = 4 * sbh + 2 * sbh + 2 * sbh + 4 * sbh * g + 2 * sbh + sbh + 2 * sbh + sbh +
-                             (gated ? 6 : 4) * sbf;
+        const double whole = 4 * sbh + 2 * sbh + 2 * sbh + 4 * sbh * g + 2 * sbh + sbh + 2 * sbh +
+                             sbh + (gated ? 6 : 4) * sbf;
         const double kept = 10 * sbh, split = whole - kept, core = 5 * a * s * s * b;
         for (const int t : {1, 4}) {
-          SCOPED_TRACE("f " + std::to_string(f) + (gated ? " gated" : "") + " kv " + std::to_string(kv) + " t " +
-                       std::to_string(t));
-          EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, b, t, false, recompute::none), kept + (split + core) / t);
-          EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, b, t, true, recompute::none), (whole + core) / t);
-          EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, b, t, false, recompute::selective), kept + split / t);
-          EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, b, t, true, recompute::selective), whole / t);
+          SCOPED_TRACE("f " + std::to_string(f) + (gated ? " gated" : "") + " kv " +
+                       std::to_string(kv) + " t " + std::to_string(t));
+          EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, b, t, false, recompute::none),
+                           kept + (split + core) / t);
+          EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, b, t, true, recompute::none),
+                           (whole + core) / t);
+          EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, b, t, false, recompute::selective),
+                           kept + split / t);
+          EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, b, t, true, recompute::selective),
+                           whole / t);
         }
       }
     }
@@ -161,7 +171,8 @@ TEST(sim_model, one_f_one_b_bubble_with_8_stages_and_64_microbatches_is_about_11
   const auto st = weft::pipeline::analyze(s, weft::pipeline::costs{1, 2, 0});
   EXPECT_NEAR(st.bubble_over_ideal, 7.0 / 64, 1e-9); // (p - 1) / m = 10.9%
   EXPECT_NEAR(st.bubble_over_ideal, 0.11, 0.005);
-  std::printf("  1F1B, 8 stages, 64 micro-batches: bubble %.1f%% of ideal compute\n", 100 * st.bubble_over_ideal);
+  std::printf("  1F1B, 8 stages, 64 micro-batches: bubble %.1f%% of ideal compute\n",
+              100 * st.bubble_over_ideal);
 }
 
 TEST(sim_model, bad_specs_throw) {

@@ -1,15 +1,15 @@
 // The planner: the published MT-NLG mesh among the top 5, the pruning of memory savers checked
 // against brute force on a small cluster, and memory limits honoured.
-#include "sim/gpt.hpp"
-
 #include <weft/sim/planner.hpp>
 
 #include <gtest/gtest.h>
 
-#include <ctime>
 #include <cstdio>
+#include <ctime>
 #include <map>
 #include <tuple>
+
+#include "sim/gpt.hpp"
 
 namespace {
 
@@ -29,8 +29,8 @@ TEST(sim_planner, mt_nlg_published_mesh_is_in_the_top_5) {
   std::size_t rank = 0;
   for (std::size_t i = 0; i < s.ranked.size(); ++i)
     if (s.ranked[i].l.tp == 8 && s.ranked[i].l.pp == 35 && s.ranked[i].l.dp == 8) rank = i + 1;
-  std::printf("  MT-NLG 530B on 280 DGX A100: tp 8 pp 35 dp 8 ranks #%zu of %zu (search %.2f s)\n", rank,
-              s.ranked.size(), seconds);
+  std::printf("  MT-NLG 530B on 280 DGX A100: tp 8 pp 35 dp 8 ranks #%zu of %zu (search %.2f s)\n",
+              rank, s.ranked.size(), seconds);
   ASSERT_GE(rank, 1u);
   EXPECT_LE(rank, 5u);
   // Top 5 of few meshes says little by itself: the published mesh must also be as fast as the best
@@ -64,8 +64,8 @@ TEST(sim_planner, search_of_a_1t_model_on_3072_gpus_takes_under_a_minute) {
   const std::clock_t start = std::clock(); // CPU time: the machine may be shared
   const search_result s = search(m, dgx(a100_80gb, 384), o);
   const double seconds = static_cast<double>(std::clock() - start) / CLOCKS_PER_SEC;
-  std::printf("  1T on 3072 A100: %d meshes, %d layouts simulated in %.2f s; best %s\n", s.meshes, s.simulated,
-              seconds, describe(s.ranked.front().l).c_str());
+  std::printf("  1T on 3072 A100: %d meshes, %d layouts simulated in %.2f s; best %s\n", s.meshes,
+              s.simulated, seconds, describe(s.ranked.front().l).c_str());
   EXPECT_LT(seconds, 60.0);
   EXPECT_GT(s.simulated, 100);
 #endif
@@ -73,7 +73,8 @@ TEST(sim_planner, search_of_a_1t_model_on_3072_gpus_takes_under_a_minute) {
 
 // Each mesh's fastest variant, by brute force over every variant the search could take, against
 // the search's own pick.
-void expect_each_mesh_best_as_brute_force_finds(const model_spec& m, const machine& mc, const search_options& o) {
+void expect_each_mesh_best_as_brute_force_finds(const model_spec& m, const machine& mc,
+                                                const search_options& o) {
   const search_result s = search(m, mc, o);
   const double limit = o.memory_limit > 0 ? o.memory_limit : mc.device.hbm_bytes;
   std::map<std::tuple<int, int, int>, std::pair<double, std::string>> best;
@@ -97,7 +98,8 @@ void expect_each_mesh_best_as_brute_force_finds(const model_spec& m, const machi
               continue; // a schedule that cannot take this many micro-batches
             }
             if (r.memory_bytes() > limit) continue;
-            auto& b = best.try_emplace({l.tp, l.pp, l.dp}, r.step_time_s, describe(l)).first->second;
+            auto& b =
+                best.try_emplace({l.tp, l.pp, l.dp}, r.step_time_s, describe(l)).first->second;
             if (r.step_time_s < b.first) b = {r.step_time_s, describe(l)};
           }
         }
@@ -108,7 +110,8 @@ void expect_each_mesh_best_as_brute_force_finds(const model_spec& m, const machi
     const auto it = best.find({x.l.tp, x.l.pp, x.l.dp});
     ASSERT_NE(it, best.end()) << describe(x.l);
     EXPECT_NEAR(x.r.step_time_s, it->second.first, it->second.first * 1e-9)
-        << "the search took " << describe(x.l) << "; the fastest that fits is " << it->second.second;
+        << "the search took " << describe(x.l) << "; the fastest that fits is "
+        << it->second.second;
   }
 }
 
@@ -116,7 +119,8 @@ TEST(sim_planner, pruning_recompute_and_zero_matches_brute_force) {
   search_options o;
   o.global_batch = 64;
   o.memory_limit = 24e9; // tight, so that memory savers matter
-  expect_each_mesh_best_as_brute_force_finds(gpt("gpt-2.7b", 32, 2560, 32, 51200), dgx(a100_80gb, 2), o);
+  expect_each_mesh_best_as_brute_force_finds(gpt("gpt-2.7b", 32, 2560, 32, 51200),
+                                             dgx(a100_80gb, 2), o);
 }
 
 // MT-NLG on 280 nodes: at TP 8 x PP 7 with micro-batches of 1 (ZB-H1), no recomputation fits
@@ -126,7 +130,8 @@ TEST(sim_planner, pruning_recompute_and_zero_matches_brute_force) {
 TEST(sim_planner, less_recomputation_is_not_always_faster) {
   search_options o;
   o.global_batch = 1920;
-  expect_each_mesh_best_as_brute_force_finds(gpt("mt-nlg-530b", 105, 20480, 128, 50272), dgx(a100_80gb, 280), o);
+  expect_each_mesh_best_as_brute_force_finds(gpt("mt-nlg-530b", 105, 20480, 128, 50272),
+                                             dgx(a100_80gb, 280), o);
 }
 
 TEST(sim_planner, memory_estimate_is_the_simulated_memory) {
@@ -187,17 +192,21 @@ TEST(sim_planner, a_deepspeed_search_keeps_to_what_its_pipeline_engine_runs) {
     EXPECT_EQ(x.l.schedule, pl::schedule_kind::one_f_one_b) << describe(x.l);
     EXPECT_LE(x.l.zero, 1) << describe(x.l);
     EXPECT_TRUE(x.l.p2p_blocking && !x.l.p2p_scatter_gather && !x.l.overlap_dp) << describe(x.l);
-    EXPECT_NE(describe(x.l).find("DeepSpeed's pipeline engine"), std::string::npos) << describe(x.l);
+    EXPECT_NE(describe(x.l).find("DeepSpeed's pipeline engine"), std::string::npos)
+        << describe(x.l);
   }
   EXPECT_GE(pipelined, 3);
   bool megatron_has_others = false; // the restriction removed something
   for (const auto& x : megatron.ranked)
-    megatron_has_others = megatron_has_others || (x.l.pp > 1 && (x.l.schedule != pl::schedule_kind::one_f_one_b || x.l.zero > 1));
+    megatron_has_others =
+        megatron_has_others ||
+        (x.l.pp > 1 && (x.l.schedule != pl::schedule_kind::one_f_one_b || x.l.zero > 1));
   EXPECT_TRUE(megatron_has_others);
   EXPECT_GE(deepspeed.ranked.front().r.step_time_s, megatron.ranked.front().r.step_time_s);
-  std::printf("  GPT-3 175B on 16 DGX A100, batch 256: best %s at %.2f s; for DeepSpeed %s at %.2f s\n",
-              describe(megatron.ranked.front().l).c_str(), megatron.ranked.front().r.step_time_s,
-              describe(deepspeed.ranked.front().l).c_str(), deepspeed.ranked.front().r.step_time_s);
+  std::printf(
+      "  GPT-3 175B on 16 DGX A100, batch 256: best %s at %.2f s; for DeepSpeed %s at %.2f s\n",
+      describe(megatron.ranked.front().l).c_str(), megatron.ranked.front().r.step_time_s,
+      describe(deepspeed.ranked.front().l).c_str(), deepspeed.ranked.front().r.step_time_s);
 }
 
 TEST(sim_planner, nothing_fits_throws) {

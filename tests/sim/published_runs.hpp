@@ -29,7 +29,8 @@ inline std::string data_dir() {
   return here.substr(0, here.rfind("/tests/sim/")) + "/data";
 }
 
-inline std::vector<published_run> read_published_runs(const std::string& path = data_dir() + "/published_runs.csv") {
+inline std::vector<published_run> read_published_runs(
+    const std::string& path = data_dir() + "/published_runs.csv") {
   std::ifstream in(path);
   if (!in) throw weft::error("cannot open " + path);
   std::vector<std::string> header;
@@ -48,8 +49,8 @@ inline std::vector<published_run> read_published_runs(const std::string& path = 
       continue;
     }
     if (cells.size() != header.size())
-      throw weft::error(path + ": a row of " + std::to_string(cells.size()) + " cells under a header of " +
-                        std::to_string(header.size()) + ": " + line);
+      throw weft::error(path + ": a row of " + std::to_string(cells.size()) +
+                        " cells under a header of " + std::to_string(header.size()) + ": " + line);
     std::map<std::string, std::string> row;
     for (std::size_t i = 0; i < cells.size(); ++i)
       row[header[i]] = cells[i];
@@ -84,8 +85,9 @@ inline std::vector<published_run> read_published_runs(const std::string& path = 
     r.layout.chunks = integer("chunks");
     r.layout.micro_batch = integer("micro_batch");
     r.layout.global_batch = integer("global_batch");
-    r.layout.schedule = row.at("schedule") == "interleaved" ? weft::pipeline::schedule_kind::interleaved
-                                                             : weft::pipeline::schedule_kind::one_f_one_b;
+    r.layout.schedule = row.at("schedule") == "interleaved"
+                            ? weft::pipeline::schedule_kind::interleaved
+                            : weft::pipeline::schedule_kind::one_f_one_b;
     r.layout.recomputation = weft::sim::recompute_named(row.at("recompute"));
     r.layout.sequence_parallel = integer("sp") != 0;
     try {
@@ -94,7 +96,8 @@ inline std::vector<published_run> read_published_runs(const std::string& path = 
       throw weft::error(path + ": row " + r.id + ": " + e.what());
     }
     r.layout.tp_overlap = integer("tp_overlap") != 0;
-    r.layout.overlap_dp = integer("dp_overlap") != 0; // the source's word, over the engine's default
+    r.layout.overlap_dp =
+        integer("dp_overlap") != 0; // the source's word, over the engine's default
     r.layout.grad_accumulation_bytes = weft::sim::grad_accumulation_named(row.at("grad_accum"));
     r.gpus = integer("gpus");
     r.measured_tflops = num("tflops_per_gpu");

@@ -1,19 +1,19 @@
 // The step simulation against published runs (data/published_runs.csv), the mission brief's
 // placement claim, and the mechanics a reader can check by hand.
-#include "sim/gpt.hpp"
-#include "sim/published_runs.hpp"
-
 #include <weft/sim/groups.hpp>
 #include <weft/sim/step.hpp>
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <ctime>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <string>
 #include <vector>
+
+#include "sim/gpt.hpp"
+#include "sim/published_runs.hpp"
 
 namespace {
 
@@ -22,7 +22,8 @@ using namespace weft::sim;
 using weft_test::gpt;
 
 // `d`'s links as collectives reach them (calibration.hpp's shares), with `nics` NICs per node.
-weft::topology::cluster achieved_links(const weft::topology::cluster& d, const calibration& cal, int nics) {
+weft::topology::cluster achieved_links(const weft::topology::cluster& d, const calibration& cal,
+                                       int nics) {
   return {d.devices_per_node(),
           {d.intra().kind, d.intra().bandwidth * cal.nvlink_fraction, d.intra().latency},
           {d.inter().kind, d.inter().bandwidth * cal.ib_fraction, d.inter().latency},
@@ -62,16 +63,17 @@ TEST(sim_step, published_runs_every_row_within_10_percent_one_constant_set_per_g
     EXPECT_NEAR(r.model.parameters(), r.published_params, 0.03 * r.published_params) << r.id;
     const double pred = weft_test::predicted_tflops(r, calibration_of(r.device));
     const double err = pred / r.measured_tflops - 1;
-    std::printf("  %-8s %-19s %-10s measured %6.1f predicted %6.1f TFLOP/s per GPU (%s): %+5.1f%%\n",
-                r.set.c_str(), r.id.c_str(), std::string(r.device.name).c_str(), r.measured_tflops,
-                pred, r.flops.c_str(), 100 * err);
+    std::printf(
+        "  %-8s %-19s %-10s measured %6.1f predicted %6.1f TFLOP/s per GPU (%s): %+5.1f%%\n",
+        r.set.c_str(), r.id.c_str(), std::string(r.device.name).c_str(), r.measured_tflops, pred,
+        r.flops.c_str(), 100 * err);
     EXPECT_LT(std::abs(err), 0.10) << r.set << " row " << r.id;
     (r.set == "tune" ? tune : holdout) += 1;
     double& worst = r.set == "tune" ? worst_tune : worst_holdout;
     worst = std::max(worst, std::abs(err));
   }
-  std::printf("  tuning rows: %d, worst %.1f%%; held-out rows: %d, worst %.1f%%\n", tune, 100 * worst_tune,
-              holdout, 100 * worst_holdout);
+  std::printf("  tuning rows: %d, worst %.1f%%; held-out rows: %d, worst %.1f%%\n", tune,
+              100 * worst_tune, holdout, 100 * worst_holdout);
   EXPECT_GE(tune, 5);
   EXPECT_GE(holdout, 17);
 }
@@ -90,7 +92,8 @@ TEST(sim_step, mt_nlg_micro_batch_is_the_one_its_three_scales_imply) {
     double sum = 0;
     for (const auto& x : rows)
       for (const auto& y : rows) {
-        const double measured = (y.measured_tflops * y.gpus) / (x.measured_tflops * x.gpus); // t_x / t_y
+        const double measured =
+            (y.measured_tflops * y.gpus) / (x.measured_tflops * x.gpus); // t_x / t_y
         const auto slots = [&](const weft_test::published_run& r) {
           return double(r.layout.global_batch) / (r.layout.dp * b) + r.layout.pp - 1;
         };
@@ -127,15 +130,22 @@ model_spec llama_70b() {
 TEST(sim_step, tp8_across_dgx_h100_nodes_loses_more_than_half_the_throughput) {
   const model_spec m = llama_70b();
   const machine mc = dgx(h100_sxm, 8);
-  layout l{.tp = 8, .pp = 1, .dp = 8, .global_batch = 128, .zero = 1, .sequence_parallel = true,
+  layout l{.tp = 8,
+           .pp = 1,
+           .dp = 8,
+           .global_batch = 128,
+           .zero = 1,
+           .sequence_parallel = true,
            .recomputation = recompute::selective};
   const step_result inside = simulate_step(m, mc, l);
   l.tp_across_nodes = true;
   const step_result across = simulate_step(m, mc, l);
-  std::printf("  70B on 8 DGX H100, TP 8 inside a node: %.1f TFLOP/s per GPU (TP %s); across nodes: %.1f (TP %s): %.2fx\n",
-              inside.model_tflops_per_gpu, std::string(inside.tp.link).c_str(),
-              across.model_tflops_per_gpu, std::string(across.tp.link).c_str(),
-              inside.model_tflops_per_gpu / across.model_tflops_per_gpu);
+  std::printf(
+      "  70B on 8 DGX H100, TP 8 inside a node: %.1f TFLOP/s per GPU (TP %s); across nodes: %.1f "
+      "(TP %s): %.2fx\n",
+      inside.model_tflops_per_gpu, std::string(inside.tp.link).c_str(), across.model_tflops_per_gpu,
+      std::string(across.tp.link).c_str(),
+      inside.model_tflops_per_gpu / across.model_tflops_per_gpu);
   EXPECT_EQ(inside.tp.link, "nvlink");
   EXPECT_EQ(across.tp.link, "ib");
   EXPECT_EQ(across.dp.link, "nvlink"); // the DP group now sits inside a node
@@ -150,11 +160,13 @@ TEST(sim_step, tp8_across_dgx_h100_nodes_loses_more_than_half_the_throughput) {
 }
 
 TEST(sim_step, pipeline_bubble_and_memory_of_a_simple_layout) {
-  model_spec m = gpt("gpt-small", 16, 2048, 16, 128); // logits too small to unbalance the last stage
+  model_spec m =
+      gpt("gpt-small", 16, 2048, 16, 128);        // logits too small to unbalance the last stage
   layout l{.pp = 8, .dp = 1, .global_batch = 64}; // 64 micro-batches of 1
   const step_result r = simulate_step(m, dgx(a100_80gb, 1), l);
   EXPECT_EQ(r.microbatches, 64);
-  std::printf("  simulated step, 1F1B, 8 stages, 64 micro-batches: bubble %.1f%%\n", 100 * r.bubble);
+  std::printf("  simulated step, 1F1B, 8 stages, 64 micro-batches: bubble %.1f%%\n",
+              100 * r.bubble);
   // 1F1B, 8 stages, 64 micro-batches: (p-1)/m = 10.9%, a little more for the p2p latency.
   EXPECT_GT(r.bubble, 7.0 / 64 - 0.002);
   EXPECT_LT(r.bubble, 0.13);
@@ -187,7 +199,11 @@ TEST(sim_step, zero_2_and_3_communicate_every_micro_batch) {
   const model_spec m = gpt("gpt3-175b", 96, 12288, 96);
   const machine mc = dgx(a100_80gb, 16);
   const auto dp_seconds = [&](int zero, int batch) {
-    const layout l{.tp = 8, .pp = 8, .dp = 2, .global_batch = batch, .zero = zero,
+    const layout l{.tp = 8,
+                   .pp = 8,
+                   .dp = 2,
+                   .global_batch = batch,
+                   .zero = zero,
                    .recomputation = recompute::full};
     return simulate_step(m, mc, l).dp.seconds;
   };
@@ -219,7 +235,8 @@ TEST(sim_step, memory_is_the_fullest_ranks_states_and_activations_together) {
   const int layers[4] = {1, 1, 2, 1};
   double fullest = 0;
   for (int rank = 0; rank < 4; ++rank) {
-    double params = layers[rank] * layer, act = (4 - rank) * layers[rank] * per_layer;  // 1F1B holds p - r
+    double params = layers[rank] * layer,
+           act = (4 - rank) * layers[rank] * per_layer; // 1F1B holds p - r
     if (rank == 0) params += (32000 + s) * h, act += 4 * 2 * sbh;
     if (rank == 3) params += 32000 * h, act += 4 * s * 32000;
     fullest = std::max(fullest, 16 * params + act);
@@ -246,8 +263,10 @@ TEST(sim_step, dp_groups_sharing_a_nodes_nics_are_priced_as_if_run_together) {
     const step_result r = simulate_step(m, mc, l);
     const weft::topology::cluster net = achieved_links(mc.cluster, cal, nics);
     const double together = ring_or_hierarchical({even, odd}, net, static_cast<std::size_t>(grads));
-    std::printf("  DP 8 x 2 groups on 2 nodes of %d NICs: the step prices %.1f ms, both groups' merged plans %.1f ms\n",
-                nics, r.dp.seconds * 1e3, together * 1e3);
+    std::printf(
+        "  DP 8 x 2 groups on 2 nodes of %d NICs: the step prices %.1f ms, both groups' merged "
+        "plans %.1f ms\n",
+        nics, r.dp.seconds * 1e3, together * 1e3);
     EXPECT_EQ(r.dp.link, "ib");
     // They agree within 5% (28.5 / 29.9 ms on 8 NICs, 72.4 / 72.2 on 2, 130.9 / 130.8 on 1);
     // pricing each group as if it had the node's NICs alone reads 45% low on 1 NIC.
@@ -273,11 +292,15 @@ TEST(sim_step, tp_groups_that_straddle_nodes_gate_the_step) {
   for (const std::vector<int>& g :
        {std::vector<int>{6, 7, 8, 9, 10, 11}, std::vector<int>{12, 13, 14, 15, 16, 17}})
     straddling = std::max(straddling, ring_or_hierarchical({g}, net, act));
-  inside = price_groups(weft::collective::all_reduce, {{0, 1, 2, 3, 4, 5}}, net, act, 2, &weft::algo::ring::make_plan);
+  inside = price_groups(weft::collective::all_reduce, {{0, 1, 2, 3, 4, 5}}, net, act, 2,
+                        &weft::algo::ring::make_plan);
   const layer_cost fwd = layer_forward(m, 1, 6, false, a100_80gb, cal);
-  std::printf("  tp 6 on nodes of 8: the step prices an all-reduce at %.3f ms on %s; straddling groups %.3f ms, "
-              "the group inside node 0 %.3f ms; forward %.2f ms\n",
-              r.tp.per_call_s * 1e3, std::string(r.tp.link).c_str(), straddling * 1e3, inside * 1e3, r.forward_s * 1e3);
+  std::printf(
+      "  tp 6 on nodes of 8: the step prices an all-reduce at %.3f ms on %s; straddling groups "
+      "%.3f ms, "
+      "the group inside node 0 %.3f ms; forward %.2f ms\n",
+      r.tp.per_call_s * 1e3, std::string(r.tp.link).c_str(), straddling * 1e3, inside * 1e3,
+      r.forward_s * 1e3);
   EXPECT_EQ(r.tp.link, "ib");
   EXPECT_GT(straddling, 3 * inside); // what pricing the first group alone would miss
   EXPECT_NEAR(r.tp.per_call_s, straddling, 0.10 * straddling);
@@ -296,16 +319,19 @@ TEST(sim_step, pipeline_hops_are_priced_on_the_link_each_one_crosses) {
   const calibration cal = calibration_of(a100_80gb);
   const step_result r = simulate_step(m, mc, l);
   const double bytes = 2.0 * m.seq * m.hidden / 2; // one TP rank's half of an activation
-  const double ib = mc.cluster.inter().latency + bytes / (mc.cluster.inter().bandwidth * cal.ib_fraction);
-  const double nvlink = mc.cluster.intra().latency + bytes / (mc.cluster.intra().bandwidth * cal.nvlink_fraction);
-  std::printf("  pp 4 over 2 nodes: a message %.3f ms on %s (InfiniBand %.3f, NVLink %.3f)\n", r.pp.per_call_s * 1e3,
-              std::string(r.pp.link).c_str(), ib * 1e3, nvlink * 1e3);
+  const double ib =
+      mc.cluster.inter().latency + bytes / (mc.cluster.inter().bandwidth * cal.ib_fraction);
+  const double nvlink =
+      mc.cluster.intra().latency + bytes / (mc.cluster.intra().bandwidth * cal.nvlink_fraction);
+  std::printf("  pp 4 over 2 nodes: a message %.3f ms on %s (InfiniBand %.3f, NVLink %.3f)\n",
+              r.pp.per_call_s * 1e3, std::string(r.pp.link).c_str(), ib * 1e3, nvlink * 1e3);
   EXPECT_EQ(r.pp.link, "ib");
   EXPECT_NEAR(r.pp.per_call_s, ib, 1e-9);
   // The schedule pays it: the same layout on one 16-GPU node (every hop on NVLink) is faster by
   // at least the fill's and drain's crossings of that hop (one activation, one gradient).
   const machine one{a100_80gb, weft::topology::cluster({16}, mc.cluster.intra(), mc.cluster.inter(),
-                                                       mc.cluster.nics_per_node(), mc.cluster.reduce_bandwidth())};
+                                                       mc.cluster.nics_per_node(),
+                                                       mc.cluster.reduce_bandwidth())};
   const step_result r1 = simulate_step(m, one, l);
   EXPECT_EQ(r1.pp.link, "nvlink");
   EXPECT_GE(r.pipeline_s - r1.pipeline_s, 2 * (ib - nvlink) * 0.99);
@@ -321,17 +347,20 @@ TEST(sim_step, dp_groups_that_straddle_nodes_gate_the_reduction) {
   model_spec m = gpt("gpt-1.3b", 24, 2048, 16, 51200);
   layout l{.tp = 2, .pp = 2, .dp = 3, .global_batch = 6};
   const calibration cal = calibration_of(a100_80gb);
-  const auto grads = static_cast<std::size_t>((12 * (12.0 * 2048 * 2048 + 13 * 2048) + (51200.0 + 2048) * 2048) / 2);
+  const auto grads = static_cast<std::size_t>(
+      (12 * (12.0 * 2048 * 2048 + 13 * 2048) + (51200.0 + 2048) * 2048) / 2);
   for (int nics : {8, 2, 1}) {
     const machine mc = dgx_a100_with_nics(2, nics);
     const step_result r = simulate_step(m, mc, l);
     const weft::topology::cluster net = achieved_links(mc.cluster, cal, nics);
     const double straddling = ring_or_hierarchical({{6, 8, 10}, {7, 9, 11}}, net, grads);
-    const double inside = price_groups(weft::collective::all_reduce, {{0, 2, 4}, {1, 3, 5}}, net, grads, 2,
-                                       &weft::algo::ring::make_plan);
-    std::printf("  dp 3 groups over 2 nodes of %d NICs: the step prices %.1f ms on %s; the straddling groups %.1f ms, "
-                "those inside node 0 %.1f ms\n",
-                nics, r.dp.seconds * 1e3, std::string(r.dp.link).c_str(), straddling * 1e3, inside * 1e3);
+    const double inside = price_groups(weft::collective::all_reduce, {{0, 2, 4}, {1, 3, 5}}, net,
+                                       grads, 2, &weft::algo::ring::make_plan);
+    std::printf(
+        "  dp 3 groups over 2 nodes of %d NICs: the step prices %.1f ms on %s; the straddling "
+        "groups %.1f ms, "
+        "those inside node 0 %.1f ms\n",
+        nics, r.dp.seconds * 1e3, std::string(r.dp.link).c_str(), straddling * 1e3, inside * 1e3);
     EXPECT_EQ(r.dp.link, "ib");
     EXPECT_GT(straddling, 3 * inside);
     EXPECT_NEAR(r.dp.seconds, straddling, 0.10 * straddling) << nics << " NICs";
@@ -346,9 +375,11 @@ TEST(sim_step, tp_collectives_on_nvlink_reach_the_calibrated_bus_bandwidth) {
   const auto net = detail::achieved(dgx(a100_80gb, 1).cluster, cal);
   const std::vector<int> group{0, 1, 2, 3, 4, 5, 6, 7};
   const double bytes = 100e6;
-  const double t = detail::price_group(weft::collective::all_reduce, group, static_cast<std::size_t>(bytes / 2), 2, net);
+  const double t = detail::price_group(weft::collective::all_reduce, group,
+                                       static_cast<std::size_t>(bytes / 2), 2, net);
   const double busbw = 2 * 7.0 / 8 * bytes / t;
-  std::printf("  all-reduce of 100 MB on 8 A100 over NVLink: %.3f ms, bus bandwidth %.0f GB/s\n", t * 1e3, busbw / 1e9);
+  std::printf("  all-reduce of 100 MB on 8 A100 over NVLink: %.3f ms, bus bandwidth %.0f GB/s\n",
+              t * 1e3, busbw / 1e9);
   EXPECT_GT(busbw, 0.85 * cal.nvlink_fraction * 300e9);
   EXPECT_LT(busbw, cal.nvlink_fraction * 300e9);
   // A small one is latency: 2 (p-1) rounds of at least one NVLink latency each.
@@ -364,16 +395,20 @@ TEST(sim_step, all_gathers_and_reduce_scatters_across_nodes_go_over_rails) {
   const calibration cal = calibration_of(a100_80gb);
   const auto net = detail::achieved(dgx(a100_80gb, 4).cluster, cal);
   std::vector<int> group(32);
-  for (int d = 0; d < 32; ++d) group[static_cast<std::size_t>(d)] = d;
+  for (int d = 0; d < 32; ++d)
+    group[static_cast<std::size_t>(d)] = d;
   const double c = 256e6; // bytes per rank: a 4 GB gather
   const double nic = 25e9 * cal.ib_fraction, nvlink = 300e9 * cal.nvlink_fraction;
   const double rails = 3 * c / nic + 28 * c / nvlink;
   const double ring = 24 * c / nic;
   for (weft::collective coll : {weft::collective::all_gather, weft::collective::reduce_scatter}) {
     const double t = detail::price_group(coll, group, static_cast<std::size_t>(c / 2), 2, net);
-    const double by_hand = rails + (coll == weft::collective::reduce_scatter ? 31 * c / net.reduce_bandwidth() : 0);
-    std::printf("  %s of %.0f MB per rank on 4 DGX A100: %.1f ms (rails by hand %.1f ms, one ring %.1f ms)\n",
-                std::string(weft::name_of(coll)).c_str(), c / 1e6, t * 1e3, by_hand * 1e3, ring * 1e3);
+    const double by_hand =
+        rails + (coll == weft::collective::reduce_scatter ? 31 * c / net.reduce_bandwidth() : 0);
+    std::printf(
+        "  %s of %.0f MB per rank on 4 DGX A100: %.1f ms (rails by hand %.1f ms, one ring %.1f "
+        "ms)\n",
+        std::string(weft::name_of(coll)).c_str(), c / 1e6, t * 1e3, by_hand * 1e3, ring * 1e3);
     EXPECT_NEAR(t, by_hand, 0.12 * by_hand) << weft::name_of(coll);
     EXPECT_LT(t, ring / 3) << weft::name_of(coll);
   }
@@ -395,8 +430,9 @@ TEST(sim_step, selective_recompute_reruns_the_attention_core_with_its_softmax_an
   const double batched = 4.0 * 64 / 8, s = 2048, d = 6144.0 / 64;
   const double core = 2 * detail::gemm_time(s, s, d, batched, a100_80gb, cal) +
                       9 * batched * s * s / (a100_80gb.hbm_bandwidth * cal.hbm_fraction);
-  std::printf("  22B layer, b 4, tp 8: selective recompute adds %.2f ms per layer to the backward\n",
-              (sel.backward_s - none.backward_s) / 4 * 1e3);
+  std::printf(
+      "  22B layer, b 4, tp 8: selective recompute adds %.2f ms per layer to the backward\n",
+      (sel.backward_s - none.backward_s) / 4 * 1e3);
   EXPECT_NEAR(sel.backward_s - none.backward_s, 4 * core, 1e-9);
   EXPECT_EQ(sel.forward_s, none.forward_s);
 }
@@ -420,7 +456,8 @@ TEST(sim_step, tp_overlap_hides_the_column_parallel_collectives_of_the_backward)
   const step_result sp_plain = simulate_step(m, mc, l);
   const auto net = detail::achieved(mc.cluster, calibration_of(a100_80gb));
   const std::vector<int> group{0, 1, 2, 3, 4, 5, 6, 7};
-  const double rs = detail::price_group(weft::collective::reduce_scatter, group, 4 * 2048 * 6144 / 8, 2, net);
+  const double rs =
+      detail::price_group(weft::collective::reduce_scatter, group, 4 * 2048 * 6144 / 8, 2, net);
   EXPECT_NEAR(sp_plain.backward_s - sp.backward_s, 4 * 2 * rs, 1e-9);
   EXPECT_GT(sp.backward_s, overlapped.backward_s - 1e-12); // the gathers still show
 }
@@ -435,7 +472,8 @@ TEST(sim_step, unfused_gradient_accumulation_reads_and_writes_the_weights_once_p
   const step_result unfused = simulate_step(m, mc, l);
   // Reference: SC21 Eq. 2's weights (GPT, tied output layer, learned positions) over 8 TP
   // ranks, crossing HBM at the calibrated speed once per micro-batch.
-  const double h = 6144, weights = (12 * 4 * h * h * (1 + 13 / (12 * h) + (64 + 2048) / (12 * 4 * h))) / 8;
+  const double h = 6144,
+               weights = (12 * 4 * h * h * (1 + 13 / (12 * h) + (64 + 2048) / (12 * 4 * h))) / 8;
   const double per_micro_batch = weights * 6 / (a100_80gb.hbm_bandwidth * cal.hbm_fraction);
   EXPECT_NEAR(unfused.backward_s - fused.backward_s, per_micro_batch, 1e-9);
   EXPECT_NEAR(unfused.step_time_s - fused.step_time_s, 8 * per_micro_batch, 1e-9);
@@ -480,8 +518,13 @@ TEST(sim_step, gemm_efficiency_saturates_and_bounds_by_memory) {
 
 TEST(sim_step, one_layout_of_a_1t_model_on_3072_gpus_takes_under_a_second) {
   model_spec m = gpt("gpt-1t", 128, 25600, 160, 51200);
-  const layout l{.tp = 8, .pp = 64, .dp = 6, .chunks = 2, .global_batch = 3072,
-                 .schedule = weft::pipeline::schedule_kind::interleaved, .recomputation = recompute::full};
+  const layout l{.tp = 8,
+                 .pp = 64,
+                 .dp = 6,
+                 .chunks = 2,
+                 .global_batch = 3072,
+                 .schedule = weft::pipeline::schedule_kind::interleaved,
+                 .recomputation = recompute::full};
   const std::clock_t start = std::clock(); // CPU time: the machine may be shared
   const step_result r = simulate_step(m, dgx(a100_80gb, 384), l);
   const double seconds = static_cast<double>(std::clock() - start) / CLOCKS_PER_SEC;
@@ -518,9 +561,12 @@ TEST(sim_step, deepspeeds_pipeline_engine_sends_whole_activations_and_reduces_af
   EXPECT_DOUBLE_EQ(deepspeed.dp_exposed_s, deepspeed.dp.seconds); // after the flush: all of it
   EXPECT_LT(megatron.dp_exposed_s, megatron.dp.seconds);
   EXPECT_GT(deepspeed.step_time_s, megatron.step_time_s);
-  std::printf("  GPT-3 175B, tp 8 pp 8 dp 2: step %.2f s (Megatron-LM) and %.2f s (DeepSpeed); one send %.2f "
-              "and %.2f ms\n",
-              megatron.step_time_s, deepspeed.step_time_s, 1e3 * megatron.pp.per_call_s, 1e3 * deepspeed.pp.per_call_s);
+  std::printf(
+      "  GPT-3 175B, tp 8 pp 8 dp 2: step %.2f s (Megatron-LM) and %.2f s (DeepSpeed); one send "
+      "%.2f "
+      "and %.2f ms\n",
+      megatron.step_time_s, deepspeed.step_time_s, 1e3 * megatron.pp.per_call_s,
+      1e3 * deepspeed.pp.per_call_s);
 
   EXPECT_EQ(pipeline_engine_named("deepspeed"), pipeline_engine::deepspeed);
   EXPECT_EQ(pipeline_engine_named("megatron"), pipeline_engine::megatron);
@@ -537,7 +583,8 @@ TEST(sim_step, deepspeeds_pipeline_engine_sends_whole_activations_and_reduces_af
   EXPECT_NE(engine_refusal(bad, pipeline_engine::deepspeed).find("ZeRO 0 or 1"), std::string::npos);
   bad = l;
   bad.pp = 1;
-  EXPECT_NE(engine_refusal(bad, pipeline_engine::deepspeed).find("2 stages or more"), std::string::npos);
+  EXPECT_NE(engine_refusal(bad, pipeline_engine::deepspeed).find("2 stages or more"),
+            std::string::npos);
 }
 
 TEST(sim_step, bad_layouts_throw_and_say_why) {
@@ -570,7 +617,8 @@ TEST(sim_step, bad_layouts_throw_and_say_why) {
   m.kv_heads = 2;
   l = {};
   l.tp = 4;
-  EXPECT_NE(message(l).find("tp 4 does not divide the 2 key-value heads"), std::string::npos) << message(l);
+  EXPECT_NE(message(l).find("tp 4 does not divide the 2 key-value heads"), std::string::npos)
+      << message(l);
   l.tp = 2;
   EXPECT_EQ(message(l), "no error");
 }

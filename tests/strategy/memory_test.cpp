@@ -6,8 +6,6 @@
 // The bounds here are computed from the parameters' shapes (every rank's tensors, grouped by the
 // unit their name says) and from the model's dimensions; the account is what the optimizer and
 // the pipeline stages counted while they allocated.
-#include "strategy_support.hpp"
-
 #include <weft/layer/llama.hpp>
 #include <weft/optim/optimizers.hpp>
 
@@ -19,6 +17,8 @@
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include "strategy_support.hpp"
 
 namespace {
 
@@ -32,9 +32,10 @@ namespace recompute = wl::recompute;
 namespace pipeline = weft::pipeline;
 namespace optim = weft::optim;
 
-constexpr wl::gpt_config gpt_shape{.vocab = 64, .hidden = 32, .heads = 4, .ffn = 64, .seq = 8, .layers = 8};
-constexpr wl::llama_config llama_shape{.vocab = 64, .hidden = 32, .heads = 4, .kv_heads = 2, .ffn = 48, .seq = 8,
-                                       .layers = 8};
+constexpr wl::gpt_config gpt_shape{
+    .vocab = 64, .hidden = 32, .heads = 4, .ffn = 64, .seq = 8, .layers = 8};
+constexpr wl::llama_config llama_shape{
+    .vocab = 64, .hidden = 32, .heads = 4, .kv_heads = 2, .ffn = 48, .seq = 8, .layers = 8};
 
 template <class Mesh, class Sharding, class Model, class Recompute = recompute::none,
           class Schedule = pipeline::one_f_one_b, class SP = wl::no_sequence_parallel>
@@ -44,7 +45,8 @@ using strategy_of = weft::strategy<Mesh, Schedule, Sharding, Recompute, SP, Mode
 template <class Snapshot>
 std::map<std::string, std::size_t> elements_by_unit(const Snapshot& ps) {
   std::map<std::string, std::size_t> units;
-  for (const auto& q : ps) units[q.name.substr(0, q.name.find('.'))] += q.value.size();
+  for (const auto& q : ps)
+    units[q.name.substr(0, q.name.find('.'))] += q.value.size();
   return units;
 }
 
@@ -56,14 +58,16 @@ struct measured {
 
 // Trains `steps` steps and returns every rank's account and units, by world rank.
 template <class S>
-std::vector<measured> measure(const typename S::config& cfg, int steps = 2, std::vector<double>* losses = nullptr) {
+std::vector<measured> measure(const typename S::config& cfg, int steps = 2,
+                              std::vector<double>* losses = nullptr) {
   std::vector<measured> out(static_cast<std::size_t>(S::size));
   std::mutex mu;
   weft::local::run(S::size, [&](weft::local::communicator& world) {
     auto t = S::make(world, cfg, ts::adamw_rule);
     std::vector<double> mine;
     for (int s = 0; s < steps; ++s) {
-      const auto b = ts::batch_of(s, cfg.global_batch, {.vocab = cfg.model.vocab, .seq = cfg.model.seq});
+      const auto b =
+          ts::batch_of(s, cfg.global_batch, {.vocab = cfg.model.vocab, .seq = cfg.model.seq});
       mine.push_back(t->train_step(b.ids, b.targets));
     }
     const auto units = elements_by_unit(t->parameter_values());
@@ -77,8 +81,8 @@ std::vector<measured> measure(const typename S::config& cfg, int steps = 2, std:
 // zero<3>: the most parameter bytes a rank held at once are at most its shard (P / DP, each
 // unit padded to a multiple of DP) plus (1 + prefetch) of its largest units, gathered.
 // `many_units`: the rank has enough units that the shard plus the gathered ones are less than all.
-void expect_sharded_parameters(const std::vector<measured>& ranks, int prefetch, const std::string& what,
-                               bool many_units = true) {
+void expect_sharded_parameters(const std::vector<measured>& ranks, int prefetch,
+                               const std::string& what, bool many_units = true) {
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     const auto& m = ranks[r];
     const auto n = static_cast<std::size_t>(m.dp);
@@ -98,7 +102,8 @@ void expect_sharded_parameters(const std::vector<measured>& ranks, int prefetch,
     if (many_units) {
       EXPECT_LT(m.account.peak_parameters(), 4 * all) << what << " rank " << r;
     }
-    EXPECT_EQ(m.account.gathered_weights.current, 0u) << what << " rank " << r << ": nothing stays gathered";
+    EXPECT_EQ(m.account.gathered_weights.current, 0u)
+        << what << " rank " << r << ": nothing stays gathered";
   }
 }
 
@@ -118,22 +123,24 @@ TEST(memory_strategy, zero3_holds_a_shard_and_the_units_in_use_gpt_and_llama) {
                                 {.model = llama_shape, .micro_batch = 1, .global_batch = 8}),
                             1, "llama 2x1x2");
   // A vocabulary large enough that the embedding and head stages are the largest units.
-  constexpr wl::gpt_config wide{.vocab = 1024, .hidden = 32, .heads = 4, .ffn = 64, .seq = 8, .layers = 8};
+  constexpr wl::gpt_config wide{
+      .vocab = 1024, .hidden = 32, .heads = 4, .ffn = 64, .seq = 8, .layers = 8};
   expect_sharded_parameters(measure<strategy_of<dp4, optim::zero<3>, wl::gpt_model>>(
                                 {.model = wide, .micro_batch = 1, .global_batch = 8}),
                             1, "gpt 1x1x4, vocabulary 1024");
   // With pipeline stages and interleaving: a rank's units are its chunks' blocks.
   expect_sharded_parameters(
-      measure<strategy_of<mesh<tp<1>, pp<2>, dp<2>>, optim::zero<3>, wl::gpt_model, recompute::selective,
-                          pipeline::interleaved<2>>>({.model = gpt_shape, .micro_batch = 1, .global_batch = 8}),
+      measure<strategy_of<mesh<tp<1>, pp<2>, dp<2>>, optim::zero<3>, wl::gpt_model,
+                          recompute::selective, pipeline::interleaved<2>>>(
+          {.model = gpt_shape, .micro_batch = 1, .global_batch = 8}),
       1, "gpt 1x2x2 interleaved");
 }
 
 // HSDP: zero<3> inside groups of 2 DP ranks, replicated across them. The same losses as one
 // rank, and a shard of half the units.
 TEST(memory_strategy, hybrid_zero3_shards_inside_the_group_and_trains_as_one_rank) {
-  using S = weft::strategy<mesh<tp<1>, pp<2>, dp<4>>, pipeline::one_f_one_b, optim::hybrid<optim::zero<3>, optim::zero<0>>,
-                           recompute::none>;
+  using S = weft::strategy<mesh<tp<1>, pp<2>, dp<4>>, pipeline::one_f_one_b,
+                           optim::hybrid<optim::zero<3>, optim::zero<0>>, recompute::none>;
   const auto want = ts::reference_losses(ts::adamw_rule);
   std::vector<double> got;
   std::vector<weft::memory_account> accounts(S::size);
@@ -151,9 +158,11 @@ TEST(memory_strategy, hybrid_zero3_shards_inside_the_group_and_trains_as_one_ran
     accounts[static_cast<std::size_t>(world.rank())] = t->memory();
     if (world.rank() == 0) got = losses;
   });
-  ts::expect_same_losses(got, std::vector<double>(want.begin(), want.begin() + 3), "hybrid<zero<3>, zero<0>> 1x2x4");
+  ts::expect_same_losses(got, std::vector<double>(want.begin(), want.begin() + 3),
+                         "hybrid<zero<3>, zero<0>> 1x2x4");
   std::vector<measured> ranks;
-  for (int r = 0; r < S::size; ++r) ranks.push_back({accounts[static_cast<std::size_t>(r)], units[static_cast<std::size_t>(r)], 2});
+  for (int r = 0; r < S::size; ++r)
+    ranks.push_back({accounts[static_cast<std::size_t>(r)], units[static_cast<std::size_t>(r)], 2});
   // (2 blocks a stage, each a third of the stage's parameters: the shard and 2 units are all of them)
   expect_sharded_parameters(ranks, 1, "hybrid 1x2x4, groups of 2", false);
 }
@@ -163,8 +172,8 @@ TEST(memory_strategy, prefetch_depth_bounds_the_gathered_units_and_not_the_resul
   std::vector<double> first;
   for (int depth : {0, 1, 2}) {
     std::vector<double> losses;
-    const auto ranks = measure<S>({.model = llama_shape, .micro_batch = 1, .global_batch = 8, .prefetch = depth}, 3,
-                                  &losses);
+    const auto ranks = measure<S>(
+        {.model = llama_shape, .micro_batch = 1, .global_batch = 8, .prefetch = depth}, 3, &losses);
     expect_sharded_parameters(ranks, depth, "prefetch " + std::to_string(depth));
     // Blocks are the largest units here and run one after another: with depth d, d + 1 of them
     // are gathered at once.
@@ -172,7 +181,8 @@ TEST(memory_strategy, prefetch_depth_bounds_the_gathered_units_and_not_the_resul
     for (const auto& [name, e] : ranks[0].units) {
       if (name.rfind("block", 0) == 0) block = std::max(block, (e + 3) / 4 * 4);
     }
-    EXPECT_GE(ranks[0].account.gathered_weights.peak, 4 * static_cast<std::size_t>(depth + 1) * block)
+    EXPECT_GE(ranks[0].account.gathered_weights.peak,
+              4 * static_cast<std::size_t>(depth + 1) * block)
         << "prefetch " << depth;
     if (first.empty()) {
       first = losses;
@@ -188,7 +198,8 @@ TEST(memory_strategy, zero_stages_hold_what_the_zero_paper_says) {
     for (const auto& m : ranks) {
       const auto n = static_cast<std::size_t>(stage == 0 ? 1 : m.dp);
       std::size_t p = 0;
-      for (const auto& [name, e] : m.units) p += e;
+      for (const auto& [name, e] : m.units)
+        p += e;
       const std::size_t padded = (p + n - 1) / n * n, shard = padded / n;
       EXPECT_EQ(m.account.weights.current, 4 * padded) << what;
       EXPECT_EQ(m.account.gradients.current, 4 * (stage >= 2 ? shard : padded)) << what;
@@ -201,8 +212,8 @@ TEST(memory_strategy, zero_stages_hold_what_the_zero_paper_says) {
     }
   };
   using M = mesh<tp<2>, pp<2>, dp<2>>;
-  const strategy_of<M, optim::zero<0>, wl::gpt_model>::config cfg{.model = gpt_shape, .micro_batch = 1,
-                                                                   .global_batch = 8};
+  const strategy_of<M, optim::zero<0>, wl::gpt_model>::config cfg{
+      .model = gpt_shape, .micro_batch = 1, .global_batch = 8};
   check(measure<strategy_of<M, optim::zero<0>, wl::gpt_model>>(cfg), 0, "zero<0>");
   check(measure<strategy_of<M, optim::zero<1>, wl::gpt_model>>(cfg), 1, "zero<1>");
   check(measure<strategy_of<M, optim::zero<2>, wl::gpt_model>>(cfg), 2, "zero<2>");
@@ -219,16 +230,20 @@ TEST(memory_strategy, activations_are_the_stashes_in_flight) {
       {.model = gpt_shape, .micro_batch = micro, .global_batch = batch});
   EXPECT_EQ(full_1f1b[0].account.activations.peak, per_microbatch);
   EXPECT_EQ(full_1f1b[0].account.activations.current, 0u);
-  const auto full_gpipe = measure<strategy_of<one, optim::zero<0>, wl::gpt_model, recompute::full, pipeline::gpipe>>(
-      {.model = gpt_shape, .micro_batch = micro, .global_batch = batch});
+  const auto full_gpipe =
+      measure<strategy_of<one, optim::zero<0>, wl::gpt_model, recompute::full, pipeline::gpipe>>(
+          {.model = gpt_shape, .micro_batch = micro, .global_batch = batch});
   EXPECT_EQ(full_gpipe[0].account.activations.peak, batch / micro * per_microbatch);
   // Keeping more costs more: none keeps the attention probabilities, selective drops them.
   const auto none = measure<strategy_of<one, optim::zero<0>, wl::gpt_model, recompute::none>>(
       {.model = gpt_shape, .micro_batch = micro, .global_batch = batch});
-  const auto selective = measure<strategy_of<one, optim::zero<0>, wl::gpt_model, recompute::selective>>(
-      {.model = gpt_shape, .micro_batch = micro, .global_batch = batch});
-  const std::size_t probabilities = gpt_shape.layers * micro * gpt_shape.heads * gpt_shape.seq * gpt_shape.seq * 4;
-  EXPECT_EQ(none[0].account.activations.peak - selective[0].account.activations.peak, probabilities);
+  const auto selective =
+      measure<strategy_of<one, optim::zero<0>, wl::gpt_model, recompute::selective>>(
+          {.model = gpt_shape, .micro_batch = micro, .global_batch = batch});
+  const std::size_t probabilities =
+      gpt_shape.layers * micro * gpt_shape.heads * gpt_shape.seq * gpt_shape.seq * 4;
+  EXPECT_EQ(none[0].account.activations.peak - selective[0].account.activations.peak,
+            probabilities);
   EXPECT_GT(selective[0].account.activations.peak, full_1f1b[0].account.activations.peak);
 }
 
@@ -240,7 +255,8 @@ TEST(memory_strategy, the_workspace_does_not_grow_from_step_to_step) {
     using S = decltype(tag);
     std::vector<std::size_t> per_step;
     weft::local::run(S::size, [&](weft::local::communicator& world) {
-      auto t = S::make(world, {.model = gpt_shape, .micro_batch = 1, .global_batch = 8}, ts::adamw_rule);
+      auto t =
+          S::make(world, {.model = gpt_shape, .micro_batch = 1, .global_batch = 8}, ts::adamw_rule);
       for (int s = 0; s < 4; ++s) {
         const auto b = ts::batch_of(s, 8, {.vocab = gpt_shape.vocab, .seq = gpt_shape.seq});
         (void)t->train_step(b.ids, b.targets);
@@ -252,12 +268,15 @@ TEST(memory_strategy, the_workspace_does_not_grow_from_step_to_step) {
     return per_step;
   };
   using M = mesh<tp<2>, pp<2>, dp<1>>;
-  const auto full = workspace_per_step(strategy_of<M, optim::zero<1>, wl::gpt_model, recompute::full>{});
-  const auto selective = workspace_per_step(strategy_of<M, optim::zero<1>, wl::gpt_model, recompute::selective>{});
+  const auto full =
+      workspace_per_step(strategy_of<M, optim::zero<1>, wl::gpt_model, recompute::full>{});
+  const auto selective =
+      workspace_per_step(strategy_of<M, optim::zero<1>, wl::gpt_model, recompute::selective>{});
   for (const auto* w : {&full, &selective}) {
     ASSERT_EQ(w->size(), 4u);
     EXPECT_GT(w->front(), 0u);
-    for (std::size_t s = 1; s < w->size(); ++s) EXPECT_EQ((*w)[s], (*w)[1]) << "step " << s;
+    for (std::size_t s = 1; s < w->size(); ++s)
+      EXPECT_EQ((*w)[s], (*w)[1]) << "step " << s;
   }
   EXPECT_LE(full.back(), selective.back());
 }
@@ -275,7 +294,8 @@ TEST(memory_strategy, prefetch_is_refused_where_it_means_nothing) {
       }
     });
   };
-  fails([](auto& w) { (void)S1::make(w, {.model = gpt_shape, .global_batch = 2, .prefetch = 1}); }, "only zero<3>");
+  fails([](auto& w) { (void)S1::make(w, {.model = gpt_shape, .global_batch = 2, .prefetch = 1}); },
+        "only zero<3>");
   fails([](auto& w) { (void)S3::make(w, {.model = gpt_shape, .global_batch = 2, .prefetch = -1}); },
         "prefetch must be 0 or more");
 }

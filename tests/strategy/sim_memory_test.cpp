@@ -6,8 +6,6 @@
 //
 // The simulator knows the model only from its dimensions and weft's layer and bucket rules
 // (sim/host.hpp); the trainer's account is what its optimizer allocated and its stages stashed.
-#include "strategy_support.hpp"
-
 #include <weft/layer/llama.hpp>
 #include <weft/sim/host.hpp>
 
@@ -18,6 +16,8 @@
 #include <string>
 #include <type_traits>
 #include <vector>
+
+#include "strategy_support.hpp"
 
 namespace {
 
@@ -32,9 +32,10 @@ namespace recompute = wl::recompute;
 namespace pipeline = weft::pipeline;
 namespace optim = weft::optim;
 
-constexpr wl::gpt_config gpt{.vocab = 61, .hidden = 32, .heads = 4, .ffn = 48, .seq = 8, .layers = 4};
-constexpr wl::llama_config llama{.vocab = 61, .hidden = 32, .heads = 4, .kv_heads = 2, .ffn = 40, .seq = 8,
-                                 .layers = 4};
+constexpr wl::gpt_config gpt{
+    .vocab = 61, .hidden = 32, .heads = 4, .ffn = 48, .seq = 8, .layers = 4};
+constexpr wl::llama_config llama{
+    .vocab = 61, .hidden = 32, .heads = 4, .kv_heads = 2, .ffn = 40, .seq = 8, .layers = 4};
 
 template <class Schedule>
 constexpr pipeline::schedule_kind kind_of() {
@@ -59,17 +60,31 @@ constexpr sim::recompute recompute_of() {
 }
 
 sim::host_model host_of(const wl::gpt_config& c) {
-  return {.family = sim::host_family::gpt, .vocab = c.vocab, .hidden = c.hidden, .heads = c.heads, .ffn = c.ffn,
-          .seq = c.seq, .layers = c.layers, .tied = c.tie_embeddings};
+  return {.family = sim::host_family::gpt,
+          .vocab = c.vocab,
+          .hidden = c.hidden,
+          .heads = c.heads,
+          .ffn = c.ffn,
+          .seq = c.seq,
+          .layers = c.layers,
+          .tied = c.tie_embeddings};
 }
 sim::host_model host_of(const wl::llama_config& c) {
-  return {.family = sim::host_family::llama, .vocab = c.vocab, .hidden = c.hidden, .heads = c.heads,
-          .kv_heads = c.kv_heads, .ffn = c.ffn, .seq = c.seq, .layers = c.layers, .tied = c.tie_embeddings};
+  return {.family = sim::host_family::llama,
+          .vocab = c.vocab,
+          .hidden = c.hidden,
+          .heads = c.heads,
+          .kv_heads = c.kv_heads,
+          .ffn = c.ffn,
+          .seq = c.seq,
+          .layers = c.layers,
+          .tied = c.tie_embeddings};
 }
 
 // Trains two steps with S on `model` and compares every rank's account with the prediction.
 template <class Mesh, class Schedule, class Sharding, class Recompute, class SP, class Model>
-void expect_predicted(const typename Model::config& model, std::size_t micro_batch, std::size_t global_batch) {
+void expect_predicted(const typename Model::config& model, std::size_t micro_batch,
+                      std::size_t global_batch) {
   using S = weft::strategy<Mesh, Schedule, Sharding, Recompute, SP, Model>;
   const sim::host_layout layout{.tp = S::tp_size,
                                 .pp = S::pp_size,
@@ -83,14 +98,17 @@ void expect_predicted(const typename Model::config& model, std::size_t micro_bat
                                 .sequence_parallel = SP::enabled};
   const char* recompute_name = layout.recomputation == sim::recompute::none        ? "none"
                                : layout.recomputation == sim::recompute::selective ? "selective"
-                                                                                  : "full";
-  const std::string what = std::string(sim::name_of(host_of(model).family)) + " " + std::to_string(S::tp_size) + "x" +
-                           std::to_string(S::pp_size) + "x" + std::to_string(S::dp_size) + " zero<" +
-                           std::to_string(Sharding::stage) + "> V=" + std::to_string(S::chunks) + " " +
-                           recompute_name + (SP::enabled ? " SP" : "");
+                                                                                   : "full";
+  const std::string what = std::string(sim::name_of(host_of(model).family)) + " " +
+                           std::to_string(S::tp_size) + "x" + std::to_string(S::pp_size) + "x" +
+                           std::to_string(S::dp_size) + " zero<" + std::to_string(Sharding::stage) +
+                           "> V=" + std::to_string(S::chunks) + " " + recompute_name +
+                           (SP::enabled ? " SP" : "");
   std::mutex mu;
   weft::local::run(S::size, [&](weft::local::communicator& world) {
-    auto t = S::make(world, {.model = model, .micro_batch = micro_batch, .global_batch = global_batch}, ts::adamw_rule);
+    auto t =
+        S::make(world, {.model = model, .micro_batch = micro_batch, .global_batch = global_batch},
+                ts::adamw_rule);
     for (int s = 0; s < 2; ++s) {
       const auto b = ts::batch_of(s, global_batch, {.vocab = model.vocab, .seq = model.seq});
       (void)t->train_step(b.ids, b.targets);
@@ -119,27 +137,30 @@ using no_sp = wl::no_sequence_parallel;
 using sp = wl::sequence_parallel;
 
 TEST(sim_memory, one_rank_and_data_parallel) {
-  expect_predicted<mesh<tp<1>, pp<1>, dp<1>>, pipeline::one_f_one_b, optim::zero<0>, none, no_sp, wl::gpt_model>(gpt, 2, 4);
-  expect_predicted<mesh<tp<1>, pp<1>, dp<4>>, pipeline::gpipe, optim::zero<3>, none, no_sp, wl::llama_model>(llama, 1, 8);
-  expect_predicted<mesh<tp<1>, pp<1>, dp<2>>, pipeline::one_f_one_b, optim::zero<2>, full, no_sp, wl::gpt_model>(gpt, 2, 8);
+  expect_predicted<mesh<tp<1>, pp<1>, dp<1>>, pipeline::one_f_one_b, optim::zero<0>, none, no_sp,
+                   wl::gpt_model>(gpt, 2, 4);
+  expect_predicted<mesh<tp<1>, pp<1>, dp<4>>, pipeline::gpipe, optim::zero<3>, none, no_sp,
+                   wl::llama_model>(llama, 1, 8);
+  expect_predicted<mesh<tp<1>, pp<1>, dp<2>>, pipeline::one_f_one_b, optim::zero<2>, full, no_sp,
+                   wl::gpt_model>(gpt, 2, 8);
 }
 
 TEST(sim_memory, tensor_parallel_with_and_without_sequence_parallelism) {
-  expect_predicted<mesh<tp<2>, pp<1>, dp<2>>, pipeline::one_f_one_b, optim::zero<1>, selective, sp, wl::gpt_model>(gpt, 2,
-                                                                                                                   8);
-  expect_predicted<mesh<tp<2>, pp<1>, dp<1>>, pipeline::one_f_one_b, optim::zero<0>, none, no_sp, wl::llama_model>(llama,
-                                                                                                                   2, 4);
+  expect_predicted<mesh<tp<2>, pp<1>, dp<2>>, pipeline::one_f_one_b, optim::zero<1>, selective, sp,
+                   wl::gpt_model>(gpt, 2, 8);
+  expect_predicted<mesh<tp<2>, pp<1>, dp<1>>, pipeline::one_f_one_b, optim::zero<0>, none, no_sp,
+                   wl::llama_model>(llama, 2, 4);
 }
 
 TEST(sim_memory, pipelines_1f1b_and_interleaved) {
-  expect_predicted<mesh<tp<1>, pp<2>, dp<2>>, pipeline::interleaved<2>, optim::zero<2>, full, no_sp, wl::llama_model>(
-      llama, 1, 8);
-  expect_predicted<mesh<tp<2>, pp<2>, dp<1>>, pipeline::interleaved<2>, optim::zero<3>, selective, sp, wl::gpt_model>(
-      gpt, 1, 4);
-  expect_predicted<mesh<tp<2>, pp<2>, dp<2>>, pipeline::one_f_one_b, optim::zero<1>, full, sp, wl::llama_model>(llama,
-                                                                                                                 1, 8);
-  expect_predicted<mesh<tp<1>, pp<2>, dp<4>>, pipeline::one_f_one_b, optim::zero<3>, selective, no_sp, wl::gpt_model>(
-      gpt, 1, 16);
+  expect_predicted<mesh<tp<1>, pp<2>, dp<2>>, pipeline::interleaved<2>, optim::zero<2>, full, no_sp,
+                   wl::llama_model>(llama, 1, 8);
+  expect_predicted<mesh<tp<2>, pp<2>, dp<1>>, pipeline::interleaved<2>, optim::zero<3>, selective,
+                   sp, wl::gpt_model>(gpt, 1, 4);
+  expect_predicted<mesh<tp<2>, pp<2>, dp<2>>, pipeline::one_f_one_b, optim::zero<1>, full, sp,
+                   wl::llama_model>(llama, 1, 8);
+  expect_predicted<mesh<tp<1>, pp<2>, dp<4>>, pipeline::one_f_one_b, optim::zero<3>, selective,
+                   no_sp, wl::gpt_model>(gpt, 1, 16);
 }
 
 } // namespace

@@ -3,12 +3,9 @@
 // trainer broken), parameter_values() is the caller's copy, and the paths that bind differently
 // (tied embeddings on one stage under TP and SP, units sharing a bucket, a bucket per unit)
 // train as one rank does.
-#include "strategy_support.hpp"
-
 #include <weft/optim/optimizers.hpp>
 
 #include <gtest/gtest.h>
-
 #include <malloc.h>
 
 #include <cstddef>
@@ -16,6 +13,8 @@
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include "strategy_support.hpp"
 
 namespace {
 
@@ -32,7 +31,8 @@ namespace optim = weft::optim;
 template <class Snapshot>
 std::vector<std::vector<float>> copy_values(const Snapshot& ps) {
   std::vector<std::vector<float>> out;
-  for (const auto& q : ps) out.emplace_back(q.value.flat().begin(), q.value.flat().end());
+  for (const auto& q : ps)
+    out.emplace_back(q.value.flat().begin(), q.value.flat().end());
   return out;
 }
 
@@ -43,19 +43,21 @@ void expect_failed_step_leaves_no_trace(const std::string& what) {
   std::mutex mu;
   std::size_t differ = 0, total = 0;
   weft::local::run(S::size, [&](weft::local::communicator& world) {
-    const int dps = S::size;  // tp = pp = 1 here
+    const int dps = S::size; // tp = pp = 1 here
     const std::size_t global = 2 * static_cast<std::size_t>(dps);
     typename S::config cfg{.model = ts::shape, .micro_batch = 1, .global_batch = global};
     auto a = S::make(world, cfg, optim::sgd{.lr = 0.5f});
     auto b = S::make(world, cfg, optim::sgd{.lr = 0.5f});
     auto bad = ts::batch_of(0, global);
-    for (int d = 0; d < dps; ++d) bad.ids[static_cast<std::size_t>(2 * d + 1) * ts::shape.seq] = ts::shape.vocab;
+    for (int d = 0; d < dps; ++d)
+      bad.ids[static_cast<std::size_t>(2 * d + 1) * ts::shape.seq] = ts::shape.vocab;
     bool threw = false;
     try {
       (void)a->train_step(bad.ids, bad.targets);
     } catch (const weft::error& e) {
       threw = true;
-      EXPECT_NE(std::string(e.what()).find("outside the vocabulary"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("outside the vocabulary"), std::string::npos)
+          << e.what();
     }
     EXPECT_TRUE(threw) << what;
     const auto good = ts::batch_of(1, global);
@@ -76,12 +78,14 @@ void expect_failed_step_leaves_no_trace(const std::string& what) {
 }
 
 TEST(step_failure, a_bad_batch_leaves_nothing_behind_zero0_one_rank) {
-  expect_failed_step_leaves_no_trace<weft::strategy<mesh<tp<1>, pp<1>, dp<1>>, pipeline::one_f_one_b, optim::zero<0>,
-                                                    recompute::none>>("1x1x1 zero<0>");
+  expect_failed_step_leaves_no_trace<weft::strategy<
+      mesh<tp<1>, pp<1>, dp<1>>, pipeline::one_f_one_b, optim::zero<0>, recompute::none>>(
+      "1x1x1 zero<0>");
 }
 TEST(step_failure, a_bad_batch_leaves_nothing_behind_zero3_dp2) {
-  expect_failed_step_leaves_no_trace<weft::strategy<mesh<tp<1>, pp<1>, dp<2>>, pipeline::one_f_one_b, optim::zero<3>,
-                                                    recompute::none>>("1x1x2 zero<3>");
+  expect_failed_step_leaves_no_trace<weft::strategy<
+      mesh<tp<1>, pp<1>, dp<2>>, pipeline::one_f_one_b, optim::zero<3>, recompute::none>>(
+      "1x1x2 zero<3>");
 }
 
 // A block that throws in its second forward of a step, once armed: a failure part-way through
@@ -93,7 +97,8 @@ public:
   failing_block(Comm& tp, const wl::gpt_config& c, std::size_t layer, std::uint64_t seed, Gemm gemm)
       : wl::gpt_block<T, Comm, Gemm, SP, Recompute>(tp, c, layer, seed, gemm) {}
   void forward(weft::matrix_view<const T> x, weft::matrix_view<T> y) {
-    if (armed && ++calls_ == 2) throw weft::error("failing_block: the second forward fails, as asked");
+    if (armed && ++calls_ == 2)
+      throw weft::error("failing_block: the second forward fails, as asked");
     wl::gpt_block<T, Comm, Gemm, SP, Recompute>::forward(x, y);
   }
 
@@ -111,12 +116,15 @@ struct failing_model {
 };
 
 TEST(step_failure, a_step_that_fails_part_way_leaves_the_trainer_broken_and_says_why) {
-  using S = weft::strategy<mesh<tp<1>, pp<1>, dp<1>>, pipeline::one_f_one_b, optim::zero<1>, recompute::none,
-                           wl::no_sequence_parallel, failing_model>;
+  using S = weft::strategy<mesh<tp<1>, pp<1>, dp<1>>, pipeline::one_f_one_b, optim::zero<1>,
+                           recompute::none, wl::no_sequence_parallel, failing_model>;
   weft::local::run(1, [&](weft::local::communicator& world) {
-    auto t = S::make(world, {.model = {.vocab = 53, .hidden = 16, .heads = 4, .ffn = 24, .seq = 8, .layers = 1},
-                             .micro_batch = 1, .global_batch = 2},
-                     ts::sgd_rule);
+    auto t =
+        S::make(world,
+                {.model = {.vocab = 53, .hidden = 16, .heads = 4, .ffn = 24, .seq = 8, .layers = 1},
+                 .micro_batch = 1,
+                 .global_batch = 2},
+                ts::sgd_rule);
     const auto b = ts::batch_of(0, 2);
     armed = true;
     EXPECT_THROW((void)t->train_step(b.ids, b.targets), weft::error);
@@ -135,8 +143,10 @@ TEST(step_failure, a_step_that_fails_part_way_leaves_the_trainer_broken_and_says
 // parameter_values() is a copy the caller owns: grads empty, and nothing kept by the trainer once
 // the copy is gone (the heap, as glibc counts it, is back where it was).
 TEST(step_failure, parameter_values_is_the_callers_copy) {
-  using S = weft::strategy<mesh<tp<1>, pp<1>, dp<1>>, pipeline::one_f_one_b, optim::zero<3>, recompute::none>;
-  constexpr wl::gpt_config big{.vocab = 512, .hidden = 64, .heads = 4, .ffn = 256, .seq = 8, .layers = 8};
+  using S = weft::strategy<mesh<tp<1>, pp<1>, dp<1>>, pipeline::one_f_one_b, optim::zero<3>,
+                           recompute::none>;
+  constexpr wl::gpt_config big{
+      .vocab = 512, .hidden = 64, .heads = 4, .ffn = 256, .seq = 8, .layers = 8};
   weft::local::run(1, [&](weft::local::communicator& world) {
     auto t = S::make(world, {.model = big, .micro_batch = 1, .global_batch = 2}, optim::sgd{});
     const auto b = ts::batch_of(0, 2, {.vocab = big.vocab, .seq = big.seq});
@@ -156,8 +166,9 @@ TEST(step_failure, parameter_values_is_the_callers_copy) {
       }
     }
     const std::size_t heap1 = heap();
-    EXPECT_LE(heap1, heap0 + model / 10) << "the trainer keeps " << heap1 - heap0 << " bytes (the model is " << model
-                                         << ") after the caller's copy is gone";
+    EXPECT_LE(heap1, heap0 + model / 10)
+        << "the trainer keeps " << heap1 - heap0 << " bytes (the model is " << model
+        << ") after the caller's copy is gone";
   });
 }
 
@@ -170,31 +181,36 @@ void expect_reference_losses(weft::strategy_config config, const std::string& wh
   const auto want = ts::reference_losses(ts::sgd_rule, config.model.tie_embeddings, 1, 6);
   std::vector<std::vector<double>> per_rank(S::size);
   weft::local::run(S::size, [&](weft::local::communicator& world) {
-    per_rank[static_cast<std::size_t>(world.rank())] = ts::strategy_losses<S>(world, config, ts::sgd_rule, 6);
+    per_rank[static_cast<std::size_t>(world.rank())] =
+        ts::strategy_losses<S>(world, config, ts::sgd_rule, 6);
   });
   for (int r = 0; r < S::size; ++r) {
-    ts::expect_same_losses(per_rank[static_cast<std::size_t>(r)], want, what + " rank " + std::to_string(r));
+    ts::expect_same_losses(per_rank[static_cast<std::size_t>(r)], want,
+                           what + " rank " + std::to_string(r));
   }
 }
 
 TEST(bound_paths, zero3_tied_at_one_stage_with_tp_and_sp) {
-  expect_reference_losses<weft::strategy<mesh<tp<2>, pp<1>, dp<2>>, pipeline::one_f_one_b, optim::zero<3>,
-                                         recompute::selective, wl::sequence_parallel>>(
+  expect_reference_losses<
+      weft::strategy<mesh<tp<2>, pp<1>, dp<2>>, pipeline::one_f_one_b, optim::zero<3>,
+                     recompute::selective, wl::sequence_parallel>>(
       {.model = {.tie_embeddings = true}, .micro_batch = 1}, "2x1x2 zero<3> tied SP");
 }
 
 TEST(bound_paths, zero3_units_sharing_buckets_interleaved_tied) {
   weft::strategy_config c{.model = {.tie_embeddings = true}, .micro_batch = 1};
   c.optimizer.bucket_elements = 3000;
-  expect_reference_losses<weft::strategy<mesh<tp<1>, pp<2>, dp<2>>, pipeline::interleaved<2>, optim::zero<3>,
-                                         recompute::none>>(c, "1x2x2 interleaved zero<3> shared buckets tied");
+  expect_reference_losses<weft::strategy<mesh<tp<1>, pp<2>, dp<2>>, pipeline::interleaved<2>,
+                                         optim::zero<3>, recompute::none>>(
+      c, "1x2x2 interleaved zero<3> shared buckets tied");
 }
 
 TEST(bound_paths, zero2_one_bucket_per_unit) {
   weft::strategy_config c{.micro_batch = 1};
   c.optimizer.bucket_elements = 1;
-  expect_reference_losses<weft::strategy<mesh<tp<1>, pp<2>, dp<2>>, pipeline::one_f_one_b, optim::zero<2>,
-                                         recompute::none>>(c, "1x2x2 zero<2> a bucket per unit");
+  expect_reference_losses<weft::strategy<mesh<tp<1>, pp<2>, dp<2>>, pipeline::one_f_one_b,
+                                         optim::zero<2>, recompute::none>>(
+      c, "1x2x2 zero<2> a bucket per unit");
 }
 
 } // namespace

@@ -19,22 +19,26 @@
 namespace weft::test::strategy {
 
 // Vocabulary 53: it does not divide by 2 or 4, so the vocab-parallel layers split it unevenly.
-inline constexpr layer::gpt_shape shape{.vocab = 53, .hidden = 16, .heads = 4, .ffn = 24, .seq = 8, .layers = 4};
+inline constexpr layer::gpt_shape shape{
+    .vocab = 53, .hidden = 16, .heads = 4, .ffn = 24, .seq = 8, .layers = 4};
 inline constexpr std::size_t global_batch = 8;
 inline constexpr int steps = 20;
 // SGD with momentum sees a wrong gradient scale (Adam would not: its step is scale-invariant).
 inline constexpr optim::sgd sgd_rule{.lr = 0.2f, .momentum = 0.9f, .weight_decay = 0.01f};
-inline constexpr optim::adamw adamw_rule{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+inline constexpr optim::adamw adamw_rule{
+    .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
 
 /// Step s's batch: sequences that count up by a stride that depends on the sequence, so the
 /// next token is learnable from the last two; the targets are the next tokens.
 struct batch {
   std::vector<std::int32_t> ids, targets;
 };
-inline batch batch_of(int step, std::size_t sequences = global_batch, const layer::gpt_shape& m = shape) {
+inline batch batch_of(int step, std::size_t sequences = global_batch,
+                      const layer::gpt_shape& m = shape) {
   batch b;
   for (std::size_t q = 0; q < sequences; ++q) {
-    const auto start = static_cast<std::uint32_t>((step * 7919 + static_cast<int>(q) * 104729) % 1000003);
+    const auto start =
+        static_cast<std::uint32_t>((step * 7919 + static_cast<int>(q) * 104729) % 1000003);
     const std::uint32_t stride = 1 + (start / 7) % 5;
     for (std::size_t t = 0; t <= m.seq; ++t) {
       const auto id = static_cast<std::int32_t>((start + stride * t) % m.vocab);
@@ -49,10 +53,12 @@ inline batch batch_of(int step, std::size_t sequences = global_batch, const laye
 /// biases and norm parameters (LayerNorm's gamma and beta, RMSNorm's weight) do not.
 inline bool decays(const std::string& name) {
   const auto ends = [&](const std::string& tail) {
-    return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+    return name.size() >= tail.size() &&
+           name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
   };
   const auto has = [&](const char* part) { return name.find(part) != std::string::npos; };
-  return !(ends("bias") || ends("gamma") || ends("beta") || has("ln1.") || has("ln2.") || has("norm."));
+  return !(ends("bias") || ends("gamma") || ends("beta") || has("ln1.") || has("ln2.") ||
+           has("norm."));
 }
 
 /// The reference: layer::gpt on one in-process rank, the whole batch per step, the update
@@ -66,9 +72,10 @@ inline bool decays(const std::string& name) {
 /// `Model` with configuration `config` (untied: the reference ties by hand), step s's batch
 /// `batch_for(s)`.
 template <class Model, class Rule, class BatchFor>
-std::vector<double> reference_losses_of(const typename Model::config& config, BatchFor batch_for, const Rule& rule,
-                                        bool tied = false, std::uint64_t seed = 1, int n = steps,
-                                        double max_grad_norm = 0, std::vector<double>* norms = nullptr) {
+std::vector<double> reference_losses_of(const typename Model::config& config, BatchFor batch_for,
+                                        const Rule& rule, bool tied = false, std::uint64_t seed = 1,
+                                        int n = steps, double max_grad_norm = 0,
+                                        std::vector<double>* norms = nullptr) {
   std::vector<double> losses;
   local::run(1, [&](local::communicator& c) {
     layer::sequential<Model, float, local::communicator, layer::cblas> model(c, config, seed);
@@ -83,7 +90,8 @@ std::vector<double> reference_losses_of(const typename Model::config& config, Ba
     const auto head = find("head.output.weight");
     if (tied) {
       for (std::size_t r = 0; r < table.value.rows(); ++r)
-        for (std::size_t c = 0; c < table.value.cols(); ++c) head.value(r, c) = table.value(r, c);
+        for (std::size_t c = 0; c < table.value.cols(); ++c)
+          head.value(r, c) = table.value(r, c);
     }
     std::vector<std::vector<double>> m(ps.size()), v(ps.size());
     for (std::size_t k = 0; k < ps.size(); ++k) {
@@ -97,7 +105,8 @@ std::vector<double> reference_losses_of(const typename Model::config& config, Ba
       model.backward();
       if (tied) {
         for (std::size_t r = 0; r < table.grad.rows(); ++r)
-          for (std::size_t c = 0; c < table.grad.cols(); ++c) table.grad(r, c) = head.grad(r, c) += table.grad(r, c);
+          for (std::size_t c = 0; c < table.grad.cols(); ++c)
+            table.grad(r, c) = head.grad(r, c) += table.grad(r, c);
       }
       double clip = 1.0;
       if (max_grad_norm > 0) {
@@ -105,7 +114,8 @@ std::vector<double> reference_losses_of(const typename Model::config& config, Ba
         for (const auto& q : ps) {
           if (tied && q.name == "head.output.weight") continue;
           for (std::size_t r = 0; r < q.grad.rows(); ++r)
-            for (std::size_t c = 0; c < q.grad.cols(); ++c) sq += double{q.grad(r, c)} * double{q.grad(r, c)};
+            for (std::size_t c = 0; c < q.grad.cols(); ++c)
+              sq += double{q.grad(r, c)} * double{q.grad(r, c)};
         }
         const double norm = std::sqrt(sq);
         if (norms) norms->push_back(norm);
@@ -146,15 +156,17 @@ std::vector<double> reference_losses_of(const typename Model::config& config, Ba
 }
 
 template <class Rule>
-std::vector<double> reference_losses(const Rule& rule, bool tied = false, std::uint64_t seed = 1, int n = steps,
-                                     double max_grad_norm = 0, std::vector<double>* norms = nullptr) {
+std::vector<double> reference_losses(const Rule& rule, bool tied = false, std::uint64_t seed = 1,
+                                     int n = steps, double max_grad_norm = 0,
+                                     std::vector<double>* norms = nullptr) {
   return reference_losses_of<layer::gpt_model>(
       shape, [](int s) { return batch_of(s); }, rule, tied, seed, n, max_grad_norm, norms);
 }
 
 /// The strategy S's losses over `n` steps on `world` (every rank gets them).
 template <class S, class Comm, class Rule>
-std::vector<double> strategy_losses(Comm& world, strategy_config config, const Rule& rule, int n = steps) {
+std::vector<double> strategy_losses(Comm& world, strategy_config config, const Rule& rule,
+                                    int n = steps) {
   const bool tied = config.model.tie_embeddings;
   config.model = shape;
   config.model.tie_embeddings = tied;

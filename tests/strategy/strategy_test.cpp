@@ -4,8 +4,6 @@
 // whole batch (strategy_support.hpp), within 1e-5 relative; so do the recompute policies,
 // sequence parallelism, tied embeddings and gradient clipping by the global norm over the whole
 // mesh. Bad configurations fail with a weft::error naming what is wrong.
-#include "strategy/strategy_support.hpp"
-
 #include <weft/comm/transport/local.hpp>
 #include <weft/pipeline/layout.hpp>
 #include <weft/strategy.hpp>
@@ -15,6 +13,8 @@
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include "strategy/strategy_support.hpp"
 
 namespace {
 
@@ -38,8 +38,8 @@ const std::vector<double>& reference(const Rule& rule, bool tied = false) {
 
 // Every rank's losses; they must agree with each other and with `want`.
 template <class S, class Rule>
-void expect_losses(weft::strategy_config config, const std::vector<double>& want, const std::string& what,
-                   const Rule& rule) {
+void expect_losses(weft::strategy_config config, const std::vector<double>& want,
+                   const std::string& what, const Rule& rule) {
   std::vector<std::vector<double>> per_rank(S::size);
   weft::local::run(S::size, [&](weft::local::communicator& world) {
     per_rank[static_cast<std::size_t>(world.rank())] = ts::strategy_losses<S>(world, config, rule);
@@ -52,17 +52,23 @@ void expect_losses(weft::strategy_config config, const std::vector<double>& want
 
 // ... and with the single-rank reference's.
 template <class S, class Rule = optim::sgd>
-void expect_matches(weft::strategy_config config, const std::string& what, const Rule& rule = ts::sgd_rule) {
+void expect_matches(weft::strategy_config config, const std::string& what,
+                    const Rule& rule = ts::sgd_rule) {
   expect_losses<S>(config, reference(rule, config.model.tie_embeddings), what, rule);
 }
 
-template <class Mesh, class Schedule, class Recompute = recompute::none, class SP = no_sequence_parallel,
-          class Rule = optim::sgd>
-void every_zero_stage(weft::strategy_config config, const std::string& what, const Rule& rule = ts::sgd_rule) {
-  expect_matches<weft::strategy<Mesh, Schedule, optim::zero<0>, Recompute, SP>>(config, what + " zero<0>", rule);
-  expect_matches<weft::strategy<Mesh, Schedule, optim::zero<1>, Recompute, SP>>(config, what + " zero<1>", rule);
-  expect_matches<weft::strategy<Mesh, Schedule, optim::zero<2>, Recompute, SP>>(config, what + " zero<2>", rule);
-  expect_matches<weft::strategy<Mesh, Schedule, optim::zero<3>, Recompute, SP>>(config, what + " zero<3>", rule);
+template <class Mesh, class Schedule, class Recompute = recompute::none,
+          class SP = no_sequence_parallel, class Rule = optim::sgd>
+void every_zero_stage(weft::strategy_config config, const std::string& what,
+                      const Rule& rule = ts::sgd_rule) {
+  expect_matches<weft::strategy<Mesh, Schedule, optim::zero<0>, Recompute, SP>>(
+      config, what + " zero<0>", rule);
+  expect_matches<weft::strategy<Mesh, Schedule, optim::zero<1>, Recompute, SP>>(
+      config, what + " zero<1>", rule);
+  expect_matches<weft::strategy<Mesh, Schedule, optim::zero<2>, Recompute, SP>>(
+      config, what + " zero<2>", rule);
+  expect_matches<weft::strategy<Mesh, Schedule, optim::zero<3>, Recompute, SP>>(
+      config, what + " zero<3>", rule);
 }
 
 // Under a sanitizer (WEFT_TEST_SANITIZED) each strategy type compiles for seconds at -O1 with
@@ -75,11 +81,13 @@ constexpr bool sanitized = true;
 constexpr bool sanitized = false;
 #endif
 
-template <class Mesh, class Schedule, class Recompute = recompute::none, class SP = no_sequence_parallel,
-          class Rule = optim::sgd>
-void zero_stages(weft::strategy_config config, const std::string& what, const Rule& rule = ts::sgd_rule) {
+template <class Mesh, class Schedule, class Recompute = recompute::none,
+          class SP = no_sequence_parallel, class Rule = optim::sgd>
+void zero_stages(weft::strategy_config config, const std::string& what,
+                 const Rule& rule = ts::sgd_rule) {
   if constexpr (sanitized) {
-    expect_matches<weft::strategy<Mesh, Schedule, optim::zero<1>, Recompute, SP>>(config, what + " zero<1>", rule);
+    expect_matches<weft::strategy<Mesh, Schedule, optim::zero<1>, Recompute, SP>>(
+        config, what + " zero<1>", rule);
   } else {
     every_zero_stage<Mesh, Schedule, Recompute, SP>(config, what, rule);
   }
@@ -92,8 +100,8 @@ TEST(strategy, the_reference_learns) {
 }
 
 TEST(strategy, adamw_three_d_2x2x2_matches) {
-  zero_stages<mesh<tp<2>, pp<2>, dp<2>>, pipeline::one_f_one_b, recompute::none, no_sequence_parallel>(
-      {.micro_batch = 1}, "2x2x2", ts::adamw_rule);
+  zero_stages<mesh<tp<2>, pp<2>, dp<2>>, pipeline::one_f_one_b, recompute::none,
+              no_sequence_parallel>({.micro_batch = 1}, "2x2x2", ts::adamw_rule);
 }
 
 TEST(strategy, one_rank_matches_the_reference) {
@@ -128,25 +136,31 @@ TEST(strategy, uneven_layout_1x4x2_matches) {
 
 TEST(strategy, gpipe_and_recompute_policies_match) {
   using M = mesh<tp<2>, pp<2>, dp<1>>;
-  expect_matches<weft::strategy<M, pipeline::gpipe, optim::zero<1>, recompute::selective>>({.micro_batch = 2},
-                                                                                             "gpipe selective");
-  expect_matches<weft::strategy<M, pipeline::one_f_one_b, optim::zero<1>, recompute::full>>({.micro_batch = 2},
-                                                                                              "1f1b full");
+  expect_matches<weft::strategy<M, pipeline::gpipe, optim::zero<1>, recompute::selective>>(
+      {.micro_batch = 2}, "gpipe selective");
+  expect_matches<weft::strategy<M, pipeline::one_f_one_b, optim::zero<1>, recompute::full>>(
+      {.micro_batch = 2}, "1f1b full");
 }
 
 TEST(strategy, sequence_parallel_matches) {
   expect_matches<weft::strategy<mesh<tp<2>, pp<2>, dp<2>>, pipeline::interleaved<2>, optim::zero<1>,
-                                recompute::selective, sequence_parallel>>({.micro_batch = 1}, "2x2x2 V=2 SP");
+                                recompute::selective, sequence_parallel>>({.micro_batch = 1},
+                                                                          "2x2x2 V=2 SP");
 }
 
 TEST(strategy, tied_embeddings_match) {
   // The embedding group across pipeline stages; both copies on one stage; an uneven layout.
-  expect_matches<weft::strategy<mesh<tp<2>, pp<2>, dp<1>>, pipeline::one_f_one_b, optim::zero<1>, recompute::none>>(
+  expect_matches<weft::strategy<mesh<tp<2>, pp<2>, dp<1>>, pipeline::one_f_one_b, optim::zero<1>,
+                                recompute::none>>(
       {.model = {.tie_embeddings = true}, .micro_batch = 2}, "2x2x1 tied");
-  expect_matches<weft::strategy<mesh<tp<2>, pp<1>, dp<2>>, pipeline::one_f_one_b, optim::zero<2>, recompute::none>>(
+  expect_matches<weft::strategy<mesh<tp<2>, pp<1>, dp<2>>, pipeline::one_f_one_b, optim::zero<2>,
+                                recompute::none>>(
       {.model = {.tie_embeddings = true}, .micro_batch = 2}, "2x1x2 tied");
-  expect_matches<weft::strategy<mesh<tp<1>, pp<4>, dp<2>>, pipeline::one_f_one_b, optim::zero<3>, recompute::none>>(
-      {.model = {.tie_embeddings = true}, .micro_batch = 1, .layout = pipeline::parse_layout("Et*2|t|t|L")}, "1x4x2 tied");
+  expect_matches<weft::strategy<mesh<tp<1>, pp<4>, dp<2>>, pipeline::one_f_one_b, optim::zero<3>,
+                                recompute::none>>({.model = {.tie_embeddings = true},
+                                                   .micro_batch = 1,
+                                                   .layout = pipeline::parse_layout("Et*2|t|t|L")},
+                                                  "1x4x2 tied");
   // and the tied model is not the untied one
   EXPECT_NE(reference(ts::sgd_rule, true)[1], reference(ts::sgd_rule, false)[1]);
 }
@@ -158,29 +172,39 @@ TEST(strategy, gradient_clipping_by_the_global_norm_matches) {
   std::vector<double> norms;
   const auto tied = ts::reference_losses(ts::sgd_rule, true, 1, ts::steps, bound, &norms);
   const auto untied = ts::reference_losses(ts::sgd_rule, false, 1, ts::steps, bound);
-  for (std::size_t s = 0; s < norms.size(); ++s) EXPECT_GT(norms[s], 1.5 * bound) << "step " << s;
+  for (std::size_t s = 0; s < norms.size(); ++s)
+    EXPECT_GT(norms[s], 1.5 * bound) << "step " << s;
   EXPECT_NE(tied[1], reference(ts::sgd_rule, true)[1]) << "clipping changed nothing";
   const auto clip = [](weft::strategy_config c) {
     c.optimizer.max_grad_norm = static_cast<float>(bound);
     return c;
   };
   // (The strategy types of the tests above: nothing new to compile.)
-  expect_losses<weft::strategy<mesh<tp<2>, pp<2>, dp<2>>, pipeline::one_f_one_b, optim::zero<1>, recompute::none>>(
-      clip({.micro_batch = 1}), untied, "2x2x2 zero<1> clipped", ts::sgd_rule);
+  expect_losses<weft::strategy<mesh<tp<2>, pp<2>, dp<2>>, pipeline::one_f_one_b, optim::zero<1>,
+                               recompute::none>>(clip({.micro_batch = 1}), untied,
+                                                 "2x2x2 zero<1> clipped", ts::sgd_rule);
   expect_losses<weft::strategy<mesh<tp<2>, pp<2>, dp<2>>, pipeline::interleaved<2>, optim::zero<1>,
-                               recompute::selective, sequence_parallel>>(clip({.micro_batch = 1}), untied,
-                                                                         "2x2x2 V=2 SP clipped", ts::sgd_rule);
-  expect_losses<weft::strategy<mesh<tp<2>, pp<2>, dp<1>>, pipeline::one_f_one_b, optim::zero<1>, recompute::none>>(
-      clip({.model = {.tie_embeddings = true}, .micro_batch = 2}), tied, "2x2x1 tied clipped", ts::sgd_rule);
-  expect_losses<weft::strategy<mesh<tp<2>, pp<1>, dp<2>>, pipeline::one_f_one_b, optim::zero<2>, recompute::none>>(
-      clip({.model = {.tie_embeddings = true}, .micro_batch = 2}), tied, "2x1x2 tied clipped", ts::sgd_rule);
-  expect_losses<weft::strategy<mesh<tp<1>, pp<4>, dp<2>>, pipeline::one_f_one_b, optim::zero<3>, recompute::none>>(
-      clip({.model = {.tie_embeddings = true}, .micro_batch = 1, .layout = pipeline::parse_layout("Et*2|t|t|L")}), tied,
-      "1x4x2 tied clipped", ts::sgd_rule);
+                               recompute::selective, sequence_parallel>>(
+      clip({.micro_batch = 1}), untied, "2x2x2 V=2 SP clipped", ts::sgd_rule);
+  expect_losses<weft::strategy<mesh<tp<2>, pp<2>, dp<1>>, pipeline::one_f_one_b, optim::zero<1>,
+                               recompute::none>>(
+      clip({.model = {.tie_embeddings = true}, .micro_batch = 2}), tied, "2x2x1 tied clipped",
+      ts::sgd_rule);
+  expect_losses<weft::strategy<mesh<tp<2>, pp<1>, dp<2>>, pipeline::one_f_one_b, optim::zero<2>,
+                               recompute::none>>(
+      clip({.model = {.tie_embeddings = true}, .micro_batch = 2}), tied, "2x1x2 tied clipped",
+      ts::sgd_rule);
+  expect_losses<weft::strategy<mesh<tp<1>, pp<4>, dp<2>>, pipeline::one_f_one_b, optim::zero<3>,
+                               recompute::none>>(
+      clip({.model = {.tie_embeddings = true},
+            .micro_batch = 1,
+            .layout = pipeline::parse_layout("Et*2|t|t|L")}),
+      tied, "1x4x2 tied clipped", ts::sgd_rule);
 }
 
 TEST(strategy, the_stages_hold_the_layout) {
-  using S = weft::strategy<mesh<tp<1>, pp<2>, dp<1>>, pipeline::interleaved<2>, optim::zero<0>, recompute::none>;
+  using S = weft::strategy<mesh<tp<1>, pp<2>, dp<1>>, pipeline::interleaved<2>, optim::zero<0>,
+                           recompute::none>;
   std::vector<std::vector<int>> layouts(2);
   std::vector<int> mbs(2);
   weft::local::run(2, [&](weft::local::communicator& world) {
@@ -212,53 +236,66 @@ std::vector<std::string> errors_of(int world_size, weft::strategy_config c) {
 
 void expect_every_rank_says(const std::vector<std::string>& errors, const std::string& needle) {
   for (std::size_t r = 0; r < errors.size(); ++r) {
-    EXPECT_NE(errors[r].find(needle), std::string::npos) << "rank " << r << ": '" << errors[r] << "'";
+    EXPECT_NE(errors[r].find(needle), std::string::npos)
+        << "rank " << r << ": '" << errors[r] << "'";
   }
 }
 
 TEST(strategy_errors, world_size_not_matching_the_mesh) {
-  using S = weft::strategy<mesh<tp<2>, pp<2>, dp<1>>, pipeline::one_f_one_b, optim::zero<1>, recompute::none>;
+  using S = weft::strategy<mesh<tp<2>, pp<2>, dp<1>>, pipeline::one_f_one_b, optim::zero<1>,
+                           recompute::none>;
   expect_every_rank_says(errors_of<S>(3, {}), "the mesh has 4 ranks but the world has 3");
 }
 
 TEST(strategy_errors, layers_that_do_not_split_evenly) {
-  using S = weft::strategy<mesh<tp<1>, pp<3>, dp<1>>, pipeline::one_f_one_b, optim::zero<0>, recompute::none>;
+  using S = weft::strategy<mesh<tp<1>, pp<3>, dp<1>>, pipeline::one_f_one_b, optim::zero<0>,
+                           recompute::none>;
   expect_every_rank_says(errors_of<S>(3, {}), "4 layers do not split evenly over 3 virtual stages");
 }
 
 TEST(strategy_errors, a_layout_that_does_not_sum_to_the_layers) {
-  using S = weft::strategy<mesh<tp<1>, pp<2>, dp<1>>, pipeline::one_f_one_b, optim::zero<0>, recompute::none>;
-  expect_every_rank_says(errors_of<S>(2, {.layout = {3, 2}}), "the stages hold 5 layers, the model has 4");
+  using S = weft::strategy<mesh<tp<1>, pp<2>, dp<1>>, pipeline::one_f_one_b, optim::zero<0>,
+                           recompute::none>;
+  expect_every_rank_says(errors_of<S>(2, {.layout = {3, 2}}),
+                         "the stages hold 5 layers, the model has 4");
   expect_every_rank_says(errors_of<S>(2, {.layout = {4}}), "1 entries for 2 virtual stages");
 }
 
 TEST(strategy_errors, a_batch_that_does_not_divide) {
-  using S = weft::strategy<mesh<tp<1>, pp<1>, dp<2>>, pipeline::one_f_one_b, optim::zero<0>, recompute::none>;
+  using S = weft::strategy<mesh<tp<1>, pp<1>, dp<2>>, pipeline::one_f_one_b, optim::zero<0>,
+                           recompute::none>;
   expect_every_rank_says(errors_of<S>(2, {.micro_batch = 3}),
-                         "a global batch of 8 sequences does not split into 2 data-parallel ranks x microbatches of 3");
+                         "a global batch of 8 sequences does not split into 2 data-parallel ranks "
+                         "x microbatches of 3");
 }
 
 // The strategy trains in float and scales no loss: a loss scale would shrink every update.
 TEST(strategy_errors, loss_scaling_asked_of_a_float_strategy) {
-  using S = weft::strategy<mesh<tp<1>, pp<1>, dp<2>>, pipeline::one_f_one_b, optim::zero<1>, recompute::none>;
+  using S = weft::strategy<mesh<tp<1>, pp<1>, dp<2>>, pipeline::one_f_one_b, optim::zero<1>,
+                           recompute::none>;
   weft::strategy_config c{.micro_batch = 2};
   c.optimizer.loss_scaling = true;
-  expect_every_rank_says(errors_of<S>(2, c), "optimizer.loss_scaling: the strategy trains in float");
+  expect_every_rank_says(errors_of<S>(2, c),
+                         "optimizer.loss_scaling: the strategy trains in float");
 }
 
 TEST(strategy_errors, heads_that_do_not_divide_over_tp) {
-  using S = weft::strategy<mesh<tp<3>, pp<1>, dp<1>>, pipeline::one_f_one_b, optim::zero<0>, recompute::none>;
-  expect_every_rank_says(errors_of<S>(3, {}), "4 heads do not divide over a tensor-parallel group of 3");
+  using S = weft::strategy<mesh<tp<3>, pp<1>, dp<1>>, pipeline::one_f_one_b, optim::zero<0>,
+                           recompute::none>;
+  expect_every_rank_says(errors_of<S>(3, {}),
+                         "4 heads do not divide over a tensor-parallel group of 3");
 }
 
 TEST(strategy_errors, a_tensor_parallel_group_across_nodes) {
-  using S = weft::strategy<mesh<tp<2>, pp<1>, dp<2>>, pipeline::one_f_one_b, optim::zero<0>, recompute::none>;
+  using S = weft::strategy<mesh<tp<2>, pp<1>, dp<2>>, pipeline::one_f_one_b, optim::zero<0>,
+                           recompute::none>;
   // 4 nodes of one device: every TP pair spans two nodes.
   expect_every_rank_says(errors_of<S>(4, {.cluster = weft::topology::parse("4x1")}), "tp");
 }
 
 TEST(strategy_errors, a_train_step_with_the_wrong_batch) {
-  using S = weft::strategy<mesh<tp<1>, pp<1>, dp<1>>, pipeline::one_f_one_b, optim::zero<0>, recompute::none>;
+  using S = weft::strategy<mesh<tp<1>, pp<1>, dp<1>>, pipeline::one_f_one_b, optim::zero<0>,
+                           recompute::none>;
   std::string what;
   weft::local::run(1, [&](weft::local::communicator& world) {
     auto t = S::make(world, {.model = ts::shape, .global_batch = ts::global_batch}, ts::sgd_rule);
@@ -269,7 +306,8 @@ TEST(strategy_errors, a_train_step_with_the_wrong_batch) {
       what = e.what();
     }
   });
-  EXPECT_NE(what.find("16 ids and 16 targets, expected global_batch x seq = 64"), std::string::npos) << what;
+  EXPECT_NE(what.find("16 ids and 16 targets, expected global_batch x seq = 64"), std::string::npos)
+      << what;
 }
 
 // --- layout strings ---------------------------------------------------------------------------
@@ -297,7 +335,8 @@ TEST(pipeline_layout, refuses_bad_strings_naming_the_place) {
   says("(t|*2", "'(' without ')'");
   says("t)", "')' without '('");
   says("(t)", "must be followed by '*N'");
-  says("((((((((((((((((((t)*2)*2)*2)*2)*2)*2)*2)*2)*2)*2)*2)*2)*2)*2)*2)*2)*2)*2", "nested too deep");
+  says("((((((((((((((((((t)*2)*2)*2)*2)*2)*2)*2)*2)*2)*2)*2)*2)*2)*2)*2)*2)*2)*2",
+       "nested too deep");
   says("((t)*1000)*1000000", "too long");
   says("", "empty");
 }

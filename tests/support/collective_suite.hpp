@@ -5,9 +5,6 @@
 // every algorithm and, later, every transport.
 #include <weft/weft.hpp>
 
-#include "support/reference.hpp"
-#include "support/scale.hpp"
-
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -16,11 +13,15 @@
 #include <string>
 #include <vector>
 
+#include "support/reference.hpp"
+#include "support/scale.hpp"
+
 namespace weft::test {
 
 /// World sizes every collective is checked on.
-inline const std::vector<int> world_sizes =
-    sanitized ? std::vector<int>{1, 2, 3, 5, 8, 16} : std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8, 9, 16};
+inline const std::vector<int> world_sizes = sanitized
+                                                ? std::vector<int>{1, 2, 3, 5, 8, 16}
+                                                : std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8, 9, 16};
 
 /// Element counts for p ranks: zero, one, fewer than the ranks, not divisible, a few thousand.
 inline std::vector<std::size_t> counts_for(int p) {
@@ -73,23 +74,25 @@ std::vector<T> call_and_check(Comm& c, std::size_t count, int root, pattern pat,
   }
   const bool exact = pat == pattern::exact || std::is_integral_v<T>;
   const std::string diff = compare(out, want, exact, tolerance<T>(p));
-  EXPECT_TRUE(diff.empty()) << name_of(C) << "<" << Algo::name << "> " << dtype_traits<T>::name << " "
-                            << op_name<Op>() << " p=" << p << " rank " << r << " count " << count << " root " << root
-                            << (in_place ? " in place" : "") << (pat == pattern::random ? " random" : "") << ": "
-                            << diff;
+  EXPECT_TRUE(diff.empty()) << name_of(C) << "<" << Algo::name << "> " << dtype_traits<T>::name
+                            << " " << op_name<Op>() << " p=" << p << " rank " << r << " count "
+                            << count << " root " << root << (in_place ? " in place" : "")
+                            << (pat == pattern::random ? " random" : "") << ": " << diff;
   return out;
 }
 
 /// Checks that every rank's output is bitwise identical to rank 0's.
 template <class T, class Comm>
-void expect_identical(Comm& c, shared_outputs<T>& shared, std::vector<T> mine, const std::string& what) {
+void expect_identical(Comm& c, shared_outputs<T>& shared, std::vector<T> mine,
+                      const std::string& what) {
   shared.outputs[static_cast<std::size_t>(c.rank())] = std::move(mine);
   c.barrier();
   if (c.rank() != 0) {
     const auto& a = shared.outputs[0];
     const auto& b = shared.outputs[static_cast<std::size_t>(c.rank())];
     bool same = a.size() == b.size();
-    for (std::size_t i = 0; same && i < a.size(); ++i) same = same_bits(a[i], b[i]);
+    for (std::size_t i = 0; same && i < a.size(); ++i)
+      same = same_bits(a[i], b[i]);
     EXPECT_TRUE(same) << what << ": rank " << c.rank() << " differs from rank 0";
   }
   c.barrier();
@@ -114,7 +117,8 @@ void check_all_types(Comm& c, std::size_t count, int root) {
   }
   each.template operator()<float, op::sum>(pattern::exact);
   each.template operator()<double, op::sum>(pattern::random);
-  if constexpr (C != collective::all_gather && C != collective::broadcast && C != collective::all_to_all) {
+  if constexpr (C != collective::all_gather && C != collective::broadcast &&
+                C != collective::all_to_all) {
     // Data movement alone does not depend on the operator; reductions are checked with each.
     each.template operator()<std::int32_t, op::min>(pattern::exact);
     each.template operator()<std::int32_t, op::max>(pattern::random);
@@ -141,16 +145,23 @@ template <class Algo, collective C>
 void sweep() {
   for (int p : world_sizes) {
     shared_outputs<float> shared(p);
-    local::run(p, [&](local::communicator& c) {
-      for (std::size_t count : counts_for(p)) check_all_types<Algo, C>(c, count, p - 1);
-      if (C == collective::broadcast || C == collective::reduce) {
-        for (int root = 0; root < p - 1; ++root) call_and_check<Algo, C, std::int32_t, op::sum>(c, 7, root, pattern::exact, false);
-      }
-      if (C == collective::all_reduce || C == collective::all_gather || C == collective::broadcast) {
-        auto mine = call_and_check<Algo, C, float, op::sum>(c, 2049, 0, pattern::random, false);
-        expect_identical(c, shared, std::move(mine), std::string(name_of(C)) + "<" + std::string(Algo::name) + ">");
-      }
-    }, test_options);
+    local::run(
+        p,
+        [&](local::communicator& c) {
+          for (std::size_t count : counts_for(p))
+            check_all_types<Algo, C>(c, count, p - 1);
+          if (C == collective::broadcast || C == collective::reduce) {
+            for (int root = 0; root < p - 1; ++root)
+              call_and_check<Algo, C, std::int32_t, op::sum>(c, 7, root, pattern::exact, false);
+          }
+          if (C == collective::all_reduce || C == collective::all_gather ||
+              C == collective::broadcast) {
+            auto mine = call_and_check<Algo, C, float, op::sum>(c, 2049, 0, pattern::random, false);
+            expect_identical(c, shared, std::move(mine),
+                             std::string(name_of(C)) + "<" + std::string(Algo::name) + ">");
+          }
+        },
+        test_options);
     if (::testing::Test::HasFailure()) return;
   }
 }
@@ -162,13 +173,19 @@ void large(std::size_t count) {
   count = scaled(count, 4096);
   for (int p : {4, 7}) {
     shared_outputs<float> shared(p);
-    local::run(p, [&](local::communicator& c) {
-      auto mine = call_and_check<Algo, C, float, op::sum>(c, count, p / 2, pattern::random, false);
-      if (C == collective::all_reduce || C == collective::all_gather || C == collective::broadcast) {
-        expect_identical(c, shared, std::move(mine), "large");
-      }
-      call_and_check<Algo, C, std::int32_t, op::sum>(c, count, 0, pattern::exact, C == collective::all_reduce);
-    }, test_options);
+    local::run(
+        p,
+        [&](local::communicator& c) {
+          auto mine =
+              call_and_check<Algo, C, float, op::sum>(c, count, p / 2, pattern::random, false);
+          if (C == collective::all_reduce || C == collective::all_gather ||
+              C == collective::broadcast) {
+            expect_identical(c, shared, std::move(mine), "large");
+          }
+          call_and_check<Algo, C, std::int32_t, op::sum>(c, count, 0, pattern::exact,
+                                                         C == collective::all_reduce);
+        },
+        test_options);
   }
 }
 

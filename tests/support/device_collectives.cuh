@@ -41,9 +41,11 @@ void upload(T* dst, const std::vector<T>& src, cudaStream_t s) {
 // (staging buffers), while this rank's queued p2p sync spins until those threads' ranks
 // launch theirs.
 inline void wait_idle(cudaStream_t s, std::chrono::seconds limit = std::chrono::seconds(60)) {
-  const cudaError_t e = weft::cuda::detail::poll_stream(s, std::chrono::steady_clock::now() + limit);
+  const cudaError_t e =
+      weft::cuda::detail::poll_stream(s, std::chrono::steady_clock::now() + limit);
   if (e == cudaErrorNotReady) {
-    throw weft::error("test download: the stream was not idle after " + std::to_string(limit.count()) + " s");
+    throw weft::error("test download: the stream was not idle after " +
+                      std::to_string(limit.count()) + " s");
   }
   WEFT_CUDA_TRY(e);
 }
@@ -178,12 +180,14 @@ std::vector<T> call_and_check(Comm& c, rank_memory& mem, std::size_t count, int 
 /// every type bit for bit); every type where it only moves data. An output every rank holds is
 /// compared across the ranks bit for bit. All-reduces in place too.
 template <class Algo, collective C, bool EveryOperator, class Comm>
-void check_all_types(Comm& c, rank_memory& mem, shared_outputs& shared, std::size_t count, int root) {
+void check_all_types(Comm& c, rank_memory& mem, shared_outputs& shared, std::size_t count,
+                     int root) {
   const auto each = [&]<class T, class Op>(test::pattern pat) {
     auto out = call_and_check<Algo, C, T, Op>(c, mem, count, root, pat, false);
     if constexpr (replicates(C)) {
       expect_identical(c, shared, out,
-                       std::string(name_of(C)) + "<" + std::string(Algo::name) + "> count " + std::to_string(count));
+                       std::string(name_of(C)) + "<" + std::string(Algo::name) + "> count " +
+                           std::to_string(count));
     }
   };
   const auto each_op = [&]<class T>(test::pattern pat) {
@@ -195,7 +199,8 @@ void check_all_types(Comm& c, rank_memory& mem, shared_outputs& shared, std::siz
     }
     each.template operator()<T, op::avg>(pat);
   };
-  if constexpr (C == collective::all_reduce || C == collective::reduce_scatter || C == collective::reduce) {
+  if constexpr (C == collective::all_reduce || C == collective::reduce_scatter ||
+                C == collective::reduce) {
     each_op.template operator()<std::int32_t>(test::pattern::exact);
     each_op.template operator()<std::int64_t>(test::pattern::exact);
     each_op.template operator()<float>(test::pattern::random);
@@ -213,7 +218,8 @@ void check_all_types(Comm& c, rank_memory& mem, shared_outputs& shared, std::siz
   if constexpr (C == collective::all_reduce) {
     call_and_check<Algo, C, std::int64_t, op::sum>(c, mem, count, root, test::pattern::exact, true);
     call_and_check<Algo, C, float, op::sum>(c, mem, count, root, test::pattern::random, true);
-    call_and_check<Algo, C, weft::bfloat16, op::avg>(c, mem, count, root, test::pattern::random, true);
+    call_and_check<Algo, C, weft::bfloat16, op::avg>(c, mem, count, root, test::pattern::random,
+                                                     true);
   }
 }
 
@@ -244,20 +250,26 @@ static __global__ void add_pattern(std::int64_t* x, std::size_t n, std::int64_t 
 /// is a sum all-reduce, or a broadcast from rank k % p where broadcast_at(k). All ranks start
 /// from ones. The host model the back-to-back tests compare the device with.
 template <class BroadcastAt>
-std::vector<std::vector<std::int64_t>> back_to_back_model(int p, std::size_t n, int calls, BroadcastAt broadcast_at) {
-  std::vector<std::vector<std::int64_t>> model(static_cast<std::size_t>(p), std::vector<std::int64_t>(n, 1));
+std::vector<std::vector<std::int64_t>> back_to_back_model(int p, std::size_t n, int calls,
+                                                          BroadcastAt broadcast_at) {
+  std::vector<std::vector<std::int64_t>> model(static_cast<std::size_t>(p),
+                                               std::vector<std::int64_t>(n, 1));
   for (int k = 0; k < calls; ++k) {
     for (int r = 0; r < p; ++r) {
-      for (std::size_t i = 0; i < n; ++i) model[static_cast<std::size_t>(r)][i] += (r + k) * static_cast<std::int64_t>(i % 5 + 1);
+      for (std::size_t i = 0; i < n; ++i)
+        model[static_cast<std::size_t>(r)][i] += (r + k) * static_cast<std::int64_t>(i % 5 + 1);
     }
     if (broadcast_at(k)) {
-      for (auto& m : model) m = model[static_cast<std::size_t>(k % p)];
+      for (auto& m : model)
+        m = model[static_cast<std::size_t>(k % p)];
     } else {
       std::vector<std::int64_t> sum(n, 0);
       for (const auto& m : model) {
-        for (std::size_t i = 0; i < n; ++i) sum[i] += m[i];
+        for (std::size_t i = 0; i < n; ++i)
+          sum[i] += m[i];
       }
-      for (auto& m : model) m = sum;
+      for (auto& m : model)
+        m = sum;
     }
   }
   return model;

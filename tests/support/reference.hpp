@@ -35,7 +35,7 @@ T input_value(int r, std::size_t i, pattern pat, std::uint64_t seed = 1) {
     if constexpr (std::is_integral_v<T>) {
       return static_cast<T>(static_cast<std::int64_t>(x % 2001) - 1000);
     } else {
-      const double u = static_cast<double>(x >> 11) * 0x1.0p-53;  // [0, 1)
+      const double u = static_cast<double>(x >> 11) * 0x1.0p-53; // [0, 1)
       if constexpr (std::is_base_of_v<op::prod, Op>) return static_cast<T>(0.5 + u);
       return static_cast<T>(2.0 * u - 1.0);
     }
@@ -52,10 +52,14 @@ T input_value(int r, std::size_t i, pattern pat, std::uint64_t seed = 1) {
 
 template <class Op>
 double ref_combine(double a, double b) {
-  if constexpr (std::is_base_of_v<op::prod, Op>) return a * b;
-  else if constexpr (std::is_base_of_v<op::min, Op>) return b < a ? b : a;
-  else if constexpr (std::is_base_of_v<op::max, Op>) return a < b ? b : a;
-  else return a + b;
+  if constexpr (std::is_base_of_v<op::prod, Op>)
+    return a * b;
+  else if constexpr (std::is_base_of_v<op::min, Op>)
+    return b < a ? b : a;
+  else if constexpr (std::is_base_of_v<op::max, Op>)
+    return a < b ? b : a;
+  else
+    return a + b;
 }
 
 /// Expected outputs of every rank (empty where a rank's output is unspecified).
@@ -70,10 +74,14 @@ std::vector<std::vector<T>> reference(collective c, int p, std::size_t count, in
       T acc = in[0][idx];
       for (int r = 1; r < p; ++r) {
         T v = in[static_cast<std::size_t>(r)][idx];
-        if constexpr (std::is_base_of_v<op::prod, Op>) acc = static_cast<T>(static_cast<U>(acc) * static_cast<U>(v));
-        else if constexpr (std::is_base_of_v<op::min, Op>) acc = v < acc ? v : acc;
-        else if constexpr (std::is_base_of_v<op::max, Op>) acc = acc < v ? v : acc;
-        else acc = static_cast<T>(static_cast<U>(acc) + static_cast<U>(v));
+        if constexpr (std::is_base_of_v<op::prod, Op>)
+          acc = static_cast<T>(static_cast<U>(acc) * static_cast<U>(v));
+        else if constexpr (std::is_base_of_v<op::min, Op>)
+          acc = v < acc ? v : acc;
+        else if constexpr (std::is_base_of_v<op::max, Op>)
+          acc = acc < v ? v : acc;
+        else
+          acc = static_cast<T>(static_cast<U>(acc) + static_cast<U>(v));
       }
       if constexpr (is_average_v<Op>) acc = static_cast<T>(acc / p);
       return acc;
@@ -82,7 +90,8 @@ std::vector<std::vector<T>> reference(collective c, int p, std::size_t count, in
       if constexpr (std::is_same_v<T, double>) acc = in[0][idx];
       for (int r = 1; r < p; ++r) {
         const T& v = in[static_cast<std::size_t>(r)][idx];
-        double dv = std::is_same_v<T, double> ? static_cast<double>(v) : static_cast<double>(static_cast<float>(v));
+        double dv = std::is_same_v<T, double> ? static_cast<double>(v)
+                                              : static_cast<double>(static_cast<float>(v));
         acc = ref_combine<Op>(acc, dv);
       }
       if constexpr (is_average_v<Op>) acc /= p;
@@ -93,19 +102,23 @@ std::vector<std::vector<T>> reference(collective c, int p, std::size_t count, in
     auto& o = out[static_cast<std::size_t>(r)];
     switch (c) {
       case collective::all_reduce:
-        for (std::size_t i = 0; i < count; ++i) o.push_back(reduce_at(i));
+        for (std::size_t i = 0; i < count; ++i)
+          o.push_back(reduce_at(i));
         break;
       case collective::reduce:
         if (r == root) {
-          for (std::size_t i = 0; i < count; ++i) o.push_back(reduce_at(i));
+          for (std::size_t i = 0; i < count; ++i)
+            o.push_back(reduce_at(i));
         }
         break;
       case collective::reduce_scatter:
-        for (std::size_t i = 0; i < count; ++i) o.push_back(reduce_at(static_cast<std::size_t>(r) * count + i));
+        for (std::size_t i = 0; i < count; ++i)
+          o.push_back(reduce_at(static_cast<std::size_t>(r) * count + i));
         break;
       case collective::all_gather:
         for (int s = 0; s < p; ++s) {
-          for (std::size_t i = 0; i < count; ++i) o.push_back(in[static_cast<std::size_t>(s)][i]);
+          for (std::size_t i = 0; i < count; ++i)
+            o.push_back(in[static_cast<std::size_t>(s)][i]);
         }
         break;
       case collective::broadcast: o = in[static_cast<std::size_t>(root)]; break;
@@ -122,7 +135,9 @@ std::vector<std::vector<T>> reference(collective c, int p, std::size_t count, in
 }
 
 inline std::size_t input_count(collective c, int p, std::size_t count) {
-  return c == collective::reduce_scatter || c == collective::all_to_all ? count * static_cast<std::size_t>(p) : count;
+  return c == collective::reduce_scatter || c == collective::all_to_all
+             ? count * static_cast<std::size_t>(p)
+             : count;
 }
 inline std::size_t output_count(collective c, int p, std::size_t count, int rank, int root) {
   switch (c) {
@@ -147,12 +162,18 @@ std::string compare(const std::vector<T>& got, const std::vector<T>& want, bool 
     return "size " + std::to_string(got.size()) + " != " + std::to_string(want.size());
   }
   for (std::size_t i = 0; i < got.size(); ++i) {
-    const double g = static_cast<double>(static_cast<std::conditional_t<std::is_same_v<T, double>, double,
-                                                                         std::conditional_t<std::is_integral_v<T>, T, float>>>(got[i]));
-    const double w = static_cast<double>(static_cast<std::conditional_t<std::is_same_v<T, double>, double,
-                                                                         std::conditional_t<std::is_integral_v<T>, T, float>>>(want[i]));
+    const double g = static_cast<double>(
+        static_cast<std::conditional_t<std::is_same_v<T, double>, double,
+                                       std::conditional_t<std::is_integral_v<T>, T, float>>>(
+            got[i]));
+    const double w = static_cast<double>(
+        static_cast<std::conditional_t<std::is_same_v<T, double>, double,
+                                       std::conditional_t<std::is_integral_v<T>, T, float>>>(
+            want[i]));
     const bool ok = exact ? g == w : std::abs(g - w) <= tol * (1.0 + std::abs(w));
-    if (!ok) return "element " + std::to_string(i) + ": got " + std::to_string(g) + ", want " + std::to_string(w);
+    if (!ok)
+      return "element " + std::to_string(i) + ": got " + std::to_string(g) + ", want " +
+             std::to_string(w);
   }
   return {};
 }
@@ -160,11 +181,16 @@ std::string compare(const std::vector<T>& got, const std::vector<T>& want, bool 
 /// Tolerance for random float inputs on p ranks: a few rounding errors of T per addition.
 template <class T>
 double tolerance(int p) {
-  if constexpr (std::is_same_v<T, double>) return 1e-13 * p;
-  else if constexpr (std::is_same_v<T, float>) return 1e-5 * p;
-  else if constexpr (std::is_same_v<T, half>) return 2e-3 * p;
-  else if constexpr (std::is_same_v<T, bfloat16>) return 1.6e-2 * p;
-  else return 0;
+  if constexpr (std::is_same_v<T, double>)
+    return 1e-13 * p;
+  else if constexpr (std::is_same_v<T, float>)
+    return 1e-5 * p;
+  else if constexpr (std::is_same_v<T, half>)
+    return 2e-3 * p;
+  else if constexpr (std::is_same_v<T, bfloat16>)
+    return 1.6e-2 * p;
+  else
+    return 0;
 }
 
 /// Runs the plans of every rank (plans[r] is rank r's, for collective c of count elements
@@ -205,17 +231,22 @@ void check_plan_set(const std::vector<plan>& plans, collective c, std::size_t co
         auto got = ranks[static_cast<std::size_t>(r)].output;
         if (c == collective::reduce && r != root) continue;
         if constexpr (is_average_v<Op>) {
-          if (c == collective::all_reduce || c == collective::reduce_scatter || c == collective::reduce) {
+          if (c == collective::all_reduce || c == collective::reduce_scatter ||
+              c == collective::reduce) {
             // The plan sums; the operation divides afterwards. Do it as the operation does.
             using A = accumulate_t<T>;
-            for (auto& v : got) v = static_cast<T>(static_cast<A>(v) / static_cast<A>(p));
+            for (auto& v : got)
+              v = static_cast<T>(static_cast<A>(v) / static_cast<A>(p));
           }
         }
-        const std::string diff = compare(got, want[static_cast<std::size_t>(r)], exact, tolerance<T>(p));
-        ASSERT_TRUE(diff.empty()) << "rank " << r << (in_place ? " in place" : "") << " seed " << seed << ": " << diff
-                                  << "\n" << plans[static_cast<std::size_t>(r)].to_string();
+        const std::string diff =
+            compare(got, want[static_cast<std::size_t>(r)], exact, tolerance<T>(p));
+        ASSERT_TRUE(diff.empty()) << "rank " << r << (in_place ? " in place" : "") << " seed "
+                                  << seed << ": " << diff << "\n"
+                                  << plans[static_cast<std::size_t>(r)].to_string();
       }
-      if (c == collective::all_reduce || c == collective::all_gather || c == collective::broadcast) {
+      if (c == collective::all_reduce || c == collective::all_gather ||
+          c == collective::broadcast) {
         for (int r = 1; r < p; ++r) {
           const auto& a = ranks[0].output;
           const auto& b = ranks[static_cast<std::size_t>(r)].output;

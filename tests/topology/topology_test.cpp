@@ -208,7 +208,7 @@ TEST(Cluster, ConstructorValidates) {
   EXPECT_THROW(cluster({2}, link{link_kind::infiniband, 1e9, 0}, eth), weft::error);
   EXPECT_THROW(cluster({2}, shm, link{link_kind::nvlink, 1e9, 0}), weft::error);
   EXPECT_THROW(cluster({std::numeric_limits<int>::max(), 1}, shm, eth), weft::error);
-  EXPECT_NO_THROW(cluster({2}, link{link_kind::pcie, 1e9, 0}, eth));  // zero latency is fine
+  EXPECT_NO_THROW(cluster({2}, link{link_kind::pcie, 1e9, 0}, eth)); // zero latency is fine
 }
 
 TEST(Cluster, Equality) {
@@ -219,7 +219,7 @@ TEST(Cluster, Equality) {
   EXPECT_NE(parse("2x4"), parse("2x4,nics=2"));
   EXPECT_NE(parse("2x4"), parse("2x4,reduce=11GB/s"));
   EXPECT_NE(parse("2x4"), parse("2x4,shm=2us"));
-  EXPECT_NE(parse("2x4"), parse("2x4,intra=pcie:10GB/s:1us"));  // kind alone differs
+  EXPECT_NE(parse("2x4"), parse("2x4,intra=pcie:10GB/s:1us")); // kind alone differs
 }
 
 // ---------------------------------------------------------------------------------------
@@ -332,9 +332,9 @@ TEST(Parse, OptionsInAnyOrder) {
 }
 
 TEST(Parse, Whitespace) {
-  const cluster c =
-      parse("  2 x 4 ,  intra = nvlink : 900 GB/s : 2 us , inter=ib:50GB/s:5us ,nics = 4 ,"
-            " reduce = 1TB/s ");
+  const cluster c = parse(
+      "  2 x 4 ,  intra = nvlink : 900 GB/s : 2 us , inter=ib:50GB/s:5us ,nics = 4 ,"
+      " reduce = 1TB/s ");
   EXPECT_EQ(c.nodes(), 2);
   EXPECT_EQ(c.size(), 8);
   EXPECT_EQ(c.intra(), (link{link_kind::nvlink, 900e9, 2e-6}));
@@ -472,7 +472,7 @@ TEST(Presets, DgxA100) {
   // 600 GB/s bidirectional NVLink3; HDR 200 Gb/s.
   EXPECT_THAT(c, has_links({link_kind::nvlink, 300e9, 2e-6}, {link_kind::infiniband, 25e9, 5e-6}));
   EXPECT_EQ(c.nics_per_node(), 8);
-  EXPECT_DOUBLE_EQ(c.reduce_bandwidth(), 2039e9);  // A100 80GB HBM2e
+  EXPECT_DOUBLE_EQ(c.reduce_bandwidth(), 2039e9); // A100 80GB HBM2e
 }
 
 TEST(Presets, DgxH100) {
@@ -482,7 +482,7 @@ TEST(Presets, DgxH100) {
   // 900 GB/s bidirectional NVLink4; NDR 400 Gb/s.
   EXPECT_THAT(c, has_links({link_kind::nvlink, 450e9, 2e-6}, {link_kind::infiniband, 50e9, 5e-6}));
   EXPECT_EQ(c.nics_per_node(), 8);
-  EXPECT_DOUBLE_EQ(c.reduce_bandwidth(), 3.35e12);  // H100 SXM HBM3
+  EXPECT_DOUBLE_EQ(c.reduce_bandwidth(), 3.35e12); // H100 SXM HBM3
 }
 
 TEST(Presets, DgxH200) {
@@ -493,7 +493,7 @@ TEST(Presets, DgxH200) {
   EXPECT_EQ(c.inter().kind, link_kind::infiniband);
   EXPECT_DOUBLE_EQ(c.inter().bandwidth, 50e9);
   EXPECT_EQ(c.nics_per_node(), 8);
-  EXPECT_DOUBLE_EQ(c.reduce_bandwidth(), 4.8e12);  // H200 HBM3e
+  EXPECT_DOUBLE_EQ(c.reduce_bandwidth(), 4.8e12); // H200 HBM3e
 }
 
 TEST(Presets, Host) {
@@ -541,7 +541,7 @@ TEST(ParseErrors, BadShape) {
   expect_rejected("intra=nvlink,2x4", "intra=nvlink");
   expect_rejected("2x4 intra=nvlink", "2x4 intra=nvlink");
   expect_rejected("99999999999x2", "99999999999");
-  expect_rejected("65536x65536", "65536x65536");  // 2^32 devices
+  expect_rejected("65536x65536", "65536x65536"); // 2^32 devices
 }
 
 // Found by tests/fuzz/topology_spec_fuzz.cpp: a node count that fits in an int but would
@@ -611,20 +611,24 @@ TEST(ParseErrors, SignsAndRangesAreNamed) {
   EXPECT_THAT(parse_error("2x4,shm=-1us"), HasSubstr("a latency cannot be negative"));
   EXPECT_THAT(parse_error("2x4,shm=1GB/s:-5us"), HasSubstr("a latency cannot be negative"));
   EXPECT_THAT(parse_error("2x4,shm=-5GB/s"), HasSubstr("a bandwidth cannot be negative"));
-  EXPECT_THAT(parse_error("2x4,shm=1e400GB/s"), HasSubstr("\"1e400GB/s\": out of the range of a double"));
-  EXPECT_THAT(parse_error("2x4,shm=1e-400us"), HasSubstr("\"1e-400us\": out of the range of a double"));
-  EXPECT_THAT(parse_error("2x4,shm=1GB/s:1e99999999999us"), HasSubstr("out of the range of a double"));
+  EXPECT_THAT(parse_error("2x4,shm=1e400GB/s"),
+              HasSubstr("\"1e400GB/s\": out of the range of a double"));
+  EXPECT_THAT(parse_error("2x4,shm=1e-400us"),
+              HasSubstr("\"1e-400us\": out of the range of a double"));
+  EXPECT_THAT(parse_error("2x4,shm=1GB/s:1e99999999999us"),
+              HasSubstr("out of the range of a double"));
   // 1e306 Kb/s = 1.25e308 B/s, which a double holds.
   EXPECT_EQ(bandwidth_of("1e306Kb/s"), 1.25e308);
   EXPECT_EQ(bandwidth_of("1e305KB/s"), bandwidth_of("8e305Kb/s"));
-  EXPECT_EQ(bandwidth_of("0.3Gb/s"), 0.3e9 / 8);  // rounded once, as before
+  EXPECT_EQ(bandwidth_of("0.3Gb/s"), 0.3e9 / 8); // rounded once, as before
   EXPECT_EQ(bandwidth_of("1.7Tb/s"), 1.7e12 / 8);
 }
 
 // A+B+... shapes are bounded as NxM ones are, so that to_string()'s NxM reads back.
 TEST(ParseErrors, UnevenShapesHaveTheNodeBoundToo) {
   std::string ones = "1";
-  for (int i = 1; i < 65536; ++i) ones += "+1";
+  for (int i = 1; i < 65536; ++i)
+    ones += "+1";
   const auto c = weft::topology::parse(ones);
   EXPECT_EQ(c.nodes(), 65536);
   EXPECT_EQ(weft::topology::parse(c.to_string()), c);

@@ -93,7 +93,7 @@ struct config {
   sim::layout layout;
   sim::pipeline_engine engine = sim::pipeline_engine::megatron;
   std::optional<int> tp, pp, dp, chunks;
-  std::optional<int> ffn, kv_heads;  // applied after --model, wherever they come
+  std::optional<int> ffn, kv_heads; // applied after --model, wherever they come
   bool search = false;
   int top = 5;
   double memory_limit_gib = 0;
@@ -118,8 +118,12 @@ int whole(std::string_view flag, std::string_view text, int least, int most = 1 
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec != std::errc() || end != text.data() + text.size())
     bad(std::string(flag) + " takes a whole number, not '" + std::string(text) + "'");
-  if (v < least) bad(std::string(flag) + " must be at least " + std::to_string(least) + ", not " + std::string(text));
-  if (v > most) bad(std::string(flag) + " must be at most " + std::to_string(most) + ", not " + std::string(text));
+  if (v < least)
+    bad(std::string(flag) + " must be at least " + std::to_string(least) + ", not " +
+        std::string(text));
+  if (v > most)
+    bad(std::string(flag) + " must be at most " + std::to_string(most) + ", not " +
+        std::string(text));
   return v;
 }
 
@@ -151,22 +155,26 @@ sim::model_spec preset(std::string_view name) {
     m.learned_positions = false;
     m.tied_embeddings = false;
   };
-  if (name == "gpt3-175b") gpt(96, 12288, 96, 51200);
-  else if (name == "mt-nlg-530b") gpt(105, 20480, 128, 50272);
-  else if (name == "gpt-1t") gpt(128, 25600, 160, 51200);
+  if (name == "gpt3-175b")
+    gpt(96, 12288, 96, 51200);
+  else if (name == "mt-nlg-530b")
+    gpt(105, 20480, 128, 50272);
+  else if (name == "gpt-1t")
+    gpt(128, 25600, 160, 51200);
   else if (name == "bloom-176b") {
     gpt(70, 14336, 112, 250880);
-    m.learned_positions = false;  // ALiBi
-  }
-  else if (name == "llama2-70b") llama(80, 8192, 64, 8, 28672, 4096, 32000);
-  else if (name == "llama3-405b") llama(126, 16384, 128, 8, 53248, 8192, 128256);
-  else if (name == "nemotron4-340b") {  // GQA and rotary like Llama, but a squared-ReLU MLP of 4h
+    m.learned_positions = false; // ALiBi
+  } else if (name == "llama2-70b")
+    llama(80, 8192, 64, 8, 28672, 4096, 32000);
+  else if (name == "llama3-405b")
+    llama(126, 16384, 128, 8, 53248, 8192, 128256);
+  else if (name == "nemotron4-340b") { // GQA and rotary like Llama, but a squared-ReLU MLP of 4h
     llama(96, 18432, 96, 8, 73728, 4096, 256000);
     m.gated = false;
-  }
-  else
+  } else
     bad("unknown model '" + std::string(name) +
-        "' (gpt3-175b, mt-nlg-530b, gpt-1t, bloom-176b, llama2-70b, llama3-405b or nemotron4-340b)");
+        "' (gpt3-175b, mt-nlg-530b, gpt-1t, bloom-176b, llama2-70b, llama3-405b or "
+        "nemotron4-340b)");
   return m;
 }
 
@@ -174,7 +182,7 @@ config parse(const std::vector<std::string_view>& args) {
   config c;
   c.model.name = "model";
   bool has_preset = false, has_shape = false;
-  std::vector<std::string_view> seen; // the options with values given so far
+  std::vector<std::string_view> seen;  // the options with values given so far
   std::vector<std::string_view> flags; // every option given
   for (std::size_t i = 0; i < args.size(); ++i) {
     std::string_view flag = args[i];
@@ -189,26 +197,75 @@ config parse(const std::vector<std::string_view>& args) {
     }
     flags.push_back(flag);
     // Switches.
-    if (flag == "--gated") { c.model.gated = true; continue; }
-    if (flag == "--flash") { c.model.flash_attention = true; continue; }
-    if (flag == "--sequence-parallel") { c.layout.sequence_parallel = true; continue; }
-    if (flag == "--tp-across-nodes") { c.layout.tp_across_nodes = true; continue; }
-    if (flag == "--tp-overlap") { c.layout.tp_overlap = true; continue; }
-    if (flag == "--search") { c.search = true; continue; }
-    if (flag == "--json") { c.json = true; continue; }
-    if (flag == "--tied") { c.tied = true; continue; }
-    static constexpr std::string_view valued[] = {
-        "--model", "--layers", "--hidden", "--heads", "--seq", "--vocab", "--ffn", "--kv-heads",
-        "--gpu", "--nodes", "--gpus-per-node", "--global-batch", "--tp", "--pp", "--dp",
-        "--schedule", "--chunks", "--micro-batch", "--zero", "--recompute", "--top",
-        "--memory-limit", "--trace", "--grad-accum", "--engine", "--host", "--optimizer", "--bucket-elements",
-        "--prefetch", "--pipeline-layout"};
+    if (flag == "--gated") {
+      c.model.gated = true;
+      continue;
+    }
+    if (flag == "--flash") {
+      c.model.flash_attention = true;
+      continue;
+    }
+    if (flag == "--sequence-parallel") {
+      c.layout.sequence_parallel = true;
+      continue;
+    }
+    if (flag == "--tp-across-nodes") {
+      c.layout.tp_across_nodes = true;
+      continue;
+    }
+    if (flag == "--tp-overlap") {
+      c.layout.tp_overlap = true;
+      continue;
+    }
+    if (flag == "--search") {
+      c.search = true;
+      continue;
+    }
+    if (flag == "--json") {
+      c.json = true;
+      continue;
+    }
+    if (flag == "--tied") {
+      c.tied = true;
+      continue;
+    }
+    static constexpr std::string_view valued[] = {"--model",
+                                                  "--layers",
+                                                  "--hidden",
+                                                  "--heads",
+                                                  "--seq",
+                                                  "--vocab",
+                                                  "--ffn",
+                                                  "--kv-heads",
+                                                  "--gpu",
+                                                  "--nodes",
+                                                  "--gpus-per-node",
+                                                  "--global-batch",
+                                                  "--tp",
+                                                  "--pp",
+                                                  "--dp",
+                                                  "--schedule",
+                                                  "--chunks",
+                                                  "--micro-batch",
+                                                  "--zero",
+                                                  "--recompute",
+                                                  "--top",
+                                                  "--memory-limit",
+                                                  "--trace",
+                                                  "--grad-accum",
+                                                  "--engine",
+                                                  "--host",
+                                                  "--optimizer",
+                                                  "--bucket-elements",
+                                                  "--prefetch",
+                                                  "--pipeline-layout"};
     bool known = false;
     for (std::string_view k : valued)
       known = known || flag == k;
     if (!known) bad("unknown option '" + std::string(args[i]) + "' (see weft-plan --help)");
     // A second value would silently replace the first: say so instead.
-    if (std::find(seen.begin(), seen.end(), flag) != seen.end()) bad(std::string(flag) + " is given twice");
+    if (std::find(seen.begin(), seen.end(), flag) != seen.end())
+      bad(std::string(flag) + " is given twice");
     seen.push_back(flag);
     if (!inline_value && i + 1 == args.size()) bad(std::string(flag) + " needs a value");
     const std::string_view v = inline_value ? *inline_value : args[++i];
@@ -218,22 +275,43 @@ config parse(const std::vector<std::string_view>& args) {
       has_preset = true;
       if (keep.gated) c.model.gated = true;
       if (keep.flash_attention) c.model.flash_attention = true;
-    } else if (flag == "--layers") { c.model.layers = whole(flag, v, 1); has_shape = true; }
-    else if (flag == "--hidden") { c.model.hidden = whole(flag, v, 1); has_shape = true; }
-    else if (flag == "--heads") { c.model.heads = whole(flag, v, 1); has_shape = true; }
-    else if (flag == "--seq") { c.model.seq = whole(flag, v, 1); has_shape = true; }
-    else if (flag == "--vocab") { c.model.vocab = whole(flag, v, 1); has_shape = true; }
-    else if (flag == "--ffn") c.ffn = whole(flag, v, 1);
-    else if (flag == "--kv-heads") c.kv_heads = whole(flag, v, 1);
-    else if (flag == "--gpu") c.gpu = std::string(v);
-    else if (flag == "--nodes") c.nodes = whole(flag, v, 1, 65536);
-    else if (flag == "--gpus-per-node") c.gpus_per_node = whole(flag, v, 1, 1024);
-    else if (flag == "--global-batch") c.global_batch = whole(flag, v, 1);
-    else if (flag == "--tp") c.tp = whole(flag, v, 1);
-    else if (flag == "--pp") c.pp = whole(flag, v, 1);
-    else if (flag == "--dp") c.dp = whole(flag, v, 1);
-    else if (flag == "--chunks") c.chunks = whole(flag, v, 1, 1024);
-    else if (flag == "--micro-batch") c.layout.micro_batch = whole(flag, v, 1);
+    } else if (flag == "--layers") {
+      c.model.layers = whole(flag, v, 1);
+      has_shape = true;
+    } else if (flag == "--hidden") {
+      c.model.hidden = whole(flag, v, 1);
+      has_shape = true;
+    } else if (flag == "--heads") {
+      c.model.heads = whole(flag, v, 1);
+      has_shape = true;
+    } else if (flag == "--seq") {
+      c.model.seq = whole(flag, v, 1);
+      has_shape = true;
+    } else if (flag == "--vocab") {
+      c.model.vocab = whole(flag, v, 1);
+      has_shape = true;
+    } else if (flag == "--ffn")
+      c.ffn = whole(flag, v, 1);
+    else if (flag == "--kv-heads")
+      c.kv_heads = whole(flag, v, 1);
+    else if (flag == "--gpu")
+      c.gpu = std::string(v);
+    else if (flag == "--nodes")
+      c.nodes = whole(flag, v, 1, 65536);
+    else if (flag == "--gpus-per-node")
+      c.gpus_per_node = whole(flag, v, 1, 1024);
+    else if (flag == "--global-batch")
+      c.global_batch = whole(flag, v, 1);
+    else if (flag == "--tp")
+      c.tp = whole(flag, v, 1);
+    else if (flag == "--pp")
+      c.pp = whole(flag, v, 1);
+    else if (flag == "--dp")
+      c.dp = whole(flag, v, 1);
+    else if (flag == "--chunks")
+      c.chunks = whole(flag, v, 1, 1024);
+    else if (flag == "--micro-batch")
+      c.layout.micro_batch = whole(flag, v, 1);
     else if (flag == "--zero") {
       c.layout.zero = whole(flag, v, 0);
       if (c.layout.zero > 3) bad("--zero takes a stage 0..3, not " + std::string(v));
@@ -244,47 +322,65 @@ config parse(const std::vector<std::string_view>& args) {
     } else if (flag == "--engine") {
       c.engine = sim::pipeline_engine_named(v);
     } else if (flag == "--schedule") {
-      if (v == "1f1b") c.layout.schedule = pl::schedule_kind::one_f_one_b;
-      else if (v == "gpipe") c.layout.schedule = pl::schedule_kind::gpipe;
-      else if (v == "interleaved") c.layout.schedule = pl::schedule_kind::interleaved;
-      else if (v == "zb-h1") c.layout.schedule = pl::schedule_kind::zero_bubble_h1;
-      else bad("unknown schedule '" + std::string(v) + "' (1f1b, gpipe, interleaved or zb-h1)");
-    } else if (flag == "--top") c.top = whole(flag, v, 1);
-    else if (flag == "--memory-limit") c.memory_limit_gib = real(flag, v);
-    else if (flag == "--trace") c.trace = std::string(v);
-    else if (flag == "--host") c.host = sim::host_family_named(v);
+      if (v == "1f1b")
+        c.layout.schedule = pl::schedule_kind::one_f_one_b;
+      else if (v == "gpipe")
+        c.layout.schedule = pl::schedule_kind::gpipe;
+      else if (v == "interleaved")
+        c.layout.schedule = pl::schedule_kind::interleaved;
+      else if (v == "zb-h1")
+        c.layout.schedule = pl::schedule_kind::zero_bubble_h1;
+      else
+        bad("unknown schedule '" + std::string(v) + "' (1f1b, gpipe, interleaved or zb-h1)");
+    } else if (flag == "--top")
+      c.top = whole(flag, v, 1);
+    else if (flag == "--memory-limit")
+      c.memory_limit_gib = real(flag, v);
+    else if (flag == "--trace")
+      c.trace = std::string(v);
+    else if (flag == "--host")
+      c.host = sim::host_family_named(v);
     else if (flag == "--optimizer") {
       if (v != "adamw" && v != "adam" && v != "sgd" && v != "sgd-momentum")
         bad("unknown optimizer '" + std::string(v) + "' (adamw, adam, sgd or sgd-momentum)");
       c.optimizer = std::string(v);
-    } else if (flag == "--bucket-elements") c.bucket_elements = static_cast<std::size_t>(whole(flag, v, 1, INT_MAX));
-    else if (flag == "--prefetch") c.prefetch = whole(flag, v, 0, 1024);
-    else if (flag == "--pipeline-layout") c.stage_blocks = pl::parse_layout(v);
+    } else if (flag == "--bucket-elements")
+      c.bucket_elements = static_cast<std::size_t>(whole(flag, v, 1, INT_MAX));
+    else if (flag == "--prefetch")
+      c.prefetch = whole(flag, v, 0, 1024);
+    else if (flag == "--pipeline-layout")
+      c.stage_blocks = pl::parse_layout(v);
   }
   if (c.help) return c;
   if (c.ffn) c.model.ffn = *c.ffn;
   if (c.kv_heads) c.model.kv_heads = *c.kv_heads;
   if (has_preset && has_shape) bad("--model and shape flags (--layers ...) exclude each other");
-  if (!has_preset && !has_shape) bad("a model is required: --model NAME or --layers --hidden --heads --seq --vocab");
+  if (!has_preset && !has_shape)
+    bad("a model is required: --model NAME or --layers --hidden --heads --seq --vocab");
   if (c.global_batch == 0) bad("--global-batch is required");
-  const auto given = [&](std::string_view f) { return std::find(flags.begin(), flags.end(), f) != flags.end(); };
+  const auto given = [&](std::string_view f) {
+    return std::find(flags.begin(), flags.end(), f) != flags.end();
+  };
   const auto take_chunks = [&] {
     if (c.chunks && c.layout.schedule != pl::schedule_kind::interleaved)
       bad("--chunks applies to --schedule interleaved only");
-    c.layout.chunks = c.chunks.value_or(c.layout.schedule == pl::schedule_kind::interleaved ? 2 : 1);
+    c.layout.chunks =
+        c.chunks.value_or(c.layout.schedule == pl::schedule_kind::interleaved ? 2 : 1);
     c.layout.global_batch = c.global_batch;
   };
   if (c.host) {
     // What prices a GPU cluster has no meaning for the host trainer: refused, not ignored.
-    for (std::string_view f : {"--gpu", "--nodes", "--gpus-per-node", "--engine", "--grad-accum", "--top",
-                               "--memory-limit", "--trace", "--search", "--gated", "--flash", "--tp-across-nodes",
-                               "--tp-overlap"})
+    for (std::string_view f : {"--gpu", "--nodes", "--gpus-per-node", "--engine", "--grad-accum",
+                               "--top", "--memory-limit", "--trace", "--search", "--gated",
+                               "--flash", "--tp-across-nodes", "--tp-overlap"})
       if (given(f))
-        bad(std::string(f) + " prices a GPU cluster; --host predicts the host trainer's memory (leave it out)");
+        bad(std::string(f) +
+            " prices a GPU cluster; --host predicts the host trainer's memory (leave it out)");
     take_chunks();
     return c;
   }
-  for (std::string_view f : {"--tied", "--optimizer", "--bucket-elements", "--prefetch", "--pipeline-layout"})
+  for (std::string_view f :
+       {"--tied", "--optimizer", "--bucket-elements", "--prefetch", "--pipeline-layout"})
     if (given(f)) bad(std::string(f) + " applies to --host only");
   if (!c.search && (!c.tp || !c.pp)) bad("give a layout (--tp and --pp) or --search");
   if (c.search && !c.trace.empty()) bad("--trace draws one layout; leave out --search");
@@ -293,8 +389,10 @@ config parse(const std::vector<std::string_view>& args) {
     // The search chooses these itself: given, they would be ignored without a word.
     for (std::string_view f : {"--micro-batch", "--zero", "--recompute", "--schedule", "--chunks"})
       if (std::find(seen.begin(), seen.end(), f) != seen.end())
-        bad(std::string(f) + " sets one layout; --search chooses it (leave it out, or drop --search)");
-    if (c.layout.tp_across_nodes) bad("--tp-across-nodes sets one layout; --search keeps TP inside nodes");
+        bad(std::string(f) +
+            " sets one layout; --search chooses it (leave it out, or drop --search)");
+    if (c.layout.tp_across_nodes)
+      bad("--tp-across-nodes sets one layout; --search keeps TP inside nodes");
   }
   take_chunks();
   if (!c.search) { // the engine's limits are the layout's: say so before simulating
@@ -313,8 +411,9 @@ sim::machine make_machine(const config& c, int gpus_needed) {
   // A DGX node has a NIC per GPU: a node of G GPUs has G (the preset's 8 used to stay for any G,
   // so 16 GPUs of a node shared 8 NICs).
   const int nics = std::max(1, k.nics_per_node() * c.gpus_per_node / k.devices_on(0));
-  return {g, weft::topology::cluster(std::vector<int>(static_cast<std::size_t>(nodes), c.gpus_per_node),
-                                     k.intra(), k.inter(), nics, k.reduce_bandwidth())};
+  return {
+      g, weft::topology::cluster(std::vector<int>(static_cast<std::size_t>(nodes), c.gpus_per_node),
+                                 k.intra(), k.inter(), nics, k.reduce_bandwidth())};
 }
 
 std::string num(double x) {
@@ -336,13 +435,15 @@ std::string json(const sim::model_spec& m, const sim::layout& l, const sim::step
   std::string o = "{\n";
   char parameters[32];
   std::snprintf(parameters, sizeof parameters, "%.0f", m.parameters());
-  o += "  \"model\": " + q(m.name) + ", \"parameters\": " + parameters + ", \"gpu\": " + q(gpu) + ",\n";
+  o += "  \"model\": " + q(m.name) + ", \"parameters\": " + parameters + ", \"gpu\": " + q(gpu) +
+       ",\n";
   o += "  \"cluster\": {\"nodes\": " + std::to_string(mc.cluster.nodes()) +
        ", \"gpus_per_node\": " + std::to_string(mc.cluster.devices_on(0)) +
        ", \"nics_per_node\": " + std::to_string(mc.cluster.nics_per_node()) + "},\n";
   o += "  \"layout\": {\"tp\": " + std::to_string(l.tp) + ", \"pp\": " + std::to_string(l.pp) +
        ", \"dp\": " + std::to_string(l.dp) + ", \"chunks\": " + std::to_string(l.chunks) +
-       ", \"micro_batch\": " + std::to_string(l.micro_batch) + ", \"global_batch\": " + std::to_string(l.batch()) +
+       ", \"micro_batch\": " + std::to_string(l.micro_batch) +
+       ", \"global_batch\": " + std::to_string(l.batch()) +
        ", \"schedule\": " + q(pl::name_of(l.schedule)) + ", \"zero\": " + std::to_string(l.zero) +
        ", \"recompute\": " + q(sim::name_of(l.recomputation)) +
        ", \"sequence_parallel\": " + (l.sequence_parallel ? "true" : "false") +
@@ -356,13 +457,15 @@ std::string json(const sim::model_spec& m, const sim::layout& l, const sim::step
   o += "  \"model_tflops_per_gpu\": " + num(r.model_tflops_per_gpu) + ",\n";
   o += "  \"mfu\": " + num(r.mfu) + ",\n";
   o += "  \"bubble\": " + num(r.bubble) + ",\n";
-  o += "  \"memory_gib\": {\"weights\": " + num(r.states.weights / gib) + ", \"gradients\": " +
-       num(r.states.gradients / gib) + ", \"optimizer\": " + num(r.states.optimizer / gib) +
-       ", \"activations\": " + num(r.activation_bytes / gib) + ", \"total\": " + num(r.memory_bytes() / gib) + "},\n";
+  o += "  \"memory_gib\": {\"weights\": " + num(r.states.weights / gib) +
+       ", \"gradients\": " + num(r.states.gradients / gib) +
+       ", \"optimizer\": " + num(r.states.optimizer / gib) +
+       ", \"activations\": " + num(r.activation_bytes / gib) +
+       ", \"total\": " + num(r.memory_bytes() / gib) + "},\n";
   o += "  \"forward_s\": " + num(r.forward_s) + ", \"backward_s\": " + num(r.backward_s) +
        ", \"weight_s\": " + num(r.weight_s) + ",\n";
-  o += "  \"communication\": {\"tp\": " + axis(r.tp) + ", \"pp\": " + axis(r.pp) + ", \"dp\": " + axis(r.dp) +
-       ", \"dp_exposed_s\": " + num(r.dp_exposed_s) + "},\n";
+  o += "  \"communication\": {\"tp\": " + axis(r.tp) + ", \"pp\": " + axis(r.pp) +
+       ", \"dp\": " + axis(r.dp) + ", \"dp_exposed_s\": " + num(r.dp_exposed_s) + "},\n";
   o += "  \"optimizer_s\": " + num(r.optimizer_s) + "\n}\n";
   return o;
 }
@@ -372,24 +475,30 @@ std::string text(const sim::model_spec& m, const sim::layout& l, const sim::step
   const double gib = 1024.0 * 1024 * 1024;
   const double limit = memory_limit_gib > 0 ? memory_limit_gib * gib : mc.device.hbm_bytes;
   char buf[512];
-  std::string o = m.name + " (" + num(m.parameters() / 1e9) + "B parameters) on " +
-                  std::to_string(mc.cluster.size()) + " " + std::string(mc.device.name) +
-                  (l.gpus() < mc.cluster.size() ? " (" + std::to_string(l.gpus()) + " of them used)" : "") + ": " +
-                  sim::describe(l) + "\n";
+  std::string o =
+      m.name + " (" + num(m.parameters() / 1e9) + "B parameters) on " +
+      std::to_string(mc.cluster.size()) + " " + std::string(mc.device.name) +
+      (l.gpus() < mc.cluster.size() ? " (" + std::to_string(l.gpus()) + " of them used)" : "") +
+      ": " + sim::describe(l) + "\n";
   std::snprintf(buf, sizeof buf,
-                "  step %.3f s, %d micro-batches; %.1f TFLOP/s per GPU (SC21 Eq. 3), %.1f model TFLOP/s (MFU %.1f%%)\n"
-                "  bubble %.1f%% of ideal compute; per micro-batch on the busiest rank: forward %.4f s, backward %.4f s%s\n"
-                "  memory per GPU %.1f GiB: weights %.1f, gradients %.1f, optimizer %.1f, activations %.1f (of %.1f GiB usable)\n",
-                r.step_time_s, r.microbatches, r.tflops_per_gpu, r.model_tflops_per_gpu, 100 * r.mfu,
-                100 * r.bubble, r.forward_s, r.backward_s,
+                "  step %.3f s, %d micro-batches; %.1f TFLOP/s per GPU (SC21 Eq. 3), %.1f model "
+                "TFLOP/s (MFU %.1f%%)\n"
+                "  bubble %.1f%% of ideal compute; per micro-batch on the busiest rank: forward "
+                "%.4f s, backward %.4f s%s\n"
+                "  memory per GPU %.1f GiB: weights %.1f, gradients %.1f, optimizer %.1f, "
+                "activations %.1f (of %.1f GiB usable)\n",
+                r.step_time_s, r.microbatches, r.tflops_per_gpu, r.model_tflops_per_gpu,
+                100 * r.mfu, 100 * r.bubble, r.forward_s, r.backward_s,
                 r.weight_s > 0 ? (", weight gradients " + num(r.weight_s) + " s").c_str() : "",
-                r.memory_bytes() / gib, r.states.weights / gib, r.states.gradients / gib, r.states.optimizer / gib,
-                r.activation_bytes / gib, limit / gib);
+                r.memory_bytes() / gib, r.states.weights / gib, r.states.gradients / gib,
+                r.states.optimizer / gib, r.activation_bytes / gib, limit / gib);
   o += buf;
   std::snprintf(buf, sizeof buf,
-                "  communication per step: TP %.3f s on %s, PP %.3f s on %s, DP %.3f s on %s (%.3f s exposed)\n",
-                r.tp.seconds, std::string(r.tp.link).c_str(), r.pp.seconds, std::string(r.pp.link).c_str(),
-                r.dp.seconds, std::string(r.dp.link).c_str(), r.dp_exposed_s);
+                "  communication per step: TP %.3f s on %s, PP %.3f s on %s, DP %.3f s on %s (%.3f "
+                "s exposed)\n",
+                r.tp.seconds, std::string(r.tp.link).c_str(), r.pp.seconds,
+                std::string(r.pp.link).c_str(), r.dp.seconds, std::string(r.dp.link).c_str(),
+                r.dp_exposed_s);
   o += buf;
   if (r.memory_bytes() > limit)
     o += memory_limit_gib > 0 ? "  warning: this layout does not fit the memory limit\n"
@@ -397,9 +506,11 @@ std::string text(const sim::model_spec& m, const sim::layout& l, const sim::step
   const int per_node = mc.cluster.devices_on(0);
   if (!l.tp_across_nodes && l.tp > 1 && l.tp < per_node && per_node % l.tp != 0) {
     std::snprintf(buf, sizeof buf,
-                  "  warning: tp %d does not divide the %d GPUs of a node: some TP groups straddle two nodes, "
+                  "  warning: tp %d does not divide the %d GPUs of a node: some TP groups straddle "
+                  "two nodes, "
                   "and their collectives (priced above) cross %s\n",
-                  l.tp, per_node, std::string(weft::topology::name_of(mc.cluster.inter().kind)).c_str());
+                  l.tp, per_node,
+                  std::string(weft::topology::name_of(mc.cluster.inter().kind)).c_str());
     o += buf;
   }
   return o;
@@ -408,17 +519,34 @@ std::string text(const sim::model_spec& m, const sim::layout& l, const sim::step
 sim::host_model host_model_of(const config& c) {
   const sim::model_spec& m = c.model;
   const auto z = [](int v) { return static_cast<std::size_t>(v); };
-  return {.family = *c.host, .vocab = z(m.vocab), .hidden = z(m.hidden), .heads = z(m.heads),
-          .kv_heads = z(m.kv_heads), .ffn = z(m.ffn), .seq = z(m.seq), .layers = z(m.layers), .tied = c.tied};
+  return {.family = *c.host,
+          .vocab = z(m.vocab),
+          .hidden = z(m.hidden),
+          .heads = z(m.heads),
+          .kv_heads = z(m.kv_heads),
+          .ffn = z(m.ffn),
+          .seq = z(m.seq),
+          .layers = z(m.layers),
+          .tied = c.tied};
 }
 
 sim::host_layout host_layout_of(const config& c) {
   const sim::layout& l = c.layout;
-  return {.tp = c.tp.value_or(1), .pp = c.pp.value_or(1), .dp = c.dp.value_or(1), .chunks = l.chunks,
-          .schedule = l.schedule, .micro_batch = l.micro_batch, .global_batch = l.global_batch, .zero = l.zero,
-          .recomputation = l.recomputation, .sequence_parallel = l.sequence_parallel,
-          .bucket_elements = c.bucket_elements, .prefetch = c.prefetch,
-          .slots = c.optimizer == "sgd" ? 0 : c.optimizer == "sgd-momentum" ? 1 : 2,
+  return {.tp = c.tp.value_or(1),
+          .pp = c.pp.value_or(1),
+          .dp = c.dp.value_or(1),
+          .chunks = l.chunks,
+          .schedule = l.schedule,
+          .micro_batch = l.micro_batch,
+          .global_batch = l.global_batch,
+          .zero = l.zero,
+          .recomputation = l.recomputation,
+          .sequence_parallel = l.sequence_parallel,
+          .bucket_elements = c.bucket_elements,
+          .prefetch = c.prefetch,
+          .slots = c.optimizer == "sgd"            ? 0
+                   : c.optimizer == "sgd-momentum" ? 1
+                                                   : 2,
           .blocks_per_stage = c.stage_blocks};
 }
 
@@ -428,58 +556,67 @@ std::string host_report(const config& c) {
   const sim::host_layout l = host_layout_of(c);
   std::vector<std::vector<sim::host_memory>> ranks(static_cast<std::size_t>(l.pp));
   for (int p = 0; p < l.pp; ++p)
-    for (int t = 0; t < l.tp; ++t) ranks[static_cast<std::size_t>(p)].push_back(sim::host_memory_of(m, l, p, t));
+    for (int t = 0; t < l.tp; ++t)
+      ranks[static_cast<std::size_t>(p)].push_back(sim::host_memory_of(m, l, p, t));
   const std::string family(sim::name_of(m.family));
   const std::string schedule(pl::name_of(l.schedule));
   if (c.json) {
-    std::string o = "{\n  \"host\": {\"family\": " + q(family) + ", \"vocab\": " + std::to_string(m.vocab) +
-                    ", \"hidden\": " + std::to_string(m.hidden) + ", \"heads\": " + std::to_string(m.heads) +
-                    ", \"kv_heads\": " + std::to_string(m.kv()) + ", \"ffn\": " + std::to_string(m.ffn_size()) +
-                    ", \"seq\": " + std::to_string(m.seq) + ", \"layers\": " + std::to_string(m.layers) +
-                    ", \"tied\": " + (m.tied ? "true" : "false") + "},\n";
+    std::string o =
+        "{\n  \"host\": {\"family\": " + q(family) + ", \"vocab\": " + std::to_string(m.vocab) +
+        ", \"hidden\": " + std::to_string(m.hidden) + ", \"heads\": " + std::to_string(m.heads) +
+        ", \"kv_heads\": " + std::to_string(m.kv()) + ", \"ffn\": " + std::to_string(m.ffn_size()) +
+        ", \"seq\": " + std::to_string(m.seq) + ", \"layers\": " + std::to_string(m.layers) +
+        ", \"tied\": " + (m.tied ? "true" : "false") + "},\n";
     o += "  \"layout\": {\"tp\": " + std::to_string(l.tp) + ", \"pp\": " + std::to_string(l.pp) +
          ", \"dp\": " + std::to_string(l.dp) + ", \"chunks\": " + std::to_string(l.chunks) +
          ", \"schedule\": " + q(schedule) + ", \"micro_batch\": " + std::to_string(l.micro_batch) +
-         ", \"global_batch\": " + std::to_string(l.batch()) + ", \"zero\": " + std::to_string(l.zero) +
+         ", \"global_batch\": " + std::to_string(l.batch()) +
+         ", \"zero\": " + std::to_string(l.zero) +
          ", \"recompute\": " + q(sim::name_of(l.recomputation)) +
-         ", \"sequence_parallel\": " + (l.sequence_parallel ? "true" : "false") + ", \"optimizer\": " + q(c.optimizer) +
+         ", \"sequence_parallel\": " + (l.sequence_parallel ? "true" : "false") +
+         ", \"optimizer\": " + q(c.optimizer) +
          "},\n  \"microbatches\": " + std::to_string(l.microbatches()) + ",\n  \"ranks\": [";
     for (int p = 0; p < l.pp; ++p) {
       for (int t = 0; t < l.tp; ++t) {
         const sim::host_memory& r = ranks[static_cast<std::size_t>(p)][static_cast<std::size_t>(t)];
-        o += std::string(p + t > 0 ? ",\n" : "\n") + "    {\"pp\": " + std::to_string(p) + ", \"tp\": " +
-             std::to_string(t) + ", \"weights\": " + std::to_string(r.weights) + ", \"gathered_weights\": " +
-             std::to_string(r.gathered_weights) + ", \"gradients\": " + std::to_string(r.gradients) +
-             ", \"gradient_buckets\": " + std::to_string(r.gradient_buckets) + ", \"optimizer_state\": " +
-             std::to_string(r.optimizer_state) + ", \"master_weights\": " + std::to_string(r.master_weights) +
-             ", \"activations\": " + std::to_string(r.activations) + ", \"total\": " + std::to_string(r.total()) + "}";
+        o += std::string(p + t > 0 ? ",\n" : "\n") + "    {\"pp\": " + std::to_string(p) +
+             ", \"tp\": " + std::to_string(t) + ", \"weights\": " + std::to_string(r.weights) +
+             ", \"gathered_weights\": " + std::to_string(r.gathered_weights) +
+             ", \"gradients\": " + std::to_string(r.gradients) +
+             ", \"gradient_buckets\": " + std::to_string(r.gradient_buckets) +
+             ", \"optimizer_state\": " + std::to_string(r.optimizer_state) +
+             ", \"master_weights\": " + std::to_string(r.master_weights) +
+             ", \"activations\": " + std::to_string(r.activations) +
+             ", \"total\": " + std::to_string(r.total()) + "}";
       }
     }
     return o + "\n  ]\n}\n";
   }
-  std::string o = "weft's host trainer, float32 on the CPU (memory only, no timing): " + family + ", " +
-                  std::to_string(m.layers) + " layers, hidden " + std::to_string(m.hidden) + ", " +
-                  std::to_string(m.heads) + " heads" +
-                  (m.kv() != m.heads ? " (" + std::to_string(m.kv()) + " key/value)" : "") + ", FFN " +
-                  std::to_string(m.ffn_size()) + ", seq " + std::to_string(m.seq) + ", vocab " +
-                  std::to_string(m.vocab) + (m.tied ? ", tied" : "") + "\n";
-  o += "  tp " + std::to_string(l.tp) + " pp " + std::to_string(l.pp) + " dp " + std::to_string(l.dp) + ", " +
-       schedule +
+  std::string o = "weft's host trainer, float32 on the CPU (memory only, no timing): " + family +
+                  ", " + std::to_string(m.layers) + " layers, hidden " + std::to_string(m.hidden) +
+                  ", " + std::to_string(m.heads) + " heads" +
+                  (m.kv() != m.heads ? " (" + std::to_string(m.kv()) + " key/value)" : "") +
+                  ", FFN " + std::to_string(m.ffn_size()) + ", seq " + std::to_string(m.seq) +
+                  ", vocab " + std::to_string(m.vocab) + (m.tied ? ", tied" : "") + "\n";
+  o += "  tp " + std::to_string(l.tp) + " pp " + std::to_string(l.pp) + " dp " +
+       std::to_string(l.dp) + ", " + schedule +
        (l.chunks > 1 ? " of " + std::to_string(l.chunks) + " chunks" : "") + ", micro-batch " +
-       std::to_string(l.micro_batch) + ", " + std::to_string(l.microbatches()) + " micro-batches, ZeRO-" +
-       std::to_string(l.zero) + ", recompute " + std::string(sim::name_of(l.recomputation)) +
+       std::to_string(l.micro_batch) + ", " + std::to_string(l.microbatches()) +
+       " micro-batches, ZeRO-" + std::to_string(l.zero) + ", recompute " +
+       std::string(sim::name_of(l.recomputation)) +
        (l.sequence_parallel ? ", sequence parallel" : "") + ", " + c.optimizer + "\n";
   char buf[256];
-  std::snprintf(buf, sizeof buf, "  %-12s%13s%13s%13s%13s%13s%13s%13s%13s\n", "bytes", "weights", "gathered",
-                "gradients", "grad buckets", "optimizer", "master", "activations", "total");
+  std::snprintf(buf, sizeof buf, "  %-12s%13s%13s%13s%13s%13s%13s%13s%13s\n", "bytes", "weights",
+                "gathered", "gradients", "grad buckets", "optimizer", "master", "activations",
+                "total");
   o += buf;
   for (int p = 0; p < l.pp; ++p) {
     for (int t = 0; t < l.tp; ++t) {
       const sim::host_memory& r = ranks[static_cast<std::size_t>(p)][static_cast<std::size_t>(t)];
       const std::string who = "pp " + std::to_string(p) + " tp " + std::to_string(t);
-      std::snprintf(buf, sizeof buf, "  %-12s%13zu%13zu%13zu%13zu%13zu%13zu%13zu%13zu\n", who.c_str(), r.weights,
-                    r.gathered_weights, r.gradients, r.gradient_buckets, r.optimizer_state, r.master_weights,
-                    r.activations, r.total());
+      std::snprintf(buf, sizeof buf, "  %-12s%13zu%13zu%13zu%13zu%13zu%13zu%13zu%13zu\n",
+                    who.c_str(), r.weights, r.gathered_weights, r.gradients, r.gradient_buckets,
+                    r.optimizer_state, r.master_weights, r.activations, r.total());
       o += buf;
     }
   }
@@ -521,25 +658,32 @@ int main(int argc, char** argv) {
         out = "{\"ranked\": [\n";
         for (std::size_t i = 0; i < s.ranked.size() && i < static_cast<std::size_t>(c.top); ++i)
           out += (i ? ",\n" : "") + json(c.model, s.ranked[i].l, s.ranked[i].r, mc);
-        out += "], \"meshes\": " + std::to_string(s.meshes) + ", \"out_of_memory\": " + std::to_string(s.out_of_memory) +
-               ", \"unschedulable\": " + std::to_string(s.unschedulable) + ", \"simulated\": " +
-               std::to_string(s.simulated) + "}\n";
+        out += "], \"meshes\": " + std::to_string(s.meshes) +
+               ", \"out_of_memory\": " + std::to_string(s.out_of_memory) +
+               ", \"unschedulable\": " + std::to_string(s.unschedulable) +
+               ", \"simulated\": " + std::to_string(s.simulated) + "}\n";
       } else {
         out = c.model.name + " on " + std::to_string(mc.cluster.size()) + " " + c.gpu + " (" +
-              std::to_string(c.nodes) + " nodes), global batch " + std::to_string(c.global_batch) + ":\n";
+              std::to_string(c.nodes) + " nodes), global batch " + std::to_string(c.global_batch) +
+              ":\n";
         out += sim::explain(s, mc, static_cast<std::size_t>(c.top));
         if (c.tp && c.pp) {
           const int dp = c.dp.value_or(mc.cluster.size() / (*c.tp * *c.pp));
           std::size_t rank = 0;
           for (std::size_t i = 0; i < s.ranked.size() && rank == 0; ++i)
-            if (s.ranked[i].l.tp == *c.tp && s.ranked[i].l.pp == *c.pp && s.ranked[i].l.dp == dp) rank = i + 1;
-          out += "The layout tp " + std::to_string(*c.tp) + " pp " + std::to_string(*c.pp) + " dp " + std::to_string(dp) +
-                 (rank ? " ranks #" + std::to_string(rank) + " of " + std::to_string(s.ranked.size()) + ".\n"
-                       : " is not among the " + std::to_string(s.ranked.size()) + " layouts that fit.\n");
+            if (s.ranked[i].l.tp == *c.tp && s.ranked[i].l.pp == *c.pp && s.ranked[i].l.dp == dp)
+              rank = i + 1;
+          out += "The layout tp " + std::to_string(*c.tp) + " pp " + std::to_string(*c.pp) +
+                 " dp " + std::to_string(dp) +
+                 (rank ? " ranks #" + std::to_string(rank) + " of " +
+                             std::to_string(s.ranked.size()) + ".\n"
+                       : " is not among the " + std::to_string(s.ranked.size()) +
+                             " layouts that fit.\n");
           if (rank > static_cast<std::size_t>(c.top)) {
             const auto& x = s.ranked[rank - 1];
             char buf[256];
-            std::snprintf(buf, sizeof buf, "  as %s: step %.2f s, %.1f TFLOP/s per GPU, %.1f%% slower than #1\n",
+            std::snprintf(buf, sizeof buf,
+                          "  as %s: step %.2f s, %.1f TFLOP/s per GPU, %.1f%% slower than #1\n",
                           sim::describe(x.l).c_str(), x.r.step_time_s, x.r.tflops_per_gpu,
                           100 * (x.r.step_time_s / s.ranked.front().r.step_time_s - 1));
             out += buf;
@@ -559,22 +703,23 @@ int main(int argc, char** argv) {
       l.dp = *c.dp;
       const std::int64_t want = tp_pp * l.dp, most = std::int64_t{65536} * c.gpus_per_node;
       if (want > most)
-        throw weft::error("weft-plan: tp * pp * dp = " + std::to_string(want) + " GPUs, more than 65536 nodes of " +
-                          std::to_string(c.gpus_per_node));
+        throw weft::error("weft-plan: tp * pp * dp = " + std::to_string(want) +
+                          " GPUs, more than 65536 nodes of " + std::to_string(c.gpus_per_node));
       gpus = static_cast<int>(want);
     } else {
       if (c.nodes == 0) throw weft::error("weft-plan: give --dp or --nodes");
       const int all = c.nodes * c.gpus_per_node;
       if (all % tp_pp != 0)
-        throw weft::error("weft-plan: tp * pp = " + std::to_string(tp_pp) + " does not divide the " +
-                          std::to_string(all) + " GPUs; give --dp");
+        throw weft::error("weft-plan: tp * pp = " + std::to_string(tp_pp) +
+                          " does not divide the " + std::to_string(all) + " GPUs; give --dp");
       l.dp = static_cast<int>(all / tp_pp);
       gpus = all;
     }
     const sim::machine mc = make_machine(c, gpus);
     const sim::step_result r = sim::simulate_step(c.model, mc, l);
-    std::fputs((c.json ? json(c.model, l, r, mc) : text(c.model, l, r, mc, c.memory_limit_gib)).c_str(),
-               stdout);
+    std::fputs(
+        (c.json ? json(c.model, l, r, mc) : text(c.model, l, r, mc, c.memory_limit_gib)).c_str(),
+        stdout);
     if (!c.trace.empty()) {
       std::ofstream f(c.trace);
       if (!f) throw weft::error("weft-plan: cannot write " + c.trace);

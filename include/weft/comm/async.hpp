@@ -84,7 +84,7 @@ public:
         stopping_ = true;
       }
       cv_.notify_one();
-      thread_.join();  // runs what is still queued first: peers may be waiting for it
+      thread_.join(); // runs what is still queued first: peers may be waiting for it
     }
   }
 
@@ -144,7 +144,7 @@ private:
         jobs_.pop_front();
       }
       run(job.first, job.second);
-      job.second = nullptr;  // buffers the job owns are freed before the next one starts
+      job.second = nullptr; // buffers the job owns are freed before the next one starts
     }
   }
 
@@ -153,7 +153,8 @@ private:
   std::condition_variable cv_;
   std::deque<std::pair<std::shared_ptr<work::state>, std::function<void()>>> jobs_;
   bool stopping_ = false;
-  std::optional<std::string> failed_;  // what the first failed job said; read and written by the running job's thread
+  std::optional<std::string>
+      failed_; // what the first failed job said; read and written by the running job's thread
   std::thread thread_;
 };
 
@@ -163,8 +164,9 @@ template <communicator Comm>
 class async_communicator {
 public:
   explicit async_communicator(Comm& parent, bool inline_execution = false)
-      : comm_(parent.split(0, parent.rank())), queue_(std::make_unique<progress_queue>(inline_execution)) {}
-  async_communicator(const async_communicator&) = delete;  // queued jobs hold `this`
+      : comm_(parent.split(0, parent.rank())),
+        queue_(std::make_unique<progress_queue>(inline_execution)) {}
+  async_communicator(const async_communicator&) = delete; // queued jobs hold `this`
   async_communicator& operator=(const async_communicator&) = delete;
 
   [[nodiscard]] int rank() const { return comm_.rank(); }
@@ -179,24 +181,26 @@ public:
 
 private:
   Comm comm_;
-  std::unique_ptr<progress_queue> queue_;  // declared last: its thread stops before comm_ goes
+  std::unique_ptr<progress_queue> queue_; // declared last: its thread stops before comm_ goes
 };
 
 template <class Algo = algo::automatic, class Comm, element T, class Op = op::sum>
-  requires reduction_for<Op, T>
+requires reduction_for<Op, T>
 [[nodiscard]] work all_reduce_async(async_communicator<Comm>& c, std::span<T> inout, Op op = {}) {
   return c.submit([inout, op](Comm& comm) { all_reduce<Algo>(comm, inout, op); });
 }
 
 template <class Algo = algo::automatic, class Comm, class In, element T, class Op = op::sum>
-  requires std::same_as<std::remove_const_t<In>, T> && reduction_for<Op, T>
-[[nodiscard]] work reduce_scatter_async(async_communicator<Comm>& c, std::span<In> in, std::span<T> out, Op op = {}) {
+requires std::same_as<std::remove_const_t<In>, T> && reduction_for<Op, T>
+[[nodiscard]] work reduce_scatter_async(async_communicator<Comm>& c, std::span<In> in,
+                                        std::span<T> out, Op op = {}) {
   return c.submit([in, out, op](Comm& comm) { reduce_scatter<Algo>(comm, in, out, op); });
 }
 
 template <class Algo = algo::automatic, class Comm, class In, element T>
-  requires std::same_as<std::remove_const_t<In>, T>
-[[nodiscard]] work all_gather_async(async_communicator<Comm>& c, std::span<In> in, std::span<T> out) {
+requires std::same_as<std::remove_const_t<In>, T>
+[[nodiscard]] work all_gather_async(async_communicator<Comm>& c, std::span<In> in,
+                                    std::span<T> out) {
   return c.submit([in, out](Comm& comm) { all_gather<Algo>(comm, in, out); });
 }
 

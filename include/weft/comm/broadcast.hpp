@@ -8,8 +8,8 @@ namespace weft {
 
 template <class Algo = algo::automatic, communicator Comm, element T>
 void broadcast(Comm& comm, std::span<T> data, int root) {
-  detail::run_collective<collective::broadcast, Algo>(comm, data.data(), data.size(), data.data(), data.size(),
-                                                      data.size(), root, op::sum{});
+  detail::run_collective<collective::broadcast, Algo>(comm, data.data(), data.size(), data.data(),
+                                                      data.size(), data.size(), root, op::sum{});
 }
 
 } // namespace weft

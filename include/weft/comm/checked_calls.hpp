@@ -37,18 +37,14 @@ public:
   [[nodiscard]] int rank() const { return comm_.rank(); }
   [[nodiscard]] int size() const { return comm_.size(); }
   void barrier() { comm_.barrier(); }
-  [[nodiscard]] checked_calls split(int color, int key) { return checked_calls(comm_.split(color, key)); }
+  [[nodiscard]] checked_calls split(int color, int key) {
+    return checked_calls(comm_.split(color, key));
+  }
   [[nodiscard]] decltype(auto) node_of() const { return comm_.node_of(); }
-  [[nodiscard]] decltype(auto) cluster() const
-    requires requires(const Comm& c) { c.cluster(); }
-  {
-    return comm_.cluster();
-  }
-  [[nodiscard]] decltype(auto) devices() const
-    requires requires(const Comm& c) { c.devices(); }
-  {
-    return comm_.devices();
-  }
+  [[nodiscard]] decltype(auto) cluster() const requires requires(const Comm& c) { c.cluster(); }
+  { return comm_.cluster(); }
+  [[nodiscard]] decltype(auto) devices() const requires requires(const Comm& c) { c.devices(); }
+  { return comm_.devices(); }
 
   template <class T>
   void send(std::span<T> data, int peer, int tag = 0) {
@@ -64,24 +60,23 @@ public:
   }
 
   template <class T, class Op>
-  void execute(const plan& pl, const T* in, std::size_t in_count, T* out, std::size_t out_count, const Op& op,
-               std::string_view opname) {
+  void execute(const plan& pl, const T* in, std::size_t in_count, T* out, std::size_t out_count,
+               const Op& op, std::string_view opname) {
     comm_.execute(pl, in, in_count, out, out_count, op, opname);
   }
 
   template <collective C, class T, class Op>
-  void vendor(const T* in, std::size_t in_n, T* out, std::size_t out_n, std::size_t count, int root, const Op& op)
-    requires requires(Comm& c) { c.template vendor<C>(in, in_n, out, out_n, count, root, op); }
-  {
-    comm_.template vendor<C>(in, in_n, out, out_n, count, root, op);
+  void vendor(const T* in, std::size_t in_n, T* out, std::size_t out_n, std::size_t count, int root,
+              const Op& op) requires requires(Comm& c) {
+    c.template vendor<C>(in, in_n, out, out_n, count, root, op);
   }
+  { comm_.template vendor<C>(in, in_n, out, out_n, count, root, op); }
 
   template <class T>
-  void divide(T* out, std::size_t n)
-    requires requires(Comm& c) { c.divide(out, n); }
-  {
-    comm_.divide(out, n);
+  void divide(T* out, std::size_t n) requires requires(Comm& c) {
+    c.divide(out, n);
   }
+  { comm_.divide(out, n); }
 
   [[nodiscard]] Comm& inner() noexcept { return comm_; }
   [[nodiscard]] const Comm& inner() const noexcept { return comm_; }

@@ -19,19 +19,22 @@ concept communicator = std::movable<C> && requires(C& c, const C& cc) {
   { cc.size() } -> std::convertible_to<int>;
   c.barrier();
   { c.split(0, 0) } -> std::same_as<C>;
-  { cc.node_of() } -> std::convertible_to<const std::vector<int>&>;  // node of each rank
+  { cc.node_of() } -> std::convertible_to<const std::vector<int>&>; // node of each rank
 };
 
 /// A communicator that can run a plan over typed buffers.
 template <class C>
-concept plan_executor = communicator<C> && requires(C& c, const plan& p, const float* in, float* out) {
+concept plan_executor = communicator<C> &&
+    requires(C& c, const plan& p, const float* in, float* out) {
   c.execute(p, in, std::size_t{}, out, std::size_t{}, op::sum{}, std::string_view{});
 };
 
 /// A communicator whose ranks can load from and store to each other's buffers (shared
 /// memory, NVLink peer access): what algo::direct needs.
 template <class C>
-concept peer_access = plan_executor<C> && requires { requires C::peer_access; };
+concept peer_access = plan_executor<C> && requires {
+  requires C::peer_access;
+};
 
 namespace detail {
 
@@ -57,8 +60,9 @@ constexpr bool declared_messages() {
 /// Whether C has what algorithm A's plans need of it, as A's capabilities declare: peer
 /// access where every plan loads from peers (direct), messages where its plans send.
 template <class C, class A>
-inline constexpr bool lends_peer_access_for =
-    algo::capabilities_of<A>.loads != algo::peer_loads::always || declared_peer_access<C>();
+inline constexpr bool lends_peer_access_for = algo::capabilities_of<A>.loads !=
+                                                  algo::peer_loads::always ||
+                                              declared_peer_access<C>();
 template <class C, class A>
 inline constexpr bool sends_messages_for =
     !algo::capabilities_of<A>.messages || declared_messages<C>();

@@ -82,10 +82,10 @@ private:
 
 /// Prints a failure the way weft reports it before it ends the job; `reason` says why the job
 /// ends (the policy, or what left no other way).
-WEFT_COLD inline void print_abort_message(std::string_view what,
-                                          std::string_view reason = "on_failure::abort_job") noexcept {
-  std::fprintf(stderr, "%.*s\nweft: ending the job (%.*s)\n", static_cast<int>(what.size()), what.data(),
-               static_cast<int>(reason.size()), reason.data());
+WEFT_COLD inline void print_abort_message(
+    std::string_view what, std::string_view reason = "on_failure::abort_job") noexcept {
+  std::fprintf(stderr, "%.*s\nweft: ending the job (%.*s)\n", static_cast<int>(what.size()),
+               what.data(), static_cast<int>(reason.size()), reason.data());
   std::fflush(stderr);
 }
 

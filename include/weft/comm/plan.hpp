@@ -32,7 +32,14 @@
 
 namespace weft {
 
-enum class collective : std::uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all };
+enum class collective : std::uint8_t {
+  all_reduce,
+  reduce_scatter,
+  all_gather,
+  broadcast,
+  reduce,
+  all_to_all
+};
 
 /// The largest scratch, in bytes, of a staged plan (the staging area every peer-access
 /// transport keeps per rank, twice).
@@ -60,16 +67,16 @@ constexpr std::string_view name_of(collective c) noexcept {
 enum class buffer : std::uint8_t { input, output, scratch };
 
 enum class step_kind : std::uint8_t {
-  send,         // send src[src_offset, +count) to peer
-  recv,         // dst[dst_offset, +count) = message from peer
-  recv_reduce,  // dst[dst_offset + i] = src[src_offset + i] (op) message[i] from peer
-  copy,         // dst[dst_offset + i] = src[src_offset + i]            (local)
-  reduce,       // dst[dst_offset + i] = dst[dst_offset + i] (op) src[src_offset + i]   (local)
-  load,         // dst[dst_offset + i] = peer's src[src_offset + i]      (peer access)
-  load_reduce,  // dst[dst_offset + i] = reduction over the ranks g of group `peer`, in the
-                // group's order, of g's src[src_offset + i], accumulated in the op's
-                // accumulation type and rounded once                   (peer access)
-  sync,         // every rank of group `peer` reaches this point         (peer access)
+  send,        // send src[src_offset, +count) to peer
+  recv,        // dst[dst_offset, +count) = message from peer
+  recv_reduce, // dst[dst_offset + i] = src[src_offset + i] (op) message[i] from peer
+  copy,        // dst[dst_offset + i] = src[src_offset + i]            (local)
+  reduce,      // dst[dst_offset + i] = dst[dst_offset + i] (op) src[src_offset + i]   (local)
+  load,        // dst[dst_offset + i] = peer's src[src_offset + i]      (peer access)
+  load_reduce, // dst[dst_offset + i] = reduction over the ranks g of group `peer`, in the
+               // group's order, of g's src[src_offset + i], accumulated in the op's
+               // accumulation type and rounded once                   (peer access)
+  sync,        // every rank of group `peer` reaches this point         (peer access)
 };
 
 constexpr std::string_view name_of(step_kind k) noexcept {
@@ -90,7 +97,7 @@ struct step {
   step_kind kind = step_kind::copy;
   buffer src = buffer::input;
   buffer dst = buffer::output;
-  int peer = -1;  // a rank for send/recv/recv_reduce/load; a group index for load_reduce/sync
+  int peer = -1; // a rank for send/recv/recv_reduce/load; a group index for load_reduce/sync
   std::size_t src_offset = 0;
   std::size_t dst_offset = 0;
   std::size_t count = 0;
@@ -103,10 +110,10 @@ struct plan_request {
   collective coll = collective::all_reduce;
   int size = 1;
   int rank = 0;
-  std::size_t count = 0;  // elements per rank, in the sense of the table above
+  std::size_t count = 0; // elements per rank, in the sense of the table above
   int root = 0;
   std::vector<int> node_of;
-  std::size_t element_size = 4;  // bytes; only size-dependent choices (protocols, pricing) read it
+  std::size_t element_size = 4; // bytes; only size-dependent choices (protocols, pricing) read it
 
   friend bool operator==(const plan_request&, const plan_request&) = default;
 };
@@ -116,7 +123,8 @@ struct plan_request {
 class plan {
 public:
   plan() = default;
-  explicit plan(const plan_request& r) : coll_(r.coll), size_(r.size), rank_(r.rank), count_(r.count), root_(r.root) {}
+  explicit plan(const plan_request& r)
+      : coll_(r.coll), size_(r.size), rank_(r.rank), count_(r.count), root_(r.root) {}
 
   // --- building -----------------------------------------------------------------------
   void send(int peer, buffer src, std::size_t src_offset, std::size_t count) {
@@ -129,18 +137,21 @@ public:
                    std::size_t count) {
     push({step_kind::recv_reduce, src, dst, peer, src_offset, dst_offset, count, round_});
   }
-  void copy(buffer src, std::size_t src_offset, buffer dst, std::size_t dst_offset, std::size_t count) {
+  void copy(buffer src, std::size_t src_offset, buffer dst, std::size_t dst_offset,
+            std::size_t count) {
     push({step_kind::copy, src, dst, -1, src_offset, dst_offset, count, round_});
   }
-  void reduce(buffer src, std::size_t src_offset, buffer dst, std::size_t dst_offset, std::size_t count) {
+  void reduce(buffer src, std::size_t src_offset, buffer dst, std::size_t dst_offset,
+              std::size_t count) {
     push({step_kind::reduce, src, dst, -1, src_offset, dst_offset, count, round_});
   }
-  void load(int peer, buffer src, std::size_t src_offset, buffer dst, std::size_t dst_offset, std::size_t count) {
+  void load(int peer, buffer src, std::size_t src_offset, buffer dst, std::size_t dst_offset,
+            std::size_t count) {
     peer_access_ = true;
     push({step_kind::load, src, dst, peer, src_offset, dst_offset, count, round_});
   }
-  void load_reduce(int group, buffer src, std::size_t src_offset, buffer dst, std::size_t dst_offset,
-                   std::size_t count) {
+  void load_reduce(int group, buffer src, std::size_t src_offset, buffer dst,
+                   std::size_t dst_offset, std::size_t count) {
     peer_access_ = true;
     push({step_kind::load_reduce, src, dst, group, src_offset, dst_offset, count, round_});
   }
@@ -172,8 +183,8 @@ public:
     buffer to;
     std::size_t offset;
   };
-  void append(const plan& sub, const std::vector<int>& rank_map, buffer_binding input, buffer_binding output,
-              buffer_binding scratch) {
+  void append(const plan& sub, const std::vector<int>& rank_map, buffer_binding input,
+              buffer_binding output, buffer_binding scratch) {
     next_round();
     const auto bind = [&](buffer b) -> const buffer_binding& {
       return b == buffer::input ? input : (b == buffer::output ? output : scratch);
@@ -181,7 +192,8 @@ public:
     std::vector<int> group_map;
     for (const auto& g : sub.groups_) {
       std::vector<int> mapped;
-      for (int r : g) mapped.push_back(rank_map.at(static_cast<std::size_t>(r)));
+      for (int r : g)
+        mapped.push_back(rank_map.at(static_cast<std::size_t>(r)));
       group_map.push_back(add_group(std::move(mapped)));
     }
     std::uint32_t base = round_;
@@ -205,7 +217,8 @@ public:
     // Inside a larger plan the staging area is ordinary scratch; the closing syncs the staged
     // sub-plan left out are added back.
     if (sub.staged_) {
-      for (int g : group_map) sync(g);
+      for (int g : group_map)
+        sync(g);
     }
     peer_access_ = peer_access_ || sub.peer_access_;
     need_scratch(scratch.to == buffer::scratch ? scratch.offset + sub.scratch_ : 0);
@@ -213,7 +226,9 @@ public:
 
   // --- reading ------------------------------------------------------------------------
   [[nodiscard]] const std::vector<step>& steps() const noexcept { return steps_; }
-  [[nodiscard]] const std::vector<int>& group(int g) const { return groups_.at(static_cast<std::size_t>(g)); }
+  [[nodiscard]] const std::vector<int>& group(int g) const {
+    return groups_.at(static_cast<std::size_t>(g));
+  }
   [[nodiscard]] const std::vector<std::vector<int>>& groups() const noexcept { return groups_; }
   [[nodiscard]] std::size_t scratch_count() const noexcept { return scratch_; }
   [[nodiscard]] bool peer_access() const noexcept { return peer_access_; }
@@ -223,19 +238,22 @@ public:
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] std::size_t count() const noexcept { return count_; }
   [[nodiscard]] int root() const noexcept { return root_; }
-  [[nodiscard]] std::uint32_t rounds() const noexcept { return steps_.empty() ? 0 : steps_.back().round + 1; }
+  [[nodiscard]] std::uint32_t rounds() const noexcept {
+    return steps_.empty() ? 0 : steps_.back().round + 1;
+  }
 
   /// Human-readable listing, for tests' failure messages and debugging.
   [[nodiscard]] std::string to_string() const {
-    std::string s = std::string(name_of(coll_)) + " rank " + std::to_string(rank_) + "/" + std::to_string(size_) +
-                    " count " + std::to_string(count_) + " scratch " + std::to_string(scratch_) +
-                    (staged_ ? " (staged)" : "") + "\n";
+    std::string s = std::string(name_of(coll_)) + " rank " + std::to_string(rank_) + "/" +
+                    std::to_string(size_) + " count " + std::to_string(count_) + " scratch " +
+                    std::to_string(scratch_) + (staged_ ? " (staged)" : "") + "\n";
     static constexpr const char* bufs[] = {"in", "out", "scr"};
     for (const step& st : steps_) {
       s += "  r" + std::to_string(st.round) + " " + std::string(name_of(st.kind));
       if (st.kind != step_kind::sync) {
-        s += " " + std::string(bufs[static_cast<int>(st.src)]) + "[" + std::to_string(st.src_offset) + "] -> " +
-             bufs[static_cast<int>(st.dst)] + "[" + std::to_string(st.dst_offset) + "] x" + std::to_string(st.count);
+        s += " " + std::string(bufs[static_cast<int>(st.src)]) + "[" +
+             std::to_string(st.src_offset) + "] -> " + bufs[static_cast<int>(st.dst)] + "[" +
+             std::to_string(st.dst_offset) + "] x" + std::to_string(st.count);
       }
       if (st.peer >= 0) s += " peer " + std::to_string(st.peer);
       s += "\n";
@@ -273,9 +291,11 @@ struct plan_round {
 };
 
 /// One past the last step of the round that steps[begin] opens.
-[[nodiscard]] inline std::size_t round_end(std::span<const step> steps, std::size_t begin) noexcept {
+[[nodiscard]] inline std::size_t round_end(std::span<const step> steps,
+                                           std::size_t begin) noexcept {
   std::size_t end = begin;
-  while (end < steps.size() && steps[end].round == steps[begin].round) ++end;
+  while (end < steps.size() && steps[end].round == steps[begin].round)
+    ++end;
   return end;
 }
 
@@ -293,7 +313,9 @@ public:
       at(round_.end);
       return *this;
     }
-    friend bool operator==(const iterator& a, const iterator& b) noexcept { return a.round_.begin == b.round_.begin; }
+    friend bool operator==(const iterator& a, const iterator& b) noexcept {
+      return a.round_.begin == b.round_.begin;
+    }
 
   private:
     void at(std::size_t begin) noexcept {
@@ -333,7 +355,9 @@ public:
   }
   /// The open round's next step that is not a send, or nullptr at the round's end.
   [[nodiscard]] const step* current() noexcept {
-    while (pc_ < steps_.size() && steps_[pc_].round == round_ && steps_[pc_].kind == step_kind::send) ++pc_;
+    while (pc_ < steps_.size() && steps_[pc_].round == round_ &&
+           steps_[pc_].kind == step_kind::send)
+      ++pc_;
     if (pc_ >= steps_.size() || steps_[pc_].round != round_) return nullptr;
     return &steps_[pc_];
   }
@@ -351,12 +375,12 @@ private:
 
 /// Throws weft::error unless elements [offset, offset + count) lie inside a buffer of
 /// `size` elements. The one bounds check of a step's range, on every executor.
-inline void check_step_range(std::size_t offset, std::size_t count, std::size_t size, std::string_view operation,
-                             int rank) {
+inline void check_step_range(std::size_t offset, std::size_t count, std::size_t size,
+                             std::string_view operation, int rank) {
   if (offset > size || count > size - offset) {
     throw error(operation, rank, error::unknown,
-                "plan step addresses elements [" + std::to_string(offset) + ", " + std::to_string(offset + count) +
-                    ") of a buffer of " + std::to_string(size));
+                "plan step addresses elements [" + std::to_string(offset) + ", " +
+                    std::to_string(offset + count) + ") of a buffer of " + std::to_string(size));
   }
 }
 

@@ -31,23 +31,23 @@ namespace weft {
 
 /// One rank's position, as its communicator last recorded it (a copy, safe to keep).
 struct rank_progress {
-  int rank = 0;                 // in the world of the transport (local::run's threads, MPI_COMM_WORLD)
-  std::string status;           // "running", "finished", "failed", "left" (not in a shrunk world)
-  std::string operation;        // empty outside any operation
-  std::uint64_t sequence = 0;   // the operation's number on its communicator (1 = the first)
-  int comm = 0;                 // which communicator (0: the world's; splits count up)
+  int rank = 0;          // in the world of the transport (local::run's threads, MPI_COMM_WORLD)
+  std::string status;    // "running", "finished", "failed", "left" (not in a shrunk world)
+  std::string operation; // empty outside any operation
+  std::uint64_t sequence = 0; // the operation's number on its communicator (1 = the first)
+  int comm = 0;               // which communicator (0: the world's; splits count up)
   int comm_rank = 0;
   int comm_size = 0;
-  std::uint32_t round = 0;      // plan round and step (steps == 0: not a plan)
+  std::uint32_t round = 0; // plan round and step (steps == 0: not a plan)
   std::size_t step = 0;
   std::size_t steps = 0;
   std::string step_kind;
-  int waiting_on = -1;          // world rank, -1: not waiting
-  int waiting_on_comm_rank = -1;  // the same peer's rank in the communicator
-  std::string waiting_to;       // completes "waiting to ..."
-  double busy_ms = 0;           // since the operation began
-  double waiting_ms = 0;        // since the wait began
-  std::vector<std::string> history;  // the last operations it finished, oldest first
+  int waiting_on = -1;              // world rank, -1: not waiting
+  int waiting_on_comm_rank = -1;    // the same peer's rank in the communicator
+  std::string waiting_to;           // completes "waiting to ..."
+  double busy_ms = 0;               // since the operation began
+  double waiting_ms = 0;            // since the wait began
+  std::vector<std::string> history; // the last operations it finished, oldest first
 
   [[nodiscard]] bool in_operation() const noexcept { return !operation.empty(); }
 
@@ -55,7 +55,8 @@ struct rank_progress {
   [[nodiscard]] std::string position() const {
     std::string s = operation + " #" + std::to_string(sequence);
     if (steps > 0) {
-      s += " round " + std::to_string(round) + " step " + std::to_string(step) + " of " + std::to_string(steps);
+      s += " round " + std::to_string(round) + " step " + std::to_string(step) + " of " +
+           std::to_string(steps);
       if (!step_kind.empty()) s += " (" + step_kind + ")";
     }
     return s;
@@ -65,8 +66,9 @@ struct rank_progress {
   [[nodiscard]] std::string to_string() const {
     std::string s = "rank " + std::to_string(rank) + " | " + status;
     if (in_operation()) {
-      s += " | " + position() + " on comm " + std::to_string(comm) + " as rank " + std::to_string(comm_rank) + " of " +
-           std::to_string(comm_size) + " | busy " + std::to_string(static_cast<long long>(busy_ms)) + " ms";
+      s += " | " + position() + " on comm " + std::to_string(comm) + " as rank " +
+           std::to_string(comm_rank) + " of " + std::to_string(comm_size) + " | busy " +
+           std::to_string(static_cast<long long>(busy_ms)) + " ms";
       if (waiting_on >= 0) {
         s += " | waiting " + std::to_string(static_cast<long long>(waiting_ms)) + " ms on rank " +
              std::to_string(waiting_on) + " to " + waiting_to;
@@ -78,7 +80,8 @@ struct rank_progress {
     }
     if (!history.empty()) {
       s += " | last done:";
-      for (const auto& h : history) s += " " + h;
+      for (const auto& h : history)
+        s += " " + h;
     }
     return s;
   }
@@ -87,7 +90,8 @@ struct rank_progress {
 /// The flight recorder's dump: one line per rank.
 [[nodiscard]] inline std::string to_string(const std::vector<rank_progress>& ranks) {
   std::string s;
-  for (const auto& r : ranks) s += "  " + r.to_string() + "\n";
+  for (const auto& r : ranks)
+    s += "  " + r.to_string() + "\n";
   return s;
 }
 
@@ -101,11 +105,12 @@ public:
   static constexpr std::size_t history_length = 4;
 
   /// Enters an operation; every later field describes it until done().
-  void begin(std::string_view operation, std::uint64_t sequence, int comm, int comm_rank, int comm_size,
-             std::size_t steps = 0) {
+  void begin(std::string_view operation, std::uint64_t sequence, int comm, int comm_rank,
+             int comm_size, std::size_t steps = 0) {
     {
       std::lock_guard lock(mutex_);
-      const std::size_t n = operation.size() < name_.size() - 1 ? operation.size() : name_.size() - 1;
+      const std::size_t n =
+          operation.size() < name_.size() - 1 ? operation.size() : name_.size() - 1;
       std::memcpy(name_.data(), operation.data(), n);
       name_[n] = '\0';
     }
@@ -140,7 +145,9 @@ public:
 
   [[nodiscard]] bool active() const noexcept { return active_.load(std::memory_order_acquire); }
   /// When the last operation ended (steady clock, ns; 0: none yet).
-  [[nodiscard]] std::int64_t last_done() const noexcept { return last_done_.load(std::memory_order_relaxed); }
+  [[nodiscard]] std::int64_t last_done() const noexcept {
+    return last_done_.load(std::memory_order_relaxed);
+  }
 
   /// A copy of the record. `world_of` maps the communicator's ranks to world ranks (null:
   /// they are the same).
@@ -154,7 +161,8 @@ public:
       std::lock_guard lock(mutex_);
       if (active()) p.operation = name_.data();
       const std::size_t kept = done_count_ < history_length ? done_count_ : history_length;
-      for (std::size_t i = done_count_ - kept; i < done_count_; ++i) p.history.push_back(history_[i % history_length]);
+      for (std::size_t i = done_count_ - kept; i < done_count_; ++i)
+        p.history.push_back(history_[i % history_length]);
     }
     if (!p.in_operation()) return p;
     p.sequence = sequence_.load(std::memory_order_relaxed);
@@ -169,7 +177,8 @@ public:
     p.busy_ms = static_cast<double>(now - begun_.load(std::memory_order_relaxed)) / 1e6;
     p.waiting_on_comm_rank = peer_.load(std::memory_order_acquire);
     p.waiting_on = p.waiting_on_comm_rank;
-    if (world_of != nullptr && p.waiting_on >= 0 && static_cast<std::size_t>(p.waiting_on) < world_of->size()) {
+    if (world_of != nullptr && p.waiting_on >= 0 &&
+        static_cast<std::size_t>(p.waiting_on) < world_of->size()) {
       p.waiting_on = (*world_of)[static_cast<std::size_t>(p.waiting_on)];
     }
     if (p.waiting_on >= 0) {
@@ -180,7 +189,8 @@ public:
   }
 
   static std::int64_t now_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
         .count();
   }
 
@@ -191,7 +201,8 @@ private:
     active_.store(false, std::memory_order_release);
     std::lock_guard lock(mutex_);
     auto& h = history_[done_count_ % history_length];
-    h = std::string(name_.data()) + "#" + std::to_string(sequence_.load(std::memory_order_relaxed)) + how;
+    h = std::string(name_.data()) + "#" +
+        std::to_string(sequence_.load(std::memory_order_relaxed)) + how;
     ++done_count_;
   }
 

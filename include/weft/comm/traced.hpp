@@ -41,7 +41,7 @@ namespace weft {
 
 struct traced_op {
   collective kind = collective::all_reduce;
-  std::size_t count = 0;  // elements per rank, as the call's API sees it (plan.hpp's table)
+  std::size_t count = 0; // elements per rank, as the call's API sees it (plan.hpp's table)
   dtype type = dtype::float32;
   std::string axis;
   friend bool operator==(const traced_op&, const traced_op&) = default;
@@ -49,12 +49,14 @@ struct traced_op {
 
 /// One call on a traced communicator, timed.
 struct traced_span {
-  std::string_view what;  // "all_reduce", "send", "barrier", ... (static strings)
+  std::string_view what; // "all_reduce", "send", "barrier", ... (static strings)
   std::string axis;
   std::size_t bytes = 0;
   std::chrono::steady_clock::time_point begin, end;
   std::thread::id thread;
-  [[nodiscard]] double seconds() const noexcept { return std::chrono::duration<double>(end - begin).count(); }
+  [[nodiscard]] double seconds() const noexcept {
+    return std::chrono::duration<double>(end - begin).count();
+  }
 };
 
 namespace detail {
@@ -89,7 +91,9 @@ public:
   static constexpr bool messages = detail::declared_messages<Comm>();
 
   explicit traced(Comm comm, std::string axis = {})
-      : comm_(std::move(comm)), axis_(std::move(axis)), log_(std::make_shared<detail::span_log>()) {}
+      : comm_(std::move(comm)),
+        axis_(std::move(axis)),
+        log_(std::make_shared<detail::span_log>()) {}
 
   [[nodiscard]] int rank() const { return comm_.rank(); }
   [[nodiscard]] int size() const { return comm_.size(); }
@@ -98,30 +102,20 @@ public:
     comm_.barrier();
   }
   /// A child under the same axis name, with its own records and this one's span log.
-  [[nodiscard]] traced split(int color, int key) { return traced(comm_.split(color, key), axis_, log_); }
+  [[nodiscard]] traced split(int color, int key) {
+    return traced(comm_.split(color, key), axis_, log_);
+  }
   [[nodiscard]] decltype(auto) node_of() const { return comm_.node_of(); }
-  [[nodiscard]] decltype(auto) cluster() const
-    requires requires(const Comm& c) { c.cluster(); }
-  {
-    return comm_.cluster();
-  }
-  [[nodiscard]] decltype(auto) devices() const
-    requires requires(const Comm& c) { c.devices(); }
-  {
-    return comm_.devices();
-  }
+  [[nodiscard]] decltype(auto) cluster() const requires requires(const Comm& c) { c.cluster(); }
+  { return comm_.cluster(); }
+  [[nodiscard]] decltype(auto) devices() const requires requires(const Comm& c) { c.devices(); }
+  { return comm_.devices(); }
   /// The call check the wrapped communicator asks for (detail::check_calls_enabled), kept.
-  [[nodiscard]] bool check_calls() const
-    requires requires(const Comm& c) { c.check_calls(); }
-  {
-    return static_cast<bool>(comm_.check_calls());
-  }
+  [[nodiscard]] bool check_calls() const requires requires(const Comm& c) { c.check_calls(); }
+  { return static_cast<bool>(comm_.check_calls()); }
   /// A device communicator's stream (what a device layer checks its GEMM policy against).
-  [[nodiscard]] decltype(auto) stream() const
-    requires requires(const Comm& c) { c.stream(); }
-  {
-    return comm_.stream();
-  }
+  [[nodiscard]] decltype(auto) stream() const requires requires(const Comm& c) { c.stream(); }
+  { return comm_.stream(); }
 
   template <class T>
   void send(std::span<T> data, int peer, int tag = 0) {
@@ -136,23 +130,21 @@ public:
   /// A buffered send (weft::mpi's post()), where the wrapped communicator has one: the pipeline
   /// executor posts its sends so that neighbours that both send first do not deadlock.
   template <class T>
-  void post(std::span<const T> data, int peer, int tag = 0)
-    requires requires(Comm& c) { c.post(data, peer, tag); }
+  void post(std::span<const T> data, int peer, int tag = 0) requires requires(Comm& c) {
+    c.post(data, peer, tag);
+  }
   {
     const timer t(*this, "send", data.size_bytes());
     comm_.post(data, peer, tag);
   }
   template <class T>
-  void post(std::span<T> data, int peer, int tag = 0)
-    requires requires(Comm& c, std::span<const T> d) { c.post(d, peer, tag); }
-  {
-    post(std::span<const T>(data), peer, tag);
+  void post(std::span<T> data, int peer, int tag = 0) requires
+      requires(Comm& c, std::span<const T> d) {
+    c.post(d, peer, tag);
   }
-  void flush()
-    requires requires(Comm& c) { c.flush(); }
-  {
-    comm_.flush();
-  }
+  { post(std::span<const T>(data), peer, tag); }
+  void flush() requires requires(Comm& c) { c.flush(); }
+  { comm_.flush(); }
   template <class T>
   void sendrecv(std::span<const T> out, int to, std::span<T> in, int from, int tag = 0) {
     const timer t(*this, "sendrecv", out.size_bytes() + in.size_bytes());
@@ -161,8 +153,8 @@ public:
 
   /// Every planned collective reaches its communicator here (detail::run_planned).
   template <class T, class Op>
-  void execute(const plan& pl, const T* in, std::size_t in_count, T* out, std::size_t out_count, const Op& op,
-               std::string_view opname) {
+  void execute(const plan& pl, const T* in, std::size_t in_count, T* out, std::size_t out_count,
+               const Op& op, std::string_view opname) {
     ops_.push_back({pl.coll(), pl.count(), dtype_of<T>, axis_});
     const timer t(*this, name_of(pl.coll()), std::max(in_count, out_count) * sizeof(T));
     comm_.execute(pl, in, in_count, out, out_count, op, opname);
@@ -170,8 +162,10 @@ public:
 
   /// algo::vendor: the wrapped communicator's own collective, where it has one.
   template <collective C, class T, class Op>
-  void vendor(const T* in, std::size_t in_n, T* out, std::size_t out_n, std::size_t count, int root, const Op& op)
-    requires requires(Comm& c) { c.template vendor<C>(in, in_n, out, out_n, count, root, op); }
+  void vendor(const T* in, std::size_t in_n, T* out, std::size_t out_n, std::size_t count, int root,
+              const Op& op) requires requires(Comm& c) {
+    c.template vendor<C>(in, in_n, out, out_n, count, root, op);
+  }
   {
     ops_.push_back({C, count, dtype_of<T>, axis_});
     const timer t(*this, name_of(C), std::max(in_n, out_n) * sizeof(T));
@@ -179,17 +173,17 @@ public:
   }
 
   template <class T>
-  void divide(T* out, std::size_t n)
-    requires requires(Comm& c) { c.divide(out, n); }
-  {
-    comm_.divide(out, n);
+  void divide(T* out, std::size_t n) requires requires(Comm& c) {
+    c.divide(out, n);
   }
+  { comm_.divide(out, n); }
 
   /// The records, in call order, and how many of one kind.
   [[nodiscard]] const std::vector<traced_op>& ops() const noexcept { return ops_; }
   [[nodiscard]] std::size_t count(collective kind) const noexcept {
     std::size_t n = 0;
-    for (const auto& o : ops_) n += o.kind == kind ? 1 : 0;
+    for (const auto& o : ops_)
+      n += o.kind == kind ? 1 : 0;
     return n;
   }
   void clear() noexcept { ops_.clear(); }
@@ -215,7 +209,8 @@ private:
     timer(const timer&) = delete;
     timer& operator=(const timer&) = delete;
     ~timer() {
-      c_.log_->add({what_, c_.axis_, bytes_, begin_, std::chrono::steady_clock::now(), std::this_thread::get_id()});
+      c_.log_->add({what_, c_.axis_, bytes_, begin_, std::chrono::steady_clock::now(),
+                    std::this_thread::get_id()});
     }
 
   private:

@@ -29,7 +29,8 @@ public:
   [[nodiscard]] int peer() const noexcept { return peer_; }
 
 private:
-  WEFT_COLD static std::string compose(std::string_view operation, int rank, int peer, std::string_view what) {
+  WEFT_COLD static std::string compose(std::string_view operation, int rank, int peer,
+                                       std::string_view what) {
     std::string s = "weft: ";
     if (!operation.empty()) {
       s += operation;
@@ -58,7 +59,8 @@ private:
 #define WEFT_EXPECTS(cond, what)                                                                   \
   do {                                                                                             \
     if (!(cond)) {                                                                                 \
-      throw ::weft::error(std::string("weft: ") + (what) + " [expected " #cond " at " __FILE__     \
-                          ":" + std::to_string(__LINE__) + "]");                                   \
+      throw ::weft::error(std::string("weft: ") + (what) +                                         \
+                          " [expected " #cond " at " __FILE__ ":" + std::to_string(__LINE__) +     \
+                          "]");                                                                    \
     }                                                                                              \
   } while (false)

@@ -15,8 +15,8 @@ namespace weft::detail {
 // Signed integers wrap modulo 2^bits on overflow, as they do in NCCL and MPI libraries,
 // instead of being undefined behaviour: computed in the unsigned type.
 template <class A>
-using wrap_t = typename std::conditional_t<std::is_integral_v<A> && std::is_signed_v<A>, std::make_unsigned<A>,
-                                  std::type_identity<A>>::type;
+using wrap_t = typename std::conditional_t<std::is_integral_v<A> && std::is_signed_v<A>,
+                                           std::make_unsigned<A>, std::type_identity<A>>::type;
 
 } // namespace weft::detail
 
@@ -41,12 +41,16 @@ struct prod {
 struct min {
   static constexpr std::string_view name = "min";
   template <class A>
-  WEFT_HOST_DEVICE constexpr A operator()(A a, A b) const { return b < a ? b : a; }
+  WEFT_HOST_DEVICE constexpr A operator()(A a, A b) const {
+    return b < a ? b : a;
+  }
 };
 struct max {
   static constexpr std::string_view name = "max";
   template <class A>
-  WEFT_HOST_DEVICE constexpr A operator()(A a, A b) const { return a < b ? b : a; }
+  WEFT_HOST_DEVICE constexpr A operator()(A a, A b) const {
+    return a < b ? b : a;
+  }
 };
 /// Sum, then divide by the number of ranks (integer division for integer types), like ncclAvg.
 /// half on host buffers scales each input by 1/ranks first and sums, as ncclAvg does for floating
@@ -64,8 +68,8 @@ namespace weft {
 template <class Op, class T>
 concept reduction_for = element<T> && std::copy_constructible<Op> &&
     requires(const Op& op, accumulate_t<T> a) {
-      { op(a, a) } -> std::convertible_to<accumulate_t<T>>;
-    };
+  { op(a, a) } -> std::convertible_to<accumulate_t<T>>;
+};
 
 template <class Op>
 inline constexpr bool is_average_v = std::is_base_of_v<op::avg, Op>;

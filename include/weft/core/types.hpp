@@ -14,7 +14,7 @@ namespace weft {
 enum class dtype : std::uint8_t { float32, float64, float16, bfloat16, int32, int64 };
 
 template <class T>
-struct dtype_traits;  // defined only for the element types weft supports
+struct dtype_traits; // defined only for the element types weft supports
 
 template <>
 struct dtype_traits<float> {
@@ -32,7 +32,7 @@ template <>
 struct dtype_traits<half> {
   static constexpr dtype id = dtype::float16;
   static constexpr std::string_view name = "half";
-  using accumulate = float;  // low precision accumulates in float
+  using accumulate = float; // low precision accumulates in float
 };
 template <>
 struct dtype_traits<bfloat16> {
@@ -55,7 +55,9 @@ struct dtype_traits<std::int64_t> {
 
 /// An element type weft can move and reduce.
 template <class T>
-concept element = requires { dtype_traits<std::remove_cv_t<T>>::id; };
+concept element = requires {
+  dtype_traits<std::remove_cv_t<T>>::id;
+};
 
 template <element T>
 using accumulate_t = typename dtype_traits<std::remove_cv_t<T>>::accumulate;
@@ -87,6 +89,7 @@ constexpr std::string_view name_of(dtype t) noexcept {
   return "?";
 }
 
-static_assert(size_of(dtype::float16) == sizeof(half) && size_of(dtype::bfloat16) == sizeof(bfloat16));
+static_assert(size_of(dtype::float16) == sizeof(half) &&
+              size_of(dtype::bfloat16) == sizeof(bfloat16));
 
 } // namespace weft

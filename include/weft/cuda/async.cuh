@@ -88,16 +88,20 @@ public:
   using watch = std::function<void(const error* timed_out)>;
 
   work() = default;
-  work(std::shared_ptr<const event> done, std::chrono::milliseconds timeout, std::string what, int rank,
-       watch w = {})
-      : done_(std::move(done)), timeout_(timeout), what_(std::move(what)), rank_(rank), watch_(std::move(w)) {}
+  work(std::shared_ptr<const event> done, std::chrono::milliseconds timeout, std::string what,
+       int rank, watch w = {})
+      : done_(std::move(done)),
+        timeout_(timeout),
+        what_(std::move(what)),
+        rank_(rank),
+        watch_(std::move(w)) {}
 
   /// Whether the device has finished it.
   [[nodiscard]] bool done() const {
     if (!done_) return true;
     const cudaError_t e = cudaEventQuery(done_->get());
     if (e == cudaErrorNotReady) {
-      (void)cudaGetLastError();  // not an error: cleared, or the next launch's check would report it
+      (void)cudaGetLastError(); // not an error: cleared, or the next launch's check would report it
       return false;
     }
     WEFT_CUDA_TRY(e);
@@ -111,13 +115,15 @@ public:
   void wait() const {
     if (!done_) return;
     const cudaError_t e = detail::poll_until([this] { return cudaEventQuery(done_->get()); },
-                                             std::chrono::steady_clock::now() + timeout_, [this] {
+                                             std::chrono::steady_clock::now() + timeout_,
+                                             [this] {
                                                if (watch_) watch_(nullptr);
                                              });
     if (e == cudaErrorNotReady) {
-      const error late(what_, rank_, error::unknown,
-                       "not done after " + std::to_string(timeout_.count()) +
-                           " ms on the side stream (a peer that never made the same call, or a stalled device)");
+      const error late(
+          what_, rank_, error::unknown,
+          "not done after " + std::to_string(timeout_.count()) +
+              " ms on the side stream (a peer that never made the same call, or a stalled device)");
       if (watch_) watch_(&late);
       throw late;
     }
@@ -137,7 +143,8 @@ class async_communicator {
 public:
   /// Collective over `parent`: splits a side communicator from it. `timeout`: work::wait()'s
   /// deadline.
-  explicit async_communicator(Comm& parent, std::chrono::milliseconds timeout = std::chrono::minutes(5))
+  explicit async_communicator(Comm& parent,
+                              std::chrono::milliseconds timeout = std::chrono::minutes(5))
       : side_(split_side(parent)), order_(parent.stream(), side_.stream()), timeout_(timeout) {
     if (side_.stream() == parent.stream()) {
       throw error("async_communicator", parent.rank(), error::unknown,
@@ -160,11 +167,16 @@ public:
   work submit(std::string what, F&& f) {
     auto done = order_.submit([&] { std::forward<F>(f)(side_); });
     work::watch w;
-    if constexpr (requires { side_.check_async_error(what); side_.abort(what); }) {
+    if constexpr (requires {
+                    side_.check_async_error(what);
+                    side_.abort(what);
+                  }) {
       w = [side = &side_, op = what](const error* timed_out) {
         // A peer may never come: the family fails with the timeout, which later calls throw.
-        if (timed_out != nullptr) side->abort(timed_out->what());
-        else side->check_async_error(op);
+        if (timed_out != nullptr)
+          side->abort(timed_out->what());
+        else
+          side->check_async_error(op);
       };
     }
     return work(std::move(done), timeout_, std::move(what), side_.rank(), std::move(w));
@@ -185,20 +197,23 @@ private:
 };
 
 template <class Algo = algo::automatic, class Comm, element T, class Op = op::sum>
-  requires reduction_for<Op, T>
+requires reduction_for<Op, T>
 [[nodiscard]] work all_reduce_async(async_communicator<Comm>& c, std::span<T> inout, Op op = {}) {
   return c.submit("all_reduce_async", [&](Comm& comm) { weft::all_reduce<Algo>(comm, inout, op); });
 }
 
 template <class Algo = algo::automatic, class Comm, class In, element T, class Op = op::sum>
-  requires std::same_as<std::remove_const_t<In>, T> && reduction_for<Op, T>
-[[nodiscard]] work reduce_scatter_async(async_communicator<Comm>& c, std::span<In> in, std::span<T> out, Op op = {}) {
-  return c.submit("reduce_scatter_async", [&](Comm& comm) { weft::reduce_scatter<Algo>(comm, in, out, op); });
+requires std::same_as<std::remove_const_t<In>, T> && reduction_for<Op, T>
+[[nodiscard]] work reduce_scatter_async(async_communicator<Comm>& c, std::span<In> in,
+                                        std::span<T> out, Op op = {}) {
+  return c.submit("reduce_scatter_async",
+                  [&](Comm& comm) { weft::reduce_scatter<Algo>(comm, in, out, op); });
 }
 
 template <class Algo = algo::automatic, class Comm, class In, element T>
-  requires std::same_as<std::remove_const_t<In>, T>
-[[nodiscard]] work all_gather_async(async_communicator<Comm>& c, std::span<In> in, std::span<T> out) {
+requires std::same_as<std::remove_const_t<In>, T>
+[[nodiscard]] work all_gather_async(async_communicator<Comm>& c, std::span<In> in,
+                                    std::span<T> out) {
   return c.submit("all_gather_async", [&](Comm& comm) { weft::all_gather<Algo>(comm, in, out); });
 }
 

@@ -70,7 +70,8 @@ public:
   /// Queues f's work on the side stream after the main stream's work so far.
   template <class F>
   dp_work submit(F&& f) {
-    return dp_work(work(order_.submit(std::forward<F>(f)), {}, "data_parallel", error::unknown), order_.main());
+    return dp_work(work(order_.submit(std::forward<F>(f)), {}, "data_parallel", error::unknown),
+                   order_.main());
   }
 
 private:
@@ -110,7 +111,8 @@ __global__ void dp_range_squares(const optim::detail::norm_range<P>* ranges, dou
 /// *out = partial[0] + ... + partial[n - 1], in order.
 __global__ inline void dp_sum_in_order(const double* partial, std::size_t n, double* out) {
   double t = 0.0;
-  for (std::size_t i = 0; i < n; ++i) t += partial[i];
+  for (std::size_t i = 0; i < n; ++i)
+    t += partial[i];
   *out = t;
 }
 
@@ -120,7 +122,7 @@ namespace weft::optim::detail {
 
 /// Device memory and streams, for a communicator with a stream (see the header comment).
 template <class Comm>
-  requires streamed_communicator<Comm>
+requires streamed_communicator<Comm>
 class dp_memory<Comm> {
 public:
   static constexpr bool on_device = true;
@@ -162,14 +164,15 @@ public:
   template <class T>
   void copy(T* dst, const T* src, std::size_t n, lane l) {
     if (n != 0 && dst != src) {
-      WEFT_CUDA_TRY(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToDevice, stream_of(l)));
+      WEFT_CUDA_TRY(
+          cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToDevice, stream_of(l)));
     }
   }
   template <class T>
   void upload(T* dst, const T* src, std::size_t n) {
     if (n == 0) return;
     WEFT_CUDA_TRY(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyHostToDevice, main_));
-    WEFT_CUDA_TRY(cudaStreamSynchronize(main_));  // src is the caller's, pageable
+    WEFT_CUDA_TRY(cudaStreamSynchronize(main_)); // src is the caller's, pageable
   }
   template <class T>
   void download(T* dst, const T* src, std::size_t n) {
@@ -202,7 +205,8 @@ public:
     constexpr std::size_t piece = std::size_t{1} << 16;
     std::vector<norm_range<P>> pieces;
     for (const auto& r : ranges) {
-      for (std::size_t at = 0; at < r.n; at += piece) pieces.push_back({r.data + at, std::min(piece, r.n - at)});
+      for (std::size_t at = 0; at < r.n; at += piece)
+        pieces.push_back({r.data + at, std::min(piece, r.n - at)});
     }
     squares<P> s;
     s.pieces.allocate(pieces.size(), main_);
@@ -219,7 +223,8 @@ public:
       WEFT_CUDA_TRY(cudaMemsetAsync(out, 0, sizeof(double), main_));
       return;
     }
-    cuda::detail::dp_range_squares<P><<<static_cast<unsigned>(n), 256, 0, main_>>>(s.pieces.data(), s.partial.data());
+    cuda::detail::dp_range_squares<P>
+        <<<static_cast<unsigned>(n), 256, 0, main_>>>(s.pieces.data(), s.partial.data());
     WEFT_CUDA_TRY(cudaGetLastError());
     cuda::detail::dp_sum_in_order<<<1, 1, 0, main_>>>(s.partial.data(), n, out);
     WEFT_CUDA_TRY(cudaGetLastError());
@@ -245,8 +250,12 @@ public:
   }
 
 private:
-  [[nodiscard]] cudaStream_t side() const noexcept { return side_owned_ ? side_owned_->get() : main_; }
-  [[nodiscard]] cudaStream_t stream_of(lane l) const noexcept { return l == lane::main ? main_ : side(); }
+  [[nodiscard]] cudaStream_t side() const noexcept {
+    return side_owned_ ? side_owned_->get() : main_;
+  }
+  [[nodiscard]] cudaStream_t stream_of(lane l) const noexcept {
+    return l == lane::main ? main_ : side();
+  }
 
   cudaStream_t main_;
   std::optional<cuda::stream> side_owned_;

@@ -10,8 +10,10 @@
 
 namespace weft::cuda::detail {
 
-WEFT_COLD inline std::string describe_failure(const char* call, const char* file, int line, const std::string& what) {
-  return "weft: " + std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " + what;
+WEFT_COLD inline std::string describe_failure(const char* call, const char* file, int line,
+                                              const std::string& what) {
+  return "weft: " + std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " +
+         what;
 }
 
 WEFT_COLD inline std::string cuda_error_text(cudaError_t e) {
@@ -35,11 +37,13 @@ WEFT_COLD inline std::string nccl_error_text(ncclResult_t r) {
   return std::string(name) + " (" + ncclGetErrorString(r) + ")";
 }
 
-[[noreturn]] WEFT_COLD inline void throw_cuda(cudaError_t e, const char* call, const char* file, int line) {
+[[noreturn]] WEFT_COLD inline void throw_cuda(cudaError_t e, const char* call, const char* file,
+                                              int line) {
   throw weft::error(describe_failure(call, file, line, cuda_error_text(e)));
 }
 
-[[noreturn]] WEFT_COLD inline void throw_nccl(ncclResult_t r, const char* call, const char* file, int line) {
+[[noreturn]] WEFT_COLD inline void throw_nccl(ncclResult_t r, const char* call, const char* file,
+                                              int line) {
   throw weft::error(describe_failure(call, file, line, nccl_error_text(r)));
 }
 
@@ -47,19 +51,19 @@ WEFT_COLD inline std::string nccl_error_text(ncclResult_t r) {
 
 /// Runs a CUDA runtime call; on failure throws weft::error naming the call, file:line and the
 /// error, e.g. "weft: cudaMalloc(&p, n) failed at x.cu:12: cudaErrorMemoryAllocation (out of memory)".
-#define WEFT_CUDA_TRY(call)                                                        \
-  do {                                                                             \
-    const cudaError_t weft_cuda_status_ = (call);                                  \
-    if (weft_cuda_status_ != cudaSuccess) {                                        \
-      ::weft::cuda::detail::throw_cuda(weft_cuda_status_, #call, __FILE__, __LINE__); \
-    }                                                                              \
+#define WEFT_CUDA_TRY(call)                                                                        \
+  do {                                                                                             \
+    const cudaError_t weft_cuda_status_ = (call);                                                  \
+    if (weft_cuda_status_ != cudaSuccess) {                                                        \
+      ::weft::cuda::detail::throw_cuda(weft_cuda_status_, #call, __FILE__, __LINE__);              \
+    }                                                                                              \
   } while (false)
 
 /// Runs an NCCL call; on failure throws weft::error as WEFT_CUDA_TRY does.
-#define WEFT_NCCL_TRY(call)                                                        \
-  do {                                                                             \
-    const ncclResult_t weft_nccl_status_ = (call);                                 \
-    if (weft_nccl_status_ != ncclSuccess) {                                        \
-      ::weft::cuda::detail::throw_nccl(weft_nccl_status_, #call, __FILE__, __LINE__); \
-    }                                                                              \
+#define WEFT_NCCL_TRY(call)                                                                        \
+  do {                                                                                             \
+    const ncclResult_t weft_nccl_status_ = (call);                                                 \
+    if (weft_nccl_status_ != ncclSuccess) {                                                        \
+      ::weft::cuda::detail::throw_nccl(weft_nccl_status_, #call, __FILE__, __LINE__);              \
+    }                                                                                              \
   } while (false)

@@ -48,7 +48,9 @@ __global__ void __launch_bounds__(block_threads)
     if (!open) return;
   }
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) f(i);
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride)
+    f(i);
 }
 
 /// Enough blocks to cover n indices, at most a few waves of the current device's SMs (the
@@ -63,7 +65,8 @@ inline unsigned grid_for(std::size_t n) {
     device = d;
   }
   const std::size_t wanted = (n + block_threads - 1) / block_threads;
-  return static_cast<unsigned>(std::max<std::size_t>(1, std::min<std::size_t>(wanted, static_cast<std::size_t>(sms) * 8)));
+  return static_cast<unsigned>(
+      std::max<std::size_t>(1, std::min<std::size_t>(wanted, static_cast<std::size_t>(sms) * 8)));
 }
 
 template <class F, class Gate = ungated>
@@ -82,10 +85,12 @@ void reduce(T* dst, const T* const* src, int k, std::size_t n, const Op& op, cud
             const Gate& gate = {}) {
   using weft::detail::max_sources;
   if (k < 1 || k > max_sources) {
-    throw error("weft: cuda::reduce of " + std::to_string(k) + " sources; it takes 1 to " + std::to_string(max_sources));
+    throw error("weft: cuda::reduce of " + std::to_string(k) + " sources; it takes 1 to " +
+                std::to_string(max_sources));
   }
   bool aligned = weft::detail::is_pack_aligned(dst);
-  for (int j = 0; j < k; ++j) aligned = aligned && weft::detail::is_pack_aligned(src[j]);
+  for (int j = 0; j < k; ++j)
+    aligned = aligned && weft::detail::is_pack_aligned(src[j]);
   constexpr int w = weft::detail::packed<T>::width;
   const std::size_t packs = aligned ? n / w : 0;
   if (packs != 0) {
@@ -96,7 +101,8 @@ void reduce(T* dst, const T* const* src, int k, std::size_t n, const Op& op, cud
   const std::size_t done = packs * w;
   if (done < n) {
     weft::detail::reduce_sources<T, Op> f{dst + done, {}, k, op};
-    for (int j = 0; j < k; ++j) f.src[j] = src[j] + done;
+    for (int j = 0; j < k; ++j)
+      f.src[j] = src[j] + done;
     detail::launch(f, n - done, s, gate);
   }
 }
@@ -119,7 +125,8 @@ void copy(T* dst, const T* src, std::size_t n, cudaStream_t s, const Gate& gate 
   const std::size_t packs = aligned ? n / w : 0;
   if (packs != 0) detail::launch(weft::detail::copy_packed<T>{dst, src}, packs, s, gate);
   const std::size_t done = packs * w;
-  if (done < n) detail::launch(weft::detail::copy_elements<T>{dst + done, src + done}, n - done, s, gate);
+  if (done < n)
+    detail::launch(weft::detail::copy_elements<T>{dst + done, src + done}, n - done, s, gate);
 }
 
 /// data[i] /= ranks in the accumulation type (the avg operator's last step).

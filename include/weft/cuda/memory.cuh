@@ -19,7 +19,7 @@ namespace weft::cuda {
 inline int device_count() noexcept {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();  // clear the sticky "no device" status
+    (void)cudaGetLastError(); // clear the sticky "no device" status
     return 0;
   }
   return n;
@@ -31,7 +31,8 @@ inline std::string no_device_reason() {
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    return std::string("no CUDA device: ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+    return std::string("no CUDA device: ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) +
+           ")";
   }
   return n == 0 ? "no CUDA device" : "";
 }
@@ -44,7 +45,8 @@ public:
   explicit device_buffer(std::size_t n) : n_(n) {
     if (n != 0) WEFT_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)));
   }
-  device_buffer(device_buffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  device_buffer(device_buffer&& o) noexcept
+      : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
   device_buffer& operator=(device_buffer&& o) noexcept {
     if (this != &o) {
       release();
@@ -120,7 +122,9 @@ public:
   stream_buffer() = default;
   stream_buffer(std::size_t n, cudaStream_t s) { allocate(n, s); }
   stream_buffer(stream_buffer&& o) noexcept
-      : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), s_(std::exchange(o.s_, nullptr)) {}
+      : p_(std::exchange(o.p_, nullptr)),
+        n_(std::exchange(o.n_, 0)),
+        s_(std::exchange(o.s_, nullptr)) {}
   stream_buffer& operator=(stream_buffer&& o) noexcept {
     if (this != &o) {
       drop();
@@ -158,7 +162,7 @@ public:
 
 private:
   void drop() noexcept {
-    if (p_ != nullptr) (void)cudaFreeAsync(p_, s_);  // a destructor's failure has nowhere to go
+    if (p_ != nullptr) (void)cudaFreeAsync(p_, s_); // a destructor's failure has nowhere to go
     p_ = nullptr;
     n_ = 0;
   }
@@ -175,7 +179,8 @@ public:
   /// The caller's stream; never destroyed here.
   static stream borrow(cudaStream_t s) noexcept { return stream(s, false); }
 
-  stream(stream&& o) noexcept : s_(std::exchange(o.s_, nullptr)), owned_(std::exchange(o.owned_, false)) {}
+  stream(stream&& o) noexcept
+      : s_(std::exchange(o.s_, nullptr)), owned_(std::exchange(o.owned_, false)) {}
   stream& operator=(stream&& o) noexcept {
     if (this != &o) {
       release();
@@ -206,7 +211,8 @@ private:
 class event {
 public:
   explicit event(bool timing = false) {
-    WEFT_CUDA_TRY(cudaEventCreateWithFlags(&e_, timing ? cudaEventDefault : cudaEventDisableTiming));
+    WEFT_CUDA_TRY(
+        cudaEventCreateWithFlags(&e_, timing ? cudaEventDefault : cudaEventDisableTiming));
   }
   event(event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
   event& operator=(event&& o) noexcept {

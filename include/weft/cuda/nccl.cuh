@@ -114,17 +114,22 @@ namespace weft::cuda {
 
 /// The operators NCCL's own collectives have: weft's sum, prod, min, max and avg.
 template <class Op>
-concept nccl_reduction = std::same_as<Op, op::sum> || std::same_as<Op, op::prod> || std::same_as<Op, op::min> ||
-                         std::same_as<Op, op::max> || std::same_as<Op, op::avg>;
+concept nccl_reduction = std::same_as<Op, op::sum> || std::same_as<Op, op::prod> ||
+    std::same_as<Op, op::min> || std::same_as<Op, op::max> || std::same_as<Op, op::avg>;
 
 /// NCCL's name for a weft operator.
 template <nccl_reduction Op>
 inline constexpr ncclRedOp_t nccl_op_of = [] {
-  if constexpr (std::same_as<Op, op::sum>) return ncclSum;
-  else if constexpr (std::same_as<Op, op::prod>) return ncclProd;
-  else if constexpr (std::same_as<Op, op::min>) return ncclMin;
-  else if constexpr (std::same_as<Op, op::max>) return ncclMax;
-  else return ncclAvg;
+  if constexpr (std::same_as<Op, op::sum>)
+    return ncclSum;
+  else if constexpr (std::same_as<Op, op::prod>)
+    return ncclProd;
+  else if constexpr (std::same_as<Op, op::min>)
+    return ncclMin;
+  else if constexpr (std::same_as<Op, op::max>)
+    return ncclMax;
+  else
+    return ncclAvg;
 }();
 
 namespace nccl {
@@ -162,20 +167,22 @@ public:
   }
   /// Takes `comm` over: it is destroyed with this object (also when this call throws). A
   /// non-null `stream` is borrowed; nullptr makes a stream of its own on comm's device.
-  static communicator adopt(ncclComm_t comm, cudaStream_t stream = nullptr, const options& opt = {}) {
+  static communicator adopt(ncclComm_t comm, cudaStream_t stream = nullptr,
+                            const options& opt = {}) {
     return communicator(detail::nccl_comm_handle(comm, true), stream, stream == nullptr, opt);
   }
   /// A new communicator (ncclCommInitRank) on the current device, as rank `rank` of `size`
   /// ranks that share `id` (made by ncclGetUniqueId on one rank and given to all). Collective:
   /// every rank calls it, from its own thread or process. `stream` as for adopt().
-  static communicator init_rank(const ncclUniqueId& id, int rank, int size, cudaStream_t stream = nullptr,
-                                const options& opt = {}) {
+  static communicator init_rank(const ncclUniqueId& id, int rank, int size,
+                                cudaStream_t stream = nullptr, const options& opt = {}) {
     constexpr std::string_view operation = "nccl::communicator";
     ncclComm_t comm = nullptr;
     ncclConfig_t config = detail::nonblocking_config();
     const auto deadline = std::chrono::steady_clock::now() + opt.timeout;
     const ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
-    if (const std::string why = detail::nccl_settle_new(comm, r, "ncclCommInitRankConfig", deadline, opt.timeout);
+    if (const std::string why =
+            detail::nccl_settle_new(comm, r, "ncclCommInitRankConfig", deadline, opt.timeout);
         !why.empty()) {
       throw error(operation, rank, error::unknown, why);
     }
@@ -184,13 +191,14 @@ public:
   /// One communicator per device of `cuda_devices` (rank r on cuda_devices[r], initialized in
   /// one NCCL group as ncclCommInitAll does, non-blocking), each owning a stream on its device.
   /// Drive each from its own thread.
-  static std::vector<communicator> init_all(const std::vector<int>& cuda_devices, const options& opt = {}) {
+  static std::vector<communicator> init_all(const std::vector<int>& cuda_devices,
+                                            const options& opt = {}) {
     constexpr std::string_view operation = "nccl::communicator";
     const int n = static_cast<int>(cuda_devices.size());
     ncclUniqueId id{};
     detail::nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId", operation, error::unknown);
     std::vector<ncclComm_t> comms(cuda_devices.size(), nullptr);
-    std::vector<detail::nccl_comm_handle> owned;  // so that all are aborted if one step throws
+    std::vector<detail::nccl_comm_handle> owned; // so that all are aborted if one step throws
     owned.reserve(comms.size());
     ncclResult_t group_end = ncclSuccess;
     {
@@ -214,15 +222,17 @@ public:
     for (int q = 0; q < n; ++q) {
       ncclComm_t c = owned[static_cast<std::size_t>(q)].get();
       const ncclResult_t r = group_end == ncclSuccess ? detail::nccl_async_state(c) : group_end;
-      owned[static_cast<std::size_t>(q)].forget();  // nccl_settle_new aborts it if it fails
-      if (const std::string why = detail::nccl_settle_new(c, r, "ncclCommInitRankConfig", deadline, opt.timeout);
+      owned[static_cast<std::size_t>(q)].forget(); // nccl_settle_new aborts it if it fails
+      if (const std::string why =
+              detail::nccl_settle_new(c, r, "ncclCommInitRankConfig", deadline, opt.timeout);
           !why.empty()) {
         throw error(operation, q, error::unknown, why);
       }
       owned[static_cast<std::size_t>(q)] = detail::nccl_comm_handle(c, true);
     }
     std::vector<communicator> all;
-    for (auto& c : owned) all.push_back(communicator(std::move(c), nullptr, true, opt));
+    for (auto& c : owned)
+      all.push_back(communicator(std::move(c), nullptr, true, opt));
     return all;
   }
 
@@ -345,8 +355,10 @@ public:
     const detail::device_scope on(device_);
     begin_host_call(operation, error::unknown);
     auto* word = reinterpret_cast<int*>(staging_.reserve(sizeof(int), operation, rank_));
-    detail::cuda_check(cudaMemsetAsync(word, 0, sizeof(int), stream()), "cudaMemsetAsync", operation, rank_);
-    check_nccl(ncclAllReduce(word, word, 1, ncclInt32, ncclSum, comm_.get(), stream()), "ncclAllReduce", operation);
+    detail::cuda_check(cudaMemsetAsync(word, 0, sizeof(int), stream()), "cudaMemsetAsync",
+                       operation, rank_);
+    check_nccl(ncclAllReduce(word, word, 1, ncclInt32, ncclSum, comm_.get(), stream()),
+               "ncclAllReduce", operation);
     wait_idle(operation, error::unknown, "have every rank enter the barrier");
   }
 
@@ -363,7 +375,8 @@ public:
     auto own = std::make_shared<const cuda::stream>();
     const cuda::event after;
     after.record(stream());
-    detail::cuda_check(cudaStreamWaitEvent(own->get(), after.get(), 0), "cudaStreamWaitEvent", "split", rank_);
+    detail::cuda_check(cudaStreamWaitEvent(own->get(), after.get(), 0), "cudaStreamWaitEvent",
+                       "split", rank_);
     c.stream_ = own;
     c.scratch_ = detail::stream_memory(own);
     c.staging_ = detail::stream_memory(own);
@@ -378,9 +391,10 @@ public:
     // when every rank has arrived; the table also gives the children's placement.
     const int mine[2] = {color, key};
     const std::vector<int> table = all_gather_ints(mine, operation);
-    std::vector<std::pair<int, int>> members;  // (key, rank) of my color
+    std::vector<std::pair<int, int>> members; // (key, rank) of my color
     for (int r = 0; r < size_; ++r) {
-      if (table[static_cast<std::size_t>(2 * r)] == color) members.emplace_back(table[static_cast<std::size_t>(2 * r + 1)], r);
+      if (table[static_cast<std::size_t>(2 * r)] == color)
+        members.emplace_back(table[static_cast<std::size_t>(2 * r + 1)], r);
     }
     std::sort(members.begin(), members.end());
     detail::rank_placement child_place;
@@ -397,18 +411,20 @@ public:
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     const ncclResult_t r = ncclCommSplit(comm_.get(), color, key, &child, &config);
     {
-      detail::nccl_comm_handle held(child, true);  // aborted if the parent fails
+      detail::nccl_comm_handle held(child, true); // aborted if the parent fails
       check_nccl(r, "ncclCommSplit", operation);  // the parent settles first, then the child
       held.forget();
     }
-    const std::string why =
-        detail::nccl_settle_new(child, detail::nccl_async_state(child), "ncclCommSplit", deadline, timeout_);
-    if (!why.empty()) fail_now(why, operation, error::unknown);  // the ranks are out of step
-    communicator c(detail::nccl_comm_handle(child, true), stream_, std::move(child_place), timeout_, *this);
+    const std::string why = detail::nccl_settle_new(child, detail::nccl_async_state(child),
+                                                    "ncclCommSplit", deadline, timeout_);
+    if (!why.empty()) fail_now(why, operation, error::unknown); // the ranks are out of step
+    communicator c(detail::nccl_comm_handle(child, true), stream_, std::move(child_place), timeout_,
+                   *this);
     if (c.rank_ != expected_rank || c.size_ != static_cast<int>(members.size())) {
       throw error(operation, rank_, error::unknown,
-                  "ncclCommSplit placed this rank at " + std::to_string(c.rank_) + " of " + std::to_string(c.size_) +
-                      ", weft expected " + std::to_string(expected_rank) + " of " + std::to_string(members.size()));
+                  "ncclCommSplit placed this rank at " + std::to_string(c.rank_) + " of " +
+                      std::to_string(c.size_) + ", weft expected " + std::to_string(expected_rank) +
+                      " of " + std::to_string(members.size()));
     }
     return c;
   }
@@ -416,33 +432,43 @@ public:
   /// Queues one rank's plan over its device buffers on the stream (no host wait). `in`/`out`
   /// hold in_count/out_count elements (in may equal out: in place).
   template <element T, class Op>
-  void execute(const plan& pl, const T* in, std::size_t in_count, T* out, std::size_t out_count, const Op& op,
-               std::string_view operation) {
+  void execute(const plan& pl, const T* in, std::size_t in_count, T* out, std::size_t out_count,
+               const Op& op, std::string_view operation) {
     enter(operation);
     if (pl.peer_access()) {
-      throw error(operation, rank_, error::unknown,
-                  "the plan loads from peers' buffers (algo::direct, alone or inside hierarchical<>), and NCCL ranks "
-                  "cannot: use ring, tree, halving_doubling, hierarchical<ring, ...>, automatic or vendor");
+      throw error(
+          operation, rank_, error::unknown,
+          "the plan loads from peers' buffers (algo::direct, alone or inside hierarchical<>), and "
+          "NCCL ranks "
+          "cannot: use ring, tree, halving_doubling, hierarchical<ring, ...>, automatic or vendor");
     }
     if (pl.size() != size_ || pl.rank() != rank_) {
       throw error(operation, rank_, error::unknown,
-                  "the plan is for rank " + std::to_string(pl.rank()) + " of " + std::to_string(pl.size()) +
-                      ", not rank " + std::to_string(rank_) + " of " + std::to_string(size_));
+                  "the plan is for rank " + std::to_string(pl.rank()) + " of " +
+                      std::to_string(pl.size()) + ", not rank " + std::to_string(rank_) + " of " +
+                      std::to_string(size_));
     }
     // Everything is checked before anything is queued: a bad call leaves the stream as it was.
     const std::size_t sizes[3] = {in_count, out_count, pl.scratch_count()};
-    const bool in_place = in_count != 0 && static_cast<const void*>(in) == static_cast<const void*>(out);
+    const bool in_place =
+        in_count != 0 && static_cast<const void*>(in) == static_cast<const void*>(out);
     detail::lay_out(pl, rank_, size_, sizes, sizeof(T), in_place, operation, layout_);
     const detail::device_scope on(device_);
     check_buffers(in, in_count, out, out_count, operation);
     std::byte* const base = scratch_.reserve(layout_.bytes(), operation, rank_);
     std::byte* const temps = base + layout_.scratch_bytes;
-    T* const bufs[3] = {const_cast<T*>(in), out, reinterpret_cast<T*>(base)};  // input is only ever read
-    const auto src = [&](const step& s) -> T* { return bufs[static_cast<std::size_t>(s.src)] + s.src_offset; };
-    const auto dst = [&](const step& s) -> T* { return bufs[static_cast<std::size_t>(s.dst)] + s.dst_offset; };
+    T* const bufs[3] = {const_cast<T*>(in), out,
+                        reinterpret_cast<T*>(base)}; // input is only ever read
+    const auto src = [&](const step& s) -> T* {
+      return bufs[static_cast<std::size_t>(s.src)] + s.src_offset;
+    };
+    const auto dst = [&](const step& s) -> T* {
+      return bufs[static_cast<std::size_t>(s.dst)] + s.dst_offset;
+    };
     const auto landing = [&](std::size_t k) -> T* {
       const std::size_t t = layout_.temp[k];
-      return t == detail::device_plan_layout::direct ? dst(pl.steps()[k]) : reinterpret_cast<T*>(temps + t);
+      return t == detail::device_plan_layout::direct ? dst(pl.steps()[k])
+                                                     : reinterpret_cast<T*>(temps + t);
     };
     constexpr ncclDataType_t type = nccl_type_of<T>;
     const cudaStream_t s = stream();
@@ -451,20 +477,23 @@ public:
       bool messages = false;
       for (std::size_t k = r.begin; k < r.end; ++k) {
         const step_kind kind = steps[k].kind;
-        messages = messages || kind == step_kind::send || kind == step_kind::recv || kind == step_kind::recv_reduce;
+        messages = messages || kind == step_kind::send || kind == step_kind::recv ||
+                   kind == step_kind::recv_reduce;
       }
       if (messages) {
         group g(*this, operation);
         for (std::size_t k = r.begin; k < r.end; ++k) {
           const step& st = steps[k];
           if (st.kind == step_kind::send) {
-            check_nccl(ncclSend(src(st), st.count, type, st.peer, comm_.get(), s), "ncclSend", operation, st.peer);
+            check_nccl(ncclSend(src(st), st.count, type, st.peer, comm_.get(), s), "ncclSend",
+                       operation, st.peer);
           }
         }
         for (std::size_t k = r.begin; k < r.end; ++k) {
           const step& st = steps[k];
           if (st.kind == step_kind::recv || st.kind == step_kind::recv_reduce) {
-            check_nccl(ncclRecv(landing(k), st.count, type, st.peer, comm_.get(), s), "ncclRecv", operation, st.peer);
+            check_nccl(ncclRecv(landing(k), st.count, type, st.peer, comm_.get(), s), "ncclRecv",
+                       operation, st.peer);
           }
         }
         g.end();
@@ -473,12 +502,15 @@ public:
         const step& st = steps[k];
         switch (st.kind) {
           case step_kind::recv:
-            if (layout_.temp[k] != detail::device_plan_layout::direct) cuda::copy(dst(st), landing(k), st.count, s);
+            if (layout_.temp[k] != detail::device_plan_layout::direct)
+              cuda::copy(dst(st), landing(k), st.count, s);
             break;
-          case step_kind::recv_reduce: cuda::reduce(dst(st), src(st), landing(k), st.count, op, s); break;
+          case step_kind::recv_reduce:
+            cuda::reduce(dst(st), src(st), landing(k), st.count, op, s);
+            break;
           case step_kind::copy: cuda::copy(dst(st), src(st), st.count, s); break;
           case step_kind::reduce: cuda::reduce(dst(st), dst(st), src(st), st.count, op, s); break;
-          default: break;  // sends are queued; lay_out refused peer-access steps
+          default: break; // sends are queued; lay_out refused peer-access steps
         }
       }
     }
@@ -487,13 +519,16 @@ public:
   /// NCCL's own collective C (algo::vendor), on the same buffers and counts as execute's
   /// plans use (plan.hpp's table). op::avg is NCCL's ncclAvg, so the caller does not divide.
   template <collective C, element T, class Op>
-  void vendor(const T* in, std::size_t in_count, T* out, std::size_t out_count, std::size_t count, int root,
-              const Op&) {
-    static_assert(nccl_reduction<Op>,
-                  "weft: algo::vendor runs NCCL's own collectives, whose operators are weft::op::sum, prod, min, max "
-                  "and avg; for a user functor use one of weft's algorithms (algo::ring, algo::tree, "
-                  "algo::automatic, ...)");
-    if constexpr (nccl_reduction<Op>) vendor_run<C>(in, in_count, out, out_count, count, root, nccl_op_of<Op>);
+  void vendor(const T* in, std::size_t in_count, T* out, std::size_t out_count, std::size_t count,
+              int root, const Op&) {
+    static_assert(
+        nccl_reduction<Op>,
+        "weft: algo::vendor runs NCCL's own collectives, whose operators are weft::op::sum, prod, "
+        "min, max "
+        "and avg; for a user functor use one of weft's algorithms (algo::ring, algo::tree, "
+        "algo::automatic, ...)");
+    if constexpr (nccl_reduction<Op>)
+      vendor_run<C>(in, in_count, out, out_count, count, root, nccl_op_of<Op>);
   }
 
   /// out[i] /= size() on the stream: avg's last step after a plan (device buffers).
@@ -506,8 +541,8 @@ public:
 
 private:
   template <collective C, element T>
-  void vendor_run(const T* in, std::size_t in_count, T* out, std::size_t out_count, std::size_t count, int root,
-                  ncclRedOp_t op) {
+  void vendor_run(const T* in, std::size_t in_count, T* out, std::size_t out_count,
+                  std::size_t count, int root, ncclRedOp_t op) {
     constexpr std::string_view operation = name_of(C);
     enter(operation);
     const auto p = static_cast<std::size_t>(size_);
@@ -519,11 +554,12 @@ private:
     if (in_count != want_in || (output_used && out_count != want_out)) {
       throw error(operation, rank_, error::unknown,
                   "vendor " + std::string(operation) + " of " + std::to_string(count) + " on " +
-                      std::to_string(size_) + " ranks needs an input of " + std::to_string(want_in) +
-                      " elements and an output of " + std::to_string(output_used ? want_out : 0) + ", not " +
+                      std::to_string(size_) + " ranks needs an input of " +
+                      std::to_string(want_in) + " elements and an output of " +
+                      std::to_string(output_used ? want_out : 0) + ", not " +
                       std::to_string(in_count) + " and " + std::to_string(out_count));
     }
-    if (count == 0) return;  // the same on every rank: nobody calls NCCL
+    if (count == 0) return; // the same on every rank: nobody calls NCCL
     const detail::device_scope on(device_);
     check_buffers(in, in_count, out, output_used ? out_count : 0, operation);
     constexpr ncclDataType_t type = nccl_type_of<T>;
@@ -573,7 +609,7 @@ private:
     }
     void end() {
       c_.group_open_ = false;
-      c_.check_nccl(ncclGroupEnd(), "ncclGroupEnd", operation_);  // polled while NCCL connects
+      c_.check_nccl(ncclGroupEnd(), "ncclGroupEnd", operation_); // polled while NCCL connects
     }
 
   private:
@@ -608,8 +644,9 @@ private:
         detail::cuda_check(cudaStreamGetDevice(s, &d), "cudaStreamGetDevice", operation, rank_);
         if (d != device_) {
           throw error(operation, rank_, error::unknown,
-                      "the stream belongs to device " + std::to_string(d) + " and the NCCL communicator to device " +
-                          std::to_string(device_) + ": give a stream of the communicator's device");
+                      "the stream belongs to device " + std::to_string(d) +
+                          " and the NCCL communicator to device " + std::to_string(device_) +
+                          ": give a stream of the communicator's device");
         }
       }
       stream_ = std::make_shared<const cuda::stream>(cuda::stream::borrow(s));
@@ -621,8 +658,9 @@ private:
 
   // A communicator made by split: owns `comm`, shares the parent's stream, cluster, failure
   // policy and family (a failure of either fails both).
-  communicator(detail::nccl_comm_handle comm, std::shared_ptr<const cuda::stream> s, detail::rank_placement place,
-               std::chrono::milliseconds timeout, const communicator& parent)
+  communicator(detail::nccl_comm_handle comm, std::shared_ptr<const cuda::stream> s,
+               detail::rank_placement place, std::chrono::milliseconds timeout,
+               const communicator& parent)
       : stream_(std::move(s)),
         comm_(std::move(comm)),
         state_(detail::nccl_codes, true, parent.state_.family(), parent.state_.policy()),
@@ -654,10 +692,12 @@ private:
   // An NCCL call answered `r`: an answer of ncclInProgress is polled (ncclCommGetAsyncError)
   // until it settles, at most timeout(); an error, an asynchronous error or the deadline fails
   // the communicator.
-  void check_nccl(ncclResult_t r, std::string_view call, std::string_view operation, int peer = error::unknown) {
+  void check_nccl(ncclResult_t r, std::string_view call, std::string_view operation,
+                  int peer = error::unknown) {
     detail::comm_action a = state_.returned(static_cast<int>(r));
     if (a == detail::comm_action::proceed) return;
-    if (a == detail::comm_action::record_failure) fail_now(nccl_failure_text(r, call), operation, peer);
+    if (a == detail::comm_action::record_failure)
+      fail_now(nccl_failure_text(r, call), operation, peer);
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     ncclResult_t async = ncclInProgress;
     (void)detail::poll_until(
@@ -670,8 +710,10 @@ private:
     if (a == detail::comm_action::poll) a = state_.polled(static_cast<int>(async), true, true);
     if (a == detail::comm_action::proceed) return;
     if (state_.last_verdict() == detail::poll_verdict::timed_out) {
-      fail_now("timed out after " + std::to_string(timeout_.count()) + " ms waiting for " + std::string(call) +
-                   " to complete (NCCL answered ncclInProgress; is every rank alive and making the same calls "
+      fail_now("timed out after " + std::to_string(timeout_.count()) + " ms waiting for " +
+                   std::string(call) +
+                   " to complete (NCCL answered ncclInProgress; is every rank alive and making the "
+                   "same calls "
                    "in the same order?)",
                operation, peer);
     }
@@ -686,7 +728,8 @@ private:
   // stays), the NCCL communicator aborted if owned (the open group, if any, closed first: it
   // holds its calls); then the job ended under on_failure::abort_job, or else the aborted
   // one's stream drained and the error thrown.
-  [[noreturn]] WEFT_COLD void fail_now(const std::string& what, std::string_view operation, int peer) {
+  [[noreturn]] WEFT_COLD void fail_now(const std::string& what, std::string_view operation,
+                                       int peer) {
     const error e(operation, rank_, peer, what + fate());
     const bool abort = state_.fail(e.what()) == detail::comm_action::abort;
     if (abort) {
@@ -705,7 +748,8 @@ private:
   std::string fate() const {
     if (state_.holds_native()) return "; the NCCL communicator is aborted and cannot be used again";
     if (comm_.get() != nullptr && !comm_.owned()) {
-      return "; the NCCL communicator (the program's own) cannot be used again: abort it (ncclCommAbort) and wait "
+      return "; the NCCL communicator (the program's own) cannot be used again: abort it "
+             "(ncclCommAbort) and wait "
              "for the stream before reusing the call's buffers";
     }
     return "";
@@ -731,12 +775,12 @@ private:
     detail::comm_action a = detail::comm_action::poll;
     const auto look = [&](bool bound_passed) {
       const cudaError_t e = cudaStreamQuery(stream());
-      const detail::stream_poll p = e == cudaSuccess           ? detail::stream_poll::idle
+      const detail::stream_poll p = e == cudaSuccess         ? detail::stream_poll::idle
                                     : e == cudaErrorNotReady ? detail::stream_poll::busy
                                                              : detail::stream_poll::broken;
       a = detail::judge_drain(p, bound_passed);
     };
-    int previous = -1;  // the device, made current without throwing
+    int previous = -1; // the device, made current without throwing
     const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device_ &&
                           cudaSetDevice(device_) == cudaSuccess;
     (void)detail::poll_until(
@@ -748,21 +792,24 @@ private:
     if (a == detail::comm_action::poll) look(true);
     if (switched) (void)cudaSetDevice(previous);
     if (a == detail::comm_action::end_job) {
-      detail::end_job(what + "\nweft: the stream of rank " + std::to_string(rank_) +
-                          " did not go idle within " + std::to_string(detail::drain_bound(timeout_).count()) +
-                          " ms after the NCCL communicator was aborted, and the work still queued on it may "
-                          "write the failed call's buffers: weft ends the job rather than return into the "
-                          "program (whatever options::on_failure says)",
-                      end_job_, "the stream did not drain");
+      detail::end_job(
+          what + "\nweft: the stream of rank " + std::to_string(rank_) +
+              " did not go idle within " + std::to_string(detail::drain_bound(timeout_).count()) +
+              " ms after the NCCL communicator was aborted, and the work still queued on it may "
+              "write the failed call's buffers: weft ends the job rather than return into the "
+              "program (whatever options::on_failure says)",
+          end_job_, "the stream did not drain");
     }
   }
 
   // Polls NCCL's asynchronous error once: an error fails the communicator.
   void poll_async_error(std::string_view operation, int peer) {
     const ncclResult_t async = detail::nccl_async_state(comm_.get());
-    if (state_.polled(static_cast<int>(async), false, false) == detail::comm_action::record_failure) {
-      fail_now(nccl_failure_text(async, "an NCCL operation (asynchronous error: a peer may have failed)"), operation,
-               peer);
+    if (state_.polled(static_cast<int>(async), false, false) ==
+        detail::comm_action::record_failure) {
+      fail_now(nccl_failure_text(async,
+                                 "an NCCL operation (asynchronous error: a peer may have failed)"),
+               operation, peer);
     }
   }
 
@@ -789,12 +836,14 @@ private:
         if (a == detail::comm_action::poll) {
           (void)detail::poll_until(
               [&] {
-                a = state_.finalize_polled(static_cast<int>(detail::nccl_async_state(comm_.get())), false);
+                a = state_.finalize_polled(static_cast<int>(detail::nccl_async_state(comm_.get())),
+                                           false);
                 return a == detail::comm_action::poll ? cudaErrorNotReady : cudaSuccess;
               },
               deadline, [] {});
           if (a == detail::comm_action::poll) {
-            a = state_.finalize_polled(static_cast<int>(detail::nccl_async_state(comm_.get())), true);
+            a = state_.finalize_polled(static_cast<int>(detail::nccl_async_state(comm_.get())),
+                                       true);
           }
         }
       }
@@ -809,7 +858,8 @@ private:
 
   void check_peer(int peer, std::string_view operation) const {
     if (peer < 0 || peer >= size_ || peer == rank_) {
-      throw error(operation, rank_, peer, "peer outside the communicator of " + std::to_string(size_) + " ranks");
+      throw error(operation, rank_, peer,
+                  "peer outside the communicator of " + std::to_string(size_) + " ranks");
     }
   }
 
@@ -822,20 +872,22 @@ private:
     check_device_memory(in, in_count, "input", operation);
     check_device_memory(out, out_count, "output", operation);
   }
-  void check_device_memory(const void* p, std::size_t n, std::string_view which, std::string_view operation) const {
+  void check_device_memory(const void* p, std::size_t n, std::string_view which,
+                           std::string_view operation) const {
     if (n == 0) return;
     cudaPointerAttributes a{};
     const cudaError_t e = p == nullptr ? cudaErrorInvalidValue : cudaPointerGetAttributes(&a, p);
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
       throw error(operation, rank_, error::unknown,
-                  "the " + std::string(which) + " (" + std::to_string(n) + " elements) is not a valid device buffer: " +
-                      detail::cuda_error_text(e));
+                  "the " + std::string(which) + " (" + std::to_string(n) +
+                      " elements) is not a valid device buffer: " + detail::cuda_error_text(e));
     }
     if (a.type == cudaMemoryTypeUnregistered) {
       throw error(operation, rank_, error::unknown,
-                  "the " + std::string(which) + " is host memory, and the NCCL transport runs on device buffers "
-                  "(cudaMalloc, cudaMallocAsync or managed memory)");
+                  "the " + std::string(which) +
+                      " is host memory, and the NCCL transport runs on device buffers "
+                      "(cudaMalloc, cudaMallocAsync or managed memory)");
     }
     if (a.type == cudaMemoryTypeDevice && a.device != device_) {
       throw error(operation, rank_, error::unknown,
@@ -863,27 +915,28 @@ private:
                                              std::chrono::steady_clock::now() + timeout_,
                                              [&] { poll_async_error(operation, peer); });
     if (e == cudaSuccess) {
-      poll_async_error(operation, peer);  // an error NCCL raised as the work ended
+      poll_async_error(operation, peer); // an error NCCL raised as the work ended
       return;
     }
     if (e != cudaErrorNotReady) {
       fail_now("cudaStreamQuery failed: " + detail::cuda_error_text(e), operation, peer);
     }
-    fail_now("timed out after " + std::to_string(timeout_.count()) + " ms waiting to " + std::string(what) +
+    fail_now("timed out after " + std::to_string(timeout_.count()) + " ms waiting to " +
+                 std::string(what) +
                  " (is every rank alive and making the same calls in the same order?)",
              operation, peer);
   }
 
   void to_device(void* dst, const void* src, std::size_t bytes, std::string_view operation) {
     if (bytes == 0) return;
-    detail::cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()), "cudaMemcpyAsync",
-                       operation, rank_);
+    detail::cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()),
+                       "cudaMemcpyAsync", operation, rank_);
   }
   // The stream is idle when this is called, so the copy neither waits for a peer nor blocks.
   void to_host(void* dst, const void* src, std::size_t bytes, std::string_view operation) {
     if (bytes == 0) return;
-    detail::cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync",
-                       operation, rank_);
+    detail::cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()),
+                       "cudaMemcpyAsync", operation, rank_);
     wait_idle(operation, error::unknown, "copy a message to the host");
   }
 
@@ -902,19 +955,25 @@ private:
     std::byte* const base = staging_.reserve(in_at + in_n * sizeof(T), operation, rank_);
     const auto describe = [](const message_header& h) {
       const auto type = static_cast<dtype>(h.type);
-      return std::to_string(h.count) + " x " + std::string(name_of(type)) + " tag " + std::to_string(h.tag);
+      return std::to_string(h.count) + " x " + std::string(name_of(type)) + " tag " +
+             std::to_string(h.tag);
     };
-    const message_header mine{tag, static_cast<std::int64_t>(out_n), static_cast<std::int64_t>(dtype_of<T>)};
-    const message_header expected{tag, static_cast<std::int64_t>(in_n), static_cast<std::int64_t>(dtype_of<T>)};
+    const message_header mine{tag, static_cast<std::int64_t>(out_n),
+                              static_cast<std::int64_t>(dtype_of<T>)};
+    const message_header expected{tag, static_cast<std::int64_t>(in_n),
+                                  static_cast<std::int64_t>(dtype_of<T>)};
     if (to >= 0) {
       to_device(base, &mine, sizeof mine, operation);
       to_device(base + out_at, out, out_n * sizeof(T), operation);
     }
     {
       group g(*this, operation);
-      if (to >= 0) check_nccl(ncclSend(base, header_words, ncclInt64, to, comm_.get(), stream()), "ncclSend", operation, to);
+      if (to >= 0)
+        check_nccl(ncclSend(base, header_words, ncclInt64, to, comm_.get(), stream()), "ncclSend",
+                   operation, to);
       if (from >= 0) {
-        check_nccl(ncclRecv(base + a, header_words, ncclInt64, from, comm_.get(), stream()), "ncclRecv", operation, from);
+        check_nccl(ncclRecv(base + a, header_words, ncclInt64, from, comm_.get(), stream()),
+                   "ncclRecv", operation, from);
       }
       g.end();
     }
@@ -935,14 +994,18 @@ private:
     {
       group g(*this, operation);
       if (sending) {
-        check_nccl(ncclSend(base + out_at, out_n, nccl_type_of<T>, to, comm_.get(), stream()), "ncclSend", operation, to);
+        check_nccl(ncclSend(base + out_at, out_n, nccl_type_of<T>, to, comm_.get(), stream()),
+                   "ncclSend", operation, to);
       }
       if (receiving) {
-        check_nccl(ncclRecv(base + in_at, in_n, nccl_type_of<T>, from, comm_.get(), stream()), "ncclRecv", operation, from);
+        check_nccl(ncclRecv(base + in_at, in_n, nccl_type_of<T>, from, comm_.get(), stream()),
+                   "ncclRecv", operation, from);
       }
       g.end();
     }
-    wait_idle(operation, peer, sending && receiving ? "exchange a message with it" : (sending ? "send to it" : "receive from it"));
+    wait_idle(operation, peer,
+              sending && receiving ? "exchange a message with it"
+                                   : (sending ? "send to it" : "receive from it"));
     if (receiving) to_host(in, base + in_at, in_n * sizeof(T), operation);
   }
 
@@ -951,9 +1014,11 @@ private:
   std::vector<int> all_gather_ints(const int (&mine)[N], std::string_view operation) {
     begin_host_call(operation, error::unknown);
     const std::size_t all_at = detail::device_alignment;
-    std::byte* const base = staging_.reserve(all_at + N * sizeof(int) * static_cast<std::size_t>(size_), operation, rank_);
+    std::byte* const base = staging_.reserve(
+        all_at + N * sizeof(int) * static_cast<std::size_t>(size_), operation, rank_);
     to_device(base, mine, sizeof mine, operation);
-    check_nccl(ncclAllGather(base, base + all_at, N, ncclInt32, comm_.get(), stream()), "ncclAllGather", operation);
+    check_nccl(ncclAllGather(base, base + all_at, N, ncclInt32, comm_.get(), stream()),
+               "ncclAllGather", operation);
     wait_idle(operation, error::unknown, "gather from every rank");
     std::vector<int> all(N * static_cast<std::size_t>(size_));
     to_host(all.data(), base + all_at, all.size() * sizeof(int), operation);
@@ -964,18 +1029,18 @@ private:
   // reversed, the memory (which keeps the stream alive itself), then the stream.
   std::shared_ptr<const cuda::stream> stream_;
   detail::nccl_comm_handle comm_;
-  detail::comm_state state_;  // after comm_, whose ownership it is made from
+  detail::comm_state state_; // after comm_, whose ownership it is made from
   int rank_ = 0;
   int size_ = 0;
   int device_ = 0;
   detail::rank_placement place_;
   std::chrono::milliseconds timeout_;
-  detail::stream_memory scratch_{nullptr};  // the plan's scratch, then the temporaries
-  detail::stream_memory staging_{nullptr};  // barrier, split and send/recv
-  detail::device_plan_layout layout_;       // of the current call; a member so its storage is reused
-  void (*end_job_)() noexcept = nullptr;    // on_failure::abort_job's end; nullptr: std::abort()
+  detail::stream_memory scratch_{nullptr}; // the plan's scratch, then the temporaries
+  detail::stream_memory staging_{nullptr}; // barrier, split and send/recv
+  detail::device_plan_layout layout_;      // of the current call; a member so its storage is reused
+  void (*end_job_)() noexcept = nullptr;   // on_failure::abort_job's end; nullptr: std::abort()
   bool abort_on_destroy_ = false;
-  bool group_open_ = false;  // inside a group: a failure closes it before it aborts
+  bool group_open_ = false; // inside a group: a failure closes it before it aborts
 };
 
 } // namespace nccl

@@ -145,15 +145,17 @@ inline void p2p_check_shared_device(const std::vector<int>& devices, std::string
   if (most < 2) return;
   const char* loading = std::getenv("CUDA_MODULE_LOADING");
   const char* connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
-  const int queues = connections != nullptr ? std::atoi(connections) : 8;  // CUDA's default: 8
+  const int queues = connections != nullptr ? std::atoi(connections) : 8; // CUDA's default: 8
   if (loading != nullptr && std::string_view(loading) == "EAGER" && queues >= most) return;
   throw error("weft: " + std::string(who) + ": " + std::to_string(most) + " ranks share device " +
               std::to_string(device) + ", which needs CUDA_MODULE_LOADING=EAGER (it is " +
               (loading != nullptr ? std::string(loading) : std::string("unset")) +
               ") and CUDA_DEVICE_MAX_CONNECTIONS of at least the ranks (it is " +
               (connections != nullptr ? std::string(connections) : std::string("unset: 8")) +
-              "): call cuda::p2p::configure_shared_device() before the program's first CUDA call, or set both in "
-              "the environment; otherwise a rank's kernels can wait behind another rank's spinning sync until it "
+              "): call cuda::p2p::configure_shared_device() before the program's first CUDA call, "
+              "or set both in "
+              "the environment; otherwise a rank's kernels can wait behind another rank's spinning "
+              "sync until it "
               "times out");
 }
 
@@ -295,8 +297,8 @@ public:
                 .timeout = timeout(),
                 .on_failure = ep_->policy(),
                 .end_job = ep_->end_job()};
-    return basic_communicator(nullptr, std::move(child), device(), opt, world_, stream(),
-                              operation, ep_->family());
+    return basic_communicator(nullptr, std::move(child), device(), opt, world_, stream(), operation,
+                              ep_->family());
   }
 
   /// avg's last step, on this rank's stream.
@@ -383,7 +385,8 @@ public:
       // Part of the call is queued and part is not (a kernel launch failed): the ranks' epochs
       // no longer agree, so the communicator fails.
       if (!e.operation().empty()) ep_->fail_with(e);
-      ep_->fail_with(error(operation, rank(), error::unknown, detail::p2p_without_prefix(e.what())));
+      ep_->fail_with(
+          error(operation, rank(), error::unknown, detail::p2p_without_prefix(e.what())));
     }
   }
 

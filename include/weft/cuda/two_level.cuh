@@ -41,7 +41,7 @@ public:
   void operator()(From& from, To& to) {
     const cudaStream_t a = from.stream();
     const cudaStream_t b = to.stream();
-    if (a == b) return;  // one stream: in order already
+    if (a == b) return; // one stream: in order already
     const detail::device_scope on(detail::stream_device(a));
     if (!event_) event_ = std::make_shared<event>();
     event_->record(a);
@@ -71,17 +71,19 @@ public:
   /// rows x n elements, row i from src + i * src_stride to dst + i * dst_stride: one 2D copy
   /// on comm's stream (row by row where a pitch is beyond what cudaMemcpy2DAsync takes).
   template <class Comm, class T>
-  void copy_rows(Comm& comm, T* dst, std::size_t dst_stride, const T* src, std::size_t src_stride, std::size_t n,
-                 std::size_t rows) {
+  void copy_rows(Comm& comm, T* dst, std::size_t dst_stride, const T* src, std::size_t src_stride,
+                 std::size_t n, std::size_t rows) {
     if (n == 0 || rows == 0) return;
     const detail::device_scope on(detail::stream_device(comm.stream()));
-    constexpr std::size_t max_pitch = std::size_t{1} << 30;  // under every device's memPitch (2^31 - 1)
+    constexpr std::size_t max_pitch = std::size_t{1}
+                                      << 30; // under every device's memPitch (2^31 - 1)
     if (std::max(dst_stride, src_stride) * sizeof(T) <= max_pitch) {
-      WEFT_CUDA_TRY(cudaMemcpy2DAsync(dst, dst_stride * sizeof(T), src, src_stride * sizeof(T), n * sizeof(T), rows,
-                                      cudaMemcpyDefault, comm.stream()));
+      WEFT_CUDA_TRY(cudaMemcpy2DAsync(dst, dst_stride * sizeof(T), src, src_stride * sizeof(T),
+                                      n * sizeof(T), rows, cudaMemcpyDefault, comm.stream()));
       return;
     }
-    for (std::size_t i = 0; i < rows; ++i) copy(comm, dst + i * dst_stride, src + i * src_stride, n);
+    for (std::size_t i = 0; i < rows; ++i)
+      copy(comm, dst + i * dst_stride, src + i * src_stride, n);
   }
 
 private:

@@ -28,13 +28,13 @@ namespace weft::cuda {
 
 using mpi_two_level = two_level<p2p::mpi_communicator, nccl::communicator>;
 
-inline mpi_two_level two_level_from_mpi(MPI_Comm comm, two_level_options opt = {}, p2p::options intra = {},
-                                        nccl::options inter = {}) {
+inline mpi_two_level two_level_from_mpi(MPI_Comm comm, two_level_options opt = {},
+                                        p2p::options intra = {}, nccl::options inter = {}) {
   mpi::options world_options;
   world_options.timeout = inter.timeout;
   auto world = mpi::communicator::borrow(comm, world_options);
   const int rank = world.rank();
-  const std::vector<int> node_of = world.node_of();  // the shared-memory domains
+  const std::vector<int> node_of = world.node_of(); // the shared-memory domains
   // Nodes numbered by their first rank, ranks inside a node in world order.
   const int color = weft::detail::node_color(node_of, rank);
   struct held_comms {
@@ -47,11 +47,12 @@ inline mpi_two_level two_level_from_mpi(MPI_Comm comm, two_level_options opt = {
   auto p2p_comm = p2p::from_mpi(held->node.native(), intra);
   // One NCCL rank per node at this local index; NCCL's stream is its own (made by init_rank).
   std::vector<int> one_per_node(static_cast<std::size_t>(held->local.size()));
-  for (std::size_t i = 0; i < one_per_node.size(); ++i) one_per_node[i] = static_cast<int>(i);
+  for (std::size_t i = 0; i < one_per_node.size(); ++i)
+    one_per_node[i] = static_cast<int>(i);
   if (!inter.topology && inter.node_of.empty()) inter.node_of = one_per_node;
   auto nccl_comm = nccl::from_mpi(held->local.native(), nullptr, inter);
-  return mpi_two_level(std::move(p2p_comm), std::move(nccl_comm), node_of, rank, opt, stream_runtime{},
-                       std::shared_ptr<const void>(held, held.get()));
+  return mpi_two_level(std::move(p2p_comm), std::move(nccl_comm), node_of, rank, opt,
+                       stream_runtime{}, std::shared_ptr<const void>(held, held.get()));
 }
 
 } // namespace weft::cuda

@@ -31,7 +31,8 @@ template <class T>
 using device_type_t = typename device_type<T>::type;
 
 static_assert(sizeof(__half) == sizeof(half) && alignof(__half) >= alignof(half));
-static_assert(sizeof(__nv_bfloat16) == sizeof(bfloat16) && alignof(__nv_bfloat16) >= alignof(bfloat16));
+static_assert(sizeof(__nv_bfloat16) == sizeof(bfloat16) &&
+              alignof(__nv_bfloat16) >= alignof(bfloat16));
 
 /// NCCL's name for a weft element type.
 constexpr ncclDataType_t nccl_type(dtype t) noexcept {

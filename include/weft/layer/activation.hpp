@@ -30,14 +30,14 @@ namespace detail {
 
 template <class T>
 struct gelu_terms {
-  T sig;      // 0.5 (1 + tanh(u)) = 1 / (1 + e)
-  T one_sig;  // 1 - sig = e / (1 + e), without the cancellation of 1 - sig where sig is near 1
-  T du;       // du/dx
+  T sig;     // 0.5 (1 + tanh(u)) = 1 / (1 + e)
+  T one_sig; // 1 - sig = e / (1 + e), without the cancellation of 1 - sig where sig is near 1
+  T du;      // du/dx
 };
 
 template <class T>
 WEFT_HOST_DEVICE gelu_terms<T> gelu_eval(T x) {
-  const T s = static_cast<T>(0.79788456080286535588);  // sqrt(2 / pi)
+  const T s = static_cast<T>(0.79788456080286535588); // sqrt(2 / pi)
   const T k = static_cast<T>(0.044715);
   const T u = s * (x + k * x * x * x);
   const T e = std::exp(T{-2} * u);
@@ -68,13 +68,15 @@ struct gelu_backward_op {
   matrix_view<const T> x;
   matrix_view<const T> dy;
   matrix_view<T> dx;
-  WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t c) const { dx(r, c) = dy(r, c) * gelu_grad(x(r, c)); }
+  WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t c) const {
+    dx(r, c) = dy(r, c) * gelu_grad(x(r, c));
+  }
 };
 
 template <class T>
 struct silu_terms {
-  T sig;      // sigmoid(x) = 1 / (1 + e), e = exp(-x)
-  T one_sig;  // 1 - sig = e sig (1 where e overflows, as sig is 0 there)
+  T sig;     // sigmoid(x) = 1 / (1 + e), e = exp(-x)
+  T one_sig; // 1 - sig = e sig (1 where e overflows, as sig is 0 there)
 };
 
 template <class T>
@@ -106,7 +108,9 @@ struct silu_backward_op {
   matrix_view<const T> x;
   matrix_view<const T> dy;
   matrix_view<T> dx;
-  WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t c) const { dx(r, c) = dy(r, c) * silu_grad(x(r, c)); }
+  WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t c) const {
+    dx(r, c) = dy(r, c) * silu_grad(x(r, c));
+  }
 };
 
 } // namespace detail
@@ -124,7 +128,8 @@ void gelu_forward(matrix_view<const T> x, matrix_view<T> y) {
 
 /// dx = dy * gelu'(x), elementwise, where the policy works; dx may be dy.
 template <class Exec, class T>
-void gelu_backward(const Exec& exec, matrix_view<const T> x, matrix_view<const T> dy, matrix_view<T> dx) {
+void gelu_backward(const Exec& exec, matrix_view<const T> x, matrix_view<const T> dy,
+                   matrix_view<T> dx) {
   expect_shape("gelu_backward", "dy", dy, x.rows(), x.cols());
   expect_shape("gelu_backward", "dx", dx, x.rows(), x.cols());
   detail::for_each_element(exec, x.rows(), x.cols(), detail::gelu_backward_op<T>{x, dy, dx});
@@ -147,7 +152,8 @@ void silu_forward(matrix_view<const T> x, matrix_view<T> y) {
 
 /// dx = dy * silu'(x), elementwise, where the policy works; dx may be dy.
 template <class Exec, class T>
-void silu_backward(const Exec& exec, matrix_view<const T> x, matrix_view<const T> dy, matrix_view<T> dx) {
+void silu_backward(const Exec& exec, matrix_view<const T> x, matrix_view<const T> dy,
+                   matrix_view<T> dx) {
   expect_shape("silu_backward", "dy", dy, x.rows(), x.cols());
   expect_shape("silu_backward", "dx", dx, x.rows(), x.cols());
   detail::for_each_element(exec, x.rows(), x.cols(), detail::silu_backward_op<T>{x, dy, dx});

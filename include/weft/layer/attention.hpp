@@ -81,11 +81,13 @@ namespace weft::layer {
 /// What parallel_attention is besides GPT's multi-head attention (Llama: grouped-query attention,
 /// no biases, rotary positions, scaled residual projection).
 struct attention_options {
-  std::size_t kv_heads = 0;    // 0: multi-head in the fused "qkv" layout; else key/value heads, "q", "k", "v" layout
-  bool bias = true;            // of every projection
-  double rope_theta = 0;       // 0: no rotary position embedding
-  double init_std = 0.02;      // of q, k and v
-  double out_init_std = 0.02;  // of the output projection: models scale residual projections by 1/sqrt(2 layers)
+  std::size_t kv_heads =
+      0; // 0: multi-head in the fused "qkv" layout; else key/value heads, "q", "k", "v" layout
+  bool bias = true;       // of every projection
+  double rope_theta = 0;  // 0: no rotary position embedding
+  double init_std = 0.02; // of q, k and v
+  double out_init_std =
+      0.02; // of the output projection: models scale residual projections by 1/sqrt(2 layers)
 };
 
 namespace detail {
@@ -120,13 +122,15 @@ template <class T>
 struct inverse_lane_sum {
   matrix_view<const T> lanes;
   matrix_view<T> stats;
-  WEFT_HOST_DEVICE void operator()(std::size_t i, std::size_t) const { stats(i, 1) = T{1} / lane_total(lanes, i); }
+  WEFT_HOST_DEVICE void operator()(std::size_t i, std::size_t) const {
+    stats(i, 1) = T{1} / lane_total(lanes, i);
+  }
 };
 
 template <class T>
 struct causal_normalise {
   matrix_view<T> s;
-  matrix_view<const T> stats;  // (i, 1): inv
+  matrix_view<const T> stats; // (i, 1): inv
   WEFT_HOST_DEVICE void operator()(std::size_t i, std::size_t j) const {
     s(i, j) = j <= causal_last(i, s.cols()) ? s(i, j) * stats(i, 1) : T{};
   }
@@ -135,15 +139,16 @@ struct causal_normalise {
 /// Row-wise causal softmax in place, where the policy works.
 template <class Exec, class T, class Space>
 void causal_softmax(const Exec& exec, matrix_view<T> s, row_scratch<T, Space>& scratch) {
-  scratch.reserve(exec, s.rows(), 1, 2);  // one sum at a time; results: max, inverse sum
+  scratch.reserve(exec, s.rows(), 1, 2); // one sum at a time; results: max, inverse sum
   const auto lanes = scratch.lanes.view();
   const auto stats = scratch.results.view();
-  for_each_row_in_stages(exec, s.rows(),
-                         row_stage{row_lanes, lane_maxima<T>{s, lanes, std::numeric_limits<T>::lowest(), true}},
-                         row_stage{1, lane_maximum<T>{lanes, stats}},
-                         row_stage{row_lanes, causal_lane_exponentials<T>{s, stats, lanes}},
-                         row_stage{1, inverse_lane_sum<T>{lanes, stats}},
-                         row_stage{s.cols(), causal_normalise<T>{s, stats}});
+  for_each_row_in_stages(
+      exec, s.rows(),
+      row_stage{row_lanes, lane_maxima<T>{s, lanes, std::numeric_limits<T>::lowest(), true}},
+      row_stage{1, lane_maximum<T>{lanes, stats}},
+      row_stage{row_lanes, causal_lane_exponentials<T>{s, stats, lanes}},
+      row_stage{1, inverse_lane_sum<T>{lanes, stats}},
+      row_stage{s.cols(), causal_normalise<T>{s, stats}});
 }
 
 // The softmax's backward, in place: dp(i, j) = p(i, j) (dp(i, j) - dot(i)) on the causal part, 0
@@ -157,7 +162,8 @@ struct causal_lane_dots {
   WEFT_HOST_DEVICE void operator()(std::size_t i, std::size_t l) const {
     T dot{};
     const std::size_t last = causal_last(i, p.cols());
-    for (std::size_t j = l; j <= last; j += row_lanes) dot += p(i, j) * dp(i, j);
+    for (std::size_t j = l; j <= last; j += row_lanes)
+      dot += p(i, j) * dp(i, j);
     lanes(i, l) = dot;
   }
 };
@@ -166,15 +172,16 @@ template <class T>
 struct causal_softmax_gradient {
   matrix_view<const T> p;
   matrix_view<T> dp;
-  matrix_view<const T> stats;  // (i, 0): dot
+  matrix_view<const T> stats; // (i, 0): dot
   WEFT_HOST_DEVICE void operator()(std::size_t i, std::size_t j) const {
     dp(i, j) = j <= causal_last(i, p.cols()) ? p(i, j) * (dp(i, j) - stats(i, 0)) : T{};
   }
 };
 
 template <class Exec, class T, class Space>
-void causal_softmax_backward(const Exec& exec, matrix_view<const T> p, matrix_view<T> dp, row_scratch<T, Space>& scratch) {
-  scratch.reserve(exec, p.rows(), 1, 2);  // the forward's shape
+void causal_softmax_backward(const Exec& exec, matrix_view<const T> p, matrix_view<T> dp,
+                             row_scratch<T, Space>& scratch) {
+  scratch.reserve(exec, p.rows(), 1, 2); // the forward's shape
   const auto lanes = scratch.lanes.view();
   const auto stats = scratch.results.view();
   for_each_row_in_stages(exec, p.rows(), row_stage{row_lanes, causal_lane_dots<T>{p, dp, lanes}},
@@ -186,14 +193,14 @@ void causal_softmax_backward(const Exec& exec, matrix_view<const T> p, matrix_vi
 /// the group's size divides kv_heads, else (kv_heads divides it) one head, replicated on the
 /// `replicas` consecutive ranks whose query heads use it.
 struct kv_placement {
-  std::size_t first = 0;     // the first kv head held
-  std::size_t count = 0;     // how many
-  std::size_t replicas = 1;  // ranks holding each of them
-  bool duplicate = false;    // a replica other than the first
+  std::size_t first = 0;    // the first kv head held
+  std::size_t count = 0;    // how many
+  std::size_t replicas = 1; // ranks holding each of them
+  bool duplicate = false;   // a replica other than the first
   friend constexpr bool operator==(const kv_placement&, const kv_placement&) = default;
 };
 [[nodiscard]] constexpr kv_placement place_kv_heads(std::size_t kv_heads, std::size_t ranks,
-                                                  std::size_t rank) noexcept {
+                                                    std::size_t rank) noexcept {
   if (kv_heads % ranks == 0) return {rank * (kv_heads / ranks), kv_heads / ranks, 1, false};
   const std::size_t replicas = ranks / kv_heads;
   return {rank / replicas, 1, replicas, rank % replicas != 0};
@@ -214,7 +221,8 @@ struct expand_kv_heads {
   WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t c) const {
     const std::size_t h = c / (3 * d), which = c % (3 * d) / d, e = c % d;
     const std::size_t kv = h / (local_heads / local_kv);
-    heads(r, c) = proj(r, which == 0 ? h * d + e : (local_heads + (which - 1) * local_kv + kv) * d + e);
+    heads(r, c) =
+        proj(r, which == 0 ? h * d + e : (local_heads + (which - 1) * local_kv + kv) * d + e);
   }
 };
 
@@ -231,10 +239,12 @@ struct collapse_kv_heads {
       proj(r, c) = heads(r, 3 * (c / d) * d + e);
       return;
     }
-    const std::size_t rest = c - local_heads * d, which = 1 + rest / (local_kv * d), kv = rest % (local_kv * d) / d;
+    const std::size_t rest = c - local_heads * d, which = 1 + rest / (local_kv * d),
+                      kv = rest % (local_kv * d) / d;
     const std::size_t per_kv = local_heads / local_kv;
     T sum{};
-    for (std::size_t h = kv * per_kv; h < (kv + 1) * per_kv; ++h) sum += heads(r, (3 * h + which) * d + e);
+    for (std::size_t h = kv * per_kv; h < (kv + 1) * per_kv; ++h)
+      sum += heads(r, (3 * h + which) * d + e);
     proj(r, c) = sum;
   }
 };
@@ -255,27 +265,37 @@ void upload(const Gemm& g, const matrix<T>& host, matrix<T, Space>& dst) {
 // scatters dx.
 template <class T, communicator Comm, class Gemm, class SP>
 class grouped_qkv_projection : public linear_state<T, Gemm> {
-  static_assert(gemm_for<Gemm, T>, "weft: parallel_attention: Gemm must be a GEMM policy for T (gemm.hpp)");
+  static_assert(gemm_for<Gemm, T>,
+                "weft: parallel_attention: Gemm must be a GEMM policy for T (gemm.hpp)");
   using state = linear_state<T, Gemm>;
-  using state::b_, state::db_, state::db_lanes_, state::dw_, state::forwarded_, state::gemm_, state::w_, state::x_;
+  using state::b_, state::db_, state::db_lanes_, state::dw_, state::forwarded_, state::gemm_,
+      state::w_, state::x_;
   using space = typename state::space;
 
 public:
-  grouped_qkv_projection(Comm& tp, std::size_t hidden, std::size_t heads, std::size_t kv_heads, std::size_t d,
-                         std::uint64_t seed, std::uint64_t tensor_id, bool bias, double init_std, Gemm gemm)
-      : state(std::move(gemm), rows_of(tp, heads, kv_heads, d), hidden, bias, rows_of(tp, heads, kv_heads, d)),
-        tp_(&tp), hidden_(hidden), heads_(heads), kv_heads_(kv_heads), d_(d),
+  grouped_qkv_projection(Comm& tp, std::size_t hidden, std::size_t heads, std::size_t kv_heads,
+                         std::size_t d, std::uint64_t seed, std::uint64_t tensor_id, bool bias,
+                         double init_std, Gemm gemm)
+      : state(std::move(gemm), rows_of(tp, heads, kv_heads, d), hidden, bias,
+              rows_of(tp, heads, kv_heads, d)),
+        tp_(&tp),
+        hidden_(hidden),
+        heads_(heads),
+        kv_heads_(kv_heads),
+        d_(d),
         q_(split_range(heads * d, tp.size(), tp.rank())),
-        kv_(place_kv_heads(kv_heads, static_cast<std::size_t>(tp.size()), static_cast<std::size_t>(tp.rank()))),
+        kv_(place_kv_heads(kv_heads, static_cast<std::size_t>(tp.size()),
+                           static_cast<std::size_t>(tp.rank()))),
         bias_(bias) {
     this->check_stream("parallel_attention", tp);
     // The rows of the stacked full tensor [q; k; v] that this rank holds, drawn where they sit there.
     matrix<T> w(w_.rows(), hidden);
     const std::size_t kv_rows = kv_.count * d;
     init_normal(w.view().rows_from(0, q_.size()), hidden, q_.begin, 0, seed, tensor_id, init_std);
-    init_normal(w.view().rows_from(q_.size(), kv_rows), hidden, (heads + kv_.first) * d, 0, seed, tensor_id, init_std);
-    init_normal(w.view().rows_from(q_.size() + kv_rows, kv_rows), hidden, (heads + kv_heads + kv_.first) * d, 0, seed,
+    init_normal(w.view().rows_from(q_.size(), kv_rows), hidden, (heads + kv_.first) * d, 0, seed,
                 tensor_id, init_std);
+    init_normal(w.view().rows_from(q_.size() + kv_rows, kv_rows), hidden,
+                (heads + kv_heads + kv_.first) * d, 0, seed, tensor_id, init_std);
     upload(gemm_, w, w_);
   }
 
@@ -285,8 +305,10 @@ public:
   /// x: tokens x hidden (sequence_parallel: this rank's rows); y: tokens x out_local(), q | k | v.
   void forward(matrix_view<const T> x, matrix_view<T> y) {
     static constexpr std::string_view who = "parallel_attention: q, k, v projection forward";
-    if (x.cols() != hidden_) ::weft::detail::shape_error(who, "x", x.rows(), x.cols(), x.rows(), hidden_);
-    const std::size_t tokens = SP::enabled ? x.rows() * static_cast<std::size_t>(tp_->size()) : x.rows();
+    if (x.cols() != hidden_)
+      ::weft::detail::shape_error(who, "x", x.rows(), x.cols(), x.rows(), hidden_);
+    const std::size_t tokens =
+        SP::enabled ? x.rows() * static_cast<std::size_t>(tp_->size()) : x.rows();
     expect_shape(who, "y", y, tokens, out_local());
     forwarded_ = false;
     if constexpr (SP::enabled) {
@@ -306,13 +328,15 @@ public:
     if (!forwarded_) throw error(std::string(who) + ": called before forward");
     const std::size_t tokens = x_.rows();
     expect_shape(who, "dy", dy, tokens, out_local());
-    expect_shape(who, "dx", dx, SP::enabled ? tokens / static_cast<std::size_t>(tp_->size()) : tokens, hidden_);
+    expect_shape(who, "dx", dx,
+                 SP::enabled ? tokens / static_cast<std::size_t>(tp_->size()) : tokens, hidden_);
     if (kv_.replicas == 1) {
       gemm_(trans::t, trans::n, T{1}, dy, cview(x_), T{1}, dw_.view());
       if (bias_) accumulate_column_sums(gemm_, dy, db_, db_lanes_);
     } else {
       const std::size_t q = q_.size();
-      gemm_(trans::t, trans::n, T{1}, dy.cols_from(0, q), cview(x_), T{1}, dw_.view().rows_from(0, q));
+      gemm_(trans::t, trans::n, T{1}, dy.cols_from(0, q), cview(x_), T{1},
+            dw_.view().rows_from(0, q));
       if (bias_) column_sums_into(dy.cols_from(0, q), db_.view().cols_from(0, q));
       sum_over_replicas(dy.cols_from(q, dy.cols() - q));
     }
@@ -327,18 +351,36 @@ public:
 
   [[nodiscard]] std::vector<parameter<T>> parameters() {
     const std::size_t q = q_.size(), kv_rows = kv_.count * d_, kv0 = kv_.first * d_;
-    const auto weight = [&](const char* name, std::size_t at, std::size_t rows, std::size_t row0, std::size_t full,
-                            bool duplicate) {
-      return parameter<T>{.name = name, .value = w_.view().rows_from(at, rows), .grad = dw_.view().rows_from(at, rows),
-                          .replicated = false, .sequence_partial = false, .row0 = row0, .col0 = 0, .full_rows = full,
-                          .full_cols = hidden_, .decay = true, .duplicate = duplicate,
-                          .value_home = home_of(w_, at * hidden_), .grad_home = home_of(dw_, at * hidden_)};
+    const auto weight = [&](const char* name, std::size_t at, std::size_t rows, std::size_t row0,
+                            std::size_t full, bool duplicate) {
+      return parameter<T>{.name = name,
+                          .value = w_.view().rows_from(at, rows),
+                          .grad = dw_.view().rows_from(at, rows),
+                          .replicated = false,
+                          .sequence_partial = false,
+                          .row0 = row0,
+                          .col0 = 0,
+                          .full_rows = full,
+                          .full_cols = hidden_,
+                          .decay = true,
+                          .duplicate = duplicate,
+                          .value_home = home_of(w_, at * hidden_),
+                          .grad_home = home_of(dw_, at * hidden_)};
     };
-    const auto bias = [&](const char* name, std::size_t at, std::size_t cols, std::size_t col0, std::size_t full,
-                          bool duplicate) {
-      return parameter<T>{.name = name, .value = b_.view().cols_from(at, cols), .grad = db_.view().cols_from(at, cols),
-                          .replicated = false, .sequence_partial = false, .row0 = 0, .col0 = col0, .full_rows = 1,
-                          .full_cols = full, .decay = false, .duplicate = duplicate, .value_home = home_of(b_, at),
+    const auto bias = [&](const char* name, std::size_t at, std::size_t cols, std::size_t col0,
+                          std::size_t full, bool duplicate) {
+      return parameter<T>{.name = name,
+                          .value = b_.view().cols_from(at, cols),
+                          .grad = db_.view().cols_from(at, cols),
+                          .replicated = false,
+                          .sequence_partial = false,
+                          .row0 = 0,
+                          .col0 = col0,
+                          .full_rows = 1,
+                          .full_cols = full,
+                          .decay = false,
+                          .duplicate = duplicate,
+                          .value_home = home_of(b_, at),
                           .grad_home = home_of(db_, at)};
     };
     std::vector<parameter<T>> ps;
@@ -347,14 +389,18 @@ public:
     ps.push_back(weight("k.weight", q, kv_rows, kv0, kv_heads_ * d_, kv_.duplicate));
     if (bias_) ps.push_back(bias("k.bias", q, kv_rows, kv0, kv_heads_ * d_, kv_.duplicate));
     ps.push_back(weight("v.weight", q + kv_rows, kv_rows, kv0, kv_heads_ * d_, kv_.duplicate));
-    if (bias_) ps.push_back(bias("v.bias", q + kv_rows, kv_rows, kv0, kv_heads_ * d_, kv_.duplicate));
+    if (bias_)
+      ps.push_back(bias("v.bias", q + kv_rows, kv_rows, kv0, kv_heads_ * d_, kv_.duplicate));
     return ps;
   }
 
 private:
-  static std::size_t rows_of(const Comm& tp, std::size_t heads, std::size_t kv_heads, std::size_t d) {
+  static std::size_t rows_of(const Comm& tp, std::size_t heads, std::size_t kv_heads,
+                             std::size_t d) {
     const auto p = static_cast<std::size_t>(tp.size());
-    return (heads / p + 2 * place_kv_heads(kv_heads, p, static_cast<std::size_t>(tp.rank())).count) * d;
+    return (heads / p +
+            2 * place_kv_heads(kv_heads, p, static_cast<std::size_t>(tp.rank())).count) *
+           d;
   }
 
   // out(0, c) = the column sums of dy (sum_rows_by_lanes, as the linear layers' bias gradient).
@@ -371,7 +417,7 @@ private:
   // pass's part is reduced: the accumulated gradient already holds the earlier passes' sums.
   void sum_over_replicas(matrix_view<const T> dkv) {
     const std::size_t rows = dkv.cols(), slot = rows * hidden_ + (bias_ ? rows : 0);
-    resize(gemm_, replica_sums_, kv_heads_, slot);  // zero-filled
+    resize(gemm_, replica_sums_, kv_heads_, slot); // zero-filled
     T* const mine = replica_sums_.view().rows_from(kv_.first, 1).data();
     const matrix_view<T> w(mine, rows, hidden_);
     gemm_(trans::t, trans::n, T{1}, dkv, cview(x_), T{0}, w);
@@ -380,16 +426,17 @@ private:
     all_reduce(*tp_, flat_of(replica_sums_));
     const std::size_t q = q_.size();
     for_each_element(gemm_, rows, hidden_, add_element<T>{dw_.view().rows_from(q, rows), cview(w)});
-    if (bias_) for_each_element(gemm_, 1, rows, add_element<T>{db_.view().cols_from(q, rows), cview(b)});
+    if (bias_)
+      for_each_element(gemm_, 1, rows, add_element<T>{db_.view().cols_from(q, rows), cview(b)});
   }
 
   Comm* tp_;
   std::size_t hidden_, heads_, kv_heads_, d_;
-  range q_;  // this rank's rows of the full q
+  range q_; // this rank's rows of the full q
   kv_placement kv_;
   bool bias_;
-  matrix<T, space> dx_;            // dx before its reduction
-  matrix<T, space> replica_sums_;  // kv_heads x (2 d x hidden + 2 d): one slot a kv head
+  matrix<T, space> dx_;           // dx before its reduction
+  matrix<T, space> replica_sums_; // kv_heads x (2 d x hidden + 2 d): one slot a kv head
   matrix<T, space> staging_;
 };
 
@@ -401,32 +448,42 @@ public:
   using qkv_layer = column_parallel_linear<T, Comm, Gemm, SP>;
   using grouped_layer = detail::grouped_qkv_projection<T, Comm, Gemm, SP>;
   using out_layer = row_parallel_linear<T, Comm, Gemm, SP>;
-  using space = space_of<Gemm>;  // where q, k, v, the probabilities and the context live
+  using space = space_of<Gemm>; // where q, k, v, the probabilities and the context live
 
   /// GPT's attention: multi-head, fused "qkv" layout, biases, init std 0.02. Tensor ids tensor_id
   /// (QKV) and tensor_id + 1 (output projection).
-  parallel_attention(Comm& tp, std::size_t hidden, std::size_t heads, std::size_t seq, std::uint64_t seed,
-                     std::uint64_t tensor_id, Gemm gemm = {})
+  parallel_attention(Comm& tp, std::size_t hidden, std::size_t heads, std::size_t seq,
+                     std::uint64_t seed, std::uint64_t tensor_id, Gemm gemm = {})
       : parallel_attention(tp, hidden, heads, seq, seed, tensor_id, attention_options{}, gemm) {}
 
   /// As the options say (see the top of this file for the layouts). Tensor ids tensor_id (the input
   /// projection: fused QKV, or q, k, v stacked) and tensor_id + 1 (output projection).
-  parallel_attention(Comm& tp, std::size_t hidden, std::size_t heads, std::size_t seq, std::uint64_t seed,
-                     std::uint64_t tensor_id, attention_options opt, Gemm gemm = {})
-      : hidden_(hidden), heads_(heads), seq_(seq), head_dim_(checked_head_dim(tp, hidden, heads, seq, opt)),
-        kv_heads_(opt.kv_heads == 0 ? heads : opt.kv_heads), local_heads_(heads / static_cast<std::size_t>(tp.size())),
+  parallel_attention(Comm& tp, std::size_t hidden, std::size_t heads, std::size_t seq,
+                     std::uint64_t seed, std::uint64_t tensor_id, attention_options opt,
+                     Gemm gemm = {})
+      : hidden_(hidden),
+        heads_(heads),
+        seq_(seq),
+        head_dim_(checked_head_dim(tp, hidden, heads, seq, opt)),
+        kv_heads_(opt.kv_heads == 0 ? heads : opt.kv_heads),
+        local_heads_(heads / static_cast<std::size_t>(tp.size())),
         local_kv_heads_(detail::place_kv_heads(kv_heads_, static_cast<std::size_t>(tp.size()),
                                                static_cast<std::size_t>(tp.rank()))
                             .count),
-        opt_(opt), gemm_(gemm),
-        out_(tp, hidden, hidden, seed, tensor_id + 1, {.bias = opt.bias, .init_std = opt.out_init_std}, gemm) {
+        opt_(opt),
+        gemm_(gemm),
+        out_(tp, hidden, hidden, seed, tensor_id + 1,
+             {.bias = opt.bias, .init_std = opt.out_init_std}, gemm) {
     if (fused()) {
-      const typename qkv_layer::options qkv_opt{.bias = opt.bias, .gather_output = false, .init_std = opt.init_std};
+      const typename qkv_layer::options qkv_opt{
+          .bias = opt.bias, .gather_output = false, .init_std = opt.init_std};
       qkv_.emplace(tp, hidden, 3 * hidden, seed, tensor_id, qkv_opt, gemm);
     } else {
-      grouped_.emplace(tp, hidden, heads, kv_heads_, head_dim_, seed, tensor_id, opt.bias, opt.init_std, gemm);
+      grouped_.emplace(tp, hidden, heads, kv_heads_, head_dim_, seed, tensor_id, opt.bias,
+                       opt.init_std, gemm);
     }
-    if (rotary()) detail::upload(gemm_, rotary_table<T>(seq, head_dim_, opt.rope_theta), rope_table_);
+    if (rotary())
+      detail::upload(gemm_, rotary_table<T>(seq, head_dim_, opt.rope_theta), rope_table_);
   }
 
   [[nodiscard]] std::size_t local_heads() const noexcept { return local_heads_; }
@@ -439,7 +496,9 @@ public:
   [[nodiscard]] bool fused() const noexcept { return opt_.kv_heads == 0; }
   /// The fused layout's QKV projection (an error in the grouped layout).
   qkv_layer& qkv() {
-    if (!qkv_) throw error("parallel_attention::qkv: the grouped (q, k, v) layout has no fused QKV projection");
+    if (!qkv_)
+      throw error(
+          "parallel_attention::qkv: the grouped (q, k, v) layout has no fused QKV projection");
     return *qkv_;
   }
   out_layer& out() noexcept { return out_; }
@@ -451,12 +510,14 @@ public:
   void forward(matrix_view<const T> x, matrix_view<T> y) {
     // Every shape is checked before the projections keep anything for backward.
     static constexpr std::string_view who = "parallel_attention::forward";
-    if (x.cols() != hidden_) ::weft::detail::shape_error(who, "x", x.rows(), x.cols(), x.rows(), hidden_);
+    if (x.cols() != hidden_)
+      ::weft::detail::shape_error(who, "x", x.rows(), x.cols(), x.rows(), hidden_);
     expect_shape(who, "y", y, x.rows(), out_.out_features());
-    const std::size_t tokens = SP::enabled ? x.rows() * static_cast<std::size_t>(out_.comm().size()) : x.rows();
+    const std::size_t tokens =
+        SP::enabled ? x.rows() * static_cast<std::size_t>(out_.comm().size()) : x.rows();
     if (tokens % seq_ != 0) {
-      throw error("parallel_attention::forward: " + std::to_string(tokens) + " tokens are not whole sequences of " +
-                  std::to_string(seq_));
+      throw error("parallel_attention::forward: " + std::to_string(tokens) +
+                  " tokens are not whole sequences of " + std::to_string(seq_));
     }
     batch_ = tokens / seq_;
     expanded_ = false;
@@ -474,8 +535,8 @@ public:
       scores(k0, probabilities(k0, keep_probs_));
       detail::causal_softmax(gemm_, probabilities_of_group(k0, keep_probs_), softmax_scratch_);
       // ctx_k = P_k V_k
-      batched({square(), qkv_stride(), head_dim_}, trans::n, trans::n, T{1}, probabilities(k0, keep_probs_),
-              part(core_input(), k0, 2), ctx_of(ctx_, k0));
+      batched({square(), qkv_stride(), head_dim_}, trans::n, trans::n, T{1},
+              probabilities(k0, keep_probs_), part(core_input(), k0, 2), ctx_of(ctx_, k0));
     }
     kept_probs_ = keep_probs_;
     out_.forward(detail::cview(ctx_.view()), y);
@@ -486,38 +547,42 @@ public:
     const std::size_t tokens = batch_ * seq_;
     detail::resize(gemm_, dctx_, tokens, local_heads_ * head_dim_);
     out_.backward(dy, dctx_.view());
-    if (!fused() && !expanded_) expand();  // another micro-batch's copy (stash, restore) or none
+    if (!fused() && !expanded_) expand(); // another micro-batch's copy (stash, restore) or none
     detail::resize(gemm_, dqkv_, tokens, 3 * local_heads_ * head_dim_);
-    detail::reshape(gemm_, dp_, group_ * seq_, seq_);  // every element written (dP) before it is read
+    detail::reshape(gemm_, dp_, group_ * seq_,
+                    seq_); // every element written (dP) before it is read
     if (!kept_probs_) detail::reshape(gemm_, probs_, group_ * seq_, seq_);
     // With P the probabilities and dO the context's gradient:
     //   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(P * dP)),  dQ = scale dS K,  dK = scale dS^T Q.
     for (std::size_t k0 = 0; k0 < blocks(); k0 += group_) {
-      if (!kept_probs_) {  // selective recompute: the group's probabilities again
+      if (!kept_probs_) { // selective recompute: the group's probabilities again
         scores(k0, probabilities(k0, false));
         detail::causal_softmax(gemm_, probabilities_of_group(k0, false), softmax_scratch_);
       }
       const auto p = probabilities(k0, kept_probs_);
       const auto d_out = ctx_of(dctx_, k0);
-      const auto ds = dp_.view().rows_from(0, seq_);  // dP, then dS, of the group's first block
-      batched({square(), head_dim_, qkv_stride()}, trans::t, trans::n, T{1}, p, d_out, part(dqkv_, k0, 2));
-      batched({head_dim_, qkv_stride(), square()}, trans::n, trans::t, T{1}, d_out, part(core_input(), k0, 2), ds);
-      detail::causal_softmax_backward(gemm_, detail::cview(probabilities_of_group(k0, kept_probs_)), dp_.view(),
-                                      softmax_scratch_);
-      batched({square(), qkv_stride(), qkv_stride()}, trans::n, trans::n, scale(), ds, part(core_input(), k0, 1),
-              part(dqkv_, k0, 0));
-      batched({square(), qkv_stride(), qkv_stride()}, trans::t, trans::n, scale(), ds, part(core_input(), k0, 0),
-              part(dqkv_, k0, 1));
+      const auto ds = dp_.view().rows_from(0, seq_); // dP, then dS, of the group's first block
+      batched({square(), head_dim_, qkv_stride()}, trans::t, trans::n, T{1}, p, d_out,
+              part(dqkv_, k0, 2));
+      batched({head_dim_, qkv_stride(), square()}, trans::n, trans::t, T{1}, d_out,
+              part(core_input(), k0, 2), ds);
+      detail::causal_softmax_backward(gemm_, detail::cview(probabilities_of_group(k0, kept_probs_)),
+                                      dp_.view(), softmax_scratch_);
+      batched({square(), qkv_stride(), qkv_stride()}, trans::n, trans::n, scale(), ds,
+              part(core_input(), k0, 1), part(dqkv_, k0, 0));
+      batched({square(), qkv_stride(), qkv_stride()}, trans::t, trans::n, scale(), ds,
+              part(core_input(), k0, 0), part(dqkv_, k0, 1));
     }
     if (fused()) {
       rotate(dqkv_.view(), rotation::inverse);
       qkv_->backward(detail::cview(dqkv_.view()), dx);
       return;
     }
-    detail::reshape(gemm_, dproj_, tokens, projection_width());  // every element written
-    detail::for_each_element(gemm_, tokens, projection_width(),
-                             detail::collapse_kv_heads<T>{detail::cview(dqkv_.view()), dproj_.view(), head_dim_,
-                                                          local_heads_, local_kv_heads_});
+    detail::reshape(gemm_, dproj_, tokens, projection_width()); // every element written
+    detail::for_each_element(
+        gemm_, tokens, projection_width(),
+        detail::collapse_kv_heads<T>{detail::cview(dqkv_.view()), dproj_.view(), head_dim_,
+                                     local_heads_, local_kv_heads_});
     rotate(dproj_.view(), rotation::inverse);
     grouped_->backward(detail::cview(dproj_.view()), dx);
   }
@@ -527,7 +592,8 @@ public:
   /// options.bias).
   [[nodiscard]] std::vector<parameter<T>> parameters() {
     auto ps = fused() ? prefixed("qkv.", qkv_->parameters()) : grouped_->parameters();
-    for (auto& p : prefixed(fused() ? "out." : "o.", out_.parameters())) ps.push_back(std::move(p));
+    for (auto& p : prefixed(fused() ? "out." : "o.", out_.parameters()))
+      ps.push_back(std::move(p));
     return ps;
   }
   void zero_grad() {
@@ -541,8 +607,8 @@ public:
   /// (full recompute). The grouped layout's per-query-head copy of k and v and the context the
   /// forward writes are scratch.
   [[nodiscard]] std::size_t saved_bytes() const noexcept {
-    return (proj_.size() + (kept_probs_ ? probs_.size() : 0)) * sizeof(T) + input_state().saved_bytes() +
-           out_.saved_bytes();
+    return (proj_.size() + (kept_probs_ ? probs_.size() : 0)) * sizeof(T) +
+           input_state().saved_bytes() + out_.saved_bytes();
   }
   void release() {
     input_state().release();
@@ -557,7 +623,8 @@ public:
 
   /// What backward needs from forward, moved out and back (see linear.hpp).
   struct activations {
-    typename detail::linear_state<T, Gemm>::activations qkv;  // the input projection's, either layout
+    typename detail::linear_state<T, Gemm>::activations
+        qkv; // the input projection's, either layout
     typename out_layer::activations out;
     matrix<T, space> qkv_out, probs;
     std::size_t batch = 0;
@@ -589,38 +656,43 @@ public:
   }
 
 private:
-  static std::size_t checked_head_dim(const Comm& tp, std::size_t hidden, std::size_t heads, std::size_t seq,
-                                      const attention_options& opt) {
+  static std::size_t checked_head_dim(const Comm& tp, std::size_t hidden, std::size_t heads,
+                                      std::size_t seq, const attention_options& opt) {
     if (heads == 0 || hidden % heads != 0) {
-      throw error("parallel_attention: hidden " + std::to_string(hidden) + " does not divide into " +
-                  std::to_string(heads) + " heads");
+      throw error("parallel_attention: hidden " + std::to_string(hidden) +
+                  " does not divide into " + std::to_string(heads) + " heads");
     }
     const std::size_t kv = opt.kv_heads == 0 ? heads : opt.kv_heads;
     if (heads % kv != 0) {
-      throw error("parallel_attention: " + std::to_string(heads) + " query heads do not divide into groups over " +
-                  std::to_string(kv) + " key/value heads");
+      throw error("parallel_attention: " + std::to_string(heads) +
+                  " query heads do not divide into groups over " + std::to_string(kv) +
+                  " key/value heads");
     }
     const auto p = static_cast<std::size_t>(tp.size());
     if (heads % p != 0) {
-      throw error("parallel_attention: " + std::to_string(heads) + " heads do not divide over a tensor-parallel group of " +
+      throw error("parallel_attention: " + std::to_string(heads) +
+                  " heads do not divide over a tensor-parallel group of " +
                   std::to_string(tp.size()));
     }
     if (kv % p != 0 && p % kv != 0) {
-      throw error("parallel_attention: " + std::to_string(kv) + " key/value heads and a tensor-parallel group of " +
-                  std::to_string(p) + ": neither divides the other (split the kv heads over the ranks, or replicate " +
+      throw error("parallel_attention: " + std::to_string(kv) +
+                  " key/value heads and a tensor-parallel group of " + std::to_string(p) +
+                  ": neither divides the other (split the kv heads over the ranks, or replicate " +
                   "each on tp / kv_heads ranks)");
     }
     if (seq == 0) throw error("parallel_attention: the sequence length must be positive");
     if (opt.rope_theta != 0 && (hidden / heads) % 2 != 0) {
-      throw error("parallel_attention: rotary position embedding pairs the halves of a head, and head " +
-                  std::string("dimension ") + std::to_string(hidden / heads) + " (hidden " + std::to_string(hidden) +
-                  " / " + std::to_string(heads) + " heads) is odd");
+      throw error(
+          "parallel_attention: rotary position embedding pairs the halves of a head, and head " +
+          std::string("dimension ") + std::to_string(hidden / heads) + " (hidden " +
+          std::to_string(hidden) + " / " + std::to_string(heads) + " heads) is odd");
     }
     return hidden / heads;
   }
 
   static std::vector<parameter<T>> prefixed(const char* prefix, std::vector<parameter<T>> ps) {
-    for (auto& p : ps) p.name = prefix + p.name;
+    for (auto& p : ps)
+      p.name = prefix + p.name;
     return ps;
   }
 
@@ -645,9 +717,10 @@ private:
   void expand() {
     const std::size_t tokens = proj_.rows();
     detail::reshape(gemm_, qkv_heads_, tokens, 3 * local_heads_ * head_dim_);
-    detail::for_each_element(gemm_, tokens, qkv_heads_.cols(),
-                             detail::expand_kv_heads<T>{detail::cview(proj_.view()), qkv_heads_.view(), head_dim_,
-                                                        local_heads_, local_kv_heads_});
+    detail::for_each_element(
+        gemm_, tokens, qkv_heads_.cols(),
+        detail::expand_kv_heads<T>{detail::cview(proj_.view()), qkv_heads_.view(), head_dim_,
+                                   local_heads_, local_kv_heads_});
     expanded_ = true;
   }
 
@@ -655,12 +728,16 @@ private:
   void rotate(matrix_view<T> m, rotation dir) {
     if (!rotary()) return;
     const auto table = detail::cview(rope_table_.view());
-    if (fused()) {  // q and k of head h at 3 h d and 3 h d + d
-      detail::rotate_heads(gemm_, m, table, {.first = 0, .heads = local_heads_, .stride = 3 * head_dim_}, dir);
-      detail::rotate_heads(gemm_, m, table, {.first = head_dim_, .heads = local_heads_, .stride = 3 * head_dim_}, dir);
-    } else {  // the q heads, then the k heads, d columns each
-      detail::rotate_heads(gemm_, m, table, {.first = 0, .heads = local_heads_ + local_kv_heads_, .stride = head_dim_},
+    if (fused()) { // q and k of head h at 3 h d and 3 h d + d
+      detail::rotate_heads(gemm_, m, table,
+                           {.first = 0, .heads = local_heads_, .stride = 3 * head_dim_}, dir);
+      detail::rotate_heads(gemm_, m, table,
+                           {.first = head_dim_, .heads = local_heads_, .stride = 3 * head_dim_},
                            dir);
+    } else { // the q heads, then the k heads, d columns each
+      detail::rotate_heads(
+          gemm_, m, table,
+          {.first = 0, .heads = local_heads_ + local_kv_heads_, .stride = head_dim_}, dir);
     }
   }
 
@@ -669,24 +746,30 @@ private:
   // element-wise stage as a kernel (each_element: a device), one sequence's heads, so that its
   // launches do not grow with the heads; on the host one block (its scores stay in cache between
   // the GEMMs and the softmax). The same products and sums either way.
-  static constexpr bool stages_as_kernels = detail::element_policy<Gemm, detail::causal_normalise<T>>;
+  static constexpr bool stages_as_kernels =
+      detail::element_policy<Gemm, detail::causal_normalise<T>>;
   // A group's scratch (dP, and the probabilities when not kept) is group x seq x seq: as many of a
   // sequence's heads as keep it within 2^24 elements (64 MiB of float), at least one.
   static std::size_t group_size(std::size_t heads, std::size_t seq) {
     if (!stages_as_kernels) return 1;
     const std::size_t budget = std::size_t{1} << 24, square = seq * seq;
     std::size_t g = heads;
-    while (g > 1 && (heads % g != 0 || g * square > budget)) --g;
+    while (g > 1 && (heads % g != 0 || g * square > budget))
+      --g;
     return g;
   }
   [[nodiscard]] std::size_t blocks() const noexcept { return batch_ * local_heads_; }
 
   // Views of block k: q, k, v (seq x d) in the core's input (or its gradient), its context columns.
   matrix_view<T> part(matrix<T, space>& m, std::size_t k, std::size_t which) {
-    return m.view().rows_from(k / local_heads_ * seq_, seq_).cols_from((3 * (k % local_heads_) + which) * head_dim_, head_dim_);
+    return m.view()
+        .rows_from(k / local_heads_ * seq_, seq_)
+        .cols_from((3 * (k % local_heads_) + which) * head_dim_, head_dim_);
   }
   matrix_view<T> ctx_of(matrix<T, space>& m, std::size_t k) {
-    return m.view().rows_from(k / local_heads_ * seq_, seq_).cols_from(k % local_heads_ * head_dim_, head_dim_);
+    return m.view()
+        .rows_from(k / local_heads_ * seq_, seq_)
+        .cols_from(k % local_heads_ * head_dim_, head_dim_);
   }
   // Block k's probabilities: kept, every block has its own; otherwise the group's are reused.
   matrix_view<T> probabilities(std::size_t k, bool kept) {
@@ -703,15 +786,17 @@ private:
   // probabilities and dP a seq x seq block further down.
   [[nodiscard]] std::size_t qkv_stride() const noexcept { return 3 * head_dim_; }
   [[nodiscard]] std::size_t square() const noexcept { return seq_ * seq_; }
-  void batched(gemm_strides s, trans ta, trans tb, T alpha, matrix_view<T> a, matrix_view<T> b, matrix_view<T> c) {
-    gemm_strided_batched(gemm_, group_, s, ta, tb, alpha, detail::cview(a), detail::cview(b), T{0}, c);
+  void batched(gemm_strides s, trans ta, trans tb, T alpha, matrix_view<T> a, matrix_view<T> b,
+               matrix_view<T> c) {
+    gemm_strided_batched(gemm_, group_, s, ta, tb, alpha, detail::cview(a), detail::cview(b), T{0},
+                         c);
   }
 
   // The scaled scores Q K^T of the group from block k0, into p and the blocks below it (the softmax
   // makes them probabilities).
   void scores(std::size_t k0, matrix_view<T> p) {
-    batched({qkv_stride(), qkv_stride(), square()}, trans::n, trans::t, scale(), part(core_input(), k0, 0),
-            part(core_input(), k0, 1), p);
+    batched({qkv_stride(), qkv_stride(), square()}, trans::n, trans::t, scale(),
+            part(core_input(), k0, 0), part(core_input(), k0, 1), p);
   }
 
   std::size_t hidden_;
@@ -722,19 +807,19 @@ private:
   std::size_t local_heads_;
   std::size_t local_kv_heads_;
   attention_options opt_;
-  std::size_t group_ = group_size(local_heads_, seq_);  // blocks the core takes at once
+  std::size_t group_ = group_size(local_heads_, seq_); // blocks the core takes at once
   Gemm gemm_;
-  std::optional<qkv_layer> qkv_;          // the fused layout's input projection
-  std::optional<grouped_layer> grouped_;  // the grouped layout's
+  std::optional<qkv_layer> qkv_;         // the fused layout's input projection
+  std::optional<grouped_layer> grouped_; // the grouped layout's
   out_layer out_;
-  matrix<T, space> rope_table_;  // rotary: seq x d, cos | sin (rotary.hpp)
+  matrix<T, space> rope_table_; // rotary: seq x d, cos | sin (rotary.hpp)
   bool keep_probs_ = true;
   bool kept_probs_ = true;
-  bool expanded_ = false;  // qkv_heads_ holds the kept projection's copy
+  bool expanded_ = false; // qkv_heads_ holds the kept projection's copy
   std::size_t batch_ = 0;
-  matrix<T, space> proj_, ctx_, probs_;    // kept between forward and backward
-  matrix<T, space> qkv_heads_;             // grouped: proj_ in the core's layout (scratch)
-  matrix<T, space> dctx_, dqkv_, dproj_, dp_;  // backward's scratch
+  matrix<T, space> proj_, ctx_, probs_;       // kept between forward and backward
+  matrix<T, space> qkv_heads_;                // grouped: proj_ in the core's layout (scratch)
+  matrix<T, space> dctx_, dqkv_, dproj_, dp_; // backward's scratch
   detail::row_scratch<T, space> softmax_scratch_;
 };
 

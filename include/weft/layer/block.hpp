@@ -40,7 +40,7 @@ namespace weft::layer {
 struct block_shape {
   std::size_t hidden = 0;
   std::size_t heads = 0;
-  std::size_t ffn = 0;  // 0: 4 * hidden
+  std::size_t ffn = 0; // 0: 4 * hidden
   std::size_t seq = 0;
 };
 
@@ -52,16 +52,17 @@ struct block_options {
   double init_std = 0.02;
   double out_init_std = 0.02;
   double norm_eps = 1e-5;
-  std::size_t kv_heads = 0;  // 0: as many as heads
+  std::size_t kv_heads = 0; // 0: as many as heads
   bool attention_bias = true;
-  double rope_theta = 0;  // 0: no rotary embedding
+  double rope_theta = 0; // 0: no rotary embedding
   std::uint64_t mlp_tensor_offset = 2;
 };
 
 /// The block with its norm and MLP as types: Norm(hidden, eps, gemm) as layer_norm or rms_norm,
 /// Mlp(tp, hidden, ffn, seed, tensor_id, {.init_std, .out_init_std}, gemm) as parallel_mlp or
 /// parallel_swiglu_mlp.
-template <class T, communicator Comm, class Gemm, class SP, recompute::policy Recompute, class Norm, class Mlp>
+template <class T, communicator Comm, class Gemm, class SP, recompute::policy Recompute, class Norm,
+          class Mlp>
 class basic_transformer_block {
 public:
   using space = space_of<Gemm>;
@@ -71,7 +72,9 @@ public:
 
   basic_transformer_block(Comm& tp, block_shape shape, std::uint64_t seed, std::uint64_t tensor_id,
                           block_options opt, Gemm gemm = {})
-      : hidden_(shape.hidden), gemm_(gemm), ln1_(shape.hidden, opt.norm_eps, gemm),
+      : hidden_(shape.hidden),
+        gemm_(gemm),
+        ln1_(shape.hidden, opt.norm_eps, gemm),
         attn_(tp, shape.hidden, shape.heads, shape.seq, seed, tensor_id,
               attention_options{.kv_heads = opt.kv_heads,
                                 .bias = opt.attention_bias,
@@ -80,7 +83,8 @@ public:
                                 .out_init_std = opt.out_init_std},
               gemm),
         ln2_(shape.hidden, opt.norm_eps, gemm),
-        mlp_(tp, shape.hidden, shape.ffn == 0 ? 4 * shape.hidden : shape.ffn, seed, tensor_id + opt.mlp_tensor_offset,
+        mlp_(tp, shape.hidden, shape.ffn == 0 ? 4 * shape.hidden : shape.ffn, seed,
+             tensor_id + opt.mlp_tensor_offset,
              {.init_std = opt.init_std, .out_init_std = opt.out_init_std}, gemm) {
     attn_.keep_probabilities(!std::is_same_v<Recompute, recompute::selective>);
   }
@@ -108,9 +112,9 @@ public:
     const std::size_t rows = dy.rows();
     detail::resize(gemm_, t1_, rows, hidden_);
     detail::resize(gemm_, t2_, rows, hidden_);
-    mlp_.backward(dy, t1_.view());                         // d(mlp input)
-    ln2_.backward(detail::cview(t1_.view()), t2_.view());  // through the second norm
-    residual(t2_.view(), dy);                              // dh: the residual adds dy
+    mlp_.backward(dy, t1_.view());                        // d(mlp input)
+    ln2_.backward(detail::cview(t1_.view()), t2_.view()); // through the second norm
+    residual(t2_.view(), dy);                             // dh: the residual adds dy
     attn_.backward(detail::cview(t2_.view()), t1_.view());
     ln1_.backward(detail::cview(t1_.view()), dx);
     residual(dx, detail::cview(t2_.view()));
@@ -139,8 +143,8 @@ public:
 
   /// Bytes held between forward and backward: with `full` recompute only the block's input.
   [[nodiscard]] std::size_t saved_bytes() const noexcept {
-    return (input_.size() + a_.size() + h_.size()) * sizeof(T) + ln1_.saved_bytes() + attn_.saved_bytes() +
-           ln2_.saved_bytes() + mlp_.saved_bytes();
+    return (input_.size() + a_.size() + h_.size()) * sizeof(T) + ln1_.saved_bytes() +
+           attn_.saved_bytes() + ln2_.saved_bytes() + mlp_.saved_bytes();
   }
 
   /// What backward needs from forward, moved out and back (see linear.hpp): a pipeline stage
@@ -171,7 +175,8 @@ public:
   mlp_type& mlp() noexcept { return mlp_; }
 
 private:
-  static void append(std::vector<parameter<T>>& to, const char* prefix, std::vector<parameter<T>> ps) {
+  static void append(std::vector<parameter<T>>& to, const char* prefix,
+                     std::vector<parameter<T>> ps) {
     for (auto& p : ps) {
       p.name = prefix + p.name;
       to.push_back(std::move(p));
@@ -211,8 +216,8 @@ private:
   attention_type attn_;
   norm_type ln2_;
   mlp_type mlp_;
-  matrix<T, space> input_;  // full recompute: the block's input
-  matrix<T, space> a_, h_;  // forward scratch: normed input, the residual stream after attention
+  matrix<T, space> input_; // full recompute: the block's input
+  matrix<T, space> a_, h_; // forward scratch: normed input, the residual stream after attention
   matrix<T, space> t1_, t2_, scratch_;
 };
 
@@ -220,18 +225,20 @@ private:
 /// QKV and output, MLP in and out).
 template <class T, communicator Comm, class Gemm = cblas, class SP = no_sequence_parallel,
           recompute::policy Recompute = recompute::none>
-class transformer_block : public basic_transformer_block<T, Comm, Gemm, SP, Recompute, layer_norm<T, SP, Gemm>,
-                                                         parallel_mlp<T, Comm, Gemm, SP>> {
+class transformer_block
+    : public basic_transformer_block<T, Comm, Gemm, SP, Recompute, layer_norm<T, SP, Gemm>,
+                                     parallel_mlp<T, Comm, Gemm, SP>> {
   using base = basic_transformer_block<T, Comm, Gemm, SP, Recompute, layer_norm<T, SP, Gemm>,
                                        parallel_mlp<T, Comm, Gemm, SP>>;
 
 public:
   static constexpr std::uint64_t tensor_ids = 4;
 
-  transformer_block(Comm& tp, block_shape shape, std::uint64_t seed, std::uint64_t tensor_id, Gemm gemm = {})
-      : base(tp, shape, seed, tensor_id, block_options{}, gemm) {}
-  transformer_block(Comm& tp, block_shape shape, std::uint64_t seed, std::uint64_t tensor_id, block_options opt,
+  transformer_block(Comm& tp, block_shape shape, std::uint64_t seed, std::uint64_t tensor_id,
                     Gemm gemm = {})
+      : base(tp, shape, seed, tensor_id, block_options{}, gemm) {}
+  transformer_block(Comm& tp, block_shape shape, std::uint64_t seed, std::uint64_t tensor_id,
+                    block_options opt, Gemm gemm = {})
       : base(tp, shape, seed, tensor_id, opt, gemm) {}
 };
 

@@ -29,7 +29,8 @@ inline void blas_single_thread_once() {
 
 inline int blas_int(std::size_t v, const char* what) {
   if (v > static_cast<std::size_t>(INT_MAX)) {
-    throw error(std::string("cblas: ") + what + " = " + std::to_string(v) + " exceeds the BLAS integer range");
+    throw error(std::string("cblas: ") + what + " = " + std::to_string(v) +
+                " exceeds the BLAS integer range");
   }
   return static_cast<int>(v);
 }
@@ -38,14 +39,15 @@ inline int blas_int(std::size_t v, const char* what) {
 
 struct cblas {
   template <class T>
-    requires std::same_as<T, float> || std::same_as<T, double>
-  void operator()(trans ta, trans tb, T alpha, matrix_view<const T> a, matrix_view<const T> b, T beta,
-                  matrix_view<T> c) const {
+  requires std::same_as<T, float> || std::same_as<T, double>
+  void operator()(trans ta, trans tb, T alpha, matrix_view<const T> a, matrix_view<const T> b,
+                  T beta, matrix_view<T> c) const {
     const auto [m, n, k] = detail::check_gemm("cblas", ta, tb, a, b, c);
     if (m == 0 || n == 0) return;
-    if (k == 0) {  // BLAS leaves C alone when k == 0 only if beta == 1; make it the definition
+    if (k == 0) { // BLAS leaves C alone when k == 0 only if beta == 1; make it the definition
       for (std::size_t i = 0; i < m; ++i)
-        for (std::size_t j = 0; j < n; ++j) c(i, j) = beta == T{} ? T{} : beta * c(i, j);
+        for (std::size_t j = 0; j < n; ++j)
+          c(i, j) = beta == T{} ? T{} : beta * c(i, j);
       return;
     }
     detail::blas_single_thread_once();
@@ -59,9 +61,11 @@ struct cblas {
     const int ni = detail::blas_int(n, "n");
     const int ki = detail::blas_int(k, "k");
     if constexpr (std::same_as<T, float>) {
-      cblas_sgemm(CblasRowMajor, op_a, op_b, mi, ni, ki, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+      cblas_sgemm(CblasRowMajor, op_a, op_b, mi, ni, ki, alpha, a.data(), lda, b.data(), ldb, beta,
+                  c.data(), ldc);
     } else {
-      cblas_dgemm(CblasRowMajor, op_a, op_b, mi, ni, ki, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+      cblas_dgemm(CblasRowMajor, op_a, op_b, mi, ni, ki, alpha, a.data(), lda, b.data(), ldb, beta,
+                  c.data(), ldc);
     }
   }
 };

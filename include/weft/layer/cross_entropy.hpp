@@ -79,11 +79,14 @@ struct shifted_target_and_sum {
   const std::int32_t* targets;
   matrix_view<const T> row_max;
   matrix_view<const T> lanes;
-  matrix_view<T> sums;  // 2 x tokens
+  matrix_view<T> sums; // 2 x tokens
   std::size_t begin;
   WEFT_HOST_DEVICE void operator()(std::size_t t, std::size_t) const {
-    const auto target = static_cast<std::size_t>(targets[t]);  // an ignored target (< 0) wraps past every column
-    sums(0, t) = target >= begin && target - begin < logits.cols() ? logits(t, target - begin) - row_max(t, 0) : T{};
+    const auto target =
+        static_cast<std::size_t>(targets[t]); // an ignored target (< 0) wraps past every column
+    sums(0, t) = target >= begin && target - begin < logits.cols()
+                     ? logits(t, target - begin) - row_max(t, 0)
+                     : T{};
     sums(1, t) = lane_total(lanes, t);
   }
 };
@@ -92,7 +95,9 @@ template <class T>
 struct normalise_row {
   matrix_view<T> probs;
   matrix_view<const T> sums;
-  WEFT_HOST_DEVICE void operator()(std::size_t t, std::size_t c) const { probs(t, c) /= sums(1, t); }
+  WEFT_HOST_DEVICE void operator()(std::size_t t, std::size_t c) const {
+    probs(t, c) /= sums(1, t);
+  }
 };
 
 /// d(loss)/d(logit) = (softmax - [column == target]) / divisor; 0 for an ignored token.
@@ -118,8 +123,9 @@ struct cross_entropy_gradient {
 
 template <class T, communicator Comm, class Exec = host_policy>
 class vocab_parallel_cross_entropy {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                "weft: vocab_parallel_cross_entropy computes in float or double: use T = float or double");
+  static_assert(
+      std::is_same_v<T, float> || std::is_same_v<T, double>,
+      "weft: vocab_parallel_cross_entropy computes in float or double: use T = float or double");
 
 public:
   using space = space_of<Exec>;
@@ -129,12 +135,16 @@ public:
 
   vocab_parallel_cross_entropy(Comm& tp, std::size_t vocab, Exec exec = {},
                                std::int32_t ignore_index = default_ignore_index)
-      : tp_(&tp), vocab_(vocab), range_(split_range(vocab, tp.size(), tp.rank())), exec_(std::move(exec)),
+      : tp_(&tp),
+        vocab_(vocab),
+        range_(split_range(vocab, tp.size(), tp.rank())),
+        exec_(std::move(exec)),
         ignore_index_(ignore_index) {
     if (vocab == 0) throw error("vocab_parallel_cross_entropy: vocab must be positive");
     if (ignore_index >= 0 && static_cast<std::size_t>(ignore_index) < vocab) {
       throw error("vocab_parallel_cross_entropy: ignore_index " + std::to_string(ignore_index) +
-                  " is a token of the vocabulary [0, " + std::to_string(vocab) + "): use a negative one");
+                  " is a token of the vocabulary [0, " + std::to_string(vocab) +
+                  "): use a negative one");
     }
     detail::check_stream("vocab_parallel_cross_entropy", exec_, tp);
   }
@@ -143,26 +153,30 @@ public:
   [[nodiscard]] std::int32_t ignore_index() const noexcept { return ignore_index_; }
 
   /// The targets that count (not ignore_index).
-  [[nodiscard]] static std::size_t counted(std::span<const std::int32_t> targets,
-                                           std::int32_t ignore_index = default_ignore_index) noexcept {
-    return static_cast<std::size_t>(std::count_if(targets.begin(), targets.end(),
-                                                  [&](std::int32_t t) { return t != ignore_index; }));
+  [[nodiscard]] static std::size_t counted(
+      std::span<const std::int32_t> targets,
+      std::int32_t ignore_index = default_ignore_index) noexcept {
+    return static_cast<std::size_t>(std::count_if(
+        targets.begin(), targets.end(), [&](std::int32_t t) { return t != ignore_index; }));
   }
 
   /// logits: tokens x vocab_range().size(); targets: tokens ids in [0, vocab) or ignore_index.
   /// Returns the counted tokens' summed loss over `divisor` (0: over their number, the mean; a
   /// batch with no counted token has loss 0), with a device policy once the stream has computed it.
-  double forward(matrix_view<const T> logits, std::span<const std::int32_t> targets, double divisor = 0) {
+  double forward(matrix_view<const T> logits, std::span<const std::int32_t> targets,
+                 double divisor = 0) {
     static constexpr std::string_view who = "vocab_parallel_cross_entropy::forward";
     const std::size_t tokens = targets.size();
     if (tokens == 0) throw error(std::string(who) + ": no tokens");
-    if (!(divisor >= 0)) throw error(std::string(who) + ": divisor " + std::to_string(divisor) + " is negative");
+    if (!(divisor >= 0))
+      throw error(std::string(who) + ": divisor " + std::to_string(divisor) + " is negative");
     expect_shape(who, "logits", logits, tokens, range_.size());
     for (std::size_t t = 0; t < tokens; ++t) {
       if (targets[t] == ignore_index_) continue;
       if (targets[t] < 0 || static_cast<std::size_t>(targets[t]) >= vocab_) {
-        throw error(std::string(who) + ": token " + std::to_string(t) + " has target " + std::to_string(targets[t]) +
-                    ", outside the vocabulary [0, " + std::to_string(vocab_) + ") and not the ignore_index " +
+        throw error(std::string(who) + ": token " + std::to_string(t) + " has target " +
+                    std::to_string(targets[t]) + ", outside the vocabulary [0, " +
+                    std::to_string(vocab_) + ") and not the ignore_index " +
                     std::to_string(ignore_index_));
       }
     }
@@ -171,7 +185,8 @@ public:
     targets_.assign(targets.begin(), targets.end());
     const std::int32_t* target_data = targets_.data();
     if constexpr (on_device<Exec>) {
-      device_targets_.copy_from(matrix_view<const std::int32_t>(targets_.data(), 1, tokens), exec_.stream());
+      device_targets_.copy_from(matrix_view<const std::int32_t>(targets_.data(), 1, tokens),
+                                exec_.stream());
       target_data = device_targets_.data();
     }
     const std::size_t cols = range_.size();
@@ -182,29 +197,34 @@ public:
     using detail::row_lanes;
     using detail::row_stage;
     detail::for_each_row_in_stages(
-        exec_, tokens, row_stage{row_lanes, detail::lane_maxima<T>{logits, lanes, std::numeric_limits<T>::lowest()}},
+        exec_, tokens,
+        row_stage{row_lanes,
+                  detail::lane_maxima<T>{logits, lanes, std::numeric_limits<T>::lowest()}},
         row_stage{1, detail::lane_maximum<T>{lanes, row_max}});
     if (tp_->size() > 1) all_reduce(*tp_, detail::flat_of(scratch_.results), op::max{});
     // 2. Target logits (shifted) and sums of exponentials, packed into one all-reduce.
     detail::resize(exec_, sums_, 2, tokens);
     detail::resize(exec_, probs_, tokens, cols);
     detail::for_each_row_in_stages(
-        exec_, tokens, row_stage{row_lanes, detail::lane_exponentials<T>{logits, row_max, probs_.view(), lanes}},
-        row_stage{1, detail::shifted_target_and_sum<T>{logits, target_data, row_max, lanes, sums_.view(),
-                                                        range_.begin}});
+        exec_, tokens,
+        row_stage{row_lanes, detail::lane_exponentials<T>{logits, row_max, probs_.view(), lanes}},
+        row_stage{1, detail::shifted_target_and_sum<T>{logits, target_data, row_max, lanes,
+                                                       sums_.view(), range_.begin}});
     if (tp_->size() > 1) all_reduce(*tp_, detail::flat_of(sums_));
-    detail::for_each_element(exec_, tokens, cols, detail::normalise_row<T>{probs_.view(), sums_.view()});
+    detail::for_each_element(exec_, tokens, cols,
+                             detail::normalise_row<T>{probs_.view(), sums_.view()});
     // 3. The mean loss, on the host.
     const T* sums = sums_.data();
     matrix<T> host_sums;
     if constexpr (on_device<Exec>) {
       host_sums.resize(2, tokens);
-      sums_.copy_to(host_sums.view(), exec_.stream());  // waits for the stream
+      sums_.copy_to(host_sums.view(), exec_.stream()); // waits for the stream
       sums = host_sums.data();
     }
     double total = 0.0;
     for (std::size_t t = 0; t < tokens; ++t) {
-      if (targets_[t] != ignore_index_) total += static_cast<double>(std::log(sums[tokens + t]) - sums[t]);
+      if (targets_[t] != ignore_index_)
+        total += static_cast<double>(std::log(sums[tokens + t]) - sums[t]);
     }
     return total / divisor_;
   }
@@ -219,8 +239,8 @@ public:
     const std::int32_t* target_data = targets_.data();
     if constexpr (on_device<Exec>) target_data = device_targets_.data();
     detail::for_each_element(exec_, tokens, range_.size(),
-                             detail::cross_entropy_gradient<T>{probs_.view(), target_data, dlogits, range_.begin, inv,
-                                                                               ignore_index_});
+                             detail::cross_entropy_gradient<T>{probs_.view(), target_data, dlogits,
+                                                               range_.begin, inv, ignore_index_});
   }
 
 private:
@@ -228,11 +248,11 @@ private:
   std::size_t vocab_;
   range range_;
   Exec exec_;
-  matrix<T, space> probs_;    // the softmax on local columns, kept for backward
-  matrix<T, space> sums_;     // 2 x tokens: shifted target logits, sums of exponentials
+  matrix<T, space> probs_; // the softmax on local columns, kept for backward
+  matrix<T, space> sums_;  // 2 x tokens: shifted target logits, sums of exponentials
   weft::detail::tallied_vector<std::int32_t> targets_;
-  matrix<std::int32_t, space> device_targets_;  // a device policy's copy of targets_
-  detail::row_scratch<T, space> scratch_;        // the row statistics' lanes; results: the row maxima
+  matrix<std::int32_t, space> device_targets_; // a device policy's copy of targets_
+  detail::row_scratch<T, space> scratch_;      // the row statistics' lanes; results: the row maxima
   std::int32_t ignore_index_;
   double divisor_ = 1;
 };

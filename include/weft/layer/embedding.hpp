@@ -53,7 +53,8 @@ struct embedding_grad_column {
   matrix_view<T> dw;
   std::size_t begin;
   WEFT_HOST_DEVICE void operator()(std::size_t, std::size_t c) const {
-    for (std::size_t t = 0; t < tokens; ++t) step(t, c);
+    for (std::size_t t = 0; t < tokens; ++t)
+      step(t, c);
   }
   WEFT_HOST_DEVICE void step(std::size_t t, std::size_t c) const {
     const auto id = static_cast<std::size_t>(ids[t]);
@@ -68,10 +69,15 @@ class vocab_parallel_embedding {
 public:
   using space = space_of<Exec>;
 
-  vocab_parallel_embedding(Comm& tp, std::size_t vocab, std::size_t hidden, std::uint64_t seed, std::uint64_t tensor_id,
-                           double init_std = 0.02, Exec exec = {})
-      : tp_(&tp), vocab_(vocab), hidden_(hidden), range_(split_range(vocab, tp.size(), tp.rank())), exec_(std::move(exec)) {
-    if (vocab == 0 || hidden == 0) throw error("vocab_parallel_embedding: vocab and hidden must be positive");
+  vocab_parallel_embedding(Comm& tp, std::size_t vocab, std::size_t hidden, std::uint64_t seed,
+                           std::uint64_t tensor_id, double init_std = 0.02, Exec exec = {})
+      : tp_(&tp),
+        vocab_(vocab),
+        hidden_(hidden),
+        range_(split_range(vocab, tp.size(), tp.rank())),
+        exec_(std::move(exec)) {
+    if (vocab == 0 || hidden == 0)
+      throw error("vocab_parallel_embedding: vocab and hidden must be positive");
     detail::check_stream("vocab_parallel_embedding", exec_, tp);
     detail::resize(exec_, w_, range_.size(), hidden);
     detail::resize(exec_, dw_, range_.size(), hidden);
@@ -86,23 +92,28 @@ public:
   void forward(std::span<const std::int32_t> ids, matrix_view<T> y) {
     static constexpr std::string_view who = "vocab_parallel_embedding::forward";
     const std::size_t tokens = ids.size();
-    const std::size_t rows_out = SP::enabled ? detail::check_sequence_split(who, tokens, tp_->size()) : tokens;
+    const std::size_t rows_out =
+        SP::enabled ? detail::check_sequence_split(who, tokens, tp_->size()) : tokens;
     expect_shape(who, "y", y, rows_out, hidden_);
     for (std::size_t t = 0; t < tokens; ++t) {
       if (ids[t] < 0 || static_cast<std::size_t>(ids[t]) >= vocab_) {
-        throw error(std::string(who) + ": token " + std::to_string(t) + " has id " + std::to_string(ids[t]) +
-                    ", outside the vocabulary [0, " + std::to_string(vocab_) + ")");
+        throw error(std::string(who) + ": token " + std::to_string(t) + " has id " +
+                    std::to_string(ids[t]) + ", outside the vocabulary [0, " +
+                    std::to_string(vocab_) + ")");
       }
     }
     ids_.assign(ids.begin(), ids.end());
     const std::int32_t* id_data = ids_.data();
     if constexpr (on_device<Exec>) {
       detail::resize(exec_, device_ids_, 1, tokens);
-      device_ids_.copy_from(matrix_view<const std::int32_t>(ids_.data(), 1, tokens), exec_.stream());
+      device_ids_.copy_from(matrix_view<const std::int32_t>(ids_.data(), 1, tokens),
+                            exec_.stream());
       id_data = device_ids_.data();
     }
     detail::resize(exec_, part_, tokens, hidden_);
-    detail::for_each_element(exec_, tokens, hidden_, detail::embedding_lookup<T>{id_data, w_.view(), part_.view(), range_.begin});
+    detail::for_each_element(
+        exec_, tokens, hidden_,
+        detail::embedding_lookup<T>{id_data, w_.view(), part_.view(), range_.begin});
     if constexpr (SP::enabled) {
       detail::reduce_scatter_rows(exec_, *tp_, part_, y, staging_);
     } else {
@@ -116,33 +127,37 @@ public:
     static constexpr std::string_view who = "vocab_parallel_embedding::backward";
     if (!forwarded_) throw error(std::string(who) + ": called before forward");
     const std::size_t tokens = ids_.size();
-    expect_shape(who, "dy", dy, SP::enabled ? tokens / static_cast<std::size_t>(tp_->size()) : tokens, hidden_);
+    expect_shape(who, "dy", dy,
+                 SP::enabled ? tokens / static_cast<std::size_t>(tp_->size()) : tokens, hidden_);
     matrix_view<const T> g = dy;
     if constexpr (SP::enabled) {
       detail::gather_rows(exec_, *tp_, dy, dy_, staging_);
       g = detail::cview(dy_);
     }
     if constexpr (on_device<Exec>) {
-      if (device_ids_.cols() != tokens) {  // restored from a stash: the ids are on the host only
+      if (device_ids_.cols() != tokens) { // restored from a stash: the ids are on the host only
         detail::resize(exec_, device_ids_, 1, tokens);
-        device_ids_.copy_from(matrix_view<const std::int32_t>(ids_.data(), 1, tokens), exec_.stream());
+        device_ids_.copy_from(matrix_view<const std::int32_t>(ids_.data(), 1, tokens),
+                              exec_.stream());
       }
       detail::for_each_element(exec_, 1, hidden_,
-                               detail::embedding_grad_column<T>{device_ids_.data(), tokens, g, dw_.view(), range_.begin});
-    } else {  // token by token, for the cache; the same sums in the same order
+                               detail::embedding_grad_column<T>{device_ids_.data(), tokens, g,
+                                                                dw_.view(), range_.begin});
+    } else { // token by token, for the cache; the same sums in the same order
       const detail::embedding_grad_column<T> grad{ids_.data(), tokens, g, dw_.view(), range_.begin};
       if constexpr (detail::element_policy<Exec, detail::embedding_grad_column<T>>) {
         detail::for_each_element(exec_, 1, hidden_, grad);
       } else {
         for (std::size_t t = 0; t < tokens; ++t)
-          for (std::size_t c = 0; c < hidden_; ++c) grad.step(t, c);
+          for (std::size_t c = 0; c < hidden_; ++c)
+            grad.step(t, c);
       }
     }
   }
 
   [[nodiscard]] std::vector<parameter<T>> parameters() {
-    return {{"weight", w_.view(), dw_.view(), false, false, range_.begin, 0, vocab_, hidden_, true, false, home_of(w_),
-             home_of(dw_)}};
+    return {{"weight", w_.view(), dw_.view(), false, false, range_.begin, 0, vocab_, hidden_, true,
+             false, home_of(w_), home_of(dw_)}};
   }
   void zero_grad() { detail::zero(exec_, dw_); }
 
@@ -157,7 +172,7 @@ public:
     return {std::exchange(ids_, {}), std::exchange(forwarded_, false)};
   }
   void restore(activations a) {
-    device_ids_ = {};  // backward copies the restored ids again
+    device_ids_ = {}; // backward copies the restored ids again
     ids_ = std::move(a.ids);
     forwarded_ = a.forwarded;
   }
@@ -172,10 +187,10 @@ private:
   range range_;
   Exec exec_;
   matrix<T, space> w_, dw_;
-  weft::detail::tallied_vector<std::int32_t> ids_;  // kept for backward (a stash carries them)
-  matrix<std::int32_t, space> device_ids_;      // a device policy's copy of ids_, 1 x tokens
-  matrix<T, space> part_;  // this rank's lookups, zeros elsewhere, before the reduction
-  matrix<T, space> dy_;    // sequence_parallel: the gathered dy
+  weft::detail::tallied_vector<std::int32_t> ids_; // kept for backward (a stash carries them)
+  matrix<std::int32_t, space> device_ids_;         // a device policy's copy of ids_, 1 x tokens
+  matrix<T, space> part_; // this rank's lookups, zeros elsewhere, before the reduction
+  matrix<T, space> dy_;   // sequence_parallel: the gathered dy
   matrix<T, space> staging_;
   bool forwarded_ = false;
 };

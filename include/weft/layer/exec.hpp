@@ -29,7 +29,7 @@ struct space_of_policy {
   using type = host_space;
 };
 template <class G>
-  requires requires { typename G::space; }
+requires requires { typename G::space; }
 struct space_of_policy<G> {
   using type = typename G::space;
 };
@@ -52,17 +52,21 @@ namespace detail {
 /// lookup: cublas launches a kernel on its stream), else in a row-major loop on the host. f must
 /// write only its own element, since a policy may visit them in any order.
 template <class G, class F>
-concept element_policy = requires(const G& g, std::size_t n, const F& f) { each_element(g, n, n, f); };
+concept element_policy = requires(const G& g, std::size_t n, const F& f) {
+  each_element(g, n, n, f);
+};
 
 template <class Gemm, class F>
 void for_each_element(const Gemm& g, std::size_t rows, std::size_t cols, const F& f) {
   if constexpr (element_policy<Gemm, F>) {
     if (rows * cols != 0) each_element(g, rows, cols, f);
   } else {
-    static_assert(!on_device<Gemm>, "weft: a device policy must define each_element(policy, rows, cols, f)");
+    static_assert(!on_device<Gemm>,
+                  "weft: a device policy must define each_element(policy, rows, cols, f)");
     (void)g;
     for (std::size_t r = 0; r < rows; ++r)
-      for (std::size_t c = 0; c < cols; ++c) f(r, c);
+      for (std::size_t c = 0; c < cols; ++c)
+        f(r, c);
   }
 }
 
@@ -84,12 +88,15 @@ void for_each_row_in_stages(const Gemm& g, std::size_t rows, const row_stage<F>&
   if constexpr ((element_policy<Gemm, F> && ...)) {
     (for_each_element(g, rows, stages.cols, stages.f), ...);
   } else {
-    static_assert(!on_device<Gemm>, "weft: a device policy must define each_element(policy, rows, cols, f)");
+    static_assert(!on_device<Gemm>,
+                  "weft: a device policy must define each_element(policy, rows, cols, f)");
     (void)g;
     const auto run = [](std::size_t r, const auto& stage) {
-      for (std::size_t c = 0; c < stage.cols; ++c) stage.f(r, c);
+      for (std::size_t c = 0; c < stage.cols; ++c)
+        stage.f(r, c);
     };
-    for (std::size_t r = 0; r < rows; ++r) (run(r, stages), ...);
+    for (std::size_t r = 0; r < rows; ++r)
+      (run(r, stages), ...);
   }
 }
 
@@ -106,10 +113,12 @@ inline constexpr std::size_t row_lanes = 32;
 template <class Policy, class Comm>
 void check_stream(std::string_view who, const Policy& policy, const Comm& tp) {
   if constexpr (on_device<Policy>) {
-    static_assert(requires { tp.stream(); },
-                  "weft: a device policy (cublas) needs a device communicator (one with stream())");
+    static_assert(
+        requires { tp.stream(); },
+        "weft: a device policy (cublas) needs a device communicator (one with stream())");
     if (tp.stream() != policy.stream()) {
-      throw error(std::string(who) + ": the policy's stream is not the communicator's stream; "
+      throw error(std::string(who) +
+                  ": the policy's stream is not the communicator's stream; "
                   "make the policy with the communicator's, e.g. cublas(comm.stream())");
     }
   } else {
@@ -122,7 +131,8 @@ void check_stream(std::string_view who, const Policy& policy, const Comm& tp) {
 /// m = rows x cols of zeros (stream-ordered on a device policy's stream).
 template <class Gemm, class T, class Space>
 void resize(const Gemm& g, matrix<T, Space>& m, std::size_t rows, std::size_t cols) {
-  static_assert(std::same_as<Space, space_of<Gemm>>, "weft: a layer buffer in another memory space than its GEMM");
+  static_assert(std::same_as<Space, space_of<Gemm>>,
+                "weft: a layer buffer in another memory space than its GEMM");
   if constexpr (on_device<Gemm>) {
     m.resize(rows, cols, g.stream());
   } else {
@@ -142,7 +152,8 @@ void reshape(const Gemm& g, matrix<T, Space>& m, std::size_t rows, std::size_t c
 template <class T>
 WEFT_HOST_DEVICE T lane_total(matrix_view<const T> lanes, std::size_t r, std::size_t w = 0) {
   T s{};
-  for (std::size_t l = 0; l < row_lanes; ++l) s += lanes(r, w * row_lanes + l);
+  for (std::size_t l = 0; l < row_lanes; ++l)
+    s += lanes(r, w * row_lanes + l);
   return s;
 }
 
@@ -151,13 +162,16 @@ template <class T>
 struct lane_sum {
   matrix_view<const T> lanes;
   matrix_view<T> out;
-  WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t) const { out(r, 0) = lane_total(lanes, r); }
+  WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t) const {
+    out(r, 0) = lane_total(lanes, r);
+  }
 };
 
 /// Causal attention's scores come as square blocks (seq x seq) stacked one under another, a block
 /// per (sequence, head): row r of the stack is row r % seq of its block, whose causal part is the
 /// columns 0 ..= r % seq. (A single block is the stack of one: r % seq = r.)
-[[nodiscard]] WEFT_HOST_DEVICE constexpr std::size_t causal_last(std::size_t r, std::size_t seq) noexcept {
+[[nodiscard]] WEFT_HOST_DEVICE constexpr std::size_t causal_last(std::size_t r,
+                                                                 std::size_t seq) noexcept {
   return r % seq;
 }
 
@@ -173,7 +187,8 @@ struct lane_maxima {
   WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t l) const {
     const std::size_t end = causal ? causal_last(r, x.cols()) + 1 : x.cols();
     T m = lowest;
-    for (std::size_t c = l; c < end; c += row_lanes) m = x(r, c) > m ? x(r, c) : m;
+    for (std::size_t c = l; c < end; c += row_lanes)
+      m = x(r, c) > m ? x(r, c) : m;
     lanes(r, l) = m;
   }
 };
@@ -185,7 +200,8 @@ struct lane_maximum {
   matrix_view<T> out;
   WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t) const {
     T m = lanes(r, 0);
-    for (std::size_t l = 1; l < row_lanes; ++l) m = lanes(r, l) > m ? lanes(r, l) : m;
+    for (std::size_t l = 1; l < row_lanes; ++l)
+      m = lanes(r, l) > m ? lanes(r, l) : m;
     out(r, 0) = m;
   }
 };
@@ -194,8 +210,8 @@ struct lane_maximum {
 /// reallocated only when the rows or ways change).
 template <class T, class Space>
 struct row_scratch {
-  matrix<T, Space> lanes;    // rows x (ways * row_lanes)
-  matrix<T, Space> results;  // rows x ways
+  matrix<T, Space> lanes;   // rows x (ways * row_lanes)
+  matrix<T, Space> results; // rows x ways
 
   /// Lanes for `ways` sums of each of `rows` rows, and `per_row` results of each (default: ways).
   /// Unchanged shapes keep their memory and contents; a layer reserves one shape for all its calls.
@@ -236,17 +252,22 @@ struct column_combine_stage {
 
 template <class Gemm, class Sums>
 void sum_rows_by_lanes(const Gemm& g, std::size_t rows, std::size_t cols, const Sums& sums) {
-  if constexpr (element_policy<Gemm, column_lane_stage<Sums>> && element_policy<Gemm, column_combine_stage<Sums>>) {
+  if constexpr (element_policy<Gemm, column_lane_stage<Sums>> &&
+                element_policy<Gemm, column_combine_stage<Sums>>) {
     for_each_element(g, row_lanes, cols, column_lane_stage<Sums>{sums});
     for_each_element(g, 1, cols, column_combine_stage<Sums>{sums});
-  } else {  // row by row, for the cache
-    static_assert(!on_device<Gemm>, "weft: a device policy must define each_element(policy, rows, cols, f)");
+  } else { // row by row, for the cache
+    static_assert(!on_device<Gemm>,
+                  "weft: a device policy must define each_element(policy, rows, cols, f)");
     (void)g;
     for (std::size_t l = 0; l < row_lanes; ++l)
-      for (std::size_t i = 0; i < sums.lanes.cols(); ++i) sums.lanes(l, i) = 0.0;
+      for (std::size_t i = 0; i < sums.lanes.cols(); ++i)
+        sums.lanes(l, i) = 0.0;
     for (std::size_t r = 0; r < rows; ++r)
-      for (std::size_t c = 0; c < cols; ++c) sums.add(r, c);
-    for (std::size_t c = 0; c < cols; ++c) sums.combine(c);
+      for (std::size_t c = 0; c < cols; ++c)
+        sums.add(r, c);
+    for (std::size_t c = 0; c < cols; ++c)
+      sums.combine(c);
   }
 }
 
@@ -255,10 +276,11 @@ template <class T>
 struct column_sums {
   matrix_view<const T> dy;
   matrix_view<T> db;
-  matrix_view<double> lanes;  // row_lanes x dy.cols()
+  matrix_view<double> lanes; // row_lanes x dy.cols()
   WEFT_HOST_DEVICE void lane(std::size_t l, std::size_t c) const {
     double s = 0.0;
-    for (std::size_t r = l; r < dy.rows(); r += row_lanes) s += static_cast<double>(dy(r, c));
+    for (std::size_t r = l; r < dy.rows(); r += row_lanes)
+      s += static_cast<double>(dy(r, c));
     lanes(l, c) = s;
   }
   WEFT_HOST_DEVICE void add(std::size_t r, std::size_t c) const {
@@ -266,7 +288,8 @@ struct column_sums {
   }
   WEFT_HOST_DEVICE void combine(std::size_t c) const {
     double s = 0.0;
-    for (std::size_t l = 0; l < row_lanes; ++l) s += lanes(l, c);
+    for (std::size_t l = 0; l < row_lanes; ++l)
+      s += lanes(l, c);
     db(0, c) += static_cast<T>(s);
   }
 };

@@ -29,16 +29,17 @@ struct gemm_shape {
 
 /// Checks that op(A) is m x k, op(B) is k x n and C is m x n; returns m, n, k.
 template <class T>
-gemm_shape check_gemm(std::string_view who, trans ta, trans tb, matrix_view<const T> a, matrix_view<const T> b,
-                      matrix_view<T> c) {
+gemm_shape check_gemm(std::string_view who, trans ta, trans tb, matrix_view<const T> a,
+                      matrix_view<const T> b, matrix_view<T> c) {
   const std::size_t m = ta == trans::n ? a.rows() : a.cols();
   const std::size_t k = ta == trans::n ? a.cols() : a.rows();
   const std::size_t kb = tb == trans::n ? b.rows() : b.cols();
   const std::size_t n = tb == trans::n ? b.cols() : b.rows();
   if (k != kb || c.rows() != m || c.cols() != n) {
-    throw error(std::string(who) + ": op(A) is " + std::to_string(m) + " x " + std::to_string(k) + ", op(B) is " +
-                std::to_string(kb) + " x " + std::to_string(n) + " and C is " + std::to_string(c.rows()) + " x " +
-                std::to_string(c.cols()) + ": the shapes do not multiply");
+    throw error(std::string(who) + ": op(A) is " + std::to_string(m) + " x " + std::to_string(k) +
+                ", op(B) is " + std::to_string(kb) + " x " + std::to_string(n) + " and C is " +
+                std::to_string(c.rows()) + " x " + std::to_string(c.cols()) +
+                ": the shapes do not multiply");
   }
   return {m, n, k};
 }
@@ -47,7 +48,8 @@ gemm_shape check_gemm(std::string_view who, trans ta, trans tb, matrix_view<cons
 
 /// A GEMM policy for element type T.
 template <class G, class T>
-concept gemm_for = requires(const G& g, matrix_view<const T> a, matrix_view<const T> b, matrix_view<T> c, T s) {
+concept gemm_for = requires(const G& g, matrix_view<const T> a, matrix_view<const T> b,
+                            matrix_view<T> c, T s) {
   g(trans::n, trans::t, s, a, b, s, c);
 };
 
@@ -63,20 +65,22 @@ struct gemm_strides {
 /// strided_batched(count, strides, ta, tb, alpha, a, b, beta, c) runs them in one call (cuBLAS:
 /// one launch instead of count); any other runs them in order.
 template <class G, class T>
-void gemm_strided_batched(const G& g, std::size_t count, gemm_strides s, trans ta, trans tb, T alpha,
-                          matrix_view<const T> a, matrix_view<const T> b, T beta, matrix_view<T> c) {
+void gemm_strided_batched(const G& g, std::size_t count, gemm_strides s, trans ta, trans tb,
+                          T alpha, matrix_view<const T> a, matrix_view<const T> b, T beta,
+                          matrix_view<T> c) {
   if constexpr (requires { g.strided_batched(count, s, ta, tb, alpha, a, b, beta, c); }) {
     g.strided_batched(count, s, ta, tb, alpha, a, b, beta, c);
   } else {
-    for (std::size_t i = 0; i < count; ++i) g(ta, tb, alpha, a.shifted(i * s.a), b.shifted(i * s.b), beta, c.shifted(i * s.c));
+    for (std::size_t i = 0; i < count; ++i)
+      g(ta, tb, alpha, a.shifted(i * s.a), b.shifted(i * s.b), beta, c.shifted(i * s.c));
   }
 }
 
 /// The definition, in three loops (accumulating in T). Slow; tests only.
 struct reference_gemm {
   template <std::floating_point T>
-  void operator()(trans ta, trans tb, T alpha, matrix_view<const T> a, matrix_view<const T> b, T beta,
-                  matrix_view<T> c) const {
+  void operator()(trans ta, trans tb, T alpha, matrix_view<const T> a, matrix_view<const T> b,
+                  T beta, matrix_view<T> c) const {
     const auto [m, n, k] = detail::check_gemm("reference_gemm", ta, tb, a, b, c);
     for (std::size_t i = 0; i < m; ++i) {
       for (std::size_t j = 0; j < n; ++j) {

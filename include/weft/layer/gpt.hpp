@@ -34,9 +34,9 @@
 #include <weft/layer/weights.hpp>
 
 #include <cmath>
-#include <cstdio>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <span>
 #include <string>
@@ -50,13 +50,13 @@ struct gpt_config {
   std::size_t vocab = 0;
   std::size_t hidden = 0;
   std::size_t heads = 0;
-  std::size_t ffn = 0;  // 0: 4 * hidden
-  std::size_t seq = 0;  // also the number of learned positions
+  std::size_t ffn = 0; // 0: 4 * hidden
+  std::size_t seq = 0; // also the number of learned positions
   std::size_t layers = 0;
-  bool tie_embeddings = false;  // the output layer is the token table
+  bool tie_embeddings = false; // the output layer is the token table
   double init_std = 0.02;
   double norm_eps = 1e-5;
-  bool decay_embeddings = true;  // Megatron's default; nanoGPT exempts them
+  bool decay_embeddings = true; // Megatron's default; nanoGPT exempts them
   std::int32_t ignore_index = -100;
 };
 using gpt_shape = gpt_config;
@@ -76,8 +76,11 @@ public:
   static constexpr std::uint64_t token_tensor_id = 0;
 
   gpt_embedding(Comm& tp, const gpt_config& c, std::uint64_t seed, Gemm gemm = {})
-      : tp_(&tp), decay_(c.decay_embeddings), tokens_(tp, c.vocab, c.hidden, seed, token_tensor_id, c.init_std, gemm),
-        positions_(c.seq, c.hidden, seed, 2 + 4 * static_cast<std::uint64_t>(c.layers), c.init_std, gemm) {}
+      : tp_(&tp),
+        decay_(c.decay_embeddings),
+        tokens_(tp, c.vocab, c.hidden, seed, token_tensor_id, c.init_std, gemm),
+        positions_(c.seq, c.hidden, seed, 2 + 4 * static_cast<std::uint64_t>(c.layers), c.init_std,
+                   gemm) {}
 
   void forward(std::span<const std::int32_t> ids, matrix_view<T> y) {
     tokens_.forward(ids, y);
@@ -92,7 +95,8 @@ public:
     std::vector<parameter<T>> ps;
     append_parameters(ps, "wte.", tokens_.parameters());
     append_parameters(ps, "wpe.", positions_.parameters());
-    for (auto& p : ps) p.decay = decay_;
+    for (auto& p : ps)
+      p.decay = decay_;
     return ps;
   }
   void zero_grad() {
@@ -127,7 +131,8 @@ public:
       : transformer_block<T, Comm, Gemm, SP, Recompute>(
             tp, block_shape{c.hidden, c.heads, c.ffn, c.seq}, seed,
             1 + transformer_block<T, Comm, Gemm, SP, Recompute>::tensor_ids * layer,
-            block_options{.init_std = c.init_std, .out_init_std = detail::residual_init_std(c.init_std, c.layers),
+            block_options{.init_std = c.init_std,
+                          .out_init_std = detail::residual_init_std(c.init_std, c.layers),
                           .norm_eps = c.norm_eps},
             gemm) {}
 };
@@ -141,7 +146,8 @@ public:
             tp,
             {.hidden = c.hidden,
              .vocab = c.vocab,
-             .tensor_id = c.tie_embeddings ? gpt_embedding<T, Comm, Gemm, SP>::token_tensor_id : 1 + 4 * c.layers,
+             .tensor_id = c.tie_embeddings ? gpt_embedding<T, Comm, Gemm, SP>::token_tensor_id
+                                           : 1 + 4 * c.layers,
              .init_std = c.init_std,
              .norm_eps = c.norm_eps,
              .ignore_index = c.ignore_index,
@@ -200,13 +206,16 @@ struct gpt_model {
     if (name == "head.norm.gamma") return {t + "ln_f.weight"};
     if (name == "head.norm.beta") return {t + "ln_f.bias"};
     if (name == "head.output.weight") {
-      return c.tie_embeddings ? stored_tensor{t + "wte.weight", false, {}, false} : stored_tensor{"lm_head.weight"};
+      return c.tie_embeddings ? stored_tensor{t + "wte.weight", false, {}, false}
+                              : stored_tensor{"lm_head.weight"};
     }
     const auto [l, part] = detail::split_block_name(name);
     if (l < 0) detail::unknown_parameter("gpt_model", name);
     const std::string h = t + "h." + std::to_string(l) + ".";
     const std::size_t d = c.hidden / c.heads, hidden = c.hidden;
-    const auto qkv = [d, hidden](std::size_t r) { return (r % (3 * d)) / d * hidden + r / (3 * d) * d + r % d; };
+    const auto qkv = [d, hidden](std::size_t r) {
+      return (r % (3 * d)) / d * hidden + r / (3 * d) * d + r % d;
+    };
     if (part == "ln1.gamma") return {h + "ln_1.weight"};
     if (part == "ln1.beta") return {h + "ln_1.bias"};
     if (part == "ln2.gamma") return {h + "ln_2.weight"};
@@ -224,7 +233,9 @@ struct gpt_model {
 
   /// What decides how the tensors read: the head count orders the fused QKV (weights.hpp).
   static std::map<std::string, std::string> describe(const config& c) {
-    return {{"model", "gpt"}, {"heads", std::to_string(c.heads)}, {"norm_eps", detail::exact(c.norm_eps)},
+    return {{"model", "gpt"},
+            {"heads", std::to_string(c.heads)},
+            {"norm_eps", detail::exact(c.norm_eps)},
             {"tie_embeddings", c.tie_embeddings ? "true" : "false"}};
   }
   /// Hugging Face's GPT-2 files may carry each block's causal mask (attn.bias, attn.masked_bias).

@@ -29,7 +29,8 @@ struct range {
 /// Part `part` of n split over `parts` (the first n % parts parts get one more element).
 [[nodiscard]] constexpr range split_range(std::size_t n, int parts, int part) {
   if (parts <= 0 || part < 0 || part >= parts) {
-    throw error("split_range: part " + std::to_string(part) + " of " + std::to_string(parts) + " parts");
+    throw error("split_range: part " + std::to_string(part) + " of " + std::to_string(parts) +
+                " parts");
   }
   const auto p = static_cast<std::size_t>(parts);
   const auto i = static_cast<std::size_t>(part);
@@ -61,8 +62,10 @@ constexpr double unit_open0(std::uint64_t h) noexcept {
 } // namespace detail
 
 /// The standard normal sample at `index` of the stream (seed, tensor_id).
-[[nodiscard]] inline double normal_at(std::uint64_t seed, std::uint64_t tensor_id, std::uint64_t index) noexcept {
-  const std::uint64_t key = detail::splitmix64(seed ^ detail::splitmix64(tensor_id ^ 0x5EEDC0DE12345678ull));
+[[nodiscard]] inline double normal_at(std::uint64_t seed, std::uint64_t tensor_id,
+                                      std::uint64_t index) noexcept {
+  const std::uint64_t key =
+      detail::splitmix64(seed ^ detail::splitmix64(tensor_id ^ 0x5EEDC0DE12345678ull));
   const double u1 = detail::unit_open0(detail::splitmix64(key ^ (2 * index)));
   const double u2 = detail::unit_open0(detail::splitmix64(key ^ (2 * index + 1)));
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
@@ -71,11 +74,12 @@ constexpr double unit_open0(std::uint64_t h) noexcept {
 /// Fills `local`, the block at (row0, col0) of a full tensor with full_cols columns, with that
 /// tensor's N(0, stddev^2) values.
 template <class T>
-void init_normal(matrix_view<T> local, std::size_t full_cols, std::size_t row0, std::size_t col0, std::uint64_t seed,
-                 std::uint64_t tensor_id, double stddev) {
+void init_normal(matrix_view<T> local, std::size_t full_cols, std::size_t row0, std::size_t col0,
+                 std::uint64_t seed, std::uint64_t tensor_id, double stddev) {
   if (col0 + local.cols() > full_cols) {
-    throw error("init_normal: columns [" + std::to_string(col0) + ", " + std::to_string(col0 + local.cols()) +
-                ") outside a tensor of " + std::to_string(full_cols) + " columns");
+    throw error("init_normal: columns [" + std::to_string(col0) + ", " +
+                std::to_string(col0 + local.cols()) + ") outside a tensor of " +
+                std::to_string(full_cols) + " columns");
   }
   for (std::size_t r = 0; r < local.rows(); ++r) {
     for (std::size_t c = 0; c < local.cols(); ++c) {

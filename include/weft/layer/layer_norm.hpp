@@ -43,7 +43,8 @@ struct layer_norm_lane_sums {
   matrix_view<double> lanes;
   WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t l) const {
     double s = 0.0;
-    for (std::size_t c = l; c < x.cols(); c += row_lanes) s += static_cast<double>(x(r, c));
+    for (std::size_t c = l; c < x.cols(); c += row_lanes)
+      s += static_cast<double>(x(r, c));
     lanes(r, l) = s;
   }
 };
@@ -70,7 +71,8 @@ struct lane_means {
   matrix_view<double> out;
   double n;
   WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t) const {
-    for (std::size_t w = 0; w < out.cols(); ++w) out(r, w) = lane_total(lanes, r, w) / n;
+    for (std::size_t w = 0; w < out.cols(); ++w)
+      out(r, w) = lane_total(lanes, r, w) / n;
   }
 };
 
@@ -95,7 +97,8 @@ struct layer_norm_normalise {
   WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t c) const {
     const double xh = (static_cast<double>(x(r, c)) - mean(r, 0)) * rstd(r, 0);
     xhat(r, c) = xh;
-    y(r, c) = static_cast<T>(xh * static_cast<double>(gamma(0, c)) + static_cast<double>(beta(0, c)));
+    y(r, c) =
+        static_cast<T>(xh * static_cast<double>(gamma(0, c)) + static_cast<double>(beta(0, c)));
   }
 };
 
@@ -163,7 +166,7 @@ struct layer_norm_dx {
   matrix_view<const T> gamma;
   matrix_view<const double> xhat;
   matrix_view<const double> rstd;
-  matrix_view<const double> means;  // rows x 2: mean(g), mean(g * xhat)
+  matrix_view<const double> means; // rows x 2: mean(g), mean(g * xhat)
   WEFT_HOST_DEVICE void operator()(std::size_t r, std::size_t c) const {
     const double g = static_cast<double>(dy(r, c)) * static_cast<double>(gamma(0, c));
     dx(r, c) = static_cast<T>(rstd(r, 0) * (g - means(r, 0) - xhat(r, c) * means(r, 1)));
@@ -177,10 +180,12 @@ class layer_norm {
 public:
   using space = space_of<Exec>;
 
-  explicit layer_norm(std::size_t hidden, double eps = 1e-5, Exec exec = {}) : hidden_(hidden), eps_(eps), exec_(std::move(exec)) {
+  explicit layer_norm(std::size_t hidden, double eps = 1e-5, Exec exec = {})
+      : hidden_(hidden), eps_(eps), exec_(std::move(exec)) {
     if (hidden == 0) throw error("layer_norm: hidden must be positive");
     if (!(eps > 0.0)) throw error("layer_norm: eps must be positive");
-    for (auto* m : {&gamma_, &beta_, &dgamma_, &dbeta_}) detail::resize(exec_, *m, 1, hidden);
+    for (auto* m : {&gamma_, &beta_, &dgamma_, &dbeta_})
+      detail::resize(exec_, *m, 1, hidden);
     detail::for_each_element(exec_, 1, hidden, detail::fill_element<T>{gamma_.view(), T{1}});
   }
 
@@ -189,14 +194,16 @@ public:
   /// x, y: rows x hidden (y may be x).
   void forward(matrix_view<const T> x, matrix_view<T> y) {
     static constexpr std::string_view who = "layer_norm::forward";
-    if (x.cols() != hidden_) ::weft::detail::shape_error(who, "x", x.rows(), x.cols(), x.rows(), hidden_);
+    if (x.cols() != hidden_)
+      ::weft::detail::shape_error(who, "x", x.rows(), x.cols(), x.rows(), hidden_);
     expect_shape(who, "y", y, x.rows(), hidden_);
     const std::size_t rows = x.rows();
     detail::resize(exec_, xhat_, rows, hidden_);
     detail::resize(exec_, rstd_, rows, 1);
-    scratch_.reserve(exec_, rows, 2);  // the backward's shape (it uses two ways), so calls never reshape
+    scratch_.reserve(exec_, rows,
+                     2); // the backward's shape (it uses two ways), so calls never reshape
     const auto lanes = scratch_.lanes.view();
-    const auto mean = scratch_.results.view();  // column 0
+    const auto mean = scratch_.results.view(); // column 0
     const auto n = static_cast<double>(hidden_);
     using detail::row_lanes;
     detail::for_each_row_in_stages(
@@ -204,8 +211,9 @@ public:
         detail::row_stage{1, detail::lane_means{lanes, mean, n}},
         detail::row_stage{row_lanes, detail::layer_norm_lane_squares<T>{x, mean, lanes}},
         detail::row_stage{1, detail::lane_rstd{lanes, rstd_.view(), n, eps_}},
-        detail::row_stage{hidden_, detail::layer_norm_normalise<T>{x, y, gamma_.view(), beta_.view(), mean,
-                                                                   rstd_.view(), xhat_.view()}});
+        detail::row_stage{hidden_,
+                          detail::layer_norm_normalise<T>{x, y, gamma_.view(), beta_.view(), mean,
+                                                          rstd_.view(), xhat_.view()}});
     forwarded_ = true;
   }
 
@@ -218,24 +226,28 @@ public:
     expect_shape(who, "dx", dx, rows, hidden_);
     // The parameter gradients first: dx may overwrite dy.
     detail::reshape(exec_, param_lanes_, detail::row_lanes, 2 * hidden_);
-    detail::sum_rows_by_lanes(exec_, rows, hidden_,
-                              detail::layer_norm_param_grads<T>{dy, xhat_.view(), dgamma_.view(), dbeta_.view(),
-                                                                param_lanes_.view()});
+    detail::sum_rows_by_lanes(
+        exec_, rows, hidden_,
+        detail::layer_norm_param_grads<T>{dy, xhat_.view(), dgamma_.view(), dbeta_.view(),
+                                          param_lanes_.view()});
     scratch_.reserve(exec_, rows, 2);
     const auto lanes = scratch_.lanes.view();
     const auto means = scratch_.results.view();
     using detail::row_lanes;
     detail::for_each_row_in_stages(
-        exec_, rows, detail::row_stage{row_lanes, detail::layer_norm_lane_grads<T>{dy, gamma_.view(), xhat_.view(), lanes}},
+        exec_, rows,
+        detail::row_stage{row_lanes,
+                          detail::layer_norm_lane_grads<T>{dy, gamma_.view(), xhat_.view(), lanes}},
         detail::row_stage{1, detail::lane_means{lanes, means, static_cast<double>(hidden_)}},
-        detail::row_stage{hidden_, detail::layer_norm_dx<T>{dy, dx, gamma_.view(), xhat_.view(), rstd_.view(), means}});
+        detail::row_stage{hidden_, detail::layer_norm_dx<T>{dy, dx, gamma_.view(), xhat_.view(),
+                                                            rstd_.view(), means}});
   }
 
   [[nodiscard]] std::vector<parameter<T>> parameters() {
-    return {{"gamma", gamma_.view(), dgamma_.view(), true, SP::enabled, 0, 0, 1, hidden_, false, false, home_of(gamma_),
-             home_of(dgamma_)},
-            {"beta", beta_.view(), dbeta_.view(), true, SP::enabled, 0, 0, 1, hidden_, false, false, home_of(beta_),
-             home_of(dbeta_)}};
+    return {{"gamma", gamma_.view(), dgamma_.view(), true, SP::enabled, 0, 0, 1, hidden_, false,
+             false, home_of(gamma_), home_of(dgamma_)},
+            {"beta", beta_.view(), dbeta_.view(), true, SP::enabled, 0, 0, 1, hidden_, false, false,
+             home_of(beta_), home_of(dbeta_)}};
   }
   void zero_grad() {
     detail::zero(exec_, dgamma_);
@@ -243,7 +255,9 @@ public:
   }
 
   /// Bytes kept from forward for backward; release() frees them (see linear.hpp).
-  [[nodiscard]] std::size_t saved_bytes() const noexcept { return (xhat_.size() + rstd_.size()) * sizeof(double); }
+  [[nodiscard]] std::size_t saved_bytes() const noexcept {
+    return (xhat_.size() + rstd_.size()) * sizeof(double);
+  }
   void release() {
     xhat_ = {};
     rstd_ = {};
@@ -257,7 +271,9 @@ public:
     matrix<double, space> xhat;
     matrix<double, space> rstd;
     bool forwarded = false;
-    [[nodiscard]] std::size_t bytes() const noexcept { return (xhat.size() + rstd.size()) * sizeof(double); }
+    [[nodiscard]] std::size_t bytes() const noexcept {
+      return (xhat.size() + rstd.size()) * sizeof(double);
+    }
   };
   [[nodiscard]] activations stash() {
     return {std::exchange(xhat_, {}), std::exchange(rstd_, {}), std::exchange(forwarded_, false)};
@@ -277,10 +293,10 @@ private:
   double eps_;
   Exec exec_;
   matrix<T, space> gamma_, beta_, dgamma_, dbeta_;
-  matrix<double, space> xhat_;  // the normalised input, kept for backward
-  matrix<double, space> rstd_;  // 1 / sqrt(var + eps), rows x 1
-  detail::row_scratch<double, space> scratch_;  // the row sums' lanes, the means
-  matrix<double, space> param_lanes_;           // the gamma and beta gradients' lanes
+  matrix<double, space> xhat_;                 // the normalised input, kept for backward
+  matrix<double, space> rstd_;                 // 1 / sqrt(var + eps), rows x 1
+  detail::row_scratch<double, space> scratch_; // the row sums' lanes, the means
+  matrix<double, space> param_lanes_;          // the gamma and beta gradients' lanes
   bool forwarded_ = false;
 };
 

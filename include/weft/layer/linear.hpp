@@ -60,7 +60,8 @@ void assign(const Gemm& g, matrix<T, Space>& dst, matrix_view<const T> src) {
 }
 
 /// The tokens, given a rank's row count, where rows are split evenly over the TP group.
-[[nodiscard]] inline std::size_t check_sequence_split(std::string_view who, std::size_t tokens, int tp) {
+[[nodiscard]] inline std::size_t check_sequence_split(std::string_view who, std::size_t tokens,
+                                                      int tp) {
   const auto p = static_cast<std::size_t>(tp);
   if (tokens % p != 0) {
     throw error(std::string(who) + ": sequence parallelism splits the " + std::to_string(tokens) +
@@ -120,15 +121,16 @@ void add_row_vector(const Gemm& g, matrix_view<T> y, const matrix<T, Space>& b) 
 
 /// db += the column sums of dy (lanes: scratch, row_lanes x dy.cols()).
 template <class Gemm, class T, class Space>
-void accumulate_column_sums(const Gemm& g, matrix_view<const T> dy, matrix<T, Space>& db, matrix<double, Space>& lanes) {
+void accumulate_column_sums(const Gemm& g, matrix_view<const T> dy, matrix<T, Space>& db,
+                            matrix<double, Space>& lanes) {
   reshape(g, lanes, row_lanes, dy.cols());
   sum_rows_by_lanes(g, dy.rows(), dy.cols(), column_sums<T>{dy, db.view(), lanes.view()});
 }
 
 /// A weight initialised by init_normal over the full shape, in the policy's memory.
 template <class Gemm, class T, class Space>
-void init_weight(const Gemm& g, matrix<T, Space>& w, std::size_t fan_in, std::size_t row0, std::size_t col0,
-                 std::uint64_t seed, std::uint64_t tensor_id, double stddev) {
+void init_weight(const Gemm& g, matrix<T, Space>& w, std::size_t fan_in, std::size_t row0,
+                 std::size_t col0, std::uint64_t seed, std::uint64_t tensor_id, double stddev) {
   if constexpr (on_device<Gemm>) {
     matrix<T> host(w.rows(), w.cols());
     init_normal(host.view(), fan_in, row0, col0, seed, tensor_id, stddev);
@@ -166,7 +168,9 @@ public:
     bool forwarded = false;
     [[nodiscard]] std::size_t bytes() const noexcept { return x.size() * sizeof(T); }
   };
-  [[nodiscard]] activations stash() { return {std::exchange(x_, {}), std::exchange(forwarded_, false)}; }
+  [[nodiscard]] activations stash() {
+    return {std::exchange(x_, {}), std::exchange(forwarded_, false)};
+  }
   void restore(activations a) {
     x_ = std::move(a.x);
     forwarded_ = a.forwarded;
@@ -193,8 +197,9 @@ protected:
 
   Gemm gemm_;
   matrix<T, space> w_, dw_, b_, db_;
-  matrix<double, space> db_lanes_;  // the bias gradient's partial sums (sum_rows_by_lanes)
-  matrix<T, space> x_;  // the input (column-parallel under sequence parallelism: gathered), kept for backward
+  matrix<double, space> db_lanes_; // the bias gradient's partial sums (sum_rows_by_lanes)
+  matrix<T, space>
+      x_; // the input (column-parallel under sequence parallelism: gathered), kept for backward
   bool forwarded_ = false;
 };
 
@@ -202,9 +207,11 @@ protected:
 
 template <class T, communicator Comm, class Gemm = cblas, class SP = no_sequence_parallel>
 class column_parallel_linear : public detail::linear_state<T, Gemm> {
-  static_assert(gemm_for<Gemm, T>, "weft: column_parallel_linear: Gemm must be a GEMM policy for T (gemm.hpp)");
+  static_assert(gemm_for<Gemm, T>,
+                "weft: column_parallel_linear: Gemm must be a GEMM policy for T (gemm.hpp)");
   using state = detail::linear_state<T, Gemm>;
-  using state::b_, state::db_, state::db_lanes_, state::dw_, state::forwarded_, state::gemm_, state::w_, state::x_;
+  using state::b_, state::db_, state::db_lanes_, state::dw_, state::forwarded_, state::gemm_,
+      state::w_, state::x_;
   using space = typename state::space;
 
 public:
@@ -215,11 +222,15 @@ public:
     double init_std = 0.02;
   };
 
-  column_parallel_linear(Comm& tp, std::size_t in, std::size_t out, std::uint64_t seed, std::uint64_t tensor_id,
-                         options opt = {}, Gemm gemm = {})
+  column_parallel_linear(Comm& tp, std::size_t in, std::size_t out, std::uint64_t seed,
+                         std::uint64_t tensor_id, options opt = {}, Gemm gemm = {})
       : state(std::move(gemm), split_range(out, tp.size(), tp.rank()).size(), in, opt.bias,
               split_range(out, tp.size(), tp.rank()).size()),
-        tp_(&tp), in_(in), out_(out), opt_(opt), range_(split_range(out, tp.size(), tp.rank())) {
+        tp_(&tp),
+        in_(in),
+        out_(out),
+        opt_(opt),
+        range_(split_range(out, tp.size(), tp.rank())) {
     if (in == 0 || out == 0) throw error("column_parallel_linear: in and out must be positive");
     this->check_stream("column_parallel_linear", tp);
     detail::init_weight(gemm_, w_, in, range_.begin, 0, seed, tensor_id, opt.init_std);
@@ -238,7 +249,8 @@ public:
     static constexpr std::string_view who = "column_parallel_linear::forward";
     if (x.cols() != in_) ::weft::detail::shape_error(who, "x", x.rows(), x.cols(), x.rows(), in_);
     // Every shape is checked before anything kept for backward changes.
-    const std::size_t tokens = SP::enabled ? x.rows() * static_cast<std::size_t>(tp_->size()) : x.rows();
+    const std::size_t tokens =
+        SP::enabled ? x.rows() * static_cast<std::size_t>(tp_->size()) : x.rows();
     expect_shape(who, "y", y, tokens, opt_.gather_output ? out_ : range_.size());
     forwarded_ = false;
     if constexpr (SP::enabled) {
@@ -264,7 +276,8 @@ public:
     for (int r = 0; r < tp_->size(); ++r) {
       const range rr = split_range(out_, tp_->size(), r);
       const auto block = gathered_.view().rows_from(static_cast<std::size_t>(r) * tokens, tokens);
-      detail::copy_view(gemm_, detail::cview(block.cols_from(0, rr.size())), y.cols_from(rr.begin, rr.size()));
+      detail::copy_view(gemm_, detail::cview(block.cols_from(0, rr.size())),
+                        y.cols_from(rr.begin, rr.size()));
     }
   }
 
@@ -274,9 +287,11 @@ public:
     if (!forwarded_) throw error(std::string(who) + ": called before forward");
     const std::size_t tokens = x_.rows();
     expect_shape(who, "dy", dy, tokens, opt_.gather_output ? out_ : range_.size());
-    const std::size_t rows_out = SP::enabled ? tokens / static_cast<std::size_t>(tp_->size()) : tokens;
+    const std::size_t rows_out =
+        SP::enabled ? tokens / static_cast<std::size_t>(tp_->size()) : tokens;
     expect_shape(who, "dx", dx, rows_out, in_);
-    const matrix_view<const T> g = opt_.gather_output ? dy.cols_from(range_.begin, range_.size()) : dy;
+    const matrix_view<const T> g =
+        opt_.gather_output ? dy.cols_from(range_.begin, range_.size()) : dy;
     // dW += dy^T x, db += column sums of dy.
     gemm_(trans::t, trans::n, T{1}, g, detail::cview(x_), T{1}, dw_.view());
     if (opt_.bias) detail::accumulate_column_sums(gemm_, g, db_, db_lanes_);
@@ -292,11 +307,11 @@ public:
 
   [[nodiscard]] std::vector<parameter<T>> parameters() {
     std::vector<parameter<T>> ps;
-    ps.push_back({"weight", w_.view(), dw_.view(), false, false, range_.begin, 0, out_, in_, true, false, home_of(w_),
-                  home_of(dw_)});
+    ps.push_back({"weight", w_.view(), dw_.view(), false, false, range_.begin, 0, out_, in_, true,
+                  false, home_of(w_), home_of(dw_)});
     if (opt_.bias) {
-      ps.push_back({"bias", b_.view(), db_.view(), false, false, 0, range_.begin, 1, out_, false, false, home_of(b_),
-                    home_of(db_)});
+      ps.push_back({"bias", b_.view(), db_.view(), false, false, 0, range_.begin, 1, out_, false,
+                    false, home_of(b_), home_of(db_)});
     }
     return ps;
   }
@@ -312,17 +327,19 @@ private:
   std::size_t out_;
   options opt_;
   range range_;
-  matrix<T, space> dx_;        // dx before its reduction
-  matrix<T, space> part_;      // gather_output: this rank's columns, padded
-  matrix<T, space> gathered_;  // gather_output: every rank's
+  matrix<T, space> dx_;       // dx before its reduction
+  matrix<T, space> part_;     // gather_output: this rank's columns, padded
+  matrix<T, space> gathered_; // gather_output: every rank's
   matrix<T, space> staging_;
 };
 
 template <class T, communicator Comm, class Gemm = cblas, class SP = no_sequence_parallel>
 class row_parallel_linear : public detail::linear_state<T, Gemm> {
-  static_assert(gemm_for<Gemm, T>, "weft: row_parallel_linear: Gemm must be a GEMM policy for T (gemm.hpp)");
+  static_assert(gemm_for<Gemm, T>,
+                "weft: row_parallel_linear: Gemm must be a GEMM policy for T (gemm.hpp)");
   using state = detail::linear_state<T, Gemm>;
-  using state::b_, state::db_, state::db_lanes_, state::dw_, state::forwarded_, state::gemm_, state::w_, state::x_;
+  using state::b_, state::db_, state::db_lanes_, state::dw_, state::forwarded_, state::gemm_,
+      state::w_, state::x_;
   using space = typename state::space;
 
 public:
@@ -332,10 +349,14 @@ public:
     double init_std = 0.02;
   };
 
-  row_parallel_linear(Comm& tp, std::size_t in, std::size_t out, std::uint64_t seed, std::uint64_t tensor_id,
-                      options opt = {}, Gemm gemm = {})
-      : state(std::move(gemm), out, split_range(in, tp.size(), tp.rank()).size(), opt.bias, out), tp_(&tp), in_(in),
-        out_(out), opt_(opt), range_(split_range(in, tp.size(), tp.rank())) {
+  row_parallel_linear(Comm& tp, std::size_t in, std::size_t out, std::uint64_t seed,
+                      std::uint64_t tensor_id, options opt = {}, Gemm gemm = {})
+      : state(std::move(gemm), out, split_range(in, tp.size(), tp.rank()).size(), opt.bias, out),
+        tp_(&tp),
+        in_(in),
+        out_(out),
+        opt_(opt),
+        range_(split_range(in, tp.size(), tp.rank())) {
     if (in == 0 || out == 0) throw error("row_parallel_linear: in and out must be positive");
     this->check_stream("row_parallel_linear", tp);
     detail::init_weight(gemm_, w_, in, 0, range_.begin, seed, tensor_id, opt.init_std);
@@ -352,9 +373,11 @@ public:
   /// rank's tokens / tp rows of it); the bias is added after the reduction.
   void forward(matrix_view<const T> x, matrix_view<T> y) {
     static constexpr std::string_view who = "row_parallel_linear::forward";
-    if (x.cols() != range_.size()) ::weft::detail::shape_error(who, "x", x.rows(), x.cols(), x.rows(), range_.size());
+    if (x.cols() != range_.size())
+      ::weft::detail::shape_error(who, "x", x.rows(), x.cols(), x.rows(), range_.size());
     const std::size_t tokens = x.rows();
-    const std::size_t rows_out = SP::enabled ? detail::check_sequence_split(who, tokens, tp_->size()) : tokens;
+    const std::size_t rows_out =
+        SP::enabled ? detail::check_sequence_split(who, tokens, tp_->size()) : tokens;
     expect_shape(who, "y", y, rows_out, out_);
     forwarded_ = false;
     detail::assign(gemm_, x_, x);
@@ -374,10 +397,12 @@ public:
     static constexpr std::string_view who = "row_parallel_linear::backward";
     if (!forwarded_) throw error(std::string(who) + ": called before forward");
     const std::size_t tokens = x_.rows();
-    const std::size_t rows_in = SP::enabled ? tokens / static_cast<std::size_t>(tp_->size()) : tokens;
+    const std::size_t rows_in =
+        SP::enabled ? tokens / static_cast<std::size_t>(tp_->size()) : tokens;
     expect_shape(who, "dy", dy, rows_in, out_);
     expect_shape(who, "dx", dx, tokens, range_.size());
-    if (opt_.bias) detail::accumulate_column_sums(gemm_, dy, db_, db_lanes_);  // SP: this rank's rows only
+    if (opt_.bias)
+      detail::accumulate_column_sums(gemm_, dy, db_, db_lanes_); // SP: this rank's rows only
     matrix_view<const T> g = dy;
     if constexpr (SP::enabled) {
       detail::gather_rows(gemm_, *tp_, dy, dy_, staging_);
@@ -389,11 +414,11 @@ public:
 
   [[nodiscard]] std::vector<parameter<T>> parameters() {
     std::vector<parameter<T>> ps;
-    ps.push_back({"weight", w_.view(), dw_.view(), false, false, 0, range_.begin, out_, in_, true, false, home_of(w_),
-                  home_of(dw_)});
+    ps.push_back({"weight", w_.view(), dw_.view(), false, false, 0, range_.begin, out_, in_, true,
+                  false, home_of(w_), home_of(dw_)});
     if (opt_.bias) {
-      ps.push_back({"bias", b_.view(), db_.view(), true, SP::enabled, 0, 0, 1, out_, false, false, home_of(b_),
-                    home_of(db_)});
+      ps.push_back({"bias", b_.view(), db_.view(), true, SP::enabled, 0, 0, 1, out_, false, false,
+                    home_of(b_), home_of(db_)});
     }
     return ps;
   }
@@ -404,8 +429,8 @@ private:
   std::size_t out_;
   options opt_;
   range range_;
-  matrix<T, space> part_;  // x W^T before its reduction
-  matrix<T, space> dy_;    // sequence_parallel: the gathered dy
+  matrix<T, space> part_; // x W^T before its reduction
+  matrix<T, space> dy_;   // sequence_parallel: the gathered dy
   matrix<T, space> staging_;
 };
 

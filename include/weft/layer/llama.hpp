@@ -44,11 +44,12 @@ struct llama_config {
   std::size_t vocab = 0;
   std::size_t hidden = 0;
   std::size_t heads = 0;
-  std::size_t kv_heads = 0;  // 0: as many as heads
-  std::size_t ffn = 0;       // the SwiGLU width; 0: Llama's rule, 2/3 of 4 hidden rounded up to a multiple of 256
+  std::size_t kv_heads = 0; // 0: as many as heads
+  std::size_t ffn =
+      0; // the SwiGLU width; 0: Llama's rule, 2/3 of 4 hidden rounded up to a multiple of 256
   std::size_t seq = 0;
   std::size_t layers = 0;
-  double rope_theta = 10000;  // Llama 2; Llama 3 uses 500000
+  double rope_theta = 10000; // Llama 2; Llama 3 uses 500000
   double norm_eps = 1e-5;
   double init_std = 0.02;
   bool tie_embeddings = false;
@@ -75,7 +76,8 @@ public:
   [[nodiscard]] std::vector<parameter<T>> parameters() {
     std::vector<parameter<T>> ps;
     append_parameters(ps, "wte.", tokens_.parameters());
-    for (auto& p : ps) p.decay = decay_;
+    for (auto& p : ps)
+      p.decay = decay_;
     return ps;
   }
   void zero_grad() { tokens_.zero_grad(); }
@@ -92,15 +94,17 @@ private:
 
 /// Block `layer` of a Llama: RMSNorms, grouped-query rotary attention without biases, SwiGLU.
 template <class T, communicator Comm, class Gemm, class SP, class Recompute>
-class llama_block : public basic_transformer_block<T, Comm, Gemm, SP, Recompute, rms_norm<T, SP, Gemm>,
-                                                   parallel_swiglu_mlp<T, Comm, Gemm, SP>> {
+class llama_block
+    : public basic_transformer_block<T, Comm, Gemm, SP, Recompute, rms_norm<T, SP, Gemm>,
+                                     parallel_swiglu_mlp<T, Comm, Gemm, SP>> {
   using base = basic_transformer_block<T, Comm, Gemm, SP, Recompute, rms_norm<T, SP, Gemm>,
                                        parallel_swiglu_mlp<T, Comm, Gemm, SP>>;
 
 public:
   static constexpr std::uint64_t tensor_ids = 8;
 
-  llama_block(Comm& tp, const llama_config& c, std::size_t layer, std::uint64_t seed, Gemm gemm = {})
+  llama_block(Comm& tp, const llama_config& c, std::size_t layer, std::uint64_t seed,
+              Gemm gemm = {})
       : base(tp, block_shape{c.hidden, c.heads, c.ffn_size(), c.seq}, seed, 1 + tensor_ids * layer,
              block_options{.init_std = c.init_std,
                            .out_init_std = detail::residual_init_std(c.init_std, c.layers),
@@ -121,7 +125,10 @@ public:
             tp,
             {.hidden = c.hidden,
              .vocab = c.vocab,
-             .tensor_id = c.tie_embeddings ? 0 : 1 + llama_block<T, Comm, Gemm, SP, recompute::none>::tensor_ids * c.layers,
+             .tensor_id =
+                 c.tie_embeddings
+                     ? 0
+                     : 1 + llama_block<T, Comm, Gemm, SP, recompute::none>::tensor_ids * c.layers,
              .init_std = c.init_std,
              .norm_eps = c.norm_eps,
              .ignore_index = c.ignore_index,
@@ -157,7 +164,8 @@ struct llama_model {
     if (part == "ln2.weight") return {h + "post_attention_layernorm.weight"};
     for (const char* p : {"q", "k", "v", "o"}) {
       for (const char* w : {"weight", "bias"}) {
-        if (part == std::string("attention.") + p + "." + w) return {h + "self_attn." + p + "_proj." + w};
+        if (part == std::string("attention.") + p + "." + w)
+          return {h + "self_attn." + p + "_proj." + w};
       }
     }
     for (const char* p : {"gate", "up", "down"}) {

@@ -33,11 +33,12 @@ namespace weft::layer {
 struct lm_head_options {
   std::size_t hidden = 0;
   std::size_t vocab = 0;
-  std::uint64_t tensor_id = 0;  // the output layer's (init.hpp)
+  std::uint64_t tensor_id = 0; // the output layer's (init.hpp)
   double init_std = 0.02;
   double norm_eps = 1e-5;
   std::int32_t ignore_index = -100;
-  bool output_decay = true;  // whether weight decay applies to the output layer (a tied one: as the table)
+  bool output_decay =
+      true; // whether weight decay applies to the output layer (a tied one: as the table)
 };
 
 template <class T, communicator Comm, class Gemm, class SP, class Norm>
@@ -47,8 +48,12 @@ public:
   using output_type = column_parallel_linear<T, Comm, Gemm, SP>;
 
   lm_head(Comm& tp, lm_head_options opt, std::uint64_t seed, Gemm gemm = {})
-      : gemm_(gemm), hidden_(opt.hidden), output_decay_(opt.output_decay), norm_(opt.hidden, opt.norm_eps, gemm),
-        output_(tp, opt.hidden, opt.vocab, seed, opt.tensor_id, {.bias = false, .init_std = opt.init_std}, gemm),
+      : gemm_(gemm),
+        hidden_(opt.hidden),
+        output_decay_(opt.output_decay),
+        norm_(opt.hidden, opt.norm_eps, gemm),
+        output_(tp, opt.hidden, opt.vocab, seed, opt.tensor_id,
+                {.bias = false, .init_std = opt.init_std}, gemm),
         loss_(tp, opt.vocab, gemm, opt.ignore_index) {}
 
   /// x: rows x hidden; targets: the microbatch's tokens' targets. Keeps what backward needs.
@@ -71,7 +76,8 @@ public:
 
   [[nodiscard]] std::vector<parameter<T>> parameters() {
     std::vector<parameter<T>> ps;
-    for (auto& p : norm_.parameters()) ps.push_back(renamed("norm.", std::move(p)));
+    for (auto& p : norm_.parameters())
+      ps.push_back(renamed("norm.", std::move(p)));
     for (auto& p : output_.parameters()) {
       p.decay = p.decay && output_decay_;
       ps.push_back(renamed("output.", std::move(p)));

@@ -36,44 +36,56 @@ public:
   using value_type = std::remove_const_t<T>;
 
   constexpr matrix_view() = default;
-  WEFT_HOST_DEVICE constexpr matrix_view(T* data, std::size_t rows, std::size_t cols, std::size_t ld)
+  WEFT_HOST_DEVICE constexpr matrix_view(T* data, std::size_t rows, std::size_t cols,
+                                         std::size_t ld)
       : data_(data), rows_(rows), cols_(cols), ld_(ld) {}
   WEFT_HOST_DEVICE constexpr matrix_view(T* data, std::size_t rows, std::size_t cols)
       : matrix_view(data, rows, cols, cols) {}
 
   /// A mutable view converts to a const one.
   template <class U>
-    requires(std::is_const_v<T> && std::same_as<const U, T>)
-  WEFT_HOST_DEVICE constexpr matrix_view(matrix_view<U> v) : matrix_view(v.data(), v.rows(), v.cols(), v.ld()) {}
+  requires(std::is_const_v<T>&& std::same_as<const U, T>)
+      WEFT_HOST_DEVICE constexpr matrix_view(matrix_view<U> v)
+      : matrix_view(v.data(), v.rows(), v.cols(), v.ld()) {}
 
   [[nodiscard]] WEFT_HOST_DEVICE constexpr T* data() const noexcept { return data_; }
   [[nodiscard]] WEFT_HOST_DEVICE constexpr std::size_t rows() const noexcept { return rows_; }
   [[nodiscard]] WEFT_HOST_DEVICE constexpr std::size_t cols() const noexcept { return cols_; }
   [[nodiscard]] WEFT_HOST_DEVICE constexpr std::size_t ld() const noexcept { return ld_; }
-  [[nodiscard]] WEFT_HOST_DEVICE constexpr std::size_t size() const noexcept { return rows_ * cols_; }
-  [[nodiscard]] WEFT_HOST_DEVICE constexpr bool contiguous() const noexcept { return ld_ == cols_ || rows_ <= 1; }
+  [[nodiscard]] WEFT_HOST_DEVICE constexpr std::size_t size() const noexcept {
+    return rows_ * cols_;
+  }
+  [[nodiscard]] WEFT_HOST_DEVICE constexpr bool contiguous() const noexcept {
+    return ld_ == cols_ || rows_ <= 1;
+  }
 
-  [[nodiscard]] WEFT_HOST_DEVICE constexpr T& operator()(std::size_t r, std::size_t c) const noexcept {
+  [[nodiscard]] WEFT_HOST_DEVICE constexpr T& operator()(std::size_t r,
+                                                         std::size_t c) const noexcept {
     return data_[r * ld_ + c];
   }
   /// Row r as a span (host memory only, if it is to be read).
-  [[nodiscard]] constexpr std::span<T> row(std::size_t r) const noexcept { return {data_ + r * ld_, cols_}; }
+  [[nodiscard]] constexpr std::span<T> row(std::size_t r) const noexcept {
+    return {data_ + r * ld_, cols_};
+  }
   /// All elements as one span; the view must be contiguous.
   [[nodiscard]] std::span<T> flat() const {
-    if (!contiguous()) throw error("matrix_view::flat: the view is not contiguous (ld " + std::to_string(ld_) +
-                                   " > cols " + std::to_string(cols_) + ")");
+    if (!contiguous())
+      throw error("matrix_view::flat: the view is not contiguous (ld " + std::to_string(ld_) +
+                  " > cols " + std::to_string(cols_) + ")");
     return {data_, size()};
   }
 
   /// Rows [first, first + count) / columns [first, first + count), as views into the same memory.
   [[nodiscard]] matrix_view rows_from(std::size_t first, std::size_t count) const {
-    if (first + count > rows_) throw error("matrix_view::rows_from: rows [" + std::to_string(first) + ", " +
-                                           std::to_string(first + count) + ") of " + std::to_string(rows_));
+    if (first + count > rows_)
+      throw error("matrix_view::rows_from: rows [" + std::to_string(first) + ", " +
+                  std::to_string(first + count) + ") of " + std::to_string(rows_));
     return {at(first * ld_), count, cols_, ld_};
   }
   [[nodiscard]] matrix_view cols_from(std::size_t first, std::size_t count) const {
-    if (first + count > cols_) throw error("matrix_view::cols_from: columns [" + std::to_string(first) + ", " +
-                                           std::to_string(first + count) + ") of " + std::to_string(cols_));
+    if (first + count > cols_)
+      throw error("matrix_view::cols_from: columns [" + std::to_string(first) + ", " +
+                  std::to_string(first + count) + ") of " + std::to_string(cols_));
     return {at(first), rows_, count, ld_};
   }
   /// The same shape `offset` elements further on (an empty matrix's null data stays null: C++
@@ -108,7 +120,7 @@ namespace detail {
 /// this thread's host_matrix_bytes at its tally while it builds and runs its layers, and every
 /// host matrix allocated meanwhile is charged to it until freed (from any thread), also after
 /// it moves. A stash moved out of the layers can be taken off (take) and put back (give).
-struct byte_tally {  // held by shared_ptr: a matrix may outlive the trainer that charged it
+struct byte_tally { // held by shared_ptr: a matrix may outlive the trainer that charged it
   std::atomic<std::int64_t> current{0};
   std::atomic<std::int64_t> peak{0};
   void give(std::int64_t n) noexcept {
@@ -126,7 +138,8 @@ inline thread_local std::shared_ptr<byte_tally> host_matrix_bytes = nullptr;
 /// Makes `t` this thread's tally while in scope (the previous one after).
 class tally_scope {
 public:
-  explicit tally_scope(std::shared_ptr<byte_tally> t) noexcept : previous_(std::exchange(host_matrix_bytes, std::move(t))) {}
+  explicit tally_scope(std::shared_ptr<byte_tally> t) noexcept
+      : previous_(std::exchange(host_matrix_bytes, std::move(t))) {}
   tally_scope(const tally_scope&) = delete;
   tally_scope& operator=(const tally_scope&) = delete;
   ~tally_scope() { host_matrix_bytes = std::move(previous_); }
@@ -148,7 +161,7 @@ struct tallied_allocator {
 
   tallied_allocator() noexcept = default;
   template <class U>
-  tallied_allocator(const tallied_allocator<U>& o) noexcept : tally(o.tally) {}  // NOLINT: rebinding
+  tallied_allocator(const tallied_allocator<U>& o) noexcept : tally(o.tally) {} // NOLINT: rebinding
   [[nodiscard]] T* allocate(std::size_t n) {
     T* p = std::allocator<T>{}.allocate(n);
     if (tally != nullptr) tally->give(static_cast<std::int64_t>(n * sizeof(T)));
@@ -159,7 +172,9 @@ struct tallied_allocator {
     std::allocator<T>{}.deallocate(p, n);
   }
   /// A copied matrix is charged where it is copied.
-  [[nodiscard]] tallied_allocator select_on_container_copy_construction() const noexcept { return {}; }
+  [[nodiscard]] tallied_allocator select_on_container_copy_construction() const noexcept {
+    return {};
+  }
   template <class U>
   friend bool operator==(const tallied_allocator& a, const tallied_allocator<U>& b) noexcept {
     return a.tally == b.tally;
@@ -192,8 +207,11 @@ public:
     ptr_ = data_.data();
   }
   matrix(matrix&& other) noexcept
-      : rows_(std::exchange(other.rows_, 0)), cols_(std::exchange(other.cols_, 0)), data_(std::move(other.data_)),
-        ptr_(std::exchange(other.ptr_, nullptr)), bound_(std::exchange(other.bound_, false)) {}
+      : rows_(std::exchange(other.rows_, 0)),
+        cols_(std::exchange(other.cols_, 0)),
+        data_(std::move(other.data_)),
+        ptr_(std::exchange(other.ptr_, nullptr)),
+        bound_(std::exchange(other.bound_, false)) {}
   matrix& operator=(const matrix& other) {
     if (this != &other) *this = matrix(other);
     return *this;
@@ -219,20 +237,23 @@ public:
   [[nodiscard]] std::span<const T> flat() const noexcept { return {ptr_, size()}; }
 
   [[nodiscard]] T& operator()(std::size_t r, std::size_t c) noexcept { return ptr_[r * cols_ + c]; }
-  [[nodiscard]] const T& operator()(std::size_t r, std::size_t c) const noexcept { return ptr_[r * cols_ + c]; }
+  [[nodiscard]] const T& operator()(std::size_t r, std::size_t c) const noexcept {
+    return ptr_[r * cols_ + c];
+  }
 
   [[nodiscard]] matrix_view<T> view() noexcept { return {ptr_, rows_, cols_, cols_}; }
   [[nodiscard]] matrix_view<const T> view() const noexcept { return {ptr_, rows_, cols_, cols_}; }
-  operator matrix_view<T>() noexcept { return view(); }                   // NOLINT: views are cheap
-  operator matrix_view<const T>() const noexcept { return view(); }       // NOLINT
+  operator matrix_view<T>() noexcept { return view(); }             // NOLINT: views are cheap
+  operator matrix_view<const T>() const noexcept { return view(); } // NOLINT
 
   /// Reshape to rows x cols, zero-filled; keeps the allocation where it is large enough. Not for
   /// a bound matrix (bind): its memory is someone else's.
   void resize(std::size_t rows, std::size_t cols) {
     if (bound_) {
-      throw error("matrix::resize: the matrix is bound to memory it does not own (a trainer's buffer); a " +
-                  std::to_string(rows_) + " x " + std::to_string(cols_) + " matrix cannot become " +
-                  std::to_string(rows) + " x " + std::to_string(cols));
+      throw error(
+          "matrix::resize: the matrix is bound to memory it does not own (a trainer's buffer); a " +
+          std::to_string(rows_) + " x " + std::to_string(cols_) + " matrix cannot become " +
+          std::to_string(rows) + " x " + std::to_string(cols));
     }
     rows_ = rows;
     cols_ = cols;
@@ -241,7 +262,8 @@ public:
     bound_ = false;
   }
   void fill(T v) {
-    if (ptr_ == nullptr && size() != 0) throw error("matrix::fill: the matrix is bound to no memory (bind(nullptr))");
+    if (ptr_ == nullptr && size() != 0)
+      throw error("matrix::fill: the matrix is bound to no memory (bind(nullptr))");
     std::fill_n(ptr_, size(), v);
   }
 
@@ -260,17 +282,19 @@ public:
 private:
   std::size_t rows_ = 0;
   std::size_t cols_ = 0;
-  std::vector<T, detail::tallied_allocator<T>> data_;  // charged to the thread's tally where made
-  T* ptr_ = nullptr;  // data_.data(), or the memory bind() was given
+  std::vector<T, detail::tallied_allocator<T>> data_; // charged to the thread's tally where made
+  T* ptr_ = nullptr; // data_.data(), or the memory bind() was given
   bool bound_ = false;
 };
 
 namespace detail {
 
-[[noreturn]] WEFT_COLD inline void shape_error(std::string_view where, std::string_view what, std::size_t got_r,
-                                               std::size_t got_c, std::size_t want_r, std::size_t want_c) {
-  throw error(std::string(where) + ": " + std::string(what) + " is " + std::to_string(got_r) + " x " +
-              std::to_string(got_c) + ", expected " + std::to_string(want_r) + " x " + std::to_string(want_c));
+[[noreturn]] WEFT_COLD inline void shape_error(std::string_view where, std::string_view what,
+                                               std::size_t got_r, std::size_t got_c,
+                                               std::size_t want_r, std::size_t want_c) {
+  throw error(std::string(where) + ": " + std::string(what) + " is " + std::to_string(got_r) +
+              " x " + std::to_string(got_c) + ", expected " + std::to_string(want_r) + " x " +
+              std::to_string(want_c));
 }
 
 } // namespace detail
@@ -281,25 +305,28 @@ namespace detail {
 template <class T, class U>
 void copy_to_flat(matrix_view<T> v, std::span<U> out) {
   if (out.size() != v.size()) {
-    throw error("copy_to_flat: a " + std::to_string(v.rows()) + " x " + std::to_string(v.cols()) + " view into " +
-                std::to_string(out.size()) + " elements");
+    throw error("copy_to_flat: a " + std::to_string(v.rows()) + " x " + std::to_string(v.cols()) +
+                " view into " + std::to_string(out.size()) + " elements");
   }
-  for (std::size_t r = 0; r < v.rows(); ++r) std::copy_n(v.row(r).begin(), v.cols(), out.begin() + r * v.cols());
+  for (std::size_t r = 0; r < v.rows(); ++r)
+    std::copy_n(v.row(r).begin(), v.cols(), out.begin() + r * v.cols());
 }
 template <class T, class U>
 void copy_from_flat(std::span<U> in, matrix_view<T> v) {
   if (in.size() != v.size()) {
-    throw error("copy_from_flat: " + std::to_string(in.size()) + " elements into a " + std::to_string(v.rows()) +
-                " x " + std::to_string(v.cols()) + " view");
+    throw error("copy_from_flat: " + std::to_string(in.size()) + " elements into a " +
+                std::to_string(v.rows()) + " x " + std::to_string(v.cols()) + " view");
   }
-  for (std::size_t r = 0; r < v.rows(); ++r) std::copy_n(in.begin() + r * v.cols(), v.cols(), v.row(r).begin());
+  for (std::size_t r = 0; r < v.rows(); ++r)
+    std::copy_n(in.begin() + r * v.cols(), v.cols(), v.row(r).begin());
 }
 
 /// Throws weft::error naming `where` and `what` unless v is rows x cols.
 template <class T>
 void expect_shape(std::string_view where, std::string_view what, matrix_view<T> v, std::size_t rows,
                   std::size_t cols) {
-  if (v.rows() != rows || v.cols() != cols) detail::shape_error(where, what, v.rows(), v.cols(), rows, cols);
+  if (v.rows() != rows || v.cols() != cols)
+    detail::shape_error(where, what, v.rows(), v.cols(), rows, cols);
 }
 
 } // namespace weft

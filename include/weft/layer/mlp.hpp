@@ -27,7 +27,7 @@ class parallel_mlp {
 public:
   using column_type = column_parallel_linear<T, Comm, Gemm, SP>;
   using row_type = row_parallel_linear<T, Comm, Gemm, SP>;
-  using space = space_of<Gemm>;  // where the weights and activations live
+  using space = space_of<Gemm>; // where the weights and activations live
 
   /// Initialisation: fc1's weight N(0, init_std^2), fc2's N(0, out_init_std^2) (a model scales
   /// a residual branch's output projection down with its depth); biases 0.
@@ -36,19 +36,24 @@ public:
     double out_init_std = 0.02;
   };
 
-  parallel_mlp(Comm& tp, std::size_t hidden, std::size_t ffn, std::uint64_t seed, std::uint64_t tensor_id,
-               Gemm gemm = {})
+  parallel_mlp(Comm& tp, std::size_t hidden, std::size_t ffn, std::uint64_t seed,
+               std::uint64_t tensor_id, Gemm gemm = {})
       : parallel_mlp(tp, hidden, ffn, seed, tensor_id, options{}, gemm) {}
-  parallel_mlp(Comm& tp, std::size_t hidden, std::size_t ffn, std::uint64_t seed, std::uint64_t tensor_id,
-               options opt, Gemm gemm = {})
-      : tp_(&tp), hidden_(hidden), gemm_(gemm),
+  parallel_mlp(Comm& tp, std::size_t hidden, std::size_t ffn, std::uint64_t seed,
+               std::uint64_t tensor_id, options opt, Gemm gemm = {})
+      : tp_(&tp),
+        hidden_(hidden),
+        gemm_(gemm),
         fc1_(tp, hidden, ffn, seed, tensor_id, {.init_std = opt.init_std}, gemm),
         fc2_(tp, ffn, hidden, seed, tensor_id + 1, {.init_std = opt.out_init_std}, gemm) {}
 
   void forward(matrix_view<const T> x, matrix_view<T> y) {
-    if (x.cols() != hidden_) ::weft::detail::shape_error("parallel_mlp::forward", "x", x.rows(), x.cols(), x.rows(), hidden_);
-    expect_shape("parallel_mlp::forward", "y", y, x.rows(), hidden_);  // before fc1 keeps anything
-    const std::size_t tokens = SP::enabled ? x.rows() * static_cast<std::size_t>(tp_->size()) : x.rows();
+    if (x.cols() != hidden_)
+      ::weft::detail::shape_error("parallel_mlp::forward", "x", x.rows(), x.cols(), x.rows(),
+                                  hidden_);
+    expect_shape("parallel_mlp::forward", "y", y, x.rows(), hidden_); // before fc1 keeps anything
+    const std::size_t tokens =
+        SP::enabled ? x.rows() * static_cast<std::size_t>(tp_->size()) : x.rows();
     detail::resize(gemm_, h_, tokens, fc1_.out_local());
     detail::resize(gemm_, a_, tokens, fc1_.out_local());
     fc1_.forward(x, h_.view());
@@ -83,7 +88,8 @@ public:
 
   /// Bytes held from forward for backward (both layers' inputs, fc1's output, scratch); release() frees them.
   [[nodiscard]] std::size_t saved_bytes() const noexcept {
-    return fc1_.saved_bytes() + fc2_.saved_bytes() + (h_.size() + a_.size() + da_.size()) * sizeof(T);
+    return fc1_.saved_bytes() + fc2_.saved_bytes() +
+           (h_.size() + a_.size() + da_.size()) * sizeof(T);
   }
   void release() {
     fc1_.release();
@@ -98,7 +104,9 @@ public:
     typename column_type::activations fc1;
     typename row_type::activations fc2;
     matrix<T, space> h;
-    [[nodiscard]] std::size_t bytes() const noexcept { return fc1.bytes() + fc2.bytes() + h.size() * sizeof(T); }
+    [[nodiscard]] std::size_t bytes() const noexcept {
+      return fc1.bytes() + fc2.bytes() + h.size() * sizeof(T);
+    }
   };
   [[nodiscard]] activations stash() { return {fc1_.stash(), fc2_.stash(), std::exchange(h_, {})}; }
   void restore(activations a) {
@@ -116,7 +124,8 @@ private:
   Gemm gemm_;
   column_type fc1_;
   row_type fc2_;
-  matrix<T, space> h_, a_, da_;  // fc1's output (kept for GELU's backward), GELU's output, its gradient
+  matrix<T, space> h_, a_,
+      da_; // fc1's output (kept for GELU's backward), GELU's output, its gradient
 };
 
 } // namespace weft::layer

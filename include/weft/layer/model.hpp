@@ -81,29 +81,31 @@ concept has_parameters = requires(P& p) {
 };
 
 template <class E, class T, class Comm, class Gemm, class Config>
-concept embedding_stage =
-    std::constructible_from<E, Comm&, const Config&, std::uint64_t, Gemm> && has_parameters<E, T> &&
+concept embedding_stage = std::constructible_from<E, Comm&, const Config&, std::uint64_t, Gemm> &&
+    has_parameters<E, T> &&
     requires(E& e, std::span<const std::int32_t> ids, matrix_view<T> y, matrix_view<const T> dy) {
-      e.forward(ids, y);
-      e.backward(dy);
-    };
+  e.forward(ids, y);
+  e.backward(dy);
+};
 
 template <class B, class T, class Comm, class Gemm, class Config>
-concept block_stage = std::constructible_from<B, Comm&, const Config&, std::size_t, std::uint64_t, Gemm> &&
-                      has_parameters<B, T> && requires(B& b, matrix_view<const T> x, matrix_view<T> y) {
-                        b.forward(x, y);
-                        b.backward(x, y);
-                      };
+concept block_stage =
+    std::constructible_from<B, Comm&, const Config&, std::size_t, std::uint64_t, Gemm> &&
+    has_parameters<B, T> && requires(B& b, matrix_view<const T> x, matrix_view<T> y) {
+  b.forward(x, y);
+  b.backward(x, y);
+};
 
 template <class H, class T, class Comm, class Gemm, class Config>
 concept head_stage = std::constructible_from<H, Comm&, const Config&, std::uint64_t, Gemm> &&
-                     requires(H& h, matrix_view<const T> x, std::span<const std::int32_t> targets, matrix_view<T> dx) {
-                       { h.forward(x, targets, 1.0) } -> std::convertible_to<double>;
-                       h.backward(dx);
-                       { h.parameters() } -> std::same_as<std::vector<parameter<T>>>;
-                       h.zero_grad();
-                       { h.ignore_index() } -> std::convertible_to<std::int32_t>;
-                     };
+    requires(H& h, matrix_view<const T> x, std::span<const std::int32_t> targets,
+             matrix_view<T> dx) {
+  { h.forward(x, targets, 1.0) } -> std::convertible_to<double>;
+  h.backward(dx);
+  { h.parameters() } -> std::same_as<std::vector<parameter<T>>>;
+  h.zero_grad();
+  { h.ignore_index() } -> std::convertible_to<std::int32_t>;
+};
 
 template <class M, class T, class Comm, class Gemm, class SP, class Recompute>
 concept has_parts = requires {
@@ -140,16 +142,25 @@ constexpr int model_defect() {
 template <class M, class T, class Comm, class Gemm, class SP, class Recompute>
 struct model_check {
   static constexpr int defect = model_defect<M, T, Comm, Gemm, SP, Recompute>();
-  static_assert(defect != 1, "weft: a model names its configuration: using config = ... (weft/layer/model.hpp)");
-  static_assert(defect != 2, "weft: a model's config has vocab, hidden, seq and layers (weft/layer/model.hpp)");
-  static_assert(defect != 3, "weft: a model has template <class T, communicator Comm, class Gemm, class SP, class "
-                             "Recompute> struct parts with the types embedding, block and head (weft/layer/model.hpp)");
-  static_assert(defect != 4, "weft: a model's embedding is made as embedding(tp, config, seed, gemm) and has "
-                             "forward(ids, y), backward(dy), parameters(), zero_grad(), stash() and restore()");
-  static_assert(defect != 5, "weft: a model's block is made as block(tp, config, layer, seed, gemm) and has "
-                             "forward(x, y), backward(dy, dx), parameters(), zero_grad(), stash() and restore()");
-  static_assert(defect != 6, "weft: a model's head is made as head(tp, config, seed, gemm) and has double "
-                             "forward(x, targets, divisor), backward(dx), parameters(), zero_grad() and ignore_index()");
+  static_assert(defect != 1,
+                "weft: a model names its configuration: using config = ... (weft/layer/model.hpp)");
+  static_assert(defect != 2,
+                "weft: a model's config has vocab, hidden, seq and layers (weft/layer/model.hpp)");
+  static_assert(
+      defect != 3,
+      "weft: a model has template <class T, communicator Comm, class Gemm, class SP, class "
+      "Recompute> struct parts with the types embedding, block and head (weft/layer/model.hpp)");
+  static_assert(defect != 4,
+                "weft: a model's embedding is made as embedding(tp, config, seed, gemm) and has "
+                "forward(ids, y), backward(dy), parameters(), zero_grad(), stash() and restore()");
+  static_assert(
+      defect != 5,
+      "weft: a model's block is made as block(tp, config, layer, seed, gemm) and has "
+      "forward(x, y), backward(dy, dx), parameters(), zero_grad(), stash() and restore()");
+  static_assert(
+      defect != 6,
+      "weft: a model's head is made as head(tp, config, seed, gemm) and has double "
+      "forward(x, targets, divisor), backward(dx), parameters(), zero_grad() and ignore_index()");
   static constexpr bool value = defect == 0;
 };
 
@@ -160,7 +171,7 @@ struct config_of {
   using type = none;
 };
 template <class M>
-  requires requires { typename M::config; }
+requires requires { typename M::config; }
 struct config_of<M> {
   using type = typename M::config;
 };
@@ -170,12 +181,15 @@ struct config_of<M> {
 /// A model weft can train with these element, communicator, GEMM, sequence-parallel and
 /// recompute types (see the header comment).
 template <class M, class T, class Comm, class Gemm, class SP, class Recompute>
-concept model = detail::model_defect<M, T, Comm, Gemm, SP, Recompute>() == 0;
+concept model = detail::model_defect<M, T, Comm, Gemm, SP, Recompute>()
+== 0;
 
 /// Whether the model's embedding table and output layer are one matrix.
 template <class M>
 [[nodiscard]] constexpr bool tied(const typename M::config& c) {
-  if constexpr (requires { { M::tied(c) } -> std::convertible_to<bool>; }) {
+  if constexpr (requires {
+                  { M::tied(c) } -> std::convertible_to<bool>;
+                }) {
     return M::tied(c);
   } else {
     return false;
@@ -186,15 +200,16 @@ template <class M>
 template <detail::model_config C>
 void check_model_config(const C& c, const std::string& who) {
   if (c.vocab == 0 || c.hidden == 0 || c.seq == 0 || c.layers == 0) {
-    throw error(who + ": the model needs a positive vocab, hidden, seq and layers (got vocab " + std::to_string(c.vocab) +
-                ", hidden " + std::to_string(c.hidden) + ", seq " + std::to_string(c.seq) + ", layers " +
-                std::to_string(c.layers) + ")");
+    throw error(who + ": the model needs a positive vocab, hidden, seq and layers (got vocab " +
+                std::to_string(c.vocab) + ", hidden " + std::to_string(c.hidden) + ", seq " +
+                std::to_string(c.seq) + ", layers " + std::to_string(c.layers) + ")");
   }
 }
 
 /// Prefixes every parameter's name and appends it to `to`.
 template <class T>
-void append_parameters(std::vector<parameter<T>>& to, const std::string& prefix, std::vector<parameter<T>> from) {
+void append_parameters(std::vector<parameter<T>>& to, const std::string& prefix,
+                       std::vector<parameter<T>> from) {
   for (auto& p : from) {
     p.name = prefix + p.name;
     to.push_back(std::move(p));
@@ -225,10 +240,14 @@ public:
   using space = space_of<Gemm>;
 
   sequential(Comm& tp, config_type config, std::uint64_t seed, Gemm gemm = {})
-      : tp_(&tp), config_((check_model_config(config, "sequential"), std::move(config))), gemm_(gemm),
-        embedding_(tp, config_, seed, gemm), head_(tp, config_, seed, gemm) {
+      : tp_(&tp),
+        config_((check_model_config(config, "sequential"), std::move(config))),
+        gemm_(gemm),
+        embedding_(tp, config_, seed, gemm),
+        head_(tp, config_, seed, gemm) {
     blocks_.reserve(config_.layers);
-    for (std::size_t l = 0; l < config_.layers; ++l) blocks_.emplace_back(tp, config_, l, seed, gemm);
+    for (std::size_t l = 0; l < config_.layers; ++l)
+      blocks_.emplace_back(tp, config_, l, seed, gemm);
     if (tied<Model>(config_)) copy_tied_weight();
   }
 
@@ -237,14 +256,18 @@ public:
 
   /// The counted targets' summed loss over `divisor` (0: their number, the mean) for `ids`
   /// (batch * seq tokens) predicting `targets`.
-  double forward(std::span<const std::int32_t> ids, std::span<const std::int32_t> targets, double divisor = 0) {
+  double forward(std::span<const std::int32_t> ids, std::span<const std::int32_t> targets,
+                 double divisor = 0) {
     if (ids.size() != targets.size() || ids.empty() || ids.size() % config_.seq != 0) {
-      throw error("sequential::forward: " + std::to_string(ids.size()) + " ids and " + std::to_string(targets.size()) +
-                  " targets; both must be the same whole number of sequences of " + std::to_string(config_.seq));
+      throw error("sequential::forward: " + std::to_string(ids.size()) + " ids and " +
+                  std::to_string(targets.size()) +
+                  " targets; both must be the same whole number of sequences of " +
+                  std::to_string(config_.seq));
     }
     const std::size_t tokens = ids.size();
-    const std::size_t rows = SP::enabled ? detail::check_sequence_split("sequential::forward", tokens, tp_->size())
-                                         : tokens;
+    const std::size_t rows =
+        SP::enabled ? detail::check_sequence_split("sequential::forward", tokens, tp_->size())
+                    : tokens;
     acts_.resize(config_.layers + 1);
     detail::resize(gemm_, acts_[0], rows, config_.hidden);
     embedding_.forward(ids, acts_[0].view());
@@ -257,7 +280,8 @@ public:
     // The stages keep what their backward needs. On a device the buffers stay for the next step:
     // cudaFree and cudaMalloc synchronize the device (and can stall NCCL peers driven by other threads).
     if constexpr (!on_device<Gemm>) {
-      for (auto& a : acts_) a = {};
+      for (auto& a : acts_)
+        a = {};
     }
     return loss;
   }
@@ -267,9 +291,11 @@ public:
     if constexpr (SP::enabled) {
       if (reduced_since_zero_grad_) set_aside_reduced_grads();
     }
-    if (tied<Model>(config_)) {  // the head's copy holds the sum so far, which the table's carries too
+    if (tied<Model>(
+            config_)) { // the head's copy holds the sum so far, which the table's carries too
       const auto h = head_.tied_weight();
-      detail::for_each_element(gemm_, h.grad.rows(), h.grad.cols(), detail::zero_element<T>{h.grad});
+      detail::for_each_element(gemm_, h.grad.rows(), h.grad.cols(),
+                               detail::zero_element<T>{h.grad});
     }
     detail::resize(gemm_, d_a_, rows_, config_.hidden);
     detail::resize(gemm_, d_b_, rows_, config_.hidden);
@@ -300,7 +326,8 @@ public:
   void zero_grad() {
     reduced_since_zero_grad_ = false;
     embedding_.zero_grad();
-    for (auto& b : blocks_) b.zero_grad();
+    for (auto& b : blocks_)
+      b.zero_grad();
     head_.zero_grad();
   }
 
@@ -342,7 +369,8 @@ private:
       if (!p.sequence_partial) continue;
       const matrix_view<T> kept(sp_kept_.data() + at, p.grad.rows(), p.grad.cols());
       detail::copy_view(gemm_, matrix_view<const T>(p.grad), kept);
-      detail::for_each_element(gemm_, p.grad.rows(), p.grad.cols(), detail::zero_element<T>{p.grad});
+      detail::for_each_element(gemm_, p.grad.rows(), p.grad.cols(),
+                               detail::zero_element<T>{p.grad});
       at += p.grad.size();
     }
   }
@@ -351,7 +379,8 @@ private:
     for (const auto& p : ps) {
       if (!p.sequence_partial) continue;
       const matrix_view<const T> kept(sp_kept_.data() + at, p.grad.rows(), p.grad.cols());
-      detail::for_each_element(gemm_, p.grad.rows(), p.grad.cols(), detail::add_element<T>{p.grad, kept});
+      detail::for_each_element(gemm_, p.grad.rows(), p.grad.cols(),
+                               detail::add_element<T>{p.grad, kept});
       at += p.grad.size();
     }
   }
@@ -365,8 +394,8 @@ private:
   std::vector<matrix<T, space>> acts_;
   std::size_t rows_ = 0;
   matrix<T, space> d_a_, d_b_;
-  matrix<T, space> sp_grads_;  // sequence_parallel: the replicated parameters' gradients, packed
-  matrix<T, space> sp_kept_;   // ... and what earlier backwards reduced, set aside
+  matrix<T, space> sp_grads_; // sequence_parallel: the replicated parameters' gradients, packed
+  matrix<T, space> sp_kept_;  // ... and what earlier backwards reduced, set aside
   bool reduced_since_zero_grad_ = false;
 };
 

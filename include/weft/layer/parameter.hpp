@@ -29,9 +29,10 @@ namespace weft::layer {
 struct storage_home {
   void* owner = nullptr;
   void (*bind)(void* owner, void* data) = nullptr;
-  const void* base = nullptr;  // the matrix's elements when the home was made (the view's start - offset)
-  std::size_t offset = 0;      // elements from the matrix's start
-  std::size_t elements = 0;    // the whole matrix's
+  const void* base =
+      nullptr; // the matrix's elements when the home was made (the view's start - offset)
+  std::size_t offset = 0;   // elements from the matrix's start
+  std::size_t elements = 0; // the whole matrix's
   [[nodiscard]] explicit operator bool() const noexcept { return owner != nullptr; }
 };
 
@@ -39,8 +40,9 @@ struct storage_home {
 template <class M>
 [[nodiscard]] storage_home home_of(M& m, std::size_t offset = 0) {
   using V = typename M::value_type;
-  if constexpr (requires(V* p) { m.bind(p); }) {
-    return {&m, [](void* o, void* d) { static_cast<M*>(o)->bind(static_cast<V*>(d)); }, m.data(), offset, m.size()};
+  if constexpr (requires(V * p) { m.bind(p); }) {
+    return {&m, [](void* o, void* d) { static_cast<M*>(o)->bind(static_cast<V*>(d)); }, m.data(),
+            offset, m.size()};
   } else {
     return {};
   }
@@ -51,8 +53,9 @@ struct parameter {
   std::string name;
   matrix_view<T> value;
   matrix_view<T> grad;
-  bool replicated = false;        // the same on every TP rank
-  bool sequence_partial = false;  // grad is a partial sum over this rank's rows (sequence parallelism)
+  bool replicated = false; // the same on every TP rank
+  bool sequence_partial =
+      false; // grad is a partial sum over this rank's rows (sequence parallelism)
   // Where the shard sits in the full (unsplit) tensor: rows [row0, row0 + value.rows()) and
   // columns [col0, col0 + value.cols()) of a full_rows x full_cols matrix. For checkpoints that
   // reshard, and for comparing a split model with the unsplit one.

@@ -114,9 +114,8 @@ public:
 
   /// "weight": seq x hidden, replicated.
   [[nodiscard]] std::vector<parameter<T>> parameters() {
-    return {
-        {"weight", w_.view(), dw_.view(), true, SP::enabled, 0, 0, seq_, hidden_, decay_, false, home_of(w_),
-         home_of(dw_)}};
+    return {{"weight", w_.view(), dw_.view(), true, SP::enabled, 0, 0, seq_, hidden_, decay_, false,
+             home_of(w_), home_of(dw_)}};
   }
   void zero_grad() { detail::zero(exec_, dw_); }
 
@@ -129,7 +128,9 @@ public:
     std::size_t offset = 0; // first_row % seq
     std::size_t rows = 0;
     bool forwarded = false;
-    [[nodiscard]] static constexpr std::size_t bytes() noexcept { return 0; }  // where the rows were, no tensor
+    [[nodiscard]] static constexpr std::size_t bytes() noexcept {
+      return 0;
+    } // where the rows were, no tensor
   };
   [[nodiscard]] activations stash() { return {offset_, rows_, std::exchange(forwarded_, false)}; }
   void restore(activations a) {

@@ -190,8 +190,8 @@ public:
 
   /// "weight": 1 x hidden, replicated, not decayed.
   [[nodiscard]] std::vector<parameter<T>> parameters() {
-    return {{"weight", gamma_.view(), dgamma_.view(), true, SP::enabled, 0, 0, 1, hidden_, false, false,
-             home_of(gamma_), home_of(dgamma_)}};
+    return {{"weight", gamma_.view(), dgamma_.view(), true, SP::enabled, 0, 0, 1, hidden_, false,
+             false, home_of(gamma_), home_of(dgamma_)}};
   }
   void zero_grad() { detail::zero(exec_, dgamma_); }
 
@@ -212,7 +212,9 @@ public:
     matrix<double, space> xhat;
     matrix<double, space> rstd;
     bool forwarded = false;
-    [[nodiscard]] std::size_t bytes() const noexcept { return (xhat.size() + rstd.size()) * sizeof(double); }
+    [[nodiscard]] std::size_t bytes() const noexcept {
+      return (xhat.size() + rstd.size()) * sizeof(double);
+    }
   };
   [[nodiscard]] activations stash() {
     return {std::exchange(xhat_, {}), std::exchange(rstd_, {}), std::exchange(forwarded_, false)};

@@ -169,10 +169,10 @@ public:
   /// gate.weight, up.weight, down.weight.
   [[nodiscard]] std::vector<parameter<T>> parameters() {
     std::vector<parameter<T>> ps;
-    ps.push_back({"gate.weight", gate_.view(), dgate_.view(), false, false, range_.begin, 0, ffn_, hidden_, true,
-                  false, home_of(gate_), home_of(dgate_)});
-    ps.push_back({"up.weight", up_.view(), dup_.view(), false, false, range_.begin, 0, ffn_, hidden_, true, false,
-                  home_of(up_), home_of(dup_)});
+    ps.push_back({"gate.weight", gate_.view(), dgate_.view(), false, false, range_.begin, 0, ffn_,
+                  hidden_, true, false, home_of(gate_), home_of(dgate_)});
+    ps.push_back({"up.weight", up_.view(), dup_.view(), false, false, range_.begin, 0, ffn_,
+                  hidden_, true, false, home_of(up_), home_of(dup_)});
     for (auto& p : down_.parameters()) {
       p.name = "down." + p.name;
       ps.push_back(std::move(p));
@@ -205,7 +205,9 @@ public:
     matrix<T, space> u;
     typename row_type::activations down;
     bool forwarded = false;
-    [[nodiscard]] std::size_t bytes() const noexcept { return (x.size() + g.size() + u.size()) * sizeof(T) + down.bytes(); }
+    [[nodiscard]] std::size_t bytes() const noexcept {
+      return (x.size() + g.size() + u.size()) * sizeof(T) + down.bytes();
+    }
   };
   [[nodiscard]] activations stash() {
     return {std::exchange(x_, {}), std::exchange(g_, {}), std::exchange(u_, {}), down_.stash(),

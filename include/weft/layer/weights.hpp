@@ -43,17 +43,19 @@ namespace weft::layer {
 /// How one parameter is stored in a weights file.
 struct stored_tensor {
   std::string name;
-  bool transposed = false;  // the file holds the full tensor transposed (columns x rows)
+  bool transposed = false; // the file holds the full tensor transposed (columns x rows)
   /// weft's full row r (a 1 x n parameter: element r) is the file's row index_of(r) (before
   /// transposing); empty: r.
   std::function<std::size_t(std::size_t)> index_of = {};
-  bool written = true;  // false: a tied copy, read from `name` but written by the table
+  bool written = true; // false: a tied copy, read from `name` but written by the table
 };
 
 /// How Model stores the parameter `name` (see the header comment).
 template <class Model>
 [[nodiscard]] stored_tensor stored_as(const typename Model::config& c, const std::string& name) {
-  if constexpr (requires { { Model::stored(c, name) } -> std::convertible_to<stored_tensor>; }) {
+  if constexpr (requires {
+                  { Model::stored(c, name) } -> std::convertible_to<stored_tensor>;
+                }) {
     return Model::stored(c, name);
   } else {
     return {name};
@@ -64,8 +66,11 @@ template <class Model>
 template <class Model>
 [[nodiscard]] std::map<std::string, std::string> stored_facts(const typename Model::config& c) {
   std::map<std::string, std::string> facts;
-  if constexpr (requires { { Model::describe(c) } -> std::convertible_to<std::map<std::string, std::string>>; }) {
-    for (auto& [k, v] : Model::describe(c)) facts.emplace("weft." + k, v);
+  if constexpr (requires {
+                  { Model::describe(c) } -> std::convertible_to<std::map<std::string, std::string>>;
+                }) {
+    for (auto& [k, v] : Model::describe(c))
+      facts.emplace("weft." + k, v);
   }
   return facts;
 }
@@ -73,7 +78,9 @@ template <class Model>
 /// Whether a file's tensor `name` is a buffer of Model's (skipped), not a missing parameter.
 template <class Model>
 [[nodiscard]] bool stored_buffer(std::string_view name) {
-  if constexpr (requires { { Model::buffer(name) } -> std::convertible_to<bool>; }) {
+  if constexpr (requires {
+                  { Model::buffer(name) } -> std::convertible_to<bool>;
+                }) {
     return Model::buffer(name);
   } else {
     return false;
@@ -81,10 +88,12 @@ template <class Model>
 }
 
 /// The file's shape of a parameter with this full shape.
-[[nodiscard]] inline std::vector<std::size_t> stored_shape(const stored_tensor& s, std::size_t full_rows,
+[[nodiscard]] inline std::vector<std::size_t> stored_shape(const stored_tensor& s,
+                                                           std::size_t full_rows,
                                                            std::size_t full_cols) {
   if (full_rows == 1) return {full_cols};
-  return s.transposed ? std::vector<std::size_t>{full_cols, full_rows} : std::vector<std::size_t>{full_rows, full_cols};
+  return s.transposed ? std::vector<std::size_t>{full_cols, full_rows}
+                      : std::vector<std::size_t>{full_rows, full_cols};
 }
 
 namespace detail {
@@ -97,7 +106,8 @@ void for_each_stored_run(const stored_tensor& s, std::size_t start, std::size_t 
   std::size_t i = 0;
   while (i < n) {
     std::size_t j = i + 1;
-    while (j < n && at(j) == at(j - 1) + 1) ++j;
+    while (j < n && at(j) == at(j - 1) + 1)
+      ++j;
     f(i, at(i), j - i);
     i = j;
   }
@@ -106,30 +116,36 @@ void for_each_stored_run(const stored_tensor& s, std::size_t start, std::size_t 
 } // namespace detail
 
 /// Writes this rank's slice of parameter p (host memory, float) into the file laid out by h.
-inline void write_slice(const std::string& path, const safetensors::header& h, const stored_tensor& s,
-                        const parameter<float>& p) {
+inline void write_slice(const std::string& path, const safetensors::header& h,
+                        const stored_tensor& s, const parameter<float>& p) {
   const auto v = p.value;
   if (p.full_rows == 1) {
-    detail::for_each_stored_run(s, p.col0, v.cols(), [&](std::size_t i, std::size_t at, std::size_t n) {
-      safetensors::write_block(path, h, s.name, 0, at, 1, n, v.data() + i, v.ld());
-    });
+    detail::for_each_stored_run(
+        s, p.col0, v.cols(), [&](std::size_t i, std::size_t at, std::size_t n) {
+          safetensors::write_block(path, h, s.name, 0, at, 1, n, v.data() + i, v.ld());
+        });
   } else if (!s.transposed) {
-    detail::for_each_stored_run(s, p.row0, v.rows(), [&](std::size_t i, std::size_t at, std::size_t n) {
-      safetensors::write_block(path, h, s.name, at, p.col0, n, v.cols(), v.data() + i * v.ld(), v.ld());
-    });
+    detail::for_each_stored_run(s, p.row0, v.rows(),
+                                [&](std::size_t i, std::size_t at, std::size_t n) {
+                                  safetensors::write_block(path, h, s.name, at, p.col0, n, v.cols(),
+                                                           v.data() + i * v.ld(), v.ld());
+                                });
   } else {
-    matrix<float> t(v.cols(), v.rows());  // the slice transposed: file rows are weft's columns
+    matrix<float> t(v.cols(), v.rows()); // the slice transposed: file rows are weft's columns
     for (std::size_t r = 0; r < v.rows(); ++r)
-      for (std::size_t c = 0; c < v.cols(); ++c) t(c, r) = v(r, c);
-    detail::for_each_stored_run(s, p.row0, v.rows(), [&](std::size_t i, std::size_t at, std::size_t n) {
-      safetensors::write_block(path, h, s.name, p.col0, at, v.cols(), n, t.data() + i, t.cols());
-    });
+      for (std::size_t c = 0; c < v.cols(); ++c)
+        t(c, r) = v(r, c);
+    detail::for_each_stored_run(s, p.row0, v.rows(),
+                                [&](std::size_t i, std::size_t at, std::size_t n) {
+                                  safetensors::write_block(path, h, s.name, p.col0, at, v.cols(), n,
+                                                           t.data() + i, t.cols());
+                                });
   }
 }
 
 /// Reads this rank's slice of parameter p from the file into `out` (value's shape, packed).
-inline void read_slice(const std::string& path, const safetensors::header& h, const stored_tensor& s,
-                       const parameter<float>& p, matrix<float>& out) {
+inline void read_slice(const std::string& path, const safetensors::header& h,
+                       const stored_tensor& s, const parameter<float>& p, matrix<float>& out) {
   const std::size_t rows = p.value.rows(), cols = p.value.cols();
   out.resize(rows, cols);
   if (p.full_rows == 1) {
@@ -138,7 +154,8 @@ inline void read_slice(const std::string& path, const safetensors::header& h, co
     });
   } else if (!s.transposed) {
     detail::for_each_stored_run(s, p.row0, rows, [&](std::size_t i, std::size_t at, std::size_t n) {
-      safetensors::read_block(path, h, s.name, at, p.col0, n, cols, out.data() + i * out.cols(), out.cols());
+      safetensors::read_block(path, h, s.name, at, p.col0, n, cols, out.data() + i * out.cols(),
+                              out.cols());
     });
   } else {
     matrix<float> t(cols, rows);
@@ -146,7 +163,8 @@ inline void read_slice(const std::string& path, const safetensors::header& h, co
       safetensors::read_block(path, h, s.name, p.col0, at, cols, n, t.data() + i, t.cols());
     });
     for (std::size_t r = 0; r < rows; ++r)
-      for (std::size_t c = 0; c < cols; ++c) out(r, c) = t(c, r);
+      for (std::size_t c = 0; c < cols; ++c)
+        out(r, c) = t(c, r);
   }
 }
 

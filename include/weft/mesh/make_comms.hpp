@@ -72,8 +72,8 @@ inline std::string rank_list(const std::vector<int>& ranks) {
 
 // The first group of `a` whose ranks lie on more than one node (node[r]: rank r's), or an
 // empty vector.
-inline std::vector<int> first_cross_node_group(const mesh_layout& layout, const std::vector<int>& node,
-                                               axis a) {
+inline std::vector<int> first_cross_node_group(const mesh_layout& layout,
+                                               const std::vector<int>& node, axis a) {
   const auto node_of = [&](int q) { return node[static_cast<std::size_t>(q)]; };
   for (int r = 0; r < layout.size(); ++r) {
     if (layout.coords(r)[a] != 0) {

@@ -60,7 +60,7 @@ struct axis_tag {
   static constexpr int extent = N;
   static constexpr std::string_view name = axis_name(A);
 };
-}  // namespace detail
+} // namespace detail
 
 template <int N>
 struct tp : detail::axis_tag<axis::tp, N> {};

@@ -68,47 +68,52 @@ namespace weft::optim {
 
 /// Per-rank bytes of what data_parallel allocated, by kind.
 struct memory_report {
-  std::size_t parameters = 0;       // the parameter buffer (full, or the shard under zero<3>)
-  std::size_t gradients = 0;        // the persistent gradient buffer (full, or the shard from zero<2>)
-  std::size_t optimizer_state = 0;  // the rule's state (Adam: two fp32 words per element of the shard)
+  std::size_t parameters = 0; // the parameter buffer (full, or the shard under zero<3>)
+  std::size_t gradients = 0;  // the persistent gradient buffer (full, or the shard from zero<2>)
+  std::size_t optimizer_state =
+      0; // the rule's state (Adam: two fp32 words per element of the shard)
   std::size_t master_weights = 0;   // fp32 copies of half/bfloat16 parameters (the shard)
   std::size_t padding_elements = 0; // elements added to make every bucket divide by the shard group
-  std::size_t transient_peak = 0;   // most bytes of short-lived buffers at once (the three below together)
-  std::size_t slot_gap = 0;         // bytes between the state's slots (optim::slot_stride), not counted above
+  std::size_t transient_peak =
+      0; // most bytes of short-lived buffers at once (the three below together)
+  std::size_t slot_gap =
+      0; // bytes between the state's slots (optim::slot_stride), not counted above
   /// Short-lived buffers by kind: now, and the most at once since the last reset_peaks().
   struct amount {
     std::size_t current = 0;
     std::size_t peak = 0;
   };
-  amount gathered_weights;   // zero<3>: full buckets of parameters gathered for use or prefetched
-  amount gradient_buckets;   // zero<2>/<3>: full buckets of gradients written until reduced
-  amount scratch;            // the collectives' staging (a shard being reduced or gathered)
+  amount gathered_weights; // zero<3>: full buckets of parameters gathered for use or prefetched
+  amount gradient_buckets; // zero<2>/<3>: full buckets of gradients written until reduced
+  amount scratch;          // the collectives' staging (a shard being reduced or gathered)
   [[nodiscard]] std::size_t total() const noexcept {
     return parameters + gradients + optimizer_state + master_weights + slot_gap;
   }
 };
 
 struct step_result {
-  bool skipped = false;     // the gradients overflowed: nothing was updated
-  double grad_norm = 0.0;   // the global norm of multiplier x gradient / loss scale (when computed)
-  float loss_scale = 1.0f;  // the scale used for this step's gradients
+  bool skipped = false;    // the gradients overflowed: nothing was updated
+  double grad_norm = 0.0;  // the global norm of multiplier x gradient / loss scale (when computed)
+  float loss_scale = 1.0f; // the scale used for this step's gradients
 };
 
 struct data_parallel_options {
-  std::size_t bucket_elements = 0;  // 0: default_bucket_elements(data-parallel size)
-  bool overlap = true;              // collectives on a progress thread; false: on the caller's
-  float max_grad_norm = 0.0f;       // > 0: clip by the global norm
-  int inner_size = 0;               // hybrid: ranks per shard group (0: the ranks of a node)
-  int update_threads = 0;           // host threads for the update (0: all cores, for shards of 128K elements or more)
-  std::optional<bool> loss_scaling = std::nullopt;  // default: on for half parameters
+  std::size_t bucket_elements = 0; // 0: default_bucket_elements(data-parallel size)
+  bool overlap = true;             // collectives on a progress thread; false: on the caller's
+  float max_grad_norm = 0.0f;      // > 0: clip by the global norm
+  int inner_size = 0;              // hybrid: ranks per shard group (0: the ranks of a node)
+  int update_threads =
+      0; // host threads for the update (0: all cores, for shards of 128K elements or more)
+  std::optional<bool> loss_scaling = std::nullopt; // default: on for half parameters
   loss_scale_options scaling = {};
 };
 
 template <sharding_policy Policy, update_rule Rule, class P, communicator Comm>
 class data_parallel {
-  static_assert(std::is_same_v<P, float> || std::is_same_v<P, half> || std::is_same_v<P, bfloat16>,
-                "weft::optim::data_parallel<Policy, Rule, P>: P (parameters and gradients) must be float, "
-                "weft::half or weft::bfloat16");
+  static_assert(
+      std::is_same_v<P, float> || std::is_same_v<P, half> || std::is_same_v<P, bfloat16>,
+      "weft::optim::data_parallel<Policy, Rule, P>: P (parameters and gradients) must be float, "
+      "weft::half or weft::bfloat16");
 
   using space = detail::dp_memory<Comm>;
   template <class T>
@@ -124,12 +129,20 @@ public:
   using options = data_parallel_options;
 
   data_parallel(Comm& dp, const param_set& ps, Rule rule, options o = {})
-      : rule_(checked(rule)), opt_(checked(o)), dp_rank_(dp.rank()), dp_size_(dp.size()), mem_(dp),
-        shard_(mem_.split(dp, shard_color(dp, o), dp.rank())), replica_(mem_.split(dp, replica_color(dp, o), dp.rank())),
-        layout_(ps, o.bucket_elements != 0 ? o.bucket_elements : default_bucket_elements(dp.size()), shard_.size()),
-        scaler_(o.scaling), queue_(mem_.make_queue(o.overlap)) {
-    update_threads_ = o.update_threads > 0 ? o.update_threads
-                                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+      : rule_(checked(rule)),
+        opt_(checked(o)),
+        dp_rank_(dp.rank()),
+        dp_size_(dp.size()),
+        mem_(dp),
+        shard_(mem_.split(dp, shard_color(dp, o), dp.rank())),
+        replica_(mem_.split(dp, replica_color(dp, o), dp.rank())),
+        layout_(ps, o.bucket_elements != 0 ? o.bucket_elements : default_bucket_elements(dp.size()),
+                shard_.size()),
+        scaler_(o.scaling),
+        queue_(mem_.make_queue(o.overlap)) {
+    update_threads_ = o.update_threads > 0
+                          ? o.update_threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     scaling_ = o.loss_scaling.value_or(std::is_same_v<P, half>);
     if (!scaling_) scaler_ = loss_scaler(loss_scale_options{.initial = 1.0f});
     const auto padded = layout_.padded_elements();
@@ -137,7 +150,9 @@ public:
     mem_.zeros(params_, stage == 3 ? shard : padded, lane::main);
     mem_.zeros(grads_, stage >= 2 ? shard : padded, lane::main);
     if constexpr (mixed) mem_.zeros(master_, shard, lane::main);
-    mem_.zeros(state_, rule_.slots() > 0 ? slot_stride(shard) * static_cast<std::size_t>(rule_.slots()) : 0, lane::main);
+    mem_.zeros(state_,
+               rule_.slots() > 0 ? slot_stride(shard) * static_cast<std::size_t>(rule_.slots()) : 0,
+               lane::main);
     mem_.zeros(norm_partial_, 1, lane::main);
     const auto nb = layout_.buckets().size();
     ready_.assign(nb, 0);
@@ -158,13 +173,14 @@ public:
       decay_run_first_.push_back(decay_runs_.size());
     }
   }
-  data_parallel(const data_parallel&) = delete;  // queued jobs point into this object
+  data_parallel(const data_parallel&) = delete; // queued jobs point into this object
   data_parallel& operator=(const data_parallel&) = delete;
   ~data_parallel() {
     try {
       wait_all();
       mem_.synchronize();
-    } catch (...) {  // NOLINT(bugprone-empty-catch): already reported by the call that waited, or the rank is failing
+    } catch (
+        ...) { // NOLINT(bugprone-empty-catch): already reported by the call that waited, or the rank is failing
     }
   }
 
@@ -189,13 +205,15 @@ public:
     drop_host_copy();
     std::vector<float> padded(layout_.padded_elements(), 0.0f);
     layout_.for_each_tensor([&](std::size_t u, std::size_t p, std::size_t n) {
-      std::copy_n(full.begin() + static_cast<std::ptrdiff_t>(u), n, padded.begin() + static_cast<std::ptrdiff_t>(p));
+      std::copy_n(full.begin() + static_cast<std::ptrdiff_t>(u), n,
+                  padded.begin() + static_cast<std::ptrdiff_t>(p));
     });
     // Built on the host, then copied into params_ and master_ (the same on a device).
     std::vector<P> params(params_.size(), P(0.0f));
     std::vector<float> master(master_.size(), 0.0f);
     if constexpr (stage < 3) {
-      for (std::size_t i = 0; i < padded.size(); ++i) params[i] = static_cast<P>(padded[i]);
+      for (std::size_t i = 0; i < padded.size(); ++i)
+        params[i] = static_cast<P>(padded[i]);
     }
     for_each_shard([&](const bucket_info& b, std::size_t from) {
       for (std::size_t i = 0; i < b.shard; ++i) {
@@ -215,13 +233,14 @@ public:
     if constexpr (stage == 3) {
       buffer<P> padded;
       mem_.zeros(padded, layout_.padded_elements(), lane::main);
-      queue_->submit([&] {
-                const auto& bs = layout_.buckets();
-                for (const auto& b : bs) {
-                  gather_into(std::span<const P>(params_.data() + b.shard_offset, b.shard),
-                              std::span<P>(padded.data() + b.offset, b.padded));
-                }
-              })
+      queue_
+          ->submit([&] {
+            const auto& bs = layout_.buckets();
+            for (const auto& b : bs) {
+              gather_into(std::span<const P>(params_.data() + b.shard_offset, b.shard),
+                          std::span<P>(padded.data() + b.offset, b.padded));
+            }
+          })
           .wait();
       mem_.download(src.data(), padded.data(), src.size());
       mem_.release(padded, lane::main);
@@ -230,7 +249,8 @@ public:
     }
     std::vector<float> full(layout_.elements());
     layout_.for_each_tensor([&](std::size_t u, std::size_t p, std::size_t n) {
-      for (std::size_t i = 0; i < n; ++i) full[u + i] = static_cast<float>(src[p + i]);
+      for (std::size_t i = 0; i < n; ++i)
+        full[u + i] = static_cast<float>(src[p + i]);
     });
     return full;
   }
@@ -254,14 +274,17 @@ public:
   }
 
   /// zero<3>: frees the gathered parameters of `name`'s bucket (no-op otherwise).
-  void release(std::string_view name) { release_bucket(layout_.tensors()[layout_index(name)].bucket); }
+  void release(std::string_view name) {
+    release_bucket(layout_.tensors()[layout_index(name)].bucket);
+  }
 
   /// Tensor `name`'s gradient, zero at the start of a step; write (or add) it, then call grad_ready.
   [[nodiscard]] std::span<P> grad(std::string_view name) {
     const auto& ti = layout_.tensors()[layout_index(name)];
     backward_ = true;
     if (submitted_[ti.bucket]) {
-      throw error("data_parallel::grad: the bucket of tensor '" + ti.name + "' is already being reduced this step");
+      throw error("data_parallel::grad: the bucket of tensor '" + ti.name +
+                  "' is already being reduced this step");
     }
     return bucket_gradients(ti.bucket).subspan(ti.bucket_offset, ti.count);
   }
@@ -276,32 +299,37 @@ public:
   void grad_ready(std::size_t t) {
     if (t >= layout_.tensors().size()) {
       throw error("data_parallel::grad_ready", dp_rank_, error::unknown,
-                  "no tensor " + std::to_string(t) + " (the set has " + std::to_string(layout_.tensors().size()) + ")");
+                  "no tensor " + std::to_string(t) + " (the set has " +
+                      std::to_string(layout_.tensors().size()) + ")");
     }
     const auto& ti = layout_.tensors()[t];
     if (marked_[t] != 0) {
-      throw error("data_parallel::grad_ready: tensor '" + ti.name + "' marked ready twice in one step");
+      throw error("data_parallel::grad_ready: tensor '" + ti.name +
+                  "' marked ready twice in one step");
     }
     if (submitted_[ti.bucket]) {
       throw error("data_parallel::grad_ready: tensor '" + ti.name +
-                  "' marked ready after its bucket's reduction started (reduce_gradients() or step() was called)");
+                  "' marked ready after its bucket's reduction started (reduce_gradients() or "
+                  "step() was called)");
     }
     marked_[t] = 1;
     ++ready_[ti.bucket];
-    while (unlaunched_ > 0 && complete(unlaunched_ - 1)) submit_reduction(--unlaunched_);
+    while (unlaunched_ > 0 && complete(unlaunched_ - 1))
+      submit_reduction(--unlaunched_);
   }
 
   /// Starts the reductions of every bucket not yet started (last bucket first, as grad_ready):
   /// what step() does first; call it to reduce after the backward instead of during it.
   void reduce_gradients() {
-    while (unlaunched_ > 0) submit_reduction(--unlaunched_);
+    while (unlaunched_ > 0)
+      submit_reduction(--unlaunched_);
   }
 
   /// Reduces what is left, then updates: see the header comment for `multiplier`.
   step_result step(float multiplier = 1.0f) {
     drop_host_copy();
     reduce_gradients();
-    wait_all();  // the reductions, and any zero<3> gather still reading the parameters
+    wait_all(); // the reductions, and any zero<3> gather still reading the parameters
     step_result r;
     r.loss_scale = scaler_.scale();
     const bool clip = opt_.max_grad_norm > 0.0f;
@@ -326,13 +354,15 @@ public:
         return r;
       }
       if (clip) {
-        const auto coef = static_cast<float>(static_cast<double>(opt_.max_grad_norm) / (r.grad_norm + 1e-6));
+        const auto coef =
+            static_cast<float>(static_cast<double>(opt_.max_grad_norm) / (r.grad_norm + 1e-6));
         if (coef < 1.0f) mul = mul * coef;
       }
     }
     ++step_;
     const auto k = rule_.at(step_, mul);
-    using kernel = std::remove_const_t<decltype(k)>;  // apply picks its SSE Adam loop by this type, which const hides
+    using kernel = std::remove_const_t<
+        decltype(k)>; // apply picks its SSE Adam loop by this type, which const hides
     const kernel exempt = without_weight_decay(k);
     const auto& bs = layout_.buckets();
     for (std::size_t bi = 0; bi < bs.size(); ++bi) {
@@ -344,16 +374,20 @@ public:
       } else {
         master = out;
       }
-      float* const state = slots() == 0 ? nullptr : state_.data() + b.shard_offset;  // plain SGD keeps none
+      float* const state =
+          slots() == 0 ? nullptr : state_.data() + b.shard_offset; // plain SGD keeps none
       const std::size_t stride = slot_stride(layout_.shard_elements());
       const decay_run* runs = decay_runs_.data() + decay_run_first_[bi];
       const std::size_t nruns = decay_run_first_[bi + 1] - decay_run_first_[bi];
-      if (nruns == 1) {  // one decay over the whole shard (every shard, when every tensor decays): one plain loop
-        const update_ref<kernel, P, P> u{runs[0].decay ? k : exempt, master, grad_shard(b), state, out, stride};
+      if (nruns ==
+          1) { // one decay over the whole shard (every shard, when every tensor decays): one plain loop
+        const update_ref<kernel, P, P> u{
+            runs[0].decay ? k : exempt, master, grad_shard(b), state, out, stride};
         mem_.update(u, b.shard, update_threads_);
       } else if (nruns > 1) {
         const decay_groups<kernel> groups{k, exempt, runs, nruns};
-        const update_ref<decay_groups<kernel>, P, P> u{groups, master, grad_shard(b), state, out, stride};
+        const update_ref<decay_groups<kernel>, P, P> u{groups, master, grad_shard(b),
+                                                       state,  out,    stride};
         mem_.update(u, b.shard, update_threads_);
       }
     }
@@ -373,7 +407,8 @@ public:
   /// copies (param_set::mark_tied_copy) nowhere. Collective over group.
   void set_norm_group(Comm& group, int model_parallel_rank) {
     wait_all();
-    if (model_parallel_rank < 0) throw error("data_parallel::set_norm_group: model_parallel_rank must be >= 0");
+    if (model_parallel_rank < 0)
+      throw error("data_parallel::set_norm_group: model_parallel_rank must be >= 0");
     norm_.emplace(group.split(0, group.rank()));
     mp_rank_ = model_parallel_rank;
     squares_ = mem_.prepare_squares(norm_ranges());
@@ -402,7 +437,8 @@ public:
   /// still running may add to them, and is not waited for).
   void reset_peaks() {
     transient_peak_.store(transient_.load());
-    for (std::size_t i = 0; i < held_.size(); ++i) held_peak_[i].store(held_[i].load());
+    for (std::size_t i = 0; i < held_.size(); ++i)
+      held_peak_[i].store(held_[i].load());
   }
 
   // --- whole buckets, for a trainer whose layers use the optimizer's buffers in place -----------
@@ -439,7 +475,9 @@ public:
   [[nodiscard]] std::span<P> bucket_gradients(std::size_t b) {
     check_bucket(b, "bucket_gradients");
     const bucket_info& bi = layout_.buckets()[b];
-    if (submitted_[b]) throw error("data_parallel::bucket_gradients: bucket " + std::to_string(b) + " is already being reduced this step");
+    if (submitted_[b])
+      throw error("data_parallel::bucket_gradients: bucket " + std::to_string(b) +
+                  " is already being reduced this step");
     if constexpr (stage >= 2) {
       auto& s = staging_[b];
       if (s.empty()) alloc_transient(s, bi.padded, lane::main, transient_kind::gradient_buckets);
@@ -487,7 +525,9 @@ public:
     }
     return {state + j * slot_stride(layout_.shard_elements()) + b.shard_offset, b.shard};
   }
-  [[nodiscard]] std::size_t slots() const noexcept { return static_cast<std::size_t>(rule_.slots()); }
+  [[nodiscard]] std::size_t slots() const noexcept {
+    return static_cast<std::size_t>(rule_.slots());
+  }
   /// Restores the counters a checkpoint holds, then the parameters from the shards' weights.
   /// The loss scale only where this optimizer scales the loss: a checkpoint of an fp16 run read
   /// by a float or bf16 one keeps 1, and one without scaling read by an fp16 run keeps its
@@ -501,15 +541,17 @@ public:
   void refresh_parameters_from_shards() {
     wait_all();
     if constexpr (on_device) {
-      take_host_copy();  // (what was written there, if anything)
+      take_host_copy(); // (what was written there, if anything)
       if constexpr (mixed) mem_.upload(master_.data(), host_weights_.data(), host_weights_.size());
       mem_.upload(state_.data(), host_state_.data(), host_state_.size());
     }
     for_each_shard([&](const bucket_info& b, std::size_t from) {
       const auto w = shard_weights(b);
       std::vector<P> p(b.shard);
-      for (std::size_t i = 0; i < b.shard; ++i) p[i] = static_cast<P>(w[i]);
-      mem_.upload(stage == 3 ? params_.data() + b.shard_offset : params_.data() + from, p.data(), b.shard);
+      for (std::size_t i = 0; i < b.shard; ++i)
+        p[i] = static_cast<P>(w[i]);
+      mem_.upload(stage == 3 ? params_.data() + b.shard_offset : params_.data() + from, p.data(),
+                  b.shard);
     });
     if constexpr (stage < 3) queue_gathers();
     drop_gathers();
@@ -545,8 +587,8 @@ private:
     if (o.inner_size > 0) {
       if (n % o.inner_size != 0) {
         throw error("data_parallel", dp.rank(), error::unknown,
-                    "hybrid: inner_size " + std::to_string(o.inner_size) + " does not divide the data-parallel size " +
-                        std::to_string(n));
+                    "hybrid: inner_size " + std::to_string(o.inner_size) +
+                        " does not divide the data-parallel size " + std::to_string(n));
       }
       return {dp.rank() / o.inner_size, dp.rank() % o.inner_size};
     }
@@ -560,13 +602,16 @@ private:
       if (first_count < 0) first_count = c;
       if (c != first_count) {
         throw error("data_parallel", dp.rank(), error::unknown,
-                    "hybrid: nodes hold different numbers of data-parallel ranks (" + std::to_string(first_count) +
-                        " and " + std::to_string(c) + "); set options::inner_size");
+                    "hybrid: nodes hold different numbers of data-parallel ranks (" +
+                        std::to_string(first_count) + " and " + std::to_string(c) +
+                        "); set options::inner_size");
       }
     }
-    for (int r = 0; r < dp.rank(); ++r) pos += node[static_cast<std::size_t>(r)] == node[static_cast<std::size_t>(dp.rank())];
-    mine = static_cast<int>(std::lower_bound(nodes.begin(), nodes.end(), node[static_cast<std::size_t>(dp.rank())]) -
-                            nodes.begin());
+    for (int r = 0; r < dp.rank(); ++r)
+      pos += node[static_cast<std::size_t>(r)] == node[static_cast<std::size_t>(dp.rank())];
+    mine = static_cast<int>(
+        std::lower_bound(nodes.begin(), nodes.end(), node[static_cast<std::size_t>(dp.rank())]) -
+        nodes.begin());
     return {mine, pos};
   }
 
@@ -577,20 +622,22 @@ private:
     for (std::size_t i = 0; i < ts.size(); ++i) {
       if (ts[i].name == name) return i;
     }
-    throw error("data_parallel", dp_rank_, error::unknown, "no tensor named '" + std::string(name) + "'");
+    throw error("data_parallel", dp_rank_, error::unknown,
+                "no tensor named '" + std::string(name) + "'");
   }
   void check_full(std::size_t n, std::string_view what) const {
     if (n != layout_.elements()) {
       throw error("data_parallel::" + std::string(what), dp_rank_, error::unknown,
-                  "expected the full model of " + std::to_string(layout_.elements()) + " elements, got " +
-                      std::to_string(n));
+                  "expected the full model of " + std::to_string(layout_.elements()) +
+                      " elements, got " + std::to_string(n));
     }
   }
 
   // f(bucket, where this rank's shard of it starts in the padded layout)
   template <class F>
   void for_each_shard(F&& f) {
-    for (const auto& b : layout_.buckets()) f(b, shard_begin(b));
+    for (const auto& b : layout_.buckets())
+      f(b, shard_begin(b));
   }
   P* grad_shard(const bucket_info& b) {
     return stage >= 2 ? grads_.data() + b.shard_offset : grads_.data() + shard_begin(b);
@@ -634,14 +681,18 @@ private:
     if constexpr (stage == 0) {
       reductions_[bi] = queue_->submit([this, &b] {
         if (replica_.size() > 1) {
-          mem_.run(replica_, [&](Comm& c) { all_reduce(c, std::span<P>(grads_.data() + b.offset, b.padded)); });
+          mem_.run(replica_, [&](Comm& c) {
+            all_reduce(c, std::span<P>(grads_.data() + b.offset, b.padded));
+          });
         }
       });
     } else {
       buffer<P> full;
       if constexpr (stage >= 2) {
         full = std::move(staging_[bi]);
-        if (full.empty()) alloc_transient(full, b.padded, lane::main, transient_kind::gradient_buckets);  // no grad(): zeros
+        if (full.empty())
+          alloc_transient(full, b.padded, lane::main,
+                          transient_kind::gradient_buckets); // no grad(): zeros
       }
       reductions_[bi] = queue_->submit([this, &b, full = std::move(full)]() mutable {
         const P* in = stage >= 2 ? full.data() : grads_.data() + b.offset;
@@ -649,14 +700,18 @@ private:
         alloc_transient(tmp, b.shard, lane::side, transient_kind::scratch);
         const std::span<P> out(tmp.data(), b.shard);
         if (shard_.size() > 1) {
-          mem_.run(shard_, [&](Comm& c) { reduce_scatter(c, std::span<const P>(in, b.padded), out); });
+          mem_.run(shard_,
+                   [&](Comm& c) { reduce_scatter(c, std::span<const P>(in, b.padded), out); });
         } else {
           mem_.copy(out.data(), in, b.padded, lane::side);
         }
         if (replica_.size() > 1) mem_.run(replica_, [&](Comm& c) { all_reduce(c, out); });
         mem_.copy(grad_shard(b), out.data(), b.shard, lane::side);
         free_transient(tmp, lane::side, transient_kind::scratch);
-        if constexpr (stage >= 2) free_transient(full, lane::side, transient_kind::gradient_buckets);  // the full-size bucket is gone once reduced
+        if constexpr (stage >= 2)
+          free_transient(
+              full, lane::side,
+              transient_kind::gradient_buckets); // the full-size bucket is gone once reduced
       });
     }
   }
@@ -670,7 +725,8 @@ private:
         alloc_transient(mine, b.shard, lane::side, transient_kind::scratch);
         mem_.copy(mine.data(), params_.data() + shard_begin(b), b.shard, lane::side);
         mem_.run(shard_, [&](Comm& c) {
-          all_gather(c, std::span<const P>(mine.data(), b.shard), std::span<P>(params_.data() + b.offset, b.padded));
+          all_gather(c, std::span<const P>(mine.data(), b.shard),
+                     std::span<P>(params_.data() + b.offset, b.padded));
         });
         free_transient(mine, lane::side, transient_kind::scratch);
       });
@@ -687,8 +743,8 @@ private:
       mem_.download(host_weights_.data(), master_.data(), host_weights_.size());
     } else {
       for_each_shard([&](const bucket_info& b, std::size_t from) {
-        mem_.download(host_weights_.data() + b.shard_offset, params_.data() + (stage == 3 ? b.shard_offset : from),
-                      b.shard);
+        mem_.download(host_weights_.data() + b.shard_offset,
+                      params_.data() + (stage == 3 ? b.shard_offset : from), b.shard);
       });
     }
     mem_.download(host_state_.data(), state_.data(), host_state_.size());
@@ -707,7 +763,8 @@ private:
     const bucket_info& b = layout_.buckets()[bi];
     alloc_transient(gathered_[bi], b.padded, lane::main, transient_kind::gathered_weights);
     gathers_[bi] = queue_->submit([this, &b, bi] {
-      gather_into(std::span<const P>(params_.data() + b.shard_offset, b.shard), std::span<P>(gathered_[bi].data(), b.padded));
+      gather_into(std::span<const P>(params_.data() + b.shard_offset, b.shard),
+                  std::span<P>(gathered_[bi].data(), b.padded));
     });
   }
   // zero<3>: bucket b's gathered parameters freed (after its gather, if one is running).
@@ -725,9 +782,11 @@ private:
   }
   void drop_gathers() {
     if constexpr (stage < 3) {
-      for (auto& w : gathers_) w.wait();
+      for (auto& w : gathers_)
+        w.wait();
     } else {
-      for (std::size_t b = 0; b < gathered_.size(); ++b) free_gathered(b);
+      for (std::size_t b = 0; b < gathered_.size(); ++b)
+        free_gathered(b);
     }
   }
 
@@ -737,22 +796,27 @@ private:
     return r;
   }
   static options checked(const options& o) {
-    if (!(o.max_grad_norm >= 0.0f)) throw error("data_parallel: max_grad_norm must be >= 0 (0: no clipping)");
+    if (!(o.max_grad_norm >= 0.0f))
+      throw error("data_parallel: max_grad_norm must be >= 0 (0: no clipping)");
     return o;
   }
 
   void wait_all() {
-    for (auto& w : reductions_) w.wait();
-    for (auto& w : gathers_) w.wait();
+    for (auto& w : reductions_)
+      w.wait();
+    for (auto& w : gathers_)
+      w.wait();
   }
   void finish_step() {
     if constexpr (stage < 2) mem_.fill_zero(grads_.data(), grads_.size(), lane::main);
-    for (auto& s : staging_) free_transient(s, lane::main, transient_kind::gradient_buckets);
+    for (auto& s : staging_)
+      free_transient(s, lane::main, transient_kind::gradient_buckets);
     std::fill(ready_.begin(), ready_.end(), 0);
     std::fill(marked_.begin(), marked_.end(), 0);
     std::fill(submitted_.begin(), submitted_.end(), false);
     unlaunched_ = submitted_.size();
-    for (auto& w : reductions_) w = work_t{};
+    for (auto& w : reductions_)
+      w = work_t{};
     drop_gathers();
     backward_ = false;
   }
@@ -778,15 +842,16 @@ private:
   void check_bucket(std::size_t b, const char* what) const {
     if (b >= layout_.buckets().size()) {
       throw error("data_parallel::" + std::string(what), dp_rank_, error::unknown,
-                  "no bucket " + std::to_string(b) + " (there are " + std::to_string(layout_.buckets().size()) + ")");
+                  "no bucket " + std::to_string(b) + " (there are " +
+                      std::to_string(layout_.buckets().size()) + ")");
     }
   }
 
   Rule rule_;
   options opt_;
   int dp_rank_, dp_size_;
-  space mem_;             // before the communicators: it may make their streams
-  Comm shard_, replica_;  // used only by the jobs of queue_
+  space mem_;            // before the communicators: it may make their streams
+  Comm shard_, replica_; // used only by the jobs of queue_
   std::optional<Comm> norm_;
   int mp_rank_ = 0;
   layout layout_;
@@ -797,29 +862,31 @@ private:
   bool backward_ = false;
   buffer<P> params_, grads_;
   buffer<float> master_, state_;
-  buffer<double> norm_partial_;  // the squared norm's partial sum, where the collectives read it
-  typename space::template squares<P> squares_;  // what of grads_ the norm counts (norm_ranges)
-  std::vector<decay_run> decay_runs_;         // this rank's shard of every bucket, bucket after bucket
-  std::vector<std::size_t> decay_run_first_;  // bucket b's runs: [first[b], first[b + 1]) of decay_runs_
-  std::vector<std::size_t> ready_;  // per bucket: its tensors marked ready this step
-  std::vector<char> marked_;         // per tensor: marked ready this step
+  buffer<double> norm_partial_; // the squared norm's partial sum, where the collectives read it
+  typename space::template squares<P> squares_; // what of grads_ the norm counts (norm_ranges)
+  std::vector<decay_run> decay_runs_; // this rank's shard of every bucket, bucket after bucket
+  std::vector<std::size_t>
+      decay_run_first_;            // bucket b's runs: [first[b], first[b + 1]) of decay_runs_
+  std::vector<std::size_t> ready_; // per bucket: its tensors marked ready this step
+  std::vector<char> marked_;       // per tensor: marked ready this step
   std::vector<bool> submitted_;
-  std::size_t unlaunched_ = 0;  // buckets [0, unlaunched_) have not started reducing this step
+  std::size_t unlaunched_ = 0; // buckets [0, unlaunched_) have not started reducing this step
   std::vector<work_t> reductions_;
   std::vector<buffer<P>> staging_, gathered_;
   std::vector<work_t> gathers_;
   std::vector<bool> gather_started_, resident_;
   std::atomic<std::size_t> transient_{0}, transient_peak_{0};
-  std::array<std::atomic<std::size_t>, 3> held_{}, held_peak_{};  // by transient_kind
-  std::vector<float> host_weights_, host_state_;  // take_host_copy's (a device's checkpoints)
+  std::array<std::atomic<std::size_t>, 3> held_{}, held_peak_{}; // by transient_kind
+  std::vector<float> host_weights_, host_state_; // take_host_copy's (a device's checkpoints)
   bool host_copy_ = false;
-  std::unique_ptr<typename space::queue> queue_;  // last: its thread stops before the buffers go
+  std::unique_ptr<typename space::queue> queue_; // last: its thread stops before the buffers go
 };
 
 /// data_parallel with the rule and communicator types deduced (it is neither copyable nor
 /// movable: its queued jobs point into it).
 template <sharding_policy Policy, class P = float, update_rule Rule, communicator Comm>
-[[nodiscard]] auto make_data_parallel(Comm& dp, const param_set& ps, Rule rule, data_parallel_options o = {}) {
+[[nodiscard]] auto make_data_parallel(Comm& dp, const param_set& ps, Rule rule,
+                                      data_parallel_options o = {}) {
   return std::make_unique<data_parallel<Policy, Rule, P, Comm>>(dp, ps, rule, o);
 }
 

@@ -42,8 +42,8 @@ namespace weft::optim {
 
 namespace detail {
 /// Throws unless least <= value (and value < below where given) and value is finite.
-inline void check_hyper(std::string_view rule, std::string_view what, float value, float least, bool finite,
-                        std::optional<float> below = std::nullopt) {
+inline void check_hyper(std::string_view rule, std::string_view what, float value, float least,
+                        bool finite, std::optional<float> below = std::nullopt) {
   const bool ok = value >= least && (!finite || std::isfinite(value)) && (!below || value < *below);
   if (!ok) {
     const auto str = [](float x) {
@@ -52,7 +52,8 @@ inline void check_hyper(std::string_view rule, std::string_view what, float valu
       return std::string(buf);
     };
     throw error(std::string(rule) + ": " + std::string(what) + " must be " +
-                (below ? "in [" + str(least) + ", " + str(*below) + ")" : "a finite number >= " + str(least)) +
+                (below ? "in [" + str(least) + ", " + str(*below) + ")"
+                       : "a finite number >= " + str(least)) +
                 ", not " + str(value));
   }
 }
@@ -127,8 +128,8 @@ struct adam_rule {
 
   struct kernel {
     float lr, beta1, beta2, eps, weight_decay;
-    float step_size;     // lr / (1 - beta1^t)
-    float inv_sqrt_c2;   // 1 / sqrt(1 - beta2^t)
+    float step_size;   // lr / (1 - beta1^t)
+    float inv_sqrt_c2; // 1 / sqrt(1 - beta2^t)
     float multiplier;
     // One division and one square root per element (as PyTorch's Adam computes it:
     // w -= step_size * m / (sqrt(v) / sqrt(c2) + eps)); no branches (weight_decay 0 adds or
@@ -150,8 +151,14 @@ struct adam_rule {
   [[nodiscard]] kernel at(long t, float multiplier) const noexcept {
     const double c1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t));
     const double c2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(t));
-    return {lr, beta1, beta2, eps, weight_decay, static_cast<float>(static_cast<double>(lr) / c1),
-            static_cast<float>(1.0 / std::sqrt(c2)), multiplier};
+    return {lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            static_cast<float>(static_cast<double>(lr) / c1),
+            static_cast<float>(1.0 / std::sqrt(c2)),
+            multiplier};
   }
 };
 using adam = adam_rule<false>;
@@ -161,7 +168,9 @@ using adamw = adam_rule<true>;
 /// 16 plus a gap of 2064 (8 KiB + 64 B). Slots exactly n apart (n a large power of two) put
 /// the element i of every slot in the same cache sets: the AdamW step over 64M parameters ran
 /// 4x slower on this project's build machine (3.4 ns per element instead of 0.8).
-[[nodiscard]] constexpr std::size_t slot_stride(std::size_t n) noexcept { return (n + 15) / 16 * 16 + 2064; }
+[[nodiscard]] constexpr std::size_t slot_stride(std::size_t n) noexcept {
+  return (n + 15) / 16 * 16 + 2064;
+}
 
 /// An update rule: its state width and its per-step functor.
 template <class R>
@@ -177,15 +186,16 @@ concept update_rule = requires(const R& r, float w, float* s) {
 template <class Kernel, class G, class P>
 struct update_ref {
   Kernel k;
-  float* master;   // the fp32 weights (for float parameters: the parameters)
+  float* master; // the fp32 weights (for float parameters: the parameters)
   const G* grad;
-  float* state;        // slot j of element i at state[i + j * stride]
-  P* param;            // written when P is not float; unused (may be null) for float
-  std::size_t stride;  // elements between slots
+  float* state;       // slot j of element i at state[i + j * stride]
+  P* param;           // written when P is not float; unused (may be null) for float
+  std::size_t stride; // elements between slots
 
   WEFT_HOST_DEVICE void operator()(std::size_t i) const {
     float w = master[i];
-    k(w, static_cast<float>(grad[i]), state != nullptr ? state + i : state, stride);  // null: no slots (plain SGD)
+    k(w, static_cast<float>(grad[i]), state != nullptr ? state + i : state,
+      stride); // null: no slots (plain SGD)
     master[i] = w;
     if constexpr (!std::is_same_v<P, float>) param[i] = static_cast<P>(w);
   }
@@ -228,7 +238,7 @@ struct decay_groups {
 namespace detail {
 
 template <class K>
-inline constexpr int adam_kernel_kind = 0;  // 1: adam, 2: adamw
+inline constexpr int adam_kernel_kind = 0; // 1: adam, 2: adamw
 template <>
 inline constexpr int adam_kernel_kind<adam_rule<false>::kernel> = 1;
 template <>
@@ -248,11 +258,14 @@ inline __m128 load_bf16x4(const bfloat16* p) {
 inline void store_bf16x4(bfloat16* p, __m128 v) {
   const __m128i x = _mm_castps_si128(v);
   const __m128i odd = _mm_and_si128(_mm_srli_epi32(x, 16), _mm_set1_epi32(1));
-  const __m128i rounded = _mm_srli_epi32(_mm_add_epi32(_mm_add_epi32(x, _mm_set1_epi32(0x7fff)), odd), 16);
-  const __m128i nan = _mm_cmpgt_epi32(_mm_and_si128(x, _mm_set1_epi32(0x7fffffff)), _mm_set1_epi32(0x7f800000));
+  const __m128i rounded =
+      _mm_srli_epi32(_mm_add_epi32(_mm_add_epi32(x, _mm_set1_epi32(0x7fff)), odd), 16);
+  const __m128i nan =
+      _mm_cmpgt_epi32(_mm_and_si128(x, _mm_set1_epi32(0x7fffffff)), _mm_set1_epi32(0x7f800000));
   const __m128i quiet = _mm_or_si128(_mm_srli_epi32(x, 16), _mm_set1_epi32(0x40));
   __m128i r = _mm_or_si128(_mm_and_si128(nan, quiet), _mm_andnot_si128(nan, rounded));
-  r = _mm_srai_epi32(_mm_slli_epi32(r, 16), 16);  // 16-bit values as int16, so the pack does not saturate
+  r = _mm_srai_epi32(_mm_slli_epi32(r, 16),
+                     16); // 16-bit values as int16, so the pack does not saturate
   _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packs_epi32(r, r));
 }
 
@@ -261,13 +274,15 @@ inline void store_bf16x4(bfloat16* p, __m128 v) {
 // fraction times 2^-24 through an exact int-to-float conversion (so no float subnormal appears and
 // DAZ cannot change the result), infinities and NaNs keep their payload.
 inline __m128 load_half4(const half* p) {
-  const __m128i h = _mm_unpacklo_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), _mm_setzero_si128());
+  const __m128i h =
+      _mm_unpacklo_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), _mm_setzero_si128());
   const __m128i sign = _mm_slli_epi32(_mm_and_si128(h, _mm_set1_epi32(0x8000)), 16);
   const __m128i exp = _mm_and_si128(h, _mm_set1_epi32(0x7c00));
   const __m128i frac = _mm_and_si128(h, _mm_set1_epi32(0x03ff));
   const __m128i normal = _mm_add_epi32(_mm_slli_epi32(_mm_and_si128(h, _mm_set1_epi32(0x7fff)), 13),
                                        _mm_set1_epi32((127 - 15) << 23));
-  const __m128i subnormal = _mm_castps_si128(_mm_mul_ps(_mm_cvtepi32_ps(frac), _mm_set1_ps(1.0f / 16777216.0f)));
+  const __m128i subnormal =
+      _mm_castps_si128(_mm_mul_ps(_mm_cvtepi32_ps(frac), _mm_set1_ps(1.0f / 16777216.0f)));
   const __m128i special = _mm_or_si128(_mm_slli_epi32(frac, 13), _mm_set1_epi32(0x7f800000));
   const __m128i is_sub = _mm_cmpeq_epi32(exp, _mm_setzero_si128());
   const __m128i is_special = _mm_cmpeq_epi32(exp, _mm_set1_epi32(0x7c00));
@@ -289,19 +304,24 @@ inline void store_half4(half* p, __m128 v) {
   const __m128i a = _mm_and_si128(x, _mm_set1_epi32(0x7fffffff));
   const __m128i odd = _mm_and_si128(_mm_srli_epi32(a, 13), _mm_set1_epi32(1));
   const __m128i normal = _mm_srli_epi32(
-      _mm_add_epi32(_mm_add_epi32(a, _mm_set1_epi32(static_cast<int>((15u - 127u) << 23) + 0xfff)), odd), 13);
+      _mm_add_epi32(_mm_add_epi32(a, _mm_set1_epi32(static_cast<int>((15u - 127u) << 23) + 0xfff)),
+                    odd),
+      13);
   const __m128 half_one = _mm_set1_ps(0.5f);
-  const __m128i subnormal =
-      _mm_sub_epi32(_mm_castps_si128(_mm_add_ps(_mm_castsi128_ps(a), half_one)), _mm_castps_si128(half_one));
-  const __m128i nan = _mm_or_si128(_mm_set1_epi32(0x7e00), _mm_and_si128(_mm_srli_epi32(a, 13), _mm_set1_epi32(0x3ff)));
+  const __m128i subnormal = _mm_sub_epi32(
+      _mm_castps_si128(_mm_add_ps(_mm_castsi128_ps(a), half_one)), _mm_castps_si128(half_one));
+  const __m128i nan = _mm_or_si128(_mm_set1_epi32(0x7e00),
+                                   _mm_and_si128(_mm_srli_epi32(a, 13), _mm_set1_epi32(0x3ff)));
   const __m128i is_nan = _mm_cmpgt_epi32(a, _mm_set1_epi32(0x7f800000));
-  const __m128i is_big = _mm_cmpgt_epi32(a, _mm_set1_epi32(0x477fffff));  // >= 2^16: infinity (or NaN)
-  const __m128i is_sub = _mm_cmplt_epi32(a, _mm_set1_epi32(0x38800000));  // < 2^-14
+  const __m128i is_big =
+      _mm_cmpgt_epi32(a, _mm_set1_epi32(0x477fffff)); // >= 2^16: infinity (or NaN)
+  const __m128i is_sub = _mm_cmplt_epi32(a, _mm_set1_epi32(0x38800000)); // < 2^-14
   __m128i r = _mm_or_si128(_mm_and_si128(is_sub, subnormal), _mm_andnot_si128(is_sub, normal));
   r = _mm_or_si128(_mm_and_si128(is_big, _mm_set1_epi32(0x7c00)), _mm_andnot_si128(is_big, r));
   r = _mm_or_si128(_mm_and_si128(is_nan, nan), _mm_andnot_si128(is_nan, r));
   r = _mm_or_si128(r, sign);
-  r = _mm_srai_epi32(_mm_slli_epi32(r, 16), 16);  // 16-bit values as int16, so the pack does not saturate
+  r = _mm_srai_epi32(_mm_slli_epi32(r, 16),
+                     16); // 16-bit values as int16, so the pack does not saturate
   _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packs_epi32(r, r));
 }
 
@@ -325,11 +345,12 @@ __m128 load4(const G* p) {
 // parameters are float, or bfloat16 or half with fp32 masters (the parameter the master rounded;
 // the conversions above assume the default rounding mode, round to nearest).
 template <bool Decoupled, class G, class P>
-std::size_t adam_sse(const update_ref<typename adam_rule<Decoupled>::kernel, G, P>& u, std::size_t begin,
-                     std::size_t end) {
+std::size_t adam_sse(const update_ref<typename adam_rule<Decoupled>::kernel, G, P>& u,
+                     std::size_t begin, std::size_t end) {
   const auto& k = u.k;
-  const __m128 mul = _mm_set1_ps(k.multiplier), wd = _mm_set1_ps(k.weight_decay), b1 = _mm_set1_ps(k.beta1),
-               c1 = _mm_set1_ps(1.0f - k.beta1), b2 = _mm_set1_ps(k.beta2), c2 = _mm_set1_ps(1.0f - k.beta2),
+  const __m128 mul = _mm_set1_ps(k.multiplier), wd = _mm_set1_ps(k.weight_decay),
+               b1 = _mm_set1_ps(k.beta1), c1 = _mm_set1_ps(1.0f - k.beta1),
+               b2 = _mm_set1_ps(k.beta2), c2 = _mm_set1_ps(1.0f - k.beta2),
                lr_wd = _mm_set1_ps(k.lr * k.weight_decay), step = _mm_set1_ps(k.step_size),
                isc = _mm_set1_ps(k.inv_sqrt_c2), eps = _mm_set1_ps(k.eps);
   float* s0 = u.state;
@@ -340,7 +361,8 @@ std::size_t adam_sse(const update_ref<typename adam_rule<Decoupled>::kernel, G, 
     __m128 g = _mm_mul_ps(load4(u.grad + i), mul);
     if constexpr (!Decoupled) g = _mm_add_ps(g, _mm_mul_ps(wd, w));
     const __m128 m = _mm_add_ps(_mm_mul_ps(b1, _mm_loadu_ps(s0 + i)), _mm_mul_ps(c1, g));
-    const __m128 v = _mm_add_ps(_mm_mul_ps(b2, _mm_loadu_ps(s1 + i)), _mm_mul_ps(_mm_mul_ps(c2, g), g));
+    const __m128 v =
+        _mm_add_ps(_mm_mul_ps(b2, _mm_loadu_ps(s1 + i)), _mm_mul_ps(_mm_mul_ps(c2, g), g));
     _mm_storeu_ps(s0 + i, m);
     _mm_storeu_ps(s1 + i, v);
     if constexpr (Decoupled) w = _mm_sub_ps(w, _mm_mul_ps(lr_wd, w));
@@ -359,7 +381,7 @@ std::size_t adam_sse(const update_ref<typename adam_rule<Decoupled>::kernel, G, 
 /// The host loop over [begin, end).
 template <class Kernel, class G, class P>
 void apply(const update_ref<Kernel, G, P>& u, std::size_t begin, std::size_t end) {
-  const update_ref<Kernel, G, P> local = u;  // a copy the compiler sees is not written by the loop
+  const update_ref<Kernel, G, P> local = u; // a copy the compiler sees is not written by the loop
 #if defined(__SSE2__) && !defined(__CUDACC__)
   if constexpr (detail::adam_kernel_kind<Kernel> != 0 &&
                 ((std::is_same_v<G, float> && std::is_same_v<P, float>) ||
@@ -368,7 +390,8 @@ void apply(const update_ref<Kernel, G, P>& u, std::size_t begin, std::size_t end
     begin = detail::adam_sse<detail::adam_kernel_kind<Kernel> == 2>(local, begin, end);
   }
 #endif
-  for (std::size_t i = begin; i < end; ++i) local(i);
+  for (std::size_t i = begin; i < end; ++i)
+    local(i);
 }
 
 /// The host loop over [begin, end) of a shard cut into runs of equal decay: each run's part
@@ -390,11 +413,13 @@ void apply_parallel(const update_ref<Kernel, G, P>& u, std::size_t n, int thread
     return;
   }
   const auto t = static_cast<std::size_t>(threads);
-  const auto part = [&](std::size_t k) { return n * k / t / 16 * 16; };  // 64-byte aligned seams
+  const auto part = [&](std::size_t k) { return n * k / t / 16 * 16; }; // 64-byte aligned seams
   std::vector<std::thread> pool;
-  for (std::size_t k = 1; k < t; ++k) pool.emplace_back([&u, lo = part(k), hi = k + 1 == t ? n : part(k + 1)] { apply(u, lo, hi); });
+  for (std::size_t k = 1; k < t; ++k)
+    pool.emplace_back([&u, lo = part(k), hi = k + 1 == t ? n : part(k + 1)] { apply(u, lo, hi); });
   apply(u, 0, part(1));
-  for (auto& th : pool) th.join();
+  for (auto& th : pool)
+    th.join();
 }
 
 } // namespace weft::optim

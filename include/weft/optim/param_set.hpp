@@ -33,14 +33,14 @@ namespace weft::optim {
 struct tensor_info {
   std::string name;
   std::vector<std::size_t> shape;
-  std::size_t offset = 0;  // in the unpadded flat layout (param_set order)
+  std::size_t offset = 0; // in the unpadded flat layout (param_set order)
   std::size_t count = 0;
   std::size_t bucket = 0;
-  std::size_t bucket_offset = 0;  // position inside its bucket
-  bool replicated = false;        // the same on every model-parallel rank (counted once in the norm)
-  bool tied_copy = false;         // a second copy of a tied tensor (never counted in the norm)
-  bool decay = true;              // the rule's weight decay applies (false: biases, norm weights)
-  bool ends_unit = false;         // the last tensor of a unit (param_set::end_unit)
+  std::size_t bucket_offset = 0; // position inside its bucket
+  bool replicated = false;       // the same on every model-parallel rank (counted once in the norm)
+  bool tied_copy = false;        // a second copy of a tied tensor (never counted in the norm)
+  bool decay = true;             // the rule's weight decay applies (false: biases, norm weights)
+  bool ends_unit = false;        // the last tensor of a unit (param_set::end_unit)
 };
 
 /// A stretch [begin, begin + count) of one bucket's shard, in elements from the shard's start,
@@ -66,7 +66,8 @@ public:
   /// `decay`: the rule's weight decay applies to it; false for biases and norm weights, whose
   /// decay pulls them towards 0 for no regularizing gain (the rule then updates them with
   /// weight_decay 0, under every sharding).
-  std::size_t add(std::string name, std::vector<std::size_t> shape, bool replicated = false, bool decay = true) {
+  std::size_t add(std::string name, std::vector<std::size_t> shape, bool replicated = false,
+                  bool decay = true) {
     if (name.empty()) throw error("param_set::add: empty tensor name");
     for (const auto& t : tensors_) {
       if (t.name == name) throw error("param_set::add: tensor '" + name + "' added twice");
@@ -87,8 +88,8 @@ public:
   /// both, so a global gradient norm leaves it out and counts the first copy once.
   void mark_tied_copy(std::size_t index) {
     if (index >= tensors_.size()) {
-      throw error("param_set::mark_tied_copy: no tensor " + std::to_string(index) + " (the set has " +
-                  std::to_string(tensors_.size()) + ")");
+      throw error("param_set::mark_tied_copy: no tensor " + std::to_string(index) +
+                  " (the set has " + std::to_string(tensors_.size()) + ")");
     }
     tensors_[index].tied_copy = true;
   }
@@ -118,12 +119,12 @@ private:
 };
 
 struct bucket_info {
-  std::size_t first_tensor = 0, end_tensor = 0;  // [first, end) of the tensors
-  std::size_t elements = 0;                      // unpadded
-  std::size_t offset = 0;                        // in the padded flat layout
-  std::size_t padded = 0;                        // elements, a multiple of shards
-  std::size_t shard = 0;                         // padded / shards
-  std::size_t shard_offset = 0;                  // where this bucket's shard starts in a rank's shard buffer
+  std::size_t first_tensor = 0, end_tensor = 0; // [first, end) of the tensors
+  std::size_t elements = 0;                     // unpadded
+  std::size_t offset = 0;                       // in the padded flat layout
+  std::size_t padded = 0;                       // elements, a multiple of shards
+  std::size_t shard = 0;                        // padded / shards
+  std::size_t shard_offset = 0; // where this bucket's shard starts in a rank's shard buffer
 };
 
 /// The bucket and shard layout of a param_set for a group of `shards` ranks.
@@ -131,7 +132,9 @@ class layout {
 public:
   layout() = default;
   layout(const param_set& ps, std::size_t bucket_elements, int shards) : shards_(shards) {
-    if (shards < 1) throw error("optim::layout: the number of shards must be >= 1, got " + std::to_string(shards));
+    if (shards < 1)
+      throw error("optim::layout: the number of shards must be >= 1, got " +
+                  std::to_string(shards));
     if (bucket_elements == 0) throw error("optim::layout: bucket size must be > 0 elements");
     tensors_ = ps.tensors();
     const auto n = static_cast<std::size_t>(shards);
@@ -193,14 +196,17 @@ public:
   [[nodiscard]] std::vector<decay_run> decay_runs(std::size_t bucket, int shard) const {
     const bucket_info& b = buckets_.at(bucket);
     if (shard < 0 || shard >= shards_) {
-      throw error("optim::layout::decay_runs: shard " + std::to_string(shard) + " of " + std::to_string(shards_));
+      throw error("optim::layout::decay_runs: shard " + std::to_string(shard) + " of " +
+                  std::to_string(shards_));
     }
     std::vector<decay_run> runs;
     if (b.shard == 0) return runs;
-    const std::size_t lo = static_cast<std::size_t>(shard) * b.shard, hi = lo + b.shard;  // in the bucket
+    const std::size_t lo = static_cast<std::size_t>(shard) * b.shard,
+                      hi = lo + b.shard; // in the bucket
     for (std::size_t t = b.first_tensor; t < b.end_tensor; ++t) {
       const tensor_info& ti = tensors_[t];
-      const std::size_t from = std::max(lo, ti.bucket_offset), to = std::min(hi, ti.bucket_offset + ti.count);
+      const std::size_t from = std::max(lo, ti.bucket_offset),
+                        to = std::min(hi, ti.bucket_offset + ti.count);
       if (from >= to) continue;
       if (!runs.empty() && runs.back().decay == ti.decay) {
         runs.back().count = to - lo - runs.back().begin;
@@ -209,13 +215,14 @@ public:
       }
     }
     if (runs.empty()) runs.push_back({0, 0, true});
-    runs.back().count = b.shard - runs.back().begin;  // the padding, if any
+    runs.back().count = b.shard - runs.back().begin; // the padding, if any
     return runs;
   }
   /// Calls f(unpadded_offset, padded_offset, count) for each tensor: for copying between layouts.
   template <class F>
   void for_each_tensor(F&& f) const {
-    for (std::size_t t = 0; t < tensors_.size(); ++t) f(tensors_[t].offset, padded_offset(t), tensors_[t].count);
+    for (std::size_t t = 0; t < tensors_.size(); ++t)
+      f(tensors_[t].offset, padded_offset(t), tensors_[t].count);
   }
 
 private:

@@ -25,9 +25,11 @@ struct zero {
 template <class Inner, class Outer>
 struct hybrid {
   static_assert(Inner::stage >= 1 && !Inner::is_hybrid,
-                "weft::optim::hybrid<Inner, Outer>: Inner must be zero<1>, zero<2> or zero<3> (the sharding inside a node)");
+                "weft::optim::hybrid<Inner, Outer>: Inner must be zero<1>, zero<2> or zero<3> (the "
+                "sharding inside a node)");
   static_assert(std::is_same_v<Outer, zero<0>>,
-                "weft::optim::hybrid<Inner, Outer>: Outer must be zero<0> (replication across nodes); sharding across "
+                "weft::optim::hybrid<Inner, Outer>: Outer must be zero<0> (replication across "
+                "nodes); sharding across "
                 "nodes too is plain zero<Stage> over the whole data-parallel group");
   static constexpr int stage = Inner::stage;
   static constexpr bool is_hybrid = true;

@@ -127,13 +127,16 @@ inline std::string stalls_with_bounded_channels(const schedule& s, std::size_t c
   // Each message (a tag, sent once in the step): its place among its sender's messages to its
   // receiver.
   constexpr std::size_t unsent = ~std::size_t{0};
-  const std::size_t tags = 2 * static_cast<std::size_t>(s.microbatches) * static_cast<std::size_t>(s.virtual_stages());
+  const std::size_t tags =
+      2 * static_cast<std::size_t>(s.microbatches) * static_cast<std::size_t>(s.virtual_stages());
   std::vector<std::size_t> position(tags, unsent);
   {
     std::vector<std::size_t> so_far(p * p, 0);
     for (std::size_t r = 0; r < p; ++r) {
       for (const action& a : s.ranks[r]) {
-        if (is_send(a.kind)) position[s.message_tag(static_cast<int>(r), a)] = so_far[r * p + static_cast<std::size_t>(a.peer)]++;
+        if (is_send(a.kind))
+          position[s.message_tag(static_cast<int>(r), a)] =
+              so_far[r * p + static_cast<std::size_t>(a.peer)]++;
       }
     }
   }
@@ -152,7 +155,7 @@ inline std::string stalls_with_bounded_channels(const schedule& s, std::size_t c
         } else {
           const std::size_t pair = peer * p + r;
           const std::size_t want = position[s.message_tag(static_cast<int>(r), a)];
-          if (want == unsent) break;  // validate() reports that
+          if (want == unsent) break; // validate() reports that
           while (received[pair] <= want && received[pair] < sent[pair]) {
             ++received[pair];
             progress = true;
@@ -168,10 +171,12 @@ inline std::string stalls_with_bounded_channels(const schedule& s, std::size_t c
     if (pc[r] == s.ranks[r].size()) continue;
     const action& a = s.ranks[r][pc[r]];
     const auto peer = static_cast<std::size_t>(a.peer);
-    stalled += (stalled.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " at " + token(a) +
-               (is_send(a.kind) ? " with " + std::to_string(sent[r * p + peer] - received[r * p + peer]) +
-                                      " messages to rank " + std::to_string(peer) + " unreceived"
-                                : "");
+    stalled +=
+        (stalled.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " at " +
+        token(a) +
+        (is_send(a.kind) ? " with " + std::to_string(sent[r * p + peer] - received[r * p + peer]) +
+                               " messages to rank " + std::to_string(peer) + " unreceived"
+                         : "");
   }
   return stalled;
 }
@@ -328,15 +333,20 @@ private:
     validate(s_);
     // A transport whose sends block on a full channel (weft::local without post()) would stall
     // where the schedule queues more messages to a peer than the channel holds: say so now.
-    if constexpr (!requires(Comm& c, std::span<const T> v) { c.post(v, 0, 0); } &&
-                  requires { Comm::queued_messages_per_peer; }) {
+    if constexpr (
+        !requires(Comm & c, std::span<const T> v) { c.post(v, 0, 0); } &&
+        requires { Comm::queued_messages_per_peer; }) {
       const std::size_t capacity = Comm::queued_messages_per_peer;
-      if (const std::string stall = detail::stalls_with_bounded_channels(s_, capacity); !stall.empty()) {
-        throw error(operation_, rank_, error::unknown,
-                    "the schedule queues more than " + std::to_string(capacity) +
-                        " messages to a peer, which this transport's sends do not hold (they would wait "
-                        "for ever): " + stall + ". A smaller microbatch group (options::group_size), or "
-                        "a transport with buffered sends (weft::mpi), runs it");
+      if (const std::string stall = detail::stalls_with_bounded_channels(s_, capacity);
+          !stall.empty()) {
+        throw error(
+            operation_, rank_, error::unknown,
+            "the schedule queues more than " + std::to_string(capacity) +
+                " messages to a peer, which this transport's sends do not hold (they would wait "
+                "for ever): " +
+                stall +
+                ". A smaller microbatch group (options::group_size), or "
+                "a transport with buffered sends (weft::mpi), runs it");
       }
     }
     const auto bounds = static_cast<std::size_t>(s_.virtual_stages() - 1);

@@ -21,10 +21,12 @@ namespace weft::pipeline {
 
 /// `layers` blocks over `stages` virtual stages, the same number on each; throws unless they divide.
 [[nodiscard]] inline std::vector<int> even_layout(int layers, int stages) {
-  if (stages < 1) throw error("weft: pipeline layout: " + std::to_string(stages) + " virtual stages");
+  if (stages < 1)
+    throw error("weft: pipeline layout: " + std::to_string(stages) + " virtual stages");
   if (layers < 0 || layers % stages != 0) {
-    throw error("weft: pipeline layout: " + std::to_string(layers) + " layers do not split evenly over " +
-                std::to_string(stages) + " virtual stages (pipeline stages x chunks); give an explicit layout");
+    throw error("weft: pipeline layout: " + std::to_string(layers) +
+                " layers do not split evenly over " + std::to_string(stages) +
+                " virtual stages (pipeline stages x chunks); give an explicit layout");
   }
   return std::vector<int>(static_cast<std::size_t>(stages), layers / stages);
 }
@@ -32,8 +34,8 @@ namespace weft::pipeline {
 /// Throws unless `layout` has one non-negative entry per virtual stage and they sum to `layers`.
 inline void check_layout(const std::vector<int>& layout, int layers, int stages) {
   if (static_cast<int>(layout.size()) != stages) {
-    throw error("weft: pipeline layout: " + std::to_string(layout.size()) + " entries for " + std::to_string(stages) +
-                " virtual stages (pipeline stages x chunks)");
+    throw error("weft: pipeline layout: " + std::to_string(layout.size()) + " entries for " +
+                std::to_string(stages) + " virtual stages (pipeline stages x chunks)");
   }
   long sum = 0;
   for (int n : layout) {
@@ -41,8 +43,8 @@ inline void check_layout(const std::vector<int>& layout, int layers, int stages)
     sum += n;
   }
   if (sum != layers) {
-    throw error("weft: pipeline layout: the stages hold " + std::to_string(sum) + " layers, the model has " +
-                std::to_string(layers));
+    throw error("weft: pipeline layout: the stages hold " + std::to_string(sum) +
+                " layers, the model has " + std::to_string(layers));
   }
 }
 
@@ -75,10 +77,13 @@ inline std::string expand_layout(std::string_view s, std::size_t& at, int depth)
     ++at;
     long n = 0;
     const std::size_t digits = at;
-    while (at < s.size() && s[at] >= '0' && s[at] <= '9' && n <= 1'000'000) n = n * 10 + (s[at++] - '0');
+    while (at < s.size() && s[at] >= '0' && s[at] <= '9' && n <= 1'000'000)
+      n = n * 10 + (s[at++] - '0');
     if (at == digits || n < 1) fail("'*' must be followed by a count of at least 1");
-    if (inner.size() * static_cast<std::size_t>(n) + out.size() > max_length) fail("the layout is too long");
-    for (long k = 0; k < n; ++k) out += inner;
+    if (inner.size() * static_cast<std::size_t>(n) + out.size() > max_length)
+      fail("the layout is too long");
+    for (long k = 0; k < n; ++k)
+      out += inner;
   }
   if (depth > 0) fail("'(' without ')'");
   return out;
@@ -99,8 +104,8 @@ inline std::string expand_layout(std::string_view s, std::size_t& at, int depth)
   bool seen_loss = false;
   for (std::size_t i = 0; i < s.size(); ++i) {
     const auto fail = [&](const std::string& what) {
-      throw error("weft: pipeline layout '" + std::string(text.substr(0, 200)) + "': " + what + " (at '" +
-                  s.substr(i, 12) + "' of the expanded layout)");
+      throw error("weft: pipeline layout '" + std::string(text.substr(0, 200)) + "': " + what +
+                  " (at '" + s.substr(i, 12) + "' of the expanded layout)");
     };
     if (seen_loss) fail("'L' must close the last stage");
     switch (s[i]) {
@@ -114,7 +119,8 @@ inline std::string expand_layout(std::string_view s, std::size_t& at, int depth)
         if (i + 1 < s.size() && s[i + 1] == '*') {
           std::size_t j = i + 2;
           n = 0;
-          while (j < s.size() && s[j] >= '0' && s[j] <= '9' && n <= 1'000'000) n = n * 10 + (s[j++] - '0');
+          while (j < s.size() && s[j] >= '0' && s[j] <= '9' && n <= 1'000'000)
+            n = n * 10 + (s[j++] - '0');
           if (j == i + 2 || n < 1) fail("'t*' must be followed by a count of at least 1");
           i = j - 1;
         }

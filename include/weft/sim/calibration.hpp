@@ -29,13 +29,13 @@
 namespace weft::sim {
 
 struct calibration {
-  std::string_view gpu;             // the preset's name
-  double gemm_peak_fraction = 0.8;  // the most of peak FLOP/s a large GEMM reaches
-  double gemm_half_dim = 64;        // the GEMM side at which q(d) is one half
-  double hbm_fraction = 0.8;        // achieved share of HBM bandwidth of elementwise kernels
-  double nvlink_fraction = 0.77;    // achieved share of the NVLink bandwidth of collectives
-  double ib_fraction = 0.9;         // achieved share of the InfiniBand bandwidth
-  double layer_overhead_s = 0;      // fixed cost of one layer pass (launches, syncs)
+  std::string_view gpu;            // the preset's name
+  double gemm_peak_fraction = 0.8; // the most of peak FLOP/s a large GEMM reaches
+  double gemm_half_dim = 64;       // the GEMM side at which q(d) is one half
+  double hbm_fraction = 0.8;       // achieved share of HBM bandwidth of elementwise kernels
+  double nvlink_fraction = 0.77;   // achieved share of the NVLink bandwidth of collectives
+  double ib_fraction = 0.9;        // achieved share of the InfiniBand bandwidth
+  double layer_overhead_s = 0;     // fixed cost of one layer pass (launches, syncs)
 };
 
 // A100: fitted on the rows of data/published_runs.csv marked `tune` (a grid over the first

@@ -23,7 +23,8 @@ namespace weft::sim {
 /// group g on devices groups[g] of `c`, all starting together. make_plan plans every group;
 /// null: each group takes the algorithm algo::choose() prices cheapest for it alone (with
 /// peer access when `peer_access`). Throws weft::error on a device used twice or outside `c`.
-[[nodiscard]] inline double price_groups(collective coll, const std::vector<std::vector<int>>& groups,
+[[nodiscard]] inline double price_groups(collective coll,
+                                         const std::vector<std::vector<int>>& groups,
                                          const topology::cluster& c, std::size_t count,
                                          std::size_t element_size,
                                          plan (*make_plan)(const plan_request&) = nullptr,
@@ -31,7 +32,8 @@ namespace weft::sim {
   std::vector<plan> world(static_cast<std::size_t>(c.size()));
   std::vector<char> used(static_cast<std::size_t>(c.size()), 0);
   for (int w = 0; w < c.size(); ++w)
-    world[static_cast<std::size_t>(w)] = plan(plan_request{coll, c.size(), w, count, 0, {}, element_size});
+    world[static_cast<std::size_t>(w)] =
+        plan(plan_request{coll, c.size(), w, count, 0, {}, element_size});
   for (const auto& members : groups) {
     std::vector<int> node_of;
     for (int d : members) {
@@ -41,7 +43,8 @@ namespace weft::sim {
       used[static_cast<std::size_t>(d)] = 1;
       node_of.push_back(c.node_of(d));
     }
-    const plan_request q{coll, static_cast<int>(members.size()), 0, count, 0, node_of, element_size};
+    const plan_request q{coll,        static_cast<int>(members.size()), 0, count, 0, node_of,
+                         element_size};
     plan (*make)(const plan_request&) = make_plan;
     if (make == nullptr) make = algo::choose(q, c, members, peer_access).make_plan;
     const auto plans = plans_of(make, q);

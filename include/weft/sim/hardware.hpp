@@ -22,12 +22,12 @@ namespace weft::sim {
 
 /// One accelerator.
 struct gpu {
-  std::string_view name;     // the preset's name, as weft-plan --gpu takes it
-  double peak_flops = 0;     // dense bf16 tensor-core FLOP/s
-  double hbm_bytes = 0;      // memory a layout may use: the marketed GB in decimal bytes (80e9 is
-                             // 74.5 GiB of the A100's 80 GiB), which leaves ~5 GiB for the CUDA
-                             // context, NCCL's buffers, workspaces and fragmentation
-  double hbm_bandwidth = 0;  // bytes/s
+  std::string_view name;    // the preset's name, as weft-plan --gpu takes it
+  double peak_flops = 0;    // dense bf16 tensor-core FLOP/s
+  double hbm_bytes = 0;     // memory a layout may use: the marketed GB in decimal bytes (80e9 is
+                            // 74.5 GiB of the A100's 80 GiB), which leaves ~5 GiB for the CUDA
+                            // context, NCCL's buffers, workspaces and fragmentation
+  double hbm_bandwidth = 0; // bytes/s
 };
 
 inline constexpr gpu a100_80gb{"a100-80gb", 312e12, 80e9, 2.039e12};

@@ -54,13 +54,13 @@ struct model_spec {
   int heads = 0;
   int seq = 0;
   int vocab = 0;
-  int ffn = 0;                  // 0: 4 * hidden
-  int kv_heads = 0;             // 0: heads (no grouped-query attention)
-  bool gated = false;           // SwiGLU-style MLP: three h x f matrices instead of two
-  bool learned_positions = true;// a position embedding of seq x hidden (GPT); false: rotary
-  bool tied_embeddings = true;  // the output layer is the word embedding (GPT); false: its own
-                                // vocab x hidden weights (Llama, Nemotron)
-  bool flash_attention = false; // attention core fused: no s x s matrices in memory
+  int ffn = 0;                   // 0: 4 * hidden
+  int kv_heads = 0;              // 0: heads (no grouped-query attention)
+  bool gated = false;            // SwiGLU-style MLP: three h x f matrices instead of two
+  bool learned_positions = true; // a position embedding of seq x hidden (GPT); false: rotary
+  bool tied_embeddings = true;   // the output layer is the word embedding (GPT); false: its own
+                                 // vocab x hidden weights (Llama, Nemotron)
+  bool flash_attention = false;  // attention core fused: no s x s matrices in memory
 
   [[nodiscard]] double h() const noexcept { return hidden; }
   [[nodiscard]] double f() const noexcept { return ffn > 0 ? ffn : 4.0 * hidden; }
@@ -101,7 +101,8 @@ struct model_spec {
   /// P = 12 l h^2 (1 + 13/12h + (V + s)/12lh). (Biases and norms are counted as GPT has them, 9h + f
   /// per layer: a few millionths of a Llama's count too many.)
   [[nodiscard]] double parameters() const noexcept {
-    return layers * layer_parameters() + (tied_embeddings ? 1.0 : 2.0) * static_cast<double>(vocab) * h() +
+    return layers * layer_parameters() +
+           (tied_embeddings ? 1.0 : 2.0) * static_cast<double>(vocab) * h() +
            (learned_positions ? static_cast<double>(seq) * h() : 0.0);
   }
 
@@ -167,7 +168,7 @@ struct model_spec {
   if (r == recompute::full) return sequence_parallel ? 2.0 * sbh / tt : 2.0 * sbh;
   const bool core_kept = r == recompute::none && !m.flash_attention;
   const double core = core_kept ? 5.0 * a * s / h : 0.0;
-  const double split = 4.0 + 4.0 * m.kv() / a + (m.gated ? 6.0 : 4.0) * m.f() / h;  // 24 for GPT
+  const double split = 4.0 + 4.0 * m.kv() / a + (m.gated ? 6.0 : 4.0) * m.f() / h; // 24 for GPT
   if (sequence_parallel) return sbh / tt * (10.0 + split + core);
   return sbh * (10.0 + split / tt + core / tt);
 }
@@ -190,7 +191,8 @@ inline constexpr double adam_state_bytes = 12;
                                               double grad_bytes = 2) {
   if (stage < 0 || stage > 3)
     throw error("weft: sim: ZeRO stage must be 0, 1, 2 or 3, not " + std::to_string(stage));
-  if (dp < 1) throw error("weft: sim: data-parallel degree must be at least 1, not " + std::to_string(dp));
+  if (dp < 1)
+    throw error("weft: sim: data-parallel degree must be at least 1, not " + std::to_string(dp));
   const double n = dp;
   state_memory m;
   m.weights = 2.0 * params / (stage >= 3 ? n : 1.0);

@@ -29,18 +29,18 @@
 namespace weft::sim {
 
 struct search_options {
-  int global_batch = 0;          // sequences per step (required)
-  double memory_limit = 0;       // bytes per GPU; 0: the GPU's HBM
+  int global_batch = 0;    // sequences per step (required)
+  double memory_limit = 0; // bytes per GPU; 0: the GPU's HBM
   std::vector<int> micro_batches = {1, 2, 4};
   std::vector<pipeline::schedule_kind> schedules = {pipeline::schedule_kind::one_f_one_b,
                                                     pipeline::schedule_kind::interleaved,
                                                     pipeline::schedule_kind::zero_bubble_h1};
-  int max_tp = 0;                // 0: twice the devices of a node
-  bool sequence_parallel = true; // with TP > 1
-  bool tp_overlap = false;        // layout::tp_overlap of every variant
+  int max_tp = 0;                     // 0: twice the devices of a node
+  bool sequence_parallel = true;      // with TP > 1
+  bool tp_overlap = false;            // layout::tp_overlap of every variant
   double grad_accumulation_bytes = 0; // layout::grad_accumulation_bytes of every variant
   pipeline_engine engine = pipeline_engine::megatron; // of every variant with PP > 1 (DeepSpeed's
-                                 // runs only 1F1B under ZeRO 0 or 1; PP 1 runs no pipeline engine)
+      // runs only 1F1B under ZeRO 0 or 1; PP 1 runs no pipeline engine)
 };
 
 /// One mesh's fastest variant.
@@ -62,7 +62,8 @@ struct search_result {
                                           const search_options& o, const calibration& cal) {
   m.check();
   if (o.global_batch < 1)
-    throw error("weft: sim: search needs a global batch of at least 1, not " + std::to_string(o.global_batch));
+    throw error("weft: sim: search needs a global batch of at least 1, not " +
+                std::to_string(o.global_batch));
   const int gpus = mc.cluster.size();
   const int per_node = mc.cluster.devices_on(0);
   const int max_tp = o.max_tp > 0 ? o.max_tp : 2 * per_node;
@@ -96,7 +97,8 @@ struct search_result {
             if (pp < 2 || m.layers % (2 * pp) != 0 || micro % pp != 0) continue;
           }
           if (kind == pipeline::schedule_kind::zero_bubble_h1 && (pp < 2 || micro < pp)) continue;
-          if (pp > 1 && o.engine == pipeline_engine::deepspeed && kind != pipeline::schedule_kind::one_f_one_b)
+          if (pp > 1 && o.engine == pipeline_engine::deepspeed &&
+              kind != pipeline::schedule_kind::one_f_one_b)
             continue;
           schedulable = true;
           // Every recompute and ZeRO stage that fits: less recompute is not always faster (none
@@ -126,17 +128,18 @@ struct search_result {
         ++(schedulable ? out.out_of_memory : out.unschedulable);
         continue;
       }
-      out.ranked.push_back(*std::min_element(variants.begin(), variants.end(), [](const auto& a, const auto& b) {
-        return a.r.step_time_s < b.r.step_time_s;
-      }));
+      out.ranked.push_back(*std::min_element(
+          variants.begin(), variants.end(),
+          [](const auto& a, const auto& b) { return a.r.step_time_s < b.r.step_time_s; }));
     }
   }
   if (out.ranked.empty()) {
     char gib[32];
     std::snprintf(gib, sizeof gib, "%.1f", limit / (1024.0 * 1024 * 1024));
-    throw error("weft: sim: no layout of " + m.name + " on " + std::to_string(gpus) + " GPUs with a global batch of " +
-                std::to_string(o.global_batch) + ": of " + std::to_string(out.meshes) + " meshes, " +
-                std::to_string(out.out_of_memory) + " fit no variant in " + gib + " GiB per GPU and " +
+    throw error("weft: sim: no layout of " + m.name + " on " + std::to_string(gpus) +
+                " GPUs with a global batch of " + std::to_string(o.global_batch) + ": of " +
+                std::to_string(out.meshes) + " meshes, " + std::to_string(out.out_of_memory) +
+                " fit no variant in " + gib + " GiB per GPU and " +
                 std::to_string(out.unschedulable) + " have no schedule for the batch");
   }
   std::sort(out.ranked.begin(), out.ranked.end(),
@@ -144,7 +147,8 @@ struct search_result {
   return out;
 }
 
-[[nodiscard]] inline search_result search(const model_spec& m, const machine& mc, const search_options& o) {
+[[nodiscard]] inline search_result search(const model_spec& m, const machine& mc,
+                                          const search_options& o) {
   return search(m, mc, o, calibration_of(mc.device));
 }
 
@@ -175,59 +179,73 @@ inline std::string format(const char* fmt, double a, double b = 0, double c = 0,
 /// Why the top `n` layouts rank where they do: per layout its throughput, where its
 /// communication goes and what its bubble costs; then the rules of thumb, each with the
 /// numbers of this search behind it.
-[[nodiscard]] inline std::string explain(const search_result& s, const machine& mc, std::size_t n = 5) {
+[[nodiscard]] inline std::string explain(const search_result& s, const machine& mc,
+                                         std::size_t n = 5) {
   std::string out;
   const int per_node = mc.cluster.devices_on(0);
   const double gib = 1024.0 * 1024 * 1024;
   for (std::size_t i = 0; i < std::min(n, s.ranked.size()); ++i) {
     const auto& [l, r] = s.ranked[i];
     out += "#" + std::to_string(i + 1) + "  " + describe(l) + "\n";
-    out += detail::format("    %.1f TFLOP/s per GPU (SC21), %.1f model TFLOP/s (MFU %.0f%%), step %.2f s\n",
-                          r.tflops_per_gpu, r.model_tflops_per_gpu, 100 * r.mfu, r.step_time_s);
-    out += detail::format("    memory %.1f GiB per GPU (states %.1f, activations %.1f)\n", r.memory_bytes() / gib,
-                          r.states.total() / gib, r.activation_bytes / gib);
+    out += detail::format(
+        "    %.1f TFLOP/s per GPU (SC21), %.1f model TFLOP/s (MFU %.0f%%), step %.2f s\n",
+        r.tflops_per_gpu, r.model_tflops_per_gpu, 100 * r.mfu, r.step_time_s);
+    out += detail::format("    memory %.1f GiB per GPU (states %.1f, activations %.1f)\n",
+                          r.memory_bytes() / gib, r.states.total() / gib, r.activation_bytes / gib);
     if (l.tp > 1)
       out += detail::format("    TP %.0f on ", l.tp) + std::string(r.tp.link) +
-             detail::format(": %.2f s per step (%.0f%% of it)\n", r.tp.seconds, 100 * r.tp.seconds / r.step_time_s);
+             detail::format(": %.2f s per step (%.0f%% of it)\n", r.tp.seconds,
+                            100 * r.tp.seconds / r.step_time_s);
     if (l.pp > 1)
-      out += detail::format("    PP %.0f stages, %.0f micro-batches: bubble %.1f%% of ideal compute (1F1B's (p-1)/m = %.1f%%)\n",
-                            l.pp, r.microbatches, 100 * r.bubble, 100.0 * (l.pp - 1) / r.microbatches);
+      out += detail::format(
+          "    PP %.0f stages, %.0f micro-batches: bubble %.1f%% of ideal compute (1F1B's (p-1)/m "
+          "= %.1f%%)\n",
+          l.pp, r.microbatches, 100 * r.bubble, 100.0 * (l.pp - 1) / r.microbatches);
     if (l.dp > 1)
       out += detail::format("    DP %.0f on ", l.dp) + std::string(r.dp.link) +
-             detail::format(": %.2f s of reduction, %.2f s not hidden behind the backward\n", r.dp.seconds,
-                            r.dp_exposed_s);
+             detail::format(": %.2f s of reduction, %.2f s not hidden behind the backward\n",
+                            r.dp.seconds, r.dp_exposed_s);
   }
   const ranked_layout& best = s.ranked.front();
   // Why TP stays inside a node: the best mesh whose TP group leaves the node.
   const auto across = std::find_if(s.ranked.begin(), s.ranked.end(),
                                    [&](const ranked_layout& x) { return x.l.tp > per_node; });
   if (best.l.tp <= per_node && across != s.ranked.end()) {
-    out += detail::format("Why TP stays inside a node: the best layout with TP %.0f (over %.0f GPUs per node) ranks #",
-                          across->l.tp, per_node) +
-           std::to_string(across - s.ranked.begin() + 1) +
-           detail::format(" and is %.0f%% slower; its TP collectives cross ", 100 * (across->r.step_time_s / best.r.step_time_s - 1)) +
-           std::string(topology::name_of(mc.cluster.inter().kind)) +
-           detail::format(" at %.0f GB/s per NIC instead of ", mc.cluster.inter().bandwidth / 1e9) +
-           std::string(topology::name_of(mc.cluster.intra().kind)) +
-           detail::format(" at %.0f GB/s: %.2f s of TP communication per step against %.2f s.\n",
-                          mc.cluster.intra().bandwidth / 1e9, across->r.tp.seconds, best.r.tp.seconds);
+    out +=
+        detail::format(
+            "Why TP stays inside a node: the best layout with TP %.0f (over %.0f GPUs per node) "
+            "ranks #",
+            across->l.tp, per_node) +
+        std::to_string(across - s.ranked.begin() + 1) +
+        detail::format(" and is %.0f%% slower; its TP collectives cross ",
+                       100 * (across->r.step_time_s / best.r.step_time_s - 1)) +
+        std::string(topology::name_of(mc.cluster.inter().kind)) +
+        detail::format(" at %.0f GB/s per NIC instead of ", mc.cluster.inter().bandwidth / 1e9) +
+        std::string(topology::name_of(mc.cluster.intra().kind)) +
+        detail::format(" at %.0f GB/s: %.2f s of TP communication per step against %.2f s.\n",
+                       mc.cluster.intra().bandwidth / 1e9, across->r.tp.seconds, best.r.tp.seconds);
   }
   if (best.l.pp > 1) {
-    out += detail::format("What the bubble costs: #1 idles %.1f%% of its ideal compute (%.2f s per step) while its pipeline fills and drains; ",
-                          100 * best.r.bubble, best.r.bubble / (1 + best.r.bubble) * best.r.pipeline_s) +
+    out += detail::format(
+               "What the bubble costs: #1 idles %.1f%% of its ideal compute (%.2f s per step) "
+               "while its pipeline fills and drains; ",
+               100 * best.r.bubble, best.r.bubble / (1 + best.r.bubble) * best.r.pipeline_s) +
            "fewer stages would shrink it but need more memory per GPU or more TP.\n";
   }
   std::size_t close = 1;
   while (close < s.ranked.size() && s.ranked[close].r.step_time_s <= 1.05 * best.r.step_time_s)
     ++close;
   if (close > 1)
-    out += "#1 to #" + std::to_string(close) +
-           " are within 5% of each other, inside the simulator's error on published runs (up to 10%): "
-           "take them as equals and choose by what the model leaves out (software, schedules "
-           "available, headroom in memory).\n";
+    out +=
+        "#1 to #" + std::to_string(close) +
+        " are within 5% of each other, inside the simulator's error on published runs (up to 10%): "
+        "take them as equals and choose by what the model leaves out (software, schedules "
+        "available, headroom in memory).\n";
   out += "Searched " + std::to_string(s.meshes) + " meshes (" + std::to_string(s.out_of_memory) +
          " fit no variant in memory" +
-         (s.unschedulable > 0 ? ", " + std::to_string(s.unschedulable) + " have no schedule for the batch" : "") +
+         (s.unschedulable > 0
+              ? ", " + std::to_string(s.unschedulable) + " have no schedule for the batch"
+              : "") +
          "), simulated " + std::to_string(s.simulated) + " layouts.\n";
   return out;
 }

@@ -29,9 +29,11 @@ inline std::string trace_number(double x) {
   const pl::timeline& t = r.timeline;
   const auto q = [](std::string_view x) { return "\"" + std::string(x) + "\""; };
   std::string o = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
-  o += "  {\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 0, \"args\": {\"name\": " + q(title) + "}},\n";
-  const auto event = [&](int rank, std::string_view name, std::string_view cat, std::string_view colour,
-                         double start_s, double end_s) {
+  o +=
+      "  {\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 0, \"args\": {\"name\": " + q(title) +
+      "}},\n";
+  const auto event = [&](int rank, std::string_view name, std::string_view cat,
+                         std::string_view colour, double start_s, double end_s) {
     o += "  {\"name\": " + q(name) + ", \"cat\": " + q(cat) + ", \"cname\": " + q(colour) +
          ", \"ph\": \"X\", \"pid\": 0, \"tid\": " + std::to_string(rank) +
          ", \"ts\": " + detail::trace_number(start_s * 1e6) +
@@ -39,8 +41,9 @@ inline std::string trace_number(double x) {
   };
   for (int rank = 0; rank < s.stages; ++rank) {
     const auto ur = static_cast<std::size_t>(rank);
-    o += "  {\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": " + std::to_string(rank) +
-         ", \"args\": {\"name\": \"pipeline rank " + std::to_string(rank) + "\"}},\n";
+    o += "  {\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": " +
+         std::to_string(rank) + ", \"args\": {\"name\": \"pipeline rank " + std::to_string(rank) +
+         "\"}},\n";
     double free_from = 0;
     const auto& list = s.ranks[ur];
     for (std::size_t i = 0; i < list.size(); ++i) {
@@ -50,8 +53,14 @@ inline std::string trace_number(double x) {
       if (start > free_from) event(rank, "idle", "idle", "grey", free_from, start);
       const bool f = a.kind == pl::action_kind::forward;
       const bool b = a.kind == pl::action_kind::backward;
-      event(rank, pl::token(a), f ? "forward" : b ? "backward" : "weight",
-            f ? "good" : b ? "rail_response" : "yellow", start, t.end[ur][i]);
+      event(rank, pl::token(a),
+            f   ? "forward"
+            : b ? "backward"
+                : "weight",
+            f   ? "good"
+            : b ? "rail_response"
+                : "yellow",
+            start, t.end[ur][i]);
       free_from = t.end[ur][i];
     }
     if (r.pipeline_s > free_from) event(rank, "idle", "idle", "grey", free_from, r.pipeline_s);

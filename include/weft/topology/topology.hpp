@@ -77,8 +77,8 @@ enum class link_kind : std::uint8_t { nvlink, pcie, shm, infiniband, ethernet };
 
 struct link {
   link_kind kind = link_kind::shm;
-  double bandwidth = 10e9;  // bytes per second, per direction, per device (inter-node: per NIC)
-  double latency = 1e-6;    // seconds
+  double bandwidth = 10e9; // bytes per second, per direction, per device (inter-node: per NIC)
+  double latency = 1e-6;   // seconds
 
   friend bool operator==(const link&, const link&) = default;
 };
@@ -110,8 +110,7 @@ inline constexpr double default_reduce_bandwidth = 10e9;
 class cluster {
 public:
   /// One node, one device, the default links (shm intra, ethernet inter).
-  cluster()
-      : cluster({1}, default_link(link_kind::shm), default_link(link_kind::ethernet)) {}
+  cluster() : cluster({1}, default_link(link_kind::shm), default_link(link_kind::ethernet)) {}
 
   /// Throws weft::error on no node, more than 65536 nodes (what a spec can name), a node
   /// without a device, a link of the wrong class (intra must be nvlink, pcie or shm; inter ib
@@ -143,8 +142,8 @@ public:
       }
       first_.push_back(first_.back() + devices_[n]);
     }
-    uniform_ = std::all_of(devices_.begin(), devices_.end(),
-                           [&](int d) { return d == devices_.front(); });
+    uniform_ =
+        std::all_of(devices_.begin(), devices_.end(), [&](int d) { return d == devices_.front(); });
     if (!is_intra_node(intra_.kind)) {
       invalid("the intra-node link is ", name_of(intra_.kind), "; it must be nvlink, pcie or shm");
     }
@@ -226,8 +225,8 @@ public:
                          spec::format_quantity(l->bandwidth, spec::bandwidth_units), ":",
                          spec::format_quantity(l->latency, spec::latency_units)));
     }
-    s.append(spec::cat(",nics=", std::to_string(nics_), ",reduce=",
-                       spec::format_quantity(reduce_, spec::bandwidth_units)));
+    s.append(spec::cat(",nics=", std::to_string(nics_),
+                       ",reduce=", spec::format_quantity(reduce_, spec::bandwidth_units)));
     return s;
   }
 
@@ -272,7 +271,7 @@ private:
   }
 
   std::vector<int> devices_;
-  std::vector<int> first_;  // first_[n]: node n's first rank; first_.back() == size()
+  std::vector<int> first_; // first_[n]: node n's first rank; first_.back() == size()
   link intra_;
   link inter_;
   int nics_ = 1;
@@ -283,10 +282,14 @@ private:
 /// parse()'s names for link kinds; to_string() writes name_of(), which is among them.
 [[nodiscard]] inline std::optional<link_kind> kind_named(std::string_view name) noexcept {
   constexpr std::pair<std::string_view, link_kind> names[] = {
-      {"nvlink", link_kind::nvlink},         {"pcie", link_kind::pcie},
-      {"shm", link_kind::shm},               {"ib", link_kind::infiniband},
-      {"infiniband", link_kind::infiniband}, {"ethernet", link_kind::ethernet},
-      {"eth", link_kind::ethernet},          {"net", link_kind::ethernet},
+      {"nvlink", link_kind::nvlink},
+      {"pcie", link_kind::pcie},
+      {"shm", link_kind::shm},
+      {"ib", link_kind::infiniband},
+      {"infiniband", link_kind::infiniband},
+      {"ethernet", link_kind::ethernet},
+      {"eth", link_kind::ethernet},
+      {"net", link_kind::ethernet},
   };
   for (const auto& [n, k] : names) {
     if (::weft::detail::spec::iequals(n, name)) {

@@ -56,8 +56,9 @@ TEST(automatic, table) {
   for (const candidate& a : candidates())
     names.insert(a.name);
   EXPECT_EQ(names, (std::set<std::string_view>{
-                       "direct", "ring", "tree", "halving_doubling", "recursive_doubling", "pairwise", "hierarchical<ring, ring>",
-                       "hierarchical<direct, ring>", "hierarchical<ring, tree>"}));
+                       "direct", "ring", "tree", "halving_doubling", "recursive_doubling",
+                       "pairwise", "hierarchical<ring, ring>", "hierarchical<direct, ring>",
+                       "hierarchical<ring, tree>"}));
   for (const candidate& a : candidates()) {
     EXPECT_EQ(a.needs_peer_access, a.name.find("direct") != std::string_view::npos) << a.name;
     EXPECT_EQ(a.needs_nodes, a.name.starts_with("hierarchical")) << a.name;
@@ -210,7 +211,8 @@ TEST(automatic, as_a_policy_its_plans_are_correct) {
   // Without a topology it never picks a peer-access plan.
   const auto pl = weft::algo::automatic::make_plan({collective::all_reduce, 4, 0, 1, 0, {}, 4});
   EXPECT_FALSE(pl.peer_access());
-  EXPECT_FALSE(weft::algo::automatic::make_plan({collective::all_to_all, 4, 0, 1, 0, {}, 4}).peer_access());
+  EXPECT_FALSE(
+      weft::algo::automatic::make_plan({collective::all_to_all, 4, 0, 1, 0, {}, 4}).peer_access());
   EXPECT_THROW(weft::algo::automatic::make_plan({collective::all_reduce, 4, 0, 1, 0, {0, 0, 1}, 4}),
                weft::error);
 }

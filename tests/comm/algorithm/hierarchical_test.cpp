@@ -35,10 +35,12 @@ static_assert(ring_tree::serves(collective::broadcast) && ring_tree::serves(coll
 // halving_doubling plans neither broadcast nor reduce, so the composition cannot either.
 static_assert(direct_hd::serves(collective::all_reduce) &&
               !direct_hd::serves(collective::broadcast) && !direct_hd::serves(collective::reduce));
-static_assert(ring_ring::serves(collective::reduce_scatter) && ring_ring::serves(collective::all_gather) &&
+static_assert(ring_ring::serves(collective::reduce_scatter) &&
+              ring_ring::serves(collective::all_gather) &&
               !ring_ring::serves(collective::all_to_all));
 // tree plans neither all_gather nor reduce_scatter, so as Inter it cannot carry the rails.
-static_assert(!ring_tree::serves(collective::all_gather) && !ring_tree::serves(collective::reduce_scatter));
+static_assert(!ring_tree::serves(collective::all_gather) &&
+              !ring_tree::serves(collective::reduce_scatter));
 
 struct layout {
   std::string what;
@@ -163,7 +165,8 @@ void check_rails_everywhere(collective c) {
   for (const layout& l : layouts()) {
     SCOPED_TRACE(l.what);
     const int p = static_cast<int>(l.node_of.size());
-    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t(p + 3), std::size_t{1000}}) {
+    for (std::size_t n :
+         {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t(p + 3), std::size_t{1000}}) {
       check_plans<A, int>(c, p, n, 0, pattern::exact, l.node_of);
       check_plans<A, float>(c, p, n, 0, pattern::random, l.node_of);
     }
@@ -256,7 +259,8 @@ TEST(hierarchical, all_gather_and_reduce_scatter_cross_nodes_once_per_rail) {
       const auto s = sent_by(ring_ring::make_plan({coll, 8, r, c, 0, node_of}), node_of);
       EXPECT_EQ(s.total, c + 2 * 3 * c) << name_of(coll) << " rank " << r;
       EXPECT_EQ(s.off_node, c) << name_of(coll) << " rank " << r;
-      EXPECT_EQ(s.peers, (std::set<int>{r / 4 * 4 + (r + 1) % 4, (r + 4) % 8})) << name_of(coll) << " rank " << r;
+      EXPECT_EQ(s.peers, (std::set<int>{r / 4 * 4 + (r + 1) % 4, (r + 4) % 8}))
+          << name_of(coll) << " rank " << r;
     }
     // The flat ring's rank 3 sends all its 7 blocks across nodes.
     EXPECT_EQ(sent_by(algo::ring::make_plan({coll, 8, 3, c, 0, node_of}), node_of).off_node, 7 * c)

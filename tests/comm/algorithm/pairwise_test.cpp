@@ -19,10 +19,10 @@ TEST(pairwise, all_to_all_matches_the_reference) {
 TEST(pairwise, each_round_is_a_permutation_and_moves_one_block) {
   const int p = 6;
   const std::size_t n = 10;
-  std::vector<std::vector<int>> target(p);  // target[round][rank]
+  std::vector<std::vector<int>> target(p); // target[round][rank]
   for (int r = 0; r < p; ++r) {
     const auto pl = weft::algo::pairwise::make_plan({collective::all_to_all, p, r, n, 0, {}, 4});
-    EXPECT_EQ(pl.rounds(), static_cast<std::uint32_t>(p));  // own copy, then p-1 exchanges
+    EXPECT_EQ(pl.rounds(), static_cast<std::uint32_t>(p)); // own copy, then p-1 exchanges
     std::size_t sent = 0;
     for (const auto& s : pl.steps()) {
       if (s.kind != weft::step_kind::send) continue;
@@ -34,14 +34,17 @@ TEST(pairwise, each_round_is_a_permutation_and_moves_one_block) {
   }
   for (std::size_t k = 1; k < target.size(); ++k) {
     std::vector<int> seen(p, 0);
-    for (int t : target[k]) ++seen[static_cast<std::size_t>(t)];
-    for (int c : seen) EXPECT_EQ(c, 1) << "round " << k;
+    for (int t : target[k])
+      ++seen[static_cast<std::size_t>(t)];
+    for (int c : seen)
+      EXPECT_EQ(c, 1) << "round " << k;
   }
 }
 
 TEST(pairwise, serves_only_all_to_all) {
   EXPECT_FALSE(weft::algo::pairwise::serves(collective::all_reduce));
-  EXPECT_THROW(weft::algo::pairwise::make_plan({collective::all_reduce, 2, 0, 4, 0, {}, 4}), weft::error);
+  EXPECT_THROW(weft::algo::pairwise::make_plan({collective::all_reduce, 2, 0, 4, 0, {}, 4}),
+               weft::error);
 }
 
 } // namespace

@@ -41,7 +41,7 @@ TEST(recursive_doubling, random_sums_and_products) {
       check_plans<recursive_doubling, double>(collective::all_reduce, p, n, 0, pattern::random);
       check_plans<recursive_doubling, float>(collective::all_reduce, p, n, 0, pattern::random);
       check_plans<recursive_doubling, std::int64_t, weft::op::prod>(collective::all_reduce, p, n, 0,
-                                                                     pattern::random);
+                                                                    pattern::random);
     }
   }
 }
@@ -50,7 +50,8 @@ TEST(recursive_doubling, half_and_bfloat16_sum) {
   for (int p : sizes) {
     for (std::size_t n : counts_for(p)) {
       check_plans<recursive_doubling, weft::half>(collective::all_reduce, p, n, 0, pattern::random);
-      check_plans<recursive_doubling, weft::bfloat16>(collective::all_reduce, p, n, 0, pattern::random);
+      check_plans<recursive_doubling, weft::bfloat16>(collective::all_reduce, p, n, 0,
+                                                      pattern::random);
     }
   }
 }
@@ -72,7 +73,8 @@ TEST(recursive_doubling, signed_zeros_identical_on_every_rank) {
     weft::detail::run_serial(plans, ranks, weft::op::min{}, 3);
     for (int r = 1; r < p; ++r) {
       for (std::size_t i = 0; i < 4; ++i) {
-        EXPECT_TRUE(weft::test::same_bits(ranks[0].output[i], ranks[static_cast<std::size_t>(r)].output[i]))
+        EXPECT_TRUE(
+            weft::test::same_bits(ranks[0].output[i], ranks[static_cast<std::size_t>(r)].output[i]))
             << "p=" << p << " rank " << r << " element " << i;
       }
     }
@@ -98,7 +100,8 @@ TEST(recursive_doubling, rounds_and_volume) {
       }
       const int want_sends = fold.folded_out(r) ? 1 : log2p + (fold.absorbs(r) ? 1 : 0);
       EXPECT_EQ(sends, p == 1 ? 0 : want_sends) << "p=" << p << " rank " << r;
-      EXPECT_EQ(sent, static_cast<std::size_t>(p == 1 ? 0 : want_sends) * 100) << "p=" << p << " rank " << r;
+      EXPECT_EQ(sent, static_cast<std::size_t>(p == 1 ? 0 : want_sends) * 100)
+          << "p=" << p << " rank " << r;
       EXPECT_LE(pl.scratch_count(), 200u);
     }
   }

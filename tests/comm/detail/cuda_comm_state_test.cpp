@@ -254,7 +254,7 @@ TEST(cuda_comm_state, after_an_abort_the_stream_is_drained_then_the_failure_leav
   };
   const row table[] = {
       {stream_poll::idle, false, comm_action::proceed},
-      {stream_poll::idle, true, comm_action::proceed}, // drained at the bound: still an answer
+      {stream_poll::idle, true, comm_action::proceed},    // drained at the bound: still an answer
       {stream_poll::broken, false, comm_action::proceed}, // the device runs nothing of it any more
       {stream_poll::broken, true, comm_action::proceed},
       {stream_poll::busy, false, comm_action::poll},
@@ -270,7 +270,8 @@ TEST(cuda_comm_state, a_drain_may_take_the_deadline_and_never_less_than_the_floo
   using namespace std::chrono_literals;
   using weft::cuda::detail::drain_bound;
   using weft::cuda::detail::drain_floor;
-  EXPECT_EQ(drain_bound(300ms), drain_floor); // a short deadline: the program's own kernels get time
+  EXPECT_EQ(drain_bound(300ms),
+            drain_floor); // a short deadline: the program's own kernels get time
   EXPECT_EQ(drain_bound(10s), 10s);
   EXPECT_EQ(drain_bound(std::chrono::minutes(5)), std::chrono::minutes(5));
   static_assert(drain_floor == std::chrono::seconds(10));

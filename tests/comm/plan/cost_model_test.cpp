@@ -110,10 +110,12 @@ TEST(cost_model, loads_across_nodes_queue_on_the_nics) {
     if (r != 0) x.load(0, buffer::input, 0, buffer::output, 0, 1'000'000);
     x.sync(g);
   }
-  const double sync_latency = alpha_x;  // the group spans both nodes
-  EXPECT_NEAR(price(pl, make({2, 2}, 1), {}, 1), sync_latency + 2e6 / beta_x + alpha_x + sync_latency, rel);
+  const double sync_latency = alpha_x; // the group spans both nodes
+  EXPECT_NEAR(price(pl, make({2, 2}, 1), {}, 1),
+              sync_latency + 2e6 / beta_x + alpha_x + sync_latency, rel);
   // Two NICs: both reads at once.
-  EXPECT_NEAR(price(pl, make({2, 2}, 2), {}, 1), sync_latency + 1e6 / beta_x + alpha_x + sync_latency, rel);
+  EXPECT_NEAR(price(pl, make({2, 2}, 2), {}, 1),
+              sync_latency + 1e6 / beta_x + alpha_x + sync_latency, rel);
 }
 
 TEST(cost_model, sends_of_one_rank_in_a_round_share_its_link) {

@@ -37,7 +37,7 @@ TEST(local_emulation, one_message_takes_latency_plus_bytes_over_bandwidth) {
       cluster,
       [&](weft::local::communicator& c) {
         std::vector<float> buf(n, static_cast<float>(c.rank() + 1));
-        const auto t0 = clock_type::now();  // before the barrier: no transfer starts before it
+        const auto t0 = clock_type::now(); // before the barrier: no transfer starts before it
         c.barrier();
         if (c.rank() == 0) {
           c.send(std::span<const float>(buf), 1);
@@ -63,12 +63,15 @@ TEST(local_emulation, times_past_the_clocks_range_are_never_not_the_past) {
   const std::int64_t now = weft::detail::link_pacer::now();
   const std::int64_t ready = pacer.post(0, 1, 1e12);
   EXPECT_GE(ready, now);
-  const std::int64_t second = pacer.post(0, 1, 1e12);  // after the first, which never ends
+  const std::int64_t second = pacer.post(0, 1, 1e12); // after the first, which never ends
   EXPECT_GT(second, now + std::int64_t{1'000'000'000} * 3600 * 24 * 365 * 50);
-  EXPECT_GT(pacer.arrival(0, 1, 1e12, ready), now + std::int64_t{1'000'000'000} * 3600 * 24 * 365 * 50);
+  EXPECT_GT(pacer.arrival(0, 1, 1e12, ready),
+            now + std::int64_t{1'000'000'000} * 3600 * 24 * 365 * 50);
   const std::vector<int> sources{0};
-  EXPECT_GT(pacer.loads(1, sources, 1e12), now + std::int64_t{1'000'000'000} * 3600 * 24 * 365 * 50);
-  EXPECT_GT(pacer.synced(std::vector<int>{0, 1}), now + std::int64_t{1'000'000'000} * 3600 * 24 * 365 * 50);
+  EXPECT_GT(pacer.loads(1, sources, 1e12),
+            now + std::int64_t{1'000'000'000} * 3600 * 24 * 365 * 50);
+  EXPECT_GT(pacer.synced(std::vector<int>{0, 1}),
+            now + std::int64_t{1'000'000'000} * 3600 * 24 * 365 * 50);
 }
 
 // A rank's link can be posted to by two of its threads at once: the main thread's pipeline
@@ -78,7 +81,7 @@ TEST(local_emulation, times_past_the_clocks_range_are_never_not_the_past) {
 TEST(local_emulation, two_threads_posting_on_one_link_take_it_in_turn) {
   const auto cluster = weft::topology::parse("2x1,inter=net:1MB/s:1us");
   weft::detail::link_pacer pacer(cluster);
-  constexpr int posts = 200'000;  // 1,000 bytes each: 1 ms on the link
+  constexpr int posts = 200'000; // 1,000 bytes each: 1 ms on the link
   std::vector<std::int64_t> ready[2];
   {
     std::atomic<int> started{0};
@@ -87,18 +90,23 @@ TEST(local_emulation, two_threads_posting_on_one_link_take_it_in_turn) {
       threads.emplace_back([&pacer, &mine, &started] {
         mine.reserve(posts);
         started.fetch_add(1);
-        while (started.load() < 2) {}
-        for (int i = 0; i < posts; ++i) mine.push_back(pacer.post(0, 1, 1e3));
+        while (started.load() < 2) {
+        }
+        for (int i = 0; i < posts; ++i)
+          mine.push_back(pacer.post(0, 1, 1e3));
       });
     }
-    for (auto& t : threads) t.join();
+    for (auto& t : threads)
+      t.join();
   }
   std::vector<std::int64_t> all(ready[0]);
   all.insert(all.end(), ready[1].begin(), ready[1].end());
   std::sort(all.begin(), all.end());
   int overlapping = 0;
-  for (std::size_t i = 1; i < all.size(); ++i) overlapping += all[i] - all[i - 1] < 1'000'000 ? 1 : 0;
-  EXPECT_EQ(overlapping, 0) << "of " << all.size() << " messages, some started before the one ahead had left";
+  for (std::size_t i = 1; i < all.size(); ++i)
+    overlapping += all[i] - all[i - 1] < 1'000'000 ? 1 : 0;
+  EXPECT_EQ(overlapping, 0) << "of " << all.size()
+                            << " messages, some started before the one ahead had left";
 }
 
 TEST(local_emulation, off_by_default) {
@@ -108,8 +116,10 @@ TEST(local_emulation, off_by_default) {
     std::vector<float> buf(1 << 18, 1.0f);
     c.barrier();
     const auto t0 = clock_type::now();
-    if (c.rank() == 0) c.send(std::span<const float>(buf), 1);
-    else c.recv(std::span(buf), 0), took = seconds_since(t0);
+    if (c.rank() == 0)
+      c.send(std::span<const float>(buf), 1);
+    else
+      c.recv(std::span(buf), 0), took = seconds_since(t0);
   });
   EXPECT_LT(took, 0.4 + double(1 << 20) / 10e6);
 }
@@ -124,10 +134,12 @@ TEST(local_emulation, ranks_leaving_a_node_share_its_nics) {
       cluster,
       [&](weft::local::communicator& c) {
         std::vector<float> buf(n, 1.0f);
-        const auto t0 = clock_type::now();  // before the barrier: no transfer starts before it
+        const auto t0 = clock_type::now(); // before the barrier: no transfer starts before it
         c.barrier();
-        if (c.rank() < 2) c.send(std::span<const float>(buf), c.rank() + 2);
-        else c.recv(std::span(buf), c.rank() - 2);
+        if (c.rank() < 2)
+          c.send(std::span<const float>(buf), c.rank() + 2);
+        else
+          c.recv(std::span(buf), c.rank() - 2);
         c.barrier();
         if (c.rank() == 0) took = seconds_since(t0);
       },
@@ -145,22 +157,24 @@ TEST(local_emulation, all_reduce_is_exact_and_no_faster_than_the_links) {
       cluster,
       [&](weft::local::communicator& c) {
         std::vector<float> in(n), out(n);
-        for (std::size_t i = 0; i < n; ++i) in[i] = static_cast<float>((c.rank() + i) % 7);
-        const auto t0 = clock_type::now();  // before the barrier: no transfer starts before it
+        for (std::size_t i = 0; i < n; ++i)
+          in[i] = static_cast<float>((c.rank() + i) % 7);
+        const auto t0 = clock_type::now(); // before the barrier: no transfer starts before it
         c.barrier();
         weft::all_reduce<weft::algo::hierarchical<>>(c, std::span<const float>(in), std::span(out));
         c.barrier();
         if (c.rank() == 0) took = seconds_since(t0);
         for (std::size_t i = 0; i < n; i += 997) {
           float want = 0;
-          for (int r = 0; r < c.size(); ++r) want += static_cast<float>((r + i) % 7);
+          for (int r = 0; r < c.size(); ++r)
+            want += static_cast<float>((r + i) % 7);
           ASSERT_EQ(out[i], want) << i;
         }
       },
       emulated);
   // hierarchical: ring reduce-scatter in each node, then 2-rank all-reduces of a quarter
   // across nodes (two per node, sharing one NIC), then ring all-gather in each node.
-  const double inter = 2.0 * double(1 << 20) / 2.0 / 0.2e9;  // 2 x (N/2) per node over one NIC
+  const double inter = 2.0 * double(1 << 20) / 2.0 / 0.2e9; // 2 x (N/2) per node over one NIC
   EXPECT_GE(took, inter);
 }
 

@@ -7,13 +7,12 @@
 #include <weft/comm/transport/local.hpp>
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <cstdint>
 #include <fstream>
 #include <numeric>
 #include <vector>
-
-#include <sys/resource.h>
 
 namespace {
 
@@ -46,13 +45,14 @@ TEST(local_scale, a_ring_on_1024_ranks_costs_memory_for_the_pairs_that_talk) {
     weft::all_reduce<weft::algo::ring>(c, std::span<double>(x));
     seen[static_cast<std::size_t>(c.rank())] = x[0];
   });
-  const double expected = static_cast<double>(p) * (p - 1) / 2;  // 0 + 1 + ... + p-1
+  const double expected = static_cast<double>(p) * (p - 1) / 2; // 0 + 1 + ... + p-1
   for (int r = 0; r < p; ++r)
     ASSERT_EQ(seen[static_cast<std::size_t>(r)], expected) << "rank " << r;
   // A ring touches 2p channels. 1,024 threads' stacks are mapped, not resident; the bound
   // leaves room for them and the allocator, and is a tenth of what p^2 channels take.
   const std::int64_t grew = peak_resident_bytes() - before;
-  EXPECT_LT(grew, std::int64_t{300} << 20) << "peak resident memory grew by " << (grew >> 20) << " MiB";
+  EXPECT_LT(grew, std::int64_t{300} << 20)
+      << "peak resident memory grew by " << (grew >> 20) << " MiB";
 }
 
 } // namespace

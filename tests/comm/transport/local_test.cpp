@@ -47,7 +47,7 @@ TEST(local, point_to_point_in_order_with_tags) {
   weft::local::run(4, [](weft::local::communicator& c) {
     const int next = (c.rank() + 1) % c.size();
     const int prev = (c.rank() + c.size() - 1) % c.size();
-    for (int k = 0; k < 60; ++k) {  // eager: sends return before the receiver arrives
+    for (int k = 0; k < 60; ++k) { // eager: sends return before the receiver arrives
       std::vector<int> out{c.rank(), k};
       c.send(std::span<const int>(out), next, 5);
     }
@@ -78,7 +78,7 @@ TEST(local, mismatched_receive_is_an_error_naming_both_sides) {
 
 TEST(local, split_groups_by_color_ordered_by_key) {
   weft::local::run(6, [](weft::local::communicator& c) {
-    auto sub = c.split(c.rank() % 2, -c.rank());  // reverse order inside each color
+    auto sub = c.split(c.rank() % 2, -c.rank()); // reverse order inside each color
     EXPECT_EQ(sub.size(), 3);
     // even ranks 4,2,0 -> 0,1,2; odd 5,3,1 -> 0,1,2
     EXPECT_EQ(sub.rank(), (5 - c.rank()) / 2);
@@ -89,7 +89,8 @@ TEST(local, split_groups_by_color_ordered_by_key) {
     // The sub-communicators are independent: traffic in one does not reach the other.
     std::vector<int> v{c.rank()};
     if (sub.rank() == 0) {
-      for (int r = 1; r < sub.size(); ++r) sub.send(std::span<const int>(v), r);
+      for (int r = 1; r < sub.size(); ++r)
+        sub.send(std::span<const int>(v), r);
     } else {
       std::vector<int> in(1);
       sub.recv(std::span(in), 0);
@@ -104,7 +105,8 @@ TEST(local, barrier_orders_writes) {
     for (int round = 1; round <= 50; ++round) {
       cells[static_cast<std::size_t>(c.rank())] = round;
       c.barrier();
-      for (int v : cells) EXPECT_EQ(v, round);
+      for (int v : cells)
+        EXPECT_EQ(v, round);
       c.barrier();
     }
   });
@@ -115,7 +117,8 @@ TEST(local, executes_a_peer_access_plan) {
     std::vector<long> in(1000);
     std::iota(in.begin(), in.end(), 100L * c.rank());
     std::vector<long> out(in.size());
-    const auto pl = weft::algo::direct::make_plan({weft::collective::all_reduce, c.size(), c.rank(), in.size(), 0, {}, 8});
+    const auto pl = weft::algo::direct::make_plan(
+        {weft::collective::all_reduce, c.size(), c.rank(), in.size(), 0, {}, 8});
     c.execute(pl, in.data(), in.size(), out.data(), out.size(), weft::op::sum{}, "all_reduce");
     for (std::size_t i = 0; i < out.size(); ++i) {
       ASSERT_EQ(out[i], 5L * static_cast<long>(i) + 100L * (0 + 1 + 2 + 3 + 4));
@@ -133,16 +136,19 @@ TEST(local, staged_calls_back_to_back_stay_exact) {
     std::vector<int> buf(256), out(256);
     const int calls = weft::test::sanitized ? 200 : 2000;
     for (int k = 0; k < calls; ++k) {
-      for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = k * 8 + c.rank() + static_cast<int>(i);
-      if (c.rank() == k % 4 && k % 7 == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      for (std::size_t i = 0; i < buf.size(); ++i)
+        buf[i] = k * 8 + c.rank() + static_cast<int>(i);
+      if (c.rank() == k % 4 && k % 7 == 0)
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
       if (k % 2 == 0) {
         weft::all_reduce<weft::algo::direct>(c, std::span<const int>(buf), std::span(out));
       } else {
-        weft::all_reduce<weft::algo::direct>(c, std::span(buf));  // in place
+        weft::all_reduce<weft::algo::direct>(c, std::span(buf)); // in place
         out = buf;
       }
       for (std::size_t i = 0; i < out.size(); ++i) {
-        ASSERT_EQ(out[i], 4 * (k * 8 + static_cast<int>(i)) + 6) << "call " << k << " element " << i;
+        ASSERT_EQ(out[i], 4 * (k * 8 + static_cast<int>(i)) + 6)
+            << "call " << k << " element " << i;
       }
       if (k % 5 == 0) {
         std::vector<int> b(16, c.rank() == 1 ? k : -1);
@@ -156,17 +162,17 @@ TEST(local, staged_calls_back_to_back_stay_exact) {
 TEST(local, a_rank_that_throws_fails_the_others_and_run_rethrows_it) {
   const auto start = std::chrono::steady_clock::now();
   const auto msg = failure_of([] {
-    weft::local::run(
-        4,
-        [](weft::local::communicator& c) {
-          if (c.rank() == 2) throw weft::error("user code on rank 2 broke");
-          std::vector<int> v(10, 1);
-          c.barrier();
-        },
-        {.timeout = 60s});
+    weft::local::run(4,
+                     [](weft::local::communicator& c) {
+                       if (c.rank() == 2) throw weft::error("user code on rank 2 broke");
+                       std::vector<int> v(10, 1);
+                       c.barrier();
+                     },
+                     {.timeout = 60s});
   });
   EXPECT_NE(msg.find("user code on rank 2 broke"), std::string::npos) << msg;
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "the others must not wait for the deadline";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s)
+      << "the others must not wait for the deadline";
 }
 
 TEST(local, waiting_ranks_name_the_rank_that_failed) {
@@ -224,14 +230,15 @@ TEST(local, a_peer_that_left_a_split_communicator_is_named_by_its_world_rank) {
   (void)failure_of([&] {
     weft::local::run(4, [&](weft::local::communicator& c) {
       auto half = c.split(c.rank() / 2, c.rank());
-      if (c.rank() == 3) return;  // leaves without joining
+      if (c.rank() == 3) return; // leaves without joining
       if (c.rank() == 2) {
         std::vector<int> in(1);
         seen = failure_of([&] { half.recv(std::span(in), 1); });
       }
     });
   });
-  EXPECT_NE(seen.find("but that rank (world rank 3) returned without joining"), std::string::npos) << seen;
+  EXPECT_NE(seen.find("but that rank (world rank 3) returned without joining"), std::string::npos)
+      << seen;
 }
 
 // A user's reduction that throws (here on a NaN) fails the run with its message. It used to
@@ -248,42 +255,44 @@ TEST(local, a_reduction_that_throws_fails_the_run_instead_of_hanging) {
   for (int repeat = 0; repeat < 20; ++repeat) {
     const auto start = std::chrono::steady_clock::now();
     const auto msg = failure_of([] {
-      weft::local::run(
-          2,
-          [](weft::local::communicator& c) {
-            std::vector<float> v(4096, c.rank() == 0 ? std::numeric_limits<float>::quiet_NaN() : 1.0f);
-            weft::all_reduce<weft::algo::ring>(c, std::span(v), refuse_nan{});
-          },
-          {.timeout = 60s});
+      weft::local::run(2,
+                       [](weft::local::communicator& c) {
+                         std::vector<float> v(
+                             4096, c.rank() == 0 ? std::numeric_limits<float>::quiet_NaN() : 1.0f);
+                         weft::all_reduce<weft::algo::ring>(c, std::span(v), refuse_nan{});
+                       },
+                       {.timeout = 60s});
     });
     EXPECT_NE(msg.find("NaN in a gradient"), std::string::npos) << msg;
-    EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "the deadline must not be what ends it";
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 10s)
+        << "the deadline must not be what ends it";
   }
 }
 
 // Timeouts: one too long for the clock waits as long as it takes (it used to overflow into the
 // past and fail every wait at once); zero or negative ones are refused where they are set.
 TEST(local, a_timeout_too_long_for_the_clock_means_no_deadline) {
-  for (const auto t : {std::chrono::milliseconds::max(), std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                             std::chrono::hours(24 * 365 * 300))}) {
+  for (const auto t :
+       {std::chrono::milliseconds::max(), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                              std::chrono::hours(24 * 365 * 300))}) {
     EXPECT_EQ(failure_of([&] {
-                weft::local::run(
-                    2,
-                    [](weft::local::communicator& c) {
-                      if (c.rank() == 1) std::this_thread::sleep_for(150ms);
-                      c.barrier();
-                    },
-                    {.timeout = t});
+                weft::local::run(2,
+                                 [](weft::local::communicator& c) {
+                                   if (c.rank() == 1) std::this_thread::sleep_for(150ms);
+                                   c.barrier();
+                                 },
+                                 {.timeout = t});
               }),
               "")
         << t.count() << " ms";
   }
-  const auto negative = failure_of([] { weft::local::run(2, [](weft::local::communicator&) {}, {.timeout = -5ms}); });
-  EXPECT_NE(negative.find("local::options::timeout: the timeout must be positive, not -5 ms"), std::string::npos)
+  const auto negative =
+      failure_of([] { weft::local::run(2, [](weft::local::communicator&) {}, {.timeout = -5ms}); });
+  EXPECT_NE(negative.find("local::options::timeout: the timeout must be positive, not -5 ms"),
+            std::string::npos)
       << negative;
-  const auto zero = failure_of([] {
-    weft::local::run(1, [](weft::local::communicator& c) { c.set_timeout(0ms); });
-  });
+  const auto zero = failure_of(
+      [] { weft::local::run(1, [](weft::local::communicator& c) { c.set_timeout(0ms); }); });
   EXPECT_NE(zero.find("set_timeout: the timeout must be positive"), std::string::npos) << zero;
 }
 
@@ -293,14 +302,17 @@ TEST(local, a_plan_for_another_communicator_is_refused) {
   std::vector<std::string> seen(2);
   weft::local::run(2, [&](weft::local::communicator& c) {
     std::vector<int> v(8, 1);
-    const auto pl = weft::algo::ring::make_plan({weft::collective::broadcast, 4, c.rank(), v.size(), 0, {}, 4});
-    seen[static_cast<std::size_t>(c.rank())] = failure_of(
-        [&] { c.execute(pl, v.data(), v.size(), v.data(), v.size(), weft::op::sum{}, "broadcast"); });
+    const auto pl =
+        weft::algo::ring::make_plan({weft::collective::broadcast, 4, c.rank(), v.size(), 0, {}, 4});
+    seen[static_cast<std::size_t>(c.rank())] = failure_of([&] {
+      c.execute(pl, v.data(), v.size(), v.data(), v.size(), weft::op::sum{}, "broadcast");
+    });
   });
   for (int r = 0; r < 2; ++r) {
-    EXPECT_NE(seen[static_cast<std::size_t>(r)].find("the plan is for rank " + std::to_string(r) + " of 4, not rank " +
-                                                     std::to_string(r) + " of 2"),
-              std::string::npos)
+    EXPECT_NE(
+        seen[static_cast<std::size_t>(r)].find("the plan is for rank " + std::to_string(r) +
+                                               " of 4, not rank " + std::to_string(r) + " of 2"),
+        std::string::npos)
         << seen[static_cast<std::size_t>(r)];
   }
 }
@@ -309,7 +321,7 @@ TEST(local, a_plan_for_another_communicator_is_refused) {
 // take the part of the peer's buffer they asked for, and the small all-reduce read what an
 // earlier call had staged.
 TEST(local, direct_collectives_with_counts_that_differ_between_ranks_are_an_error) {
-  for (const std::size_t large : {std::size_t{4}, std::size_t{1} << 14}) {  // staged, then two-shot
+  for (const std::size_t large : {std::size_t{4}, std::size_t{1} << 14}) { // staged, then two-shot
     const auto msg = failure_of([&] {
       weft::local::run(2, [&](weft::local::communicator& c) {
         std::vector<int> warm(large, 1000);
@@ -319,7 +331,8 @@ TEST(local, direct_collectives_with_counts_that_differ_between_ranks_are_an_erro
         weft::all_reduce<weft::algo::direct>(c, std::span(v));
       });
     });
-    EXPECT_NE(msg.find("the ranks disagree on the call"), std::string::npos) << large << ": " << msg;
+    EXPECT_NE(msg.find("the ranks disagree on the call"), std::string::npos)
+        << large << ": " << msg;
   }
   const auto gather = failure_of([] {
     weft::local::run(2, [](weft::local::communicator& c) {

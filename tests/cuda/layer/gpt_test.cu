@@ -13,15 +13,15 @@
 #include <weft/layer/cuda/cublas.cuh>
 #include <weft/layer/cuda/matrix.cuh>
 
-#include "layer/gpt_support.hpp"
-#include "support/cuda.cuh"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include "layer/gpt_support.hpp"
+#include "support/cuda.cuh"
 
 namespace {
 
@@ -37,7 +37,9 @@ struct sgd_step {
   weft::matrix_view<T> value;
   weft::matrix_view<const T> grad;
   T lr;
-  __host__ __device__ void operator()(std::size_t r, std::size_t c) const { value(r, c) -= lr * grad(r, c); }
+  __host__ __device__ void operator()(std::size_t r, std::size_t c) const {
+    value(r, c) -= lr * grad(r, c);
+  }
 };
 
 /// A device view's elements as doubles on the host (waits for s).
@@ -45,8 +47,8 @@ template <class T>
 dmat download(weft::matrix_view<const T> d, cudaStream_t s) {
   weft::matrix<T> h(d.rows(), d.cols());
   if (h.size() != 0) {
-    WEFT_CUDA_TRY(cudaMemcpy2DAsync(h.data(), d.cols() * sizeof(T), d.data(), d.ld() * sizeof(T), d.cols() * sizeof(T),
-                                    d.rows(), cudaMemcpyDeviceToHost, s));
+    WEFT_CUDA_TRY(cudaMemcpy2DAsync(h.data(), d.cols() * sizeof(T), d.data(), d.ld() * sizeof(T),
+                                    d.cols() * sizeof(T), d.rows(), cudaMemcpyDeviceToHost, s));
   }
   WEFT_CUDA_TRY(cudaStreamSynchronize(s));
   return as_double<T>(h.view());
@@ -61,7 +63,8 @@ run_result train_on_device(int tp) {
   emulated::run(tp, [&](emulated::communicator& c) {
     const cudaStream_t s = c.stream();
     const weft::layer::cublas gemm(s);
-    weft::layer::gpt<T, emulated::communicator, weft::layer::cublas, SP, Recompute> model(c, shape, 99, gemm);
+    weft::layer::gpt<T, emulated::communicator, weft::layer::cublas, SP, Recompute> model(c, shape,
+                                                                                          99, gemm);
     for (int step = 0; step < steps; ++step) {
       model.zero_grad();
       const double loss = model.forward(ids, targets);
@@ -83,11 +86,12 @@ run_result train_on_device(int tp) {
       for (auto& p : model.parameters()) {
         weft::layer::detail::for_each_element(
             gemm, p.value.rows(), p.value.cols(),
-            sgd_step<T>{p.value, weft::matrix_view<const T>(p.grad), static_cast<T>(learning_rate)});
+            sgd_step<T>{p.value, weft::matrix_view<const T>(p.grad),
+                        static_cast<T>(learning_rate)});
       }
     }
     WEFT_CUDA_TRY(cudaStreamSynchronize(s));
-    c.barrier();  // no rank frees its buffers while a peer's queued copy may read them
+    c.barrier(); // no rank frees its buffers while a peer's queued copy may read them
   });
   out.logits = std::move(out.grads.at("logits"));
   out.grads.erase("logits");
@@ -136,7 +140,8 @@ counts count_ops(const std::vector<weft::traced_op>& ops, std::size_t from, std:
     c.all_gather += ops[i].kind == weft::collective::all_gather ? 1 : 0;
     c.reduce_scatter += ops[i].kind == weft::collective::reduce_scatter ? 1 : 0;
   }
-  EXPECT_EQ(c.all_reduce + c.all_gather + c.reduce_scatter, to - from) << "a collective of another kind";
+  EXPECT_EQ(c.all_reduce + c.all_gather + c.reduce_scatter, to - from)
+      << "a collective of another kind";
   return c;
 }
 
@@ -148,8 +153,8 @@ void device_block_communication(counts fwd, counts bwd) {
     using comm = weft::traced<emulated::communicator>;
     comm tp(std::move(c), "tp");
     const cudaStream_t s = tp.stream();
-    weft::layer::transformer_block<float, comm, weft::layer::cublas, SP, Recompute> blk(tp, bs, 7, 1,
-                                                                                        weft::layer::cublas(s));
+    weft::layer::transformer_block<float, comm, weft::layer::cublas, SP, Recompute> blk(
+        tp, bs, 7, 1, weft::layer::cublas(s));
     const std::size_t rows = SP::enabled ? tokens / 2 : tokens;
     const auto host_x = to<float>(random_dmat(rows, bs.hidden, 5));
     auto x = weft::to_device(host_x.view(), s);
@@ -160,11 +165,13 @@ void device_block_communication(counts fwd, counts bwd) {
     EXPECT_EQ(count_ops(tp.ops(), 0, after_forward), fwd);
     EXPECT_EQ(count_ops(tp.ops(), after_forward, tp.ops().size()), bwd);
     for (const auto& op : tp.ops()) {
-      const std::size_t want = op.kind == weft::collective::all_reduce ? tokens * bs.hidden : tokens * bs.hidden / 2;
+      const std::size_t want =
+          op.kind == weft::collective::all_reduce ? tokens * bs.hidden : tokens * bs.hidden / 2;
       EXPECT_EQ(op.count, want) << weft::name_of(op.kind);
     }
     // The block computed something finite on the device.
-    for (float v : weft::to_host(dx, s).flat()) ASSERT_TRUE(std::isfinite(v));
+    for (float v : weft::to_host(dx, s).flat())
+      ASSERT_TRUE(std::isfinite(v));
     WEFT_CUDA_TRY(cudaStreamSynchronize(s));
     tp.barrier();
   });
@@ -172,10 +179,12 @@ void device_block_communication(counts fwd, counts bwd) {
 
 TEST(DeviceBlock, CollectivesAsOnTheHost) {
   WEFT_REQUIRE_DEVICE();
-  device_block_communication<no_sequence_parallel, recompute::none>({.all_reduce = 2}, {.all_reduce = 2});
-  device_block_communication<no_sequence_parallel, recompute::full>({.all_reduce = 2}, {.all_reduce = 4});
-  device_block_communication<sequence_parallel, recompute::selective>({.all_gather = 2, .reduce_scatter = 2},
-                                                                      {.all_gather = 2, .reduce_scatter = 2});
+  device_block_communication<no_sequence_parallel, recompute::none>({.all_reduce = 2},
+                                                                    {.all_reduce = 2});
+  device_block_communication<no_sequence_parallel, recompute::full>({.all_reduce = 2},
+                                                                    {.all_reduce = 4});
+  device_block_communication<sequence_parallel, recompute::selective>(
+      {.all_gather = 2, .reduce_scatter = 2}, {.all_gather = 2, .reduce_scatter = 2});
 }
 
 } // namespace

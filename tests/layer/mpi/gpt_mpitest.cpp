@@ -21,7 +21,8 @@ namespace {
 using weft::layer::no_sequence_parallel;
 using weft::layer::sequence_parallel;
 
-constexpr weft::layer::gpt_shape shape{.vocab = 37, .hidden = 24, .heads = 12, .ffn = 40, .seq = 6, .layers = 2};
+constexpr weft::layer::gpt_shape shape{
+    .vocab = 37, .hidden = 24, .heads = 12, .ffn = 40, .seq = 6, .layers = 2};
 constexpr std::size_t tokens = 2 * shape.seq;
 constexpr int steps = 3;
 
@@ -36,8 +37,8 @@ std::vector<std::int32_t> ids_from(std::uint32_t s) {
 
 struct snapshot {
   std::vector<double> losses;
-  weft::matrix<double> logits;                   // first step, full (TP = 1) or this rank's columns
-  std::map<std::string, weft::matrix<double>> grads;  // first step, this rank's shard
+  weft::matrix<double> logits; // first step, full (TP = 1) or this rank's columns
+  std::map<std::string, weft::matrix<double>> grads; // first step, this rank's shard
 };
 
 template <class Model>
@@ -53,22 +54,27 @@ snapshot train(Model& model) {
       const auto l = model.logits();
       out.logits.resize(l.rows(), l.cols());
       for (std::size_t r = 0; r < l.rows(); ++r)
-        for (std::size_t c = 0; c < l.cols(); ++c) out.logits(r, c) = l(r, c);
+        for (std::size_t c = 0; c < l.cols(); ++c)
+          out.logits(r, c) = l(r, c);
       for (auto& p : model.parameters()) {
         weft::matrix<double> g(p.grad.rows(), p.grad.cols());
         for (std::size_t r = 0; r < g.rows(); ++r)
-          for (std::size_t c = 0; c < g.cols(); ++c) g(r, c) = p.grad(r, c);
+          for (std::size_t c = 0; c < g.cols(); ++c)
+            g(r, c) = p.grad(r, c);
         out.grads.emplace(p.name, std::move(g));
       }
     }
     for (auto& p : model.parameters())
       for (std::size_t r = 0; r < p.value.rows(); ++r)
-        for (std::size_t c = 0; c < p.value.cols(); ++c) p.value(r, c) -= 0.5 * p.grad(r, c);
+        for (std::size_t c = 0; c < p.value.cols(); ++c)
+          p.value(r, c) -= 0.5 * p.grad(r, c);
   }
   return out;
 }
 
-double rel(double got, double want) { return std::abs(got - want) / std::max(1e-300, std::abs(want)); }
+double rel(double got, double want) {
+  return std::abs(got - want) / std::max(1e-300, std::abs(want));
+}
 
 template <class SP>
 void matches_tp1() {
@@ -80,8 +86,10 @@ void matches_tp1() {
   auto& world = weft::test::mpi_world();
   weft::layer::gpt<double, weft::mpi::communicator, weft::layer::cblas, SP> model(world, shape, 99);
   const snapshot mine = train(model);
-  const std::string where = "rank " + std::to_string(world.rank()) + " of " + std::to_string(world.size());
-  for (int s = 0; s < steps; ++s) EXPECT_LT(rel(mine.losses[s], one.losses[s]), 1e-12) << where << " step " << s;
+  const std::string where =
+      "rank " + std::to_string(world.rank()) + " of " + std::to_string(world.size());
+  for (int s = 0; s < steps; ++s)
+    EXPECT_LT(rel(mine.losses[s], one.losses[s]), 1e-12) << where << " step " << s;
   const auto vr = weft::layer::split_range(shape.vocab, world.size(), world.rank());
   double worst = 0.0, scale = 0.0;
   for (std::size_t r = 0; r < tokens; ++r)

@@ -27,7 +27,9 @@ template <class Policy, class Rule>
 std::vector<float> train(const model& m, Rule rule, float multiplier, float clip, bool overlap) {
   communicator& c = weft::test::mpi_world();
   const int dp = c.size();
-  const wo::data_parallel_options o{.bucket_elements = 20, .overlap = overlap, .max_grad_norm = clip,
+  const wo::data_parallel_options o{.bucket_elements = 20,
+                                    .overlap = overlap,
+                                    .max_grad_norm = clip,
                                     .inner_size = dp % 2 == 0 ? 2 : 1};
   auto opt = wo::make_data_parallel<Policy, float>(c, m.params, rule, o);
   opt->set_parameters(m.initial());
@@ -43,9 +45,15 @@ void check_all() {
   const l1_linear i(batch);
   for (bool overlap : {true, false}) {
     for (float clip : {0.0f, 0.05f}) {
-      EXPECT_LT(relative_error(train<Policy>(f, sgd_rule(), 1.0f, clip, overlap), train_serial(f, batch, rule_kind::sgd, steps, 1.0f, clip)), 1e-5);
-      EXPECT_LT(relative_error(train<Policy>(f, adam_rule(), 1.0f, clip, overlap), train_serial(f, batch, rule_kind::adam, steps, 1.0f, clip)), 1e-5);
-      EXPECT_LT(relative_error(train<Policy>(f, adamw_rule(), 1.0f, clip, overlap), train_serial(f, batch, rule_kind::adamw, steps, 1.0f, clip)), 1e-5);
+      EXPECT_LT(relative_error(train<Policy>(f, sgd_rule(), 1.0f, clip, overlap),
+                               train_serial(f, batch, rule_kind::sgd, steps, 1.0f, clip)),
+                1e-5);
+      EXPECT_LT(relative_error(train<Policy>(f, adam_rule(), 1.0f, clip, overlap),
+                               train_serial(f, batch, rule_kind::adam, steps, 1.0f, clip)),
+                1e-5);
+      EXPECT_LT(relative_error(train<Policy>(f, adamw_rule(), 1.0f, clip, overlap),
+                               train_serial(f, batch, rule_kind::adamw, steps, 1.0f, clip)),
+                1e-5);
       EXPECT_EQ(train<Policy>(i, sgd_rule(), 1.0f / batch, clip * 10, overlap),
                 train_serial(i, batch, rule_kind::sgd, steps, 1.0f / batch, clip * 10));
     }
@@ -76,7 +84,8 @@ TEST(optim_mpi, checkpoint_round_trip) {
     opt->set_parameters(m.initial());
     for (const auto& t : m.params.tensors()) {
       auto g = opt->grad(t.name);
-      for (std::size_t k = 0; k < g.size(); ++k) g[k] = static_cast<float>(k % 3) - 1.0f;
+      for (std::size_t k = 0; k < g.size(); ++k)
+        g[k] = static_cast<float>(k % 3) - 1.0f;
       opt->grad_ready(t.name);
     }
     (void)opt->step();

@@ -84,13 +84,17 @@ struct wide_stage {
   std::vector<float> input(int mb) { return std::vector<float>(width, static_cast<float>(mb)); }
   std::vector<float> forward(int, int, std::span<const float> x) {
     std::vector<float> y(x.begin(), x.end());
-    for (float& v : y) v += 1.0f;
+    for (float& v : y)
+      v += 1.0f;
     return y;
   }
   pl::loss_result<float> loss(int, std::span<const float> y) {
-    return {static_cast<double>(y[0]) + static_cast<double>(y[width - 1]), std::vector<float>(width, 1.0f)};
+    return {static_cast<double>(y[0]) + static_cast<double>(y[width - 1]),
+            std::vector<float>(width, 1.0f)};
   }
-  std::vector<float> backward(int, int, std::span<const float> dy) { return {dy.begin(), dy.end()}; }
+  std::vector<float> backward(int, int, std::span<const float> dy) {
+    return {dy.begin(), dy.end()};
+  }
 };
 
 TEST(executor_mpi_sizes, activations_above_the_eager_limit_do_not_deadlock) {
@@ -103,7 +107,8 @@ TEST(executor_mpi_sizes, activations_above_the_eager_limit_do_not_deadlock) {
   if (c.rank() == p - 1) {
     ASSERT_EQ(losses.size(), static_cast<std::size_t>(m));
     // Each of the p stages adds 1 to every element: microbatch mb ends at mb + p, twice.
-    for (int mb = 0; mb < m; ++mb) EXPECT_EQ(losses[static_cast<std::size_t>(mb)], 2.0 * (mb + p)) << mb;
+    for (int mb = 0; mb < m; ++mb)
+      EXPECT_EQ(losses[static_cast<std::size_t>(mb)], 2.0 * (mb + p)) << mb;
   }
 }
 

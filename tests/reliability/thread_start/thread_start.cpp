@@ -29,7 +29,8 @@ void expect_a_prompt_clear_error(weft::local::options opt) {
 }
 
 TEST(thread_start, a_rank_whose_thread_cannot_start_fails_the_run_at_once) {
-  ASSERT_NE(std::getenv("WEFT_FAIL_THREADS_AFTER"), nullptr) << "run with fail_pthread_create preloaded";
+  ASSERT_NE(std::getenv("WEFT_FAIL_THREADS_AFTER"), nullptr)
+      << "run with fail_pthread_create preloaded";
   expect_a_prompt_clear_error({.timeout = 120s});
 }
 

@@ -25,8 +25,9 @@ struct forgetful_model {
   };
 };
 
-using S = weft::strategy<weft::mesh<weft::tp<1>, weft::pp<1>, weft::dp<1>>, weft::pipeline::one_f_one_b,
-                         weft::optim::zero<1>, weft::layer::recompute::none, weft::layer::no_sequence_parallel,
-                         forgetful_model>;
+using S =
+    weft::strategy<weft::mesh<weft::tp<1>, weft::pp<1>, weft::dp<1>>, weft::pipeline::one_f_one_b,
+                   weft::optim::zero<1>, weft::layer::recompute::none,
+                   weft::layer::no_sequence_parallel, forgetful_model>;
 
 void train(weft::local::communicator& world) { (void)S::make(world, {}); }

@@ -27,12 +27,15 @@ double train(weft::local::communicator& world, const std::vector<std::int32_t>& 
   return trainer->train_step(ids, ids);
 }
 
-using good_llama = weft::strategy<weft::mesh<weft::tp<2>, weft::pp<2>, weft::dp<2>>, weft::pipeline::one_f_one_b,
-                                  weft::optim::zero<3>, weft::layer::recompute::full, weft::layer::sequence_parallel,
-                                  weft::layer::llama_model>;
+using good_llama =
+    weft::strategy<weft::mesh<weft::tp<2>, weft::pp<2>, weft::dp<2>>, weft::pipeline::one_f_one_b,
+                   weft::optim::zero<3>, weft::layer::recompute::full,
+                   weft::layer::sequence_parallel, weft::layer::llama_model>;
 
 double train_llama(weft::local::communicator& world, const std::vector<std::int32_t>& ids) {
   auto trainer = good_llama::make(
-      world, {.model = {.vocab = 64, .hidden = 16, .heads = 4, .kv_heads = 1, .seq = 8, .layers = 4}, .global_batch = 4});
+      world,
+      {.model = {.vocab = 64, .hidden = 16, .heads = 4, .kv_heads = 1, .seq = 8, .layers = 4},
+       .global_batch = 4});
   return trainer->train_step(ids, ids);
 }

@@ -63,8 +63,9 @@ void check_on(weft::mpi::communicator& group, const weft::strategy_config& confi
               const std::string& what, const Rule& rule) {
   ASSERT_EQ(group.size(), S::size);
   const double bound = config.optimizer.max_grad_norm;
-  const std::vector<double> want = bound > 0 ? ts::reference_losses(rule, config.model.tie_embeddings, 1, ts::steps, bound)
-                                             : reference(rule, config.model.tie_embeddings);
+  const std::vector<double> want =
+      bound > 0 ? ts::reference_losses(rule, config.model.tie_embeddings, 1, ts::steps, bound)
+                : reference(rule, config.model.tie_embeddings);
   const std::vector<double> got = ts::strategy_losses<S>(group, config, rule);
   ts::expect_same_losses(got, want,
                          what + " " + std::string(Rule::name) + " rank " +
@@ -95,16 +96,25 @@ void on_first_processes(int n, const std::string& what, Check check) {
 template <class S, class Rule = optim::sgd>
 void expect_matches(const weft::strategy_config& config, const std::string& what,
                     const Rule& rule = ts::sgd_rule) {
-  on_first_processes(S::size, what, [&](weft::mpi::communicator& group) { check_on<S>(group, config, what, rule); });
+  on_first_processes(S::size, what, [&](weft::mpi::communicator& group) {
+    check_on<S>(group, config, what, rule);
+  });
 }
 
 // --- Llama: the same checks against layer::llama on one rank (tests/strategy/models_test.cpp on threads)
-constexpr weft::layer::llama_config llama_shape{
-    .vocab = 53, .hidden = 16, .heads = 4, .kv_heads = 2, .ffn = 24, .seq = 8, .layers = 4, .rope_theta = 10000};
+constexpr weft::layer::llama_config llama_shape{.vocab = 53,
+                                                .hidden = 16,
+                                                .heads = 4,
+                                                .kv_heads = 2,
+                                                .ffn = 24,
+                                                .seq = 8,
+                                                .layers = 4,
+                                                .rope_theta = 10000};
 
-template <class Mesh, class Sharding, class Schedule = pipeline::one_f_one_b, class Recompute = recompute::none,
-          class SP = no_sequence_parallel>
-void expect_llama_matches(weft::basic_strategy_config<weft::layer::llama_config> config, const std::string& what) {
+template <class Mesh, class Sharding, class Schedule = pipeline::one_f_one_b,
+          class Recompute = recompute::none, class SP = no_sequence_parallel>
+void expect_llama_matches(weft::basic_strategy_config<weft::layer::llama_config> config,
+                          const std::string& what) {
   using S = weft::strategy<Mesh, Schedule, Sharding, Recompute, SP, weft::layer::llama_model>;
   static const std::vector<double> want = ts::reference_losses_of<weft::layer::llama_model>(
       llama_shape, [](int s) { return ts::batch_of(s); }, ts::adamw_rule);
@@ -185,9 +195,10 @@ TEST(StrategyMpi, SequenceParallel2x2x2Matches) {
 
 TEST(StrategyMpi, TiedEmbeddings1x4x2Matches) {
   expect_matches<weft::strategy<mesh<tp<1>, pp<4>, dp<2>>, pipeline::one_f_one_b, optim::zero<3>,
-                                recompute::none>>(
-      {.model = {.tie_embeddings = true}, .micro_batch = 1, .layout = pipeline::parse_layout("Et*2|t|t|L")},
-      "1x4x2 tied");
+                                recompute::none>>({.model = {.tie_embeddings = true},
+                                                   .micro_batch = 1,
+                                                   .layout = pipeline::parse_layout("Et*2|t|t|L")},
+                                                  "1x4x2 tied");
 }
 
 // Gradient clipping by the global norm: its one all-reduce spans TP, PP and DP (a split of the
@@ -196,20 +207,24 @@ TEST(StrategyMpi, TiedEmbeddings1x4x2Matches) {
 TEST(StrategyMpi, GradientClippingMatches) {
   weft::strategy_config c{.micro_batch = 1};
   c.optimizer.max_grad_norm = 0.2f;
-  expect_matches<weft::strategy<mesh<tp<2>, pp<2>, dp<2>>, pipeline::one_f_one_b, optim::zero<1>, recompute::none>>(
-      c, "2x2x2 clipped");
+  expect_matches<weft::strategy<mesh<tp<2>, pp<2>, dp<2>>, pipeline::one_f_one_b, optim::zero<1>,
+                                recompute::none>>(c, "2x2x2 clipped");
   c.layout = pipeline::parse_layout("Et*2|t|t|L");
   c.model.tie_embeddings = true;
-  expect_matches<weft::strategy<mesh<tp<1>, pp<4>, dp<2>>, pipeline::one_f_one_b, optim::zero<3>, recompute::none>>(
-      c, "1x4x2 tied clipped");
+  expect_matches<weft::strategy<mesh<tp<1>, pp<4>, dp<2>>, pipeline::one_f_one_b, optim::zero<3>,
+                                recompute::none>>(c, "1x4x2 tied clipped");
 }
 
 TEST(StrategyMpi, LlamaMatches) {
-  expect_llama_matches<mesh<tp<2>, pp<2>, dp<2>>, optim::zero<1>>({.micro_batch = 1}, "llama 2x2x2 zero<1>");
-  expect_llama_matches<mesh<tp<2>, pp<2>, dp<2>>, optim::zero<3>>({.micro_batch = 1}, "llama 2x2x2 zero<3>");
-  expect_llama_matches<mesh<tp<4>, pp<1>, dp<2>>, optim::zero<2>>({.micro_batch = 2}, "llama 4x1x2 replicated kv");
-  expect_llama_matches<mesh<tp<2>, pp<2>, dp<2>>, optim::zero<1>, pipeline::interleaved<2>, recompute::selective,
-                       weft::layer::sequence_parallel>({.micro_batch = 1}, "llama 2x2x2 V=2 SP");
+  expect_llama_matches<mesh<tp<2>, pp<2>, dp<2>>, optim::zero<1>>({.micro_batch = 1},
+                                                                  "llama 2x2x2 zero<1>");
+  expect_llama_matches<mesh<tp<2>, pp<2>, dp<2>>, optim::zero<3>>({.micro_batch = 1},
+                                                                  "llama 2x2x2 zero<3>");
+  expect_llama_matches<mesh<tp<4>, pp<1>, dp<2>>, optim::zero<2>>({.micro_batch = 2},
+                                                                  "llama 4x1x2 replicated kv");
+  expect_llama_matches<mesh<tp<2>, pp<2>, dp<2>>, optim::zero<1>, pipeline::interleaved<2>,
+                       recompute::selective, weft::layer::sequence_parallel>({.micro_batch = 1},
+                                                                             "llama 2x2x2 V=2 SP");
   expect_llama_matches<mesh<tp<1>, pp<4>, dp<2>>, optim::zero<0>>(
       {.micro_batch = 1, .layout = pipeline::parse_layout("Et*2|t|t|L")}, "llama 1x4x2 uneven");
 }

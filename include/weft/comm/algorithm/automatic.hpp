@@ -59,7 +59,7 @@ namespace weft::detail {
 template <class A>
 constexpr algo::candidate candidate_of() {
   constexpr algo::capabilities caps = algo::capabilities_of<A>;
-  return {A::name,   &A::serves, &A::make_plan, caps.loads != algo::peer_loads::none,
+  return {A::name,    &A::serves,   &A::make_plan, caps.loads != algo::peer_loads::none,
           caps.nodes, caps.messages};
 }
 
@@ -69,12 +69,10 @@ constexpr auto candidate_table_of(algo::algorithms<A...>) {
 }
 
 /// The algorithms automatic chooses among, in tie-break order.
-using candidate_algorithms =
-    algo::algorithms<algo::direct, algo::ring, algo::tree, algo::halving_doubling,
-                     algo::recursive_doubling, algo::pairwise,
-                     algo::hierarchical<algo::ring, algo::ring>,
-                     algo::hierarchical<algo::direct, algo::ring>,
-                     algo::hierarchical<algo::ring, algo::tree>>;
+using candidate_algorithms = algo::algorithms<
+    algo::direct, algo::ring, algo::tree, algo::halving_doubling, algo::recursive_doubling,
+    algo::pairwise, algo::hierarchical<algo::ring, algo::ring>,
+    algo::hierarchical<algo::direct, algo::ring>, algo::hierarchical<algo::ring, algo::tree>>;
 
 inline constexpr auto candidate_table = candidate_table_of(candidate_algorithms{});
 
@@ -161,7 +159,8 @@ inline std::span<const candidate> candidates() noexcept { return detail::candida
 /// spans more than one node; peer-access candidates only when peer_access. q.rank does not
 /// matter. Throws weft::error for a bad request or when no candidate plans q.coll.
 WEFT_COLD inline const candidate& choose(const plan_request& q, const topology::cluster& c,
-                               const std::vector<int>& device_of, bool peer_access, bool messages = true) {
+                                         const std::vector<int>& device_of, bool peer_access,
+                                         bool messages = true) {
   detail::check_request(q, "automatic");
   const bool rooted = q.coll == collective::broadcast || q.coll == collective::reduce;
   detail::choice_key key{.coll = q.coll,
@@ -193,8 +192,8 @@ WEFT_COLD inline const candidate& choose(const plan_request& q, const topology::
     // A flat peer-access plan would read buffers on other nodes, which real machines cannot
     // (the local transport can only because its nodes are emulated in one process).
     const bool flat_loads_across_nodes = a.needs_peer_access && !a.needs_nodes && nodes;
-    if (!a.serves(q.coll) || (a.needs_peer_access && !peer_access) || (a.needs_messages && !messages) ||
-        (a.needs_nodes && !nodes) || flat_loads_across_nodes)
+    if (!a.serves(q.coll) || (a.needs_peer_access && !peer_access) ||
+        (a.needs_messages && !messages) || (a.needs_nodes && !nodes) || flat_loads_across_nodes)
       continue;
     const double t =
         cost_model::price(cost_model::plans_of(a.make_plan, q), c, device_of, q.element_size);
@@ -206,7 +205,8 @@ WEFT_COLD inline const candidate& choose(const plan_request& q, const topology::
   if (best == table.size()) {
     throw error(name_of(q.coll), q.rank, error::unknown,
                 std::string("automatic: no algorithm plans ") + std::string(name_of(q.coll)) +
-                    (peer_access ? "" : " without peer access") + (messages ? "" : " without messages"));
+                    (peer_access ? "" : " without peer access") +
+                    (messages ? "" : " without messages"));
   }
   {
     const std::lock_guard lock(cache.mutex);

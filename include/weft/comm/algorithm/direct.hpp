@@ -54,12 +54,14 @@ struct direct {
     pl.sync(all);
     switch (q.coll) {
       case collective::all_reduce: {
-        const auto mine = detail::split_block(n, static_cast<std::size_t>(p), static_cast<std::size_t>(r));
+        const auto mine =
+            detail::split_block(n, static_cast<std::size_t>(p), static_cast<std::size_t>(r));
         pl.load_reduce(all, buffer::input, mine.begin, buffer::output, mine.begin, mine.count);
         pl.sync(all);
         for (int k = 1; k < p; ++k) {
-          const int s = (r + k) % p;  // staggered, so ranks do not all read rank 0 first
-          const auto b = detail::split_block(n, static_cast<std::size_t>(p), static_cast<std::size_t>(s));
+          const int s = (r + k) % p; // staggered, so ranks do not all read rank 0 first
+          const auto b =
+              detail::split_block(n, static_cast<std::size_t>(p), static_cast<std::size_t>(s));
           pl.load(s, buffer::output, b.begin, buffer::output, b.begin, b.count);
         }
         break;
@@ -82,7 +84,8 @@ struct direct {
       case collective::all_to_all:
         for (int k = 0; k < p; ++k) {
           const int s = (r + k) % p;
-          pl.load(s, buffer::input, static_cast<std::size_t>(r) * n, buffer::output, static_cast<std::size_t>(s) * n, n);
+          pl.load(s, buffer::input, static_cast<std::size_t>(r) * n, buffer::output,
+                  static_cast<std::size_t>(s) * n, n);
         }
         break;
     }

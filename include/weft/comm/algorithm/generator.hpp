@@ -30,13 +30,13 @@ namespace weft::detail {
 inline void check_request(const plan_request& r, std::string_view algorithm) {
   if (r.size < 1 || r.rank < 0 || r.rank >= r.size) {
     throw error(name_of(r.coll), r.rank, error::unknown,
-                std::string(algorithm) + ": rank " + std::to_string(r.rank) + " outside a group of " +
-                    std::to_string(r.size));
+                std::string(algorithm) + ": rank " + std::to_string(r.rank) +
+                    " outside a group of " + std::to_string(r.size));
   }
   if (r.root < 0 || r.root >= r.size) {
     throw error(name_of(r.coll), r.rank, error::unknown,
-                std::string(algorithm) + ": root " + std::to_string(r.root) + " outside a group of " +
-                    std::to_string(r.size));
+                std::string(algorithm) + ": root " + std::to_string(r.root) +
+                    " outside a group of " + std::to_string(r.size));
   }
 }
 

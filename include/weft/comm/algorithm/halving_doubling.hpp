@@ -44,8 +44,9 @@ namespace weft::algo {
 struct halving_doubling {
   static constexpr std::string_view name = "halving_doubling";
 
-  static constexpr capabilities caps{.serves = collectives_of(
-      collective::all_reduce, collective::reduce_scatter, collective::all_gather)};
+  static constexpr capabilities caps{.serves = collectives_of(collective::all_reduce,
+                                                              collective::reduce_scatter,
+                                                              collective::all_gather)};
   static constexpr bool serves(collective c) { return caps.serves.contains(c); }
 
   WEFT_COLD static plan make_plan(const plan_request& q) {

@@ -84,16 +84,17 @@ public:
   /// (a transport without peer access refuses such a plan when it runs); the fold of a node's
   /// extra ranks sends.
   static constexpr capabilities caps{
-      .serves = [] {
-        collectives s = collectives_of(collective::all_reduce);
-        for (const collective c : {collective::broadcast, collective::reduce}) {
-          if (Intra::serves(c) && Inter::serves(c)) s = s.with(c);
-        }
-        for (const collective c : {collective::reduce_scatter, collective::all_gather}) {
-          if (Inter::serves(c)) s = s.with(c);
-        }
-        return s;
-      }(),
+      .serves =
+          [] {
+            collectives s = collectives_of(collective::all_reduce);
+            for (const collective c : {collective::broadcast, collective::reduce}) {
+              if (Intra::serves(c) && Inter::serves(c)) s = s.with(c);
+            }
+            for (const collective c : {collective::reduce_scatter, collective::all_gather}) {
+              if (Inter::serves(c)) s = s.with(c);
+            }
+            return s;
+          }(),
       .loads = capabilities_of<Intra>.loads == peer_loads::none &&
                        capabilities_of<Inter>.loads == peer_loads::none
                    ? peer_loads::none
@@ -225,8 +226,8 @@ private:
     const int nodes = lay.nodes();
     const int m = lay.min_ranks_per_node();
     if (nodes == 1 || m == 1 || !lay.uniform()) { // one level: the whole call by Intra or by Inter
-      pl.append(nodes == 1 ? Intra::make_plan(q) : Inter::make_plan(q), iota(q.size), {buffer::input, 0},
-                {buffer::output, 0}, {buffer::scratch, 0});
+      pl.append(nodes == 1 ? Intra::make_plan(q) : Inter::make_plan(q), iota(q.size),
+                {buffer::input, 0}, {buffer::output, 0}, {buffer::scratch, 0});
       return;
     }
     if (q.count == 0) return;
@@ -252,14 +253,16 @@ private:
       for (std::size_t n = 0; n < un; ++n) {
         const auto& members = lay.ranks[n];
         const bool direct = consecutive(members);
-        const binding out = direct ? binding{buffer::output, static_cast<std::size_t>(members[0]) * c}
-                                   : binding{buffer::scratch, rail};
+        const binding out = direct
+                                ? binding{buffer::output, static_cast<std::size_t>(members[0]) * c}
+                                : binding{buffer::scratch, rail};
         run<Intra>(pl, q, collective::all_gather, mine, j, c, 0, {}, {buffer::scratch, n * c}, out,
                    sub_scratch);
         if (!direct) {
           pl.next_round();
           for (std::size_t k = 0; k < members.size(); ++k)
-            pl.copy(buffer::scratch, rail + k * c, buffer::output, static_cast<std::size_t>(members[k]) * c, c);
+            pl.copy(buffer::scratch, rail + k * c, buffer::output,
+                    static_cast<std::size_t>(members[k]) * c, c);
           pl.next_round();
         }
       }
@@ -270,16 +273,17 @@ private:
         if (!direct) {
           pl.next_round();
           for (std::size_t k = 0; k < members.size(); ++k)
-            pl.copy(buffer::input, static_cast<std::size_t>(members[k]) * c, buffer::scratch, rail + k * c, c);
+            pl.copy(buffer::input, static_cast<std::size_t>(members[k]) * c, buffer::scratch,
+                    rail + k * c, c);
           pl.next_round();
         }
         const binding in = direct ? binding{buffer::input, static_cast<std::size_t>(members[0]) * c}
                                   : binding{buffer::scratch, rail};
-        run<Intra>(pl, q, collective::reduce_scatter, mine, j, c, 0, {}, in, {buffer::scratch, n * c},
-                   sub_scratch);
+        run<Intra>(pl, q, collective::reduce_scatter, mine, j, c, 0, {}, in,
+                   {buffer::scratch, n * c}, sub_scratch);
       }
-      run<Inter>(pl, q, collective::reduce_scatter, peers, node, c, 0, iota(nodes), {buffer::scratch, 0},
-                 {buffer::output, 0}, sub_scratch);
+      run<Inter>(pl, q, collective::reduce_scatter, peers, node, c, 0, iota(nodes),
+                 {buffer::scratch, 0}, {buffer::output, 0}, sub_scratch);
     }
   }
 

@@ -43,7 +43,8 @@ struct recursive_doubling {
   WEFT_COLD static plan make_plan(const plan_request& q) {
     detail::check_request(q, name);
     if (!serves(q.coll)) {
-      throw error(name_of(q.coll), q.rank, error::unknown, std::string(name) + " plans only all_reduce");
+      throw error(name_of(q.coll), q.rank, error::unknown,
+                  std::string(name) + " plans only all_reduce");
     }
     plan pl(q);
     const std::size_t n = q.count;
@@ -89,10 +90,10 @@ struct recursive_doubling {
       const int peer = fold.real_rank(v ^ d);
       pl.send(peer, cur, cur_off, n);
       if ((v & d) == 0) {
-        pl.recv_reduce(peer, cur, cur_off, to, to_off, n);  // mine (op) theirs
+        pl.recv_reduce(peer, cur, cur_off, to, to_off, n); // mine (op) theirs
       } else {
         pl.recv(peer, to, to_off, n);
-        pl.reduce(cur, cur_off, to, to_off, n);  // theirs (op) mine
+        pl.reduce(cur, cur_off, to, to_off, n); // theirs (op) mine
       }
       pl.next_round();
       cur = to;

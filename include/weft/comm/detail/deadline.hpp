@@ -11,19 +11,23 @@
 
 namespace weft::detail {
 
-[[nodiscard]] inline std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds timeout) {
+[[nodiscard]] inline std::chrono::steady_clock::time_point deadline_after(
+    std::chrono::milliseconds timeout) {
   using clock = std::chrono::steady_clock;
   const auto now = clock::now();
-  if (timeout >= std::chrono::duration_cast<std::chrono::milliseconds>(clock::time_point::max() - now)) {
+  if (timeout >=
+      std::chrono::duration_cast<std::chrono::milliseconds>(clock::time_point::max() - now)) {
     return clock::time_point::max();
   }
   return now + timeout;
 }
 
 /// t, if it is a usable timeout; `who` names the setting in the error.
-[[nodiscard]] inline std::chrono::milliseconds checked_timeout(std::chrono::milliseconds t, std::string_view who) {
+[[nodiscard]] inline std::chrono::milliseconds checked_timeout(std::chrono::milliseconds t,
+                                                               std::string_view who) {
   if (t.count() <= 0) {
-    throw error(std::string(who) + ": the timeout must be positive, not " + std::to_string(t.count()) +
+    throw error(std::string(who) + ": the timeout must be positive, not " +
+                std::to_string(t.count()) +
                 " ms (std::chrono::milliseconds::max() waits as long as it takes)");
   }
   return t;

@@ -27,13 +27,14 @@ template <class T, class Op>
 struct reduce_sources {
   T* dst;
   const T* src[max_sources];
-  int k;  // 1 <= k <= max_sources
+  int k; // 1 <= k <= max_sources
   Op op;
 
   WEFT_HOST_DEVICE void operator()(std::size_t i) const {
     using A = accumulate_t<T>;
     A acc = static_cast<A>(src[0][i]);
-    for (int j = 1; j < k; ++j) acc = op(acc, static_cast<A>(src[j][i]));
+    for (int j = 1; j < k; ++j)
+      acc = op(acc, static_cast<A>(src[j][i]));
     dst[i] = static_cast<T>(acc);
   }
 };
@@ -66,14 +67,17 @@ struct reduce_sources_packed {
     A acc[w];
     {
       const packed<T> p = reinterpret_cast<const packed<T>*>(src[0])[i];
-      for (int e = 0; e < w; ++e) acc[e] = static_cast<A>(p.v[e]);
+      for (int e = 0; e < w; ++e)
+        acc[e] = static_cast<A>(p.v[e]);
     }
     for (int j = 1; j < k; ++j) {
       const packed<T> p = reinterpret_cast<const packed<T>*>(src[j])[i];
-      for (int e = 0; e < w; ++e) acc[e] = op(acc[e], static_cast<A>(p.v[e]));
+      for (int e = 0; e < w; ++e)
+        acc[e] = op(acc[e], static_cast<A>(p.v[e]));
     }
     packed<T> out;
-    for (int e = 0; e < w; ++e) out.v[e] = static_cast<T>(acc[e]);
+    for (int e = 0; e < w; ++e)
+      out.v[e] = static_cast<T>(acc[e]);
     reinterpret_cast<packed<T>*>(dst)[i] = out;
   }
 };

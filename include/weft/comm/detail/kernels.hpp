@@ -34,7 +34,8 @@ inline void store_stream(void* dst, const void* src, std::size_t bytes) {
   bytes -= head;
   const std::size_t blocks = bytes / 16;
   for (std::size_t i = 0; i < blocks; ++i) {
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d) + i, _mm_loadu_si128(reinterpret_cast<const __m128i*>(s) + i));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d) + i,
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(s) + i));
   }
   std::memcpy(d + blocks * 16, s + blocks * 16, bytes % 16);
 #else
@@ -74,7 +75,8 @@ inline void copy_n(T* dst, const T* src, std::size_t n) {
 /// dst[i] = a[i] op b[i]; dst may alias a or b.
 template <class T, class Op>
 inline void reduce2(T* dst, const T* a, const T* b, std::size_t n, const Op& op) {
-  for (std::size_t i = 0; i < n; ++i) dst[i] = combine(op, a[i], b[i]);
+  for (std::size_t i = 0; i < n; ++i)
+    dst[i] = combine(op, a[i], b[i]);
 }
 
 /// dst[i] = src[0][i] op src[1][i] op ... op src[k-1][i], left to right, accumulated and rounded
@@ -87,7 +89,7 @@ inline void reduce_many(T* dst, const T* const* src, std::size_t k, std::size_t 
     copy_n(dst, src[0], n);
     return;
   }
-  constexpr std::size_t tile = 1024;  // keeps the accumulators in L1 across sources
+  constexpr std::size_t tile = 1024; // keeps the accumulators in L1 across sources
   A acc[tile];
   T out[tile];
   const bool stream = n * sizeof(T) >= streaming_store_bytes;
@@ -95,13 +97,16 @@ inline void reduce_many(T* dst, const T* const* src, std::size_t k, std::size_t 
     const std::size_t m = n - base < tile ? n - base : tile;
     const T* s0 = src[0] + base;
     const T* s1 = src[1] + base;
-    for (std::size_t i = 0; i < m; ++i) acc[i] = op(static_cast<A>(s0[i]), static_cast<A>(s1[i]));
+    for (std::size_t i = 0; i < m; ++i)
+      acc[i] = op(static_cast<A>(s0[i]), static_cast<A>(s1[i]));
     for (std::size_t j = 2; j < k; ++j) {
       const T* sj = src[j] + base;
-      for (std::size_t i = 0; i < m; ++i) acc[i] = op(acc[i], static_cast<A>(sj[i]));
+      for (std::size_t i = 0; i < m; ++i)
+        acc[i] = op(acc[i], static_cast<A>(sj[i]));
     }
     T* d = stream ? out : dst + base;
-    for (std::size_t i = 0; i < m; ++i) d[i] = static_cast<T>(acc[i]);
+    for (std::size_t i = 0; i < m; ++i)
+      d[i] = static_cast<T>(acc[i]);
     if (stream) store_stream(dst + base, out, m * sizeof(T));
   }
   if (stream) store_fence();
@@ -112,7 +117,8 @@ template <class T>
 inline void divide(T* data, std::size_t n, int ranks) {
   using A = accumulate_t<T>;
   const A d = static_cast<A>(ranks);
-  for (std::size_t i = 0; i < n; ++i) data[i] = static_cast<T>(static_cast<A>(data[i]) / d);
+  for (std::size_t i = 0; i < n; ++i)
+    data[i] = static_cast<T>(static_cast<A>(data[i]) / d);
 }
 
 } // namespace weft::detail

@@ -10,8 +10,8 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <random>
@@ -24,7 +24,7 @@ template <class T>
 struct model_rank {
   std::vector<T> input;
   std::vector<T> output;
-  bool in_place = false;  // input aliases output (input is then ignored)
+  bool in_place = false; // input aliases output (input is then ignored)
   std::vector<T> scratch;
 };
 
@@ -40,17 +40,18 @@ void run_serial(const std::vector<plan>& plans, std::vector<model_rank<T>>& rank
     bool consumed = false;
   };
   struct rank_state {
-    plan_cursor at;               // where the rank is in its plan
-    bool arrived = false;         // arrived at the current sync
-    std::vector<message*> sent;   // this round's messages
-    std::map<std::vector<int>, std::uint64_t> syncs;  // syncs passed per group
+    plan_cursor at;                                  // where the rank is in its plan
+    bool arrived = false;                            // arrived at the current sync
+    std::vector<message*> sent;                      // this round's messages
+    std::map<std::vector<int>, std::uint64_t> syncs; // syncs passed per group
   };
-  std::map<std::pair<int, int>, std::deque<message>> channels;  // (src, dst) -> FIFO
+  std::map<std::pair<int, int>, std::deque<message>> channels; // (src, dst) -> FIFO
   std::map<std::vector<int>, std::map<std::uint64_t, int>> arrivals;
   std::vector<rank_state> st(static_cast<std::size_t>(p));
 
   for (int r = 0; r < p; ++r) {
-    ranks[static_cast<std::size_t>(r)].scratch.assign(plans[static_cast<std::size_t>(r)].scratch_count(), T{});
+    ranks[static_cast<std::size_t>(r)].scratch.assign(
+        plans[static_cast<std::size_t>(r)].scratch_count(), T{});
     st[static_cast<std::size_t>(r)].at = plan_cursor(plans[static_cast<std::size_t>(r)].steps());
   }
   const auto where = [&](int r, std::size_t i) {
@@ -59,17 +60,21 @@ void run_serial(const std::vector<plan>& plans, std::vector<model_rank<T>>& rank
   };
   const auto span_of = [&](int r, buffer b, std::size_t off, std::size_t n, std::size_t i) -> T* {
     auto& rk = ranks[static_cast<std::size_t>(r)];
-    std::vector<T>& v = b == buffer::scratch ? rk.scratch : (b == buffer::input && !rk.in_place ? rk.input : rk.output);
+    std::vector<T>& v = b == buffer::scratch
+                            ? rk.scratch
+                            : (b == buffer::input && !rk.in_place ? rk.input : rk.output);
     if (off + n > v.size()) {
-      throw error("serial model: range [" + std::to_string(off) + ", +" + std::to_string(n) + ") outside buffer of " +
-                  std::to_string(v.size()) + " elements at " + where(r, i));
+      throw error("serial model: range [" + std::to_string(off) + ", +" + std::to_string(n) +
+                  ") outside buffer of " + std::to_string(v.size()) + " elements at " +
+                  where(r, i));
     }
     return v.data() + off;
   };
 
   std::mt19937_64 rng(seed);
   std::vector<int> order(static_cast<std::size_t>(p));
-  for (int i = 0; i < p; ++i) order[static_cast<std::size_t>(i)] = i;
+  for (int i = 0; i < p; ++i)
+    order[static_cast<std::size_t>(i)] = i;
 
   // Advances rank r by at most one step; returns whether it made progress.
   const auto advance = [&](int r) -> bool {
@@ -82,7 +87,8 @@ void run_serial(const std::vector<plan>& plans, std::vector<model_rank<T>>& rank
       for (std::size_t i = round.begin; i < round.end; ++i) {
         const step& x = steps[i];
         if (x.kind != step_kind::send) continue;
-        if (x.peer < 0 || x.peer >= p || x.peer == r) throw error("serial model: bad send peer at " + where(r, i));
+        if (x.peer < 0 || x.peer >= p || x.peer == r)
+          throw error("serial model: bad send peer at " + where(r, i));
         const T* src = span_of(r, x.src, x.src_offset, x.count, i);
         auto& q = channels[{r, x.peer}];
         q.push_back(message{r, i, std::vector<T>(src, src + x.count)});
@@ -105,7 +111,8 @@ void run_serial(const std::vector<plan>& plans, std::vector<model_rank<T>>& rank
     switch (x.kind) {
       case step_kind::recv:
       case step_kind::recv_reduce: {
-        if (x.peer < 0 || x.peer >= p || x.peer == r) throw error("serial model: bad recv peer at " + where(r, i));
+        if (x.peer < 0 || x.peer >= p || x.peer == r)
+          throw error("serial model: bad recv peer at " + where(r, i));
         auto& q = channels[{x.peer, r}];
         message* m = nullptr;
         for (auto& cand : q) {
@@ -116,16 +123,17 @@ void run_serial(const std::vector<plan>& plans, std::vector<model_rank<T>>& rank
         }
         if (m == nullptr) return false;
         if (m->snapshot.size() != x.count) {
-          throw error("serial model: rank " + std::to_string(r) + " receives " + std::to_string(x.count) +
-                      " elements but rank " + std::to_string(x.peer) + " sent " + std::to_string(m->snapshot.size()) +
-                      " at " + where(r, i));
+          throw error("serial model: rank " + std::to_string(r) + " receives " +
+                      std::to_string(x.count) + " elements but rank " + std::to_string(x.peer) +
+                      " sent " + std::to_string(m->snapshot.size()) + " at " + where(r, i));
         }
         const step& sx = plans[static_cast<std::size_t>(x.peer)].steps()[m->step_index];
         const T* live = span_of(x.peer, sx.src, sx.src_offset, sx.count, m->step_index);
         for (std::size_t k = 0; k < x.count; ++k) {
           if (std::memcmp(&live[k], &m->snapshot[k], sizeof(T)) != 0) {
-            throw error("serial model: rank " + std::to_string(x.peer) + " changed the source of a send before rank " +
-                        std::to_string(r) + " consumed it, at " + where(x.peer, m->step_index));
+            throw error("serial model: rank " + std::to_string(x.peer) +
+                        " changed the source of a send before rank " + std::to_string(r) +
+                        " consumed it, at " + where(x.peer, m->step_index));
           }
         }
         T* dst = span_of(r, x.dst, x.dst_offset, x.count, i);
@@ -140,7 +148,8 @@ void run_serial(const std::vector<plan>& plans, std::vector<model_rank<T>>& rank
           // messages are referenced by their senders until their round ends
           bool referenced = false;
           for (auto& other : st) {
-            for (message* sm : other.sent) referenced = referenced || sm == &q.front();
+            for (message* sm : other.sent)
+              referenced = referenced || sm == &q.front();
           }
           if (referenced) break;
           q.pop_front();
@@ -168,7 +177,8 @@ void run_serial(const std::vector<plan>& plans, std::vector<model_rank<T>>& rank
       case step_kind::load_reduce: {
         const auto& g = pl.group(x.peer);
         std::vector<const T*> srcs;
-        for (int q : g) srcs.push_back(span_of(q, x.src, x.src_offset, x.count, i));
+        for (int q : g)
+          srcs.push_back(span_of(q, x.src, x.src_offset, x.count, i));
         T* d = span_of(r, x.dst, x.dst_offset, x.count, i);
         // Through a temporary: the model must not depend on how sources alias the destination.
         std::vector<T> tmp(x.count);
@@ -206,7 +216,8 @@ void run_serial(const std::vector<plan>& plans, std::vector<model_rank<T>>& rank
         all_done = false;
         // Seeded runs advance a random number of steps, to vary the interleaving.
         const int burst = seed != 0 ? 1 + static_cast<int>(rng() % 3) : 1 << 30;
-        for (int k = 0; k < burst && advance(r); ++k) progress = true;
+        for (int k = 0; k < burst && advance(r); ++k)
+          progress = true;
       }
     }
     if (all_done) break;
@@ -218,8 +229,8 @@ void run_serial(const std::vector<plan>& plans, std::vector<model_rank<T>>& rank
         if (!s.at.finished()) {
           std::size_t i = s.at.index() < steps.size() ? s.at.index() : steps.size() - 1;
           msg += "\n  rank " + std::to_string(r) + " step " + std::to_string(i) + " (" +
-                 std::string(name_of(steps[i].kind)) + " peer " + std::to_string(steps[i].peer) + ", round " +
-                 std::to_string(steps[i].round) + ")";
+                 std::string(name_of(steps[i].kind)) + " peer " + std::to_string(steps[i].peer) +
+                 ", round " + std::to_string(steps[i].round) + ")";
         }
       }
       throw error(msg);

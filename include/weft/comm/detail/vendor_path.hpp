@@ -23,12 +23,11 @@ concept vendor_collective = requires(Comm& comm, const T* in, T* out, std::size_
 template <collective C, class Comm, class T, class Op>
 void run_vendor(Comm& comm, const T* in, std::size_t in_n, T* out, std::size_t out_n,
                 std::size_t count, int root, const Op& op) {
-  static_assert(
-      vendor_collective<Comm, C, T, Op>,
-      "weft: algo::vendor forwards to the transport's own collective library, and this "
-      "communicator has none (weft::local and weft::mpi run weft's plans only): use "
-      "algo::automatic or an explicit algorithm such as algo::ring, or a "
-      "weft::cuda::nccl::communicator for NCCL's own collectives");
+  static_assert(vendor_collective<Comm, C, T, Op>,
+                "weft: algo::vendor forwards to the transport's own collective library, and this "
+                "communicator has none (weft::local and weft::mpi run weft's plans only): use "
+                "algo::automatic or an explicit algorithm such as algo::ring, or a "
+                "weft::cuda::nccl::communicator for NCCL's own collectives");
   if constexpr (vendor_collective<Comm, C, T, Op>) {
     check_root(comm, root, name_of(C));
     if (check_calls_enabled(comm))

@@ -55,7 +55,7 @@ struct breakdown {
 /// device_of is empty), for elements of element_size bytes. Throws weft::error on a peer or
 /// device out of range, a deadlock, or a message nobody receives.
 WEFT_COLD inline breakdown simulate(const std::vector<plan>& plans, const topology::cluster& c,
-                          const std::vector<int>& device_of, std::size_t element_size) {
+                                    const std::vector<int>& device_of, std::size_t element_size) {
   const int p = static_cast<int>(plans.size());
   const auto up = plans.size();
   breakdown out;
@@ -111,7 +111,7 @@ WEFT_COLD inline breakdown simulate(const std::vector<plan>& plans, const topolo
   }
 
   struct message {
-    double ready; // when the sender's link can start it
+    double ready;               // when the sender's link can start it
     const topology::link* link; // between the sender and the receiver
     double bytes;
     int from_node; // the sender's node, when the message leaves it; -1 otherwise
@@ -288,7 +288,8 @@ WEFT_COLD inline breakdown simulate(const std::vector<plan>& plans, const topolo
         case step_kind::send: break;
       }
       s.at.next();
-      if (!ready.empty() && ready.top() < entry{s.clock, r}) {  // someone is earlier: let them go first
+      if (!ready.empty() &&
+          ready.top() < entry{s.clock, r}) { // someone is earlier: let them go first
         ready.emplace(s.clock, r);
         return;
       }

@@ -83,11 +83,16 @@ public:
   static constexpr bool peer_access = true;
   static constexpr std::string_view transport_name = "local";
 
-  communicator(std::shared_ptr<detail::local_group> group, int rank, std::chrono::milliseconds timeout)
-      : group_(std::move(group)), rank_(rank), timeout_(timeout), synced_(static_cast<std::size_t>(group_->size)) {
+  communicator(std::shared_ptr<detail::local_group> group, int rank,
+               std::chrono::milliseconds timeout)
+      : group_(std::move(group)),
+        rank_(rank),
+        timeout_(timeout),
+        synced_(static_cast<std::size_t>(group_->size)) {
     WEFT_EXPECTS(rank_ >= 0 && rank_ < group_->size, "local::communicator: rank outside the group");
     node_of_.reserve(static_cast<std::size_t>(group_->size));
-    for (int w : group_->world_rank) node_of_.push_back(group_->world->cluster.node_of(w));
+    for (int w : group_->world_rank)
+      node_of_.push_back(group_->world->cluster.node_of(w));
   }
   communicator(communicator&&) noexcept = default;
   communicator& operator=(communicator&&) noexcept = default;
@@ -97,7 +102,9 @@ public:
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return group_->size; }
   /// This rank's index in the world of its local::run (its device in the cluster).
-  [[nodiscard]] int world_rank(int r) const { return group_->world_rank.at(static_cast<std::size_t>(r)); }
+  [[nodiscard]] int world_rank(int r) const {
+    return group_->world_rank.at(static_cast<std::size_t>(r));
+  }
   [[nodiscard]] const std::vector<int>& devices() const noexcept { return group_->world_rank; }
   [[nodiscard]] const std::vector<int>& node_of() const noexcept { return node_of_; }
   [[nodiscard]] const topology::cluster& cluster() const noexcept { return group_->world->cluster; }
@@ -121,14 +128,18 @@ public:
   [[nodiscard]] std::uint64_t sequence() const noexcept { return seq_; }
 
   /// The flight recorder: every rank's position in the world of this communicator now.
-  [[nodiscard]] std::vector<rank_progress> progress() const { return detail::world_progress(*group_->world); }
+  [[nodiscard]] std::vector<rank_progress> progress() const {
+    return detail::world_progress(*group_->world);
+  }
   /// The same as text, one line per rank (weft::to_string(progress())).
   [[nodiscard]] std::string pending_operations() const { return weft::to_string(progress()); }
 
   /// Fails every pending and later operation of this world, on every rank, with `why`.
   void abort(const std::string& why) { group_->world->abort(world_rank(rank_), why); }
   /// Whether this communicator's world failed or was aborted.
-  [[nodiscard]] bool aborted() const noexcept { return group_->world->failed.load(std::memory_order_acquire); }
+  [[nodiscard]] bool aborted() const noexcept {
+    return group_->world->failed.load(std::memory_order_acquire);
+  }
 
   /// After a failure: a communicator of the ranks that are left, in their order here.
   /// Collective over the ranks still running: it returns once every rank of this
@@ -143,23 +154,27 @@ public:
       std::lock_guard lock(sh.mutex);
       if (sh.closed) {
         throw error("shrink", rank_, error::unknown,
-                    "this communicator has already been shrunk (this rank came too late, or calls it twice)");
+                    "this communicator has already been shrunk (this rank came too late, or calls "
+                    "it twice)");
       }
       if (sh.joined.empty()) sh.joined.assign(static_cast<std::size_t>(size()), 0);
       sh.joined[static_cast<std::size_t>(rank_)] = 1;
     }
     old_world.ring_all();
-    const auto close = [&] {  // under sh.mutex
+    const auto close = [&] { // under sh.mutex
       sh.closed = true;
       for (int r = 0; r < size(); ++r) {
         if (sh.joined[static_cast<std::size_t>(r)] != 0) sh.survivors.push_back(r);
       }
-      auto world = std::make_shared<detail::local_world>(old_world.cluster, old_world.pacer != nullptr);
+      auto world =
+          std::make_shared<detail::local_world>(old_world.cluster, old_world.pacer != nullptr);
       std::vector<int> members;
-      for (int r : sh.survivors) members.push_back(world_rank(r));
+      for (int r : sh.survivors)
+        members.push_back(world_rank(r));
       for (int w = 0; w < world->size; ++w) {
         if (std::find(members.begin(), members.end(), w) == members.end()) {
-          world->status[static_cast<std::size_t>(w)].store(static_cast<int>(detail::rank_status::left));
+          world->status[static_cast<std::size_t>(w)].store(
+              static_cast<int>(detail::rank_status::left));
         }
       }
       old_world.add_successor(world);
@@ -178,14 +193,14 @@ public:
       return true;
     };
     const auto never = [] { return false; };
-    const auto deadline =
-        watchdog_ ? weft::detail::deadline_after(timeout_) : std::chrono::steady_clock::time_point::max();
+    const auto deadline = watchdog_ ? weft::detail::deadline_after(timeout_)
+                                    : std::chrono::steady_clock::time_point::max();
     auto& bell = old_world.bells[static_cast<std::size_t>(world_rank(rank_))];
     if (!bell.wait(settled, never, deadline, 0)) {
       std::lock_guard lock(sh.mutex);
-      if (!sh.closed) close();  // the deadline: whoever has not come is left out
+      if (!sh.closed) close(); // the deadline: whoever has not come is left out
     }
-    old_world.ring_all();  // the others need not wait for their next slice to see it closed
+    old_world.ring_all(); // the others need not wait for their next slice to see it closed
     std::lock_guard lock(sh.mutex);
     const auto it = std::find(sh.survivors.begin(), sh.survivors.end(), rank_);
     communicator c(sh.result, static_cast<int>(it - sh.survivors.begin()), timeout_);
@@ -208,11 +223,11 @@ public:
     const p2p_scope scope(*this, "send", peer);
     auto owned = std::make_unique<std::byte[]>(data.size_bytes() == 0 ? 1 : data.size_bytes());
     if (!data.empty()) std::memcpy(owned.get(), data.data(), data.size_bytes());
-    const void* copy = owned.get();  // before the move below: argument order is unspecified
+    const void* copy = owned.get(); // before the move below: argument order is unspecified
     try {
       post(peer, copy, data.size(), dtype_of<T>, tag, std::move(owned), "send");
     } catch (...) {
-      fail_part_way([] {});  // the message owns a copy: nothing of the caller's to let go of
+      fail_part_way([] {}); // the message owns a copy: nothing of the caller's to let go of
     }
   }
   template <element T>
@@ -228,9 +243,9 @@ public:
         detail::copy_n(data.data(), static_cast<const T*>(src), data.size());
       });
     } catch (const disagreement&) {
-      throw;  // the message stays where it is and nothing moved: the communicator stays usable
+      throw; // the message stays where it is and nothing moved: the communicator stays usable
     } catch (...) {
-      fail_part_way([] {});  // only this rank writes into `data`, and it stopped
+      fail_part_way([] {}); // only this rank writes into `data`, and it stopped
     }
   }
   template <element T>
@@ -258,22 +273,26 @@ public:
       me.words[0] = static_cast<std::uint64_t>(color);
       me.words[1] = static_cast<std::uint64_t>(static_cast<std::int64_t>(key));
       sync_with(all_ranks(), "split");
-      std::vector<std::pair<std::int64_t, int>> members;  // (key, rank) of my color
+      std::vector<std::pair<std::int64_t, int>> members; // (key, rank) of my color
       for (int r = 0; r < size(); ++r) {
         const auto& s = group_->slots[static_cast<std::size_t>(r)];
-        if (s.words[0] == static_cast<std::uint64_t>(color)) members.emplace_back(static_cast<std::int64_t>(s.words[1]), r);
+        if (s.words[0] == static_cast<std::uint64_t>(color))
+          members.emplace_back(static_cast<std::int64_t>(s.words[1]), r);
       }
       std::sort(members.begin(), members.end());
       const bool leader = members.front().second == rank_;
       if (leader) {
         std::vector<int> world;
-        for (auto [k, r] : members) world.push_back(group_->world_rank[static_cast<std::size_t>(r)]);
+        for (auto [k, r] : members)
+          world.push_back(group_->world_rank[static_cast<std::size_t>(r)]);
         me.child = detail::local_group::make(group_->world, std::move(world));
       }
       sync_with(all_ranks(), "split");
-      std::shared_ptr<detail::local_group> child = group_->slots[static_cast<std::size_t>(members.front().second)].child;
+      std::shared_ptr<detail::local_group> child =
+          group_->slots[static_cast<std::size_t>(members.front().second)].child;
       int new_rank = 0;
-      while (members[static_cast<std::size_t>(new_rank)].second != rank_) ++new_rank;
+      while (members[static_cast<std::size_t>(new_rank)].second != rank_)
+        ++new_rank;
       sync_with(all_ranks(), "split");
       if (leader) me.child.reset();
       communicator c(std::move(child), new_rank, timeout_);
@@ -289,8 +308,8 @@ public:
   /// Runs one rank's plan over its buffers. `in`/`out` hold in_count/out_count elements
   /// (in may equal out: in place).
   template <element T, class Op>
-  void execute(const plan& pl, const T* in, std::size_t in_count, T* out, std::size_t out_count, const Op& op,
-               std::string_view operation) {
+  void execute(const plan& pl, const T* in, std::size_t in_count, T* out, std::size_t out_count,
+               const Op& op, std::string_view operation) {
     const op_scope scope(*this, operation, pl.steps().size());
     check_plan(pl, operation);
     const bool staged = pl.staged();
@@ -298,12 +317,14 @@ public:
       if (pl.scratch_count() * sizeof(T) > max_staged_scratch_bytes) {
         throw error(operation, rank_, error::unknown,
                     "a staged plan needs " + std::to_string(pl.scratch_count() * sizeof(T)) +
-                        " bytes of staging; the local transport has " + std::to_string(max_staged_scratch_bytes));
+                        " bytes of staging; the local transport has " +
+                        std::to_string(max_staged_scratch_bytes));
       }
-      ++staged_calls_;  // the same count on every rank: they make the same calls
+      ++staged_calls_; // the same count on every rank: they make the same calls
       group_->staging_of(rank_, staged_calls_).count = pl.count();
     }
-    T* scratch = staged ? static_cast<T*>(group_->staging(rank_, staged_calls_)) : scratch_.get<T>(pl.scratch_count());
+    T* scratch = staged ? static_cast<T*>(group_->staging(rank_, staged_calls_))
+                        : scratch_.get<T>(pl.scratch_count());
     const plan_buffers<T> buffers{// input is only ever read
                                   {const_cast<T*>(in), out, scratch},
                                   {in_count, out_count, pl.scratch_count()},
@@ -338,8 +359,8 @@ private:
   static constexpr int plan_tag = -1;
 
   template <class T, class Op, class Pending>
-  void run_steps(const plan& pl, const plan_buffers<T>& buffers, const Op& op, std::string_view operation,
-                 bool staged, Pending& pending) {
+  void run_steps(const plan& pl, const plan_buffers<T>& buffers, const Op& op,
+                 std::string_view operation, bool staged, Pending& pending) {
     const auto& steps = pl.steps();
     for (const plan_round& r : rounds_of(steps)) {
       const std::uint32_t round = r.number;
@@ -347,8 +368,8 @@ private:
         const step& s = steps[k];
         if (s.kind == step_kind::send) {
           record().at_step(round, k, s.kind);
-          pending.add(s.peer, post(s.peer, buffers.at(s.src, s.src_offset, s.count), s.count, dtype_of<T>, plan_tag, nullptr,
-                                   operation));
+          pending.add(s.peer, post(s.peer, buffers.at(s.src, s.src_offset, s.count), s.count,
+                                   dtype_of<T>, plan_tag, nullptr, operation));
         }
       }
       for (std::size_t k = r.begin; k < r.end; ++k) {
@@ -358,8 +379,9 @@ private:
           case step_kind::send: break;
           case step_kind::recv: {
             T* dst = buffers.at(s.dst, s.dst_offset, s.count);
-            consume(s.peer, s.count, dtype_of<T>, plan_tag, operation,
-                    [&](const void* src) { detail::copy_n(dst, static_cast<const T*>(src), s.count); });
+            consume(s.peer, s.count, dtype_of<T>, plan_tag, operation, [&](const void* src) {
+              detail::copy_n(dst, static_cast<const T*>(src), s.count);
+            });
             break;
           }
           case step_kind::recv_reduce: {
@@ -367,12 +389,15 @@ private:
             T* dst = buffers.at(s.dst, s.dst_offset, s.count);
             consume(
                 s.peer, s.count, dtype_of<T>, plan_tag, operation,
-                [&](const void* src) { detail::reduce2(dst, a, static_cast<const T*>(src), s.count, op); },
+                [&](const void* src) {
+                  detail::reduce2(dst, a, static_cast<const T*>(src), s.count, op);
+                },
                 arrival::before_use);
             break;
           }
           case step_kind::copy:
-            detail::copy_n(buffers.at(s.dst, s.dst_offset, s.count), buffers.at(s.src, s.src_offset, s.count), s.count);
+            detail::copy_n(buffers.at(s.dst, s.dst_offset, s.count),
+                           buffers.at(s.src, s.src_offset, s.count), s.count);
             break;
           case step_kind::reduce: {
             T* d = buffers.at(s.dst, s.dst_offset, s.count);
@@ -383,8 +408,10 @@ private:
             const std::int64_t arrived = pace_loads(std::span(&s.peer, 1), s.count * sizeof(T));
             peer_reads reading(*this);
             if (!staged) reading.add(s.peer, operation);
-            detail::copy_n(buffers.at(s.dst, s.dst_offset, s.count),
-                           peer_range<T>(s.peer, s.src, s.src_offset, s.count, pl.count(), operation, staged), s.count);
+            detail::copy_n(
+                buffers.at(s.dst, s.dst_offset, s.count),
+                peer_range<T>(s.peer, s.src, s.src_offset, s.count, pl.count(), operation, staged),
+                s.count);
             detail::link_pacer::wait_until(arrived);
             break;
           }
@@ -394,11 +421,13 @@ private:
             srcs_.clear();
             for (int q : g) {
               if (!staged) reading.add(q, operation);
-              srcs_.push_back(peer_range<T>(q, s.src, s.src_offset, s.count, pl.count(), operation, staged));
+              srcs_.push_back(
+                  peer_range<T>(q, s.src, s.src_offset, s.count, pl.count(), operation, staged));
             }
             detail::link_pacer::wait_until(pace_loads(g, s.count * sizeof(T)));
-            detail::reduce_many(buffers.at(s.dst, s.dst_offset, s.count), reinterpret_cast<const T* const*>(srcs_.data()),
-                                srcs_.size(), s.count, op);
+            detail::reduce_many(buffers.at(s.dst, s.dst_offset, s.count),
+                                reinterpret_cast<const T* const*>(srcs_.data()), srcs_.size(),
+                                s.count, op);
             break;
           }
           case step_kind::sync: {
@@ -406,7 +435,8 @@ private:
             sync_with(g, operation);
             if (auto* pacer = group_->world->pacer.get()) {
               devs_.clear();
-              for (int q : g) devs_.push_back(world_rank(q));
+              for (int q : g)
+                devs_.push_back(world_rank(q));
               detail::link_pacer::wait_until(pacer->synced(devs_));
             }
             break;
@@ -419,13 +449,15 @@ private:
 
   std::vector<int> all_ranks() const {
     std::vector<int> v(static_cast<std::size_t>(size()));
-    for (int r = 0; r < size(); ++r) v[static_cast<std::size_t>(r)] = r;
+    for (int r = 0; r < size(); ++r)
+      v[static_cast<std::size_t>(r)] = r;
     return v;
   }
 
   void check_peer(int peer, std::string_view operation) const {
     if (peer < 0 || peer >= size() || peer == rank_) {
-      throw error(operation, rank_, peer, "peer outside the communicator of " + std::to_string(size()) + " ranks");
+      throw error(operation, rank_, peer,
+                  "peer outside the communicator of " + std::to_string(size()) + " ranks");
     }
   }
 
@@ -434,10 +466,11 @@ private:
   void check_plan(const plan& pl, std::string_view operation) const {
     if (pl.size() != size() || pl.rank() != rank_) {
       throw error(operation, rank_, error::unknown,
-                  "the plan is for rank " + std::to_string(pl.rank()) + " of " + std::to_string(pl.size()) +
-                      ", not rank " + std::to_string(rank_) + " of " + std::to_string(size()));
+                  "the plan is for rank " + std::to_string(pl.rank()) + " of " +
+                      std::to_string(pl.size()) + ", not rank " + std::to_string(rank_) + " of " +
+                      std::to_string(size()));
     }
-    const auto member = [&](int q) {  // loads and syncs may name this rank itself
+    const auto member = [&](int q) { // loads and syncs may name this rank itself
       if (q < 0 || q >= size()) check_peer(q, operation);
     };
     for (const step& s : pl.steps()) {
@@ -448,10 +481,12 @@ private:
         case step_kind::load_reduce:
         case step_kind::sync:
           if (s.peer < 0 || static_cast<std::size_t>(s.peer) >= pl.groups().size()) {
-            throw error(operation, rank_, error::unknown, "the plan names group " + std::to_string(s.peer) +
-                                                              " of " + std::to_string(pl.groups().size()));
+            throw error(operation, rank_, error::unknown,
+                        "the plan names group " + std::to_string(s.peer) + " of " +
+                            std::to_string(pl.groups().size()));
           }
-          for (int q : pl.group(s.peer)) member(q);
+          for (int q : pl.group(s.peer))
+            member(q);
           break;
         case step_kind::send:
         case step_kind::recv:
@@ -467,14 +502,16 @@ private:
                       std::string_view operation, bool staged) const {
     const auto same_count = [&](std::size_t theirs) {
       if (theirs != count) {
-        throw error(operation, rank_, peer, "this rank's call has count " + std::to_string(count) + ", the peer's " +
-                                                std::to_string(theirs) +
-                                                ": the ranks disagree on the call (set WEFT_CHECK_CALLS=1 to find where)");
+        throw error(operation, rank_, peer,
+                    "this rank's call has count " + std::to_string(count) + ", the peer's " +
+                        std::to_string(theirs) +
+                        ": the ranks disagree on the call (set WEFT_CHECK_CALLS=1 to find where)");
       }
     };
-    if (staged) {  // the peer's staging area of this call, the only buffer a staged plan reads
+    if (staged) { // the peer's staging area of this call, the only buffer a staged plan reads
       if (b != buffer::scratch || (off + n) * sizeof(T) > max_staged_scratch_bytes) {
-        throw error(operation, rank_, peer, "a staged plan may load only from its peers' staging area");
+        throw error(operation, rank_, peer,
+                    "a staged plan may load only from its peers' staging area");
       }
       auto& area = group_->staging_of(peer, staged_calls_);
       same_count(area.count);
@@ -484,8 +521,9 @@ private:
     same_count(s.count);
     const auto i = static_cast<std::size_t>(b);
     if (off + n > s.sizes[i]) {
-      throw error(operation, rank_, peer, "plan loads elements [" + std::to_string(off) + ", " +
-                                              std::to_string(off + n) + ") of a peer buffer of " + std::to_string(s.sizes[i]));
+      throw error(operation, rank_, peer,
+                  "plan loads elements [" + std::to_string(off) + ", " + std::to_string(off + n) +
+                      ") of a peer buffer of " + std::to_string(s.sizes[i]));
     }
     return static_cast<const T*>(s.buffers[i]) + off;
   }
@@ -498,7 +536,8 @@ private:
     if (!ready()) wait_slow(ready, operation, peer, what);
   }
 
-  void wait_slow(detail::predicate_ref ready, std::string_view operation, int peer, const char* what) {
+  void wait_slow(detail::predicate_ref ready, std::string_view operation, int peer,
+                 const char* what) {
     auto& world = *group_->world;
     struct waiting_scope {
       detail::progress_record& r;
@@ -506,32 +545,42 @@ private:
     } const waiting{record()};
     record().waiting(peer, what);
     const auto peer_gone = [&] {
-      return peer >= 0 && world.status_of(group_->world_rank[static_cast<std::size_t>(peer)]) != detail::rank_status::running;
+      return peer >= 0 && world.status_of(group_->world_rank[static_cast<std::size_t>(peer)]) !=
+                              detail::rank_status::running;
     };
-    const auto give_up = [&] { return world.failed.load(std::memory_order_acquire) || peer_gone(); };
-    const auto deadline =
-        watchdog_ ? weft::detail::deadline_after(timeout_) : std::chrono::steady_clock::time_point::max();
-    auto& bell = world.bells[static_cast<std::size_t>(group_->world_rank[static_cast<std::size_t>(rank_)])];
+    const auto give_up = [&] {
+      return world.failed.load(std::memory_order_acquire) || peer_gone();
+    };
+    const auto deadline = watchdog_ ? weft::detail::deadline_after(timeout_)
+                                    : std::chrono::steady_clock::time_point::max();
+    auto& bell =
+        world.bells[static_cast<std::size_t>(group_->world_rank[static_cast<std::size_t>(rank_)])];
     if (!bell.wait(ready, give_up, deadline, world.spins)) fail_wait(operation, peer, what);
   }
 
-  [[noreturn]] WEFT_COLD void fail_wait(std::string_view operation, int peer, std::string_view what) {
+  [[noreturn]] WEFT_COLD void fail_wait(std::string_view operation, int peer,
+                                        std::string_view what) {
     auto& world = *group_->world;
     const auto aborted = [&] {
-      return error(operation, rank_, peer, "aborted while waiting to " + std::string(what) + ": " + world.failure());
+      return error(operation, rank_, peer,
+                   "aborted while waiting to " + std::string(what) + ": " + world.failure());
     };
-    if (peer >= 0 && world.status_of(group_->world_rank[static_cast<std::size_t>(peer)]) != detail::rank_status::running) {
+    if (peer >= 0 && world.status_of(group_->world_rank[static_cast<std::size_t>(peer)]) !=
+                         detail::rank_status::running) {
       const int w = group_->world_rank[static_cast<std::size_t>(peer)];
       // On a split communicator, peer is a rank of it: say which rank of the world that is.
-      const std::string that = w == peer ? "that rank" : "that rank (world rank " + std::to_string(w) + ")";
+      const std::string that =
+          w == peer ? "that rank" : "that rank (world rank " + std::to_string(w) + ")";
       if (world.status_of(w) == detail::rank_status::failed) {
-        throw error(operation, rank_, peer, "waiting to " + std::string(what) + ", but " + that + " failed (" +
-                                                world.failure() + ")");
+        throw error(operation, rank_, peer,
+                    "waiting to " + std::string(what) + ", but " + that + " failed (" +
+                        world.failure() + ")");
       }
       // A peer that returned after the world was aborted (the watchdog's verdict): the verdict.
       if (world.failed.load(std::memory_order_acquire)) throw aborted();
-      throw error(operation, rank_, peer, "waiting to " + std::string(what) + ", but " + that +
-                                              " returned without joining the operation");
+      throw error(operation, rank_, peer,
+                  "waiting to " + std::string(what) + ", but " + that +
+                      " returned without joining the operation");
     }
     if (world.failed.load(std::memory_order_acquire)) throw aborted();
     // The watchdog: find who holds everyone up, tell every rank, and give the dump. One rank
@@ -539,9 +588,11 @@ private:
     std::lock_guard one_verdict(world.watchdog);
     if (world.failed.load(std::memory_order_acquire)) throw aborted();
     const int me = world_rank(rank_);
-    std::string why = "timed out after " + std::to_string(timeout_.count()) + " ms waiting to " + std::string(what);
+    std::string why = "timed out after " + std::to_string(timeout_.count()) + " ms waiting to " +
+                      std::string(what);
     if (peer >= 0) why += " (world rank " + std::to_string(world_rank(peer)) + ")";
-    why += " in " + record().snapshot(me, "running").position() + " on comm " + std::to_string(group_->id);
+    why += " in " + record().snapshot(me, "running").position() + " on comm " +
+           std::to_string(group_->id);
     const std::string culprit = peer >= 0 ? detail::find_culprit(group_, peer) : std::string();
     const auto ranks = detail::world_progress(world);
     if (!culprit.empty()) why += "; " + culprit;
@@ -570,7 +621,8 @@ private:
       if (first == e.what()) raise(e);
     }
     raise(error(operation, rank_, peer,
-                "the communicator was aborted by an earlier failure, and every later call on it fails (the ranks "
+                "the communicator was aborted by an earlier failure, and every later call on it "
+                "fails (the ranks "
                 "left may continue on communicator::shrink()): " +
                     first));
   }
@@ -631,9 +683,8 @@ private:
     const auto unread = [&] { return me.readers.load(std::memory_order_seq_cst) == 0; };
     const auto never = [] { return false; };
     auto& world = *group_->world;
-    world.bells[static_cast<std::size_t>(world_rank(rank_))].wait(unread, never,
-                                                                  std::chrono::steady_clock::time_point::max(),
-                                                                  world.spins);
+    world.bells[static_cast<std::size_t>(world_rank(rank_))].wait(
+        unread, never, std::chrono::steady_clock::time_point::max(), world.spins);
   }
 
   // The peers whose published buffers a load step reads, counted as their readers while it
@@ -646,7 +697,8 @@ private:
     peer_reads& operator=(const peer_reads&) = delete;
     ~peer_reads() {
       for (int q : c_.reading_) {
-        c_.group_->slots[static_cast<std::size_t>(q)].readers.fetch_sub(1, std::memory_order_seq_cst);
+        c_.group_->slots[static_cast<std::size_t>(q)].readers.fetch_sub(1,
+                                                                        std::memory_order_seq_cst);
         c_.group_->bell(q).ring();
       }
       c_.reading_.clear();
@@ -658,9 +710,10 @@ private:
       if (!s.published.load(std::memory_order_seq_cst)) {
         s.readers.fetch_sub(1, std::memory_order_seq_cst);
         c_.group_->bell(peer).ring();
-        throw error(operation, c_.rank_, peer,
-                    "the peer's call failed and took back its buffers before this rank loaded from them (" +
-                        c_.group_->world->failure() + ")");
+        throw error(
+            operation, c_.rank_, peer,
+            "the peer's call failed and took back its buffers before this rank loaded from them (" +
+                c_.group_->world->failure() + ")");
       }
       c_.reading_.push_back(peer);
     }
@@ -682,8 +735,10 @@ private:
     op_scope(const op_scope&) = delete;
     op_scope& operator=(const op_scope&) = delete;
     ~op_scope() {
-      if (std::uncaught_exceptions() == uncaught_) c_.record().done();
-      else c_.record().threw();
+      if (std::uncaught_exceptions() == uncaught_)
+        c_.record().done();
+      else
+        c_.record().threw();
     }
 
   private:
@@ -698,15 +753,18 @@ private:
     // call pairs with a later one. The call check (detail::check_same_call) runs on these
     // calls and still reaches every rank: a disagreement it finds moves no data and fails
     // nothing, and every rank holds the table before any throws.
-    p2p_scope(communicator& c, std::string_view operation, int peer) : c_(c), uncaught_(std::uncaught_exceptions()) {
+    p2p_scope(communicator& c, std::string_view operation, int peer)
+        : c_(c), uncaught_(std::uncaught_exceptions()) {
       c.check_alive(operation, peer);
       c.record().begin(operation, ++c.p2p_seq_, c.group_->id, c.rank_, c.size());
     }
     p2p_scope(const p2p_scope&) = delete;
     p2p_scope& operator=(const p2p_scope&) = delete;
     ~p2p_scope() {
-      if (std::uncaught_exceptions() == uncaught_) c_.record().done();
-      else c_.record().threw();
+      if (std::uncaught_exceptions() == uncaught_)
+        c_.record().done();
+      else
+        c_.record().threw();
     }
 
   private:
@@ -720,7 +778,8 @@ private:
     auto* pacer = group_->world->pacer.get();
     if (pacer == nullptr) return 0;
     devs_.clear();
-    for (int q : peers) devs_.push_back(world_rank(q));
+    for (int q : peers)
+      devs_.push_back(world_rank(q));
     return pacer->loads(world_rank(rank_), devs_, static_cast<double>(bytes));
   }
 
@@ -730,8 +789,9 @@ private:
     detail::channel& ch = group_->chan(rank_, peer);
     const std::uint64_t seq = ch.tail.load(std::memory_order_relaxed);
     if (seq - ch.head.load(std::memory_order_acquire) >= detail::channel::capacity) {
-      wait([&] { return seq - ch.head.load(std::memory_order_acquire) < detail::channel::capacity; }, operation, peer,
-           "post a message (the channel is full)");
+      wait(
+          [&] { return seq - ch.head.load(std::memory_order_acquire) < detail::channel::capacity; },
+          operation, peer, "post a message (the channel is full)");
     }
     detail::message_slot& m = ch.slots[seq % detail::channel::capacity];
     m.data = data;
@@ -740,9 +800,11 @@ private:
     m.tag = tag;
     m.owned = std::move(owned);
     if (auto* pacer = group_->world->pacer.get()) {
-      m.ready = pacer->post(world_rank(rank_), world_rank(peer), static_cast<double>(count * size_of(type)));
+      m.ready = pacer->post(world_rank(rank_), world_rank(peer),
+                            static_cast<double>(count * size_of(type)));
     }
-    m.state.store(static_cast<std::uint32_t>(detail::slot_state::posted), std::memory_order_relaxed);
+    m.state.store(static_cast<std::uint32_t>(detail::slot_state::posted),
+                  std::memory_order_relaxed);
     ch.tail.store(seq + 1, std::memory_order_release);
     group_->bell(peer).ring();
     return seq;
@@ -757,10 +819,12 @@ private:
                arrival pacing = arrival::overlaps_use) {
     detail::channel& ch = group_->chan(peer, rank_);
     const std::uint64_t seq = ch.head.load(std::memory_order_relaxed);
-    wait([&] { return ch.tail.load(std::memory_order_acquire) > seq; }, operation, peer, "receive from it");
+    wait([&] { return ch.tail.load(std::memory_order_acquire) > seq; }, operation, peer,
+         "receive from it");
     detail::message_slot& m = ch.slots[seq % detail::channel::capacity];
     auto expected = static_cast<std::uint32_t>(detail::slot_state::posted);
-    if (!m.state.compare_exchange_strong(expected, static_cast<std::uint32_t>(detail::slot_state::reading),
+    if (!m.state.compare_exchange_strong(expected,
+                                         static_cast<std::uint32_t>(detail::slot_state::reading),
                                          std::memory_order_acquire)) {
       // The sender's operation ended by an exception; where that was the world's failure, say
       // whose (a sender withdraws only after the failure is recorded, so the text is there).
@@ -774,11 +838,13 @@ private:
         return std::to_string(n) + " x " + std::string(name_of(d)) +
                (t == plan_tag ? std::string(" (collective)") : " tag " + std::to_string(t));
       };
-      m.state.store(static_cast<std::uint32_t>(detail::slot_state::posted), std::memory_order_release);
-      throw disagreement(operation, rank_, peer,
-                         "expected " + describe(tag, type, count) + " but the peer sent " +
-                             describe(m.tag, m.type, m.count) +
-                             ": the ranks disagree on the call (set WEFT_CHECK_CALLS=1 to find where)");
+      m.state.store(static_cast<std::uint32_t>(detail::slot_state::posted),
+                    std::memory_order_release);
+      throw disagreement(
+          operation, rank_, peer,
+          "expected " + describe(tag, type, count) + " but the peer sent " +
+              describe(m.tag, m.type, m.count) +
+              ": the ranks disagree on the call (set WEFT_CHECK_CALLS=1 to find where)");
     }
     // If f throws (a user's reduction), the message goes back to posted, so that its sender,
     // unwinding on the failure, can withdraw it rather than wait on it forever.
@@ -786,12 +852,14 @@ private:
       detail::message_slot& m;
       bool done = false;
       ~give_back() {
-        if (!done) m.state.store(static_cast<std::uint32_t>(detail::slot_state::posted), std::memory_order_release);
+        if (!done)
+          m.state.store(static_cast<std::uint32_t>(detail::slot_state::posted),
+                        std::memory_order_release);
       }
     } reading{m};
     if (auto* pacer = group_->world->pacer.get()) {
-      const std::int64_t arrived = pacer->arrival(world_rank(peer), world_rank(rank_),
-                                                  static_cast<double>(count * size_of(type)), m.ready);
+      const std::int64_t arrived = pacer->arrival(
+          world_rank(peer), world_rank(rank_), static_cast<double>(count * size_of(type)), m.ready);
       if (pacing == arrival::before_use) detail::link_pacer::wait_until(arrived);
       f(m.data);
       detail::link_pacer::wait_until(arrived);
@@ -800,7 +868,8 @@ private:
     }
     reading.done = true;
     m.owned.reset();
-    m.state.store(static_cast<std::uint32_t>(detail::slot_state::consumed), std::memory_order_release);
+    m.state.store(static_cast<std::uint32_t>(detail::slot_state::consumed),
+                  std::memory_order_release);
     ch.head.store(seq + 1, std::memory_order_release);
     group_->bell(peer).ring();
   }
@@ -815,13 +884,15 @@ private:
     ~pending_guard() { withdraw(); }
     void withdraw() noexcept {
       for (auto [peer, seq] : sends_) {
-        detail::message_slot& m = c_.group_->chan(c_.rank_, peer).slots[seq % detail::channel::capacity];
+        detail::message_slot& m =
+            c_.group_->chan(c_.rank_, peer).slots[seq % detail::channel::capacity];
         // Withdraw it unless it was consumed. A peer mid-copy finishes without waiting on
         // anyone, and hands the message back (posted) if its copy or reduction failed.
         for (;;) {
           auto expected = static_cast<std::uint32_t>(detail::slot_state::posted);
-          if (m.state.compare_exchange_strong(expected, static_cast<std::uint32_t>(detail::slot_state::retracted),
-                                              std::memory_order_acq_rel) ||
+          if (m.state.compare_exchange_strong(
+                  expected, static_cast<std::uint32_t>(detail::slot_state::retracted),
+                  std::memory_order_acq_rel) ||
               expected != static_cast<std::uint32_t>(detail::slot_state::reading)) {
             break;
           }
@@ -860,7 +931,8 @@ private:
       const std::uint64_t want = ++synced_[static_cast<std::size_t>(q)];
       auto& count = group_->syncs(rank_, q);
       if (count.load(std::memory_order_acquire) < want) {
-        wait([&] { return count.load(std::memory_order_acquire) >= want; }, operation, q, "synchronise with it");
+        wait([&] { return count.load(std::memory_order_acquire) >= want; }, operation, q,
+             "synchronise with it");
       }
     }
   }
@@ -871,15 +943,15 @@ private:
   bool watchdog_ = true;
   bool check_calls_ = false;
   weft::on_failure on_failure_ = weft::on_failure::throw_error;
-  std::uint64_t seq_ = 0;      // collective operations begun
-  std::uint64_t p2p_seq_ = 0;  // point-to-point calls begun
-  std::vector<std::uint64_t> synced_;  // syncs completed with each peer
-  std::uint64_t staged_calls_ = 0;     // staged plans run: its parity picks the staging area
+  std::uint64_t seq_ = 0;             // collective operations begun
+  std::uint64_t p2p_seq_ = 0;         // point-to-point calls begun
+  std::vector<std::uint64_t> synced_; // syncs completed with each peer
+  std::uint64_t staged_calls_ = 0;    // staged plans run: its parity picks the staging area
   std::vector<int> node_of_;
   detail::scratch_buffer scratch_;
   std::vector<const void*> srcs_;
-  std::vector<int> devs_;     // scratch for the pacer's device lists
-  std::vector<int> reading_;  // the peers the current load step reads (peer_reads)
+  std::vector<int> devs_;    // scratch for the pacer's device lists
+  std::vector<int> reading_; // the peers the current load step reads (peer_reads)
 };
 
 } // namespace weft::local
@@ -892,7 +964,8 @@ void run_ranks(topology::cluster cluster, F&& f, local::options opt) {
   auto world = std::make_shared<local_world>(std::move(cluster), opt.emulate_links);
   const int n = world->size;
   std::vector<int> everyone(static_cast<std::size_t>(n));
-  for (int r = 0; r < n; ++r) everyone[static_cast<std::size_t>(r)] = r;
+  for (int r = 0; r < n; ++r)
+    everyone[static_cast<std::size_t>(r)] = r;
   auto group = local_group::make(world, everyone);
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
   const auto body = [&](int r) {
@@ -915,20 +988,24 @@ void run_ranks(topology::cluster cluster, F&& f, local::options opt) {
   {
     std::vector<std::jthread> threads;
     threads.reserve(static_cast<std::size_t>(n));
-    std::string not_started;  // why a rank's thread could not start
+    std::string not_started; // why a rank's thread could not start
     int r = 1;
     try {
-      for (; r < n; ++r) threads.emplace_back(body, r);
+      for (; r < n; ++r)
+        threads.emplace_back(body, r);
     } catch (const std::exception& e) {
-      not_started = "could not start a thread for rank " + std::to_string(r) + " of " + std::to_string(n) + " (" +
-                    e.what() + "): local::run runs each rank as a thread; run fewer ranks or raise the thread limit";
+      not_started =
+          "could not start a thread for rank " + std::to_string(r) + " of " + std::to_string(n) +
+          " (" + e.what() +
+          "): local::run runs each rank as a thread; run fewer ranks or raise the thread limit";
     }
     if (!not_started.empty()) {
       // The ranks that did start would wait for these forever (or until the watchdog): they
       // are failed at once, and the run reports why once they have returned.
-      for (int q = r; q < n; ++q) world->fail(q, not_started);
+      for (int q = r; q < n; ++q)
+        world->fail(q, not_started);
       world->fail(0, not_started);
-      threads.clear();  // joins
+      threads.clear(); // joins
       throw error("local::run: " + not_started);
     }
     body(0);

@@ -74,6 +74,7 @@
 // leaves the environment's scope uncaught ends the job too (see environment).
 #include <weft/comm/detail/kernels.hpp>
 #include <weft/comm/detail/scratch.hpp>
+#include <weft/comm/failure.hpp>
 #include <weft/comm/plan.hpp>
 #include <weft/comm/progress.hpp>
 #include <weft/comm/transport/detail/mpi_comm_handle.hpp>
@@ -81,7 +82,6 @@
 #include <weft/comm/transport/detail/mpi_error.hpp>
 #include <weft/comm/transport/detail/mpi_family.hpp>
 #include <weft/comm/transport/detail/mpi_requests.hpp>
-#include <weft/comm/failure.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/types.hpp>
 #include <weft/topology/topology.hpp>
@@ -249,8 +249,8 @@ public:
   /// This process's progress counters: its operation, sequence number and plan step now (a
   /// process cannot see the others': each reports its own in its errors).
   [[nodiscard]] rank_progress progress() const {
-    return progress_->snapshot(world_ranks_.empty() ? rank_ : world_ranks_[static_cast<std::size_t>(rank_)],
-                               "running");
+    return progress_->snapshot(
+        world_ranks_.empty() ? rank_ : world_ranks_[static_cast<std::size_t>(rank_)], "running");
   }
   /// The wrapped communicator, for the program's own MPI calls (weft's traffic is on a
   /// private duplicate and never matches them).
@@ -292,7 +292,8 @@ public:
     const recorded scope(*this, "send", recorded::point_to_point);
     const auto ctx = context("send");
     guarded(ctx.operation, [&] {
-      post_sends(send_buffer(data), data.size(), peer, tag, max_message, p2p_, ctx.operation, credits());
+      post_sends(send_buffer(data), data.size(), peer, tag, max_message, p2p_, ctx.operation,
+                 credits());
       p2p_.wait_all(detail::mpi_datatype<T>(), dtype_traits<T>::name, ctx);
       p2p_copy_.reset();
     });
@@ -325,14 +326,15 @@ public:
     const recorded scope(*this, "post", recorded::point_to_point);
     const auto ctx = context("post");
     guarded(ctx.operation, [&] {
-      while (!posted_.empty() && posted_.front().requests.test_all(MPI_BYTE, posted_.front().type_name, ctx))
+      while (!posted_.empty() &&
+             posted_.front().requests.test_all(MPI_BYTE, posted_.front().type_name, ctx))
         posted_.pop_front();
       posted_message& m = posted_.emplace_back();
       m.type_name = dtype_traits<T>::name;
       m.copy = std::make_unique<std::byte[]>(data.size_bytes() == 0 ? 1 : data.size_bytes());
       if (!data.empty()) std::memcpy(m.copy.get(), data.data(), data.size_bytes());
-      post_sends(reinterpret_cast<const T*>(m.copy.get()), data.size(), peer, tag, max_message, m.requests,
-                 ctx.operation, true);
+      post_sends(reinterpret_cast<const T*>(m.copy.get()), data.size(), peer, tag, max_message,
+                 m.requests, ctx.operation, true);
     });
   }
   template <element T>
@@ -363,7 +365,8 @@ public:
     const auto ctx = context("sendrecv");
     guarded(ctx.operation, [&] {
       post_recvs(in.data(), in.size(), from, tag, max_message, p2p_, ctx.operation);
-      post_sends(send_buffer(out), out.size(), to, tag, max_message, p2p_, ctx.operation, credits());
+      post_sends(send_buffer(out), out.size(), to, tag, max_message, p2p_, ctx.operation,
+                 credits());
       p2p_.wait_all(detail::mpi_datatype<T>(), dtype_traits<T>::name, ctx);
       p2p_copy_.reset();
     });
@@ -393,7 +396,8 @@ public:
       // only when every rank has arrived; the table also gives the children's placement.
       constexpr int fields = 5;
       const int mine[fields] = {color, key, devices_[static_cast<std::size_t>(rank_)],
-                                world_ranks_[static_cast<std::size_t>(rank_)], (*root_of_)[static_cast<std::size_t>(rank_)]};
+                                world_ranks_[static_cast<std::size_t>(rank_)],
+                                (*root_of_)[static_cast<std::size_t>(rank_)]};
       std::vector<int> table(static_cast<std::size_t>(fields * size_));
       all_gather_ints(mine, fields, table, ctx);
       std::vector<std::pair<int, int>> members; // (key, rank) of my color
@@ -417,8 +421,9 @@ public:
       WEFT_MPI_TRY(MPI_Comm_split(dup_.get(), color, key, &child), ctx.operation, rank_);
       detail::mpi_comm_handle owned(child, true);
       WEFT_MPI_TRY(MPI_Comm_set_errhandler(child, MPI_ERRORS_RETURN), ctx.operation, rank_);
-      made.emplace(communicator(std::move(owned), new_rank, std::move(devices), std::move(world_ranks),
-                                std::move(roots), cluster_, emulated_, timeout_, family_));
+      made.emplace(communicator(std::move(owned), new_rank, std::move(devices),
+                                std::move(world_ranks), std::move(roots), cluster_, emulated_,
+                                timeout_, family_));
     });
     made->check_calls_ = check_calls_;
     return std::move(*made);
@@ -471,8 +476,8 @@ public:
           if (s.kind != step_kind::send) continue;
           progress_->at_step(round, k, s.kind);
           check_peer(s.peer, operation);
-          queue_plan_sends(buffers.at(s.src, s.src_offset, s.count), s.count, s.peer, piece, s.src == buffer::scratch,
-                           operation);
+          queue_plan_sends(buffers.at(s.src, s.src_offset, s.count), s.count, s.peer, piece,
+                           s.src == buffer::scratch, operation);
         }
         release_queued_sends();
         for (std::size_t k = r.begin; k < r.end; ++k) {
@@ -482,17 +487,19 @@ public:
             case step_kind::send: break;
             case step_kind::recv:
               check_peer(s.peer, operation);
-              post_plan_recvs(buffers.at(s.dst, s.dst_offset, s.count), s.count, s.peer, piece, s.dst == buffer::scratch,
-                              operation);
+              post_plan_recvs(buffers.at(s.dst, s.dst_offset, s.count), s.count, s.peer, piece,
+                              s.dst == buffer::scratch, operation);
               recvs_.wait_all(type, type_name, ctx);
               break;
             case step_kind::recv_reduce:
               check_peer(s.peer, operation);
-              recv_reduce(buffers.at(s.src, s.src_offset, s.count), buffers.at(s.dst, s.dst_offset, s.count), s.count, s.peer,
-                          piece, op, ctx);
+              recv_reduce(buffers.at(s.src, s.src_offset, s.count),
+                          buffers.at(s.dst, s.dst_offset, s.count), s.count, s.peer, piece, op,
+                          ctx);
               break;
             case step_kind::copy:
-              detail::copy_n(buffers.at(s.dst, s.dst_offset, s.count), buffers.at(s.src, s.src_offset, s.count), s.count);
+              detail::copy_n(buffers.at(s.dst, s.dst_offset, s.count),
+                             buffers.at(s.src, s.src_offset, s.count), s.count);
               break;
             case step_kind::reduce: {
               T* d = buffers.at(s.dst, s.dst_offset, s.count);
@@ -502,17 +509,20 @@ public:
             case step_kind::load:
             case step_kind::load_reduce:
             case step_kind::sync:
-              throw error(operation, rank_, s.peer, "the MPI transport cannot run a peer-access step");
+              throw error(operation, rank_, s.peer,
+                          "the MPI transport cannot run a peer-access step");
           }
         }
         // The round's sends: those still waiting for a credit (the tick releases them), then
         // their completion.
-        detail::mpi_poll(
-            [&] { return unsent_ == 0 && sends_.test_all(type, type_name, ctx); },
-            ctx, [&] {
-              return unsent_ > 0 ? detail::mpi_waiting_for{first_unsent_peer(), "have its receive posted"}
-                                 : detail::mpi_waiting_for{sends_.first_pending_peer(), "have its message received"};
-            });
+        detail::mpi_poll([&] { return unsent_ == 0 && sends_.test_all(type, type_name, ctx); }, ctx,
+                         [&] {
+                           return unsent_ > 0
+                                      ? detail::mpi_waiting_for{first_unsent_peer(),
+                                                                "have its receive posted"}
+                                      : detail::mpi_waiting_for{sends_.first_pending_peer(),
+                                                                "have its message received"};
+                         });
         eager_copies_.clear();
       }
     });
@@ -557,7 +567,8 @@ private:
     int uncaught_;
   };
 
-  [[noreturn]] static void end_job(std::string_view what, std::string_view reason, int code = 1) noexcept {
+  [[noreturn]] static void end_job(std::string_view what, std::string_view reason,
+                                   int code = 1) noexcept {
     detail::print_abort_message(what, reason);
     MPI_Abort(MPI_COMM_WORLD, code);
     std::abort();
@@ -591,8 +602,8 @@ private:
   WEFT_COLD void failed_call(std::string_view operation, const std::string& what) noexcept {
     try {
       const int me = world_ranks_[static_cast<std::size_t>(rank_)];
-      (void)family_->fail_and_tell("world rank " + std::to_string(me) + " failed in " + std::string(operation) + ": " +
-                                   what);
+      (void)family_->fail_and_tell("world rank " + std::to_string(me) + " failed in " +
+                                   std::string(operation) + ": " + what);
       const auto window = detail::mpi_answer_window(timeout_);
       for (MPI_Request& r : credits_in_) {
         if (r == MPI_REQUEST_NULL) continue;
@@ -616,7 +627,8 @@ private:
       if (left.weft_memory) {
         family_->park(std::move(scratch_));
         family_->park(std::move(staging_));
-        for (auto& c : eager_copies_) family_->park(std::move(c));
+        for (auto& c : eager_copies_)
+          family_->park(std::move(c));
         if (p2p_copy_) family_->park(std::move(p2p_copy_));
       }
       eager_copies_.clear();
@@ -625,7 +637,8 @@ private:
       credit_.keep();
       if (left.caller_memory) {
         end_job(what + "\nweft: " + std::string(operation) + " on rank " + std::to_string(rank_) +
-                    ": MPI still uses the call's buffer for a message it cannot cancel, and the process must not "
+                    ": MPI still uses the call's buffer for a message it cannot cancel, and the "
+                    "process must not "
                     "return into the program with it",
                 "a request still uses the caller's buffer");
       }
@@ -640,13 +653,16 @@ private:
 
   // A root communicator: duplicates `base`, then places its ranks on nodes.
   communicator(detail::mpi_comm_handle base, const options& opt)
-      : base_(std::move(base)), timeout_(weft::detail::checked_timeout(opt.timeout, "mpi::options::timeout")) {
+      : base_(std::move(base)),
+        timeout_(weft::detail::checked_timeout(opt.timeout, "mpi::options::timeout")) {
     if (!detail::mpi_alive()) {
-      throw error("weft: mpi::communicator: MPI is not initialized (or already finalized): "
-                  "call MPI_Init, or create a weft::mpi::environment first");
+      throw error(
+          "weft: mpi::communicator: MPI is not initialized (or already finalized): "
+          "call MPI_Init, or create a weft::mpi::environment first");
     }
     WEFT_EXPECTS(base_.get() != MPI_COMM_NULL, "mpi::communicator: the MPI_Comm is MPI_COMM_NULL");
-    WEFT_EXPECTS(opt.on_failure == weft::on_failure::throw_error || opt.on_failure == weft::on_failure::abort_job,
+    WEFT_EXPECTS(opt.on_failure == weft::on_failure::throw_error ||
+                     opt.on_failure == weft::on_failure::abort_job,
                  "mpi::options::on_failure: not an on_failure value");
     if (base_.owned())
       WEFT_MPI_TRY(MPI_Comm_set_errhandler(base_.get(), MPI_ERRORS_RETURN), "mpi::communicator");
@@ -687,8 +703,8 @@ private:
   // A communicator made by split: owns `base`, inherits the parent's cluster and family.
   communicator(detail::mpi_comm_handle base, int rank, std::vector<int> devices,
                std::vector<int> world_ranks, std::vector<int> root_ranks,
-               std::shared_ptr<const topology::cluster> cluster, bool emulated, std::chrono::milliseconds timeout,
-               std::shared_ptr<detail::mpi_family> family)
+               std::shared_ptr<const topology::cluster> cluster, bool emulated,
+               std::chrono::milliseconds timeout, std::shared_ptr<detail::mpi_family> family)
       : base_(std::move(base)),
         world_ranks_(std::move(world_ranks)),
         devices_(std::move(devices)),
@@ -705,7 +721,8 @@ private:
                       " of " + std::to_string(devices_.size()));
     }
     set_node_of();
-    family_->enlist(progress_.get(), root_of_.get()); // last: a constructor that throws leaves nothing enlisted
+    family_->enlist(progress_.get(),
+                    root_of_.get()); // last: a constructor that throws leaves nothing enlisted
   }
 
   // The root's family: a control channel (another duplicate), and a nonce from rank 0 that
@@ -722,10 +739,12 @@ private:
     auto nonce = std::make_unique<std::uint64_t>(0);
     if (rank_ == 0) {
       std::random_device rd;
-      *nonce = (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^
-               static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+      *nonce =
+          (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^
+          static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
     }
-    WEFT_MPI_TRY(MPI_Ibcast(nonce.get(), 1, MPI_UINT64_T, 0, dup_.get(), &req), ctx.operation, rank_);
+    WEFT_MPI_TRY(MPI_Ibcast(nonce.get(), 1, MPI_UINT64_T, 0, dup_.get(), &req), ctx.operation,
+                 rank_);
     try {
       detail::mpi_wait(req, ctx, "agree on the family's nonce with every rank");
     } catch (...) {
@@ -736,8 +755,9 @@ private:
     auto policies = std::make_unique<int[]>(2);
     policies[0] = static_cast<int>(policy);
     policies[1] = -static_cast<int>(policy);
-    WEFT_MPI_TRY(MPI_Iallreduce(MPI_IN_PLACE, policies.get(), 2, MPI_INT, MPI_MAX, dup_.get(), &req), ctx.operation,
-                 rank_);
+    WEFT_MPI_TRY(
+        MPI_Iallreduce(MPI_IN_PLACE, policies.get(), 2, MPI_INT, MPI_MAX, dup_.get(), &req),
+        ctx.operation, rank_);
     try {
       detail::mpi_wait(req, ctx, "compare the failure policy with every rank");
     } catch (...) {
@@ -746,13 +766,16 @@ private:
     }
     if (policies[0] != -policies[1]) {
       throw error(ctx.operation, rank_, error::unknown,
-                  "the ranks disagree on mpi::options::on_failure (this rank: " + std::string(weft::name_of(policy)) +
+                  "the ranks disagree on mpi::options::on_failure (this rank: " +
+                      std::string(weft::name_of(policy)) +
                       "): every rank of a communicator must pass the same");
     }
     std::vector<int> roots(static_cast<std::size_t>(size_));
-    for (int r = 0; r < size_; ++r) roots[static_cast<std::size_t>(r)] = r;
+    for (int r = 0; r < size_; ++r)
+      roots[static_cast<std::size_t>(r)] = r;
     root_of_ = std::make_shared<const std::vector<int>>(std::move(roots));
-    family_ = std::make_shared<detail::mpi_family>(std::move(owned), *nonce, rank_, world_ranks_, policy);
+    family_ =
+        std::make_shared<detail::mpi_family>(std::move(owned), *nonce, rank_, world_ranks_, policy);
     family_->enlist(progress_.get(), root_of_.get());
   }
 
@@ -851,19 +874,23 @@ private:
 
   // all = every rank's n ints, gathered through weft's own buffer: one that MPI may still
   // write into after a deadline is kept, not freed.
-  void all_gather_ints(const int* mine, int n, std::vector<int>& all, const detail::mpi_wait_context& ctx) {
+  void all_gather_ints(const int* mine, int n, std::vector<int>& all,
+                       const detail::mpi_wait_context& ctx) {
     // This rank's ints, then everyone's: both read or written by MPI until the gather is done.
-    auto gathered = std::make_unique<std::byte[]>((all.size() + static_cast<std::size_t>(n)) * sizeof(int));
+    auto gathered =
+        std::make_unique<std::byte[]>((all.size() + static_cast<std::size_t>(n)) * sizeof(int));
     auto* ints = reinterpret_cast<int*>(gathered.get());
     std::copy(mine, mine + n, ints + all.size());
     MPI_Request req = MPI_REQUEST_NULL;
-    WEFT_MPI_TRY(MPI_Iallgather(ints + all.size(), n, MPI_INT, ints, n, MPI_INT, dup_.get(), &req), ctx.operation,
-                 rank_);
+    WEFT_MPI_TRY(MPI_Iallgather(ints + all.size(), n, MPI_INT, ints, n, MPI_INT, dup_.get(), &req),
+                 ctx.operation, rank_);
     try {
       detail::mpi_wait(req, ctx, "gather from every rank");
     } catch (...) {
-      if (family_) family_->park(std::move(gathered));
-      else (void)gathered.release();
+      if (family_)
+        family_->park(std::move(gathered));
+      else
+        (void)gathered.release();
       throw;
     }
     std::copy(ints, ints + all.size(), all.begin());
@@ -919,17 +946,19 @@ private:
   // it), then goes, all its pieces at once; a smaller step goes as soon as every step queued
   // before it for the same peer has gone, so that the pieces reach the receiver in order.
   template <class T>
-  void queue_plan_sends(const T* data, std::size_t count, int peer, std::size_t piece, bool weft_memory,
-                        std::string_view operation) {
+  void queue_plan_sends(const T* data, std::size_t count, int peer, std::size_t piece,
+                        bool weft_memory, std::string_view operation) {
     int credit = -1;
     if (credits() && count * sizeof(T) > credit_bytes) {
       credit = static_cast<int>(credits_in_.size());
       credits_in_.push_back(MPI_REQUEST_NULL);
       credit_arrived_.push_back(0);
-      WEFT_MPI_TRY(MPI_Irecv(nullptr, 0, MPI_BYTE, peer, plan_tag_, credit_.get(), &credits_in_.back()), operation,
-                   rank_, peer);
+      WEFT_MPI_TRY(
+          MPI_Irecv(nullptr, 0, MPI_BYTE, peer, plan_tag_, credit_.get(), &credits_in_.back()),
+          operation, rank_, peer);
     }
-    queued_.push_back({data, count, piece, sizeof(T), detail::mpi_datatype<T>(), peer, weft_memory, credit, false});
+    queued_.push_back({data, count, piece, sizeof(T), detail::mpi_datatype<T>(), peer, weft_memory,
+                       credit, false});
     ++unsent_;
   }
 
@@ -950,7 +979,8 @@ private:
   void grant_credit(std::size_t count, int peer, std::string_view operation) {
     if (!credits() || count * sizeof(T) <= credit_bytes) return;
     MPI_Request r = MPI_REQUEST_NULL;
-    WEFT_MPI_TRY(MPI_Isend(nullptr, 0, MPI_BYTE, peer, plan_tag_, credit_.get(), &r), operation, rank_, peer);
+    WEFT_MPI_TRY(MPI_Isend(nullptr, 0, MPI_BYTE, peer, plan_tag_, credit_.get(), &r), operation,
+                 rank_, peer);
     MPI_Request_free(&r); // no buffer: nothing to wait for
   }
 
@@ -974,11 +1004,12 @@ private:
     if (!credits_in_.empty()) {
       credit_index_.resize(credits_in_.size());
       int completed = 0;
-      WEFT_MPI_TRY(MPI_Testsome(static_cast<int>(credits_in_.size()), credits_in_.data(), &completed,
-                                credit_index_.data(), MPI_STATUSES_IGNORE),
+      WEFT_MPI_TRY(MPI_Testsome(static_cast<int>(credits_in_.size()), credits_in_.data(),
+                                &completed, credit_index_.data(), MPI_STATUSES_IGNORE),
                    "plan", rank_);
       if (completed != MPI_UNDEFINED && completed > 0) {
-        for (int k = 0; k < completed; ++k) credit_arrived_[static_cast<std::size_t>(credit_index_[static_cast<std::size_t>(k)])] = 1;
+        for (int k = 0; k < completed; ++k)
+          credit_arrived_[static_cast<std::size_t>(credit_index_[static_cast<std::size_t>(k)])] = 1;
         // A credit may be older than a verdict: a receiver that failed since has cancelled
         // its receive. Read the control channel before handing MPI the caller's buffer.
         family_->poll();
@@ -1006,8 +1037,8 @@ private:
       std::size_t off = 0;
       do { // a count of 0 is still one (empty) message
         const std::size_t n = std::min(q.piece, q.count - off);
-        WEFT_MPI_TRY(MPI_Isend(bytes + off * q.element_bytes, static_cast<int>(n), q.type, q.peer, plan_tag_,
-                               dup_.get(), &sends_.add_send(q.peer, weft_memory)),
+        WEFT_MPI_TRY(MPI_Isend(bytes + off * q.element_bytes, static_cast<int>(n), q.type, q.peer,
+                               plan_tag_, dup_.get(), &sends_.add_send(q.peer, weft_memory)),
                      "plan", rank_, q.peer);
         off += n;
       } while (off < q.count);
@@ -1020,7 +1051,9 @@ private:
   // with nothing left on the caller's buffers. Under abort_job a failure ends the job, and
   // large sends go at once, as fast as without weft's failure handling. Every rank of a
   // family has the same policy (checked when the root is made).
-  [[nodiscard]] bool credits() const noexcept { return family_->policy() == weft::on_failure::throw_error; }
+  [[nodiscard]] bool credits() const noexcept {
+    return family_->policy() == weft::on_failure::throw_error;
+  }
 
   [[nodiscard]] int first_unsent_peer() const noexcept {
     for (const queued_send& q : queued_) {
@@ -1106,10 +1139,12 @@ private:
       for (posted_message& m : *this) {
         bool delivered = false;
         try {
-          delivered = detail::mpi_alive() && m.requests.test_all(MPI_BYTE, m.type_name, {"post", error::unknown, {}});
+          delivered = detail::mpi_alive() &&
+                      m.requests.test_all(MPI_BYTE, m.type_name, {"post", error::unknown, {}});
         } catch (...) {
         }
-        if (!delivered && m.requests.retire(std::chrono::milliseconds(0)).weft_memory) (void)m.copy.release();
+        if (!delivered && m.requests.retire(std::chrono::milliseconds(0)).weft_memory)
+          (void)m.copy.release();
       }
       clear();
     }
@@ -1167,7 +1202,8 @@ inline void broadcast_bytes(communicator& comm, std::span<std::byte> data, int r
     auto bytes = std::make_unique<std::byte[]>(data.empty() ? 1 : data.size());
     if (comm.rank_ == root && !data.empty()) std::memcpy(bytes.get(), data.data(), data.size());
     MPI_Request req = MPI_REQUEST_NULL;
-    WEFT_MPI_TRY(MPI_Ibcast(bytes.get(), static_cast<int>(data.size()), MPI_BYTE, root, comm.dup_.get(), &req),
+    WEFT_MPI_TRY(MPI_Ibcast(bytes.get(), static_cast<int>(data.size()), MPI_BYTE, root,
+                            comm.dup_.get(), &req),
                  ctx.operation, comm.rank_);
     try {
       detail::mpi_wait(req, ctx, "receive the broadcast from its root");

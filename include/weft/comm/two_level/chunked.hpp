@@ -18,7 +18,7 @@ namespace weft {
 template <communicator Intra, communicator Inter, class Runtime>
 template <class Algo, class T, class Op>
 void two_level<Intra, Inter, Runtime>::all_reduce(const T* in, T* out, std::size_t count,
-                                                const Op& op) {
+                                                  const Op& op) {
   check_levels<Algo>();
   using IA = typename Algo::intra;
   using OA = typename Algo::inter;
@@ -78,7 +78,7 @@ void two_level<Intra, Inter, Runtime>::all_reduce(const T* in, T* out, std::size
       reduce_chunk(k + 1);
       if (lead)
         runtime_(intra_,
-               inter_); // Inter's next chunk waits for this reduce, not for the broadcast below
+                 inter_); // Inter's next chunk waits for this reduce, not for the broadcast below
     }
     if (lead) runtime_(inter_, intra_);
     broadcast_chunk(k);
@@ -150,7 +150,7 @@ void two_level<Intra, Inter, Runtime>::broadcast(T* data, std::size_t count, int
 template <communicator Intra, communicator Inter, class Runtime>
 template <class Algo, class T, class Op>
 void two_level<Intra, Inter, Runtime>::reduce(const T* in, T* out, std::size_t count, int root,
-                                            const Op& op) {
+                                              const Op& op) {
   check_levels<Algo>();
   using IA = typename Algo::intra;
   using OA = typename Algo::inter;

@@ -421,14 +421,14 @@ private:
 /// this rank's node, Inter = the ranks of its local index. Collective over `world`.
 template <communicator World, class Runtime = host_runtime>
 two_level<World, World, Runtime> make_two_level(World& world, two_level_options opt = {},
-                                              Runtime runtime = {}) {
+                                                Runtime runtime = {}) {
   const std::vector<int> node_of = world.node_of();
   const int rank = world.rank();
   const int color = detail::node_color(node_of, rank);
   World intra = world.split(color, rank);
   World inter = world.split(intra.rank(), color);
   return two_level<World, World, Runtime>(std::move(intra), std::move(inter), node_of, rank, opt,
-                                        std::move(runtime));
+                                          std::move(runtime));
 }
 
 } // namespace weft

@@ -20,7 +20,7 @@ namespace weft {
 template <communicator Intra, communicator Inter, class Runtime>
 template <class Algo, class T, class Op>
 void two_level<Intra, Inter, Runtime>::reduce_scatter(const T* in, T* out, std::size_t n,
-                                                    const Op& op) {
+                                                      const Op& op) {
   check_levels<Algo>();
   using IA = typename Algo::intra;
   using OA = typename Algo::inter;

@@ -19,7 +19,7 @@ namespace weft {
 template <communicator Intra, communicator Inter, class Runtime>
 template <class IA, class OA, class T, class Op>
 void two_level<Intra, Inter, Runtime>::all_reduce_uniform(const T* in, T* out, std::size_t count,
-                                                        const Op& op) {
+                                                          const Op& op) {
   const detail::summing_t<Op> sop(op);
   const auto across = [&](std::span<T> block) {
     weft::all_reduce<OA>(inter_, block, sop);
@@ -31,7 +31,7 @@ void two_level<Intra, Inter, Runtime>::all_reduce_uniform(const T* in, T* out, s
 template <communicator Intra, communicator Inter, class Runtime>
 template <class IA, class OA, class T, class Op>
 void two_level<Intra, Inter, Runtime>::reduce_uniform(const T* in, T* out, std::size_t count,
-                                                    int root, const Op& op) {
+                                                      int root, const Op& op) {
   const int root_node = layout_.node[to_size(root)];
   const bool on_root_node = color_ == root_node;
   const bool at_root = rank_ == root;
@@ -52,8 +52,9 @@ void two_level<Intra, Inter, Runtime>::reduce_uniform(const T* in, T* out, std::
 
 template <communicator Intra, communicator Inter, class Runtime>
 template <class IA, class T, class Op, class Across, class Into>
-void two_level<Intra, Inter, Runtime>::reduce_by_blocks(const T* in, std::size_t count, const Op& sop,
-                                                      const Across& across, const Into& into) {
+void two_level<Intra, Inter, Runtime>::reduce_by_blocks(const T* in, std::size_t count,
+                                                        const Op& sop, const Across& across,
+                                                        const Into& into) {
   if (count == 0) return;
   const auto L = to_size(min_ranks_);
   const std::size_t chunk = uniform_chunk<T>();
@@ -73,7 +74,7 @@ void two_level<Intra, Inter, Runtime>::reduce_by_blocks(const T* in, std::size_t
     if (k + 1 < chunks) {
       reduce_chunk(k + 1);
       runtime_(intra_,
-             inter_); // Inter's next chunk waits for this reduce, not for the gather below
+               inter_); // Inter's next chunk waits for this reduce, not for the gather below
     }
     const auto [first, len] = chunk_span(k, chunk, count);
     if (T* const dst = into(first)) {
@@ -123,7 +124,7 @@ void two_level<Intra, Inter, Runtime>::broadcast_uniform(T* data, std::size_t co
 template <communicator Intra, communicator Inter, class Runtime>
 template <class IA, class OA, class T, class Op>
 void two_level<Intra, Inter, Runtime>::reduce_scatter_uniform(const T* in, T* out, std::size_t n,
-                                                            const Op& op) {
+                                                              const Op& op) {
   const auto p = to_size(size());
   const auto N = to_size(nodes_);
   const detail::summing_t<Op> sop(op);

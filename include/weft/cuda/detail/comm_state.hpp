@@ -125,7 +125,8 @@ enum class poll_verdict { done, waiting, async_error, timed_out };
 inline constexpr std::chrono::milliseconds drain_floor = std::chrono::seconds(10);
 
 /// How long a drain after an abort may take, for a communicator whose deadline is `timeout`.
-[[nodiscard]] constexpr std::chrono::milliseconds drain_bound(std::chrono::milliseconds timeout) noexcept {
+[[nodiscard]] constexpr std::chrono::milliseconds drain_bound(
+    std::chrono::milliseconds timeout) noexcept {
   return std::max(timeout, drain_floor);
 }
 
@@ -145,8 +146,9 @@ enum class stream_poll { idle, busy, broken };
 /// Ends the job after a failure: prints `what` and `reason` (weft::detail::print_abort_message), then calls
 /// `end` where there is one (MPI_Abort, for a job of MPI processes), then std::abort(). What
 /// on_failure::abort_job does, and what a stream that does not drain after an abort forces.
-[[noreturn]] WEFT_COLD inline void end_job(std::string_view what, void (*end)() noexcept,
-                                           std::string_view reason = "on_failure::abort_job") noexcept {
+[[noreturn]] WEFT_COLD inline void end_job(
+    std::string_view what, void (*end)() noexcept,
+    std::string_view reason = "on_failure::abort_job") noexcept {
   weft::detail::print_abort_message(what, reason);
   if (end != nullptr) end();
   std::abort();

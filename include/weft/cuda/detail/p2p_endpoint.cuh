@@ -195,7 +195,9 @@ public:
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
   void set_timeout(std::chrono::milliseconds t) noexcept { timeout_ = t; }
   /// The failure state this rank shares with the communicators split from it.
-  [[nodiscard]] const std::shared_ptr<weft::detail::failure_state>& family() const noexcept { return family_; }
+  [[nodiscard]] const std::shared_ptr<weft::detail::failure_state>& family() const noexcept {
+    return family_;
+  }
   [[nodiscard]] on_failure policy() const noexcept { return policy_; }
   [[nodiscard]] auto end_job() const noexcept { return end_job_; }
   /// The gate of this rank's data kernels: closed once a sync of the rank gave up.
@@ -247,7 +249,8 @@ public:
   /// naming that sync's operation, this rank and the peer. Reads host memory only.
   void check(std::string_view operation) {
     if (family_->failed()) {
-      memory_->set_error_word(p2p_error_word(p2p_cause::host_failed, 0, rank_));  // a split's failure
+      memory_->set_error_word(
+          p2p_error_word(p2p_cause::host_failed, 0, rank_)); // a split's failure
       family_->rethrow(operation, rank_);
     }
     const std::uint64_t w = memory_->error_word();
@@ -277,12 +280,15 @@ public:
     if (e == cudaErrorNotReady) {
       check(operation);
       fail_with(error(operation, rank_, error::unknown,
-                      "timed out after " + std::to_string(timeout_.count()) + " ms waiting to " + std::string(what) +
-                          " (the stream's work did not finish; a kernel of the program's own may be stuck). The "
+                      "timed out after " + std::to_string(timeout_.count()) + " ms waiting to " +
+                          std::string(what) +
+                          " (the stream's work did not finish; a kernel of the program's own may "
+                          "be stuck). The "
                           "communicator cannot be used any more"));
     }
     if (e != cudaSuccess) {
-      fail_with(error(operation, rank_, error::unknown, "cudaStreamQuery failed: " + cuda_error_text(e)));
+      fail_with(
+          error(operation, rank_, error::unknown, "cudaStreamQuery failed: " + cuda_error_text(e)));
     }
     check(operation);
   }
@@ -317,10 +323,14 @@ private:
         known ? sync_names_[t.sync % sync_names_.size()] : std::string(operation);
     std::string what =
         t.cause == p2p_cause::peer_abandoned
-            ? std::string("that rank gave up on a sync with this one (it had failed: a sync of its own timed out, "
-                          "or its host stopped it), so this rank's sync failed rather than pass on a stale flag")
+            ? std::string(
+                  "that rank gave up on a sync with this one (it had failed: a sync of its own "
+                  "timed out, "
+                  "or its host stopped it), so this rank's sync failed rather than pass on a stale "
+                  "flag")
             : "timed out after " + std::to_string(sync_timeout_.count()) +
-                  " ms at a sync, waiting for that rank to arrive (every rank must make the same calls in the "
+                  " ms at a sync, waiting for that rank to arrive (every rank must make the same "
+                  "calls in the "
                   "same order: one that failed, returned or called something else never arrives)";
     if (name != operation) what += "; found by " + std::string(operation);
     fail_with(error(name, rank_, t.peer, what + ". The communicator cannot be used any more"));

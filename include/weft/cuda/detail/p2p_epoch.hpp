@@ -60,7 +60,7 @@ WEFT_HOST_DEVICE constexpr bool p2p_may_start(std::uint64_t failed_mark) noexcep
 /// device memory that only the rank's own syncs set, earlier on the same stream, so the read is
 /// cheap and sees them.
 struct p2p_data_gate {
-  const std::uint64_t* failed_mark = nullptr;  // counters[rank], in the rank's workspace
+  const std::uint64_t* failed_mark = nullptr; // counters[rank], in the rank's workspace
 
   WEFT_HOST_DEVICE bool operator()() const noexcept {
     return p2p_may_start(*static_cast<const volatile std::uint64_t*>(failed_mark));

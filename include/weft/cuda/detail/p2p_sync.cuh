@@ -76,9 +76,9 @@ __device__ inline std::uint64_t p2p_clock_ns() {
 template <class = void>
 __global__ void __launch_bounds__(p2p_sync_threads) p2p_sync_kernel(const p2p_sync_args a) {
   using flag = ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_system>;
-  __shared__ int gave_up;  // this sync gave up, for any member (or the rank had failed before)
+  __shared__ int gave_up; // this sync gave up, for any member (or the rank had failed before)
   volatile int* const given_up = &gave_up;
-  volatile std::uint64_t* const failed_mark = a.counters + a.rank;  // device memory: cheap to read
+  volatile std::uint64_t* const failed_mark = a.counters + a.rank; // device memory: cheap to read
   const int j = static_cast<int>(threadIdx.x);
   const bool member = j < a.count && a.members[j] != a.rank;
   if (j == 0) *given_up = p2p_may_start(*failed_mark) ? 0 : 1;
@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(p2p_sync_threads) p2p_sync_kernel(const p2p_sy
       const std::uint64_t want = epoch + 1;
       epoch = want;
       a.counters[q] = want;
-      __threadfence_system();  // this rank's earlier writes, before the flag that publishes them
+      __threadfence_system(); // this rank's earlier writes, before the flag that publishes them
       flag(a.peer_flags[j][a.rank]).store(want, ::cuda::std::memory_order_release);
       flag mine(a.flags[q]);
       volatile std::uint64_t* const error = a.error;
@@ -99,17 +99,19 @@ __global__ void __launch_bounds__(p2p_sync_threads) p2p_sync_kernel(const p2p_sy
       // Relaxed loads while it waits, then one acquire fence: an acquire load on every spin would
       // also invalidate the L1 of an SM it shares with other ranks' copy and reduce blocks.
       for (unsigned spins = 1;; ++spins) {
-        const bool look = spins % 64 == 0;  // the clock and the failures, every so often
+        const bool look = spins % 64 == 0; // the clock and the failures, every so often
         // The error word is host memory: read it seldom, it crosses the bus.
         const bool failed = look && (*given_up != 0 || (spins % 1024 == 0 && *error != 0));
         const bool late = look && p2p_clock_ns() - start > a.timeout_ns;
-        const p2p_wait w = p2p_judge_flag(mine.load(::cuda::std::memory_order_relaxed), want, failed, late);
+        const p2p_wait w =
+            p2p_judge_flag(mine.load(::cuda::std::memory_order_relaxed), want, failed, late);
         if (w == p2p_wait::passed) break;
         if (w == p2p_wait::waiting) {
-          if (look) __nanosleep(100);  // leave the SM's issue slots to the blocks doing work
+          if (look) __nanosleep(100); // leave the SM's issue slots to the blocks doing work
           continue;
         }
-        if (w != p2p_wait::rank_failed && *error == 0) *error = p2p_error_word(p2p_cause_of(w), a.sync, q);
+        if (w != p2p_wait::rank_failed && *error == 0)
+          *error = p2p_error_word(p2p_cause_of(w), a.sync, q);
         *failed_mark = 1;
         *given_up = 1;
         __threadfence_system();

@@ -15,8 +15,9 @@
 
 namespace weft::cuda::detail {
 
-[[noreturn]] WEFT_COLD inline void cuda_fail(cudaError_t e, std::string_view call, std::string_view operation,
-                                             int rank, int peer = error::unknown) {
+[[noreturn]] WEFT_COLD inline void cuda_fail(cudaError_t e, std::string_view call,
+                                             std::string_view operation, int rank,
+                                             int peer = error::unknown) {
   throw error(operation, rank, peer, std::string(call) + " failed: " + cuda_error_text(e));
 }
 
@@ -67,7 +68,8 @@ private:
 /// hand-off in flight), yields for the first 10 ms, then sleeps 100 us between polls, so that
 /// waiting ranks stop competing with their peers for the cores.
 template <class Query, class OnPoll>
-cudaError_t poll_until(const Query& query, std::chrono::steady_clock::time_point deadline, const OnPoll& on_poll) {
+cudaError_t poll_until(const Query& query, std::chrono::steady_clock::time_point deadline,
+                       const OnPoll& on_poll) {
   const auto start = std::chrono::steady_clock::now();
   for (int polls = 0;; ++polls) {
     const cudaError_t e = query();

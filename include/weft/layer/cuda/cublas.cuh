@@ -34,20 +34,22 @@
 
 namespace weft::layer::detail {
 
-[[noreturn]] WEFT_COLD inline void throw_cublas(cublasStatus_t s, const char* call, const char* file, int line) {
+[[noreturn]] WEFT_COLD inline void throw_cublas(cublasStatus_t s, const char* call,
+                                                const char* file, int line) {
   throw weft::error(cuda::detail::describe_failure(
-      call, file, line, std::string(cublasGetStatusName(s)) + " (" + cublasGetStatusString(s) + ")"));
+      call, file, line,
+      std::string(cublasGetStatusName(s)) + " (" + cublasGetStatusString(s) + ")"));
 }
 
 } // namespace weft::layer::detail
 
 /// Runs a cuBLAS call; on failure throws weft::error naming the call, file:line and the status.
-#define WEFT_CUBLAS_TRY(call)                                                              \
-  do {                                                                                     \
-    const cublasStatus_t weft_cublas_status_ = (call);                                     \
-    if (weft_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                    \
-      ::weft::layer::detail::throw_cublas(weft_cublas_status_, #call, __FILE__, __LINE__); \
-    }                                                                                      \
+#define WEFT_CUBLAS_TRY(call)                                                                      \
+  do {                                                                                             \
+    const cublasStatus_t weft_cublas_status_ = (call);                                             \
+    if (weft_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                            \
+      ::weft::layer::detail::throw_cublas(weft_cublas_status_, #call, __FILE__, __LINE__);         \
+    }                                                                                              \
   } while (false)
 
 namespace weft::layer {
@@ -61,10 +63,12 @@ public:
   /// A new handle on the current device, on the default stream.
   cublas() : cublas(nullptr) {}
   /// allow_tf32: float GEMMs on tensor cores in TF32 (about 1e-3 relative error).
-  explicit cublas(cudaStream_t stream, bool allow_tf32 = false) : state_(std::make_shared<state>()) {
+  explicit cublas(cudaStream_t stream, bool allow_tf32 = false)
+      : state_(std::make_shared<state>()) {
     WEFT_CUBLAS_TRY(cublasCreate(&state_->handle));
     WEFT_CUBLAS_TRY(cublasSetStream(state_->handle, stream));
-    WEFT_CUBLAS_TRY(cublasSetMathMode(state_->handle, allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    WEFT_CUBLAS_TRY(cublasSetMathMode(
+        state_->handle, allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     state_->stream = stream;
   }
 
@@ -74,25 +78,26 @@ public:
   /// C = alpha op(A) op(B) + beta C on row-major device views (beta == 0: C's old contents, NaN
   /// included, are ignored).
   template <class T>
-    requires std::same_as<T, float> || std::same_as<T, double>
-  void operator()(trans ta, trans tb, T alpha, matrix_view<const T> a, matrix_view<const T> b, T beta,
-                  matrix_view<T> c) const {
+  requires std::same_as<T, float> || std::same_as<T, double>
+  void operator()(trans ta, trans tb, T alpha, matrix_view<const T> a, matrix_view<const T> b,
+                  T beta, matrix_view<T> c) const {
     const auto [m, n, k] = detail::check_gemm("cublas", ta, tb, a, b, c);
     if (m == 0 || n == 0) return;
     const int ldc = ld_of(c.rows(), c.ld(), c.cols(), "ldc");
     const int mi = to_int(m, "m");
     const int ni = to_int(n, "n");
-    if (k == 0) {  // C = beta C, as the BLAS definition has it (beta == 0: zeros)
+    if (k == 0) { // C = beta C, as the BLAS definition has it (beta == 0: zeros)
       if (beta == T{}) {
-        WEFT_CUDA_TRY(cudaMemset2DAsync(c.data(), static_cast<std::size_t>(ldc) * sizeof(T), 0, n * sizeof(T), m, state_->stream));
+        WEFT_CUDA_TRY(cudaMemset2DAsync(c.data(), static_cast<std::size_t>(ldc) * sizeof(T), 0,
+                                        n * sizeof(T), m, state_->stream));
       } else {
         const T zero{};
         if constexpr (std::same_as<T, float>) {
-          WEFT_CUBLAS_TRY(cublasSgeam(state_->handle, CUBLAS_OP_N, CUBLAS_OP_N, ni, mi, &beta, c.data(), ldc, &zero,
-                                      c.data(), ldc, c.data(), ldc));
+          WEFT_CUBLAS_TRY(cublasSgeam(state_->handle, CUBLAS_OP_N, CUBLAS_OP_N, ni, mi, &beta,
+                                      c.data(), ldc, &zero, c.data(), ldc, c.data(), ldc));
         } else {
-          WEFT_CUBLAS_TRY(cublasDgeam(state_->handle, CUBLAS_OP_N, CUBLAS_OP_N, ni, mi, &beta, c.data(), ldc, &zero,
-                                      c.data(), ldc, c.data(), ldc));
+          WEFT_CUBLAS_TRY(cublasDgeam(state_->handle, CUBLAS_OP_N, CUBLAS_OP_N, ni, mi, &beta,
+                                      c.data(), ldc, &zero, c.data(), ldc, c.data(), ldc));
         }
       }
       return;
@@ -104,23 +109,24 @@ public:
     const cublasOperation_t op_b = tb == trans::n ? CUBLAS_OP_N : CUBLAS_OP_T;
     // Column-major: C^T (n x m) = op(B)^T (n x k) op(A)^T (k x m).
     if constexpr (std::same_as<T, float>) {
-      WEFT_CUBLAS_TRY(cublasSgemm(state_->handle, op_b, op_a, ni, mi, ki, &alpha, b.data(), ldb, a.data(), lda, &beta,
-                                  c.data(), ldc));
+      WEFT_CUBLAS_TRY(cublasSgemm(state_->handle, op_b, op_a, ni, mi, ki, &alpha, b.data(), ldb,
+                                  a.data(), lda, &beta, c.data(), ldc));
     } else {
-      WEFT_CUBLAS_TRY(cublasDgemm(state_->handle, op_b, op_a, ni, mi, ki, &alpha, b.data(), ldb, a.data(), lda, &beta,
-                                  c.data(), ldc));
+      WEFT_CUBLAS_TRY(cublasDgemm(state_->handle, op_b, op_a, ni, mi, ki, &alpha, b.data(), ldb,
+                                  a.data(), lda, &beta, c.data(), ldc));
     }
   }
 
   /// gemm_strided_batched (gemm.hpp) in one cuBLAS call: count GEMMs of one shape, operand i
   /// i * strides elements from the first.
   template <class T>
-    requires std::same_as<T, float> || std::same_as<T, double>
-  void strided_batched(std::size_t count, gemm_strides s, trans ta, trans tb, T alpha, matrix_view<const T> a,
-                       matrix_view<const T> b, T beta, matrix_view<T> c) const {
+  requires std::same_as<T, float> || std::same_as<T, double>
+  void strided_batched(std::size_t count, gemm_strides s, trans ta, trans tb, T alpha,
+                       matrix_view<const T> a, matrix_view<const T> b, T beta,
+                       matrix_view<T> c) const {
     const auto [m, n, k] = detail::check_gemm("cublas", ta, tb, a, b, c);
     if (count == 0 || m == 0 || n == 0) return;
-    if (count == 1 || k == 0) {  // one GEMM, or C = beta C: operator() has both
+    if (count == 1 || k == 0) { // one GEMM, or C = beta C: operator() has both
       for (std::size_t i = 0; i < count; ++i)
         (*this)(ta, tb, alpha, a.shifted(i * s.a), b.shifted(i * s.b), beta, c.shifted(i * s.c));
       return;
@@ -137,13 +143,13 @@ public:
     const cublasOperation_t op_b = tb == trans::n ? CUBLAS_OP_N : CUBLAS_OP_T;
     // As operator(): column-major C_i^T = op(B_i)^T op(A_i)^T.
     if constexpr (std::same_as<T, float>) {
-      WEFT_CUBLAS_TRY(cublasSgemmStridedBatched(state_->handle, op_b, op_a, ni, mi, ki, &alpha, b.data(), ldb,
-                                                stride(s.b), a.data(), lda, stride(s.a), &beta, c.data(), ldc,
-                                                stride(s.c), batch));
+      WEFT_CUBLAS_TRY(cublasSgemmStridedBatched(
+          state_->handle, op_b, op_a, ni, mi, ki, &alpha, b.data(), ldb, stride(s.b), a.data(), lda,
+          stride(s.a), &beta, c.data(), ldc, stride(s.c), batch));
     } else {
-      WEFT_CUBLAS_TRY(cublasDgemmStridedBatched(state_->handle, op_b, op_a, ni, mi, ki, &alpha, b.data(), ldb,
-                                                stride(s.b), a.data(), lda, stride(s.a), &beta, c.data(), ldc,
-                                                stride(s.c), batch));
+      WEFT_CUBLAS_TRY(cublasDgemmStridedBatched(
+          state_->handle, op_b, op_a, ni, mi, ki, &alpha, b.data(), ldb, stride(s.b), a.data(), lda,
+          stride(s.a), &beta, c.data(), ldc, stride(s.c), batch));
     }
   }
 
@@ -161,13 +167,15 @@ private:
 
   static int to_int(std::size_t v, const char* what) {
     if (v > static_cast<std::size_t>(INT_MAX)) {
-      throw error(std::string("cublas: ") + what + " = " + std::to_string(v) + " exceeds cuBLAS's int range");
+      throw error(std::string("cublas: ") + what + " = " + std::to_string(v) +
+                  " exceeds cuBLAS's int range");
     }
     return static_cast<int>(v);
   }
   // A one-row view may have ld < cols; cuBLAS wants ld >= the row length (and >= 1).
   static int ld_of(std::size_t rows, std::size_t ld, std::size_t cols, const char* what) {
-    return to_int(std::max<std::size_t>({rows <= 1 ? std::max(ld, cols) : ld, std::size_t{1}}), what);
+    return to_int(std::max<std::size_t>({rows <= 1 ? std::max(ld, cols) : ld, std::size_t{1}}),
+                  what);
   }
 
   std::shared_ptr<state> state_;

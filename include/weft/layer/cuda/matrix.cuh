@@ -40,13 +40,15 @@ public:
   [[nodiscard]] std::size_t rows() const noexcept { return rows_; }
   [[nodiscard]] std::size_t cols() const noexcept { return cols_; }
   [[nodiscard]] std::size_t size() const noexcept { return rows_ * cols_; }
-  [[nodiscard]] T* data() const noexcept { return ordered_.data() != nullptr ? ordered_.data() : plain_.data(); }
+  [[nodiscard]] T* data() const noexcept {
+    return ordered_.data() != nullptr ? ordered_.data() : plain_.data();
+  }
 
   [[nodiscard]] matrix_view<T> view() noexcept { return {data(), rows_, cols_, cols_}; }
   [[nodiscard]] matrix_view<const T> view() const noexcept { return {data(), rows_, cols_, cols_}; }
   [[nodiscard]] matrix_view<const T> cview() const noexcept { return view(); }
-  operator matrix_view<T>() noexcept { return view(); }              // NOLINT: views are cheap
-  operator matrix_view<const T>() const noexcept { return view(); }  // NOLINT
+  operator matrix_view<T>() noexcept { return view(); }             // NOLINT: views are cheap
+  operator matrix_view<const T>() const noexcept { return view(); } // NOLINT
 
   /// Reshape to rows x cols, zero-filled (stream-ordered on s); reallocates only to grow, in
   /// stream-ordered memory on s unless s is the default stream (see the header).
@@ -55,7 +57,7 @@ public:
     if (n > std::max(ordered_.size(), plain_.size())) {
       if (s != nullptr) {
         plain_ = {};
-        ordered_ = cuda::stream_buffer<T>(n, s);  // the old block is freed on its own stream
+        ordered_ = cuda::stream_buffer<T>(n, s); // the old block is freed on its own stream
       } else {
         ordered_ = {};
         plain_ = cuda::device_buffer<T>(n);
@@ -87,8 +89,8 @@ public:
 private:
   std::size_t rows_ = 0;
   std::size_t cols_ = 0;
-  cuda::stream_buffer<T> ordered_;  // made on a stream
-  cuda::device_buffer<T> plain_;    // made on the default stream
+  cuda::stream_buffer<T> ordered_; // made on a stream
+  cuda::device_buffer<T> plain_;   // made on the default stream
 };
 
 template <class T>
@@ -96,7 +98,8 @@ using device_matrix = matrix<T, device_space>;
 
 /// A device copy of a host view.
 template <class T>
-[[nodiscard]] matrix<std::remove_const_t<T>, device_space> to_device(matrix_view<T> host, cudaStream_t s = nullptr) {
+[[nodiscard]] matrix<std::remove_const_t<T>, device_space> to_device(matrix_view<T> host,
+                                                                     cudaStream_t s = nullptr) {
   using U = std::remove_const_t<T>;
   matrix<U, device_space> d;
   d.copy_from(matrix_view<const U>(host.data(), host.rows(), host.cols(), host.ld()), s);

@@ -29,13 +29,16 @@ struct norm_range {
 };
 
 template <class Comm>
-concept streamed_communicator = requires(const Comm& c) { c.stream(); };
+concept streamed_communicator = requires(const Comm& c) {
+  c.stream();
+};
 
 /// Host memory: std::vector buffers, loops, and a progress thread for the collectives.
 template <class Comm>
 class dp_memory {
   static_assert(!streamed_communicator<Comm>,
-                "weft::optim::data_parallel over a device communicator: include <weft/cuda/data_parallel.cuh>");
+                "weft::optim::data_parallel over a device communicator: include "
+                "<weft/cuda/data_parallel.cuh>");
 
 public:
   static constexpr bool on_device = false;
@@ -48,7 +51,9 @@ public:
   explicit dp_memory(Comm&) {}
 
   [[nodiscard]] Comm split(Comm& c, int color, int key) { return c.split(color, key); }
-  [[nodiscard]] std::unique_ptr<queue> make_queue(bool overlap) { return std::make_unique<queue>(!overlap); }
+  [[nodiscard]] std::unique_ptr<queue> make_queue(bool overlap) {
+    return std::make_unique<queue>(!overlap);
+  }
 
   /// b = n zeros (a new allocation).
   template <class T>

@@ -107,16 +107,16 @@ inline std::optional<int> parse_count(std::string_view text) noexcept {
 
 struct unit {
   std::string_view name;
-  int exponent;  // the unit is 10^exponent base units (bytes/s or seconds)...
-  bool bits;     // ...of bits rather than bytes: divide by 8
+  int exponent; // the unit is 10^exponent base units (bytes/s or seconds)...
+  bool bits;    // ...of bits rather than bytes: divide by 8
 };
 
 // Largest first: format_quantity() picks the first byte unit that keeps a non-zero
 // integer part.
 inline constexpr unit bandwidth_units[] = {
-    {"TB/s", 12, false}, {"GB/s", 9, false}, {"MB/s", 6, false}, {"KB/s", 3, false},
-    {"B/s", 0, false},   {"Tb/s", 12, true}, {"Gb/s", 9, true},  {"Mb/s", 6, true},
-    {"Kb/s", 3, true},
+    {"TB/s", 12, false}, {"GB/s", 9, false}, {"MB/s", 6, false},
+    {"KB/s", 3, false},  {"B/s", 0, false},  {"Tb/s", 12, true},
+    {"Gb/s", 9, true},   {"Mb/s", 6, true},  {"Kb/s", 3, true},
 };
 inline constexpr std::string_view bandwidth_form =
     "a number and a unit B/s, KB/s, MB/s, GB/s, TB/s, Kb/s, Mb/s, Gb/s or Tb/s";
@@ -305,7 +305,7 @@ inline std::string to_text(double value) {
 inline std::string format_quantity(double value, std::span<const unit> units) {
   const decimal d = shortest_decimal(value);
   const int size = static_cast<int>(d.digits.size());
-  const int leading = d.exponent + size - 1;  // power of ten of the first digit
+  const int leading = d.exponent + size - 1; // power of ten of the first digit
   const unit* chosen = nullptr;
   for (const unit& u : units) {
     if (u.bits) {
@@ -316,8 +316,8 @@ inline std::string format_quantity(double value, std::span<const unit> units) {
       break;
     }
   }
-  const int shift = d.exponent - chosen->exponent;  // value = digits * 10^shift chosen units
-  const int point = size + shift;                   // digits before the '.'
+  const int shift = d.exponent - chosen->exponent; // value = digits * 10^shift chosen units
+  const int point = size + shift;                  // digits before the '.'
   std::string s;
   if (shift >= 0 && shift <= 3) {
     s = d.digits;
@@ -403,8 +403,8 @@ inline std::vector<int> parse_shape(std::string_view spec, std::string_view shap
 }
 
 // Why `text` is not a quantity, beyond "not the form": a sign, or a number out of range.
-inline void fail_quantity(std::string_view spec, std::string_view what, std::string_view text, bool out_of_range,
-                          std::string_view form) {
+inline void fail_quantity(std::string_view spec, std::string_view what, std::string_view text,
+                          bool out_of_range, std::string_view form) {
   if (trim(text).starts_with('-')) {
     fail(spec, "bad ", what, " ", quoted(text), ": a ", what, " cannot be negative");
   }
@@ -463,8 +463,9 @@ inline link_values parse_link_values(std::string_view spec, std::string_view opt
     bool out_of_range = false;
     if (v.size() >= 2 && v.substr(v.size() - 2) == "/s") {
       out.bandwidth = parse_bandwidth(spec, v);
-    } else if (parse_quantity(v, latency_units, &out_of_range) || out_of_range || v.starts_with('-')) {
-      out.latency = parse_latency(spec, v);  // a latency, or says why it is not one
+    } else if (parse_quantity(v, latency_units, &out_of_range) || out_of_range ||
+               v.starts_with('-')) {
+      out.latency = parse_latency(spec, v); // a latency, or says why it is not one
     } else {
       fail(spec, "bad bandwidth or latency ", quoted(v), ": expected a bandwidth (", bandwidth_form,
            ") or a latency (", latency_form, ")");
@@ -476,8 +477,8 @@ inline link_values parse_link_values(std::string_view spec, std::string_view opt
 // Presets take a node count from the caller; refuse a bad one before it sizes a vector.
 inline std::vector<int> preset_nodes(std::string_view preset, int nodes, int devices) {
   if (nodes < 1) {
-    throw ::weft::error(cat("weft: topology: ", preset, " needs at least one node, not ",
-                            std::to_string(nodes)));
+    throw ::weft::error(
+        cat("weft: topology: ", preset, " needs at least one node, not ", std::to_string(nodes)));
   }
   return std::vector<int>(static_cast<std::size_t>(nodes), devices);
 }

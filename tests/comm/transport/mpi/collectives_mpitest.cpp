@@ -75,8 +75,9 @@ struct algorithm_names {
 
 template <class Algo>
 class all_reduce_on_mpi : public ::testing::Test {};
-using all_reduce_algorithms = ::testing::Types<algo::ring, algo::tree, algo::halving_doubling, algo::recursive_doubling,
-                                               hier_rr, hier_rt, algo::automatic>;
+using all_reduce_algorithms =
+    ::testing::Types<algo::ring, algo::tree, algo::halving_doubling, algo::recursive_doubling,
+                     hier_rr, hier_rt, algo::automatic>;
 TYPED_TEST_SUITE(all_reduce_on_mpi, all_reduce_algorithms, algorithm_names);
 TYPED_TEST(all_reduce_on_mpi, matches_the_serial_reference) {
   sweep<TypeParam, collective::all_reduce>();

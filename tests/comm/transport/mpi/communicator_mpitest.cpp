@@ -209,7 +209,8 @@ TEST(mpi_communicator, steps_larger_than_one_message_go_in_pieces) {
 TEST(mpi_communicator, a_receive_of_another_size_is_an_error_naming_both_sides) {
   // Communicators of their own: a receive of the wrong size fails the communicator.
   for (const bool fewer : {true, false}) {
-    auto c = mpi::world({.timeout = test::mpi_test_timeout, .topology = {}, .on_failure = on_failure::throw_error});
+    auto c = mpi::world(
+        {.timeout = test::mpi_test_timeout, .topology = {}, .on_failure = on_failure::throw_error});
     if (c.rank() == 0) {
       const std::vector<double> three(3, 1.0);
       c.send(std::span<const double>(three), 1, 7);
@@ -217,13 +218,15 @@ TEST(mpi_communicator, a_receive_of_another_size_is_an_error_naming_both_sides) 
       std::vector<double> v(fewer ? 5 : 2);
       const auto msg = failure_of([&] { c.recv(std::span(v), 0, 7); });
       EXPECT_TRUE(contains(msg, "recv on rank 1 (peer 0)"));
-      EXPECT_TRUE(contains(msg, fewer ? "expected 5 x double but the peer sent 3" : "expected 2 x double but the peer sent more"));
+      EXPECT_TRUE(contains(msg, fewer ? "expected 5 x double but the peer sent 3"
+                                      : "expected 2 x double but the peer sent more"));
       // The communicator failed: the next call throws the same error at once.
       const auto t0 = std::chrono::steady_clock::now();
       const auto again = failure_of([&] { c.recv(std::span(v), 0, 8); });
       EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
       EXPECT_TRUE(contains(again, "the communicator failed earlier"));
-      EXPECT_TRUE(contains(again, fewer ? "expected 5 x double but the peer sent 3" : "expected 2 x double but the peer sent more"));
+      EXPECT_TRUE(contains(again, fewer ? "expected 5 x double but the peer sent 3"
+                                        : "expected 2 x double but the peer sent more"));
     }
     MPI_Barrier(MPI_COMM_WORLD);
     // Every rank of the family heard of it: its next call throws rank 1's error.
@@ -399,18 +402,18 @@ TEST(mpi_communicator, check_calls_finds_ranks_that_disagree) {
 TEST(mpi_communicator, a_timeout_names_the_sequence_number_and_plan_step) {
   auto c = mpi::world({.timeout = 1000ms, .topology = {}, .on_failure = on_failure::throw_error});
   std::vector<float> v(1000, 1.0f);
-  all_reduce<algo::ring>(c, std::span(v));  // #1, with everyone
-  c.barrier();                              // #2
+  all_reduce<algo::ring>(c, std::span(v)); // #1, with everyone
+  c.barrier();                             // #2
   EXPECT_EQ(c.sequence(), 2u);
   EXPECT_FALSE(c.progress().in_operation());
   std::string msg;
-  if (c.rank() != 1) {  // rank 1 does not join #3
+  if (c.rank() != 1) { // rank 1 does not join #3
     msg = failure_of([&] { all_reduce<algo::ring>(c, std::span(v)); });
     EXPECT_TRUE(contains(msg, "timed out after 1000 ms"));
     // The ring's plan: a round and a step of it, on this rank's third operation.
     EXPECT_TRUE(contains(msg, " in all_reduce #3 round "));
     EXPECT_TRUE(contains(msg, " step "));
-    const auto p = c.progress();  // left where it failed
+    const auto p = c.progress(); // left where it failed
     EXPECT_EQ(p.operation, "all_reduce");
     EXPECT_EQ(p.sequence, 3u);
     EXPECT_GT(p.steps, 0u);
@@ -426,8 +429,10 @@ TEST(mpi_communicator, set_check_calls_checks_this_communicator_only) {
   std::vector<int> v(c.rank() == 1 ? 50 : 100, 1);
   const auto msg = failure_of([&] { all_reduce<algo::ring>(c, std::span(v)); });
   EXPECT_TRUE(contains(msg, "no data moved"));
-  EXPECT_TRUE(contains(msg, "rank 1 differs from rank 0 in count: it called all_reduce<ring> of 50 x int32"));
-  for (int x : v) EXPECT_EQ(x, 1) << "data moved";
+  EXPECT_TRUE(contains(
+      msg, "rank 1 differs from rank 0 in count: it called all_reduce<ring> of 50 x int32"));
+  for (int x : v)
+    EXPECT_EQ(x, 1) << "data moved";
 }
 
 TEST(mpi_environment, reports_mpi_already_initialized) {
@@ -475,7 +480,13 @@ TEST(mpi_communicator, a_timeout_names_the_rank_still_outstanding_not_the_first_
     const int r = c->rank();
     constexpr std::size_t n = 4096; // 16 KiB: above credit_bytes
     std::vector<float> in(n, 1.0f), out(n, 0.0f);
-    plan pl(plan_request{.coll = collective::broadcast, .size = 3, .rank = r, .count = n, .root = 0, .node_of = {}, .element_size = 4});
+    plan pl(plan_request{.coll = collective::broadcast,
+                         .size = 3,
+                         .rank = r,
+                         .count = n,
+                         .root = 0,
+                         .node_of = {},
+                         .element_size = 4});
     if (r == 0) {
       pl.send(1, buffer::input, 0, n);
       pl.send(2, buffer::input, 0, n);
@@ -484,7 +495,8 @@ TEST(mpi_communicator, a_timeout_names_the_rank_still_outstanding_not_the_first_
     }
     if (r == 1) std::this_thread::sleep_for(100ms);
     if (r == 2) std::this_thread::sleep_for(3s);
-    const auto msg = failure_of([&] { c->execute(pl, in.data(), n, out.data(), n, op::sum{}, "broadcast"); });
+    const auto msg =
+        failure_of([&] { c->execute(pl, in.data(), n, out.data(), n, op::sum{}, "broadcast"); });
     if (r == 0) {
       EXPECT_TRUE(contains(msg, "on rank 0 (peer 2)")) << msg;
       EXPECT_TRUE(contains(msg, "world rank 2 stalled")) << msg;
@@ -509,7 +521,13 @@ TEST(mpi_communicator, a_rank_stalled_inside_a_call_throws_when_it_comes_back) {
     const int r = c->rank();
     constexpr std::size_t n = 4096;
     std::vector<float> in(n, 1.0f), out(n, 0.0f);
-    plan pl(plan_request{.coll = collective::broadcast, .size = 2, .rank = r, .count = n, .root = 0, .node_of = {}, .element_size = 4});
+    plan pl(plan_request{.coll = collective::broadcast,
+                         .size = 2,
+                         .rank = r,
+                         .count = n,
+                         .root = 0,
+                         .node_of = {},
+                         .element_size = 4});
     if (r == 0) {
       pl.send(1, buffer::input, 0, n);
       pl.reduce(buffer::output, 0, buffer::output, 0, 1);
@@ -517,9 +535,12 @@ TEST(mpi_communicator, a_rank_stalled_inside_a_call_throws_when_it_comes_back) {
       pl.recv(0, buffer::output, 0, n);
     }
     if (r == 1) std::this_thread::sleep_for(100ms);
-    const auto msg = failure_of(
-        [&] { c->execute(pl, in.data(), n, out.data(), n, slow_sum{.delay = std::chrono::milliseconds(3000)}, "broadcast"); });
-    EXPECT_TRUE(contains(msg, "world rank " + std::to_string(c->world_rank(0)) + " stalled")) << msg;
+    const auto msg = failure_of([&] {
+      c->execute(pl, in.data(), n, out.data(), n,
+                 slow_sum{.delay = std::chrono::milliseconds(3000)}, "broadcast");
+    });
+    EXPECT_TRUE(contains(msg, "world rank " + std::to_string(c->world_rank(0)) + " stalled"))
+        << msg;
     if (r == 0) {
       EXPECT_TRUE(contains(msg, "the communicator failed earlier")) << msg;
     }

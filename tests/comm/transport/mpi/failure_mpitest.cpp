@@ -54,8 +54,9 @@ void steps(weft::mpi::communicator& world, const std::string& mode) {
       std::fflush(nullptr);
       std::_Exit(7);
     }
-    weft::all_reduce<weft::algo::ring>(world, std::span(grad),
-                                       failing_sum{world.rank(), (mode == "throw" || mode == "unwind") && culprit});
+    weft::all_reduce<weft::algo::ring>(
+        world, std::span(grad),
+        failing_sum{world.rank(), (mode == "throw" || mode == "unwind") && culprit});
   }
 }
 

@@ -41,10 +41,13 @@ int failures = 0;
 void check(bool ok, int rank, const std::string& what, const std::string& detail = {}) {
   if (ok) return;
   ++failures;
-  std::fprintf(stderr, "FAIL rank %d: %s%s%s\n", rank, what.c_str(), detail.empty() ? "" : "\n  ", detail.c_str());
+  std::fprintf(stderr, "FAIL rank %d: %s%s%s\n", rank, what.c_str(), detail.empty() ? "" : "\n  ",
+               detail.c_str());
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 template <class F>
 std::string error_of(F&& f) {
@@ -64,8 +67,8 @@ void late_call(int rank, F&& f) {
   const std::string msg = error_of(f);
   check(!msg.empty(), rank, "the stalled rank's late call did not throw");
   check(std::chrono::steady_clock::now() - t0 < 1s, rank, "the late call did not throw at once");
-  check(contains(msg, "the communicator failed earlier") && contains(msg, "world rank 2 stalled"), rank,
-        "the late call's error does not give the first failure", msg);
+  check(contains(msg, "the communicator failed earlier") && contains(msg, "world rank 2 stalled"),
+        rank, "the late call's error does not give the first failure", msg);
 }
 
 // A survivor's error, and then a later call on the same communicator.
@@ -73,12 +76,15 @@ template <class Later>
 void survivor_checks(int rank, const std::string& msg, Later&& later) {
   std::fprintf(stderr, "rank %d: %s\n", rank, msg.c_str());
   check(!msg.empty(), rank, "the call did not fail");
-  check(contains(msg, "world rank 2 stalled"), rank, "the error does not name the stalled rank", msg);
+  check(contains(msg, "world rank 2 stalled"), rank, "the error does not name the stalled rank",
+        msg);
   const auto t0 = std::chrono::steady_clock::now();
   const std::string again = error_of(later);
-  check(std::chrono::steady_clock::now() - t0 < 500ms, rank, "a later call on the failed communicator waited");
-  check(contains(again, "the communicator failed earlier") && contains(again, "world rank 2 stalled"), rank,
-        "a later call does not throw the first failure", again);
+  check(std::chrono::steady_clock::now() - t0 < 500ms, rank,
+        "a later call on the failed communicator waited");
+  check(
+      contains(again, "the communicator failed earlier") && contains(again, "world rank 2 stalled"),
+      rank, "a later call does not throw the first failure", again);
 }
 
 // The survivors wait here until the stalled rank has woken and made its call; then what the
@@ -98,7 +104,8 @@ void collective(weft::mpi::communicator& world) {
     after_the_stalled_rank_woke();
     return;
   }
-  const std::string msg = error_of([&] { weft::all_reduce<weft::algo::ring>(world, std::span(*buf)); });
+  const std::string msg =
+      error_of([&] { weft::all_reduce<weft::algo::ring>(world, std::span(*buf)); });
   survivor_checks(rank, msg, [&] { world.barrier(); });
   // Rank 1 frees its buffer, as unwinding would, and fills new memory (likely the same pages)
   // with a pattern; the others keep theirs. Nothing may change either after the error.
@@ -139,9 +146,10 @@ void post(weft::mpi::communicator& world) {
 void optimizer(weft::mpi::communicator& world) {
   const int rank = world.rank();
   wo::param_set params;
-  for (int t = 0; t < 4; ++t) params.add("w" + std::to_string(t), {elements / 4});
-  auto opt = wo::make_data_parallel<wo::zero<2>, float>(world, params, wo::sgd{.lr = 0.1f},
-                                                        {.bucket_elements = elements / 4, .overlap = true});
+  for (int t = 0; t < 4; ++t)
+    params.add("w" + std::to_string(t), {elements / 4});
+  auto opt = wo::make_data_parallel<wo::zero<2>, float>(
+      world, params, wo::sgd{.lr = 0.1f}, {.bucket_elements = elements / 4, .overlap = true});
   std::vector<float> initial(elements, 1.0f);
   opt->set_parameters(initial);
   if (rank == stalled) std::this_thread::sleep_for(asleep);
@@ -149,14 +157,15 @@ void optimizer(weft::mpi::communicator& world) {
   const std::string msg = error_of([&] {
     for (const auto& t : params.tensors()) {
       auto g = opt->grad(t.name);
-      for (auto& x : g) x = 1.0f;
+      for (auto& x : g)
+        x = 1.0f;
       opt->grad_ready(t.name);
     }
     opt->step(1.0f);
   });
   if (rank == stalled) {
-    check(contains(msg, "the communicator failed earlier") && contains(msg, "world rank 2 stalled"), rank,
-          "the stalled rank's step does not give the first failure", msg);
+    check(contains(msg, "the communicator failed earlier") && contains(msg, "world rank 2 stalled"),
+          rank, "the stalled rank's step does not give the first failure", msg);
     after_the_stalled_rank_woke();
     return;
   }

@@ -4,6 +4,8 @@
 // and the outputs bitwise identical across processes where they are replicated. ctest runs it
 // with WEFT_TOPOLOGY grouping the processes into emulated nodes (even, uneven, one node); every
 // run also builds a two_level whose nodes interleave in rank order (rank r on node r mod 2).
+#include <weft/comm/two_level.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -12,8 +14,6 @@
 
 #include "comm/transport/mpi/mpi_support.hpp"
 #include "support/collective_suite.hpp"
-
-#include <weft/comm/two_level.hpp>
 
 namespace {
 
@@ -29,22 +29,28 @@ two_level<mpi::communicator> split_by(mpi::communicator& world, const std::vecto
   const int color = detail::node_color(node_of, rank);
   mpi::communicator intra = world.split(color, rank);
   mpi::communicator inter = world.split(intra.rank(), color);
-  return two_level<mpi::communicator>(std::move(intra), std::move(inter), node_of, rank, small_chunks);
+  return two_level<mpi::communicator>(std::move(intra), std::move(inter), node_of, rank,
+                                      small_chunks);
 }
 
 template <class Algo, collective C, class TwoLevel>
 void sweep(TwoLevel& tl, const std::string& what) {
   const int p = tl.size();
-  for (std::size_t count : test::counts_for(p)) test::check_all_types<Algo, C>(tl, count, p - 1);
+  for (std::size_t count : test::counts_for(p))
+    test::check_all_types<Algo, C>(tl, count, p - 1);
   if constexpr (C == collective::broadcast || C == collective::reduce) {
     for (int root = 0; root < p - 1; ++root) {
-      test::call_and_check<Algo, C, std::int32_t, op::sum>(tl, 7, root, test::pattern::exact, false);
+      test::call_and_check<Algo, C, std::int32_t, op::sum>(tl, 7, root, test::pattern::exact,
+                                                           false);
     }
   }
-  if constexpr (C == collective::all_reduce || C == collective::all_gather || C == collective::broadcast) {
-    auto mine = test::call_and_check<Algo, C, float, op::sum>(tl, 2049, 0, test::pattern::random, false);
-    test::expect_identical_across_processes(test::mpi_world(), mine,
-                                            what + ": " + std::string(name_of(C)) + "<" + std::string(Algo::name) + ">");
+  if constexpr (C == collective::all_reduce || C == collective::all_gather ||
+                C == collective::broadcast) {
+    auto mine =
+        test::call_and_check<Algo, C, float, op::sum>(tl, 2049, 0, test::pattern::random, false);
+    test::expect_identical_across_processes(
+        test::mpi_world(), mine,
+        what + ": " + std::string(name_of(C)) + "<" + std::string(Algo::name) + ">");
   }
 }
 
@@ -73,7 +79,8 @@ TEST(two_level_on_mpi, every_collective_on_interleaved_nodes) {
   auto& world = test::mpi_world();
   if (world.size() < 3) GTEST_SKIP() << "interleaving needs a node of two ranks or more";
   std::vector<int> node_of;
-  for (int r = 0; r < world.size(); ++r) node_of.push_back(r % 2);
+  for (int r = 0; r < world.size(); ++r)
+    node_of.push_back(r % 2);
   auto tl = split_by(world, node_of);
   EXPECT_EQ(tl.nodes(), 2);
   every_collective<algo::levels<>>(tl, "interleaved");
@@ -86,15 +93,15 @@ TEST(two_level_on_mpi, one_mib) {
   auto tl = make_two_level(world);
   const auto p = static_cast<std::size_t>(world.size());
   const std::size_t n = (std::size_t{1} << 18) + 3;
-  auto sum = test::call_and_check<algo::levels<>, collective::all_reduce, float, op::sum>(tl, n, 0,
-                                                                                         test::pattern::random, false);
+  auto sum = test::call_and_check<algo::levels<>, collective::all_reduce, float, op::sum>(
+      tl, n, 0, test::pattern::random, false);
   test::expect_identical_across_processes(world, sum, "all_reduce 1 MiB");
-  test::call_and_check<algo::levels<>, collective::all_reduce, std::int32_t, op::sum>(tl, n, 0, test::pattern::exact,
-                                                                                      true);
-  test::call_and_check<algo::levels<>, collective::reduce_scatter, float, op::sum>(tl, n / p, 0, test::pattern::random,
-                                                                                  false);
-  auto all = test::call_and_check<algo::levels<>, collective::all_gather, float, op::sum>(tl, n / p, 0,
-                                                                                         test::pattern::random, false);
+  test::call_and_check<algo::levels<>, collective::all_reduce, std::int32_t, op::sum>(
+      tl, n, 0, test::pattern::exact, true);
+  test::call_and_check<algo::levels<>, collective::reduce_scatter, float, op::sum>(
+      tl, n / p, 0, test::pattern::random, false);
+  auto all = test::call_and_check<algo::levels<>, collective::all_gather, float, op::sum>(
+      tl, n / p, 0, test::pattern::random, false);
   test::expect_identical_across_processes(world, all, "all_gather 1 MiB");
 }
 

@@ -23,8 +23,9 @@ namespace weft::detail {
 class predicate_ref {
 public:
   template <class F>
-  predicate_ref(F& f) noexcept  // NOLINT(google-explicit-constructor): a reference, like a span
-      : ctx_(&f), fn_([](const void* c) { return static_cast<bool>((*static_cast<const F*>(c))()); }) {}
+  predicate_ref(F& f) noexcept // NOLINT(google-explicit-constructor): a reference, like a span
+      : ctx_(&f),
+        fn_([](const void* c) { return static_cast<bool>((*static_cast<const F*>(c))()); }) {}
   bool operator()() const { return fn_(ctx_); }
 
 private:
@@ -42,7 +43,8 @@ public:
 #if defined(__linux__)
       // Every sleeper: a rank may have two threads waiting here (its own and the progress
       // thread of an async communicator), and waking only one could leave the other a slice.
-      syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&bell_), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+      syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&bell_), FUTEX_WAKE_PRIVATE, INT_MAX,
+              nullptr, nullptr, 0);
 #endif
     }
   }
@@ -51,7 +53,8 @@ public:
   /// (both are checked at least every slice). It first polls `spins` times: worth it when
   /// every waiter has a core of its own; where ranks outnumber cores, a spinning waiter only
   /// delays the rank it waits for, so the caller passes 0 and the wait yields at once.
-  bool wait(predicate_ref ready, predicate_ref give_up, std::chrono::steady_clock::time_point until, int spins = 64) {
+  bool wait(predicate_ref ready, predicate_ref give_up, std::chrono::steady_clock::time_point until,
+            int spins = 64) {
     for (int i = 0; i < spins; ++i) {
       if (ready()) return true;
       pause();
@@ -74,14 +77,15 @@ public:
       }
       if (give_up()) {
         sleeping_.fetch_sub(1, std::memory_order_seq_cst);
-        return ready();  // what the peer did before giving cause to give up is visible now
+        return ready(); // what the peer did before giving cause to give up is visible now
       }
       const auto now = std::chrono::steady_clock::now();
       if (now >= until) {
         sleeping_.fetch_sub(1, std::memory_order_seq_cst);
         return ready();
       }
-      const auto left = until - now < slice ? until - now : std::chrono::steady_clock::duration(slice);
+      const auto left =
+          until - now < slice ? until - now : std::chrono::steady_clock::duration(slice);
       sleep(seen, left);
       sleeping_.fetch_sub(1, std::memory_order_seq_cst);
     }
@@ -100,10 +104,12 @@ private:
 #if defined(__linux__)
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
     timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
-    syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&bell_), FUTEX_WAIT_PRIVATE, seen, &ts, nullptr, 0);
+    syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&bell_), FUTEX_WAIT_PRIVATE, seen, &ts,
+            nullptr, 0);
 #else
     (void)seen;
-    std::this_thread::sleep_for(d < std::chrono::microseconds(200) ? d : std::chrono::microseconds(200));
+    std::this_thread::sleep_for(
+        d < std::chrono::microseconds(200) ? d : std::chrono::microseconds(200));
 #endif
   }
 

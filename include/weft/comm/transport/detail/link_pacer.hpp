@@ -32,14 +32,19 @@ public:
 
   explicit link_pacer(const topology::cluster& c)
       : cluster_(c),
-        link_free_(std::make_unique<std::atomic<std::int64_t>[]>(static_cast<std::size_t>(c.size()))),
-        nic_free_(std::make_unique<std::atomic<std::int64_t>[]>(static_cast<std::size_t>(c.nodes()))) {
-    for (int d = 0; d < c.size(); ++d) link_free_[static_cast<std::size_t>(d)].store(0);
-    for (int n = 0; n < c.nodes(); ++n) nic_free_[static_cast<std::size_t>(n)].store(0);
+        link_free_(
+            std::make_unique<std::atomic<std::int64_t>[]>(static_cast<std::size_t>(c.size()))),
+        nic_free_(
+            std::make_unique<std::atomic<std::int64_t>[]>(static_cast<std::size_t>(c.nodes()))) {
+    for (int d = 0; d < c.size(); ++d)
+      link_free_[static_cast<std::size_t>(d)].store(0);
+    for (int n = 0; n < c.nodes(); ++n)
+      nic_free_[static_cast<std::size_t>(n)].store(0);
   }
 
   static std::int64_t now() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now().time_since_epoch()).count();
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now().time_since_epoch())
+        .count();
   }
 
   /// A message of `bytes` from device a to b is posted now: when it can start.
@@ -151,8 +156,8 @@ private:
   const topology::link& link(int a, int b) const { return cluster_.link_between(a, b); }
 
   topology::cluster cluster_;
-  std::unique_ptr<std::atomic<std::int64_t>[]> link_free_;  // per device
-  std::unique_ptr<std::atomic<std::int64_t>[]> nic_free_;   // per node
+  std::unique_ptr<std::atomic<std::int64_t>[]> link_free_; // per device
+  std::unique_ptr<std::atomic<std::int64_t>[]> nic_free_;  // per node
 };
 
 } // namespace weft::detail

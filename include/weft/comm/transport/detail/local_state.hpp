@@ -48,19 +48,24 @@ struct local_world {
         failures(std::make_unique<failure_state[]>(static_cast<std::size_t>(size))),
         pacer(emulate_links ? std::make_unique<link_pacer>(cluster) : nullptr),
         spins(static_cast<unsigned>(size) > std::thread::hardware_concurrency() ? 0 : 64) {
-    for (int r = 0; r < size; ++r) status[static_cast<std::size_t>(r)].store(0);
+    for (int r = 0; r < size; ++r)
+      status[static_cast<std::size_t>(r)].store(0);
   }
 
   rank_status status_of(int world_rank) const {
-    return static_cast<rank_status>(status[static_cast<std::size_t>(world_rank)].load(std::memory_order_acquire));
+    return static_cast<rank_status>(
+        status[static_cast<std::size_t>(world_rank)].load(std::memory_order_acquire));
   }
   void ring_all() {
-    for (int r = 0; r < size; ++r) bells[static_cast<std::size_t>(r)].ring();
+    for (int r = 0; r < size; ++r)
+      bells[static_cast<std::size_t>(r)].ring();
   }
   void finish(int world_rank) {
-    status[static_cast<std::size_t>(world_rank)].store(static_cast<int>(rank_status::finished), std::memory_order_release);
+    status[static_cast<std::size_t>(world_rank)].store(static_cast<int>(rank_status::finished),
+                                                       std::memory_order_release);
     ring_all();
-    for (auto& w : successors_of(world_rank)) w->finish(world_rank);
+    for (auto& w : successors_of(world_rank))
+      w->finish(world_rank);
   }
   /// Records a rank's failure; the first one recorded is what local::run rethrows.
   void fail(int world_rank, const std::string& what) {
@@ -71,10 +76,12 @@ struct local_world {
         first_error = what;
       }
     }
-    status[static_cast<std::size_t>(world_rank)].store(static_cast<int>(rank_status::failed), std::memory_order_release);
+    status[static_cast<std::size_t>(world_rank)].store(static_cast<int>(rank_status::failed),
+                                                       std::memory_order_release);
     failed.store(true, std::memory_order_release);
     ring_all();
-    for (auto& w : successors_of(world_rank)) w->fail(world_rank, what);
+    for (auto& w : successors_of(world_rank))
+      w->fail(world_rank, what);
   }
   /// A world that shrink() made from this one: a rank's end (local::run's thread returning or
   /// throwing) is recorded here and passed on to every successor it is a member of, so its
@@ -96,12 +103,15 @@ struct local_world {
   void abort(int world_rank, const std::string& why) {
     {
       std::lock_guard lock(mutex);
-      if (abort_reason.empty() && first_failed < 0) abort_reason = "rank " + std::to_string(world_rank) + " aborted: " + why;
+      if (abort_reason.empty() && first_failed < 0)
+        abort_reason = "rank " + std::to_string(world_rank) + " aborted: " + why;
     }
     failed.store(true, std::memory_order_release);
     ring_all();
   }
-  failure_state& failure_of(int world_rank) { return failures[static_cast<std::size_t>(world_rank)]; }
+  failure_state& failure_of(int world_rank) {
+    return failures[static_cast<std::size_t>(world_rank)];
+  }
   std::string failure() {
     std::lock_guard lock(mutex);
     if (first_failed < 0) return abort_reason;
@@ -130,8 +140,8 @@ struct local_world {
   // call, the world's failure as it first saw it), which its later calls quote. Shared by a
   // rank's communicators of this world and its progress threads.
   std::unique_ptr<failure_state[]> failures;
-  std::unique_ptr<link_pacer> pacer;  // set when the links are emulated
-  int spins;                          // polls before a wait yields: none when ranks outnumber cores
+  std::unique_ptr<link_pacer> pacer; // set when the links are emulated
+  int spins;                         // polls before a wait yields: none when ranks outnumber cores
   std::atomic<bool> failed{false};
   std::mutex mutex;
   // Held by a rank whose deadline passed while it finds the culprit and aborts the world, so
@@ -141,9 +151,9 @@ struct local_world {
   int first_failed = -1;
   std::string first_error;
   std::string abort_reason;
-  std::vector<std::shared_ptr<local_world>> successors;  // worlds shrink() made from this one
-  std::vector<std::weak_ptr<local_group>> groups;        // its communicators
-  std::atomic<int> communicators{0};  // numbers the groups, for the dumps
+  std::vector<std::shared_ptr<local_world>> successors; // worlds shrink() made from this one
+  std::vector<std::weak_ptr<local_group>> groups;       // its communicators
+  std::atomic<int> communicators{0};                    // numbers the groups, for the dumps
 };
 
 enum class slot_state : std::uint32_t { posted = 1, reading = 2, consumed = 3, retracted = 4 };
@@ -153,8 +163,8 @@ struct message_slot {
   std::size_t count = 0;
   dtype type = dtype::float32;
   int tag = 0;
-  std::unique_ptr<std::byte[]> owned;  // eager point-to-point sends own a copy
-  std::int64_t ready = 0;              // emulated links: when the sender's link can start it
+  std::unique_ptr<std::byte[]> owned; // eager point-to-point sends own a copy
+  std::int64_t ready = 0;             // emulated links: when the sender's link can start it
   std::atomic<std::uint32_t> state{0};
 };
 
@@ -162,8 +172,8 @@ struct message_slot {
 struct channel {
   static constexpr std::size_t capacity = 64;
   message_slot slots[capacity];
-  alignas(64) std::atomic<std::uint64_t> tail{0};  // written by the sender
-  alignas(64) std::atomic<std::uint64_t> head{0};  // written by the receiver
+  alignas(64) std::atomic<std::uint64_t> tail{0}; // written by the sender
+  alignas(64) std::atomic<std::uint64_t> head{0}; // written by the receiver
 };
 
 struct local_group {
@@ -173,19 +183,21 @@ struct local_group {
         world_rank(std::move(members)),
         id(world->communicators.fetch_add(1, std::memory_order_relaxed)),
         channels(std::make_unique<std::atomic<channel*>[]>(static_cast<std::size_t>(size) *
-                                                          static_cast<std::size_t>(size))),
+                                                           static_cast<std::size_t>(size))),
         sync_counts(std::make_unique<std::atomic<std::uint64_t>[]>(static_cast<std::size_t>(size) *
-                                                                     static_cast<std::size_t>(size))),
+                                                                   static_cast<std::size_t>(size))),
         slots(static_cast<std::size_t>(size)),
         progress(std::make_unique<progress_record[]>(static_cast<std::size_t>(size))),
         staging_area(std::make_unique<staging_block[]>(static_cast<std::size_t>(size) * 2)) {
-    for (std::size_t i = 0; i < static_cast<std::size_t>(size) * static_cast<std::size_t>(size); ++i) {
+    for (std::size_t i = 0; i < static_cast<std::size_t>(size) * static_cast<std::size_t>(size);
+         ++i) {
       sync_counts[i].store(0);
     }
   }
 
   ~local_group() {
-    for (std::size_t i = 0; i < static_cast<std::size_t>(size) * static_cast<std::size_t>(size); ++i)
+    for (std::size_t i = 0; i < static_cast<std::size_t>(size) * static_cast<std::size_t>(size);
+         ++i)
       delete channels[i].load(std::memory_order_relaxed);
   }
   local_group(const local_group&) = delete;
@@ -195,19 +207,24 @@ struct local_group {
   /// holds channels for the pairs that talk (2p for a ring), not for all p^2 pairs.
   channel& chan(int src, int dst) {
     std::atomic<channel*>& slot =
-        channels[static_cast<std::size_t>(src) * static_cast<std::size_t>(size) + static_cast<std::size_t>(dst)];
+        channels[static_cast<std::size_t>(src) * static_cast<std::size_t>(size) +
+                 static_cast<std::size_t>(dst)];
     channel* c = slot.load(std::memory_order_acquire);
     if (c != nullptr) return *c;
     auto fresh = std::make_unique<channel>();
-    if (slot.compare_exchange_strong(c, fresh.get(), std::memory_order_acq_rel, std::memory_order_acquire))
+    if (slot.compare_exchange_strong(c, fresh.get(), std::memory_order_acq_rel,
+                                     std::memory_order_acquire))
       return *fresh.release();
-    return *c;  // the other end made it first
+    return *c; // the other end made it first
   }
   /// How many syncs rank `from` has arrived at together with rank `to`.
   std::atomic<std::uint64_t>& syncs(int to, int from) {
-    return sync_counts[static_cast<std::size_t>(to) * static_cast<std::size_t>(size) + static_cast<std::size_t>(from)];
+    return sync_counts[static_cast<std::size_t>(to) * static_cast<std::size_t>(size) +
+                       static_cast<std::size_t>(from)];
   }
-  doorbell& bell(int r) { return world->bells[static_cast<std::size_t>(world_rank[static_cast<std::size_t>(r)])]; }
+  doorbell& bell(int r) {
+    return world->bells[static_cast<std::size_t>(world_rank[static_cast<std::size_t>(r)])];
+  }
 
   /// Per-rank exchange area: buffers a peer-access plan reads, a call fingerprint, split
   /// arguments. Written before a sync, read after it.
@@ -220,7 +237,7 @@ struct local_group {
   struct exchange {
     const void* buffers[3] = {nullptr, nullptr, nullptr};
     std::size_t sizes[3] = {0, 0, 0};
-    std::size_t count = 0;  // the published call's count (plan::count), which its loads check
+    std::size_t count = 0; // the published call's count (plan::count), which its loads check
     std::atomic<bool> published{false};
     std::atomic<int> readers{0};
     std::uint64_t words[8] = {};
@@ -230,14 +247,15 @@ struct local_group {
   std::shared_ptr<local_world> world;
   int size;
   std::vector<int> world_rank;
-  int id;  // this communicator's number in its world
-  std::unique_ptr<std::atomic<channel*>[]> channels;  // src * size + dst; null until chan() makes it
+  int id;                                            // this communicator's number in its world
+  std::unique_ptr<std::atomic<channel*>[]> channels; // src * size + dst; null until chan() makes it
   std::unique_ptr<std::atomic<std::uint64_t>[]> sync_counts;
   std::vector<exchange> slots;
-  std::unique_ptr<progress_record[]> progress;  // per rank of the group, written by that rank
+  std::unique_ptr<progress_record[]> progress; // per rank of the group, written by that rank
 
   /// Makes a group and registers it with its world, where the dumps find it.
-  static std::shared_ptr<local_group> make(std::shared_ptr<local_world> w, std::vector<int> members) {
+  static std::shared_ptr<local_group> make(std::shared_ptr<local_world> w,
+                                           std::vector<int> members) {
     auto g = std::make_shared<local_group>(std::move(w), std::move(members));
     g->world->add_group(g);
     return g;
@@ -247,7 +265,7 @@ struct local_group {
   /// still reading it never reads freed memory, whatever the owner does meanwhile.
   struct alignas(64) staging_block {
     std::byte bytes[max_staged_scratch_bytes];
-    std::size_t count = 0;  // the staged call's count (plan::count), which its loads check
+    std::size_t count = 0; // the staged call's count (plan::count), which its loads check
   };
   staging_block& staging_of(int r, std::uint64_t parity) {
     return staging_area[static_cast<std::size_t>(r) * 2 + static_cast<std::size_t>(parity & 1)];
@@ -260,7 +278,7 @@ struct local_group {
     std::mutex mutex;
     std::vector<char> joined;
     bool closed = false;
-    std::vector<int> survivors;  // ranks of this group, in order
+    std::vector<int> survivors; // ranks of this group, in order
     std::shared_ptr<local_group> result;
   };
   shrink_state shrinking;
@@ -308,7 +326,7 @@ inline std::vector<rank_progress> world_progress(local_world& world) {
 inline std::string find_culprit(const std::shared_ptr<local_group>& start, int peer) {
   local_world& world = *start->world;
   const auto groups = world.live_groups();
-  std::vector<std::pair<int, int>> seen;  // (communicator, rank) visited
+  std::vector<std::pair<int, int>> seen; // (communicator, rank) visited
   const local_group* g = start.get();
   int r = peer;
   std::string said;
@@ -316,8 +334,10 @@ inline std::string find_culprit(const std::shared_ptr<local_group>& start, int p
     const int w = g->world_rank[static_cast<std::size_t>(r)];
     for (std::size_t i = 0; i < seen.size(); ++i) {
       if (seen[i] == std::pair{g->id, r}) {
-        return said + "ranks wait on each other in a cycle (they are in different calls, or in different orders; "
-                      "run with WEFT_CHECK_CALLS=1 to find the call)";
+        return said +
+               "ranks wait on each other in a cycle (they are in different calls, or in different "
+               "orders; "
+               "run with WEFT_CHECK_CALLS=1 to find the call)";
       }
     }
     seen.emplace_back(g->id, r);
@@ -325,8 +345,9 @@ inline std::string find_culprit(const std::shared_ptr<local_group>& start, int p
     if (st != rank_status::running) {
       return said + "rank " + std::to_string(w) + " " + name_of(st) + " and will not arrive";
     }
-    rank_progress p = g->progress[static_cast<std::size_t>(r)].snapshot(w, "running", &g->world_rank);
-    if (!p.in_operation()) {  // not in this communicator's call: in another's?
+    rank_progress p =
+        g->progress[static_cast<std::size_t>(r)].snapshot(w, "running", &g->world_rank);
+    if (!p.in_operation()) { // not in this communicator's call: in another's?
       const local_group* other = nullptr;
       int other_rank = -1;
       for (const auto& h : groups) {
@@ -339,19 +360,23 @@ inline std::string find_culprit(const std::shared_ptr<local_group>& start, int p
         }
       }
       if (other == nullptr) {
-        return said + "rank " + std::to_string(w) + " is outside any weft operation: it has not made the call" +
+        return said + "rank " + std::to_string(w) +
+               " is outside any weft operation: it has not made the call" +
                (p.history.empty() ? std::string() : " (its last was " + p.history.back() + ")");
       }
-      p = other->progress[static_cast<std::size_t>(other_rank)].snapshot(w, "running", &other->world_rank);
-      said += "rank " + std::to_string(w) + " has not made the call on comm " + std::to_string(g->id) +
-              ": it is in " + p.position() + " on comm " + std::to_string(other->id) + "; ";
+      p = other->progress[static_cast<std::size_t>(other_rank)].snapshot(w, "running",
+                                                                         &other->world_rank);
+      said += "rank " + std::to_string(w) + " has not made the call on comm " +
+              std::to_string(g->id) + ": it is in " + p.position() + " on comm " +
+              std::to_string(other->id) + "; ";
       g = other;
       r = other_rank;
       if (!p.in_operation()) continue;
     }
     if (p.waiting_on_comm_rank < 0) {
       return said + "rank " + std::to_string(w) + " is stalled inside " + p.position() + " for " +
-             std::to_string(static_cast<long long>(p.busy_ms)) + " ms, waiting on no rank (its own code or reduction)";
+             std::to_string(static_cast<long long>(p.busy_ms)) +
+             " ms, waiting on no rank (its own code or reduction)";
     }
     r = p.waiting_on_comm_rank;
   }

@@ -75,9 +75,13 @@ class mpi_family {
 public:
   /// `control`: a duplicate of the root communicator, taken over; `root_rank`/`world_of_root`:
   /// this process's rank in it and every root rank's rank in MPI_COMM_WORLD.
-  mpi_family(mpi_comm_handle control, std::uint64_t nonce, int root_rank, std::vector<int> world_of_root,
-             on_failure policy)
-      : control_(std::move(control)), nonce_(nonce), me_(root_rank), world_of_(std::move(world_of_root)), policy_(policy) {
+  mpi_family(mpi_comm_handle control, std::uint64_t nonce, int root_rank,
+             std::vector<int> world_of_root, on_failure policy)
+      : control_(std::move(control)),
+        nonce_(nonce),
+        me_(root_rank),
+        world_of_(std::move(world_of_root)),
+        policy_(policy) {
     post_receive();
   }
   mpi_family(const mpi_family&) = delete;
@@ -90,7 +94,8 @@ public:
       MPI_Status st;
       int flag = 0;
       const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
-      while (MPI_Test(&receive_, &flag, &st) == MPI_SUCCESS && flag == 0 && std::chrono::steady_clock::now() < until) {
+      while (MPI_Test(&receive_, &flag, &st) == MPI_SUCCESS && flag == 0 &&
+             std::chrono::steady_clock::now() < until) {
         std::this_thread::yield();
       }
       if (flag == 0) { // still live: its buffer must stay
@@ -100,7 +105,8 @@ public:
     }
     for (outgoing& o : sent_) {
       int flag = 0;
-      if (o.request != MPI_REQUEST_NULL && MPI_Test(&o.request, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag == 0) {
+      if (o.request != MPI_REQUEST_NULL &&
+          MPI_Test(&o.request, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag == 0) {
         MPI_Request_free(&o.request);
         (void)o.message.release();
       }
@@ -108,15 +114,19 @@ public:
     if (failure_.failed()) {
       // Never freed (see the header comment); nor is what MPI may still write into.
       control_.keep();
-      for (auto& p : parked_) (void)p.release();
-      for (auto& s : parked_scratch_) (void)s.release();
+      for (auto& p : parked_)
+        (void)p.release();
+      for (auto& s : parked_scratch_)
+        (void)s.release();
     }
   }
 
   [[nodiscard]] on_failure policy() const noexcept { return policy_; }
   [[nodiscard]] int root_rank() const noexcept { return me_; }
   [[nodiscard]] int root_size() const noexcept { return static_cast<int>(world_of_.size()); }
-  [[nodiscard]] int world_rank_of(int root_rank) const { return world_of_.at(static_cast<std::size_t>(root_rank)); }
+  [[nodiscard]] int world_rank_of(int root_rank) const {
+    return world_of_.at(static_cast<std::size_t>(root_rank));
+  }
   [[nodiscard]] failure_state& failure() noexcept { return failure_; }
 
   /// A communicator of the family registers its progress record while it lives, so that a
@@ -142,7 +152,8 @@ public:
   /// quick succession pay no extra MPI test; a rank that comes back late always reads it, so
   /// it learns of a failure before it sends anything).
   void check(std::string_view operation, int rank) {
-    if (progress_record::now_ns() - last_poll_ns_.load(std::memory_order_relaxed) >= 1'000'000) poll();
+    if (progress_record::now_ns() - last_poll_ns_.load(std::memory_order_relaxed) >= 1'000'000)
+      poll();
     failure_.check(operation, rank);
   }
 
@@ -157,8 +168,8 @@ public:
   /// `members`, root ranks, when the wait has no single peer) and returns the verdict, which
   /// is also recorded and sent to every rank. `found` says who found it and how ("rank 1,
   /// which timed out after ...").
-  std::string investigate(int peer, const std::vector<int>& members, std::chrono::milliseconds window,
-                          const std::string& found) {
+  std::string investigate(int peer, const std::vector<int>& members,
+                          std::chrono::milliseconds window, const std::string& found) {
     std::unique_lock lock(mutex_);
     poll_locked();
     if (failure_.failed()) return failure_.what();
@@ -176,8 +187,10 @@ public:
     std::string verdict;
     for (std::size_t hop = 0; hop <= world_of_.size() && verdict.empty(); ++hop) {
       if (frontier.empty()) {
-        verdict = "no rank could be named: the ranks wait on each other in a cycle (they made different calls, or "
-                  "in different orders; WEFT_CHECK_CALLS=1 finds the call)";
+        verdict =
+            "no rank could be named: the ranks wait on each other in a cycle (they made different "
+            "calls, or "
+            "in different orders; WEFT_CHECK_CALLS=1 finds the call)";
         break;
       }
       for (int q : frontier) {
@@ -189,7 +202,8 @@ public:
       }
       const auto until = std::chrono::steady_clock::now() + window;
       const auto answered = [&] {
-        return std::all_of(frontier.begin(), frontier.end(), [&](int q) { return answers_.has(q); });
+        return std::all_of(frontier.begin(), frontier.end(),
+                           [&](int q) { return answers_.has(q); });
       };
       while (!failure_.failed() && !answered() && std::chrono::steady_clock::now() < until) {
         lock.unlock();
@@ -203,9 +217,10 @@ public:
         if (!answers_.has(q)) silent.push_back(q);
       }
       if (!silent.empty()) {
-        verdict = ranks_text(silent) + (silent.size() == 1 ? " stalled: it" : " stalled: they") +
-                  " did not answer within " + std::to_string(window.count()) +
-                  " ms (it is not waiting inside weft: in its own code or a reduction, stopped, or dead)";
+        verdict =
+            ranks_text(silent) + (silent.size() == 1 ? " stalled: it" : " stalled: they") +
+            " did not answer within " + std::to_string(window.count()) +
+            " ms (it is not waiting inside weft: in its own code or a reduction, stopped, or dead)";
         break;
       }
       std::vector<int> next;
@@ -213,12 +228,14 @@ public:
         const mpi_control_message& a = answers_.get(q);
         if (a.in_call == 2) return adopt_locked(a.get_text());
         if (a.in_call == 0) {
-          verdict = "world rank " + std::to_string(world_rank_of(q)) + " stalled: it had not made the call (" +
-                    std::string(a.get_text()) + ")";
+          verdict = "world rank " + std::to_string(world_rank_of(q)) +
+                    " stalled: it had not made the call (" + std::string(a.get_text()) + ")";
           break;
         }
-        chain += "; world rank " + std::to_string(world_rank_of(q)) + " " + std::string(a.get_text());
-        if (a.waiting_on >= 0 && a.waiting_on < root_size() && visited[static_cast<std::size_t>(a.waiting_on)] == 0 &&
+        chain +=
+            "; world rank " + std::to_string(world_rank_of(q)) + " " + std::string(a.get_text());
+        if (a.waiting_on >= 0 && a.waiting_on < root_size() &&
+            visited[static_cast<std::size_t>(a.waiting_on)] == 0 &&
             std::find(next.begin(), next.end(), a.waiting_on) == next.end()) {
           next.push_back(a.waiting_on);
         }
@@ -256,7 +273,8 @@ private:
       return std::any_of(v_.begin(), v_.end(), [&](const auto& a) { return a.first == q; });
     }
     [[nodiscard]] const mpi_control_message& get(int q) const {
-      return std::find_if(v_.begin(), v_.end(), [&](const auto& a) { return a.first == q; })->second;
+      return std::find_if(v_.begin(), v_.end(), [&](const auto& a) { return a.first == q; })
+          ->second;
     }
     void put(int q, const mpi_control_message& m) {
       erase(q);
@@ -272,8 +290,8 @@ private:
 
   void post_receive() {
     receive_ = MPI_REQUEST_NULL;
-    if (MPI_Irecv(inbox_.get(), static_cast<int>(sizeof(mpi_control_message)), MPI_BYTE, MPI_ANY_SOURCE, MPI_ANY_TAG,
-                  control_.get(), &receive_) != MPI_SUCCESS) {
+    if (MPI_Irecv(inbox_.get(), static_cast<int>(sizeof(mpi_control_message)), MPI_BYTE,
+                  MPI_ANY_SOURCE, MPI_ANY_TAG, control_.get(), &receive_) != MPI_SUCCESS) {
       receive_ = MPI_REQUEST_NULL;
     }
   }
@@ -327,34 +345,40 @@ private:
     }
     const member* best = nullptr;
     rank_progress best_p;
-    std::string last; // the operation this process finished last, for an answer from outside any call
+    std::string
+        last; // the operation this process finished last, for an answer from outside any call
     std::int64_t last_done = 0;
     for (const member& m : members_) {
       if (m.record != nullptr && !m.record->active() && m.record->last_done() > last_done) {
-        const rank_progress p = m.record->snapshot(world_of_[static_cast<std::size_t>(me_)], "running");
+        const rank_progress p =
+            m.record->snapshot(world_of_[static_cast<std::size_t>(me_)], "running");
         if (!p.history.empty()) {
           last = p.history.back();
           last_done = m.record->last_done();
         }
       }
       if (m.record == nullptr || !m.record->active()) continue;
-      rank_progress p = m.record->snapshot(world_of_[static_cast<std::size_t>(me_)], "running", m.root_of);
-      if (best == nullptr || (p.waiting_on >= 0 && (best_p.waiting_on < 0 || p.waiting_ms > best_p.waiting_ms))) {
+      rank_progress p =
+          m.record->snapshot(world_of_[static_cast<std::size_t>(me_)], "running", m.root_of);
+      if (best == nullptr ||
+          (p.waiting_on >= 0 && (best_p.waiting_on < 0 || p.waiting_ms > best_p.waiting_ms))) {
         best = &m;
         best_p = std::move(p);
       }
     }
     if (best == nullptr) {
       a.in_call = 0;
-      a.set_text(last.empty() ? std::string("outside any weft call") : "outside any weft call; its last was " + last);
+      a.set_text(last.empty() ? std::string("outside any weft call")
+                              : "outside any weft call; its last was " + last);
       return;
     }
     a.in_call = 1;
     a.waiting_on = best_p.waiting_on;
     std::string s = "is in " + best_p.position();
     if (best_p.waiting_on >= 0) {
-      s += ", waiting " + std::to_string(static_cast<long long>(best_p.waiting_ms)) + " ms on world rank " +
-           std::to_string(world_rank_of(best_p.waiting_on)) + " to " + best_p.waiting_to;
+      s += ", waiting " + std::to_string(static_cast<long long>(best_p.waiting_ms)) +
+           " ms on world rank " + std::to_string(world_rank_of(best_p.waiting_on)) + " to " +
+           best_p.waiting_to;
     } else {
       s += ", waiting on no single rank";
     }
@@ -381,8 +405,8 @@ private:
     m.nonce = nonce_;
     m.from = me_;
     outgoing o{std::make_unique<mpi_control_message>(m), MPI_REQUEST_NULL};
-    if (MPI_Isend(o.message.get(), static_cast<int>(sizeof(mpi_control_message)), MPI_BYTE, to, m.kind,
-                  control_.get(), &o.request) == MPI_SUCCESS) {
+    if (MPI_Isend(o.message.get(), static_cast<int>(sizeof(mpi_control_message)), MPI_BYTE, to,
+                  m.kind, control_.get(), &o.request) == MPI_SUCCESS) {
       sent_.push_back(std::move(o));
     }
   }

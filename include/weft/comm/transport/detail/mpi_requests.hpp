@@ -7,11 +7,11 @@
 // ends the wait at once); at the deadline it finds the rank that holds everyone up
 // (mpi_family::investigate) and throws weft::error naming the operation, this rank, the peer
 // it waited for and the culprit.
+#include <weft/comm/detail/deadline.hpp>
+#include <weft/comm/progress.hpp>
 #include <weft/comm/transport/detail/mpi_comm_handle.hpp>
 #include <weft/comm/transport/detail/mpi_error.hpp>
 #include <weft/comm/transport/detail/mpi_family.hpp>
-#include <weft/comm/detail/deadline.hpp>
-#include <weft/comm/progress.hpp>
 #include <weft/core/error.hpp>
 
 #include <mpi.h>
@@ -49,20 +49,25 @@ struct mpi_wait_context {
 
 /// How long a rank asked "where are you?" at a deadline has to answer: a rank waiting inside
 /// weft answers within microseconds; one that does not answer in this time is stalled.
-[[nodiscard]] inline std::chrono::milliseconds mpi_answer_window(std::chrono::milliseconds timeout) {
+[[nodiscard]] inline std::chrono::milliseconds mpi_answer_window(
+    std::chrono::milliseconds timeout) {
   return std::clamp(timeout / 4, std::chrono::milliseconds(100), std::chrono::milliseconds(2000));
 }
 
-[[noreturn]] WEFT_COLD inline void mpi_timeout(const mpi_wait_context& ctx, int peer, std::string_view what) {
+[[noreturn]] WEFT_COLD inline void mpi_timeout(const mpi_wait_context& ctx, int peer,
+                                               std::string_view what) {
   std::string where;
   if (ctx.progress != nullptr && ctx.progress->active()) {
     where = " in " + ctx.progress->snapshot(ctx.rank, "running").position();
   }
-  std::string mine = "timed out after " + std::to_string(ctx.timeout.count()) + " ms waiting to " + std::string(what) + where;
+  std::string mine = "timed out after " + std::to_string(ctx.timeout.count()) + " ms waiting to " +
+                     std::string(what) + where;
   if (ctx.family == nullptr) {
     throw error(ctx.operation, ctx.rank, peer,
-                mine + " (is every rank alive and making the same calls in the same order? The peer's own error, "
-                       "if it has one, names its position)");
+                mine +
+                    " (is every rank alive and making the same calls in the same order? The peer's "
+                    "own error, "
+                    "if it has one, names its position)");
   }
   mpi_family& f = *ctx.family;
   const auto root = [&](int r) {
@@ -72,19 +77,23 @@ struct mpi_wait_context {
   };
   std::vector<int> members;
   if (ctx.root_of != nullptr) members = *ctx.root_of;
-  std::string found = "world rank " + std::to_string(f.world_rank_of(f.root_rank())) + ", which " + mine;
+  std::string found =
+      "world rank " + std::to_string(f.world_rank_of(f.root_rank())) + ", which " + mine;
   if (peer >= 0) found += " (peer: world rank " + std::to_string(f.world_rank_of(root(peer))) + ")";
-  const std::string verdict = f.investigate(peer >= 0 ? root(peer) : -1, members, mpi_answer_window(ctx.timeout), found);
+  const std::string verdict =
+      f.investigate(peer >= 0 ? root(peer) : -1, members, mpi_answer_window(ctx.timeout), found);
   throw error(ctx.operation, ctx.rank, peer, mine + "; the communicator failed: " + verdict);
 }
 
-[[noreturn]] WEFT_COLD inline void mpi_stopped(const mpi_wait_context& ctx, int peer, std::string_view what) {
+[[noreturn]] WEFT_COLD inline void mpi_stopped(const mpi_wait_context& ctx, int peer,
+                                               std::string_view what) {
   std::string where;
   if (ctx.progress != nullptr && ctx.progress->active()) {
     where = " in " + ctx.progress->snapshot(ctx.rank, "running").position();
   }
   throw error(ctx.operation, ctx.rank, peer,
-              "stopped waiting to " + std::string(what) + where + ": the communicator failed: " + ctx.family->failure().what());
+              "stopped waiting to " + std::string(what) + where +
+                  ": the communicator failed: " + ctx.family->failure().what());
 }
 
 /// What a wait is waiting for now: a rank of the communicator (-1: none, or every rank of a
@@ -102,7 +111,7 @@ struct mpi_waiting_for {
 /// and at the deadline, so that the error and the search for the culprit start from the peer
 /// still outstanding, not from one that has long finished.
 template <class Done, class Now>
-  requires std::is_invocable_r_v<mpi_waiting_for, Now&>
+requires std::is_invocable_r_v<mpi_waiting_for, Now&>
 void mpi_poll(Done&& done, const mpi_wait_context& ctx, Now&& now) {
   for (int i = 0; i < 64; ++i) {
     if (done()) return;
@@ -169,7 +178,8 @@ inline void mpi_wait(MPI_Request& request, const mpi_wait_context& ctx, const ch
         return rc != MPI_SUCCESS || flag != 0;
       },
       ctx, -1, what);
-  if (rc != MPI_SUCCESS) mpi_fail(rc, "MPI_Test", __FILE__, __LINE__, ctx.operation, ctx.rank, error::unknown);
+  if (rc != MPI_SUCCESS)
+    mpi_fail(rc, "MPI_Test", __FILE__, __LINE__, ctx.operation, ctx.rank, error::unknown);
 }
 
 /// What retiring a set of requests left live.
@@ -195,7 +205,9 @@ public:
 
   /// Appends a send to `peer`; returns the request for MPI_Isend to fill. `weft_memory`: the
   /// data is weft's own (scratch, a copy), not the caller's buffer.
-  MPI_Request& add_send(int peer, bool weft_memory = false) { return add({peer, send_marker, weft_memory}); }
+  MPI_Request& add_send(int peer, bool weft_memory = false) {
+    return add({peer, send_marker, weft_memory});
+  }
   /// Appends a receive from `peer` that must deliver `count` elements.
   MPI_Request& add_recv(int peer, std::size_t count, bool weft_memory = false) {
     return add({peer, static_cast<std::int64_t>(count), weft_memory});
@@ -214,7 +226,8 @@ public:
   }
 
   /// Waits for slot i; checks a receive's count against `type`.
-  void wait(std::size_t i, MPI_Datatype type, std::string_view type_name, const mpi_wait_context& ctx) {
+  void wait(std::size_t i, MPI_Datatype type, std::string_view type_name,
+            const mpi_wait_context& ctx) {
     MPI_Status status{};
     int rc = MPI_SUCCESS;
     mpi_poll(
@@ -236,13 +249,16 @@ public:
     indices_.resize(n);
     statuses_.resize(n);
     int completed = 0;
-    const int rc = MPI_Testsome(static_cast<int>(n), requests_.data(), &completed, indices_.data(), statuses_.data());
-    if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) fail(rc, "MPI_Testsome", entry{}, ctx, type_name);
+    const int rc = MPI_Testsome(static_cast<int>(n), requests_.data(), &completed, indices_.data(),
+                                statuses_.data());
+    if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS)
+      fail(rc, "MPI_Testsome", entry{}, ctx, type_name);
     if (completed != MPI_UNDEFINED) {
       for (int k = 0; k < completed; ++k) {
         const auto i = static_cast<std::size_t>(indices_[static_cast<std::size_t>(k)]);
         const MPI_Status& st = statuses_[static_cast<std::size_t>(k)];
-        if (rc == MPI_ERR_IN_STATUS && st.MPI_ERROR != MPI_SUCCESS) fail(st.MPI_ERROR, describe_call(entries_[i]), entries_[i], ctx, type_name);
+        if (rc == MPI_ERR_IN_STATUS && st.MPI_ERROR != MPI_SUCCESS)
+          fail(st.MPI_ERROR, describe_call(entries_[i]), entries_[i], ctx, type_name);
         check(st, entries_[i], type, type_name, ctx);
       }
     }
@@ -258,7 +274,9 @@ public:
   void wait_all(MPI_Datatype type, std::string_view type_name, const mpi_wait_context& ctx) {
     if (requests_.empty()) return;
     mpi_poll([&] { return test_all(type, type_name, ctx); }, ctx,
-             [&] { return mpi_waiting_for{first_pending_peer(), first_pending_what()}; });
+             [&] {
+               return mpi_waiting_for{first_pending_peer(), first_pending_what()};
+             });
   }
 
   /// The peer of the first request still in flight (-1: none).
@@ -292,8 +310,8 @@ public:
     const auto settle = [&] {
       const auto until = std::chrono::steady_clock::now() + window;
       int flag = 0;
-      while (MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag, MPI_STATUSES_IGNORE) ==
-                 MPI_SUCCESS &&
+      while (MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag,
+                         MPI_STATUSES_IGNORE) == MPI_SUCCESS &&
              flag == 0 && std::chrono::steady_clock::now() < until) {
         std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
