@@ -1,4 +1,4 @@
-// The optimizer step on the device (issue 8's GPU target: at least 70% of HBM bandwidth)
+// The optimizer step on the device (its target: at least 70% of HBM bandwidth)
 // against the device's own copy bandwidth, in one run.
 //
 //   memcpy_d2d/<bytes>            cudaMemcpyAsync device to device: reads and writes `bytes`

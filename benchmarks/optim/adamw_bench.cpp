@@ -2,8 +2,8 @@
 // and both moments: 28 bytes of memory traffic per parameter, 16 read and 12 written), the
 // same functor and loop data_parallel runs, on all cores and on one; and beside it, measured
 // in the same run, the streaming bandwidth of a[i] += b[i] on all cores
-// (bench::stream_bandwidth()). of_stream is the step's bandwidth over it; the target
-// (issue 8) is at least 0.5.
+// (bench::stream_bandwidth()). of_stream is the step's bandwidth over it; the target is
+// at least 0.5.
 //
 //   build/benchmarks/optim_adamw_bench --benchmark_counters_tabular=true
 //   WEFT_BENCH_PARAMS=16M ... (fewer parameters, for a quick run; K, M, G in either case are

@@ -6,8 +6,8 @@
 //   build/benchmarks/pipeline_executor_bench --benchmark_counters_tabular=true
 //
 // us_per_action: the step's wall time over the length of the longest rank's action list
-// (compute, sends and receives): the time one action adds along a rank. The target (issue 7)
-// is under 5 us. Ranks are threads: with more ranks than cores they take turns, and each
+// (compute, sends and receives): the time one action adds along a rank. The target is
+// under 5 us. Ranks are threads: with more ranks than cores they take turns, and each
 // message can cost a thread switch.
 #include <weft/comm/transport/local.hpp>
 #include <weft/pipeline/executor.hpp>

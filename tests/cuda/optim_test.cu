@@ -3,7 +3,7 @@
 // (bitwise: the functors round every product and sum on their own, core/rounding.hpp, where
 // nvcc would fuse them into FMAs; division and sqrtf are IEEE-rounded on both);
 // and the AdamW step's bandwidth over 64M parameters against a device-to-device copy's
-// (issue 8's target for the GPU path: at least 70% of HBM bandwidth; printed, and checked
+// (the GPU path's target: at least 70% of HBM bandwidth; printed, and checked
 // at 50% so that a shared device does not fail the suite).
 #include <weft/cuda/kernels.cuh>
 #include <weft/cuda/memory.cuh>

@@ -1,6 +1,6 @@
 #pragma once
 // Helpers for the layer tests: random matrices, a norm-wise relative error against a double
-// reference, slices, and the tolerances of issue 6 (float 1e-5, double 1e-12). The references
+// reference, slices, and the layers' tolerances (float 1e-5, double 1e-12). The references
 // themselves are written out in each test, in double, with plain loops.
 #include <weft/comm/transport/local.hpp>
 #include <weft/core/error.hpp>

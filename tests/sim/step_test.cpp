@@ -50,7 +50,7 @@ double ring_or_hierarchical(const std::vector<std::vector<int>>& groups,
   return best;
 }
 
-// Every row within 10%, as issue 9 asks: the tuning rows (the constants were fitted to them) and
+// Every row within 10%: the tuning rows (the constants were fitted to them) and
 // the held-out rows alike.
 TEST(sim_step, published_runs_every_row_within_10_percent_one_constant_set_per_gpu) {
   const auto runs = weft_test::read_published_runs();

@@ -43,11 +43,12 @@ struct calibration {
 // hbm_fraction 0.60..0.90 by 0.05, minimising the largest error: 2.3%;
 // tests/sim/fit_calibration.cpp reruns it, see data/README.md). H100: gemm_peak_fraction
 // fitted to its one tuning row (Llama 3 405B on 8,192 GPUs); the other figures set by hand.
-// Refitted when step.hpp began charging a collective one latency per round instead of per chunk
-// (issue 9's follow-up), when it began charging an unfused gradient accumulation
-// (layout::grad_accumulation_bytes: 0.61 to 0.63, gemm_half_dim 16 to 4), and when MT-NLG's
-// rows took two sequences per micro-batch, which its three published scales imply (0.63 to
-// 0.67; until then the minimax, 6.5%, had sat between MT-NLG read high and SC21 read low).
+// The A100 figures are the fit under the model as it stands: a collective charged one latency
+// per round rather than per chunk, an unfused gradient accumulation charged
+// (layout::grad_accumulation_bytes), and MT-NLG's rows at two sequences per micro-batch, which
+// its three published scales imply. Without the accumulation charge the fit gives
+// gemm_peak_fraction 0.61 and gemm_half_dim 16; with it but one sequence per MT-NLG
+// micro-batch, 0.63 and 4, and a minimax of 6.5% between MT-NLG read high and SC21 read low.
 inline constexpr calibration a100_calibration{"a100-80gb", 0.67, 4, 0.90, 0.77, 0.90, 0};
 inline constexpr calibration h100_calibration{"h100-sxm", 0.71, 200, 0.70, 0.77, 0.90, 20e-6};
 inline constexpr calibration h200_calibration{"h200", 0.71, 200, 0.70, 0.77, 0.90, 20e-6};
