@@ -743,8 +743,9 @@ TEST(two_level, refuses_communicators_that_do_not_match_node_of) {
 }
 
 // A chunk larger than the call (chunk_bytes = SIZE_MAX: "no chunking") takes the call in one
-// chunk. The reduce used to size its working memory by the chunk: SIZE_MAX wrapped to a 1-byte
-// block written past (ASan), 2^36 asked for 64 GiB for 10 floats; and the chunk count wrapped to 0.
+// chunk. A reduce that sized its working memory by the chunk would wrap SIZE_MAX to a 1-byte
+// block written past (ASan) and ask 2^36 for 64 GiB for 10 floats; the chunk count would wrap
+// to 0.
 TEST(two_level, chunks_larger_than_the_call_take_it_in_one) {
   for (const std::size_t chunk_bytes :
        {std::numeric_limits<std::size_t>::max(), std::size_t{1} << 36}) {

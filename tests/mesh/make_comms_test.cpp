@@ -362,8 +362,8 @@ TEST(MakeComms, LocalTransportPlacementErrorDoesNotHang) {
 
 // A world whose ranks are not in device order (an MPI job launched round-robin over the nodes:
 // rank r on device 0, 4, 1, 5, 2, 6, 3, 7 of "2x4"): the placement check follows each rank's
-// device. It used to take rank r for device r, passing a tp group that spans both nodes and
-// refusing one that stays inside a node.
+// device. Taking rank r for device r would pass a tp group that spans both nodes and refuse one
+// that stays inside a node.
 TEST(MakeComms, PlacementFollowsTheDeviceEachRankRunsOn) {
   std::vector<std::string> tp_first(8), dp_first(8);
   weft::local::run(weft::topology::parse("2x4"), [&](weft::local::communicator& c) {

@@ -274,8 +274,8 @@ TEST(executor_errors, construction_checks_boundaries_and_the_schedule) {
 
 // weft::local's sends wait once 64 messages to a peer are unreceived. Interleaved with a group
 // of 130 microbatches on 2 ranks (Megatron-core's microbatch group size, breadth-first) has
-// rank 1 send 65 before rank 0 receives one: refused at construction, where it used to hang
-// until the watchdog blamed the ranks. A group of 129 fits.
+// rank 1 send 65 before rank 0 receives one: refused at construction, rather than hang until
+// the watchdog blames the ranks. A group of 129 fits.
 TEST(executor_errors, a_schedule_that_overfills_a_channel_is_refused_at_construction) {
   weft::local::run(2, [](communicator& c) {
     c.set_timeout(timeout);

@@ -55,8 +55,8 @@ TEST(local_emulation, one_message_takes_latency_plus_bytes_over_bandwidth) {
 // Without emulation the same kind of message is a memory copy: far below what the link
 // would take (0.5 s here, so that a loaded machine cannot reach it).
 // Links slow enough to take longer than the nanosecond clock holds (a latency of 1e10 s, a
-// terabyte at 1 B/s) saturate at "never"; they used to overflow into the past (undefined
-// behaviour), and the message then arrived at once.
+// terabyte at 1 B/s) saturate at "never", rather than overflow into the past (undefined
+// behaviour), where the message would arrive at once.
 TEST(local_emulation, times_past_the_clocks_range_are_never_not_the_past) {
   const auto slow = weft::topology::parse("2x1,inter=net:1B/s:1e10s,nics=1");
   weft::detail::link_pacer pacer(slow);
@@ -77,7 +77,7 @@ TEST(local_emulation, times_past_the_clocks_range_are_never_not_the_past) {
 // A rank's link can be posted to by two of its threads at once: the main thread's pipeline
 // sends and a progress thread's collectives (data_parallel's, ZeRO's) run on communicators of
 // the same device. Every message must hold the link in turn; two that read the same "link
-// free at" used to start together, and the emulated fabric was faster than its links.
+// free at" and started together would make the emulated fabric faster than its links.
 TEST(local_emulation, two_threads_posting_on_one_link_take_it_in_turn) {
   const auto cluster = weft::topology::parse("2x1,inter=net:1MB/s:1us");
   weft::detail::link_pacer pacer(cluster);

@@ -269,8 +269,8 @@ TEST(local, a_reduction_that_throws_fails_the_run_instead_of_hanging) {
   }
 }
 
-// Timeouts: one too long for the clock waits as long as it takes (it used to overflow into the
-// past and fail every wait at once); zero or negative ones are refused where they are set.
+// Timeouts: one too long for the clock waits as long as it takes (not overflowing into the past
+// and failing every wait at once); zero or negative ones are refused where they are set.
 TEST(local, a_timeout_too_long_for_the_clock_means_no_deadline) {
   for (const auto t :
        {std::chrono::milliseconds::max(), std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -296,8 +296,8 @@ TEST(local, a_timeout_too_long_for_the_clock_means_no_deadline) {
   EXPECT_NE(zero.find("set_timeout: the timeout must be positive"), std::string::npos) << zero;
 }
 
-// A plan made for another rank or size is refused before it moves data (it used to run, and
-// read past the group's channels).
+// A plan made for another rank or size is refused before it moves data (run, it would read
+// past the group's channels).
 TEST(local, a_plan_for_another_communicator_is_refused) {
   std::vector<std::string> seen(2);
   weft::local::run(2, [&](weft::local::communicator& c) {
