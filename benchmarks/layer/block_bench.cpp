@@ -4,7 +4,8 @@
 //   gpt:   LayerNorms, multi-head attention with biases, GELU MLP of ffn 4 hidden
 //   llama: RMSNorms, rotary grouped-query attention without biases (kv_heads = heads / 4,
 //          rope_theta 10000), SwiGLU of Llama's ffn rule (2/3 of 4 hidden rounded up to 256: 2816,
-//          whose three matrices hold about the GELU MLP's two of 4 hidden, so the blocks' FLOPs compare)
+//          whose three matrices hold about the GELU MLP's two of 4 hidden, so the blocks'
+//          FLOPs compare)
 //
 //   build/benchmarks/layer_block_bench --benchmark_counters_tabular=true
 //
@@ -78,7 +79,8 @@ struct llama {
   }
 };
 
-/// Seconds per forward + backward at the given TP size: the median of `reps` steps after one warm-up.
+/// Seconds per forward + backward at the given TP size: the median of `reps` steps after one
+/// warm-up.
 template <class Kind>
 double step_seconds(const config& cfg, int tp) {
   std::vector<double> times;

@@ -10,9 +10,9 @@
 //   powers of 1024; anything else, such as 1.5M, is refused with exit status 2)
 //
 // Also rows for bfloat16 and half parameters with fp32 master weights (gradients of the same type,
-// 28 bytes per parameter: master, two moments read and written (24), the gradient read, the 16-bit copy
-// written), and, on one thread, the same step as the functor's plain element loop (`scalar`: what
-// the vectorized loop replaces; compare their GBps with the one-thread rows').
+// 28 bytes per parameter: master, two moments read and written (24), the gradient read, the 16-bit
+// copy written), and, on one thread, the same step as the functor's plain element loop (`scalar`:
+// what the vectorized loop replaces; compare their GBps with the one-thread rows').
 #include <weft/optim/optimizers.hpp>
 
 #include <benchmark/benchmark.h>

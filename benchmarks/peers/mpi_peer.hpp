@@ -3,7 +3,8 @@
 // MPI_Reduce_scatter_block and MPI_Allgather on float sums, timed the same way on every rank.
 //
 //   using namespace weft::bench::mpi_peer;
-//   double s = time_operation(operation::all_reduce, MPI_COMM_WORLD, count, 20);   // seconds per call
+//   // seconds per call
+//   double s = time_operation(operation::all_reduce, MPI_COMM_WORLD, count, 20);
 //   bool ok = check(operation::all_reduce, MPI_COMM_WORLD, count);      // against a plain loop
 //
 // All functions are collective: every rank of `comm` calls them with the same arguments.

@@ -254,7 +254,8 @@ void add_mpi(MPI_Comm comm) {
                   entry{mpi_peer::operation::all_gather, "all_gather"}}) {
     const std::string name = std::string(e.collective) + "/mpi" + std::to_string(p) + "/" +
                              std::string(mpi_peer::name(e.op));
-    // The size is the larger buffer; reduce-scatter and all-gather need at least one float per rank.
+    // The size is the larger buffer; reduce-scatter and all-gather need at least one float per
+    // rank.
     const std::int64_t per_rank_divisor = e.op == mpi_peer::operation::all_reduce ? 1 : p;
     auto* b = benchmark::RegisterBenchmark(name.c_str(), [e, p, comm, per_rank_divisor](
                                                              benchmark::State& state) {

@@ -119,7 +119,8 @@ public:
     if (!json_) throw error("cannot write --json file '" + path + "': " + std::strerror(errno));
   }
 
-  /// Writes the options and every row to the file open_json opened; throws weft::error if that fails.
+  /// Writes the options and every row to the file open_json opened; throws weft::error if that
+  /// fails.
   void write_json(const std::string& topology_text) {
     std::ofstream& f = json_;
     const auto list = [](const auto& items) {

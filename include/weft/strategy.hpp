@@ -4,12 +4,15 @@
 // stage): layer::gpt_model by default, layer::llama_model, or a user's own; the same parameters
 // from the same seed as layer::sequential<Model> on one rank, trained over a TP x PP x DP mesh:
 //
-//   using S = weft::strategy<weft::mesh<weft::tp<2>, weft::pp<2>, weft::dp<2>>, weft::pipeline::interleaved<2>,
-//                            weft::optim::zero<1>, weft::layer::recompute::selective>;
+//   using S = weft::strategy<weft::mesh<weft::tp<2>, weft::pp<2>, weft::dp<2>>,
+//                            weft::pipeline::interleaved<2>, weft::optim::zero<1>,
+//                            weft::layer::recompute::selective>;
 //   weft::local::run(S::size, [&](weft::local::communicator& world) {
-//     auto trainer = S::make(world, {.model = {.vocab = 1000, .hidden = 256, .heads = 8, .seq = 64, .layers = 4},
-//                                    .micro_batch = 2, .global_batch = 16}, weft::optim::adamw{.lr = 1e-3f});
-//     double loss = trainer->train_step(ids, targets);   // the global batch, the same on every rank
+//     auto trainer = S::make(
+//         world, {.model = {.vocab = 1000, .hidden = 256, .heads = 8, .seq = 64, .layers = 4},
+//                 .micro_batch = 2, .global_batch = 16},
+//         weft::optim::adamw{.lr = 1e-3f});
+//     double loss = trainer->train_step(ids, targets);  // the global batch, the same on every rank
 //   });
 //
 // What it wires, per rank (make_comms<Mesh> gives the tp, pp and dp communicators):
@@ -68,10 +71,11 @@
 // bytes() says.
 //
 // Compile-time errors name what to change (a model that lacks a part, a mesh that is no
-// weft::mesh or has context/expert axes, zero_bubble_h1 whose split backward the layers do not provide, sequence parallelism
-// without tensor parallelism, V > 1 chunks on one pipeline stage); run-time errors (weft::error)
-// name the bad value: a world that does not match the mesh, layers that do not split as asked,
-// heads or vocabulary against the TP size, batches that do not divide, a TP group across nodes.
+// weft::mesh or has context/expert axes, zero_bubble_h1 whose split backward the layers do not
+// provide, sequence parallelism without tensor parallelism, V > 1 chunks on one pipeline stage);
+// run-time errors (weft::error) name the bad value: a world that does not match the mesh, layers
+// that do not split as asked, heads or vocabulary against the TP size, batches that do not divide,
+// a TP group across nodes.
 #include <weft/comm/all_gather.hpp>
 #include <weft/comm/all_reduce.hpp>
 #include <weft/comm/broadcast.hpp>
@@ -369,7 +373,8 @@ public:
     for (std::size_t v = 0; v < layout_.size(); ++v)
       first_layer_[v + 1] = first_layer_[v] + layout_[v];
 
-    // This rank's layers: the blocks of its virtual stages, the embedding on the first, the rest on the last.
+    // This rank's layers: the blocks of its virtual stages, the embedding on the first, the rest on
+    // the last.
     const int r = pp_.rank();
     chunks_.resize(chunks);
     for (int c = 0; c < chunks; ++c) {

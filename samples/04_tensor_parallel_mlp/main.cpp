@@ -1,6 +1,6 @@
-// A tensor-parallel MLP (column-parallel -> GELU -> row-parallel), trained with plain SGD to imitate a
-// fixed "teacher" function, on 1 rank and on 2 in-process ranks: the two print the same losses,
-// and weft::traced shows what the split costs: one all-reduce in the forward (after the
+// A tensor-parallel MLP (column-parallel -> GELU -> row-parallel), trained with plain SGD to
+// imitate a fixed "teacher" function, on 1 rank and on 2 in-process ranks: the two print the same
+// losses, and weft::traced shows what the split costs: one all-reduce in the forward (after the
 // row-parallel layer) and one in the backward (of the column-parallel layer's input gradient).
 //
 //   build/samples/04_tensor_parallel_mlp/weft_tensor_parallel_mlp

@@ -6,7 +6,8 @@
 // how much of the step it took, and writes a Chrome trace of the last step (open it in
 // https://ui.perfetto.dev or chrome://tracing).
 //
-//   build/samples/07_train_3d/weft_train_3d [--steps N] [--seed S] [--trace FILE] [--transport local|mpi]
+//   build/samples/07_train_3d/weft_train_3d [--steps N] [--seed S] [--trace FILE]
+//       [--transport local|mpi]
 //   mpirun -n 8 build/samples/07_train_3d/weft_train_3d --transport mpi
 //
 // Under MPI, rank 0 prints; it also runs the 1-rank reference, in-process, while the other seven
@@ -14,8 +15,9 @@
 // flag to skip the reference would save its seconds and leave the 3D losses unchecked). The other
 // ranks send rank 0 their spans of the last step for the table and the trace (steady clock
 // times: one clock on one machine; across machines their rows are offset by the clocks'). MPI is
-// optional at build time: where weft::mpi is missing, --transport mpi is refused. As root, Open MPI also needs OMPI_ALLOW_RUN_AS_ROOT=1
-// OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1, and with fewer cores than 8, mpirun --oversubscribe.
+// optional at build time: where weft::mpi is missing, --transport mpi is refused. As root, Open MPI
+// also needs OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1, and with fewer cores
+// than 8, mpirun --oversubscribe.
 //
 // The data is generated here: each sequence counts up through the vocabulary by a stride of
 // 1 to 8 from a random start, so the next token follows from the last two and the loss can

@@ -6,8 +6,10 @@
 // to float rounding (the model is initialised over the full shapes from one seed, so it is the
 // same model at every TP size).
 //
-//   mpirun -n 2 build/samples/10_device_gpt/weft_device_gpt [--steps N]   # one GPU per process
-//   build/samples/10_device_gpt/weft_device_gpt                            # TP 2 emulated on one GPU
+//   # one GPU per process
+//   mpirun -n 2 build/samples/10_device_gpt/weft_device_gpt [--steps N]
+//   # TP 2 emulated on one GPU
+//   build/samples/10_device_gpt/weft_device_gpt
 //
 // One process per GPU, not one thread per GPU: cudaMalloc and cudaFree in one thread can wait
 // behind an NCCL kernel that another thread's peer has not launched yet (a known NCCL hazard).

@@ -2,8 +2,10 @@
 // on the transport that suits its link: weft::cuda::p2p (peer loads over NVLink) inside a node
 // and NCCL (InfiniBand) across nodes, as one weft::cuda::two_level.
 //
-//   mpirun -n 16 --map-by ppr:8:node build/samples/11_two_level/weft_two_level   # 2 nodes of 8 GPUs
-//   mpirun -n 1 build/samples/11_two_level/weft_two_level                         # one GPU: one level
+//   # 2 nodes of 8 GPUs
+//   mpirun -n 16 --map-by ppr:8:node build/samples/11_two_level/weft_two_level
+//   # one GPU: one level
+//   mpirun -n 1 build/samples/11_two_level/weft_two_level
 //
 // Each rank's gradient holds rank + 1 everywhere, so the sum is p(p+1)/2 in every element:
 // the program checks all of them after each algorithm, then prints the time per call and the

@@ -231,7 +231,8 @@ TEST(LayerCuda, ShapeMismatchIsAnError) {
 }
 
 // LayerNorm on the device: y = xhat gamma + beta, dx = rstd (g - mean(g) - xhat mean(g xhat)) with
-// g = dy gamma, dgamma = sum dy xhat, dbeta = sum dy, written out in double here; dx in place of dy.
+// g = dy gamma, dgamma = sum dy xhat, dbeta = sum dy, written out in double here; dx in place of
+// dy.
 template <class T>
 void check_layer_norm(double tol) {
   const std::size_t rows = 37, hidden = 70;

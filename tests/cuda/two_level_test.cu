@@ -1,8 +1,9 @@
 // weft::cuda::two_level on one GPU: the two levels on their own streams, ordered by
 // stream_runtime (reduce's scratch stream-ordered device memory), against the serial reference:
-// every collective two_level offers, on even, uneven and interleaved nodes. The one-GPU harness (emulated) gives both
-// levels; p2p gives both with peer loads (ranks sharing the device). The p2p + NCCL pairing of
-// cuda/two_level_mpi.cuh needs one GPU per NCCL rank: samples/11_two_level runs it.
+// every collective two_level offers, on even, uneven and interleaved nodes. The one-GPU harness
+// (emulated) gives both levels; p2p gives both with peer loads (ranks sharing the device). The
+// p2p + NCCL pairing of cuda/two_level_mpi.cuh needs one GPU per NCCL rank: samples/11_two_level
+// runs it.
 #include <weft/comm/algorithm/direct.hpp>
 #include <weft/comm/algorithm/ring.hpp>
 #include <weft/comm/algorithm/tree.hpp>

@@ -461,13 +461,16 @@ src, dst = sys.argv[1], sys.argv[2]
 def grid(r, c, k):
     return np.arange(r * c, dtype=np.float64).reshape(r, c) * 0.25 - 2 + k
 t = load_file(src)
-assert t["w"].dtype == np.float32 and np.array_equal(t["w"], grid(3, 4, 0).astype(np.float32)), t["w"]
-assert t["h"].dtype == np.float16 and np.array_equal(t["h"], grid(1, 5, 1).reshape(5).astype(np.float16)), t["h"]
+assert t["w"].dtype == np.float32 and np.array_equal(
+    t["w"], grid(3, 4, 0).astype(np.float32)), t["w"]
+assert t["h"].dtype == np.float16 and np.array_equal(
+    t["h"], grid(1, 5, 1).reshape(5).astype(np.float16)), t["h"]
 assert t["d"].dtype == np.float64 and np.array_equal(t["d"], grid(2, 2, 2)), t["d"]
 with safe_open(src, framework="numpy") as f:
     assert f.metadata() == {"format": "pt", "who": "weft"}, f.metadata()
 save_file({"x": grid(2, 3, 3).astype(np.float32), "y": grid(1, 4, 4).reshape(4).astype(np.float16),
-           "z": grid(3, 1, 5), "n": np.arange(5, dtype=np.int64) - 2}, dst, metadata={"from": "python"})
+           "z": grid(3, 1, 5), "n": np.arange(5, dtype=np.int64) - 2},
+          dst, metadata={"from": "python"})
 )";
   ASSERT_EQ(std::system(("python3 '" + script + "' '" + ours + "' '" + theirs + "'").c_str()), 0)
       << "the reference refused or misread weft's file";

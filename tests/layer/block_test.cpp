@@ -426,7 +426,8 @@ TEST(Block, FullRecomputeKeepsOnlyTheInput) {
     drop.forward(x.view(), y.view());
     EXPECT_EQ(drop.saved_bytes(), x.size() * sizeof(float));
     // Without recompute the block holds at least the first norm's input (as x-hat, in double), this
-    // rank's q/k/v (32 rows x 3 * 8 / 2 columns) and its probabilities (2 sequences x 1 head x 16 x 16).
+    // rank's q/k/v (32 rows x 3 * 8 / 2 columns) and its probabilities
+    // (2 sequences x 1 head x 16 x 16).
     EXPECT_GE(keep.saved_bytes(),
               x.size() * sizeof(double) + (32 * 12 + 2 * 16 * 16) * sizeof(float));
     keep.backward(y.view(), dx1.view());

@@ -1,10 +1,11 @@
-// vocab_parallel_cross_entropy at TP 1..4 over vocabularies of 11 and 203 (uneven at 2, 3 and 4), float
-// and double: the mean loss and d(loss)/d(logits) against log-sum-exp in double; the loss at every
-// TP equal to TP 1's; large logits (stability); no communication in backward; errors. The loss mask:
-// targets equal to the ignore index (-100, or the constructor's) add nothing to the loss and get zero
-// gradient rows; the counted tokens' summed loss over a divisor (0: their count), the gradient over
-// the same divisor; a batch with nothing counted has loss 0 and zero gradient; an ignore index
-// inside the vocabulary, and a target outside it that is not the ignore index, are refused.
+// vocab_parallel_cross_entropy at TP 1..4 over vocabularies of 11 and 203 (uneven at 2, 3 and 4),
+// float and double: the mean loss and d(loss)/d(logits) against log-sum-exp in double; the loss at
+// every TP equal to TP 1's; large logits (stability); no communication in backward; errors. The
+// loss mask: targets equal to the ignore index (-100, or the constructor's) add nothing to the loss
+// and get zero gradient rows; the counted tokens' summed loss over a divisor (0: their count), the
+// gradient over the same divisor; a batch with nothing counted has loss 0 and zero gradient; an
+// ignore index inside the vocabulary, and a target outside it that is not the ignore index, are
+// refused.
 #include <weft/comm/traced.hpp>
 #include <weft/layer/cross_entropy.hpp>
 
@@ -155,7 +156,8 @@ void every_mask() {
     const std::vector<std::int32_t> some = {0, -100, 4, last, -100, 3, 9, 1, -100, 6};
     for (const double divisor : {0.0, 2.5, 20.0})
       check_masked<T>(vocab, some, -100, divisor);
-    // A custom negative ignore index: -100 is then an ordinary (bad) target, tested with the errors.
+    // A custom negative ignore index: -100 is then an ordinary (bad) target, tested with the
+    // errors.
     const std::vector<std::int32_t> custom = {-7, 2, -7, last, 5, 5, -7};
     check_masked<T>(vocab, custom, -7, 0.0);
     check_masked<T>(vocab, custom, -7, 6.0);

@@ -1,7 +1,7 @@
-// The two-block GPT at TP = 2, 3, 4 against the same model at TP = 1: the loss, the logits and every
-// parameter's gradient after one forward and backward, and the losses of three SGD steps, with and
-// without sequence parallelism and under each recompute policy, in float and in double. The
-// vocabulary (37) divides by none of the TP sizes, and the FFN width (40) not by 3.
+// The two-block GPT at TP = 2, 3, 4 against the same model at TP = 1: the loss, the logits and
+// every parameter's gradient after one forward and backward, and the losses of three SGD steps,
+// with and without sequence parallelism and under each recompute policy, in float and in double.
+// The vocabulary (37) divides by none of the TP sizes, and the FFN width (40) not by 3.
 //
 // The TP = 1 model itself is checked against independent references elsewhere (the layers'
 // tests, the block's finite differences); here each rank's shards are put back into full

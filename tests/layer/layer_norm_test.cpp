@@ -26,7 +26,8 @@ struct ln_ref {
   dmat y, dx, dgamma, dbeta;
 };
 
-// y_j = xhat_j g_j + b_j, xhat_j = (x_j - mean) rstd;  d xhat_j / d x_i = rstd (d_ij - 1/n - xhat_i xhat_j / n).
+// y_j = xhat_j g_j + b_j, xhat_j = (x_j - mean) rstd;
+// d xhat_j / d x_i = rstd (d_ij - 1/n - xhat_i xhat_j / n).
 ln_ref reference(const dmat& x, const dmat& dy, const dmat& gamma, const dmat& beta) {
   const std::size_t rows = x.rows(), n = x.cols();
   ln_ref r{dmat(rows, n), dmat(rows, n), dmat(1, n), dmat(1, n)};
@@ -122,7 +123,8 @@ TEST(LayerNorm, MatchesReference) {
   check<float, wl::no_sequence_parallel>(2); // replicated: every rank holds every token
 }
 
-// With the element-wise steps run backwards, as a device may run them (one thread per row or column).
+// With the element-wise steps run backwards, as a device may run them (one thread per row or
+// column).
 TEST(LayerNorm, DoesNotDependOnTheOrderOfItsSteps) {
   check<double, wl::no_sequence_parallel, tl::reversed_elements>(1);
   check<float, wl::sequence_parallel, tl::reversed_elements>(3);

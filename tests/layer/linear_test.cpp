@@ -171,7 +171,8 @@ void check_column(int tp, std::size_t in, std::size_t out, bool gather_output, b
             << where;
         EXPECT_FALSE(params[1].sequence_partial);
       }
-      // Communication: f is the identity forward, an all-reduce backward; SP: all-gather / reduce-scatter.
+      // Communication: f is the identity forward, an all-reduce backward;
+      // SP: all-gather / reduce-scatter.
       auto [want_fwd, want_bwd] = f_ops<T, SP>(tp, tokens, local, in);
       if (tp > 1 && gather_output) {
         want_fwd.push_back({collective::all_gather, tokens * wl::split_range(out, tp, 0).size(),

@@ -3,7 +3,8 @@
 //
 //   GPT-2:  x = wte[id] + wpe[pos];  h = x + attn(ln1(x)),  y = h + fc2(gelu_tanh(fc1(ln2(h))));
 //           logits = ln_f(y) W^T (W the token table when tied); LayerNorm eps 1e-5
-//   Llama:  x = wte[id];  h = x + o(attn(rope(q), rope(k), v)(rms1(x))),  y = h + down(silu(gate a) * up a),
+//   Llama:  x = wte[id];  h = x + o(attn(rope(q), rope(k), v)(rms1(x))),
+//           y = h + down(silu(gate a) * up a),
 //           a = rms2(h); RMSNorm x / sqrt(mean(x^2) + eps) w; RoPE rotate_half with angle
 //           pos theta^(-2i/d); query head h reads kv head h / (heads / kv_heads)
 //   loss:   cross entropy, the mean over the targets that are not -100

@@ -7,10 +7,10 @@
 //   weft::mesh<int>                                  "every parameter must be an axis tag"
 //   weft::mesh<weft::tp<2>, weft::tp<4>>             "an axis kind appears twice"
 //   weft::mesh<weft::tp<-1>>                         "an extent is negative"
-//   weft::mesh<weft::tp<weft::dynamic>, weft::dp<weft::dynamic>>   "at most one axis may be dynamic"
-//   weft::mesh<weft::tp<2>, weft::dp<weft::dynamic>>::size         "call Mesh::resolve(world_size)"
+//   weft::mesh<weft::tp<weft::dynamic>, weft::dp<weft::dynamic>>  "at most one axis may be dynamic"
+//   weft::mesh<weft::tp<2>, weft::dp<weft::dynamic>>::size        "call Mesh::resolve(world_size)"
 //   weft::mesh<weft::tp<2>, weft::dp<weft::dynamic>>::extent<weft::axis::dp>   (same)
-//   static_assert(weft::mesh<weft::tp<2>>::coords(2).tp == 0)      rank out of range: not constant
+//   static_assert(weft::mesh<weft::tp<2>>::coords(2).tp == 0)     rank out of range: not constant
 // clang-format on
 #include <weft/mesh/mesh.hpp>
 

@@ -270,7 +270,8 @@ TEST(checkpoint, parse_header_survives_truncation_and_flips) {
   }
   // Counts kept in an int must fit one (a world of 2^32 + 1 must not wrap to 1).
   const std::string wraps =
-      R"({"format": "weft-checkpoint-index", "generation": 1, "world": 4294967297, "step": 3, "rule": "sgd", )"
+      R"({"format": "weft-checkpoint-index", "generation": 1, "world": 4294967297, "step": 3, )"
+      R"("rule": "sgd", )"
       R"("loss_scale": 1, "good_steps": 0, "slots": [], "files": ["a"], "tensors": []})";
   EXPECT_THROW((void)ck::parse_index(std::as_bytes(std::span(wraps.data(), wraps.size()))), error);
   std::string deep(100, '[');

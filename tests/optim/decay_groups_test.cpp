@@ -399,14 +399,15 @@ TEST(decay_groups_checkpoint, different_decay_flags_are_refused_by_name) {
 TEST(decay_groups_checkpoint, index_decay_flags_parse) {
   const auto parse = [](const std::string& tensors) {
     const std::string text =
-        R"({"format": "weft-checkpoint-index", "generation": 1, "world": 1, "step": 0, "rule": "sgd", )"
+        R"({"format": "weft-checkpoint-index", "generation": 1, "world": 1, "step": 0, )"
+        R"("rule": "sgd", )"
         R"("loss_scale": 1, "good_steps": 0, "slots": [], "files": ["a"], "tensors": [)" +
         tensors + "]}";
     return ck::parse_index(std::as_bytes(std::span(text.data(), text.size())));
   };
-  const auto x = parse(
-      R"({"name": "w", "elements": 4, "decay": true}, {"name": "b", "elements": 2, "decay": false}, )"
-      R"({"name": "old", "elements": 1})");
+  const auto x = parse(R"({"name": "w", "elements": 4, "decay": true}, )"
+                       R"({"name": "b", "elements": 2, "decay": false}, )"
+                       R"({"name": "old", "elements": 1})");
   ASSERT_EQ(x.tensors.size(), 3u);
   EXPECT_EQ(x.tensors[0].decay, std::optional<bool>(true));
   EXPECT_EQ(x.tensors[1].decay, std::optional<bool>(false));

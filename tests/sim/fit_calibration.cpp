@@ -9,8 +9,8 @@
 //   cmake --build build --target sim_fit_calibration && build/tests/sim_fit_calibration
 //
 // hbm_fraction stops at 0.90: elementwise kernels on an A100 do not stream HBM faster than
-// that, and the minimax is nearly flat along it (a grid up to 1.0 found the same 2.3%, so the tie keeps 0.90).
-// Not a test: it takes about a minute, and what it fits the step test checks.
+// that, and the minimax is nearly flat along it (a grid up to 1.0 found the same 2.3%, so the tie
+// keeps 0.90). Not a test: it takes about a minute, and what it fits the step test checks.
 #include <weft/sim/calibration.hpp>
 
 #include <algorithm>

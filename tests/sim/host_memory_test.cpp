@@ -111,9 +111,9 @@ TEST(host_memory, llama_closes_buckets_at_unit_boundaries) {
   EXPECT_EQ(p.embedding, 1600u);
   EXPECT_EQ(p.head, 1632u);
   // Block stash, T = R = 8: norms 2 x (8 x 32 + 8) doubles = 4,224; attention input 8 x 32, q k v
-  // 8 x 32, the output's input (the context) 8 x 16, probabilities 1 x 2 x 8 x 8: (256 + 256 + 128 +
-  // 128) x 4 = 3,072; MLP input 8 x 32, gate, up and down's input 3 x 8 x 128: (256 + 3,072) x 4 =
-  // 13,312. A block 20,608.
+  // 8 x 32, the output's input (the context) 8 x 16, probabilities 1 x 2 x 8 x 8:
+  // (256 + 256 + 128 + 128) x 4 = 3,072; MLP input 8 x 32, gate, up and down's input 3 x 8 x 128:
+  // (256 + 3,072) x 4 = 13,312. A block 20,608.
   // pp 0: units 1,600 | 13,888 | 13,888: buckets 15,488 (1,600 is short of 5,000) and 13,888, both
   // even: 29,376, shard 14,688. AdamW: 2 x (14,688 + 2,064) x 4 = 134,016. 1F1B's first stage holds
   // 2 microbatches of 2 blocks and 8 ids: 2 x (41,216 + 32) = 82,496.
@@ -140,8 +140,8 @@ TEST(host_memory, zero3_shards_weights_and_gathers_buckets) {
   //   gradient buckets      all of them, full size: 61,344
   //   AdamW                 2 x (5,120 + 2,064) x 4 = 57,472
   // Block stash, T = 8: norms 2 x 136 x 8 = 2,176; attention (128 + 384 + 128) x 4 + 4 x 64 x 4 =
-  // 3,584; MLP (128 + 2 x 512) x 4 = 4,608; 10,368. GPipe holds both microbatches: 2 x (4 x 10,368 +
-  // 32).
+  // 3,584; MLP (128 + 2 x 512) x 4 = 4,608; 10,368. GPipe holds both microbatches:
+  // 2 x (4 x 10,368 + 32).
   expect_memory(sim::host_memory_of(small_gpt, l, 0, 0),
                 {.weights = 20448,
                  .gathered_weights = 26256,

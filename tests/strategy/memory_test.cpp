@@ -163,7 +163,8 @@ TEST(memory_strategy, hybrid_zero3_shards_inside_the_group_and_trains_as_one_ran
   std::vector<measured> ranks;
   for (int r = 0; r < S::size; ++r)
     ranks.push_back({accounts[static_cast<std::size_t>(r)], units[static_cast<std::size_t>(r)], 2});
-  // (2 blocks a stage, each a third of the stage's parameters: the shard and 2 units are all of them)
+  // (2 blocks a stage, each a third of the stage's parameters: the shard and 2 units are all of
+  // them)
   expect_sharded_parameters(ranks, 1, "hybrid 1x2x4, groups of 2", false);
 }
 

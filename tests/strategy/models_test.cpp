@@ -43,7 +43,8 @@ namespace recompute = wl::recompute;
 namespace pipeline = weft::pipeline;
 namespace optim = weft::optim;
 
-// The strategy tests' vocabulary and sequence (ts::shape), four query heads sharing two key/value heads.
+// The strategy tests' vocabulary and sequence (ts::shape), four query heads sharing two key/value
+// heads.
 constexpr wl::llama_config llama_shape{.vocab = 53,
                                        .hidden = 16,
                                        .heads = 4,

@@ -1,8 +1,9 @@
 // The simulator's memory of weft's own host trainer (weft::sim::host_memory_of) beside what the
 // trainer counted (trainer->memory()), rank by rank, for the same model and layout: weights,
 // gradients, optimizer state and master weights to the byte, the gathered units and the gradient
-// buckets at their peak too, and the peak activations (asked within 5%; they agree to the byte). The layouts cover TP 1-2, PP 1-2 (1F1B, GPipe and interleaved), DP 1-4, ZeRO 0-3, every
-// recompute policy, sequence parallelism on and off, GPT and Llama.
+// buckets at their peak too, and the peak activations (asked within 5%; they agree to the byte).
+// The layouts cover TP 1-2, PP 1-2 (1F1B, GPipe and interleaved), DP 1-4, ZeRO 0-3, every recompute
+// policy, sequence parallelism on and off, GPT and Llama.
 //
 // The simulator knows the model only from its dimensions and weft's layer and bucket rules
 // (sim/host.hpp); the trainer's account is what its optimizer allocated and its stages stashed.
@@ -125,7 +126,8 @@ void expect_predicted(const typename Model::config& model, std::size_t micro_bat
     EXPECT_EQ(got.gathered_weights.peak, want.gathered_weights) << where;
     EXPECT_EQ(got.gradient_buckets.peak, want.gradient_buckets) << where;
     EXPECT_TRUE(got.activations_counted) << where;
-    // The issue asks for 5%; the simulator walks the schedule with each stash's bytes, so it is exact.
+    // The issue asks for 5%; the simulator walks the schedule with each stash's bytes, so it is
+    // exact.
     EXPECT_EQ(got.activations.peak, want.activations) << where;
   });
 }

@@ -52,7 +52,8 @@ fs::path scratch(const std::string& name) {
   return dir / name;
 }
 
-// Every rank's slices put together into the full tensors (and checked to agree where ranks overlap).
+// Every rank's slices put together into the full tensors (and checked to agree where ranks
+// overlap).
 template <class Trainer>
 void collect(Trainer& t, full_tensors& into, std::mutex& mu) {
   const auto& values = t.parameter_values(); // collective: before the lock
@@ -235,7 +236,8 @@ hf_gpt2 make_hf_gpt2(const wl::gpt_config& c) {
                       w = "block" + std::to_string(l) + ".";
     same(p + "ln_1.weight", w + "ln1.gamma", {h});
     same(p + "ln_1.bias", w + "ln1.beta", {h});
-    // c_attn: in x 3h, output column j = part * h + head * d + i; weft's QKV row = head * 3d + part * d + i.
+    // c_attn: in x 3h, output column j = part * h + head * d + i; weft's QKV row =
+    // head * 3d + part * d + i.
     const auto& qkv = add(p + "attn.c_attn.weight", {h, 3 * h});
     const auto& qkv_b = add(p + "attn.c_attn.bias", {3 * h});
     auto& wq = m.weft[w + "attention.qkv.weight"];

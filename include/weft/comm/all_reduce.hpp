@@ -1,6 +1,7 @@
 #pragma once
 // all_reduce: every rank ends with the reduction over all ranks of their inputs.
-//   weft::all_reduce(comm, std::span(grad));                              // automatic, sum, in place
+//   // automatic, sum, in place
+//   weft::all_reduce(comm, std::span(grad));
 //   weft::all_reduce<weft::algo::ring>(comm, std::span(grad), weft::op::max{});
 //   weft::all_reduce(comm, std::span<const float>(in), std::span(out));   // out of place
 #include <weft/comm/detail/dispatch.hpp>

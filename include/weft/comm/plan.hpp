@@ -63,7 +63,8 @@ constexpr std::string_view name_of(collective c) noexcept {
 ///   all_gather       input count,     output count*p   (block r of output = rank r's input)
 ///   broadcast        input = output,  output count     (root's output holds the data)
 ///   reduce           input count,     output count on the root, maybe empty elsewhere
-///   all_to_all       input count*p,   output count*p   (output block s = rank s's input block `rank`)
+///   all_to_all       input count*p,   output count*p   (output block s = rank s's input block
+///                                                       `rank`)
 enum class buffer : std::uint8_t { input, output, scratch };
 
 enum class step_kind : std::uint8_t {

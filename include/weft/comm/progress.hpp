@@ -8,7 +8,8 @@
 // that verdict and the dump of all ranks' pending operations.
 //
 //   rank 2 | all_reduce #7 (comm 0, rank 2 of 4) | round 1 step 3 of 12 recv_reduce | busy 812 ms
-//   rank 3 | all_reduce #7 (comm 0, rank 3 of 4) | round 1 step 2 of 12 recv | waiting 805 ms on rank 2 to receive from it
+//   rank 3 | all_reduce #7 (comm 0, rank 3 of 4) | round 1 step 2 of 12 recv
+//          | waiting 805 ms on rank 2 to receive from it
 //
 // A record (one per rank per communicator, so a rank's progress thread keeps its own) is
 // written only by the thread using that communicator and read by any: the counters are

@@ -3,12 +3,12 @@
 // reduction runs while the backward goes on queuing kernels on the main stream (the device
 // counterpart of weft::async_communicator's progress thread, comm/async.hpp).
 //
-//   weft::cuda::async_communicator ac(comm);                  // collective: splits comm, side stream
+//   weft::cuda::async_communicator ac(comm);                // collective: splits comm, side stream
 //   ... backward kernels for the last layers on comm.stream() ...
 //   auto w = weft::cuda::all_reduce_async(ac, std::span(d_bucket, n));   // after them, on the side
 //   ... more backward on comm.stream() ...
-//   w.wait(comm.stream());                                    // later work on the main stream waits
-//   w.wait();                                                 // or the host waits (with a deadline)
+//   w.wait(comm.stream());                                  // later work on the main stream waits
+//   w.wait();                                               // or the host waits (with a deadline)
 //
 // A call records an event on the main stream (the parent's stream, ac.stream()), makes the
 // side stream wait for it, so the collective reads the buffer as the main stream left it, and

@@ -50,7 +50,8 @@ WEFT_COLD inline std::string nccl_error_text(ncclResult_t r) {
 } // namespace weft::cuda::detail
 
 /// Runs a CUDA runtime call; on failure throws weft::error naming the call, file:line and the
-/// error, e.g. "weft: cudaMalloc(&p, n) failed at x.cu:12: cudaErrorMemoryAllocation (out of memory)".
+/// error, e.g.
+///   "weft: cudaMalloc(&p, n) failed at x.cu:12: cudaErrorMemoryAllocation (out of memory)".
 #define WEFT_CUDA_TRY(call)                                                                        \
   do {                                                                                             \
     const cudaError_t weft_cuda_status_ = (call);                                                  \

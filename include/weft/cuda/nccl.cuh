@@ -4,11 +4,12 @@
 // send and receive between the ranks, weft's kernels for the local copies and reductions)
 // or, with algo::vendor, with NCCL's own collective.
 //
-//   ncclComm_t comm = ...;  cudaStream_t stream = ...;                     // the program's own
-//   auto c = weft::cuda::nccl::communicator::borrow(comm, stream);         // weft never destroys them
-//   weft::all_reduce(c, std::span(grad, n));                               // grad: device memory
-//   weft::all_reduce<weft::algo::vendor>(c, std::span(grad, n));           // ncclAllReduce itself
-//   auto owned = weft::cuda::nccl::communicator::init_rank(id, rank, size); // non-blocking, weft's own
+//   ncclComm_t comm = ...;  cudaStream_t stream = ...;               // the program's own
+//   auto c = weft::cuda::nccl::communicator::borrow(comm, stream);   // weft never destroys them
+//   weft::all_reduce(c, std::span(grad, n));                         // grad: device memory
+//   weft::all_reduce<weft::algo::vendor>(c, std::span(grad, n));     // ncclAllReduce itself
+//   // non-blocking, weft's own
+//   auto owned = weft::cuda::nccl::communicator::init_rank(id, rank, size);
 //
 // Plan execution. Each round is one ncclGroupStart/ncclGroupEnd holding all of its sends
 // and receives, followed by its local steps in plan order as kernels on the stream (the
@@ -17,9 +18,10 @@
 // and output are one buffer); then, like every recv_reduce, it lands in a temporary, copied
 // or reduced into place when its turn comes. Nothing waits on the host for the data, so a
 // collective can be captured into a CUDA graph; only a non-blocking NCCL call that answers
-// ncclInProgress (ncclGroupEnd while NCCL connects two ranks) is polled until it settles. NCCL ranks cannot load from each other (peer_access is
-// false): a plan with peer-access steps (algo::direct, hierarchical<direct, ...>) is refused
-// with a weft::error before anything is queued, and automatic never picks one.
+// ncclInProgress (ncclGroupEnd while NCCL connects two ranks) is polled until it settles. NCCL
+// ranks cannot load from each other (peer_access is false): a plan with peer-access steps
+// (algo::direct, hierarchical<direct, ...>) is refused with a weft::error before anything is
+// queued, and automatic never picks one.
 //
 // Device memory. The plan's scratch and the temporaries live in one device buffer the
 // communicator keeps and grows to the largest call. It grows stream-ordered: cudaMallocAsync
@@ -70,8 +72,8 @@
 // caller's buffers (detail/comm_state.hpp). So once a call has thrown, its buffers are the
 // caller's. A borrowed one is not aborted (it is the program's, which aborts it and waits for the
 // stream before reusing the call's buffers). options::on_failure chooses between throwing (the
-// default) and ending the job (weft/comm/failure.hpp). Errors found before anything is queued (a bad
-// buffer, a plan for another rank) leave the communicator usable. Destruction is bounded by
+// default) and ending the job (weft/comm/failure.hpp). Errors found before anything is queued (a
+// bad buffer, a plan for another rank) leave the communicator usable. Destruction is bounded by
 // the deadline: ncclCommFinalize polled until NCCL is quiet, then ncclCommDestroy, or else
 // ncclCommAbort. NCCL connects two ranks inside the first call that joins them; with a
 // non-blocking communicator that handshake answers ncclInProgress and so has the deadline too.
@@ -273,9 +275,10 @@ public:
 
   /// Fails the communicator and its family now, with `why` as the failure every later call
   /// quotes, and aborts the NCCL communicator if it is owned (at once, waiting for no peer),
-  /// then waits (at most timeout(), and at least 10 s) for its stream to drain, so that no queued work writes a
-  /// call's buffers once this returns: for a program that learned of a failure elsewhere. Does
-  /// not throw; ends the job only when the stream does not drain (see the header comment).
+  /// then waits (at most timeout(), and at least 10 s) for its stream to drain, so that no queued
+  /// work writes a call's buffers once this returns: for a program that learned of a failure
+  /// elsewhere. Does not throw; ends the job only when the stream does not drain (see the header
+  /// comment).
   void abort(std::string_view why = "aborted by the program") {
     if (comm_.get() == nullptr) return;
     const error e("abort", rank_, error::unknown, why);

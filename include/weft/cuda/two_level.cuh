@@ -8,11 +8,13 @@
 // stream (each leader divides its block), the other collectives' on Intra's. A call's scratch
 // (reduce's, the reordering of interleaved or uniform nodes) is stream-ordered device memory.
 //
-//   weft::cuda::emulated::run(weft::topology::parse("2x4"), [&](weft::cuda::emulated::communicator& world) {
+//   weft::cuda::emulated::run(weft::topology::parse("2x4"),
+//                             [&](weft::cuda::emulated::communicator& world) {
 //     auto tl = weft::make_two_level(world, {}, weft::cuda::stream_runtime{});
 //     weft::all_reduce(tl, std::span(d_grad, n));   // queued on tl.stream() (the intra level's)
 //   });
-//   auto tl = weft::cuda::two_level_from_mpi(MPI_COMM_WORLD);   // p2p + NCCL (cuda/two_level_mpi.cuh)
+//   // p2p + NCCL (cuda/two_level_mpi.cuh)
+//   auto tl = weft::cuda::two_level_from_mpi(MPI_COMM_WORLD);
 //
 // Each step runs with its stream's device current (a thread may drive ranks on several devices),
 // and the event is made there on first use. A stream_runtime is shared by the copies of its

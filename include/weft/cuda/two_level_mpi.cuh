@@ -6,8 +6,9 @@
 //   MPI_Init(&argc, &argv);
 //   cudaSetDevice(local_rank);                               // each process on its GPU first
 //   auto world = weft::cuda::two_level_from_mpi(MPI_COMM_WORLD);
-//   weft::all_reduce(world, std::span(d_grad, n));                                     // automatic at both levels
-//   weft::all_reduce<weft::algo::levels<weft::algo::direct, weft::algo::vendor>>(world, std::span(d_grad, n));
+//   weft::all_reduce(world, std::span(d_grad, n));           // automatic at both levels
+//   weft::all_reduce<weft::algo::levels<weft::algo::direct, weft::algo::vendor>>(
+//       world, std::span(d_grad, n));
 //
 // Nodes are MPI's shared-memory domains (MPI_Comm_split_type). The p2p level runs peer-access
 // plans only: give IntraAlgo = direct or automatic (which picks direct there). Collective over

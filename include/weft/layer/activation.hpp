@@ -12,7 +12,8 @@
 // SiLU (swish, the gate of Llama's SwiGLU MLP), with sigmoid(x) = 1 / (1 + exp(-x)):
 //   silu(x)  = x sigmoid(x)
 //   silu'(x) = sigmoid(x) + x sigmoid(x) (1 - sigmoid(x))
-// in T, with 1 - sigmoid taken as exp(-x) sigmoid(x), which does not cancel where sigmoid is near 1.
+// in T, with 1 - sigmoid taken as exp(-x) sigmoid(x), which does not cancel where sigmoid
+// is near 1.
 //
 //   weft::layer::silu_forward<float>(x, y.view());
 //   weft::layer::silu_backward<float>(x, dy, dx.view());

@@ -4,7 +4,8 @@
 //
 //   q, k, v = column_parallel(x)        this rank's query heads and the key/value heads they use
 //   q, k = rotary(q, k)                 (rope_theta > 0) every head turned by its position
-//   ctx_h = softmax(q_h k_g(h)^T / sqrt(d) + causal mask) v_g(h)  for every local query head h, no communication
+//   ctx_h = softmax(q_h k_g(h)^T / sqrt(d) + causal mask) v_g(h)  for every local query head h,
+//                                       no communication
 //   y = row_parallel(ctx)               all-reduce (sequence_parallel: reduce-scatter)
 //
 // Tokens are rows, sequence by sequence: row b * seq + s is position s of sequence b, so a batch of
@@ -15,10 +16,10 @@
 //   kv_heads = 0 (GPT, multi-head): one fused weight, 3 * hidden x hidden, with head h's query, key
 //       and value rows at [3 h d, 3 h d + 3 d), parameters "qkv.*" and "out.*". A column split at
 //       head boundaries gives each rank whole heads, and the same full weight at every TP size.
-//   kv_heads > 0 (Llama; kv_heads = heads is multi-head in this layout): query head h uses key/value
-//       head g(h) = h / (heads / kv_heads); parameters "q.*", "k.*", "v.*", "o.*" (Hugging Face's
-//       names), q heads x d rows, k and v kv_heads x d rows each. Rank r holds query heads
-//       [r heads/tp, (r + 1) heads/tp) and the key/value heads they use:
+//   kv_heads > 0 (Llama; kv_heads = heads is multi-head in this layout): query head h uses
+//       key/value head g(h) = h / (heads / kv_heads); parameters "q.*", "k.*", "v.*", "o.*"
+//       (Hugging Face's names), q heads x d rows, k and v kv_heads x d rows each. Rank r holds
+//       query heads [r heads/tp, (r + 1) heads/tp) and the key/value heads they use:
 //         tp divides kv_heads:  kv heads [r kv/tp, (r + 1) kv/tp)           (a column split)
 //         kv_heads divides tp:  kv head r / (tp/kv), the same on tp/kv ranks (replicated, as vLLM
 //             and TensorRT-LLM do); each replica's weight and bias gradients are the part from its
@@ -32,10 +33,10 @@
 //   (x_i, x_{i+d/2})  ->  (x_i cos - x_{i+d/2} sin,  x_{i+d/2} cos + x_i sin)
 // after the projection and before the scores; backward turns dq and dk back (the transpose).
 //
-// Tensor ids (init.hpp; two per layer): tensor_id draws the input projection, tensor_id + 1 the output
-// projection. In the grouped layout q, k and v are the row blocks of one (heads + 2 kv_heads) d x
-// hidden tensor drawn as tensor_id: q rows [0, heads d), k rows [heads d, (heads + kv_heads) d), v
-// the rest; so every TP size draws the same model.
+// Tensor ids (init.hpp; two per layer): tensor_id draws the input projection, tensor_id + 1 the
+// output projection. In the grouped layout q, k and v are the row blocks of one
+// (heads + 2 kv_heads) d x hidden tensor drawn as tensor_id: q rows [0, heads d), k rows
+// [heads d, (heads + kv_heads) d), v the rest; so every TP size draws the same model.
 //
 // The attention core keeps the softmax probabilities (batch x local heads x seq x seq) for its
 // backward unless told not to (keep_probabilities(false): selective recompute, recompute.hpp),
@@ -46,11 +47,11 @@
 // projection, and backward sums the query heads' dk and dv into their kv head in a fixed order.
 //
 // With a device GEMM policy (cublas on the communicator's stream) all of it lives in device memory:
-// the softmax and its backward are row stages (exec.hpp: a thread per row and lane, the lanes summed in
-// a fixed order, the host's terms in the host's order) over all of one sequence's heads at once, and
-// each of the core's products is one strided batched cuBLAS GEMM over those heads (gemm.hpp,
-// gemm_strided_batched): launches per sequence, not per head. The rotation, the kv copy and its sum
-// are element functors (exec.hpp).
+// the softmax and its backward are row stages (exec.hpp: a thread per row and lane, the lanes
+// summed in a fixed order, the host's terms in the host's order) over all of one sequence's heads
+// at once, and each of the core's products is one strided batched cuBLAS GEMM over those heads
+// (gemm.hpp, gemm_strided_batched): launches per sequence, not per head. The rotation, the kv copy
+// and its sum are element functors (exec.hpp).
 #include <weft/comm/all_reduce.hpp>
 #include <weft/comm/communicator.hpp>
 #include <weft/core/config.hpp>
@@ -152,8 +153,8 @@ void causal_softmax(const Exec& exec, matrix_view<T> s, row_scratch<T, Space>& s
 }
 
 // The softmax's backward, in place: dp(i, j) = p(i, j) (dp(i, j) - dot(i)) on the causal part, 0
-// above it, with dot(i) = sum_j p(i, j) dp(i, j): 1. (i, l): lanes(i, l) = lane l's part of the dot;
-// 2. (i, 0): dot(i), the lanes in order; 3. (i, j): dp.
+// above it, with dot(i) = sum_j p(i, j) dp(i, j): 1. (i, l): lanes(i, l) = lane l's part of the
+// dot; 2. (i, 0): dot(i), the lanes in order; 3. (i, j): dp.
 template <class T>
 struct causal_lane_dots {
   matrix_view<const T> p;
@@ -288,7 +289,8 @@ public:
                            static_cast<std::size_t>(tp.rank()))),
         bias_(bias) {
     this->check_stream("parallel_attention", tp);
-    // The rows of the stacked full tensor [q; k; v] that this rank holds, drawn where they sit there.
+    // The rows of the stacked full tensor [q; k; v] that this rank holds, drawn where they sit
+    // there.
     matrix<T> w(w_.rows(), hidden);
     const std::size_t kv_rows = kv_.count * d;
     init_normal(w.view().rows_from(0, q_.size()), hidden, q_.begin, 0, seed, tensor_id, init_std);
@@ -553,7 +555,8 @@ public:
                     seq_); // every element written (dP) before it is read
     if (!kept_probs_) detail::reshape(gemm_, probs_, group_ * seq_, seq_);
     // With P the probabilities and dO the context's gradient:
-    //   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(P * dP)),  dQ = scale dS K,  dK = scale dS^T Q.
+    //   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(P * dP)),
+    //   dQ = scale dS K,  dK = scale dS^T Q.
     for (std::size_t k0 = 0; k0 < blocks(); k0 += group_) {
       if (!kept_probs_) { // selective recompute: the group's probabilities again
         scores(k0, probabilities(k0, false));

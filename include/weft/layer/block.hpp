@@ -8,11 +8,12 @@
 // transformer_block; Llama: RMSNorm and SwiGLU, llama.hpp); the attention's options say whether
 // keys and values are grouped, whether projections have biases and whether q and k rotate.
 //
-// Communication per block, forward and backward (tp > 1; with `full` recompute the backward runs the
-// forward's again first):
+// Communication per block, forward and backward (tp > 1; with `full` recompute the backward runs
+// the forward's again first):
 //   no_sequence_parallel: forward 2 all-reduces (attention out, MLP out), backward 2 (their inputs)
 //   sequence_parallel:    forward 2 all-gathers + 2 reduce-scatters, backward the same;
-//                         the LayerNorm and bias gradients are partial (reduce_sequence_parallel_grads)
+//                         the LayerNorm and bias gradients are partial
+//                         (reduce_sequence_parallel_grads)
 //
 // With a device GEMM policy (cublas on the communicator's stream) the whole block, its layer
 // norms and residual adds included, runs in device memory on that stream (exec.hpp).

@@ -48,7 +48,8 @@ namespace weft::layer {
 
 namespace detail {
 
-// The row statistics in stages (exec.hpp, for_each_row_in_stages), token t, with lanes = a row_scratch's:
+// The row statistics in stages (exec.hpp, for_each_row_in_stages), token t, with
+// lanes = a row_scratch's:
 //   1. (t, l): lanes(t, l) = the largest of lane l's logits (lowest if it has none)
 //   2. (t, 0): row_max(t, 0) = the largest of the lanes
 //   (the all-reduce of the maxima over the group)
@@ -229,7 +230,8 @@ public:
     return total / divisor_;
   }
 
-  /// dlogits: tokens x vocab_range().size(), overwritten with d(loss)/d(logits) (0 on ignored tokens).
+  /// dlogits: tokens x vocab_range().size(), overwritten with d(loss)/d(logits) (0 on ignored
+  /// tokens).
   void backward(matrix_view<T> dlogits) {
     static constexpr std::string_view who = "vocab_parallel_cross_entropy::backward";
     if (targets_.empty()) throw error(std::string(who) + ": called before forward");

@@ -88,7 +88,8 @@ public:
   [[nodiscard]] std::size_t vocab() const noexcept { return vocab_; }
   [[nodiscard]] std::size_t hidden() const noexcept { return hidden_; }
 
-  /// ids: every token's id, in [0, vocab). y: tokens x hidden (sequence_parallel: tokens / tp rows).
+  /// ids: every token's id, in [0, vocab). y: tokens x hidden (sequence_parallel: tokens / tp
+  /// rows).
   void forward(std::span<const std::int32_t> ids, matrix_view<T> y) {
     static constexpr std::string_view who = "vocab_parallel_embedding::forward";
     const std::size_t tokens = ids.size();

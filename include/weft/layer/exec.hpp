@@ -7,9 +7,9 @@
 // host tests check the arithmetic the device runs (and, with a policy that visits the elements
 // backwards, that no step depends on the order: tests/layer/reversed_elements.hpp).
 //
-//   using space = weft::layer::space_of<Gemm>;              // host_space or device_space
-//   weft::matrix<T, space> h;                               // a layer's own buffers
-//   detail::resize(gemm, h, tokens, cols);                  // zero-filled, stream-ordered on a device
+//   using space = weft::layer::space_of<Gemm>;          // host_space or device_space
+//   weft::matrix<T, space> h;                           // a layer's own buffers
+//   detail::resize(gemm, h, tokens, cols);              // zero-filled, stream-ordered on a device
 //   detail::for_each_element(gemm, y.rows(), y.cols(), detail::add_row<T>{y, b});
 #include <weft/core/config.hpp>
 #include <weft/core/error.hpp>
@@ -234,7 +234,8 @@ struct row_scratch {
 /// l, l + row_lanes, ... in order, and the lanes are then added in order. A device gives every
 /// (lane, column) its own thread (a warp reads consecutive columns of one row, with 32 times the
 /// threads of one per column); the host adds row after row into lane r % row_lanes, the same terms
-/// in the same order (to rounding on a device: see row_lanes). Sums is a WEFT_HOST_DEVICE functor type with
+/// in the same order (to rounding on a device: see row_lanes). Sums is a WEFT_HOST_DEVICE
+/// functor type with
 ///   lanes        a matrix_view<double>, row_lanes x (ways x columns): its partial sums,
 ///   lane(l, c)   lane l's sums of column c, written to lanes (a device thread's work),
 ///   add(r, c)    row r's terms of column c added to lanes(r % row_lanes, ...) (the host's),

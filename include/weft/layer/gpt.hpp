@@ -6,9 +6,10 @@
 //     -> final LayerNorm -> output layer (column-parallel, no bias; tied to the token table or not)
 //     -> vocab-parallel cross entropy
 //
-//   weft::layer::gpt<float, weft::local::communicator> model(tp, {.vocab = 1000, .hidden = 256, .heads = 8,
-//                                                                 .seq = 64, .layers = 4}, seed);
-//   double loss = model.forward(ids, targets);   // ids, targets: batch * seq tokens, sequence after sequence
+//   weft::layer::gpt<float, weft::local::communicator> model(
+//       tp, {.vocab = 1000, .hidden = 256, .heads = 8, .seq = 64, .layers = 4}, seed);
+//   double loss = model.forward(ids, targets);   // ids, targets: batch * seq tokens, sequence
+//                                                // after sequence
 //   model.backward();                             // gradients accumulate until zero_grad()
 //
 // weft::strategy<..., weft::layer::gpt_model> trains the same model over TP x PP x DP.

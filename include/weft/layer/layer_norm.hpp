@@ -138,8 +138,9 @@ struct layer_norm_param_grads {
   }
 };
 
-// dx's stages, row r: 1. (r, l): lanes(r, l) and lanes(r, row_lanes + l) = the sums of g = dy * gamma
-// and g * xhat over lane l's columns; 2. (r, 0): their means; 3. (r, c): dx (dx may be dy).
+// dx's stages, row r: 1. (r, l): lanes(r, l) and lanes(r, row_lanes + l) = the sums of
+// g = dy * gamma and g * xhat over lane l's columns; 2. (r, 0): their means; 3. (r, c): dx
+// (dx may be dy).
 template <class T>
 struct layer_norm_lane_grads {
   matrix_view<const T> dy;

@@ -12,7 +12,7 @@
 // Under sequence_parallel (policy.hpp) the tokens outside the pair are split over the ranks: the
 // column layer all-gathers its input rows first and reduce-scatters dx; the row layer reduce-
 // scatters y to the rank's rows and all-gathers dy. A column -> row pair is then
-//   all-gather | GEMM | ... | GEMM | reduce-scatter     instead of     GEMM | ... | GEMM | all-reduce.
+//   all-gather | GEMM | ... | GEMM | reduce-scatter   instead of   GEMM | ... | GEMM | all-reduce.
 //
 // Both keep a copy of their (gathered) input between forward and backward; a second forward
 // overwrites it. Gradients accumulate (+=) until zero_grad(). Weights are initialised by

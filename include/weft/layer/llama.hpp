@@ -7,15 +7,17 @@
 //     -> final RMSNorm -> output layer (column-parallel, untied unless tie_embeddings)
 //     -> vocab-parallel cross entropy
 //
-//   weft::layer::llama<float, weft::local::communicator> model(tp, {.vocab = 32000, .hidden = 4096, .heads = 32,
-//       .kv_heads = 8, .ffn = 14336, .seq = 4096, .layers = 32, .rope_theta = 500000}, seed);
+//   weft::layer::llama<float, weft::local::communicator> model(
+//       tp, {.vocab = 32000, .hidden = 4096, .heads = 32, .kv_heads = 8, .ffn = 14336,
+//            .seq = 4096, .layers = 32, .rope_theta = 500000}, seed);
 //
 // Over TP the query heads split evenly; key/value heads split too when TP divides them, and are
 // replicated on the ranks whose query heads use them when TP exceeds them (attention.hpp).
 // weft::strategy<..., weft::layer::llama_model> trains it over TP x PP x DP. Initialisation as
 // for GPT (gpt.hpp): N(0, init_std^2), the attention output and MLP down projections
 // N(0, init_std^2 / (2 layers)), norms 1. Tensor ids: token table 0, block l from 1 + 8 l (the
-// attention's first, the MLP's from 1 + 8 l + 4), output layer 1 + 8 layers (the table's when tied).
+// attention's first, the MLP's from 1 + 8 l + 4), output layer 1 + 8 layers (the table's when
+// tied).
 #include <weft/comm/communicator.hpp>
 #include <weft/layer/block.hpp>
 #include <weft/layer/cblas.hpp>

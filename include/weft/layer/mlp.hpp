@@ -5,7 +5,7 @@
 // block costs one all-reduce forward and one backward (sequence_parallel: an all-gather and a
 // reduce-scatter each way).
 //
-//   weft::layer::parallel_mlp<float, Comm> mlp(tp, 1024, 4096, seed, /*tensor ids*/ 10);   // 10, 11
+//   weft::layer::parallel_mlp<float, Comm> mlp(tp, 1024, 4096, seed, /*tensor ids*/ 10);  // 10, 11
 //   mlp.forward(x, y);      // x, y: tokens x hidden (sequence_parallel: this rank's rows)
 //   mlp.backward(dy, dx);
 //
@@ -86,7 +86,8 @@ public:
     fc2_.zero_grad();
   }
 
-  /// Bytes held from forward for backward (both layers' inputs, fc1's output, scratch); release() frees them.
+  /// Bytes held from forward for backward (both layers' inputs, fc1's output, scratch); release()
+  /// frees them.
   [[nodiscard]] std::size_t saved_bytes() const noexcept {
     return fc1_.saved_bytes() + fc2_.saved_bytes() +
            (h_.size() + a_.size() + da_.size()) * sizeof(T);

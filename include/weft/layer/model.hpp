@@ -5,7 +5,8 @@
 // whole on a single TP group (the one-rank model the strategy is checked against).
 //
 //   struct my_model {
-//     using config = my_config;   // an aggregate with vocab, hidden, seq and layers (and anything else)
+//     using config = my_config;   // an aggregate with vocab, hidden, seq and layers
+//                                 // (and anything else)
 //     template <class T, weft::communicator Comm, class Gemm, class SP, class Recompute>
 //     struct parts {
 //       using embedding = ...;    // embedding(tp, config, seed, gemm)
@@ -18,10 +19,12 @@
 // whether it is replicated over TP, decays, ...), zero_grad(), and stash()/restore() of what its
 // backward needs from its forward, so that a pipeline keeps one set per microbatch in flight:
 //
-//   embedding  forward(ids, y)           ids: a microbatch's tokens; y: rows x hidden (SP: this rank's rows)
+//   embedding  forward(ids, y)           ids: a microbatch's tokens;
+//                                        y: rows x hidden (SP: this rank's rows)
 //              backward(dy)
 //   block      forward(x, y), backward(dy, dx)                         rows x hidden each
-//   head       double forward(x, targets, divisor), backward(dx)     the counted tokens' loss over divisor
+//   head       double forward(x, targets, divisor), backward(dx)     the counted tokens' loss
+//                                                                    over divisor
 //
 // A model whose embedding table and output layer are one matrix says so with a static
 // tied(config); its embedding and head then both have tied_weight() (the strategy sums the two
@@ -219,7 +222,8 @@ void append_parameters(std::vector<parameter<T>>& to, const std::string& prefix,
 /// A whole model on one tensor-parallel group: every block in order, no pipeline.
 ///
 ///   weft::layer::sequential<weft::layer::gpt_model, float, Comm> model(tp, config, seed);
-///   double loss = model.forward(ids, targets);   // batch * seq tokens; the mean over the counted targets
+///   double loss = model.forward(ids, targets);   // batch * seq tokens; the mean over the counted
+///                                                // targets
 ///   model.backward();                             // gradients accumulate until zero_grad()
 ///
 /// Parameter names: "embedding.", "block<l>.", "head." before the stages' own. A tied model
@@ -278,7 +282,8 @@ public:
     const double loss = head_.forward(detail::cview(acts_.back().view()), targets, divisor);
     rows_ = rows;
     // The stages keep what their backward needs. On a device the buffers stay for the next step:
-    // cudaFree and cudaMalloc synchronize the device (and can stall NCCL peers driven by other threads).
+    // cudaFree and cudaMalloc synchronize the device (and can stall NCCL peers driven by other
+    // threads).
     if constexpr (!on_device<Gemm>) {
       for (auto& a : acts_)
         a = {};

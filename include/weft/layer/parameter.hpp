@@ -4,7 +4,7 @@
 // parallel reduction needs to know about it.
 //
 //   for (auto& p : mlp.parameters()) sgd_step(p.value, p.grad, lr);
-//   weft::layer::reduce_sequence_parallel_grads(tp, std::span(params));   // under sequence_parallel
+//   weft::layer::reduce_sequence_parallel_grads(tp, std::span(params));  // under sequence_parallel
 //
 // A replicated parameter (LayerNorm's gamma and beta, the row-parallel bias) is the same on every
 // TP rank. Under sequence parallelism each rank sees only its own tokens, so such a parameter's

@@ -6,7 +6,8 @@
 // the rank's rows and the column-parallel layer starts with an all-gather of them, the same bytes
 // on the wire and 1/tp of the activation memory in between.
 //
-//   weft::layer::column_parallel_linear<float, Comm, cblas, weft::layer::sequence_parallel> fc(...);
+//   weft::layer::column_parallel_linear<float, Comm, cblas, weft::layer::sequence_parallel>
+//       fc(...);
 //
 // Under sequence_parallel the number of tokens must divide by the TP size (else weft::error).
 

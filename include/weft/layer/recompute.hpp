@@ -7,7 +7,8 @@
 //   full       only the block's input; the backward runs the block's forward again first
 //              (its communication too), then its backward
 //
-//   weft::layer::transformer_block<float, Comm, cblas, no_sequence_parallel, recompute::selective> b(...);
+//   weft::layer::transformer_block<float, Comm, cblas, no_sequence_parallel, recompute::selective>
+//       b(...);
 
 #include <concepts>
 

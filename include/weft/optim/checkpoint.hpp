@@ -5,14 +5,14 @@
 //   weft::optim::checkpoint::save(*opt, dp_comm, "ckpt/");   // collective
 //   weft::optim::checkpoint::load(*opt, dp_comm, "ckpt/");   // any DP size, any policy
 //
-//   ckpt/index.json                   {"format": "weft-checkpoint-index", "generation": 3, "world": 4,
-//                                      "step": 5, "rule": "adamw", "slots": ["exp_avg", "exp_avg_sq"],
-//                                      "files": ["g3-rank0-of4.weft", ...],
-//                                      "tensors": [{"name", "elements", "decay"}]}
-//   ckpt/g3-rank0-of4.weft            "WEFTCKPT", u64 little-endian header length L, L bytes of JSON
-//                                     {"rank", "world", "entries": [{"name": "fc1.w/exp_avg", "dtype": "F32",
-//                                      "begin", "end" (elements of the tensor), "offset", "bytes" (in the
-//                                      data), "fnv1a64": "hex"}]}, then the raw little-endian data
+//   ckpt/index.json         {"format": "weft-checkpoint-index", "generation": 3, "world": 4,
+//                            "step": 5, "rule": "adamw", "slots": ["exp_avg", "exp_avg_sq"],
+//                            "files": ["g3-rank0-of4.weft", ...],
+//                            "tensors": [{"name", "elements", "decay"}]}
+//   ckpt/g3-rank0-of4.weft  "WEFTCKPT", u64 little-endian header length L, L bytes of JSON
+//                           {"rank", "world", "entries": [{"name": "fc1.w/exp_avg", "dtype": "F32",
+//                            "begin", "end" (elements of the tensor), "offset", "bytes" (in the
+//                            data), "fnv1a64": "hex"}]}, then the raw little-endian data
 //
 // A rank file holds, for every tensor part in the rank's shard, the fp32 weights (master
 // weights, or the float parameters) and each state slot of the rule; replicas of a shard

@@ -5,11 +5,14 @@
 // weights and, for half, dynamic loss scaling).
 //
 //   weft::optim::param_set ps;  ps.add("fc1.w", {64, 32});  ...
-//   auto opt = weft::optim::make_data_parallel<weft::optim::zero<2>>(dp_comm, ps, weft::optim::adamw{.lr = 1e-3f});
+//   auto opt = weft::optim::make_data_parallel<weft::optim::zero<2>>(
+//       dp_comm, ps, weft::optim::adamw{.lr = 1e-3f});
 //   opt->set_parameters(initial);                // the full model, the same on every rank
-//   auto w = opt->param("fc1.w");                 // zero<3>: gathers fc1.w's bucket, prefetches the next
-//   auto g = opt->grad("fc1.w");  ... g[i] = ...;  opt->grad_ready("fc1.w");   // a complete bucket's
-//                                                // reduction starts now, on the progress thread
+//   auto w = opt->param("fc1.w");                 // zero<3>: gathers fc1.w's bucket, prefetches
+//                                                 // the next
+//   auto g = opt->grad("fc1.w");  ... g[i] = ...;
+//   opt->grad_ready("fc1.w");                    // a complete bucket's reduction starts now,
+//                                                // on the progress thread
 //   opt->step(1.0f / global_batch);              // waits, clips, updates, queues the all-gathers
 //
 // Collectives run on a progress thread (options::overlap) over private splits of the
@@ -179,8 +182,8 @@ public:
     try {
       wait_all();
       mem_.synchronize();
-    } catch (
-        ...) { // NOLINT(bugprone-empty-catch): already reported by the call that waited, or the rank is failing
+    } catch (...) { // NOLINT(bugprone-empty-catch): already reported by the call that waited, or
+                    // the rank is failing
     }
   }
 
@@ -278,7 +281,8 @@ public:
     release_bucket(layout_.tensors()[layout_index(name)].bucket);
   }
 
-  /// Tensor `name`'s gradient, zero at the start of a step; write (or add) it, then call grad_ready.
+  /// Tensor `name`'s gradient, zero at the start of a step; write (or add) it, then call
+  /// grad_ready.
   [[nodiscard]] std::span<P> grad(std::string_view name) {
     const auto& ti = layout_.tensors()[layout_index(name)];
     backward_ = true;
@@ -379,8 +383,8 @@ public:
       const std::size_t stride = slot_stride(layout_.shard_elements());
       const decay_run* runs = decay_runs_.data() + decay_run_first_[bi];
       const std::size_t nruns = decay_run_first_[bi + 1] - decay_run_first_[bi];
-      if (nruns ==
-          1) { // one decay over the whole shard (every shard, when every tensor decays): one plain loop
+      // one decay over the whole shard (every shard, when every tensor decays): one plain loop
+      if (nruns == 1) {
         const update_ref<kernel, P, P> u{
             runs[0].decay ? k : exempt, master, grad_shard(b), state, out, stride};
         mem_.update(u, b.shard, update_threads_);

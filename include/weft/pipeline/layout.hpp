@@ -19,7 +19,8 @@
 
 namespace weft::pipeline {
 
-/// `layers` blocks over `stages` virtual stages, the same number on each; throws unless they divide.
+/// `layers` blocks over `stages` virtual stages, the same number on each; throws unless they
+/// divide.
 [[nodiscard]] inline std::vector<int> even_layout(int layers, int stages) {
   if (stages < 1)
     throw error("weft: pipeline layout: " + std::to_string(stages) + " virtual stages");

@@ -98,8 +98,8 @@ struct model_spec {
 
   /// All weights: the layers, the word embedding, the output layer where it is not tied to the
   /// embedding, and the position embedding. For GPT this is SC21 Eq. 2,
-  /// P = 12 l h^2 (1 + 13/12h + (V + s)/12lh). (Biases and norms are counted as GPT has them, 9h + f
-  /// per layer: a few millionths of a Llama's count too many.)
+  /// P = 12 l h^2 (1 + 13/12h + (V + s)/12lh). (Biases and norms are counted as GPT has them,
+  /// 9h + f per layer: a few millionths of a Llama's count too many.)
   [[nodiscard]] double parameters() const noexcept {
     return layers * layer_parameters() +
            (tied_embeddings ? 1.0 : 2.0) * static_cast<double>(vocab) * h() +

@@ -162,7 +162,8 @@ inline std::string format(const char* fmt, double a, double b = 0, double c = 0,
 
 } // namespace detail
 
-/// "tp 8 pp 35 dp 8, micro-batch 1, 1f1b, recompute full, ZeRO-1" (", DeepSpeed's pipeline engine" last where it runs)
+/// "tp 8 pp 35 dp 8, micro-batch 1, 1f1b, recompute full, ZeRO-1" (", DeepSpeed's pipeline engine"
+/// last where it runs)
 [[nodiscard]] inline std::string describe(const layout& l) {
   std::string s = "tp " + std::to_string(l.tp) + " pp " + std::to_string(l.pp) + " dp " +
                   std::to_string(l.dp) + ", micro-batch " + std::to_string(l.micro_batch) + ", " +

@@ -99,7 +99,8 @@ TYPED_TEST(device_mlp, MatchesSerial) {
               "tp=" + std::to_string(tp) + " rank " + std::to_string(comm.rank());
           auto ps = m.parameters();
           ASSERT_EQ(ps.size(), 4u);
-          // The deterministic initialisation reached the device: this rank's rows of the full weight.
+          // The deterministic initialisation reached the device: this rank's rows of the full
+          // weight.
           EXPECT_LT(tl::rel_err(download(ps[0].value, s),
                                 tl::block(w1_init, fr.begin, fr.size(), 0, hidden)),
                     tol)
@@ -153,7 +154,8 @@ TYPED_TEST(device_mlp, MatchesSerial) {
             EXPECT_EQ(fwd, one) << where;
             EXPECT_EQ(bwd, one) << where;
           }
-          // A second step accumulates: the gradients double, and zero_grad clears them on the device.
+          // A second step accumulates: the gradients double, and zero_grad clears them on the
+          // device.
           m.forward(xd.cview(), yd.view());
           m.backward(dyd.cview(), dxd.view());
           EXPECT_LT(tl::rel_err(download(ps[0].grad, s),

@@ -1,6 +1,6 @@
-// The two-block GPT with its TP group made of MPI processes: each process also trains the same model
-// at TP = 1 on its own (one in-process rank) and checks that its shards of the logits and of every
-// parameter gradient, and the loss of each of three SGD steps, equal that model's, with and
+// The two-block GPT with its TP group made of MPI processes: each process also trains the same
+// model at TP = 1 on its own (one in-process rank) and checks that its shards of the logits and of
+// every parameter gradient, and the loss of each of three SGD steps, equal that model's, with and
 // without sequence parallelism. ctest runs it with 2 and 4 processes (gpt_test.cpp does TP = 2, 3,
 // 4 on threads).
 #include <weft/comm/transport/local.hpp>

@@ -101,7 +101,8 @@ void expect_matches(const weft::strategy_config& config, const std::string& what
   });
 }
 
-// --- Llama: the same checks against layer::llama on one rank (tests/strategy/models_test.cpp on threads)
+// --- Llama: the same checks against layer::llama on one rank
+// (tests/strategy/models_test.cpp on threads)
 constexpr weft::layer::llama_config llama_shape{.vocab = 53,
                                                 .hidden = 16,
                                                 .heads = 4,

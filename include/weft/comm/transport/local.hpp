@@ -2,7 +2,8 @@
 // weft::local: N ranks as threads of one process, sharing an address space.
 //
 //   weft::local::run(4, [](weft::local::communicator& c) { ... });        // 4 ranks, one node
-//   weft::local::run(weft::topology::parse("2x4"), [](auto& c) { ... });  // 8 ranks in 2 emulated nodes
+//   // 8 ranks in 2 emulated nodes
+//   weft::local::run(weft::topology::parse("2x4"), [](auto& c) { ... });
 //
 // Plans run single-copy: a receiver copies or reduces straight from the sender's buffer, and
 // peer-access plans (algo::direct) load from peers' buffers after a sync.

@@ -529,9 +529,9 @@ public:
   }
 
   /// Under on_failure::throw_error, a plan's step larger than this many bytes waits for its
-  /// receiver's credit (see execute); a smaller one goes at once, as MPI sends it eagerly (copied out of the buffer
-  /// before the send completes): 4 KiB, Open MPI's eager limit over shared memory, the
-  /// smallest of its transports'.
+  /// receiver's credit (see execute); a smaller one goes at once, as MPI sends it eagerly (copied
+  /// out of the buffer before the send completes): 4 KiB, Open MPI's eager limit over shared
+  /// memory, the smallest of its transports'.
   static constexpr std::size_t credit_bytes = 4096;
 
 private:

@@ -143,9 +143,9 @@ enum class stream_poll { idle, busy, broken };
   return bound_passed ? comm_action::end_job : comm_action::poll;
 }
 
-/// Ends the job after a failure: prints `what` and `reason` (weft::detail::print_abort_message), then calls
-/// `end` where there is one (MPI_Abort, for a job of MPI processes), then std::abort(). What
-/// on_failure::abort_job does, and what a stream that does not drain after an abort forces.
+/// Ends the job after a failure: prints `what` and `reason` (weft::detail::print_abort_message),
+/// then calls `end` where there is one (MPI_Abort, for a job of MPI processes), then std::abort().
+/// What on_failure::abort_job does, and what a stream that does not drain after an abort forces.
 [[noreturn]] WEFT_COLD inline void end_job(
     std::string_view what, void (*end)() noexcept,
     std::string_view reason = "on_failure::abort_job") noexcept {

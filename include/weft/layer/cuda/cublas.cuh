@@ -1,8 +1,8 @@
 #pragma once
 // The device GEMM policy: cuBLAS on row-major views of device memory, on the policy's stream.
 //
-//   weft::layer::cublas gemm(stream.get());                       // own handle, bound to the stream
-//   gemm(trans::n, trans::t, 1.0f, x, w, 0.0f, y);                // y = x w^T, all device views
+//   weft::layer::cublas gemm(stream.get());                     // own handle, bound to the stream
+//   gemm(trans::n, trans::t, 1.0f, x, w, 0.0f, y);              // y = x w^T, all device views
 //
 // cuBLAS is column-major, and a row-major m x n matrix with leading dimension ld is the column-
 // major n x m matrix (its transpose) with the same ld. So C = op(A) op(B) in row-major is
