@@ -364,9 +364,8 @@ void check_model_parallel_norm() {
   });
 }
 
-TEST(
-    data_parallel,
-    clipping_norm_spans_tensor_parallel_ranks_counting_replicated_tensors_once_and_tied_copies_never) {
+TEST(data_parallel,
+     clipping_norm_spans_tp_ranks_counting_replicated_tensors_once_and_tied_copies_never) {
   check_model_parallel_norm<wo::zero<0>>();
   check_model_parallel_norm<wo::zero<1>>();
   check_model_parallel_norm<wo::zero<3>>();

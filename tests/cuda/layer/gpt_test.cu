@@ -3,11 +3,11 @@
 // TP = 1..4, with and without sequence parallelism, under each recompute policy, float and double,
 // against the host model at TP = 1 (cblas, host memory; itself checked against independent
 // references by tests/layer): the loss, the logits and every gradient after one step, and the
-// losses of three SGD steps (the update a kernel on each rank's stream), to the layer tests' tolerances.
-// The vocabulary (37) divides by none of the TP sizes. And one device block's collectives,
-// counted by weft::traced at TP 2: two all-reduces each way (sequence parallelism: two all-gathers
-// and two reduce-scatters; full recompute repeats the forward's). Skipped, with the reason,
-// without a GPU.
+// losses of three SGD steps (the update a kernel on each rank's stream), to the layer tests'
+// tolerances. The vocabulary (37) divides by none of the TP sizes. And one device block's
+// collectives, counted by weft::traced at TP 2: two all-reduces each way (sequence parallelism:
+// two all-gathers and two reduce-scatters; full recompute repeats the forward's). Skipped, with
+// the reason, without a GPU.
 #include <weft/comm/traced.hpp>
 #include <weft/cuda/emulated.cuh>
 #include <weft/layer/cuda/cublas.cuh>
