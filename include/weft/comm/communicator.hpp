@@ -69,10 +69,14 @@ inline constexpr bool sends_messages_for =
 
 } // namespace detail
 
-/// A communicator that can run algorithm A's plans (capabilities.hpp): plans that load from
-/// every peer need peer_access, plans that send need a communicator that sends.
+/// A communicator that can run the plans of algorithm A, a tag that makes plans
+/// (A::make_plan; not vendor, which calls the transport's own collectives, nor two_level's
+/// levels<>): plans that load from every peer need peer_access (capabilities.hpp), plans that
+/// send need a communicator that sends.
 template <class C, class A>
-concept runs_algorithm =
-    plan_executor<C> && detail::lends_peer_access_for<C, A> && detail::sends_messages_for<C, A>;
+concept runs_algorithm = requires(const plan_request& q) {
+  { A::make_plan(q) } -> std::same_as<plan>;
+}
+&&plan_executor<C>&& detail::lends_peer_access_for<C, A>&& detail::sends_messages_for<C, A>;
 
 } // namespace weft

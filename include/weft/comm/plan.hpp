@@ -374,11 +374,18 @@ private:
   bool open_ = false;
 };
 
-/// Throws weft::error unless elements [offset, offset + count) lie inside a buffer of
-/// `size` elements. The one bounds check of a step's range, on every executor.
+/// Whether elements [offset, offset + count) lie inside a buffer of `size` elements (without
+/// wrapping past SIZE_MAX): the one test of a step's range, on every executor.
+[[nodiscard]] constexpr bool step_range_fits(std::size_t offset, std::size_t count,
+                                             std::size_t size) noexcept {
+  return offset <= size && count <= size - offset;
+}
+
+/// Throws weft::error unless step_range_fits(offset, count, size): how the transports check a
+/// step's range.
 inline void check_step_range(std::size_t offset, std::size_t count, std::size_t size,
                              std::string_view operation, int rank) {
-  if (offset > size || count > size - offset) {
+  if (!step_range_fits(offset, count, size)) {
     throw error(operation, rank, error::unknown,
                 "plan step addresses elements [" + std::to_string(offset) + ", " +
                     std::to_string(offset + count) + ") of a buffer of " + std::to_string(size));

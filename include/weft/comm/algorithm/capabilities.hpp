@@ -72,7 +72,9 @@ struct capabilities {
 };
 
 /// A's capabilities: A::caps, or for a tag that declares none, the collectives its serves()
-/// accepts, with plans that send and receive and never load.
+/// accepts, with plans that send and receive and never load, unless the tag says otherwise
+/// with the members `needs_peer_access` (its plans always load from peers) or
+/// `needs_messages` (false: they never send), which user tags may still declare instead.
 template <class A>
 inline constexpr capabilities capabilities_of = [] {
   if constexpr (requires { A::caps; }) {
@@ -83,7 +85,14 @@ inline constexpr capabilities capabilities_of = [] {
       const auto c = static_cast<collective>(i);
       if (every_collective.contains(c) && A::serves(c)) s = s.with(c);
     }
-    return capabilities{.serves = s};
+    capabilities caps{.serves = s};
+    if constexpr (requires { A::needs_peer_access; }) {
+      if (static_cast<bool>(A::needs_peer_access)) caps.loads = peer_loads::always;
+    }
+    if constexpr (requires { A::needs_messages; }) {
+      caps.messages = static_cast<bool>(A::needs_messages);
+    }
+    return caps;
   }
 }();
 

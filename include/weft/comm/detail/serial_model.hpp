@@ -63,7 +63,7 @@ void run_serial(const std::vector<plan>& plans, std::vector<model_rank<T>>& rank
     std::vector<T>& v = b == buffer::scratch
                             ? rk.scratch
                             : (b == buffer::input && !rk.in_place ? rk.input : rk.output);
-    if (off + n > v.size()) {
+    if (!step_range_fits(off, n, v.size())) {
       throw error("serial model: range [" + std::to_string(off) + ", +" + std::to_string(n) +
                   ") outside buffer of " + std::to_string(v.size()) + " elements at " +
                   where(r, i));

@@ -510,7 +510,7 @@ private:
       }
     };
     if (staged) { // the peer's staging area of this call, the only buffer a staged plan reads
-      if (b != buffer::scratch || (off + n) * sizeof(T) > max_staged_scratch_bytes) {
+      if (b != buffer::scratch || !step_range_fits(off, n, max_staged_scratch_bytes / sizeof(T))) {
         throw error(operation, rank_, peer,
                     "a staged plan may load only from its peers' staging area");
       }
@@ -521,7 +521,7 @@ private:
     const auto& s = group_->slots[static_cast<std::size_t>(peer)];
     same_count(s.count);
     const auto i = static_cast<std::size_t>(b);
-    if (off + n > s.sizes[i]) {
+    if (!step_range_fits(off, n, s.sizes[i])) {
       throw error(operation, rank_, peer,
                   "plan loads elements [" + std::to_string(off) + ", " + std::to_string(off + n) +
                       ") of a peer buffer of " + std::to_string(s.sizes[i]));

@@ -236,7 +236,7 @@ inline p2p_call_layout p2p_lay_out_call(const plan& pl, int rank, int size,
       return;
     }
     const std::size_t have = lay.capacity[static_cast<std::size_t>(b)];
-    if (n > have || off > have - n) {
+    if (!step_range_fits(off, n, have)) {
       throw error(operation, rank, q,
                   "plan loads elements [" + std::to_string(off) + ", " + std::to_string(off + n) +
                       ") of a peer's " + std::string(p2p_buffer_name(b)) + " region of " +
