@@ -2,9 +2,9 @@
 // What an algorithm serves and needs, declared once on its tag:
 //
 //   struct ring {
-//     static constexpr capabilities caps{.serves =
-//     every_collective.without(collective::all_to_all)}; static constexpr bool serves(collective c)
-//     { return caps.serves.contains(c); }
+//     static constexpr capabilities caps{
+//         .serves = every_collective.without(collective::all_to_all)};
+//     static constexpr bool serves(collective c) { return caps.serves.contains(c); }
 //     ...
 //   };
 //

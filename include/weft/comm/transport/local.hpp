@@ -326,8 +326,8 @@ public:
     }
     T* scratch = staged ? static_cast<T*>(group_->staging(rank_, staged_calls_))
                         : scratch_.get<T>(pl.scratch_count());
-    const plan_buffers<T> buffers{// input is only ever read
-                                  {const_cast<T*>(in), out, scratch},
+    // The input is only ever read.
+    const plan_buffers<T> buffers{{const_cast<T*>(in), out, scratch},
                                   {in_count, out_count, pl.scratch_count()},
                                   operation,
                                   rank_};

@@ -455,8 +455,8 @@ public:
     }
     const recorded scope(*this, operation, pl.steps().size());
     T* const scratch = scratch_.get<T>(pl.scratch_count());
-    const plan_buffers<T> buffers{// input is only ever read
-                                  {const_cast<T*>(in), out, scratch},
+    // The input is only ever read.
+    const plan_buffers<T> buffers{{const_cast<T*>(in), out, scratch},
                                   {in_count, out_count, pl.scratch_count()},
                                   operation,
                                   rank_};

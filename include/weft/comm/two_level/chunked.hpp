@@ -22,17 +22,17 @@ void two_level<Intra, Inter, Runtime>::all_reduce(const T* in, T* out, std::size
   check_levels<Algo>();
   using IA = typename Algo::intra;
   using OA = typename Algo::inter;
-  if (nodes_ == 1) {
+  if (layout_.nodes() == 1) {
     run_all_reduce<IA>(intra_, in, out, count, op);
     return;
   }
-  if (nodes_ == size()) { // one rank per node
+  if (layout_.nodes() == size()) { // one rank per node
     inter_alone([&] { run_all_reduce<OA>(inter_, in, out, count, op); });
     return;
   }
   if constexpr (IA::serves(collective::reduce_scatter) && IA::serves(collective::all_gather)) {
-    if (uniform_) {
-      const std::size_t head = count - count % to_size(min_ranks_);
+    if (layout_.uniform()) {
+      const std::size_t head = count - count % to_size(layout_.min_ranks_per_node());
       all_reduce_uniform<IA, OA>(in, out, head, op);
       in += head;
       out += head;
@@ -47,7 +47,7 @@ void two_level<Intra, Inter, Runtime>::all_reduce(const T* in, T* out, std::size
   const auto span_of = [&](std::size_t k) { return chunk_span(k, chunk, count); };
   const auto reduce_chunk = [&](std::size_t k) {
     const auto [first, len] = span_of(k);
-    for (int j = 0; j < min_ranks_; ++j) {
+    for (int j = 0; j < layout_.min_ranks_per_node(); ++j) {
       const auto [b, e] = block(len, j);
       if (b == e) continue;
       const std::span<const T> src(in + first + b, e - b);
@@ -64,7 +64,7 @@ void two_level<Intra, Inter, Runtime>::all_reduce(const T* in, T* out, std::size
   };
   const auto broadcast_chunk = [&](std::size_t k) {
     const auto [first, len] = span_of(k);
-    for (int j = 0; j < min_ranks_; ++j) {
+    for (int j = 0; j < layout_.min_ranks_per_node(); ++j) {
       const auto [b, e] = block(len, j);
       if (b != e) weft::broadcast<IA>(intra_, std::span<T>(out + first + b, e - b), j);
     }
@@ -93,16 +93,17 @@ void two_level<Intra, Inter, Runtime>::broadcast(T* data, std::size_t count, int
   using OA = typename Algo::inter;
   const int root_node = layout_.node[to_size(root)];
   const int root_local = layout_.local[to_size(root)];
-  if (nodes_ == 1 || nodes_ == size()) { // one level: one node, or one rank per node
-    if (nodes_ == 1)
+  if (layout_.nodes() == 1 ||
+      layout_.nodes() == size()) { // one level: one node, or one rank per node
+    if (layout_.nodes() == 1)
       weft::broadcast<IA>(intra_, std::span<T>(data, count), root_local);
     else
       inter_alone([&] { weft::broadcast<OA>(inter_, std::span<T>(data, count), root_node); });
     return;
   }
   if constexpr (IA::serves(collective::all_gather)) {
-    if (uniform_) {
-      const std::size_t head = count - count % to_size(min_ranks_);
+    if (layout_.uniform()) {
+      const std::size_t head = count - count % to_size(layout_.min_ranks_per_node());
       broadcast_uniform<IA, OA>(data, head, root);
       data += head;
       count -= head; // fewer than L elements left: by blocks below
@@ -138,7 +139,7 @@ void two_level<Intra, Inter, Runtime>::broadcast(T* data, std::size_t count, int
         runtime_(inter_, intra_);
       }
       const auto [first, len] = chunk_span(k, chunk, count);
-      for (int j = 0; j < min_ranks_; ++j) {
+      for (int j = 0; j < layout_.min_ranks_per_node(); ++j) {
         const auto [b, e] = block(len, j);
         if (b != e) weft::broadcast<IA>(intra_, std::span<T>(data + first + b, e - b), j);
       }
@@ -157,18 +158,18 @@ void two_level<Intra, Inter, Runtime>::reduce(const T* in, T* out, std::size_t c
   const int root_node = layout_.node[to_size(root)];
   const int root_local = layout_.local[to_size(root)];
   const bool at_root = rank_ == root;
-  if (nodes_ == 1 || nodes_ == size()) {
+  if (layout_.nodes() == 1 || layout_.nodes() == size()) {
     const std::span<const T> src(in, count);
     const std::span<T> dst(out, at_root ? count : 0);
-    if (nodes_ == 1)
+    if (layout_.nodes() == 1)
       weft::reduce<IA>(intra_, src, dst, root_local, op);
     else
       inter_alone([&] { weft::reduce<OA>(inter_, src, dst, root_node, op); });
     return;
   }
   if constexpr (IA::serves(collective::reduce_scatter) && IA::serves(collective::all_gather)) {
-    if (uniform_) {
-      const std::size_t head = count - count % to_size(min_ranks_);
+    if (layout_.uniform()) {
+      const std::size_t head = count - count % to_size(layout_.min_ranks_per_node());
       reduce_uniform<IA, OA>(in, out, head, root, op);
       in += head;
       out += at_root ? head : 0;
@@ -186,13 +187,13 @@ void two_level<Intra, Inter, Runtime>::reduce(const T* in, T* out, std::size_t c
   // root's node the ranks that only pass blocks on to the root receive them into `sink`.
   // (sized by the longest chunk there is: chunk_bytes may well exceed the whole call)
   const std::size_t longest = std::min(chunk, count);
-  const std::size_t slot =
-      (longest + static_cast<std::size_t>(min_ranks_) - 1) / static_cast<std::size_t>(min_ranks_);
+  const std::size_t slot = (longest + static_cast<std::size_t>(layout_.min_ranks_per_node()) - 1) /
+                           static_cast<std::size_t>(layout_.min_ranks_per_node());
   auto part = runtime_.template scratch<T>(intra_, lead ? chunks * slot : 0);
   auto sink = runtime_.template scratch<T>(intra_, on_root_node && !at_root ? slot : 0);
   const auto reduce_within = [&](std::size_t k) {
     const auto [first, len] = chunk_span(k, chunk, count);
-    for (int j = 0; j < min_ranks_; ++j) {
+    for (int j = 0; j < layout_.min_ranks_per_node(); ++j) {
       const auto [b, e] = block(len, j);
       if (b == e) continue;
       // Only rank j receives (part is empty on the others: no pointer into it there).
@@ -212,7 +213,7 @@ void two_level<Intra, Inter, Runtime>::reduce(const T* in, T* out, std::size_t c
   };
   const auto hand_to_root = [&](std::size_t k) {
     const auto [first, len] = chunk_span(k, chunk, count);
-    for (int j = 0; j < min_ranks_; ++j) {
+    for (int j = 0; j < layout_.min_ranks_per_node(); ++j) {
       const auto [b, e] = block(len, j);
       if (b == e || j == root_local) continue;
       T* const buf = at_root ? out + first + b : local_ == j ? part.data() + k * slot : sink.data();

@@ -143,9 +143,8 @@ public:
     // Node-major order (nodes numbered by first rank, a node's ranks in world order): each
     // rank's node, its index there, each node's size and first position; where each rank's
     // block sits when every node's blocks are kept together.
-    nodes_ = layout_.nodes();
-    node_first_.assign(to_size(nodes_), 0);
-    for (int c = 1; c < nodes_; ++c)
+    node_first_.assign(to_size(layout_.nodes()), 0);
+    for (int c = 1; c < layout_.nodes(); ++c)
       node_first_[to_size(c)] = node_first_[to_size(c - 1)] + ranks_on(c - 1);
     pos_.resize(to_size(size));
     contiguous_ = true;
@@ -155,8 +154,6 @@ public:
     }
     color_ = layout_.node[to_size(rank_)];
     local_ = layout_.local[to_size(rank_)];
-    min_ranks_ = layout_.min_ranks_per_node();
-    uniform_ = layout_.uniform();
     const int mine = ranks_on(color_);
     const auto with_local = static_cast<int>(std::count_if(
         layout_.ranks.begin(), layout_.ranks.end(),
@@ -190,12 +187,14 @@ public:
   [[nodiscard]] int size() const noexcept { return static_cast<int>(node_of_.size()); }
   [[nodiscard]] const std::vector<int>& node_of() const noexcept { return node_of_; }
   /// The fewest ranks on a node: the blocks of an all-reduce, and the leaders per node.
-  [[nodiscard]] int min_ranks_per_node() const noexcept { return min_ranks_; }
+  [[nodiscard]] int min_ranks_per_node() const noexcept { return layout_.min_ranks_per_node(); }
   [[deprecated("use min_ranks_per_node()")]] [[nodiscard]] int leaders() const noexcept {
-    return min_ranks_;
+    return layout_.min_ranks_per_node();
   }
-  [[nodiscard]] int nodes() const noexcept { return nodes_; }
-  [[nodiscard]] bool leader() const noexcept { return intra_.rank() < min_ranks_; }
+  [[nodiscard]] int nodes() const noexcept { return layout_.nodes(); }
+  [[nodiscard]] bool leader() const noexcept {
+    return intra_.rank() < layout_.min_ranks_per_node();
+  }
   [[nodiscard]] Intra& intra() noexcept { return intra_; }
   [[nodiscard]] Inter& inter() noexcept { return inter_; }
   [[nodiscard]] const two_level_options& options() const noexcept { return opt_; }
@@ -274,7 +273,7 @@ private:
   /// in which one Intra reduce_scatter (all_gather) of N blocks per rank meets, on each local
   /// rank, the blocks of its local index on every node.
   [[nodiscard]] std::size_t local_major(std::size_t r) const noexcept {
-    return to_size(layout_.local[r]) * to_size(nodes_) + to_size(layout_.node[r]);
+    return to_size(layout_.local[r]) * to_size(layout_.nodes()) + to_size(layout_.node[r]);
   }
 
   /// all_reduce on uniform nodes (L ranks each) of a count that L divides, where IntraAlgo plans
@@ -342,9 +341,9 @@ private:
     std::vector<rank_piece> ps;
     const std::size_t chunk = chunk_elements<T>();
     std::size_t slot = 0;
-    for (int c = 0; c < nodes_; ++c) {
+    for (int c = 0; c < layout_.nodes(); ++c) {
       for (int i = 0; i < ranks_on(c); ++i) {
-        const int leader = i % min_ranks_;
+        const int leader = i % layout_.min_ranks_per_node();
         for (std::size_t first = 0; first < n; first += chunk) {
           const std::size_t len = std::min(chunk, n - first);
           ps.push_back({c, i, leader, first, len, to_size(node_first_[to_size(c)] + i) * n + first,
@@ -372,7 +371,7 @@ private:
   /// The uniform paths' chunk: chunk_bytes rounded down to a multiple of L elements, at least L.
   template <class T>
   [[nodiscard]] std::size_t uniform_chunk() const noexcept {
-    const auto L = to_size(min_ranks_);
+    const auto L = to_size(layout_.min_ranks_per_node());
     return std::max(L, chunk_elements<T>() / L * L);
   }
   static std::size_t chunk_count(std::size_t count, std::size_t chunk) noexcept {
@@ -387,7 +386,7 @@ private:
   }
   /// [begin, end) of block j of a chunk of len elements: m blocks, sizes within one.
   [[nodiscard]] std::pair<std::size_t, std::size_t> block(std::size_t len, int j) const noexcept {
-    const auto m = static_cast<std::size_t>(min_ranks_);
+    const auto m = static_cast<std::size_t>(layout_.min_ranks_per_node());
     return {len * static_cast<std::size_t>(j) / m, len * static_cast<std::size_t>(j + 1) / m};
   }
   template <class A, class C, class T, class Op>
@@ -406,15 +405,12 @@ private:
   int rank_ = 0;
   two_level_options opt_;
   Runtime runtime_;
-  int nodes_ = 1;
   detail::node_layout layout_; // nodes numbered by first rank, as the inter communicators rank them
   std::vector<int> node_first_; // by node: its first position in node-major order
   std::vector<int> pos_;        // world rank -> node-major position
   bool contiguous_ = true;      // node-major order is world order
   int local_ = 0;               // this rank's index on its node (Intra's rank)
   int color_ = 0; // this rank's node, numbered by first rank (the inter communicators' rank of it)
-  int min_ranks_ = 1;
-  bool uniform_ = true; // every node has min_ranks_ ranks
 };
 
 /// A two_level of one transport, split from `world` by its node_of(): Intra = the ranks of

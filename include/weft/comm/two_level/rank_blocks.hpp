@@ -27,13 +27,13 @@ void two_level<Intra, Inter, Runtime>::reduce_scatter(const T* in, T* out, std::
   const auto p = static_cast<std::size_t>(size());
   // One level, where its algorithm plans a reduce_scatter (else the pieces below work too).
   if constexpr (IA::serves(collective::reduce_scatter)) {
-    if (nodes_ == 1) {
+    if (layout_.nodes() == 1) {
       weft::reduce_scatter<IA>(intra_, std::span<const T>(in, n * p), std::span<T>(out, n), op);
       return;
     }
   }
   if constexpr (OA::serves(collective::reduce_scatter)) {
-    if (nodes_ == size()) {
+    if (layout_.nodes() == size()) {
       inter_alone([&] {
         weft::reduce_scatter<OA>(inter_, std::span<const T>(in, n * p), std::span<T>(out, n), op);
       });
@@ -42,7 +42,7 @@ void two_level<Intra, Inter, Runtime>::reduce_scatter(const T* in, T* out, std::
   }
   if (n == 0) return;
   if constexpr (IA::serves(collective::reduce_scatter) && OA::serves(collective::reduce_scatter)) {
-    if (uniform_) {
+    if (layout_.uniform()) {
       reduce_scatter_uniform<IA, OA>(in, out, n, op);
       return;
     }
@@ -59,12 +59,13 @@ void two_level<Intra, Inter, Runtime>::reduce_scatter(const T* in, T* out, std::
   const auto pieces = rank_pieces<T>(n);
   const bool lead = leader();
   std::size_t carried = 0; // a leader's rank blocks (i mod m == its local rank)
-  for (int c = 0; c < nodes_; ++c) {
+  for (int c = 0; c < layout_.nodes(); ++c) {
     for (int i = 0; i < ranks_on(c); ++i)
-      carried += lead && i % min_ranks_ == local_;
+      carried += lead && i % layout_.min_ranks_per_node() == local_;
   }
   auto part = runtime_.template scratch<T>(intra_, carried * n);
-  const bool extras_here = ranks_on(color_) > min_ranks_; // blocks handed on by a broadcast
+  const bool extras_here =
+      ranks_on(color_) > layout_.min_ranks_per_node(); // blocks handed on by a broadcast
   auto sink =
       runtime_.template scratch<T>(intra_, extras_here ? std::min(n, chunk_elements<T>()) : 0);
   const auto within = [&](const rank_piece& q) {
@@ -111,13 +112,13 @@ void two_level<Intra, Inter, Runtime>::all_gather(const T* in, T* out, std::size
   using OA = typename Algo::inter;
   const auto p = static_cast<std::size_t>(size());
   if constexpr (IA::serves(collective::all_gather)) {
-    if (nodes_ == 1) {
+    if (layout_.nodes() == 1) {
       weft::all_gather<IA>(intra_, std::span<const T>(in, n), std::span<T>(out, n * p));
       return;
     }
   }
   if constexpr (OA::serves(collective::all_gather)) {
-    if (nodes_ == size()) {
+    if (layout_.nodes() == size()) {
       inter_alone([&] {
         weft::all_gather<OA>(inter_, std::span<const T>(in, n), std::span<T>(out, n * p));
       });
@@ -126,7 +127,7 @@ void two_level<Intra, Inter, Runtime>::all_gather(const T* in, T* out, std::size
   }
   if (n == 0) return;
   if constexpr (IA::serves(collective::all_gather) && OA::serves(collective::all_gather)) {
-    if (uniform_) {
+    if (layout_.uniform()) {
       all_gather_uniform<IA, OA>(in, out, n);
       return;
     }

@@ -56,7 +56,7 @@ void two_level<Intra, Inter, Runtime>::reduce_by_blocks(const T* in, std::size_t
                                                         const Op& sop, const Across& across,
                                                         const Into& into) {
   if (count == 0) return;
-  const auto L = to_size(min_ranks_);
+  const auto L = to_size(layout_.min_ranks_per_node());
   const std::size_t chunk = uniform_chunk<T>();
   const std::size_t chunks = chunk_count(count, chunk);
   auto part = runtime_.template scratch<T>(intra_, count / L);
@@ -89,7 +89,7 @@ template <communicator Intra, communicator Inter, class Runtime>
 template <class IA, class OA, class T>
 void two_level<Intra, Inter, Runtime>::broadcast_uniform(T* data, std::size_t count, int root) {
   if (count == 0) return;
-  const auto L = to_size(min_ranks_);
+  const auto L = to_size(layout_.min_ranks_per_node());
   const int root_node = layout_.node[to_size(root)];
   const std::size_t chunk = uniform_chunk<T>();
   const std::size_t chunks = chunk_count(count, chunk);
@@ -126,7 +126,7 @@ template <class IA, class OA, class T, class Op>
 void two_level<Intra, Inter, Runtime>::reduce_scatter_uniform(const T* in, T* out, std::size_t n,
                                                               const Op& op) {
   const auto p = to_size(size());
-  const auto N = to_size(nodes_);
+  const auto N = to_size(layout_.nodes());
   const detail::summing_t<Op> sop(op);
   auto major = runtime_.template scratch<T>(intra_, p * n);
   reorder(major.data(), in, n, order::local_major);
@@ -144,7 +144,7 @@ template <communicator Intra, communicator Inter, class Runtime>
 template <class IA, class OA, class T>
 void two_level<Intra, Inter, Runtime>::all_gather_uniform(const T* in, T* out, std::size_t n) {
   const auto p = to_size(size());
-  const auto N = to_size(nodes_);
+  const auto N = to_size(layout_.nodes());
   auto mine = runtime_.template scratch<T>(intra_, N * n);
   auto major = runtime_.template scratch<T>(intra_, p * n);
   runtime_(intra_, inter_); // the caller's work on `in`
@@ -158,9 +158,9 @@ void two_level<Intra, Inter, Runtime>::all_gather_uniform(const T* in, T* out, s
 template <communicator Intra, communicator Inter, class Runtime>
 template <class T>
 void two_level<Intra, Inter, Runtime>::reorder(T* dst, const T* src, std::size_t n, order to) {
-  const auto N = to_size(nodes_);
+  const auto N = to_size(layout_.nodes());
   if (contiguous_) {
-    const auto L = to_size(min_ranks_);
+    const auto L = to_size(layout_.min_ranks_per_node());
     for (std::size_t l = 0; l < L; ++l) {
       if (to == order::local_major) {
         runtime_.copy_rows(intra_, dst + l * N * n, n, src + l * n, L * n, n, N);
