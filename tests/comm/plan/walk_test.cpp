@@ -55,15 +55,17 @@ TEST(plan_walk, an_empty_plan_has_no_rounds) {
 }
 
 TEST(plan_walk, rounds_are_the_runs_of_equal_round_numbers) {
+  // Round 0: steps 0 and 1; the second next_round() finds the round empty and skips it.
+  // Round 1: step 2. The sync is a round alone, 2: step 3. Round 3: steps 4 and 5.
   plan pl = blank();
-  pl.send(1, buffer::input, 0, 4);        // round 0: steps 0, 1
-  pl.recv(3, buffer::output, 0, 4);       //
-  pl.next_round();                        //
-  pl.next_round();                        // an empty round is skipped, not counted
-  pl.copy(buffer::input, 0, buffer::output, 4, 4); // round 1: step 2
-  pl.sync(pl.add_group({0, 1}));          // round 2 alone: step 3
-  pl.reduce(buffer::input, 8, buffer::output, 8, 4); // round 3: steps 4, 5
-  pl.send(2, buffer::output, 8, 4);       //
+  pl.send(1, buffer::input, 0, 4);
+  pl.recv(3, buffer::output, 0, 4);
+  pl.next_round();
+  pl.next_round();
+  pl.copy(buffer::input, 0, buffer::output, 4, 4);
+  pl.sync(pl.add_group({0, 1}));
+  pl.reduce(buffer::input, 8, buffer::output, 8, 4);
+  pl.send(2, buffer::output, 8, 4);
   ASSERT_EQ(pl.steps().size(), 6u);
   const std::vector<seen> want = {{0, 0, 2}, {1, 2, 3}, {2, 3, 4}, {3, 4, 6}};
   EXPECT_EQ(walk(pl), want) << pl.to_string();
