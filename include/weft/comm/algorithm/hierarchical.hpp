@@ -45,13 +45,13 @@
 // peer-access plan ends with a sync), so the next may reuse the memory. The offsets are
 // the same on every rank, which peer-access sub-plans (direct) need: they read a peer's
 // buffer at their own offsets.
+#include <weft/comm/algorithm/detail/hierarchical_plan.hpp>
 #include <weft/comm/algorithm/detail/node_layout.hpp>
 #include <weft/comm/algorithm/generator.hpp>
 #include <weft/comm/algorithm/ring.hpp>
 
 #include <cstddef>
 #include <initializer_list>
-#include <numeric>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -114,227 +114,16 @@ public:
       if (q.coll != collective::broadcast) pl.copy(buffer::input, 0, buffer::output, 0, q.count);
       return pl;
     }
-    switch (q.coll) {
-      case collective::all_reduce: all_reduce(pl, q, lay); break;
-      case collective::broadcast: broadcast(pl, q, lay); break;
-      case collective::reduce: reduce(pl, q, lay); break;
-      case collective::all_gather:
-      case collective::reduce_scatter: over_rails(pl, q, lay); break;
-      default: break;
-    }
+    detail::hierarchical_plan(pl, q, lay, planners);
     return pl;
   }
 
 private:
-  using binding = plan::buffer_binding;
-
-  // Appends algorithm A's plan for `rank` of the group `members` (ranks of the whole call).
-  template <class A>
-  static void run(plan& pl, const plan_request& q, collective c, const std::vector<int>& members,
-                  int rank, std::size_t count, int root, std::vector<int> node_of, binding in,
-                  binding out, binding scr) {
-    const plan_request sub{
-        c, static_cast<int>(members.size()), rank, count, root, std::move(node_of), q.element_size};
-    pl.append(A::make_plan(sub), members, in, out, scr);
-  }
-
-  static std::vector<int> iota(int n) {
-    std::vector<int> v(static_cast<std::size_t>(n));
-    std::iota(v.begin(), v.end(), 0);
-    return v;
-  }
-
-  static void all_reduce(plan& pl, const plan_request& q, const detail::node_layout& lay) {
-    const int nodes = lay.nodes();
-    const int m = lay.min_ranks_per_node();
-    const auto ur = static_cast<std::size_t>(q.rank);
-    const int node = lay.node[ur];
-    const int j = lay.local[ur];
-    const auto& mine = lay.ranks[static_cast<std::size_t>(node)];
-    if constexpr (Intra::serves(collective::all_reduce)) {
-      if (nodes == 1) {
-        run<Intra>(pl, q, collective::all_reduce, mine, j, q.count, 0, {}, {buffer::input, 0},
-                   {buffer::output, 0}, {buffer::scratch, 0});
-        return;
-      }
-    }
-    const std::size_t c = q.count / static_cast<std::size_t>(m);
-    const std::size_t head = c * static_cast<std::size_t>(m);
-    const std::size_t tail = q.count - head;
-    const std::size_t shared = m > 1 ? c : 0; // where the sub-plans' scratch starts
-    if (head > 0) {
-      if (j >= m) {
-        const int leader = mine[static_cast<std::size_t>(j % m)];
-        pl.send(leader, buffer::input, 0, head);
-        pl.next_round();
-        pl.recv(leader, buffer::output, 0, head);
-        pl.next_round();
-      } else {
-        std::vector<int> extras;
-        for (std::size_t k = static_cast<std::size_t>(j + m); k < mine.size();
-             k += static_cast<std::size_t>(m)) {
-          extras.push_back(mine[k]);
-        }
-        // Peer-access sub-plans read the head from every leader's output, so it must be
-        // there even on a leader with nothing to fold in.
-        if (extras.empty()) pl.copy(buffer::input, 0, buffer::output, 0, head);
-        for (std::size_t e = 0; e < extras.size(); ++e) {
-          pl.recv_reduce(extras[e], e == 0 ? buffer::input : buffer::output, 0, buffer::output, 0,
-                         head);
-        }
-        pl.next_round();
-        std::vector<int> peers(static_cast<std::size_t>(nodes)); // leader j of every node
-        for (int n = 0; n < nodes; ++n) {
-          peers[static_cast<std::size_t>(n)] =
-              lay.ranks[static_cast<std::size_t>(n)][static_cast<std::size_t>(j)];
-        }
-        if (m == 1) {
-          run<Inter>(pl, q, collective::all_reduce, peers, node, head, 0, iota(nodes),
-                     {buffer::output, 0}, {buffer::output, 0}, {buffer::scratch, shared});
-        } else {
-          const std::vector<int> leaders(mine.begin(), mine.begin() + m);
-          run<Intra>(pl, q, collective::reduce_scatter, leaders, j, c, 0, {}, {buffer::output, 0},
-                     {buffer::scratch, 0}, {buffer::scratch, shared});
-          if (nodes > 1) {
-            run<Inter>(pl, q, collective::all_reduce, peers, node, c, 0, iota(nodes),
-                       {buffer::scratch, 0}, {buffer::scratch, 0}, {buffer::scratch, shared});
-          }
-          run<Intra>(pl, q, collective::all_gather, leaders, j, c, 0, {}, {buffer::scratch, 0},
-                     {buffer::output, 0}, {buffer::scratch, shared});
-        }
-        for (int e : extras)
-          pl.send(e, buffer::output, 0, head);
-        pl.next_round();
-      }
-    }
-    if (tail > 0) {
-      run<Inter>(pl, q, collective::all_reduce, iota(q.size), q.rank, tail, 0, q.node_of,
-                 {buffer::input, head}, {buffer::output, head}, {buffer::scratch, shared});
-    }
-  }
-
-  static bool consecutive(const std::vector<int>& ranks) {
-    for (std::size_t k = 1; k < ranks.size(); ++k)
-      if (ranks[k] != ranks[0] + static_cast<int>(k)) return false;
-    return true;
-  }
-
-  // all_gather and reduce_scatter (see the header comment). Scratch: [0, rail) the rail's
-  // blocks, one per node; [rail, shared) a node's blocks where its ranks are not consecutive;
-  // the sub-plans' own scratch after that.
-  static void over_rails(plan& pl, const plan_request& q, const detail::node_layout& lay) {
-    const int nodes = lay.nodes();
-    const int m = lay.min_ranks_per_node();
-    if (nodes == 1 || m == 1 || !lay.uniform()) { // one level: the whole call by Intra or by Inter
-      pl.append(nodes == 1 ? Intra::make_plan(q) : Inter::make_plan(q), iota(q.size),
-                {buffer::input, 0}, {buffer::output, 0}, {buffer::scratch, 0});
-      return;
-    }
-    if (q.count == 0) return;
-    const auto ur = static_cast<std::size_t>(q.rank);
-    const int node = lay.node[ur];
-    const int j = lay.local[ur];
-    const auto& mine = lay.ranks[static_cast<std::size_t>(node)];
-    const std::size_t c = q.count;
-    const auto un = static_cast<std::size_t>(nodes);
-    const std::size_t rail = un * c;
-    bool all_consecutive = true;
-    for (const auto& members : lay.ranks)
-      all_consecutive = all_consecutive && consecutive(members);
-    const std::size_t shared = rail + (all_consecutive ? 0 : static_cast<std::size_t>(m) * c);
-    pl.need_scratch(shared);
-    std::vector<int> peers(un); // local rank j of every node
-    for (std::size_t n = 0; n < un; ++n)
-      peers[n] = lay.ranks[n][static_cast<std::size_t>(j)];
-    const binding sub_scratch{buffer::scratch, shared};
-    if (q.coll == collective::all_gather) {
-      run<Inter>(pl, q, collective::all_gather, peers, node, c, 0, iota(nodes), {buffer::input, 0},
-                 {buffer::scratch, 0}, sub_scratch);
-      for (std::size_t n = 0; n < un; ++n) {
-        const auto& members = lay.ranks[n];
-        const bool direct = consecutive(members);
-        const binding out = direct
-                                ? binding{buffer::output, static_cast<std::size_t>(members[0]) * c}
-                                : binding{buffer::scratch, rail};
-        run<Intra>(pl, q, collective::all_gather, mine, j, c, 0, {}, {buffer::scratch, n * c}, out,
-                   sub_scratch);
-        if (!direct) {
-          pl.next_round();
-          for (std::size_t k = 0; k < members.size(); ++k)
-            pl.copy(buffer::scratch, rail + k * c, buffer::output,
-                    static_cast<std::size_t>(members[k]) * c, c);
-          pl.next_round();
-        }
-      }
-    } else {
-      for (std::size_t n = 0; n < un; ++n) {
-        const auto& members = lay.ranks[n];
-        const bool direct = consecutive(members);
-        if (!direct) {
-          pl.next_round();
-          for (std::size_t k = 0; k < members.size(); ++k)
-            pl.copy(buffer::input, static_cast<std::size_t>(members[k]) * c, buffer::scratch,
-                    rail + k * c, c);
-          pl.next_round();
-        }
-        const binding in = direct ? binding{buffer::input, static_cast<std::size_t>(members[0]) * c}
-                                  : binding{buffer::scratch, rail};
-        run<Intra>(pl, q, collective::reduce_scatter, mine, j, c, 0, {}, in,
-                   {buffer::scratch, n * c}, sub_scratch);
-      }
-      run<Inter>(pl, q, collective::reduce_scatter, peers, node, c, 0, iota(nodes),
-                 {buffer::scratch, 0}, {buffer::output, 0}, sub_scratch);
-    }
-  }
-
-  // The rank that stands for its node: the root on the root's node, local rank 0 elsewhere.
-  static std::vector<int> representatives(const plan_request& q, const detail::node_layout& lay) {
-    std::vector<int> reps;
-    for (const auto& members : lay.ranks)
-      reps.push_back(members.front());
-    reps[static_cast<std::size_t>(lay.node[static_cast<std::size_t>(q.root)])] = q.root;
-    return reps;
-  }
-
-  static void broadcast(plan& pl, const plan_request& q, const detail::node_layout& lay) {
-    const auto ur = static_cast<std::size_t>(q.rank);
-    const int node = lay.node[ur];
-    const auto& mine = lay.ranks[static_cast<std::size_t>(node)];
-    const std::vector<int> reps = representatives(q, lay);
-    const int rep = reps[static_cast<std::size_t>(node)];
-    const binding out{buffer::output, 0};
-    if (rep == q.rank && lay.nodes() > 1) {
-      run<Inter>(pl, q, collective::broadcast, reps, node, q.count,
-                 lay.node[static_cast<std::size_t>(q.root)], iota(lay.nodes()), out, out,
-                 {buffer::scratch, 0});
-    }
-    run<Intra>(pl, q, collective::broadcast, mine, lay.local[ur], q.count,
-               lay.local[static_cast<std::size_t>(rep)], {}, out, out, {buffer::scratch, 0});
-  }
-
-  // Each node's partial goes to scratch[0, count) of its representative (the root's partial
-  // too: the root's output is the Inter reduce's destination, which may not alias its input).
-  static void reduce(plan& pl, const plan_request& q, const detail::node_layout& lay) {
-    const auto ur = static_cast<std::size_t>(q.rank);
-    const int node = lay.node[ur];
-    const auto& mine = lay.ranks[static_cast<std::size_t>(node)];
-    const std::vector<int> reps = representatives(q, lay);
-    const int rep = reps[static_cast<std::size_t>(node)];
-    if (lay.nodes() == 1) {
-      run<Intra>(pl, q, collective::reduce, mine, lay.local[ur], q.count,
-                 lay.local[static_cast<std::size_t>(q.root)], {}, {buffer::input, 0},
-                 {buffer::output, 0}, {buffer::scratch, 0});
-      return;
-    }
-    run<Intra>(pl, q, collective::reduce, mine, lay.local[ur], q.count,
-               lay.local[static_cast<std::size_t>(rep)], {}, {buffer::input, 0},
-               {buffer::scratch, 0}, {buffer::scratch, q.count});
-    if (rep == q.rank) {
-      run<Inter>(pl, q, collective::reduce, reps, node, q.count,
-                 lay.node[static_cast<std::size_t>(q.root)], iota(lay.nodes()),
-                 {buffer::scratch, 0}, {buffer::output, 0}, {buffer::scratch, q.count});
-    }
-  }
+  // The levels as plain functions: the plans themselves are written once, for every pair.
+  static constexpr detail::level_planners planners{
+      [](const plan_request& r) { return Intra::make_plan(r); },
+      [](const plan_request& r) { return Inter::make_plan(r); },
+      Intra::serves(collective::all_reduce)};
 };
 
 } // namespace weft::algo
