@@ -1,7 +1,6 @@
 # cmake -DPLAN=<weft-plan> -P transcript.cmake
 # Runs run.sh with PLAN and demands its exit status 0 and that README.md's console blocks are its
-# output, line for line: the transcripts in the README are what weft-plan prints today (they had
-# drifted from it before this check).
+# output, line for line: the transcripts in the README are what weft-plan prints today.
 cmake_minimum_required(VERSION 3.21)
 set(here ${CMAKE_CURRENT_LIST_DIR})
 execute_process(COMMAND sh ${here}/run.sh ${PLAN} OUTPUT_VARIABLE ran ERROR_VARIABLE err RESULT_VARIABLE status)

@@ -193,9 +193,9 @@ TEST(Attention, HeadsMustDivideOverTheGroup) {
 // --- a forward refused for its shapes changes nothing that backward uses ---------------------
 
 // Gradients (every parameter's, then dx) of forward(x1) and backward(dy) on each rank, with or
-// without a forward of x2 into a y of the wrong shape in between. The refused forward used to
-// replace what the layer kept for backward (the column layer's input; the attention's q, k, v and
-// probabilities), and the backward after it mixed the two inputs.
+// without a forward of x2 into a y of the wrong shape in between. The refused forward must not
+// replace what the layer keeps for backward (the column layer's input; the attention's q, k, v
+// and probabilities), or the backward after it would mix the two inputs.
 template <class Make>
 void refused_forward_changes_nothing(int tp, std::size_t rows, std::size_t hidden, Make make) {
   run_ranks(tp, [&](comm_t& c) {

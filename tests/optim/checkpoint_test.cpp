@@ -191,7 +191,8 @@ TEST(checkpoint, damage_is_reported_with_file_and_tensor) {
   });
 
   // Across ranks too: only the ranks whose shard holds the damaged part find it, and no rank
-  // copies in what it read (the others used to, and went on alone).
+  // copies in what it read (not even the ranks whose own part is intact, which would otherwise
+  // go on alone).
   local::run(2, [&](local::communicator& c) {
     auto opt = wo::make_data_parallel<wo::zero<1>, float>(c, m.params, rule, opts);
     opt->set_parameters(m.initial());

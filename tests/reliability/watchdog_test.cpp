@@ -142,7 +142,7 @@ TEST(watchdog, a_rank_in_another_communicators_call_is_followed_there) {
 
 // A rank whose call threw, and which caught the error and went on in its own code, is not
 // "stalled inside" that call: the watchdog says it is outside any operation and names the call
-// that threw. (The record used to stay active, and the verdict blamed a stall in the call.)
+// that threw. (A record left active would make the verdict blame a stall in the call.)
 TEST(watchdog, a_rank_that_caught_its_calls_error_is_not_taken_for_stalled_in_it) {
   constexpr int p = 3;
   const auto seen = rank_errors(p, [](weft::local::communicator& c) {

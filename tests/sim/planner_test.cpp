@@ -125,8 +125,8 @@ TEST(sim_planner, pruning_recompute_and_zero_matches_brute_force) {
 
 // MT-NLG on 280 nodes: at TP 8 x PP 7 with micro-batches of 1 (ZB-H1), no recomputation fits
 // only under ZeRO-2 or 3 (54 s and 122 s a step: they communicate every micro-batch), where
-// selective recomputation under ZeRO-1 takes 35.6 s. The search used to stop at the least
-// recomputation that fits, missed that variant, and ranked the mesh on micro-batches of 2.
+// selective recomputation under ZeRO-1 takes 35.6 s. A search that stopped at the least
+// recomputation that fits would miss that variant and rank the mesh on micro-batches of 2.
 TEST(sim_planner, less_recomputation_is_not_always_faster) {
   search_options o;
   o.global_batch = 1920;

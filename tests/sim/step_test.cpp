@@ -193,8 +193,8 @@ TEST(sim_step, pipeline_bubble_and_memory_of_a_simple_layout) {
 
 // ZeRO-2 keeps 1/dp of the gradients, so each micro-batch's are reduce-scattered; ZeRO-3
 // keeps 1/dp of the weights too, gathered for each micro-batch's forward and backward. Their
-// DP traffic grows with the micro-batches (ZeRO-1's is once a step): the step used to price one
-// reduction (and one gather) whatever m.
+// DP traffic grows with the micro-batches (ZeRO-1's is once a step), not one reduction (and one
+// gather) whatever m.
 TEST(sim_step, zero_2_and_3_communicate_every_micro_batch) {
   const model_spec m = gpt("gpt3-175b", 96, 12288, 96);
   const machine mc = dgx(a100_80gb, 16);

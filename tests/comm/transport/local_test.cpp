@@ -241,9 +241,9 @@ TEST(local, a_peer_that_left_a_split_communicator_is_named_by_its_world_rank) {
       << seen;
 }
 
-// A user's reduction that throws (here on a NaN) fails the run with its message. It used to
-// leave the message it was reading marked as being read, and the sender, unwinding, waited on
-// it forever.
+// A user's reduction that throws (here on a NaN) fails the run with its message; the message it
+// was reading must not stay marked as being read, or the sender, unwinding, would wait on it
+// forever.
 struct refuse_nan {
   float operator()(float a, float b) const {
     if (a != a || b != b) throw weft::error("NaN in a gradient");
@@ -317,9 +317,9 @@ TEST(local, a_plan_for_another_communicator_is_refused) {
   }
 }
 
-// Ranks that pass different counts to a direct collective are told so; direct's loads used to
-// take the part of the peer's buffer they asked for, and the small all-reduce read what an
-// earlier call had staged.
+// Ranks that pass different counts to a direct collective are told so, rather than direct's
+// loads taking the part of the peer's buffer they ask for, or the small all-reduce reading what
+// an earlier call staged.
 TEST(local, direct_collectives_with_counts_that_differ_between_ranks_are_an_error) {
   for (const std::size_t large : {std::size_t{4}, std::size_t{1} << 14}) { // staged, then two-shot
     const auto msg = failure_of([&] {
