@@ -2,7 +2,7 @@
 // damaged. An input is read as index.json (parse_index) and as a rank file (parse_header,
 // then every byte of every entry it lists): each must either succeed or throw weft::error;
 // any other exception, crash, out-of-bounds read, leak or undefined behaviour is a bug.
-#include <weft/optim/checkpoint.hpp>
+#include <weft/optim/checkpoint/format.hpp>
 
 #include <cstddef>
 #include <cstdint>
