@@ -301,18 +301,28 @@ struct strategy {
   }
 };
 
-template <class Mesh, class Schedule, class Sharding, class Recompute, class SP, class Model>
-template <class Rule, communicator Comm>
-class strategy<Mesh, Schedule, Sharding, Recompute, SP, Model>::trainer {
+namespace detail {
+
+// strategy<...>::trainer's body: everything but the split of the world by the mesh. Templated
+// on what it uses, not on the mesh, so that the meshes a program names share one instance.
+template <class Schedule, class Sharding, class Recompute, class SP, class Model, class Rule,
+          communicator Comm>
+class strategy_trainer {
 public:
   using T = float;
+  using config = basic_strategy_config<typename layer::detail::config_of<Model>::type>;
+  static constexpr int chunks = schedule_chunks<Schedule>();
   static_assert(layer::detail::model_check<Model, T, Comm, layer::cblas, SP, Recompute>::value);
   using parts = typename Model::template parts<T, Comm, layer::cblas, SP, Recompute>;
   using block_type = typename parts::block;
   using embedding_type = typename parts::embedding;
   using head_type = typename parts::head;
 
-  trainer(Comm& world, config cfg, Rule rule)
+protected:
+  // `split` makes the tp, pp and dp communicators of `world` by the strategy's mesh, which
+  // nothing else here depends on: one instantiation of this class serves every mesh.
+  strategy_trainer(Comm& world, config cfg, Rule rule,
+                   axis_comms<Comm> (*split)(Comm&, const config&))
       : config_(std::move(cfg)),
         comms_(split(world, config_)),
         tp_(comms_.tp()),
@@ -486,8 +496,9 @@ public:
     }
   }
 
-  trainer(const trainer&) = delete;
-  trainer& operator=(const trainer&) = delete;
+public:
+  strategy_trainer(const strategy_trainer&) = delete;
+  strategy_trainer& operator=(const strategy_trainer&) = delete;
 
   /// One optimizer step on the global batch: ids and targets of global_batch sequences of seq
   /// tokens each, the same on every rank. Returns the mean token loss, on every rank.
@@ -645,7 +656,7 @@ public:
     }
 
   private:
-    friend class trainer;
+    friend class strategy_trainer;
     snapshot() = default;
     std::vector<float> values_;
     std::vector<layer::parameter<T>> parameters_;
@@ -677,11 +688,11 @@ public:
       stored = stored_parameters();
       listing = file_listing(stored);
     });
-    const safetensors::header h = file_plan(listing);
+    const weft::safetensors::header h = file_plan(listing);
     const std::string tmp = path + ".tmp";
     const bool first = tp_.rank() == 0 && pp_.rank() == 0 && dp_.rank() == 0;
     agree("save_weights", [&] {
-      if (first) safetensors::create(tmp, h);
+      if (first) weft::safetensors::create(tmp, h);
     });
     const snapshot values = parameter_values();
     agree("save_weights", [&] {
@@ -713,10 +724,10 @@ public:
       stored = stored_parameters();
       listing = file_listing(stored);
     });
-    const safetensors::header expected = file_plan(listing);
+    const weft::safetensors::header expected = file_plan(listing);
     std::vector<matrix<float>> values(params_.size());
     agree("load_weights", [&] {
-      const safetensors::header h = safetensors::read_header(path);
+      const weft::safetensors::header h = weft::safetensors::read_header(path);
       for (const auto& [key, value] : h.metadata) {
         const auto mine = expected.metadata.find(key);
         if (key.rfind("weft.", 0) == 0 && mine != expected.metadata.end() &&
@@ -740,17 +751,6 @@ public:
 
 private:
   using clock = std::chrono::steady_clock;
-
-  static axis_comms<Comm> split(Comm& world, const config& c) {
-    if constexpr (Mesh::size > 0) {
-      if (world.size() != Mesh::size) {
-        throw error("strategy", world.rank(), error::unknown,
-                    "the mesh has " + std::to_string(Mesh::size) + " ranks but the world has " +
-                        std::to_string(world.size()));
-      }
-    }
-    return c.cluster ? make_comms<Mesh>(world, *c.cluster) : make_comms<Mesh>(world);
-  }
 
   // Runs f; if it throws on any rank, every rank throws: the failed ranks their own error, the
   // others one that names the first failed rank. Collective (reductions over tp, pp and dp).
@@ -800,7 +800,7 @@ private:
   // The file every rank agrees on: the tensors written by every pipeline stage (the listings
   // gathered over pp; TP and DP ranks of a stage hold the same names), in name order, float32,
   // the model's facts as metadata. Collective over pp.
-  safetensors::header file_plan(const std::string& mine) {
+  weft::safetensors::header file_plan(const std::string& mine) {
     std::int32_t longest[1] = {static_cast<std::int32_t>(mine.size())};
     all_reduce(pp_, std::span<std::int32_t>(longest), op::max{});
     std::vector<std::int32_t> text(static_cast<std::size_t>(longest[0]), 0);
@@ -826,12 +826,12 @@ private:
       tensors.emplace(name, std::move(shape));
       line.clear();
     }
-    std::vector<safetensors::tensor_spec> specs;
+    std::vector<weft::safetensors::tensor_spec> specs;
     for (auto& [name, shape] : tensors)
-      specs.push_back({name, safetensors::dtype::f32, shape});
+      specs.push_back({name, weft::safetensors::dtype::f32, shape});
     auto metadata = layer::stored_facts<Model>(config_.model);
     metadata.emplace("format", "pt");
-    return safetensors::plan(specs, metadata);
+    return weft::safetensors::plan(specs, metadata);
   }
 
   // Renames the written file into place once its bytes, and then the rename, are on disk: a
@@ -854,8 +854,8 @@ private:
 
   // The file's name of each expected tensor (GPT-2's may lack "transformer."), after checking
   // that the file holds exactly the expected tensors, with their shapes, in a float dtype.
-  static std::map<std::string, std::string> file_names(const safetensors::header& expected,
-                                                       const safetensors::header& file,
+  static std::map<std::string, std::string> file_names(const weft::safetensors::header& expected,
+                                                       const weft::safetensors::header& file,
                                                        const std::string& path) {
     std::map<std::string, std::string> names;
     const std::string prefix = "transformer.";
@@ -874,9 +874,9 @@ private:
         throw error(path + ": tensor '" + f->name + "' is " + shape(f->shape) +
                     ", the model's is " + shape(t.shape));
       }
-      if (!safetensors::converts_to_float(f->type)) {
+      if (!weft::safetensors::converts_to_float(f->type)) {
         throw error(path + ": tensor '" + f->name + "' is " +
-                    std::string(safetensors::dtype_name(f->type)) +
+                    std::string(weft::safetensors::dtype_name(f->type)) +
                     "; weights load from F32, F64, F16 or BF16");
       }
       names.emplace(t.name, f->name);
@@ -1082,10 +1082,10 @@ private:
 
   // Adds a span to the timeline when it goes out of scope.
   struct timed {
-    trainer& t;
+    strategy_trainer& t;
     std::string name;
     clock::time_point begin = clock::now();
-    timed(trainer& tr, const char* what, int i, int chunk)
+    timed(strategy_trainer& tr, const char* what, int i, int chunk)
         : t(tr),
           name(what + std::to_string(i) +
                (chunk >= 0 ? "." + std::to_string(chunk) : std::string())) {}
@@ -1096,7 +1096,7 @@ private:
 
   // The executor's stage functions (pipeline/executor.hpp) over this rank's chunks.
   struct stage {
-    trainer& t;
+    strategy_trainer& t;
 
     std::vector<T> input(int) { return {}; } // the first stage reads the token ids itself
 
@@ -1222,6 +1222,30 @@ private:
   std::span<const std::int32_t> ids_, targets_;
   double pipeline_seconds_ = 0, optimizer_seconds_ = 0;
   std::vector<span> timeline_;
+};
+
+} // namespace detail
+
+template <class Mesh, class Schedule, class Sharding, class Recompute, class SP, class Model>
+template <class Rule, communicator Comm>
+class strategy<Mesh, Schedule, Sharding, Recompute, SP, Model>::trainer
+    : public detail::strategy_trainer<Schedule, Sharding, Recompute, SP, Model, Rule, Comm> {
+public:
+  trainer(Comm& world, config cfg, Rule rule)
+      : detail::strategy_trainer<Schedule, Sharding, Recompute, SP, Model, Rule, Comm>(
+            world, std::move(cfg), rule, &split) {}
+
+private:
+  static axis_comms<Comm> split(Comm& world, const config& c) {
+    if constexpr (Mesh::size > 0) {
+      if (world.size() != Mesh::size) {
+        throw error("strategy", world.rank(), error::unknown,
+                    "the mesh has " + std::to_string(Mesh::size) + " ranks but the world has " +
+                        std::to_string(world.size()));
+      }
+    }
+    return c.cluster ? make_comms<Mesh>(world, *c.cluster) : make_comms<Mesh>(world);
+  }
 };
 
 } // namespace weft
