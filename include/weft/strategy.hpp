@@ -301,18 +301,305 @@ struct strategy {
   }
 };
 
-template <class Mesh, class Schedule, class Sharding, class Recompute, class SP, class Model>
-template <class Rule, communicator Comm>
-class strategy<Mesh, Schedule, Sharding, Recompute, SP, Model>::trainer {
+namespace detail {
+
+template <class Schedule, class Sharding, class Recompute, class SP, class Model, class Rule,
+          communicator Comm>
+class strategy_trainer;
+
+// strategy<...>::trainer::snapshot, which depends on nothing of the strategy's parameters.
+class strategy_snapshot {
+public:
+  strategy_snapshot(const strategy_snapshot&) = delete;
+  strategy_snapshot& operator=(const strategy_snapshot&) = delete;
+  strategy_snapshot(strategy_snapshot&&) noexcept = default;
+  strategy_snapshot& operator=(strategy_snapshot&&) noexcept = default;
+  ~strategy_snapshot() = default;
+  [[nodiscard]] auto begin() const noexcept { return parameters_.begin(); }
+  [[nodiscard]] auto end() const noexcept { return parameters_.end(); }
+  [[nodiscard]] std::size_t size() const noexcept { return parameters_.size(); }
+  [[nodiscard]] const layer::parameter<float>& operator[](std::size_t k) const {
+    return parameters_.at(k);
+  }
+
+private:
+  template <class Schedule, class Sharding, class Recompute, class SP, class Model, class Rule,
+            communicator Comm>
+  friend class strategy_trainer;
+  strategy_snapshot() = default;
+  std::vector<float> values_;
+  std::vector<layer::parameter<float>> parameters_;
+};
+
+// The trainer's check of a train_step's batch (its size, every id inside the vocabulary),
+// which depends on the model's configuration alone.
+template <class Config>
+void check_strategy_batch(const Config& config, int rank, std::span<const std::int32_t> ids,
+                          std::span<const std::int32_t> targets) {
+  const std::size_t want = config.global_batch * config.model.seq;
+  if (ids.size() != want || targets.size() != want) {
+    throw error("strategy", rank, error::unknown,
+                "train_step: " + std::to_string(ids.size()) + " ids and " +
+                    std::to_string(targets.size()) +
+                    " targets, expected global_batch x seq = " + std::to_string(want) + " of each");
+  }
+  const auto vocab = static_cast<std::int64_t>(config.model.vocab);
+  const auto bad = [&](std::span<const std::int32_t> v, const char* what, auto allowed) {
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if ((v[i] < 0 || v[i] >= vocab) && !allowed(v[i])) {
+        throw error("strategy", rank, error::unknown,
+                    std::string("train_step: ") + what + " " + std::to_string(i) + " (sequence " +
+                        std::to_string(i / config.model.seq) + ") is " + std::to_string(v[i]) +
+                        ", outside the vocabulary of " + std::to_string(vocab));
+      }
+    }
+  };
+  bad(ids, "token id", [](std::int32_t) { return false; });
+  if constexpr (requires { config.model.ignore_index; }) {
+    bad(targets, "target", [&](std::int32_t t) { return t == config.model.ignore_index; });
+  }
+}
+
+// A trainer's weights files (save_weights, load_weights), which depend on the model and the
+// communicator alone: one instance serves every mesh, schedule, sharding and optimizer.
+template <class Model, communicator Comm>
+class strategy_weights {
+public:
+  using model_config = typename layer::detail::config_of<Model>::type;
+  strategy_weights(const model_config& model, const std::vector<layer::parameter<float>>& params,
+                   Comm& tp, Comm& pp, Comm& dp, int rank)
+      : model_(model), params_(params), tp_(tp), pp_(pp), dp_(dp), rank_(rank) {}
+
+  // The trainer's save_weights; parameter_values is its snapshot, taken collectively.
+  void save(const std::string& path, const std::function<strategy_snapshot()>& parameter_values) {
+    std::vector<layer::stored_tensor> stored;
+    std::string listing;
+    agree("save_weights", [&] {
+      stored = stored_parameters();
+      listing = file_listing(stored);
+    });
+    const weft::safetensors::header h = file_plan(listing);
+    const std::string tmp = path + ".tmp";
+    const bool first = tp_.rank() == 0 && pp_.rank() == 0 && dp_.rank() == 0;
+    agree("save_weights", [&] {
+      if (first) weft::safetensors::create(tmp, h);
+    });
+    const strategy_snapshot values = parameter_values();
+    agree("save_weights", [&] {
+      if (dp_.rank() != 0) return;
+      for (std::size_t k = 0; k < values.size(); ++k) {
+        const auto& q = values[k];
+        if (!stored[k].written || q.duplicate || (q.replicated && tp_.rank() != 0)) continue;
+        layer::write_slice(tmp, h, stored[k], q);
+      }
+    });
+    agree("save_weights", [&] {
+      if (first) durable_rename(tmp, path);
+    });
+  }
+
+  // The trainer's load_weights up to the values, which it returns in the optimizer's order.
+  std::vector<float> load(const std::string& path) {
+    std::vector<layer::stored_tensor> stored;
+    std::string listing;
+    agree("load_weights", [&] {
+      stored = stored_parameters();
+      listing = file_listing(stored);
+    });
+    const weft::safetensors::header expected = file_plan(listing);
+    std::vector<matrix<float>> values(params_.size());
+    agree("load_weights", [&] {
+      const weft::safetensors::header h = weft::safetensors::read_header(path);
+      for (const auto& [key, value] : h.metadata) {
+        const auto mine = expected.metadata.find(key);
+        if (key.rfind("weft.", 0) == 0 && mine != expected.metadata.end() &&
+            mine->second != value) {
+          throw error(path + ": the file's model has " + key.substr(5) + " " + value +
+                      ", this one " + mine->second);
+        }
+      }
+      const std::map<std::string, std::string> names = file_names(expected, h, path);
+      for (std::size_t k = 0; k < params_.size(); ++k) {
+        auto s = stored[k];
+        s.name = names.at(s.name);
+        layer::read_slice(path, h, s, params_[k], values[k]);
+      }
+    });
+    std::vector<float> flat;
+    for (std::size_t k = 0; k < params_.size(); ++k)
+      flat.insert(flat.end(), values[k].flat().begin(), values[k].flat().end());
+    return flat;
+  }
+
+private:
+  // Runs f; if it throws on any rank, every rank throws: the failed ranks their own error, the
+  // others one that names the first failed rank. Collective (reductions over tp, pp and dp).
+  template <class F>
+  void agree(const char* what, F&& f) {
+    std::string failure;
+    try {
+      f();
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    std::int32_t failed[1] = {failure.empty() ? 0 : rank_ + 1};
+    all_reduce(tp_, std::span<std::int32_t>(failed), op::max{});
+    all_reduce(pp_, std::span<std::int32_t>(failed), op::max{});
+    all_reduce(dp_, std::span<std::int32_t>(failed), op::max{});
+    if (!failure.empty())
+      throw error("strategy", rank_, error::unknown, std::string(what) + ": " + failure);
+    if (failed[0] != 0) {
+      throw error("strategy", rank_, error::unknown,
+                  std::string(what) + ": rank " + std::to_string(failed[0] - 1) +
+                      " failed (its error says why)");
+    }
+  }
+
+  // How each of this rank's parameters is stored (layer/weights.hpp).
+  std::vector<layer::stored_tensor> stored_parameters() const {
+    std::vector<layer::stored_tensor> out;
+    for (const auto& q : params_)
+      out.push_back(layer::stored_as<Model>(model_, q.name));
+    return out;
+  }
+
+  // This rank's tensors of the file, a line each: name, then the shape, tab-separated.
+  std::string file_listing(const std::vector<layer::stored_tensor>& stored) const {
+    std::string mine;
+    for (std::size_t k = 0; k < params_.size(); ++k) {
+      if (!stored[k].written) continue;
+      const auto shape = layer::stored_shape(stored[k], params_[k].full_rows, params_[k].full_cols);
+      mine += stored[k].name;
+      for (std::size_t n : shape)
+        mine += '\t' + std::to_string(n);
+      mine += '\n';
+    }
+    return mine;
+  }
+
+  // The file every rank agrees on: the tensors written by every pipeline stage (the listings
+  // gathered over pp; TP and DP ranks of a stage hold the same names), in name order, float32,
+  // the model's facts as metadata. Collective over pp.
+  weft::safetensors::header file_plan(const std::string& mine) {
+    std::int32_t longest[1] = {static_cast<std::int32_t>(mine.size())};
+    all_reduce(pp_, std::span<std::int32_t>(longest), op::max{});
+    std::vector<std::int32_t> text(static_cast<std::size_t>(longest[0]), 0);
+    std::copy(mine.begin(), mine.end(), text.begin());
+    std::vector<std::int32_t> all(text.size() * static_cast<std::size_t>(pp_.size()));
+    all_gather(pp_, std::span<const std::int32_t>(text), std::span<std::int32_t>(all));
+    std::map<std::string, std::vector<std::size_t>> tensors;
+    std::string line;
+    for (std::int32_t ch : all) {
+      if (ch == 0) continue;
+      if (ch != '\n') {
+        line += static_cast<char>(ch);
+        continue;
+      }
+      std::vector<std::size_t> shape;
+      std::size_t tab = line.find('\t');
+      const std::string name = line.substr(0, tab);
+      while (tab != std::string::npos) {
+        const std::size_t next = line.find('\t', tab + 1);
+        shape.push_back(std::stoull(line.substr(tab + 1, next - tab - 1)));
+        tab = next;
+      }
+      tensors.emplace(name, std::move(shape));
+      line.clear();
+    }
+    std::vector<weft::safetensors::tensor_spec> specs;
+    for (auto& [name, shape] : tensors)
+      specs.push_back({name, weft::safetensors::dtype::f32, shape});
+    auto metadata = layer::stored_facts<Model>(model_);
+    metadata.emplace("format", "pt");
+    return weft::safetensors::plan(specs, metadata);
+  }
+
+  // Renames the written file into place once its bytes, and then the rename, are on disk: a
+  // crash leaves the old file or the whole new one.
+  static void durable_rename(const std::string& from, const std::string& to) {
+    const auto sync = [](const std::string& p, int flags) {
+      const int fd = ::open(p.c_str(), flags);
+      if (fd < 0 || ::fsync(fd) != 0) {
+        const int e = errno;
+        if (fd >= 0) ::close(fd);
+        throw error(p + ": cannot sync to disk: " + std::strerror(e));
+      }
+      ::close(fd);
+    };
+    sync(from, O_RDONLY);
+    std::filesystem::rename(from, to);
+    const auto dir = std::filesystem::absolute(to).parent_path();
+    sync(dir.string(), O_RDONLY | O_DIRECTORY);
+  }
+
+  // The file's name of each expected tensor (GPT-2's may lack "transformer."), after checking
+  // that the file holds exactly the expected tensors, with their shapes, in a float dtype.
+  static std::map<std::string, std::string> file_names(const weft::safetensors::header& expected,
+                                                       const weft::safetensors::header& file,
+                                                       const std::string& path) {
+    std::map<std::string, std::string> names;
+    const std::string prefix = "transformer.";
+    for (const auto& t : expected.tensors) {
+      const auto* f = file.find(t.name);
+      if (f == nullptr && t.name.rfind(prefix, 0) == 0) f = file.find(t.name.substr(prefix.size()));
+      const auto shape = [](const std::vector<std::size_t>& v) {
+        std::string s = "[";
+        for (std::size_t i = 0; i < v.size(); ++i)
+          s += (i ? ", " : "") + std::to_string(v[i]);
+        return s + "]";
+      };
+      if (f == nullptr)
+        throw error(path + ": tensor '" + t.name + "' of the model is not in the file");
+      if (f->shape != t.shape) {
+        throw error(path + ": tensor '" + f->name + "' is " + shape(f->shape) +
+                    ", the model's is " + shape(t.shape));
+      }
+      if (!weft::safetensors::converts_to_float(f->type)) {
+        throw error(path + ": tensor '" + f->name + "' is " +
+                    std::string(weft::safetensors::dtype_name(f->type)) +
+                    "; weights load from F32, F64, F16 or BF16");
+      }
+      names.emplace(t.name, f->name);
+    }
+    for (const auto& f : file.tensors) {
+      bool used = false;
+      for (const auto& [want, have] : names)
+        used = used || have == f.name;
+      if (!used && !layer::stored_buffer<Model>(f.name)) {
+        throw error(path + ": tensor '" + f.name + "' is not a parameter of the model");
+      }
+    }
+    return names;
+  }
+
+  const model_config& model_;
+  const std::vector<layer::parameter<float>>& params_; // names and shapes, in the optimizer's order
+  Comm& tp_;
+  Comm& pp_;
+  Comm& dp_;
+  int rank_;
+};
+
+// strategy<...>::trainer's body: everything but the split of the world by the mesh. Templated
+// on what it uses, not on the mesh, so that the meshes a program names share one instance.
+template <class Schedule, class Sharding, class Recompute, class SP, class Model, class Rule,
+          communicator Comm>
+class strategy_trainer {
 public:
   using T = float;
+  using config = basic_strategy_config<typename layer::detail::config_of<Model>::type>;
+  static constexpr int chunks = schedule_chunks<Schedule>();
   static_assert(layer::detail::model_check<Model, T, Comm, layer::cblas, SP, Recompute>::value);
   using parts = typename Model::template parts<T, Comm, layer::cblas, SP, Recompute>;
   using block_type = typename parts::block;
   using embedding_type = typename parts::embedding;
   using head_type = typename parts::head;
 
-  trainer(Comm& world, config cfg, Rule rule)
+protected:
+  // `split` makes the tp, pp and dp communicators of `world` by the strategy's mesh, which
+  // nothing else here depends on: one instantiation of this class serves every mesh.
+  strategy_trainer(Comm& world, config cfg, Rule rule,
+                   axis_comms<Comm> (*split)(Comm&, const config&))
       : config_(std::move(cfg)),
         comms_(split(world, config_)),
         tp_(comms_.tp()),
@@ -486,8 +773,9 @@ public:
     }
   }
 
-  trainer(const trainer&) = delete;
-  trainer& operator=(const trainer&) = delete;
+public:
+  strategy_trainer(const strategy_trainer&) = delete;
+  strategy_trainer& operator=(const strategy_trainer&) = delete;
 
   /// One optimizer step on the global batch: ids and targets of global_batch sequences of seq
   /// tokens each, the same on every rank. Returns the mean token loss, on every rank.
@@ -502,7 +790,7 @@ public:
                   "undefined: " +
                       broken_);
     }
-    check_batch(ids, targets);
+    check_strategy_batch(config_, rank_, ids, targets);
     try {
       return run_step(ids, targets);
     } catch (const std::exception& e) {
@@ -512,31 +800,6 @@ public:
   }
 
 private:
-  void check_batch(std::span<const std::int32_t> ids, std::span<const std::int32_t> targets) const {
-    const std::size_t want = config_.global_batch * config_.model.seq;
-    if (ids.size() != want || targets.size() != want) {
-      throw error("strategy", rank_, error::unknown,
-                  "train_step: " + std::to_string(ids.size()) + " ids and " +
-                      std::to_string(targets.size()) + " targets, expected global_batch x seq = " +
-                      std::to_string(want) + " of each");
-    }
-    const auto vocab = static_cast<std::int64_t>(config_.model.vocab);
-    const auto bad = [&](std::span<const std::int32_t> v, const char* what, auto allowed) {
-      for (std::size_t i = 0; i < v.size(); ++i) {
-        if ((v[i] < 0 || v[i] >= vocab) && !allowed(v[i])) {
-          throw error("strategy", rank_, error::unknown,
-                      std::string("train_step: ") + what + " " + std::to_string(i) + " (sequence " +
-                          std::to_string(i / config_.model.seq) + ") is " + std::to_string(v[i]) +
-                          ", outside the vocabulary of " + std::to_string(vocab));
-        }
-      }
-    };
-    bad(ids, "token id", [](std::int32_t) { return false; });
-    if constexpr (requires { config_.model.ignore_index; }) {
-      bad(targets, "target", [&](std::int32_t t) { return t == config_.model.ignore_index; });
-    }
-  }
-
   double run_step(std::span<const std::int32_t> ids, std::span<const std::int32_t> targets) {
     const std::size_t want = ids.size();
     // This DP rank's samples.
@@ -630,26 +893,7 @@ public:
   /// in layer::sequential with the block's global index: a copy the caller owns (movable, not
   /// copyable: the views point into it), each parameter's value a view into it, its grad empty.
   /// Collective over the data-parallel group under every ZeRO stage (zero<3> gathers the shards).
-  class snapshot {
-  public:
-    snapshot(const snapshot&) = delete;
-    snapshot& operator=(const snapshot&) = delete;
-    snapshot(snapshot&&) noexcept = default;
-    snapshot& operator=(snapshot&&) noexcept = default;
-    ~snapshot() = default;
-    [[nodiscard]] auto begin() const noexcept { return parameters_.begin(); }
-    [[nodiscard]] auto end() const noexcept { return parameters_.end(); }
-    [[nodiscard]] std::size_t size() const noexcept { return parameters_.size(); }
-    [[nodiscard]] const layer::parameter<T>& operator[](std::size_t k) const {
-      return parameters_.at(k);
-    }
-
-  private:
-    friend class trainer;
-    snapshot() = default;
-    std::vector<float> values_;
-    std::vector<layer::parameter<T>> parameters_;
-  };
+  using snapshot = strategy_snapshot;
   [[nodiscard]] snapshot parameter_values() {
     snapshot out;
     out.values_ = optimizer_->gather_parameters();
@@ -671,30 +915,7 @@ public:
   /// a tensor-replicated parameter from TP rank 0), into path + ".tmp", renamed to `path` once
   /// every rank has written. A rank's failure fails the call on every rank, naming it.
   void save_weights(const std::string& path) {
-    std::vector<layer::stored_tensor> stored;
-    std::string listing;
-    agree("save_weights", [&] {
-      stored = stored_parameters();
-      listing = file_listing(stored);
-    });
-    const safetensors::header h = file_plan(listing);
-    const std::string tmp = path + ".tmp";
-    const bool first = tp_.rank() == 0 && pp_.rank() == 0 && dp_.rank() == 0;
-    agree("save_weights", [&] {
-      if (first) safetensors::create(tmp, h);
-    });
-    const snapshot values = parameter_values();
-    agree("save_weights", [&] {
-      if (dp_.rank() != 0) return;
-      for (std::size_t k = 0; k < values.size(); ++k) {
-        const auto& q = values[k];
-        if (!stored[k].written || q.duplicate || (q.replicated && tp_.rank() != 0)) continue;
-        layer::write_slice(tmp, h, stored[k], q);
-      }
-    });
-    agree("save_weights", [&] {
-      if (first) durable_rename(tmp, path);
-    });
+    weights().save(path, [&] { return parameter_values(); });
   }
 
   /// Reads the whole model from `path` (as save_weights writes it, or any safetensors file with
@@ -707,190 +928,14 @@ public:
   /// configuration ("weft.heads", "weft.rope_theta", ... in its metadata) differs from the model's.
   /// Tensors the model calls buffers (GPT-2's causal masks) are skipped.
   void load_weights(const std::string& path) {
-    std::vector<layer::stored_tensor> stored;
-    std::string listing;
-    agree("load_weights", [&] {
-      stored = stored_parameters();
-      listing = file_listing(stored);
-    });
-    const safetensors::header expected = file_plan(listing);
-    std::vector<matrix<float>> values(params_.size());
-    agree("load_weights", [&] {
-      const safetensors::header h = safetensors::read_header(path);
-      for (const auto& [key, value] : h.metadata) {
-        const auto mine = expected.metadata.find(key);
-        if (key.rfind("weft.", 0) == 0 && mine != expected.metadata.end() &&
-            mine->second != value) {
-          throw error(path + ": the file's model has " + key.substr(5) + " " + value +
-                      ", this one " + mine->second);
-        }
-      }
-      const std::map<std::string, std::string> names = file_names(expected, h, path);
-      for (std::size_t k = 0; k < params_.size(); ++k) {
-        auto s = stored[k];
-        s.name = names.at(s.name);
-        layer::read_slice(path, h, s, params_[k], values[k]);
-      }
-    });
-    std::vector<float> flat;
-    for (std::size_t k = 0; k < params_.size(); ++k)
-      flat.insert(flat.end(), values[k].flat().begin(), values[k].flat().end());
-    optimizer_->set_parameters(flat); // which the layers compute in (zero<3>: from the next gather)
+    // which the layers compute in (zero<3>: from the next gather)
+    optimizer_->set_parameters(weights().load(path));
   }
 
 private:
   using clock = std::chrono::steady_clock;
 
-  static axis_comms<Comm> split(Comm& world, const config& c) {
-    if constexpr (Mesh::size > 0) {
-      if (world.size() != Mesh::size) {
-        throw error("strategy", world.rank(), error::unknown,
-                    "the mesh has " + std::to_string(Mesh::size) + " ranks but the world has " +
-                        std::to_string(world.size()));
-      }
-    }
-    return c.cluster ? make_comms<Mesh>(world, *c.cluster) : make_comms<Mesh>(world);
-  }
-
-  // Runs f; if it throws on any rank, every rank throws: the failed ranks their own error, the
-  // others one that names the first failed rank. Collective (reductions over tp, pp and dp).
-  template <class F>
-  void agree(const char* what, F&& f) {
-    std::string failure;
-    try {
-      f();
-    } catch (const std::exception& e) {
-      failure = e.what();
-    }
-    std::int32_t failed[1] = {failure.empty() ? 0 : rank_ + 1};
-    all_reduce(tp_, std::span<std::int32_t>(failed), op::max{});
-    all_reduce(pp_, std::span<std::int32_t>(failed), op::max{});
-    all_reduce(dp_, std::span<std::int32_t>(failed), op::max{});
-    if (!failure.empty())
-      throw error("strategy", rank_, error::unknown, std::string(what) + ": " + failure);
-    if (failed[0] != 0) {
-      throw error("strategy", rank_, error::unknown,
-                  std::string(what) + ": rank " + std::to_string(failed[0] - 1) +
-                      " failed (its error says why)");
-    }
-  }
-
-  // How each of this rank's parameters is stored (layer/weights.hpp).
-  std::vector<layer::stored_tensor> stored_parameters() const {
-    std::vector<layer::stored_tensor> out;
-    for (const auto& q : params_)
-      out.push_back(layer::stored_as<Model>(config_.model, q.name));
-    return out;
-  }
-
-  // This rank's tensors of the file, a line each: name, then the shape, tab-separated.
-  std::string file_listing(const std::vector<layer::stored_tensor>& stored) const {
-    std::string mine;
-    for (std::size_t k = 0; k < params_.size(); ++k) {
-      if (!stored[k].written) continue;
-      const auto shape = layer::stored_shape(stored[k], params_[k].full_rows, params_[k].full_cols);
-      mine += stored[k].name;
-      for (std::size_t n : shape)
-        mine += '\t' + std::to_string(n);
-      mine += '\n';
-    }
-    return mine;
-  }
-
-  // The file every rank agrees on: the tensors written by every pipeline stage (the listings
-  // gathered over pp; TP and DP ranks of a stage hold the same names), in name order, float32,
-  // the model's facts as metadata. Collective over pp.
-  safetensors::header file_plan(const std::string& mine) {
-    std::int32_t longest[1] = {static_cast<std::int32_t>(mine.size())};
-    all_reduce(pp_, std::span<std::int32_t>(longest), op::max{});
-    std::vector<std::int32_t> text(static_cast<std::size_t>(longest[0]), 0);
-    std::copy(mine.begin(), mine.end(), text.begin());
-    std::vector<std::int32_t> all(text.size() * static_cast<std::size_t>(pp_.size()));
-    all_gather(pp_, std::span<const std::int32_t>(text), std::span<std::int32_t>(all));
-    std::map<std::string, std::vector<std::size_t>> tensors;
-    std::string line;
-    for (std::int32_t ch : all) {
-      if (ch == 0) continue;
-      if (ch != '\n') {
-        line += static_cast<char>(ch);
-        continue;
-      }
-      std::vector<std::size_t> shape;
-      std::size_t tab = line.find('\t');
-      const std::string name = line.substr(0, tab);
-      while (tab != std::string::npos) {
-        const std::size_t next = line.find('\t', tab + 1);
-        shape.push_back(std::stoull(line.substr(tab + 1, next - tab - 1)));
-        tab = next;
-      }
-      tensors.emplace(name, std::move(shape));
-      line.clear();
-    }
-    std::vector<safetensors::tensor_spec> specs;
-    for (auto& [name, shape] : tensors)
-      specs.push_back({name, safetensors::dtype::f32, shape});
-    auto metadata = layer::stored_facts<Model>(config_.model);
-    metadata.emplace("format", "pt");
-    return safetensors::plan(specs, metadata);
-  }
-
-  // Renames the written file into place once its bytes, and then the rename, are on disk: a
-  // crash leaves the old file or the whole new one.
-  static void durable_rename(const std::string& from, const std::string& to) {
-    const auto sync = [](const std::string& p, int flags) {
-      const int fd = ::open(p.c_str(), flags);
-      if (fd < 0 || ::fsync(fd) != 0) {
-        const int e = errno;
-        if (fd >= 0) ::close(fd);
-        throw error(p + ": cannot sync to disk: " + std::strerror(e));
-      }
-      ::close(fd);
-    };
-    sync(from, O_RDONLY);
-    std::filesystem::rename(from, to);
-    const auto dir = std::filesystem::absolute(to).parent_path();
-    sync(dir.string(), O_RDONLY | O_DIRECTORY);
-  }
-
-  // The file's name of each expected tensor (GPT-2's may lack "transformer."), after checking
-  // that the file holds exactly the expected tensors, with their shapes, in a float dtype.
-  static std::map<std::string, std::string> file_names(const safetensors::header& expected,
-                                                       const safetensors::header& file,
-                                                       const std::string& path) {
-    std::map<std::string, std::string> names;
-    const std::string prefix = "transformer.";
-    for (const auto& t : expected.tensors) {
-      const auto* f = file.find(t.name);
-      if (f == nullptr && t.name.rfind(prefix, 0) == 0) f = file.find(t.name.substr(prefix.size()));
-      const auto shape = [](const std::vector<std::size_t>& v) {
-        std::string s = "[";
-        for (std::size_t i = 0; i < v.size(); ++i)
-          s += (i ? ", " : "") + std::to_string(v[i]);
-        return s + "]";
-      };
-      if (f == nullptr)
-        throw error(path + ": tensor '" + t.name + "' of the model is not in the file");
-      if (f->shape != t.shape) {
-        throw error(path + ": tensor '" + f->name + "' is " + shape(f->shape) +
-                    ", the model's is " + shape(t.shape));
-      }
-      if (!safetensors::converts_to_float(f->type)) {
-        throw error(path + ": tensor '" + f->name + "' is " +
-                    std::string(safetensors::dtype_name(f->type)) +
-                    "; weights load from F32, F64, F16 or BF16");
-      }
-      names.emplace(t.name, f->name);
-    }
-    for (const auto& f : file.tensors) {
-      bool used = false;
-      for (const auto& [want, have] : names)
-        used = used || have == f.name;
-      if (!used && !layer::stored_buffer<Model>(f.name)) {
-        throw error(path + ": tensor '" + f.name + "' is not a parameter of the model");
-      }
-    }
-    return names;
-  }
+  strategy_weights<Model, Comm> weights() { return {config_.model, params_, tp_, pp_, dp_, rank_}; }
 
   // Tied: the head's copy of the table starts as the table (the first stage's, sent to the last).
   void share_tied_weight() {
@@ -1082,10 +1127,10 @@ private:
 
   // Adds a span to the timeline when it goes out of scope.
   struct timed {
-    trainer& t;
+    strategy_trainer& t;
     std::string name;
     clock::time_point begin = clock::now();
-    timed(trainer& tr, const char* what, int i, int chunk)
+    timed(strategy_trainer& tr, const char* what, int i, int chunk)
         : t(tr),
           name(what + std::to_string(i) +
                (chunk >= 0 ? "." + std::to_string(chunk) : std::string())) {}
@@ -1096,7 +1141,7 @@ private:
 
   // The executor's stage functions (pipeline/executor.hpp) over this rank's chunks.
   struct stage {
-    trainer& t;
+    strategy_trainer& t;
 
     std::vector<T> input(int) { return {}; } // the first stage reads the token ids itself
 
@@ -1222,6 +1267,30 @@ private:
   std::span<const std::int32_t> ids_, targets_;
   double pipeline_seconds_ = 0, optimizer_seconds_ = 0;
   std::vector<span> timeline_;
+};
+
+} // namespace detail
+
+template <class Mesh, class Schedule, class Sharding, class Recompute, class SP, class Model>
+template <class Rule, communicator Comm>
+class strategy<Mesh, Schedule, Sharding, Recompute, SP, Model>::trainer
+    : public detail::strategy_trainer<Schedule, Sharding, Recompute, SP, Model, Rule, Comm> {
+public:
+  trainer(Comm& world, config cfg, Rule rule)
+      : detail::strategy_trainer<Schedule, Sharding, Recompute, SP, Model, Rule, Comm>(
+            world, std::move(cfg), rule, &split) {}
+
+private:
+  static axis_comms<Comm> split(Comm& world, const config& c) {
+    if constexpr (Mesh::size > 0) {
+      if (world.size() != Mesh::size) {
+        throw error("strategy", world.rank(), error::unknown,
+                    "the mesh has " + std::to_string(Mesh::size) + " ranks but the world has " +
+                        std::to_string(world.size()));
+      }
+    }
+    return c.cluster ? make_comms<Mesh>(world, *c.cluster) : make_comms<Mesh>(world);
+  }
 };
 
 } // namespace weft
