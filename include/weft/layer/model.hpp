@@ -32,9 +32,11 @@
 #include <weft/comm/communicator.hpp>
 #include <weft/core/error.hpp>
 #include <weft/layer/exec.hpp>
+#include <weft/layer/linear.hpp>
 #include <weft/layer/matrix.hpp>
 #include <weft/layer/parameter.hpp>
 #include <weft/layer/policy.hpp>
+#include <weft/layer/recompute.hpp>
 
 #include <concepts>
 #include <cstddef>
