@@ -40,6 +40,7 @@
 #include <weft/comm/detail/scratch.hpp>
 #include <weft/comm/failure.hpp>
 #include <weft/comm/plan.hpp>
+#include <weft/comm/plan/engine.hpp>
 #include <weft/comm/progress.hpp>
 #include <weft/comm/transport/detail/local_state.hpp>
 #include <weft/core/error.hpp>
@@ -359,93 +360,90 @@ public:
 private:
   static constexpr int plan_tag = -1;
 
+  // The local transport's hooks for run_plan: sends are posted as messages, receives
+  // consume them, loads read the peers' published buffers.
+  template <class T, class Op, class Pending>
+  struct plan_run : plan_hooks {
+    communicator& c;
+    const plan& pl;
+    const plan_buffers<T>& buffers;
+    const Op& op;
+    std::string_view operation;
+    bool staged;
+    Pending& pending;
+
+    void at_step(const plan_round& r, std::size_t k, const step& s) {
+      c.record().at_step(r.number, k, s.kind);
+    }
+    void send(std::size_t, const step& s) {
+      pending.add(s.peer, c.post(s.peer, buffers.at(s.src, s.src_offset, s.count), s.count,
+                                 dtype_of<T>, plan_tag, nullptr, operation));
+    }
+    void recv(std::size_t, const step& s) {
+      T* dst = buffers.at(s.dst, s.dst_offset, s.count);
+      c.consume(s.peer, s.count, dtype_of<T>, plan_tag, operation,
+                [&](const void* src) { detail::copy_n(dst, static_cast<const T*>(src), s.count); });
+    }
+    void recv_reduce(std::size_t, const step& s) {
+      const T* a = buffers.at(s.src, s.src_offset, s.count);
+      T* dst = buffers.at(s.dst, s.dst_offset, s.count);
+      c.consume(
+          s.peer, s.count, dtype_of<T>, plan_tag, operation,
+          [&](const void* src) {
+            detail::reduce2(dst, a, static_cast<const T*>(src), s.count, op);
+          },
+          arrival::before_use);
+    }
+    void copy(std::size_t, const step& s) {
+      detail::copy_n(buffers.at(s.dst, s.dst_offset, s.count),
+                     buffers.at(s.src, s.src_offset, s.count), s.count);
+    }
+    void reduce(std::size_t, const step& s) {
+      T* d = buffers.at(s.dst, s.dst_offset, s.count);
+      detail::reduce2(d, d, buffers.at(s.src, s.src_offset, s.count), s.count, op);
+    }
+    void load(std::size_t, const step& s) {
+      const std::int64_t arrived = c.pace_loads(std::span(&s.peer, 1), s.count * sizeof(T));
+      peer_reads reading(c);
+      if (!staged) reading.add(s.peer, operation);
+      detail::copy_n(
+          buffers.at(s.dst, s.dst_offset, s.count),
+          c.peer_range<T>(s.peer, s.src, s.src_offset, s.count, pl.count(), operation, staged),
+          s.count);
+      detail::link_pacer::wait_until(arrived);
+    }
+    void load_reduce(std::size_t, const step& s) {
+      const auto& g = pl.group(s.peer);
+      peer_reads reading(c);
+      c.srcs_.clear();
+      for (int q : g) {
+        if (!staged) reading.add(q, operation);
+        c.srcs_.push_back(
+            c.peer_range<T>(q, s.src, s.src_offset, s.count, pl.count(), operation, staged));
+      }
+      detail::link_pacer::wait_until(c.pace_loads(g, s.count * sizeof(T)));
+      detail::reduce_many(buffers.at(s.dst, s.dst_offset, s.count),
+                          reinterpret_cast<const T* const*>(c.srcs_.data()), c.srcs_.size(),
+                          s.count, op);
+    }
+    void sync(std::size_t, const step& s) {
+      const auto& g = pl.group(s.peer);
+      c.sync_with(g, operation);
+      if (auto* pacer = c.group_->world->pacer.get()) {
+        c.devs_.clear();
+        for (int q : g)
+          c.devs_.push_back(c.world_rank(q));
+        detail::link_pacer::wait_until(pacer->synced(c.devs_));
+      }
+    }
+    void end_round(const plan_round&) { pending.wait_all(operation); }
+  };
+
   template <class T, class Op, class Pending>
   void run_steps(const plan& pl, const plan_buffers<T>& buffers, const Op& op,
                  std::string_view operation, bool staged, Pending& pending) {
-    const auto& steps = pl.steps();
-    for (const plan_round& r : rounds_of(steps)) {
-      const std::uint32_t round = r.number;
-      for (std::size_t k = r.begin; k < r.end; ++k) {
-        const step& s = steps[k];
-        if (s.kind == step_kind::send) {
-          record().at_step(round, k, s.kind);
-          pending.add(s.peer, post(s.peer, buffers.at(s.src, s.src_offset, s.count), s.count,
-                                   dtype_of<T>, plan_tag, nullptr, operation));
-        }
-      }
-      for (std::size_t k = r.begin; k < r.end; ++k) {
-        const step& s = steps[k];
-        if (s.kind != step_kind::send) record().at_step(round, k, s.kind);
-        switch (s.kind) {
-          case step_kind::send: break;
-          case step_kind::recv: {
-            T* dst = buffers.at(s.dst, s.dst_offset, s.count);
-            consume(s.peer, s.count, dtype_of<T>, plan_tag, operation, [&](const void* src) {
-              detail::copy_n(dst, static_cast<const T*>(src), s.count);
-            });
-            break;
-          }
-          case step_kind::recv_reduce: {
-            const T* a = buffers.at(s.src, s.src_offset, s.count);
-            T* dst = buffers.at(s.dst, s.dst_offset, s.count);
-            consume(
-                s.peer, s.count, dtype_of<T>, plan_tag, operation,
-                [&](const void* src) {
-                  detail::reduce2(dst, a, static_cast<const T*>(src), s.count, op);
-                },
-                arrival::before_use);
-            break;
-          }
-          case step_kind::copy:
-            detail::copy_n(buffers.at(s.dst, s.dst_offset, s.count),
-                           buffers.at(s.src, s.src_offset, s.count), s.count);
-            break;
-          case step_kind::reduce: {
-            T* d = buffers.at(s.dst, s.dst_offset, s.count);
-            detail::reduce2(d, d, buffers.at(s.src, s.src_offset, s.count), s.count, op);
-            break;
-          }
-          case step_kind::load: {
-            const std::int64_t arrived = pace_loads(std::span(&s.peer, 1), s.count * sizeof(T));
-            peer_reads reading(*this);
-            if (!staged) reading.add(s.peer, operation);
-            detail::copy_n(
-                buffers.at(s.dst, s.dst_offset, s.count),
-                peer_range<T>(s.peer, s.src, s.src_offset, s.count, pl.count(), operation, staged),
-                s.count);
-            detail::link_pacer::wait_until(arrived);
-            break;
-          }
-          case step_kind::load_reduce: {
-            const auto& g = pl.group(s.peer);
-            peer_reads reading(*this);
-            srcs_.clear();
-            for (int q : g) {
-              if (!staged) reading.add(q, operation);
-              srcs_.push_back(
-                  peer_range<T>(q, s.src, s.src_offset, s.count, pl.count(), operation, staged));
-            }
-            detail::link_pacer::wait_until(pace_loads(g, s.count * sizeof(T)));
-            detail::reduce_many(buffers.at(s.dst, s.dst_offset, s.count),
-                                reinterpret_cast<const T* const*>(srcs_.data()), srcs_.size(),
-                                s.count, op);
-            break;
-          }
-          case step_kind::sync: {
-            const auto& g = pl.group(s.peer);
-            sync_with(g, operation);
-            if (auto* pacer = group_->world->pacer.get()) {
-              devs_.clear();
-              for (int q : g)
-                devs_.push_back(world_rank(q));
-              detail::link_pacer::wait_until(pacer->synced(devs_));
-            }
-            break;
-          }
-        }
-      }
-      pending.wait_all(operation);
-    }
+    plan_run<T, Op, Pending> hooks{{}, *this, pl, buffers, op, operation, staged, pending};
+    run_plan(pl.steps(), hooks);
   }
 
   std::vector<int> all_ranks() const {
