@@ -46,6 +46,7 @@
 // buffers of the caller that a peer may still read must then outlive run().
 #include <weft/comm/communicator.hpp>
 #include <weft/comm/plan.hpp>
+#include <weft/comm/plan/check.hpp>
 #include <weft/comm/plan/engine.hpp>
 #include <weft/comm/transport/local.hpp>
 #include <weft/core/error.hpp>
@@ -215,59 +216,8 @@ inline std::size_t place_receives(std::span<const step> round, const std::uintpt
 /// every group index valid. Peers' ranges are checked when their addresses arrive.
 inline void check_plan(const plan& pl, const std::size_t (&sizes)[3], int rank, int size,
                        std::string_view operation) {
-  const auto in_range = [&](buffer b, std::size_t offset, std::size_t count) {
-    check_step_range(offset, count, sizes[static_cast<std::size_t>(b)], operation, rank);
-  };
-  const auto a_rank = [&](int peer, bool self_allowed) {
-    if (peer < 0 || peer >= size || (!self_allowed && peer == rank)) {
-      throw error(operation, rank, peer,
-                  "peer outside the communicator of " + std::to_string(size) + " ranks");
-    }
-  };
-  const auto a_group = [&](int g) {
-    if (g < 0 || static_cast<std::size_t>(g) >= pl.groups().size()) {
-      throw error(operation, rank, error::unknown,
-                  "plan step names group " + std::to_string(g) + " of " +
-                      std::to_string(pl.groups().size()));
-    }
-    for (int q : pl.group(g))
-      a_rank(q, true);
-  };
-  for (const step& s : pl.steps()) {
-    switch (s.kind) {
-      case step_kind::send:
-        a_rank(s.peer, false);
-        in_range(s.src, s.src_offset, s.count);
-        break;
-      case step_kind::recv:
-        a_rank(s.peer, false);
-        in_range(s.dst, s.dst_offset, s.count);
-        break;
-      case step_kind::recv_reduce:
-        a_rank(s.peer, false);
-        in_range(s.src, s.src_offset, s.count);
-        in_range(s.dst, s.dst_offset, s.count);
-        break;
-      case step_kind::copy:
-      case step_kind::reduce:
-        in_range(s.src, s.src_offset, s.count);
-        in_range(s.dst, s.dst_offset, s.count);
-        break;
-      case step_kind::load:
-        a_rank(s.peer, true);
-        if (s.peer == rank) in_range(s.src, s.src_offset, s.count);
-        in_range(s.dst, s.dst_offset, s.count);
-        break;
-      case step_kind::load_reduce: {
-        a_group(s.peer);
-        const auto& g = pl.group(s.peer);
-        if (std::find(g.begin(), g.end(), rank) != g.end()) in_range(s.src, s.src_offset, s.count);
-        in_range(s.dst, s.dst_offset, s.count);
-        break;
-      }
-      case step_kind::sync: a_group(s.peer); break;
-    }
-  }
+  plan_check_hooks none;
+  check_plan_steps(pl, {.rank = rank, .size = size, .operation = operation, .sizes = sizes}, none);
 }
 
 /// "weft: x" -> "x", for an error quoted inside another.

@@ -79,6 +79,7 @@
 // non-blocking communicator that handshake answers ncclInProgress and so has the deadline too.
 #include <weft/comm/failure.hpp>
 #include <weft/comm/plan.hpp>
+#include <weft/comm/plan/check.hpp>
 #include <weft/comm/plan/engine.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/ops.hpp>
@@ -446,12 +447,7 @@ public:
           "NCCL ranks "
           "cannot: use ring, tree, halving_doubling, hierarchical<ring, ...>, automatic or vendor");
     }
-    if (pl.size() != size_ || pl.rank() != rank_) {
-      throw error(operation, rank_, error::unknown,
-                  "the plan is for rank " + std::to_string(pl.rank()) + " of " +
-                      std::to_string(pl.size()) + ", not rank " + std::to_string(rank_) + " of " +
-                      std::to_string(size_));
-    }
+    check_plan_rank(pl, rank_, size_, operation);
     // Everything is checked before anything is queued: a bad call leaves the stream as it was.
     const std::size_t sizes[3] = {in_count, out_count, pl.scratch_count()};
     const bool in_place =

@@ -40,6 +40,7 @@
 #include <weft/comm/detail/scratch.hpp>
 #include <weft/comm/failure.hpp>
 #include <weft/comm/plan.hpp>
+#include <weft/comm/plan/check.hpp>
 #include <weft/comm/plan/engine.hpp>
 #include <weft/comm/progress.hpp>
 #include <weft/comm/transport/detail/local_state.hpp>
@@ -454,44 +455,16 @@ private:
   }
 
   void check_peer(int peer, std::string_view operation) const {
-    if (peer < 0 || peer >= size() || peer == rank_) {
-      throw error(operation, rank_, peer,
-                  "peer outside the communicator of " + std::to_string(size()) + " ranks");
-    }
+    check_plan_peer(peer, rank_, size(), false, operation);
   }
 
   // A plan made for this rank of a communicator of this size, whose every peer is another
-  // rank of it (before any step runs, so a foreign plan moves no data).
+  // rank of it (before any step runs, so a foreign plan moves no data). The ranges of this
+  // rank's buffers are checked as the steps run.
   void check_plan(const plan& pl, std::string_view operation) const {
-    if (pl.size() != size() || pl.rank() != rank_) {
-      throw error(operation, rank_, error::unknown,
-                  "the plan is for rank " + std::to_string(pl.rank()) + " of " +
-                      std::to_string(pl.size()) + ", not rank " + std::to_string(rank_) + " of " +
-                      std::to_string(size()));
-    }
-    const auto member = [&](int q) { // loads and syncs may name this rank itself
-      if (q < 0 || q >= size()) check_peer(q, operation);
-    };
-    for (const step& s : pl.steps()) {
-      switch (s.kind) {
-        case step_kind::copy:
-        case step_kind::reduce: break;
-        case step_kind::load: member(s.peer); break;
-        case step_kind::load_reduce:
-        case step_kind::sync:
-          if (s.peer < 0 || static_cast<std::size_t>(s.peer) >= pl.groups().size()) {
-            throw error(operation, rank_, error::unknown,
-                        "the plan names group " + std::to_string(s.peer) + " of " +
-                            std::to_string(pl.groups().size()));
-          }
-          for (int q : pl.group(s.peer))
-            member(q);
-          break;
-        case step_kind::send:
-        case step_kind::recv:
-        case step_kind::recv_reduce: check_peer(s.peer, operation); break;
-      }
-    }
+    check_plan_rank(pl, rank_, size(), operation);
+    plan_check_hooks none;
+    check_plan_steps(pl, {.rank = rank_, .size = size(), .operation = operation}, none);
   }
 
   // Where elements [off, off + n) of the peer's buffer b are, for a call of `count`; a peer

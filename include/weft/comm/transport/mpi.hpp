@@ -76,6 +76,7 @@
 #include <weft/comm/detail/scratch.hpp>
 #include <weft/comm/failure.hpp>
 #include <weft/comm/plan.hpp>
+#include <weft/comm/plan/check.hpp>
 #include <weft/comm/plan/engine.hpp>
 #include <weft/comm/progress.hpp>
 #include <weft/comm/transport/detail/mpi_comm_handle.hpp>
@@ -448,12 +449,7 @@ public:
                   "hierarchical<>), and MPI processes do not share memory: use ring, tree, "
                   "halving_doubling, hierarchical<ring, ...> or automatic");
     }
-    if (pl.size() != size_ || pl.rank() != rank_) {
-      throw error(operation, rank_, error::unknown,
-                  "the plan is for rank " + std::to_string(pl.rank()) + " of " +
-                      std::to_string(pl.size()) + ", not rank " + std::to_string(rank_) + " of " +
-                      std::to_string(size_));
-    }
+    check_plan_rank(pl, rank_, size_, operation);
     const recorded scope(*this, operation, pl.steps().size());
     T* const scratch = scratch_.get<T>(pl.scratch_count());
     // The input is only ever read.
@@ -903,10 +899,7 @@ private:
   }
 
   void check_peer(int peer, std::string_view operation) const {
-    if (peer < 0 || peer >= size_ || peer == rank_) {
-      throw error(operation, rank_, peer,
-                  "peer outside the communicator of " + std::to_string(size_) + " ranks");
-    }
+    check_plan_peer(peer, rank_, size_, false, operation);
   }
 
   void check_tag(int tag, std::string_view operation) const {

@@ -8,6 +8,7 @@
 //
 // Host logic only: nothing here calls CUDA or NCCL.
 #include <weft/comm/plan.hpp>
+#include <weft/comm/plan/check.hpp>
 #include <weft/core/error.hpp>
 #include <weft/cuda/detail/device_alignment.hpp>
 #include <weft/cuda/detail/receive_landing.hpp>
@@ -50,40 +51,20 @@ inline void lay_out(const plan& pl, int rank, int size, const std::size_t (&size
   out.temp.assign(steps.size(), device_plan_layout::direct);
   out.scratch_bytes = device_plan_layout::aligned(pl.scratch_count() * element_size);
   out.temp_bytes = 0;
-  const auto check_peer = [&](const step& s) {
-    if (s.peer < 0 || s.peer >= size || s.peer == rank) {
-      throw error(operation, rank, s.peer,
-                  "peer outside the communicator of " + std::to_string(size) + " ranks");
+  struct refuse_peer_access : plan_check_hooks {
+    int rank;
+    std::string_view operation;
+    void refuse(const step& s) const {
+      throw error(
+          operation, rank, error::unknown,
+          "the plan has a " + std::string(name_of(s.kind)) +
+              " step, which needs peer access, and NCCL ranks cannot read each other's memory");
     }
-  };
-  const auto check_range = [&](buffer b, std::size_t off, std::size_t n) {
-    check_step_range(off, n, sizes[static_cast<std::size_t>(b)], operation, rank);
-  };
-  for (const step& s : steps) {
-    switch (s.kind) {
-      case step_kind::send:
-        check_peer(s);
-        check_range(s.src, s.src_offset, s.count);
-        break;
-      case step_kind::recv:
-        check_peer(s);
-        check_range(s.dst, s.dst_offset, s.count);
-        break;
-      case step_kind::recv_reduce: check_peer(s); [[fallthrough]];
-      case step_kind::copy:
-      case step_kind::reduce:
-        check_range(s.src, s.src_offset, s.count);
-        check_range(s.dst, s.dst_offset, s.count);
-        break;
-      case step_kind::load:
-      case step_kind::load_reduce:
-      case step_kind::sync:
-        throw error(
-            operation, rank, error::unknown,
-            "the plan has a " + std::string(name_of(s.kind)) +
-                " step, which needs peer access, and NCCL ranks cannot read each other's memory");
-    }
-  }
+  } hooks{{}, rank, operation};
+  check_plan_steps(
+      pl,
+      {.rank = rank, .size = size, .operation = operation, .sizes = sizes, .peer_access = false},
+      hooks);
   for (const plan_round& r : rounds_of(steps)) {
     const std::size_t round_bytes =
         place_round_receives(std::span(steps).subspan(r.begin, r.end - r.begin), in_place,

@@ -61,8 +61,7 @@ struct touched_range {
 /// round's temporaries (each aligned to device_alignment), or lands_in_place. Returns the
 /// bytes of temporaries the round needs.
 inline std::size_t place_round_receives(std::span<const step> round, bool in_place,
-                                        std::size_t element_size,
-                                        std::span<std::size_t> offsets) {
+                                        std::size_t element_size, std::span<std::size_t> offsets) {
   std::size_t bytes = 0;
   for (std::size_t k = 0; k < round.size(); ++k) {
     const step& s = round[k];
