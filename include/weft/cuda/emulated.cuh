@@ -477,20 +477,15 @@ private:
   const T* peer_range(int q, buffer b, std::size_t off, std::size_t n, bool staged,
                       T* const (&bufs)[3], std::string_view operation) const {
     if (staged) { // the peer's staging area of this call, the only buffer a staged plan reads
-      if (b != buffer::scratch || !step_range_fits(off, n, max_staged_scratch_bytes / sizeof(T))) {
-        throw error(operation, rank(), q,
-                    "a staged plan may load only from its peers' staging area");
-      }
+      check_staged_load(
+          b == buffer::scratch && step_range_fits(off, n, max_staged_scratch_bytes / sizeof(T)),
+          operation, rank(), q);
       return static_cast<const T*>(staging_of(q)) + off;
     }
     if (q == rank()) return bufs[static_cast<std::size_t>(b)] + off; // check_plan checked it
     const auto& pb = peer_buffers_[static_cast<std::size_t>(q)];
     const auto i = static_cast<std::size_t>(b);
-    if (!step_range_fits(off, n, pb.sizes[i])) {
-      throw error(operation, rank(), q,
-                  "plan loads elements [" + std::to_string(off) + ", " + std::to_string(off + n) +
-                      ") of a peer buffer of " + std::to_string(pb.sizes[i]));
-    }
+    check_peer_range(off, n, pb.sizes[i], "a peer buffer", operation, rank(), q);
     return static_cast<const T*>(pb.data[i]) + off;
   }
 

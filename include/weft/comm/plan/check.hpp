@@ -40,6 +40,29 @@ inline void check_plan_peer(int peer, int rank, int size, bool self_allowed,
   }
 }
 
+/// Throws weft::error unless elements [offset, offset + count) of a peer's buffer of `size`
+/// elements, which `what` names ("a peer buffer"), lie inside it: a load's range, checked
+/// where the peer's buffers are known.
+inline void check_peer_range(std::size_t offset, std::size_t count, std::size_t size,
+                             std::string_view what, std::string_view operation, int rank,
+                             int peer) {
+  if (!step_range_fits(offset, count, size)) {
+    throw error(operation, rank, peer,
+                "plan loads elements [" + std::to_string(offset) + ", " +
+                    std::to_string(offset + count) + ") of " + std::string(what) + " of " +
+                    std::to_string(size));
+  }
+}
+
+/// Throws weft::error unless a staged plan's load reads its peer's staging area
+/// (`reads_staging`: the load's buffer is scratch, and where the transport checks it here,
+/// its range lies in the staging area), the only memory a staged plan's peers keep for it.
+inline void check_staged_load(bool reads_staging, std::string_view operation, int rank, int peer) {
+  if (!reads_staging) {
+    throw error(operation, rank, peer, "a staged plan may load only from its peers' staging area");
+  }
+}
+
 /// Who runs a plan, and what of it check_plan_steps checks.
 struct plan_check {
   int rank = 0;
@@ -86,10 +109,10 @@ void check_plan_steps(const plan& pl, const plan_check& c, Hooks& x) {
     if (q == c.rank) own(s.src, s.src_offset, s.count);
   };
   for (const step& s : pl.steps()) {
-    const bool message = s.kind == step_kind::send || s.kind == step_kind::recv ||
-                         s.kind == step_kind::recv_reduce;
-    const bool peer_access = s.kind == step_kind::load || s.kind == step_kind::load_reduce ||
-                             s.kind == step_kind::sync;
+    const bool message =
+        s.kind == step_kind::send || s.kind == step_kind::recv || s.kind == step_kind::recv_reduce;
+    const bool peer_access =
+        s.kind == step_kind::load || s.kind == step_kind::load_reduce || s.kind == step_kind::sync;
     if ((message && !c.messages) || (peer_access && !c.peer_access)) x.refuse(s);
     switch (s.kind) {
       case step_kind::send:

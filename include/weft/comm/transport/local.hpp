@@ -481,10 +481,9 @@ private:
       }
     };
     if (staged) { // the peer's staging area of this call, the only buffer a staged plan reads
-      if (b != buffer::scratch || !step_range_fits(off, n, max_staged_scratch_bytes / sizeof(T))) {
-        throw error(operation, rank_, peer,
-                    "a staged plan may load only from its peers' staging area");
-      }
+      check_staged_load(
+          b == buffer::scratch && step_range_fits(off, n, max_staged_scratch_bytes / sizeof(T)),
+          operation, rank_, peer);
       auto& area = group_->staging_of(peer, staged_calls_);
       same_count(area.count);
       return reinterpret_cast<const T*>(area.bytes) + off;
@@ -492,11 +491,7 @@ private:
     const auto& s = group_->slots[static_cast<std::size_t>(peer)];
     same_count(s.count);
     const auto i = static_cast<std::size_t>(b);
-    if (!step_range_fits(off, n, s.sizes[i])) {
-      throw error(operation, rank_, peer,
-                  "plan loads elements [" + std::to_string(off) + ", " + std::to_string(off + n) +
-                      ") of a peer buffer of " + std::to_string(s.sizes[i]));
-    }
+    check_peer_range(off, n, s.sizes[i], "a peer buffer", operation, rank_, peer);
     return static_cast<const T*>(s.buffers[i]) + off;
   }
 

@@ -248,17 +248,12 @@ inline p2p_call_layout p2p_lay_out_call(const plan& pl, int rank, int size,
     // A load from rank q's buffer b: this rank's own buffer (checked by the common checks), or
     // a peer's region of the workspace.
     void load_from(int q, buffer b, std::size_t off, std::size_t n) const {
-      if (lay.staged && b != buffer::scratch) {
-        throw error(operation, rank, q, "a staged plan may load only from its peers' staging area");
-      }
+      if (lay.staged) check_staged_load(b == buffer::scratch, operation, rank, q);
       if (q == rank) return;
-      const std::size_t have = lay.capacity[static_cast<std::size_t>(b)];
-      if (!step_range_fits(off, n, have)) {
-        throw error(operation, rank, q,
-                    "plan loads elements [" + std::to_string(off) + ", " + std::to_string(off + n) +
-                        ") of a peer's " + std::string(p2p_buffer_name(b)) + " region of " +
-                        std::to_string(have));
-      }
+      static constexpr std::string_view regions[3] = {
+          "a peer's input region", "a peer's output region", "a peer's scratch region"};
+      const auto i = static_cast<std::size_t>(b);
+      check_peer_range(off, n, lay.capacity[i], regions[i], operation, rank, q);
     }
   } rules{{}, lay, rank, operation};
   check_plan_steps(
