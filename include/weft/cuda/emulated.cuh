@@ -46,10 +46,13 @@
 // buffers of the caller that a peer may still read must then outlive run().
 #include <weft/comm/communicator.hpp>
 #include <weft/comm/plan.hpp>
+#include <weft/comm/plan/check.hpp>
+#include <weft/comm/plan/engine.hpp>
 #include <weft/comm/transport/local.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/types.hpp>
 #include <weft/cuda/detail/device_alignment.hpp>
+#include <weft/cuda/detail/receive_landing.hpp>
 #include <weft/cuda/error.cuh>
 #include <weft/cuda/kernels.cuh>
 #include <weft/cuda/memory.cuh>
@@ -198,61 +201,14 @@ private:
   std::size_t size_ = 0;
 };
 
-/// Marks a step whose message lands in its destination (or that receives nothing).
-inline constexpr std::size_t lands_in_place = static_cast<std::size_t>(-1);
-
-/// Where the messages of one round land. `base` holds the addresses of the rank's input,
-/// output and scratch (input == output in place); offsets[k] becomes round[k]'s byte offset
-/// in the round's temporary area, or lands_in_place. Returns the bytes of temporaries the
-/// round needs. A recv lands in place unless an earlier step of the round reads or writes an
-/// overlapping range: its copy is queued before the round's local steps, and so would run
-/// before that earlier step. A recv_reduce always takes a temporary.
+/// Where the messages of one round land (detail/receive_landing.hpp's rule), for the rank's
+/// input, output and scratch at the addresses `base` (input == output in place): offsets[k]
+/// becomes round[k]'s byte offset in the round's temporary area, or lands_in_place. Returns
+/// the bytes of temporaries the round needs.
 inline std::size_t place_receives(std::span<const step> round, const std::uintptr_t (&base)[3],
                                   std::size_t element_size, std::vector<std::size_t>& offsets) {
-  struct range {
-    std::uintptr_t begin = 0;
-    std::size_t bytes = 0;
-    [[nodiscard]] bool overlaps(const range& o) const {
-      return bytes != 0 && o.bytes != 0 && begin < o.begin + o.bytes && o.begin < begin + bytes;
-    }
-  };
-  const auto at = [&](buffer b, std::size_t offset, std::size_t count) {
-    return range{base[static_cast<std::size_t>(b)] + offset * element_size, count * element_size};
-  };
-  // The ranges of the rank's own memory a step reads (src) and writes (dst).
-  const auto reads = [&](const step& s) {
-    switch (s.kind) {
-      case step_kind::send:
-      case step_kind::recv_reduce:
-      case step_kind::copy:
-      case step_kind::reduce:
-      case step_kind::load_reduce: return at(s.src, s.src_offset, s.count);
-      default: return range{};
-    }
-  };
-  const auto writes = [&](const step& s) {
-    switch (s.kind) {
-      case step_kind::send:
-      case step_kind::sync: return range{};
-      default: return at(s.dst, s.dst_offset, s.count);
-    }
-  };
-  offsets.assign(round.size(), lands_in_place);
-  std::size_t bytes = 0;
-  for (std::size_t k = 0; k < round.size(); ++k) {
-    const step& s = round[k];
-    if (s.kind != step_kind::recv && s.kind != step_kind::recv_reduce) continue;
-    bool temporary = s.kind == step_kind::recv_reduce;
-    const range dst = writes(s);
-    for (std::size_t j = 0; j < k && !temporary; ++j) {
-      temporary = dst.overlaps(reads(round[j])) || dst.overlaps(writes(round[j]));
-    }
-    if (temporary) {
-      offsets[k] = bytes;
-      bytes += device_aligned(s.count * element_size);
-    }
-  }
-  return bytes;
+  offsets.resize(round.size());
+  return place_round_receives(round, base[0] == base[1], element_size, offsets);
 }
 
 /// Checks a plan against this rank's buffers and communicator before anything is queued:
@@ -260,59 +216,8 @@ inline std::size_t place_receives(std::span<const step> round, const std::uintpt
 /// every group index valid. Peers' ranges are checked when their addresses arrive.
 inline void check_plan(const plan& pl, const std::size_t (&sizes)[3], int rank, int size,
                        std::string_view operation) {
-  const auto in_range = [&](buffer b, std::size_t offset, std::size_t count) {
-    check_step_range(offset, count, sizes[static_cast<std::size_t>(b)], operation, rank);
-  };
-  const auto a_rank = [&](int peer, bool self_allowed) {
-    if (peer < 0 || peer >= size || (!self_allowed && peer == rank)) {
-      throw error(operation, rank, peer,
-                  "peer outside the communicator of " + std::to_string(size) + " ranks");
-    }
-  };
-  const auto a_group = [&](int g) {
-    if (g < 0 || static_cast<std::size_t>(g) >= pl.groups().size()) {
-      throw error(operation, rank, error::unknown,
-                  "plan step names group " + std::to_string(g) + " of " +
-                      std::to_string(pl.groups().size()));
-    }
-    for (int q : pl.group(g))
-      a_rank(q, true);
-  };
-  for (const step& s : pl.steps()) {
-    switch (s.kind) {
-      case step_kind::send:
-        a_rank(s.peer, false);
-        in_range(s.src, s.src_offset, s.count);
-        break;
-      case step_kind::recv:
-        a_rank(s.peer, false);
-        in_range(s.dst, s.dst_offset, s.count);
-        break;
-      case step_kind::recv_reduce:
-        a_rank(s.peer, false);
-        in_range(s.src, s.src_offset, s.count);
-        in_range(s.dst, s.dst_offset, s.count);
-        break;
-      case step_kind::copy:
-      case step_kind::reduce:
-        in_range(s.src, s.src_offset, s.count);
-        in_range(s.dst, s.dst_offset, s.count);
-        break;
-      case step_kind::load:
-        a_rank(s.peer, true);
-        if (s.peer == rank) in_range(s.src, s.src_offset, s.count);
-        in_range(s.dst, s.dst_offset, s.count);
-        break;
-      case step_kind::load_reduce: {
-        a_group(s.peer);
-        const auto& g = pl.group(s.peer);
-        if (std::find(g.begin(), g.end(), rank) != g.end()) in_range(s.src, s.src_offset, s.count);
-        in_range(s.dst, s.dst_offset, s.count);
-        break;
-      }
-      case step_kind::sync: a_group(s.peer); break;
-    }
-  }
+  plan_check_hooks none;
+  check_plan_steps(pl, {.rank = rank, .size = size, .operation = operation, .sizes = sizes}, none);
 }
 
 /// "weft: x" -> "x", for an error quoted inside another.
@@ -572,115 +477,120 @@ private:
   const T* peer_range(int q, buffer b, std::size_t off, std::size_t n, bool staged,
                       T* const (&bufs)[3], std::string_view operation) const {
     if (staged) { // the peer's staging area of this call, the only buffer a staged plan reads
-      if (b != buffer::scratch || !step_range_fits(off, n, max_staged_scratch_bytes / sizeof(T))) {
-        throw error(operation, rank(), q,
-                    "a staged plan may load only from its peers' staging area");
-      }
+      check_staged_load(
+          b == buffer::scratch && step_range_fits(off, n, max_staged_scratch_bytes / sizeof(T)),
+          operation, rank(), q);
       return static_cast<const T*>(staging_of(q)) + off;
     }
     if (q == rank()) return bufs[static_cast<std::size_t>(b)] + off; // check_plan checked it
     const auto& pb = peer_buffers_[static_cast<std::size_t>(q)];
     const auto i = static_cast<std::size_t>(b);
-    if (!step_range_fits(off, n, pb.sizes[i])) {
-      throw error(operation, rank(), q,
-                  "plan loads elements [" + std::to_string(off) + ", " + std::to_string(off + n) +
-                      ") of a peer buffer of " + std::to_string(pb.sizes[i]));
-    }
+    check_peer_range(off, n, pb.sizes[i], "a peer buffer", operation, rank(), q);
     return static_cast<const T*>(pb.data[i]) + off;
   }
 
+  // The emulated transport's hooks for run_plan. A round's receives are queued on the stream
+  // before its local steps, each landing in place or in a temporary of the round
+  // (detail/receive_landing.hpp); its sends wait, at the round's end, for their receivers'
+  // copies.
   template <class T, class Op>
-  void run_rounds(const plan& pl, T* const (&bufs)[3], bool staged, const Op& op,
-                  std::string_view operation) {
-    const cudaStream_t s = stream_.get();
-    const std::uintptr_t base[3] = {reinterpret_cast<std::uintptr_t>(bufs[0]),
-                                    reinterpret_cast<std::uintptr_t>(bufs[1]),
-                                    reinterpret_cast<std::uintptr_t>(bufs[2])};
-    const auto at = [&](buffer b, std::size_t off) {
-      return bufs[static_cast<std::size_t>(b)] + off;
-    };
-    const auto& steps = pl.steps();
-    for (const plan_round& r : rounds_of(steps)) {
-      const std::span<const step> round(steps.data() + r.begin, r.end - r.begin);
-      auto* temps = static_cast<std::byte*>(
-          temps_.get(detail::place_receives(round, base, sizeof(T), landing_), *world_));
-      const auto temporary = [&](std::size_t k) {
-        return reinterpret_cast<T*>(temps + landing_[k]);
-      };
+  struct plan_run : plan_hooks {
+    communicator& c;
+    const plan& pl;
+    T* const (&bufs)[3];
+    bool staged;
+    const Op& op;
+    std::string_view operation;
+    cudaStream_t s = nullptr;
+    std::byte* temps = nullptr; // the current round's temporaries
+    std::size_t first = 0;      // the current round's first step
 
-      // Sends: every source of the round is ready at this point of the stream.
-      for (const step& st : round) {
-        if (st.kind != step_kind::send) continue;
-        post(st.peer, message::ready, record(), detail::word_of(at(st.src, st.src_offset)),
+    T* at(buffer b, std::size_t off) const { return bufs[static_cast<std::size_t>(b)] + off; }
+    T* temporary(std::size_t k) const { return reinterpret_cast<T*>(temps + c.landing_[k]); }
+    [[nodiscard]] std::span<const step> round(const plan_round& r) const {
+      return {pl.steps().data() + r.begin, r.end - r.begin};
+    }
+
+    void begin_round(const plan_round& r) {
+      first = r.begin;
+      const std::uintptr_t base[3] = {reinterpret_cast<std::uintptr_t>(bufs[0]),
+                                      reinterpret_cast<std::uintptr_t>(bufs[1]),
+                                      reinterpret_cast<std::uintptr_t>(bufs[2])};
+      temps = static_cast<std::byte*>(
+          c.temps_.get(detail::place_receives(round(r), base, sizeof(T), c.landing_), *c.world_));
+    }
+    // Sends: every source of the round is ready at this point of the stream.
+    void send(std::size_t, const step& st) {
+      c.post(st.peer, message::ready, c.record(), detail::word_of(at(st.src, st.src_offset)),
              static_cast<std::int64_t>(st.count), operation);
-      }
-
-      // Receives, queued before the local steps; each sender learns when its copy is queued.
-      for (std::size_t k = 0; k < round.size(); ++k) {
-        const step& st = round[k];
+    }
+    // Receives, queued before the local steps; each sender learns when its copy is queued.
+    void sends_posted(const plan_round& r) {
+      const std::span<const step> steps = round(r);
+      for (std::size_t k = 0; k < steps.size(); ++k) {
+        const step& st = steps[k];
         if (st.kind != step_kind::recv && st.kind != step_kind::recv_reduce) continue;
-        const detail::emulated_note n = fetch(st.peer, message::ready, operation);
+        const detail::emulated_note n = c.fetch(st.peer, message::ready, operation);
         if (static_cast<std::size_t>(n.count()) != st.count) {
           throw error(
-              operation, rank(), st.peer,
+              operation, c.rank(), st.peer,
               "the peer sends " + std::to_string(n.count()) +
                   " elements where this rank receives " + std::to_string(st.count) +
                   ": the ranks disagree on the call (set WEFT_CHECK_CALLS=1 to find where)");
         }
-        wait(n.event());
-        T* dst = landing_[k] == detail::lands_in_place ? at(st.dst, st.dst_offset) : temporary(k);
+        c.wait(n.event());
+        T* dst = c.landing_[k] == detail::lands_in_place ? at(st.dst, st.dst_offset) : temporary(k);
         WEFT_CUDA_TRY(cudaMemcpyAsync(dst, detail::pointer_from<const T*>(n.address()),
                                       st.count * sizeof(T), cudaMemcpyDeviceToDevice, s));
-        post(st.peer, message::consumed, record(), 0, 0, operation);
-      }
-
-      // Local steps, in plan order.
-      for (std::size_t k = 0; k < round.size(); ++k) {
-        const step& st = round[k];
-        switch (st.kind) {
-          case step_kind::send: break;
-          case step_kind::recv:
-            if (landing_[k] != detail::lands_in_place)
-              cuda::copy(at(st.dst, st.dst_offset), temporary(k), st.count, s);
-            break;
-          case step_kind::recv_reduce:
-            cuda::reduce(at(st.dst, st.dst_offset), at(st.src, st.src_offset), temporary(k),
-                         st.count, op, s);
-            break;
-          case step_kind::copy:
-            cuda::copy(at(st.dst, st.dst_offset), at(st.src, st.src_offset), st.count, s);
-            break;
-          case step_kind::reduce: {
-            T* d = at(st.dst, st.dst_offset);
-            cuda::reduce(d, d, at(st.src, st.src_offset), st.count, op, s);
-            break;
-          }
-          case step_kind::load:
-            WEFT_CUDA_TRY(cudaMemcpyAsync(
-                at(st.dst, st.dst_offset),
-                peer_range(st.peer, st.src, st.src_offset, st.count, staged, bufs, operation),
-                st.count * sizeof(T), cudaMemcpyDeviceToDevice, s));
-            break;
-          case step_kind::load_reduce: {
-            const auto& g = pl.group(st.peer);
-            sources_.clear();
-            for (int q : g)
-              sources_.push_back(
-                  peer_range(q, st.src, st.src_offset, st.count, staged, bufs, operation));
-            cuda::reduce(at(st.dst, st.dst_offset),
-                         reinterpret_cast<const T* const*>(sources_.data()),
-                         static_cast<int>(sources_.size()), st.count, op, s);
-            break;
-          }
-          case step_kind::sync: sync_with(pl.group(st.peer), operation); break;
-        }
-      }
-
-      // Round end: no later step may overwrite a source before its receiver's copy has run.
-      for (const step& st : round) {
-        if (st.kind == step_kind::send) wait(fetch(st.peer, message::consumed, operation).event());
+        c.post(st.peer, message::consumed, c.record(), 0, 0, operation);
       }
     }
+    // Local steps, in plan order (k - first: the step's place in its round).
+    void recv(std::size_t k, const step& st) {
+      if (c.landing_[k - first] != detail::lands_in_place)
+        cuda::copy(at(st.dst, st.dst_offset), temporary(k - first), st.count, s);
+    }
+    void recv_reduce(std::size_t k, const step& st) {
+      cuda::reduce(at(st.dst, st.dst_offset), at(st.src, st.src_offset), temporary(k - first),
+                   st.count, op, s);
+    }
+    void copy(std::size_t, const step& st) {
+      cuda::copy(at(st.dst, st.dst_offset), at(st.src, st.src_offset), st.count, s);
+    }
+    void reduce(std::size_t, const step& st) {
+      T* d = at(st.dst, st.dst_offset);
+      cuda::reduce(d, d, at(st.src, st.src_offset), st.count, op, s);
+    }
+    void load(std::size_t, const step& st) {
+      WEFT_CUDA_TRY(cudaMemcpyAsync(
+          at(st.dst, st.dst_offset),
+          c.peer_range(st.peer, st.src, st.src_offset, st.count, staged, bufs, operation),
+          st.count * sizeof(T), cudaMemcpyDeviceToDevice, s));
+    }
+    void load_reduce(std::size_t, const step& st) {
+      const auto& g = pl.group(st.peer);
+      c.sources_.clear();
+      for (int q : g)
+        c.sources_.push_back(
+            c.peer_range(q, st.src, st.src_offset, st.count, staged, bufs, operation));
+      cuda::reduce(at(st.dst, st.dst_offset), reinterpret_cast<const T* const*>(c.sources_.data()),
+                   static_cast<int>(c.sources_.size()), st.count, op, s);
+    }
+    void sync(std::size_t, const step& st) { c.sync_with(pl.group(st.peer), operation); }
+    // Round end: no later step may overwrite a source before its receiver's copy has run.
+    void end_round(const plan_round& r) {
+      for (const step& st : round(r)) {
+        if (st.kind == step_kind::send)
+          c.wait(c.fetch(st.peer, message::consumed, operation).event());
+      }
+    }
+  };
+
+  template <class T, class Op>
+  void run_rounds(const plan& pl, T* const (&bufs)[3], bool staged, const Op& op,
+                  std::string_view operation) {
+    plan_run<T, Op> hooks{{}, *this, pl, bufs, staged, op, operation, stream_.get(), nullptr, 0};
+    run_plan(pl.steps(), hooks);
   }
 
   // Every member's stream waits for every other member's to reach this point.

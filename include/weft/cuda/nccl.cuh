@@ -79,6 +79,8 @@
 // non-blocking communicator that handshake answers ncclInProgress and so has the deadline too.
 #include <weft/comm/failure.hpp>
 #include <weft/comm/plan.hpp>
+#include <weft/comm/plan/check.hpp>
+#include <weft/comm/plan/engine.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/ops.hpp>
 #include <weft/core/types.hpp>
@@ -445,12 +447,7 @@ public:
           "NCCL ranks "
           "cannot: use ring, tree, halving_doubling, hierarchical<ring, ...>, automatic or vendor");
     }
-    if (pl.size() != size_ || pl.rank() != rank_) {
-      throw error(operation, rank_, error::unknown,
-                  "the plan is for rank " + std::to_string(pl.rank()) + " of " +
-                      std::to_string(pl.size()) + ", not rank " + std::to_string(rank_) + " of " +
-                      std::to_string(size_));
-    }
+    check_plan_rank(pl, rank_, size_, operation);
     // Everything is checked before anything is queued: a bad call leaves the stream as it was.
     const std::size_t sizes[3] = {in_count, out_count, pl.scratch_count()};
     const bool in_place =
@@ -462,61 +459,8 @@ public:
     std::byte* const temps = base + layout_.scratch_bytes;
     T* const bufs[3] = {const_cast<T*>(in), out,
                         reinterpret_cast<T*>(base)}; // input is only ever read
-    const auto src = [&](const step& s) -> T* {
-      return bufs[static_cast<std::size_t>(s.src)] + s.src_offset;
-    };
-    const auto dst = [&](const step& s) -> T* {
-      return bufs[static_cast<std::size_t>(s.dst)] + s.dst_offset;
-    };
-    const auto landing = [&](std::size_t k) -> T* {
-      const std::size_t t = layout_.temp[k];
-      return t == detail::device_plan_layout::direct ? dst(pl.steps()[k])
-                                                     : reinterpret_cast<T*>(temps + t);
-    };
-    constexpr ncclDataType_t type = nccl_type_of<T>;
-    const cudaStream_t s = stream();
-    const auto& steps = pl.steps();
-    for (const plan_round& r : rounds_of(steps)) {
-      bool messages = false;
-      for (std::size_t k = r.begin; k < r.end; ++k) {
-        const step_kind kind = steps[k].kind;
-        messages = messages || kind == step_kind::send || kind == step_kind::recv ||
-                   kind == step_kind::recv_reduce;
-      }
-      if (messages) {
-        group g(*this, operation);
-        for (std::size_t k = r.begin; k < r.end; ++k) {
-          const step& st = steps[k];
-          if (st.kind == step_kind::send) {
-            check_nccl(ncclSend(src(st), st.count, type, st.peer, comm_.get(), s), "ncclSend",
-                       operation, st.peer);
-          }
-        }
-        for (std::size_t k = r.begin; k < r.end; ++k) {
-          const step& st = steps[k];
-          if (st.kind == step_kind::recv || st.kind == step_kind::recv_reduce) {
-            check_nccl(ncclRecv(landing(k), st.count, type, st.peer, comm_.get(), s), "ncclRecv",
-                       operation, st.peer);
-          }
-        }
-        g.end();
-      }
-      for (std::size_t k = r.begin; k < r.end; ++k) {
-        const step& st = steps[k];
-        switch (st.kind) {
-          case step_kind::recv:
-            if (layout_.temp[k] != detail::device_plan_layout::direct)
-              cuda::copy(dst(st), landing(k), st.count, s);
-            break;
-          case step_kind::recv_reduce:
-            cuda::reduce(dst(st), src(st), landing(k), st.count, op, s);
-            break;
-          case step_kind::copy: cuda::copy(dst(st), src(st), st.count, s); break;
-          case step_kind::reduce: cuda::reduce(dst(st), dst(st), src(st), st.count, op, s); break;
-          default: break; // sends are queued; lay_out refused peer-access steps
-        }
-      }
-    }
+    plan_run<T, Op> hooks{{}, *this, pl, bufs, temps, op, operation, stream(), {}};
+    run_plan(pl.steps(), hooks);
   }
 
   /// NCCL's own collective C (algo::vendor), on the same buffers and counts as execute's
@@ -619,6 +563,71 @@ private:
     communicator& c_;
     std::string_view operation_;
     bool open_ = true;
+  };
+
+  // The NCCL transport's hooks for run_plan: a round with messages is one NCCL group of its
+  // sends and then its receives, each receive landing where layout_ says; the local steps
+  // follow on the stream. (lay_out refused peer-access steps.)
+  template <class T, class Op>
+  struct plan_run : plan_hooks {
+    communicator& c;
+    const plan& pl;
+    T* const (&bufs)[3];
+    std::byte* temps;
+    const Op& op;
+    std::string_view operation;
+    cudaStream_t s;
+    std::optional<group> g; // the current round's, while it is open
+
+    static constexpr ncclDataType_t type = nccl_type_of<T>;
+    T* src(const step& st) const { return bufs[static_cast<std::size_t>(st.src)] + st.src_offset; }
+    T* dst(const step& st) const { return bufs[static_cast<std::size_t>(st.dst)] + st.dst_offset; }
+    T* landing(std::size_t k) const {
+      const std::size_t t = c.layout_.temp[k];
+      return t == detail::device_plan_layout::direct ? dst(pl.steps()[k])
+                                                     : reinterpret_cast<T*>(temps + t);
+    }
+    static bool message(step_kind kind) {
+      return kind == step_kind::send || kind == step_kind::recv || kind == step_kind::recv_reduce;
+    }
+
+    void begin_round(const plan_round& r) {
+      const auto& steps = pl.steps();
+      for (std::size_t k = r.begin; k < r.end; ++k) {
+        if (message(steps[k].kind)) {
+          g.emplace(c, operation);
+          return;
+        }
+      }
+    }
+    void send(std::size_t, const step& st) {
+      c.check_nccl(ncclSend(src(st), st.count, type, st.peer, c.comm_.get(), s), "ncclSend",
+                   operation, st.peer);
+    }
+    void sends_posted(const plan_round& r) {
+      if (!g) return;
+      const auto& steps = pl.steps();
+      for (std::size_t k = r.begin; k < r.end; ++k) {
+        const step& st = steps[k];
+        if (st.kind == step_kind::recv || st.kind == step_kind::recv_reduce) {
+          c.check_nccl(ncclRecv(landing(k), st.count, type, st.peer, c.comm_.get(), s), "ncclRecv",
+                       operation, st.peer);
+        }
+      }
+      g->end();
+      g.reset();
+    }
+    void recv(std::size_t k, const step& st) {
+      if (c.layout_.temp[k] != detail::device_plan_layout::direct)
+        cuda::copy(dst(st), landing(k), st.count, s);
+    }
+    void recv_reduce(std::size_t k, const step& st) {
+      cuda::reduce(dst(st), src(st), landing(k), st.count, op, s);
+    }
+    void copy(std::size_t, const step& st) { cuda::copy(dst(st), src(st), st.count, s); }
+    void reduce(std::size_t, const step& st) {
+      cuda::reduce(dst(st), dst(st), src(st), st.count, op, s);
+    }
   };
 
   // What a host-span message announces before its data.

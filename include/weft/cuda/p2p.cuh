@@ -58,6 +58,7 @@
 #include <weft/comm/communicator.hpp>
 #include <weft/comm/failure.hpp>
 #include <weft/comm/plan.hpp>
+#include <weft/comm/plan/engine.hpp>
 #include <weft/comm/transport/local.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/ops.hpp>
@@ -330,50 +331,18 @@ public:
     int area = 0;
     if (lay.staged)
       area = capturing ? detail::p2p_captured_staging : static_cast<int>(++staged_calls_ % 2);
-    // Rank q's buffer b: its staging area for a staged plan's scratch, else its region of b.
-    const auto region = [&](int q, buffer b) -> T* {
-      if (lay.staged) return reinterpret_cast<T*>(ep_->staging(q, area));
-      return reinterpret_cast<T*>(ep_->data(q) + lay.offset[static_cast<std::size_t>(b)]);
-    };
     T* const mine[3] = {
-        lay.staged ? const_cast<T*>(in) : region(rank(), buffer::input), // input is only read
-        lay.staged ? out : region(rank(), buffer::output), region(rank(), buffer::scratch)};
-    const auto at = [&](buffer b, std::size_t off) {
-      return mine[static_cast<std::size_t>(b)] + off;
-    };
+        lay.staged ? const_cast<T*>(in) : region<T>(lay, area, rank(), buffer::input), // only read
+        lay.staged ? out : region<T>(lay, area, rank(), buffer::output),
+        region<T>(lay, area, rank(), buffer::scratch)};
     // Every data kernel asks the rank's failed mark first: none moves data past a sync that gave
     // up (detail/p2p_epoch.hpp).
     const detail::p2p_data_gate gate = ep_->data_gate();
+    plan_run<T, Op> hooks{{}, *this, pl, lay, area, mine, op, operation, s, gate};
     try {
       // A broadcast's input region is its output region (the layout gives both offset 0).
       if (!lay.staged) cuda::copy(mine[0], in, in_count, s, gate);
-      for (const step& st : pl.steps()) {
-        switch (st.kind) {
-          case step_kind::copy:
-            cuda::copy(at(st.dst, st.dst_offset), at(st.src, st.src_offset), st.count, s, gate);
-            break;
-          case step_kind::reduce: {
-            T* const d = at(st.dst, st.dst_offset);
-            cuda::reduce(d, d, at(st.src, st.src_offset), st.count, op, s, gate);
-            break;
-          }
-          case step_kind::load:
-            cuda::copy(at(st.dst, st.dst_offset), region(st.peer, st.src) + st.src_offset, st.count,
-                       s, gate);
-            break;
-          case step_kind::load_reduce: {
-            const auto& group = pl.group(st.peer);
-            std::array<const T*, detail::p2p_max_ranks> sources{};
-            for (std::size_t j = 0; j < group.size(); ++j)
-              sources[j] = region(group[j], st.src) + st.src_offset;
-            cuda::reduce(at(st.dst, st.dst_offset), sources.data(), static_cast<int>(group.size()),
-                         st.count, op, s, gate);
-            break;
-          }
-          case step_kind::sync: ep_->sync(pl.group(st.peer), operation); break;
-          default: break; // message steps: refused by p2p_lay_out_call
-        }
-      }
+      run_plan(pl.steps(), hooks); // message steps: refused by p2p_lay_out_call
       // Its peers load a staged plan's staging area after the call; a captured call, whose
       // area is the same at every replay, waits for them instead.
       if (lay.staged && capturing) {
@@ -392,6 +361,53 @@ public:
 
 private:
   friend struct detail::p2p_factory;
+
+  // Rank q's buffer b in a call laid out as `lay`: its staging area `area` for a staged plan's
+  // scratch, else its region of b in its workspace.
+  template <class T>
+  T* region(const detail::p2p_call_layout& lay, int area, int q, buffer b) const {
+    if (lay.staged) return reinterpret_cast<T*>(ep_->staging(q, area));
+    return reinterpret_cast<T*>(ep_->data(q) + lay.offset[static_cast<std::size_t>(b)]);
+  }
+
+  // The p2p transport's hooks for run_plan: every step a kernel on the stream, loads reading
+  // the peers' regions (or their staging areas, for a staged plan).
+  template <class T, class Op>
+  struct plan_run : plan_hooks {
+    basic_communicator& c;
+    const plan& pl;
+    const detail::p2p_call_layout& lay;
+    int area;
+    T* const (&mine)[3];
+    const Op& op;
+    std::string_view operation;
+    cudaStream_t s;
+    detail::p2p_data_gate gate;
+
+    T* at(buffer b, std::size_t off) const { return mine[static_cast<std::size_t>(b)] + off; }
+    T* region(int q, buffer b) const { return c.template region<T>(lay, area, q, b); }
+
+    void copy(std::size_t, const step& st) {
+      cuda::copy(at(st.dst, st.dst_offset), at(st.src, st.src_offset), st.count, s, gate);
+    }
+    void reduce(std::size_t, const step& st) {
+      T* const d = at(st.dst, st.dst_offset);
+      cuda::reduce(d, d, at(st.src, st.src_offset), st.count, op, s, gate);
+    }
+    void load(std::size_t, const step& st) {
+      cuda::copy(at(st.dst, st.dst_offset), region(st.peer, st.src) + st.src_offset, st.count, s,
+                 gate);
+    }
+    void load_reduce(std::size_t, const step& st) {
+      const auto& group = pl.group(st.peer);
+      std::array<const T*, detail::p2p_max_ranks> sources{};
+      for (std::size_t j = 0; j < group.size(); ++j)
+        sources[j] = region(group[j], st.src) + st.src_offset;
+      cuda::reduce(at(st.dst, st.dst_offset), sources.data(), static_cast<int>(group.size()),
+                   st.count, op, s, gate);
+    }
+    void sync(std::size_t, const step& st) { c.ep_->sync(pl.group(st.peer), operation); }
+  };
 
   // Collective over the host communicator: allocates this rank's workspace and trades
   // addresses with every peer. `borrowed` or else `owned` is the host communicator; `world`

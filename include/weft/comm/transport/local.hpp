@@ -40,6 +40,8 @@
 #include <weft/comm/detail/scratch.hpp>
 #include <weft/comm/failure.hpp>
 #include <weft/comm/plan.hpp>
+#include <weft/comm/plan/check.hpp>
+#include <weft/comm/plan/engine.hpp>
 #include <weft/comm/progress.hpp>
 #include <weft/comm/transport/detail/local_state.hpp>
 #include <weft/core/error.hpp>
@@ -359,93 +361,90 @@ public:
 private:
   static constexpr int plan_tag = -1;
 
+  // The local transport's hooks for run_plan: sends are posted as messages, receives
+  // consume them, loads read the peers' published buffers.
+  template <class T, class Op, class Pending>
+  struct plan_run : plan_hooks {
+    communicator& c;
+    const plan& pl;
+    const plan_buffers<T>& buffers;
+    const Op& op;
+    std::string_view operation;
+    bool staged;
+    Pending& pending;
+
+    void at_step(const plan_round& r, std::size_t k, const step& s) {
+      c.record().at_step(r.number, k, s.kind);
+    }
+    void send(std::size_t, const step& s) {
+      pending.add(s.peer, c.post(s.peer, buffers.at(s.src, s.src_offset, s.count), s.count,
+                                 dtype_of<T>, plan_tag, nullptr, operation));
+    }
+    void recv(std::size_t, const step& s) {
+      T* dst = buffers.at(s.dst, s.dst_offset, s.count);
+      c.consume(s.peer, s.count, dtype_of<T>, plan_tag, operation,
+                [&](const void* src) { detail::copy_n(dst, static_cast<const T*>(src), s.count); });
+    }
+    void recv_reduce(std::size_t, const step& s) {
+      const T* a = buffers.at(s.src, s.src_offset, s.count);
+      T* dst = buffers.at(s.dst, s.dst_offset, s.count);
+      c.consume(
+          s.peer, s.count, dtype_of<T>, plan_tag, operation,
+          [&](const void* src) {
+            detail::reduce2(dst, a, static_cast<const T*>(src), s.count, op);
+          },
+          arrival::before_use);
+    }
+    void copy(std::size_t, const step& s) {
+      detail::copy_n(buffers.at(s.dst, s.dst_offset, s.count),
+                     buffers.at(s.src, s.src_offset, s.count), s.count);
+    }
+    void reduce(std::size_t, const step& s) {
+      T* d = buffers.at(s.dst, s.dst_offset, s.count);
+      detail::reduce2(d, d, buffers.at(s.src, s.src_offset, s.count), s.count, op);
+    }
+    void load(std::size_t, const step& s) {
+      const std::int64_t arrived = c.pace_loads(std::span(&s.peer, 1), s.count * sizeof(T));
+      peer_reads reading(c);
+      if (!staged) reading.add(s.peer, operation);
+      detail::copy_n(
+          buffers.at(s.dst, s.dst_offset, s.count),
+          c.peer_range<T>(s.peer, s.src, s.src_offset, s.count, pl.count(), operation, staged),
+          s.count);
+      detail::link_pacer::wait_until(arrived);
+    }
+    void load_reduce(std::size_t, const step& s) {
+      const auto& g = pl.group(s.peer);
+      peer_reads reading(c);
+      c.srcs_.clear();
+      for (int q : g) {
+        if (!staged) reading.add(q, operation);
+        c.srcs_.push_back(
+            c.peer_range<T>(q, s.src, s.src_offset, s.count, pl.count(), operation, staged));
+      }
+      detail::link_pacer::wait_until(c.pace_loads(g, s.count * sizeof(T)));
+      detail::reduce_many(buffers.at(s.dst, s.dst_offset, s.count),
+                          reinterpret_cast<const T* const*>(c.srcs_.data()), c.srcs_.size(),
+                          s.count, op);
+    }
+    void sync(std::size_t, const step& s) {
+      const auto& g = pl.group(s.peer);
+      c.sync_with(g, operation);
+      if (auto* pacer = c.group_->world->pacer.get()) {
+        c.devs_.clear();
+        for (int q : g)
+          c.devs_.push_back(c.world_rank(q));
+        detail::link_pacer::wait_until(pacer->synced(c.devs_));
+      }
+    }
+    void end_round(const plan_round&) { pending.wait_all(operation); }
+  };
+
   template <class T, class Op, class Pending>
   void run_steps(const plan& pl, const plan_buffers<T>& buffers, const Op& op,
                  std::string_view operation, bool staged, Pending& pending) {
-    const auto& steps = pl.steps();
-    for (const plan_round& r : rounds_of(steps)) {
-      const std::uint32_t round = r.number;
-      for (std::size_t k = r.begin; k < r.end; ++k) {
-        const step& s = steps[k];
-        if (s.kind == step_kind::send) {
-          record().at_step(round, k, s.kind);
-          pending.add(s.peer, post(s.peer, buffers.at(s.src, s.src_offset, s.count), s.count,
-                                   dtype_of<T>, plan_tag, nullptr, operation));
-        }
-      }
-      for (std::size_t k = r.begin; k < r.end; ++k) {
-        const step& s = steps[k];
-        if (s.kind != step_kind::send) record().at_step(round, k, s.kind);
-        switch (s.kind) {
-          case step_kind::send: break;
-          case step_kind::recv: {
-            T* dst = buffers.at(s.dst, s.dst_offset, s.count);
-            consume(s.peer, s.count, dtype_of<T>, plan_tag, operation, [&](const void* src) {
-              detail::copy_n(dst, static_cast<const T*>(src), s.count);
-            });
-            break;
-          }
-          case step_kind::recv_reduce: {
-            const T* a = buffers.at(s.src, s.src_offset, s.count);
-            T* dst = buffers.at(s.dst, s.dst_offset, s.count);
-            consume(
-                s.peer, s.count, dtype_of<T>, plan_tag, operation,
-                [&](const void* src) {
-                  detail::reduce2(dst, a, static_cast<const T*>(src), s.count, op);
-                },
-                arrival::before_use);
-            break;
-          }
-          case step_kind::copy:
-            detail::copy_n(buffers.at(s.dst, s.dst_offset, s.count),
-                           buffers.at(s.src, s.src_offset, s.count), s.count);
-            break;
-          case step_kind::reduce: {
-            T* d = buffers.at(s.dst, s.dst_offset, s.count);
-            detail::reduce2(d, d, buffers.at(s.src, s.src_offset, s.count), s.count, op);
-            break;
-          }
-          case step_kind::load: {
-            const std::int64_t arrived = pace_loads(std::span(&s.peer, 1), s.count * sizeof(T));
-            peer_reads reading(*this);
-            if (!staged) reading.add(s.peer, operation);
-            detail::copy_n(
-                buffers.at(s.dst, s.dst_offset, s.count),
-                peer_range<T>(s.peer, s.src, s.src_offset, s.count, pl.count(), operation, staged),
-                s.count);
-            detail::link_pacer::wait_until(arrived);
-            break;
-          }
-          case step_kind::load_reduce: {
-            const auto& g = pl.group(s.peer);
-            peer_reads reading(*this);
-            srcs_.clear();
-            for (int q : g) {
-              if (!staged) reading.add(q, operation);
-              srcs_.push_back(
-                  peer_range<T>(q, s.src, s.src_offset, s.count, pl.count(), operation, staged));
-            }
-            detail::link_pacer::wait_until(pace_loads(g, s.count * sizeof(T)));
-            detail::reduce_many(buffers.at(s.dst, s.dst_offset, s.count),
-                                reinterpret_cast<const T* const*>(srcs_.data()), srcs_.size(),
-                                s.count, op);
-            break;
-          }
-          case step_kind::sync: {
-            const auto& g = pl.group(s.peer);
-            sync_with(g, operation);
-            if (auto* pacer = group_->world->pacer.get()) {
-              devs_.clear();
-              for (int q : g)
-                devs_.push_back(world_rank(q));
-              detail::link_pacer::wait_until(pacer->synced(devs_));
-            }
-            break;
-          }
-        }
-      }
-      pending.wait_all(operation);
-    }
+    plan_run<T, Op, Pending> hooks{{}, *this, pl, buffers, op, operation, staged, pending};
+    run_plan(pl.steps(), hooks);
   }
 
   std::vector<int> all_ranks() const {
@@ -456,44 +455,16 @@ private:
   }
 
   void check_peer(int peer, std::string_view operation) const {
-    if (peer < 0 || peer >= size() || peer == rank_) {
-      throw error(operation, rank_, peer,
-                  "peer outside the communicator of " + std::to_string(size()) + " ranks");
-    }
+    check_plan_peer(peer, rank_, size(), false, operation);
   }
 
   // A plan made for this rank of a communicator of this size, whose every peer is another
-  // rank of it (before any step runs, so a foreign plan moves no data).
+  // rank of it (before any step runs, so a foreign plan moves no data). The ranges of this
+  // rank's buffers are checked as the steps run.
   void check_plan(const plan& pl, std::string_view operation) const {
-    if (pl.size() != size() || pl.rank() != rank_) {
-      throw error(operation, rank_, error::unknown,
-                  "the plan is for rank " + std::to_string(pl.rank()) + " of " +
-                      std::to_string(pl.size()) + ", not rank " + std::to_string(rank_) + " of " +
-                      std::to_string(size()));
-    }
-    const auto member = [&](int q) { // loads and syncs may name this rank itself
-      if (q < 0 || q >= size()) check_peer(q, operation);
-    };
-    for (const step& s : pl.steps()) {
-      switch (s.kind) {
-        case step_kind::copy:
-        case step_kind::reduce: break;
-        case step_kind::load: member(s.peer); break;
-        case step_kind::load_reduce:
-        case step_kind::sync:
-          if (s.peer < 0 || static_cast<std::size_t>(s.peer) >= pl.groups().size()) {
-            throw error(operation, rank_, error::unknown,
-                        "the plan names group " + std::to_string(s.peer) + " of " +
-                            std::to_string(pl.groups().size()));
-          }
-          for (int q : pl.group(s.peer))
-            member(q);
-          break;
-        case step_kind::send:
-        case step_kind::recv:
-        case step_kind::recv_reduce: check_peer(s.peer, operation); break;
-      }
-    }
+    check_plan_rank(pl, rank_, size(), operation);
+    plan_check_hooks none;
+    check_plan_steps(pl, {.rank = rank_, .size = size(), .operation = operation}, none);
   }
 
   // Where elements [off, off + n) of the peer's buffer b are, for a call of `count`; a peer
@@ -510,10 +481,9 @@ private:
       }
     };
     if (staged) { // the peer's staging area of this call, the only buffer a staged plan reads
-      if (b != buffer::scratch || !step_range_fits(off, n, max_staged_scratch_bytes / sizeof(T))) {
-        throw error(operation, rank_, peer,
-                    "a staged plan may load only from its peers' staging area");
-      }
+      check_staged_load(
+          b == buffer::scratch && step_range_fits(off, n, max_staged_scratch_bytes / sizeof(T)),
+          operation, rank_, peer);
       auto& area = group_->staging_of(peer, staged_calls_);
       same_count(area.count);
       return reinterpret_cast<const T*>(area.bytes) + off;
@@ -521,11 +491,7 @@ private:
     const auto& s = group_->slots[static_cast<std::size_t>(peer)];
     same_count(s.count);
     const auto i = static_cast<std::size_t>(b);
-    if (!step_range_fits(off, n, s.sizes[i])) {
-      throw error(operation, rank_, peer,
-                  "plan loads elements [" + std::to_string(off) + ", " + std::to_string(off + n) +
-                      ") of a peer buffer of " + std::to_string(s.sizes[i]));
-    }
+    check_peer_range(off, n, s.sizes[i], "a peer buffer", operation, rank_, peer);
     return static_cast<const T*>(s.buffers[i]) + off;
   }
 

@@ -76,6 +76,8 @@
 #include <weft/comm/detail/scratch.hpp>
 #include <weft/comm/failure.hpp>
 #include <weft/comm/plan.hpp>
+#include <weft/comm/plan/check.hpp>
+#include <weft/comm/plan/engine.hpp>
 #include <weft/comm/progress.hpp>
 #include <weft/comm/transport/detail/mpi_comm_handle.hpp>
 #include <weft/comm/transport/detail/mpi_datatype.hpp>
@@ -447,12 +449,7 @@ public:
                   "hierarchical<>), and MPI processes do not share memory: use ring, tree, "
                   "halving_doubling, hierarchical<ring, ...> or automatic");
     }
-    if (pl.size() != size_ || pl.rank() != rank_) {
-      throw error(operation, rank_, error::unknown,
-                  "the plan is for rank " + std::to_string(pl.rank()) + " of " +
-                      std::to_string(pl.size()) + ", not rank " + std::to_string(rank_) + " of " +
-                      std::to_string(size_));
-    }
+    check_plan_rank(pl, rank_, size_, operation);
     const recorded scope(*this, operation, pl.steps().size());
     T* const scratch = scratch_.get<T>(pl.scratch_count());
     // The input is only ever read.
@@ -467,65 +464,8 @@ public:
     const MPI_Datatype type = detail::mpi_datatype<T>();
     constexpr std::string_view type_name = dtype_traits<T>::name;
     constexpr std::size_t piece = message_bytes / sizeof(T) > 0 ? message_bytes / sizeof(T) : 1;
-    guarded(operation, [&] {
-      const auto& steps = pl.steps();
-      for (const plan_round& r : rounds_of(steps)) {
-        const std::uint32_t round = r.number;
-        for (std::size_t k = r.begin; k < r.end; ++k) {
-          const step& s = steps[k];
-          if (s.kind != step_kind::send) continue;
-          progress_->at_step(round, k, s.kind);
-          check_peer(s.peer, operation);
-          queue_plan_sends(buffers.at(s.src, s.src_offset, s.count), s.count, s.peer, piece,
-                           s.src == buffer::scratch, operation);
-        }
-        release_queued_sends();
-        for (std::size_t k = r.begin; k < r.end; ++k) {
-          const step& s = steps[k];
-          if (s.kind != step_kind::send) progress_->at_step(round, k, s.kind);
-          switch (s.kind) {
-            case step_kind::send: break;
-            case step_kind::recv:
-              check_peer(s.peer, operation);
-              post_plan_recvs(buffers.at(s.dst, s.dst_offset, s.count), s.count, s.peer, piece,
-                              s.dst == buffer::scratch, operation);
-              recvs_.wait_all(type, type_name, ctx);
-              break;
-            case step_kind::recv_reduce:
-              check_peer(s.peer, operation);
-              recv_reduce(buffers.at(s.src, s.src_offset, s.count),
-                          buffers.at(s.dst, s.dst_offset, s.count), s.count, s.peer, piece, op,
-                          ctx);
-              break;
-            case step_kind::copy:
-              detail::copy_n(buffers.at(s.dst, s.dst_offset, s.count),
-                             buffers.at(s.src, s.src_offset, s.count), s.count);
-              break;
-            case step_kind::reduce: {
-              T* d = buffers.at(s.dst, s.dst_offset, s.count);
-              detail::reduce2(d, d, buffers.at(s.src, s.src_offset, s.count), s.count, op);
-              break;
-            }
-            case step_kind::load:
-            case step_kind::load_reduce:
-            case step_kind::sync:
-              throw error(operation, rank_, s.peer,
-                          "the MPI transport cannot run a peer-access step");
-          }
-        }
-        // The round's sends: those still waiting for a credit (the tick releases them), then
-        // their completion.
-        detail::mpi_poll([&] { return unsent_ == 0 && sends_.test_all(type, type_name, ctx); }, ctx,
-                         [&] {
-                           return unsent_ > 0
-                                      ? detail::mpi_waiting_for{first_unsent_peer(),
-                                                                "have its receive posted"}
-                                      : detail::mpi_waiting_for{sends_.first_pending_peer(),
-                                                                "have its message received"};
-                         });
-        eager_copies_.clear();
-      }
-    });
+    plan_run<T, Op> hooks{{}, *this, buffers, op, operation, ctx, type, type_name, piece};
+    guarded(operation, [&] { run_plan(pl.steps(), hooks); });
   }
 
   /// Under on_failure::throw_error, a plan's step larger than this many bytes waits for its
@@ -536,6 +476,68 @@ public:
 
 private:
   friend void broadcast_bytes(communicator& comm, std::span<std::byte> data, int root);
+
+  // The MPI transport's hooks for run_plan: a round hands MPI its sends at once (see
+  // execute), then posts and waits for each receive in order.
+  template <class T, class Op>
+  struct plan_run : plan_hooks {
+    communicator& c;
+    const plan_buffers<T>& buffers;
+    const Op& op;
+    std::string_view operation;
+    const detail::mpi_wait_context& ctx;
+    MPI_Datatype type;
+    std::string_view type_name;
+    std::size_t piece;
+
+    void at_step(const plan_round& r, std::size_t k, const step& s) {
+      c.progress_->at_step(r.number, k, s.kind);
+    }
+    void send(std::size_t, const step& s) {
+      c.check_peer(s.peer, operation);
+      c.queue_plan_sends(buffers.at(s.src, s.src_offset, s.count), s.count, s.peer, piece,
+                         s.src == buffer::scratch, operation);
+    }
+    void sends_posted(const plan_round&) { c.release_queued_sends(); }
+    void recv(std::size_t, const step& s) {
+      c.check_peer(s.peer, operation);
+      c.post_plan_recvs(buffers.at(s.dst, s.dst_offset, s.count), s.count, s.peer, piece,
+                        s.dst == buffer::scratch, operation);
+      c.recvs_.wait_all(type, type_name, ctx);
+    }
+    void recv_reduce(std::size_t, const step& s) {
+      c.check_peer(s.peer, operation);
+      c.recv_reduce(buffers.at(s.src, s.src_offset, s.count),
+                    buffers.at(s.dst, s.dst_offset, s.count), s.count, s.peer, piece, op, ctx);
+    }
+    void copy(std::size_t, const step& s) {
+      detail::copy_n(buffers.at(s.dst, s.dst_offset, s.count),
+                     buffers.at(s.src, s.src_offset, s.count), s.count);
+    }
+    void reduce(std::size_t, const step& s) {
+      T* d = buffers.at(s.dst, s.dst_offset, s.count);
+      detail::reduce2(d, d, buffers.at(s.src, s.src_offset, s.count), s.count, op);
+    }
+    [[noreturn]] void peer_access(const step& s) const {
+      throw error(operation, c.rank_, s.peer, "the MPI transport cannot run a peer-access step");
+    }
+    void load(std::size_t, const step& s) { peer_access(s); }
+    void load_reduce(std::size_t, const step& s) { peer_access(s); }
+    void sync(std::size_t, const step& s) { peer_access(s); }
+    // The round's sends: those still waiting for a credit (the tick releases them), then
+    // their completion.
+    void end_round(const plan_round&) {
+      detail::mpi_poll(
+          [&] { return c.unsent_ == 0 && c.sends_.test_all(type, type_name, ctx); }, ctx,
+          [&] {
+            return c.unsent_ > 0
+                       ? detail::mpi_waiting_for{c.first_unsent_peer(), "have its receive posted"}
+                       : detail::mpi_waiting_for{c.sends_.first_pending_peer(),
+                                                 "have its message received"};
+          });
+      c.eager_copies_.clear();
+    }
+  };
 
   // Records an operation in the progress counters while it runs, after checking that the
   // family has not failed (then the call throws the failure at once); one that ends by an
@@ -897,10 +899,7 @@ private:
   }
 
   void check_peer(int peer, std::string_view operation) const {
-    if (peer < 0 || peer >= size_ || peer == rank_) {
-      throw error(operation, rank_, peer,
-                  "peer outside the communicator of " + std::to_string(size_) + " ranks");
-    }
+    check_plan_peer(peer, rank_, size_, false, operation);
   }
 
   void check_tag(int tag, std::string_view operation) const {

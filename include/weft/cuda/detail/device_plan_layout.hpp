@@ -8,11 +8,14 @@
 //
 // Host logic only: nothing here calls CUDA or NCCL.
 #include <weft/comm/plan.hpp>
+#include <weft/comm/plan/check.hpp>
 #include <weft/core/error.hpp>
 #include <weft/cuda/detail/device_alignment.hpp>
+#include <weft/cuda/detail/receive_landing.hpp>
 
 #include <algorithm>
 #include <cstddef>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,7 +26,7 @@ namespace weft::cuda::detail {
 /// either straight in its destination (temp[k] == direct) or in a temporary at byte offset
 /// temp[k] of its round's temporaries, which follow the plan's scratch.
 struct device_plan_layout {
-  static constexpr std::size_t direct = static_cast<std::size_t>(-1);
+  static constexpr std::size_t direct = lands_in_place;
   static constexpr std::size_t alignment = device_alignment; // of the scratch and every temporary
 
   std::vector<std::size_t> temp; // one per step
@@ -36,8 +39,9 @@ struct device_plan_layout {
 
 /// Checks rank `rank`'s plan `pl` on `size` ranks against its buffers (sizes[b] elements of
 /// element_size bytes; in_place: input and output are the same memory) and lays out its
-/// temporaries by the device execution rule: recv_reduce always lands in a temporary; a recv
-/// does when an earlier step of its round touches an overlapping range of its destination.
+/// temporaries by detail/receive_landing.hpp's rule: recv_reduce always lands in a temporary;
+/// a recv does when an earlier step of its round touches an overlapping range of its
+/// destination.
 /// Throws weft::error naming `operation` on a peer-access step, a peer outside the ranks, or
 /// a range outside its buffer.
 inline void lay_out(const plan& pl, int rank, int size, const std::size_t (&sizes)[3],
@@ -47,65 +51,24 @@ inline void lay_out(const plan& pl, int rank, int size, const std::size_t (&size
   out.temp.assign(steps.size(), device_plan_layout::direct);
   out.scratch_bytes = device_plan_layout::aligned(pl.scratch_count() * element_size);
   out.temp_bytes = 0;
-  const auto check_peer = [&](const step& s) {
-    if (s.peer < 0 || s.peer >= size || s.peer == rank) {
-      throw error(operation, rank, s.peer,
-                  "peer outside the communicator of " + std::to_string(size) + " ranks");
+  struct refuse_peer_access : plan_check_hooks {
+    int rank;
+    std::string_view operation;
+    void refuse(const step& s) const {
+      throw error(
+          operation, rank, error::unknown,
+          "the plan has a " + std::string(name_of(s.kind)) +
+              " step, which needs peer access, and NCCL ranks cannot read each other's memory");
     }
-  };
-  const auto check_range = [&](buffer b, std::size_t off, std::size_t n) {
-    check_step_range(off, n, sizes[static_cast<std::size_t>(b)], operation, rank);
-  };
-  const auto same = [&](buffer b) { return in_place && b == buffer::output ? buffer::input : b; };
-  // Whether step s reads or writes elements [off, off + n) of buffer b.
-  const auto touches = [&](const step& s, buffer b, std::size_t off, std::size_t n) {
-    const auto hit = [&](buffer sb, std::size_t soff) {
-      return same(sb) == same(b) && soff < off + n && off < soff + s.count;
-    };
-    switch (s.kind) {
-      case step_kind::send: return hit(s.src, s.src_offset);
-      case step_kind::recv: return hit(s.dst, s.dst_offset);
-      default: return hit(s.src, s.src_offset) || hit(s.dst, s.dst_offset);
-    }
-  };
+  } hooks{{}, rank, operation};
+  check_plan_steps(
+      pl,
+      {.rank = rank, .size = size, .operation = operation, .sizes = sizes, .peer_access = false},
+      hooks);
   for (const plan_round& r : rounds_of(steps)) {
-    std::size_t round_bytes = 0;
-    for (std::size_t k = r.begin; k < r.end; ++k) {
-      const step& s = steps[k];
-      bool temporary = false;
-      switch (s.kind) {
-        case step_kind::send:
-          check_peer(s);
-          check_range(s.src, s.src_offset, s.count);
-          break;
-        case step_kind::recv:
-          check_peer(s);
-          check_range(s.dst, s.dst_offset, s.count);
-          for (std::size_t j = r.begin; j < k && !temporary; ++j)
-            temporary = touches(steps[j], s.dst, s.dst_offset, s.count);
-          break;
-        case step_kind::recv_reduce:
-          check_peer(s);
-          temporary = true;
-          [[fallthrough]];
-        case step_kind::copy:
-        case step_kind::reduce:
-          check_range(s.src, s.src_offset, s.count);
-          check_range(s.dst, s.dst_offset, s.count);
-          break;
-        case step_kind::load:
-        case step_kind::load_reduce:
-        case step_kind::sync:
-          throw error(
-              operation, rank, error::unknown,
-              "the plan has a " + std::string(name_of(s.kind)) +
-                  " step, which needs peer access, and NCCL ranks cannot read each other's memory");
-      }
-      if (temporary) {
-        out.temp[k] = round_bytes;
-        round_bytes += device_plan_layout::aligned(s.count * element_size);
-      }
-    }
+    const std::size_t round_bytes =
+        place_round_receives(std::span(steps).subspan(r.begin, r.end - r.begin), in_place,
+                             element_size, std::span(out.temp).subspan(r.begin, r.end - r.begin));
     out.temp_bytes = std::max(out.temp_bytes, round_bytes);
   }
 }

@@ -10,6 +10,7 @@
 //     peers store   this rank's      staged calls alternate 0 and 1;     a call's input,
 //     their syncs   syncs with each  captured ones use 2                 output and scratch
 #include <weft/comm/plan.hpp>
+#include <weft/comm/plan/check.hpp>
 #include <weft/core/error.hpp>
 #include <weft/cuda/detail/device_alignment.hpp>
 
@@ -154,12 +155,7 @@ inline std::string_view p2p_buffer_name(buffer b) noexcept {
 inline p2p_call_layout p2p_lay_out_call(const plan& pl, int rank, int size,
                                         const std::size_t (&sizes)[3], std::size_t element_size,
                                         std::size_t data_bytes, std::string_view operation) {
-  if (pl.size() != size || pl.rank() != rank) {
-    throw error(operation, rank, error::unknown,
-                "the plan is for rank " + std::to_string(pl.rank()) + " of " +
-                    std::to_string(pl.size()) + ", not rank " + std::to_string(rank) + " of " +
-                    std::to_string(size));
-  }
+  check_plan_rank(pl, rank, size, operation);
   p2p_call_layout lay;
   lay.staged = pl.staged();
   const collective c = pl.coll();
@@ -217,84 +213,52 @@ inline p2p_call_layout p2p_lay_out_call(const plan& pl, int rank, int size,
         (data_bytes - lay.offset[2]) / element_size; // a peer's scratch may be larger than mine
   }
 
-  const auto own_range = [&](buffer b, std::size_t off, std::size_t n) {
-    check_step_range(off, n, sizes[static_cast<std::size_t>(b)], operation, rank);
-  };
-  const auto a_rank = [&](int q) {
-    if (q < 0 || q >= size) {
-      throw error(operation, rank, q,
-                  "peer outside the communicator of " + std::to_string(size) + " ranks");
+  // What p2p adds to the common checks: message steps refused, a staged plan's loads kept to
+  // the staging areas, a peer's range within its region, and groups that a sync kernel can
+  // take (no rank twice; a reduction over at least one).
+  struct p2p_rules : plan_check_hooks {
+    const p2p_call_layout& lay;
+    int rank;
+    std::string_view operation;
+
+    void refuse(const step& s) const {
+      throw error(operation, rank, s.peer,
+                  "the plan has a " + std::string(name_of(s.kind)) +
+                      " step: the p2p transport runs peer-access plans only (algo::direct); use "
+                      "algo::direct, or "
+                      "a transport with messages (nccl, emulated) for ring, tree and the other "
+                      "algorithms");
     }
-  };
-  // A load from rank q's buffer b: this rank's own buffer, or a peer's region of the workspace.
-  const auto load_range = [&](int q, buffer b, std::size_t off, std::size_t n) {
-    if (lay.staged && b != buffer::scratch) {
-      throw error(operation, rank, q, "a staged plan may load only from its peers' staging area");
-    }
-    if (q == rank) {
-      own_range(b, off, n);
-      return;
-    }
-    const std::size_t have = lay.capacity[static_cast<std::size_t>(b)];
-    if (!step_range_fits(off, n, have)) {
-      throw error(operation, rank, q,
-                  "plan loads elements [" + std::to_string(off) + ", " + std::to_string(off + n) +
-                      ") of a peer's " + std::string(p2p_buffer_name(b)) + " region of " +
-                      std::to_string(have));
-    }
-  };
-  const auto a_group = [&](int g) {
-    if (g < 0 || static_cast<std::size_t>(g) >= pl.groups().size()) {
-      throw error(operation, rank, error::unknown,
-                  "plan step names group " + std::to_string(g) + " of " +
-                      std::to_string(pl.groups().size()));
-    }
-    const auto& members = pl.group(g);
-    for (std::size_t i = 0; i < members.size(); ++i) {
-      a_rank(members[i]);
-      // Each member's thread of the sync kernel counts its syncs with that rank: a rank named
-      // twice would count one sync twice.
-      if (std::find(members.begin(), members.begin() + static_cast<std::ptrdiff_t>(i),
-                    members[i]) != members.begin() + static_cast<std::ptrdiff_t>(i)) {
+    // Each member's thread of the sync kernel counts its syncs with that rank: a rank named
+    // twice would count one sync twice.
+    void member(const plan& p, int g, std::size_t i) const {
+      const auto& members = p.group(g);
+      const auto end = members.begin() + static_cast<std::ptrdiff_t>(i);
+      if (std::find(members.begin(), end, members[i]) != end) {
         throw error(operation, rank, members[i],
                     "plan group " + std::to_string(g) + " names this rank twice");
       }
     }
-  };
-  for (const step& s : pl.steps()) {
-    switch (s.kind) {
-      case step_kind::send:
-      case step_kind::recv:
-      case step_kind::recv_reduce:
-        throw error(operation, rank, s.peer,
-                    "the plan has a " + std::string(name_of(s.kind)) +
-                        " step: the p2p transport runs peer-access plans only (algo::direct); use "
-                        "algo::direct, or "
-                        "a transport with messages (nccl, emulated) for ring, tree and the other "
-                        "algorithms");
-      case step_kind::copy:
-      case step_kind::reduce:
-        own_range(s.src, s.src_offset, s.count);
-        own_range(s.dst, s.dst_offset, s.count);
-        break;
-      case step_kind::load:
-        a_rank(s.peer);
-        load_range(s.peer, s.src, s.src_offset, s.count);
-        own_range(s.dst, s.dst_offset, s.count);
-        break;
-      case step_kind::load_reduce:
-        a_group(s.peer);
-        if (pl.group(s.peer).empty()) {
-          throw error(operation, rank, error::unknown,
-                      "plan reduces over group " + std::to_string(s.peer) + ", which is empty");
-        }
-        for (int q : pl.group(s.peer))
-          load_range(q, s.src, s.src_offset, s.count);
-        own_range(s.dst, s.dst_offset, s.count);
-        break;
-      case step_kind::sync: a_group(s.peer); break;
+    void reduces_over(const plan& p, int g) const {
+      if (p.group(g).empty()) {
+        throw error(operation, rank, error::unknown,
+                    "plan reduces over group " + std::to_string(g) + ", which is empty");
+      }
     }
-  }
+    // A load from rank q's buffer b: this rank's own buffer (checked by the common checks), or
+    // a peer's region of the workspace.
+    void load_from(int q, buffer b, std::size_t off, std::size_t n) const {
+      if (lay.staged) check_staged_load(b == buffer::scratch, operation, rank, q);
+      if (q == rank) return;
+      static constexpr std::string_view regions[3] = {
+          "a peer's input region", "a peer's output region", "a peer's scratch region"};
+      const auto i = static_cast<std::size_t>(b);
+      check_peer_range(off, n, lay.capacity[i], regions[i], operation, rank, q);
+    }
+  } rules{{}, lay, rank, operation};
+  check_plan_steps(
+      pl, {.rank = rank, .size = size, .operation = operation, .sizes = sizes, .messages = false},
+      rules);
   return lay;
 }
 

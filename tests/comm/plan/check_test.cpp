@@ -1,0 +1,47 @@
+#include <weft/comm/plan/check.hpp>
+#include <weft/core/error.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <vector>
+
+namespace {
+
+using weft::buffer;
+using weft::collective;
+using weft::plan;
+using weft::plan_request;
+using weft::step;
+
+struct refusing : weft::plan_check_hooks {
+  int refused = 0;
+  std::vector<int> members;
+  void refuse(const step&) { ++refused; }
+  void member(const plan& pl, int g, std::size_t i) { members.push_back(pl.group(g)[i]); }
+};
+
+TEST(plan_check, refuses_the_kinds_a_transport_does_not_run_and_checks_the_rest) {
+  plan pl(plan_request{collective::all_reduce, 4, 1, 8, 0, {}, 4});
+  pl.send(2, buffer::input, 0, 8);
+  const int g = pl.add_group({0, 1, 3});
+  pl.sync(g);
+  const std::size_t sizes[3] = {8, 8, 0};
+  refusing x;
+  weft::check_plan_steps(
+      pl, {.rank = 1, .size = 4, .operation = "all_reduce", .sizes = sizes, .peer_access = false},
+      x);
+  EXPECT_EQ(x.refused, 1); // the sync
+  EXPECT_EQ(x.members, (std::vector<int>{0, 1, 3}));
+  const std::size_t short_input[3] = {7, 8, 0};
+  EXPECT_THROW(weft::check_plan_steps(
+                   pl, {.rank = 1, .size = 4, .operation = "all_reduce", .sizes = short_input}, x),
+               weft::error);
+  // Without sizes, ranges are left to the run; a peer outside the ranks is not.
+  weft::plan_check_hooks none;
+  EXPECT_NO_THROW(weft::check_plan_steps(pl, {.rank = 1, .size = 4, .operation = "x"}, none));
+  EXPECT_THROW(weft::check_plan_steps(pl, {.rank = 1, .size = 2, .operation = "x"}, none),
+               weft::error);
+}
+
+} // namespace
