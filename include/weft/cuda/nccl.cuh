@@ -569,7 +569,7 @@ private:
   // sends and then its receives, each receive landing where layout_ says; the local steps
   // follow on the stream. (lay_out refused peer-access steps.)
   template <class T, class Op>
-  struct plan_run : plan_hooks {
+  struct plan_run : plan_hooks_without_peer_access {
     communicator& c;
     const plan& pl;
     T* const (&bufs)[3];

@@ -373,7 +373,7 @@ private:
   // The p2p transport's hooks for run_plan: every step a kernel on the stream, loads reading
   // the peers' regions (or their staging areas, for a staged plan).
   template <class T, class Op>
-  struct plan_run : plan_hooks {
+  struct plan_run : plan_hooks_without_messages {
     basic_communicator& c;
     const plan& pl;
     const detail::p2p_call_layout& lay;

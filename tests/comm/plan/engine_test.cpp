@@ -1,4 +1,5 @@
 #include <weft/comm/plan/engine.hpp>
+#include <weft/core/error.hpp>
 
 #include <gtest/gtest.h>
 
@@ -61,6 +62,47 @@ TEST(plan_engine, an_empty_plan_calls_no_hook) {
   recording x;
   weft::run_plan(plan().steps(), x);
   EXPECT_TRUE(x.calls.empty());
+}
+
+// A transport whose plan check refuses a family of kinds runs no step of it silently: reaching
+// one throws.
+struct peer_access_only : weft::plan_hooks_without_messages {
+  int ran = 0;
+  void copy(std::size_t, const step&) { ++ran; }
+  void reduce(std::size_t, const step&) { ++ran; }
+  void load(std::size_t, const step&) { ++ran; }
+  void load_reduce(std::size_t, const step&) { ++ran; }
+  void sync(std::size_t, const step&) { ++ran; }
+};
+struct messages_only : weft::plan_hooks_without_peer_access {
+  int ran = 0;
+  void send(std::size_t, const step&) { ++ran; }
+  void recv(std::size_t, const step&) { ++ran; }
+  void recv_reduce(std::size_t, const step&) { ++ran; }
+  void copy(std::size_t, const step&) { ++ran; }
+  void reduce(std::size_t, const step&) { ++ran; }
+};
+
+TEST(plan_engine, a_kind_the_check_refuses_throws_if_it_reaches_the_run) {
+  plan msg(plan_request{collective::all_reduce, 2, 0, 4, 0, {}, 4});
+  msg.copy(buffer::input, 0, buffer::output, 0, 4);
+  msg.recv(1, buffer::output, 0, 4);
+  peer_access_only p;
+  try {
+    weft::run_plan(msg.steps(), p);
+    ADD_FAILURE() << "a recv ran on hooks without messages";
+  } catch (const weft::error& e) {
+    EXPECT_NE(std::string(e.what()).find("internal error"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("recv"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(p.ran, 1); // the copy before it
+
+  plan peer(plan_request{collective::all_reduce, 2, 0, 4, 0, {}, 4});
+  peer.send(1, buffer::input, 0, 4);
+  peer.sync(peer.add_group({0, 1}));
+  messages_only m;
+  EXPECT_THROW(weft::run_plan(peer.steps(), m), weft::error);
+  EXPECT_EQ(m.ran, 1); // the send
 }
 
 } // namespace

@@ -11,31 +11,51 @@
 //                        the round's other steps, in order
 //   end_round(r)         once the round's steps are run (wait for its messages)
 //
-// plan_hooks gives every member a no-op; a transport's hooks derive from it and hide the
-// members they run. A transport that cannot run a kind throws from that kind's hook. The
-// hooks type is a template argument: no call through a pointer, nothing per step that a
-// hand-written loop would not do.
+// plan_hooks gives the round hooks (begin_round, at_step, sends_posted, end_round) a no-op and
+// declares no step hook: a transport's hooks derive from it and define a hook for every kind,
+// or the plan does not compile. A transport that cannot run a kind throws from its hook; one
+// whose plan check already refuses the message kinds or the peer-access kinds derives from
+// plan_hooks_without_messages or plan_hooks_without_peer_access, whose hooks for them say that
+// the check let one through. The hooks type is a template argument: no call through a pointer,
+// nothing per step that a hand-written loop would not do.
 #include <weft/comm/plan.hpp>
+#include <weft/core/config.hpp>
+#include <weft/core/error.hpp>
 
 #include <cstddef>
 #include <span>
+#include <string>
 
 namespace weft {
 
-/// No-op hooks; a transport's hooks derive from this and hide what they run.
+/// The round hooks as no-ops; a transport's hooks derive from this, hide the round hooks they
+/// need and define every step hook.
 struct plan_hooks {
   void begin_round(const plan_round&) {}
   void at_step(const plan_round&, std::size_t, const step&) {}
-  void send(std::size_t, const step&) {}
   void sends_posted(const plan_round&) {}
-  void recv(std::size_t, const step&) {}
-  void recv_reduce(std::size_t, const step&) {}
-  void copy(std::size_t, const step&) {}
-  void reduce(std::size_t, const step&) {}
-  void load(std::size_t, const step&) {}
-  void load_reduce(std::size_t, const step&) {}
-  void sync(std::size_t, const step&) {}
   void end_round(const plan_round&) {}
+};
+
+namespace detail {
+[[noreturn]] WEFT_COLD inline void step_past_the_check(const step& s) {
+  throw error("weft: internal error: the plan check let a " + std::string(name_of(s.kind)) +
+              " step through to a transport that cannot run it");
+}
+} // namespace detail
+
+/// For a transport whose plan check refuses send, recv and recv_reduce (peer access only).
+struct plan_hooks_without_messages : plan_hooks {
+  [[noreturn]] void send(std::size_t, const step& s) { detail::step_past_the_check(s); }
+  [[noreturn]] void recv(std::size_t, const step& s) { detail::step_past_the_check(s); }
+  [[noreturn]] void recv_reduce(std::size_t, const step& s) { detail::step_past_the_check(s); }
+};
+
+/// For a transport whose plan check refuses load, load_reduce and sync (messages only).
+struct plan_hooks_without_peer_access : plan_hooks {
+  [[noreturn]] void load(std::size_t, const step& s) { detail::step_past_the_check(s); }
+  [[noreturn]] void load_reduce(std::size_t, const step& s) { detail::step_past_the_check(s); }
+  [[noreturn]] void sync(std::size_t, const step& s) { detail::step_past_the_check(s); }
 };
 
 /// Runs `steps` through the hooks `x`, round by round (see the top of this header).
