@@ -74,7 +74,7 @@ TEST(emulated_host, run_without_a_device_says_why_before_starting_ranks) {
   EXPECT_NE(nodes.find("no CUDA device"), std::string::npos) << nodes;
 }
 
-// Fake addresses: only the arithmetic of place_receives looks at them.
+// Fake addresses: place_receives looks only at whether input and output are one buffer.
 constexpr std::uintptr_t in_at = 0x10000, out_at = 0x20000, scratch_at = 0x30000;
 
 step make_step(step_kind kind, buffer src, std::size_t src_offset, buffer dst,

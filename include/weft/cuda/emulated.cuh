@@ -325,7 +325,7 @@ public:
 
   /// Queues one rank's plan over device buffers on stream(); returns once it is queued (the
   /// host has traded its messages with the peers). `in`/`out` hold in_count/out_count
-  /// elements (in may equal out: in place).
+  /// elements (in may equal out: in place; buffers that overlap otherwise are an error).
   template <element T, class Op>
   void execute(const plan& pl, const T* in, std::size_t in_count, T* out, std::size_t out_count,
                const Op& op, std::string_view operation) {
@@ -338,6 +338,8 @@ public:
     }
     const std::size_t sizes[3] = {in_count, out_count, pl.scratch_count()};
     detail::check_plan(pl, sizes, rank(), size(), operation);
+    (void)plan_runs_in_place(in, in_count * sizeof(T), out, out_count * sizeof(T), operation,
+                             rank()); // the receives land by buffer: one buffer, or two apart
     try {
       if (staged) ++staged_calls_; // the same count on every rank: they make the same calls
       T* scratch = static_cast<T*>(staged ? staging_of(rank())
@@ -511,6 +513,7 @@ private:
       return {pl.steps().data() + r.begin, r.end - r.begin};
     }
 
+    void at_step(const plan_round&, std::size_t, const step&) {} // no progress records
     void begin_round(const plan_round& r) {
       first = r.begin;
       const std::uintptr_t base[3] = {reinterpret_cast<std::uintptr_t>(bufs[0]),

@@ -451,7 +451,7 @@ public:
     // Everything is checked before anything is queued: a bad call leaves the stream as it was.
     const std::size_t sizes[3] = {in_count, out_count, pl.scratch_count()};
     const bool in_place =
-        in_count != 0 && static_cast<const void*>(in) == static_cast<const void*>(out);
+        plan_runs_in_place(in, in_count * sizeof(T), out, out_count * sizeof(T), operation, rank_);
     detail::lay_out(pl, rank_, size_, sizes, sizeof(T), in_place, operation, layout_);
     const detail::device_scope on(device_);
     check_buffers(in, in_count, out, out_count, operation);
@@ -591,6 +591,8 @@ private:
       return kind == step_kind::send || kind == step_kind::recv || kind == step_kind::recv_reduce;
     }
 
+    void at_step(const plan_round&, std::size_t, const step&) {} // no progress records
+    void end_round(const plan_round&) {} // the stream orders the next round after this one
     void begin_round(const plan_round& r) {
       const auto& steps = pl.steps();
       for (std::size_t k = r.begin; k < r.end; ++k) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <string>
 #include <vector>
 
 namespace {
@@ -42,6 +43,24 @@ TEST(plan_check, refuses_the_kinds_a_transport_does_not_run_and_checks_the_rest)
   EXPECT_NO_THROW(weft::check_plan_steps(pl, {.rank = 1, .size = 4, .operation = "x"}, none));
   EXPECT_THROW(weft::check_plan_steps(pl, {.rank = 1, .size = 2, .operation = "x"}, none),
                weft::error);
+}
+
+// A plan runs in place on one buffer, or on two apart; overlapping otherwise is refused, since
+// the device transports place receives by buffer and offset.
+TEST(plan_check, a_plan_runs_in_place_on_one_buffer_and_refuses_buffers_that_only_overlap) {
+  float m[16] = {};
+  EXPECT_TRUE(weft::plan_runs_in_place(m, 32, m, 32, "all_reduce", 0));
+  EXPECT_FALSE(weft::plan_runs_in_place(m, 32, m + 8, 32, "all_reduce", 0)); // apart
+  EXPECT_FALSE(weft::plan_runs_in_place(m, 0, m, 32, "all_gather", 0));      // no input
+  try {
+    (void)weft::plan_runs_in_place(m, 32, m + 3, 32, "all_reduce", 1);
+    ADD_FAILURE() << "buffers that overlap by 5 elements were accepted";
+  } catch (const weft::error& e) {
+    EXPECT_NE(std::string(e.what()).find("overlap without being the same buffer"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW((void)weft::plan_runs_in_place(m + 3, 32, m, 32, "reduce", 0), weft::error);
 }
 
 } // namespace

@@ -68,6 +68,10 @@ TEST(plan_engine, an_empty_plan_calls_no_hook) {
 // one throws.
 struct peer_access_only : weft::plan_hooks_without_messages {
   int ran = 0;
+  void begin_round(const plan_round&) {}
+  void at_step(const plan_round&, std::size_t, const step&) {}
+  void sends_posted(const plan_round&) {}
+  void end_round(const plan_round&) {}
   void copy(std::size_t, const step&) { ++ran; }
   void reduce(std::size_t, const step&) { ++ran; }
   void load(std::size_t, const step&) { ++ran; }
@@ -76,6 +80,10 @@ struct peer_access_only : weft::plan_hooks_without_messages {
 };
 struct messages_only : weft::plan_hooks_without_peer_access {
   int ran = 0;
+  void begin_round(const plan_round&) {}
+  void at_step(const plan_round&, std::size_t, const step&) {}
+  void sends_posted(const plan_round&) {}
+  void end_round(const plan_round&) {}
   void send(std::size_t, const step&) { ++ran; }
   void recv(std::size_t, const step&) { ++ran; }
   void recv_reduce(std::size_t, const step&) { ++ran; }

@@ -15,6 +15,7 @@
 #include <weft/core/error.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -61,6 +62,22 @@ inline void check_staged_load(bool reads_staging, std::string_view operation, in
   if (!reads_staging) {
     throw error(operation, rank, peer, "a staged plan may load only from its peers' staging area");
   }
+}
+
+/// Whether a plan runs in place: its input and output one buffer (in_bytes != 0 and in == out).
+/// Throws weft::error when they overlap without being the same buffer: the device transports
+/// place a round's receives by buffer and offset, which is exact for one buffer or two apart.
+inline bool plan_runs_in_place(const void* in, std::size_t in_bytes, const void* out,
+                               std::size_t out_bytes, std::string_view operation, int rank) {
+  if (in_bytes != 0 && in == out) return true;
+  const auto a = reinterpret_cast<std::uintptr_t>(in);
+  const auto b = reinterpret_cast<std::uintptr_t>(out);
+  if (in_bytes != 0 && out_bytes != 0 && a < b + out_bytes && b < a + in_bytes) {
+    throw error(operation, rank, error::unknown,
+                "input and output overlap without being the same buffer (in place: pass one "
+                "buffer as both)");
+  }
+  return false;
 }
 
 /// Who runs a plan, and what of it check_plan_steps checks.

@@ -11,13 +11,12 @@
 //                        the round's other steps, in order
 //   end_round(r)         once the round's steps are run (wait for its messages)
 //
-// plan_hooks gives the round hooks (begin_round, at_step, sends_posted, end_round) a no-op and
-// declares no step hook: a transport's hooks derive from it and define a hook for every kind,
-// or the plan does not compile. A transport that cannot run a kind throws from its hook; one
-// whose plan check already refuses the message kinds or the peer-access kinds derives from
-// plan_hooks_without_messages or plan_hooks_without_peer_access, whose hooks for them say that
-// the check let one through. The hooks type is a template argument: no call through a pointer,
-// nothing per step that a hand-written loop would not do.
+// A transport's hooks define every one of these, or the plan does not compile: a hook that is
+// missing or misspelled is an error, not a silent no-op. A transport that cannot run a kind
+// throws from its hook; one whose plan check already refuses the message kinds or the
+// peer-access kinds derives from plan_hooks_without_messages or plan_hooks_without_peer_access,
+// whose hooks for those kinds say that the check let one through. The hooks type is a template
+// argument: no call through a pointer, nothing per step that a hand-written loop would not do.
 #include <weft/comm/plan.hpp>
 #include <weft/core/config.hpp>
 #include <weft/core/error.hpp>
@@ -28,14 +27,8 @@
 
 namespace weft {
 
-/// The round hooks as no-ops; a transport's hooks derive from this, hide the round hooks they
-/// need and define every step hook.
-struct plan_hooks {
-  void begin_round(const plan_round&) {}
-  void at_step(const plan_round&, std::size_t, const step&) {}
-  void sends_posted(const plan_round&) {}
-  void end_round(const plan_round&) {}
-};
+/// The base of a transport's hooks (run_plan calls the members the derived type defines).
+struct plan_hooks {};
 
 namespace detail {
 [[noreturn]] WEFT_COLD inline void step_past_the_check(const step& s) {

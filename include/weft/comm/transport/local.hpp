@@ -373,6 +373,8 @@ private:
     bool staged;
     Pending& pending;
 
+    void begin_round(const plan_round&) {} // sends are posted as they come
+    void sends_posted(const plan_round&) {}
     void at_step(const plan_round& r, std::size_t k, const step& s) {
       c.record().at_step(r.number, k, s.kind);
     }

@@ -490,6 +490,7 @@ private:
     std::string_view type_name;
     std::size_t piece;
 
+    void begin_round(const plan_round&) {} // sends are queued as they come
     void at_step(const plan_round& r, std::size_t k, const step& s) {
       c.progress_->at_step(r.number, k, s.kind);
     }

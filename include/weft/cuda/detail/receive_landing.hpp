@@ -7,9 +7,9 @@
 // temporary, since its reduction is a local step of its own.
 //
 // The rule compares buffers and element offsets, with input and output one buffer when the
-// call is in place. The buffers a plan addresses are either one memory (in place) or
-// disjoint, so this is exact, and it needs no address: NCCL sizes its device scratch from the
-// temporaries before the scratch exists.
+// call is in place. Both communicators refuse input and output that overlap without being
+// one buffer (plan_runs_in_place, comm/plan/check.hpp), so this is exact, and it needs no
+// address: NCCL sizes its device scratch from the temporaries before the scratch exists.
 //
 // Host logic only: nothing here calls CUDA.
 #include <weft/comm/plan.hpp>
