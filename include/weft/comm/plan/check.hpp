@@ -11,11 +11,11 @@
 //   reduces_over(pl, g)    a load_reduce over group g, after the group is checked
 //   load_from(q, b, o, n)  a load of elements [o, o + n) of rank q's buffer b (q may be this
 //                          rank), before this rank's own range is checked where q is it
+#include <weft/comm/detail/argument_checks.hpp>
 #include <weft/comm/plan.hpp>
 #include <weft/core/error.hpp>
 
 #include <cstddef>
-#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -70,9 +70,7 @@ inline void check_staged_load(bool reads_staging, std::string_view operation, in
 inline bool plan_runs_in_place(const void* in, std::size_t in_bytes, const void* out,
                                std::size_t out_bytes, std::string_view operation, int rank) {
   if (in_bytes != 0 && in == out) return true;
-  const auto a = reinterpret_cast<std::uintptr_t>(in);
-  const auto b = reinterpret_cast<std::uintptr_t>(out);
-  if (in_bytes != 0 && out_bytes != 0 && a < b + out_bytes && b < a + in_bytes) {
+  if (detail::overlap(in, in_bytes, out, out_bytes)) {
     throw error(operation, rank, error::unknown,
                 "input and output overlap without being the same buffer (in place: pass one "
                 "buffer as both)");
