@@ -34,12 +34,18 @@ inline void check_plan_rank(const plan& pl, int rank, int size, std::string_view
 
 /// Throws weft::error unless `peer` is a rank of a communicator of `size` (and, unless
 /// self_allowed, another one than `rank`).
-inline void check_plan_peer(int peer, int rank, int size, bool self_allowed,
+inline void check_peer_rank(int peer, int rank, int size, bool self_allowed,
                             std::string_view operation) {
   if (peer < 0 || peer >= size || (!self_allowed && peer == rank)) {
     throw error(operation, rank, peer,
                 "peer outside the communicator of " + std::to_string(size) + " ranks");
   }
+}
+
+[[deprecated("use check_peer_rank")]] inline void check_plan_peer(int peer, int rank, int size,
+                                                                  bool self_allowed,
+                                                                  std::string_view operation) {
+  check_peer_rank(peer, rank, size, self_allowed, operation);
 }
 
 /// Throws weft::error unless elements [offset, offset + count) of a peer's buffer of `size`
@@ -123,7 +129,7 @@ void check_plan_steps(const plan& pl, const plan_check& c, Hooks& x) {
       check_step_range(offset, count, c.sizes[static_cast<std::size_t>(b)], c.operation, c.rank);
   };
   const auto peer = [&](int q, bool self_allowed) {
-    check_plan_peer(q, c.rank, c.size, self_allowed, c.operation);
+    check_peer_rank(q, c.rank, c.size, self_allowed, c.operation);
   };
   const auto group = [&](int g) {
     if (g < 0 || static_cast<std::size_t>(g) >= pl.groups().size()) {

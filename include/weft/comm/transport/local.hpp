@@ -457,7 +457,7 @@ private:
   }
 
   void check_peer(int peer, std::string_view operation) const {
-    check_plan_peer(peer, rank_, size(), false, operation);
+    check_peer_rank(peer, rank_, size(), false, operation);
   }
 
   // A plan made for this rank of a communicator of this size, whose every peer is another

@@ -900,7 +900,7 @@ private:
   }
 
   void check_peer(int peer, std::string_view operation) const {
-    check_plan_peer(peer, rank_, size_, false, operation);
+    check_peer_rank(peer, rank_, size_, false, operation);
   }
 
   void check_tag(int tag, std::string_view operation) const {
