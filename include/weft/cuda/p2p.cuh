@@ -13,7 +13,7 @@
 //   auto c = weft::cuda::p2p::from_mpi(node_comm);        // processes (weft/cuda/p2p_mpi.cuh)
 //
 // Registered workspace. At creation each rank allocates one workspace (options::workspace_bytes
-// of data, plus its flags and staging areas, detail/p2p_plan.cuh) and learns every peer's
+// of data, plus its flags and staging areas, detail/p2p_plan.hpp) and learns every peer's
 // address once: plain pointers between threads (peer access enabled between distinct devices,
 // else weft::error), CUDA IPC handles between processes. Peers never touch the caller's
 // buffers. A call copies its input into its workspace's input region, runs the plan with the
@@ -64,7 +64,7 @@
 #include <weft/core/ops.hpp>
 #include <weft/core/types.hpp>
 #include <weft/cuda/detail/p2p_endpoint.cuh>
-#include <weft/cuda/detail/p2p_plan.cuh>
+#include <weft/cuda/detail/p2p_plan.hpp>
 #include <weft/cuda/error.cuh>
 #include <weft/cuda/kernels.cuh>
 #include <weft/cuda/memory.cuh>

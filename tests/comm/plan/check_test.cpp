@@ -45,6 +45,34 @@ TEST(plan_check, refuses_the_kinds_a_transport_does_not_run_and_checks_the_rest)
                weft::error);
 }
 
+// A transport that refuses a family of kinds without a refuse of its own runs no such step:
+// the default refuse throws, naming the step's kind and the family.
+TEST(plan_check, the_default_refuse_throws_naming_the_kind) {
+  plan pl(plan_request{collective::all_reduce, 4, 1, 8, 0, {}, 4});
+  pl.sync(pl.add_group({0, 1}));
+  weft::plan_check_hooks none;
+  try {
+    weft::check_plan_steps(pl, {.rank = 1, .size = 4, .operation = "x", .peer_access = false},
+                           none);
+    ADD_FAILURE() << "a sync step ran on a transport without peer access";
+  } catch (const weft::error& e) {
+    EXPECT_NE(std::string(e.what()).find("sync step, and this transport runs no peer-access"),
+              std::string::npos)
+        << e.what();
+  }
+  plan sends(plan_request{collective::all_reduce, 4, 1, 8, 0, {}, 4});
+  sends.send(2, buffer::input, 0, 8);
+  try {
+    weft::check_plan_steps(sends, {.rank = 1, .size = 4, .operation = "x", .messages = false},
+                           none);
+    ADD_FAILURE() << "a send step ran on a transport without messages";
+  } catch (const weft::error& e) {
+    EXPECT_NE(std::string(e.what()).find("send step, and this transport runs no message"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // A plan runs in place on one buffer, or on two apart; overlapping otherwise is refused, since
 // the device transports place receives by buffer and offset.
 TEST(plan_check, a_plan_runs_in_place_on_one_buffer_and_refuses_buffers_that_only_overlap) {

@@ -4,7 +4,7 @@
 // group of the plan, and (where the transport knows its buffers up front) every range of the
 // rank's own buffers inside them. A transport states which step kinds it runs and adds its
 // own rules through hooks (a type whose members check_plan_steps calls; plan_check_hooks gives
-// each a no-op):
+// refuse a weft::error naming the step's kind, and the others a no-op):
 //
 //   refuse(s)              a step of a kind the transport does not run: throws
 //   member(pl, g, i)       after member i of group g is found a rank
@@ -13,6 +13,7 @@
 //                          rank), before this rank's own range is checked where q is it
 #include <weft/comm/detail/argument_checks.hpp>
 #include <weft/comm/plan.hpp>
+#include <weft/core/config.hpp>
 #include <weft/core/error.hpp>
 
 #include <cstddef>
@@ -33,12 +34,18 @@ inline void check_plan_rank(const plan& pl, int rank, int size, std::string_view
 
 /// Throws weft::error unless `peer` is a rank of a communicator of `size` (and, unless
 /// self_allowed, another one than `rank`).
-inline void check_plan_peer(int peer, int rank, int size, bool self_allowed,
+inline void check_peer_rank(int peer, int rank, int size, bool self_allowed,
                             std::string_view operation) {
   if (peer < 0 || peer >= size || (!self_allowed && peer == rank)) {
     throw error(operation, rank, peer,
                 "peer outside the communicator of " + std::to_string(size) + " ranks");
   }
+}
+
+[[deprecated("use check_peer_rank")]] inline void check_plan_peer(int peer, int rank, int size,
+                                                                  bool self_allowed,
+                                                                  std::string_view operation) {
+  check_peer_rank(peer, rank, size, self_allowed, operation);
 }
 
 /// Throws weft::error unless elements [offset, offset + count) of a peer's buffer of `size`
@@ -89,9 +96,26 @@ struct plan_check {
   bool peer_access = true;            // runs load, load_reduce, sync (else refuse())
 };
 
-/// No-op hooks; a transport's hooks derive from this and hide what they add.
+namespace detail {
+// The two families of kinds a transport may not run (plan_check::messages, ::peer_access).
+constexpr bool is_message_step(step_kind k) noexcept {
+  return k == step_kind::send || k == step_kind::recv || k == step_kind::recv_reduce;
+}
+constexpr bool is_peer_access_step(step_kind k) noexcept {
+  return k == step_kind::load || k == step_kind::load_reduce || k == step_kind::sync;
+}
+
+[[noreturn]] WEFT_COLD inline void refuse_step(const step& s) {
+  throw error("weft: the plan has a " + std::string(name_of(s.kind)) +
+              " step, and this transport runs no " +
+              (is_message_step(s.kind) ? "message" : "peer-access") + " steps");
+}
+} // namespace detail
+
+/// The default hooks: refuse throws weft::error naming the step's kind; the others do
+/// nothing. A transport's hooks derive from this and hide what they add.
 struct plan_check_hooks {
-  void refuse(const step&) {}
+  [[noreturn]] void refuse(const step& s) { detail::refuse_step(s); }
   void member(const plan&, int, std::size_t) {}
   void reduces_over(const plan&, int) {}
   void load_from(int, buffer, std::size_t, std::size_t) {}
@@ -105,7 +129,7 @@ void check_plan_steps(const plan& pl, const plan_check& c, Hooks& x) {
       check_step_range(offset, count, c.sizes[static_cast<std::size_t>(b)], c.operation, c.rank);
   };
   const auto peer = [&](int q, bool self_allowed) {
-    check_plan_peer(q, c.rank, c.size, self_allowed, c.operation);
+    check_peer_rank(q, c.rank, c.size, self_allowed, c.operation);
   };
   const auto group = [&](int g) {
     if (g < 0 || static_cast<std::size_t>(g) >= pl.groups().size()) {
@@ -124,11 +148,9 @@ void check_plan_steps(const plan& pl, const plan_check& c, Hooks& x) {
     if (q == c.rank) own(s.src, s.src_offset, s.count);
   };
   for (const step& s : pl.steps()) {
-    const bool message =
-        s.kind == step_kind::send || s.kind == step_kind::recv || s.kind == step_kind::recv_reduce;
-    const bool peer_access =
-        s.kind == step_kind::load || s.kind == step_kind::load_reduce || s.kind == step_kind::sync;
-    if ((message && !c.messages) || (peer_access && !c.peer_access)) x.refuse(s);
+    if ((detail::is_message_step(s.kind) && !c.messages) ||
+        (detail::is_peer_access_step(s.kind) && !c.peer_access))
+      x.refuse(s);
     switch (s.kind) {
       case step_kind::send:
         peer(s.peer, false);

@@ -43,6 +43,7 @@
 #include <weft/comm/plan/check.hpp>
 #include <weft/comm/plan/engine.hpp>
 #include <weft/comm/progress.hpp>
+#include <weft/comm/transport/detail/host_plan_steps.hpp>
 #include <weft/comm/transport/detail/local_state.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/types.hpp>
@@ -362,13 +363,13 @@ private:
   static constexpr int plan_tag = -1;
 
   // The local transport's hooks for run_plan: sends are posted as messages, receives
-  // consume them, loads read the peers' published buffers.
+  // consume them, loads read the peers' published buffers (copy and reduce: host_plan_steps).
   template <class T, class Op, class Pending>
-  struct plan_run : plan_hooks {
+  struct plan_run : detail::host_plan_steps<T, Op> {
+    using detail::host_plan_steps<T, Op>::buffers;
+    using detail::host_plan_steps<T, Op>::op;
     communicator& c;
     const plan& pl;
-    const plan_buffers<T>& buffers;
-    const Op& op;
     std::string_view operation;
     bool staged;
     Pending& pending;
@@ -396,14 +397,6 @@ private:
             detail::reduce2(dst, a, static_cast<const T*>(src), s.count, op);
           },
           arrival::before_use);
-    }
-    void copy(std::size_t, const step& s) {
-      detail::copy_n(buffers.at(s.dst, s.dst_offset, s.count),
-                     buffers.at(s.src, s.src_offset, s.count), s.count);
-    }
-    void reduce(std::size_t, const step& s) {
-      T* d = buffers.at(s.dst, s.dst_offset, s.count);
-      detail::reduce2(d, d, buffers.at(s.src, s.src_offset, s.count), s.count, op);
     }
     void load(std::size_t, const step& s) {
       const std::int64_t arrived = c.pace_loads(std::span(&s.peer, 1), s.count * sizeof(T));
@@ -445,7 +438,7 @@ private:
   template <class T, class Op, class Pending>
   void run_steps(const plan& pl, const plan_buffers<T>& buffers, const Op& op,
                  std::string_view operation, bool staged, Pending& pending) {
-    plan_run<T, Op, Pending> hooks{{}, *this, pl, buffers, op, operation, staged, pending};
+    plan_run<T, Op, Pending> hooks{{{}, buffers, op}, *this, pl, operation, staged, pending};
     run_plan(pl.steps(), hooks);
   }
 
@@ -457,7 +450,7 @@ private:
   }
 
   void check_peer(int peer, std::string_view operation) const {
-    check_plan_peer(peer, rank_, size(), false, operation);
+    check_peer_rank(peer, rank_, size(), false, operation);
   }
 
   // A plan made for this rank of a communicator of this size, whose every peer is another

@@ -79,6 +79,7 @@
 #include <weft/comm/plan/check.hpp>
 #include <weft/comm/plan/engine.hpp>
 #include <weft/comm/progress.hpp>
+#include <weft/comm/transport/detail/host_plan_steps.hpp>
 #include <weft/comm/transport/detail/mpi_comm_handle.hpp>
 #include <weft/comm/transport/detail/mpi_datatype.hpp>
 #include <weft/comm/transport/detail/mpi_error.hpp>
@@ -464,7 +465,7 @@ public:
     const MPI_Datatype type = detail::mpi_datatype<T>();
     constexpr std::string_view type_name = dtype_traits<T>::name;
     constexpr std::size_t piece = message_bytes / sizeof(T) > 0 ? message_bytes / sizeof(T) : 1;
-    plan_run<T, Op> hooks{{}, *this, buffers, op, operation, ctx, type, type_name, piece};
+    plan_run<T, Op> hooks{{{}, buffers, op}, *this, operation, ctx, type, type_name, piece};
     guarded(operation, [&] { run_plan(pl.steps(), hooks); });
   }
 
@@ -478,12 +479,13 @@ private:
   friend void broadcast_bytes(communicator& comm, std::span<std::byte> data, int root);
 
   // The MPI transport's hooks for run_plan: a round hands MPI its sends at once (see
-  // execute), then posts and waits for each receive in order.
+  // execute), then posts and waits for each receive in order (copy and reduce:
+  // host_plan_steps).
   template <class T, class Op>
-  struct plan_run : plan_hooks {
+  struct plan_run : detail::host_plan_steps<T, Op> {
+    using detail::host_plan_steps<T, Op>::buffers;
+    using detail::host_plan_steps<T, Op>::op;
     communicator& c;
-    const plan_buffers<T>& buffers;
-    const Op& op;
     std::string_view operation;
     const detail::mpi_wait_context& ctx;
     MPI_Datatype type;
@@ -510,14 +512,6 @@ private:
       c.check_peer(s.peer, operation);
       c.recv_reduce(buffers.at(s.src, s.src_offset, s.count),
                     buffers.at(s.dst, s.dst_offset, s.count), s.count, s.peer, piece, op, ctx);
-    }
-    void copy(std::size_t, const step& s) {
-      detail::copy_n(buffers.at(s.dst, s.dst_offset, s.count),
-                     buffers.at(s.src, s.src_offset, s.count), s.count);
-    }
-    void reduce(std::size_t, const step& s) {
-      T* d = buffers.at(s.dst, s.dst_offset, s.count);
-      detail::reduce2(d, d, buffers.at(s.src, s.src_offset, s.count), s.count, op);
     }
     [[noreturn]] void peer_access(const step& s) const {
       throw error(operation, c.rank_, s.peer, "the MPI transport cannot run a peer-access step");
@@ -900,7 +894,7 @@ private:
   }
 
   void check_peer(int peer, std::string_view operation) const {
-    check_plan_peer(peer, rank_, size_, false, operation);
+    check_peer_rank(peer, rank_, size_, false, operation);
   }
 
   void check_tag(int tag, std::string_view operation) const {

@@ -1,7 +1,7 @@
 #pragma once
 // The boundary on which every region that weft lays out in device memory starts: a plan's
 // scratch and the temporaries its receives land in (detail/device_plan_layout.hpp,
-// emulated.cuh), the regions of a p2p workspace (detail/p2p_plan.cuh), and the staging of the
+// emulated.cuh), the regions of a p2p workspace (detail/p2p_plan.hpp), and the staging of the
 // NCCL communicator's blocking calls (nccl.cuh). The copy and reduce kernels (kernels.cuh) move
 // 16-byte packs, and a region on this boundary starts on whole lines.
 #include <cstddef>

@@ -7,7 +7,7 @@
 #include <weft/core/error.hpp>
 #include <weft/cuda/detail/comm_state.hpp>
 #include <weft/cuda/detail/p2p_epoch.hpp>
-#include <weft/cuda/detail/p2p_plan.cuh>
+#include <weft/cuda/detail/p2p_plan.hpp>
 #include <weft/cuda/detail/p2p_sync.cuh>
 #include <weft/cuda/detail/runtime.cuh>
 #include <weft/cuda/error.cuh>

@@ -42,7 +42,7 @@
 // can queue behind another's spinning sync until the timeout. Ranks of several processes on
 // one device take turns on it (time slicing) unless MPS runs them at once; syncs are slow then.
 #include <weft/cuda/detail/p2p_epoch.hpp>
-#include <weft/cuda/detail/p2p_plan.cuh>
+#include <weft/cuda/detail/p2p_plan.hpp>
 
 #include <cuda/atomic>
 #include <cuda_runtime.h>
