@@ -44,14 +44,15 @@ std::vector<T> call_and_check(Comm& c, std::size_t count, int root, pattern pat,
                               std::uint64_t seed = 1) {
   const int p = c.size();
   const int r = c.rank();
-  std::vector<std::vector<T>> inputs(static_cast<std::size_t>(p));
-  for (int s = 0; s < p; ++s) {
-    for (std::size_t i = 0; i < input_count(C, p, count); ++i) {
-      inputs[static_cast<std::size_t>(s)].push_back(input_value<T, Op>(s, i, pat, seed));
-    }
-  }
-  const auto want = reference<T, Op>(C, p, count, root, inputs)[static_cast<std::size_t>(r)];
-  std::vector<T> in = inputs[static_cast<std::size_t>(r)];
+  // This rank's input, and its reference row from the inputs of the ranks it depends on,
+  // generated element by element where the row reads them.
+  std::vector<T> in;
+  in.reserve(input_count(C, p, count));
+  for (std::size_t i = 0; i < input_count(C, p, count); ++i)
+    in.push_back(input_value<T, Op>(r, i, pat, seed));
+  const auto want = reference_row<T, Op>(C, p, count, root, r, [&](int s, std::size_t i) {
+    return s == r ? in[i] : input_value<T, Op>(s, i, pat, seed);
+  });
   std::vector<T> out(output_count(C, p, count, r, root), T{});
   if constexpr (C == collective::all_reduce) {
     if (in_place) {
