@@ -8,9 +8,11 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 #include "support/reference.hpp"
@@ -37,21 +39,72 @@ struct shared_outputs {
   std::vector<std::vector<T>> outputs;
 };
 
+/// Reference rows that every rank of a local world expects alike (all_reduce, all_gather,
+/// broadcast), computed once per call by the first rank to reach it and read by the others.
+/// The ranks make the same sequence of calls: the k-th call of each rank reads the k-th row.
+/// A rank whose k-th call differs from the first one's computes its own row.
+class shared_rows {
+public:
+  explicit shared_rows(int p) : p_(p), next_(static_cast<std::size_t>(p), 0) {}
+
+  template <class T, class Make>
+  std::shared_ptr<const std::vector<T>> get(int rank, const std::string& key, const Make& make) {
+    const std::lock_guard lock(mutex_);
+    const std::size_t k = next_[static_cast<std::size_t>(rank)]++;
+    auto& e = rows_[k];
+    if (!e.row) {
+      e.key = key;
+      e.row = std::make_shared<const std::vector<T>>(make());
+    }
+    auto row = e.key == key ? std::static_pointer_cast<const std::vector<T>>(e.row)
+                            : std::make_shared<const std::vector<T>>(make());
+    if (++e.taken == p_) rows_.erase(k);
+    return row;
+  }
+
+private:
+  struct entry {
+    std::string key;
+    std::shared_ptr<const void> row;
+    int taken = 0;
+  };
+  int p_;
+  std::mutex mutex_;
+  std::vector<std::size_t> next_;
+  std::map<std::size_t, entry> rows_;
+};
+
 /// One call of collective C with algorithm Algo on rank c, checked against the reference.
-/// Returns the rank's output. `pat` chooses exact integers or random values.
+/// Returns the rank's output. `pat` chooses exact integers or random values. With `rows`, the
+/// ranks of a local world share the reference rows they expect alike.
 template <class Algo, collective C, class T, class Op, class Comm>
 std::vector<T> call_and_check(Comm& c, std::size_t count, int root, pattern pat, bool in_place,
-                              std::uint64_t seed = 1) {
+                              std::uint64_t seed = 1, shared_rows* rows = nullptr) {
   const int p = c.size();
   const int r = c.rank();
-  std::vector<std::vector<T>> inputs(static_cast<std::size_t>(p));
-  for (int s = 0; s < p; ++s) {
-    for (std::size_t i = 0; i < input_count(C, p, count); ++i) {
-      inputs[static_cast<std::size_t>(s)].push_back(input_value<T, Op>(s, i, pat, seed));
-    }
-  }
-  const auto want = reference<T, Op>(C, p, count, root, inputs)[static_cast<std::size_t>(r)];
-  std::vector<T> in = inputs[static_cast<std::size_t>(r)];
+  // This rank's input, and its reference row from the inputs of the ranks it depends on,
+  // generated element by element where the row reads them.
+  std::vector<T> in;
+  in.reserve(input_count(C, p, count));
+  for (std::size_t i = 0; i < input_count(C, p, count); ++i)
+    in.push_back(input_value<T, Op>(r, i, pat, seed));
+  const auto make_want = [&] {
+    return reference_row<T, Op>(C, p, count, root, r, [&](int s, std::size_t i) {
+      return s == r ? in[i] : input_value<T, Op>(s, i, pat, seed);
+    });
+  };
+  constexpr bool alike =
+      C == collective::all_reduce || C == collective::all_gather || C == collective::broadcast;
+  const auto shared_want =
+      alike && rows != nullptr
+          ? rows->get<T>(r,
+                         std::string(name_of(C)) + typeid(T).name() + typeid(Op).name() + " " +
+                             std::to_string(p) + " " + std::to_string(count) + " " +
+                             std::to_string(root) + " " + std::to_string(static_cast<int>(pat)) +
+                             " " + std::to_string(seed),
+                         make_want)
+          : std::make_shared<const std::vector<T>>(make_want());
+  const std::vector<T>& want = *shared_want;
   std::vector<T> out(output_count(C, p, count, r, root), T{});
   if constexpr (C == collective::all_reduce) {
     if (in_place) {
@@ -101,12 +154,12 @@ void expect_identical(Comm& c, shared_outputs<T>& shared, std::vector<T> mine,
 /// Every (type, op) case a collective is checked with: exact patterns for all types and
 /// ops, random values for the floating types.
 template <class Algo, collective C, class Comm>
-void check_all_types(Comm& c, std::size_t count, int root) {
+void check_all_types(Comm& c, std::size_t count, int root, shared_rows* rows = nullptr) {
   const auto each = [&]<class T, class Op>(pattern pat) {
     if constexpr (C == collective::all_reduce) {
-      call_and_check<Algo, C, T, Op>(c, count, root, pat, true);
+      call_and_check<Algo, C, T, Op>(c, count, root, pat, true, 1, rows);
     }
-    call_and_check<Algo, C, T, Op>(c, count, root, pat, false);
+    call_and_check<Algo, C, T, Op>(c, count, root, pat, false, 1, rows);
   };
   each.template operator()<std::int32_t, op::sum>(pattern::exact);
   each.template operator()<std::int64_t, op::prod>(pattern::exact);
@@ -145,18 +198,21 @@ template <class Algo, collective C>
 void sweep() {
   for (int p : world_sizes) {
     shared_outputs<float> shared(p);
+    shared_rows rows(p);
     local::run(
         p,
         [&](local::communicator& c) {
           for (std::size_t count : counts_for(p))
-            check_all_types<Algo, C>(c, count, p - 1);
+            check_all_types<Algo, C>(c, count, p - 1, &rows);
           if (C == collective::broadcast || C == collective::reduce) {
             for (int root = 0; root < p - 1; ++root)
-              call_and_check<Algo, C, std::int32_t, op::sum>(c, 7, root, pattern::exact, false);
+              call_and_check<Algo, C, std::int32_t, op::sum>(c, 7, root, pattern::exact, false, 1,
+                                                             &rows);
           }
           if (C == collective::all_reduce || C == collective::all_gather ||
               C == collective::broadcast) {
-            auto mine = call_and_check<Algo, C, float, op::sum>(c, 2049, 0, pattern::random, false);
+            auto mine = call_and_check<Algo, C, float, op::sum>(c, 2049, 0, pattern::random, false,
+                                                                1, &rows);
             expect_identical(c, shared, std::move(mine),
                              std::string(name_of(C)) + "<" + std::string(Algo::name) + ">");
           }
@@ -173,17 +229,18 @@ void large(std::size_t count) {
   count = scaled(count, 4096);
   for (int p : {4, 7}) {
     shared_outputs<float> shared(p);
+    shared_rows rows(p);
     local::run(
         p,
         [&](local::communicator& c) {
-          auto mine =
-              call_and_check<Algo, C, float, op::sum>(c, count, p / 2, pattern::random, false);
+          auto mine = call_and_check<Algo, C, float, op::sum>(c, count, p / 2, pattern::random,
+                                                              false, 1, &rows);
           if (C == collective::all_reduce || C == collective::all_gather ||
               C == collective::broadcast) {
             expect_identical(c, shared, std::move(mine), "large");
           }
           call_and_check<Algo, C, std::int32_t, op::sum>(c, count, 0, pattern::exact,
-                                                         C == collective::all_reduce);
+                                                         C == collective::all_reduce, 1, &rows);
         },
         test_options);
   }

@@ -62,18 +62,19 @@ double ref_combine(double a, double b) {
     return a + b;
 }
 
-/// Expected outputs of every rank (empty where a rank's output is unspecified).
-template <class T, class Op>
-std::vector<std::vector<T>> reference(collective c, int p, std::size_t count, int root,
-                                      const std::vector<std::vector<T>>& in) {
-  std::vector<std::vector<T>> out(static_cast<std::size_t>(p));
+/// Expected output of rank `rank` (empty where its output is unspecified). `in(s, i)` is
+/// element i of rank s's input; the row reads only the elements it depends on.
+template <class T, class Op, class Input>
+std::vector<T> reference_row(collective c, int p, std::size_t count, int root, int rank,
+                             const Input& in) {
+  std::vector<T> o;
   const auto reduce_at = [&](std::size_t idx) {
     if constexpr (std::is_integral_v<T>) {
       // Integer sums and products wrap modulo 2^bits, as in NCCL and MPI implementations.
       using U = std::make_unsigned_t<T>;
-      T acc = in[0][idx];
+      T acc = in(0, idx);
       for (int r = 1; r < p; ++r) {
-        T v = in[static_cast<std::size_t>(r)][idx];
+        T v = in(r, idx);
         if constexpr (std::is_base_of_v<op::prod, Op>)
           acc = static_cast<T>(static_cast<U>(acc) * static_cast<U>(v));
         else if constexpr (std::is_base_of_v<op::min, Op>)
@@ -86,10 +87,11 @@ std::vector<std::vector<T>> reference(collective c, int p, std::size_t count, in
       if constexpr (is_average_v<Op>) acc = static_cast<T>(acc / p);
       return acc;
     } else {
-      double acc = static_cast<double>(static_cast<float>(in[0][idx]));
-      if constexpr (std::is_same_v<T, double>) acc = in[0][idx];
+      const T first = in(0, idx);
+      double acc = static_cast<double>(static_cast<float>(first));
+      if constexpr (std::is_same_v<T, double>) acc = first;
       for (int r = 1; r < p; ++r) {
-        const T& v = in[static_cast<std::size_t>(r)][idx];
+        const T v = in(r, idx);
         double dv = std::is_same_v<T, double> ? static_cast<double>(v)
                                               : static_cast<double>(static_cast<float>(v));
         acc = ref_combine<Op>(acc, dv);
@@ -98,39 +100,57 @@ std::vector<std::vector<T>> reference(collective c, int p, std::size_t count, in
       return static_cast<T>(acc);
     }
   };
-  for (int r = 0; r < p; ++r) {
-    auto& o = out[static_cast<std::size_t>(r)];
-    switch (c) {
-      case collective::all_reduce:
+  switch (c) {
+    case collective::all_reduce:
+      o.reserve(count);
+      for (std::size_t i = 0; i < count; ++i)
+        o.push_back(reduce_at(i));
+      break;
+    case collective::reduce:
+      if (rank == root) {
+        o.reserve(count);
         for (std::size_t i = 0; i < count; ++i)
           o.push_back(reduce_at(i));
-        break;
-      case collective::reduce:
-        if (r == root) {
-          for (std::size_t i = 0; i < count; ++i)
-            o.push_back(reduce_at(i));
-        }
-        break;
-      case collective::reduce_scatter:
+      }
+      break;
+    case collective::reduce_scatter:
+      o.reserve(count);
+      for (std::size_t i = 0; i < count; ++i)
+        o.push_back(reduce_at(static_cast<std::size_t>(rank) * count + i));
+      break;
+    case collective::all_gather:
+      o.reserve(count * static_cast<std::size_t>(p));
+      for (int s = 0; s < p; ++s) {
         for (std::size_t i = 0; i < count; ++i)
-          o.push_back(reduce_at(static_cast<std::size_t>(r) * count + i));
-        break;
-      case collective::all_gather:
-        for (int s = 0; s < p; ++s) {
-          for (std::size_t i = 0; i < count; ++i)
-            o.push_back(in[static_cast<std::size_t>(s)][i]);
-        }
-        break;
-      case collective::broadcast: o = in[static_cast<std::size_t>(root)]; break;
-      case collective::all_to_all:
-        for (int s = 0; s < p; ++s) {
-          for (std::size_t i = 0; i < count; ++i) {
-            o.push_back(in[static_cast<std::size_t>(s)][static_cast<std::size_t>(r) * count + i]);
-          }
-        }
-        break;
-    }
+          o.push_back(in(s, i));
+      }
+      break;
+    case collective::broadcast:
+      o.reserve(count);
+      for (std::size_t i = 0; i < count; ++i)
+        o.push_back(in(root, i));
+      break;
+    case collective::all_to_all:
+      o.reserve(count * static_cast<std::size_t>(p));
+      for (int s = 0; s < p; ++s) {
+        for (std::size_t i = 0; i < count; ++i)
+          o.push_back(in(s, static_cast<std::size_t>(rank) * count + i));
+      }
+      break;
   }
+  return o;
+}
+
+/// Expected outputs of every rank (empty where a rank's output is unspecified).
+template <class T, class Op>
+std::vector<std::vector<T>> reference(collective c, int p, std::size_t count, int root,
+                                      const std::vector<std::vector<T>>& in) {
+  std::vector<std::vector<T>> out(static_cast<std::size_t>(p));
+  const auto at = [&](int s, std::size_t i) -> const T& {
+    return in[static_cast<std::size_t>(s)][i];
+  };
+  for (int r = 0; r < p; ++r)
+    out[static_cast<std::size_t>(r)] = reference_row<T, Op>(c, p, count, root, r, at);
   return out;
 }
 
