@@ -60,6 +60,20 @@ weft_package_present() {
   esac
 }
 
+# The host of apt's first source (deb822 .sources or one-line .list), or nothing.
+weft_apt_mirror() {
+  local host
+  host="$(cat /etc/apt/sources.list.d/*.sources /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
+    grep -oE '^(URIs:[[:space:]]*|deb[[:space:]]+(\[[^]]*\][[:space:]]+)?)https?://[^/[:space:]]+' |
+    head -1 | sed -E 's|.*https?://||')"
+  [[ -n "$host" ]] && printf '%s\n' "$host"
+}
+
+# Whether <host> answers on port 80 within 5 s (bash's /dev/tcp: no curl or nc needed).
+weft_reachable() {
+  timeout 5 bash -c "exec 3<>/dev/tcp/$1/80" 2>/dev/null
+}
+
 # Installs what is missing of WEFT_APT_PACKAGES. Returns non-zero, having said why, when it
 # cannot (no root or sudo, no apt-get, a package still missing after apt-get install), so that
 # the caller decides: `weft_ensure_dependencies || exit $?` to stop there. A failing apt-get
@@ -89,6 +103,13 @@ weft_ensure_dependencies() {
   fi
   if ! command -v apt-get >/dev/null 2>&1; then
     weft_error "apt-get not found; install the equivalents of: ${missing[*]}"
+    return 1
+  fi
+  # An offline machine (a lent GPU machine reaches nothing outside it): apt-get update would
+  # spend minutes on timeouts, and install could find nothing.
+  local mirror
+  if mirror="$(weft_apt_mirror)" && ! weft_reachable "$mirror"; then
+    weft_error "$mirror is out of reach (no network?): not running apt-get; install ${missing[*]} by other means"
     return 1
   fi
   # CI runs without a terminal or stdin: no prompts, ever (exported to apt-get, not the caller).
