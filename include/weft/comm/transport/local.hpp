@@ -776,9 +776,8 @@ private:
   enum class arrival { overlaps_use, before_use };
 
   // Waits for the next message from `peer`, checks it, hands its data to f, marks it consumed.
-  template <class F>
-  void consume(int peer, std::size_t count, dtype type, int tag, std::string_view operation, F&& f,
-               arrival pacing = arrival::overlaps_use) {
+  void consume(int peer, std::size_t count, dtype type, int tag, std::string_view operation,
+               detail::callable_ref<void(const void*)> f, arrival pacing = arrival::overlaps_use) {
     detail::channel& ch = group_->chan(peer, rank_);
     const std::uint64_t seq = ch.head.load(std::memory_order_relaxed);
     wait([&] { return ch.tail.load(std::memory_order_acquire) > seq; }, operation, peer,

@@ -8,6 +8,8 @@
 #include <climits>
 #include <cstdint>
 #include <thread>
+#include <type_traits>
+#include <utility>
 
 #if defined(__linux__)
 #include <linux/futex.h>
@@ -18,20 +20,36 @@
 
 namespace weft::detail {
 
-/// A non-owning reference to a `bool()` callable: keeps the waiting code out of templates,
-/// so it is compiled once rather than once per condition.
-class predicate_ref {
+/// A non-owning reference to a callable of the given signature: keeps the code that calls it
+/// (waiting on a condition, consuming a message) out of templates, so it is compiled once
+/// rather than once per callable. It refers to the callable, which must outlive it.
+template <class Signature>
+class callable_ref;
+
+// What a callable_ref<R(Args...)> may refer to: a callable of that signature, other than a
+// callable_ref (which is copied, not wrapped).
+template <class F, class Ref, class R, class... Args>
+inline constexpr bool callable_ref_from =
+    !std::is_same_v<std::remove_cvref_t<F>, Ref> &&
+    std::is_invocable_r_v<R, const std::remove_reference_t<F>&, Args...>;
+
+template <class R, class... Args>
+class callable_ref<R(Args...)> {
 public:
-  template <class F>
-  predicate_ref(F& f) noexcept // NOLINT(google-explicit-constructor): a reference, like a span
-      : ctx_(&f),
-        fn_([](const void* c) { return static_cast<bool>((*static_cast<const F*>(c))()); }) {}
-  bool operator()() const { return fn_(ctx_); }
+  template <class F, std::enable_if_t<callable_ref_from<F, callable_ref, R, Args...>, int> = 0>
+  callable_ref(F&& f) noexcept // NOLINT(google-explicit-constructor): a reference, like a span
+      : ctx_(&f), fn_([](const void* c, Args... args) -> R {
+          return static_cast<R>(
+              (*static_cast<const std::remove_reference_t<F>*>(c))(std::forward<Args>(args)...));
+        }) {}
+  R operator()(Args... args) const { return fn_(ctx_, std::forward<Args>(args)...); }
 
 private:
   const void* ctx_;
-  bool (*fn_)(const void*);
+  R (*fn_)(const void*, Args...);
 };
+
+using predicate_ref = callable_ref<bool()>;
 
 class doorbell {
 public:
