@@ -28,12 +28,12 @@
 #include <weft/topology/topology.hpp>
 
 #include <algorithm>
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <queue>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -174,7 +174,8 @@ WEFT_COLD inline breakdown simulate(const std::vector<plan>& plans, const topolo
   };
   // Rank r, at step x, loads `bytes` from each of `sources` in turn from time t: when the last
   // has arrived.
-  const auto load = [&](int r, const step& x, double t, const auto& sources, double bytes) {
+  const auto load = [&](int r, const step& x, double t, std::span<const int> sources,
+                        double bytes) {
     const auto pull_from = [&](int q, double from) {
       if (!rank_ok(q)) throw bad_peer(r, x);
       count_bytes(r, q, bytes);
@@ -249,7 +250,7 @@ WEFT_COLD inline breakdown simulate(const std::vector<plan>& plans, const topolo
         }
         case step_kind::copy:
         case step_kind::reduce: s.clock += bytes / reduce_bw; break;
-        case step_kind::load: s.clock = load(r, x, s.clock, std::array{x.peer}, bytes); break;
+        case step_kind::load: s.clock = load(r, x, s.clock, std::span(&x.peer, 1), bytes); break;
         case step_kind::load_reduce: {
           const auto& g = pl.group(x.peer);
           s.clock = load(r, x, s.clock, g, bytes);
