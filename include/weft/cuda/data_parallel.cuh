@@ -113,18 +113,21 @@ __global__ void __launch_bounds__(dp_square_threads)
 /// Threads of the one block that adds the pieces' sums.
 inline constexpr unsigned dp_partial_threads = 1024;
 
-/// *out = the sum of partial[0, n): thread t adds partial[t], partial[t + 1024], ... in order,
-/// then cub::BlockReduce's fixed tree adds the threads' sums. A block of fixed size, whatever the
-/// device: the order depends on n alone, so every run gives the same bits (cub::DeviceReduce
-/// promises that only per device, since its grid follows the SM count; its kernels' template
-/// arguments also name ::cuda types, which nvcc's host stubs spell unqualified, so a translation
-/// unit with `using namespace weft;` at file scope, where weft::cuda is, would not compile).
-__global__ inline void __launch_bounds__(dp_partial_threads)
+/// *out = the sum of partial[0, n), by one block of Threads threads: thread t adds partial[t],
+/// partial[t + Threads], ... in order, then cub::BlockReduce's fixed tree adds the threads' sums.
+/// A block of fixed size, whatever the device: the order depends on n alone, so every run gives
+/// the same bits (cub::DeviceReduce promises that only per device, since its grid follows the SM
+/// count; its kernels' template arguments also name ::cuda types, which nvcc's host stubs spell
+/// unqualified, so a translation unit with `using namespace weft;` at file scope, where weft::cuda
+/// is, would not compile). A template, so that the header defines it once for every translation
+/// unit (nvcc ignores `inline` on a kernel).
+template <unsigned Threads = dp_partial_threads>
+__global__ void __launch_bounds__(Threads)
     dp_sum_partials(const double* partial, std::size_t n, double* out) {
-  using block_sum = cub::BlockReduce<double, dp_partial_threads>;
+  using block_sum = cub::BlockReduce<double, Threads>;
   __shared__ typename block_sum::TempStorage temp;
   double acc = 0.0;
-  for (std::size_t i = threadIdx.x; i < n; i += dp_partial_threads)
+  for (std::size_t i = threadIdx.x; i < n; i += Threads)
     acc += partial[i];
   const double total = block_sum(temp).Sum(acc); // valid in thread 0
   if (threadIdx.x == 0) *out = total;
@@ -238,8 +241,8 @@ public:
         <<<static_cast<unsigned>(n), cuda::detail::dp_square_threads, 0, main_>>>(s.pieces.data(),
                                                                                   s.partial.data());
     WEFT_CUDA_TRY(cudaGetLastError());
-    cuda::detail::dp_sum_partials<<<1, cuda::detail::dp_partial_threads, 0, main_>>>(
-        s.partial.data(), n, out);
+    cuda::detail::dp_sum_partials<>
+        <<<1, cuda::detail::dp_partial_threads, 0, main_>>>(s.partial.data(), n, out);
     WEFT_CUDA_TRY(cudaGetLastError());
   }
   /// f(c) in the side stream's order: c's stream waits for the side stream, and the side
