@@ -19,6 +19,7 @@
 #include <weft/cuda/error.cuh>
 #include <weft/cuda/kernels.cuh>
 #include <weft/layer/cuda/matrix.cuh>
+#include <weft/layer/cuda/token_ids.cuh> // the embedding's ids on the device
 #include <weft/layer/exec.hpp>
 #include <weft/layer/gemm.hpp>
 #include <weft/layer/matrix.hpp>
