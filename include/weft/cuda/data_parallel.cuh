@@ -33,6 +33,7 @@
 // memory pool, which weft opens to the devices that can reach it (cuda::stream_buffer), since
 // NCCL with several GPUs in one process (nccl::init_all) loads user buffers directly from peers.
 #include <weft/cuda/async.cuh>
+#include <weft/cuda/detail/fixed_order_sum.cuh>
 #include <weft/cuda/error.cuh>
 #include <weft/cuda/kernels.cuh>
 #include <weft/cuda/memory.cuh>
@@ -108,29 +109,6 @@ __global__ void __launch_bounds__(dp_square_threads)
   }
   const double total = block_sum(temp).Sum(acc); // valid in thread 0
   if (threadIdx.x == 0) partial[blockIdx.x] = total;
-}
-
-/// Threads of the one block that adds the pieces' sums.
-inline constexpr unsigned dp_partial_threads = 1024;
-
-/// *out = the sum of partial[0, n), by one block of Threads threads: thread t adds partial[t],
-/// partial[t + Threads], ... in order, then cub::BlockReduce's fixed tree adds the threads' sums.
-/// A block of fixed size, whatever the device: the order depends on n alone, so every run gives
-/// the same bits (cub::DeviceReduce promises that only per device, since its grid follows the SM
-/// count; its kernels' template arguments also name ::cuda types, which nvcc's host stubs spell
-/// unqualified, so a translation unit with `using namespace weft;` at file scope, where weft::cuda
-/// is, would not compile). A template, so that the header defines it once for every translation
-/// unit (nvcc ignores `inline` on a kernel).
-template <unsigned Threads = dp_partial_threads>
-__global__ void __launch_bounds__(Threads)
-    dp_sum_partials(const double* partial, std::size_t n, double* out) {
-  using block_sum = cub::BlockReduce<double, Threads>;
-  __shared__ typename block_sum::TempStorage temp;
-  double acc = 0.0;
-  for (std::size_t i = threadIdx.x; i < n; i += Threads)
-    acc += partial[i];
-  const double total = block_sum(temp).Sum(acc); // valid in thread 0
-  if (threadIdx.x == 0) *out = total;
 }
 
 } // namespace weft::cuda::detail
@@ -228,8 +206,8 @@ public:
     return s;
   }
   /// One block per piece (a large tensor spreads over the device), then one block adds the
-  /// pieces' sums in parallel, in an order fixed by their count: the same bits on every run,
-  /// however the blocks are scheduled, and nothing allocated per step.
+  /// pieces' sums in parallel, in an order fixed by their count (fixed_order_sum): the same bits
+  /// on every run, however the blocks are scheduled, and nothing allocated per step.
   template <class P>
   void sum_squares(const squares<P>& s, double* out) {
     const std::size_t n = s.pieces.size();
@@ -241,9 +219,7 @@ public:
         <<<static_cast<unsigned>(n), cuda::detail::dp_square_threads, 0, main_>>>(s.pieces.data(),
                                                                                   s.partial.data());
     WEFT_CUDA_TRY(cudaGetLastError());
-    cuda::detail::dp_sum_partials<>
-        <<<1, cuda::detail::dp_partial_threads, 0, main_>>>(s.partial.data(), n, out);
-    WEFT_CUDA_TRY(cudaGetLastError());
+    cuda::detail::fixed_order_sum(cuda::detail::load_term{s.partial.data()}, n, out, main_);
   }
   /// f(c) in the side stream's order: c's stream waits for the side stream, and the side
   /// stream for what f queued there.
