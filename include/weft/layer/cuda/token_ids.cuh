@@ -44,6 +44,14 @@ namespace weft::layer::detail {
 template <class Space>
 class token_ids;
 
+/// The key bits the sort looks at: those of the largest id below vocab (at least one).
+[[nodiscard]] constexpr int id_bits(std::size_t vocab) noexcept {
+  return vocab <= 2 ? 1 : static_cast<int>(std::bit_width(vocab - 1));
+}
+static_assert(id_bits(1) == 1 && id_bits(2) == 1 && id_bits(3) == 2 && id_bits(4) == 2 &&
+              id_bits(5) == 3 && id_bits(50257) == 16 && id_bits(65536) == 16 &&
+              id_bits(65537) == 17 && id_bits(std::size_t{1} << 31) == 31);
+
 /// p[i] = i: each token's index, the values the sort carries.
 struct token_index {
   std::int32_t* p;
@@ -112,7 +120,7 @@ public:
     if (n == 0) return;
     cuda::detail::launch(token_index{order_.data()}, n, s);
     WEFT_EXPECTS(vocab > 0, "token_ids::group: the vocabulary must be non-empty");
-    const int bits = std::max(1, static_cast<int>(std::bit_width(vocab - 1)));
+    const int bits = id_bits(vocab);
     // Non-negative ids sort as unsigned (no sign bit to reorder).
     const auto* keys = reinterpret_cast<const std::uint32_t*>(device_.data());
     auto* sorted_keys = reinterpret_cast<std::uint32_t*>(sorted_.data());
