@@ -15,9 +15,10 @@
 // the same stream, normally long complete; never for the work queued since.
 //
 // Grouping. cub::DeviceRadixSort::SortPairs sorts the ids with their token indices as values,
-// over the bits that ids below the vocabulary use. Radix sort is stable, so equal ids keep their
-// token order, and its result (a permutation) does not depend on scheduling: the embedding's
-// backward then adds each id's rows in token order (embedding_grad_run), as the host does.
+// over the bits that ids below the vocabulary use. It is stable (CUB's DeviceRadixSort
+// documentation says so), so equal ids keep their token order, and its result (a permutation)
+// does not depend on scheduling: the embedding's backward then adds each id's rows in token order
+// (embedding_grad_run), as the host does.
 #include <weft/core/error.hpp>
 #include <weft/cuda/error.cuh>
 #include <weft/cuda/kernels.cuh>
