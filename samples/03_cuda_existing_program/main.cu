@@ -1,7 +1,7 @@
 // An ordinary multi-GPU CUDA program, and weft added to it. The program already has what
-// such programs have: cudaMalloc'd gradient buffers, a stream per GPU, an NCCL communicator
-// from ncclCommInitAll over the visible devices, and a host thread per GPU for its training
-// steps. weft comes in with the lines marked "weft": its headers, a communicator that
+// such programs have: gradient buffers in thrust::device_vector, a stream per GPU, an NCCL
+// communicator from ncclCommInitAll over the visible devices, and a host thread per GPU for its
+// training steps. weft comes in with the lines marked "weft": its headers, a communicator that
 // borrows the program's NCCL communicator and stream (weft never destroys either; the
 // program keeps using both), and one call in the step. Nothing else changes.
 //
@@ -12,6 +12,7 @@
 
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <thrust/device_vector.h>
 
 #include <chrono>
 #include <cstdio>
@@ -58,11 +59,11 @@ int main() {
     std::vector<ncclComm_t> comms(devices.size());
     nccl_ok(ncclCommInitAll(comms.data(), gpus, devices.data()), "ncclCommInitAll");
     std::vector<cudaStream_t> streams(devices.size());
-    std::vector<float*> grads(devices.size());
+    std::vector<thrust::device_vector<float>> grads(devices.size());
     for (int d : devices) {
       cuda_ok(cudaSetDevice(d), "cudaSetDevice");
       cuda_ok(cudaStreamCreate(&streams[d]), "cudaStreamCreate");
-      cuda_ok(cudaMalloc(&grads[d], n * sizeof(float)), "cudaMalloc");
+      grads[d].resize(n); // on device d, the current one
     }
 
     // The training step, one host thread per GPU.
@@ -77,17 +78,18 @@ int main() {
           // weft: the program's communicator and stream, borrowed once for all the steps.
           auto comm = weft::cuda::nccl::communicator::borrow(comms[d], streams[d]);
           for (int step = 0; step < steps; ++step) {
-            fill_gradient<<<256, 256, 0, streams[d]>>>(grads[d], n, d);
+            float* g = thrust::raw_pointer_cast(grads[d].data());
+            fill_gradient<<<256, 256, 0, streams[d]>>>(g, n, d);
             cuda_ok(cudaGetLastError(), "fill_gradient");
             const auto t0 = std::chrono::steady_clock::now();
 
             // weft: average the gradient over the GPUs (the algorithm is chosen for the machine).
-            weft::all_reduce(comm, std::span(grads[d], n), weft::op::avg{});
+            weft::all_reduce(comm, std::span(g, n), weft::op::avg{});
 
             // The program goes on as before, on its own stream.
             results[d].resize(n);
-            cuda_ok(cudaMemcpyAsync(results[d].data(), grads[d], n * sizeof(float),
-                                    cudaMemcpyDeviceToHost, streams[d]),
+            cuda_ok(cudaMemcpyAsync(results[d].data(), g, n * sizeof(float), cudaMemcpyDeviceToHost,
+                                    streams[d]),
                     "cudaMemcpyAsync");
             cuda_ok(cudaStreamSynchronize(streams[d]), "cudaStreamSynchronize");
             ms[d] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
@@ -119,7 +121,8 @@ int main() {
     for (int d : devices) {
       cuda_ok(cudaSetDevice(d), "cudaSetDevice");
       nccl_ok(ncclCommDestroy(comms[d]), "ncclCommDestroy");
-      cuda_ok(cudaFree(grads[d]), "cudaFree");
+      grads[d].clear(); // freed on its own device
+      grads[d].shrink_to_fit();
       cuda_ok(cudaStreamDestroy(streams[d]), "cudaStreamDestroy");
     }
     return right ? 0 : 1;

@@ -14,6 +14,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <bit>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -232,8 +234,9 @@ TEST(device_data_parallel, checkpoints_reshard_and_resume_on_the_device_or_the_h
 }
 
 // The global norm's partial sum on the device: ranges cut once into pieces of 64K elements, one
-// block each, summed in order; against a plain sum over the same elements (integer values:
-// exact in any order). The prepared pieces read the gradients anew at every sum, as steps do.
+// block each, the pieces' sums added by one block; against a plain sum over the same elements
+// (integer values: exact in any order). The prepared pieces read the gradients anew at every sum,
+// as steps do.
 TEST(device_data_parallel, squared_norm_of_large_and_empty_ranges) {
   WEFT_REQUIRE_DEVICE();
   emu::run(1, [&](emu::communicator& c) {
@@ -272,6 +275,50 @@ TEST(device_data_parallel, squared_norm_of_large_and_empty_ranges) {
     mem.sum_squares(none, out.data());
     mem.download(&got, out.data(), 1);
     EXPECT_EQ(got, 0.0);
+  });
+}
+
+// More pieces than the block that adds them has threads (3000 ranges of 5 elements: 3000
+// partials), so every thread adds several: integer values against a plain sum (exact), then
+// values that round, summed twice on the same prepared pieces: the same bits both times, and
+// within 1e-12 of a sum in long double.
+TEST(device_data_parallel, squared_norm_of_many_pieces_is_exact_and_repeatable) {
+  WEFT_REQUIRE_DEVICE();
+  emu::run(1, [&](emu::communicator& c) {
+    wo::detail::dp_memory<emu::communicator> mem(c);
+    constexpr std::size_t ranges = 3000;
+    constexpr std::size_t each = 5;
+    std::vector<float> h(ranges * each);
+    for (std::size_t i = 0; i < h.size(); ++i)
+      h[i] = static_cast<float>(static_cast<int>(i % 17) - 8);
+    weft::cuda::device_buffer<float> d(h.size());
+    mem.upload(d.data(), h.data(), h.size());
+    std::vector<wo::detail::norm_range<float>> rs;
+    for (std::size_t r = 0; r < ranges; ++r)
+      rs.push_back({d.data() + r * each, each});
+    const auto squares = mem.prepare_squares(rs);
+    weft::cuda::device_buffer<double> out(1);
+    const auto sum = [&] {
+      double got = -1.0;
+      mem.sum_squares(squares, out.data());
+      mem.download(&got, out.data(), 1);
+      return got;
+    };
+    double exact = 0.0;
+    for (const float x : h)
+      exact += static_cast<double>(x) * static_cast<double>(x);
+    EXPECT_EQ(sum(), exact);
+
+    for (std::size_t i = 0; i < h.size(); ++i)
+      h[i] = 1.0f / static_cast<float>(i % 97 + 3);
+    mem.upload(d.data(), h.data(), h.size());
+    long double reference = 0.0L;
+    for (const float x : h)
+      reference += static_cast<long double>(x) * static_cast<long double>(x);
+    const double first = sum();
+    const double second = sum();
+    EXPECT_EQ(std::bit_cast<std::uint64_t>(first), std::bit_cast<std::uint64_t>(second));
+    EXPECT_NEAR(first, static_cast<double>(reference), 1e-12 * static_cast<double>(reference));
   });
 }
 

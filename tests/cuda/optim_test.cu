@@ -1,15 +1,16 @@
 // The optimizer functors (include/weft/optim/optimizers.hpp) on the device: the same
-// update_ref the host loop runs, launched over flat device buffers, against the host loop
-// (bitwise: the functors round every product and sum on their own, core/rounding.hpp, where
-// nvcc would fuse them into FMAs; division and sqrtf are IEEE-rounded on both);
-// and the AdamW step's bandwidth over 64M parameters against a device-to-device copy's
+// update_ref the host loop runs, launched over flat device buffers (thrust::device_vector),
+// against the host loop (bitwise: the functors round every product and sum on their own,
+// core/rounding.hpp, where nvcc would fuse them into FMAs; division and sqrtf are IEEE-rounded on
+// both); and the AdamW step's bandwidth over 64M parameters against a device-to-device copy's
 // (the GPU path's target: at least 70% of HBM bandwidth; printed, and checked
 // at 50% so that a shared device does not fail the suite).
 #include <weft/cuda/kernels.cuh>
-#include <weft/cuda/memory.cuh>
 #include <weft/optim/optimizers.hpp>
 
 #include <gtest/gtest.h>
+#include <thrust/copy.h>
+#include <thrust/device_vector.h>
 
 #include <cmath>
 #include <cstdint>
@@ -23,17 +24,14 @@ namespace {
 namespace wo = weft::optim;
 
 template <class T>
-std::vector<T> to_host(const T* d, std::size_t n) {
-  std::vector<T> h(n);
-  if (n != 0) WEFT_CUDA_TRY(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+std::vector<T> to_host(const thrust::device_vector<T>& d) {
+  std::vector<T> h(d.size());
+  thrust::copy(d.begin(), d.end(), h.begin());
   return h;
 }
 template <class T>
-weft::cuda::device_buffer<T> to_device(const std::vector<T>& h) {
-  weft::cuda::device_buffer<T> d(h.size());
-  if (!h.empty())
-    WEFT_CUDA_TRY(cudaMemcpy(d.data(), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
+T* raw(thrust::device_vector<T>& d) {
+  return thrust::raw_pointer_cast(d.data());
 }
 
 template <class P, class Rule>
@@ -52,22 +50,21 @@ void check(Rule rule) {
     x = P(rnd(-1, 1));
   for (auto& x : state)
     x = rnd(0, 0.01f);
-  auto dm = to_device(master);
-  auto ds = to_device(state);
-  auto dg = to_device(grad);
-  auto dp = to_device(param);
+  thrust::device_vector<float> dm(master.begin(), master.end());
+  thrust::device_vector<float> ds(state.begin(), state.end());
+  thrust::device_vector<P> dg(grad.begin(), grad.end());
+  thrust::device_vector<P> dp(param.begin(), param.end());
   for (long t = 1; t <= 3; ++t) {
     const auto k = rule.at(t, 0.5f);
     wo::apply(wo::update_ref<decltype(k), P, P>{k, master.data(), grad.data(), state.data(),
                                                 param.data(), n},
               0, n);
     weft::cuda::detail::launch(
-        wo::update_ref<decltype(k), P, P>{k, dm.data(), dg.data(), ds.data(), dp.data(), n}, n,
-        nullptr);
+        wo::update_ref<decltype(k), P, P>{k, raw(dm), raw(dg), raw(ds), raw(dp), n}, n, nullptr);
   }
   WEFT_CUDA_TRY(cudaDeviceSynchronize());
-  const auto m2 = to_host(dm.data(), n);
-  const auto s2 = to_host(ds.data(), 2 * n);
+  const auto m2 = to_host(dm);
+  const auto s2 = to_host(ds);
   double worst = 0;
   std::size_t differ = 0;
   for (std::size_t i = 0; i < n; ++i) {
@@ -82,7 +79,7 @@ void check(Rule rule) {
   }
   EXPECT_EQ(differ, 0u) << Rule::name << ": largest relative difference " << worst;
   if constexpr (!std::is_same_v<P, float>) {
-    const auto p2 = to_host(dp.data(), n);
+    const auto p2 = to_host(dp);
     std::size_t off = 0;
     for (std::size_t i = 0; i < n; ++i)
       off += !(p2[i] == P(m2[i]));
@@ -102,11 +99,7 @@ TEST(cuda_optim, functors_match_the_host_loop) {
 TEST(cuda_optim, adamw_step_bandwidth_64m) {
   WEFT_REQUIRE_DEVICE();
   const std::size_t n = std::size_t{64} << 20;
-  weft::cuda::device_buffer<float> w(n), g(n), st(2 * n), a(4 * n), b(4 * n);
-  WEFT_CUDA_TRY(cudaMemset(w.data(), 0, n * 4));
-  WEFT_CUDA_TRY(cudaMemset(g.data(), 0, n * 4));
-  WEFT_CUDA_TRY(cudaMemset(st.data(), 0, 2 * n * 4));
-  WEFT_CUDA_TRY(cudaMemset(a.data(), 0, 4 * n * 4));
+  thrust::device_vector<float> w(n), g(n), st(2 * n), a(4 * n), b(4 * n); // zeros
   cudaEvent_t e0, e1;
   WEFT_CUDA_TRY(cudaEventCreate(&e0));
   WEFT_CUDA_TRY(cudaEventCreate(&e1));
@@ -128,11 +121,11 @@ TEST(cuda_optim, adamw_step_bandwidth_64m) {
   const double step_s = time([&] {
     const auto k = rule.at(++t, 1.0f);
     weft::cuda::detail::launch(
-        wo::update_ref<decltype(k), float, float>{k, w.data(), g.data(), st.data(), nullptr, n}, n,
+        wo::update_ref<decltype(k), float, float>{k, raw(w), raw(g), raw(st), nullptr, n}, n,
         nullptr);
   });
-  const double copy_s = time(
-      [&] { WEFT_CUDA_TRY(cudaMemcpy(b.data(), a.data(), 4 * n * 4, cudaMemcpyDeviceToDevice)); });
+  const double copy_s =
+      time([&] { WEFT_CUDA_TRY(cudaMemcpy(raw(b), raw(a), 4 * n * 4, cudaMemcpyDeviceToDevice)); });
   const double step_gbps = 28.0 * static_cast<double>(n) / step_s / 1e9;
   const double copy_gbps = 2.0 * 16.0 * static_cast<double>(n) / copy_s / 1e9; // read + write
   std::printf(

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "layer/layer_support.hpp"
@@ -91,6 +93,51 @@ TEST(VocabParallelEmbedding, Errors) {
     weft::matrix<float> y1(1, 3);
     tl::expect_error([&] { sp.forward(three, y1.view()); }, "3 tokens over 2 ranks");
   });
+}
+
+// The device gradient's run functor on the host: the tokens sorted by id here (std::stable_sort
+// of the token indices), the functor called for every (k, c) backwards (no order between threads),
+// on a rank holding ids [2, 9); against the token-order loop dw(id) += g(t), bit for bit (values
+// that round, so a changed order shows).
+TEST(VocabParallelEmbedding, GradientByRunsMatchesTokenOrder) {
+  const std::vector<std::int32_t> ids = {3, 0, 8, 3, 7, 5, 5, 5, 1, 9, 8, 2, 3, 10, 2};
+  const std::size_t n = ids.size(), cols = 3, begin = 2, rows = 7;
+  weft::matrix<float> g(n, cols);
+  for (std::size_t t = 0; t < n; ++t)
+    for (std::size_t c = 0; c < cols; ++c)
+      g(t, c) = 1.0f / static_cast<float>(3 + t * cols + c);
+  weft::matrix<float> expected(rows, cols), got(rows, cols);
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t c = 0; c < cols; ++c)
+      expected(r, c) = got(r, c) = 0.25f * static_cast<float>(r + c); // gradients accumulate
+  for (std::size_t t = 0; t < n; ++t) {
+    const auto id = static_cast<std::size_t>(ids[t]);
+    if (id < begin || id >= begin + rows) continue;
+    for (std::size_t c = 0; c < cols; ++c)
+      expected(id - begin, c) += g(t, c);
+  }
+  std::vector<std::int32_t> positions(n);
+  for (std::size_t t = 0; t < n; ++t)
+    positions[t] = static_cast<std::int32_t>(t);
+  std::stable_sort(positions.begin(), positions.end(), [&](std::int32_t a, std::int32_t b) {
+    return ids[static_cast<std::size_t>(a)] < ids[static_cast<std::size_t>(b)];
+  });
+  std::vector<std::int32_t> sorted(n);
+  for (std::size_t k = 0; k < n; ++k)
+    sorted[k] = ids[static_cast<std::size_t>(positions[k])];
+  const wl::detail::embedding_grad_run<float> run{
+      sorted.data(),
+      positions.data(),
+      n,
+      weft::matrix_view<const float>(g.data(), n, cols, cols),
+      got.view(),
+      begin};
+  for (std::size_t k = n; k-- > 0;)
+    for (std::size_t c = cols; c-- > 0;)
+      run(k, c);
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t c = 0; c < cols; ++c)
+      EXPECT_EQ(got(r, c), expected(r, c)) << "row " << r + begin << " column " << c;
 }
 
 } // namespace

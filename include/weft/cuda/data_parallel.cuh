@@ -33,12 +33,14 @@
 // memory pool, which weft opens to the devices that can reach it (cuda::stream_buffer), since
 // NCCL with several GPUs in one process (nccl::init_all) loads user buffers directly from peers.
 #include <weft/cuda/async.cuh>
+#include <weft/cuda/detail/fixed_order_sum.cuh>
 #include <weft/cuda/error.cuh>
 #include <weft/cuda/kernels.cuh>
 #include <weft/cuda/memory.cuh>
 #include <weft/cuda/types.cuh>
 #include <weft/optim/data_parallel.hpp>
 
+#include <cub/block/block_reduce.cuh>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -86,34 +88,27 @@ struct dp_offset {
   WEFT_HOST_DEVICE void operator()(std::size_t i) const { f(first + i); }
 };
 
-/// Sum over ranges of float(g)^2 in double: one block per range, a fixed tree in the block.
+/// Threads of a block summing one piece of the norm's ranges.
+inline constexpr unsigned dp_square_threads = 256;
+
+/// partial[b] = the sum over range b of float(g)^2 in double: one block per range, each thread
+/// striding over it in order, then the block's fixed tree (cub::BlockReduce, whose order depends
+/// only on the block size).
 template <class P>
-__global__ void dp_range_squares(const optim::detail::norm_range<P>* ranges, double* partial) {
-  constexpr unsigned threads = 256;
-  __shared__ double s[threads];
+__global__ void __launch_bounds__(dp_square_threads)
+    dp_range_squares(const optim::detail::norm_range<P>* ranges, double* partial) {
+  using block_sum = cub::BlockReduce<double, dp_square_threads>;
+  __shared__ typename block_sum::TempStorage temp;
   const auto r = ranges[blockIdx.x];
   using D = device_type_t<P>;
   const D* g = reinterpret_cast<const D*>(r.data);
   double acc = 0.0;
-  for (std::size_t i = threadIdx.x; i < r.n; i += threads) {
+  for (std::size_t i = threadIdx.x; i < r.n; i += dp_square_threads) {
     const auto v = static_cast<double>(static_cast<float>(g[i]));
     acc += v * v;
   }
-  s[threadIdx.x] = acc;
-  __syncthreads();
-  for (unsigned w = threads / 2; w > 0; w /= 2) {
-    if (threadIdx.x < w) s[threadIdx.x] += s[threadIdx.x + w];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partial[blockIdx.x] = s[0];
-}
-
-/// *out = partial[0] + ... + partial[n - 1], in order.
-__global__ inline void dp_sum_in_order(const double* partial, std::size_t n, double* out) {
-  double t = 0.0;
-  for (std::size_t i = 0; i < n; ++i)
-    t += partial[i];
-  *out = t;
+  const double total = block_sum(temp).Sum(acc); // valid in thread 0
+  if (threadIdx.x == 0) partial[blockIdx.x] = total;
 }
 
 } // namespace weft::cuda::detail
@@ -193,8 +188,9 @@ public:
       cuda::detail::launch(run_ref{decay_groups<Kernel>::with(u, k), lo}, hi - lo, main_);
     });
   }
-  /// The ranges cut into pieces of at most 64K elements, in device memory, with room for the
-  /// pieces' sums: made once (a blocking upload), used by every step that needs a norm.
+  /// The ranges cut into pieces of at most 64K elements (norm_pieces), in device memory, with
+  /// room for the pieces' sums: made once (a blocking upload), used by every step that needs a
+  /// norm.
   template <class P>
   struct squares {
     buffer<norm_range<P>> pieces;
@@ -202,20 +198,16 @@ public:
   };
   template <class P>
   squares<P> prepare_squares(const std::vector<norm_range<P>>& ranges) {
-    constexpr std::size_t piece = std::size_t{1} << 16;
-    std::vector<norm_range<P>> pieces;
-    for (const auto& r : ranges) {
-      for (std::size_t at = 0; at < r.n; at += piece)
-        pieces.push_back({r.data + at, std::min(piece, r.n - at)});
-    }
+    const auto pieces = norm_pieces(ranges, std::size_t{1} << 16);
     squares<P> s;
     s.pieces.allocate(pieces.size(), main_);
     s.partial.allocate(pieces.size(), main_);
     upload(s.pieces.data(), pieces.data(), pieces.size());
     return s;
   }
-  /// One block per piece (a large tensor spreads over the device), then the pieces' sums in
-  /// order: the same result however the blocks are scheduled.
+  /// One block per piece (a large tensor spreads over the device), then one block adds the
+  /// pieces' sums in parallel, in an order fixed by their count (fixed_order_sum): the same bits
+  /// on every run, however the blocks are scheduled, and nothing allocated per step.
   template <class P>
   void sum_squares(const squares<P>& s, double* out) {
     const std::size_t n = s.pieces.size();
@@ -224,10 +216,10 @@ public:
       return;
     }
     cuda::detail::dp_range_squares<P>
-        <<<static_cast<unsigned>(n), 256, 0, main_>>>(s.pieces.data(), s.partial.data());
+        <<<static_cast<unsigned>(n), cuda::detail::dp_square_threads, 0, main_>>>(s.pieces.data(),
+                                                                                  s.partial.data());
     WEFT_CUDA_TRY(cudaGetLastError());
-    cuda::detail::dp_sum_in_order<<<1, 1, 0, main_>>>(s.partial.data(), n, out);
-    WEFT_CUDA_TRY(cudaGetLastError());
+    cuda::detail::fixed_order_sum(cuda::detail::load_term{s.partial.data()}, n, out, main_);
   }
   /// f(c) in the side stream's order: c's stream waits for the side stream, and the side
   /// stream for what f queued there.

@@ -23,7 +23,9 @@
 // on the communicator's stream) the logits, the kept softmax and dlogits are device memory, the
 // row statistics a thread per row and lane (exec.hpp's row stages: the lanes combined in a fixed
 // order, the host's sums), the rest one per element; the targets (a host span, checked there) are
-// copied to the device, and the per-token sums come back to the host for the loss.
+// copied to the device, and the tokens' losses are added there (exec.hpp's sum_over: one block, in
+// an order fixed by the token count, so to rounding the host's in-order sum), only the total
+// coming back to the host.
 #include <weft/comm/all_reduce.hpp>
 #include <weft/comm/communicator.hpp>
 #include <weft/core/config.hpp>
@@ -89,6 +91,19 @@ struct shifted_target_and_sum {
                      ? logits(t, target - begin) - row_max(t, 0)
                      : T{};
     sums(1, t) = lane_total(lanes, t);
+  }
+};
+
+/// Token t's loss in double, log(sum of exponentials) - (shifted target logit), from the reduced
+/// sums (2 x tokens); 0 for an ignored token.
+template <class T>
+struct token_loss {
+  matrix_view<const T> sums;
+  const std::int32_t* targets;
+  std::int32_t ignore_index;
+  WEFT_HOST_DEVICE double operator()(std::size_t t) const {
+    if (targets[t] == ignore_index) return 0.0;
+    return static_cast<double>(std::log(sums(1, t)) - sums(0, t));
   }
 };
 
@@ -214,19 +229,9 @@ public:
     if (tp_->size() > 1) all_reduce(*tp_, detail::flat_of(sums_));
     detail::for_each_element(exec_, tokens, cols,
                              detail::normalise_row<T>{probs_.view(), sums_.view()});
-    // 3. The mean loss, on the host.
-    const T* sums = sums_.data();
-    matrix<T> host_sums;
-    if constexpr (on_device<Exec>) {
-      host_sums.resize(2, tokens);
-      sums_.copy_to(host_sums.view(), exec_.stream()); // waits for the stream
-      sums = host_sums.data();
-    }
-    double total = 0.0;
-    for (std::size_t t = 0; t < tokens; ++t) {
-      if (targets_[t] != ignore_index_)
-        total += static_cast<double>(std::log(sums[tokens + t]) - sums[t]);
-    }
+    // 3. The counted tokens' losses, summed where the policy works.
+    const double total = detail::sum_over(
+        exec_, tokens, detail::token_loss<T>{sums_.view(), target_data, ignore_index_});
     return total / divisor_;
   }
 

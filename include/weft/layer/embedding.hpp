@@ -10,9 +10,11 @@
 //
 // Exec says where the table and y live (exec.hpp): the host by default; with a device policy
 // (cublas on the communicator's stream) both are device memory, the ids (always a host span,
-// checked there) are copied to the device, the lookup is one thread per element and the
-// gradient one thread per column, adding the tokens' rows in token order (no atomics: the same
-// sums as the host's, whatever ids repeat).
+// checked there) are copied to the device on the stream without the host waiting for it
+// (layer/cuda/token_ids.cuh), and the lookup is one thread per element. The gradient on a device
+// groups the tokens by id (CUB's stable radix sort of the ids with their token indices), then
+// one thread per (id, column) adds that id's rows in token order (no atomics: the same sums, in
+// the same order, as the host's token loop, whatever ids repeat).
 #include <weft/core/config.hpp>
 #include <weft/layer/exec.hpp>
 #include <weft/layer/init.hpp>
@@ -62,6 +64,39 @@ struct embedding_grad_column {
   }
 };
 
+/// The ids and token indices of a device layer, sorted by id: detail::token_ids<device_space>
+/// (<weft/layer/cuda/token_ids.cuh>, which the device policy's header includes); nothing on the
+/// host, where the ids stay in the layer's vector.
+template <class Space>
+class token_ids;
+template <>
+class token_ids<host_space> {};
+
+/// The gradient of a run of equal ids, from the tokens sorted by id, stably (sorted_ids, and
+/// positions: each one's token index). Called as (k, c) for every k < tokens: a k that starts a
+/// run (the first, or a new id) adds, for column c, the run's rows of g in token order to dw's
+/// row of that id where this rank holds it; any other k does nothing. The same additions in the
+/// same order as embedding_grad_column's, so the same bits; runs write disjoint rows.
+template <class T>
+struct embedding_grad_run {
+  const std::int32_t* sorted_ids;
+  const std::int32_t* positions;
+  std::size_t tokens;
+  matrix_view<const T> g;
+  matrix_view<T> dw;
+  std::size_t begin;
+  WEFT_HOST_DEVICE void operator()(std::size_t k, std::size_t c) const {
+    const std::int32_t id = sorted_ids[k];
+    if (k != 0 && sorted_ids[k - 1] == id) return;
+    const auto row = static_cast<std::size_t>(id);
+    if (row < begin || row - begin >= dw.rows()) return;
+    T s = dw(row - begin, c);
+    for (std::size_t j = k; j < tokens && sorted_ids[j] == id; ++j)
+      s += g(static_cast<std::size_t>(positions[j]), c);
+    dw(row - begin, c) = s;
+  }
+};
+
 } // namespace detail
 
 template <class T, communicator Comm, class SP = no_sequence_parallel, class Exec = host_policy>
@@ -106,9 +141,7 @@ public:
     ids_.assign(ids.begin(), ids.end());
     const std::int32_t* id_data = ids_.data();
     if constexpr (on_device<Exec>) {
-      detail::resize(exec_, device_ids_, 1, tokens);
-      device_ids_.copy_from(matrix_view<const std::int32_t>(ids_.data(), 1, tokens),
-                            exec_.stream());
+      device_ids_.upload(ids_, exec_.stream());
       id_data = device_ids_.data();
     }
     detail::resize(exec_, part_, tokens, hidden_);
@@ -136,14 +169,14 @@ public:
       g = detail::cview(dy_);
     }
     if constexpr (on_device<Exec>) {
-      if (device_ids_.cols() != tokens) { // restored from a stash: the ids are on the host only
-        detail::resize(exec_, device_ids_, 1, tokens);
-        device_ids_.copy_from(matrix_view<const std::int32_t>(ids_.data(), 1, tokens),
-                              exec_.stream());
+      if (device_ids_.size() != tokens) { // restored from a stash: the ids are on the host only
+        device_ids_.upload(ids_, exec_.stream());
       }
-      detail::for_each_element(exec_, 1, hidden_,
-                               detail::embedding_grad_column<T>{device_ids_.data(), tokens, g,
-                                                                dw_.view(), range_.begin});
+      device_ids_.group(vocab_, exec_.stream());
+      detail::for_each_element(
+          exec_, tokens, hidden_,
+          detail::embedding_grad_run<T>{device_ids_.sorted_ids(), device_ids_.positions(), tokens,
+                                        g, dw_.view(), range_.begin});
     } else { // token by token, for the cache; the same sums in the same order
       const detail::embedding_grad_column<T> grad{ids_.data(), tokens, g, dw_.view(), range_.begin};
       if constexpr (detail::element_policy<Exec, detail::embedding_grad_column<T>>) {
@@ -169,11 +202,11 @@ public:
     [[nodiscard]] std::size_t bytes() const noexcept { return ids.size() * sizeof(std::int32_t); }
   };
   [[nodiscard]] activations stash() {
-    device_ids_ = {};
+    device_ids_.release();
     return {std::exchange(ids_, {}), std::exchange(forwarded_, false)};
   }
   void restore(activations a) {
-    device_ids_ = {}; // backward copies the restored ids again
+    device_ids_.release(); // backward copies the restored ids again
     ids_ = std::move(a.ids);
     forwarded_ = a.forwarded;
   }
@@ -189,7 +222,7 @@ private:
   Exec exec_;
   matrix<T, space> w_, dw_;
   weft::detail::tallied_vector<std::int32_t> ids_; // kept for backward (a stash carries them)
-  matrix<std::int32_t, space> device_ids_;         // a device policy's copy of ids_, 1 x tokens
+  detail::token_ids<space> device_ids_;            // a device policy's copy of ids_, grouped by id
   matrix<T, space> part_; // this rank's lookups, zeros elsewhere, before the reduction
   matrix<T, space> dy_;   // sequence_parallel: the gathered dy
   matrix<T, space> staging_;

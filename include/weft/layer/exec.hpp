@@ -70,6 +70,29 @@ void for_each_element(const Gemm& g, std::size_t rows, std::size_t cols, const F
   }
 }
 
+/// The sum of term(i) over i < n, in double, where the policy works: through the policy's
+/// `sum_terms(policy, n, term)` where it has one (found by argument-dependent lookup: cublas adds
+/// on the device, in parallel, in an order fixed by n, and returns once the stream has computed
+/// it), else in order on the host. term is a WEFT_HOST_DEVICE functor of i returning a double.
+template <class G, class F>
+concept sum_policy = requires(const G& g, std::size_t n, const F& f) {
+  { sum_terms(g, n, f) } -> std::convertible_to<double>;
+};
+
+template <class Gemm, class F>
+[[nodiscard]] double sum_over(const Gemm& g, std::size_t n, const F& term) {
+  if constexpr (sum_policy<Gemm, F>) {
+    return sum_terms(g, n, term);
+  } else {
+    static_assert(!on_device<Gemm>, "weft: a device policy must define sum_terms(policy, n, term)");
+    (void)g;
+    double s = 0.0;
+    for (std::size_t i = 0; i < n; ++i)
+      s += term(i);
+    return s;
+  }
+}
+
 /// Row-wise work in stages: stage k's f(r, c), for c in [0, cols_k), may read what stages before
 /// it wrote for row r, and writes only what no other (r, c) of its stage touches. A policy with
 /// `each_element` runs each stage over every row before the next (a kernel per stage: a row's

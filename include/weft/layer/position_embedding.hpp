@@ -12,9 +12,9 @@
 //   wpe.forward(h.view(), 0);   // h: the token embeddings, tokens x hidden; += the positions' rows
 //   wpe.backward(dh);           // the table's gradient rows += dh's rows
 //
-// Exec says where the table and y live (exec.hpp). backward adds each column's rows in token
-// order (one thread per column on a device, no atomics), so positions that repeat over the
-// sequences of a microbatch sum the same way on the host and on a device.
+// Exec says where the table and y live (exec.hpp). backward adds each table element's rows in
+// token order (one thread per element of the table on a device, no atomics), so positions that
+// repeat over the sequences of a microbatch sum the same way on the host and on a device.
 #include <weft/core/config.hpp>
 #include <weft/core/error.hpp>
 #include <weft/layer/exec.hpp>
@@ -46,19 +46,33 @@ struct position_add {
   }
 };
 
-/// Column c of the table's gradient: dw((offset + i) % seq, c) += dy(i, c), rows in order.
-/// Called as (0, c).
+/// The table's gradient, one row i of dy at a time: dw((offset + i) % seq, c) += dy(i, c) (the
+/// host's loop, row after row for the cache).
 template <class T>
 struct position_grad_column {
   matrix_view<const T> dy;
   matrix_view<T> dw;
   std::size_t offset;
-  WEFT_HOST_DEVICE void operator()(std::size_t, std::size_t c) const {
-    for (std::size_t i = 0; i < dy.rows(); ++i)
-      step(i, c);
-  }
   WEFT_HOST_DEVICE void step(std::size_t i, std::size_t c) const {
     dw((offset + i) % dw.rows(), c) += dy(i, c);
+  }
+};
+
+/// Element (p, c) of the table's gradient: dw(p, c) += dy(i, c) for the rows i at position p
+/// ((offset + i) % seq == p), in order: the additions position_grad_column makes to that element,
+/// in the same order, so the same bits. Called as (p, c) for every element of the table (a device
+/// thread each; offset < seq).
+template <class T>
+struct position_grad_element {
+  matrix_view<const T> dy;
+  matrix_view<T> dw;
+  std::size_t offset;
+  WEFT_HOST_DEVICE void operator()(std::size_t p, std::size_t c) const {
+    const std::size_t seq = dw.rows();
+    T s = dw(p, c);
+    for (std::size_t i = (p + seq - offset) % seq; i < dy.rows(); i += seq)
+      s += dy(i, c);
+    dw(p, c) = s;
   }
 };
 
@@ -100,12 +114,13 @@ public:
     static constexpr std::string_view who = "position_embedding::backward";
     if (!forwarded_) throw error(std::string(who) + ": called before forward");
     expect_shape(who, "dy", dy, rows_, hidden_);
-    const detail::position_grad_column<T> grad{dy, dw_.view(), offset_};
-    if constexpr (detail::element_policy<Exec, detail::position_grad_column<T>>) {
-      detail::for_each_element(exec_, 1, hidden_, grad);
+    if constexpr (detail::element_policy<Exec, detail::position_grad_element<T>>) {
+      detail::for_each_element(exec_, seq_, hidden_,
+                               detail::position_grad_element<T>{dy, dw_.view(), offset_});
     } else { // row by row, for the cache; the same sums in the same order
       static_assert(!on_device<Exec>,
                     "weft: a device policy must define each_element(policy, rows, cols, f)");
+      const detail::position_grad_column<T> grad{dy, dw_.view(), offset_};
       for (std::size_t i = 0; i < rows_; ++i)
         for (std::size_t c = 0; c < hidden_; ++c)
           grad.step(i, c);

@@ -16,9 +16,12 @@
 // default math mode (full FP32: no TF32 unless allow_tf32 is set, since the layers promise
 // float results within 1e-5 of the reference). Calls are asynchronous on the stream.
 #include <weft/core/error.hpp>
+#include <weft/cuda/detail/fixed_order_sum.cuh>
 #include <weft/cuda/error.cuh>
 #include <weft/cuda/kernels.cuh>
+#include <weft/cuda/memory.cuh>
 #include <weft/layer/cuda/matrix.cuh>
+#include <weft/layer/cuda/token_ids.cuh> // the embedding's ids on the device
 #include <weft/layer/exec.hpp>
 #include <weft/layer/gemm.hpp>
 #include <weft/layer/matrix.hpp>
@@ -200,6 +203,21 @@ struct element_at {
 template <class F>
 void each_element(const cublas& g, std::size_t rows, std::size_t cols, const F& f) {
   cuda::detail::launch(detail::element_at<F>{f, cols}, rows * cols, g.stream());
+}
+
+/// The sum of term(i) over i < n on the device, in parallel, in an order fixed by n
+/// (cuda/detail/fixed_order_sum.cuh), on the policy's stream; returns once the stream has
+/// computed it (found by detail::sum_over).
+template <class F>
+[[nodiscard]] double sum_terms(const cublas& g, std::size_t n, const F& term) {
+  if (n == 0) return 0.0;
+  cuda::stream_buffer<double> out(1, g.stream());
+  cuda::detail::fixed_order_sum(term, n, out.data(), g.stream());
+  double total = 0.0;
+  WEFT_CUDA_TRY(
+      cudaMemcpyAsync(&total, out.data(), sizeof(double), cudaMemcpyDeviceToHost, g.stream()));
+  WEFT_CUDA_TRY(cudaStreamSynchronize(g.stream()));
+  return total;
 }
 
 } // namespace weft::layer

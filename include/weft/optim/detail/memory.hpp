@@ -9,6 +9,7 @@
 // run), `side` the order of the queued collectives (the progress thread here; a side stream
 // on a device). On the host both are plain loops on the calling thread.
 #include <weft/comm/async.hpp>
+#include <weft/core/error.hpp>
 #include <weft/optim/optimizers.hpp>
 
 #include <algorithm>
@@ -27,6 +28,21 @@ struct norm_range {
   const P* data;
   std::size_t n;
 };
+
+/// The ranges cut, in order, into pieces of at most `piece` elements (empty ranges give none): a
+/// device sums each piece's squares in one block, then the pieces' sums in one fixed order, so a
+/// large tensor spreads over the device and the result does not depend on how blocks are run.
+template <class P>
+[[nodiscard]] std::vector<norm_range<P>> norm_pieces(const std::vector<norm_range<P>>& ranges,
+                                                     std::size_t piece) {
+  WEFT_EXPECTS(piece > 0, "norm_pieces: the piece size must be positive");
+  std::vector<norm_range<P>> pieces;
+  for (const auto& r : ranges) {
+    for (std::size_t at = 0; at < r.n; at += piece)
+      pieces.push_back({r.data + at, std::min(piece, r.n - at)});
+  }
+  return pieces;
+}
 
 template <class Comm>
 concept streamed_communicator = requires(const Comm& c) {
