@@ -209,6 +209,12 @@ public:
   [[nodiscard]] const topology::cluster& cluster() const noexcept { return *cluster_; }
   /// Bytes of this rank's data area (options::workspace_bytes, rounded up).
   [[nodiscard]] std::size_t workspace_bytes() const noexcept { return ep_->layout().data_bytes; }
+  /// The largest count of one call of collective c, of elements of element_size bytes, whose
+  /// input and output regions fit the workspace (direct's plans; a staged all-reduce needs none
+  /// of it). weft::two_level cuts its calls on this level to it.
+  [[nodiscard]] std::size_t max_count(collective c, std::size_t element_size) const noexcept {
+    return detail::p2p_max_count(c, size(), element_size, workspace_bytes());
+  }
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return ep_->timeout(); }
   void set_timeout(std::chrono::milliseconds t) {
     WEFT_EXPECTS(t.count() > 0,
