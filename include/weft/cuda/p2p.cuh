@@ -192,10 +192,24 @@ public:
   static constexpr std::string_view transport_name = "p2p";
 
   basic_communicator(basic_communicator&&) noexcept = default;
-  basic_communicator& operator=(basic_communicator&&) noexcept = default;
+  /// Lets go of this communicator's memory first, as the destructor does.
+  basic_communicator& operator=(basic_communicator&& other) noexcept {
+    if (this == &other) return *this;
+    tear_down();
+    owned_host_ = std::move(other.owned_host_);
+    host_ = other.host_;
+    world_ = std::move(other.world_);
+    cluster_ = std::move(other.cluster_);
+    ep_ = std::move(other.ep_);
+    staged_calls_ = other.staged_calls_;
+    return *this;
+  }
   basic_communicator(const basic_communicator&) = delete;
   basic_communicator& operator=(const basic_communicator&) = delete;
-  ~basic_communicator() = default;
+  /// Collective between processes: the ranks sync, close their mappings of each other's
+  /// workspaces, meet at a barrier of the host communicator, then free their own
+  /// (detail/p2p_teardown.hpp). Threads leave their memory to their run. Never throws.
+  ~basic_communicator() { tear_down(); }
 
   [[nodiscard]] int rank() const noexcept { return ep_->rank(); }
   [[nodiscard]] int size() const noexcept { return ep_->size(); }
@@ -574,8 +588,16 @@ private:
     }
   }
 
-  // Declaration order is destruction order reversed: the endpoint (which may sync with the
-  // peers before it frees its memory) goes before the host communicator.
+  // The endpoint's memory goes (tear_down) while the host communicator its barrier needs is
+  // here; declaration order is destruction order reversed, so the endpoint goes before it too.
+  void tear_down() noexcept {
+    if (!ep_) return; // moved from
+    ep_->close([this] { host_->barrier(); });
+    ep_.reset();
+  }
+
+  // Declaration order is destruction order reversed: the endpoint goes before the host
+  // communicator.
   std::unique_ptr<Host> owned_host_; // split's and from_mpi's; run() lends its own
   Host* host_;
   std::shared_ptr<detail::p2p_world> world_;
