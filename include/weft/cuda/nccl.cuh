@@ -31,7 +31,8 @@
 // scratch: the graph points into it, so it is kept until release_graph_scratch() (once those
 // graphs are destroyed) or until the communicator goes, which graphs must not outlive. Inside a
 // CUDA graph capture it cannot grow (the graph would free memory it did not allocate): run the
-// call once before capturing, or reserve() the bytes first.
+// call once before capturing, or reserve() the bytes first. The memory comes from weft's pool
+// (cuda/memory.cuh).
 //
 // Blocking calls. barrier(), split(), synchronize() and the host-span send/recv/sendrecv
 // (what WEFT_CHECK_CALLS uses) wait on the host until the stream is idle, polling with the

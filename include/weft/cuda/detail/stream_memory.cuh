@@ -1,7 +1,8 @@
 #pragma once
 // Device scratch that grows in the order of one stream: the NCCL communicator
 // (weft/cuda/nccl.cuh) keeps its plans' scratch and temporaries, and its staging for the
-// blocking calls, in these. A larger block is allocated with cudaMallocAsync and the old one
+// blocking calls, in these. A larger block is allocated from weft's pool
+// (cudaMallocFromPoolAsync, cuda/memory.cuh) and the old one
 // freed with cudaFreeAsync on the same stream, so the old block goes only after the work
 // already queued (which may still use it) and the host never waits; but a block that a call
 // captured into a CUDA graph used is kept (the graph points into it) until release_retired() or
@@ -63,10 +64,10 @@ public:
                                     << 10; // fewer regrowths for slowly rising sizes
     const std::size_t want = (bytes + granule - 1) / granule * granule;
     void* p = nullptr;
-    // NCCL between GPUs of one process writes straight into a peer's receive buffer, and pool
-    // memory is reachable from other devices only once the pool grants them access.
-    share_default_pool(stream_device(stream_->get()));
-    cuda_check(cudaMallocAsync(&p, want, stream_->get()), "cudaMallocAsync", operation, rank);
+    // From weft's pool, which the devices that reach this one may access: NCCL between GPUs of
+    // one process writes straight into a peer's receive buffer.
+    cuda_check(allocate_async(&p, want, stream_->get()), "cudaMallocFromPoolAsync", operation,
+               rank);
     // Stream-ordered: after the queued work that may still use the old block; a block that a
     // captured graph points into stays.
     free(ledger_.replace({p, want}));
