@@ -19,9 +19,10 @@
 // buffers. A call copies its input into its workspace's input region, runs the plan with the
 // input, output and scratch buffers mapped to workspace regions (a load from rank q's buffer b
 // reads q's region of b), then copies the output region to the caller's output; a call whose
-// regions do not fit is a weft::error naming the sizes. A staged plan (direct's small
-// all-reduce) skips both copies: its peers load only its scratch, which is a staging area, two
-// of them alternated by the staged calls as in weft::local.
+// regions do not fit is a weft::error naming the sizes (max_count() says the largest call that
+// fits; weft::two_level cuts its calls to it). A staged plan (direct's small all-reduce) skips
+// both copies: its peers load only its scratch, which is a staging area, two of them
+// alternated by the staged calls as in weft::local.
 //
 // Steps, all queued on the rank's stream in plan order: copy and reduce are weft::cuda's
 // kernels; load is a copy kernel reading the peer's memory; load_reduce reduces the group's

@@ -137,7 +137,8 @@ inline std::size_t two_level_chunk_elements(std::size_t chunk_bytes, std::size_t
 } // namespace detail
 
 struct two_level_options {
-  /// Bytes of each pipelined chunk of an all-reduce (the last may be shorter).
+  /// Bytes of each pipelined chunk of an all-reduce (the last may be shorter; a chunk is cut
+  /// to what either level takes in one call where a level bounds it, a p2p level's workspace).
   std::size_t chunk_bytes = std::size_t{4} << 20;
 };
 
