@@ -283,7 +283,8 @@ TEST(cuda_two_level, p2p_levels_sharing_one_device_match_the_reference) {
 
 // One node (two ranks) and one rank per node (two nodes), on p2p levels whose workspace (64 KiB)
 // holds a fraction of the call: the one-level paths go by the pieces a call on the level takes
-// (p2p::communicator::max_count), where one call of the whole would not fit and throw.
+// (p2p::communicator::max_count; of each rank block for reduce_scatter and all_gather), where
+// one call of the whole would not fit and throw.
 TEST(cuda_two_level, p2p_one_level_calls_larger_than_the_workspace_go_by_pieces) {
   WEFT_REQUIRE_DEVICE();
   for (const std::vector<int>& node_of : {std::vector<int>{0, 0}, std::vector<int>{0, 1}}) {
@@ -305,6 +306,10 @@ TEST(cuda_two_level, p2p_one_level_calls_larger_than_the_workspace_go_by_pieces)
                      tl, collective::broadcast, count, 1, test::pattern::exact);
                  check_rooted<algo::levels<algo::direct, algo::direct>, std::int32_t>(
                      tl, collective::reduce, count, 0, test::pattern::exact);
+                 check_scatter_gather<algo::levels<algo::direct, algo::direct>, std::int32_t>(
+                     tl, collective::reduce_scatter, count, test::pattern::exact);
+                 check_scatter_gather<algo::levels<algo::direct, algo::direct>, std::int32_t>(
+                     tl, collective::all_gather, count, test::pattern::exact);
                }
              },
              {.workspace_bytes = std::size_t{64} << 10, .sync_timeout = 20s, .timeout = 60s});

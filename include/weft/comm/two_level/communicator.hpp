@@ -417,8 +417,9 @@ private:
     return std::max(L, chunk_elements<T>() / L * L);
   }
   /// call(first, len) over [0, count) by the largest pieces that one call of c on `level` takes:
-  /// the paths on one level (one node, or one rank per node), where nothing pipelines. One call
-  /// (of nothing) where count is 0, as the level's own collective would be.
+  /// the paths on one level (one node, or one rank per node), where nothing pipelines. For
+  /// reduce_scatter and all_gather, count is one rank block, and a piece is [first, first + len)
+  /// of every block. One call (of nothing) where count is 0, as the level's own would be.
   template <class T, class Level, class F>
   static void by_level_calls(const Level& level, collective c, std::size_t count, F&& call) {
     const std::size_t piece =
@@ -429,6 +430,13 @@ private:
       const auto [first, len] = chunk_span(k, piece, count);
       call(first, len);
     }
+  }
+  /// Whether the uniform paths' two whole calls of reduce_scatter or all_gather (c) of n elements
+  /// a rank fit the levels: Intra's of N * n a rank block, Inter's of n.
+  template <class T>
+  [[nodiscard]] bool uniform_calls_fit(collective c, std::size_t n) const {
+    return n <= detail::level_max_count(inter_, c, sizeof(T)) &&
+           n <= detail::level_max_count(intra_, c, sizeof(T)) / to_size(layout_.nodes());
   }
   static std::size_t chunk_count(std::size_t count, std::size_t chunk) noexcept {
     return count == 0 ? 0
