@@ -831,4 +831,131 @@ TEST(two_level, the_call_check_compares_the_two_level_call) {
   }
 }
 
+// --- chunks bounded by what a level takes in one call ------------------------------------------
+
+// Chunk elements: chunk_bytes' worth (rounded down, at least one), no more than the levels'
+// bound; a bound of 0 is refused.
+TEST(two_level, chunk_elements_take_the_chunk_bytes_up_to_the_levels_bound) {
+  using detail::two_level_chunk_elements;
+  constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
+  EXPECT_EQ(two_level_chunk_elements(4096, 4, none), 1024u);
+  EXPECT_EQ(two_level_chunk_elements(4099, 4, none), 1024u); // not a whole element more
+  EXPECT_EQ(two_level_chunk_elements(3, 4, none), 1u);       // less than one element: one
+  EXPECT_EQ(two_level_chunk_elements(4096, 4, 1023), 1023u); // the bound below the chunk
+  EXPECT_EQ(two_level_chunk_elements(4096, 4, 1024), 1024u); // at it
+  EXPECT_EQ(two_level_chunk_elements(4096, 4, 1025), 1024u); // above it
+  EXPECT_EQ(two_level_chunk_elements(none, 2, 7), 7u);       // one level: the bound alone
+  EXPECT_EQ(two_level_chunk_elements(none, 1, none), none);
+  try {
+    (void)two_level_chunk_elements(4096, 8, 0);
+    ADD_FAILURE() << "a bound of 0 elements was taken";
+  } catch (const error& e) {
+    EXPECT_NE(std::string(e.what()).find("8 bytes"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("workspace_bytes"), std::string::npos) << e.what();
+  }
+}
+
+// A level that lays out at most `cap` elements per rank in one call, as a p2p communicator's
+// workspace bounds it (max_count: for reduce_scatter and all_gather, whose count is one rank
+// block, cap / size blocks' worth); it records its calls (traced). Not split again.
+struct capped : traced<local::communicator> {
+  capped(local::communicator c, std::size_t cap) : traced(std::move(c)), cap(cap) {}
+  [[nodiscard]] std::size_t max_count(collective c, std::size_t) const {
+    const bool blocks = c == collective::reduce_scatter || c == collective::all_gather;
+    return blocks ? cap / static_cast<std::size_t>(size()) : cap;
+  }
+  [[nodiscard]] capped split(int, int) { throw error("capped: not split in these tests"); }
+  std::size_t cap;
+};
+static_assert(communicator<capped>);
+
+// The elements a level call lays out per rank, as a p2p workspace holds them: a reduce_scatter's
+// or all_gather's count is one rank block.
+std::size_t footprint(const traced_op& o, int level_size) {
+  const bool blocks = o.kind == collective::reduce_scatter || o.kind == collective::all_gather;
+  return blocks ? o.count * static_cast<std::size_t>(level_size) : o.count;
+}
+
+// Every collective on two_levels whose levels take at most `cap` elements per call, against the
+// serial reference: one node (the p2p level alone, a call far larger than it takes), one rank
+// per node, and two levels (even and uneven nodes) with chunk_bytes far above the bound. Counts
+// below, at and above the bound, odd, and not divided by the ranks. No level call exceeds the
+// bound, and on one level the pieces cover the call once.
+TEST(two_level, calls_are_cut_to_what_a_level_takes_in_one_call) {
+  constexpr std::size_t cap = 8;
+  const collective every[] = {collective::all_reduce, collective::broadcast, collective::reduce,
+                              collective::reduce_scatter, collective::all_gather};
+  for (const char* spec : {"3", "3x1", "2x3", "3+2"}) {
+    const layout l = from_spec(spec);
+    const int p = static_cast<int>(l.node_of.size());
+    const bool one_node = std::string(spec) == "3";
+    const bool one_per_node = std::string(spec) == "3x1";
+    for (const std::size_t count :
+         {std::size_t{5}, cap, cap + 1, std::size_t{29}, std::size_t{0}}) {
+      for (const collective c : every) {
+        const int root = p - 1;
+        const auto in =
+            inputs<std::int32_t, op::sum>(p, test::input_count(c, p, count), test::pattern::exact);
+        const auto want = test::reference<std::int32_t, op::sum>(c, p, count, root, in);
+        std::vector<std::vector<std::int32_t>> got(static_cast<std::size_t>(p));
+        std::vector<std::vector<traced_op>> intra_ops(got.size()), inter_ops(got.size());
+        std::vector<int> level_sizes(got.size());
+        std::mutex m;
+        local::run(topology::parse(spec), [&](local::communicator& world) {
+          const int rank = world.rank();
+          const auto r = static_cast<std::size_t>(rank);
+          const int color = detail::node_color(l.node_of, rank);
+          auto intra = world.split(color, rank);
+          auto inter = world.split(intra.rank(), color);
+          two_level<capped> tl(capped(std::move(intra), cap), capped(std::move(inter), cap),
+                               l.node_of, rank, {.chunk_bytes = std::size_t{1} << 20});
+          const std::span<const std::int32_t> mine(in[r]);
+          std::vector<std::int32_t> out(test::output_count(c, p, count, rank, root), -7);
+          if (c == collective::all_reduce) {
+            all_reduce(tl, mine, std::span(out));
+          } else if (c == collective::broadcast) {
+            if (rank == root) out = in[r];
+            broadcast(tl, std::span(out), root);
+          } else if (c == collective::reduce) {
+            reduce(tl, mine, std::span(out), root);
+          } else if (c == collective::reduce_scatter) {
+            reduce_scatter(tl, mine, std::span(out));
+          } else {
+            all_gather(tl, mine, std::span(out));
+          }
+          const std::lock_guard lock(m);
+          got[r] = std::move(out);
+          intra_ops[r] = tl.intra().ops();
+          inter_ops[r] = tl.inter().ops();
+          level_sizes[r] = (one_per_node ? tl.inter() : tl.intra()).size();
+        });
+        const std::string what =
+            std::string(spec) + ", " + std::string(name_of(c)) + " of " + std::to_string(count);
+        expect_outputs(got, want, test::pattern::exact, what);
+        for (std::size_t r = 0; r < got.size(); ++r) {
+          for (const auto& o : intra_ops[r])
+            EXPECT_LE(footprint(o, level_sizes[r]), cap) << what << ", rank " << r << " intra";
+          for (const auto& o : inter_ops[r])
+            EXPECT_LE(footprint(o, level_sizes[r]), cap) << what << ", rank " << r << " inter";
+          if (!one_node && !one_per_node) continue;
+          // One level: pieces of the whole call (of each rank block), each as large as the level
+          // takes.
+          const auto& one = one_per_node ? inter_ops[r] : intra_ops[r];
+          const std::size_t piece = c == collective::reduce_scatter || c == collective::all_gather
+                                        ? cap / static_cast<std::size_t>(p)
+                                        : cap;
+          std::size_t sum = 0;
+          for (const auto& o : one) {
+            EXPECT_EQ(o.kind, c) << what;
+            sum += o.count;
+          }
+          EXPECT_EQ(sum, count) << what << ", rank " << r;
+          EXPECT_EQ(one.size(), std::max<std::size_t>(1, (count + piece - 1) / piece))
+              << what << ", rank " << r;
+        }
+      }
+    }
+  }
+}
+
 } // namespace

@@ -491,6 +491,49 @@ TEST(nccl, an_all_reduce_captured_into_a_cuda_graph_replays) {
   WEFT_CUDA_TRY(cudaGraphDestroy(graph));
 }
 
+// A graph captured a call through the scratch; a later, larger call outside the capture grows
+// the scratch. The block the graph points into is kept (not freed), so the graph's replays still
+// give the right result; release_graph_scratch() frees it once the graph is gone.
+TEST(nccl, a_graph_keeps_its_scratch_when_a_later_call_grows_it) {
+  WEFT_REQUIRE_DEVICE();
+  auto c = single_rank();
+  const auto through_scratch = [](std::size_t n) {
+    weft::plan pl(weft::plan_request{collective::all_reduce, 1, 0, n, 0, {}, 4});
+    pl.need_scratch(n);
+    pl.copy(buffer::input, 0, buffer::scratch, 0, n);
+    pl.copy(buffer::scratch, 0, buffer::output, 0, n);
+    return pl;
+  };
+  constexpr std::size_t n = 4096;
+  constexpr std::size_t big = std::size_t{1} << 22;
+  const auto small_plan = through_scratch(n);
+  const auto big_plan = through_scratch(big);
+  device_buffer<float> in(big);
+  device_buffer<float> out(big);
+  c.reserve(n * sizeof(float));
+  cudaGraph_t graph = nullptr;
+  WEFT_CUDA_TRY(cudaStreamBeginCapture(c.stream(), cudaStreamCaptureModeGlobal));
+  c.execute(small_plan, in.data(), n, out.data(), n, op::sum{}, "all_reduce");
+  WEFT_CUDA_TRY(cudaStreamEndCapture(c.stream(), &graph));
+  cudaGraphExec_t exec = nullptr;
+  WEFT_CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
+  EXPECT_EQ(c.graph_scratch_bytes(), 0u);
+  c.execute(big_plan, in.data(), big, out.data(), big, op::sum{}, "all_reduce"); // grows
+  EXPECT_GE(c.graph_scratch_bytes(), n * sizeof(float));
+  std::vector<float> h(n);
+  for (std::size_t i = 0; i < n; ++i)
+    h[i] = static_cast<float>(i % 89) + 0.5f;
+  upload(c, in, h);
+  WEFT_CUDA_TRY(cudaGraphLaunch(exec, c.stream()));
+  EXPECT_EQ(download(c, out, n), h);
+  WEFT_CUDA_TRY(cudaGraphExecDestroy(exec));
+  WEFT_CUDA_TRY(cudaGraphDestroy(graph));
+  c.release_graph_scratch();
+  EXPECT_EQ(c.graph_scratch_bytes(), 0u);
+  check_collective<algo::ring, collective::all_reduce, float, op::sum>(c, 300, 0, pattern::exact,
+                                                                       false);
+}
+
 TEST(nccl, bad_buffers_and_plans_are_errors_before_anything_is_queued) {
   WEFT_REQUIRE_DEVICE();
   auto c = single_rank();

@@ -204,6 +204,55 @@ TEST(p2p_host, a_call_too_large_for_the_workspace_names_the_sizes) {
   EXPECT_NO_THROW((void)wd::p2p_lay_out_call(pl, 0, 2, sizes, 4, 12288, "all_gather"));
 }
 
+// max_count: the largest call whose layout fits, found against p2p_lay_out_call itself (the call
+// of max_count lays out, one more is refused unless its plan is staged), over every collective,
+// world sizes that do and do not divide the counts, element sizes, and data areas below, at and
+// above a region's alignment. For the all-reduce the test's own closed form: two regions of
+// n elements, each rounded up to 256 bytes.
+TEST(p2p_host, max_count_is_the_largest_call_that_fits_the_workspace) {
+  const collective kinds[] = {collective::all_reduce, collective::reduce,
+                              collective::broadcast,  collective::reduce_scatter,
+                              collective::all_gather, collective::all_to_all};
+  for (const collective c : kinds) {
+    for (const int p : {1, 2, 3, 8}) {
+      for (const std::size_t es :
+           {std::size_t{1}, std::size_t{2}, std::size_t{4}, std::size_t{8}}) {
+        for (const std::size_t data : {std::size_t{256}, std::size_t{1000}, std::size_t{65536 + 17},
+                                       std::size_t{1} << 20, std::size_t{64} << 20}) {
+          const std::size_t n = wd::p2p_max_count(c, p, es, data);
+          const std::string what = std::string(name_of(c)) + " on " + std::to_string(p) +
+                                   " ranks, " + std::to_string(es) + "-byte elements, " +
+                                   std::to_string(data) + " bytes";
+          if (c == collective::all_reduce || c == collective::reduce) {
+            EXPECT_EQ(n, data / 2 / 256 * 256 / es) << what;
+          }
+          const auto lays_out = [&](std::size_t count) {
+            const plan pl = direct_plan(c, p, 0, count, 0, es);
+            const std::size_t sizes[3] = {test::input_count(c, p, count),
+                                          test::output_count(c, p, count, 0, 0),
+                                          pl.scratch_count()};
+            try {
+              (void)wd::p2p_lay_out_call(pl, 0, p, sizes, es, data, name_of(c));
+              return true;
+            } catch (const weft::error& e) {
+              EXPECT_HAS(std::string(e.what()), "workspace_bytes");
+              return false;
+            }
+          };
+          EXPECT_TRUE(lays_out(n)) << what << ": " << n;
+          if (!direct_plan(c, p, 0, n + 1, 0, es).staged()) {
+            EXPECT_FALSE(lays_out(n + 1)) << what << ": " << n + 1;
+          }
+        }
+      }
+    }
+  }
+  // 64 MiB of float all-reduced on one rank (a one-GPU two_level) needs 128 MiB of regions: the
+  // default workspace takes half of it in one call.
+  EXPECT_EQ(wd::p2p_max_count(collective::all_reduce, 1, 4, p2p::options{}.workspace_bytes),
+            std::size_t{8} << 20);
+}
+
 TEST(p2p_host, buffers_larger_than_the_collective_takes_are_refused) {
   const plan pl = direct_plan(collective::all_reduce, 2, 0, 10000);
   const std::size_t sizes[3] = {10001, 10000, 0};

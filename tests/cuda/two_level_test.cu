@@ -281,4 +281,40 @@ TEST(cuda_two_level, p2p_levels_sharing_one_device_match_the_reference) {
   expect_identical(floats);
 }
 
+// One node (two ranks) and one rank per node (two nodes), on p2p levels whose workspace (64 KiB)
+// holds a fraction of the call: the one-level paths go by the pieces a call on the level takes
+// (p2p::communicator::max_count; of each rank block for reduce_scatter and all_gather), where
+// one call of the whole would not fit and throw.
+TEST(cuda_two_level, p2p_one_level_calls_larger_than_the_workspace_go_by_pieces) {
+  WEFT_REQUIRE_DEVICE();
+  for (const std::vector<int>& node_of : {std::vector<int>{0, 0}, std::vector<int>{0, 1}}) {
+    const bool one_node = node_of[1] == 0;
+    std::mutex m;
+    std::vector<std::vector<std::int32_t>> ints(2);
+    p2p::run({0, 0},
+             [&](p2p::communicator& c) {
+               const int r = c.rank();
+               auto intra = one_node ? c.split(0, r) : c.split(r, 0);
+               auto inter = one_node ? c.split(r, 0) : c.split(0, r);
+               EXPECT_LT((one_node ? intra : inter).max_count(collective::all_reduce, 4), 30001u);
+               weft::cuda::two_level<p2p::communicator> tl(std::move(intra), std::move(inter),
+                                                           node_of, r);
+               for (std::size_t count : {std::size_t{7}, std::size_t{30001}}) {
+                 check<algo::levels<algo::direct, algo::direct>, std::int32_t, op::sum>(
+                     tl, count, test::pattern::exact, ints, m);
+                 check_rooted<algo::levels<algo::direct, algo::direct>, std::int32_t>(
+                     tl, collective::broadcast, count, 1, test::pattern::exact);
+                 check_rooted<algo::levels<algo::direct, algo::direct>, std::int32_t>(
+                     tl, collective::reduce, count, 0, test::pattern::exact);
+                 check_scatter_gather<algo::levels<algo::direct, algo::direct>, std::int32_t>(
+                     tl, collective::reduce_scatter, count, test::pattern::exact);
+                 check_scatter_gather<algo::levels<algo::direct, algo::direct>, std::int32_t>(
+                     tl, collective::all_gather, count, test::pattern::exact);
+               }
+             },
+             {.workspace_bytes = std::size_t{64} << 10, .sync_timeout = 20s, .timeout = 60s});
+    expect_identical(ints);
+  }
+}
+
 } // namespace

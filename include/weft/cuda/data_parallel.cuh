@@ -29,9 +29,9 @@
 // by default), which the default bucket (4e7 elements) does not fit: set
 // options::bucket_elements, or p2p::options::workspace_bytes, else the first reduction throws
 // naming the bytes it needs; ranks sharing one device need p2p::configure_shared_device(), more
-// so here, where each rank adds a side stream. The buffers come from the device's default
-// memory pool, which weft opens to the devices that can reach it (cuda::stream_buffer), since
-// NCCL with several GPUs in one process (nccl::init_all) loads user buffers directly from peers.
+// so here, where each rank adds a side stream. The buffers come from weft's memory pool on the
+// device (cuda::memory_pool), open to the devices that can reach it, since NCCL with several
+// GPUs in one process (nccl::init_all) loads user buffers directly from peers.
 #include <weft/cuda/async.cuh>
 #include <weft/cuda/detail/fixed_order_sum.cuh>
 #include <weft/cuda/error.cuh>

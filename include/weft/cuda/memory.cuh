@@ -1,13 +1,15 @@
 #pragma once
-// Owning handles for device resources (buffers, streams, events) and device discovery.
-// Streams and events can also be borrowed: a handle made from the user's cudaStream_t never
-// destroys it.
+// Owning handles for device resources (buffers, streams, events), weft's stream-ordered memory
+// pools, and device discovery. Streams and events can also be borrowed: a handle made from the
+// user's cudaStream_t never destroys it.
 #include <weft/cuda/detail/runtime.cuh>
 #include <weft/cuda/error.cuh>
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -71,51 +73,77 @@ private:
   std::size_t n_ = 0;
 };
 
-namespace detail {
+/// How much memory weft's pools keep once freed, rather than return to the system at the next
+/// synchronization (cudaMemPoolAttrReleaseThreshold): all of it. A training step frees and
+/// allocates the same transient buffers each time; CUDA's default of 0 gives them back at every
+/// synchronize and maps them afresh in the next step. cudaMemPoolTrimTo(memory_pool(d), bytes)
+/// gives memory back on demand.
+inline constexpr std::uint64_t pool_release_threshold = std::numeric_limits<std::uint64_t>::max();
 
-/// Grants every device that can reach `device`'s memory access to `device`'s default memory
-/// pool (cudaMemPoolSetAccess), once per device and process. Memory from cudaMallocAsync is
-/// otherwise reachable only from its own device, peer access or not, while NCCL with several
-/// GPUs in one process (nccl::init_all) loads and stores peers' buffers directly, as cudaMalloc
-/// memory allows once peer access is on.
-inline void share_default_pool(int device) {
+/// weft's stream-ordered memory pool on `device`, made at its first use (once per device and
+/// process; CUDA frees it with the context): stream_buffer and the communicators' scratch come
+/// from it, never from the application's default pool, whose settings weft leaves alone. Every
+/// device with peer access to `device` may read and write it (NCCL between the GPUs of one
+/// process, nccl::init_all, stores straight into a peer's buffers, and memory from a pool is
+/// reachable from other devices only where the pool grants them access), and it keeps freed
+/// memory for reuse (pool_release_threshold).
+inline cudaMemPool_t memory_pool(int device) {
   static std::mutex m;
-  static std::vector<char> shared;
+  static std::vector<cudaMemPool_t> pools;
   const std::lock_guard lock(m);
   const auto d = static_cast<std::size_t>(device);
-  if (d < shared.size() && shared[d] != 0) return;
-  int count = 0;
-  WEFT_CUDA_TRY(cudaGetDeviceCount(&count));
-  std::vector<cudaMemAccessDesc> access;
-  for (int peer = 0; peer < count; ++peer) {
-    int can = 0;
-    if (peer != device) WEFT_CUDA_TRY(cudaDeviceCanAccessPeer(&can, peer, device));
-    if (can != 0) {
-      cudaMemAccessDesc a{};
-      a.location.type = cudaMemLocationTypeDevice;
-      a.location.id = peer;
-      a.flags = cudaMemAccessFlagsProtReadWrite;
-      access.push_back(a);
+  if (d < pools.size() && pools[d] != nullptr) return pools[d];
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device;
+  cudaMemPool_t pool{};
+  WEFT_CUDA_TRY(cudaMemPoolCreate(&pool, &props));
+  try {
+    std::uint64_t keep = pool_release_threshold;
+    WEFT_CUDA_TRY(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    int count = 0;
+    WEFT_CUDA_TRY(cudaGetDeviceCount(&count));
+    std::vector<cudaMemAccessDesc> access;
+    for (int peer = 0; peer < count; ++peer) {
+      int can = 0;
+      if (peer != device) WEFT_CUDA_TRY(cudaDeviceCanAccessPeer(&can, peer, device));
+      if (can != 0) {
+        cudaMemAccessDesc a{};
+        a.location.type = cudaMemLocationTypeDevice;
+        a.location.id = peer;
+        a.flags = cudaMemAccessFlagsProtReadWrite;
+        access.push_back(a);
+      }
     }
+    if (!access.empty()) WEFT_CUDA_TRY(cudaMemPoolSetAccess(pool, access.data(), access.size()));
+    if (pools.size() <= d) pools.resize(d + 1, nullptr);
+  } catch (...) {
+    (void)cudaMemPoolDestroy(pool);
+    throw;
   }
-  if (!access.empty()) {
-    cudaMemPool_t pool{};
-    WEFT_CUDA_TRY(cudaDeviceGetDefaultMemPool(&pool, device));
-    WEFT_CUDA_TRY(cudaMemPoolSetAccess(pool, access.data(), access.size()));
-  }
-  if (shared.size() <= d) shared.resize(d + 1, 0);
-  shared[d] = 1;
+  pools[d] = pool;
+  return pool;
+}
+
+namespace detail {
+
+/// `bytes` from weft's pool on the device of stream `s` (memory_pool), in the order of s: what
+/// every stream-ordered allocation of weft calls.
+inline cudaError_t allocate_async(void** p, std::size_t bytes, cudaStream_t s) {
+  return cudaMallocFromPoolAsync(p, bytes, memory_pool(stream_device(s)), s);
 }
 
 } // namespace detail
 
-/// n elements of T in stream-ordered device memory (cudaMallocAsync / cudaFreeAsync),
+/// n elements of T in stream-ordered device memory (cudaMallocFromPoolAsync / cudaFreeAsync),
 /// uninitialised: allocated after the work queued on a stream so far, freed after the work
 /// queued on a stream when it goes. Unlike cudaMalloc and cudaFree, neither waits for the
 /// device: a thread may allocate and free while another stream's kernel waits for it (ranks
 /// sharing a device, p2p's flag syncs), where cudaFree would wait for that kernel for ever.
-/// The memory comes from the stream's device's default pool, which the devices that can reach
-/// that device may access too (detail::share_default_pool). The stream must outlive the buffer.
+/// The memory comes from weft's pool on the stream's device (memory_pool), which the devices
+/// that can reach that device may access too. The stream must outlive the buffer.
 template <class T>
 class stream_buffer {
 public:
@@ -148,8 +176,7 @@ public:
   void allocate(std::size_t n, cudaStream_t s) {
     release(s);
     if (n == 0) return;
-    detail::share_default_pool(detail::stream_device(s));
-    WEFT_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&p_), n * sizeof(T), s));
+    WEFT_CUDA_TRY(detail::allocate_async(reinterpret_cast<void**>(&p_), n * sizeof(T), s));
     n_ = n;
     s_ = s;
   }

@@ -27,9 +27,12 @@
 // communicator keeps and grows to the largest call. It grows stream-ordered: cudaMallocAsync
 // for the new block, cudaFreeAsync for the old one on the same stream, so the old block is
 // released only after the work already queued (which may still use it) and the host never
-// waits. Inside a CUDA graph capture it cannot grow (the graph would free memory it did
-// not allocate): run the call once before capturing, or reserve() the bytes first, and do
-// not let the scratch grow while a graph that uses it lives.
+// waits. A block that a captured call used is not freed when a later, larger call grows the
+// scratch: the graph points into it, so it is kept until release_graph_scratch() (once those
+// graphs are destroyed) or until the communicator goes, which graphs must not outlive. Inside a
+// CUDA graph capture it cannot grow (the graph would free memory it did not allocate): run the
+// call once before capturing, or reserve() the bytes first. The memory comes from weft's pool
+// (cuda/memory.cuh).
 //
 // Blocking calls. barrier(), split(), synchronize() and the host-span send/recv/sendrecv
 // (what WEFT_CHECK_CALLS uses) wait on the host until the stream is idle, polling with the
@@ -317,6 +320,18 @@ public:
     enter("reserve");
     const detail::device_scope on(device_);
     scratch_.reserve(bytes, "reserve", rank_);
+  }
+
+  /// Frees the superseded scratch kept for CUDA graphs that captured calls of this communicator
+  /// (after the work queued so far): call once those graphs are destroyed. Without it the
+  /// memory goes with the communicator.
+  void release_graph_scratch() noexcept {
+    scratch_.release_retired(); // stream-ordered on the communicator's stream: no device switch
+    staging_.release_retired();
+  }
+  /// Bytes of superseded scratch kept for CUDA graphs (release_graph_scratch frees them).
+  [[nodiscard]] std::size_t graph_scratch_bytes() const noexcept {
+    return scratch_.retired_bytes() + staging_.retired_bytes();
   }
 
   /// Waits until the work queued on the stream is done, at most timeout(): a peer that

@@ -19,9 +19,10 @@
 // buffers. A call copies its input into its workspace's input region, runs the plan with the
 // input, output and scratch buffers mapped to workspace regions (a load from rank q's buffer b
 // reads q's region of b), then copies the output region to the caller's output; a call whose
-// regions do not fit is a weft::error naming the sizes. A staged plan (direct's small
-// all-reduce) skips both copies: its peers load only its scratch, which is a staging area, two
-// of them alternated by the staged calls as in weft::local.
+// regions do not fit is a weft::error naming the sizes (max_count() says the largest call that
+// fits; weft::two_level cuts its calls to it). A staged plan (direct's small all-reduce) skips
+// both copies: its peers load only its scratch, which is a staging area, two of them
+// alternated by the staged calls as in weft::local.
 //
 // Steps, all queued on the rank's stream in plan order: copy and reduce are weft::cuda's
 // kernels; load is a copy kernel reading the peer's memory; load_reduce reduces the group's
@@ -192,10 +193,24 @@ public:
   static constexpr std::string_view transport_name = "p2p";
 
   basic_communicator(basic_communicator&&) noexcept = default;
-  basic_communicator& operator=(basic_communicator&&) noexcept = default;
+  /// Lets go of this communicator's memory first, as the destructor does.
+  basic_communicator& operator=(basic_communicator&& other) noexcept {
+    if (this == &other) return *this;
+    tear_down();
+    owned_host_ = std::move(other.owned_host_);
+    host_ = other.host_;
+    world_ = std::move(other.world_);
+    cluster_ = std::move(other.cluster_);
+    ep_ = std::move(other.ep_);
+    staged_calls_ = other.staged_calls_;
+    return *this;
+  }
   basic_communicator(const basic_communicator&) = delete;
   basic_communicator& operator=(const basic_communicator&) = delete;
-  ~basic_communicator() = default;
+  /// Collective between processes: the ranks sync, close their mappings of each other's
+  /// workspaces, meet at a barrier of the host communicator, then free their own
+  /// (detail/p2p_teardown.hpp). Threads leave their memory to their run. Never throws.
+  ~basic_communicator() { tear_down(); }
 
   [[nodiscard]] int rank() const noexcept { return ep_->rank(); }
   [[nodiscard]] int size() const noexcept { return ep_->size(); }
@@ -209,6 +224,12 @@ public:
   [[nodiscard]] const topology::cluster& cluster() const noexcept { return *cluster_; }
   /// Bytes of this rank's data area (options::workspace_bytes, rounded up).
   [[nodiscard]] std::size_t workspace_bytes() const noexcept { return ep_->layout().data_bytes; }
+  /// The largest count of one call of collective c, of elements of element_size bytes, whose
+  /// input and output regions fit the workspace (direct's plans; a staged all-reduce needs none
+  /// of it). weft::two_level cuts its calls on this level to it.
+  [[nodiscard]] std::size_t max_count(collective c, std::size_t element_size) const noexcept {
+    return detail::p2p_max_count(c, size(), element_size, workspace_bytes());
+  }
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return ep_->timeout(); }
   void set_timeout(std::chrono::milliseconds t) {
     WEFT_EXPECTS(t.count() > 0,
@@ -568,8 +589,16 @@ private:
     }
   }
 
-  // Declaration order is destruction order reversed: the endpoint (which may sync with the
-  // peers before it frees its memory) goes before the host communicator.
+  // The endpoint's memory goes (tear_down) while the host communicator its barrier needs is
+  // here; declaration order is destruction order reversed, so the endpoint goes before it too.
+  void tear_down() noexcept {
+    if (!ep_) return; // moved from
+    ep_->close([this] { host_->barrier(); });
+    ep_.reset();
+  }
+
+  // Declaration order is destruction order reversed: the endpoint goes before the host
+  // communicator.
   std::unique_ptr<Host> owned_host_; // split's and from_mpi's; run() lends its own
   Host* host_;
   std::shared_ptr<detail::p2p_world> world_;

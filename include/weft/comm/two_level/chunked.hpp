@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace weft {
@@ -23,11 +24,18 @@ void two_level<Intra, Inter, Runtime>::all_reduce(const T* in, T* out, std::size
   using IA = typename Algo::intra;
   using OA = typename Algo::inter;
   if (layout_.nodes() == 1) {
-    run_all_reduce<IA>(intra_, in, out, count, op);
+    by_level_calls<T>(intra_, collective::all_reduce, count, [&](std::size_t first, std::size_t n) {
+      run_all_reduce<IA>(intra_, in + first, out + first, n, op);
+    });
     return;
   }
   if (layout_.nodes() == size()) { // one rank per node
-    inter_alone([&] { run_all_reduce<OA>(inter_, in, out, count, op); });
+    inter_alone([&] {
+      by_level_calls<T>(inter_, collective::all_reduce, count,
+                        [&](std::size_t first, std::size_t n) {
+                          run_all_reduce<OA>(inter_, in + first, out + first, n, op);
+                        });
+    });
     return;
   }
   if constexpr (IA::serves(collective::reduce_scatter) && IA::serves(collective::all_gather)) {
@@ -93,12 +101,19 @@ void two_level<Intra, Inter, Runtime>::broadcast(T* data, std::size_t count, int
   using OA = typename Algo::inter;
   const int root_node = layout_.node[to_size(root)];
   const int root_local = layout_.local[to_size(root)];
-  if (layout_.nodes() == 1 ||
-      layout_.nodes() == size()) { // one level: one node, or one rank per node
-    if (layout_.nodes() == 1)
-      weft::broadcast<IA>(intra_, std::span<T>(data, count), root_local);
-    else
-      inter_alone([&] { weft::broadcast<OA>(inter_, std::span<T>(data, count), root_node); });
+  if (layout_.nodes() == 1) {
+    by_level_calls<T>(intra_, collective::broadcast, count, [&](std::size_t first, std::size_t n) {
+      weft::broadcast<IA>(intra_, std::span<T>(data + first, n), root_local);
+    });
+    return;
+  }
+  if (layout_.nodes() == size()) { // one rank per node
+    inter_alone([&] {
+      by_level_calls<T>(inter_, collective::broadcast, count,
+                        [&](std::size_t first, std::size_t n) {
+                          weft::broadcast<OA>(inter_, std::span<T>(data + first, n), root_node);
+                        });
+    });
     return;
   }
   if constexpr (IA::serves(collective::all_gather)) {
@@ -158,13 +173,25 @@ void two_level<Intra, Inter, Runtime>::reduce(const T* in, T* out, std::size_t c
   const int root_node = layout_.node[to_size(root)];
   const int root_local = layout_.local[to_size(root)];
   const bool at_root = rank_ == root;
-  if (layout_.nodes() == 1 || layout_.nodes() == size()) {
-    const std::span<const T> src(in, count);
-    const std::span<T> dst(out, at_root ? count : 0);
-    if (layout_.nodes() == 1)
+  // One level (one node, or one rank per node): the level's reduce, by the pieces it takes.
+  const auto piece = [&](std::size_t first, std::size_t n) {
+    return std::pair(std::span<const T>(in + first, n),
+                     at_root ? std::span<T>(out + first, n) : std::span<T>{});
+  };
+  if (layout_.nodes() == 1) {
+    by_level_calls<T>(intra_, collective::reduce, count, [&](std::size_t first, std::size_t n) {
+      const auto [src, dst] = piece(first, n);
       weft::reduce<IA>(intra_, src, dst, root_local, op);
-    else
-      inter_alone([&] { weft::reduce<OA>(inter_, src, dst, root_node, op); });
+    });
+    return;
+  }
+  if (layout_.nodes() == size()) {
+    inter_alone([&] {
+      by_level_calls<T>(inter_, collective::reduce, count, [&](std::size_t first, std::size_t n) {
+        const auto [src, dst] = piece(first, n);
+        weft::reduce<OA>(inter_, src, dst, root_node, op);
+      });
+    });
     return;
   }
   if constexpr (IA::serves(collective::reduce_scatter) && IA::serves(collective::all_gather)) {

@@ -15,7 +15,12 @@
 // last count mod L elements go by blocks as above). On GPUs Intra and Inter run on
 // their own streams, ordered by events (the Runtime, weft::cuda::stream_runtime), so the inter-node
 // all-reduce of one chunk overlaps the intra-node reduce of the next. One node: Intra's
-// all-reduce; one rank per node: Inter's.
+// all-reduce; one rank per node: Inter's; each by the largest pieces that level takes in one
+// call (all of it, but where a level's max_count bounds it: a p2p level's workspace).
+//
+// Chunk sizes: chunk_bytes' worth of elements, and no more than either level takes in one
+// all-reduce (detail::two_level_chunk_elements), so that every level call of a chunk fits a
+// p2p level's workspace.
 //
 // Every element is reduced at one place by Intra, then by Inter's all-reduce (bitwise equal on
 // every leader with weft's plans), then only copied: every rank ends with the same bits.
@@ -73,7 +78,9 @@
 #include <weft/core/types.hpp>
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -100,10 +107,38 @@ inline int node_color(const std::vector<int>& node_of, int rank) {
 template <class Op>
 using summing_t = std::conditional_t<is_average_v<Op>, op::sum, Op>;
 
+/// The most elements of element_size bytes that one call of collective c takes on `level`: its
+/// max_count(c, element_size) where it has one (a p2p communicator, bounded by its workspace),
+/// else no bound.
+template <class Level>
+std::size_t level_max_count(const Level& level, collective c, std::size_t element_size) {
+  if constexpr (requires {
+                  { level.max_count(c, element_size) } -> std::convertible_to<std::size_t>;
+                }) {
+    return level.max_count(c, element_size);
+  } else {
+    return std::numeric_limits<std::size_t>::max();
+  }
+}
+
+/// Elements per chunk of a two_level call, of element_size bytes each: chunk_bytes' worth (at
+/// least one), and no more than `limit`, the most one level call takes (level_max_count). Throws
+/// where a level takes not even one element.
+inline std::size_t two_level_chunk_elements(std::size_t chunk_bytes, std::size_t element_size,
+                                            std::size_t limit) {
+  if (limit == 0) {
+    throw error(
+        "two_level: a level takes no call of even one element of " + std::to_string(element_size) +
+        " bytes (a p2p level's workspace is too small: raise p2p::options::workspace_bytes)");
+  }
+  return std::min(std::max<std::size_t>(1, chunk_bytes / element_size), limit);
+}
+
 } // namespace detail
 
 struct two_level_options {
-  /// Bytes of each pipelined chunk of an all-reduce (the last may be shorter).
+  /// Bytes of each pipelined chunk of an all-reduce (the last may be shorter; a chunk is cut
+  /// to what either level takes in one call where a level bounds it, a p2p level's workspace).
   std::size_t chunk_bytes = std::size_t{4} << 20;
 };
 
@@ -364,15 +399,44 @@ private:
                   "InterAlgo>, e.g. "
                   "levels<algo::direct, algo::vendor>; the default levels<> is automatic at both");
   }
+  /// Elements per chunk: options::chunk_bytes' worth, and no more than either level takes in one
+  /// all-reduce, the largest of a chunk's level calls (a reduce, broadcast, reduce_scatter or
+  /// all_gather of at most a chunk needs no more room).
   template <class T>
-  [[nodiscard]] std::size_t chunk_elements() const noexcept {
-    return std::max<std::size_t>(1, opt_.chunk_bytes / sizeof(T));
+  [[nodiscard]] std::size_t chunk_elements() const {
+    return detail::two_level_chunk_elements(
+        opt_.chunk_bytes, sizeof(T),
+        std::min(detail::level_max_count(intra_, collective::all_reduce, sizeof(T)),
+                 detail::level_max_count(inter_, collective::all_reduce, sizeof(T))));
   }
-  /// The uniform paths' chunk: chunk_bytes rounded down to a multiple of L elements, at least L.
+  /// The uniform paths' chunk: chunk_elements() rounded down to a multiple of L elements, at least
+  /// L.
   template <class T>
-  [[nodiscard]] std::size_t uniform_chunk() const noexcept {
+  [[nodiscard]] std::size_t uniform_chunk() const {
     const auto L = to_size(layout_.min_ranks_per_node());
     return std::max(L, chunk_elements<T>() / L * L);
+  }
+  /// call(first, len) over [0, count) by the largest pieces that one call of c on `level` takes:
+  /// the paths on one level (one node, or one rank per node), where nothing pipelines. For
+  /// reduce_scatter and all_gather, count is one rank block, and a piece is [first, first + len)
+  /// of every block. One call (of nothing) where count is 0, as the level's own would be.
+  template <class T, class Level, class F>
+  static void by_level_calls(const Level& level, collective c, std::size_t count, F&& call) {
+    const std::size_t piece =
+        detail::two_level_chunk_elements(std::numeric_limits<std::size_t>::max(), sizeof(T),
+                                         detail::level_max_count(level, c, sizeof(T)));
+    const std::size_t pieces = std::max<std::size_t>(1, chunk_count(count, piece));
+    for (std::size_t k = 0; k < pieces; ++k) {
+      const auto [first, len] = chunk_span(k, piece, count);
+      call(first, len);
+    }
+  }
+  /// Whether the uniform paths' two whole calls of reduce_scatter or all_gather (c) of n elements
+  /// a rank fit the levels: Intra's of N * n a rank block, Inter's of n.
+  template <class T>
+  [[nodiscard]] bool uniform_calls_fit(collective c, std::size_t n) const {
+    return n <= detail::level_max_count(inter_, c, sizeof(T)) &&
+           n <= detail::level_max_count(intra_, c, sizeof(T)) / to_size(layout_.nodes());
   }
   static std::size_t chunk_count(std::size_t count, std::size_t chunk) noexcept {
     return count == 0 ? 0

@@ -2,7 +2,11 @@
 // two_level's reduce_scatter and all_gather by rank blocks: rank block i of a node crosses
 // between nodes on the local ranks i mod m, by pieces of up to a chunk
 // (comm/two_level/communicator.hpp describes the protocol). On uniform nodes, where both levels
-// plan the collective, uniform_nodes.hpp's two calls take it instead.
+// plan the collective and its two whole calls fit the levels (uniform_calls_fit),
+// uniform_nodes.hpp's two calls take it instead. On one level (one node, or
+// one rank per node) the level's own collective, by the pieces of the rank blocks that it takes
+// in one call (a p2p level's workspace bounds them), each piece gathered into or scattered from
+// working memory by a strided copy.
 #include <weft/comm/all_gather.hpp>
 #include <weft/comm/broadcast.hpp>
 #include <weft/comm/reduce.hpp>
@@ -13,6 +17,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 namespace weft {
@@ -25,24 +30,37 @@ void two_level<Intra, Inter, Runtime>::reduce_scatter(const T* in, T* out, std::
   using IA = typename Algo::intra;
   using OA = typename Algo::inter;
   const auto p = static_cast<std::size_t>(size());
-  // One level, where its algorithm plans a reduce_scatter (else the pieces below work too).
+  // One level, where its algorithm plans a reduce_scatter (else the pieces below work too): by
+  // the pieces of every rank block that the level takes in one call.
+  const auto one_level = [&](auto algo, auto& level) {
+    using A = typename decltype(algo)::type;
+    by_level_calls<T>(
+        level, collective::reduce_scatter, n, [&](std::size_t first, std::size_t len) {
+          if (len == n) {
+            weft::reduce_scatter<A>(level, std::span<const T>(in, n * p), std::span<T>(out, n), op);
+            return;
+          }
+          auto piece = runtime_.template scratch<T>(level, p * len); // piece [first, +len) of each
+          runtime_.copy_rows(level, piece.data(), len, in + first, n, len, p);
+          weft::reduce_scatter<A>(level, std::span<const T>(piece.data(), p * len),
+                                  std::span<T>(out + first, len), op);
+        });
+  };
   if constexpr (IA::serves(collective::reduce_scatter)) {
     if (layout_.nodes() == 1) {
-      weft::reduce_scatter<IA>(intra_, std::span<const T>(in, n * p), std::span<T>(out, n), op);
+      one_level(std::type_identity<IA>{}, intra_);
       return;
     }
   }
   if constexpr (OA::serves(collective::reduce_scatter)) {
     if (layout_.nodes() == size()) {
-      inter_alone([&] {
-        weft::reduce_scatter<OA>(inter_, std::span<const T>(in, n * p), std::span<T>(out, n), op);
-      });
+      inter_alone([&] { one_level(std::type_identity<OA>{}, inter_); });
       return;
     }
   }
   if (n == 0) return;
   if constexpr (IA::serves(collective::reduce_scatter) && OA::serves(collective::reduce_scatter)) {
-    if (layout_.uniform()) {
+    if (layout_.uniform() && uniform_calls_fit<T>(collective::reduce_scatter, n)) {
       reduce_scatter_uniform<IA, OA>(in, out, n, op);
       return;
     }
@@ -111,23 +129,37 @@ void two_level<Intra, Inter, Runtime>::all_gather(const T* in, T* out, std::size
   using IA = typename Algo::intra;
   using OA = typename Algo::inter;
   const auto p = static_cast<std::size_t>(size());
+  // dst (level.size() blocks of n) = every rank's `in` on `level`, by the pieces of the blocks
+  // that the level takes in one call: the one-level paths, and a node's gather below.
+  const auto gather = [&](auto algo, auto& level, T* dst) {
+    using A = typename decltype(algo)::type;
+    const auto k = to_size(level.size());
+    by_level_calls<T>(level, collective::all_gather, n, [&](std::size_t first, std::size_t len) {
+      if (len == n) {
+        weft::all_gather<A>(level, std::span<const T>(in, n), std::span<T>(dst, n * k));
+        return;
+      }
+      auto piece = runtime_.template scratch<T>(level, k * len); // piece [first, +len) of each
+      weft::all_gather<A>(level, std::span<const T>(in + first, len),
+                          std::span<T>(piece.data(), k * len));
+      runtime_.copy_rows(level, dst + first, n, piece.data(), len, len, k);
+    });
+  };
   if constexpr (IA::serves(collective::all_gather)) {
     if (layout_.nodes() == 1) {
-      weft::all_gather<IA>(intra_, std::span<const T>(in, n), std::span<T>(out, n * p));
+      gather(std::type_identity<IA>{}, intra_, out);
       return;
     }
   }
   if constexpr (OA::serves(collective::all_gather)) {
     if (layout_.nodes() == size()) {
-      inter_alone([&] {
-        weft::all_gather<OA>(inter_, std::span<const T>(in, n), std::span<T>(out, n * p));
-      });
+      inter_alone([&] { gather(std::type_identity<OA>{}, inter_, out); });
       return;
     }
   }
   if (n == 0) return;
   if constexpr (IA::serves(collective::all_gather) && OA::serves(collective::all_gather)) {
-    if (layout_.uniform()) {
+    if (layout_.uniform() && uniform_calls_fit<T>(collective::all_gather, n)) {
       all_gather_uniform<IA, OA>(in, out, n);
       return;
     }
@@ -137,12 +169,14 @@ void two_level<Intra, Inter, Runtime>::all_gather(const T* in, T* out, std::size
   const auto here = to_size(node_first_[to_size(color_)]) * n;
   const int mine = ranks_on(color_);
   if constexpr (IA::serves(collective::all_gather)) {
-    weft::all_gather<IA>(intra_, std::span<const T>(in, n),
-                         std::span<T>(w + here, to_size(mine) * n));
+    gather(std::type_identity<IA>{}, intra_, w + here);
   } else { // IA plans broadcasts only (tree): one per rank of the node
     runtime_.copy(intra_, w + here + to_size(local_) * n, in, n);
-    for (int i = 0; i < mine; ++i)
-      weft::broadcast<IA>(intra_, std::span<T>(w + here + to_size(i) * n, n), i);
+    for (int i = 0; i < mine; ++i) {
+      by_level_calls<T>(intra_, collective::broadcast, n, [&](std::size_t first, std::size_t len) {
+        weft::broadcast<IA>(intra_, std::span<T>(w + here + to_size(i) * n + first, len), i);
+      });
+    }
   }
   const bool lead = leader();
   if (lead) runtime_(intra_, inter_);

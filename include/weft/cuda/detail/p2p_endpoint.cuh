@@ -9,6 +9,7 @@
 #include <weft/cuda/detail/p2p_epoch.hpp>
 #include <weft/cuda/detail/p2p_plan.hpp>
 #include <weft/cuda/detail/p2p_sync.cuh>
+#include <weft/cuda/detail/p2p_teardown.hpp>
 #include <weft/cuda/detail/runtime.cuh>
 #include <weft/cuda/error.cuh>
 #include <weft/cuda/memory.cuh>
@@ -138,9 +139,9 @@ private:
 
 /// One rank of a p2p communicator on its device. Made in two steps: the constructor allocates
 /// and zeroes the workspace (before any peer learns its address), connect() takes the peers'
-/// addresses. With `closing_sync` (processes, where no run outlives the ranks) the destructor
-/// syncs with every rank and frees its memory only once that sync shows that no peer will
-/// touch it again; otherwise (threads) the run's p2p_world frees it.
+/// addresses. With `closing_sync` (processes, where no run outlives the ranks) close() frees its
+/// memory once no peer will touch or map it again (detail/p2p_teardown.hpp); otherwise
+/// (threads) the run's p2p_world frees it.
 ///
 /// Failure. The first failure (a sync's, from the error word, or a host deadline) is recorded
 /// in `family`, shared with the communicators split from this one, and written into the error
@@ -178,8 +179,10 @@ public:
   }
   p2p_endpoint(const p2p_endpoint&) = delete;
   p2p_endpoint& operator=(const p2p_endpoint&) = delete;
+  /// Without close() (the communicator failed to be made, or was dropped unwinding), a rank
+  /// between processes cannot know that its peers are done with its memory: it stays allocated.
   ~p2p_endpoint() {
-    if (closing_sync_) close();
+    if (closing_sync_ && !closed_) memory_->leak();
   }
 
   [[nodiscard]] int device() const noexcept { return device_; }
@@ -293,6 +296,46 @@ public:
     check(operation);
   }
 
+  /// Lets go of this rank's memory, once (ranks between processes; threads leave it to their
+  /// run's p2p_world): sync with every rank on the device, close the imports, `barrier()` (the
+  /// host communicator's), free the workspace, in p2p_tear_down's order; where the communicator
+  /// has failed, the process is unwinding or a step fails, the memory stays allocated. Never
+  /// throws.
+  template <class Barrier>
+  void close(Barrier&& barrier) noexcept {
+    if (!closing_sync_ || closed_) return;
+    closed_ = true;
+    struct steps {
+      p2p_endpoint& ep;
+      Barrier& barrier;
+      int uncaught;
+      [[nodiscard]] bool healthy() const {
+        return uncaught == 0 && ep.bases_.size() == static_cast<std::size_t>(ep.size_) &&
+               ep.memory_->error_word() == 0 && !ep.family_->failed() && !capturing(ep.stream());
+      }
+      void sync_on_device() {
+        ep.sync(ep.everyone_, "close");
+        ep.wait_idle("close", "sync with every rank before freeing the workspace");
+      }
+      void close_imports() noexcept {
+        for (void* p : ep.imported_)
+          (void)cudaIpcCloseMemHandle(p);
+        ep.imported_.clear();
+      }
+      void host_barrier() { barrier(); }
+      void free_memory() noexcept { ep.memory_.reset(); }
+      void leak_memory() noexcept {
+        if (ep.memory_) ep.memory_->leak();
+      }
+    };
+    try {
+      const device_scope on(device_);
+      p2p_tear_down(steps{*this, barrier, std::uncaught_exceptions()});
+    } catch (...) { // device_scope could not switch devices
+      if (memory_) memory_->leak();
+    }
+  }
+
   /// Queues later work on `s` instead, after what the current stream holds; `s` is borrowed.
   void set_stream(cudaStream_t s) {
     order_after(s, stream());
@@ -336,30 +379,6 @@ private:
     fail_with(error(name, rank_, t.peer, what + ". The communicator cannot be used any more"));
   }
 
-  // Frees the memory only once a sync with every rank has completed: then no peer reads it
-  // or stores a flag into it again. Otherwise (unwinding, a failed sync, no peers yet) it is
-  // left allocated; a process that is failing ends soon anyway.
-  void close() noexcept {
-    try {
-      const device_scope on(device_);
-      bool done = std::uncaught_exceptions() == 0 &&
-                  bases_.size() == static_cast<std::size_t>(size_) && memory_->error_word() == 0 &&
-                  !family_->failed() && !capturing(stream());
-      if (done) {
-        sync(everyone_, "close");
-        wait_idle("close", "sync with every rank before freeing the workspace");
-      }
-      if (!done) {
-        memory_->leak();
-        return;
-      }
-      for (void* p : imported_)
-        (void)cudaIpcCloseMemHandle(p);
-    } catch (...) {
-      memory_->leak();
-    }
-  }
-
   std::shared_ptr<weft::detail::failure_state> family_;
   on_failure policy_;
   void (*end_job_)() noexcept;
@@ -370,6 +389,7 @@ private:
   std::chrono::milliseconds sync_timeout_;
   std::chrono::milliseconds timeout_;
   bool closing_sync_;
+  bool closed_ = false;
   cuda::stream stream_;
   std::shared_ptr<p2p_rank_memory> memory_;
   std::vector<std::byte*> bases_;

@@ -137,6 +137,54 @@ constexpr std::size_t p2p_region_bytes(std::size_t n, std::size_t element_size) 
                                                                             : device_aligned(bytes);
 }
 
+/// The elements of the input and output regions of collective c of `count` on `size` ranks
+/// (plan.hpp's table of buffer sizes): blocks of every rank where the collective takes them.
+struct p2p_region_counts {
+  std::size_t input = 0;
+  std::size_t output = 0;
+};
+
+constexpr p2p_region_counts p2p_region_elements(collective c, std::size_t size,
+                                                std::size_t count) noexcept {
+  const bool blocks_in = c == collective::reduce_scatter || c == collective::all_to_all;
+  const bool blocks_out = c == collective::all_gather || c == collective::all_to_all;
+  const std::size_t in = blocks_in ? p2p_saturating_product(count, size) : count;
+  const std::size_t out = blocks_out ? p2p_saturating_product(count, size) : count;
+  return {c == collective::broadcast ? out : in, out};
+}
+
+/// Bytes of the data area that a call of c of `count` takes with no scratch (direct's plans
+/// that are not staged): the aligned input and output regions; a broadcast's input is its
+/// output. Saturating: a call too large never fits.
+constexpr std::size_t p2p_call_bytes(collective c, std::size_t size, std::size_t count,
+                                     std::size_t element_size) noexcept {
+  const p2p_region_counts n = p2p_region_elements(c, size, count);
+  const std::size_t out = p2p_region_bytes(n.output, element_size);
+  return c == collective::broadcast
+             ? out
+             : p2p_saturating_sum(p2p_region_bytes(n.input, element_size), out);
+}
+
+/// The largest count of collective c on `size` ranks whose regions (p2p_call_bytes) fit a data
+/// area of data_bytes: the most one call of direct's takes, by bisection over the count (the
+/// bytes grow with it). 0 where not even one element fits.
+constexpr std::size_t p2p_max_count(collective c, int size, std::size_t element_size,
+                                    std::size_t data_bytes) noexcept {
+  const auto p = static_cast<std::size_t>(size);
+  std::size_t hi = data_bytes / element_size; // a region holds no more
+  if (p2p_call_bytes(c, p, hi, element_size) <= data_bytes) return hi;
+  std::size_t lo = 0; // fits; hi does not
+  while (hi - lo > 1) {
+    const std::size_t mid = lo + (hi - lo) / 2;
+    (p2p_call_bytes(c, p, mid, element_size) <= data_bytes ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+static_assert(p2p_max_count(collective::all_reduce, 4, 4, 1024) == 128);
+static_assert(p2p_max_count(collective::broadcast, 4, 4, 1024) == 256);
+static_assert(p2p_max_count(collective::all_gather, 4, 4, 1024) == 48); // 256 B in, 768 out
+
 inline std::string_view p2p_buffer_name(buffer b) noexcept {
   switch (b) {
     case buffer::input: return "input";
@@ -162,11 +210,10 @@ inline p2p_call_layout p2p_lay_out_call(const plan& pl, int rank, int size,
   const auto p = static_cast<std::size_t>(size);
   const std::size_t count = pl.count();
   // The regions' sizes in elements, from plan.hpp's table of buffer sizes.
-  const bool blocks_in = c == collective::reduce_scatter || c == collective::all_to_all;
-  const bool blocks_out = c == collective::all_gather || c == collective::all_to_all;
-  const std::size_t in_cap = blocks_in ? p2p_saturating_product(count, p) : count;
-  const std::size_t out_cap = blocks_out ? p2p_saturating_product(count, p) : count;
-  const std::size_t caps[2] = {c == collective::broadcast ? out_cap : in_cap, out_cap};
+  const p2p_region_counts region = p2p_region_elements(c, p, count);
+  const std::size_t in_cap = region.input;
+  const std::size_t out_cap = region.output;
+  const std::size_t caps[2] = {in_cap, out_cap};
   for (int b = 0; b < 2; ++b) {
     if (sizes[b] > caps[b]) {
       throw error(operation, rank, error::unknown,
@@ -207,7 +254,7 @@ inline p2p_call_layout p2p_lay_out_call(const plan& pl, int rank, int size,
                       "run calls this "
                       "large on another transport");
     }
-    lay.capacity[0] = c == collective::broadcast ? out_cap : in_cap;
+    lay.capacity[0] = in_cap;
     lay.capacity[1] = out_cap;
     lay.capacity[2] =
         (data_bytes - lay.offset[2]) / element_size; // a peer's scratch may be larger than mine
