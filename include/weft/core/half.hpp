@@ -5,10 +5,17 @@
 // float (see ops.hpp).
 //
 // The conversions are integer bit manipulation rather than floating-point tricks, so the
-// same code is constexpr, runs in device code, and gives the same bits on every compiler
-// whatever the rounding mode or flush-to-zero setting. Narrowing rounds to nearest, ties
-// to even, once, straight from the source format (double is not routed through float,
-// which could round twice).
+// same code is constexpr and gives the same bits on every compiler whatever the rounding mode
+// or flush-to-zero setting. Narrowing rounds to nearest, ties to even, once, straight from the
+// source format (double is not routed through float, which could round twice).
+//
+// Device code converts between float and these types with the hardware's cvt instructions
+// instead (CUDA's __float2half_rn, __half2float, __float2bfloat16_rn and __bfloat162float,
+// one instruction each where the integer emulation of the first three is dozens): the same
+// round-to-nearest-even bits for every value but NaN, whose payload the hardware replaces by
+// its canonical NaN. Those functions run on the host too (the CUDA headers emulate them
+// there), which is how a host test checks them against the emulation below for every pattern.
+
 #include <weft/core/config.hpp>
 
 #include <bit>
@@ -17,6 +24,9 @@
 #include <type_traits>
 #if defined(__CUDACC__)
 #include <cuda/std/bit>
+#include <cuda/std/type_traits>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #endif
 
 namespace weft::detail {
@@ -104,6 +114,53 @@ WEFT_HOST_DEVICE constexpr float half_bits_to_float(std::uint16_t h) noexcept {
   return detail::bit_cast<float>(sign | (exp << 23) | (frac << 13));
 }
 
+#if defined(__CUDACC__)
+// The CUDA headers' conversions: one cvt instruction each on the device. __host__ __device__,
+// so the host checks exactly these against narrow and half_bits_to_float.
+WEFT_HOST_DEVICE inline std::uint16_t cuda_float_to_half_bits(float f) noexcept {
+  return __half_as_ushort(__float2half_rn(f));
+}
+WEFT_HOST_DEVICE inline float cuda_half_bits_to_float(std::uint16_t h) noexcept {
+  return __half2float(__ushort_as_half(h));
+}
+WEFT_HOST_DEVICE inline std::uint16_t cuda_float_to_bfloat16_bits(float f) noexcept {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+WEFT_HOST_DEVICE inline float cuda_bfloat16_bits_to_float(std::uint16_t b) noexcept {
+  return __bfloat162float(__ushort_as_bfloat16(b));
+}
+#endif
+
+// float -> binary16 bits: the hardware's conversion in device code, the emulation elsewhere
+// (and wherever the compiler evaluates it as a constant).
+WEFT_HOST_DEVICE constexpr std::uint16_t float_to_half_bits(float f) noexcept {
+#if defined(__CUDA_ARCH__)
+  if (!::cuda::std::is_constant_evaluated()) return cuda_float_to_half_bits(f);
+#endif
+  return narrow<5, 10, 8, 23>(detail::bit_cast<std::uint32_t>(f));
+}
+
+WEFT_HOST_DEVICE constexpr float half_to_float(std::uint16_t h) noexcept {
+#if defined(__CUDA_ARCH__)
+  if (!::cuda::std::is_constant_evaluated()) return cuda_half_bits_to_float(h);
+#endif
+  return half_bits_to_float(h);
+}
+
+WEFT_HOST_DEVICE constexpr std::uint16_t float_to_bfloat16_bits(float f) noexcept {
+#if defined(__CUDA_ARCH__)
+  if (!::cuda::std::is_constant_evaluated()) return cuda_float_to_bfloat16_bits(f);
+#endif
+  return narrow<8, 7, 8, 23>(detail::bit_cast<std::uint32_t>(f));
+}
+
+WEFT_HOST_DEVICE constexpr float bfloat16_to_float(std::uint16_t b) noexcept {
+#if defined(__CUDA_ARCH__)
+  if (!::cuda::std::is_constant_evaluated()) return cuda_bfloat16_bits_to_float(b);
+#endif
+  return detail::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
+}
+
 } // namespace weft::detail
 
 namespace weft {
@@ -112,7 +169,7 @@ namespace weft {
 struct half {
   half() = default;
   WEFT_HOST_DEVICE constexpr explicit half(float f) noexcept
-      : bits_(detail::narrow<5, 10, 8, 23>(detail::bit_cast<std::uint32_t>(f))) {}
+      : bits_(detail::float_to_half_bits(f)) {}
   WEFT_HOST_DEVICE constexpr explicit half(double d) noexcept
       : bits_(detail::narrow<5, 10, 11, 52>(detail::bit_cast<std::uint64_t>(d))) {}
   /// Through double, which holds every integer up to 2^53, far beyond where half overflows,
@@ -121,7 +178,7 @@ struct half {
   WEFT_HOST_DEVICE constexpr explicit half(I i) noexcept : half(static_cast<double>(i)) {}
 
   WEFT_HOST_DEVICE constexpr operator float() const noexcept {
-    return detail::half_bits_to_float(bits_);
+    return detail::half_to_float(bits_);
   }
 
   WEFT_HOST_DEVICE static constexpr half from_bits(std::uint16_t b) noexcept {
@@ -145,7 +202,7 @@ private:
 struct bfloat16 {
   bfloat16() = default;
   WEFT_HOST_DEVICE constexpr explicit bfloat16(float f) noexcept
-      : bits_(detail::narrow<8, 7, 8, 23>(detail::bit_cast<std::uint32_t>(f))) {}
+      : bits_(detail::float_to_bfloat16_bits(f)) {}
   WEFT_HOST_DEVICE constexpr explicit bfloat16(double d) noexcept
       : bits_(detail::narrow<8, 7, 11, 52>(detail::bit_cast<std::uint64_t>(d))) {}
   /// Through double: correctly rounded for |i| <= 2^53; above that, rounding twice can
@@ -154,7 +211,7 @@ struct bfloat16 {
   WEFT_HOST_DEVICE constexpr explicit bfloat16(I i) noexcept : bfloat16(static_cast<double>(i)) {}
 
   WEFT_HOST_DEVICE constexpr operator float() const noexcept {
-    return detail::bit_cast<float>(static_cast<std::uint32_t>(bits_) << 16);
+    return detail::bfloat16_to_float(bits_);
   }
 
   WEFT_HOST_DEVICE static constexpr bfloat16 from_bits(std::uint16_t b) noexcept {
