@@ -1,8 +1,9 @@
-// The conversions device code uses for weft::half and weft::bfloat16 (core/half.hpp: CUDA's
-// __float2half_rn, __half2float, __float2bfloat16_rn, __bfloat162float, one cvt each on the
-// device) against weft's integer emulation, which tests/core/half_test.cpp checks against an
-// independent reference for every pattern. The CUDA functions are __host__ __device__, so the
-// very functions the device path calls run here, on the host, with no GPU:
+// The conversions device code uses for weft::half and weft::bfloat16 (core/half.hpp: the cvt
+// instructions that CUDA's __float2half_rn, __half2float, __float2bfloat16_rn and
+// __bfloat162float issue on the device) against weft's integer emulation, which
+// tests/core/half_test.cpp checks against an independent reference for every pattern. Those
+// CUDA functions are __host__ __device__, with the same results on either side, so they run
+// here, on the host, with no GPU:
 //   - widening: every one of the 65,536 patterns of each type;
 //   - narrowing: every pattern's own value, the midpoint to the next pattern (a tie), the
 //     floats one step either side of it, values past the largest finite one and below half
@@ -11,6 +12,8 @@
 // canonical NaN, not the payload).
 #include <weft/core/half.hpp>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -47,15 +50,15 @@ const format half_format{
     "half",
     0x7C00,
     0x03FF,
-    [](float f) { return weft::detail::cuda_float_to_half_bits(f); },
-    [](std::uint16_t b) { return weft::detail::cuda_half_bits_to_float(b); },
+    [](float f) { return __half_as_ushort(__float2half_rn(f)); },
+    [](std::uint16_t b) { return __half2float(__ushort_as_half(b)); },
     [](float f) { return weft::detail::narrow<5, 10, 8, 23>(std::bit_cast<std::uint32_t>(f)); },
     [](std::uint16_t b) { return weft::detail::half_bits_to_float(b); }};
 
 const format bfloat16_format{
     "bfloat16", 0x7F80, 0x007F,
-    [](float f) { return weft::detail::cuda_float_to_bfloat16_bits(f); },
-    [](std::uint16_t b) { return weft::detail::cuda_bfloat16_bits_to_float(b); },
+    [](float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); },
+    [](std::uint16_t b) { return __bfloat162float(__ushort_as_bfloat16(b)); },
     [](float f) { return weft::detail::narrow<8, 7, 8, 23>(std::bit_cast<std::uint32_t>(f)); },
     // bfloat16 is the top half of a binary32: widening is the shift, stated here.
     [](std::uint16_t b) { return from_bits(static_cast<std::uint32_t>(b) << 16); }};
@@ -148,8 +151,8 @@ TEST(bfloat16_device, random_floats_narrow_as_the_emulation) {
 
 // The cases the issue names, stated as bits: ties to even, subnormals, overflow.
 TEST(half_device, named_cases) {
-  using weft::detail::cuda_float_to_bfloat16_bits;
-  using weft::detail::cuda_float_to_half_bits;
+  const auto cuda_float_to_half_bits = half_format.device_narrow;
+  const auto cuda_float_to_bfloat16_bits = bfloat16_format.device_narrow;
   EXPECT_EQ(cuda_float_to_half_bits(1.0f + 0x1p-11f), 0x3C00);           // tie, even below
   EXPECT_EQ(cuda_float_to_half_bits(1.0f + 0x3p-11f), 0x3C02);           // tie, even above
   EXPECT_EQ(cuda_float_to_half_bits(0x1p-25f), 0x0000);                  // half the least subnormal

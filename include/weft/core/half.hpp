@@ -9,12 +9,14 @@
 // or flush-to-zero setting. Narrowing rounds to nearest, ties to even, once, straight from the
 // source format (double is not routed through float, which could round twice).
 //
-// Device code converts between float and these types with the hardware's cvt instructions
-// instead (CUDA's __float2half_rn, __half2float, __float2bfloat16_rn and __bfloat162float,
-// one instruction each where the integer emulation of the first three is dozens): the same
-// round-to-nearest-even bits for every value but NaN, whose payload the hardware replaces by
-// its canonical NaN. Those functions run on the host too (the CUDA headers emulate them
-// there), which is how a host test checks them against the emulation below for every pattern.
+// Device code converts between float and these types with the hardware's instructions
+// instead (cvt.rn.f16.f32, cvt.f32.f16 and, from sm_80, cvt.rn.bf16.f32: what CUDA's
+// __float2half_rn, __half2float and __float2bfloat16_rn issue on the device), one instruction
+// each where the emulation is dozens: the same round-to-nearest-even bits for every value but
+// NaN, whose payload the hardware replaces by its canonical NaN. tests/cuda/half_device_test.cu
+// checks those CUDA functions (which the CUDA headers also implement on the host) against the
+// emulation below for every pattern. CUDA's headers stay out of this one: cuda_fp16.h declares
+// a global `half`, which would collide with weft::half wherever both namespaces are open.
 
 #include <weft/core/config.hpp>
 
@@ -25,8 +27,6 @@
 #if defined(__CUDACC__)
 #include <cuda/std/bit>
 #include <cuda/std/type_traits>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #endif
 
 namespace weft::detail {
@@ -114,49 +114,58 @@ WEFT_HOST_DEVICE constexpr float half_bits_to_float(std::uint16_t h) noexcept {
   return detail::bit_cast<float>(sign | (exp << 23) | (frac << 13));
 }
 
-#if defined(__CUDACC__)
-// The CUDA headers' conversions: one cvt instruction each on the device. __host__ __device__,
-// so the host checks exactly these against narrow and half_bits_to_float.
-WEFT_HOST_DEVICE inline std::uint16_t cuda_float_to_half_bits(float f) noexcept {
-  return __half_as_ushort(__float2half_rn(f));
+#if defined(__CUDA_ARCH__)
+// The hardware's conversions, one instruction each.
+__device__ inline std::uint16_t device_float_to_half_bits(float f) noexcept {
+  std::uint16_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
 }
-WEFT_HOST_DEVICE inline float cuda_half_bits_to_float(std::uint16_t h) noexcept {
-  return __half2float(__ushort_as_half(h));
+__device__ inline float device_half_bits_to_float(std::uint16_t h) noexcept {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
 }
-WEFT_HOST_DEVICE inline std::uint16_t cuda_float_to_bfloat16_bits(float f) noexcept {
-  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+__device__ inline float device_bfloat16_bits_to_float(std::uint16_t b) noexcept {
+  float f;
+  asm("mov.b32 %0, {0, %1};" : "=f"(f) : "h"(b)); // b as the high half of the word
+  return f;
 }
-WEFT_HOST_DEVICE inline float cuda_bfloat16_bits_to_float(std::uint16_t b) noexcept {
-  return __bfloat162float(__ushort_as_bfloat16(b));
+#if __CUDA_ARCH__ >= 800
+__device__ inline std::uint16_t device_float_to_bfloat16_bits(float f) noexcept {
+  std::uint16_t b;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(f));
+  return b;
 }
+#endif
 #endif
 
 // float -> binary16 bits: the hardware's conversion in device code, the emulation elsewhere
 // (and wherever the compiler evaluates it as a constant).
 WEFT_HOST_DEVICE constexpr std::uint16_t float_to_half_bits(float f) noexcept {
 #if defined(__CUDA_ARCH__)
-  if (!::cuda::std::is_constant_evaluated()) return cuda_float_to_half_bits(f);
+  if (!::cuda::std::is_constant_evaluated()) return device_float_to_half_bits(f);
 #endif
   return narrow<5, 10, 8, 23>(detail::bit_cast<std::uint32_t>(f));
 }
 
 WEFT_HOST_DEVICE constexpr float half_to_float(std::uint16_t h) noexcept {
 #if defined(__CUDA_ARCH__)
-  if (!::cuda::std::is_constant_evaluated()) return cuda_half_bits_to_float(h);
+  if (!::cuda::std::is_constant_evaluated()) return device_half_bits_to_float(h);
 #endif
   return half_bits_to_float(h);
 }
 
 WEFT_HOST_DEVICE constexpr std::uint16_t float_to_bfloat16_bits(float f) noexcept {
-#if defined(__CUDA_ARCH__)
-  if (!::cuda::std::is_constant_evaluated()) return cuda_float_to_bfloat16_bits(f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (!::cuda::std::is_constant_evaluated()) return device_float_to_bfloat16_bits(f);
 #endif
   return narrow<8, 7, 8, 23>(detail::bit_cast<std::uint32_t>(f));
 }
 
 WEFT_HOST_DEVICE constexpr float bfloat16_to_float(std::uint16_t b) noexcept {
 #if defined(__CUDA_ARCH__)
-  if (!::cuda::std::is_constant_evaluated()) return cuda_bfloat16_bits_to_float(b);
+  if (!::cuda::std::is_constant_evaluated()) return device_bfloat16_bits_to_float(b);
 #endif
   return detail::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
 }
