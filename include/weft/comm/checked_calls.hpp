@@ -77,6 +77,11 @@ public:
     c.divide(out, n);
   }
   { comm_.divide(out, n); }
+  template <class T>
+  auto scaled_by_ranks(const T* in, std::size_t n) requires requires(Comm& c) {
+    c.scaled_by_ranks(in, n);
+  }
+  { return comm_.scaled_by_ranks(in, n); }
 
   [[nodiscard]] Comm& inner() noexcept { return comm_; }
   [[nodiscard]] const Comm& inner() const noexcept { return comm_; }

@@ -16,6 +16,7 @@
 #include <weft/core/ops.hpp>
 #include <weft/core/types.hpp>
 #include <weft/cuda/error.cuh>
+#include <weft/cuda/memory.cuh>
 
 #include <cuda_runtime.h>
 
@@ -127,6 +128,20 @@ void copy(T* dst, const T* src, std::size_t n, cudaStream_t s, const Gate& gate 
   const std::size_t done = packs * w;
   if (done < n)
     detail::launch(weft::detail::copy_elements<T>{dst + done, src + done}, n - done, s, gate);
+}
+
+/// A copy of src's n elements, each times 1 / ranks in the accumulation type and rounded once
+/// (weft::detail::scale_elements), in memory allocated and freed in s's order: op::avg's first
+/// step on half, whose plan then sums. The returned buffer frees itself on s, after the work
+/// queued meanwhile.
+template <element T, class Gate = detail::ungated>
+stream_buffer<T> scaled_by_ranks(const T* src, std::size_t n, int ranks, cudaStream_t s,
+                                 const Gate& gate = {}) {
+  stream_buffer<T> scaled(n, s);
+  detail::launch(
+      weft::detail::scale_elements<T>{scaled.data(), src, weft::detail::average_scale<T>(ranks)}, n,
+      s, gate);
+  return scaled;
 }
 
 /// data[i] /= ranks in the accumulation type (the avg operator's last step).

@@ -486,6 +486,15 @@ public:
     cuda::divide(out, n, size_, stream());
   }
 
+  /// in's n elements times 1/size() on the stream, in memory freed on it after the work queued
+  /// meanwhile: avg's first step on half before a plan (device buffers).
+  template <element T>
+  stream_buffer<T> scaled_by_ranks(const T* in, std::size_t n) {
+    enter("scaled_by_ranks");
+    const detail::device_scope on(device_);
+    return cuda::scaled_by_ranks(in, n, size_, stream());
+  }
+
 private:
   template <collective C, element T>
   void vendor_run(const T* in, std::size_t in_count, T* out, std::size_t out_count,

@@ -310,6 +310,15 @@ public:
     cuda::divide(data, n, size(), stream(), ep_->data_gate());
   }
 
+  /// avg's first step on half: in's n elements times 1/size(), on this rank's stream, in memory
+  /// freed on it after the work queued meanwhile.
+  template <element T>
+  stream_buffer<T> scaled_by_ranks(const T* in, std::size_t n) {
+    ep_->check("scaled_by_ranks");
+    const detail::device_scope on(device());
+    return cuda::scaled_by_ranks(in, n, size(), stream(), ep_->data_gate());
+  }
+
   /// Queues one rank's plan over device buffers on stream() and returns: nothing waits on the
   /// host. `in`/`out` hold in_count/out_count elements (in may equal out: in place). Every
   /// check comes before anything is queued, so a refused call leaves the stream as it was.

@@ -6,6 +6,7 @@
 //
 //   reduce_sources<T, Op>   dst[i] = src[0][i] op src[1][i] op ... op src[k-1][i], left to
 //                           right in the accumulation type, rounded once (as reduce_many)
+//   scale_elements<T>       dst[i] = src[i] * (1 / ranks): op::avg's first step on half
 //   packed<T>, reduce_sources_packed, copy_packed
 //                           the same over 16-byte packs (16 / sizeof(T) elements at a
 //                           time), for 16-byte aligned pointers: one 128-bit load per source
@@ -99,6 +100,28 @@ struct copy_elements {
   const T* src;
   WEFT_HOST_DEVICE void operator()(std::size_t i) const { dst[i] = src[i]; }
 };
+
+/// op::avg's first step on half, whose sum of inputs can overflow where their mean does not:
+/// dst[i] = src[i] * by in the accumulation type, rounded once, with `by` the
+/// average_scale of the ranks. The plan then sums the scaled inputs (as ncclAvg premultiplies
+/// floating types), so every transport, host or device, computes the same bits.
+template <class T>
+struct scale_elements {
+  T* dst;
+  const T* src;
+  accumulate_t<T> by;
+  WEFT_HOST_DEVICE void operator()(std::size_t i) const {
+    using A = accumulate_t<T>;
+    dst[i] = static_cast<T>(static_cast<A>(src[i]) * by);
+  }
+};
+
+/// The factor scale_elements multiplies by: 1 / ranks, rounded once in the accumulation type.
+template <class T>
+constexpr accumulate_t<T> average_scale(int ranks) noexcept {
+  using A = accumulate_t<T>;
+  return A{1} / static_cast<A>(ranks);
+}
 
 /// The avg operator's last step on one element: divide by the ranks in the accumulation type.
 template <class T>
