@@ -178,10 +178,11 @@ public:
   }
   { comm_.divide(out, n); }
   template <class T>
-  auto scaled_by_ranks(const T* in, std::size_t n) requires requires(Comm& c) {
-    c.scaled_by_ranks(in, n);
+  auto scaled_by_ranks(const T* in, std::size_t n, std::string_view operation) requires
+      requires(Comm& c) {
+    c.scaled_by_ranks(in, n, operation);
   }
-  { return comm_.scaled_by_ranks(in, n); }
+  { return comm_.scaled_by_ranks(in, n, operation); }
 
   /// The records, in call order, and how many of one kind.
   [[nodiscard]] const std::vector<traced_op>& ops() const noexcept { return ops_; }

@@ -162,7 +162,7 @@ public:
   /// avg's first step on half: in's n elements times 1/size(), on this rank's stream, in memory
   /// freed on it after the work queued meanwhile.
   template <element T>
-  stream_buffer<T> scaled_by_ranks(const T* in, std::size_t n) {
+  stream_buffer<T> scaled_by_ranks(const T* in, std::size_t n, std::string_view) {
     return cuda::scaled_by_ranks(in, n, size(), stream_.get());
   }
 

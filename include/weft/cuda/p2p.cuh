@@ -311,11 +311,12 @@ public:
   }
 
   /// avg's first step on half: in's n elements times 1/size(), on this rank's stream, in memory
-  /// freed on it after the work queued meanwhile.
+  /// freed on it after the work queued meanwhile. The input is checked before anything is queued.
   template <element T>
-  stream_buffer<T> scaled_by_ranks(const T* in, std::size_t n) {
-    ep_->check("scaled_by_ranks");
+  stream_buffer<T> scaled_by_ranks(const T* in, std::size_t n, std::string_view operation) {
+    ep_->check(operation);
     const detail::device_scope on(device());
+    if (!detail::capturing(stream())) check_device_buffer(in, n, "input", operation);
     return cuda::scaled_by_ranks(in, n, size(), stream(), ep_->data_gate());
   }
 

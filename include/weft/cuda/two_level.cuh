@@ -5,9 +5,10 @@
 // runtime does), orders them with an event, recorded on one stream and waited
 // on by the other, so nothing waits on the host and chunk k's inter-node all-reduce runs while
 // chunk k+1's intra-node reduce does. op::avg's divide is a kernel: all_reduce's on Inter's
-// stream (each leader divides its block), the other collectives' on Intra's; on half, each input
-// is scaled by 1/size first instead (a kernel on Intra's stream), as on every transport. A call's scratch
-// (reduce's, the reordering of interleaved or uniform nodes) is stream-ordered device memory.
+// stream (each leader divides its block), the other collectives' on Intra's; on half, each
+// input is scaled by 1/size first instead (a kernel on Intra's stream), as on every transport.
+// A call's scratch (reduce's, the reordering of interleaved or uniform nodes) is stream-ordered
+// device memory.
 //
 //   weft::cuda::emulated::run(weft::topology::parse("2x4"),
 //                             [&](weft::cuda::emulated::communicator& world) {

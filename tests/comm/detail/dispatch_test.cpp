@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -169,7 +170,7 @@ struct device_like : local::communicator {
       f(i);
   }
   template <class T>
-  std::vector<T> scaled_by_ranks(const T* in, std::size_t n) {
+  std::vector<T> scaled_by_ranks(const T* in, std::size_t n, std::string_view) {
     ++scaled_calls;
     std::vector<T> scaled(n);
     const detail::scale_elements<T> f{scaled.data(), in, detail::average_scale<T>(size())};

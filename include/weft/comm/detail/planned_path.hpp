@@ -61,16 +61,16 @@ void run_planned(Comm& comm, const T* in, std::size_t in_n, T* out, std::size_t 
     if (C == collective::all_reduce || C == collective::reduce_scatter || C == collective::reduce) {
       // half ends at 65504: the sum of the inputs overflows where their mean need not. Each input
       // is scaled by 1/ranks first (as ncclAvg does for floating types), and the plan sums.
-      if constexpr (requires { comm.scaled_by_ranks(in, in_n); }) {
+      if constexpr (requires { comm.scaled_by_ranks(in, in_n, opname); }) {
         // Buffers the host cannot touch (device memory): the transport's kernel, into memory
         // that lives until the plan's work on the communicator's stream is done.
-        const auto scaled = comm.scaled_by_ranks(in, in_n);
+        const auto scaled = comm.scaled_by_ranks(in, in_n, opname);
         comm.execute(*pl, static_cast<const T*>(scaled.data()), in_n, out, out_n, op, opname);
       } else {
         static_assert(
             !requires { comm.divide(out, out_n); },
             "weft: a communicator with divide() (device buffers) must offer "
-            "scaled_by_ranks(in, n) too, for op::avg on half");
+            "scaled_by_ranks(in, n, operation) too, for op::avg on half");
         const auto scaled = scaled_by_ranks(in, in_n, comm.size());
         comm.execute(*pl, scaled.data(), in_n, out, out_n, op, opname);
       }
