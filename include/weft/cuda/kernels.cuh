@@ -1,11 +1,12 @@
 #pragma once
-// Device kernels on stream: element-wise reduce of k sources, copy, and avg's divide, for
-// every weft element type and operator. Each runs weft's WEFT_HOST_DEVICE functors
-// (comm/detail/elementwise.hpp) in a grid-stride loop, one launch per range: the elements up to
-// the first 16-byte boundary that every operand shares one by one, then 16-byte packs, then the
-// elements past the last whole pack one by one (split_by_packs). Operands whose addresses differ
-// mod 16 share no boundary, and go element by element. Low-precision types accumulate in float
-// and round once, left to right over the sources, so the result is the host's to the bit.
+// Device kernels on stream: element-wise reduce of k sources, copy, and avg's first (scale,
+// on half) and last (divide) steps, for every weft element type and operator. Each runs weft's
+// WEFT_HOST_DEVICE functors (comm/detail/elementwise.hpp) in a grid-stride loop, one launch per
+// range: the elements up to the first 16-byte boundary that every operand shares one by one,
+// then 16-byte packs, then the elements past the last whole pack one by one (split_by_packs).
+// Operands whose addresses differ mod 16 share no boundary, and go element by element.
+// Low-precision types accumulate in float and round once, left to right over the sources, so
+// the result is the host's to the bit.
 //
 // Gates. Each takes a gate last, a trivially copyable functor `bool operator()() const` that
 // every block of the kernel asks once, in its first thread, before it touches memory: a block
