@@ -796,6 +796,51 @@ TEST(two_level, half_averages_do_not_overflow) {
   }
 }
 
+// A runtime whose memory the host cannot scale in (cuda::stream_runtime) scales half averages
+// itself: the dispatch hands it each input, and sums the result. Here a host runtime with that
+// hook, made of the device kernel's functor, against host_runtime: the same bits, and eight
+// ranks of 10000 (whose sum half cannot hold) average to 10000 on both.
+struct scaling_runtime : host_runtime {
+  std::shared_ptr<int> calls = std::make_shared<int>(0);
+  template <class Comm, class T>
+  std::vector<T> scaled_by_ranks(Comm&, const T* in, std::size_t n, int ranks) {
+    ++*calls;
+    std::vector<T> scaled(n);
+    const detail::scale_elements<T> f{scaled.data(), in, detail::average_scale<T>(ranks)};
+    for (std::size_t i = 0; i < n; ++i)
+      f(i);
+    return scaled;
+  }
+};
+
+TEST(two_level, a_runtime_that_scales_half_averages_gives_the_host_bits) {
+  for (const char* spec : {"2x4", "3+5"}) {
+    local::run(topology::parse(spec), [&](local::communicator& world) {
+      const std::size_t n = 3 * static_cast<std::size_t>(world.size()) + 1;
+      std::vector<half> in(n);
+      for (std::size_t i = 0; i < n; ++i)
+        in[i] = i % 3 == 0
+                    ? half(10000.0f)
+                    : half(static_cast<float>((static_cast<int>(i) * 7919 + world.rank() * 104729) %
+                                              60000) -
+                           30000.0f);
+      auto host = make_two_level(world);
+      scaling_runtime rt;
+      auto scaling = make_two_level(world, {}, rt);
+      std::vector<half> want(n), got(n);
+      all_reduce(host, std::span<const half>(in), std::span(want), op::avg{});
+      all_reduce(scaling, std::span<const half>(in), std::span(got), op::avg{});
+      EXPECT_EQ(*rt.calls, 1) << spec;
+      for (std::size_t i = 0; i < n; ++i) {
+        EXPECT_EQ(got[i].bits(), want[i].bits()) << spec << " i " << i;
+        if (i % 3 == 0 && world.size() == 8) {
+          EXPECT_NEAR(static_cast<float>(got[i]), 10000.0f, 16.0f) << spec << " i " << i;
+        }
+      }
+    });
+  }
+}
+
 // The call check covers two_level's own calls: ranks that ask for avg and sum, or name different
 // roots, are told so before data moves. Its levels' calls could not tell (an average travels as
 // a sum, a root as node and local indices), and the ranks ended with different results.

@@ -304,6 +304,26 @@ TYPED_TEST(emulated_on_nodes, all_reduce_broadcast_and_reduce_match_the_serial_r
 
 // --- stream ordering, failures, the communicator's own API ---------------------------------
 
+// op::avg on half: eight ranks of 10000 sum past half's 65504, so each input is scaled by 1/8
+// before the plan sums (the host path's rule), giving 10000 where summing first gives inf.
+TEST(emulated, half_average_scales_before_it_sums) {
+  WEFT_REQUIRE_DEVICE();
+  constexpr std::size_t n = 1000;
+  emu::run(
+      8,
+      [&](emu::communicator& c) {
+        const cudaStream_t s = c.stream();
+        weft::cuda::device_buffer<weft::half> a(n);
+        upload(a.data(), std::vector<weft::half>(n, weft::half(10000.0f)), s);
+        all_reduce<algo::direct>(c, std::span(a.data(), n), op::avg{});
+        const auto got = download(a.data(), n, s);
+        for (std::size_t i = 0; i < n; ++i)
+          ASSERT_EQ(got[i].bits(), weft::half(10000.0f).bits())
+              << "rank " << c.rank() << " i " << i;
+      },
+      test_options);
+}
+
 // Calls queued back to back with no host synchronisation, a different rank's stream held
 // back before each, local kernels between them: any missing dependency between the ranks'
 // streams (a source overwritten early, a staging area reused while a peer reads it) shows

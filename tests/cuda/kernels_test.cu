@@ -23,7 +23,8 @@ std::vector<T> to_host(const T* d, std::size_t n) {
 }
 
 template <class T, class Op>
-void check_reduce(int k, std::size_t n, std::size_t misalign, bool in_place) {
+void check_reduce(int k, std::size_t n, std::size_t misalign, bool in_place,
+                  std::size_t dst_apart = 0) {
   using A = weft::accumulate_t<T>;
   const Op op{};
   const std::size_t padded = n + 8;
@@ -43,7 +44,7 @@ void check_reduce(int k, std::size_t n, std::size_t misalign, bool in_place) {
   // non-blocking stream that does not wait for the legacy one.
   WEFT_CUDA_TRY(cudaDeviceSynchronize());
   weft::cuda::device_buffer<T> out(padded);
-  T* dst = in_place ? const_cast<T*>(src[0]) : out.data() + misalign;
+  T* dst = in_place ? const_cast<T*>(src[0]) : out.data() + misalign + dst_apart;
   weft::cuda::stream s;
   weft::cuda::reduce(dst, src.data(), k, n, op, s.get());
   s.synchronize();
@@ -53,8 +54,8 @@ void check_reduce(int k, std::size_t n, std::size_t misalign, bool in_place) {
     for (int j = 1; j < k; ++j)
       acc = op(acc, static_cast<A>(host[static_cast<std::size_t>(j)][i + misalign]));
     ASSERT_TRUE(weft::test::same_bits(got[i], static_cast<T>(acc)))
-        << "k " << k << " n " << n << " misalign " << misalign << " in_place " << in_place << " i "
-        << i;
+        << "k " << k << " n " << n << " misalign " << misalign << " in_place " << in_place
+        << " dst_apart " << dst_apart << " i " << i;
   }
 }
 
@@ -70,11 +71,14 @@ TYPED_TEST(kernels, reduce_matches_the_host_rule_bit_for_bit) {
   for (int k : {1, 2, 3, 8}) {
     for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8},
                           std::size_t{9}, std::size_t{1000}, std::size_t{1} << 20}) {
-      for (std::size_t misalign : {0, 1}) {
+      // Misalignments that all operands share (a head before the first common 16-byte
+      // boundary, then packs), and a destination apart from its sources (element by element).
+      for (std::size_t misalign : {0, 1, 3}) {
         check_reduce<T, weft::op::sum>(k, n, misalign, false);
         check_reduce<T, weft::op::prod>(k, n, misalign, false);
         check_reduce<T, weft::op::min>(k, n, misalign, false);
         check_reduce<T, weft::op::max>(k, n, misalign, true);
+        check_reduce<T, weft::op::sum>(k, n, misalign, false, 1);
       }
     }
   }
@@ -84,7 +88,7 @@ TYPED_TEST(kernels, copy_and_divide) {
   WEFT_REQUIRE_DEVICE();
   using T = TypeParam;
   for (std::size_t n : {std::size_t{0}, std::size_t{5}, std::size_t{4099}}) {
-    for (std::size_t misalign : {0, 1}) {
+    for (std::size_t misalign : {0, 1, 3}) {
       std::vector<T> h(n + 8);
       for (std::size_t i = 0; i < h.size(); ++i)
         h[i] = static_cast<T>(static_cast<int>(i % 200) - 100);

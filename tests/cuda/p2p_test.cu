@@ -364,6 +364,29 @@ void sweep() {
   }
 }
 
+// op::avg on half: eight ranks of 10000 sum past half's 65504, so each input is scaled by 1/8
+// before the plan sums (the host path's rule): 10000 by the one-shot (a staged call, in the
+// caller's buffer) and by the two-shot (through the workspace), where summing first gives inf.
+TEST(p2p, half_average_scales_before_it_sums) {
+  WEFT_REQUIRE_DEVICE();
+  for (std::size_t n : {std::size_t{1000}, (std::size_t{1} << 16) + 3}) {
+    p2p::run(
+        on_device_zero(8),
+        [&](p2p::communicator& c) {
+          const cudaStream_t s = c.stream();
+          weft::cuda::device_buffer<weft::half> a(n);
+          upload(a.data(), std::vector<weft::half>(n, weft::half(10000.0f)), s);
+          all_reduce<algo::direct>(c, std::span(a.data(), n), op::avg{});
+          const auto got = download(a.data(), n, s);
+          for (std::size_t i = 0; i < n; ++i) {
+            ASSERT_EQ(got[i].bits(), weft::half(10000.0f).bits())
+                << "n " << n << " rank " << c.rank() << " i " << i;
+          }
+        },
+        test_options);
+  }
+}
+
 TEST(p2p, all_reduce_matches_the_serial_reference) {
   WEFT_REQUIRE_DEVICE();
   sweep<collective::all_reduce>();

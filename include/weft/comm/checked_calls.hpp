@@ -77,6 +77,12 @@ public:
     c.divide(out, n);
   }
   { comm_.divide(out, n); }
+  template <class T>
+  auto scaled_by_ranks(const T* in, std::size_t n, std::string_view operation) requires
+      requires(Comm& c) {
+    c.scaled_by_ranks(in, n, operation);
+  }
+  { return comm_.scaled_by_ranks(in, n, operation); }
 
   [[nodiscard]] Comm& inner() noexcept { return comm_; }
   [[nodiscard]] const Comm& inner() const noexcept { return comm_; }

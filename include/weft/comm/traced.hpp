@@ -177,6 +177,12 @@ public:
     c.divide(out, n);
   }
   { comm_.divide(out, n); }
+  template <class T>
+  auto scaled_by_ranks(const T* in, std::size_t n, std::string_view operation) requires
+      requires(Comm& c) {
+    c.scaled_by_ranks(in, n, operation);
+  }
+  { return comm_.scaled_by_ranks(in, n, operation); }
 
   /// The records, in call order, and how many of one kind.
   [[nodiscard]] const std::vector<traced_op>& ops() const noexcept { return ops_; }

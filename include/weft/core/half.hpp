@@ -5,10 +5,19 @@
 // float (see ops.hpp).
 //
 // The conversions are integer bit manipulation rather than floating-point tricks, so the
-// same code is constexpr, runs in device code, and gives the same bits on every compiler
-// whatever the rounding mode or flush-to-zero setting. Narrowing rounds to nearest, ties
-// to even, once, straight from the source format (double is not routed through float,
-// which could round twice).
+// same code is constexpr and gives the same bits on every compiler whatever the rounding mode
+// or flush-to-zero setting. Narrowing rounds to nearest, ties to even, once, straight from the
+// source format (double is not routed through float, which could round twice).
+//
+// Device code converts between float and these types with the hardware's instructions
+// instead (cvt.rn.f16.f32, cvt.f32.f16 and, from sm_80, cvt.rn.bf16.f32: what CUDA's
+// __float2half_rn, __half2float and __float2bfloat16_rn issue on the device), one instruction
+// each where the emulation is dozens: the same round-to-nearest-even bits for every value but
+// NaN, whose payload the hardware replaces by its canonical NaN. tests/cuda/half_device_test.cu
+// checks those CUDA functions (which the CUDA headers also implement on the host) against the
+// emulation below for every pattern. CUDA's headers stay out of this one: cuda_fp16.h declares
+// a global `half`, which would collide with weft::half wherever both namespaces are open.
+
 #include <weft/core/config.hpp>
 
 #include <bit>
@@ -17,6 +26,7 @@
 #include <type_traits>
 #if defined(__CUDACC__)
 #include <cuda/std/bit>
+#include <cuda/std/type_traits>
 #endif
 
 namespace weft::detail {
@@ -104,6 +114,62 @@ WEFT_HOST_DEVICE constexpr float half_bits_to_float(std::uint16_t h) noexcept {
   return detail::bit_cast<float>(sign | (exp << 23) | (frac << 13));
 }
 
+#if defined(__CUDA_ARCH__)
+// The hardware's conversions, one instruction each.
+__device__ inline std::uint16_t device_float_to_half_bits(float f) noexcept {
+  std::uint16_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+__device__ inline float device_half_bits_to_float(std::uint16_t h) noexcept {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ inline float device_bfloat16_bits_to_float(std::uint16_t b) noexcept {
+  float f;
+  asm("mov.b32 %0, {0, %1};" : "=f"(f) : "h"(b)); // b as the high half of the word
+  return f;
+}
+#if __CUDA_ARCH__ >= 800
+__device__ inline std::uint16_t device_float_to_bfloat16_bits(float f) noexcept {
+  std::uint16_t b;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(f));
+  return b;
+}
+#endif
+#endif
+
+// float -> binary16 bits: the hardware's conversion in device code, the emulation elsewhere
+// (and wherever the compiler evaluates it as a constant).
+WEFT_HOST_DEVICE constexpr std::uint16_t float_to_half_bits(float f) noexcept {
+#if defined(__CUDA_ARCH__)
+  if (!::cuda::std::is_constant_evaluated()) return device_float_to_half_bits(f);
+#endif
+  return narrow<5, 10, 8, 23>(detail::bit_cast<std::uint32_t>(f));
+}
+
+WEFT_HOST_DEVICE constexpr float half_to_float(std::uint16_t h) noexcept {
+#if defined(__CUDA_ARCH__)
+  if (!::cuda::std::is_constant_evaluated()) return device_half_bits_to_float(h);
+#endif
+  return half_bits_to_float(h);
+}
+
+WEFT_HOST_DEVICE constexpr std::uint16_t float_to_bfloat16_bits(float f) noexcept {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (!::cuda::std::is_constant_evaluated()) return device_float_to_bfloat16_bits(f);
+#endif
+  return narrow<8, 7, 8, 23>(detail::bit_cast<std::uint32_t>(f));
+}
+
+WEFT_HOST_DEVICE constexpr float bfloat16_to_float(std::uint16_t b) noexcept {
+#if defined(__CUDA_ARCH__)
+  if (!::cuda::std::is_constant_evaluated()) return device_bfloat16_bits_to_float(b);
+#endif
+  return detail::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
+}
+
 } // namespace weft::detail
 
 namespace weft {
@@ -112,7 +178,7 @@ namespace weft {
 struct half {
   half() = default;
   WEFT_HOST_DEVICE constexpr explicit half(float f) noexcept
-      : bits_(detail::narrow<5, 10, 8, 23>(detail::bit_cast<std::uint32_t>(f))) {}
+      : bits_(detail::float_to_half_bits(f)) {}
   WEFT_HOST_DEVICE constexpr explicit half(double d) noexcept
       : bits_(detail::narrow<5, 10, 11, 52>(detail::bit_cast<std::uint64_t>(d))) {}
   /// Through double, which holds every integer up to 2^53, far beyond where half overflows,
@@ -121,7 +187,7 @@ struct half {
   WEFT_HOST_DEVICE constexpr explicit half(I i) noexcept : half(static_cast<double>(i)) {}
 
   WEFT_HOST_DEVICE constexpr operator float() const noexcept {
-    return detail::half_bits_to_float(bits_);
+    return detail::half_to_float(bits_);
   }
 
   WEFT_HOST_DEVICE static constexpr half from_bits(std::uint16_t b) noexcept {
@@ -145,7 +211,7 @@ private:
 struct bfloat16 {
   bfloat16() = default;
   WEFT_HOST_DEVICE constexpr explicit bfloat16(float f) noexcept
-      : bits_(detail::narrow<8, 7, 8, 23>(detail::bit_cast<std::uint32_t>(f))) {}
+      : bits_(detail::float_to_bfloat16_bits(f)) {}
   WEFT_HOST_DEVICE constexpr explicit bfloat16(double d) noexcept
       : bits_(detail::narrow<8, 7, 11, 52>(detail::bit_cast<std::uint64_t>(d))) {}
   /// Through double: correctly rounded for |i| <= 2^53; above that, rounding twice can
@@ -154,7 +220,7 @@ struct bfloat16 {
   WEFT_HOST_DEVICE constexpr explicit bfloat16(I i) noexcept : bfloat16(static_cast<double>(i)) {}
 
   WEFT_HOST_DEVICE constexpr operator float() const noexcept {
-    return detail::bit_cast<float>(static_cast<std::uint32_t>(bits_) << 16);
+    return detail::bfloat16_to_float(bits_);
   }
 
   WEFT_HOST_DEVICE static constexpr bfloat16 from_bits(std::uint16_t b) noexcept {

@@ -53,9 +53,9 @@ struct max {
   }
 };
 /// Sum, then divide by the number of ranks (integer division for integer types), like ncclAvg.
-/// half on host buffers scales each input by 1/ranks first and sums, as ncclAvg does for floating
-/// types, so that a mean half holds does not overflow on the way (device transports and
-/// two_level sum first, then divide).
+/// half scales each input by 1/ranks first and sums, as ncclAvg does for floating types, so that
+/// a mean half holds does not overflow on the way: on every transport and two_level, host or
+/// device, to the same bits (comm/detail/elementwise.hpp's scale_elements).
 struct avg : sum {
   static constexpr std::string_view name = "avg";
 };

@@ -159,6 +159,13 @@ public:
     cuda::divide(data, n, size(), stream_.get());
   }
 
+  /// avg's first step on half: in's n elements times 1/size(), on this rank's stream, in memory
+  /// freed on it after the work queued meanwhile.
+  template <element T>
+  stream_buffer<T> scaled_by_ranks(const T* in, std::size_t n, std::string_view) {
+    return cuda::scaled_by_ranks(in, n, size(), stream_.get());
+  }
+
   /// Queues one rank's plan over device buffers on stream(); returns once it is queued (the
   /// host has traded its messages with the peers). `in`/`out` hold in_count/out_count
   /// elements (in may equal out: in place; buffers that overlap otherwise are an error).

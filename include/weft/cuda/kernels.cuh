@@ -1,10 +1,12 @@
 #pragma once
-// Device kernels on stream: element-wise reduce of k sources, copy, and avg's divide, for
-// every weft element type and operator. Each runs weft's WEFT_HOST_DEVICE functors
-// (comm/detail/elementwise.hpp) in a grid-stride loop: 16-byte packs when every pointer is
-// 16-byte aligned, then the elements past the last whole pack one by one; element by element
-// when a pointer is not aligned. Low-precision types accumulate in float and round once,
-// left to right over the sources, so the result is the host's to the bit.
+// Device kernels on stream: element-wise reduce of k sources, copy, and avg's first (scale,
+// on half) and last (divide) steps, for every weft element type and operator. Each runs weft's
+// WEFT_HOST_DEVICE functors (comm/detail/elementwise.hpp) in a grid-stride loop, one launch per
+// range: the elements up to the first 16-byte boundary that every operand shares one by one,
+// then 16-byte packs, then the elements past the last whole pack one by one (split_by_packs).
+// Operands whose addresses differ mod 16 share no boundary, and go element by element.
+// Low-precision types accumulate in float and round once, left to right over the sources, so
+// the result is the host's to the bit.
 //
 // Gates. Each takes a gate last, a trivially copyable functor `bool operator()() const` that
 // every block of the kernel asks once, in its first thread, before it touches memory: a block
@@ -16,6 +18,7 @@
 #include <weft/core/ops.hpp>
 #include <weft/core/types.hpp>
 #include <weft/cuda/error.cuh>
+#include <weft/cuda/memory.cuh>
 
 #include <cuda_runtime.h>
 
@@ -88,23 +91,11 @@ void reduce(T* dst, const T* const* src, int k, std::size_t n, const Op& op, cud
     throw error("weft: cuda::reduce of " + std::to_string(k) + " sources; it takes 1 to " +
                 std::to_string(max_sources));
   }
-  bool aligned = weft::detail::is_pack_aligned(dst);
-  for (int j = 0; j < k; ++j)
-    aligned = aligned && weft::detail::is_pack_aligned(src[j]);
-  constexpr int w = weft::detail::packed<T>::width;
-  const std::size_t packs = aligned ? n / w : 0;
-  if (packs != 0) {
-    weft::detail::reduce_sources_packed<T, Op> f{dst, {}, k, op};
-    std::copy(src, src + k, f.src);
-    detail::launch(f, packs, s, gate);
-  }
-  const std::size_t done = packs * w;
-  if (done < n) {
-    weft::detail::reduce_sources<T, Op> f{dst + done, {}, k, op};
-    for (int j = 0; j < k; ++j)
-      f.src[j] = src[j] + done;
-    detail::launch(f, n - done, s, gate);
-  }
+  weft::detail::reduce_sources<T, Op> f{dst, {}, k, op};
+  std::copy(src, src + k, f.src);
+  const weft::detail::pack_split cut = weft::detail::split_for_packs(dst, src, k, n);
+  detail::launch(weft::detail::split_by_packs<weft::detail::reduce_sources<T, Op>>{f, cut},
+                 cut.indices(), s, gate);
 }
 
 /// dst[i] = a[i] op b[i] (the two-source case of reduce).
@@ -115,18 +106,29 @@ void reduce(T* dst, const T* a, const T* b, std::size_t n, const Op& op, cudaStr
   reduce(dst, src, 2, n, op, s, gate);
 }
 
-/// dst[i] = src[i] for i < n with 16-byte loads and stores where aligned; the ranges are the
-/// same or disjoint.
+/// dst[i] = src[i] for i < n, with 16-byte loads and stores between the operands' first and
+/// last common 16-byte boundaries; the ranges are the same or disjoint.
 template <element T, class Gate = detail::ungated>
 void copy(T* dst, const T* src, std::size_t n, cudaStream_t s, const Gate& gate = {}) {
   if (dst == src || n == 0) return;
-  constexpr int w = weft::detail::packed<T>::width;
-  const bool aligned = weft::detail::is_pack_aligned(dst) && weft::detail::is_pack_aligned(src);
-  const std::size_t packs = aligned ? n / w : 0;
-  if (packs != 0) detail::launch(weft::detail::copy_packed<T>{dst, src}, packs, s, gate);
-  const std::size_t done = packs * w;
-  if (done < n)
-    detail::launch(weft::detail::copy_elements<T>{dst + done, src + done}, n - done, s, gate);
+  const T* const from[1] = {src};
+  const weft::detail::pack_split cut = weft::detail::split_for_packs(dst, from, 1, n);
+  detail::launch(weft::detail::split_by_packs<weft::detail::copy_elements<T>>{{dst, src}, cut},
+                 cut.indices(), s, gate);
+}
+
+/// A copy of src's n elements, each times 1 / ranks in the accumulation type and rounded once
+/// (weft::detail::scale_elements), in memory allocated and freed in s's order: op::avg's first
+/// step on half, whose plan then sums. The returned buffer frees itself on s, after the work
+/// queued meanwhile.
+template <element T, class Gate = detail::ungated>
+stream_buffer<T> scaled_by_ranks(const T* src, std::size_t n, int ranks, cudaStream_t s,
+                                 const Gate& gate = {}) {
+  stream_buffer<T> scaled(n, s);
+  detail::launch(
+      weft::detail::scale_elements<T>{scaled.data(), src, weft::detail::average_scale<T>(ranks)}, n,
+      s, gate);
+  return scaled;
 }
 
 /// data[i] /= ranks in the accumulation type (the avg operator's last step).

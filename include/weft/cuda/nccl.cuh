@@ -501,6 +501,17 @@ public:
     cuda::divide(out, n, size_, stream());
   }
 
+  /// in's n elements times 1/size() on the stream, in memory freed on it after the work queued
+  /// meanwhile: avg's first step on half before a plan (device buffers). The input is checked
+  /// before anything is queued.
+  template <element T>
+  stream_buffer<T> scaled_by_ranks(const T* in, std::size_t n, std::string_view operation) {
+    enter(operation);
+    const detail::device_scope on(device_);
+    if (!detail::capturing(stream())) check_device_memory(in, n, "input", operation);
+    return cuda::scaled_by_ranks(in, n, size_, stream());
+  }
+
 private:
   template <collective C, element T>
   void vendor_run(const T* in, std::size_t in_count, T* out, std::size_t out_count,

@@ -331,6 +331,16 @@ public:
     cuda::divide(data, n, size(), stream(), ep_->data_gate());
   }
 
+  /// avg's first step on half: in's n elements times 1/size(), on this rank's stream, in memory
+  /// freed on it after the work queued meanwhile. The input is checked before anything is queued.
+  template <element T>
+  stream_buffer<T> scaled_by_ranks(const T* in, std::size_t n, std::string_view operation) {
+    ep_->check(operation);
+    const detail::device_scope on(device());
+    if (!detail::capturing(stream())) check_device_buffer(in, n, "input", operation);
+    return cuda::scaled_by_ranks(in, n, size(), stream(), ep_->data_gate());
+  }
+
   /// Queues one rank's plan over device buffers on stream() and returns: nothing waits on the
   /// host. `in`/`out` hold in_count/out_count elements (in may equal out: in place). Every
   /// check comes before anything is queued, so a refused call leaves the stream as it was.

@@ -5,8 +5,10 @@
 // runtime does), orders them with an event, recorded on one stream and waited
 // on by the other, so nothing waits on the host and chunk k's inter-node all-reduce runs while
 // chunk k+1's intra-node reduce does. op::avg's divide is a kernel: all_reduce's on Inter's
-// stream (each leader divides its block), the other collectives' on Intra's. A call's scratch
-// (reduce's, the reordering of interleaved or uniform nodes) is stream-ordered device memory.
+// stream (each leader divides its block), the other collectives' on Intra's; on half, each
+// input is scaled by 1/size first instead (a kernel on Intra's stream), as on every transport.
+// A call's scratch (reduce's, the reordering of interleaved or uniform nodes) is stream-ordered
+// device memory.
 //
 //   weft::cuda::emulated::run(weft::topology::parse("2x4"),
 //                             [&](weft::cuda::emulated::communicator& world) {
@@ -61,6 +63,13 @@ public:
   stream_buffer<T> scratch(Comm& comm, std::size_t n) {
     const detail::device_scope on(detail::stream_device(comm.stream()));
     return stream_buffer<T>(n, comm.stream());
+  }
+  /// op::avg's first step on half: in's n elements times 1/ranks, a kernel on comm's stream, in
+  /// memory of the call (as scratch's).
+  template <class Comm, class T>
+  stream_buffer<T> scaled_by_ranks(Comm& comm, const T* in, std::size_t n, int ranks) {
+    const detail::device_scope on(detail::stream_device(comm.stream()));
+    return cuda::scaled_by_ranks(in, n, ranks, comm.stream());
   }
   /// dst[0, n) = src[0, n), a device copy on comm's stream.
   template <class Comm, class T>

@@ -4,7 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <random>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "support/rank_errors.hpp"
@@ -148,6 +152,97 @@ TEST(dispatch, average_divides_once_after_the_sum) {
     reduce_scatter(c, std::span<const float>(in), std::span(out), op::avg{});
     EXPECT_EQ(out[0], 1.5f);
   });
+}
+
+// A communicator as the dispatch sees a device transport (weft::cuda's p2p, nccl, emulated):
+// it has divide() and scaled_by_ranks(), here over host memory with the very functors the
+// device kernels run (comm/detail/elementwise.hpp), index by index as a grid-stride loop calls
+// them. Everything else is local's.
+struct device_like : local::communicator {
+  explicit device_like(local::communicator&& c) : local::communicator(std::move(c)) {}
+  device_like split(int color, int key) {
+    return device_like(local::communicator::split(color, key));
+  }
+  template <class T>
+  void divide(T* data, std::size_t n) {
+    const detail::divide_elements<T> f{data, size()};
+    for (std::size_t i = 0; i < n; ++i)
+      f(i);
+  }
+  template <class T>
+  std::vector<T> scaled_by_ranks(const T* in, std::size_t n, std::string_view) {
+    ++scaled_calls;
+    std::vector<T> scaled(n);
+    const detail::scale_elements<T> f{scaled.data(), in, detail::average_scale<T>(size())};
+    for (std::size_t i = 0; i < n; ++i)
+      f(i);
+    return scaled;
+  }
+  int scaled_calls = 0;
+};
+
+// op::avg on half over p ranks, by Algo: on local (the host path) and on device_like (the path
+// of every device transport); returns rank 0's results.
+template <class Algo>
+std::pair<std::vector<half>, std::vector<half>> average_both_ways(
+    const std::vector<std::vector<half>>& in) {
+  const int p = static_cast<int>(in.size());
+  std::vector<half> host, device;
+  local::run(p, [&](local::communicator& c) {
+    const auto& mine = in[static_cast<std::size_t>(c.rank())];
+    std::vector<half> out(mine.size());
+    all_reduce<Algo>(c, std::span<const half>(mine), std::span(out), op::avg{});
+    device_like d(c.split(0, c.rank()));
+    std::vector<half> dev(mine.size());
+    all_reduce<Algo>(d, std::span<const half>(mine), std::span(dev), op::avg{});
+    EXPECT_EQ(d.scaled_calls, 1);
+    if (c.rank() == 0) {
+      host = out;
+      device = dev;
+    }
+  });
+  return {host, device};
+}
+
+std::uint16_t bits(half h) { return h.bits(); }
+
+TEST(dispatch, half_average_on_device_transports_scales_first_as_the_host_does) {
+  // Eight ranks of 10000: their sum (80000) is past half's 65504, their mean is not. The
+  // one-shot sums the eight 1250s exactly; the ring rounds its partial sums to half (6250 is a
+  // tie, down to 6248), and lands a step below, 9992, on either path.
+  const std::vector<std::vector<half>> big(8, std::vector<half>(40, half(10000.0f)));
+  const auto [host, device] = average_both_ways<algo::direct>(big);
+  const auto [ring_host, ring_device] = average_both_ways<algo::ring>(big);
+  for (std::size_t i = 0; i < host.size(); ++i) {
+    EXPECT_EQ(bits(host[i]), bits(half(10000.0f))) << i;
+    EXPECT_EQ(bits(device[i]), bits(half(10000.0f))) << i;
+    EXPECT_EQ(bits(ring_host[i]), bits(half(9992.0f))) << i;
+    EXPECT_EQ(bits(ring_device[i]), bits(half(9992.0f))) << i;
+  }
+
+  // Random values across half's range, on 3 and 8 ranks (1/3 is inexact in float).
+  std::mt19937 gen(36);
+  std::uniform_real_distribution<float> any(-65000.0f, 65000.0f);
+  for (int p : {3, 8}) {
+    std::vector<std::vector<half>> in(static_cast<std::size_t>(p), std::vector<half>(257));
+    for (auto& v : in)
+      for (auto& x : v)
+        x = half(any(gen));
+    const auto [one_host, one_device] = average_both_ways<algo::direct>(in);
+    const auto [p_ring_host, p_ring_device] = average_both_ways<algo::ring>(in);
+    for (std::size_t i = 0; i < one_host.size(); ++i) {
+      // The one-shot's rule, stated here: each input times 1/p rounded to half, summed in
+      // rank order in float, rounded once.
+      const float by = 1.0f / static_cast<float>(p);
+      float acc = 0.0f;
+      for (int r = 0; r < p; ++r)
+        acc +=
+            static_cast<float>(half(static_cast<float>(in[static_cast<std::size_t>(r)][i]) * by));
+      EXPECT_EQ(bits(one_host[i]), bits(half(acc))) << "p " << p << " i " << i;
+      EXPECT_EQ(bits(one_device[i]), bits(one_host[i])) << "p " << p << " i " << i;
+      EXPECT_EQ(bits(p_ring_device[i]), bits(p_ring_host[i])) << "p " << p << " i " << i;
+    }
+  }
 }
 
 } // namespace

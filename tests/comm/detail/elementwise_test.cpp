@@ -55,18 +55,14 @@ void check_reduce(int k, std::size_t n, weft::test::pattern pat) {
   for (std::size_t i = 0; i < n; ++i)
     f(i);
 
-  // Packs, then the tail per element, as the device launcher does.
-  constexpr int w = packed<T>::width;
-  weft::detail::reduce_sources_packed<T, Op> g{packs.data(), {}, k, op};
+  // Head, packs and tail in one index space, as the device launcher runs them.
+  weft::detail::reduce_sources<T, Op> g{packs.data(), {}, k, op};
   std::copy(ptrs, ptrs + k, g.src);
-  ASSERT_TRUE(weft::detail::is_pack_aligned(g.dst));
-  for (std::size_t i = 0; i < n / w; ++i)
-    g(i);
-  weft::detail::reduce_sources<T, Op> tail{packs.data() + n / w * w, {}, k, op};
-  for (int j = 0; j < k; ++j)
-    tail.src[j] = ptrs[j] + n / w * w;
-  for (std::size_t i = 0; i < n % w; ++i)
-    tail(i);
+  const auto cut = weft::detail::split_for_packs(g.dst, g.src, k, n);
+  EXPECT_EQ(cut.head, 0u); // every operand 16-byte aligned
+  const weft::detail::split_by_packs<weft::detail::reduce_sources<T, Op>> split{g, cut};
+  for (std::size_t i = 0; i < cut.indices(); ++i)
+    split(i);
 
   weft::detail::reduce_many(host.data(), ptrs, static_cast<std::size_t>(k), n, op);
 
@@ -112,13 +108,12 @@ TYPED_TEST(elementwise, copy_and_divide) {
   aligned_array<T> a(n), b(n);
   for (std::size_t i = 0; i < n; ++i)
     a.data()[i] = static_cast<T>(static_cast<int>(i) * 3 - 40);
-  const weft::detail::copy_packed<T> packs{b.data(), a.data()};
-  constexpr int w = packed<T>::width;
-  for (std::size_t i = 0; i < n / w; ++i)
-    packs(i);
-  const weft::detail::copy_elements<T> rest{b.data() + n / w * w, a.data() + n / w * w};
-  for (std::size_t i = 0; i < n % w; ++i)
-    rest(i);
+  const T* const from[1] = {a.data()};
+  const auto cut = weft::detail::split_for_packs(b.data(), from, 1, n);
+  const weft::detail::split_by_packs<weft::detail::copy_elements<T>> copy{{b.data(), a.data()},
+                                                                          cut};
+  for (std::size_t i = 0; i < cut.indices(); ++i)
+    copy(i);
   for (std::size_t i = 0; i < n; ++i)
     ASSERT_TRUE(weft::test::same_bits(b.data()[i], a.data()[i])) << i;
 
@@ -144,6 +139,124 @@ TEST(elementwise, a_pack_is_sixteen_bytes) {
   alignas(16) float x[8] = {};
   EXPECT_TRUE(weft::detail::is_pack_aligned(x));
   EXPECT_FALSE(weft::detail::is_pack_aligned(x + 1));
+}
+
+// --- ranges cut for 16-byte packs ----------------------------------------------------------
+
+// The reference: walk the range element by element, taking a whole pack wherever every operand
+// is on a 16-byte boundary and a pack fits, else one element. Elements before the first pack
+// are the head, after the last the tail; none may fall between packs.
+weft::detail::pack_split greedy_split(const std::vector<std::uintptr_t>& at, std::size_t size,
+                                      std::size_t n) {
+  const std::size_t w = 16 / size;
+  weft::detail::pack_split r;
+  bool seen_pack = false;
+  for (std::size_t e = 0; e < n;) {
+    bool on_boundary = true;
+    for (auto a : at)
+      on_boundary = on_boundary && (a + e * size) % 16 == 0;
+    if (on_boundary && e + w <= n) {
+      EXPECT_EQ(r.tail, 0u) << "an element between packs";
+      seen_pack = true;
+      ++r.packs;
+      e += w;
+    } else {
+      ++(seen_pack ? r.tail : r.head);
+      ++e;
+    }
+  }
+  // A range with no pack: all one by one (the split counts them as tail).
+  if (!seen_pack) r = {0, 0, n};
+  return r;
+}
+
+TEST(elementwise, ranges_split_into_head_packs_and_tail_as_the_element_walk_does) {
+  const std::uintptr_t base = 0x7f0000001000; // 16-byte aligned, as an allocation is
+  for (std::size_t size : {2, 4, 8}) {
+    for (int operands : {1, 2, 3}) {
+      // Every element-aligned offset of each operand within a 16-byte line, shifted alike for
+      // all (misalignments that agree) or apart (that differ).
+      for (std::size_t off = 0; off < 16; off += size) {
+        for (std::size_t apart = 0; apart < 16; apart += size) {
+          std::vector<std::uintptr_t> at;
+          for (int j = 0; j < operands; ++j)
+            at.push_back(base + 4096 * static_cast<std::uintptr_t>(j) + off + (j == 1 ? apart : 0));
+          for (std::size_t n = 0; n <= 40; ++n) {
+            const auto got = weft::detail::split_for_packs(at.data(), operands, size, n);
+            const auto want = greedy_split(at, size, n);
+            ASSERT_EQ(got, want) << "size " << size << " operands " << operands << " off " << off
+                                 << " apart " << apart << " n " << n << ": got " << got.head << "/"
+                                 << got.packs << "/" << got.tail << ", want " << want.head << "/"
+                                 << want.packs << "/" << want.tail;
+          }
+        }
+      }
+    }
+  }
+  // A pointer that is not even element-aligned shares no boundary with anything.
+  const std::uintptr_t odd[2] = {base + 1, base + 1};
+  EXPECT_EQ(weft::detail::split_for_packs(odd, 2, 4, 100), (weft::detail::pack_split{0, 0, 100}));
+}
+
+// split_by_packs visits every element exactly once, each pack at an address where every
+// operand is 16-byte aligned.
+struct visit_log {
+  static constexpr int width = 4; // as float
+  std::vector<int>* hits;
+  std::vector<std::uintptr_t> at; // the operands' addresses at element 0
+  void operator()(std::size_t i) const { ++(*hits)[i]; }
+  void pack(std::size_t e) const {
+    for (auto a : at)
+      EXPECT_EQ((a + e * 4) % 16, 0u) << "pack at element " << e;
+    for (std::size_t l = 0; l < width; ++l)
+      ++(*hits)[e + l];
+  }
+};
+
+TEST(elementwise, split_by_packs_visits_every_element_once) {
+  for (std::uintptr_t off : {0, 4, 8, 12}) {
+    for (std::size_t n = 0; n <= 33; ++n) {
+      std::vector<int> hits(n, 0);
+      const std::vector<std::uintptr_t> at = {0x1000 + off, 0x2000 + off};
+      const auto cut = weft::detail::split_for_packs(at.data(), 2, 4, n);
+      const weft::detail::split_by_packs<visit_log> f{{&hits, at}, cut};
+      for (std::size_t i = 0; i < cut.indices(); ++i)
+        f(i);
+      for (std::size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(hits[i], 1) << "off " << off << " n " << n << " element " << i;
+      }
+      if (n >= 8) {
+        EXPECT_GT(cut.packs, 0u) << "off " << off << " n " << n;
+      }
+    }
+  }
+}
+
+// A misalignment the operands share still reduces in packs, to the rule's bits.
+TEST(elementwise, misaligned_ranges_reduce_in_packs_to_the_rule) {
+  using T = weft::half;
+  constexpr std::size_t n = 101;
+  for (std::size_t shift = 0; shift < 8; ++shift) {
+    aligned_array<T> a(n + 8), b(n + 8), out(n + 8);
+    for (std::size_t i = 0; i < n + 8; ++i) {
+      a.data()[i] = weft::test::input_value<T, weft::op::sum>(0, i, weft::test::pattern::random, 3);
+      b.data()[i] = weft::test::input_value<T, weft::op::sum>(1, i, weft::test::pattern::random, 3);
+    }
+    weft::detail::reduce_sources<T, weft::op::sum> f{out.data() + shift, {}, 2, {}};
+    f.src[0] = a.data() + shift;
+    f.src[1] = b.data() + shift;
+    const auto cut = weft::detail::split_for_packs(f.dst, f.src, 2, n);
+    EXPECT_EQ(cut.head, (8 - shift) % 8);
+    EXPECT_EQ(cut.packs, (n - cut.head) / 8);
+    const weft::detail::split_by_packs<weft::detail::reduce_sources<T, weft::op::sum>> g{f, cut};
+    for (std::size_t i = 0; i < cut.indices(); ++i)
+      g(i);
+    for (std::size_t i = 0; i < n; ++i) {
+      const float want =
+          static_cast<float>(a.data()[i + shift]) + static_cast<float>(b.data()[i + shift]);
+      ASSERT_TRUE(weft::test::same_bits(out.data()[i + shift], T(want))) << shift << " " << i;
+    }
+  }
 }
 
 } // namespace

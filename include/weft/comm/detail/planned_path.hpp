@@ -8,6 +8,7 @@
 #include <weft/comm/detail/argument_checks.hpp>
 #include <weft/comm/detail/call_check.hpp>
 #include <weft/comm/detail/call_check_switch.hpp>
+#include <weft/comm/detail/elementwise.hpp>
 #include <weft/comm/detail/kernels.hpp>
 #include <weft/comm/detail/plan_cache.hpp>
 #include <weft/comm/plan.hpp>
@@ -21,13 +22,15 @@
 
 namespace weft::detail {
 
-/// A copy of the n elements of `in`, each times 1/ranks (in float): half averages on the host.
+/// A copy of the n elements of `in`, each scaled by 1/ranks (scale_elements): half averages on
+/// the host.
 template <class T>
 std::vector<std::remove_cv_t<T>> scaled_by_ranks(const T* in, std::size_t n, int ranks) {
-  std::vector<std::remove_cv_t<T>> scaled(in, in + n);
-  const float by = 1.0f / static_cast<float>(ranks);
-  for (auto& v : scaled)
-    v = static_cast<std::remove_cv_t<T>>(static_cast<float>(v) * by);
+  using U = std::remove_cv_t<T>;
+  std::vector<U> scaled(n);
+  const scale_elements<U> f{scaled.data(), in, average_scale<U>(ranks)};
+  for (std::size_t i = 0; i < n; ++i)
+    f(i);
   return scaled;
 }
 
@@ -54,13 +57,23 @@ void run_planned(Comm& comm, const T* in, std::size_t in_n, T* out, std::size_t 
   }
   if (check_calls_enabled(comm))
     check_same_call(comm, {C, algorithm, count, dtype_of<T>, call_op_name<Op>(), root});
-  if constexpr (is_average_v<Op> && std::is_same_v<std::remove_cv_t<T>, half> &&
-                !requires { comm.divide(out, out_n); }) {
+  if constexpr (is_average_v<Op> && std::is_same_v<std::remove_cv_t<T>, half>) {
     if (C == collective::all_reduce || C == collective::reduce_scatter || C == collective::reduce) {
       // half ends at 65504: the sum of the inputs overflows where their mean need not. Each input
       // is scaled by 1/ranks first (as ncclAvg does for floating types), and the plan sums.
-      const auto scaled = scaled_by_ranks(in, in_n, comm.size());
-      comm.execute(*pl, scaled.data(), in_n, out, out_n, op, opname);
+      if constexpr (requires { comm.scaled_by_ranks(in, in_n, opname); }) {
+        // Buffers the host cannot touch (device memory): the transport's kernel, into memory
+        // that lives until the plan's work on the communicator's stream is done.
+        const auto scaled = comm.scaled_by_ranks(in, in_n, opname);
+        comm.execute(*pl, static_cast<const T*>(scaled.data()), in_n, out, out_n, op, opname);
+      } else {
+        static_assert(
+            !requires { comm.divide(out, out_n); },
+            "weft: a communicator with divide() (device buffers) must offer "
+            "scaled_by_ranks(in, n, operation) too, for op::avg on half");
+        const auto scaled = scaled_by_ranks(in, in_n, comm.size());
+        comm.execute(*pl, scaled.data(), in_n, out, out_n, op, opname);
+      }
       return;
     }
   }

@@ -55,23 +55,40 @@ struct two_level_access {
   static void reduce(TL& c, const T* in, T* out, std::size_t n, int root, const Op& op) {
     c.template reduce<Algo>(in, out, n, root, op);
   }
+  template <class TL, class T>
+  static auto scaled_by_ranks(TL& c, const T* in, std::size_t n) {
+    return c.runtime_.scaled_by_ranks(c.intra_, in, n, c.size());
+  }
 };
 
-/// half averages on the host as the plain collectives do (op::avg): each input scaled by
-/// 1/ranks first, then summed, so that a mean half holds does not overflow on the way.
-template <class Runtime, class T, class Op>
-inline constexpr bool premultiplied_average = is_average_v<Op>&&
-    std::is_same_v<std::remove_cv_t<T>, half>&& std::is_same_v<Runtime, host_runtime>;
+/// Whether the runtime scales half averages itself (cuda::stream_runtime: a kernel on the intra
+/// level's stream, into memory of the call).
+template <class Runtime, class Intra, class T>
+concept scales_by_ranks = requires(Runtime& rt, Intra& c, const T* in) {
+  rt.scaled_by_ranks(c, in, std::size_t{}, 1);
+};
+
+/// half averages as the plain collectives do (op::avg): each input scaled by 1/ranks first (host
+/// memory under host_runtime, the runtime's own where it scales_by_ranks), then summed, so that
+/// a mean half holds does not overflow on the way.
+template <class Runtime, class Intra, class T, class Op>
+inline constexpr bool premultiplied_average =
+    is_average_v<Op>&& std::is_same_v<std::remove_cv_t<T>, half> &&
+    (std::is_same_v<Runtime, host_runtime> || scales_by_ranks<Runtime, Intra, T>);
 
 /// call(input, op): with the n elements of `in` scaled by 1/ranks and op::sum where
 /// premultiplied_average holds, else with `in` and `op` as given.
-template <class Runtime, class T, class Op, class Call>
-void premultiplying_averages(const T* in, std::size_t n, int ranks, const Op& op, Call&& call) {
-  if constexpr (premultiplied_average<Runtime, T, Op>) {
-    const auto scaled = scaled_by_ranks(in, n, ranks);
+template <class Intra, class Inter, class Runtime, class T, class Op, class Call>
+void premultiplying_averages(two_level<Intra, Inter, Runtime>& comm, const T* in, std::size_t n,
+                             const Op& op, Call&& call) {
+  if constexpr (!premultiplied_average<Runtime, Intra, T, Op>) {
+    call(in, op);
+  } else if constexpr (std::is_same_v<Runtime, host_runtime>) {
+    const auto scaled = scaled_by_ranks(in, n, comm.size());
     call(static_cast<const T*>(scaled.data()), op::sum{});
   } else {
-    call(in, op);
+    const auto scaled = two_level_access::scaled_by_ranks(comm, in, n);
+    call(static_cast<const T*>(scaled.data()), op::sum{});
   }
 }
 
@@ -82,10 +99,9 @@ template <class Algo = algo::levels<>, class Intra, class Inter, class Runtime, 
 requires reduction_for<Op, T>
 void all_reduce(two_level<Intra, Inter, Runtime>& comm, std::span<T> inout, Op op = {}) {
   comm.template check_call<T, Op>(collective::all_reduce, inout.size(), 0);
-  detail::premultiplying_averages<Runtime>(
-      inout.data(), inout.size(), comm.size(), op, [&](const T* src, auto o) {
-        detail::two_level_access::all_reduce<Algo>(comm, src, inout.data(), inout.size(), o);
-      });
+  detail::premultiplying_averages(comm, inout.data(), inout.size(), op, [&](const T* src, auto o) {
+    detail::two_level_access::all_reduce<Algo>(comm, src, inout.data(), inout.size(), o);
+  });
 }
 
 template <class Algo = algo::levels<>, class Intra, class Inter, class Runtime, class In, element T,
@@ -95,10 +111,9 @@ void all_reduce(two_level<Intra, Inter, Runtime>& comm, std::span<In> in, std::s
                 Op op = {}) {
   detail::check_all_reduce_buffers(comm.rank(), in, out);
   comm.template check_call<T, Op>(collective::all_reduce, in.size(), 0);
-  detail::premultiplying_averages<Runtime>(
-      in.data(), in.size(), comm.size(), op, [&](const T* src, auto o) {
-        detail::two_level_access::all_reduce<Algo>(comm, src, out.data(), in.size(), o);
-      });
+  detail::premultiplying_averages(comm, in.data(), in.size(), op, [&](const T* src, auto o) {
+    detail::two_level_access::all_reduce<Algo>(comm, src, out.data(), in.size(), o);
+  });
 }
 
 /// out (in.size() / size() elements) = the reduction of block rank() of every rank's in.
@@ -109,10 +124,9 @@ void reduce_scatter(two_level<Intra, Inter, Runtime>& comm, std::span<In> in, st
                     Op op = {}) {
   detail::check_reduce_scatter_buffers(comm.rank(), comm.size(), in, out);
   comm.template check_call<T, Op>(collective::reduce_scatter, out.size(), 0);
-  detail::premultiplying_averages<Runtime>(
-      in.data(), in.size(), comm.size(), op, [&](const T* src, auto o) {
-        detail::two_level_access::reduce_scatter<Algo>(comm, src, out.data(), out.size(), o);
-      });
+  detail::premultiplying_averages(comm, in.data(), in.size(), op, [&](const T* src, auto o) {
+    detail::two_level_access::reduce_scatter<Algo>(comm, src, out.data(), out.size(), o);
+  });
 }
 
 /// Block r of out (in.size() elements each) = rank r's in, on every rank.
@@ -142,10 +156,9 @@ void reduce(two_level<Intra, Inter, Runtime>& comm, std::span<In> in, std::span<
   detail::check_two_level_root(comm, "reduce", root);
   detail::check_reduce_buffers(comm.rank(), comm.rank() == root, in, out);
   comm.template check_call<T, Op>(collective::reduce, in.size(), root);
-  detail::premultiplying_averages<Runtime>(
-      in.data(), in.size(), comm.size(), op, [&](const T* src, auto o) {
-        detail::two_level_access::reduce<Algo>(comm, src, out.data(), in.size(), root, o);
-      });
+  detail::premultiplying_averages(comm, in.data(), in.size(), op, [&](const T* src, auto o) {
+    detail::two_level_access::reduce<Algo>(comm, src, out.data(), in.size(), root, o);
+  });
 }
 
 } // namespace weft

@@ -6,6 +6,8 @@
 //   scratch<T>(comm, n)    working memory for the call, in the transports' memory
 //   copy, copy_rows        copies in that memory, in order with comm's work
 //   divide                 op::avg's last step
+//   scaled_by_ranks        op::avg's first step on half, where the runtime's memory is not the
+//                          host's (optional: cuda::stream_runtime has it)
 // cuda/two_level.cuh's stream_runtime is the device one: two streams ordered by an event,
 // stream-ordered device memory, cudaMemcpyAsync copies and a divide kernel.
 #include <weft/comm/detail/kernels.hpp>
