@@ -1,6 +1,7 @@
 // weft's stream-ordered memory (weft/cuda/memory.cuh): one pool per device, made once, keeping
 // freed memory (release threshold UINT64_MAX); stream_buffer allocates from it; the
-// application's default pool keeps its own settings. Skips without a device.
+// application's default pool keeps its own settings unless it opts in (share_default_pool).
+// Skips without a device.
 #include <weft/cuda/memory.cuh>
 
 #include <gtest/gtest.h>
@@ -44,6 +45,30 @@ TEST(cuda_memory, weft_keeps_its_own_pool_and_leaves_the_default_one_alone) {
   // Freed, but kept by the pool for the next allocation.
   EXPECT_GE(attribute(pool, cudaMemPoolAttrReservedMemCurrent), std::uint64_t{4} << 20);
   EXPECT_EQ(attribute(fallback, cudaMemPoolAttrReleaseThreshold), default_threshold);
+}
+
+// The opt-in for NCCL across the GPUs of one process on cudaMallocAsync buffers: every device
+// that can reach this one may then read and write its default pool; calling twice is harmless.
+TEST(cuda_memory, share_default_pool_opens_the_default_pool_to_every_peer_that_can_reach_it) {
+  WEFT_REQUIRE_DEVICE();
+  int device = 0;
+  WEFT_CUDA_TRY(cudaGetDevice(&device));
+  weft::cuda::share_default_pool(device);
+  weft::cuda::share_default_pool(device);
+  cudaMemPool_t fallback{};
+  WEFT_CUDA_TRY(cudaDeviceGetDefaultMemPool(&fallback, device));
+  for (int peer = 0; peer < weft::cuda::device_count(); ++peer) {
+    if (peer == device) continue;
+    int can = 0;
+    WEFT_CUDA_TRY(cudaDeviceCanAccessPeer(&can, peer, device));
+    cudaMemLocation where{};
+    where.type = cudaMemLocationTypeDevice;
+    where.id = peer;
+    cudaMemAccessFlags flags{};
+    WEFT_CUDA_TRY(cudaMemPoolGetAccess(&flags, fallback, &where));
+    EXPECT_EQ(flags, can != 0 ? cudaMemAccessFlagsProtReadWrite : cudaMemAccessFlagsProtNone)
+        << "device " << peer;
+  }
 }
 
 } // namespace

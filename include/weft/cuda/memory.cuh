@@ -80,6 +80,51 @@ private:
 /// gives memory back on demand.
 inline constexpr std::uint64_t pool_release_threshold = std::numeric_limits<std::uint64_t>::max();
 
+namespace detail {
+
+/// Lets every device that can reach `device`'s memory read and write `pool`'s allocations
+/// (cudaMemPoolSetAccess; a pool's memory is otherwise reachable from its own device only,
+/// peer access or not).
+inline void grant_peer_access(cudaMemPool_t pool, int device) {
+  int count = 0;
+  WEFT_CUDA_TRY(cudaGetDeviceCount(&count));
+  std::vector<cudaMemAccessDesc> access;
+  for (int peer = 0; peer < count; ++peer) {
+    int can = 0;
+    if (peer != device) WEFT_CUDA_TRY(cudaDeviceCanAccessPeer(&can, peer, device));
+    if (can != 0) {
+      cudaMemAccessDesc a{};
+      a.location.type = cudaMemLocationTypeDevice;
+      a.location.id = peer;
+      a.flags = cudaMemAccessFlagsProtReadWrite;
+      access.push_back(a);
+    }
+  }
+  if (!access.empty()) WEFT_CUDA_TRY(cudaMemPoolSetAccess(pool, access.data(), access.size()));
+}
+
+} // namespace detail
+
+/// Opt-in, for an application that runs NCCL over several GPUs of one process
+/// (nccl::init_all) on buffers from cudaMallocAsync: grants every device that can reach
+/// `device` access to `device`'s default memory pool, which weft otherwise leaves alone. NCCL
+/// between the GPUs of one process loads and stores peers' buffers directly, which cudaMalloc
+/// memory allows once peer access is on, but default-pool memory only where its pool grants it;
+/// without this (or NCCL_P2P_DIRECT_DISABLE=1) such buffers fault. Every later cudaMallocAsync
+/// on `device` is then peer-mapped. Once per device and process; later calls do nothing.
+inline void share_default_pool(int device) {
+  static std::mutex m;
+  static std::vector<char> shared;
+  const std::lock_guard lock(m);
+  const auto d = static_cast<std::size_t>(device);
+  if (d < shared.size() && shared[d] != 0) return;
+  cudaMemPool_t pool{};
+  WEFT_CUDA_TRY(cudaDeviceGetDefaultMemPool(&pool, device));
+  detail::grant_peer_access(pool, device);
+  if (shared.size() <= d) shared.resize(d + 1, 0);
+  shared[d] = 1;
+}
+
 /// weft's stream-ordered memory pool on `device`, made at its first use (once per device and
 /// process; CUDA frees it with the context): stream_buffer and the communicators' scratch come
 /// from it, never from the application's default pool, whose settings weft leaves alone. Every
@@ -103,21 +148,7 @@ inline cudaMemPool_t memory_pool(int device) {
   try {
     std::uint64_t keep = pool_release_threshold;
     WEFT_CUDA_TRY(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
-    int count = 0;
-    WEFT_CUDA_TRY(cudaGetDeviceCount(&count));
-    std::vector<cudaMemAccessDesc> access;
-    for (int peer = 0; peer < count; ++peer) {
-      int can = 0;
-      if (peer != device) WEFT_CUDA_TRY(cudaDeviceCanAccessPeer(&can, peer, device));
-      if (can != 0) {
-        cudaMemAccessDesc a{};
-        a.location.type = cudaMemLocationTypeDevice;
-        a.location.id = peer;
-        a.flags = cudaMemAccessFlagsProtReadWrite;
-        access.push_back(a);
-      }
-    }
-    if (!access.empty()) WEFT_CUDA_TRY(cudaMemPoolSetAccess(pool, access.data(), access.size()));
+    detail::grant_peer_access(pool, device);
     if (pools.size() <= d) pools.resize(d + 1, nullptr);
   } catch (...) {
     (void)cudaMemPoolDestroy(pool);

@@ -29,7 +29,8 @@
 // released only after the work already queued (which may still use it) and the host never
 // waits. A block that a captured call used is not freed when a later, larger call grows the
 // scratch: the graph points into it, so it is kept until release_graph_scratch() (once those
-// graphs are destroyed) or until the communicator goes, which graphs must not outlive. Inside a
+// graphs are destroyed and their last launches have finished: a destroyed graph still in
+// flight completes) or until the communicator goes, which graphs must not outlive. Inside a
 // CUDA graph capture it cannot grow (the graph would free memory it did not allocate): run the
 // call once before capturing, or reserve() the bytes first. The memory comes from weft's pool
 // (cuda/memory.cuh).
@@ -323,8 +324,10 @@ public:
   }
 
   /// Frees the superseded scratch kept for CUDA graphs that captured calls of this communicator
-  /// (after the work queued so far): call once those graphs are destroyed. Without it the
-  /// memory goes with the communicator.
+  /// (after the work queued so far): call once those graphs are destroyed and their last
+  /// launches have finished (synchronize the streams they ran on: a destroyed graph still in
+  /// flight runs to its end, reading this memory). Without it the memory goes with the
+  /// communicator.
   void release_graph_scratch() noexcept {
     scratch_.release_retired(); // stream-ordered on the communicator's stream: no device switch
     staging_.release_retired();

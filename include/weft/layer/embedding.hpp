@@ -70,7 +70,10 @@ struct embedding_grad_column {
 template <class Space>
 class token_ids;
 template <>
-class token_ids<host_space> {};
+class token_ids<host_space> {
+public:
+  void release() noexcept {} // nothing is held beside the layer's vector
+};
 
 /// The gradient of a run of equal ids, from the tokens sorted by id, stably (sorted_ids, and
 /// positions: each one's token index). Called as (k, c) for every k < tokens: a k that starts a

@@ -39,6 +39,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace weft::layer::detail {
 
@@ -74,6 +75,7 @@ public:
       temp_ = std::move(o.temp_);
       stage_ = std::move(o.stage_);
       stage_size_ = std::exchange(o.stage_size_, 0);
+      outgrown_ = std::move(o.outgrown_);
       staged_ = std::move(o.staged_);
       pending_ = std::exchange(o.pending_, false);
       n_ = std::exchange(o.n_, 0);
@@ -93,12 +95,15 @@ public:
     }
     wait_for_stage();
     if (n > stage_size_) {
-      stage_.reset();
-      stage_size_ = 0;
+      // cudaFreeHost, like cudaFree, may wait for the whole device, where a rank sharing it may
+      // be waiting in a kernel for this one: an outgrown stage is kept until the object goes.
+      // Stages at least double, so there are few.
+      const std::size_t size = std::max(n, 2 * stage_size_);
       void* p = nullptr;
-      WEFT_CUDA_TRY(cudaMallocHost(&p, n * sizeof(std::int32_t)));
+      WEFT_CUDA_TRY(cudaMallocHost(&p, size * sizeof(std::int32_t)));
+      if (stage_) outgrown_.push_back(std::move(stage_));
       stage_.reset(static_cast<std::int32_t*>(p));
-      stage_size_ = n;
+      stage_size_ = size;
     }
     if (device_.cols() != n) device_.resize(1, n, s);
     n_ = n;
@@ -174,6 +179,7 @@ private:
   matrix<unsigned char, device_space> temp_;     // CUB's scratch
   std::unique_ptr<std::int32_t, free_pinned> stage_;
   std::size_t stage_size_ = 0;
+  std::vector<std::unique_ptr<std::int32_t, free_pinned>> outgrown_; // kept: see upload
   std::optional<cuda::event> staged_; // recorded after the copy out of stage_
   bool pending_ = false;
   std::size_t n_ = 0;
