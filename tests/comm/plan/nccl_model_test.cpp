@@ -48,12 +48,12 @@ TEST(nccl_model, ring_simple_all_reduce_on_one_node_is_latency_plus_bus_bytes) {
   const auto q = request(collective::all_reduce, 1, 8, gib);
   // baseLat ring Simple 8.4 us, 2(p-1) = 14 NVLink hops of 3.4 us; 2(p-1)/p of the bytes.
   const double hand = (8.4 + 14 * 3.4) * us + 2.0 * 7 / 8 * gib / nvlink_bw;
-  EXPECT_TRUE(near(nccl_time(q, nodes_of_8(1), {}, nccl_algorithm::ring, nccl_protocol::simple),
-                   hand));
+  EXPECT_TRUE(
+      near(nccl_time(q, nodes_of_8(1), {}, nccl_algorithm::ring, nccl_protocol::simple), hand));
   // LL128: 14 us + 14 x 1.9 us, at 92% of the bus bandwidth.
   const double ll128 = (14.0 + 14 * 1.9) * us + 2.0 * 7 / 8 * gib / (0.92 * nvlink_bw);
-  EXPECT_TRUE(near(nccl_time(q, nodes_of_8(1), {}, nccl_algorithm::ring, nccl_protocol::ll128),
-                   ll128));
+  EXPECT_TRUE(
+      near(nccl_time(q, nodes_of_8(1), {}, nccl_algorithm::ring, nccl_protocol::ll128), ll128));
   // At 1 GiB Simple wins over LL128, LL and the tree (half the bus bandwidth x 0.92).
   const auto e = nccl_price(q, nodes_of_8(1));
   EXPECT_EQ(e.algorithm, nccl_algorithm::ring);
@@ -79,8 +79,8 @@ TEST(nccl_model, across_nodes_the_nics_bound_the_ring_and_the_plateau_applies) {
   // the other 26 NVLink hops of 3.4 us; x 1.4 from 2 KiB per rank.
   const double bw = 400e9;
   const double hand = (8.4 + 26 * 3.4 + 4 * 14.0) * 1.4 * us + 2.0 * 15 / 16 * gib / bw;
-  EXPECT_TRUE(near(nccl_time(q, nodes_of_8(2), {}, nccl_algorithm::ring, nccl_protocol::simple),
-                   hand));
+  EXPECT_TRUE(
+      near(nccl_time(q, nodes_of_8(2), {}, nccl_algorithm::ring, nccl_protocol::simple), hand));
   // One rank per node: the node's NICs serve one GPU, not eight, and all 6 steps cross the
   // network.
   const auto one = request(collective::all_reduce, 4, 1, gib);
@@ -104,9 +104,9 @@ TEST(nccl_model, nvls_only_where_the_hardware_has_it) {
   const auto pcie = nodes_of_8(1, topo::link_kind::pcie);
   EXPECT_EQ(nccl_time(q, pcie, h100, nccl_algorithm::nvls, nccl_protocol::simple), inf);
   EXPECT_EQ(nccl_time(q, pcie, h100, nccl_algorithm::ring, nccl_protocol::ll128), inf);
-  EXPECT_EQ(nccl_time(q, c, {.nvls = false, .ll128 = false}, nccl_algorithm::ring,
-                      nccl_protocol::ll128),
-            inf);
+  EXPECT_EQ(
+      nccl_time(q, c, {.nvls = false, .ll128 = false}, nccl_algorithm::ring, nccl_protocol::ll128),
+      inf);
 }
 
 TEST(nccl_model, gathered_collectives_count_the_whole_buffer) {
@@ -114,8 +114,8 @@ TEST(nccl_model, gathered_collectives_count_the_whole_buffer) {
   const auto q = request(collective::all_gather, 1, 8, 1 << 20);
   EXPECT_EQ(cost_model::nccl_bytes(q), 8.0 * (1 << 20));
   const double hand = (8.4 + 7 * 3.4) * us + 7.0 / 8 * 8 * (1 << 20) / nvlink_bw;
-  EXPECT_TRUE(near(nccl_time(q, nodes_of_8(1), {}, nccl_algorithm::ring, nccl_protocol::simple),
-                   hand));
+  EXPECT_TRUE(
+      near(nccl_time(q, nodes_of_8(1), {}, nccl_algorithm::ring, nccl_protocol::simple), hand));
   EXPECT_EQ(nccl_time(q, nodes_of_8(1), {}, nccl_algorithm::tree, nccl_protocol::simple),
             std::numeric_limits<double>::infinity());
 }

@@ -11,6 +11,12 @@
 //       price = cost_model::price(its plans for ranks 0 .. size-1)
 //     the cheapest wins; a tie goes to the earlier entry
 //
+//   choose_path(..., vendor_seconds)
+//     the same, beside the price of the communicator's own collective library (algo::vendor:
+//     NCCL, priced by comm/plan/nccl_model.hpp; MPI, priced from a measurement), where the
+//     communicator offers one for the call: the vendor wins unless a plan of weft's is
+//     cheaper (a tie goes to the vendor)
+//
 // The choice depends only on the arguments (never on the calling rank), so every rank of
 // a call picks the same algorithm without talking to the others. Choices are remembered,
 // since a communicator asks for every call.
@@ -30,7 +36,9 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -128,11 +136,18 @@ struct choice_hash {
   }
 };
 
-// Remembered choices (indices into the candidate table), shared by every thread.
+// The cheapest candidate (an index into the candidate table; the table's size when none
+// plans the call) and its price.
+struct cheapest_plan {
+  std::size_t index;
+  double seconds;
+};
+
+// Remembered choices, shared by every thread.
 struct choice_cache {
   static constexpr std::size_t capacity = 4096; // then start over: counts vary without end
   std::mutex mutex;
-  std::unordered_map<choice_key, std::size_t, choice_hash> choices;
+  std::unordered_map<choice_key, cheapest_plan, choice_hash> choices;
 };
 
 inline choice_cache& choices() {
@@ -154,41 +169,40 @@ namespace weft::algo {
 /// The algorithms automatic chooses among, in tie-break order.
 inline std::span<const candidate> candidates() noexcept { return detail::candidate_table; }
 
-/// The candidate the cost model prices cheapest for q on cluster c, where rank r runs on
-/// device device_of[r] (device r when empty). Hierarchical candidates only when q.node_of
-/// spans more than one node; peer-access candidates only when peer_access. q.rank does not
-/// matter. Throws weft::error for a bad request or when no candidate plans q.coll.
-WEFT_COLD inline const candidate& choose(const plan_request& q, const topology::cluster& c,
-                                         const std::vector<int>& device_of, bool peer_access,
-                                         bool messages = true) {
-  detail::check_request(q, "automatic");
+} // namespace weft::algo
+
+namespace weft::detail {
+
+// The candidate the cost model prices cheapest for q (see choose()), remembered.
+WEFT_COLD inline cheapest_plan cheapest(const plan_request& q, const topology::cluster& c,
+                                        const std::vector<int>& device_of, bool peer_access,
+                                        bool messages) {
+  check_request(q, "automatic");
   const bool rooted = q.coll == collective::broadcast || q.coll == collective::reduce;
-  detail::choice_key key{.coll = q.coll,
-                         .size = q.size,
-                         .count = q.count,
-                         .root = rooted ? q.root : 0,
-                         .element_size = q.element_size,
-                         .node_of = q.node_of,
-                         .device_of = device_of,
-                         .peer_access = peer_access,
-                         .messages = messages,
-                         .devices_per_node = c.devices_per_node(),
-                         .intra = c.intra(),
-                         .inter = c.inter(),
-                         .nics = c.nics_per_node(),
-                         .reduce = c.reduce_bandwidth()};
-  auto& cache = detail::choices();
+  choice_key key{.coll = q.coll,
+                 .size = q.size,
+                 .count = q.count,
+                 .root = rooted ? q.root : 0,
+                 .element_size = q.element_size,
+                 .node_of = q.node_of,
+                 .device_of = device_of,
+                 .peer_access = peer_access,
+                 .messages = messages,
+                 .devices_per_node = c.devices_per_node(),
+                 .intra = c.intra(),
+                 .inter = c.inter(),
+                 .nics = c.nics_per_node(),
+                 .reduce = c.reduce_bandwidth()};
+  auto& cache = choices();
   {
     const std::lock_guard lock(cache.mutex);
-    if (const auto it = cache.choices.find(key); it != cache.choices.end())
-      return candidates()[it->second];
+    if (const auto it = cache.choices.find(key); it != cache.choices.end()) return it->second;
   }
-  const bool nodes = detail::spans_nodes(q.node_of);
-  const auto table = candidates();
-  std::size_t best = table.size();
-  double best_price = 0;
+  const bool nodes = spans_nodes(q.node_of);
+  const auto table = algo::candidates();
+  cheapest_plan best{table.size(), std::numeric_limits<double>::infinity()};
   for (std::size_t i = 0; i < table.size(); ++i) {
-    const candidate& a = table[i];
+    const algo::candidate& a = table[i];
     // A flat peer-access plan would read buffers on other nodes, which real machines cannot
     // (the local transport can only because its nodes are emulated in one process).
     const bool flat_loads_across_nodes = a.needs_peer_access && !a.needs_nodes && nodes;
@@ -197,23 +211,76 @@ WEFT_COLD inline const candidate& choose(const plan_request& q, const topology::
       continue;
     const double t =
         cost_model::price(cost_model::plans_of(a.make_plan, q), c, device_of, q.element_size);
-    if (best == table.size() || t < best_price) {
-      best = i;
-      best_price = t;
-    }
-  }
-  if (best == table.size()) {
-    throw error(name_of(q.coll), q.rank, error::unknown,
-                std::string("automatic: no algorithm plans ") + std::string(name_of(q.coll)) +
-                    (peer_access ? "" : " without peer access") +
-                    (messages ? "" : " without messages"));
+    if (best.index == table.size() || t < best.seconds) best = {i, t};
   }
   {
     const std::lock_guard lock(cache.mutex);
-    if (cache.choices.size() >= detail::choice_cache::capacity) cache.choices.clear();
+    if (cache.choices.size() >= choice_cache::capacity) cache.choices.clear();
     cache.choices.emplace(std::move(key), best);
   }
-  return table[best];
+  return best;
+}
+
+[[noreturn]] inline void no_candidate(const plan_request& q, bool peer_access, bool messages) {
+  throw error(name_of(q.coll), q.rank, error::unknown,
+              std::string("automatic: no algorithm plans ") + std::string(name_of(q.coll)) +
+                  (peer_access ? "" : " without peer access") +
+                  (messages ? "" : " without messages"));
+}
+
+} // namespace weft::detail
+
+namespace weft::algo {
+
+/// The candidate the cost model prices cheapest for q on cluster c, where rank r runs on
+/// device device_of[r] (device r when empty). Hierarchical candidates only when q.node_of
+/// spans more than one node; peer-access candidates only when peer_access. q.rank does not
+/// matter. Throws weft::error for a bad request or when no candidate plans q.coll.
+WEFT_COLD inline const candidate& choose(const plan_request& q, const topology::cluster& c,
+                                         const std::vector<int>& device_of, bool peer_access,
+                                         bool messages = true) {
+  const detail::cheapest_plan best = detail::cheapest(q, c, device_of, peer_access, messages);
+  if (best.index == candidates().size()) detail::no_candidate(q, peer_access, messages);
+  return candidates()[best.index];
+}
+
+/// What automatic takes for one call: weft's cheapest plan, or the communicator's own
+/// collective (algo::vendor), with both prices.
+struct choice {
+  const candidate* plan = nullptr; // weft's cheapest candidate; null where none plans the call
+  double plan_seconds = std::numeric_limits<double>::infinity(); // its modelled time
+  std::optional<double> vendor_seconds; // the vendor collective's, where the call has one
+  bool vendor = false;                  // the vendor collective is taken
+
+  /// "vendor", or the name of the plan's algorithm.
+  [[nodiscard]] std::string_view name() const noexcept {
+    return vendor ? std::string_view("vendor") : plan->name;
+  }
+};
+
+/// choose(), beside the communicator's own collective priced at vendor_seconds (none: the
+/// communicator has no vendor collective for this call). The vendor is taken unless a plan of
+/// weft's is priced lower: a tie goes to the vendor, and so does a call no plan serves.
+/// Throws weft::error for a bad request, a vendor price that is negative or NaN, or when
+/// neither a plan nor the vendor serves the call.
+WEFT_COLD inline choice choose_path(const plan_request& q, const topology::cluster& c,
+                                    const std::vector<int>& device_of, bool peer_access,
+                                    bool messages, std::optional<double> vendor_seconds) {
+  if (vendor_seconds && !(*vendor_seconds >= 0)) {
+    throw error(name_of(q.coll), q.rank, error::unknown,
+                "automatic: the vendor collective's price is " + std::to_string(*vendor_seconds) +
+                    " s; it must be a time, >= 0");
+  }
+  const detail::cheapest_plan best = detail::cheapest(q, c, device_of, peer_access, messages);
+  choice out;
+  out.vendor_seconds = vendor_seconds;
+  if (best.index != candidates().size()) {
+    out.plan = &candidates()[best.index];
+    out.plan_seconds = best.seconds;
+  }
+  out.vendor = vendor_seconds && (out.plan == nullptr || *vendor_seconds <= out.plan_seconds);
+  if (!out.vendor && out.plan == nullptr) detail::no_candidate(q, peer_access, messages);
+  return out;
 }
 
 /// The policy: an explicit algorithm tag always overrides it. Given a cluster, a

@@ -82,7 +82,9 @@ struct nccl_estimate {
   nccl_protocol protocol = nccl_protocol::simple;
 };
 
-namespace detail::nccl_figures {
+} // namespace weft::cost_model
+
+namespace weft::detail::nccl_figures {
 
 // Latencies in us, indexed [algorithm][protocol] with protocols LL, LL128, Simple.
 // baseLat: the fixed cost of a collective (NVLS has none beyond its hop).
@@ -98,10 +100,10 @@ inline constexpr double net_overhead_us = 1.0;
 // Trees stray from the model at medium sizes: NCCL scales their bandwidth by these, for
 // log2(bytes / 64) = 0 .. 22, per protocol (LL, LL128, Simple).
 inline constexpr double tree_correction[3][23] = {
-    {1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0,
-     1.0},
-    {1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0,
-     1.0},
+    {1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7,  .7,  .7,  .6, .5,
+     .4,  .4,  .5,  .6,  .7, .8, .9, 1.0, 1.0, 1.0, 1.0},
+    {1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7,  .6, .6,
+     .6,  .6,  .6,  .6,  .8,  .9, .9, .9, .9, 1.0, 1.0},
     {.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9}};
 // A ring's Simple all-reduce across nodes pays 1.4 x its latency (sm_80 and later) once each
 // rank's share of each channel reaches 64 bytes: with NCCL's 32 channels at most, from
@@ -118,7 +120,9 @@ constexpr int log2_floor(double x) {
   return k;
 }
 
-} // namespace detail::nccl_figures
+} // namespace weft::detail::nccl_figures
+
+namespace weft::cost_model {
 
 /// The bytes NCCL counts for a call of q (q.count in plan.hpp's sense): the buffer for
 /// all_reduce, broadcast and reduce, the whole gathered buffer (count x p) for all_gather and
@@ -134,7 +138,7 @@ constexpr int log2_floor(double x) {
 /// ranks into nodes; empty: one node), or infinity where NCCL does not run that pair for q.
 [[nodiscard]] inline double nccl_time(const plan_request& q, const topology::cluster& c,
                                       const nccl_features& f, nccl_algorithm a, nccl_protocol pr) {
-  namespace k = detail::nccl_figures;
+  namespace k = weft::detail::nccl_figures;
   constexpr double inf = std::numeric_limits<double>::infinity();
   const int p = q.size;
   if (p < 1) throw error("weft: NCCL model: a group of " + std::to_string(p) + " ranks");
@@ -153,20 +157,19 @@ constexpr int log2_floor(double x) {
   if (a == nccl_algorithm::tree && coll != collective::all_reduce) return inf;
   if (a == nccl_algorithm::nvls) {
     if (!f.nvls || !nvlink || pr != nccl_protocol::simple) return inf;
-    const bool served = coll == collective::all_reduce ||
-                        (nodes == 1 && (coll == collective::reduce_scatter ||
-                                        coll == collective::all_gather));
+    const bool served =
+        coll == collective::all_reduce ||
+        (nodes == 1 && (coll == collective::reduce_scatter || coll == collective::all_gather));
     if (!served) return inf;
   }
-  if (coll == collective::all_to_all &&
-      (a != nccl_algorithm::ring || pr != nccl_protocol::simple))
+  if (coll == collective::all_to_all && (a != nccl_algorithm::ring || pr != nccl_protocol::simple))
     return inf;
 
   const auto& intra_hop = nvlink ? k::nvlink_hop_us : k::pci_hop_us;
   const double link_bw =
-      nodes == 1 ? c.intra().bandwidth
-                 : std::min(c.intra().bandwidth,
-                            c.inter().bandwidth * std::min(c.nics_per_node(), ppn));
+      nodes == 1
+          ? c.intra().bandwidth
+          : std::min(c.intra().bandwidth, c.inter().bandwidth * std::min(c.nics_per_node(), ppn));
 
   if (coll == collective::all_to_all) {
     const double hop = nodes == 1 ? intra_hop[0][2] : k::net_hop_us[0][2];

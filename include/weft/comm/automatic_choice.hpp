@@ -1,0 +1,60 @@
+#pragma once
+// automatic_choice: what the default algorithm (algo::automatic) takes for a call, without
+// making it: weft's cheapest plan or the communicator's own collective (algo::vendor), with
+// both modelled prices. The collectives ask it on every call, so what it answers is what runs.
+//
+//   const auto c = weft::automatic_choice<weft::collective::all_reduce, float, weft::op::avg>(
+//       comm, n);
+//   std::printf("%s\n", std::string(c.name()).c_str());   // "vendor", "ring", ...
+//
+// A communicator offers its own collective library to automatic with the member
+//   std::optional<double> comm.vendor_price<C, T, Op>(const plan_request&)
+// the modelled seconds of its collective C for the call (weft::cuda::nccl: NCCL's tuning
+// model, comm/plan/nccl_model.hpp; weft::mpi: a measurement of MPI's own collective), or none
+// where it has none for this call (an operator the library lacks). One without the member
+// (weft::local) runs weft's plans only.
+#include <weft/comm/algorithm/automatic.hpp>
+#include <weft/comm/communicator.hpp>
+#include <weft/comm/plan.hpp>
+#include <weft/core/ops.hpp>
+
+#include <concepts>
+#include <cstddef>
+#include <optional>
+
+namespace weft {
+
+namespace detail {
+
+/// A communicator that prices its own collective C for automatic.
+template <class Comm, collective C, class T, class Op>
+concept prices_vendor = requires(Comm& comm, const plan_request& q) {
+  { comm.template vendor_price<C, T, Op>(q) } -> std::convertible_to<std::optional<double>>;
+};
+
+/// The request a call of `count` elements of T (count in plan.hpp's sense) makes on comm.
+template <collective C, class T, class Comm>
+plan_request request_of(Comm& comm, std::size_t count, int root) {
+  return plan_request{C, comm.size(), comm.rank(), count, root, comm.node_of(), sizeof(T)};
+}
+
+/// automatic's choice for q on comm.
+template <collective C, class T, class Op, class Comm>
+algo::choice automatic_choice_for(Comm& comm, const plan_request& q) {
+  std::optional<double> vendor;
+  if constexpr (prices_vendor<Comm, C, T, Op>) vendor = comm.template vendor_price<C, T, Op>(q);
+  return algo::choose_path(q, comm.cluster(), comm.devices(), declared_peer_access<Comm>(),
+                           declared_messages<Comm>(), vendor);
+}
+
+} // namespace detail
+
+/// What weft::<C>(comm, ...) with algo::automatic takes for a call of `count` elements of T
+/// (count in plan.hpp's sense: per rank) reduced by Op, rooted at `root` where C has a root.
+/// Throws weft::error as the call would: a bad root, or nothing that serves the call.
+template <collective C, element T, class Op = op::sum, communicator Comm>
+algo::choice automatic_choice(Comm& comm, std::size_t count, int root = 0) {
+  return detail::automatic_choice_for<C, T, Op>(comm, detail::request_of<C, T>(comm, count, root));
+}
+
+} // namespace weft
