@@ -45,47 +45,58 @@ placement place(collective c, int nodes, int per_node, std::size_t bytes) {
 }
 
 // The cheapest plan's price, recomputed here over the candidates an NCCL communicator runs
-// (no peer loads; hierarchical only across nodes).
-double cheapest_plan(const placement& p, const topo::cluster& c) {
+// (no peer loads; hierarchical only across nodes), each plan round costing `round` more.
+double cheapest_plan(const placement& p, const topo::cluster& c, double round = 0) {
   const std::set<int> nodes(p.q.node_of.begin(), p.q.node_of.end());
   double best = std::numeric_limits<double>::infinity();
   for (const auto& a : algo::candidates()) {
     if (!a.serves(p.q.coll) || a.needs_peer_access || (a.needs_nodes && nodes.size() < 2)) continue;
-    best = std::min(best, cost_model::price(cost_model::plans_of(a.make_plan, p.q), c, p.devices,
-                                            p.q.element_size));
+    const auto plans = cost_model::plans_of(a.make_plan, p.q);
+    std::uint32_t rounds = 0;
+    for (const auto& pl : plans)
+      for (const auto& x : pl.steps())
+        rounds = std::max(rounds, x.round + 1);
+    best =
+        std::min(best, cost_model::price(plans, c, p.devices, p.q.element_size) + round * rounds);
   }
   return best;
 }
 
+// Over sizes and layouts, with plans priced on the links alone and with the NCCL
+// communicator's cost per round (an NCCL kernel launch per round).
 TEST(automatic_choice, vendor_exactly_where_nccl_is_priced_no_higher_than_every_plan) {
   struct layout {
     int nodes, per_node;
   };
   const std::vector<layout> layouts = {{1, 2}, {1, 3}, {1, 4}, {1, 8},
                                        {2, 8}, {4, 8}, {8, 8}, {64, 8}};
-  int vendor = 0, planned = 0;
-  for (const auto [nodes, per_node] : layouts) {
-    const auto c = nodes_of_8(nodes);
-    // 4 B .. 1 GiB by factors of 16 (of 64 on 512 ranks, whose plans are long to price).
-    const std::size_t step = nodes * per_node > 64 ? 64 : 16;
-    for (std::size_t bytes = 4; bytes <= (std::size_t{1} << 30); bytes *= step) {
-      const placement p = place(collective::all_reduce, nodes, per_node, bytes);
-      const double nccl = cost_model::nccl_price(p.q, c).seconds;
-      const algo::choice got = algo::choose_path(p.q, c, p.devices, false, true, nccl);
-      const double plan = cheapest_plan(p, c);
-      const std::string where = std::to_string(nodes) + "x" + std::to_string(per_node) + " " +
-                                std::to_string(bytes) + " B: nccl " + std::to_string(nccl) +
-                                " s, best plan " + std::to_string(plan) + " s";
-      EXPECT_EQ(got.vendor, nccl <= plan) << where;
-      ASSERT_NE(got.plan, nullptr) << where;
-      EXPECT_DOUBLE_EQ(got.plan_seconds, plan) << where;
-      EXPECT_EQ(got.name(), got.vendor ? "vendor" : got.plan->name) << where;
-      (got.vendor ? vendor : planned) += 1;
+  int vendor = 0, planned = 0, planned_on_nccl = 0;
+  for (const double round : {0.0, cost_model::nccl_plan_round_seconds})
+    for (const auto [nodes, per_node] : layouts) {
+      const auto c = nodes_of_8(nodes);
+      // 4 B .. 1 GiB by factors of 16 (of 64 on 512 ranks, whose plans are long to price).
+      const std::size_t step = nodes * per_node > 64 ? 64 : 16;
+      for (std::size_t bytes = 4; bytes <= (std::size_t{1} << 30); bytes *= step) {
+        const placement p = place(collective::all_reduce, nodes, per_node, bytes);
+        const double nccl = cost_model::nccl_price(p.q, c).seconds;
+        const algo::choice got = algo::choose_path(p.q, c, p.devices, false, true, nccl, round);
+        const double plan = cheapest_plan(p, c, round);
+        const std::string where = std::to_string(nodes) + "x" + std::to_string(per_node) + " " +
+                                  std::to_string(bytes) + " B: nccl " + std::to_string(nccl) +
+                                  " s, best plan " + std::to_string(plan) + " s";
+        EXPECT_EQ(got.vendor, nccl <= plan) << where;
+        ASSERT_NE(got.plan, nullptr) << where;
+        EXPECT_DOUBLE_EQ(got.plan_seconds, plan) << where;
+        EXPECT_EQ(got.name(), got.vendor ? "vendor" : got.plan->name) << where;
+        (got.vendor ? vendor : planned) += 1;
+        if (!got.vendor && round > 0) ++planned_on_nccl;
+      }
     }
-  }
-  // Both outcomes occur: the rule is not a constant.
+  // Both outcomes occur: the rule is not a constant. With a kernel launch per round, NCCL's
+  // own collective is priced lower than every plan at every point.
   EXPECT_GT(vendor, 0);
   EXPECT_GT(planned, 0);
+  EXPECT_EQ(planned_on_nccl, 0);
 }
 
 TEST(automatic_choice, the_vendor_price_alone_decides_against_a_fixed_plan) {

@@ -12,7 +12,10 @@
 // the modelled seconds of its collective C for the call (weft::cuda::nccl: NCCL's tuning
 // model, comm/plan/nccl_model.hpp; weft::mpi: a measurement of MPI's own collective), or none
 // where it has none for this call (an operator the library lacks). One without the member
-// (weft::local) runs weft's plans only.
+// (weft::local) runs weft's plans only. A communicator whose plans pay a fixed cost per round
+// beyond its links (an NCCL group and kernels per round on a GPU) says so with
+//   double comm.plan_round_seconds()
+// and automatic adds it to every plan's price, once per round.
 #include <weft/comm/algorithm/automatic.hpp>
 #include <weft/comm/communicator.hpp>
 #include <weft/comm/plan.hpp>
@@ -32,6 +35,19 @@ concept prices_vendor = requires(Comm& comm, const plan_request& q) {
   { comm.template vendor_price<C, T, Op>(q) } -> std::convertible_to<std::optional<double>>;
 };
 
+/// What comm pays per round of a plan beyond its links (comm.plan_round_seconds(); 0 where
+/// it declares nothing).
+template <class Comm>
+double plan_round_seconds_of(const Comm& comm) {
+  if constexpr (requires {
+                  { comm.plan_round_seconds() } -> std::convertible_to<double>;
+                }) {
+    return comm.plan_round_seconds();
+  } else {
+    return 0;
+  }
+}
+
 /// The request a call of `count` elements of T (count in plan.hpp's sense) makes on comm.
 template <collective C, class T, class Comm>
 plan_request request_of(Comm& comm, std::size_t count, int root) {
@@ -44,7 +60,7 @@ algo::choice automatic_choice_for(Comm& comm, const plan_request& q) {
   std::optional<double> vendor;
   if constexpr (prices_vendor<Comm, C, T, Op>) vendor = comm.template vendor_price<C, T, Op>(q);
   return algo::choose_path(q, comm.cluster(), comm.devices(), declared_peer_access<Comm>(),
-                           declared_messages<Comm>(), vendor);
+                           declared_messages<Comm>(), vendor, plan_round_seconds_of(comm));
 }
 
 } // namespace detail

@@ -9,6 +9,7 @@
 //       (or would load across nodes), sends messages a load-only transport cannot (p2p),
 //       or is hierarchical and the group sits on one node
 //       price = cost_model::price(its plans for ranks 0 .. size-1)
+//               + rounds x the transport's fixed cost per round (a kernel launch on a GPU)
 //     the cheapest wins; a tie goes to the earlier entry
 //
 //   choose_path(..., vendor_seconds)
@@ -101,6 +102,7 @@ struct choice_key {
   topology::link inter;
   int nics;
   double reduce;
+  double round_seconds;
 
   friend bool operator==(const choice_key&, const choice_key&) = default;
 };
@@ -132,6 +134,7 @@ struct choice_hash {
     mix_link(k.inter);
     mix(static_cast<std::uint64_t>(k.nics));
     mix(std::bit_cast<std::uint64_t>(k.reduce));
+    mix(std::bit_cast<std::uint64_t>(k.round_seconds));
     return static_cast<std::size_t>(h);
   }
 };
@@ -173,11 +176,24 @@ inline std::span<const candidate> candidates() noexcept { return detail::candida
 
 namespace weft::detail {
 
+/// The most rounds any rank's plan runs.
+inline std::uint32_t rounds_of(const std::vector<plan>& plans) {
+  std::uint32_t rounds = 0;
+  for (const plan& pl : plans)
+    if (!pl.steps().empty()) rounds = std::max(rounds, pl.steps().back().round + 1);
+  return rounds;
+}
+
 // The candidate the cost model prices cheapest for q (see choose()), remembered.
 WEFT_COLD inline cheapest_plan cheapest(const plan_request& q, const topology::cluster& c,
                                         const std::vector<int>& device_of, bool peer_access,
-                                        bool messages) {
+                                        bool messages, double round_seconds) {
   check_request(q, "automatic");
+  if (!(round_seconds >= 0) || round_seconds == std::numeric_limits<double>::infinity()) {
+    throw error(name_of(q.coll), q.rank, error::unknown,
+                "automatic: a plan round's fixed cost is " + std::to_string(round_seconds) +
+                    " s; it must be a finite time, >= 0");
+  }
   const bool rooted = q.coll == collective::broadcast || q.coll == collective::reduce;
   choice_key key{.coll = q.coll,
                  .size = q.size,
@@ -192,7 +208,8 @@ WEFT_COLD inline cheapest_plan cheapest(const plan_request& q, const topology::c
                  .intra = c.intra(),
                  .inter = c.inter(),
                  .nics = c.nics_per_node(),
-                 .reduce = c.reduce_bandwidth()};
+                 .reduce = c.reduce_bandwidth(),
+                 .round_seconds = round_seconds};
   auto& cache = choices();
   {
     const std::lock_guard lock(cache.mutex);
@@ -209,8 +226,9 @@ WEFT_COLD inline cheapest_plan cheapest(const plan_request& q, const topology::c
     if (!a.serves(q.coll) || (a.needs_peer_access && !peer_access) ||
         (a.needs_messages && !messages) || (a.needs_nodes && !nodes) || flat_loads_across_nodes)
       continue;
-    const double t =
-        cost_model::price(cost_model::plans_of(a.make_plan, q), c, device_of, q.element_size);
+    const std::vector<plan> plans = cost_model::plans_of(a.make_plan, q);
+    const double t = cost_model::price(plans, c, device_of, q.element_size) +
+                     round_seconds * static_cast<double>(rounds_of(plans));
     if (best.index == table.size() || t < best.seconds) best = {i, t};
   }
   {
@@ -235,11 +253,15 @@ namespace weft::algo {
 /// The candidate the cost model prices cheapest for q on cluster c, where rank r runs on
 /// device device_of[r] (device r when empty). Hierarchical candidates only when q.node_of
 /// spans more than one node; peer-access candidates only when peer_access. q.rank does not
-/// matter. Throws weft::error for a bad request or when no candidate plans q.coll.
+/// matter. round_seconds: what the transport pays per round of a plan beyond its links (a
+/// kernel launch per round on a GPU; weft::cuda::nccl declares it as plan_round_seconds()),
+/// added once per round of the longest plan. Throws weft::error for a bad request, a
+/// round_seconds that is not a finite time, or when no candidate plans q.coll.
 WEFT_COLD inline const candidate& choose(const plan_request& q, const topology::cluster& c,
                                          const std::vector<int>& device_of, bool peer_access,
-                                         bool messages = true) {
-  const detail::cheapest_plan best = detail::cheapest(q, c, device_of, peer_access, messages);
+                                         bool messages = true, double round_seconds = 0) {
+  const detail::cheapest_plan best =
+      detail::cheapest(q, c, device_of, peer_access, messages, round_seconds);
   if (best.index == candidates().size()) detail::no_candidate(q, peer_access, messages);
   return candidates()[best.index];
 }
@@ -258,20 +280,23 @@ struct choice {
   }
 };
 
-/// choose(), beside the communicator's own collective priced at vendor_seconds (none: the
-/// communicator has no vendor collective for this call). The vendor is taken unless a plan of
-/// weft's is priced lower: a tie goes to the vendor, and so does a call no plan serves.
+/// choose() (round_seconds as there), beside the communicator's own collective priced at
+/// vendor_seconds (none: the communicator has no vendor collective for this call). The vendor
+/// is taken unless a plan of weft's is priced lower: a tie goes to the vendor, and so does a
+/// call no plan serves.
 /// Throws weft::error for a bad request, a vendor price that is negative or NaN, or when
 /// neither a plan nor the vendor serves the call.
 WEFT_COLD inline choice choose_path(const plan_request& q, const topology::cluster& c,
                                     const std::vector<int>& device_of, bool peer_access,
-                                    bool messages, std::optional<double> vendor_seconds) {
+                                    bool messages, std::optional<double> vendor_seconds,
+                                    double round_seconds = 0) {
   if (vendor_seconds && !(*vendor_seconds >= 0)) {
     throw error(name_of(q.coll), q.rank, error::unknown,
                 "automatic: the vendor collective's price is " + std::to_string(*vendor_seconds) +
                     " s; it must be a time, >= 0");
   }
-  const detail::cheapest_plan best = detail::cheapest(q, c, device_of, peer_access, messages);
+  const detail::cheapest_plan best =
+      detail::cheapest(q, c, device_of, peer_access, messages, round_seconds);
   choice out;
   out.vendor_seconds = vendor_seconds;
   if (best.index != candidates().size()) {

@@ -3,6 +3,7 @@
 // communicator, pick it (automatic: the cost model's choice), fetch the rank's plan from the
 // cache, optionally check that all ranks make the same call, run the plan, finish avg.
 #include <weft/comm/algorithm/automatic.hpp>
+#include <weft/comm/automatic_choice.hpp>
 #include <weft/comm/communicator.hpp>
 #include <weft/comm/detail/algorithm_check.hpp>
 #include <weft/comm/detail/argument_checks.hpp>
@@ -48,7 +49,8 @@ void run_planned(Comm& comm, const T* in, std::size_t in_n, T* out, std::size_t 
   const plan* pl = nullptr;
   if constexpr (std::is_same_v<Algo, algo::automatic>) {
     if (chosen == nullptr)
-      chosen = &algo::choose(q, comm.cluster(), comm.devices(), can_load, can_send);
+      chosen = &algo::choose(q, comm.cluster(), comm.devices(), can_load, can_send,
+                             plan_round_seconds_of(comm));
     algorithm = chosen->name;
     pl = &plan_cache::mine().get(chosen->name, q, chosen->make_plan);
   } else {

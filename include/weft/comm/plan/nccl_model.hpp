@@ -75,6 +75,12 @@ struct nccl_features {
   friend constexpr bool operator==(const nccl_features&, const nccl_features&) = default;
 };
 
+/// What a round of one of weft's plans costs on an NCCL communicator beyond its links: the
+/// round's sends and receives are one ncclGroupStart/ncclGroupEnd, which starts an NCCL kernel
+/// of its own, priced as NCCL prices the start of a Simple collective (baseLat, ring Simple:
+/// 8.4 us); the round's reduce and copy kernels queue behind it.
+inline constexpr double nccl_plan_round_seconds = 8.4e-6;
+
 /// NCCL's pick for one call and what the model says it costs.
 struct nccl_estimate {
   double seconds = std::numeric_limits<double>::infinity();
