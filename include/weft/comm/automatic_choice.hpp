@@ -15,14 +15,22 @@
 // (weft::local) runs weft's plans only. A communicator whose plans pay a fixed cost per round
 // beyond its links (an NCCL group and kernels per round on a GPU) says so with
 //   double comm.plan_round_seconds()
-// and automatic adds it to every plan's price, once per round.
+// and automatic adds it to every plan's price, once per round. A communicator that picks by
+// prices measured on its machine (weft::local on one host) says so with measures_automatic()
+// and keeps them in measured_prices_of(c) (measured_prices.hpp); where it has a vendor
+// collective (a member vendor<C> for float sums, constrained to the types and operators it
+// runs) and no vendor_price, that collective is measured beside weft's plans and weighed by
+// the measurement.
 #include <weft/comm/algorithm/automatic.hpp>
 #include <weft/comm/communicator.hpp>
+#include <weft/comm/detail/vendor_path.hpp>
+#include <weft/comm/measured_prices.hpp>
 #include <weft/comm/plan.hpp>
 #include <weft/core/ops.hpp>
 
 #include <concepts>
 #include <cstddef>
+#include <memory>
 #include <optional>
 
 namespace weft {
@@ -54,13 +62,43 @@ plan_request request_of(Comm& comm, std::size_t count, int root) {
   return plan_request{C, comm.size(), comm.rank(), count, root, comm.node_of(), sizeof(T)};
 }
 
-/// automatic's choice for q on comm.
-template <collective C, class T, class Op, class Comm>
+/// A communicator that may pick by prices measured on its machine (measured_prices.hpp).
+template <class Comm>
+concept measures_prices = requires(Comm& comm, collective c) {
+  { comm.measures_automatic() } -> std::convertible_to<bool>;
+  { comm.measured_prices_of(c) } -> std::same_as<std::shared_ptr<const measured_prices>&>;
+};
+
+/// automatic's choice for q on comm; WithVendor false: among weft's plans only.
+template <collective C, class T, class Op, bool WithVendor = true, class Comm>
 algo::choice automatic_choice_for(Comm& comm, const plan_request& q) {
+  constexpr bool peer = declared_peer_access<Comm>();
+  constexpr bool messages = declared_messages<Comm>();
   std::optional<double> vendor;
-  if constexpr (prices_vendor<Comm, C, T, Op>) vendor = comm.template vendor_price<C, T, Op>(q);
-  return algo::choose_path(q, comm.cluster(), comm.devices(), declared_peer_access<Comm>(),
-                           declared_messages<Comm>(), vendor, plan_round_seconds_of(comm));
+  if constexpr (WithVendor && prices_vendor<Comm, C, T, Op>)
+    vendor = comm.template vendor_price<C, T, Op>(q);
+  if constexpr (measures_prices<Comm>) {
+    if (comm.measures_automatic()) {
+      // Its own collective, where it has one and prices it by no model, is measured too.
+      constexpr bool measure_vendor =
+          !prices_vendor<Comm, C, T, Op> && vendor_collective<Comm, C, float, op::sum>;
+      auto& prices = comm.measured_prices_of(C);
+      if (!prices) prices = measured_prices_for<C, measure_vendor>(comm, peer, messages);
+      if constexpr (WithVendor && measure_vendor && vendor_collective<Comm, C, T, Op>) {
+        vendor = prices->vendor_estimate(static_cast<double>(q.count) *
+                                         static_cast<double>(q.element_size));
+      }
+      algo::choice out;
+      check_request(q, "automatic");
+      out.plan = prices->pick(q, peer, messages, &out.plan_seconds);
+      out.vendor_seconds = vendor;
+      out.vendor = vendor && (out.plan == nullptr || *vendor <= out.plan_seconds);
+      if (!out.vendor && out.plan == nullptr) no_candidate(q, peer, messages);
+      return out;
+    }
+  }
+  return algo::choose_path(q, comm.cluster(), comm.devices(), peer, messages, vendor,
+                           plan_round_seconds_of(comm));
 }
 
 } // namespace detail

@@ -176,6 +176,18 @@ inline std::span<const candidate> candidates() noexcept { return detail::candida
 
 namespace weft::detail {
 
+/// Whether automatic may pick a for q: it plans the collective, the communicator lends what it
+/// needs, and it is hierarchical only where the group spans nodes.
+inline bool eligible(const algo::candidate& a, const plan_request& q, bool peer_access,
+                     bool messages) {
+  const bool nodes = spans_nodes(q.node_of);
+  // A flat peer-access plan would read buffers on other nodes, which real machines cannot
+  // (the local transport can only because its nodes are emulated in one process).
+  const bool flat_loads_across_nodes = a.needs_peer_access && !a.needs_nodes && nodes;
+  return a.serves(q.coll) && (!a.needs_peer_access || peer_access) &&
+         (!a.needs_messages || messages) && (!a.needs_nodes || nodes) && !flat_loads_across_nodes;
+}
+
 /// The most rounds any rank's plan runs.
 inline std::uint32_t rounds_of(const std::vector<plan>& plans) {
   std::uint32_t rounds = 0;
@@ -215,17 +227,11 @@ WEFT_COLD inline cheapest_plan cheapest(const plan_request& q, const topology::c
     const std::lock_guard lock(cache.mutex);
     if (const auto it = cache.choices.find(key); it != cache.choices.end()) return it->second;
   }
-  const bool nodes = spans_nodes(q.node_of);
   const auto table = algo::candidates();
   cheapest_plan best{table.size(), std::numeric_limits<double>::infinity()};
   for (std::size_t i = 0; i < table.size(); ++i) {
     const algo::candidate& a = table[i];
-    // A flat peer-access plan would read buffers on other nodes, which real machines cannot
-    // (the local transport can only because its nodes are emulated in one process).
-    const bool flat_loads_across_nodes = a.needs_peer_access && !a.needs_nodes && nodes;
-    if (!a.serves(q.coll) || (a.needs_peer_access && !peer_access) ||
-        (a.needs_messages && !messages) || (a.needs_nodes && !nodes) || flat_loads_across_nodes)
-      continue;
+    if (!eligible(a, q, peer_access, messages)) continue;
     const std::vector<plan> plans = cost_model::plans_of(a.make_plan, q);
     const double t = cost_model::price(plans, c, device_of, q.element_size) +
                      round_seconds * static_cast<double>(rounds_of(plans));

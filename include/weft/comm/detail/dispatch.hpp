@@ -1,8 +1,9 @@
 #pragma once
 // The path every collective call takes: algo::vendor hands it to the communicator's own
 // collective (vendor_path.hpp); every other policy runs a plan (planned_path.hpp), except
-// that algo::automatic on a communicator that prices its own collective (vendor_price, see
-// automatic_choice.hpp) takes that collective unless a plan of weft's is priced lower.
+// that algo::automatic on a communicator that prices its own collective (vendor_price, or a
+// measurement: see automatic_choice.hpp) takes that collective unless a plan of weft's is
+// priced lower.
 #include <weft/comm/automatic_choice.hpp>
 #include <weft/comm/detail/argument_checks.hpp>
 #include <weft/comm/detail/planned_path.hpp>
@@ -27,8 +28,8 @@ void run_collective(Comm& comm, const T* in, std::size_t in_n, T* out, std::size
   if constexpr (std::is_same_v<Algo, algo::vendor>) {
     run_vendor<C>(comm, in, in_n, out, out_n, count, root, op);
   } else if constexpr (std::is_same_v<Algo, algo::automatic> &&
-                       prices_vendor<Comm, C, std::remove_cv_t<T>, Op> &&
-                       vendor_collective<Comm, C, T, Op>) {
+                       (prices_vendor<Comm, C, std::remove_cv_t<T>, Op> ||
+                        measures_prices<Comm>)&&vendor_collective<Comm, C, T, Op>) {
     check_root(comm, root, name_of(C));
     const algo::choice chosen =
         automatic_choice_for<C, std::remove_cv_t<T>, Op>(comm, request_of<C, T>(comm, count, root));

@@ -39,9 +39,6 @@ void run_planned(Comm& comm, const T* in, std::size_t in_n, T* out, std::size_t 
                  std::size_t count, int root, const Op& op,
                  const algo::candidate* chosen = nullptr) {
   check_algorithm<C, Algo, Comm>();
-  // What automatic may pick: a load-only transport (weft::cuda::p2p) declares `messages = false`.
-  constexpr bool can_load = declared_peer_access<Comm>();
-  constexpr bool can_send = declared_messages<Comm>();
   const std::string_view opname = name_of(C);
   check_root(comm, root, opname);
   plan_request q{C, comm.size(), comm.rank(), count, root, comm.node_of(), sizeof(T)};
@@ -49,8 +46,7 @@ void run_planned(Comm& comm, const T* in, std::size_t in_n, T* out, std::size_t 
   const plan* pl = nullptr;
   if constexpr (std::is_same_v<Algo, algo::automatic>) {
     if (chosen == nullptr)
-      chosen = &algo::choose(q, comm.cluster(), comm.devices(), can_load, can_send,
-                             plan_round_seconds_of(comm));
+      chosen = automatic_choice_for<C, std::remove_cv_t<T>, Op, false>(comm, q).plan;
     algorithm = chosen->name;
     pl = &plan_cache::mine().get(chosen->name, q, chosen->make_plan);
   } else {
