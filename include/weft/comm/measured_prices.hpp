@@ -10,9 +10,10 @@
 //     agree whether this process has measured C for this group shape already
 //       (cached per communicator type, collective, size, cluster and placement: once per
 //       process)
-//     else, for every candidate automatic may pick here, at 4 KiB, 64 KiB, 1 MiB and 16 MiB
-//       per rank (fewer on large groups, so that the buffers stay within 256 MiB):
-//         one untimed call, then the fastest of 2 to 5 timed calls, each after a barrier;
+//     else, for every candidate automatic may pick here, at 4 KiB, 16 KiB, ... 16 MiB per rank
+//       (by factors of 4; fewer on large groups, so that the buffers stay within 256 MiB):
+//         one untimed call, then the fastest of 20 timed calls (5 above 64 KiB, 3 above
+//         1 MiB), each after a barrier;
 //         the slowest rank's figure, agreed by a max-all-reduce
 //         past 64 KiB, no larger size once a call has taken over 20 ms (a slow machine, or
 //         a sanitizer's build, measures less)
@@ -23,7 +24,7 @@
 //     segment's slope above them; a tie goes to the earlier candidate)
 //
 // What it costs: at the first automatic call of each collective on a group shape, every
-// candidate runs 12 to 24 times; on 4 ranks of this 2-core machine about 0.1 s for
+// candidate runs up to 80 times; on 4 ranks of this 2-core machine about 0.3 s for
 // all_reduce. Every rank of the group must make that call (it is a collective, as the call
 // is); weft::automatic_choice on such a communicator is collective at first use too.
 #include <weft/comm/algorithm/automatic.hpp>
@@ -109,7 +110,7 @@ inline std::vector<double> measured_sizes(collective c, int p) {
       c == collective::reduce_scatter || c == collective::all_gather || c == collective::all_to_all;
   const double per_byte = 2.0 * p * (blocked ? p : 1); // input and output on every rank
   std::vector<double> out;
-  for (const double b : {4096.0, 65536.0, 1048576.0, 16777216.0})
+  for (double b = 4096; b <= 16777216; b *= 4)
     if (out.empty() || b * per_byte <= 256.0 * 1048576.0) out.push_back(b);
   return out;
 }
@@ -153,7 +154,8 @@ measured_prices measure_prices(Comm& comm, bool peer_access, bool messages) {
       const std::size_t out_n = count * (blocks_out ? up : 1);
       in.assign(in_n, 1.0f);
       out.assign(out_n, 0.0f);
-      const int timed = b <= 65536 ? 5 : 2;
+      // Interference only adds time: the fastest of many small calls is this machine's figure.
+      const int timed = b <= 65536 ? 20 : b <= 1048576 ? 5 : 3;
       double fastest = std::numeric_limits<double>::infinity();
       for (int k = 0; k <= timed; ++k) {
         comm.barrier();
