@@ -133,6 +133,10 @@ public:
   [[nodiscard]] std::shared_ptr<const measured_prices>& measured_prices_of(collective c) {
     return measured_.at(static_cast<std::size_t>(c));
   }
+  [[nodiscard]] const std::shared_ptr<const measured_prices>& measured_prices_of(
+      collective c) const {
+    return measured_.at(static_cast<std::size_t>(c));
+  }
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
   void set_timeout(std::chrono::milliseconds t) {
     timeout_ = weft::detail::checked_timeout(t, "local::communicator::set_timeout");
