@@ -485,16 +485,14 @@ public:
   }
 
   /// What automatic reads to weigh NCCL's own collective C against weft's plans: NCCL's time
-  /// for q as comm/plan/nccl_model.hpp models it on this communicator's links and GPU; none
-  /// for an operator NCCL lacks. Every rank must see the same features (one GPU type, as
-  /// NCCL's own tuning assumes), so that all ranks choose alike.
+  /// for q as comm/plan/nccl_model.hpp models it on this communicator's links and GPU. Only
+  /// for NCCL's operators (for a user functor automatic picks among weft's plans). Every rank
+  /// must see the same features (one GPU type, as NCCL's own tuning assumes), so that all
+  /// ranks choose alike.
   template <collective C, class T, class Op>
+  requires nccl_reduction<Op>
   [[nodiscard]] std::optional<double> vendor_price(const plan_request& q) const {
-    if constexpr (nccl_reduction<Op>) {
-      return cost_model::nccl_price(q, cluster(), features_).seconds;
-    } else {
-      return std::nullopt;
-    }
+    return cost_model::nccl_price(q, cluster(), features_).seconds;
   }
   /// What automatic adds to a plan's price per round: each round is an NCCL group, an NCCL
   /// kernel launch of its own (comm/plan/nccl_model.hpp).
