@@ -311,14 +311,17 @@ std::int64_t run_table(Comm& c, Agree& agree, const config& cfg, const table_cas
     }
 
     if (rep != nullptr) {
-      // The model prices the plans this call ran: automatic's pick, found as dispatch finds it.
+      // The model prices the plans this call ran: automatic's pick, asked as dispatch asks it
+      // (the calls above have measured what a measuring communicator needs).
       const plan_request q{tc.op, p, 0, count, root, c.node_of(), sizeof(T)};
       plan (*generator)(const plan_request&) = make_plan;
       std::string chosen(algorithm_name);
       if (generator == nullptr) {
-        const algo::candidate& pick = algo::choose(q, c.cluster(), c.devices(), Comm::peer_access);
-        generator = pick.make_plan;
-        chosen = pick.name;
+        const algo::choice pick = with_collective(tc.op, [&](auto op) {
+          return automatic_choice<decltype(op)::value, T>(c, count, root);
+        });
+        generator = pick.plan->make_plan;
+        chosen = pick.name();
       }
       const double model = cost_model::price(cost_model::plans_of(generator, q), c.cluster(),
                                              c.devices(), sizeof(T));

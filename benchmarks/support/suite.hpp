@@ -68,10 +68,16 @@ prediction predict(const Comm& c, std::size_t count, std::size_t element_size) {
   const plan_request q{C, c.size(), 0, count, 0, c.node_of(), element_size};
   constexpr bool can_load = requires { requires Comm::peer_access; };
   if constexpr (std::is_same_v<Algo, algo::automatic>) {
-    const algo::candidate& chosen = algo::choose(q, c.cluster(), c.devices(), can_load);
-    return {cost_model::price(cost_model::plans_of(chosen.make_plan, q), c.cluster(), c.devices(),
+    // A communicator that picks by measurement has measured by now (the timed calls ran).
+    const algo::candidate* chosen = nullptr;
+    if constexpr (requires { c.measured_prices_of(C); }) {
+      if (c.measures_automatic() && c.measured_prices_of(C))
+        chosen = c.measured_prices_of(C)->pick(q, can_load, true);
+    }
+    if (chosen == nullptr) chosen = &algo::choose(q, c.cluster(), c.devices(), can_load);
+    return {cost_model::price(cost_model::plans_of(chosen->make_plan, q), c.cluster(), c.devices(),
                               element_size),
-            chosen.name};
+            chosen->name};
   } else {
     return {cost_model::price(cost_model::plans_of(&Algo::make_plan, q), c.cluster(), c.devices(),
                               element_size),

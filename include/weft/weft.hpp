@@ -16,6 +16,7 @@
 #include <weft/comm/all_gather.hpp>
 #include <weft/comm/all_reduce.hpp>
 #include <weft/comm/all_to_all.hpp>
+#include <weft/comm/automatic_choice.hpp>
 #include <weft/comm/barrier.hpp>
 #include <weft/comm/broadcast.hpp>
 #include <weft/comm/communicator.hpp>

@@ -5,6 +5,10 @@
 // borrows the program's NCCL communicator and stream (weft never destroys either; the
 // program keeps using both), and one call in the step. Nothing else changes.
 //
+// The call names no algorithm: the default (algo::automatic) prices NCCL's own ncclAllReduce
+// with a model of NCCL's tuning beside weft's plans and takes NCCL's unless a plan of weft's
+// is cheaper. The sample prints which it took (weft::automatic_choice) and both prices.
+//
 //   build/samples/03_cuda_existing_program/weft_cuda_existing_program
 //
 // Without a CUDA device it says so and exits 0.
@@ -70,6 +74,7 @@ int main() {
     std::vector<std::vector<float>> results(devices.size());
     std::vector<std::string> failures(devices.size());
     std::vector<double> ms(devices.size());
+    std::string chosen; // what the default algorithm took, seen from GPU 0
     std::vector<std::thread> threads;
     for (int d : devices) {
       threads.emplace_back([&, d] {
@@ -77,6 +82,19 @@ int main() {
           cuda_ok(cudaSetDevice(d), "cudaSetDevice");
           // weft: the program's communicator and stream, borrowed once for all the steps.
           auto comm = weft::cuda::nccl::communicator::borrow(comms[d], streams[d]);
+          if (d == 0) {
+            // weft: which algorithm the default takes for this call, and the modelled prices.
+            const weft::algo::choice c =
+                weft::automatic_choice<weft::collective::all_reduce, float, weft::op::avg>(comm, n);
+            char line[256];
+            std::snprintf(line, sizeof line,
+                          "default algorithm: %s (NCCL's ncclAllReduce modelled at %.3f ms, "
+                          "weft's best plan %s at %.3f ms)",
+                          std::string(c.name()).c_str(), c.vendor_seconds.value_or(0) * 1e3,
+                          c.plan != nullptr ? std::string(c.plan->name).c_str() : "none",
+                          c.plan_seconds * 1e3);
+            chosen = line;
+          }
           for (int step = 0; step < steps; ++step) {
             float* g = thrust::raw_pointer_cast(grads[d].data());
             fill_gradient<<<256, 256, 0, streams[d]>>>(g, n, d);
@@ -117,6 +135,7 @@ int main() {
         "%.2f ms on GPU 0 (step %d), %s\n",
         gpus, gpus == 1 ? "" : "s", n * sizeof(float) >> 20, ms[0], steps,
         right ? "every element right" : "WRONG");
+    std::printf("%s\n", chosen.c_str());
 
     for (int d : devices) {
       cuda_ok(cudaSetDevice(d), "cudaSetDevice");

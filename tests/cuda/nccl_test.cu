@@ -3,6 +3,7 @@
 // with one they run size-1 communicators, and with two or more GPUs the multi-rank tests
 // run one host thread per rank over min(4, devices) GPUs (ncclCommInitAll). Every result is
 // compared with the serial reference of tests/support/reference.hpp.
+#include <weft/comm/traced.hpp>
 #include <weft/cuda/nccl.cuh>
 #include <weft/weft.hpp>
 
@@ -86,6 +87,18 @@ TEST(nccl, built_in_operators_map_to_nccl_and_user_functors_do_not) {
   static_assert(nccl_op_of<op::avg> == ncclAvg);
   static_assert(!nccl_reduction<user_max>);
   static_assert(!nccl_reduction<derived_sum>); // NCCL cannot know what a subclass means
+}
+
+TEST(nccl, automatic_weighs_nccls_own_collective_for_its_operators_only) {
+  using comm = weft::cuda::nccl::communicator;
+  static_assert(weft::detail::prices_vendor<comm, collective::all_reduce, float, op::sum>);
+  static_assert(weft::detail::prices_vendor<comm, collective::all_gather, weft::half, op::avg>);
+  static_assert(!weft::detail::prices_vendor<comm, collective::all_reduce, float, user_max>);
+  // A plan round is an NCCL kernel launch, priced as the NCCL model prices one.
+  static_assert(comm::plan_round_seconds() == weft::cost_model::nccl_plan_round_seconds);
+  // The same check traced<> forwards.
+  static_assert(
+      weft::detail::prices_vendor<weft::traced<comm>, collective::all_reduce, float, op::sum>);
 }
 
 TEST(nccl, nccl_try_names_the_call_where_and_the_result) {

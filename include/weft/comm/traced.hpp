@@ -30,6 +30,7 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -171,6 +172,19 @@ public:
     const timer t(*this, name_of(C), std::max(in_n, out_n) * sizeof(T));
     comm_.template vendor<C>(in, in_n, out, out_n, count, root, op);
   }
+
+  /// The wrapped communicator's fixed cost per plan round, where it declares one.
+  [[nodiscard]] double plan_round_seconds() const requires requires(const Comm& c) {
+    c.plan_round_seconds();
+  }
+  { return comm_.plan_round_seconds(); }
+
+  /// What automatic reads to weigh the wrapped communicator's own collective, where it has one.
+  template <collective C, class T, class Op>
+  std::optional<double> vendor_price(const plan_request& q) requires requires(Comm& c) {
+    c.template vendor_price<C, T, Op>(q);
+  }
+  { return comm_.template vendor_price<C, T, Op>(q); }
 
   template <class T>
   void divide(T* out, std::size_t n) requires requires(Comm& c) {

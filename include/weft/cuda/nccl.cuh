@@ -2,7 +2,11 @@
 // weft::cuda::nccl: ranks as GPUs joined by an NCCL communicator. Collectives take device
 // buffers and run stream-ordered on the communicator's stream, with weft's plans (NCCL's
 // send and receive between the ranks, weft's kernels for the local copies and reductions)
-// or, with algo::vendor, with NCCL's own collective.
+// or, with algo::vendor, with NCCL's own collective. The default, algo::automatic, prices
+// NCCL's own collective with a model of NCCL's tuning (comm/plan/nccl_model.hpp, fed with
+// this communicator's links and its GPU's LL128 and NVLink SHARP support: vendor_price) beside
+// weft's plans, and takes NCCL's unless a plan of weft's is priced lower;
+// weft::automatic_choice says which, without running the call.
 //
 //   ncclComm_t comm = ...;  cudaStream_t stream = ...;               // the program's own
 //   auto c = weft::cuda::nccl::communicator::borrow(comm, stream);   // weft never destroys them
@@ -85,6 +89,7 @@
 #include <weft/comm/plan.hpp>
 #include <weft/comm/plan/check.hpp>
 #include <weft/comm/plan/engine.hpp>
+#include <weft/comm/plan/nccl_model.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/ops.hpp>
 #include <weft/core/types.hpp>
@@ -101,6 +106,7 @@
 #include <weft/cuda/types.cuh>
 #include <weft/topology/topology.hpp>
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -496,6 +502,24 @@ public:
       vendor_run<C>(in, in_count, out, out_count, count, root, nccl_op_of<Op>);
   }
 
+  /// What automatic reads to weigh NCCL's own collective C against weft's plans: NCCL's time
+  /// for q as comm/plan/nccl_model.hpp models it on this communicator's links and GPU. Only
+  /// for NCCL's operators (for a user functor automatic picks among weft's plans). Every rank
+  /// must see the same features (one GPU type, as NCCL's own tuning assumes), so that all
+  /// ranks choose alike.
+  template <collective C, class T, class Op>
+  requires nccl_reduction<Op>
+  [[nodiscard]] std::optional<double> vendor_price(const plan_request& q) const {
+    return cost_model::nccl_price(q, cluster(), features_).seconds;
+  }
+  /// What automatic adds to a plan's price per round: each round is an NCCL group, an NCCL
+  /// kernel launch of its own (comm/plan/nccl_model.hpp).
+  [[nodiscard]] static constexpr double plan_round_seconds() noexcept {
+    return cost_model::nccl_plan_round_seconds;
+  }
+  /// The GPU's support for NCCL's LL128 protocol and NVLink SHARP, as vendor_price uses it.
+  [[nodiscard]] const cost_model::nccl_features& features() const noexcept { return features_; }
+
   /// out[i] /= size() on the stream: avg's last step after a plan (device buffers).
   template <element T>
   void divide(T* out, std::size_t n) {
@@ -719,6 +743,40 @@ private:
     check_nccl(ncclCommUserRank(comm_.get(), &rank_), "ncclCommUserRank", operation);
     check_nccl(ncclCommCount(comm_.get(), &size_), "ncclCommCount", operation);
     check_nccl(ncclCommCuDevice(comm_.get(), &device_), "ncclCommCuDevice", operation);
+    // NCCL runs LL128 on sm_70, sm_80 and sm_90, and NVLS where the GPU (sm_90 and later)
+    // supports multicast objects, which only an NVSwitch system gives.
+    int major = 0;
+    int minor = 0;
+    detail::cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_),
+                       "cudaDeviceGetAttribute", operation, rank_);
+    detail::cuda_check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_),
+                       "cudaDeviceGetAttribute", operation, rank_);
+    features_.ll128 = minor == 0 && major >= 7 && major <= 9;
+    features_.nvls = major >= 9 && multicast_supported(device_);
+  }
+
+  // Whether the device supports multicast objects (NVSwitch), which the runtime API does not
+  // report: the driver's attribute, through the runtime's entry point (no link to libcuda).
+  // Unknown (CUDA before 12.5, an old driver) counts as no.
+  static bool multicast_supported(int device) {
+#if CUDART_VERSION >= 12050
+    using get_attribute = CUresult (*)(int*, CUdevice_attribute, CUdevice);
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuDeviceGetAttribute", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess || fn == nullptr) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    int multicast = 0;
+    return reinterpret_cast<get_attribute>(fn)(&multicast, CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED,
+                                               device) == CUDA_SUCCESS &&
+           multicast != 0;
+#else
+    (void)device;
+    return false;
+#endif
   }
 
   // A host call starts: throws at once (aborting this one's NCCL communicator if it still
@@ -1076,6 +1134,7 @@ private:
   int rank_ = 0;
   int size_ = 0;
   int device_ = 0;
+  cost_model::nccl_features features_; // read with the communicator's device
   detail::rank_placement place_;
   std::chrono::milliseconds timeout_;
   detail::stream_memory scratch_{nullptr}; // the plan's scratch, then the temporaries

@@ -3,6 +3,7 @@
 // communicator, pick it (automatic: the cost model's choice), fetch the rank's plan from the
 // cache, optionally check that all ranks make the same call, run the plan, finish avg.
 #include <weft/comm/algorithm/automatic.hpp>
+#include <weft/comm/automatic_choice.hpp>
 #include <weft/comm/communicator.hpp>
 #include <weft/comm/detail/algorithm_check.hpp>
 #include <weft/comm/detail/argument_checks.hpp>
@@ -34,22 +35,23 @@ std::vector<std::remove_cv_t<T>> scaled_by_ranks(const T* in, std::size_t n, int
   return scaled;
 }
 
+/// `chosen`: automatic's pick where the caller has made it already (dispatch.hpp, beside a
+/// vendor collective); null: automatic picks here.
 template <collective C, class Algo, class Comm, class T, class Op>
 void run_planned(Comm& comm, const T* in, std::size_t in_n, T* out, std::size_t out_n,
-                 std::size_t count, int root, const Op& op) {
+                 std::size_t count, int root, const Op& op,
+                 const algo::candidate* chosen = nullptr) {
   check_algorithm<C, Algo, Comm>();
-  // What automatic may pick: a load-only transport (weft::cuda::p2p) declares `messages = false`.
-  constexpr bool can_load = declared_peer_access<Comm>();
-  constexpr bool can_send = declared_messages<Comm>();
   const std::string_view opname = name_of(C);
   check_root(comm, root, opname);
   plan_request q{C, comm.size(), comm.rank(), count, root, comm.node_of(), sizeof(T)};
   std::string_view algorithm;
   const plan* pl = nullptr;
   if constexpr (std::is_same_v<Algo, algo::automatic>) {
-    const auto& chosen = algo::choose(q, comm.cluster(), comm.devices(), can_load, can_send);
-    algorithm = chosen.name;
-    pl = &plan_cache::mine().get(chosen.name, q, chosen.make_plan);
+    if (chosen == nullptr)
+      chosen = automatic_choice_for<C, std::remove_cv_t<T>, Op, false>(comm, q).plan;
+    algorithm = chosen->name;
+    pl = &plan_cache::mine().get(chosen->name, q, chosen->make_plan);
   } else {
     algorithm = Algo::name;
     pl = &plan_cache::mine().get(Algo::name, q,

@@ -50,6 +50,7 @@
 #include <weft/topology/topology.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -61,6 +62,10 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+namespace weft {
+struct measured_prices; // comm/measured_prices.hpp
+} // namespace weft
 
 namespace weft::local {
 
@@ -76,6 +81,11 @@ struct options {
   /// What a call that fails part-way does: throw (and leave the communicator failed), or print
   /// weft's error and end the process (weft/comm/failure.hpp).
   weft::on_failure on_failure = weft::on_failure::throw_error;
+  /// algo::automatic picks by prices measured on this machine (comm/measured_prices.hpp) where
+  /// the ranks share one node and links are not emulated: the first automatic call of each
+  /// collective measures its candidates, once per process and group shape. Off: the cost
+  /// model's nominal figures for the host (topology::host).
+  bool measured_automatic = true;
 };
 
 class communicator {
@@ -112,6 +122,21 @@ public:
   [[nodiscard]] const std::vector<int>& devices() const noexcept { return group_->world_rank; }
   [[nodiscard]] const std::vector<int>& node_of() const noexcept { return node_of_; }
   [[nodiscard]] const topology::cluster& cluster() const noexcept { return group_->world->cluster; }
+  /// Whether automatic picks by prices measured on this machine (options::measured_automatic):
+  /// on one node, without emulated links.
+  [[nodiscard]] bool measures_automatic() const noexcept {
+    return group_->world->measure_automatic &&
+           std::all_of(node_of_.begin(), node_of_.end(),
+                       [&](int n) { return n == node_of_.front(); });
+  }
+  /// automatic's measured prices of collective c: empty until its first automatic call of c.
+  [[nodiscard]] std::shared_ptr<const measured_prices>& measured_prices_of(collective c) {
+    return measured_.at(static_cast<std::size_t>(c));
+  }
+  [[nodiscard]] const std::shared_ptr<const measured_prices>& measured_prices_of(
+      collective c) const {
+    return measured_.at(static_cast<std::size_t>(c));
+  }
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
   void set_timeout(std::chrono::milliseconds t) {
     timeout_ = weft::detail::checked_timeout(t, "local::communicator::set_timeout");
@@ -913,6 +938,7 @@ private:
   std::vector<const void*> srcs_;
   std::vector<int> devs_;    // scratch for the pacer's device lists
   std::vector<int> reading_; // the peers the current load step reads (peer_reads)
+  std::array<std::shared_ptr<const measured_prices>, 8> measured_; // by collective
 };
 
 } // namespace weft::local
@@ -923,6 +949,7 @@ template <class F>
 void run_ranks(topology::cluster cluster, F&& f, local::options opt) {
   (void)weft::detail::checked_timeout(opt.timeout, "local::options::timeout");
   auto world = std::make_shared<local_world>(std::move(cluster), opt.emulate_links);
+  world->measure_automatic = opt.measured_automatic && !opt.emulate_links;
   const int n = world->size;
   std::vector<int> everyone(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r)

@@ -142,6 +142,7 @@ struct local_world {
   std::unique_ptr<failure_state[]> failures;
   std::unique_ptr<link_pacer> pacer; // set when the links are emulated
   int spins;                         // polls before a wait yields: none when ranks outnumber cores
+  bool measure_automatic = false;    // automatic picks by measured prices (measured_prices.hpp)
   std::atomic<bool> failed{false};
   std::mutex mutex;
   // Held by a rank whose deadline passed while it finds the culprit and aborts the world, so

@@ -1,0 +1,114 @@
+#pragma once
+// automatic_choice: what the default algorithm (algo::automatic) takes for a call, without
+// making it: weft's cheapest plan or the communicator's own collective (algo::vendor), with
+// both modelled prices. The collectives ask it on every call, so what it answers is what runs.
+//
+//   const auto c = weft::automatic_choice<weft::collective::all_reduce, float, weft::op::avg>(
+//       comm, n);
+//   std::printf("%s\n", std::string(c.name()).c_str());   // "vendor", "ring", ...
+//
+// A communicator offers its own collective library to automatic with the member
+//   std::optional<double> comm.vendor_price<C, T, Op>(const plan_request&)
+// the modelled seconds of its collective C for the call (weft::cuda::nccl: NCCL's tuning
+// model, comm/plan/nccl_model.hpp; weft::mpi: a measurement of MPI's own collective), or none
+// where it has none for this call (an operator the library lacks). One without the member
+// (weft::local) runs weft's plans only. A communicator whose plans pay a fixed cost per round
+// beyond its links (an NCCL group and kernels per round on a GPU) says so with
+//   double comm.plan_round_seconds()
+// and automatic adds it to every plan's price, once per round. A communicator that picks by
+// prices measured on its machine (weft::local on one host) says so with measures_automatic()
+// and keeps them in measured_prices_of(c) (measured_prices.hpp); where it has a vendor
+// collective (a member vendor<C> for float sums, constrained to the types and operators it
+// runs) and no vendor_price, that collective is measured beside weft's plans and weighed by
+// the measurement.
+#include <weft/comm/algorithm/automatic.hpp>
+#include <weft/comm/communicator.hpp>
+#include <weft/comm/detail/vendor_path.hpp>
+#include <weft/comm/measured_prices.hpp>
+#include <weft/comm/plan.hpp>
+#include <weft/core/ops.hpp>
+
+#include <concepts>
+#include <cstddef>
+#include <memory>
+#include <optional>
+
+namespace weft {
+
+namespace detail {
+
+/// A communicator that prices its own collective C for automatic.
+template <class Comm, collective C, class T, class Op>
+concept prices_vendor = requires(Comm& comm, const plan_request& q) {
+  { comm.template vendor_price<C, T, Op>(q) } -> std::convertible_to<std::optional<double>>;
+};
+
+/// What comm pays per round of a plan beyond its links (comm.plan_round_seconds(); 0 where
+/// it declares nothing).
+template <class Comm>
+double plan_round_seconds_of(const Comm& comm) {
+  if constexpr (requires {
+                  { comm.plan_round_seconds() } -> std::convertible_to<double>;
+                }) {
+    return comm.plan_round_seconds();
+  } else {
+    return 0;
+  }
+}
+
+/// The request a call of `count` elements of T (count in plan.hpp's sense) makes on comm.
+template <collective C, class T, class Comm>
+plan_request request_of(Comm& comm, std::size_t count, int root) {
+  return plan_request{C, comm.size(), comm.rank(), count, root, comm.node_of(), sizeof(T)};
+}
+
+/// A communicator that may pick by prices measured on its machine (measured_prices.hpp).
+template <class Comm>
+concept measures_prices = requires(Comm& comm, collective c) {
+  { comm.measures_automatic() } -> std::convertible_to<bool>;
+  { comm.measured_prices_of(c) } -> std::same_as<std::shared_ptr<const measured_prices>&>;
+};
+
+/// automatic's choice for q on comm; WithVendor false: among weft's plans only.
+template <collective C, class T, class Op, bool WithVendor = true, class Comm>
+algo::choice automatic_choice_for(Comm& comm, const plan_request& q) {
+  constexpr bool peer = declared_peer_access<Comm>();
+  constexpr bool messages = declared_messages<Comm>();
+  std::optional<double> vendor;
+  if constexpr (WithVendor && prices_vendor<Comm, C, T, Op>)
+    vendor = comm.template vendor_price<C, T, Op>(q);
+  if constexpr (measures_prices<Comm>) {
+    if (comm.measures_automatic()) {
+      // Its own collective, where it has one and prices it by no model, is measured too.
+      constexpr bool measure_vendor =
+          !prices_vendor<Comm, C, T, Op> && vendor_collective<Comm, C, float, op::sum>;
+      auto& prices = comm.measured_prices_of(C);
+      if (!prices) prices = measured_prices_for<C, measure_vendor>(comm, peer, messages);
+      if constexpr (WithVendor && measure_vendor && vendor_collective<Comm, C, T, Op>) {
+        vendor = prices->vendor_estimate(static_cast<double>(q.count) *
+                                         static_cast<double>(q.element_size));
+      }
+      algo::choice out;
+      check_request(q, "automatic");
+      out.plan = prices->pick(q, peer, messages, &out.plan_seconds);
+      out.vendor_seconds = vendor;
+      out.vendor = vendor && (out.plan == nullptr || *vendor <= out.plan_seconds);
+      if (!out.vendor && out.plan == nullptr) no_candidate(q, peer, messages);
+      return out;
+    }
+  }
+  return algo::choose_path(q, comm.cluster(), comm.devices(), peer, messages, vendor,
+                           plan_round_seconds_of(comm));
+}
+
+} // namespace detail
+
+/// What weft::<C>(comm, ...) with algo::automatic takes for a call of `count` elements of T
+/// (count in plan.hpp's sense: per rank) reduced by Op, rooted at `root` where C has a root.
+/// Throws weft::error as the call would: a bad root, or nothing that serves the call.
+template <collective C, element T, class Op = op::sum, communicator Comm>
+algo::choice automatic_choice(Comm& comm, std::size_t count, int root = 0) {
+  return detail::automatic_choice_for<C, T, Op>(comm, detail::request_of<C, T>(comm, count, root));
+}
+
+} // namespace weft

@@ -1,0 +1,183 @@
+// automatic by measured prices on the host: the interpolation of measured times, the pick
+// among eligible candidates, and the local transport measuring at the first automatic call,
+// the same on every rank.
+#include <weft/weft.hpp>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <concepts>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using namespace weft;
+
+std::size_t index_of(std::string_view name) {
+  const auto table = algo::candidates();
+  for (std::size_t i = 0; i < table.size(); ++i)
+    if (table[i].name == name) return i;
+  ADD_FAILURE() << name;
+  return 0;
+}
+
+measured_prices three_sizes() {
+  measured_prices m;
+  m.bytes = {4096, 65536, 1048576};
+  m.seconds.assign(algo::candidates().size(), {});
+  m.seconds[index_of("direct")] = {5e-6, 20e-6, 400e-6};
+  m.seconds[index_of("ring")] = {30e-6, 40e-6, 200e-6};
+  m.seconds[index_of("recursive_doubling")] = {10e-6, 60e-6}; // measured to 64 KiB only
+  return m;
+}
+
+TEST(measured_prices, estimates_interpolate_hold_below_and_extend_above) {
+  const auto m = three_sizes();
+  const auto d = index_of("direct");
+  EXPECT_DOUBLE_EQ(m.estimate(d, 1), 5e-6);
+  EXPECT_DOUBLE_EQ(m.estimate(d, 4096), 5e-6);
+  EXPECT_DOUBLE_EQ(m.estimate(d, (4096 + 65536) / 2.0), 12.5e-6);
+  EXPECT_DOUBLE_EQ(m.estimate(d, 1048576), 400e-6);
+  // Above: the last segment's slope, (400 - 20) us per (1 MiB - 64 KiB).
+  EXPECT_NEAR(m.estimate(d, 2097152), 400e-6 + 380e-6 * (1048576.0 / (1048576 - 65536)), 1e-12);
+  // A candidate measured at two sizes extends its own last segment: 50 us per 60 KiB.
+  const auto rd = index_of("recursive_doubling");
+  EXPECT_NEAR(m.estimate(rd, 1048576), 60e-6 + 50e-6 * (1048576.0 - 65536) / (65536 - 4096), 1e-12);
+  EXPECT_EQ(m.estimate(index_of("tree"), 4096), std::numeric_limits<double>::infinity());
+}
+
+TEST(measured_prices, pick_takes_the_least_estimate_among_eligible_candidates) {
+  const auto m = three_sizes();
+  plan_request q{collective::all_reduce, 4, 0, 1024, 0, {0, 0, 0, 0}, 4}; // 4 KiB
+  double price = 0;
+  EXPECT_EQ(m.pick(q, true, true, &price)->name, "direct");
+  EXPECT_DOUBLE_EQ(price, 5e-6);
+  // Without peer access direct is out: recursive doubling, 10 us.
+  EXPECT_EQ(m.pick(q, false, true, &price)->name, "recursive_doubling");
+  EXPECT_DOUBLE_EQ(price, 10e-6);
+  q.count = 16384; // 64 KiB: direct 20 us, ring 40, recursive doubling 60
+  EXPECT_EQ(m.pick(q, true, true)->name, "direct");
+  q.count = 262144; // 1 MiB: ring 200 us, direct 400, recursive doubling extended: 860
+  EXPECT_EQ(m.pick(q, true, true)->name, "ring");
+  // Nothing measured is eligible (all_to_all without peer access: pairwise): none.
+  q.coll = collective::all_to_all;
+  EXPECT_EQ(m.pick(q, false, true), nullptr);
+}
+
+TEST(measured_prices, the_local_transport_measures_once_and_every_rank_agrees) {
+  std::mutex mutex;
+  std::vector<std::string> chosen;
+  std::vector<measured_prices> tables;
+  local::run(3, [&](local::communicator& c) {
+    ASSERT_TRUE(c.measures_automatic());
+    EXPECT_EQ(c.measured_prices_of(collective::all_reduce), nullptr);
+    std::vector<int> v(1000, c.rank());
+    all_reduce(c, std::span(v));
+    for (int x : v)
+      EXPECT_EQ(x, 3);
+    const auto prices = c.measured_prices_of(collective::all_reduce);
+    ASSERT_NE(prices, nullptr);
+    const algo::choice got = automatic_choice<collective::all_reduce, int>(c, v.size());
+    plan_request q{collective::all_reduce, 3, c.rank(), v.size(), 0, c.node_of(), sizeof(int)};
+    EXPECT_EQ(got.plan, prices->pick(q, true, true));
+    const std::lock_guard lock(mutex);
+    chosen.emplace_back(got.name());
+    tables.push_back(*prices);
+  });
+  ASSERT_EQ(chosen.size(), 3u);
+  for (std::size_t r = 1; r < 3; ++r) {
+    EXPECT_EQ(chosen[r], chosen[0]);
+    EXPECT_EQ(tables[r].seconds, tables[0].seconds);
+  }
+  // Every candidate automatic may pick on one host with peer access is measured, at two
+  // sizes at least, each a positive time.
+  const auto table = algo::candidates();
+  const plan_request q{collective::all_reduce, 3, 0, 1, 0, {0, 0, 0}, 4};
+  for (std::size_t i = 0; i < table.size(); ++i) {
+    if (!detail::eligible(table[i], q, true, true)) {
+      EXPECT_TRUE(tables[0].seconds[i].empty()) << table[i].name;
+      continue;
+    }
+    ASSERT_GE(tables[0].seconds[i].size(), 2u) << table[i].name;
+    for (double t : tables[0].seconds[i])
+      EXPECT_GT(t, 0) << table[i].name;
+  }
+}
+
+TEST(measured_prices, off_or_on_emulated_links_the_cost_model_picks) {
+  local::run(2,
+             [](local::communicator& c) {
+               EXPECT_FALSE(c.measures_automatic());
+               const auto got = automatic_choice<collective::all_reduce, float>(c, 1024);
+               EXPECT_EQ(got.plan, &algo::choose({collective::all_reduce, 2, c.rank(), 1024, 0,
+                                                  c.node_of(), sizeof(float)},
+                                                 c.cluster(), c.devices(), true));
+               EXPECT_EQ(c.measured_prices_of(collective::all_reduce), nullptr);
+             },
+             {.measured_automatic = false});
+  local::run(2, [](local::communicator& c) { EXPECT_FALSE(c.measures_automatic()); },
+             {.emulate_links = true});
+  // Ranks on two emulated nodes: the cost model (hierarchical choices follow the topology).
+  local::run(topology::parse("2x2"),
+             [](local::communicator& c) { EXPECT_FALSE(c.measures_automatic()); });
+}
+
+} // namespace
+
+namespace {
+
+// A local communicator with a "vendor" collective of its own and no price for it, which
+// automatic measures: one that returns at once, and one that sleeps 30 ms.
+template <bool Slow>
+class measured_vendor : public weft::local::communicator {
+public:
+  explicit measured_vendor(weft::local::communicator c, int* calls)
+      : weft::local::communicator(std::move(c)), calls_(calls) {}
+  measured_vendor split(int color, int key) {
+    return measured_vendor(weft::local::communicator::split(color, key), calls_);
+  }
+  template <weft::collective C, class T, class Op>
+  void vendor(const T*, std::size_t, T*, std::size_t, std::size_t, int,
+              const Op&) requires std::same_as<Op, weft::op::sum> {
+    ++calls_[rank()];
+    if (Slow) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  }
+
+private:
+  int* calls_;
+};
+
+template <bool Slow>
+void expect_vendor_weighed_by_measurement() {
+  using namespace weft;
+  int calls[2] = {0, 0};
+  local::run(2, [&](local::communicator& base) {
+    measured_vendor<Slow> c(std::move(base), calls);
+    std::vector<float> v(256, 1.0f);
+    const algo::choice got = automatic_choice<collective::all_reduce, float>(c, v.size());
+    const auto& prices = c.measured_prices_of(collective::all_reduce);
+    ASSERT_NE(prices, nullptr);
+    ASSERT_GE(prices->vendor.size(), 2u);
+    ASSERT_TRUE(got.vendor_seconds.has_value());
+    EXPECT_EQ(*got.vendor_seconds, prices->vendor.front()); // 1 KiB: below the first size
+    EXPECT_EQ(got.vendor, !Slow);
+    if (Slow) {
+      EXPECT_GE(*got.vendor_seconds, 0.03);
+    }
+    // max has no vendor collective here: weft's plan, and no vendor price.
+    EXPECT_FALSE((automatic_choice<collective::all_reduce, float, op::max>(c, v.size())
+                      .vendor_seconds.has_value()));
+  });
+}
+
+TEST(measured_prices, a_vendor_without_a_price_is_weighed_by_its_measurement) {
+  expect_vendor_weighed_by_measurement<false>();
+  expect_vendor_weighed_by_measurement<true>();
+}
+
+} // namespace
