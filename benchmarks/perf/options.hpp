@@ -109,6 +109,7 @@ struct config {
   int iters = 20;
   int warmup = 5;
   bool check = true;
+  bool measured = false;                    // local::options::measured_automatic
   std::string topology_spec;                // as given; empty: one node of `ranks`
   std::optional<topology::cluster> cluster; // parsed --topology
   std::string json_path;
@@ -146,6 +147,8 @@ inline constexpr std::string_view usage_text =
   -n, --iters N           timed iterations per size (default 20)
   -w, --warmup_iters N    untimed iterations first (default 5)
   -c, --check 0|1         verify every result and count wrong elements (default 1)
+  -m, --measured 0|1      automatic picks by prices measured on this machine at its first call
+                          (local::options::measured_automatic; default 0: the cost model's)
       --topology SPEC     emulated cluster, e.g. "2x4,intra=shm:8GB/s:2us,inter=net:0.5GB/s:20us";
                           local ranks become its devices and transfers are paced by its links
       --json FILE         also write every row as JSON
@@ -316,7 +319,7 @@ inline config parse_args(const std::vector<std::string_view>& args) {
       cfg.help = true;
       continue;
     }
-    static constexpr std::array<std::string_view, 29> known = {"-b",
+    static constexpr std::array<std::string_view, 31> known = {"-b",
                                                                "--minbytes",
                                                                "-e",
                                                                "--maxbytes",
@@ -341,6 +344,8 @@ inline config parse_args(const std::vector<std::string_view>& args) {
                                                                "--warmup_iters",
                                                                "-c",
                                                                "--check",
+                                                               "-m",
+                                                               "--measured",
                                                                "--topology",
                                                                "--json",
                                                                "-h",
@@ -386,6 +391,8 @@ inline config parse_args(const std::vector<std::string_view>& args) {
       cfg.warmup = detail::parse_int(flag, value, 0, 1 << 30);
     } else if (flag == "-c" || flag == "--check") {
       cfg.check = detail::parse_int(flag, value, 0, 1) == 1;
+    } else if (flag == "-m" || flag == "--measured") {
+      cfg.measured = detail::parse_int(flag, value, 0, 1) == 1;
     } else if (flag == "--topology") {
       cfg.topology_spec = std::string(value);
       try {

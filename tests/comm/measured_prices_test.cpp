@@ -18,6 +18,9 @@ namespace {
 
 using namespace weft;
 
+// Measured automatic is opt-in.
+const local::options measured{.measured_automatic = true};
+
 std::size_t index_of(std::string_view name) {
   const auto table = algo::candidates();
   for (std::size_t i = 0; i < table.size(); ++i)
@@ -73,22 +76,25 @@ TEST(measured_prices, the_local_transport_measures_once_and_every_rank_agrees) {
   std::mutex mutex;
   std::vector<std::string> chosen;
   std::vector<measured_prices> tables;
-  local::run(3, [&](local::communicator& c) {
-    ASSERT_TRUE(c.measures_automatic());
-    EXPECT_EQ(c.measured_prices_of(collective::all_reduce), nullptr);
-    std::vector<int> v(1000, c.rank());
-    all_reduce(c, std::span(v));
-    for (int x : v)
-      EXPECT_EQ(x, 3);
-    const auto prices = c.measured_prices_of(collective::all_reduce);
-    ASSERT_NE(prices, nullptr);
-    const algo::choice got = automatic_choice<collective::all_reduce, int>(c, v.size());
-    plan_request q{collective::all_reduce, 3, c.rank(), v.size(), 0, c.node_of(), sizeof(int)};
-    EXPECT_EQ(got.plan, prices->pick(q, true, true));
-    const std::lock_guard lock(mutex);
-    chosen.emplace_back(got.name());
-    tables.push_back(*prices);
-  });
+  local::run(
+      3,
+      [&](local::communicator& c) {
+        ASSERT_TRUE(c.measures_automatic());
+        EXPECT_EQ(c.measured_prices_of(collective::all_reduce), nullptr);
+        std::vector<int> v(1000, c.rank());
+        all_reduce(c, std::span(v));
+        for (int x : v)
+          EXPECT_EQ(x, 3);
+        const auto prices = c.measured_prices_of(collective::all_reduce);
+        ASSERT_NE(prices, nullptr);
+        const algo::choice got = automatic_choice<collective::all_reduce, int>(c, v.size());
+        plan_request q{collective::all_reduce, 3, c.rank(), v.size(), 0, c.node_of(), sizeof(int)};
+        EXPECT_EQ(got.plan, prices->pick(q, true, true));
+        const std::lock_guard lock(mutex);
+        chosen.emplace_back(got.name());
+        tables.push_back(*prices);
+      },
+      measured);
   ASSERT_EQ(chosen.size(), 3u);
   for (std::size_t r = 1; r < 3; ++r) {
     EXPECT_EQ(chosen[r], chosen[0]);
@@ -109,22 +115,21 @@ TEST(measured_prices, the_local_transport_measures_once_and_every_rank_agrees) {
   }
 }
 
-TEST(measured_prices, off_or_on_emulated_links_the_cost_model_picks) {
-  local::run(2,
-             [](local::communicator& c) {
-               EXPECT_FALSE(c.measures_automatic());
-               const auto got = automatic_choice<collective::all_reduce, float>(c, 1024);
-               EXPECT_EQ(got.plan, &algo::choose({collective::all_reduce, 2, c.rank(), 1024, 0,
-                                                  c.node_of(), sizeof(float)},
-                                                 c.cluster(), c.devices(), true));
-               EXPECT_EQ(c.measured_prices_of(collective::all_reduce), nullptr);
-             },
-             {.measured_automatic = false});
+TEST(measured_prices, by_default_or_on_emulated_links_the_cost_model_picks) {
+  local::run(2, [](local::communicator& c) {
+    EXPECT_FALSE(c.measures_automatic());
+    const auto got = automatic_choice<collective::all_reduce, float>(c, 1024);
+    EXPECT_EQ(got.plan, &algo::choose({collective::all_reduce, 2, c.rank(), 1024, 0, c.node_of(),
+                                       sizeof(float)},
+                                      c.cluster(), c.devices(), true));
+    EXPECT_EQ(c.measured_prices_of(collective::all_reduce), nullptr);
+  });
   local::run(2, [](local::communicator& c) { EXPECT_FALSE(c.measures_automatic()); },
-             {.emulate_links = true});
+             {.emulate_links = true, .measured_automatic = true});
   // Ranks on two emulated nodes: the cost model (hierarchical choices follow the topology).
-  local::run(topology::parse("2x2"),
-             [](local::communicator& c) { EXPECT_FALSE(c.measures_automatic()); });
+  local::run(
+      topology::parse("2x2"), [](local::communicator& c) { EXPECT_FALSE(c.measures_automatic()); },
+      measured);
 }
 
 } // namespace
@@ -156,23 +161,26 @@ template <bool Slow>
 void expect_vendor_weighed_by_measurement() {
   using namespace weft;
   int calls[2] = {0, 0};
-  local::run(2, [&](local::communicator& base) {
-    measured_vendor<Slow> c(std::move(base), calls);
-    std::vector<float> v(256, 1.0f);
-    const algo::choice got = automatic_choice<collective::all_reduce, float>(c, v.size());
-    const auto& prices = c.measured_prices_of(collective::all_reduce);
-    ASSERT_NE(prices, nullptr);
-    ASSERT_GE(prices->vendor.size(), 2u);
-    ASSERT_TRUE(got.vendor_seconds.has_value());
-    EXPECT_EQ(*got.vendor_seconds, prices->vendor.front()); // 1 KiB: below the first size
-    EXPECT_EQ(got.vendor, !Slow);
-    if (Slow) {
-      EXPECT_GE(*got.vendor_seconds, 0.03);
-    }
-    // max has no vendor collective here: weft's plan, and no vendor price.
-    EXPECT_FALSE((automatic_choice<collective::all_reduce, float, op::max>(c, v.size())
-                      .vendor_seconds.has_value()));
-  });
+  local::run(
+      2,
+      [&](local::communicator& base) {
+        measured_vendor<Slow> c(std::move(base), calls);
+        std::vector<float> v(256, 1.0f);
+        const algo::choice got = automatic_choice<collective::all_reduce, float>(c, v.size());
+        const auto& prices = c.measured_prices_of(collective::all_reduce);
+        ASSERT_NE(prices, nullptr);
+        ASSERT_GE(prices->vendor.size(), 2u);
+        ASSERT_TRUE(got.vendor_seconds.has_value());
+        EXPECT_EQ(*got.vendor_seconds, prices->vendor.front()); // 1 KiB: below the first size
+        EXPECT_EQ(got.vendor, !Slow);
+        if (Slow) {
+          EXPECT_GE(*got.vendor_seconds, 0.03);
+        }
+        // max has no vendor collective here: weft's plan, and no vendor price.
+        EXPECT_FALSE((automatic_choice<collective::all_reduce, float, op::max>(c, v.size())
+                          .vendor_seconds.has_value()));
+      },
+      measured);
 }
 
 TEST(measured_prices, a_vendor_without_a_price_is_weighed_by_its_measurement) {

@@ -14,7 +14,7 @@
 //       (by factors of 4; fewer on large groups, so that the buffers stay within 256 MiB):
 //         one untimed call, then the fastest of 20 timed calls (5 above 64 KiB, 3 above
 //         1 MiB), each after a barrier;
-//         the slowest rank's figure, agreed by a max-all-reduce
+//         the slowest rank's figure, gathered from every rank
 //         past 64 KiB, no larger size once a call has taken over 20 ms (a slow machine, or
 //         a sanitizer's build, measures less)
 //     and the communicator's own collective (algo::vendor: MPI's, say) likewise, where it
@@ -31,6 +31,7 @@
 #include <weft/comm/algorithm/ring.hpp>
 #include <weft/comm/detail/plan_cache.hpp>
 #include <weft/comm/plan.hpp>
+#include <weft/core/config.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/ops.hpp>
 
@@ -115,14 +116,18 @@ inline std::vector<double> measured_sizes(collective c, int p) {
   return out;
 }
 
-/// One agreed reduction over comm's ranks with weft's ring plan (no automatic inside).
-template <class Comm, class T, class Op>
-void agree(Comm& comm, std::vector<T>& v, const Op& op) {
-  plan_request q{collective::all_reduce, comm.size(), comm.rank(), v.size(), 0,
-                 comm.node_of(),         sizeof(T)};
+/// Every rank's `mine`, gathered with weft's ring plan (no automatic inside), on the path the
+/// measurement runs itself (float, op::sum: the operator goes unused), so that agreeing on a
+/// figure compiles no plan run of its own.
+template <class Comm>
+WEFT_COLD std::vector<float> gather_all(Comm& comm, float mine) {
+  const plan_request q{collective::all_gather, comm.size(),  comm.rank(), 1, 0,
+                       comm.node_of(),         sizeof(float)};
   const plan& pl = plan_cache::mine().get(
       algo::ring::name, q, [](const plan_request& r) { return algo::ring::make_plan(r); });
-  comm.execute(pl, v.data(), v.size(), v.data(), v.size(), op, "measure automatic");
+  std::vector<float> all(static_cast<std::size_t>(comm.size()));
+  comm.execute(pl, &mine, 1, all.data(), all.size(), op::sum{}, "measure automatic");
+  return all;
 }
 
 /// Past this size a candidate is measured at larger sizes only while its calls stay below
@@ -133,7 +138,7 @@ inline constexpr double measured_call_limit = 0.02;
 /// Measures every eligible candidate for collective C on comm, all ranks together, and the
 /// communicator's own collective for float sums where Vendor.
 template <collective C, bool Vendor, class Comm>
-measured_prices measure_prices(Comm& comm, bool peer_access, bool messages) {
+WEFT_COLD measured_prices measure_prices(Comm& comm, bool peer_access, bool messages) {
   using clock = std::chrono::steady_clock;
   const int p = comm.size();
   const auto up = static_cast<std::size_t>(p);
@@ -144,7 +149,6 @@ measured_prices measure_prices(Comm& comm, bool peer_access, bool messages) {
   const auto table = algo::candidates();
   m.seconds.assign(table.size(), {});
   std::vector<float> in, out;
-  std::vector<double> agreed(1);
   // Times run(count, in_n, out_n) at each size into `into`, while calls stay short.
   const auto measure = [&](std::vector<double>& into, const auto& run) {
     for (const double b : m.bytes) {
@@ -165,9 +169,8 @@ measured_prices measure_prices(Comm& comm, bool peer_access, bool messages) {
         if (k > 0) fastest = std::min(fastest, t);
       }
       // The slowest rank's, the same on every rank: so are the sizes each rank measures next.
-      agreed[0] = fastest;
-      agree(comm, agreed, op::max{});
-      into.push_back(agreed[0]);
+      const std::vector<float> all = gather_all(comm, static_cast<float>(fastest));
+      into.push_back(static_cast<double>(*std::max_element(all.begin(), all.end())));
     }
   };
   for (std::size_t i = 0; i < table.size(); ++i) {
@@ -193,11 +196,13 @@ measured_prices measure_prices(Comm& comm, bool peer_access, bool messages) {
   return m;
 }
 
-/// What this process has measured, by communicator type, collective, group size, cluster and
-/// placement.
+/// What this process has measured, by communicator type, collective, group size and placement.
+/// Not by the cluster's figures: only a communicator whose links are the machine's own
+/// measures (weft::local without emulated links), and its speed is the machine's whatever the
+/// cluster says.
 struct measured_cache {
-  using key = std::tuple<std::type_index, int, int, std::string, std::vector<int>, std::vector<int>,
-                         bool, bool, bool>;
+  using key =
+      std::tuple<std::type_index, int, int, std::vector<int>, std::vector<int>, bool, bool, bool>;
   std::mutex mutex;
   std::map<key, std::shared_ptr<const measured_prices>> prices;
 };
@@ -210,12 +215,11 @@ inline measured_cache& measured() {
 /// The measured prices of C on comm: this process's, where every rank finds them, else
 /// measured now (all ranks together) and kept. Vendor: its own collective too.
 template <collective C, bool Vendor, class Comm>
-std::shared_ptr<const measured_prices> measured_prices_for(Comm& comm, bool peer_access,
-                                                           bool messages) {
+WEFT_COLD std::shared_ptr<const measured_prices> measured_prices_for(Comm& comm, bool peer_access,
+                                                                     bool messages) {
   measured_cache::key key{std::type_index(typeid(Comm)),
                           static_cast<int>(C),
                           comm.size(),
-                          comm.cluster().to_string(),
                           comm.node_of(),
                           comm.devices(),
                           peer_access,
@@ -229,9 +233,9 @@ std::shared_ptr<const measured_prices> measured_prices_for(Comm& comm, bool peer
   }
   // Every rank must take the same prices: the cached ones only where all ranks have them
   // (another group of this shape may be storing them while this one looks).
-  std::vector<int> all_found{found ? 1 : 0};
-  agree(comm, all_found, op::min{});
-  if (all_found[0] == 1) return found;
+  const std::vector<float> all_found = gather_all(comm, found ? 1.0f : 0.0f);
+  if (std::all_of(all_found.begin(), all_found.end(), [](float f) { return f == 1.0f; }))
+    return found;
   auto mine = std::make_shared<const measured_prices>(
       measure_prices<C, Vendor>(comm, peer_access, messages));
   {

@@ -83,9 +83,12 @@ struct options {
   weft::on_failure on_failure = weft::on_failure::throw_error;
   /// algo::automatic picks by prices measured on this machine (comm/measured_prices.hpp) where
   /// the ranks share one node and links are not emulated: the first automatic call of each
-  /// collective measures its candidates, once per process and group shape. Off: the cost
-  /// model's nominal figures for the host (topology::host).
-  bool measured_automatic = true;
+  /// collective measures its candidates, once per process and group shape. Off (the default):
+  /// the cost model's nominal figures for the host (topology::host). Opt-in because the first
+  /// call of each shape pays for the measurement: about 0.3 s for all_reduce on 4 ranks of an
+  /// idle 2-core machine, and seconds per shape on a loaded one (a test that sweeps ten group
+  /// shapes went from 0.1 to 49 s).
+  bool measured_automatic = false;
 };
 
 class communicator {
