@@ -372,8 +372,9 @@ inline std::string describe(const table_case& tc) {
 /// ends only itself. Returns the exit status.
 inline int run_local(const config& cfg) {
   const topology::cluster cluster = cfg.cluster ? *cfg.cluster : topology::host(cfg.ranks);
-  const local::options opt{.emulate_links = cfg.cluster.has_value(),
-                           .measured_automatic = cfg.measured};
+  const local::options opt{
+      .emulate_links = cfg.cluster.has_value(),
+      .measured_automatic = cfg.measured ? local::measured_automatic() : nullptr};
   const std::vector<table_case> cases = cases_of(cfg, local::communicator::peer_access);
   if (cases.empty()) {
     std::fprintf(

@@ -19,7 +19,7 @@ namespace {
 using namespace weft;
 
 // Measured automatic is opt-in.
-const local::options measured{.measured_automatic = true};
+const local::options measured{.measured_automatic = local::measured_automatic()};
 
 std::size_t index_of(std::string_view name) {
   const auto table = algo::candidates();
@@ -125,7 +125,7 @@ TEST(measured_prices, by_default_or_on_emulated_links_the_cost_model_picks) {
     EXPECT_EQ(c.measured_prices_of(collective::all_reduce), nullptr);
   });
   local::run(2, [](local::communicator& c) { EXPECT_FALSE(c.measures_automatic()); },
-             {.emulate_links = true, .measured_automatic = true});
+             {.emulate_links = true, .measured_automatic = local::measured_automatic()});
   // Ranks on two emulated nodes: the cost model (hierarchical choices follow the topology).
   local::run(
       topology::parse("2x2"), [](local::communicator& c) { EXPECT_FALSE(c.measures_automatic()); },

@@ -16,8 +16,9 @@
 // beyond its links (an NCCL group and kernels per round on a GPU) says so with
 //   double comm.plan_round_seconds()
 // and automatic adds it to every plan's price, once per round. A communicator that picks by
-// prices measured on its machine (weft::local on one host) says so with measures_automatic()
-// and keeps them in measured_prices_of(c) (measured_prices.hpp); where it has a vendor
+// prices measured on its machine (weft::local on one host, opted in) says so with
+// measures_automatic(), measures them with measure_prices(c, peer_access, messages) and keeps
+// them in measured_prices_of(c) (measured_prices.hpp); where it has a vendor
 // collective (a member vendor<C> for float sums, constrained to the types and operators it
 // runs) and no vendor_price, that collective is measured beside weft's plans and weighed by
 // the measurement.
@@ -83,7 +84,13 @@ algo::choice automatic_choice_for(Comm& comm, const plan_request& q) {
       constexpr bool measure_vendor =
           !prices_vendor<Comm, C, T, Op> && vendor_collective<Comm, C, float, op::sum>;
       auto& prices = comm.measured_prices_of(C);
-      if (!prices) prices = measured_prices_for<C, measure_vendor>(comm, peer, messages);
+      if (!prices) {
+        if constexpr (measure_vendor) {
+          prices = measured_prices_for<C, true>(comm, peer, messages);
+        } else {
+          prices = comm.measure_prices(C, peer, messages); // what the program opted in to
+        }
+      }
       if constexpr (WithVendor && measure_vendor && vendor_collective<Comm, C, T, Op>) {
         vendor = prices->vendor_estimate(static_cast<double>(q.count) *
                                          static_cast<double>(q.element_size));

@@ -246,6 +246,45 @@ WEFT_COLD std::shared_ptr<const measured_prices> measured_prices_for(Comm& comm,
   return mine;
 }
 
+/// The measured prices of collective c on comm, as a collective's automatic call measures them
+/// (measured_prices_for, without a vendor collective): what local::measured_automatic() hands
+/// the local transport.
+template <class Comm>
+std::shared_ptr<const measured_prices> measure_collective(Comm& comm, collective c,
+                                                          bool peer_access, bool messages) {
+  switch (c) {
+    case collective::all_reduce:
+      return measured_prices_for<collective::all_reduce, false>(comm, peer_access, messages);
+    case collective::reduce_scatter:
+      return measured_prices_for<collective::reduce_scatter, false>(comm, peer_access, messages);
+    case collective::all_gather:
+      return measured_prices_for<collective::all_gather, false>(comm, peer_access, messages);
+    case collective::broadcast:
+      return measured_prices_for<collective::broadcast, false>(comm, peer_access, messages);
+    case collective::reduce:
+      return measured_prices_for<collective::reduce, false>(comm, peer_access, messages);
+    case collective::all_to_all:
+      return measured_prices_for<collective::all_to_all, false>(comm, peer_access, messages);
+  }
+  throw error("weft: measured automatic: no such collective (" +
+              std::to_string(static_cast<int>(c)) + ")");
+}
+
 } // namespace detail
+
+namespace local {
+
+class communicator;
+
+/// The opt-in for local::options::measured_automatic: automatic on one host picks by prices
+/// measured on the machine (see the top of this header).
+///   local::run(4, f, {.measured_automatic = local::measured_automatic()});
+/// A template, so that only a program that opts in compiles the measurement.
+template <class Comm = communicator>
+[[nodiscard]] auto measured_automatic() noexcept {
+  return &weft::detail::measure_collective<Comm>;
+}
+
+} // namespace local
 
 } // namespace weft

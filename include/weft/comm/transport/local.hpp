@@ -63,10 +63,6 @@
 #include <utility>
 #include <vector>
 
-namespace weft {
-struct measured_prices; // comm/measured_prices.hpp
-} // namespace weft
-
 namespace weft::local {
 
 struct options {
@@ -81,14 +77,15 @@ struct options {
   /// What a call that fails part-way does: throw (and leave the communicator failed), or print
   /// weft's error and end the process (weft/comm/failure.hpp).
   weft::on_failure on_failure = weft::on_failure::throw_error;
-  /// algo::automatic picks by prices measured on this machine (comm/measured_prices.hpp) where
-  /// the ranks share one node and links are not emulated: the first automatic call of each
-  /// collective measures its candidates, once per process and group shape. Off (the default):
-  /// the cost model's nominal figures for the host (topology::host). Opt-in because the first
-  /// call of each shape pays for the measurement: about 0.3 s for all_reduce on 4 ranks of an
-  /// idle 2-core machine, and seconds per shape on a loaded one (a test that sweeps ten group
-  /// shapes went from 0.1 to 49 s).
-  bool measured_automatic = false;
+  /// With local::measured_automatic() (comm/measured_prices.hpp), algo::automatic picks by
+  /// prices measured on this machine where the ranks share one node and links are not emulated:
+  /// the first automatic call of each collective measures its candidates, once per process and
+  /// group shape. Unset (the default): the cost model's nominal figures for the host
+  /// (topology::host). Opt-in because the first call of each shape pays for the measurement:
+  /// about 0.3 s for all_reduce on 4 ranks of an idle 2-core machine, and seconds per shape on
+  /// a loaded one (a test that sweeps ten group shapes went from 0.1 to 49 s); and a program
+  /// compiles the measurement only where it opts in.
+  weft::detail::local_measurer measured_automatic = nullptr;
 };
 
 class communicator {
@@ -128,9 +125,16 @@ public:
   /// Whether automatic picks by prices measured on this machine (options::measured_automatic):
   /// on one node, without emulated links.
   [[nodiscard]] bool measures_automatic() const noexcept {
-    return group_->world->measure_automatic &&
+    return group_->world->measurer != nullptr &&
            std::all_of(node_of_.begin(), node_of_.end(),
                        [&](int n) { return n == node_of_.front(); });
+  }
+  /// Measures automatic's prices of collective c now, all ranks together (where
+  /// measures_automatic()).
+  [[nodiscard]] std::shared_ptr<const measured_prices> measure_prices(collective c,
+                                                                      bool peer_access,
+                                                                      bool messages) {
+    return group_->world->measurer(*this, c, peer_access, messages);
   }
   /// automatic's measured prices of collective c: empty until its first automatic call of c.
   [[nodiscard]] std::shared_ptr<const measured_prices>& measured_prices_of(collective c) {
@@ -952,7 +956,7 @@ template <class F>
 void run_ranks(topology::cluster cluster, F&& f, local::options opt) {
   (void)weft::detail::checked_timeout(opt.timeout, "local::options::timeout");
   auto world = std::make_shared<local_world>(std::move(cluster), opt.emulate_links);
-  world->measure_automatic = opt.measured_automatic && !opt.emulate_links;
+  world->measurer = opt.emulate_links ? nullptr : opt.measured_automatic;
   const int n = world->size;
   std::vector<int> everyone(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r)

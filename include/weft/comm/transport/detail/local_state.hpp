@@ -22,7 +22,19 @@
 #include <thread>
 #include <vector>
 
+namespace weft {
+struct measured_prices; // comm/measured_prices.hpp
+namespace local {
+class communicator;
+} // namespace local
+} // namespace weft
+
 namespace weft::detail {
+
+/// Measures automatic's prices of a collective on a local communicator, all its ranks together
+/// (comm/measured_prices.hpp: local::measured_automatic()).
+using local_measurer = std::shared_ptr<const measured_prices> (*)(local::communicator&, collective,
+                                                                  bool peer_access, bool messages);
 
 // left: a rank of the world that a shrink() did not take into the new one.
 struct local_group;
@@ -142,7 +154,7 @@ struct local_world {
   std::unique_ptr<failure_state[]> failures;
   std::unique_ptr<link_pacer> pacer; // set when the links are emulated
   int spins;                         // polls before a wait yields: none when ranks outnumber cores
-  bool measure_automatic = false;    // automatic picks by measured prices (measured_prices.hpp)
+  local_measurer measurer = nullptr; // set: automatic picks by measured prices
   std::atomic<bool> failed{false};
   std::mutex mutex;
   // Held by a rank whose deadline passed while it finds the culprit and aborts the world, so
