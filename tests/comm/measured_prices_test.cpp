@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <concepts>
+#include <cstdlib>
 #include <limits>
 #include <mutex>
 #include <string>
@@ -18,8 +19,8 @@ namespace {
 
 using namespace weft;
 
-// Measured automatic is opt-in.
-const local::options measured{.measured_automatic = local::measured_automatic()};
+const local::options measured{.automatic = local::automatic_prices::measured};
+const local::options model{.automatic = local::automatic_prices::model};
 
 std::size_t index_of(std::string_view name) {
   const auto table = algo::candidates();
@@ -115,21 +116,59 @@ TEST(measured_prices, the_local_transport_measures_once_and_every_rank_agrees) {
   }
 }
 
-TEST(measured_prices, by_default_or_on_emulated_links_the_cost_model_picks) {
-  local::run(2, [](local::communicator& c) {
-    EXPECT_FALSE(c.measures_automatic());
-    const auto got = automatic_choice<collective::all_reduce, float>(c, 1024);
-    EXPECT_EQ(got.plan, &algo::choose({collective::all_reduce, 2, c.rank(), 1024, 0, c.node_of(),
-                                       sizeof(float)},
-                                      c.cluster(), c.devices(), true));
-    EXPECT_EQ(c.measured_prices_of(collective::all_reduce), nullptr);
-  });
+TEST(measured_prices, by_default_the_local_transport_measures) {
+  // The environment may choose (WEFT_AUTOMATIC); this test asks for the default itself.
+  const char* env = std::getenv("WEFT_AUTOMATIC");
+  if (env != nullptr && *env != '\0') GTEST_SKIP() << "WEFT_AUTOMATIC=" << env << " is set";
+  local::run(2, [](local::communicator& c) { EXPECT_TRUE(c.measures_automatic()); });
+}
+
+TEST(measured_prices, asked_for_or_on_emulated_links_the_cost_model_picks) {
+  local::run(
+      2,
+      [](local::communicator& c) {
+        EXPECT_FALSE(c.measures_automatic());
+        const auto got = automatic_choice<collective::all_reduce, float>(c, 1024);
+        EXPECT_EQ(got.plan, &algo::choose({collective::all_reduce, 2, c.rank(), 1024, 0,
+                                           c.node_of(), sizeof(float)},
+                                          c.cluster(), c.devices(), true));
+        EXPECT_EQ(c.measured_prices_of(collective::all_reduce), nullptr);
+      },
+      model);
   local::run(2, [](local::communicator& c) { EXPECT_FALSE(c.measures_automatic()); },
-             {.emulate_links = true, .measured_automatic = local::measured_automatic()});
+             {.emulate_links = true, .automatic = local::automatic_prices::measured});
   // Ranks on two emulated nodes: the cost model (hierarchical choices follow the topology).
   local::run(
       topology::parse("2x2"), [](local::communicator& c) { EXPECT_FALSE(c.measures_automatic()); },
       measured);
+}
+
+TEST(measured_prices, the_environment_chooses_where_the_program_does_not) {
+  const char* before = std::getenv("WEFT_AUTOMATIC");
+  const std::string saved = before != nullptr ? before : "";
+  const auto restore = [&] {
+    if (before != nullptr) {
+      ::setenv("WEFT_AUTOMATIC", saved.c_str(), 1);
+    } else {
+      ::unsetenv("WEFT_AUTOMATIC");
+    }
+  };
+  ::setenv("WEFT_AUTOMATIC", "model", 1);
+  local::run(2, [](local::communicator& c) { EXPECT_FALSE(c.measures_automatic()); });
+  // What the program sets wins.
+  local::run(
+      2, [](local::communicator& c) { EXPECT_TRUE(c.measures_automatic()); }, measured);
+  ::setenv("WEFT_AUTOMATIC", "measured", 1);
+  local::run(2, [](local::communicator& c) { EXPECT_TRUE(c.measures_automatic()); });
+  ::setenv("WEFT_AUTOMATIC", "fastest", 1);
+  try {
+    local::run(2, [](local::communicator&) { ADD_FAILURE() << "ran with a bad WEFT_AUTOMATIC"; });
+    ADD_FAILURE() << "no error";
+  } catch (const weft::error& e) {
+    EXPECT_NE(std::string(e.what()).find("WEFT_AUTOMATIC=\"fastest\""), std::string::npos)
+        << e.what();
+  }
+  restore();
 }
 
 } // namespace

@@ -16,7 +16,7 @@
 // beyond its links (an NCCL group and kernels per round on a GPU) says so with
 //   double comm.plan_round_seconds()
 // and automatic adds it to every plan's price, once per round. A communicator that picks by
-// prices measured on its machine (weft::local on one host, opted in) says so with
+// prices measured on its machine (weft::local on one host, by default) says so with
 // measures_automatic(), measures them with measure_prices(c, peer_access, messages) and keeps
 // them in measured_prices_of(c) (measured_prices.hpp); where it has a vendor
 // collective (a member vendor<C> for float sums, constrained to the types and operators it
@@ -88,7 +88,7 @@ algo::choice automatic_choice_for(Comm& comm, const plan_request& q) {
         if constexpr (measure_vendor) {
           prices = measured_prices_for<C, true>(comm, peer, messages);
         } else {
-          prices = comm.measure_prices(C, peer, messages); // what the program opted in to
+          prices = comm.measure_prices(C, peer, messages); // the transport's measurement
         }
       }
       if constexpr (WithVendor && measure_vendor && vendor_collective<Comm, C, T, Op>) {

@@ -1,16 +1,17 @@
 #pragma once
 // measured_prices: automatic's prices measured on this machine instead of the cost model's
-// nominal figures, for a communicator that asks for them (weft::local on one host:
-// local::options::measured_automatic). The cost model prices a plan over a link's latency
-// and bandwidth; on one host the ranks' futex hand-offs, shared caches and memory bandwidth do
-// not follow those figures (4 ranks on 2 cores: recursive doubling priced at 3.6 us runs in
-// 13 us, direct priced at 5.3 us runs in 7.5 us), so the host's prices come from the host.
+// nominal figures, for a communicator that asks for them (weft::local on one host, by default:
+// local::options::automatic). The cost model prices a plan over a link's latency and
+// bandwidth; on one host the ranks' futex hand-offs, shared caches and memory bandwidth do not
+// follow those figures (4 ranks on 2 cores: recursive doubling priced at 3.6 us runs in
+// 9-13 us, direct priced at 5.3 us runs in 6 us; at 1 MiB direct is priced at 269 us and runs
+// in 120 us), so the host's prices come from the host.
 //
 //   first automatic call of collective C on the communicator (every rank makes it):
 //     agree whether this process has measured C for this group shape already
 //       (cached per communicator type, collective, size, cluster and placement: once per
 //       process)
-//     else, for every candidate automatic may pick here, at 4 KiB, 16 KiB, ... 16 MiB per rank
+//     else, for every candidate automatic may pick here, at 4 KiB, 16 KiB, ... 4 MiB per rank
 //       (by factors of 4; fewer on large groups, so that the buffers stay within 256 MiB):
 //         one untimed call, then the fastest of 20 timed calls (5 above 64 KiB, 3 above
 //         1 MiB), each after a barrier;
@@ -23,10 +24,15 @@
 //     (linear between measured sizes, the smallest size's time below them, the last
 //     segment's slope above them; a tie goes to the earlier candidate)
 //
+// Why 4 MiB at most: past a few MiB per rank every candidate streams from memory and their
+// times grow in proportion (on this machine all but recursive doubling within 1.1x of each
+// other at 16 and 64 MiB), so the 1-4 MiB slope ranks them; measuring 16 MiB as well tripled
+// the measurement's time.
+//
 // What it costs: at the first automatic call of each collective on a group shape, every
-// candidate runs up to 80 times; on 4 ranks of this 2-core machine about 0.3 s for
-// all_reduce. Every rank of the group must make that call (it is a collective, as the call
-// is); weft::automatic_choice on such a communicator is collective at first use too.
+// candidate runs up to 21 times per size; on 4 ranks of this 2-core machine about 0.1 s for
+// all_reduce, idle. Every rank of the group must make that call (it is a collective, as the
+// call is); weft::automatic_choice on such a communicator is collective at first use too.
 #include <weft/comm/algorithm/automatic.hpp>
 #include <weft/comm/algorithm/ring.hpp>
 #include <weft/comm/detail/plan_cache.hpp>
@@ -111,7 +117,7 @@ inline std::vector<double> measured_sizes(collective c, int p) {
       c == collective::reduce_scatter || c == collective::all_gather || c == collective::all_to_all;
   const double per_byte = 2.0 * p * (blocked ? p : 1); // input and output on every rank
   std::vector<double> out;
-  for (double b = 4096; b <= 16777216; b *= 4)
+  for (double b = 4096; b <= 4194304; b *= 4)
     if (out.empty() || b * per_byte <= 256.0 * 1048576.0) out.push_back(b);
   return out;
 }
@@ -135,74 +141,72 @@ WEFT_COLD std::vector<float> gather_all(Comm& comm, float mine) {
 inline constexpr double measured_always_bytes = 65536;
 inline constexpr double measured_call_limit = 0.02;
 
-/// Measures every eligible candidate for collective C on comm, all ranks together, and the
-/// communicator's own collective for float sums where Vendor.
-template <collective C, bool Vendor, class Comm>
-WEFT_COLD measured_prices measure_prices(Comm& comm, bool peer_access, bool messages) {
+/// Times run(count, in_n, out_n) of collective c on comm at each of m's sizes into `into`, all
+/// ranks together, while calls stay short (see the top of this header); in and out are the
+/// buffers run reads and writes, sized here.
+template <class Comm, class Run>
+WEFT_COLD void time_sizes(Comm& comm, collective c, const measured_prices& m,
+                          std::vector<double>& into, std::vector<float>& in,
+                          std::vector<float>& out, const Run& run) {
   using clock = std::chrono::steady_clock;
+  const auto up = static_cast<std::size_t>(comm.size());
+  const bool blocks_in = c == collective::reduce_scatter || c == collective::all_to_all;
+  const bool blocks_out = c == collective::all_gather || c == collective::all_to_all;
+  for (const double b : m.bytes) {
+    if (b > measured_always_bytes && !into.empty() && into.back() > measured_call_limit) break;
+    const auto count = static_cast<std::size_t>(b) / sizeof(float);
+    const std::size_t in_n = count * (blocks_in ? up : 1);
+    const std::size_t out_n = count * (blocks_out ? up : 1);
+    in.assign(in_n, 1.0f);
+    out.assign(out_n, 0.0f);
+    // Interference only adds time: the fastest of many small calls is this machine's figure.
+    const int timed = b <= 65536 ? 20 : b <= 1048576 ? 5 : 3;
+    double fastest = std::numeric_limits<double>::infinity();
+    for (int k = 0; k <= timed; ++k) {
+      comm.barrier();
+      const auto t0 = clock::now();
+      run(count, in_n, out_n);
+      const double t = std::chrono::duration<double>(clock::now() - t0).count();
+      if (k > 0) fastest = std::min(fastest, t);
+    }
+    // The slowest rank's, the same on every rank: so are the sizes each rank measures next.
+    const std::vector<float> all = gather_all(comm, static_cast<float>(fastest));
+    into.push_back(static_cast<double>(*std::max_element(all.begin(), all.end())));
+  }
+}
+
+/// Measures every eligible candidate for collective c on comm, all ranks together.
+template <class Comm>
+WEFT_COLD measured_prices measure_prices(Comm& comm, collective c, bool peer_access,
+                                         bool messages) {
   const int p = comm.size();
-  const auto up = static_cast<std::size_t>(p);
-  const bool blocks_in = C == collective::reduce_scatter || C == collective::all_to_all;
-  const bool blocks_out = C == collective::all_gather || C == collective::all_to_all;
   measured_prices m;
-  m.bytes = measured_sizes(C, p);
+  m.bytes = measured_sizes(c, p);
   const auto table = algo::candidates();
   m.seconds.assign(table.size(), {});
   std::vector<float> in, out;
-  // Times run(count, in_n, out_n) at each size into `into`, while calls stay short.
-  const auto measure = [&](std::vector<double>& into, const auto& run) {
-    for (const double b : m.bytes) {
-      if (b > measured_always_bytes && !into.empty() && into.back() > measured_call_limit) break;
-      const auto count = static_cast<std::size_t>(b) / sizeof(float);
-      const std::size_t in_n = count * (blocks_in ? up : 1);
-      const std::size_t out_n = count * (blocks_out ? up : 1);
-      in.assign(in_n, 1.0f);
-      out.assign(out_n, 0.0f);
-      // Interference only adds time: the fastest of many small calls is this machine's figure.
-      const int timed = b <= 65536 ? 20 : b <= 1048576 ? 5 : 3;
-      double fastest = std::numeric_limits<double>::infinity();
-      for (int k = 0; k <= timed; ++k) {
-        comm.barrier();
-        const auto t0 = clock::now();
-        run(count, in_n, out_n);
-        const double t = std::chrono::duration<double>(clock::now() - t0).count();
-        if (k > 0) fastest = std::min(fastest, t);
-      }
-      // The slowest rank's, the same on every rank: so are the sizes each rank measures next.
-      const std::vector<float> all = gather_all(comm, static_cast<float>(fastest));
-      into.push_back(static_cast<double>(*std::max_element(all.begin(), all.end())));
-    }
-  };
+  const plan_request shape{c, p, comm.rank(), 1, 0, comm.node_of(), sizeof(float)};
   for (std::size_t i = 0; i < table.size(); ++i) {
-    const plan_request shape{C, p, comm.rank(), 1, 0, comm.node_of(), sizeof(float)};
     if (!eligible(table[i], shape, peer_access, messages)) continue;
-    measure(m.seconds[i], [&](std::size_t count, std::size_t in_n, std::size_t out_n) {
-      plan_request q = shape;
-      q.count = count;
-      const plan& pl = plan_cache::mine().get(table[i].name, q, table[i].make_plan);
-      if constexpr (C == collective::broadcast) {
-        comm.execute(pl, out.data(), out_n, out.data(), out_n, op::sum{}, "measure automatic");
-      } else {
-        comm.execute(pl, in.data(), in_n, out.data(), out_n, op::sum{}, "measure automatic");
-      }
-    });
-  }
-  if constexpr (Vendor) {
-    measure(m.vendor, [&](std::size_t count, std::size_t in_n, std::size_t out_n) {
-      const float* const src = C == collective::broadcast ? out.data() : in.data();
-      comm.template vendor<C>(src, in_n, out.data(), out_n, count, 0, op::sum{});
-    });
+    time_sizes(comm, c, m, m.seconds[i], in, out,
+               [&](std::size_t count, std::size_t in_n, std::size_t out_n) {
+                 plan_request q = shape;
+                 q.count = count;
+                 const plan& pl = plan_cache::mine().get(table[i].name, q, table[i].make_plan);
+                 const float* const src = c == collective::broadcast ? out.data() : in.data();
+                 comm.execute(pl, src, in_n, out.data(), out_n, op::sum{}, "measure automatic");
+               });
   }
   return m;
 }
 
-/// What this process has measured, by communicator type, collective, group size and placement.
-/// Not by the cluster's figures: only a communicator whose links are the machine's own
-/// measures (weft::local without emulated links), and its speed is the machine's whatever the
-/// cluster says.
+/// What this process has measured, by communicator type, collective, group size and nodes.
+/// Not by the cluster's figures, nor by which devices the ranks are: only a communicator whose
+/// links are the machine's own measures (weft::local without emulated links; MPI across its
+/// nodes), and its speed is the machine's whatever the cluster says, so groups of one shape
+/// (the TP groups of a mesh, say) share one measurement.
 struct measured_cache {
-  using key =
-      std::tuple<std::type_index, int, int, std::vector<int>, std::vector<int>, bool, bool, bool>;
+  using key = std::tuple<std::type_index, int, int, std::vector<int>, bool, bool, bool>;
   std::mutex mutex;
   std::map<key, std::shared_ptr<const measured_prices>> prices;
 };
@@ -212,19 +216,21 @@ inline measured_cache& measured() {
   return cache;
 }
 
-/// The measured prices of C on comm: this process's, where every rank finds them, else
-/// measured now (all ranks together) and kept. Vendor: its own collective too.
-template <collective C, bool Vendor, class Comm>
-WEFT_COLD std::shared_ptr<const measured_prices> measured_prices_for(Comm& comm, bool peer_access,
-                                                                     bool messages) {
+/// The measured prices of c on comm: this process's, where every rank finds them, else
+/// measured now by measure(), all ranks together, and kept. vendor: whether measure() times
+/// the communicator's own collective too (a key of its own).
+template <class Comm, class Measure>
+WEFT_COLD std::shared_ptr<const measured_prices> cached_prices(Comm& comm, collective c,
+                                                               bool peer_access, bool messages,
+                                                               bool vendor,
+                                                               const Measure& measure) {
   measured_cache::key key{std::type_index(typeid(Comm)),
-                          static_cast<int>(C),
+                          static_cast<int>(c),
                           comm.size(),
                           comm.node_of(),
-                          comm.devices(),
                           peer_access,
                           messages,
-                          Vendor};
+                          vendor};
   std::shared_ptr<const measured_prices> found;
   {
     auto& cache = measured();
@@ -236,8 +242,7 @@ WEFT_COLD std::shared_ptr<const measured_prices> measured_prices_for(Comm& comm,
   const std::vector<float> all_found = gather_all(comm, found ? 1.0f : 0.0f);
   if (std::all_of(all_found.begin(), all_found.end(), [](float f) { return f == 1.0f; }))
     return found;
-  auto mine = std::make_shared<const measured_prices>(
-      measure_prices<C, Vendor>(comm, peer_access, messages));
+  auto mine = std::make_shared<const measured_prices>(measure());
   {
     auto& cache = measured();
     const std::lock_guard lock(cache.mutex);
@@ -246,45 +251,35 @@ WEFT_COLD std::shared_ptr<const measured_prices> measured_prices_for(Comm& comm,
   return mine;
 }
 
-/// The measured prices of collective c on comm, as a collective's automatic call measures them
-/// (measured_prices_for, without a vendor collective): what local::measured_automatic() hands
-/// the local transport.
+/// The measured prices of C on comm (cached_prices); Vendor: the communicator's own collective
+/// for float sums is measured beside weft's candidates.
+template <collective C, bool Vendor, class Comm>
+WEFT_COLD std::shared_ptr<const measured_prices> measured_prices_for(Comm& comm, bool peer_access,
+                                                                     bool messages) {
+  return cached_prices(comm, C, peer_access, messages, Vendor, [&] {
+    measured_prices m = measure_prices(comm, C, peer_access, messages);
+    if constexpr (Vendor) {
+      std::vector<float> in, out;
+      time_sizes(comm, C, m, m.vendor, in, out,
+                 [&](std::size_t count, std::size_t in_n, std::size_t out_n) {
+                   const float* const src = C == collective::broadcast ? out.data() : in.data();
+                   comm.template vendor<C>(src, in_n, out.data(), out_n, count, 0, op::sum{});
+                 });
+    }
+    return m;
+  });
+}
+
+/// The measured prices of collective c on comm, without a vendor collective: what the local
+/// transport measures where automatic picks by measurement (local::options::automatic). One
+/// function for every collective, so that a program compiles the measurement once.
 template <class Comm>
 std::shared_ptr<const measured_prices> measure_collective(Comm& comm, collective c,
                                                           bool peer_access, bool messages) {
-  switch (c) {
-    case collective::all_reduce:
-      return measured_prices_for<collective::all_reduce, false>(comm, peer_access, messages);
-    case collective::reduce_scatter:
-      return measured_prices_for<collective::reduce_scatter, false>(comm, peer_access, messages);
-    case collective::all_gather:
-      return measured_prices_for<collective::all_gather, false>(comm, peer_access, messages);
-    case collective::broadcast:
-      return measured_prices_for<collective::broadcast, false>(comm, peer_access, messages);
-    case collective::reduce:
-      return measured_prices_for<collective::reduce, false>(comm, peer_access, messages);
-    case collective::all_to_all:
-      return measured_prices_for<collective::all_to_all, false>(comm, peer_access, messages);
-  }
-  throw error("weft: measured automatic: no such collective (" +
-              std::to_string(static_cast<int>(c)) + ")");
+  return cached_prices(comm, c, peer_access, messages, false,
+                       [&] { return measure_prices(comm, c, peer_access, messages); });
 }
 
 } // namespace detail
-
-namespace local {
-
-class communicator;
-
-/// The opt-in for local::options::measured_automatic: automatic on one host picks by prices
-/// measured on the machine (see the top of this header).
-///   local::run(4, f, {.measured_automatic = local::measured_automatic()});
-/// A template, so that only a program that opts in compiles the measurement.
-template <class Comm = communicator>
-[[nodiscard]] auto measured_automatic() noexcept {
-  return &weft::detail::measure_collective<Comm>;
-}
-
-} // namespace local
 
 } // namespace weft

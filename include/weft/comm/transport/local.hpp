@@ -39,6 +39,7 @@
 #include <weft/comm/detail/kernels.hpp>
 #include <weft/comm/detail/scratch.hpp>
 #include <weft/comm/failure.hpp>
+#include <weft/comm/measured_prices.hpp>
 #include <weft/comm/plan.hpp>
 #include <weft/comm/plan/check.hpp>
 #include <weft/comm/plan/engine.hpp>
@@ -56,6 +57,7 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -64,6 +66,12 @@
 #include <vector>
 
 namespace weft::local {
+
+/// What algo::automatic picks by on one host (options::automatic).
+enum class automatic_prices {
+  measured, ///< times of every candidate, measured here at first use
+  model,    ///< the cost model's nominal figures for the host
+};
 
 struct options {
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
@@ -77,15 +85,15 @@ struct options {
   /// What a call that fails part-way does: throw (and leave the communicator failed), or print
   /// weft's error and end the process (weft/comm/failure.hpp).
   weft::on_failure on_failure = weft::on_failure::throw_error;
-  /// With local::measured_automatic() (comm/measured_prices.hpp), algo::automatic picks by
-  /// prices measured on this machine where the ranks share one node and links are not emulated:
-  /// the first automatic call of each collective measures its candidates, once per process and
-  /// group shape. Unset (the default): the cost model's nominal figures for the host
-  /// (topology::host). Opt-in because the first call of each shape pays for the measurement:
-  /// about 0.3 s for all_reduce on 4 ranks of an idle 2-core machine, and seconds per shape on
-  /// a loaded one (a test that sweeps ten group shapes went from 0.1 to 49 s); and a program
-  /// compiles the measurement only where it opts in.
-  weft::detail::local_measurer measured_automatic = nullptr;
+  /// How algo::automatic prices its candidates where the ranks share one node and links are
+  /// not emulated (comm/measured_prices.hpp): measured on this machine at the first automatic
+  /// call of each collective on a group shape (once per process and shape; about 0.1-0.3 s for
+  /// all_reduce on 4 ranks of an idle 2-core machine), or by the cost model's nominal figures
+  /// for the host (topology::host), which measure nothing and pick worse (up to 1.7x slower
+  /// than the best algorithm on 4 ranks here; docs/benchmarks.md). Unset: the environment's
+  /// WEFT_AUTOMATIC (`measured` or `model`; anything else is a weft::error), else measured.
+  /// A value set here wins over the environment.
+  std::optional<automatic_prices> automatic;
 };
 
 class communicator {
@@ -952,11 +960,26 @@ private:
 
 namespace weft::detail {
 
+/// The prices automatic picks by for a run with options opt: opt.automatic, else the
+/// environment's WEFT_AUTOMATIC, else measured.
+inline local::automatic_prices automatic_prices_of(const local::options& opt) {
+  if (opt.automatic) return *opt.automatic;
+  const char* v = std::getenv("WEFT_AUTOMATIC");
+  if (v == nullptr || *v == '\0' || std::string_view(v) == "measured")
+    return local::automatic_prices::measured;
+  if (std::string_view(v) == "model") return local::automatic_prices::model;
+  throw error("weft: local::run: WEFT_AUTOMATIC=\"" + std::string(v) +
+              "\": expected \"measured\" or \"model\" (how algo::automatic prices its candidates)");
+}
+
 template <class F>
 void run_ranks(topology::cluster cluster, F&& f, local::options opt) {
   (void)weft::detail::checked_timeout(opt.timeout, "local::options::timeout");
   auto world = std::make_shared<local_world>(std::move(cluster), opt.emulate_links);
-  world->measurer = opt.emulate_links ? nullptr : opt.measured_automatic;
+  world->measurer =
+      !opt.emulate_links && automatic_prices_of(opt) == local::automatic_prices::measured
+          ? &measure_collective<local::communicator>
+          : nullptr;
   const int n = world->size;
   std::vector<int> everyone(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r)
