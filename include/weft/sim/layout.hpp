@@ -31,40 +31,40 @@ struct layout {
   int zero = 0;                   // ZeRO stage 0..3 over the DP group
   bool sequence_parallel = false; // Korthikanti et al.: layer norms and dropout split over TP
   recompute recomputation = recompute::none;
-  bool tp_across_nodes = false;       // number TP slowest: its ranks on different nodes
-  bool overlap_dp = true;             // DP reduction overlaps the last backward (bucketed)
-  int dp_buckets = 4;                 // gradient buckets per pipeline rank
-  bool p2p_scatter_gather = true;     // each TP rank sends 1/tp of an activation (SC21 4.1)
-  bool p2p_blocking = false;          // sends and receives hold the rank (DeepSpeed's pipeline
-                                      // engine) instead of overlapping its compute (Megatron-LM)
-  bool tp_overlap = false;            // the backward's TP collectives run during GEMMs (Megatron-LM
-                                      // since late 2021: a column-parallel linear's input-gradient
-                                      // all-reduce, or reduce-scatter with SP, during its
-                                      // weight-gradient GEMM, SP's re-gather of its input during
-                                      // its input-gradient GEMM); false: on the critical path
-  double grad_bytes = 2;              // bytes per gradient element in the DP reduction
+  bool tp_across_nodes = false;   // number TP slowest: its ranks on different nodes
+  bool overlap_dp = true;         // DP reduction overlaps the last backward (bucketed)
+  int dp_buckets = 4;             // gradient buckets per pipeline rank
+  bool p2p_scatter_gather = true; // each TP rank sends 1/tp of an activation (SC21 4.1)
+  bool p2p_blocking = false;      // sends and receives hold the rank (DeepSpeed's pipeline
+                                  // engine) instead of overlapping its compute (Megatron-LM)
+  bool tp_overlap = false;        // the backward's TP collectives run during GEMMs (Megatron-LM
+                                  // since late 2021: a column-parallel linear's input-gradient
+                                  // all-reduce, or reduce-scatter with SP, during its
+                                  // weight-gradient GEMM, SP's re-gather of its input during
+                                  // its input-gradient GEMM); false: on the critical path
+  double grad_bytes = 2;          // bytes per gradient element in the DP reduction
   // Sharded data parallelism (zero 3: ZeRO-3, FSDP; shard_engine.hpp sets these per engine).
   // Each block (a transformer layer; the embedding and output layer as one more) is gathered
   // before its forward and, with reshard_after_forward, again before its backward; its gradient
   // is reduce-scattered after its backward.
-  int shard_group = 0;               // GPUs a set of shards spans: 0 the whole DP group (ZeRO-3,
-                                     // FSDP FULL_SHARD); a divisor of dp for HSDP (HYBRID_SHARD):
-                                     // sharded inside consecutive groups of it, replicated across
-                                     // them (each block's reduce-scattered gradient then
-                                     // all-reduced across the replicas)
-  bool reshard_after_forward = true; // the backward gathers each block again (ZeRO-3, FSDP
-                                     // FULL_SHARD, FSDP2's default); false: the forward's gathered
-                                     // weights stay until the backward (SHARD_GRAD_OP)
-  bool shard_every_micro = true;     // every micro-batch gathers and reduce-scatters; false: the
-                                     // first forward gathers and the weights stay whole until the
-                                     // last backward, whose gradients are reduce-scattered once
-  int prefetch = 1;                  // blocks whose gather may start ahead: block i's gather
-                                     // starts when block i - prefetch's compute starts; 0: when
-                                     // block i - 1's ends (no overlap)
-  bool overlap_param_gather = false; // ZeRO-1 (Megatron-LM's distributed optimizer): the updated
-                                     // weights' all-gather runs behind the next step's first
-                                     // forward, in dp_buckets buckets; false: after the
-                                     // optimizer, with the reduce-scatter as one all-reduce
+  int shard_group = 0;                // GPUs a set of shards spans: 0 the whole DP group (ZeRO-3,
+                                      // FSDP FULL_SHARD); a divisor of dp for HSDP (HYBRID_SHARD):
+                                      // sharded inside consecutive groups of it, replicated across
+                                      // them (each block's reduce-scattered gradient then
+                                      // all-reduced across the replicas)
+  bool reshard_after_forward = true;  // the backward gathers each block again (ZeRO-3, FSDP
+                                      // FULL_SHARD, FSDP2's default); false: the forward's gathered
+                                      // weights stay until the backward (SHARD_GRAD_OP)
+  bool shard_every_micro = true;      // every micro-batch gathers and reduce-scatters; false: the
+                                      // first forward gathers and the weights stay whole until the
+                                      // last backward, whose gradients are reduce-scattered once
+  int prefetch = 1;                   // blocks whose gather may start ahead: block i's gather
+                                      // starts when block i - prefetch's compute starts; 0: when
+                                      // block i - 1's ends (no overlap)
+  bool overlap_param_gather = false;  // ZeRO-1 (Megatron-LM's distributed optimizer): the updated
+                                      // weights' all-gather runs behind the next step's first
+                                      // forward, in dp_buckets buckets; false: after the
+                                      // optimizer, with the reduce-scatter as one all-reduce
   double grad_accumulation_bytes = 0; // HBM bytes per weight and micro-batch to add its
                                       // gradient to the accumulated one outside the GEMM: 0 when
                                       // the weight-gradient GEMM accumulates into it (Megatron-LM's

@@ -365,8 +365,8 @@ struct step_result {
     c.w += rank_weights[static_cast<std::size_t>(r)] * l.grad_accumulation_bytes /
            (g.hbm_bandwidth * cal.hbm_fraction);
     // ZeRO-3: the gathers and reduce-scatters no compute covers, in the passes that run them.
-    const double accumulation = m.layer_parameters() / t * l.grad_accumulation_bytes /
-                                (g.hbm_bandwidth * cal.hbm_fraction);
+    const double accumulation =
+        m.layer_parameters() / t * l.grad_accumulation_bytes / (g.hbm_bandwidth * cal.hbm_fraction);
     c.shard = shard_exposed(r, c.f, lt.f, c.b + c.w, lt.b_input + layer_b_weight + accumulation);
     c.f += c.shard.forward;
     c.b += c.shard.backward;
@@ -492,8 +492,8 @@ struct step_result {
       for (int i = 0; i < t; ++i) {
         const std::vector<int> members = mesh.group(axis::dp, device(i, r, 0));
         const auto shard = grad_elems / static_cast<std::size_t>(l.dp);
-        rs = std::max(rs, detail::price_group(collective::reduce_scatter, members, shard,
-                                              grad_size, dp_net));
+        rs = std::max(
+            rs, detail::price_group(collective::reduce_scatter, members, shard, grad_size, dp_net));
         ag = std::max(ag, detail::price_group(collective::all_gather, members, shard, 2, dp_net));
       }
     }
