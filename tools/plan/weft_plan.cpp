@@ -63,6 +63,11 @@ layout (one simulation):
                        sends overlap compute, DP reduction behind the backward) | deepspeed
                        (DeepSpeed's: whole activations, blocking sends, DP reduction after the
                        last micro-batch; 1F1B and ZeRO 0-1 only; with --search, for PP > 1)
+  --sharding S         ZeRO-3 as an engine runs it: fsdp (PyTorch FSDP FULL_SHARD) | fsdp2
+                       (fully_shard) | deepspeed-zero3: each layer gathered before its forward and
+                       backward one layer ahead, its gradient reduce-scattered after its backward
+  --shard-group N      with --sharding: shard over groups of N DP ranks, replicated across them
+                       (HSDP; N divides DP)
 search:
   --search             rank every mesh that fits; with --tp and --pp, say where that one ranks
   --top N              layouts to explain (default 5)
@@ -92,6 +97,7 @@ struct config {
   int global_batch = 0;
   sim::layout layout;
   sim::pipeline_engine engine = sim::pipeline_engine::megatron;
+  std::optional<sim::shard_engine> sharding;
   std::optional<int> tp, pp, dp, chunks;
   std::optional<int> ffn, kv_heads; // applied after --model, wherever they come
   bool search = false;
@@ -254,6 +260,8 @@ config parse(const std::vector<std::string_view>& args) {
                                                   "--trace",
                                                   "--grad-accum",
                                                   "--engine",
+                                                  "--sharding",
+                                                  "--shard-group",
                                                   "--host",
                                                   "--optimizer",
                                                   "--bucket-elements",
@@ -321,6 +329,10 @@ config parse(const std::vector<std::string_view>& args) {
       c.layout.grad_accumulation_bytes = sim::grad_accumulation_named(v);
     } else if (flag == "--engine") {
       c.engine = sim::pipeline_engine_named(v);
+    } else if (flag == "--sharding") {
+      c.sharding = sim::shard_engine_named(v);
+    } else if (flag == "--shard-group") {
+      c.layout.shard_group = whole(flag, v, 1);
     } else if (flag == "--schedule") {
       if (v == "1f1b")
         c.layout.schedule = pl::schedule_kind::one_f_one_b;
@@ -370,9 +382,10 @@ config parse(const std::vector<std::string_view>& args) {
   };
   if (c.host) {
     // What prices a GPU cluster has no meaning for the host trainer: refused, not ignored.
-    for (std::string_view f : {"--gpu", "--nodes", "--gpus-per-node", "--engine", "--grad-accum",
-                               "--top", "--memory-limit", "--trace", "--search", "--gated",
-                               "--flash", "--tp-across-nodes", "--tp-overlap"})
+    for (std::string_view f :
+         {"--gpu", "--nodes", "--gpus-per-node", "--engine", "--grad-accum", "--top",
+          "--memory-limit", "--trace", "--search", "--gated", "--flash", "--tp-across-nodes",
+          "--tp-overlap", "--sharding", "--shard-group"})
       if (given(f))
         bad(std::string(f) +
             " prices a GPU cluster; --host predicts the host trainer's memory (leave it out)");
@@ -387,7 +400,8 @@ config parse(const std::vector<std::string_view>& args) {
   if (c.search && c.nodes == 0) bad("--search needs --nodes");
   if (c.search) {
     // The search chooses these itself: given, they would be ignored without a word.
-    for (std::string_view f : {"--micro-batch", "--zero", "--recompute", "--schedule", "--chunks"})
+    for (std::string_view f : {"--micro-batch", "--zero", "--recompute", "--schedule", "--chunks",
+                               "--sharding", "--shard-group"})
       if (std::find(seen.begin(), seen.end(), f) != seen.end())
         bad(std::string(f) +
             " sets one layout; --search chooses it (leave it out, or drop --search)");
@@ -395,6 +409,12 @@ config parse(const std::vector<std::string_view>& args) {
       bad("--tp-across-nodes sets one layout; --search keeps TP inside nodes");
   }
   take_chunks();
+  if (c.sharding) {
+    if (given("--zero")) bad("--sharding is ZeRO-3 as its engine runs it; leave out --zero");
+    sim::use_shard_engine(c.layout, *c.sharding);
+  } else if (given("--shard-group")) {
+    bad("--shard-group (HSDP) needs --sharding");
+  }
   if (!c.search) { // the engine's limits are the layout's: say so before simulating
     sim::layout l = c.layout;
     l.pp = *c.pp;
@@ -465,7 +485,8 @@ std::string json(const sim::model_spec& m, const sim::layout& l, const sim::step
   o += "  \"forward_s\": " + num(r.forward_s) + ", \"backward_s\": " + num(r.backward_s) +
        ", \"weight_s\": " + num(r.weight_s) + ",\n";
   o += "  \"communication\": {\"tp\": " + axis(r.tp) + ", \"pp\": " + axis(r.pp) +
-       ", \"dp\": " + axis(r.dp) + ", \"dp_exposed_s\": " + num(r.dp_exposed_s) + "},\n";
+       ", \"dp\": " + axis(r.dp) +
+       ", \"dp_exposed_s\": " + num(r.dp_exposed_s + r.shard_exposed_s) + "},\n";
   o += "  \"optimizer_s\": " + num(r.optimizer_s) + "\n}\n";
   return o;
 }
@@ -498,7 +519,7 @@ std::string text(const sim::model_spec& m, const sim::layout& l, const sim::step
                 "s exposed)\n",
                 r.tp.seconds, std::string(r.tp.link).c_str(), r.pp.seconds,
                 std::string(r.pp.link).c_str(), r.dp.seconds, std::string(r.dp.link).c_str(),
-                r.dp_exposed_s);
+                r.dp_exposed_s + r.shard_exposed_s);
   o += buf;
   if (r.memory_bytes() > limit)
     o += memory_limit_gib > 0 ? "  warning: this layout does not fit the memory limit\n"
