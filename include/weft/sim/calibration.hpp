@@ -19,8 +19,8 @@
 //   per layer      kernel launches and synchronisation of one layer's forward or backward pass.
 //
 // The A100 40GB takes the 80GB's constants (the same die and clocks; its rows in
-// data/sharded_runs.csv are held out, none fitted). H200 has no published run here: it takes H100's constants (the same compute die); its
-// predictions are uncalibrated.
+// data/sharded_runs.csv are held out, none fitted). H200 has no published run here: it takes
+// H100's constants (the same compute die); its predictions are uncalibrated.
 #include <weft/core/error.hpp>
 #include <weft/sim/hardware.hpp>
 
