@@ -98,6 +98,16 @@ TEST(sim_sharded, held_out_rows_and_series) {
                 r.published_tokens, x.predicted, 100 * x.error());
   }
   ASSERT_GE(rows.size(), 40U); // FOUNDRY's two tables, TITAN-A100, IBM-FSDP24
+  // The rows their own table shows as outliers: per-GPU throughput 15% or more below another
+  // row of the same model, software and GPU in the same source (MPT 1B on 32 A100s, MPT 70B on
+  // 64): a property of the published figures, not of any prediction.
+  const auto outlier = [&](const weft_test::sharded_run& r) {
+    return std::any_of(runs.begin(), runs.end(), [&](const weft_test::sharded_run& o) {
+      return o.why_not.empty() && o.source == r.source && o.model.layers == r.model.layers &&
+             o.model.hidden == r.model.hidden && o.device.name == r.device.name &&
+             r.published_tokens < 0.85 * o.published_tokens;
+    });
+  };
   double sum = 0, worst = 0;
   int within = 0;
   for (const auto& x : rows) {
@@ -107,6 +117,32 @@ TEST(sim_sharded, held_out_rows_and_series) {
   }
   std::printf("held-out rows: %zu expressible, mean |error| %.1f%%, worst %.1f%%, %d within 10%%\n",
               rows.size(), 100 * sum / rows.size(), 100 * worst, within);
+  // What holds: the A100 rows of llm-foundry's A100 table and of torchtitan's A100 page, the
+  // two outliers aside, within 10% (A100 constants fitted on Megatron-LM rows only). The H100
+  // rows read high (the H100 constants rest on one tuning row) and IBM's A100 7B and 13B rows
+  // too: printed above, not asserted.
+  for (const auto& x : rows) {
+    const auto& r = *x.run;
+    if ((r.source == "FOUNDRY-A100-40" || r.source == "TITAN-A100") && !outlier(r)) {
+      EXPECT_LE(std::abs(x.error()), 0.10) << r.id;
+    }
+  }
+  // The published runs of data/published_runs.csv (3D layouts, ZeRO 0 and 1), by set.
+  for (const std::string set : {"tune", "holdout"}) {
+    double s = 0, w = 0;
+    int n = 0;
+    for (const auto& r : weft_test::read_published_runs()) {
+      if (r.set != set) continue;
+      const double e = std::abs(
+          weft_test::predicted_tflops(r, weft::sim::calibration_of(r.device)) / r.measured_tflops -
+          1);
+      s += e;
+      w = std::max(w, e);
+      ++n;
+    }
+    std::printf("published_runs.csv %s rows: %d, mean |error| %.1f%%, worst %.1f%%\n", set.c_str(),
+                n, 100 * s / n, 100 * w);
+  }
 
   // The series: per doubling, the change of tokens/s per GPU from the first point to the last.
   std::map<std::string, std::vector<const row_result*>> series;
@@ -136,12 +172,64 @@ TEST(sim_sharded, held_out_rows_and_series) {
     const double q = per_doubling(points.front()->predicted, points.back()->predicted);
     std::printf("%-18s %-40s %-40s %+8.1f%% %+8.1f%%\n", name.c_str(), pub.c_str(), pred.c_str(),
                 100 * p, 100 * q);
+    const bool has_outlier = std::any_of(points.begin(), points.end(),
+                                         [&](const row_result* x) { return outlier(*x->run); });
+    if (has_outlier) continue;
     worst_trend = std::max(worst_trend, std::abs(p - q));
+    // Published and predicted alike: at a fixed per-GPU batch, per-GPU throughput within a few
+    // percent per doubling (falling at most 3%, rising at most 1%), and the two changes within
+    // 2.5 points of each other.
+    EXPECT_GT(p, -0.03) << name;
+    EXPECT_LT(p, 0.01) << name;
+    EXPECT_GT(q, -0.03) << name;
+    EXPECT_LT(q, 0.01) << name;
+    EXPECT_LE(std::abs(p - q), 0.025) << name;
   }
   std::printf(
-      "series: worst gap between the published and predicted change per doubling: %.1f "
-      "points\n",
+      "series without an outlier: worst gap between the published and predicted change "
+      "per doubling: %.1f points\n",
       100 * worst_trend);
+}
+
+// At a fixed global batch (no published ZeRO-3 series found keeps one): MPT 13B under FSDP on
+// A100 80GB, 2,048 sequences of 2,048 tokens, full recompute, from 64 GPUs (32 sequences each, 4
+// micro-batches of 8) to 2,048 (one each). The gathers and reduce-scatters per micro-batch stay
+// the same size while the compute they hide behind shrinks: per-GPU throughput holds while a
+// block's compute covers its gather and falls once it does not. Against a reference: the same
+// steps with their exposed communication taken out, which do not fall.
+TEST(sim_sharded, fixed_global_batch_loses_throughput_once_gathers_outlast_compute) {
+  weft::sim::model_spec m;
+  m.name = "mpt-13b";
+  m.layers = 40;
+  m.hidden = 5120;
+  m.heads = 40;
+  m.seq = 2048;
+  m.vocab = 50368;
+  m.flash_attention = true;
+  std::printf("%6s %6s %12s %12s %14s\n", "gpus", "micro", "tokens/s/gpu", "exposed s",
+              "without comm");
+  std::vector<double> with, without;
+  for (int gpus = 64; gpus <= 2048; gpus *= 2) {
+    const int per_gpu = 2048 / gpus;
+    weft::sim::layout l{.dp = gpus,
+                        .micro_batch = std::min(8, per_gpu),
+                        .global_batch = 2048,
+                        .recomputation = weft::sim::recompute::full};
+    weft::sim::use_shard_engine(l, weft::sim::shard_engine::fsdp);
+    const auto r = weft::sim::simulate_step(m, weft::sim::dgx(weft::sim::a100_80gb, gpus / 8), l);
+    const double tokens = 2048.0 * m.seq / gpus;
+    with.push_back(tokens / r.step_time_s);
+    without.push_back(tokens / (r.step_time_s - r.shard_exposed_s));
+    std::printf("%6d %6d %12.0f %12.3f %14.0f\n", gpus, l.micro_batch, with.back(),
+                r.shard_exposed_s, without.back());
+  }
+  // Without its exposed communication the step's per-GPU rate is flat within 3% (GEMM shapes
+  // shrink with the micro-batch); with it, it falls from 64 to 2,048 GPUs, and by more than
+  // the communication-free rate does.
+  EXPECT_NEAR(without.back() / without.front(), 1.0, 0.03);
+  EXPECT_LT(with.back() / with.front(), without.back() / without.front() - 0.05);
+  for (std::size_t i = 1; i < with.size(); ++i)
+    EXPECT_LE(with[i], with[i - 1] * 1.001) << i;
 }
 
 } // namespace
