@@ -286,29 +286,38 @@ struct step_result {
     const topology::cluster inner_net = S < l.dp ? net : dp_net;
     const topology::cluster outer_net = detail::nic_share(net, outer_sharing);
     const double layer_weights = m.layer_parameters() / t;
+    // Groups whose members share nodes in the same pattern cost the same: priced once per
+    // pattern and block size.
+    std::map<std::pair<std::vector<int>, std::size_t>, std::pair<double, double>> priced;
     for (int r = 0; r < p; ++r) {
       const double root = rank_weights[static_cast<std::size_t>(r)] -
                           layers_of[static_cast<std::size_t>(r)] * layer_weights;
       for (int i = 0; i < t; ++i) {
         const std::vector<int> group = mesh.group(axis::dp, device(i, r, 0));
-        const std::vector<int> inner = inner_of(group, 0), outer = outer_of(group, 0);
+        const std::vector<int> pattern = detail::node_pattern(group, mc.cluster);
         const auto price = [&](double weights) {
           const auto n = static_cast<std::size_t>(weights / S);
-          const double gather = detail::price_group(collective::all_gather, inner, n, 2, inner_net);
-          double reduce = detail::price_group(collective::reduce_scatter, inner, n,
-                                              static_cast<std::size_t>(l.grad_bytes), inner_net);
-          if (outer.size() > 1)
-            reduce += detail::price_group(collective::all_reduce, outer, n,
-                                          static_cast<std::size_t>(l.grad_bytes), outer_net);
-          return std::pair{gather, reduce};
+          auto [it, fresh] = priced.try_emplace({pattern, n});
+          if (fresh) {
+            const std::vector<int> inner = inner_of(group, 0), outer = outer_of(group, 0);
+            const auto bytes = static_cast<std::size_t>(l.grad_bytes);
+            it->second.first = detail::price_group(collective::all_gather, inner, n, 2, inner_net);
+            it->second.second =
+                detail::price_group(collective::reduce_scatter, inner, n, bytes, inner_net) +
+                (outer.size() > 1
+                     ? detail::price_group(collective::all_reduce, outer, n, bytes, outer_net)
+                     : 0.0);
+          }
+          return it->second;
         };
         const auto [g, rs] = price(layer_weights);
         const auto [rg, rrs] = price(root);
         shard_price& q = shard_of[static_cast<std::size_t>(r)];
         if (g + rs > q.gather + q.reduce) q = {g, rs, rg, rrs};
-        shard_link = detail::link_name(outer.size() > 1 ? group : inner, mc.cluster);
       }
     }
+    const std::vector<int> group0 = mesh.group(axis::dp, device(0, 0, 0));
+    shard_link = detail::link_name(S < l.dp ? group0 : inner_of(group0, 0), mc.cluster);
   }
   // One micro-batch's exposed gathers and reduce-scatters on a rank whose forward is `f`
   // (`f_layer` per layer) and backward `b` (`b_layer`): the two passes run; averaged over the
