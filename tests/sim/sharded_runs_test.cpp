@@ -69,6 +69,85 @@ TEST(sim_sharded, fewer_tokens_per_gpu_show_more_of_the_gathers) {
   EXPECT_THROW((void)weft::sim::shard_engine_named("zero-3"), weft::error);
 }
 
+// HSDP keeps the gathers and reduce-scatters inside a node and all-reduces each block's
+// shard across the replicas; the optimizer state is sharded over the node only: 8 times the
+// full shard's optimizer time on 64 GPUs.
+TEST(sim_sharded, hsdp_shards_inside_the_group_and_reduces_across_replicas) {
+  weft::sim::model_spec m;
+  m.name = "llama2-7b";
+  m.layers = 32;
+  m.hidden = 4096;
+  m.heads = 32;
+  m.ffn = 11008;
+  m.gated = true;
+  m.learned_positions = false;
+  m.tied_embeddings = false;
+  m.seq = 4096;
+  m.vocab = 32000;
+  m.flash_attention = true;
+  const auto mc = weft::sim::dgx(weft::sim::a100_80gb, 8);
+  weft::sim::layout full{.dp = 64, .micro_batch = 2};
+  weft::sim::use_shard_engine(full, weft::sim::shard_engine::fsdp);
+  weft::sim::layout hybrid = full;
+  hybrid.shard_group = 8;
+  const auto f = weft::sim::simulate_step(m, mc, full);
+  const auto h = weft::sim::simulate_step(m, mc, hybrid);
+  EXPECT_NEAR(h.optimizer_s, 8 * f.optimizer_s, 1e-9 * h.optimizer_s);
+  EXPECT_EQ(f.dp.link, "ib");
+  EXPECT_EQ(h.dp.link, "ib"); // the replica groups cross nodes
+  // A gather inside the node is cheaper than one over 64 GPUs on InfiniBand.
+  EXPECT_LT(h.dp.per_call_s, f.dp.per_call_s);
+}
+
+// Gathered once a step (shard_every_micro false) the weights cross the network once for m
+// micro-batches: over four micro-batches, less than a quarter of what gathering and
+// reduce-scattering for every one sends (which also regathers for the backward).
+TEST(sim_sharded, gathering_once_a_step_sends_less_than_a_share_per_micro_batch) {
+  weft::sim::model_spec m;
+  m.name = "mpt-7b";
+  m.layers = 32;
+  m.hidden = 4096;
+  m.heads = 32;
+  m.seq = 2048;
+  m.vocab = 50368;
+  m.flash_attention = true;
+  const auto mc = weft::sim::dgx(weft::sim::a100_80gb, 4);
+  weft::sim::layout every{.dp = 32, .micro_batch = 2, .global_batch = 256};
+  weft::sim::use_shard_engine(every, weft::sim::shard_engine::fsdp2);
+  weft::sim::layout once = every;
+  once.shard_every_micro = false;
+  const auto e = weft::sim::simulate_step(m, mc, every);
+  const auto o = weft::sim::simulate_step(m, mc, once);
+  ASSERT_EQ(e.microbatches, 4);
+  EXPECT_LT(o.dp.seconds, e.dp.seconds / 4);
+  EXPECT_LE(o.shard_exposed_s, e.shard_exposed_s);
+}
+
+// The distributed optimizer's overlapped gather: the reduce-scatter behind the last backward
+// and the all-gather behind the next forward, each showing at least one bucket. Reference: the
+// two collectives priced apart and the windows from the step itself.
+TEST(sim_sharded, distributed_optimizer_hides_its_gather_behind_the_forward) {
+  weft::sim::model_spec m;
+  m.name = "gpt-13b";
+  m.layers = 40;
+  m.hidden = 5120;
+  m.heads = 40;
+  m.seq = 2048;
+  m.vocab = 51200;
+  m.flash_attention = true;
+  const auto mc = weft::sim::dgx(weft::sim::a100_80gb, 4);
+  weft::sim::layout l{.tp = 2, .dp = 16, .micro_batch = 1, .global_batch = 16, .zero = 1};
+  const auto plain = weft::sim::simulate_step(m, mc, l);
+  l.overlap_param_gather = true;
+  const auto r = weft::sim::simulate_step(m, mc, l);
+  EXPECT_LT(r.dp_exposed_s, plain.dp_exposed_s);
+  const double rs = r.dp.seconds; // reduce-scatter + all-gather, each under its window
+  EXPECT_GE(r.dp_exposed_s, rs / l.dp_buckets / 2);
+  EXPECT_GT(r.step_time_s, r.pipeline_s + r.optimizer_s);
+  l.zero = 3;
+  EXPECT_THROW((void)weft::sim::simulate_step(m, mc, l), weft::error);
+}
+
 struct row_result {
   const weft_test::sharded_run* run;
   double predicted;

@@ -57,6 +57,9 @@ layout (one simulation):
   --sequence-parallel  split layer norms and dropout over TP
   --tp-across-nodes    place the TP group one rank per node (the mistake, to measure it)
   --tp-overlap         the backward's TP collectives overlap GEMMs (Megatron-LM since 2021)
+  --tp-comm-overlap    every TP collective of forward and backward pipelined with its GEMM
+                       (Megatron-core with Transformer Engine; needs --sequence-parallel; one
+                       layout, not --search)
   --grad-accum A       fused (default: the weight-gradient GEMMs accumulate, Megatron-LM since
                        2022) | fp16 (a separate 16-bit add per micro-batch) | fp32 (into fp32)
   --engine E           the pipeline engine: megatron (default: 1/tp of an activation per TP rank,
@@ -223,6 +226,10 @@ config parse(const std::vector<std::string_view>& args) {
       c.layout.tp_overlap = true;
       continue;
     }
+    if (flag == "--tp-comm-overlap") {
+      c.layout.tp_comm_overlap = true;
+      continue;
+    }
     if (flag == "--search") {
       c.search = true;
       continue;
@@ -385,7 +392,7 @@ config parse(const std::vector<std::string_view>& args) {
     for (std::string_view f :
          {"--gpu", "--nodes", "--gpus-per-node", "--engine", "--grad-accum", "--top",
           "--memory-limit", "--trace", "--search", "--gated", "--flash", "--tp-across-nodes",
-          "--tp-overlap", "--sharding", "--shard-group"})
+          "--tp-overlap", "--tp-comm-overlap", "--sharding", "--shard-group"})
       if (given(f))
         bad(std::string(f) +
             " prices a GPU cluster; --host predicts the host trainer's memory (leave it out)");
@@ -407,6 +414,8 @@ config parse(const std::vector<std::string_view>& args) {
             " sets one layout; --search chooses it (leave it out, or drop --search)");
     if (c.layout.tp_across_nodes)
       bad("--tp-across-nodes sets one layout; --search keeps TP inside nodes");
+    if (c.layout.tp_comm_overlap)
+      bad("--tp-comm-overlap sets one layout; the search does not vary it (leave it out)");
   }
   take_chunks();
   if (c.sharding) {

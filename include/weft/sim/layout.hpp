@@ -42,6 +42,13 @@ struct layout {
                                   // all-reduce, or reduce-scatter with SP, during its
                                   // weight-gradient GEMM, SP's re-gather of its input during
                                   // its input-gradient GEMM); false: on the critical path
+  bool tp_comm_overlap = false;   // TP communication pipelined with the GEMMs in forward and
+                                  // backward (Megatron-core with Transformer Engine,
+                                  // --tp-comm-overlap; needs sequence parallelism): each all-gather
+                                  // in chunks under the column-parallel GEMM that consumes it, each
+                                  // reduce-scatter under the row-parallel GEMM that makes it; the
+                                  // backward's likewise. A collective shows by its excess over its
+                                  // GEMM, plus one chunk (1/tp) of the shorter of the two
   double grad_bytes = 2;          // bytes per gradient element in the DP reduction
   // Sharded data parallelism (zero 3: ZeRO-3, FSDP; shard_engine.hpp sets these per engine).
   // Each block (a transformer layer; the embedding and output layer as one more) is gathered
@@ -141,6 +148,10 @@ inline void check_layout(const model_spec& m, const machine& mc, const layout& l
          std::to_string(l.dp));
   if (l.shard_group > 0 && l.zero != 3)
     fail("shard_group (HSDP) shards the weights: it needs zero 3, not " + std::to_string(l.zero));
+  if (l.tp_comm_overlap && !l.sequence_parallel)
+    fail(
+        "tp_comm_overlap pipelines sequence parallelism's all-gathers and reduce-scatters: it "
+        "needs sequence_parallel");
   if (l.prefetch < 0) fail("prefetch must be at least 0, not " + std::to_string(l.prefetch));
   if (l.overlap_param_gather && l.zero != 1)
     fail("overlap_param_gather is the distributed optimizer's (zero 1), not zero " +

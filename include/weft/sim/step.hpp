@@ -11,6 +11,9 @@
 //          tp_overlap, as Megatron-LM since late 2021, the column-parallel linears' ones run
 //          behind their GEMMs and only the excess shows), and the forward again under full
 //          recompute (under selective the attention core: QK^T, AV, softmax and dropout);
+//          with tp_comm_overlap (Megatron-core with Transformer Engine) every TP collective of
+//          the forward and backward is pipelined with the GEMM beside it and only its excess
+//          over the GEMM, and one chunk, shows;
 //          split schedules (zb-h1) run it as B (input gradient) and W (weight gradient);
 //          where the weight-gradient GEMMs do not accumulate into the step's gradients, a
 //          pass over the rank's weights at HBM speed adds them (grad_accumulation_bytes)
@@ -230,6 +233,23 @@ struct step_result {
                            : shows(q.call, fwd.qkv_gemm_s) + shows(q.call, fwd.up_gemm_s);
     }
     lt.b_input = fwd.gemm_s + 2.0 * (fwd.attention_s + fwd.elementwise_s) + lt.tp_backward;
+    if (l.tp_comm_overlap && t > 1) {
+      // Pipelined in tp chunks: the excess over the GEMM shows, and one chunk of the shorter.
+      const auto piped = [t](double comm, double gemm) {
+        return std::max(0.0, comm - gemm) + std::min(comm, gemm) / t;
+      };
+      lt.f = fwd.total() + piped(q.gather, fwd.qkv_gemm_s) + piped(q.scatter, fwd.proj_gemm_s) +
+             piped(q.gather, fwd.up_gemm_s) + piped(q.scatter, fwd.down_gemm_s);
+      // The output gradients' gathers under the row-parallel input-gradient GEMMs; the inputs'
+      // re-gathers and the input gradients' reduce-scatters under the column-parallel ones'
+      // input- and weight-gradient GEMMs (a split schedule runs those apart: there they show).
+      lt.tp_backward =
+          piped(q.gather, fwd.proj_gemm_s) + piped(q.gather, fwd.down_gemm_s) +
+          (split ? 2.0 * q.call
+                 : piped(q.gather, fwd.qkv_gemm_s) + piped(q.scatter, fwd.qkv_gemm_s) +
+                       piped(q.gather, fwd.up_gemm_s) + piped(q.scatter, fwd.up_gemm_s));
+      lt.b_input = fwd.gemm_s + 2.0 * (fwd.attention_s + fwd.elementwise_s) + lt.tp_backward;
+    }
     if (l.recomputation == recompute::full) lt.b_input += lt.f;
     if (l.recomputation == recompute::selective)
       lt.b_input += fwd.attention_s + fwd.core_elementwise_s;
