@@ -66,6 +66,9 @@ layout (one simulation):
                        sends overlap compute, DP reduction behind the backward) | deepspeed
                        (DeepSpeed's: whole activations, blocking sends, DP reduction after the
                        last micro-batch; 1F1B and ZeRO 0-1 only; with --search, for PP > 1)
+  --overlap-param-gather
+                       with --zero 1: Megatron-LM's distributed optimizer, the updated weights'
+                       all-gather behind the next step's first forward (one layout)
   --sharding S         ZeRO-3 as an engine runs it: fsdp (PyTorch FSDP FULL_SHARD) | fsdp2
                        (fully_shard) | deepspeed-zero3: each layer gathered before its forward and
                        backward one layer ahead, its gradient reduce-scattered after its backward
@@ -230,6 +233,10 @@ config parse(const std::vector<std::string_view>& args) {
       c.layout.tp_comm_overlap = true;
       continue;
     }
+    if (flag == "--overlap-param-gather") {
+      c.layout.overlap_param_gather = true;
+      continue;
+    }
     if (flag == "--search") {
       c.search = true;
       continue;
@@ -389,10 +396,10 @@ config parse(const std::vector<std::string_view>& args) {
   };
   if (c.host) {
     // What prices a GPU cluster has no meaning for the host trainer: refused, not ignored.
-    for (std::string_view f :
-         {"--gpu", "--nodes", "--gpus-per-node", "--engine", "--grad-accum", "--top",
-          "--memory-limit", "--trace", "--search", "--gated", "--flash", "--tp-across-nodes",
-          "--tp-overlap", "--tp-comm-overlap", "--sharding", "--shard-group"})
+    for (std::string_view f : {"--gpu", "--nodes", "--gpus-per-node", "--engine", "--grad-accum",
+                               "--top", "--memory-limit", "--trace", "--search", "--gated",
+                               "--flash", "--tp-across-nodes", "--tp-overlap", "--tp-comm-overlap",
+                               "--overlap-param-gather", "--sharding", "--shard-group"})
       if (given(f))
         bad(std::string(f) +
             " prices a GPU cluster; --host predicts the host trainer's memory (leave it out)");
@@ -414,8 +421,9 @@ config parse(const std::vector<std::string_view>& args) {
             " sets one layout; --search chooses it (leave it out, or drop --search)");
     if (c.layout.tp_across_nodes)
       bad("--tp-across-nodes sets one layout; --search keeps TP inside nodes");
-    if (c.layout.tp_comm_overlap)
-      bad("--tp-comm-overlap sets one layout; the search does not vary it (leave it out)");
+    if (c.layout.tp_comm_overlap || c.layout.overlap_param_gather)
+      bad(std::string(c.layout.tp_comm_overlap ? "--tp-comm-overlap" : "--overlap-param-gather") +
+          " sets one layout; the search does not vary it (leave it out)");
   }
   take_chunks();
   if (c.sharding) {
