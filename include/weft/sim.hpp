@@ -17,5 +17,6 @@
 #include <weft/sim/model.hpp>
 #include <weft/sim/pipeline_engine.hpp>
 #include <weft/sim/planner.hpp>
+#include <weft/sim/sharded.hpp>
 #include <weft/sim/step.hpp>
 #include <weft/sim/trace.hpp>

@@ -223,6 +223,38 @@ TEST(sim_step, zero_2_and_3_communicate_every_micro_batch) {
   EXPECT_LT(dp_seconds(3, 16), 8 * 1.8 * dp_seconds(1, 16));
 }
 
+// Megatron-core/TE's TP communication overlap: every collective of the forward pipelined with
+// its GEMM in tp chunks. Reference, per layer: the all-gathers before the QKV and MLP-up GEMMs
+// and the reduce-scatters after the projection and MLP-down GEMMs, each showing its excess over
+// the GEMM plus 1/8 of the shorter of the two, in place of all four whole. The backward lies
+// between no TP communication and all of it shown; it needs sequence parallelism.
+TEST(sim_step, tp_comm_overlap_hides_all_but_a_chunk_of_each_collective) {
+  const model_spec m = gpt("gpt3-175b", 96, 12288, 96, 51200, 4096);
+  const machine mc = dgx(h100_sxm, 1);
+  const calibration cal = calibration_of(h100_sxm);
+  layout l{.tp = 8, .pp = 1, .dp = 1, .micro_batch = 4, .sequence_parallel = true};
+  const step_result exposed = simulate_step(m, mc, l);
+  l.tp_comm_overlap = true;
+  const step_result overlapped = simulate_step(m, mc, l);
+  const layer_cost c = layer_forward(m, 4, 8, true, h100_sxm, cal);
+  const std::vector<int> group{0, 1, 2, 3, 4, 5, 6, 7};
+  const auto n = static_cast<std::size_t>(4.0 * 4096 * 12288 / 8);
+  const auto net = detail::achieved(mc.cluster, cal);
+  const double ag = detail::price_group(weft::collective::all_gather, group, n, 2, net);
+  const double rs = detail::price_group(weft::collective::reduce_scatter, group, n, 2, net);
+  const auto piped = [](double comm, double gemm) {
+    return comm > gemm ? comm - gemm + gemm / 8 : comm / 8;
+  };
+  const double per_layer = piped(ag, c.qkv_gemm_s) + piped(rs, c.proj_gemm_s) +
+                           piped(ag, c.up_gemm_s) + piped(rs, c.down_gemm_s) - 2 * (ag + rs);
+  EXPECT_NEAR(overlapped.forward_s - exposed.forward_s, 96 * per_layer, 1e-9 * exposed.forward_s);
+  EXPECT_LT(per_layer, -(ag + rs)); // more than half the forward's TP time hidden
+  EXPECT_LT(overlapped.backward_s, exposed.backward_s);
+  EXPECT_GT(overlapped.backward_s, exposed.backward_s - 96 * 4 * (ag + rs));
+  l.sequence_parallel = false;
+  EXPECT_THROW((void)simulate_step(m, mc, l), weft::error);
+}
+
 // The fullest rank is the one with the most states and activations together: with 5 layers on
 // 4 stages, rank 2 holds the extra layer (the most states) and rank 0 the embedding's output and
 // the most micro-batches (the most activations). Adding each maximum over-counted.

@@ -57,12 +57,23 @@ layout (one simulation):
   --sequence-parallel  split layer norms and dropout over TP
   --tp-across-nodes    place the TP group one rank per node (the mistake, to measure it)
   --tp-overlap         the backward's TP collectives overlap GEMMs (Megatron-LM since 2021)
+  --tp-comm-overlap    every TP collective of forward and backward pipelined with its GEMM
+                       (Megatron-core with Transformer Engine; needs --sequence-parallel; one
+                       layout, not --search)
   --grad-accum A       fused (default: the weight-gradient GEMMs accumulate, Megatron-LM since
                        2022) | fp16 (a separate 16-bit add per micro-batch) | fp32 (into fp32)
   --engine E           the pipeline engine: megatron (default: 1/tp of an activation per TP rank,
                        sends overlap compute, DP reduction behind the backward) | deepspeed
                        (DeepSpeed's: whole activations, blocking sends, DP reduction after the
                        last micro-batch; 1F1B and ZeRO 0-1 only; with --search, for PP > 1)
+  --overlap-param-gather
+                       with --zero 1: Megatron-LM's distributed optimizer, the updated weights'
+                       all-gather behind the next step's first forward (one layout)
+  --sharding S         ZeRO-3 as an engine runs it: fsdp (PyTorch FSDP FULL_SHARD) | fsdp2
+                       (fully_shard) | deepspeed-zero3: each layer gathered before its forward and
+                       backward one layer ahead, its gradient reduce-scattered after its backward
+  --shard-group N      with --sharding: shard over groups of N DP ranks, replicated across them
+                       (HSDP; N divides DP)
 search:
   --search             rank every mesh that fits; with --tp and --pp, say where that one ranks
   --top N              layouts to explain (default 5)
@@ -92,6 +103,7 @@ struct config {
   int global_batch = 0;
   sim::layout layout;
   sim::pipeline_engine engine = sim::pipeline_engine::megatron;
+  std::optional<sim::shard_engine> sharding;
   std::optional<int> tp, pp, dp, chunks;
   std::optional<int> ffn, kv_heads; // applied after --model, wherever they come
   bool search = false;
@@ -217,6 +229,14 @@ config parse(const std::vector<std::string_view>& args) {
       c.layout.tp_overlap = true;
       continue;
     }
+    if (flag == "--tp-comm-overlap") {
+      c.layout.tp_comm_overlap = true;
+      continue;
+    }
+    if (flag == "--overlap-param-gather") {
+      c.layout.overlap_param_gather = true;
+      continue;
+    }
     if (flag == "--search") {
       c.search = true;
       continue;
@@ -254,6 +274,8 @@ config parse(const std::vector<std::string_view>& args) {
                                                   "--trace",
                                                   "--grad-accum",
                                                   "--engine",
+                                                  "--sharding",
+                                                  "--shard-group",
                                                   "--host",
                                                   "--optimizer",
                                                   "--bucket-elements",
@@ -321,6 +343,10 @@ config parse(const std::vector<std::string_view>& args) {
       c.layout.grad_accumulation_bytes = sim::grad_accumulation_named(v);
     } else if (flag == "--engine") {
       c.engine = sim::pipeline_engine_named(v);
+    } else if (flag == "--sharding") {
+      c.sharding = sim::shard_engine_named(v);
+    } else if (flag == "--shard-group") {
+      c.layout.shard_group = whole(flag, v, 1);
     } else if (flag == "--schedule") {
       if (v == "1f1b")
         c.layout.schedule = pl::schedule_kind::one_f_one_b;
@@ -372,7 +398,8 @@ config parse(const std::vector<std::string_view>& args) {
     // What prices a GPU cluster has no meaning for the host trainer: refused, not ignored.
     for (std::string_view f : {"--gpu", "--nodes", "--gpus-per-node", "--engine", "--grad-accum",
                                "--top", "--memory-limit", "--trace", "--search", "--gated",
-                               "--flash", "--tp-across-nodes", "--tp-overlap"})
+                               "--flash", "--tp-across-nodes", "--tp-overlap", "--tp-comm-overlap",
+                               "--overlap-param-gather", "--sharding", "--shard-group"})
       if (given(f))
         bad(std::string(f) +
             " prices a GPU cluster; --host predicts the host trainer's memory (leave it out)");
@@ -387,14 +414,24 @@ config parse(const std::vector<std::string_view>& args) {
   if (c.search && c.nodes == 0) bad("--search needs --nodes");
   if (c.search) {
     // The search chooses these itself: given, they would be ignored without a word.
-    for (std::string_view f : {"--micro-batch", "--zero", "--recompute", "--schedule", "--chunks"})
+    for (std::string_view f : {"--micro-batch", "--zero", "--recompute", "--schedule", "--chunks",
+                               "--sharding", "--shard-group"})
       if (std::find(seen.begin(), seen.end(), f) != seen.end())
         bad(std::string(f) +
             " sets one layout; --search chooses it (leave it out, or drop --search)");
     if (c.layout.tp_across_nodes)
       bad("--tp-across-nodes sets one layout; --search keeps TP inside nodes");
+    if (c.layout.tp_comm_overlap || c.layout.overlap_param_gather)
+      bad(std::string(c.layout.tp_comm_overlap ? "--tp-comm-overlap" : "--overlap-param-gather") +
+          " sets one layout; the search does not vary it (leave it out)");
   }
   take_chunks();
+  if (c.sharding) {
+    if (given("--zero")) bad("--sharding is ZeRO-3 as its engine runs it; leave out --zero");
+    sim::use_shard_engine(c.layout, *c.sharding);
+  } else if (given("--shard-group")) {
+    bad("--shard-group (HSDP) needs --sharding");
+  }
   if (!c.search) { // the engine's limits are the layout's: say so before simulating
     sim::layout l = c.layout;
     l.pp = *c.pp;
@@ -465,7 +502,8 @@ std::string json(const sim::model_spec& m, const sim::layout& l, const sim::step
   o += "  \"forward_s\": " + num(r.forward_s) + ", \"backward_s\": " + num(r.backward_s) +
        ", \"weight_s\": " + num(r.weight_s) + ",\n";
   o += "  \"communication\": {\"tp\": " + axis(r.tp) + ", \"pp\": " + axis(r.pp) +
-       ", \"dp\": " + axis(r.dp) + ", \"dp_exposed_s\": " + num(r.dp_exposed_s) + "},\n";
+       ", \"dp\": " + axis(r.dp) +
+       ", \"dp_exposed_s\": " + num(r.dp_exposed_s + r.shard_exposed_s) + "},\n";
   o += "  \"optimizer_s\": " + num(r.optimizer_s) + "\n}\n";
   return o;
 }
@@ -498,7 +536,7 @@ std::string text(const sim::model_spec& m, const sim::layout& l, const sim::step
                 "s exposed)\n",
                 r.tp.seconds, std::string(r.tp.link).c_str(), r.pp.seconds,
                 std::string(r.pp.link).c_str(), r.dp.seconds, std::string(r.dp.link).c_str(),
-                r.dp_exposed_s);
+                r.dp_exposed_s + r.shard_exposed_s);
   o += buf;
   if (r.memory_bytes() > limit)
     o += memory_limit_gib > 0 ? "  warning: this layout does not fit the memory limit\n"

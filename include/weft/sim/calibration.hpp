@@ -18,8 +18,9 @@
 //                  230 GB/s of NVLink3's 300 GB/s, and near 23 GB/s of HDR's 25 GB/s per NIC).
 //   per layer      kernel launches and synchronisation of one layer's forward or backward pass.
 //
-// H200 has no published run here: it takes H100's constants (the same compute die); its
-// predictions are uncalibrated.
+// The A100 40GB takes the 80GB's constants (the same die and clocks; its rows in
+// data/sharded_runs.csv are held out, none fitted). H200 has no published run here: it takes
+// H100's constants (the same compute die); its predictions are uncalibrated.
 #include <weft/core/error.hpp>
 #include <weft/sim/hardware.hpp>
 
@@ -50,12 +51,14 @@ struct calibration {
 // gemm_peak_fraction 0.61 and gemm_half_dim 16; with it but one sequence per MT-NLG
 // micro-batch, 0.63 and 4, and a minimax of 6.5% between MT-NLG read high and SC21 read low.
 inline constexpr calibration a100_calibration{"a100-80gb", 0.67, 4, 0.90, 0.77, 0.90, 0};
+inline constexpr calibration a100_40gb_calibration{"a100-40gb", 0.67, 4, 0.90, 0.77, 0.90, 0};
 inline constexpr calibration h100_calibration{"h100-sxm", 0.71, 200, 0.70, 0.77, 0.90, 20e-6};
 inline constexpr calibration h200_calibration{"h200", 0.71, 200, 0.70, 0.77, 0.90, 20e-6};
 
 /// The constants of GPU `g`.
 [[nodiscard]] inline calibration calibration_of(const gpu& g) {
-  for (const calibration& c : {a100_calibration, h100_calibration, h200_calibration})
+  for (const calibration& c :
+       {a100_calibration, a100_40gb_calibration, h100_calibration, h200_calibration})
     if (c.gpu == g.name) return c;
   throw error("weft: sim: no calibration for GPU '" + std::string(g.name) + "'");
 }

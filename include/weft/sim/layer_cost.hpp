@@ -38,6 +38,8 @@ struct layer_cost {
   double core_elementwise_s = 0; // the attention core's softmax and dropout (0 when fused)
   double qkv_gemm_s = 0;         // the column-parallel GEMMs, whose backward collectives
   double up_gemm_s = 0;          // Megatron-LM overlaps (layout::tp_overlap)
+  double proj_gemm_s = 0;        // the row-parallel GEMMs: attention's output projection and
+  double down_gemm_s = 0;        // the MLP's down projection (layout::tp_comm_overlap)
   [[nodiscard]] double total() const noexcept { return gemm_s + attention_s + elementwise_s; }
 };
 
@@ -47,8 +49,9 @@ struct layer_cost {
   layer_cost c;
   c.qkv_gemm_s = detail::gemm_time(T, m.qkv_width() / tt, h, 1, g, cal);
   c.up_gemm_s = detail::gemm_time(T, f * (m.mlp_matrices() - 1) / tt, h, 1, g, cal);
-  c.gemm_s = c.qkv_gemm_s + detail::gemm_time(T, h, h / tt, 1, g, cal) + c.up_gemm_s +
-             detail::gemm_time(T, h, f / tt, 1, g, cal);
+  c.proj_gemm_s = detail::gemm_time(T, h, h / tt, 1, g, cal);
+  c.down_gemm_s = detail::gemm_time(T, h, f / tt, 1, g, cal);
+  c.gemm_s = c.qkv_gemm_s + c.proj_gemm_s + c.up_gemm_s + c.down_gemm_s;
   const double heads = m.heads / tt * b;
   const double hd = h / m.heads;
   c.attention_s = 2.0 * detail::gemm_time(m.seq, m.seq, hd, heads, g, cal);

@@ -31,18 +31,47 @@ struct layout {
   int zero = 0;                   // ZeRO stage 0..3 over the DP group
   bool sequence_parallel = false; // Korthikanti et al.: layer norms and dropout split over TP
   recompute recomputation = recompute::none;
-  bool tp_across_nodes = false;       // number TP slowest: its ranks on different nodes
-  bool overlap_dp = true;             // DP reduction overlaps the last backward (bucketed)
-  int dp_buckets = 4;                 // gradient buckets per pipeline rank
-  bool p2p_scatter_gather = true;     // each TP rank sends 1/tp of an activation (SC21 4.1)
-  bool p2p_blocking = false;          // sends and receives hold the rank (DeepSpeed's pipeline
-                                      // engine) instead of overlapping its compute (Megatron-LM)
-  bool tp_overlap = false;            // the backward's TP collectives run during GEMMs (Megatron-LM
-                                      // since late 2021: a column-parallel linear's input-gradient
-                                      // all-reduce, or reduce-scatter with SP, during its
-                                      // weight-gradient GEMM, SP's re-gather of its input during
-                                      // its input-gradient GEMM); false: on the critical path
-  double grad_bytes = 2;              // bytes per gradient element in the DP reduction
+  bool tp_across_nodes = false;   // number TP slowest: its ranks on different nodes
+  bool overlap_dp = true;         // DP reduction overlaps the last backward (bucketed)
+  int dp_buckets = 4;             // gradient buckets per pipeline rank
+  bool p2p_scatter_gather = true; // each TP rank sends 1/tp of an activation (SC21 4.1)
+  bool p2p_blocking = false;      // sends and receives hold the rank (DeepSpeed's pipeline
+                                  // engine) instead of overlapping its compute (Megatron-LM)
+  bool tp_overlap = false;        // the backward's TP collectives run during GEMMs (Megatron-LM
+                                  // since late 2021: a column-parallel linear's input-gradient
+                                  // all-reduce, or reduce-scatter with SP, during its
+                                  // weight-gradient GEMM, SP's re-gather of its input during
+                                  // its input-gradient GEMM); false: on the critical path
+  bool tp_comm_overlap = false;   // TP communication pipelined with the GEMMs in forward and
+                                  // backward (Megatron-core with Transformer Engine,
+                                  // --tp-comm-overlap; needs sequence parallelism): each all-gather
+                                  // in chunks under the column-parallel GEMM that consumes it, each
+                                  // reduce-scatter under the row-parallel GEMM that makes it; the
+                                  // backward's likewise. A collective shows by its excess over its
+                                  // GEMM, plus one chunk (1/tp) of the shorter of the two
+  double grad_bytes = 2;          // bytes per gradient element in the DP reduction
+  // Sharded data parallelism (zero 3: ZeRO-3, FSDP; shard_engine.hpp sets these per engine).
+  // Each block (a transformer layer; the embedding and output layer as one more) is gathered
+  // before its forward and, with reshard_after_forward, again before its backward; its gradient
+  // is reduce-scattered after its backward.
+  int shard_group = 0;                // GPUs a set of shards spans: 0 the whole DP group (ZeRO-3,
+                                      // FSDP FULL_SHARD); a divisor of dp for HSDP (HYBRID_SHARD):
+                                      // sharded inside consecutive groups of it, replicated across
+                                      // them (each block's reduce-scattered gradient then
+                                      // all-reduced across the replicas)
+  bool reshard_after_forward = true;  // the backward gathers each block again (ZeRO-3, FSDP
+                                      // FULL_SHARD, FSDP2's default); false: the forward's gathered
+                                      // weights stay until the backward (SHARD_GRAD_OP)
+  bool shard_every_micro = true;      // every micro-batch gathers and reduce-scatters; false: the
+                                      // first forward gathers and the weights stay whole until the
+                                      // last backward, whose gradients are reduce-scattered once
+  int prefetch = 1;                   // blocks whose gather may start ahead: block i's gather
+                                      // starts when block i - prefetch's compute starts; 0: when
+                                      // block i - 1's ends (no overlap)
+  bool overlap_param_gather = false;  // ZeRO-1 (Megatron-LM's distributed optimizer): the updated
+                                      // weights' all-gather runs behind the next step's first
+                                      // forward, in dp_buckets buckets; false: after the
+                                      // optimizer, with the reduce-scatter as one all-reduce
   double grad_accumulation_bytes = 0; // HBM bytes per weight and micro-batch to add its
                                       // gradient to the accumulated one outside the GEMM: 0 when
                                       // the weight-gradient GEMM accumulates into it (Megatron-LM's
@@ -56,6 +85,8 @@ struct layout {
     return global_batch > 0 ? global_batch : dp * micro_batch;
   }
   [[nodiscard]] int microbatches() const noexcept { return batch() / (dp * micro_batch); }
+  /// GPUs one set of shards spans under ZeRO-3: shard_group, or the whole DP group.
+  [[nodiscard]] int shards() const noexcept { return shard_group > 0 ? shard_group : dp; }
 
   /// The rank numbering as a mesh: TP fastest, then DP, then PP (Megatron-LM's order); with
   /// tp_across_nodes DP fastest, then PP, then TP. Rank r runs on device r of the cluster.
@@ -112,6 +143,19 @@ inline void check_layout(const model_spec& m, const machine& mc, const layout& l
          " layers cannot fill pp * chunks = " + std::to_string(model_chunks) + " model chunks");
   if (l.zero < 0 || l.zero > 3) fail("zero must be 0..3, not " + std::to_string(l.zero));
   if (l.dp_buckets < 1) fail("dp_buckets must be at least 1");
+  if (l.shard_group < 0 || (l.shard_group > 0 && l.dp % l.shard_group != 0))
+    fail("shard_group " + std::to_string(l.shard_group) + " must be 0 or divide dp " +
+         std::to_string(l.dp));
+  if (l.shard_group > 0 && l.zero != 3)
+    fail("shard_group (HSDP) shards the weights: it needs zero 3, not " + std::to_string(l.zero));
+  if (l.tp_comm_overlap && !l.sequence_parallel)
+    fail(
+        "tp_comm_overlap pipelines sequence parallelism's all-gathers and reduce-scatters: it "
+        "needs sequence_parallel");
+  if (l.prefetch < 0) fail("prefetch must be at least 0, not " + std::to_string(l.prefetch));
+  if (l.overlap_param_gather && l.zero != 1)
+    fail("overlap_param_gather is the distributed optimizer's (zero 1), not zero " +
+         std::to_string(l.zero) + "'s");
   if (l.chunks > 1 && l.schedule != pipeline::schedule_kind::interleaved)
     fail("chunks > 1 needs the interleaved schedule");
 }

@@ -11,6 +11,9 @@
 //          tp_overlap, as Megatron-LM since late 2021, the column-parallel linears' ones run
 //          behind their GEMMs and only the excess shows), and the forward again under full
 //          recompute (under selective the attention core: QK^T, AV, softmax and dropout);
+//          with tp_comm_overlap (Megatron-core with Transformer Engine) every TP collective of
+//          the forward and backward is pipelined with the GEMM beside it and only its excess
+//          over the GEMM, and one chunk, shows;
 //          split schedules (zb-h1) run it as B (input gradient) and W (weight gradient);
 //          where the weight-gradient GEMMs do not accumulate into the step's gradients, a
 //          pass over the rank's weights at HBM speed adds them (grad_accumulation_bytes)
@@ -20,6 +23,15 @@
 //          DP group's gradient reduction (bucketed: all but the last bucket overlaps the last
 //          backward),
 //          then the optimizer step at HBM speed.
+//   ZeRO-3   (FSDP, HSDP) runs each micro-batch's forward and backward as sharded.hpp's passes
+//          over the rank's blocks: each layer's weights gathered over the shard group before
+//          its forward and again before its backward (reshard_after_forward), prefetch blocks
+//          ahead, its gradient reduce-scattered after its backward (with HSDP then all-reduced
+//          across the replica group); what no compute covers lengthens the pass. Gathered once
+//          a step (shard_every_micro false), the first forward gathers and the last backward
+//          reduce-scatters, spread over the micro-batches.
+//   ZeRO-1   with overlap_param_gather (Megatron-LM's distributed optimizer): the reduce-scatter
+//          behind the last backward, the all-gather behind the next step's first forward.
 //   prices   the collectives by collective_price.hpp, each layer's compute by layer_cost.hpp,
 //          the memory by memory.hpp; the layout and its rank numbering are layout.hpp's, the
 //          engine presets pipeline_engine.hpp's. This header includes them all.
@@ -38,6 +50,7 @@
 #include <weft/sim/memory.hpp>
 #include <weft/sim/model.hpp>
 #include <weft/sim/pipeline_engine.hpp>
+#include <weft/sim/sharded.hpp>
 #include <weft/topology/topology.hpp>
 
 #include <algorithm>
@@ -70,7 +83,9 @@ struct step_result {
   double backward_s = 0;
   double weight_s = 0; // split schedules only
   axis_time tp, pp, dp;
-  double dp_exposed_s = 0;
+  double dp_exposed_s = 0;    // after the pipeline: the DP reduction no backward covers
+  double shard_exposed_s = 0; // ZeRO-3: the gathers and reduce-scatters no compute covers
+                              // (inside pipeline_s: they hold the passes that wait on them)
   double optimizer_s = 0;
   state_memory states; // bytes per GPU on the rank holding the most
   double activation_bytes = 0;
@@ -218,6 +233,23 @@ struct step_result {
                            : shows(q.call, fwd.qkv_gemm_s) + shows(q.call, fwd.up_gemm_s);
     }
     lt.b_input = fwd.gemm_s + 2.0 * (fwd.attention_s + fwd.elementwise_s) + lt.tp_backward;
+    if (l.tp_comm_overlap && t > 1) {
+      // Pipelined in tp chunks: the excess over the GEMM shows, and one chunk of the shorter.
+      const auto piped = [t](double comm, double gemm) {
+        return std::max(0.0, comm - gemm) + std::min(comm, gemm) / t;
+      };
+      lt.f = fwd.total() + piped(q.gather, fwd.qkv_gemm_s) + piped(q.scatter, fwd.proj_gemm_s) +
+             piped(q.gather, fwd.up_gemm_s) + piped(q.scatter, fwd.down_gemm_s);
+      // The output gradients' gathers under the row-parallel input-gradient GEMMs; the inputs'
+      // re-gathers and the input gradients' reduce-scatters under the column-parallel ones'
+      // input- and weight-gradient GEMMs (a split schedule runs those apart: there they show).
+      lt.tp_backward =
+          piped(q.gather, fwd.proj_gemm_s) + piped(q.gather, fwd.down_gemm_s) +
+          (split ? 2.0 * q.call
+                 : piped(q.gather, fwd.qkv_gemm_s) + piped(q.scatter, fwd.qkv_gemm_s) +
+                       piped(q.gather, fwd.up_gemm_s) + piped(q.scatter, fwd.up_gemm_s));
+      lt.b_input = fwd.gemm_s + 2.0 * (fwd.attention_s + fwd.elementwise_s) + lt.tp_backward;
+    }
     if (l.recomputation == recompute::full) lt.b_input += lt.f;
     if (l.recomputation == recompute::selective)
       lt.b_input += fwd.attention_s + fwd.core_elementwise_s;
@@ -234,8 +266,110 @@ struct step_result {
   const std::vector<int> layers_of = detail::layers_per_rank(m, p);
   const std::vector<double> rank_weights = detail::weights_per_rank(m, l, layers_of);
 
+  // --- sharded data parallelism (ZeRO-3): each block's gather and reduce-scatter ---------------
+  // Priced on each pipeline rank's slowest shard group (inner) and, with HSDP, replica group
+  // (outer): a layer's weights per TP rank, and the rank's embedding and output layer as one
+  // more block. The groups crossing nodes from the first node share its NICs.
+  struct shard_price {
+    double gather = 0, reduce = 0; // a layer's
+    double root_gather = 0, root_reduce = 0;
+  };
+  std::vector<shard_price> shard_of(static_cast<std::size_t>(p));
+  std::string_view shard_link = "none";
+  const int S = l.shards();
+  if (l.zero == 3 && l.dp > 1) {
+    const auto inner_of = [&](const std::vector<int>& dp_group, int d) {
+      const auto first = dp_group.begin() + (d / S) * S;
+      return std::vector<int>(first, first + S);
+    };
+    const auto outer_of = [&](const std::vector<int>& dp_group, int d) {
+      std::vector<int> g;
+      for (int k = d % S; k < l.dp; k += S)
+        g.push_back(dp_group[static_cast<std::size_t>(k)]);
+      return g;
+    };
+    // NIC sharing of the replica groups: those with a member on the first node that cross nodes.
+    int outer_sharing = 0;
+    if (S < l.dp) {
+      std::vector<int> firsts;
+      const int first_node = std::min(mc.cluster.devices_on(0), l.gpus());
+      for (int dev = 0; dev < first_node; ++dev) {
+        const std::vector<int> g = mesh.group(axis::dp, dev);
+        const int d = static_cast<int>(std::find(g.begin(), g.end(), dev) - g.begin());
+        const std::vector<int> o = outer_of(g, d);
+        if (std::any_of(o.begin(), o.end(), [&](int x) { return mc.cluster.node_of(x) != 0; }))
+          firsts.push_back(o.front());
+      }
+      std::sort(firsts.begin(), firsts.end());
+      outer_sharing = static_cast<int>(std::unique(firsts.begin(), firsts.end()) - firsts.begin());
+    }
+    const topology::cluster inner_net = S < l.dp ? net : dp_net;
+    const topology::cluster outer_net = detail::nic_share(net, outer_sharing);
+    const double layer_weights = m.layer_parameters() / t;
+    // Groups whose members share nodes in the same pattern cost the same: priced once per
+    // pattern and block size.
+    std::map<std::pair<std::vector<int>, std::size_t>, std::pair<double, double>> priced;
+    for (int r = 0; r < p; ++r) {
+      const double root = rank_weights[static_cast<std::size_t>(r)] -
+                          layers_of[static_cast<std::size_t>(r)] * layer_weights;
+      for (int i = 0; i < t; ++i) {
+        const std::vector<int> group = mesh.group(axis::dp, device(i, r, 0));
+        const std::vector<int> pattern = detail::node_pattern(group, mc.cluster);
+        const auto price = [&](double weights) {
+          const auto n = static_cast<std::size_t>(weights / S);
+          auto [it, fresh] = priced.try_emplace({pattern, n});
+          if (fresh) {
+            const std::vector<int> inner = inner_of(group, 0), outer = outer_of(group, 0);
+            const auto bytes = static_cast<std::size_t>(l.grad_bytes);
+            it->second.first = detail::price_group(collective::all_gather, inner, n, 2, inner_net);
+            it->second.second =
+                detail::price_group(collective::reduce_scatter, inner, n, bytes, inner_net) +
+                (outer.size() > 1
+                     ? detail::price_group(collective::all_reduce, outer, n, bytes, outer_net)
+                     : 0.0);
+          }
+          return it->second;
+        };
+        const auto [g, rs] = price(layer_weights);
+        const auto [rg, rrs] = price(root);
+        shard_price& q = shard_of[static_cast<std::size_t>(r)];
+        if (g + rs > q.gather + q.reduce) q = {g, rs, rg, rrs};
+      }
+    }
+    const std::vector<int> group0 = mesh.group(axis::dp, device(0, 0, 0));
+    shard_link = detail::link_name(S < l.dp ? group0 : inner_of(group0, 0), mc.cluster);
+  }
+  // One micro-batch's exposed gathers and reduce-scatters on a rank whose forward is `f`
+  // (`f_layer` per layer) and backward `b` (`b_layer`): the two passes run; averaged over the
+  // micro-batches where only the first gathers and the last reduce-scatters.
+  struct shard_exposure {
+    double forward = 0, backward = 0, communication = 0;
+  };
+  const auto shard_exposed = [&](int r, double f, double f_layer, double b, double b_layer) {
+    shard_exposure e;
+    if (l.zero != 3 || l.dp == 1) return e;
+    const shard_price& q = shard_of[static_cast<std::size_t>(r)];
+    const int L = layers_of[static_cast<std::size_t>(r)];
+    const double every = l.shard_every_micro ? 1.0 : 1.0 / out.microbatches;
+    std::vector<shard_block> fwd_blocks{{0.0, q.root_gather, 0.0}};
+    for (int k = 0; k < L; ++k)
+      fwd_blocks.push_back({f_layer, q.gather, 0.0});
+    fwd_blocks.back().compute_s += f - L * f_layer; // the logits, the messages
+    const bool regather = l.reshard_after_forward && l.shard_every_micro;
+    std::vector<shard_block> bwd_blocks{{b - L * b_layer, 0.0, 0.0}};
+    for (int k = 0; k < L; ++k)
+      bwd_blocks.push_back({b_layer, regather ? q.gather : 0.0, q.reduce});
+    bwd_blocks.push_back({0.0, 0.0, q.root_reduce});
+    e.forward = every * run_sharded_pass(fwd_blocks, l.prefetch).exposed_s;
+    e.backward = every * run_sharded_pass(bwd_blocks, l.prefetch).exposed_s;
+    e.communication = every * ((regather ? 2.0 : 1.0) * (L * q.gather + q.root_gather) +
+                               L * q.reduce + q.root_reduce);
+    return e;
+  };
+
   struct rank_cost {
     double f, b, w;
+    shard_exposure shard;
   };
   std::vector<rank_cost> cost(static_cast<std::size_t>(p));
   for (int r = 0; r < p; ++r) {
@@ -259,6 +393,12 @@ struct step_result {
     // Adding this micro-batch's weight gradients to the step's, unless the GEMMs do it.
     c.w += rank_weights[static_cast<std::size_t>(r)] * l.grad_accumulation_bytes /
            (g.hbm_bandwidth * cal.hbm_fraction);
+    // ZeRO-3: the gathers and reduce-scatters no compute covers, in the passes that run them.
+    const double accumulation =
+        m.layer_parameters() / t * l.grad_accumulation_bytes / (g.hbm_bandwidth * cal.hbm_fraction);
+    c.shard = shard_exposed(r, c.f, lt.f, c.b + c.w, lt.b_input + layer_b_weight + accumulation);
+    c.f += c.shard.forward;
+    c.b += c.shard.backward;
     if (!split) {
       c.b += c.w;
       c.w = 0;
@@ -356,8 +496,7 @@ struct step_result {
             it->second = price(collective::all_reduce, grad_elems, grad_size) +
                          (micro - 1) * price(collective::reduce_scatter, shard, grad_size);
           } else {
-            it->second = micro * (2 * price(collective::all_gather, shard, 2) +
-                                  price(collective::reduce_scatter, shard, grad_size));
+            it->second = 0; // ZeRO-3: per block, in the passes (above)
           }
         }
         if (it->second > dp_time || dp_link == "none") {
@@ -368,19 +507,39 @@ struct step_result {
     }
   }
   out.dp = {dp_time, dp_time, dp_link};
-  if (l.overlap_dp) {
-    // The last micro-batch's backward; ZeRO-2 and 3 communicate under every micro-batch's
-    // backward (ZeRO-3: and forward).
+  if (l.zero == 3 && l.dp > 1) {
+    // Its exposed part is already in the passes (pipeline_s); dp says what it sends.
+    const rank_cost& c = *busiest;
+    out.dp = {c.shard.communication * out.microbatches, shard_of[busiest_rank].gather, shard_link};
+    out.shard_exposed_s = (c.shard.forward + c.shard.backward) * out.microbatches;
+    out.dp_exposed_s = 0;
+  } else if (l.overlap_param_gather && l.dp > 1) {
+    // The distributed optimizer: the reduce-scatter behind the last backward, in buckets; the
+    // updated weights' all-gather behind the next step's first forward, in buckets.
+    double rs = 0, ag = 0;
+    for (int r = 0; r < p; ++r) {
+      for (int i = 0; i < t; ++i) {
+        const std::vector<int> members = mesh.group(axis::dp, device(i, r, 0));
+        const auto shard = grad_elems / static_cast<std::size_t>(l.dp);
+        rs = std::max(
+            rs, detail::price_group(collective::reduce_scatter, members, shard, grad_size, dp_net));
+        ag = std::max(ag, detail::price_group(collective::all_gather, members, shard, 2, dp_net));
+      }
+    }
     const double backward = out.backward_s + out.weight_s;
-    const double micro = out.microbatches;
-    const double window = l.zero <= 1   ? backward
-                          : l.zero == 2 ? micro * backward
-                                        : micro * (backward + out.forward_s);
+    const double buckets = l.dp_buckets;
+    out.dp = {rs + ag, rs + ag, dp_link};
+    out.dp_exposed_s = (l.overlap_dp ? std::max(rs / buckets, rs - backward) : rs) +
+                       std::max(ag / buckets, ag - out.forward_s);
+  } else if (l.overlap_dp) {
+    // The last micro-batch's backward; ZeRO-2 communicates under every micro-batch's backward.
+    const double backward = out.backward_s + out.weight_s;
+    const double window = l.zero <= 1 ? backward : out.microbatches * backward;
     out.dp_exposed_s = std::max(dp_time / l.dp_buckets, dp_time - window);
   } else {
     out.dp_exposed_s = dp_time;
   }
-  const double shard = l.zero >= 1 ? l.dp : 1;
+  const double shard = l.zero == 3 ? S : l.zero >= 1 ? l.dp : 1;
   out.optimizer_s = rank_params / shard * 32.0 / (g.hbm_bandwidth * cal.hbm_fraction);
   out.step_time_s = out.pipeline_s + out.dp_exposed_s + out.optimizer_s;
 

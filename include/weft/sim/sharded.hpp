@@ -1,0 +1,117 @@
+#pragma once
+// Sharded data parallelism (ZeRO-3, PyTorch FSDP/FSDP2, HSDP) as it runs: one pass (a
+// micro-batch's forward or backward) over a rank's blocks, each block's all-gather on a
+// communication stream beside the compute, and the engine presets that set a layout's sharding.
+//
+//   a pass     blocks in order; block i computes once its gather has ended and block i - 1's
+//              compute has; the communication stream runs its collectives one at a time in the
+//              order they are issued: block i's gather when block i - prefetch's compute starts
+//              (prefetch 0: when block i - 1's ends), block i's trailing collective (the
+//              backward's reduce-scatter) when its compute ends. What a gather needs beyond the
+//              compute it runs behind shows; the first block's gather, and the last block's
+//              reduce-scatter, nothing hides.
+//   engines    shard_engine_named: "deepspeed-zero3", "fsdp" (FSDP1 FULL_SHARD), "fsdp2"
+//              (fully_shard); HSDP is FSDP with layout::shard_group set.
+#include <weft/core/error.hpp>
+#include <weft/sim/layout.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace weft::sim {
+
+/// One block of a pass: its compute, the all-gather of its weights before it (0: already
+/// whole) and the collective issued after it (its gradient's reduce-scatter; 0: none).
+struct shard_block {
+  double compute_s = 0;
+  double gather_s = 0;
+  double after_s = 0;
+};
+
+/// A pass's time, from its first gather's start to the end of its last compute and
+/// collective, and the part of it no compute covers.
+struct shard_pass {
+  double time_s = 0;
+  double exposed_s = 0; // time_s less the blocks' compute
+};
+
+/// Runs `blocks` in order with gathers up to `prefetch` blocks ahead (see the header).
+[[nodiscard]] inline shard_pass run_sharded_pass(const std::vector<shard_block>& blocks,
+                                                 int prefetch) {
+  if (prefetch < 0)
+    throw error("weft: sim: sharded pass: prefetch must be at least 0, not " +
+                std::to_string(prefetch));
+  const std::size_t n = blocks.size();
+  const auto ahead = static_cast<std::size_t>(prefetch);
+  std::vector<double> gathered(n, 0.0);
+  double comm = 0, compute = 0, busy = 0;
+  const auto gather = [&](std::size_t i, double issued) {
+    comm = std::max(comm, issued) + blocks[i].gather_s;
+    gathered[i] = comm;
+  };
+  for (std::size_t i = 0; i < std::min(ahead, n); ++i)
+    gather(i, 0.0); // issued before the pass's first compute
+  for (std::size_t i = 0; i < n; ++i) {
+    if (ahead == 0) gather(i, compute);
+    const double start = std::max(compute, gathered[i]);
+    if (ahead > 0 && i + ahead < n) gather(i + ahead, start);
+    compute = start + blocks[i].compute_s;
+    busy += blocks[i].compute_s;
+    if (blocks[i].after_s > 0) comm = std::max(comm, compute) + blocks[i].after_s;
+  }
+  const double time = std::max(compute, comm);
+  return {time, std::max(0.0, time - busy)};
+}
+
+/// Whose sharded data parallelism runs a ZeRO-3 layout, and how.
+///   deepspeed_zero3  DeepSpeed's stage 3: every micro-batch gathers each block for its forward
+///                    and again for its backward and reduce-scatters its gradients (buckets of
+///                    reduce_bucket_size, 5e8 elements by default, overlapped with the backward
+///                    under overlap_comm); stage3_prefetch_bucket_size (5e7 parameters by
+///                    default) prefetches about one block of a 1B-parameter model ahead, less of
+///                    a larger one's: prefetch 1 (DeepSpeed's configuration reference,
+///                    deepspeed.ai/docs/config-json, "ZeRO optimizations").
+///   fsdp             PyTorch FSDP1, FULL_SHARD: each FSDP unit gathered before its forward and
+///                    (reshard after forward) its backward; the forward's next gather is issued
+///                    while the current unit computes, at most two in flight under
+///                    limit_all_gathers (the default since PyTorch 2.1, pytorch/pytorch#104900),
+///                    and BACKWARD_PRE issues the backward's next gather before the current
+///                    unit's gradient computation: prefetch 1 both ways (PyTorch docs, "FSDP
+///                    Notes: FSDP Prefetch Nuances"). Every micro-batch gathers and
+///                    reduce-scatters unless the loop runs under no_sync.
+///   fsdp2            PyTorch FSDP2, fully_shard: reshard_after_forward true by default,
+///                    implicit one-module-ahead prefetch in forward and explicit one ahead in
+///                    backward (pytorch/pytorch#128884): prefetch 1.
+enum class shard_engine { deepspeed_zero3, fsdp, fsdp2 };
+
+[[nodiscard]] constexpr std::string_view name_of(shard_engine e) noexcept {
+  switch (e) {
+    case shard_engine::deepspeed_zero3: return "deepspeed-zero3";
+    case shard_engine::fsdp: return "fsdp";
+    case shard_engine::fsdp2: return "fsdp2";
+  }
+  return "fsdp";
+}
+
+[[nodiscard]] inline shard_engine shard_engine_named(std::string_view s) {
+  for (shard_engine e : {shard_engine::deepspeed_zero3, shard_engine::fsdp, shard_engine::fsdp2})
+    if (name_of(e) == s) return e;
+  throw error("weft: sim: unknown sharding engine '" + std::string(s) +
+              "': expected deepspeed-zero3, fsdp or fsdp2");
+}
+
+/// Sets `l` to ZeRO-3 as engine `e` runs it (the engines differ in where their defaults come
+/// from, not in the figures: each regathers for the backward, prefetches one block and
+/// reduce-scatters every micro-batch). Keeps `l.shard_group` (HSDP).
+inline void use_shard_engine(layout& l, shard_engine e) {
+  (void)e;
+  l.zero = 3;
+  l.reshard_after_forward = true;
+  l.shard_every_micro = true;
+  l.prefetch = 1;
+}
+
+} // namespace weft::sim

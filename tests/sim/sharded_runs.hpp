@@ -1,0 +1,157 @@
+#pragma once
+// Reads data/sharded_runs.csv (published ZeRO-3 / FSDP / HSDP runs, all held out) into models,
+// layouts and machines, and says of each row the simulator cannot express why.
+#include <weft/core/error.hpp>
+#include <weft/sim/hardware.hpp>
+#include <weft/sim/model.hpp>
+#include <weft/sim/sharded.hpp>
+#include <weft/sim/step.hpp>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "published_runs.hpp"
+
+namespace weft_test {
+
+struct sharded_run {
+  std::string source, id, engine, series, batch_rule, set;
+  std::string why_not; // "" when the simulator can express the row
+  weft::sim::gpu device;
+  weft::sim::model_spec model;
+  weft::sim::layout layout;
+  int gpus = 0;
+  double nic_gbps = 0;         // per NIC, from the row's interconnect; 0: the DGX preset's
+  double published_tokens = 0; // tokens/s per GPU, as the source states it
+};
+
+/// The machine a row ran on: its GPU's DGX nodes, with the NICs' bandwidth the source states.
+inline weft::sim::machine machine_of(const sharded_run& r) {
+  weft::sim::machine mc = weft::sim::dgx(r.device, (r.gpus + 7) / 8);
+  if (r.nic_gbps > 0) {
+    const weft::topology::cluster& c = mc.cluster;
+    weft::topology::link inter = c.inter();
+    inter.bandwidth = r.nic_gbps * 1e9 / 8;
+    mc.cluster = weft::topology::cluster(c.devices_per_node(), c.intra(), inter, c.nics_per_node(),
+                                         c.reduce_bandwidth());
+  }
+  return mc;
+}
+
+/// Predicted tokens/s per GPU of a row.
+inline double predicted_tokens(const sharded_run& r) {
+  const auto res = weft::sim::simulate_step(r.model, machine_of(r), r.layout);
+  return r.layout.batch() * static_cast<double>(r.model.seq) / (res.step_time_s * r.gpus);
+}
+
+inline std::vector<sharded_run> read_sharded_runs(const std::string& path = data_dir() +
+                                                                            "/sharded_runs.csv") {
+  std::ifstream in(path);
+  if (!in) throw weft::error("cannot open " + path);
+  std::vector<std::string> header;
+  std::vector<sharded_run> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::vector<std::string> cells;
+    std::stringstream ss(line);
+    std::string cell;
+    while (std::getline(ss, cell, ','))
+      cells.push_back(cell);
+    if (line.back() == ',') cells.emplace_back();
+    if (header.empty()) {
+      header = cells;
+      continue;
+    }
+    if (cells.size() != header.size())
+      throw weft::error(path + ": a row of " + std::to_string(cells.size()) +
+                        " cells under a header of " + std::to_string(header.size()) + ": " + line);
+    std::map<std::string, std::string> row;
+    for (std::size_t i = 0; i < cells.size(); ++i)
+      row[header[i]] = cells[i];
+    const auto integer = [&](const char* k) {
+      const std::string& v = row.at(k);
+      return v == "-" ? 0 : std::stoi(v);
+    };
+    sharded_run r;
+    r.source = row.at("source");
+    r.id = row.at("id");
+    r.engine = row.at("engine");
+    r.series = row.at("series");
+    r.batch_rule = row.at("batch_rule");
+    r.set = row.at("set");
+    r.gpus = integer("gpus");
+    const std::string tokens = row.at("tokens_per_gpu_s");
+    r.published_tokens = tokens == "-" ? 0 : std::stod(tokens);
+    const std::string precision = row.at("precision");
+    const auto refuse = [&](const std::string& why) {
+      if (r.why_not.empty()) r.why_not = why;
+    };
+    if (r.engine != "fsdp" && r.engine != "fsdp2" && r.engine != "hsdp")
+      refuse("engine " + r.engine + ": its layout or precision is not stated or not modelled");
+    if (precision != "bf16" && precision != "amp_bf16" && precision != "bf16_pure")
+      refuse("precision " + precision + ": the simulator prices 16-bit GEMMs only");
+    if (row.at("offload") != "none") refuse("offload " + row.at("offload") + ": not modelled");
+    try {
+      r.device = weft::sim::gpu_named(row.at("gpu"));
+    } catch (const weft::error&) {
+      refuse("gpu " + row.at("gpu") + ": no datasheet preset");
+    }
+    for (const char* k : {"tp", "pp", "dp", "micro_batch", "accum_steps", "heads", "layers"})
+      if (integer(k) == 0) refuse(std::string(k) + " not stated");
+    if (r.published_tokens == 0) refuse("no tokens/s figure");
+    if (!r.why_not.empty()) {
+      out.push_back(std::move(r));
+      continue;
+    }
+    // The NICs: "<N>Gbps" per node (8 NICs of N/8) or "_per_GPU" (8 NICs of N); none stated:
+    // the DGX preset's.
+    const std::string net = row.at("interconnect");
+    if (const auto at = net.find("Gbps"); at != std::string::npos) {
+      auto from = at;
+      while (from > 0 && std::isdigit(static_cast<unsigned char>(net[from - 1])) != 0)
+        --from;
+      const double gbps = std::stod(net.substr(from, at - from));
+      r.nic_gbps = net.find("per_GPU") != std::string::npos ? gbps : gbps / 8;
+    }
+    r.model.name = r.id;
+    r.model.layers = integer("layers");
+    r.model.hidden = integer("hidden");
+    r.model.heads = integer("heads");
+    r.model.kv_heads = integer("kv_heads");
+    r.model.ffn = integer("ffn");
+    r.model.gated = integer("gated") != 0;
+    r.model.seq = integer("seq");
+    r.model.vocab = integer("vocab");
+    r.model.flash_attention = integer("flash") != 0;
+    r.model.learned_positions = row.at("positions") == "learned";
+    r.model.tied_embeddings = integer("tied") != 0;
+    weft::sim::layout& l = r.layout;
+    l.tp = integer("tp");
+    l.pp = integer("pp");
+    l.dp = integer("dp");
+    l.micro_batch = integer("micro_batch");
+    l.global_batch = integer("global_batch");
+    l.schedule = row.at("schedule") == "interleaved" ? weft::pipeline::schedule_kind::interleaved
+                                                     : weft::pipeline::schedule_kind::one_f_one_b;
+    l.chunks = std::max(1, integer("chunks"));
+    l.recomputation = weft::sim::recompute_named(row.at("recompute"));
+    l.sequence_parallel = integer("sp") != 0;
+    l.tp_overlap = integer("tp_overlap") != 0;
+    weft::sim::use_shard_engine(
+        l, weft::sim::shard_engine_named(r.engine == "hsdp" ? "fsdp" : r.engine));
+    if (r.engine == "hsdp") l.shard_group = integer("shard_group");
+    l.shard_every_micro = row.at("sync_per_micro") != "no";
+    // Gradients reduced in fp32 where the software's default says so: torchtitan's
+    // mixed_precision_reduce and Composer's DEFAULT mixed precision (amp_bf16); in bf16 under
+    // Composer's PURE and where the source says bf16 only.
+    l.grad_bytes = r.engine == "fsdp2" || precision == "amp_bf16" ? 4 : 2;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+} // namespace weft_test

@@ -1,0 +1,314 @@
+// The held-out sharded runs of data/sharded_runs.csv (FSDP, FSDP2, HSDP) against the
+// simulator, row by row and series by series, and the sharded pass against a hand-worked
+// reference. No constant here or in calibration.hpp was fitted on these rows.
+#include "sharded_runs.hpp"
+
+#include <weft/sim/sharded.hpp>
+#include <weft/sim/step.hpp>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "published_runs.hpp"
+
+namespace {
+
+using weft::sim::run_sharded_pass;
+using weft::sim::shard_block;
+
+// Three blocks of 10 s compute, gathers of 4 s (hidden) or 15 s (5 s of each shows): worked by
+// hand on a two-stream timeline.
+TEST(sim_sharded, pass_hides_a_gather_behind_the_block_before_it) {
+  // prefetch 1, gathers 4: G0 0-4, B0 4-14, G1 4-8, B1 14-24, G2 14-18, B2 24-34.
+  EXPECT_DOUBLE_EQ(run_sharded_pass({{10, 4, 0}, {10, 4, 0}, {10, 4, 0}}, 1).time_s, 34);
+  EXPECT_DOUBLE_EQ(run_sharded_pass({{10, 4, 0}, {10, 4, 0}, {10, 4, 0}}, 1).exposed_s, 4);
+  // gathers 15: G0 0-15, B0 15-25, G1 15-30, B1 30-40, G2 30-45, B2 45-55.
+  EXPECT_DOUBLE_EQ(run_sharded_pass({{10, 15, 0}, {10, 15, 0}, {10, 15, 0}}, 1).time_s, 55);
+  // prefetch 0: every gather after the block before: 3 x (4 + 10).
+  EXPECT_DOUBLE_EQ(run_sharded_pass({{10, 4, 0}, {10, 4, 0}, {10, 4, 0}}, 0).time_s, 42);
+  // prefetch 2 with gathers 15: G0 0-15, G1 15-30, B0 15-25, G2 30-45 (issued at B0's start,
+  // behind G1), B1 30-40, B2 45-55: no better than 1 when the stream is the bottleneck.
+  EXPECT_DOUBLE_EQ(run_sharded_pass({{10, 15, 0}, {10, 15, 0}, {10, 15, 0}}, 2).time_s, 55);
+  // A backward: reduce-scatters of 3 after each block share the stream with the next gathers.
+  // G0 0-4, B0 4-14, G1 4-8, RS0 14-17, G2 14-18 (issued at B1's start, after RS0: 17-21),
+  // B1 14-24, RS1 24-27, B2 24-34 (G2 ended 21), RS2 34-37.
+  EXPECT_DOUBLE_EQ(run_sharded_pass({{10, 4, 3}, {10, 4, 3}, {10, 4, 3}}, 1).time_s, 37);
+  EXPECT_THROW((void)run_sharded_pass({}, -1), weft::error);
+}
+
+// A step of ZeRO-3 is no faster than the same step without any communication of its own, and
+// slower the more blocks' gathers outlast their compute: a 13B model's step over 64 GPUs at
+// one sequence per GPU shows more of its gathers than at sixteen.
+TEST(sim_sharded, fewer_tokens_per_gpu_show_more_of_the_gathers) {
+  weft::sim::model_spec m;
+  m.name = "mpt-13b";
+  m.layers = 40;
+  m.hidden = 5120;
+  m.heads = 40;
+  m.seq = 2048;
+  m.vocab = 50368;
+  m.flash_attention = true;
+  const auto mc = weft::sim::dgx(weft::sim::a100_80gb, 8);
+  const auto exposed_share = [&](int micro) {
+    weft::sim::layout l{.dp = 64, .micro_batch = micro, .global_batch = 64 * micro};
+    weft::sim::use_shard_engine(l, weft::sim::shard_engine::fsdp);
+    const auto r = weft::sim::simulate_step(m, mc, l);
+    return r.shard_exposed_s / r.step_time_s;
+  };
+  EXPECT_GT(exposed_share(1), exposed_share(16));
+  weft::sim::layout bad{.dp = 64, .zero = 1, .shard_group = 8};
+  EXPECT_THROW((void)weft::sim::simulate_step(m, mc, bad), weft::error);
+  bad = {.dp = 64, .zero = 3, .shard_group = 7};
+  EXPECT_THROW((void)weft::sim::simulate_step(m, mc, bad), weft::error);
+  EXPECT_THROW((void)weft::sim::shard_engine_named("zero-3"), weft::error);
+}
+
+// HSDP keeps the gathers and reduce-scatters inside a node and all-reduces each block's
+// shard across the replicas; the optimizer state is sharded over the node only: 8 times the
+// full shard's optimizer time on 64 GPUs.
+TEST(sim_sharded, hsdp_shards_inside_the_group_and_reduces_across_replicas) {
+  weft::sim::model_spec m;
+  m.name = "llama2-7b";
+  m.layers = 32;
+  m.hidden = 4096;
+  m.heads = 32;
+  m.ffn = 11008;
+  m.gated = true;
+  m.learned_positions = false;
+  m.tied_embeddings = false;
+  m.seq = 4096;
+  m.vocab = 32000;
+  m.flash_attention = true;
+  const auto mc = weft::sim::dgx(weft::sim::a100_80gb, 8);
+  weft::sim::layout full{.dp = 64, .micro_batch = 2};
+  weft::sim::use_shard_engine(full, weft::sim::shard_engine::fsdp);
+  weft::sim::layout hybrid = full;
+  hybrid.shard_group = 8;
+  const auto f = weft::sim::simulate_step(m, mc, full);
+  const auto h = weft::sim::simulate_step(m, mc, hybrid);
+  EXPECT_NEAR(h.optimizer_s, 8 * f.optimizer_s, 1e-9 * h.optimizer_s);
+  EXPECT_EQ(f.dp.link, "ib");
+  EXPECT_EQ(h.dp.link, "ib"); // the replica groups cross nodes
+  // A gather inside the node is cheaper than one over 64 GPUs on InfiniBand.
+  EXPECT_LT(h.dp.per_call_s, f.dp.per_call_s);
+}
+
+// Gathered once a step (shard_every_micro false) the weights cross the network once for m
+// micro-batches: over four micro-batches, less than a quarter of what gathering and
+// reduce-scattering for every one sends (which also regathers for the backward).
+TEST(sim_sharded, gathering_once_a_step_sends_less_than_a_share_per_micro_batch) {
+  weft::sim::model_spec m;
+  m.name = "mpt-7b";
+  m.layers = 32;
+  m.hidden = 4096;
+  m.heads = 32;
+  m.seq = 2048;
+  m.vocab = 50368;
+  m.flash_attention = true;
+  const auto mc = weft::sim::dgx(weft::sim::a100_80gb, 4);
+  weft::sim::layout every{.dp = 32, .micro_batch = 2, .global_batch = 256};
+  weft::sim::use_shard_engine(every, weft::sim::shard_engine::fsdp2);
+  weft::sim::layout once = every;
+  once.shard_every_micro = false;
+  const auto e = weft::sim::simulate_step(m, mc, every);
+  const auto o = weft::sim::simulate_step(m, mc, once);
+  ASSERT_EQ(e.microbatches, 4);
+  EXPECT_LT(o.dp.seconds, e.dp.seconds / 4);
+  EXPECT_LE(o.shard_exposed_s, e.shard_exposed_s);
+}
+
+// The distributed optimizer's overlapped gather: the reduce-scatter behind the last backward
+// and the all-gather behind the next forward, each showing at least one bucket. Reference: the
+// two collectives priced apart and the windows from the step itself.
+TEST(sim_sharded, distributed_optimizer_hides_its_gather_behind_the_forward) {
+  weft::sim::model_spec m;
+  m.name = "gpt-13b";
+  m.layers = 40;
+  m.hidden = 5120;
+  m.heads = 40;
+  m.seq = 2048;
+  m.vocab = 51200;
+  m.flash_attention = true;
+  const auto mc = weft::sim::dgx(weft::sim::a100_80gb, 4);
+  weft::sim::layout l{.tp = 2, .dp = 16, .micro_batch = 1, .global_batch = 16, .zero = 1};
+  const auto plain = weft::sim::simulate_step(m, mc, l);
+  l.overlap_param_gather = true;
+  const auto r = weft::sim::simulate_step(m, mc, l);
+  EXPECT_LT(r.dp_exposed_s, plain.dp_exposed_s);
+  const double rs = r.dp.seconds; // reduce-scatter + all-gather, each under its window
+  EXPECT_GE(r.dp_exposed_s, rs / l.dp_buckets / 2);
+  EXPECT_GT(r.step_time_s, r.pipeline_s + r.optimizer_s);
+  l.zero = 3;
+  EXPECT_THROW((void)weft::sim::simulate_step(m, mc, l), weft::error);
+}
+
+struct row_result {
+  const weft_test::sharded_run* run;
+  double predicted;
+  [[nodiscard]] double error() const {
+    return (predicted - run->published_tokens) / run->published_tokens;
+  }
+};
+
+// Every expressible held-out row, and each scaling series point by point: the published and
+// predicted tokens/s per GPU side by side, and the change per doubling of the GPU count.
+TEST(sim_sharded, held_out_rows_and_series) {
+  const auto runs = weft_test::read_sharded_runs();
+  ASSERT_GE(runs.size(), 70U);
+  std::vector<row_result> rows;
+  std::printf("%-34s %-18s %5s %10s %10s %7s\n", "row", "series", "gpus", "published", "predicted",
+              "error");
+  for (const auto& r : runs) {
+    if (!r.why_not.empty()) {
+      std::printf("%-34s not expressible: %s\n", r.id.c_str(), r.why_not.c_str());
+      continue;
+    }
+    ASSERT_EQ(r.set, "holdout") << r.id;
+    ASSERT_EQ(r.layout.gpus(), r.gpus) << r.id;
+    rows.push_back({&r, weft_test::predicted_tokens(r)});
+    const row_result& x = rows.back();
+    std::printf("%-34s %-18s %5d %10.0f %10.0f %+6.1f%%\n", r.id.c_str(), r.series.c_str(), r.gpus,
+                r.published_tokens, x.predicted, 100 * x.error());
+  }
+  ASSERT_GE(rows.size(), 40U); // FOUNDRY's two tables, TITAN-A100, IBM-FSDP24
+  // The rows their own table shows as outliers: per-GPU throughput 15% or more below another
+  // row of the same model, software and GPU in the same source (MPT 1B on 32 A100s, MPT 70B on
+  // 64): a property of the published figures, not of any prediction.
+  const auto outlier = [&](const weft_test::sharded_run& r) {
+    return std::any_of(runs.begin(), runs.end(), [&](const weft_test::sharded_run& o) {
+      return o.why_not.empty() && o.source == r.source && o.model.layers == r.model.layers &&
+             o.model.hidden == r.model.hidden && o.device.name == r.device.name &&
+             r.published_tokens < 0.85 * o.published_tokens;
+    });
+  };
+  double sum = 0, worst = 0;
+  int within = 0;
+  for (const auto& x : rows) {
+    sum += std::abs(x.error());
+    worst = std::max(worst, std::abs(x.error()));
+    within += std::abs(x.error()) <= 0.10 ? 1 : 0;
+  }
+  std::printf("held-out rows: %zu expressible, mean |error| %.1f%%, worst %.1f%%, %d within 10%%\n",
+              rows.size(), 100 * sum / rows.size(), 100 * worst, within);
+  // What holds: the A100 rows of llm-foundry's A100 table and of torchtitan's A100 page, the
+  // two outliers aside, within 10% (A100 constants fitted on Megatron-LM rows only). The H100
+  // rows read high (the H100 constants rest on one tuning row) and IBM's A100 7B and 13B rows
+  // too: printed above, not asserted.
+  for (const auto& x : rows) {
+    const auto& r = *x.run;
+    if ((r.source == "FOUNDRY-A100-40" || r.source == "TITAN-A100") && !outlier(r)) {
+      EXPECT_LE(std::abs(x.error()), 0.10) << r.id;
+    }
+  }
+  // The published runs of data/published_runs.csv (3D layouts, ZeRO 0 and 1), by set.
+  for (const std::string set : {"tune", "holdout"}) {
+    double s = 0, w = 0;
+    int n = 0;
+    for (const auto& r : weft_test::read_published_runs()) {
+      if (r.set != set) continue;
+      const double e = std::abs(
+          weft_test::predicted_tflops(r, weft::sim::calibration_of(r.device)) / r.measured_tflops -
+          1);
+      s += e;
+      w = std::max(w, e);
+      ++n;
+    }
+    std::printf("published_runs.csv %s rows: %d, mean |error| %.1f%%, worst %.1f%%\n", set.c_str(),
+                n, 100 * s / n, 100 * w);
+  }
+
+  // The series: per doubling, the change of tokens/s per GPU from the first point to the last.
+  std::map<std::string, std::vector<const row_result*>> series;
+  for (const auto& x : rows)
+    if (x.run->series != "-") series[x.run->series].push_back(&x);
+  double worst_trend = 0;
+  std::printf("%-18s %-40s %-40s %9s %9s\n", "series", "published", "predicted", "pub/2x",
+              "pred/2x");
+  for (auto& [name, points] : series) {
+    std::sort(points.begin(), points.end(),
+              [](const row_result* a, const row_result* b) { return a->run->gpus < b->run->gpus; });
+    if (points.size() < 2) continue;
+    std::string pub, pred;
+    for (const row_result* x : points) {
+      pub += std::to_string(x->run->gpus) + ":" +
+             std::to_string(static_cast<int>(x->run->published_tokens)) + " ";
+      pred +=
+          std::to_string(x->run->gpus) + ":" + std::to_string(static_cast<int>(x->predicted)) + " ";
+    }
+    const double doublings =
+        std::log2(static_cast<double>(points.back()->run->gpus) / points.front()->run->gpus);
+    const auto per_doubling = [&](double first, double last) {
+      return std::pow(last / first, 1.0 / doublings) - 1;
+    };
+    const double p =
+        per_doubling(points.front()->run->published_tokens, points.back()->run->published_tokens);
+    const double q = per_doubling(points.front()->predicted, points.back()->predicted);
+    std::printf("%-18s %-40s %-40s %+8.1f%% %+8.1f%%\n", name.c_str(), pub.c_str(), pred.c_str(),
+                100 * p, 100 * q);
+    const bool has_outlier = std::any_of(points.begin(), points.end(),
+                                         [&](const row_result* x) { return outlier(*x->run); });
+    if (has_outlier) continue;
+    worst_trend = std::max(worst_trend, std::abs(p - q));
+    // Published and predicted alike: at a fixed per-GPU batch, per-GPU throughput within a few
+    // percent per doubling (falling at most 3%, rising at most 1%), and the two changes within
+    // 2.5 points of each other.
+    EXPECT_GT(p, -0.03) << name;
+    EXPECT_LT(p, 0.01) << name;
+    EXPECT_GT(q, -0.03) << name;
+    EXPECT_LT(q, 0.01) << name;
+    EXPECT_LE(std::abs(p - q), 0.025) << name;
+  }
+  std::printf(
+      "series without an outlier: worst gap between the published and predicted change "
+      "per doubling: %.1f points\n",
+      100 * worst_trend);
+}
+
+// At a fixed global batch (no published ZeRO-3 series found keeps one): MPT 13B under FSDP on
+// A100 80GB, 2,048 sequences of 2,048 tokens, full recompute, from 64 GPUs (32 sequences each, 4
+// micro-batches of 8) to 2,048 (one each). The gathers and reduce-scatters per micro-batch stay
+// the same size while the compute they hide behind shrinks: per-GPU throughput holds while a
+// block's compute covers its gather and falls once it does not. Against a reference: the same
+// steps with their exposed communication taken out, which do not fall.
+TEST(sim_sharded, fixed_global_batch_loses_throughput_once_gathers_outlast_compute) {
+  weft::sim::model_spec m;
+  m.name = "mpt-13b";
+  m.layers = 40;
+  m.hidden = 5120;
+  m.heads = 40;
+  m.seq = 2048;
+  m.vocab = 50368;
+  m.flash_attention = true;
+  std::printf("%6s %6s %12s %12s %14s\n", "gpus", "micro", "tokens/s/gpu", "exposed s",
+              "without comm");
+  std::vector<double> with, without;
+  for (int gpus = 64; gpus <= 2048; gpus *= 2) {
+    const int per_gpu = 2048 / gpus;
+    weft::sim::layout l{.dp = gpus,
+                        .micro_batch = std::min(8, per_gpu),
+                        .global_batch = 2048,
+                        .recomputation = weft::sim::recompute::full};
+    weft::sim::use_shard_engine(l, weft::sim::shard_engine::fsdp);
+    const auto r = weft::sim::simulate_step(m, weft::sim::dgx(weft::sim::a100_80gb, gpus / 8), l);
+    const double tokens = 2048.0 * m.seq / gpus;
+    with.push_back(tokens / r.step_time_s);
+    without.push_back(tokens / (r.step_time_s - r.shard_exposed_s));
+    std::printf("%6d %6d %12.0f %12.3f %14.0f\n", gpus, l.micro_batch, with.back(),
+                r.shard_exposed_s, without.back());
+  }
+  // Without its exposed communication the step's per-GPU rate is flat within 3% (GEMM shapes
+  // shrink with the micro-batch); with it, it falls from 64 to 2,048 GPUs, and by more than
+  // the communication-free rate does.
+  EXPECT_NEAR(without.back() / without.front(), 1.0, 0.03);
+  EXPECT_LT(with.back() / with.front(), without.back() / without.front() - 0.05);
+  for (std::size_t i = 1; i < with.size(); ++i)
+    EXPECT_LE(with[i], with[i - 1] * 1.001) << i;
+}
+
+} // namespace
