@@ -66,6 +66,9 @@ layout (one simulation):
 search:
   --search             rank every mesh that fits; with --tp and --pp, say where that one ranks
   --top N              layouts to explain (default 5)
+  --runnable           only layouts weft::strategy runs as is (each ranked layout says whether
+                       it does, and why not; the best that does is printed as a
+                       weft::strategy<...> type, its configuration and its launch line)
   --memory-limit GIB   per GPU (default: the GPU's memory)
 output:
   --json               machine-readable: tflops_per_gpu (SC21 Eq. 3), step_time_s, bubble,
@@ -95,6 +98,7 @@ struct config {
   std::optional<int> tp, pp, dp, chunks;
   std::optional<int> ffn, kv_heads; // applied after --model, wherever they come
   bool search = false;
+  bool runnable = false;
   int top = 5;
   double memory_limit_gib = 0;
   bool json = false;
@@ -219,6 +223,10 @@ config parse(const std::vector<std::string_view>& args) {
     }
     if (flag == "--search") {
       c.search = true;
+      continue;
+    }
+    if (flag == "--runnable") {
+      c.runnable = true;
       continue;
     }
     if (flag == "--json") {
@@ -372,7 +380,7 @@ config parse(const std::vector<std::string_view>& args) {
     // What prices a GPU cluster has no meaning for the host trainer: refused, not ignored.
     for (std::string_view f : {"--gpu", "--nodes", "--gpus-per-node", "--engine", "--grad-accum",
                                "--top", "--memory-limit", "--trace", "--search", "--gated",
-                               "--flash", "--tp-across-nodes", "--tp-overlap"})
+                               "--flash", "--tp-across-nodes", "--tp-overlap", "--runnable"})
       if (given(f))
         bad(std::string(f) +
             " prices a GPU cluster; --host predicts the host trainer's memory (leave it out)");
@@ -385,6 +393,7 @@ config parse(const std::vector<std::string_view>& args) {
   if (!c.search && (!c.tp || !c.pp)) bad("give a layout (--tp and --pp) or --search");
   if (c.search && !c.trace.empty()) bad("--trace draws one layout; leave out --search");
   if (c.search && c.nodes == 0) bad("--search needs --nodes");
+  if (c.runnable && !c.search) bad("--runnable restricts --search: give --search too");
   if (c.search) {
     // The search chooses these itself: given, they would be ignored without a word.
     for (std::string_view f : {"--micro-batch", "--zero", "--recompute", "--schedule", "--chunks"})
@@ -623,6 +632,37 @@ std::string host_report(const config& c) {
   return o;
 }
 
+// The best layout weft::strategy runs: from `s` where it was restricted to them, else from a
+// search that is; its type, configuration and launch line.
+std::string runnable_report(const config& c, const sim::machine& mc, sim::search_options o,
+                            const sim::search_result& s) {
+  std::optional<sim::search_result> runnable;
+  if (!o.runnable_only) {
+    o.runnable_only = true;
+    try {
+      runnable = sim::search(c.model, mc, o);
+    } catch (const weft::error& e) {
+      return std::string("No layout that weft::strategy runs fits: ") + e.what() + "\n";
+    }
+  }
+  const sim::search_result& r = runnable ? *runnable : s;
+  const sim::ranked_layout& best = r.ranked.front();
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "The best layout weft::strategy runs as is: %s, step %.2f s (%.1f%% slower than "
+                "#1)\n",
+                sim::describe(best.l).c_str(), best.r.step_time_s,
+                100 * (best.r.step_time_s / s.ranked.front().r.step_time_s - 1));
+  return buf + std::string("  using S = ") + sim::strategy_type(c.model, mc, best.l) +
+         ";\n  auto trainer = S::make(world, " + sim::strategy_config_of(c.model, best.l) +
+         ");  // world: a weft::mpi::communicator over MPI_COMM_WORLD\n  " +
+         sim::launch_line(mc, best.l, "./train") +
+         "\n  where ./train is your program that makes S's trainer as above and calls "
+         "trainer->train_step(ids, targets) each step (samples/07_train_3d/main.cpp, with its "
+         "strategy and model replaced, is one). weft::strategy computes in float32 with host "
+         "BLAS: it runs this composition, not the mixed-precision GPU step simulated here.\n";
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -652,6 +692,7 @@ int main(int argc, char** argv) {
       o.tp_overlap = c.layout.tp_overlap;
       o.grad_accumulation_bytes = c.layout.grad_accumulation_bytes;
       o.engine = c.engine;
+      o.runnable_only = c.runnable;
       const sim::search_result s = sim::search(c.model, mc, o);
       std::string out;
       if (c.json) {
@@ -667,9 +708,9 @@ int main(int argc, char** argv) {
               std::to_string(c.nodes) + " nodes), global batch " + std::to_string(c.global_batch) +
               ":\n";
         out += sim::explain(s, mc, static_cast<std::size_t>(c.top));
+        std::size_t rank = 0;
         if (c.tp && c.pp) {
           const int dp = c.dp.value_or(mc.cluster.size() / (*c.tp * *c.pp));
-          std::size_t rank = 0;
           for (std::size_t i = 0; i < s.ranked.size() && rank == 0; ++i)
             if (s.ranked[i].l.tp == *c.tp && s.ranked[i].l.pp == *c.pp && s.ranked[i].l.dp == dp)
               rank = i + 1;
@@ -689,6 +730,9 @@ int main(int argc, char** argv) {
             out += buf;
           }
         }
+        // The given mesh as a column of its own unless it is #1 or #2 already.
+        out += sim::explain_winner(c.model, s, rank > 2 ? &s.ranked[rank - 1] : nullptr, "given");
+        out += runnable_report(c, mc, o, s);
       }
       std::fputs(out.c_str(), stdout);
       return 0;
