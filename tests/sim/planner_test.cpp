@@ -466,8 +466,9 @@ TEST(sim_planner, published_mt_nlg_530b_mesh_is_in_the_top_5) {
   EXPECT_LE(s.mesh_rank, 5u);
 }
 
-// SC21's 1T run: five meshes of the search, which also tries 3 and 4 chunks and ZeRO-1, beat it,
-// the best by 7%, within the simulator's error on published runs (10%); its mesh ranks in the top 5.
+// SC21's 1T run: five meshes of the search, which also tries 3 and 4 chunks and ZeRO-1, beat
+// it, the best by 7%, within the simulator's error on published runs (10%); its mesh ranks in the
+// top 5.
 TEST(sim_planner, published_sc21_1t_layout_is_within_10_percent_of_the_best) {
   const published_standing s = standing_of_published("gpt-1008b");
   EXPECT_LE(s.published_s, 1.10 * s.best_s);
