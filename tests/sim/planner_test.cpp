@@ -354,6 +354,10 @@ TEST(sim_planner, a_runnable_search_keeps_to_what_weft_strategy_runs) {
     EXPECT_LE(x.l.tp, 8) << describe(x.l);
   }
   EXPECT_GE(runnable.ranked.front().r.step_time_s, all.ranked.front().r.step_time_s);
+  // The unrestricted search keeps the restricted one's best.
+  ASSERT_TRUE(all.best_runnable.has_value());
+  EXPECT_EQ(describe(all.best_runnable->l), describe(runnable.ranked.front().l));
+  EXPECT_DOUBLE_EQ(all.best_runnable->r.step_time_s, runnable.ranked.front().r.step_time_s);
   std::printf("  MT-NLG: best %s (%.2f s); best runnable %s (%.2f s)\n",
               describe(all.ranked.front().l).c_str(), all.ranked.front().r.step_time_s,
               describe(runnable.ranked.front().l).c_str(), runnable.ranked.front().r.step_time_s);

@@ -632,21 +632,11 @@ std::string host_report(const config& c) {
   return o;
 }
 
-// The best layout weft::strategy runs: from `s` where it was restricted to them, else from a
-// search that is; its type, configuration and launch line.
-std::string runnable_report(const config& c, const sim::machine& mc, sim::search_options o,
-                            const sim::search_result& s) {
-  std::optional<sim::search_result> runnable;
-  if (!o.runnable_only) {
-    o.runnable_only = true;
-    try {
-      runnable = sim::search(c.model, mc, o);
-    } catch (const weft::error& e) {
-      return std::string("No layout that weft::strategy runs fits: ") + e.what() + "\n";
-    }
-  }
-  const sim::search_result& r = runnable ? *runnable : s;
-  const sim::ranked_layout& best = r.ranked.front();
+// The best layout weft::strategy runs (the search keeps it, restricted or not): its type,
+// configuration and launch line.
+std::string runnable_report(const config& c, const sim::machine& mc, const sim::search_result& s) {
+  if (!s.best_runnable) return "No layout that weft::strategy runs as is fits.\n";
+  const sim::ranked_layout& best = *s.best_runnable;
   char buf[256];
   std::snprintf(buf, sizeof buf,
                 "The best layout weft::strategy runs as is: %s, step %.2f s (%.1f%% slower than "
@@ -732,7 +722,7 @@ int main(int argc, char** argv) {
         }
         // The given mesh as a column of its own unless it is #1 or #2 already.
         out += sim::explain_winner(c.model, s, rank > 2 ? &s.ranked[rank - 1] : nullptr, "given");
-        out += runnable_report(c, mc, o, s);
+        out += runnable_report(c, mc, s);
       }
       std::fputs(out.c_str(), stdout);
       return 0;

@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -218,6 +219,8 @@ struct search_result {
   int out_of_memory = 0;             // meshes with no variant that fits in memory
   int unschedulable = 0;             // meshes no schedule runs with this batch (micro-batches)
   int unrunnable = 0; // runnable_only: meshes whose variants that fit weft::strategy refuses
+  std::optional<ranked_layout> best_runnable; // the fastest variant of any mesh that
+                                              // weft::strategy runs as is (none: no such fits)
 };
 
 /// Ranks every mesh of `mc` for `m`; throws weft::error if no layout fits.
@@ -296,6 +299,9 @@ struct search_result {
                 step_result r = simulate_step(m, mc, l, cal);
                 r.schedule = {}; // the ranking keeps figures, not timelines
                 r.timeline = {};
+                if (refusal.empty() &&
+                    (!out.best_runnable || r.step_time_s < out.best_runnable->r.step_time_s))
+                  out.best_runnable = ranked_layout{l, r, ""};
                 variants.push_back({l, std::move(r), std::move(refusal)});
               }
             }
