@@ -401,6 +401,52 @@ TEST(sim_planner, the_time_and_memory_splits_add_up) {
     EXPECT_NE(why.find(part), std::string::npos) << part << "\n" << why;
 }
 
+// Without dropout a layer keeps neither 1-byte mask (sbh each, split over TP by sequence
+// parallelism) nor, of the attention core, the mask (a s^2 b) and the dropped probabilities
+// (2 a s^2 b, both split over TP); Nemotron-4's recipe on 128 H100 (DGX Cloud: TP 8, PP 8, DP 2,
+// 12 chunks, sequence parallelism, ZeRO-1) then holds 79.5 GiB instead of 81.4.
+TEST(sim_planner, a_model_without_dropout_keeps_no_masks) {
+  model_spec m = gpt("gpt-13b", 40, 5120, 40, 51200);
+  model_spec dry = m;
+  dry.dropout = false;
+  const double s = m.seq, h = m.hidden, a = m.heads, b = 2, t = 4;
+  for (recompute rc : {recompute::none, recompute::selective, recompute::full}) {
+    for (bool sp : {false, true}) {
+      const double masks = rc == recompute::full ? 0 : 2 * s * b * h / (sp ? t : 1);
+      const double core = rc == recompute::none ? 3 * a * s * s * b / t : 0;
+      EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, b, 4, sp, rc) -
+                           activation_bytes_per_layer(dry, b, 4, sp, rc),
+                       masks + core)
+          << name_of(rc) << (sp ? " with SP" : "");
+    }
+  }
+  model_spec nemotron = gpt("nemotron4-340b", 96, 18432, 96, 256000, 4096);
+  nemotron.kv_heads = 8;
+  nemotron.ffn = 73728;
+  nemotron.flash_attention = true;
+  nemotron.learned_positions = false;
+  nemotron.tied_embeddings = false;
+  layout l;
+  l.tp = 8;
+  l.pp = 8;
+  l.dp = 2;
+  l.global_batch = 32;
+  l.schedule = pl::schedule_kind::interleaved;
+  l.chunks = 12;
+  l.sequence_parallel = true;
+  l.zero = 1;
+  const double gib = 1024.0 * 1024 * 1024;
+  const double with_masks = estimate_memory(nemotron, l);
+  nemotron.dropout = false;
+  const double without = estimate_memory(nemotron, l);
+  std::printf(
+      "  Nemotron-4 340B, DGX Cloud recipe: %.1f GiB per GPU with dropout masks, %.1f without\n",
+      with_masks / gib, without / gib);
+  // 103 one-layer chunks in flight on the first stage (2 (p - 1) + (v - 1) p + 1), two masks of
+  // s b h / t bytes each
+  EXPECT_NEAR(with_masks - without, 103 * 2 * 4096.0 * 18432 / 8, 1e-6 * with_masks);
+}
+
 // Published runs: the search, given the run's model, cluster, batch and software (engine, TP
 // overlap, gradient accumulation), finds a layout at least as fast in the simulator as the
 // published one. `layout_rank`: 1 + the ranked meshes whose best variant is faster than the

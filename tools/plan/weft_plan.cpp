@@ -158,6 +158,7 @@ sim::model_spec preset(std::string_view name) {
     m.flash_attention = true;
     m.learned_positions = false;
     m.tied_embeddings = false;
+    m.dropout = false; // Llama 2 and 3 and Nemotron-4 (NeMo: hidden and attention dropout 0)
   };
   if (name == "gpt3-175b")
     gpt(96, 12288, 96, 51200);
