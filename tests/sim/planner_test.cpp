@@ -59,7 +59,7 @@ TEST(sim_planner, mt_nlg_published_mesh_is_in_the_top_5) {
   EXPECT_NE(why.find("What the bubble costs"), std::string::npos) << why;
 }
 
-TEST(sim_planner, search_of_a_1t_model_on_3072_gpus_takes_under_a_minute) {
+TEST(sim_planner, search_of_a_1t_model_on_3072_gpus_takes_under_30_seconds) {
 #ifdef WEFT_TEST_SANITIZED
   GTEST_SKIP() << "timing is meaningless under a sanitizer (10-40x slower)";
 #else
@@ -71,7 +71,7 @@ TEST(sim_planner, search_of_a_1t_model_on_3072_gpus_takes_under_a_minute) {
   const double seconds = static_cast<double>(std::clock() - start) / CLOCKS_PER_SEC;
   std::printf("  1T on 3072 A100: %d meshes, %d layouts simulated in %.2f s; best %s\n", s.meshes,
               s.simulated, seconds, describe(s.ranked.front().l).c_str());
-  EXPECT_LT(seconds, 60.0);
+  EXPECT_LT(seconds, 30.0);
   EXPECT_GT(s.simulated, 100);
 #endif
 }

@@ -523,6 +523,9 @@ std::string text(const sim::model_spec& m, const sim::layout& l, const sim::step
                   std::string(weft::topology::name_of(mc.cluster.inter().kind)).c_str());
     o += buf;
   }
+  const std::string refusal = sim::strategy_refusal(m, mc, l);
+  o += refusal.empty() ? "  weft::strategy runs it: " + sim::strategy_type(m, mc, l) + "\n"
+                       : "  weft::strategy runs it: no, " + refusal + "\n";
   return o;
 }
 

@@ -550,6 +550,9 @@ struct memory_split {
          (s.unschedulable > 0
               ? ", " + std::to_string(s.unschedulable) + " have no schedule for the batch"
               : "") +
+         (s.unrunnable > 0 ? ", " + std::to_string(s.unrunnable) +
+                                 " fit only as layouts weft::strategy does not run"
+                           : "") +
          "), simulated " + std::to_string(s.simulated) + " layouts.\n";
   return out;
 }
