@@ -169,4 +169,70 @@ TEST(planned_strategy, a_small_printed_gpt_layout_trains_as_one_rank_does) {
     ts::expect_same_losses(got[r], want, "rank " + std::to_string(r));
 }
 
+// The reasons strategy_refusal gives for layouts whose type compiles are the strategy's own: each
+// such layout, made, throws on every rank with the strategy's phrase for what strategy_refusal
+// names.
+template <class S>
+std::vector<std::string> errors_of(weft::strategy_config c) {
+  std::vector<std::string> what(S::size);
+  weft::local::run(S::size, [&](weft::local::communicator& world) {
+    try {
+      (void)S::make(world, c, ts::adamw_rule);
+    } catch (const weft::error& e) {
+      what[static_cast<std::size_t>(world.rank())] = e.what();
+    }
+  });
+  return what;
+}
+
+template <int TP, int DP, int PP>
+using small_strategy =
+    weft::strategy<weft::mesh<weft::tp<TP>, weft::dp<DP>, weft::pp<PP>>,
+                   weft::pipeline::interleaved<2>, weft::optim::zero<1>,
+                   weft::layer::recompute::selective, weft::layer::sequence_parallel>;
+
+void expect_both_refuse(const sim::model_spec& m, const sim::machine& mc, const sim::layout& l,
+                        const std::vector<std::string>& errors, const std::string& planner_says,
+                        const std::string& strategy_says) {
+  const std::string why = sim::strategy_refusal(m, mc, l);
+  EXPECT_NE(why.find(planner_says), std::string::npos) << why;
+  ASSERT_FALSE(errors.empty());
+  for (std::size_t r = 0; r < errors.size(); ++r)
+    EXPECT_NE(errors[r].find(strategy_says), std::string::npos)
+        << "rank " << r << ": " << errors[r];
+}
+
+TEST(planned_strategy, what_the_planner_refuses_the_strategy_refuses) {
+  const sim::machine one_node = sim::dgx(sim::a100_80gb, 1);
+  weft::strategy_config c{.model = ts::shape, .micro_batch = 1, .global_batch = 8};
+  const sim::model_spec m = gpt_spec(4, 16, 4, 53, 8, 24);
+  sim::layout l = layout_of(2, 3, 1, pl::schedule_kind::interleaved, 2, 1, 8);
+  l.sequence_parallel = true;
+  // 4 layers over 3 stages x 2 chunks
+  expect_both_refuse(m, one_node, l, errors_of<small_strategy<2, 1, 3>>(c), "do not split evenly",
+                     "do not split evenly");
+  // 6 tokens of a micro-batch over TP 4
+  sim::model_spec short_seq = m;
+  short_seq.seq = 6;
+  l = layout_of(4, 2, 1, pl::schedule_kind::interleaved, 2, 1, 8);
+  l.sequence_parallel = true;
+  weft::strategy_config c6 = c;
+  c6.model.seq = 6;
+  expect_both_refuse(short_seq, one_node, l, errors_of<small_strategy<4, 1, 2>>(c6),
+                     "does not split over tp 4", "does not split over 4 tensor-parallel ranks");
+  // TP 2 on nodes of one GPU
+  const sim::machine single_gpu_nodes{sim::a100_80gb, weft::topology::parse("4x1")};
+  l = layout_of(2, 2, 1, pl::schedule_kind::interleaved, 2, 1, 8);
+  l.sequence_parallel = true;
+  weft::strategy_config spread = c;
+  spread.cluster = weft::topology::parse("4x1");
+  expect_both_refuse(m, single_gpu_nodes, l, errors_of<small_strategy<2, 1, 2>>(spread),
+                     "spans nodes", "tensor-parallel (tp) group of ranks [0, 1] on nodes [0, 1]");
+  // and the same layout on one node runs
+  EXPECT_EQ(sim::strategy_refusal(m, one_node, l), "");
+  c.cluster = weft::topology::parse("1x4");
+  for (const std::string& e : errors_of<small_strategy<2, 1, 2>>(c))
+    EXPECT_EQ(e, "");
+}
+
 } // namespace
