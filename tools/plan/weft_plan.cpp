@@ -476,7 +476,13 @@ std::string json(const sim::model_spec& m, const sim::layout& l, const sim::step
        ", \"weight_s\": " + num(r.weight_s) + ",\n";
   o += "  \"communication\": {\"tp\": " + axis(r.tp) + ", \"pp\": " + axis(r.pp) +
        ", \"dp\": " + axis(r.dp) + ", \"dp_exposed_s\": " + num(r.dp_exposed_s) + "},\n";
-  o += "  \"optimizer_s\": " + num(r.optimizer_s) + "\n}\n";
+  o += "  \"optimizer_s\": " + num(r.optimizer_s) + ",\n";
+  // Whether weft::strategy runs the layout (the reasons and the type hold no '"' or '\\').
+  const std::string refusal = sim::strategy_refusal(m, mc, l);
+  o += "  \"weft_strategy\": " +
+       (refusal.empty() ? "{\"runs\": true, \"type\": " + q(sim::strategy_type(m, mc, l)) + "}"
+                        : "{\"runs\": false, \"why\": " + q(refusal) + "}") +
+       "\n}\n";
   return o;
 }
 
@@ -696,7 +702,10 @@ int main(int argc, char** argv) {
         out += "], \"meshes\": " + std::to_string(s.meshes) +
                ", \"out_of_memory\": " + std::to_string(s.out_of_memory) +
                ", \"unschedulable\": " + std::to_string(s.unschedulable) +
-               ", \"simulated\": " + std::to_string(s.simulated) + "}\n";
+               ", \"simulated\": " + std::to_string(s.simulated) + ",\n\"best_runnable\": " +
+               (s.best_runnable ? json(c.model, s.best_runnable->l, s.best_runnable->r, mc)
+                                : std::string("null")) +
+               "}\n";
       } else {
         out = c.model.name + " on " + std::to_string(mc.cluster.size()) + " " + c.gpu + " (" +
               std::to_string(c.nodes) + " nodes), global batch " + std::to_string(c.global_batch) +
