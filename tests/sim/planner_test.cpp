@@ -329,6 +329,22 @@ TEST(sim_planner, strategy_type_spells_the_layout) {
             "{.model = {.vocab = 51200, .hidden = 12288, .heads = 96, .seq = 2048, .layers = 96, "
             ".tie_embeddings = true}, .micro_batch = 1, .global_batch = 64}");
   EXPECT_EQ(launch_line(mc, l, "./train"), "mpirun -n 128 --map-by ppr:8:node ./train");
+  // A Llama-shaped model spells its FFN width even where the simulator's 0 says 4 h: 0 in
+  // layer::llama_config is Llama's rule (8 h / 3, rounded).
+  model_spec llama = gpt("llama", 32, 4096, 32, 32000, 4096);
+  llama.gated = true;
+  llama.learned_positions = false;
+  llama.tied_embeddings = false;
+  llama.kv_heads = 8;
+  l.schedule = pl::schedule_kind::one_f_one_b;
+  l.chunks = 1;
+  EXPECT_EQ(strategy_config_of(llama, l),
+            "{.model = {.vocab = 32000, .hidden = 4096, .heads = 32, .kv_heads = 8, .ffn = 16384, "
+            ".seq = 4096, .layers = 32}, .micro_batch = 1, .global_batch = 64}");
+  EXPECT_EQ(strategy_type(llama, mc, l),
+            "weft::strategy<weft::mesh<weft::tp<8>, weft::dp<4>, weft::pp<4>>, "
+            "weft::pipeline::one_f_one_b, weft::optim::zero<1>, weft::layer::recompute::selective, "
+            "weft::layer::sequence_parallel, weft::layer::llama_model>");
 }
 
 // Without the restriction the MT-NLG search ranks ZB-H1 first, which weft::strategy refuses; with

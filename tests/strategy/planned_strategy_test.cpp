@@ -235,4 +235,20 @@ TEST(planned_strategy, what_the_planner_refuses_the_strategy_refuses) {
     EXPECT_EQ(e, "");
 }
 
+TEST(planned_strategy, the_printed_llama_configuration_compiles) {
+  const sim::model_spec llama70 = llama_spec(80, 8192, 64, 8, 28672, 32000, 4096);
+  sim::layout l = layout_of(4, 1, 128, pl::schedule_kind::gpipe, 1, 2, 1024);
+  using S =
+      weft::strategy<weft::mesh<weft::tp<4>, weft::dp<128>, weft::pp<1>>, weft::pipeline::gpipe,
+                     weft::optim::zero<3>, weft::layer::recompute::none,
+                     weft::layer::sequence_parallel, weft::layer::llama_model>;
+  // The spelling is compared as written:
+  // clang-format off
+  const auto c = CONFIG_SPELLED(S, llama70, l,
+      {.model = {.vocab = 32000, .hidden = 8192, .heads = 64, .kv_heads = 8, .ffn = 28672,
+                 .seq = 4096, .layers = 80}, .micro_batch = 2, .global_batch = 1024});
+  // clang-format on
+  EXPECT_EQ(c.model.ffn_size(), 28672u);
+}
+
 } // namespace

@@ -197,7 +197,10 @@ namespace detail {
                       ", .heads = " + std::to_string(m.heads);
   if (!m.learned_positions && m.kv_heads > 0)
     model += ", .kv_heads = " + std::to_string(m.kv_heads);
-  if (m.ffn > 0) model += ", .ffn = " + std::to_string(m.ffn);
+  // The simulator's FFN width: 0 means 4 h there and in layer::gpt_config, but Llama's rule in
+  // layer::llama_config, so a Llama-shaped model always spells it.
+  if (m.ffn > 0 || !m.learned_positions)
+    model += ", .ffn = " + std::to_string(m.ffn > 0 ? m.ffn : 4 * m.hidden);
   model += ", .seq = " + std::to_string(m.seq) + ", .layers = " + std::to_string(m.layers);
   if (m.tied_embeddings) model += ", .tie_embeddings = true";
   return "{.model = " + model + "}, .micro_batch = " + std::to_string(l.micro_batch) +
