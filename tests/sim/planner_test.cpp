@@ -1,5 +1,7 @@
 // The planner: the published MT-NLG mesh among the top 5, the pruning of memory savers checked
-// against brute force on a small cluster, and memory limits honoured.
+// against brute force on a small cluster, and memory limits honoured; published layouts of three
+// runs against the search's best; which layouts weft::strategy runs; the time and memory splits
+// of the explanation.
 #include <weft/sim/planner.hpp>
 
 #include <gtest/gtest.h>
@@ -7,9 +9,12 @@
 #include <cstdio>
 #include <ctime>
 #include <map>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "sim/gpt.hpp"
+#include "sim/published_runs.hpp"
 
 namespace {
 
@@ -54,7 +59,7 @@ TEST(sim_planner, mt_nlg_published_mesh_is_in_the_top_5) {
   EXPECT_NE(why.find("What the bubble costs"), std::string::npos) << why;
 }
 
-TEST(sim_planner, search_of_a_1t_model_on_3072_gpus_takes_under_a_minute) {
+TEST(sim_planner, search_of_a_1t_model_on_3072_gpus_takes_under_30_seconds) {
 #ifdef WEFT_TEST_SANITIZED
   GTEST_SKIP() << "timing is meaningless under a sanitizer (10-40x slower)";
 #else
@@ -66,7 +71,7 @@ TEST(sim_planner, search_of_a_1t_model_on_3072_gpus_takes_under_a_minute) {
   const double seconds = static_cast<double>(std::clock() - start) / CLOCKS_PER_SEC;
   std::printf("  1T on 3072 A100: %d meshes, %d layouts simulated in %.2f s; best %s\n", s.meshes,
               s.simulated, seconds, describe(s.ranked.front().l).c_str());
-  EXPECT_LT(seconds, 60.0);
+  EXPECT_LT(seconds, 30.0);
   EXPECT_GT(s.simulated, 100);
 #endif
 }
@@ -82,25 +87,29 @@ void expect_each_mesh_best_as_brute_force_finds(const model_spec& m, const machi
     const layout& base = x.l;
     for (int mb : o.micro_batches) {
       for (pl::schedule_kind kind : o.schedules) {
-        for (recompute rc : {recompute::none, recompute::selective, recompute::full}) {
-          for (int zero = 0; zero <= 3; ++zero) {
-            layout l = base;
-            l.micro_batch = mb;
-            l.schedule = kind;
-            l.chunks = kind == pl::schedule_kind::interleaved ? 2 : 1;
-            l.recomputation = rc;
-            l.zero = zero;
-            if (o.global_batch % (l.dp * mb) != 0 || (l.dp == 1 && zero > 0)) continue;
-            step_result r;
-            try {
-              r = simulate_step(m, mc, l);
-            } catch (const weft::error&) {
-              continue; // a schedule that cannot take this many micro-batches
+        for (int v : {1, 2, 3, 4}) {
+          if ((kind == pl::schedule_kind::interleaved) != (v > 1)) continue;
+          for (recompute rc : {recompute::none, recompute::selective, recompute::full}) {
+            for (int zero = 0; zero <= 3; ++zero) {
+              layout l = base;
+              l.micro_batch = mb;
+              l.schedule = kind;
+              l.chunks = v;
+              l.recomputation = rc;
+              l.zero = zero;
+              if (o.global_batch % (l.dp * mb) != 0 || (l.dp == 1 && zero > 0)) continue;
+              if (m.layers % (l.pp * v) != 0) continue; // the search splits the layers evenly
+              step_result r;
+              try {
+                r = simulate_step(m, mc, l);
+              } catch (const weft::error&) {
+                continue; // a schedule that cannot take this many micro-batches
+              }
+              if (r.memory_bytes() > limit) continue;
+              auto& b =
+                  best.try_emplace({l.tp, l.pp, l.dp}, r.step_time_s, describe(l)).first->second;
+              if (r.step_time_s < b.first) b = {r.step_time_s, describe(l)};
             }
-            if (r.memory_bytes() > limit) continue;
-            auto& b =
-                best.try_emplace({l.tp, l.pp, l.dp}, r.step_time_s, describe(l)).first->second;
-            if (r.step_time_s < b.first) b = {r.step_time_s, describe(l)};
           }
         }
       }
@@ -216,6 +225,321 @@ TEST(sim_planner, nothing_fits_throws) {
   EXPECT_THROW((void)search(m, dgx(a100_80gb, 1), o), weft::error);
   o.global_batch = 0;
   EXPECT_THROW((void)search(m, dgx(a100_80gb, 1), o), weft::error);
+}
+
+// What weft::strategy refuses, as weft/strategy.hpp and its layers say (the compile-time
+// refusals are tests/strategy/compile_fail's): each case's layout and a phrase of the reason, or
+// "" where it runs.
+TEST(sim_planner, strategy_refusal_follows_what_weft_strategy_accepts) {
+  const model_spec g = gpt("gpt-6.7b", 32, 4096, 32, 51200);
+  model_spec llama = g;
+  llama.gated = true;
+  llama.learned_positions = false;
+  llama.kv_heads = 8;
+  model_spec nemotron = llama; // rotary and GQA, but an ungated MLP
+  nemotron.gated = false;
+  model_spec bloom = g; // ALiBi: no learned positions, an ungated MLP
+  bloom.learned_positions = false;
+  model_spec gqa_gpt = g;
+  gqa_gpt.kv_heads = 8;
+  const machine mc = dgx(a100_80gb, 4);
+  const auto at = [](int tp, int pp, int dp, pl::schedule_kind k = pl::schedule_kind::one_f_one_b,
+                     int chunks = 1) {
+    layout l;
+    l.tp = tp;
+    l.pp = pp;
+    l.dp = dp;
+    l.schedule = k;
+    l.chunks = chunks;
+    l.global_batch = 64;
+    return l;
+  };
+  struct kase {
+    const char* what;
+    model_spec m;
+    layout l;
+    const char* refusal; // "" : runs
+  };
+  std::vector<kase> cases = {
+      {"1f1b", g, at(8, 2, 2), ""},
+      {"gpipe", g, at(4, 4, 2, pl::schedule_kind::gpipe), ""},
+      {"interleaved<2>", g, at(8, 2, 2, pl::schedule_kind::interleaved, 2), ""},
+      {"interleaved<4> with pp 1", g, at(8, 1, 4, pl::schedule_kind::interleaved, 4), "pp >= 2"},
+      {"zb-h1", g, at(8, 2, 2, pl::schedule_kind::zero_bubble_h1), "zb-h1"},
+      {"llama", llama, at(8, 4, 1), ""},
+      {"llama, tp 16 over 8 kv heads", llama, at(16, 2, 1), "spans nodes"},
+      {"nemotron's ungated rotary MLP", nemotron, at(8, 4, 1), "no model of this shape"},
+      {"bloom's ALiBi", bloom, at(8, 4, 1), "no model of this shape"},
+      {"GQA in a GPT", gqa_gpt, at(8, 4, 1), "no model of this shape"},
+      {"tp 16 on nodes of 8", g, at(16, 2, 1), "spans nodes"},
+      {"layers uneven over pp 3", g, at(8, 3, 1), "do not split evenly"},
+      {"layers uneven over pp 4 x 3 chunks", g, at(8, 4, 1, pl::schedule_kind::interleaved, 3),
+       "do not split evenly"},
+  };
+  layout sp_tp1 = at(1, 4, 8);
+  sp_tp1.sequence_parallel = true;
+  cases.push_back({"sequence parallel at tp 1", g, sp_tp1, "needs tp >= 2"});
+  model_spec odd_seq = g;
+  odd_seq.seq = 2047;
+  layout sp = at(8, 2, 2);
+  sp.sequence_parallel = true;
+  cases.push_back({"sequence parallel, 2047 tokens over tp 8", odd_seq, sp, "does not split"});
+  cases.push_back({"sequence parallel, 2048 tokens over tp 8", g, sp, ""});
+  layout across = at(2, 2, 8);
+  across.tp_across_nodes = true;
+  cases.push_back({"TP across nodes", g, across, "TP across nodes"});
+  for (int zero = 0; zero <= 3; ++zero) {
+    for (recompute rc : {recompute::none, recompute::selective, recompute::full}) {
+      layout l = at(4, 2, 4);
+      l.zero = zero;
+      l.recomputation = rc;
+      cases.push_back({"every ZeRO stage and recompute", g, l, ""});
+    }
+  }
+  for (const kase& c : cases) {
+    const std::string why = strategy_refusal(c.m, mc, c.l);
+    if (std::string(c.refusal).empty()) {
+      EXPECT_EQ(why, "") << c.what;
+      EXPECT_NO_THROW((void)strategy_type(c.m, mc, c.l)) << c.what;
+    } else {
+      EXPECT_NE(why.find(c.refusal), std::string::npos) << c.what << ": '" << why << "'";
+      EXPECT_THROW((void)strategy_type(c.m, mc, c.l), weft::error) << c.what;
+    }
+  }
+}
+
+TEST(sim_planner, strategy_type_spells_the_layout) {
+  const model_spec g = gpt("gpt-175b", 96, 12288, 96, 51200);
+  const machine mc = dgx(a100_80gb, 16);
+  layout l;
+  l.tp = 8;
+  l.pp = 4;
+  l.dp = 4;
+  l.global_batch = 64;
+  l.schedule = pl::schedule_kind::interleaved;
+  l.chunks = 3;
+  l.zero = 1;
+  l.recomputation = recompute::selective;
+  l.sequence_parallel = true;
+  EXPECT_EQ(strategy_type(g, mc, l),
+            "weft::strategy<weft::mesh<weft::tp<8>, weft::dp<4>, weft::pp<4>>, "
+            "weft::pipeline::interleaved<3>, weft::optim::zero<1>, "
+            "weft::layer::recompute::selective, weft::layer::sequence_parallel>");
+  EXPECT_EQ(strategy_config_of(g, l),
+            "{.model = {.vocab = 51200, .hidden = 12288, .heads = 96, .seq = 2048, .layers = 96, "
+            ".tie_embeddings = true}, .micro_batch = 1, .global_batch = 64}");
+  EXPECT_EQ(launch_line(mc, l, "./train"), "mpirun -n 128 --map-by ppr:8:node ./train");
+  // A Llama-shaped model spells its FFN width even where the simulator's 0 says 4 h: 0 in
+  // layer::llama_config is Llama's rule (8 h / 3, rounded).
+  model_spec llama = gpt("llama", 32, 4096, 32, 32000, 4096);
+  llama.gated = true;
+  llama.learned_positions = false;
+  llama.tied_embeddings = false;
+  llama.kv_heads = 8;
+  l.schedule = pl::schedule_kind::one_f_one_b;
+  l.chunks = 1;
+  EXPECT_EQ(strategy_config_of(llama, l),
+            "{.model = {.vocab = 32000, .hidden = 4096, .heads = 32, .kv_heads = 8, .ffn = 16384, "
+            ".seq = 4096, .layers = 32}, .micro_batch = 1, .global_batch = 64}");
+  EXPECT_EQ(strategy_type(llama, mc, l),
+            "weft::strategy<weft::mesh<weft::tp<8>, weft::dp<4>, weft::pp<4>>, "
+            "weft::pipeline::one_f_one_b, weft::optim::zero<1>, weft::layer::recompute::selective, "
+            "weft::layer::sequence_parallel, weft::layer::llama_model>");
+}
+
+// Without the restriction the MT-NLG search ranks ZB-H1 first, which weft::strategy refuses; with
+// --runnable every ranked layout is one it runs, each ranked layout's refusal is the rule's, and
+// the restricted best is no faster than the unrestricted one.
+TEST(sim_planner, a_runnable_search_keeps_to_what_weft_strategy_runs) {
+  const model_spec m = gpt("mt-nlg-530b", 105, 20480, 128, 50272);
+  const machine mc = dgx(a100_80gb, 280);
+  search_options o;
+  o.global_batch = 1920;
+  const search_result all = search(m, mc, o);
+  EXPECT_EQ(all.ranked.front().l.schedule, pl::schedule_kind::zero_bubble_h1);
+  for (const auto& x : all.ranked)
+    EXPECT_EQ(x.refusal, strategy_refusal(m, mc, x.l)) << describe(x.l);
+  EXPECT_FALSE(all.ranked.front().refusal.empty());
+  o.runnable_only = true;
+  const search_result runnable = search(m, mc, o);
+  ASSERT_FALSE(runnable.ranked.empty());
+  for (const auto& x : runnable.ranked) {
+    EXPECT_EQ(x.refusal, "") << describe(x.l);
+    EXPECT_EQ(strategy_refusal(m, mc, x.l), "") << describe(x.l);
+    EXPECT_NE(x.l.schedule, pl::schedule_kind::zero_bubble_h1) << describe(x.l);
+    EXPECT_LE(x.l.tp, 8) << describe(x.l);
+  }
+  EXPECT_GE(runnable.ranked.front().r.step_time_s, all.ranked.front().r.step_time_s);
+  // The unrestricted search keeps the restricted one's best.
+  ASSERT_TRUE(all.best_runnable.has_value());
+  EXPECT_EQ(describe(all.best_runnable->l), describe(runnable.ranked.front().l));
+  EXPECT_DOUBLE_EQ(all.best_runnable->r.step_time_s, runnable.ranked.front().r.step_time_s);
+  std::printf("  MT-NLG: best %s (%.2f s); best runnable %s (%.2f s)\n",
+              describe(all.ranked.front().l).c_str(), all.ranked.front().r.step_time_s,
+              describe(runnable.ranked.front().l).c_str(), runnable.ranked.front().r.step_time_s);
+}
+
+// The splits add up: time to the step, memory to the simulated bytes, for every ranked layout;
+// ZeRO-3's gathers show as buffers, taken from the activations.
+TEST(sim_planner, the_time_and_memory_splits_add_up) {
+  const model_spec m = gpt("gpt-175b", 96, 12288, 96, 51200);
+  const machine mc = dgx(a100_80gb, 16);
+  search_options o;
+  o.global_batch = 256;
+  const search_result s = search(m, mc, o);
+  for (const auto& x : s.ranked) {
+    const time_split t = split_time(x.r);
+    EXPECT_NEAR(t.compute + t.bubble + t.tp_exposed + t.dp_exposed + t.optimizer, x.r.step_time_s,
+                1e-9 * x.r.step_time_s)
+        << describe(x.l);
+    EXPECT_GT(t.compute, 0) << describe(x.l);
+    EXPECT_GE(t.bubble, 0) << describe(x.l);
+    const memory_split b = split_memory(m, x.l, x.r);
+    EXPECT_NEAR(b.parameters + b.gradients + b.optimizer + b.activations + b.buffers,
+                x.r.memory_bytes(), 1e-9 * x.r.memory_bytes())
+        << describe(x.l);
+  }
+  layout z3;
+  z3.tp = 8;
+  z3.pp = 2;
+  z3.dp = 8;
+  z3.global_batch = 256;
+  z3.zero = 3;
+  z3.recomputation = recompute::full;
+  const step_result r = simulate_step(m, mc, z3);
+  const memory_split b = split_memory(m, z3, r);
+  // a layer's weights in 16 bits, twice (in use and prefetched), over TP 8
+  EXPECT_DOUBLE_EQ(b.buffers, 2 * 2 * (12.0 * 12288 * 12288 + 13 * 12288) / 8);
+  EXPECT_DOUBLE_EQ(b.parameters, r.states.weights);
+  const std::string why = explain_winner(m, s);
+  for (const char* part : {"compute", "bubble", "exposed TP", "exposed DP", "parameters",
+                           "gradients", "optimizer state", "activations", "buffers", "#2"})
+    EXPECT_NE(why.find(part), std::string::npos) << part << "\n" << why;
+}
+
+// Without dropout a layer keeps neither 1-byte mask (sbh each, split over TP by sequence
+// parallelism) nor, of the attention core, the mask (a s^2 b) and the dropped probabilities
+// (2 a s^2 b, both split over TP); Nemotron-4's recipe on 128 H100 (DGX Cloud: TP 8, PP 8, DP 2,
+// 12 chunks, sequence parallelism, ZeRO-1) then holds 79.5 GiB instead of 81.4.
+TEST(sim_planner, a_model_without_dropout_keeps_no_masks) {
+  model_spec m = gpt("gpt-13b", 40, 5120, 40, 51200);
+  model_spec dry = m;
+  dry.dropout = false;
+  const double s = m.seq, h = m.hidden, a = m.heads, b = 2, t = 4;
+  for (recompute rc : {recompute::none, recompute::selective, recompute::full}) {
+    for (bool sp : {false, true}) {
+      const double masks = rc == recompute::full ? 0 : 2 * s * b * h / (sp ? t : 1);
+      const double core = rc == recompute::none ? 3 * a * s * s * b / t : 0;
+      EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, b, 4, sp, rc) -
+                           activation_bytes_per_layer(dry, b, 4, sp, rc),
+                       masks + core)
+          << name_of(rc) << (sp ? " with SP" : "");
+    }
+  }
+  model_spec nemotron = gpt("nemotron4-340b", 96, 18432, 96, 256000, 4096);
+  nemotron.kv_heads = 8;
+  nemotron.ffn = 73728;
+  nemotron.flash_attention = true;
+  nemotron.learned_positions = false;
+  nemotron.tied_embeddings = false;
+  layout l;
+  l.tp = 8;
+  l.pp = 8;
+  l.dp = 2;
+  l.global_batch = 32;
+  l.schedule = pl::schedule_kind::interleaved;
+  l.chunks = 12;
+  l.sequence_parallel = true;
+  l.zero = 1;
+  const double gib = 1024.0 * 1024 * 1024;
+  const double with_masks = estimate_memory(nemotron, l);
+  nemotron.dropout = false;
+  const double without = estimate_memory(nemotron, l);
+  std::printf(
+      "  Nemotron-4 340B, DGX Cloud recipe: %.1f GiB per GPU with dropout masks, %.1f without\n",
+      with_masks / gib, without / gib);
+  // 103 one-layer chunks in flight on the first stage (2 (p - 1) + (v - 1) p + 1), two masks of
+  // s b h / t bytes each
+  EXPECT_NEAR(with_masks - without, 103 * 2 * 4096.0 * 18432 / 8, 1e-6 * with_masks);
+}
+
+// Published runs: the search, given the run's model, cluster, batch and software (engine, TP
+// overlap, gradient accumulation), finds a layout at least as fast in the simulator as the
+// published one. `layout_rank`: 1 + the ranked meshes whose best variant is faster than the
+// published layout; `mesh_rank`: where the published mesh ranks.
+struct published_standing {
+  std::size_t layout_rank = 0, mesh_rank = 0;
+  double published_s = 0, best_s = 0;
+};
+
+published_standing standing_of_published(const std::string& id) {
+  const auto runs = weft_test::read_published_runs();
+  const auto it = std::find_if(runs.begin(), runs.end(), [&](const auto& r) { return r.id == id; });
+  if (it == runs.end()) throw weft::error("no published run " + id);
+  const weft_test::published_run& run = *it;
+  const machine mc = dgx(run.device, (run.gpus + 7) / 8);
+  search_options o;
+  o.global_batch = run.layout.batch();
+  // The run's software: its pipeline engine, TP overlap and gradient accumulation; sequence
+  // parallelism and selective recomputation (Korthikanti et al. 2022, one release of Megatron-LM)
+  // only where the run has either, else none or full recomputation and no sequence parallelism.
+  o.engine = engine_of(run.layout);
+  if (!run.layout.sequence_parallel && run.layout.recomputation != recompute::selective) {
+    o.sequence_parallel = false;
+    o.recomputes = {recompute::none, recompute::full};
+  }
+  o.tp_overlap = run.layout.tp_overlap;
+  o.grad_accumulation_bytes = run.layout.grad_accumulation_bytes;
+  const search_result s = search(run.model, mc, o);
+  const step_result published = simulate_step(run.model, mc, run.layout);
+  EXPECT_LE(published.memory_bytes(), mc.device.hbm_bytes) << id;
+  published_standing out;
+  out.published_s = published.step_time_s;
+  out.best_s = s.ranked.front().r.step_time_s;
+  out.layout_rank = 1;
+  for (std::size_t i = 0; i < s.ranked.size(); ++i) {
+    const layout& l = s.ranked[i].l;
+    out.layout_rank += s.ranked[i].r.step_time_s < published.step_time_s ? 1 : 0;
+    if (l.tp == run.layout.tp && l.pp == run.layout.pp && l.dp == run.layout.dp)
+      out.mesh_rank = i + 1;
+  }
+  std::printf("  %s: published %s at %.2f s ranks #%zu of %zu (its mesh #%zu); best %s at %.2f s\n",
+              id.c_str(), describe(run.layout).c_str(), published.step_time_s, out.layout_rank,
+              s.ranked.size(), out.mesh_rank, describe(s.ranked.front().l).c_str(), out.best_s);
+  EXPECT_LE(out.best_s, out.published_s) << id;
+  return out;
+}
+
+TEST(sim_planner, published_gpt3_175b_layout_is_in_the_top_5) {
+  EXPECT_LE(standing_of_published("gpt-175b").layout_rank, 5u);
+}
+
+TEST(sim_planner, published_gpt_530b_layout_is_in_the_top_5) {
+  EXPECT_LE(standing_of_published("gpt-530b").layout_rank, 5u);
+}
+
+TEST(sim_planner, published_gpt_1t_layout_is_in_the_top_5) {
+  EXPECT_LE(standing_of_published("gpt-1t").layout_rank, 5u);
+}
+
+// MT-NLG as recorded (micro-batches of 2, which the row assumes: its source does not say) runs
+// 120 micro-batches through 35 stages, a bubble of 28% against 14% at micro-batches of 1: every
+// mesh's best variant beats it, the published mesh's own by more than 10%. The mesh ranks in the
+// top 5.
+TEST(sim_planner, published_mt_nlg_530b_mesh_is_in_the_top_5) {
+  const published_standing s = standing_of_published("mt-nlg-530b");
+  EXPECT_GE(s.mesh_rank, 1u);
+  EXPECT_LE(s.mesh_rank, 5u);
+}
+
+// SC21's 1T run: five meshes of the search, which also tries 3 and 4 chunks and ZeRO-1, beat
+// it, the best by 7%, within the simulator's error on published runs (10%); its mesh ranks in the
+// top 5.
+TEST(sim_planner, published_sc21_1t_layout_is_within_10_percent_of_the_best) {
+  const published_standing s = standing_of_published("gpt-1008b");
+  EXPECT_LE(s.published_s, 1.10 * s.best_s);
+  EXPECT_GE(s.mesh_rank, 1u);
+  EXPECT_LE(s.mesh_rank, 5u);
 }
 
 } // namespace

@@ -77,6 +77,9 @@ layout (one simulation):
 search:
   --search             rank every mesh that fits; with --tp and --pp, say where that one ranks
   --top N              layouts to explain (default 5)
+  --runnable           only layouts weft::strategy runs as is (each ranked layout says whether
+                       it does, and why not; the best that does is printed as a
+                       weft::strategy<...> type, its configuration and its launch line)
   --memory-limit GIB   per GPU (default: the GPU's memory)
 output:
   --json               machine-readable: tflops_per_gpu (SC21 Eq. 3), step_time_s, bubble,
@@ -107,6 +110,7 @@ struct config {
   std::optional<int> tp, pp, dp, chunks;
   std::optional<int> ffn, kv_heads; // applied after --model, wherever they come
   bool search = false;
+  bool runnable = false;
   int top = 5;
   double memory_limit_gib = 0;
   bool json = false;
@@ -166,6 +170,7 @@ sim::model_spec preset(std::string_view name) {
     m.flash_attention = true;
     m.learned_positions = false;
     m.tied_embeddings = false;
+    m.dropout = false; // Llama 2 and 3 and Nemotron-4 (NeMo: hidden and attention dropout 0)
   };
   if (name == "gpt3-175b")
     gpt(96, 12288, 96, 51200);
@@ -239,6 +244,10 @@ config parse(const std::vector<std::string_view>& args) {
     }
     if (flag == "--search") {
       c.search = true;
+      continue;
+    }
+    if (flag == "--runnable") {
+      c.runnable = true;
       continue;
     }
     if (flag == "--json") {
@@ -399,7 +408,8 @@ config parse(const std::vector<std::string_view>& args) {
     for (std::string_view f : {"--gpu", "--nodes", "--gpus-per-node", "--engine", "--grad-accum",
                                "--top", "--memory-limit", "--trace", "--search", "--gated",
                                "--flash", "--tp-across-nodes", "--tp-overlap", "--tp-comm-overlap",
-                               "--overlap-param-gather", "--sharding", "--shard-group"})
+                               "--overlap-param-gather", "--sharding", "--shard-group",
+                               "--runnable"})
       if (given(f))
         bad(std::string(f) +
             " prices a GPU cluster; --host predicts the host trainer's memory (leave it out)");
@@ -412,6 +422,7 @@ config parse(const std::vector<std::string_view>& args) {
   if (!c.search && (!c.tp || !c.pp)) bad("give a layout (--tp and --pp) or --search");
   if (c.search && !c.trace.empty()) bad("--trace draws one layout; leave out --search");
   if (c.search && c.nodes == 0) bad("--search needs --nodes");
+  if (c.runnable && !c.search) bad("--runnable restricts --search: give --search too");
   if (c.search) {
     // The search chooses these itself: given, they would be ignored without a word.
     for (std::string_view f : {"--micro-batch", "--zero", "--recompute", "--schedule", "--chunks",
@@ -504,7 +515,13 @@ std::string json(const sim::model_spec& m, const sim::layout& l, const sim::step
   o += "  \"communication\": {\"tp\": " + axis(r.tp) + ", \"pp\": " + axis(r.pp) +
        ", \"dp\": " + axis(r.dp) +
        ", \"dp_exposed_s\": " + num(r.dp_exposed_s + r.shard_exposed_s) + "},\n";
-  o += "  \"optimizer_s\": " + num(r.optimizer_s) + "\n}\n";
+  o += "  \"optimizer_s\": " + num(r.optimizer_s) + ",\n";
+  // Whether weft::strategy runs the layout (the reasons and the type hold no '"' or '\\').
+  const std::string refusal = sim::strategy_refusal(m, mc, l);
+  o += "  \"weft_strategy\": " +
+       (refusal.empty() ? "{\"runs\": true, \"type\": " + q(sim::strategy_type(m, mc, l)) + "}"
+                        : "{\"runs\": false, \"why\": " + q(refusal) + "}") +
+       "\n}\n";
   return o;
 }
 
@@ -551,6 +568,9 @@ std::string text(const sim::model_spec& m, const sim::layout& l, const sim::step
                   std::string(weft::topology::name_of(mc.cluster.inter().kind)).c_str());
     o += buf;
   }
+  const std::string refusal = sim::strategy_refusal(m, mc, l);
+  o += refusal.empty() ? "  weft::strategy runs it: " + sim::strategy_type(m, mc, l) + "\n"
+                       : "  weft::strategy runs it: no, " + refusal + "\n";
   return o;
 }
 
@@ -661,6 +681,27 @@ std::string host_report(const config& c) {
   return o;
 }
 
+// The best layout weft::strategy runs (the search keeps it, restricted or not): its type,
+// configuration and launch line.
+std::string runnable_report(const config& c, const sim::machine& mc, const sim::search_result& s) {
+  if (!s.best_runnable) return "No layout that weft::strategy runs as is fits.\n";
+  const sim::ranked_layout& best = *s.best_runnable;
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "The best layout weft::strategy runs as is: %s, step %.2f s (%.1f%% slower than "
+                "#1)\n",
+                sim::describe(best.l).c_str(), best.r.step_time_s,
+                100 * (best.r.step_time_s / s.ranked.front().r.step_time_s - 1));
+  return buf + std::string("  using S = ") + sim::strategy_type(c.model, mc, best.l) +
+         ";\n  auto trainer = S::make(world, " + sim::strategy_config_of(c.model, best.l) +
+         ");  // world: a weft::mpi::communicator over MPI_COMM_WORLD\n  " +
+         sim::launch_line(mc, best.l, "./train") +
+         "\n  where ./train is your program that makes S's trainer as above and calls "
+         "trainer->train_step(ids, targets) each step (samples/07_train_3d/main.cpp, with its "
+         "strategy and model replaced, is one). weft::strategy computes in float32 with host "
+         "BLAS: it runs this composition, not the mixed-precision GPU step simulated here.\n";
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -690,6 +731,7 @@ int main(int argc, char** argv) {
       o.tp_overlap = c.layout.tp_overlap;
       o.grad_accumulation_bytes = c.layout.grad_accumulation_bytes;
       o.engine = c.engine;
+      o.runnable_only = c.runnable;
       const sim::search_result s = sim::search(c.model, mc, o);
       std::string out;
       if (c.json) {
@@ -699,15 +741,18 @@ int main(int argc, char** argv) {
         out += "], \"meshes\": " + std::to_string(s.meshes) +
                ", \"out_of_memory\": " + std::to_string(s.out_of_memory) +
                ", \"unschedulable\": " + std::to_string(s.unschedulable) +
-               ", \"simulated\": " + std::to_string(s.simulated) + "}\n";
+               ", \"simulated\": " + std::to_string(s.simulated) + ",\n\"best_runnable\": " +
+               (s.best_runnable ? json(c.model, s.best_runnable->l, s.best_runnable->r, mc)
+                                : std::string("null")) +
+               "}\n";
       } else {
         out = c.model.name + " on " + std::to_string(mc.cluster.size()) + " " + c.gpu + " (" +
               std::to_string(c.nodes) + " nodes), global batch " + std::to_string(c.global_batch) +
               ":\n";
         out += sim::explain(s, mc, static_cast<std::size_t>(c.top));
+        std::size_t rank = 0;
         if (c.tp && c.pp) {
           const int dp = c.dp.value_or(mc.cluster.size() / (*c.tp * *c.pp));
-          std::size_t rank = 0;
           for (std::size_t i = 0; i < s.ranked.size() && rank == 0; ++i)
             if (s.ranked[i].l.tp == *c.tp && s.ranked[i].l.pp == *c.pp && s.ranked[i].l.dp == dp)
               rank = i + 1;
@@ -727,6 +772,9 @@ int main(int argc, char** argv) {
             out += buf;
           }
         }
+        // The given mesh as a column of its own unless it is #1 or #2 already.
+        out += sim::explain_winner(c.model, s, rank > 2 ? &s.ranked[rank - 1] : nullptr, "given");
+        out += runnable_report(c, mc, s);
       }
       std::fputs(out.c_str(), stdout);
       return 0;

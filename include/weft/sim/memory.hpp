@@ -52,6 +52,12 @@ inline double rank_parameters(const model_spec& m, const layout& l,
   return *std::max_element(w.begin(), w.end());
 }
 
+/// ZeRO-3's gathered weights in 16 bits: the layer in use and the next, prefetched (0 below
+/// ZeRO-3). Counted with the activations of every rank; explain() shows it as buffers.
+inline double zero3_gather_bytes(const model_spec& m, const layout& l) {
+  return l.zero >= 3 ? 2.0 * 2.0 * m.layer_parameters() / l.tp : 0.0;
+}
+
 /// Model states and activations of the fullest rank (the most of both together), given how
 /// many (micro-batch, chunk) pairs each pipeline rank holds at its peak (a chunk's pair holds
 /// 1/V of the rank's layers).
@@ -71,8 +77,7 @@ inline std::pair<state_memory, double> memory_of(const model_spec& m, const layo
       a += activation_bytes_per_layer(m, b, t, l.sequence_parallel, recompute::none);
     if (r == 0) a += 2.0 * T * h / (l.sequence_parallel ? t : 1) * held / v; // embedding output
     if (r == p - 1) a += 4.0 * T * m.vocab / t;                              // fp32 logits
-    if (l.zero >= 3)
-      a += 2.0 * 2.0 * m.layer_parameters() / t; // ZeRO-3: a layer gathered, the next prefetched
+    a += zero3_gather_bytes(m, l);
     const state_memory states =
         zero_memory(weights[static_cast<std::size_t>(r)], l.dp, l.zero, l.grad_bytes);
     if (r == 0 || states.total() + a > worst.first.total() + worst.second) worst = {states, a};

@@ -61,6 +61,9 @@ struct model_spec {
   bool tied_embeddings = true;   // the output layer is the word embedding (GPT); false: its own
                                  // vocab x hidden weights (Llama, Nemotron)
   bool flash_attention = false;  // attention core fused: no s x s matrices in memory
+  bool dropout = true; // dropout after attention and the MLP and on the attention probabilities
+                       // (GPT-3, MT-NLG); false: none, and none of its masks kept (Llama,
+                       // Nemotron-4: PyTorch's dropout at p = 0 returns its input)
 
   [[nodiscard]] double h() const noexcept { return hidden; }
   [[nodiscard]] double f() const noexcept { return ffn > 0 ? ffn : 4.0 * hidden; }
@@ -157,6 +160,9 @@ struct model_spec {
 ///   selective     s b h (10 + 24/t)                  with SP: 34 s b h/t
 ///   full          2 s b h (the layer's input)        with SP: 2 s b h/t
 /// Flash attention keeps no a s^2 term: it stores what selective recompute stores.
+/// Without dropout (model_spec::dropout false) the two 1-byte masks of the 10 sbh go, and of the
+/// 5 a s^2 b the mask (a s^2 b) and the dropped probabilities (2 a s^2 b): the product with V
+/// keeps the softmax's output (2 a s^2 b) itself.
 /// The 24 is the tensor-parallel part of Table 2's breakdown, for f = 4h, no gating and as many
 /// key-value heads as heads: Q 2sbh, K and V 2sbh each, the output projection's input 2sbh, and
 /// the MLP's two f-wide tensors 4sbf (GeLU's input and output). In general, with g = kv/a:
@@ -167,10 +173,12 @@ struct model_spec {
   const double sbh = s * b * h;
   if (r == recompute::full) return sequence_parallel ? 2.0 * sbh / tt : 2.0 * sbh;
   const bool core_kept = r == recompute::none && !m.flash_attention;
-  const double core = core_kept ? 5.0 * a * s / h : 0.0;
+  const double core = core_kept ? (m.dropout ? 5.0 : 2.0) * a * s / h : 0.0;
   const double split = 4.0 + 4.0 * m.kv() / a + (m.gated ? 6.0 : 4.0) * m.f() / h; // 24 for GPT
-  if (sequence_parallel) return sbh / tt * (10.0 + split + core);
-  return sbh * (10.0 + split / tt + core / tt);
+  const double replicated = m.dropout ? 10.0 : 8.0; // layer norms' inputs 4, the inputs of QKV and
+                                                    // the MLP 4, the masks 2
+  if (sequence_parallel) return sbh / tt * (replicated + split + core);
+  return sbh * (replicated + split / tt + core / tt);
 }
 
 /// Bytes per GPU of the model states under ZeRO stage 0 (replicated) to 3 with mixed-precision

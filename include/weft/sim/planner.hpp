@@ -5,23 +5,32 @@
 //   for each mesh tp * pp * dp = GPUs   (tp a power of two dividing the heads, up to twice a
 //                                        node, so that TP across nodes is seen and explained;
 //                                        pp dividing the layers; dp dividing the batch)
-//     for each micro-batch and schedule (1F1B, interleaved with 2 chunks, ZB-H1)
+//     for each micro-batch and schedule (1F1B, interleaved with 2, 3 or 4 chunks, ZB-H1)
 //       every recomputation with every ZeRO stage that fits: neither dominates (less
 //       recomputation may fit only under ZeRO-2 or 3, whose collectives every micro-batch cost
 //       more than the recomputation saves; ZeRO adds communication but shards the optimizer
 //       step); memory is checked (estimate_memory) before anything is simulated
 //       simulate the step (step.hpp)
-//     keep the mesh's fastest variant
+//     keep the mesh's fastest variant (with search_options::runnable_only, the fastest that
+//     weft::strategy runs as is: strategy_refusal)
 //   rank the meshes by step time
+//
+// strategy_refusal says whether weft::strategy (weft/strategy.hpp) runs a layout as is, and why
+// not; strategy_type spells the weft::strategy<...> that does, strategy_config_of the configuration
+// it takes and launch_line the command that starts it.
 #include <weft/core/error.hpp>
+#include <weft/mesh/mesh.hpp>
 #include <weft/pipeline/generators.hpp>
 #include <weft/sim/calibration.hpp>
 #include <weft/sim/hardware.hpp>
+#include <weft/sim/memory.hpp>
 #include <weft/sim/model.hpp>
 #include <weft/sim/step.hpp>
+#include <weft/topology/topology.hpp>
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,19 +44,176 @@ struct search_options {
   std::vector<pipeline::schedule_kind> schedules = {pipeline::schedule_kind::one_f_one_b,
                                                     pipeline::schedule_kind::interleaved,
                                                     pipeline::schedule_kind::zero_bubble_h1};
+  std::vector<int> chunks = {2, 3, 4}; // model chunks per rank of the interleaved schedule
+  std::vector<recompute> recomputes = {recompute::none, recompute::selective, recompute::full};
+  int max_zero = 3;                   // ZeRO stages 0..max_zero (with DP > 1)
   int max_tp = 0;                     // 0: twice the devices of a node
   bool sequence_parallel = true;      // with TP > 1
   bool tp_overlap = false;            // layout::tp_overlap of every variant
   double grad_accumulation_bytes = 0; // layout::grad_accumulation_bytes of every variant
   pipeline_engine engine = pipeline_engine::megatron; // of every variant with PP > 1 (DeepSpeed's
       // runs only 1F1B under ZeRO 0 or 1; PP 1 runs no pipeline engine)
+  bool runnable_only = false; // only variants weft::strategy runs as is (strategy_refusal)
+  // The variants of a mesh are every micro-batch, schedule, recompute and ZeRO stage 0..3 above.
+  // Another way to shard (an FSDP engine, HSDP's groups) joins them where layout.hpp carries it
+  // and step.hpp prices it: one more loop beside the ZeRO stages in search().
 };
 
 /// One mesh's fastest variant.
 struct ranked_layout {
   layout l;
   step_result r;
+  std::string refusal; // why weft::strategy does not run `l` as is ("" where it does)
 };
+
+namespace detail {
+
+/// Why the TP groups of `l` cannot stay inside nodes of `cluster` ("" where each does):
+/// make_comms' strict placement, which weft::strategy uses, refuses a TP group across nodes.
+[[nodiscard]] inline std::string tp_placement_refusal(const layout& l,
+                                                      const topology::cluster& cluster) {
+  if (l.tp < 2) return "";
+  const mesh_layout mesh = l.mesh();
+  for (int r = 0; r < l.gpus() && r < cluster.size(); ++r) {
+    const std::vector<int> group = mesh.group(axis::tp, r);
+    if (group.front() != r) continue; // each group once, from its first rank
+    for (int q : group)
+      if (q >= cluster.size() || cluster.node_of(q) != cluster.node_of(r))
+        return "its TP group of " + std::to_string(l.tp) + " ranks spans nodes (ranks " +
+               std::to_string(r) + " and " + std::to_string(q) +
+               "), which make_comms' strict placement refuses";
+  }
+  return "";
+}
+
+} // namespace detail
+
+/// Why weft::strategy does not run `l` of `m` on `mc` as is ("" where it does): the rules of
+/// weft/strategy.hpp's static_asserts and of its trainer's and layers' checks at construction.
+///   - the schedule: gpipe, 1F1B or interleaved; not ZB-H1, whose split backward weft's layers
+///     do not compute (static_assert); interleaving needs pp >= 2 (static_assert)
+///   - the model: layer::gpt_model (learned positions, GELU MLP, as many key-value heads as
+///     heads) or layer::llama_model (rotary positions, SwiGLU MLP, any key-value heads that
+///     divide the heads); nothing else (ALiBi, an ungated MLP with rotary positions)
+///   - TP: divides the heads, and the key-value heads divide it or it them (parallel_attention);
+///     sequence parallelism only with tp >= 2 (static_assert) and a micro-batch's tokens
+///     dividing over TP (trainer)
+///   - PP: the layers split evenly over pp * chunks virtual stages (pipeline::even_layout; an
+///     uneven split needs config.layout, which strategy_config_of does not write)
+///   - the batch: a multiple of dp * micro_batch (trainer)
+///   - placement: every TP group inside a node (make_comms, strict)
+/// ZeRO 0..3 and every recompute policy run. What strategy_refusal does not judge: weft::strategy
+/// trains in float32 with host BLAS (layer::cblas), so it runs the layout's composition, not
+/// the mixed-precision GPU step the simulator prices; and it runs weft's pipeline executor,
+/// whatever engine the layout's sends were priced for.
+namespace detail {
+
+/// strategy_refusal's rules but the placement's, which depend on the mesh alone.
+[[nodiscard]] inline std::string strategy_refusal_in_place(const model_spec& m, const layout& l) {
+  if (l.schedule == pipeline::schedule_kind::zero_bubble_h1)
+    return "zb-h1 splits the backward into input and weight gradients, which weft's layers "
+           "compute together (weft::strategy takes gpipe, 1f1b or interleaved)";
+  if (l.chunks > 1 && l.pp < 2)
+    return "an interleaved schedule of " + std::to_string(l.chunks) +
+           " chunks needs pp >= 2, not pp " + std::to_string(l.pp);
+  const bool gpt_shape =
+      m.learned_positions && !m.gated && (m.kv_heads == 0 || m.kv_heads == m.heads);
+  const bool llama_shape = !m.learned_positions && m.gated;
+  if (!gpt_shape && !llama_shape)
+    return std::string(
+               "weft has no model of this shape: layer::gpt_model has learned positions, "
+               "a GELU MLP and no grouped-query attention, layer::llama_model rotary "
+               "positions and a SwiGLU MLP; this one has ") +
+           (m.learned_positions ? "learned" : "rotary or ALiBi") + " positions, " +
+           (m.gated ? "a gated" : "an ungated") + " MLP and " + std::to_string(m.kv()) +
+           " key-value heads for " + std::to_string(m.heads);
+  if (m.hidden % m.heads != 0)
+    return "hidden " + std::to_string(m.hidden) + " does not divide into " +
+           std::to_string(m.heads) + " heads";
+  const int kv = m.kv_heads > 0 ? m.kv_heads : m.heads;
+  if (m.heads % kv != 0)
+    return std::to_string(m.heads) + " heads do not divide into groups of " + std::to_string(kv) +
+           " key-value heads";
+  if (m.heads % l.tp != 0 || (kv % l.tp != 0 && l.tp % kv != 0))
+    return "tp " + std::to_string(l.tp) + " does not divide the " + std::to_string(m.heads) +
+           " heads and " + std::to_string(kv) + " key-value heads as parallel_attention needs";
+  if (l.sequence_parallel && l.tp < 2) return "sequence parallelism needs tp >= 2";
+  if (l.sequence_parallel && (static_cast<long long>(l.micro_batch) * m.seq) % l.tp != 0)
+    return "sequence parallelism: a micro-batch of " +
+           std::to_string(static_cast<long long>(l.micro_batch) * m.seq) +
+           " tokens does not split over tp " + std::to_string(l.tp);
+  if (m.layers % (l.pp * l.chunks) != 0)
+    return std::to_string(m.layers) +
+           " layers do not split evenly over pp * chunks = " + std::to_string(l.pp * l.chunks) +
+           " virtual stages (config.layout would set them)";
+  if (l.batch() % (l.dp * l.micro_batch) != 0)
+    return "a global batch of " + std::to_string(l.batch()) + " is not a multiple of dp * " +
+           "micro_batch = " + std::to_string(l.dp * l.micro_batch);
+  if (l.tp_across_nodes && l.tp > 1)
+    return "TP across nodes: make_comms' strict placement refuses a TP group that spans nodes";
+  return "";
+}
+
+} // namespace detail
+
+[[nodiscard]] inline std::string strategy_refusal(const model_spec& m, const machine& mc,
+                                                  const layout& l) {
+  std::string why = detail::strategy_refusal_in_place(m, l);
+  return why.empty() ? detail::tp_placement_refusal(l, mc.cluster) : why;
+}
+
+/// The weft::strategy<...> that runs `l` of `m`, spelt as C++ (with weft:: in full): the mesh in
+/// the simulator's rank order (TP fastest, then DP, then PP), the schedule, ZeRO as
+/// optim::zero<k>, the recompute policy, sequence parallelism and, for a Llama-shaped model,
+/// layer::llama_model. Throws weft::error with strategy_refusal's reason where it does not run.
+[[nodiscard]] inline std::string strategy_type(const model_spec& m, const machine& mc,
+                                               const layout& l) {
+  if (const std::string why = strategy_refusal(m, mc, l); !why.empty())
+    throw error("weft: sim: weft::strategy does not run " + std::string(m.name) +
+                " as laid out: " + why);
+  std::string schedule = "weft::pipeline::";
+  switch (l.schedule) {
+    case pipeline::schedule_kind::gpipe: schedule += "gpipe"; break;
+    case pipeline::schedule_kind::one_f_one_b: schedule += "one_f_one_b"; break;
+    case pipeline::schedule_kind::interleaved:
+      schedule += "interleaved<" + std::to_string(l.chunks) + ">";
+      break;
+    case pipeline::schedule_kind::zero_bubble_h1: break; // refused above
+  }
+  std::string s = "weft::strategy<weft::mesh<weft::tp<" + std::to_string(l.tp) + ">, weft::dp<" +
+                  std::to_string(l.dp) + ">, weft::pp<" + std::to_string(l.pp) + ">>, " + schedule +
+                  ", weft::optim::zero<" + std::to_string(l.zero) +
+                  ">, weft::layer::recompute::" + std::string(name_of(l.recomputation)) +
+                  (l.sequence_parallel ? ", weft::layer::sequence_parallel"
+                                       : ", weft::layer::no_sequence_parallel");
+  if (!m.learned_positions) s += ", weft::layer::llama_model";
+  return s + ">";
+}
+
+/// The configuration strategy_type's S::make takes for `l` of `m`, as a C++ initializer.
+[[nodiscard]] inline std::string strategy_config_of(const model_spec& m, const layout& l) {
+  std::string model = "{.vocab = " + std::to_string(m.vocab) +
+                      ", .hidden = " + std::to_string(m.hidden) +
+                      ", .heads = " + std::to_string(m.heads);
+  if (!m.learned_positions && m.kv_heads > 0)
+    model += ", .kv_heads = " + std::to_string(m.kv_heads);
+  // The simulator's FFN width: 0 means 4 h there and in layer::gpt_config, but Llama's rule in
+  // layer::llama_config, so a Llama-shaped model always spells it.
+  if (m.ffn > 0 || !m.learned_positions)
+    model += ", .ffn = " + std::to_string(m.ffn > 0 ? m.ffn : 4 * m.hidden);
+  model += ", .seq = " + std::to_string(m.seq) + ", .layers = " + std::to_string(m.layers);
+  if (m.tied_embeddings) model += ", .tie_embeddings = true";
+  return "{.model = " + model + "}, .micro_batch = " + std::to_string(l.micro_batch) +
+         ", .global_batch = " + std::to_string(l.batch()) + "}";
+}
+
+/// The command that starts `program` on every rank of `l` over `mc`: one MPI process per GPU,
+/// `per_node` to a node, in rank order (rank r on device r, as the layout numbers them).
+[[nodiscard]] inline std::string launch_line(const machine& mc, const layout& l,
+                                             const std::string& program) {
+  return "mpirun -n " + std::to_string(l.gpus()) +
+         " --map-by ppr:" + std::to_string(mc.cluster.devices_on(0)) + ":node " + program;
+}
 
 struct search_result {
   std::vector<ranked_layout> ranked; // fastest first, one per (tp, pp, dp)
@@ -55,6 +221,9 @@ struct search_result {
   int meshes = 0;                    // meshes that divide the cluster, the layers and the batch
   int out_of_memory = 0;             // meshes with no variant that fits in memory
   int unschedulable = 0;             // meshes no schedule runs with this batch (micro-batches)
+  int unrunnable = 0; // runnable_only: meshes whose variants that fit weft::strategy refuses
+  std::optional<ranked_layout> best_runnable; // the fastest variant of any mesh that
+                                              // weft::strategy runs as is (none: no such fits)
 };
 
 /// Ranks every mesh of `mc` for `m`; throws weft::error if no layout fits.
@@ -77,55 +246,73 @@ struct search_result {
       if (o.global_batch % dp != 0) continue;
       ++out.meshes;
       std::vector<ranked_layout> variants;
-      bool schedulable = false;
+      bool schedulable = false, fits = false;
+      std::string placement; // the mesh's, for every variant: strategy_refusal's last rule
+      {
+        layout mesh_only;
+        mesh_only.tp = tp;
+        mesh_only.pp = pp;
+        mesh_only.dp = dp;
+        placement = detail::tp_placement_refusal(mesh_only, mc.cluster);
+      }
       for (int mb : o.micro_batches) {
         if (o.global_batch % (dp * mb) != 0) continue;
         const int micro = o.global_batch / (dp * mb);
         for (pipeline::schedule_kind kind : o.schedules) {
-          layout l;
-          l.tp = tp;
-          l.pp = pp;
-          l.dp = dp;
-          l.micro_batch = mb;
-          l.global_batch = o.global_batch;
-          l.schedule = kind;
-          l.sequence_parallel = o.sequence_parallel && tp > 1;
-          l.tp_overlap = o.tp_overlap;
-          l.grad_accumulation_bytes = o.grad_accumulation_bytes;
-          if (kind == pipeline::schedule_kind::interleaved) {
-            l.chunks = 2;
-            if (pp < 2 || m.layers % (2 * pp) != 0 || micro % pp != 0) continue;
-          }
-          if (kind == pipeline::schedule_kind::zero_bubble_h1 && (pp < 2 || micro < pp)) continue;
-          if (pp > 1 && o.engine == pipeline_engine::deepspeed &&
-              kind != pipeline::schedule_kind::one_f_one_b)
-            continue;
-          schedulable = true;
-          // Every recompute and ZeRO stage that fits: less recompute is not always faster (none
-          // may fit only under ZeRO-2 or 3, whose collectives every micro-batch cost more than
-          // selective recompute under ZeRO-1 does).
-          const std::vector<int> peak =
-              detail::peak_in_flight(pipeline::generate(kind, pp, micro, l.chunks));
-          for (recompute rc : {recompute::none, recompute::selective, recompute::full}) {
-            for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
-              l.recomputation = rc;
-              l.zero = zero;
-              if (pp > 1) {
-                if (!engine_refusal(l, o.engine).empty()) continue;
-                use_engine(l, o.engine);
+          for (int v :
+               kind == pipeline::schedule_kind::interleaved ? o.chunks : std::vector<int>{1}) {
+            layout l;
+            l.tp = tp;
+            l.pp = pp;
+            l.dp = dp;
+            l.micro_batch = mb;
+            l.global_batch = o.global_batch;
+            l.schedule = kind;
+            l.sequence_parallel = o.sequence_parallel && tp > 1;
+            l.tp_overlap = o.tp_overlap;
+            l.grad_accumulation_bytes = o.grad_accumulation_bytes;
+            if (kind == pipeline::schedule_kind::interleaved) {
+              l.chunks = v;
+              if (pp < 2 || v < 2 || m.layers % (v * pp) != 0 || micro % pp != 0) continue;
+            }
+            if (kind == pipeline::schedule_kind::zero_bubble_h1 && (pp < 2 || micro < pp)) continue;
+            if (pp > 1 && o.engine == pipeline_engine::deepspeed &&
+                kind != pipeline::schedule_kind::one_f_one_b)
+              continue;
+            schedulable = true;
+            // Every recompute and ZeRO stage that fits: less recompute is not always faster (none
+            // may fit only under ZeRO-2 or 3, whose collectives every micro-batch cost more than
+            // selective recompute under ZeRO-1 does).
+            const std::vector<int> peak =
+                detail::peak_in_flight(pipeline::generate(kind, pp, micro, l.chunks));
+            for (recompute rc : o.recomputes) {
+              for (int zero = 0; zero <= (dp > 1 ? o.max_zero : 0); ++zero) {
+                l.recomputation = rc;
+                l.zero = zero;
+                if (pp > 1) {
+                  if (!engine_refusal(l, o.engine).empty()) continue;
+                  use_engine(l, o.engine);
+                }
+                if (estimate_memory(m, l, peak) > limit) continue;
+                fits = true;
+                std::string refusal = detail::strategy_refusal_in_place(m, l);
+                if (refusal.empty()) refusal = placement;
+                if (o.runnable_only && !refusal.empty()) continue;
+                ++out.simulated;
+                step_result r = simulate_step(m, mc, l, cal);
+                r.schedule = {}; // the ranking keeps figures, not timelines
+                r.timeline = {};
+                if (refusal.empty() &&
+                    (!out.best_runnable || r.step_time_s < out.best_runnable->r.step_time_s))
+                  out.best_runnable = ranked_layout{l, r, ""};
+                variants.push_back({l, std::move(r), std::move(refusal)});
               }
-              if (estimate_memory(m, l, peak) > limit) continue;
-              ++out.simulated;
-              step_result r = simulate_step(m, mc, l, cal);
-              r.schedule = {}; // the ranking keeps figures, not timelines
-              r.timeline = {};
-              variants.push_back({l, std::move(r)});
             }
           }
         }
       }
       if (variants.empty()) {
-        ++(schedulable ? out.out_of_memory : out.unschedulable);
+        ++(!schedulable ? out.unschedulable : !fits ? out.out_of_memory : out.unrunnable);
         continue;
       }
       out.ranked.push_back(*std::min_element(
@@ -139,8 +326,11 @@ struct search_result {
     throw error("weft: sim: no layout of " + m.name + " on " + std::to_string(gpus) +
                 " GPUs with a global batch of " + std::to_string(o.global_batch) + ": of " +
                 std::to_string(out.meshes) + " meshes, " + std::to_string(out.out_of_memory) +
-                " fit no variant in " + gib + " GiB per GPU and " +
-                std::to_string(out.unschedulable) + " have no schedule for the batch");
+                " fit no variant in " + gib + " GiB per GPU, " + std::to_string(out.unschedulable) +
+                " have no schedule for the batch" +
+                (o.runnable_only ? " and " + std::to_string(out.unrunnable) +
+                                       " fit only as layouts weft::strategy does not run"
+                                 : std::string()));
   }
   std::sort(out.ranked.begin(), out.ranked.end(),
             [](const auto& a, const auto& b) { return a.r.step_time_s < b.r.step_time_s; });
@@ -177,6 +367,122 @@ inline std::string format(const char* fmt, double a, double b = 0, double c = 0,
   return s;
 }
 
+/// Where a step's time goes, on the busiest pipeline rank: the parts add up to the step.
+struct time_split {
+  double compute = 0;    // forward, backward and recomputation, with blocking sends
+  double tp_exposed = 0; // TP collectives on the critical path
+  double bubble = 0;     // the pipeline's fill and drain, with the sends it waits on
+  double dp_exposed = 0; // DP reduction (ZeRO's gathers) not hidden behind the backward
+  double optimizer = 0;  // the optimizer step
+  double pp_sends = 0;   // PP sends and receives in all (inside compute or the bubble, not added)
+};
+
+[[nodiscard]] inline time_split split_time(const step_result& r) {
+  time_split t;
+  const double busy = r.pipeline_s / (1 + r.bubble); // the busiest rank's work
+  // ZeRO-3's gathers and reduce-scatters that no compute covers sit inside the busiest rank's
+  // forwards and backwards (step.hpp): counted as exposed DP communication, not compute.
+  const double shard = std::min(r.shard_exposed_s, std::max(0.0, busy - r.tp.seconds));
+  t.tp_exposed = r.tp.seconds;
+  t.compute = busy - r.tp.seconds - shard;
+  t.bubble = r.pipeline_s - busy;
+  t.dp_exposed = r.dp_exposed_s + shard;
+  t.optimizer = r.optimizer_s;
+  t.pp_sends = r.pp.seconds;
+  return t;
+}
+
+/// Where a GPU's memory goes, on the fullest rank: the parts add up to step_result::memory_bytes.
+struct memory_split {
+  double parameters = 0, gradients = 0, optimizer = 0, activations = 0;
+  double buffers = 0; // ZeRO-3's gathered layers
+};
+
+[[nodiscard]] inline memory_split split_memory(const model_spec& m, const layout& l,
+                                               const step_result& r) {
+  memory_split s;
+  s.parameters = r.states.weights;
+  s.gradients = r.states.gradients;
+  s.optimizer = r.states.optimizer;
+  s.buffers = detail::zero3_gather_bytes(m, l);
+  s.activations = r.activation_bytes - s.buffers;
+  return s;
+}
+
+/// Why the winner wins: the time and memory splits of the search's #1 beside its #2 and, where
+/// given, a reference layout (a published run's), one column each.
+[[nodiscard]] inline std::string explain_winner(const model_spec& m, const search_result& s,
+                                                const ranked_layout* given = nullptr,
+                                                const std::string& given_name = "given") {
+  std::vector<std::pair<std::string, const ranked_layout*>> cols;
+  cols.emplace_back("#1", &s.ranked.front());
+  if (s.ranked.size() > 1) cols.emplace_back("#2", &s.ranked[1]);
+  if (given != nullptr) cols.emplace_back(given_name, given);
+  const double gib = 1024.0 * 1024 * 1024;
+  const auto row = [&](const char* name, auto value, double scale, const char* unit) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "  %-28s", name);
+    std::string line = buf;
+    for (const auto& c : cols) {
+      std::snprintf(buf, sizeof buf, " %10.2f", value(*c.second) / scale);
+      line += buf;
+    }
+    return line + " " + unit + "\n";
+  };
+  std::string out = "Why #1 wins, per step and per GPU:\n";
+  for (const auto& c : cols)
+    out += "  " + c.first + ": " + describe(c.second->l) + "\n";
+  char head[64];
+  std::snprintf(head, sizeof head, "  %-28s", "");
+  out += head;
+  for (const auto& c : cols) {
+    std::snprintf(head, sizeof head, " %10s", c.first.c_str());
+    out += head;
+  }
+  out += "\n";
+  const auto t = [](auto field) {
+    return [field](const ranked_layout& x) { return split_time(x.r).*field; };
+  };
+  const auto mem = [&](auto field) {
+    return [field, &m](const ranked_layout& x) { return split_memory(m, x.l, x.r).*field; };
+  };
+  out += row(
+      "step", [](const ranked_layout& x) { return x.r.step_time_s; }, 1, "s");
+  out += row("  compute", t(&time_split::compute), 1, "s");
+  out += row("  bubble (with PP waits)", t(&time_split::bubble), 1, "s");
+  out += row("  exposed TP communication", t(&time_split::tp_exposed), 1, "s");
+  out += row("  exposed DP communication", t(&time_split::dp_exposed), 1, "s");
+  out += row("  optimizer step", t(&time_split::optimizer), 1, "s");
+  out += row("  (PP sends in all)", t(&time_split::pp_sends), 1, "s");
+  out += row(
+      "memory", [](const ranked_layout& x) { return x.r.memory_bytes(); }, gib, "GiB");
+  out += row("  parameters", mem(&memory_split::parameters), gib, "GiB");
+  out += row("  gradients", mem(&memory_split::gradients), gib, "GiB");
+  out += row("  optimizer state", mem(&memory_split::optimizer), gib, "GiB");
+  out += row("  activations", mem(&memory_split::activations), gib, "GiB");
+  out += row("  buffers (ZeRO-3 gathers)", mem(&memory_split::buffers), gib, "GiB");
+  // The largest difference in time between #1 and each other column, in words.
+  const time_split w = split_time(s.ranked.front().r);
+  for (std::size_t i = 1; i < cols.size(); ++i) {
+    const time_split o = split_time(cols[i].second->r);
+    const std::pair<const char*, double> parts[] = {
+        {"compute", o.compute - w.compute},
+        {"bubble", o.bubble - w.bubble},
+        {"exposed TP communication", o.tp_exposed - w.tp_exposed},
+        {"exposed DP communication", o.dp_exposed - w.dp_exposed},
+        {"optimizer step", o.optimizer - w.optimizer}};
+    const auto most = std::max_element(
+        parts, parts + 5, [](const auto& a, const auto& b) { return a.second < b.second; });
+    const double gap = cols[i].second->r.step_time_s - s.ranked.front().r.step_time_s;
+    out += "  #1 is " + detail::format("%.2f s", gap) + " a step faster than " + cols[i].first;
+    if (gap > 0 && most->second > 0)
+      out += ", most of it in " + std::string(most->first) +
+             detail::format(" (%.2f s less)", most->second);
+    out += ".\n";
+  }
+  return out;
+}
+
 /// Why the top `n` layouts rank where they do: per layout its throughput, where its
 /// communication goes and what its bubble costs; then the rules of thumb, each with the
 /// numbers of this search behind it.
@@ -186,7 +492,7 @@ inline std::string format(const char* fmt, double a, double b = 0, double c = 0,
   const int per_node = mc.cluster.devices_on(0);
   const double gib = 1024.0 * 1024 * 1024;
   for (std::size_t i = 0; i < std::min(n, s.ranked.size()); ++i) {
-    const auto& [l, r] = s.ranked[i];
+    const auto& [l, r, refusal] = s.ranked[i];
     out += "#" + std::to_string(i + 1) + "  " + describe(l) + "\n";
     out += detail::format(
         "    %.1f TFLOP/s per GPU (SC21), %.1f model TFLOP/s (MFU %.0f%%), step %.2f s\n",
@@ -206,6 +512,9 @@ inline std::string format(const char* fmt, double a, double b = 0, double c = 0,
       out += detail::format("    DP %.0f on ", l.dp) + std::string(r.dp.link) +
              detail::format(": %.2f s of reduction, %.2f s not hidden behind the backward\n",
                             r.dp.seconds, r.dp_exposed_s);
+    out +=
+        "    weft::strategy runs it: " + (refusal.empty() ? std::string("yes") : "no, " + refusal) +
+        "\n";
   }
   const ranked_layout& best = s.ranked.front();
   // Why TP stays inside a node: the best mesh whose TP group leaves the node.
@@ -247,6 +556,9 @@ inline std::string format(const char* fmt, double a, double b = 0, double c = 0,
          (s.unschedulable > 0
               ? ", " + std::to_string(s.unschedulable) + " have no schedule for the batch"
               : "") +
+         (s.unrunnable > 0 ? ", " + std::to_string(s.unrunnable) +
+                                 " fit only as layouts weft::strategy does not run"
+                           : "") +
          "), simulated " + std::to_string(s.simulated) + " layouts.\n";
   return out;
 }
