@@ -116,13 +116,14 @@ TEST(p2p_host, run_without_a_device_says_why_before_starting_ranks) {
   EXPECT_FALSE(started);
 }
 
-TEST(p2p_host, the_workspace_keeps_flags_counters_three_staging_areas_then_data) {
+TEST(p2p_host, the_workspace_keeps_flags_counters_grid_words_three_staging_areas_then_data) {
   constexpr auto w = wd::p2p_lay_out_workspace(4, 1000);
   EXPECT_EQ(w.flags, 0u);
   EXPECT_EQ(w.counters, 256u);
-  EXPECT_EQ(w.staging, 512u);
+  EXPECT_EQ(w.grid, 512u);
+  EXPECT_EQ(w.staging, 768u);
   EXPECT_EQ(w.staging_stride, max_staged_scratch_bytes);
-  EXPECT_EQ(w.data, 512u + 3 * max_staged_scratch_bytes);
+  EXPECT_EQ(w.data, 768u + 3 * max_staged_scratch_bytes);
   EXPECT_EQ(w.data_bytes, 1024u);
   EXPECT_EQ(w.total, w.data + 1024u);
   // 64 ranks' words take more than one line.

@@ -65,6 +65,8 @@
 #include <weft/core/ops.hpp>
 #include <weft/core/types.hpp>
 #include <weft/cuda/detail/p2p_endpoint.cuh>
+#include <weft/cuda/detail/p2p_fused.cuh>
+#include <weft/cuda/detail/p2p_fused.hpp>
 #include <weft/cuda/detail/p2p_plan.hpp>
 #include <weft/cuda/error.cuh>
 #include <weft/cuda/kernels.cuh>
@@ -203,6 +205,7 @@ public:
     cluster_ = std::move(other.cluster_);
     ep_ = std::move(other.ep_);
     staged_calls_ = other.staged_calls_;
+    ranks_on_device_ = other.ranks_on_device_;
     return *this;
   }
   basic_communicator(const basic_communicator&) = delete;
@@ -347,6 +350,24 @@ public:
   template <element T, class Op>
   void execute(const plan& pl, const T* in, std::size_t in_count, T* out, std::size_t out_count,
                const Op& op, std::string_view operation) {
+    run_call(pl, in, in_count, out, out_count, op, operation, detail::p2p_average::none);
+  }
+
+  /// The whole call where a fused kernel runs the plan (detail/p2p_fused.hpp: direct's one-shot
+  /// and two-shot all-reduce), op::avg's scaling or division inside it, and true; false, with
+  /// nothing queued, for any other plan, which the caller runs by execute() and avg's own steps.
+  template <element T, class Op>
+  bool execute_whole(const plan& pl, const T* in, std::size_t in_count, T* out,
+                     std::size_t out_count, const Op& op, std::string_view operation) {
+    if (detail::p2p_fused_shape_of(pl, size()) == detail::p2p_fused_shape::none) return false;
+    run_call(pl, in, in_count, out, out_count, op, operation, detail::p2p_average_of<T, Op>(true));
+    return true;
+  }
+
+private:
+  template <element T, class Op>
+  void run_call(const plan& pl, const T* in, std::size_t in_count, T* out, std::size_t out_count,
+                const Op& op, std::string_view operation, detail::p2p_average average) {
     ep_->check(operation);
     const std::size_t sizes[3] = {in_count, out_count, pl.scratch_count()};
     const detail::p2p_call_layout lay = detail::p2p_lay_out_call(
@@ -370,7 +391,12 @@ public:
     // up (detail/p2p_epoch.hpp).
     const detail::p2p_data_gate gate = ep_->data_gate();
     plan_run<T, Op> hooks{{}, *this, pl, lay, area, mine, op, operation, s, gate};
+    const detail::p2p_fused_shape shape = detail::p2p_fused_shape_of(pl, size());
     try {
+      if (shape != detail::p2p_fused_shape::none) {
+        run_fused(shape, pl, lay, area, in, out, op, operation, capturing, average);
+        return;
+      }
       // A broadcast's input region is its output region (the layout gives both offset 0).
       if (!lay.staged) cuda::copy(mine[0], in, in_count, s, gate);
       run_plan(pl.steps(), hooks); // message steps: refused by p2p_lay_out_call
@@ -390,8 +416,61 @@ public:
     }
   }
 
-private:
   friend struct detail::p2p_factory;
+
+  // One fused kernel for the whole call (detail/p2p_fused.cuh), on the stream: the staging areas
+  // (one-shot) or the workspace regions (two-shot) are those the step-by-step plan uses, and its
+  // barriers count the same syncs per pair.
+  template <class T, class Op>
+  void run_fused(detail::p2p_fused_shape shape, const plan& pl, const detail::p2p_call_layout& lay,
+                 int area, const T* in, T* out, const Op& op, std::string_view operation,
+                 bool capturing, detail::p2p_average average) {
+    const int p = size();
+    const int r = rank();
+    const std::size_t n = pl.count();
+    const bool one_shot = shape == detail::p2p_fused_shape::one_shot;
+    std::uintptr_t stage[detail::p2p_fused_max_ranks] = {};
+    std::uintptr_t reduced[detail::p2p_fused_max_ranks] = {};
+    for (int q = 0; q < p; ++q) {
+      stage[q] = reinterpret_cast<std::uintptr_t>(
+          one_shot ? static_cast<void*>(ep_->staging(q, area))
+                   : static_cast<void*>(region<T>(lay, area, q, buffer::input)));
+      if (!one_shot)
+        reduced[q] = reinterpret_cast<std::uintptr_t>(region<T>(lay, area, q, buffer::output));
+    }
+    const detail::p2p_fused_work w =
+        detail::p2p_fused_ranges(shape, p, r, n, sizeof(T), reinterpret_cast<std::uintptr_t>(in),
+                                 reinterpret_cast<std::uintptr_t>(out), stage, reduced);
+    const auto at = [](std::uintptr_t a, std::size_t offset) {
+      return reinterpret_cast<T*>(a) + offset;
+    };
+    detail::p2p_fused_args<T, Op> a{};
+    a.barriers = detail::p2p_fused_barriers(shape, capturing);
+    a.sync = ep_->sync_args(ep_->everyone(), operation, a.barriers);
+    a.arrive = ep_->grid_words();
+    a.generation = a.arrive + 1;
+    a.copy = {{at(stage[r], 0), in, average == detail::p2p_average::prescale,
+               weft::detail::average_scale<T>(p)},
+              w.copy.cut};
+    weft::detail::reduce_sources<T, Op> sum{
+        one_shot ? out : at(reduced[r], w.reduce.offset), {}, p, op};
+    for (int q = 0; q < p; ++q)
+      sum.src[q] = at(stage[q], w.reduce.offset);
+    a.reduce = {{sum, average == detail::p2p_average::divide ? p : 0}, w.reduce.cut};
+    a.gathers = w.gathers;
+    for (int k = 0; k < w.gathers; ++k) {
+      const int src = (r + k) % p;
+      a.gather[k] = {{out + w.gather[k].offset, at(reduced[src], w.gather[k].offset)},
+                     w.gather[k].cut};
+    }
+    std::size_t most = std::max(w.copy.cut.indices(), w.reduce.cut.indices());
+    for (int k = 0; k < w.gathers; ++k)
+      most = std::max(most, w.gather[k].cut.indices());
+    const unsigned blocks =
+        detail::p2p_fused_blocks(most, detail::block_threads, detail::sm_count(), ranks_on_device_);
+    detail::p2p_fused_kernel<T, Op><<<blocks, detail::block_threads, 0, stream()>>>(a);
+    detail::cuda_check(cudaGetLastError(), "launching the fused all-reduce kernel", operation, r);
+  }
 
   // Rank q's buffer b in a call laid out as `lay`: its staging area `area` for a staged plan's
   // scratch, else its region of b in its workspace.
@@ -498,6 +577,12 @@ private:
           operation, r, e.peer(),
           "trading workspace addresses: " + std::string(detail::p2p_without_prefix(e.what())));
     }
+    // Ranks whose device has this rank's ordinal: their fused kernels may spin on it at once.
+    // (Processes that see different devices under one ordinal count too: fewer blocks, no harm.)
+    ranks_on_device_ = 0;
+    for (int q = 0; q < n; ++q)
+      ranks_on_device_ +=
+          table[address::words * static_cast<std::size_t>(q) + 1] == mine[1] ? 1 : 0;
     std::vector<std::byte*> bases(static_cast<std::size_t>(n), nullptr);
     std::vector<void*> imported;
     try {
@@ -616,6 +701,8 @@ private:
   std::unique_ptr<detail::p2p_endpoint> ep_;
   std::uint64_t staged_calls_ =
       0; // staged plans run outside captures: its parity picks the staging area
+  int ranks_on_device_ =
+      1; // ranks of this communicator on this rank's device (fused kernels' grid)
 };
 
 /// Ranks as threads of one process (made by run()).
