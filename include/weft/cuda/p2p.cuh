@@ -24,16 +24,31 @@
 // both copies: its peers load only its scratch, which is a staging area, two of them
 // alternated by the staged calls as in weft::local.
 //
-// Steps, all queued on the rank's stream in plan order: copy and reduce are weft::cuda's
-// kernels; load is a copy kernel reading the peer's memory; load_reduce reduces the group's
-// regions in group order (so every rank gets the same bits); sync is the flag kernel of
+// Fused all-reduce. direct's one-shot all-reduce (its staged plan) and its two-shot one on 2 to
+// 8 ranks run as one kernel each (detail/p2p_fused.hpp, .cuh), the copy in, the syncs, the
+// reduction in group order, avg's scaling (half) or division and the gather inside it, where
+// the plan step by step is 3 launches (4 with avg) one-shot and 4 + (p - 1) two-shot. Which calls
+// take it is read from the plan (detail::p2p_fused_shape_of) with buffers of the plan's count;
+// its barriers are the syncs of detail/p2p_sync.cuh, counted once per call per pair as the plan's
+// syncs are, so fused and step-by-step calls mix in any order. Its blocks wait for each other,
+// so the grid is at most the device's SMs divided by the communicator's ranks on it. Through
+// weft::all_reduce the whole call is fused (execute_whole); execute() fuses the plan and leaves
+// avg's steps to its caller. Not run on a GPU yet: the index math, the shape, the avg arithmetic
+// and the barrier's epochs are host-tested (comm_detail_p2p_fused_test).
+//
+// Steps of every other plan, all queued on the rank's stream in plan order: copy and reduce are
+// weft::cuda's kernels; load is a copy kernel reading the peer's memory; load_reduce reduces the
+// group's regions in group order (so every rank gets the same bits); sync is the flag kernel of
 // detail/p2p_sync.cuh. send, recv and recv_reduce are refused (weft::error): p2p runs
 // peer-access plans only, so algo::ring and the other message-passing algorithms need another
 // transport, and algo::automatic works here only where it picks direct.
 //
 // CUDA graphs. Syncs count on the device, so a captured call stays right when it is replayed.
 // A captured staged call uses a third staging area and ends with a sync (a replay cannot
-// alternate), so captured and direct calls mix in any order. Capture the same calls on every
+// alternate), so captured and direct calls mix in any order. A captured fused call is one
+// kernel node whose parameters (addresses, sync numbers) hold at every replay: its epochs are
+// the device's counters, its grid barrier waits for the generation word to move from the value
+// each block reads at run time, and a captured one-shot call ends with a second barrier. Capture the same calls on every
 // rank, in thread-local or relaxed mode (global mode forbids the peers' threads the calls they
 // make meanwhile). barrier(), synchronize() and split() wait for the stream: not during a
 // capture. send/recv (and so WEFT_CHECK_CALLS) use the host communicator only, so they may.
@@ -359,7 +374,7 @@ public:
   template <element T, class Op>
   bool execute_whole(const plan& pl, const T* in, std::size_t in_count, T* out,
                      std::size_t out_count, const Op& op, std::string_view operation) {
-    if (detail::p2p_fused_shape_of(pl, size()) == detail::p2p_fused_shape::none) return false;
+    if (fused_shape(pl, in_count, out_count) == detail::p2p_fused_shape::none) return false;
     run_call(pl, in, in_count, out, out_count, op, operation, detail::p2p_average_of<T, Op>(true));
     return true;
   }
@@ -391,7 +406,7 @@ private:
     // up (detail/p2p_epoch.hpp).
     const detail::p2p_data_gate gate = ep_->data_gate();
     plan_run<T, Op> hooks{{}, *this, pl, lay, area, mine, op, operation, s, gate};
-    const detail::p2p_fused_shape shape = detail::p2p_fused_shape_of(pl, size());
+    const detail::p2p_fused_shape shape = fused_shape(pl, in_count, out_count);
     try {
       if (shape != detail::p2p_fused_shape::none) {
         run_fused(shape, pl, lay, area, in, out, op, operation, capturing, average);
@@ -417,6 +432,15 @@ private:
   }
 
   friend struct detail::p2p_factory;
+
+  // The fused kernel of a call, where one runs it: the plan's shape, with buffers of the plan's
+  // count (the kernel copies and writes all of it; other sizes go step by step, whose checks
+  // name them).
+  [[nodiscard]] detail::p2p_fused_shape fused_shape(const plan& pl, std::size_t in_count,
+                                                    std::size_t out_count) const {
+    if (in_count != pl.count() || out_count != pl.count()) return detail::p2p_fused_shape::none;
+    return detail::p2p_fused_shape_of(pl, size());
+  }
 
   // One fused kernel for the whole call (detail/p2p_fused.cuh), on the stream: the staging areas
   // (one-shot) or the workspace regions (two-shot) are those the step-by-step plan uses, and its

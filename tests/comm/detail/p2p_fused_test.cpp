@@ -5,9 +5,9 @@
 // mixed with step-by-step syncs, then a rank that never arrives and one that gives up).
 #include <weft/comm/algorithm/direct.hpp>
 #include <weft/comm/algorithm/recursive_doubling.hpp>
+#include <weft/core/half.hpp>
 #include <weft/cuda/detail/p2p_epoch.hpp>
 #include <weft/cuda/detail/p2p_fused.hpp>
-#include <weft/core/half.hpp>
 
 #include <gtest/gtest.h>
 
@@ -23,11 +23,11 @@
 namespace {
 
 namespace wd = weft::cuda::detail;
+using wd::p2p_fused_shape;
 using weft::buffer;
 using weft::collective;
 using weft::plan;
 using weft::plan_request;
-using wd::p2p_fused_shape;
 
 plan direct_plan(collective c, int p, int r, std::size_t n, std::size_t element_size = 4) {
   return weft::algo::direct::make_plan(plan_request{c, p, r, n, 0, {}, element_size});
@@ -73,7 +73,8 @@ TEST(p2p_fused, other_collectives_algorithms_and_altered_plans_run_step_by_step)
   // Hand-built plans one step away from direct's: none of them is fused.
   const auto one_shot = [](std::size_t copy_n, std::size_t reduce_n, bool reversed_group) {
     plan pl(plan_request{collective::all_reduce, 3, 0, 10, 0, {}, 4});
-    const int g = pl.add_group(reversed_group ? std::vector<int>{2, 1, 0} : std::vector<int>{0, 1, 2});
+    const int g =
+        pl.add_group(reversed_group ? std::vector<int>{2, 1, 0} : std::vector<int>{0, 1, 2});
     pl.stage();
     pl.need_scratch(10);
     pl.copy(buffer::input, 0, buffer::scratch, 0, copy_n);
@@ -145,8 +146,8 @@ void run_grid(const F& f, std::size_t indices, unsigned blocks, unsigned threads
 }
 
 TEST(p2p_fused, the_grid_covers_every_element_of_every_phase_once) {
-  for (std::size_t n : {std::size_t{1}, std::size_t{5}, std::size_t{37}, std::size_t{1000},
-                        std::size_t{4099}}) {
+  for (std::size_t n :
+       {std::size_t{1}, std::size_t{5}, std::size_t{37}, std::size_t{1000}, std::size_t{4099}}) {
     for (std::uintptr_t misalign : {std::uintptr_t{0}, std::uintptr_t{4}, std::uintptr_t{12}}) {
       for (unsigned blocks : {1u, 3u, 7u}) {
         const int p = 3;
@@ -232,7 +233,8 @@ std::vector<std::vector<T>> fused_call(p2p_fused_shape shape, const std::vector<
   for (int r = 0; r < p; ++r) {
     auto& o = out[static_cast<std::size_t>(r)];
     work.push_back(wd::p2p_fused_ranges(
-        shape, p, r, n, sizeof(T), reinterpret_cast<std::uintptr_t>(input[static_cast<std::size_t>(r)].data()),
+        shape, p, r, n, sizeof(T),
+        reinterpret_cast<std::uintptr_t>(input[static_cast<std::size_t>(r)].data()),
         reinterpret_cast<std::uintptr_t>(o.data() + 1), stage_at, reduced_at));
   }
   const auto at = [](std::uintptr_t a, std::size_t off) { return reinterpret_cast<T*>(a) + off; };
@@ -261,7 +263,8 @@ std::vector<std::vector<T>> fused_call(p2p_fused_shape shape, const std::vector<
       T* const o = out[static_cast<std::size_t>(r)].data() + 1;
       for (int k = 0; k < w.gathers; ++k) {
         const int s = (r + k) % p;
-        weft::detail::copy_elements<T> f{o + w.gather[k].offset, at(reduced_at[s], w.gather[k].offset)};
+        weft::detail::copy_elements<T> f{o + w.gather[k].offset,
+                                         at(reduced_at[s], w.gather[k].offset)};
         run_grid(weft::detail::split_by_packs<weft::detail::copy_elements<T>>{f, w.gather[k].cut},
                  w.gather[k].cut.indices(), blocks, 7);
       }
@@ -278,8 +281,9 @@ TEST(p2p_fused, a_fused_call_gives_every_rank_the_group_order_sum) {
       std::vector<std::vector<float>> in(static_cast<std::size_t>(p), std::vector<float>(n));
       for (int q = 0; q < p; ++q)
         for (std::size_t i = 0; i < n; ++i) // values whose sum depends on the order
-          in[static_cast<std::size_t>(q)][i] = (q % 2 == 0 ? 1e8f : 1.0f) * static_cast<float>(q + 1) +
-                                               0.37f * static_cast<float>(i % 13);
+          in[static_cast<std::size_t>(q)][i] =
+              (q % 2 == 0 ? 1e8f : 1.0f) * static_cast<float>(q + 1) +
+              0.37f * static_cast<float>(i % 13);
       // The reference: left to right over the ranks in float.
       std::vector<float> want(n);
       for (std::size_t i = 0; i < n; ++i) {
@@ -290,10 +294,12 @@ TEST(p2p_fused, a_fused_call_gives_every_rank_the_group_order_sum) {
       }
       for (auto shape : {p2p_fused_shape::one_shot, p2p_fused_shape::two_shot}) {
         for (unsigned blocks : {1u, 4u}) {
-          const auto got = fused_call<float, weft::op::sum>(shape, in, wd::p2p_average::none, blocks);
+          const auto got =
+              fused_call<float, weft::op::sum>(shape, in, wd::p2p_average::none, blocks);
           for (int r = 0; r < p; ++r)
             for (std::size_t i = 0; i < n; ++i)
-              ASSERT_EQ(std::memcmp(&got[static_cast<std::size_t>(r)][i], &want[i], sizeof(float)), 0)
+              ASSERT_EQ(std::memcmp(&got[static_cast<std::size_t>(r)][i], &want[i], sizeof(float)),
+                        0)
                   << "p " << p << " n " << n << " rank " << r << " element " << i << ": "
                   << got[static_cast<std::size_t>(r)][i] << " vs " << want[i];
         }
@@ -332,7 +338,8 @@ TEST(p2p_fused, avg_divides_the_sum_or_prescales_half_as_the_step_by_step_path) 
       const half want = half(scaled * 8.0f);
       for (int r = 0; r < p; ++r)
         for (std::size_t i = 0; i < n; ++i)
-          ASSERT_EQ(static_cast<float>(got[static_cast<std::size_t>(r)][i]), static_cast<float>(want));
+          ASSERT_EQ(static_cast<float>(got[static_cast<std::size_t>(r)][i]),
+                    static_cast<float>(want));
     }
   }
   EXPECT_EQ((wd::p2p_average_of<weft::half, weft::op::avg>(true)), wd::p2p_average::prescale);
@@ -344,7 +351,8 @@ TEST(p2p_fused, avg_divides_the_sum_or_prescales_half_as_the_step_by_step_path) 
 // --- the barriers: ranks as threads on plain atomics --------------------------------------------
 
 struct rank_words { // one rank's flags, counters, error word and grid words
-  explicit rank_words(int p) : flags(static_cast<std::size_t>(p)), counters(static_cast<std::size_t>(p)) {}
+  explicit rank_words(int p)
+      : flags(static_cast<std::size_t>(p)), counters(static_cast<std::size_t>(p)) {}
   std::vector<std::atomic<std::uint64_t>> flags;
   std::vector<std::atomic<std::uint64_t>> counters; // counters[rank]: the failed mark
   std::atomic<std::uint64_t> error{0};
@@ -370,8 +378,12 @@ struct host_sync_memory {
   std::atomic<int>& gave_up;
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
 
-  std::uint64_t counter(int q) const { return w[rank].counters[static_cast<std::size_t>(q)].load(); }
-  void set_counter(int q, std::uint64_t e) const { w[rank].counters[static_cast<std::size_t>(q)].store(e); }
+  std::uint64_t counter(int q) const {
+    return w[rank].counters[static_cast<std::size_t>(q)].load();
+  }
+  void set_counter(int q, std::uint64_t e) const {
+    w[rank].counters[static_cast<std::size_t>(q)].store(e);
+  }
   void publish(int q, std::uint64_t e) const {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     w[q].flags[static_cast<std::size_t>(rank)].store(e, std::memory_order_release);
@@ -398,13 +410,16 @@ struct host_sync_memory {
 // One sync with every other rank, as p2p_sync_in_block runs it (a thread per member there; here
 // every member's arrival, then every member's wait).
 bool host_sync(world& w, int rank) {
-  std::atomic<int> gave_up{wd::p2p_may_start(w[rank].counters[static_cast<std::size_t>(rank)].load()) ? 0 : 1};
+  std::atomic<int> gave_up{
+      wd::p2p_may_start(w[rank].counters[static_cast<std::size_t>(rank)].load()) ? 0 : 1};
   host_sync_memory m{w, rank, gave_up};
   std::vector<std::uint64_t> want(static_cast<std::size_t>(w.size()), 0);
   for (int q = 0; q < w.size(); ++q)
-    if (q != rank && gave_up.load() == 0) want[static_cast<std::size_t>(q)] = wd::p2p_sync_arrive(m, q);
+    if (q != rank && gave_up.load() == 0)
+      want[static_cast<std::size_t>(q)] = wd::p2p_sync_arrive(m, q);
   for (int q = 0; q < w.size(); ++q)
-    if (want[static_cast<std::size_t>(q)] != 0) (void)wd::p2p_sync_wait(m, q, want[static_cast<std::size_t>(q)]);
+    if (want[static_cast<std::size_t>(q)] != 0)
+      (void)wd::p2p_sync_wait(m, q, want[static_cast<std::size_t>(q)]);
   const bool passed = gave_up.load() == 0;
   if (!passed)
     for (int q = 0; q < w.size(); ++q)
@@ -441,7 +456,8 @@ outcome run_ranks(world& w, unsigned blocks, int calls, int quits = -1, int quit
   const int p = w.size();
   constexpr std::size_t elements = 12;
   std::vector<std::vector<std::vector<int>>> staging(
-      static_cast<std::size_t>(p), std::vector<std::vector<int>>(2, std::vector<int>(elements, -1)));
+      static_cast<std::size_t>(p),
+      std::vector<std::vector<int>>(2, std::vector<int>(elements, -1)));
   std::atomic<int> mismatches{0};
   outcome o;
   o.calls_passed.assign(static_cast<std::size_t>(p), 0);
@@ -455,7 +471,8 @@ outcome run_ranks(world& w, unsigned blocks, int calls, int quits = -1, int quit
         const auto check = [&](std::size_t from, std::size_t step) {
           for (int q = 0; q < p; ++q)
             for (std::size_t i = from; i < elements; i += step)
-              if (staging[static_cast<std::size_t>(q)][static_cast<std::size_t>(c % 2)][i] != c * 100 + q)
+              if (staging[static_cast<std::size_t>(q)][static_cast<std::size_t>(c % 2)][i] !=
+                  c * 100 + q)
                 ++mismatches;
         };
         if (c % 3 != 2) {

@@ -44,9 +44,9 @@ struct p2p_fused_args {
 };
 
 /// A grid barrier (see above); true in every block while the rank has not failed.
-__device__ inline bool p2p_grid_barrier(p2p_sync_args a, std::uint32_t* arrive,
-                                        std::uint32_t* generation, volatile int* gave_up,
-                                        volatile int* last) {
+__device__ inline bool p2p_grid_barrier(const p2p_sync_args& a, std::uint32_t sync,
+                                        std::uint32_t* arrive, std::uint32_t* generation,
+                                        volatile int* gave_up, volatile int* last) {
   using gen_ref = ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device>;
   __syncthreads();
   std::uint32_t seen = 0;
@@ -57,8 +57,8 @@ __device__ inline bool p2p_grid_barrier(p2p_sync_args a, std::uint32_t* arrive,
   }
   __syncthreads();
   if (*last != 0) {
-    if (threadIdx.x == 0) *arrive = 0; // the next barrier counts from zero
-    (void)p2p_sync_in_block(a, gave_up);
+    if (threadIdx.x == 0) atomicExch(arrive, 0u); // the next barrier counts from zero
+    (void)p2p_sync_in_block(a, sync, gave_up);
     if (threadIdx.x == 0) {
       __threadfence();
       gen_ref(*generation).store(seen + 1, ::cuda::std::memory_order_release);
@@ -81,24 +81,25 @@ __global__ void __launch_bounds__(block_threads)
   const unsigned blocks = gridDim.x;
   const unsigned t = threadIdx.x;
   const unsigned threads = blockDim.x;
-  if (t == 0) open = p2p_may_start(*static_cast<volatile std::uint64_t*>(a.sync.counters + a.sync.rank)) ? 1 : 0;
+  if (t == 0)
+    open =
+        p2p_may_start(*static_cast<volatile std::uint64_t*>(a.sync.counters + a.sync.rank)) ? 1 : 0;
   __syncthreads();
   if (open != 0) p2p_fused_indices(a.copy.cut.indices(), b, blocks, t, threads, a.copy);
-  p2p_sync_args s = a.sync;
-  if (!p2p_grid_barrier(s, a.arrive, a.generation, &gave_up, &last)) return;
+  // Barrier k of the call is sync number a.sync.sync + k.
+  std::uint32_t k = 0;
+  const auto barrier = [&] {
+    return p2p_grid_barrier(a.sync, a.sync.sync + k++, a.arrive, a.generation, &gave_up, &last);
+  };
+  if (!barrier()) return;
   p2p_fused_indices(a.reduce.cut.indices(), b, blocks, t, threads, a.reduce);
-  int done = 1;
   if (a.gathers > 0) {
-    s.sync = a.sync.sync + 1;
-    if (!p2p_grid_barrier(s, a.arrive, a.generation, &gave_up, &last)) return;
-    for (int k = 0; k < a.gathers; ++k)
-      p2p_fused_indices(a.gather[k].cut.indices(), b, blocks, t, threads, a.gather[k]);
-    done = 2;
+    if (!barrier()) return;
+    for (int g = 0; g < a.gathers; ++g)
+      p2p_fused_indices(a.gather[g].cut.indices(), b, blocks, t, threads, a.gather[g]);
   }
-  for (; done < a.barriers; ++done) {
-    s.sync = a.sync.sync + static_cast<std::uint32_t>(done);
-    if (!p2p_grid_barrier(s, a.arrive, a.generation, &gave_up, &last)) return;
-  }
+  while (static_cast<int>(k) < a.barriers)
+    if (!barrier()) return;
 }
 
 } // namespace weft::cuda::detail

@@ -87,18 +87,20 @@ inline p2p_fused_shape p2p_fused_shape_of(const plan& pl, int size) {
       pl.size() != size || n == 0 || st.empty()) {
     return p2p_fused_shape::none;
   }
-  const int g = st.front().kind == step_kind::sync ? st.front().peer : (st.size() > 1 ? st[1].peer : -1);
+  const int g =
+      st.front().kind == step_kind::sync ? st.front().peer : (st.size() > 1 ? st[1].peer : -1);
   if (g < 0 || static_cast<std::size_t>(g) >= pl.groups().size() ||
       !fused_detail::is_everyone(pl.group(g), size)) {
     return p2p_fused_shape::none;
   }
   const auto sync_all = [&](const step& s) { return s.kind == step_kind::sync && s.peer == g; };
   if (pl.staged()) {
-    const bool one_shot = st.size() == 3 &&
-                          is_step(st[0], step_kind::copy, buffer::input, 0, buffer::scratch, 0, n) &&
-                          sync_all(st[1]) &&
-                          is_step(st[2], step_kind::load_reduce, buffer::scratch, 0, buffer::output, 0, n) &&
-                          st[2].peer == g && pl.scratch_count() >= n;
+    const bool one_shot =
+        st.size() == 3 &&
+        is_step(st[0], step_kind::copy, buffer::input, 0, buffer::scratch, 0, n) &&
+        sync_all(st[1]) &&
+        is_step(st[2], step_kind::load_reduce, buffer::scratch, 0, buffer::output, 0, n) &&
+        st[2].peer == g && pl.scratch_count() >= n;
     return one_shot ? p2p_fused_shape::one_shot : p2p_fused_shape::none;
   }
   const auto p = static_cast<std::size_t>(size);

@@ -1,6 +1,7 @@
 #pragma once
 // The sync step of the p2p transport: one kernel of one block, a thread per member of the
-// group. Rank r's thread for member q
+// group (p2p_sync_in_block, which the fused all-reduce kernels' grid barrier runs too, in the
+// last block to arrive: detail/p2p_fused.cuh). Rank r's thread for member q
 //
 //   counters[q] += 1                          (r's own workspace; only r's stream writes it)
 //   fence, then store counters[q] into q's flags[r] with release semantics at system scope
@@ -78,6 +79,7 @@ __device__ inline std::uint64_t p2p_clock_ns() {
 struct p2p_device_sync_memory {
   using flag_ref = ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_system>;
   const p2p_sync_args& a;
+  std::uint32_t sync;      // this sync's number, which names it in a timeout
   int j;                   // the member's index in a.members
   volatile int* given_up;  // shared by the block
   std::uint64_t start = 0; // the global timer when the wait began
@@ -101,7 +103,7 @@ struct p2p_device_sync_memory {
   __device__ void give_up(p2p_wait w, int q) const {
     volatile std::uint64_t* const error = a.error;
     if (w != p2p_wait::rank_failed && *error == 0)
-      *error = p2p_error_word(p2p_cause_of(w), a.sync, q);
+      *error = p2p_error_word(p2p_cause_of(w), sync, q);
     *static_cast<volatile std::uint64_t*>(a.counters + a.rank) = 1; // the failed mark
     *given_up = 1;
     __threadfence_system();
@@ -111,17 +113,18 @@ struct p2p_device_sync_memory {
   }
 };
 
-/// One sync, run by every thread of a block of at least a.count threads (thread j for member j);
-/// every thread of the block must call it. `gave_up` is a word of the block's shared memory. Its
-/// result, the same in every thread: whether the sync passed (false: the rank gave up, now or
-/// before, and its failed mark is set).
-__device__ inline bool p2p_sync_in_block(const p2p_sync_args& a, volatile int* gave_up) {
+/// One sync, numbered `sync`, run by every thread of a block of at least a.count threads (thread j
+/// for member j); every thread of the block must call it. `gave_up` is a word of the block's shared
+/// memory. Its result, the same in every thread: whether the sync passed (false: the rank gave up,
+/// now or before, and its failed mark is set).
+__device__ inline bool p2p_sync_in_block(const p2p_sync_args& a, std::uint32_t sync,
+                                         volatile int* gave_up) {
   const int j = static_cast<int>(threadIdx.x);
   const bool member = j < a.count && a.members[j] != a.rank;
   if (j == 0)
     *gave_up = p2p_may_start(*static_cast<volatile std::uint64_t*>(a.counters + a.rank)) ? 0 : 1;
   __syncthreads();
-  p2p_device_sync_memory m{a, j, gave_up};
+  p2p_device_sync_memory m{a, sync, j, gave_up};
   std::uint64_t want = 0;
   if (member && *gave_up == 0) want = p2p_sync_arrive(m, a.members[j]);
   if (member && want != 0) {
@@ -140,7 +143,7 @@ __device__ inline bool p2p_sync_in_block(const p2p_sync_args& a, volatile int* g
 template <class = void>
 __global__ void __launch_bounds__(p2p_sync_threads) p2p_sync_kernel(const p2p_sync_args a) {
   __shared__ int gave_up; // this sync gave up, for any member (or the rank had failed before)
-  (void)p2p_sync_in_block(a, &gave_up);
+  (void)p2p_sync_in_block(a, a.sync, &gave_up);
 }
 
 } // namespace weft::cuda::detail
