@@ -48,10 +48,11 @@
 // alternate), so captured and direct calls mix in any order. A captured fused call is one
 // kernel node whose parameters (addresses, sync numbers) hold at every replay: its epochs are
 // the device's counters, its grid barrier waits for the generation word to move from the value
-// each block reads at run time, and a captured one-shot call ends with a second barrier. Capture the same calls on every
-// rank, in thread-local or relaxed mode (global mode forbids the peers' threads the calls they
-// make meanwhile). barrier(), synchronize() and split() wait for the stream: not during a
-// capture. send/recv (and so WEFT_CHECK_CALLS) use the host communicator only, so they may.
+// each block reads at run time, and a captured one-shot call ends with a second barrier.
+// Capture the same calls on every rank, in thread-local or relaxed mode (global mode forbids
+// the peers' threads the calls they make meanwhile). barrier(), synchronize() and split() wait
+// for the stream: not during a capture. send/recv (and so WEFT_CHECK_CALLS) use the host
+// communicator only, so they may.
 //
 // Failure. A sync waits for its peers at most options::sync_timeout on the device; then it
 // writes the rank and the missing peer into a host-mapped word and returns. The host reads
