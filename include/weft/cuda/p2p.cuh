@@ -25,7 +25,7 @@
 // alternated by the staged calls as in weft::local.
 //
 // Fused all-reduce. direct's one-shot all-reduce (its staged plan) and its two-shot one on 2 to
-// 8 ranks run as one kernel each (detail/p2p_fused.hpp, .cuh), the copy in, the syncs, the
+// 8 ranks (and its copy on one rank) run as one kernel each (detail/p2p_fused.hpp, .cuh), the copy in, the syncs, the
 // reduction in group order, avg's scaling (half) or division and the gather inside it, where
 // the plan step by step is 3 launches (4 with avg) one-shot and 4 + (p - 1) two-shot. Which calls
 // take it is read from the plan (detail::p2p_fused_shape_of) with buffers of the plan's count;
@@ -474,8 +474,10 @@ private:
     a.sync = ep_->sync_args(ep_->everyone(), operation, a.barriers);
     a.arrive = ep_->grid_words();
     a.generation = a.arrive + 1;
-    a.copy = {{at(stage[r], 0), in, average == detail::p2p_average::prescale,
-               weft::detail::average_scale<T>(p)},
+    const bool alone = shape == detail::p2p_fused_shape::one_rank;
+    a.copy = {{alone ? out : at(stage[r], 0), in, average == detail::p2p_average::prescale,
+               weft::detail::average_scale<T>(p),
+               alone && average == detail::p2p_average::divide ? p : 0},
               w.copy.cut};
     weft::detail::reduce_sources<T, Op> sum{
         one_shot ? out : at(reduced[r], w.reduce.offset), {}, p, op};

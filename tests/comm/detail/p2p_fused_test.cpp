@@ -35,15 +35,16 @@ plan direct_plan(collective c, int p, int r, std::size_t n, std::size_t element_
 
 // --- which calls take a fused kernel ------------------------------------------------------------
 
-TEST(p2p_fused, direct_all_reduces_on_two_to_eight_ranks_are_one_or_two_shot) {
+TEST(p2p_fused, direct_all_reduces_on_one_to_eight_ranks_are_fused) {
   const std::size_t counts[] = {1, 2, 3, 7, 8, 9, 100, 4095, 4096, 4097, 5000, 100003};
   for (int p = 1; p <= 10; ++p) {
     for (std::size_t n : counts) {
       for (std::size_t es : {std::size_t{2}, std::size_t{4}, std::size_t{8}}) {
         for (int r = 0; r < p; ++r) {
           const plan pl = direct_plan(collective::all_reduce, p, r, n, es);
-          // The reference: one-shot up to 16 KiB of data, two-shot beyond, on 2..8 ranks.
-          p2p_fused_shape want = p2p_fused_shape::none;
+          // The reference: one-shot up to 16 KiB of data, two-shot beyond, on 2..8 ranks; one
+          // rank's copy.
+          p2p_fused_shape want = p == 1 ? p2p_fused_shape::one_rank : p2p_fused_shape::none;
           if (p >= 2 && p <= 8)
             want = n * es <= 16 * 1024 ? p2p_fused_shape::one_shot : p2p_fused_shape::two_shot;
           EXPECT_EQ(wd::p2p_fused_shape_of(pl, p), want)
@@ -238,15 +239,17 @@ std::vector<std::vector<T>> fused_call(p2p_fused_shape shape, const std::vector<
         reinterpret_cast<std::uintptr_t>(o.data() + 1), stage_at, reduced_at));
   }
   const auto at = [](std::uintptr_t a, std::size_t off) { return reinterpret_cast<T*>(a) + off; };
+  const bool alone = shape == p2p_fused_shape::one_rank;
   for (int r = 0; r < p; ++r) { // the copy, then the barrier
     const auto& w = work[static_cast<std::size_t>(r)];
-    wd::p2p_stage_elements<T> f{at(stage_at[r], 0), input[static_cast<std::size_t>(r)].data(),
-                                average == wd::p2p_average::prescale,
-                                weft::detail::average_scale<T>(p)};
+    wd::p2p_stage_elements<T> f{
+        alone ? out[0].data() + 1 : at(stage_at[r], 0), input[static_cast<std::size_t>(r)].data(),
+        average == wd::p2p_average::prescale, weft::detail::average_scale<T>(p),
+        alone && average == wd::p2p_average::divide ? p : 0};
     run_grid(weft::detail::split_by_packs<wd::p2p_stage_elements<T>>{f, w.copy.cut},
              w.copy.cut.indices(), blocks, 7);
   }
-  for (int r = 0; r < p; ++r) { // the reduction
+  for (int r = 0; r < p && !alone; ++r) { // the reduction
     const auto& w = work[static_cast<std::size_t>(r)];
     T* const o = out[static_cast<std::size_t>(r)].data() + 1;
     weft::detail::reduce_sources<T, Op> sum{
@@ -346,6 +349,34 @@ TEST(p2p_fused, avg_divides_the_sum_or_prescales_half_as_the_step_by_step_path) 
   EXPECT_EQ((wd::p2p_average_of<float, weft::op::avg>(true)), wd::p2p_average::divide);
   EXPECT_EQ((wd::p2p_average_of<float, weft::op::avg>(false)), wd::p2p_average::none);
   EXPECT_EQ((wd::p2p_average_of<float, weft::op::sum>(true)), wd::p2p_average::none);
+}
+
+TEST(p2p_fused, one_rank_copies_its_input_with_avgs_steps_in_the_copy) {
+  const std::size_t n = 37;
+  std::vector<std::vector<float>> in(1, std::vector<float>(n));
+  for (std::size_t i = 0; i < n; ++i)
+    in[0][i] = 0.3f * static_cast<float>(i) - 4.0f;
+  EXPECT_EQ((fused_call<float, weft::op::sum>(p2p_fused_shape::one_rank, in, wd::p2p_average::none,
+                                              2)[0]),
+            in[0]);
+  EXPECT_EQ((fused_call<float, weft::op::avg>(p2p_fused_shape::one_rank, in,
+                                              wd::p2p_average::divide, 2)[0]),
+            in[0]);
+  // The copy's division itself, by 4 ranks, element by element and by packs: the reference
+  // divides in float.
+  alignas(16) float src[n];
+  alignas(16) float dst[n];
+  for (std::size_t i = 0; i < n; ++i)
+    src[i] = in[0][i];
+  const std::uintptr_t ops[2] = {reinterpret_cast<std::uintptr_t>(dst + 1),
+                                 reinterpret_cast<std::uintptr_t>(src + 1)};
+  const auto cut = weft::detail::split_for_packs(ops, 2, sizeof(float), n - 1);
+  ASSERT_GT(cut.packs, 0u);
+  const wd::p2p_stage_elements<float> f{dst + 1, src + 1, false, 1.0f, 4};
+  run_grid(weft::detail::split_by_packs<wd::p2p_stage_elements<float>>{f, cut}, cut.indices(), 2,
+           3);
+  for (std::size_t i = 1; i < n; ++i)
+    EXPECT_EQ(dst[i], src[i] / 4.0f) << "element " << i;
 }
 
 // --- the barriers: ranks as threads on plain atomics --------------------------------------------

@@ -86,6 +86,7 @@ __global__ void __launch_bounds__(block_threads)
         p2p_may_start(*static_cast<volatile std::uint64_t*>(a.sync.counters + a.sync.rank)) ? 1 : 0;
   __syncthreads();
   if (open != 0) p2p_fused_indices(a.copy.cut.indices(), b, blocks, t, threads, a.copy);
+  if (a.barriers == 0) return; // one rank: the copy is the call
   // Barrier k of the call is sync number a.sync.sync + k.
   std::uint32_t k = 0;
   const auto barrier = [&] {

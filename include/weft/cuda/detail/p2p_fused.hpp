@@ -10,6 +10,9 @@
 //   reduce every rank's staging in group order into the output (then / p: avg on other types)
 //   captured: a second barrier, so that no peer's next replay overwrites a staging area still read
 //
+// One rank (direct's plan is a copy): the copy into the output, avg's scaling or division in it,
+// no barrier.
+//
 // Two-shot (direct's large plan), one kernel, every block:
 //
 //   copy its slice of the input into the rank's input region (times 1/p first: avg on half)
@@ -51,6 +54,7 @@ inline constexpr int p2p_fused_max_ranks = 8;
 
 enum class p2p_fused_shape : std::uint8_t {
   none,     // step by step
+  one_rank, // direct's all-reduce on one rank: a copy (avg's scaling or division inside)
   one_shot, // direct's staged all-reduce
   two_shot, // direct's all-reduce by reduce-scatter and all-gather of loads
 };
@@ -73,19 +77,24 @@ inline bool is_step(const step& s, step_kind k, buffer src, std::size_t src_offs
 } // namespace fused_detail
 
 /// Which fused kernel runs rank pl.rank()'s plan on `size` ranks, read from the plan's steps:
-/// one_shot for exactly [copy input -> scratch, sync everyone, load_reduce everyone's scratch ->
+/// one_rank for exactly [copy input -> output] of an all-reduce on one rank, one_shot for exactly [copy input -> scratch, sync everyone, load_reduce everyone's scratch ->
 /// output] of a staged all-reduce, two_shot for exactly [sync, load_reduce of block rank, sync,
 /// a load of every other rank's block of the output, sync] over everyone in rank order with the
 /// blocks split_block cuts; none for anything else (another algorithm, more than
-/// p2p_fused_max_ranks ranks, one rank, no elements), which runs step by step. Every rank makes the
+/// p2p_fused_max_ranks ranks, no elements), which runs step by step. Every rank makes the
 /// same call, so every rank reads the same shape from its plan.
 inline p2p_fused_shape p2p_fused_shape_of(const plan& pl, int size) {
   using fused_detail::is_step;
   const std::size_t n = pl.count();
   const auto& st = pl.steps();
-  if (pl.coll() != collective::all_reduce || size < 2 || size > p2p_fused_max_ranks ||
+  if (pl.coll() != collective::all_reduce || size < 1 || size > p2p_fused_max_ranks ||
       pl.size() != size || n == 0 || st.empty()) {
     return p2p_fused_shape::none;
+  }
+  if (size == 1) {
+    const bool copy = !pl.staged() && st.size() == 1 &&
+                      is_step(st[0], step_kind::copy, buffer::input, 0, buffer::output, 0, n);
+    return copy ? p2p_fused_shape::one_rank : p2p_fused_shape::none;
   }
   const int g =
       st.front().kind == step_kind::sync ? st.front().peer : (st.size() > 1 ? st[1].peer : -1);
@@ -150,6 +159,7 @@ WEFT_HOST_DEVICE constexpr bool p2p_grid_released(std::uint32_t generation,
 constexpr int p2p_fused_barriers(p2p_fused_shape s, bool captured) noexcept {
   switch (s) {
     case p2p_fused_shape::none: return 0;
+    case p2p_fused_shape::one_rank: return 0;
     case p2p_fused_shape::one_shot: return captured ? 2 : 1;
     case p2p_fused_shape::two_shot: return 3;
   }
@@ -188,8 +198,10 @@ inline p2p_fused_work p2p_fused_ranges(p2p_fused_shape shape, int p, int rank, s
     return base + offset * element_size;
   };
   p2p_fused_work w;
-  const std::uintptr_t copy_ops[2] = {stage[rank], in};
+  // One rank copies into its output, the others into their staging area or input region.
+  const std::uintptr_t copy_ops[2] = {shape == p2p_fused_shape::one_rank ? out : stage[rank], in};
   w.copy = {0, n, split_for_packs(copy_ops, 2, element_size, n)};
+  if (shape == p2p_fused_shape::one_rank) return w;
   std::uintptr_t ops[p2p_fused_max_ranks + 1] = {};
   if (shape == p2p_fused_shape::one_shot) {
     ops[0] = out;
@@ -255,7 +267,8 @@ constexpr p2p_average p2p_average_of(bool whole_call) noexcept {
 }
 
 /// The copy phase's functor: dst[i] = src[i], or src[i] times `by` (weft::detail::scale_elements)
-/// where `scale`.
+/// where `scale`; then, where `ranks` > 0 (one rank's avg), the element divided by ranks
+/// (weft::detail::divide_elements) after it is stored, as the step-by-step divide reads it.
 template <class T>
 struct p2p_stage_elements {
   static constexpr int width = weft::detail::packed<T>::width;
@@ -263,6 +276,7 @@ struct p2p_stage_elements {
   const T* src;
   bool scale;
   accumulate_t<T> by;
+  int ranks = 0; // 0: no division
 
   WEFT_HOST_DEVICE void operator()(std::size_t i) const {
     if (scale) {
@@ -270,9 +284,10 @@ struct p2p_stage_elements {
     } else {
       dst[i] = src[i];
     }
+    if (ranks > 0) weft::detail::divide_elements<T>{dst, ranks}(i);
   }
   WEFT_HOST_DEVICE void pack(std::size_t e) const {
-    if (scale) {
+    if (scale || ranks > 0) {
       for (int l = 0; l < width; ++l)
         (*this)(e + static_cast<std::size_t>(l));
     } else {
