@@ -25,9 +25,10 @@
 // alternated by the staged calls as in weft::local.
 //
 // Fused all-reduce. direct's one-shot all-reduce (its staged plan) and its two-shot one on 2 to
-// 8 ranks (and its copy on one rank) run as one kernel each (detail/p2p_fused.hpp, .cuh), the copy in, the syncs, the
-// reduction in group order, avg's scaling (half) or division and the gather inside it, where
-// the plan step by step is 3 launches (4 with avg) one-shot and 4 + (p - 1) two-shot. Which calls
+// 8 ranks (and its copy on one rank) run as one kernel each (detail/p2p_fused.hpp, .cuh), the
+// copy in, the syncs, the reduction in group order, avg's scaling (half) or division and the
+// gather inside it, where the plan step by step is 3 launches (4 with avg) one-shot and
+// 4 + (p - 1) two-shot. Which calls
 // take it is read from the plan (detail::p2p_fused_shape_of) with buffers of the plan's count;
 // its barriers are the syncs of detail/p2p_sync.cuh, counted once per call per pair as the plan's
 // syncs are, so fused and step-by-step calls mix in any order. Its blocks wait for each other,

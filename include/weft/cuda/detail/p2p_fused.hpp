@@ -77,12 +77,13 @@ inline bool is_step(const step& s, step_kind k, buffer src, std::size_t src_offs
 } // namespace fused_detail
 
 /// Which fused kernel runs rank pl.rank()'s plan on `size` ranks, read from the plan's steps:
-/// one_rank for exactly [copy input -> output] of an all-reduce on one rank, one_shot for exactly [copy input -> scratch, sync everyone, load_reduce everyone's scratch ->
-/// output] of a staged all-reduce, two_shot for exactly [sync, load_reduce of block rank, sync,
-/// a load of every other rank's block of the output, sync] over everyone in rank order with the
-/// blocks split_block cuts; none for anything else (another algorithm, more than
-/// p2p_fused_max_ranks ranks, no elements), which runs step by step. Every rank makes the
-/// same call, so every rank reads the same shape from its plan.
+/// one_rank for exactly [copy input -> output] of an all-reduce on one rank, one_shot for exactly
+/// [copy input -> scratch, sync everyone, load_reduce everyone's scratch -> output] of a staged
+/// all-reduce, two_shot for exactly [sync, load_reduce of block rank, sync, a load of every other
+/// rank's block of the output, sync] over everyone in rank order with the blocks split_block
+/// cuts; none for anything else (another algorithm, more than p2p_fused_max_ranks ranks, no
+/// elements), which runs step by step. Every rank makes the same call, so every rank reads the
+/// same shape from its plan.
 inline p2p_fused_shape p2p_fused_shape_of(const plan& pl, int size) {
   using fused_detail::is_step;
   const std::size_t n = pl.count();
