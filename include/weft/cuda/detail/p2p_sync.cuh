@@ -140,8 +140,11 @@ __device__ inline bool p2p_sync_in_block(const p2p_sync_args& a, std::uint32_t s
   return passed;
 }
 
+// The arguments stay in the parameter space (__grid_constant__), where p2p_sync_in_block reads
+// them by reference, rather than being copied per thread.
 template <class = void>
-__global__ void __launch_bounds__(p2p_sync_threads) p2p_sync_kernel(const p2p_sync_args a) {
+__global__ void __launch_bounds__(p2p_sync_threads)
+    p2p_sync_kernel(const __grid_constant__ p2p_sync_args a) {
   __shared__ int gave_up; // this sync gave up, for any member (or the rank had failed before)
   (void)p2p_sync_in_block(a, a.sync, &gave_up);
 }
