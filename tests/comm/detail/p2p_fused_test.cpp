@@ -419,8 +419,10 @@ struct host_sync_memory {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     w[q].flags[static_cast<std::size_t>(rank)].store(e, std::memory_order_release);
   }
+  // An acquire load where the device loads relaxed and fences after the wait: the same order, in a
+  // form ThreadSanitizer follows (it does not model standalone fences).
   std::uint64_t flag(int q) const {
-    return w[rank].flags[static_cast<std::size_t>(q)].load(std::memory_order_relaxed);
+    return w[rank].flags[static_cast<std::size_t>(q)].load(std::memory_order_acquire);
   }
   bool failed(unsigned looks) const {
     return gave_up.load() != 0 || (looks % 1024 == 0 && w[rank].error.load() != 0);
