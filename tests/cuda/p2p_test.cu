@@ -116,13 +116,14 @@ TEST(p2p_host, run_without_a_device_says_why_before_starting_ranks) {
   EXPECT_FALSE(started);
 }
 
-TEST(p2p_host, the_workspace_keeps_flags_counters_three_staging_areas_then_data) {
+TEST(p2p_host, the_workspace_keeps_flags_counters_grid_words_three_staging_areas_then_data) {
   constexpr auto w = wd::p2p_lay_out_workspace(4, 1000);
   EXPECT_EQ(w.flags, 0u);
   EXPECT_EQ(w.counters, 256u);
-  EXPECT_EQ(w.staging, 512u);
+  EXPECT_EQ(w.grid, 512u);
+  EXPECT_EQ(w.staging, 768u);
   EXPECT_EQ(w.staging_stride, max_staged_scratch_bytes);
-  EXPECT_EQ(w.data, 512u + 3 * max_staged_scratch_bytes);
+  EXPECT_EQ(w.data, 768u + 3 * max_staged_scratch_bytes);
   EXPECT_EQ(w.data_bytes, 1024u);
   EXPECT_EQ(w.total, w.data + 1024u);
   // 64 ranks' words take more than one line.
@@ -450,6 +451,55 @@ TEST(p2p, back_to_back_calls_are_ordered_by_the_device_alone) {
                 test::compare(got, model[static_cast<std::size_t>(c.rank())], true, 0);
             EXPECT_TRUE(diff.empty())
                 << "p=" << p << " n=" << n << " rank " << c.rank() << ": " << diff;
+          },
+          test_options);
+    }
+  }
+}
+
+// The fused kernels against the plan step by step: direct's plan with one more sync at the end
+// is no fused shape (detail::p2p_fused_shape_of), so execute() runs it kernel by kernel. Both,
+// alternated on the same ranks (their epochs mix), give the same bits, with values whose float
+// sum depends on the order; and op::avg through weft::all_reduce (fused: the division inside)
+// equals the step-by-step sum divided by c.divide().
+TEST(p2p, fused_and_step_by_step_all_reduces_give_the_same_bits_and_mix) {
+  WEFT_REQUIRE_DEVICE();
+  for (int p : {2, 3, 8}) {
+    for (std::size_t n : {std::size_t{1001}, std::size_t{70001}}) { // one-shot, two-shot
+      p2p::run(
+          on_device_zero(p),
+          [&](p2p::communicator& c) {
+            const cudaStream_t s = c.stream();
+            std::vector<float> mine(n);
+            for (std::size_t i = 0; i < n; ++i)
+              mine[i] = (c.rank() % 2 == 0 ? 1e8f : 1.0f) * static_cast<float>(c.rank() + 1) +
+                        0.37f * static_cast<float>(i % 13);
+            weft::cuda::device_buffer<float> in(n), fused(n), stepped(n), avg(n);
+            upload(in.data(), mine, s);
+            plan pl = algo::direct::make_plan(
+                plan_request{collective::all_reduce, p, c.rank(), n, 0, {}, sizeof(float)});
+            ASSERT_NE(wd::p2p_fused_shape_of(pl, p), wd::p2p_fused_shape::none);
+            pl.sync(0); // group 0 is everyone in direct's plans
+            ASSERT_EQ(wd::p2p_fused_shape_of(pl, p), wd::p2p_fused_shape::none);
+            for (int round = 0; round < 3; ++round) {
+              all_reduce<algo::direct>(c, std::span<const float>(in.data(), n),
+                                       std::span(fused.data(), n));
+              c.execute(pl, in.data(), n, stepped.data(), n, op::sum{}, "all_reduce");
+            }
+            all_reduce<algo::direct>(c, std::span<const float>(in.data(), n),
+                                     std::span(avg.data(), n), op::avg{});
+            c.divide(stepped.data(), n); // the step-by-step path's last step of avg
+            const auto a = download(fused.data(), n, s);
+            const auto b = download(stepped.data(), n, s);
+            const auto v = download(avg.data(), n, s);
+            c.execute(pl, in.data(), n, stepped.data(), n, op::sum{}, "all_reduce");
+            const auto sum = download(stepped.data(), n, s);
+            for (std::size_t i = 0; i < n; ++i) {
+              ASSERT_EQ(std::memcmp(&a[i], &sum[i], sizeof(float)), 0)
+                  << "p " << p << " n " << n << " rank " << c.rank() << " i " << i;
+              ASSERT_EQ(std::memcmp(&v[i], &b[i], sizeof(float)), 0)
+                  << "avg: p " << p << " n " << n << " rank " << c.rank() << " i " << i;
+            }
           },
           test_options);
     }

@@ -56,9 +56,8 @@ __global__ void __launch_bounds__(block_threads)
     f(i);
 }
 
-/// Enough blocks to cover n indices, at most a few waves of the current device's SMs (the
-/// grid-stride loop does the rest).
-inline unsigned grid_for(std::size_t n) {
+/// The current device's SMs (asked once per thread and device).
+inline int sm_count() {
   thread_local int device = -1;
   thread_local int sms = 0;
   int d = 0;
@@ -67,6 +66,13 @@ inline unsigned grid_for(std::size_t n) {
     WEFT_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d));
     device = d;
   }
+  return sms;
+}
+
+/// Enough blocks to cover n indices, at most a few waves of the current device's SMs (the
+/// grid-stride loop does the rest).
+inline unsigned grid_for(std::size_t n) {
+  const int sms = sm_count();
   const std::size_t wanted = (n + block_threads - 1) / block_threads;
   return static_cast<unsigned>(
       std::max<std::size_t>(1, std::min<std::size_t>(wanted, static_cast<std::size_t>(sms) * 8)));

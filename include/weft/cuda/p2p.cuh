@@ -24,19 +24,36 @@
 // both copies: its peers load only its scratch, which is a staging area, two of them
 // alternated by the staged calls as in weft::local.
 //
-// Steps, all queued on the rank's stream in plan order: copy and reduce are weft::cuda's
-// kernels; load is a copy kernel reading the peer's memory; load_reduce reduces the group's
-// regions in group order (so every rank gets the same bits); sync is the flag kernel of
+// Fused all-reduce. direct's one-shot all-reduce (its staged plan) and its two-shot one on 2 to
+// 8 ranks (and its copy on one rank) run as one kernel each (detail/p2p_fused.hpp, .cuh), the
+// copy in, the syncs, the reduction in group order, avg's scaling (half) or division and the
+// gather inside it, where the plan step by step is 3 launches (4 with avg) one-shot and
+// 4 + (p - 1) two-shot. Which calls
+// take it is read from the plan (detail::p2p_fused_shape_of) with buffers of the plan's count;
+// its barriers are the syncs of detail/p2p_sync.cuh, counted once per call per pair as the plan's
+// syncs are, so fused and step-by-step calls mix in any order. Its blocks wait for each other,
+// so the grid is at most the device's SMs divided by the communicator's ranks on it. Through
+// weft::all_reduce the whole call is fused (execute_whole); execute() fuses the plan and leaves
+// avg's steps to its caller. Not run on a GPU yet: the index math, the shape, the avg arithmetic
+// and the barrier's epochs are host-tested (comm_detail_p2p_fused_test).
+//
+// Steps of every other plan, all queued on the rank's stream in plan order: copy and reduce are
+// weft::cuda's kernels; load is a copy kernel reading the peer's memory; load_reduce reduces the
+// group's regions in group order (so every rank gets the same bits); sync is the flag kernel of
 // detail/p2p_sync.cuh. send, recv and recv_reduce are refused (weft::error): p2p runs
 // peer-access plans only, so algo::ring and the other message-passing algorithms need another
 // transport, and algo::automatic works here only where it picks direct.
 //
 // CUDA graphs. Syncs count on the device, so a captured call stays right when it is replayed.
 // A captured staged call uses a third staging area and ends with a sync (a replay cannot
-// alternate), so captured and direct calls mix in any order. Capture the same calls on every
-// rank, in thread-local or relaxed mode (global mode forbids the peers' threads the calls they
-// make meanwhile). barrier(), synchronize() and split() wait for the stream: not during a
-// capture. send/recv (and so WEFT_CHECK_CALLS) use the host communicator only, so they may.
+// alternate), so captured and direct calls mix in any order. A captured fused call is one
+// kernel node whose parameters (addresses, sync numbers) hold at every replay: its epochs are
+// the device's counters, its grid barrier waits for the generation word to move from the value
+// each block reads at run time, and a captured one-shot call ends with a second barrier.
+// Capture the same calls on every rank, in thread-local or relaxed mode (global mode forbids
+// the peers' threads the calls they make meanwhile). barrier(), synchronize() and split() wait
+// for the stream: not during a capture. send/recv (and so WEFT_CHECK_CALLS) use the host
+// communicator only, so they may.
 //
 // Failure. A sync waits for its peers at most options::sync_timeout on the device; then it
 // writes the rank and the missing peer into a host-mapped word and returns. The host reads
@@ -65,6 +82,8 @@
 #include <weft/core/ops.hpp>
 #include <weft/core/types.hpp>
 #include <weft/cuda/detail/p2p_endpoint.cuh>
+#include <weft/cuda/detail/p2p_fused.cuh>
+#include <weft/cuda/detail/p2p_fused.hpp>
 #include <weft/cuda/detail/p2p_plan.hpp>
 #include <weft/cuda/error.cuh>
 #include <weft/cuda/kernels.cuh>
@@ -203,6 +222,7 @@ public:
     cluster_ = std::move(other.cluster_);
     ep_ = std::move(other.ep_);
     staged_calls_ = other.staged_calls_;
+    ranks_on_device_ = other.ranks_on_device_;
     return *this;
   }
   basic_communicator(const basic_communicator&) = delete;
@@ -347,6 +367,24 @@ public:
   template <element T, class Op>
   void execute(const plan& pl, const T* in, std::size_t in_count, T* out, std::size_t out_count,
                const Op& op, std::string_view operation) {
+    run_call(pl, in, in_count, out, out_count, op, operation, detail::p2p_average::none);
+  }
+
+  /// The whole call where a fused kernel runs the plan (detail/p2p_fused.hpp: direct's one-shot
+  /// and two-shot all-reduce), op::avg's scaling or division inside it, and true; false, with
+  /// nothing queued, for any other plan, which the caller runs by execute() and avg's own steps.
+  template <element T, class Op>
+  bool execute_whole(const plan& pl, const T* in, std::size_t in_count, T* out,
+                     std::size_t out_count, const Op& op, std::string_view operation) {
+    if (fused_shape(pl, in_count, out_count) == detail::p2p_fused_shape::none) return false;
+    run_call(pl, in, in_count, out, out_count, op, operation, detail::p2p_average_of<T, Op>(true));
+    return true;
+  }
+
+private:
+  template <element T, class Op>
+  void run_call(const plan& pl, const T* in, std::size_t in_count, T* out, std::size_t out_count,
+                const Op& op, std::string_view operation, detail::p2p_average average) {
     ep_->check(operation);
     const std::size_t sizes[3] = {in_count, out_count, pl.scratch_count()};
     const detail::p2p_call_layout lay = detail::p2p_lay_out_call(
@@ -370,7 +408,12 @@ public:
     // up (detail/p2p_epoch.hpp).
     const detail::p2p_data_gate gate = ep_->data_gate();
     plan_run<T, Op> hooks{{}, *this, pl, lay, area, mine, op, operation, s, gate};
+    const detail::p2p_fused_shape shape = fused_shape(pl, in_count, out_count);
     try {
+      if (shape != detail::p2p_fused_shape::none) {
+        run_fused(shape, pl, lay, area, in, out, op, operation, capturing, average);
+        return;
+      }
       // A broadcast's input region is its output region (the layout gives both offset 0).
       if (!lay.staged) cuda::copy(mine[0], in, in_count, s, gate);
       run_plan(pl.steps(), hooks); // message steps: refused by p2p_lay_out_call
@@ -390,8 +433,72 @@ public:
     }
   }
 
-private:
   friend struct detail::p2p_factory;
+
+  // The fused kernel of a call, where one runs it: the plan's shape, with buffers of the plan's
+  // count (the kernel copies and writes all of it; other sizes go step by step, whose checks
+  // name them).
+  [[nodiscard]] detail::p2p_fused_shape fused_shape(const plan& pl, std::size_t in_count,
+                                                    std::size_t out_count) const {
+    if (in_count != pl.count() || out_count != pl.count()) return detail::p2p_fused_shape::none;
+    return detail::p2p_fused_shape_of(pl, size());
+  }
+
+  // One fused kernel for the whole call (detail/p2p_fused.cuh), on the stream: the staging areas
+  // (one-shot) or the workspace regions (two-shot) are those the step-by-step plan uses, and its
+  // barriers count the same syncs per pair.
+  template <class T, class Op>
+  void run_fused(detail::p2p_fused_shape shape, const plan& pl, const detail::p2p_call_layout& lay,
+                 int area, const T* in, T* out, const Op& op, std::string_view operation,
+                 bool capturing, detail::p2p_average average) {
+    const int p = size();
+    const int r = rank();
+    const std::size_t n = pl.count();
+    const bool one_shot = shape == detail::p2p_fused_shape::one_shot;
+    std::uintptr_t stage[detail::p2p_fused_max_ranks] = {};
+    std::uintptr_t reduced[detail::p2p_fused_max_ranks] = {};
+    for (int q = 0; q < p; ++q) {
+      stage[q] = reinterpret_cast<std::uintptr_t>(
+          one_shot ? static_cast<void*>(ep_->staging(q, area))
+                   : static_cast<void*>(region<T>(lay, area, q, buffer::input)));
+      if (!one_shot)
+        reduced[q] = reinterpret_cast<std::uintptr_t>(region<T>(lay, area, q, buffer::output));
+    }
+    const detail::p2p_fused_work w =
+        detail::p2p_fused_ranges(shape, p, r, n, sizeof(T), reinterpret_cast<std::uintptr_t>(in),
+                                 reinterpret_cast<std::uintptr_t>(out), stage, reduced);
+    const auto at = [](std::uintptr_t a, std::size_t offset) {
+      return reinterpret_cast<T*>(a) + offset;
+    };
+    detail::p2p_fused_args<T, Op> a{};
+    a.barriers = detail::p2p_fused_barriers(shape, capturing);
+    a.sync = ep_->sync_args(ep_->everyone(), operation, a.barriers);
+    a.arrive = ep_->grid_words();
+    a.generation = a.arrive + 1;
+    const bool alone = shape == detail::p2p_fused_shape::one_rank;
+    a.copy = {{alone ? out : at(stage[r], 0), in, average == detail::p2p_average::prescale,
+               weft::detail::average_scale<T>(p),
+               alone && average == detail::p2p_average::divide ? p : 0},
+              w.copy.cut};
+    weft::detail::reduce_sources<T, Op> sum{
+        one_shot ? out : at(reduced[r], w.reduce.offset), {}, p, op};
+    for (int q = 0; q < p; ++q)
+      sum.src[q] = at(stage[q], w.reduce.offset);
+    a.reduce = {{sum, average == detail::p2p_average::divide ? p : 0}, w.reduce.cut};
+    a.gathers = w.gathers;
+    for (int k = 0; k < w.gathers; ++k) {
+      const int src = (r + k) % p;
+      a.gather[k] = {{out + w.gather[k].offset, at(reduced[src], w.gather[k].offset)},
+                     w.gather[k].cut};
+    }
+    std::size_t most = std::max(w.copy.cut.indices(), w.reduce.cut.indices());
+    for (int k = 0; k < w.gathers; ++k)
+      most = std::max(most, w.gather[k].cut.indices());
+    const unsigned blocks =
+        detail::p2p_fused_blocks(most, detail::block_threads, detail::sm_count(), ranks_on_device_);
+    detail::p2p_fused_kernel<T, Op><<<blocks, detail::block_threads, 0, stream()>>>(a);
+    detail::cuda_check(cudaGetLastError(), "launching the fused all-reduce kernel", operation, r);
+  }
 
   // Rank q's buffer b in a call laid out as `lay`: its staging area `area` for a staged plan's
   // scratch, else its region of b in its workspace.
@@ -498,6 +605,12 @@ private:
           operation, r, e.peer(),
           "trading workspace addresses: " + std::string(detail::p2p_without_prefix(e.what())));
     }
+    // Ranks whose device has this rank's ordinal: their fused kernels may spin on it at once.
+    // (Processes that see different devices under one ordinal count too: fewer blocks, no harm.)
+    ranks_on_device_ = 0;
+    for (int q = 0; q < n; ++q)
+      ranks_on_device_ +=
+          table[address::words * static_cast<std::size_t>(q) + 1] == mine[1] ? 1 : 0;
     std::vector<std::byte*> bases(static_cast<std::size_t>(n), nullptr);
     std::vector<void*> imported;
     try {
@@ -616,6 +729,8 @@ private:
   std::unique_ptr<detail::p2p_endpoint> ep_;
   std::uint64_t staged_calls_ =
       0; // staged plans run outside captures: its parity picks the staging area
+  int ranks_on_device_ =
+      1; // ranks of this communicator on this rank's device (fused kernels' grid)
 };
 
 /// Ranks as threads of one process (made by run()).

@@ -47,7 +47,7 @@ struct pack_split {
   std::size_t packs = 0;
   std::size_t tail = 0;
   /// The indices of a launch over the split: one per head element, pack and tail element.
-  constexpr std::size_t indices() const noexcept { return head + packs + tail; }
+  WEFT_HOST_DEVICE constexpr std::size_t indices() const noexcept { return head + packs + tail; }
   friend constexpr bool operator==(const pack_split&, const pack_split&) = default;
 };
 

@@ -59,6 +59,11 @@ void run_planned(Comm& comm, const T* in, std::size_t in_n, T* out, std::size_t 
   }
   if (check_calls_enabled(comm))
     check_same_call(comm, {C, algorithm, count, dtype_of<T>, call_op_name<Op>(), root});
+  if constexpr (requires { comm.execute_whole(*pl, in, in_n, out, out_n, op, opname); }) {
+    // A transport that runs some plans whole, avg's scaling or division included (the p2p
+    // transport's fused all-reduce kernels); the others go on below.
+    if (comm.execute_whole(*pl, in, in_n, out, out_n, op, opname)) return;
+  }
   if constexpr (is_average_v<Op> && std::is_same_v<std::remove_cv_t<T>, half>) {
     if (C == collective::all_reduce || C == collective::reduce_scatter || C == collective::reduce) {
       // half ends at 65504: the sum of the inputs overflows where their mean need not. Each input

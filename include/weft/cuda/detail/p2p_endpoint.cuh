@@ -226,6 +226,14 @@ public:
 
   /// Queues a sync over `members` (ranks, this one may be among them) on the stream.
   void sync(const std::vector<int>& members, std::string_view operation) {
+    const p2p_sync_args a = sync_args(members, operation, 1);
+    p2p_sync_kernel<<<1, p2p_sync_threads, 0, stream()>>>(a);
+    cuda_check(cudaGetLastError(), "launching the sync kernel", operation, rank_);
+  }
+
+  /// The arguments of the next `syncs` syncs over `members`, numbered one after the other from
+  /// the one returned (a fused kernel's barriers), each named `operation` in a timeout.
+  p2p_sync_args sync_args(const std::vector<int>& members, std::string_view operation, int syncs) {
     p2p_sync_args a{};
     a.count = static_cast<int>(members.size());
     a.rank = rank_;
@@ -241,10 +249,17 @@ public:
     a.error = memory_->error_device();
     a.timeout_ns = static_cast<std::uint64_t>(std::chrono::nanoseconds(sync_timeout_).count());
     a.sync = syncs_ & 0x7fffffffu;
-    sync_names_[syncs_ % sync_names_.size()] = operation;
-    ++syncs_;
-    p2p_sync_kernel<<<1, p2p_sync_threads, 0, stream()>>>(a);
-    cuda_check(cudaGetLastError(), "launching the sync kernel", operation, rank_);
+    for (int k = 0; k < syncs; ++k) {
+      sync_names_[syncs_ % sync_names_.size()] = operation;
+      ++syncs_;
+    }
+    return a;
+  }
+
+  /// This rank's grid-barrier words (detail/p2p_fused.cuh): the arrival counter, then the
+  /// generation.
+  [[nodiscard]] std::uint32_t* grid_words() const noexcept {
+    return reinterpret_cast<std::uint32_t*>(workspace() + layout_.grid);
   }
 
   /// Throws weft::error if the communicator has failed: the family's first failure, or a

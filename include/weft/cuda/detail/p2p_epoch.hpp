@@ -87,6 +87,65 @@ WEFT_HOST_DEVICE constexpr p2p_wait p2p_judge_flag(std::uint64_t flag, std::uint
   return deadline_passed ? p2p_wait::timed_out : p2p_wait::waiting;
 }
 
+/// One member's part of a sync of this rank with rank q, written once over a memory policy M so
+/// that the sync kernel, the fused all-reduce kernels' barrier (detail/p2p_sync.cuh) and the host
+/// tests' simulation on threads (plain atomics) follow the same steps. M gives:
+///
+///   counter(q), set_counter(q, e)  this rank's count of syncs with q (its own workspace)
+///   publish(q, e)                  fence at system scope, then a release store of e into q's
+///                                  flags[rank]
+///   flag(q)                        a relaxed load of this rank's own flags[q]
+///   failed()                       whether the rank failed meanwhile (another member gave up, or
+///                                  its host wrote the error word); asked every few looks
+///   late()                         whether the sync's time is over
+///   pause()                        backs off between looks
+///   give_up(w, q)                  records the failure: the error word (unless w is
+///                                  rank_failed), the failed mark, the sync's "gave up" note
+///   acquire()                      an acquire fence at system scope
+///
+/// A sync is p2p_sync_arrive for every member, then p2p_sync_wait for every member, then, where
+/// the rank gave up (now or before), p2p_sync_abandon for every member: every member publishes
+/// before any waits, so no two ranks wait on each other's unpublished flags.
+
+/// Counts and publishes the next epoch with q; returns it.
+template <class M>
+WEFT_HOST_DEVICE std::uint64_t p2p_sync_arrive(M& m, int q) {
+  const std::uint64_t want = m.counter(q) + 1;
+  m.set_counter(q, want);
+  m.publish(q, want);
+  return want;
+}
+
+/// Waits until q reaches epoch `want`: true once it has (an acquire follows), false where the
+/// wait ends in a failure, which it records (m.give_up).
+template <class M>
+WEFT_HOST_DEVICE bool p2p_sync_wait(M& m, int q, std::uint64_t want) {
+  // Relaxed loads while it waits, then one acquire fence: an acquire load on every look would
+  // also invalidate the L1 of an SM it shares with other ranks' data blocks.
+  for (unsigned looks = 1;; ++looks) {
+    const bool look = looks % 64 == 0; // the clock and the failures, every so often
+    const p2p_wait w = p2p_judge_flag(m.flag(q), want, look && m.failed(looks), look && m.late());
+    if (w == p2p_wait::passed) {
+      m.acquire();
+      return true;
+    }
+    if (w == p2p_wait::waiting) {
+      if (look) m.pause();
+      continue;
+    }
+    m.give_up(w, q);
+    m.acquire();
+    return false;
+  }
+}
+
+/// What a rank that gave up, now or before, leaves in q's flag: its epoch marked abandoned, on
+/// which no wait passes.
+template <class M>
+WEFT_HOST_DEVICE void p2p_sync_abandon(M& m, int q) {
+  m.publish(q, p2p_abandoned(m.counter(q)));
+}
+
 /// Why a rank's error word is set.
 enum class p2p_cause : std::uint32_t {
   timed_out = 0,      // a sync waited for the peer past its timeout

@@ -6,9 +6,10 @@
 //
 // A rank's workspace, the same layout on every rank of a communicator:
 //
-//   | flags[size] | counters[size] | staging 0 | staging 1 | staging 2 | data area ...        |
-//     peers store   this rank's      staged calls alternate 0 and 1;     a call's input,
-//     their syncs   syncs with each  captured ones use 2                 output and scratch
+//   | flags[size] | counters[size] | grid | staging 0 | staging 1 | staging 2 | data area ...  |
+//     peers store   this rank's      fused   staged calls alternate 0 and 1;     a call's input,
+//     their syncs   syncs with each  kernels captured ones use 2                 output and scratch
+//                                    barrier
 #include <weft/comm/plan.hpp>
 #include <weft/comm/plan/check.hpp>
 #include <weft/core/error.hpp>
@@ -36,6 +37,8 @@ struct p2p_workspace_layout {
   std::size_t flags = 0;    // flags[q]: the count of syncs rank q has made with this rank
   std::size_t counters = 0; // counters[q]: the count of syncs this rank has made with rank q;
                             // counters[rank]: its failed mark (detail/p2p_epoch.hpp)
+  std::size_t grid = 0;     // the fused kernels' arrival counter and generation word
+                            // (detail/p2p_fused.cuh), two 32-bit words
   std::size_t staging = 0;  // the first staging area; the others follow
   std::size_t staging_stride = 0;
   std::size_t data = 0; // the data area
@@ -50,7 +53,8 @@ constexpr p2p_workspace_layout p2p_lay_out_workspace(int size, std::size_t data_
   p2p_workspace_layout w;
   const std::size_t words = device_aligned(static_cast<std::size_t>(size) * sizeof(std::uint64_t));
   w.counters = words;
-  w.staging = 2 * words;
+  w.grid = 2 * words;
+  w.staging = w.grid + device_aligned(2 * sizeof(std::uint32_t));
   w.staging_stride = device_aligned(max_staged_scratch_bytes);
   w.data = w.staging + p2p_staging_areas * w.staging_stride;
   w.data_bytes = device_aligned(data_bytes);

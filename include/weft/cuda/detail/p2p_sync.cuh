@@ -1,6 +1,7 @@
 #pragma once
 // The sync step of the p2p transport: one kernel of one block, a thread per member of the
-// group. Rank r's thread for member q
+// group (p2p_sync_in_block, which the fused all-reduce kernels' grid barrier runs too, in the
+// last block to arrive: detail/p2p_fused.cuh). Rank r's thread for member q
 //
 //   counters[q] += 1                          (r's own workspace; only r's stream writes it)
 //   fence, then store counters[q] into q's flags[r] with release semantics at system scope
@@ -73,59 +74,79 @@ __device__ inline std::uint64_t p2p_clock_ns() {
   return t;
 }
 
-template <class = void>
-__global__ void __launch_bounds__(p2p_sync_threads) p2p_sync_kernel(const p2p_sync_args a) {
-  using flag = ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_system>;
-  __shared__ int gave_up; // this sync gave up, for any member (or the rank had failed before)
-  volatile int* const given_up = &gave_up;
-  volatile std::uint64_t* const failed_mark = a.counters + a.rank; // device memory: cheap to read
+/// The memory policy of p2p_sync_arrive/wait/abandon (detail/p2p_epoch.hpp) on the device: one
+/// thread per member, the block's "gave up" note in shared memory.
+struct p2p_device_sync_memory {
+  using flag_ref = ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_system>;
+  const p2p_sync_args& a;
+  std::uint32_t sync;      // this sync's number, which names it in a timeout
+  int j;                   // the member's index in a.members
+  volatile int* given_up;  // shared by the block
+  std::uint64_t start = 0; // the global timer when the wait began
+
+  __device__ std::uint64_t counter(int q) const { return a.counters[q]; }
+  __device__ void set_counter(int q, std::uint64_t e) const { a.counters[q] = e; }
+  __device__ void publish(int, std::uint64_t e) const {
+    __threadfence_system(); // this rank's earlier writes, before the flag that publishes them
+    flag_ref(a.peer_flags[j][a.rank]).store(e, ::cuda::std::memory_order_release);
+  }
+  __device__ std::uint64_t flag(int q) const {
+    return flag_ref(a.flags[q]).load(::cuda::std::memory_order_relaxed);
+  }
+  // The error word is host memory: read it seldom, it crosses the bus.
+  __device__ bool failed(unsigned looks) const {
+    return *given_up != 0 ||
+           (looks % 1024 == 0 && *static_cast<volatile std::uint64_t*>(a.error) != 0);
+  }
+  __device__ bool late() const { return p2p_clock_ns() - start > a.timeout_ns; }
+  __device__ void pause() const { __nanosleep(100); } // leave the SM's issue slots to data blocks
+  __device__ void give_up(p2p_wait w, int q) const {
+    volatile std::uint64_t* const error = a.error;
+    if (w != p2p_wait::rank_failed && *error == 0)
+      *error = p2p_error_word(p2p_cause_of(w), sync, q);
+    *static_cast<volatile std::uint64_t*>(a.counters + a.rank) = 1; // the failed mark
+    *given_up = 1;
+    __threadfence_system();
+  }
+  __device__ void acquire() const {
+    ::cuda::atomic_thread_fence(::cuda::std::memory_order_acquire, ::cuda::thread_scope_system);
+  }
+};
+
+/// One sync, numbered `sync`, run by every thread of a block of at least a.count threads (thread j
+/// for member j); every thread of the block must call it. `gave_up` is a word of the block's shared
+/// memory. Its result, the same in every thread: whether the sync passed (false: the rank gave up,
+/// now or before, and its failed mark is set).
+__device__ inline bool p2p_sync_in_block(const p2p_sync_args& a, std::uint32_t sync,
+                                         volatile int* gave_up) {
   const int j = static_cast<int>(threadIdx.x);
   const bool member = j < a.count && a.members[j] != a.rank;
-  if (j == 0) *given_up = p2p_may_start(*failed_mark) ? 0 : 1;
+  if (j == 0)
+    *gave_up = p2p_may_start(*static_cast<volatile std::uint64_t*>(a.counters + a.rank)) ? 0 : 1;
   __syncthreads();
-  std::uint64_t epoch = 0;
-  if (member) {
-    const int q = a.members[j];
-    epoch = a.counters[q];
-    if (*given_up == 0) {
-      const std::uint64_t want = epoch + 1;
-      epoch = want;
-      a.counters[q] = want;
-      __threadfence_system(); // this rank's earlier writes, before the flag that publishes them
-      flag(a.peer_flags[j][a.rank]).store(want, ::cuda::std::memory_order_release);
-      flag mine(a.flags[q]);
-      volatile std::uint64_t* const error = a.error;
-      const std::uint64_t start = p2p_clock_ns();
-      // Relaxed loads while it waits, then one acquire fence: an acquire load on every spin would
-      // also invalidate the L1 of an SM it shares with other ranks' copy and reduce blocks.
-      for (unsigned spins = 1;; ++spins) {
-        const bool look = spins % 64 == 0; // the clock and the failures, every so often
-        // The error word is host memory: read it seldom, it crosses the bus.
-        const bool failed = look && (*given_up != 0 || (spins % 1024 == 0 && *error != 0));
-        const bool late = look && p2p_clock_ns() - start > a.timeout_ns;
-        const p2p_wait w =
-            p2p_judge_flag(mine.load(::cuda::std::memory_order_relaxed), want, failed, late);
-        if (w == p2p_wait::passed) break;
-        if (w == p2p_wait::waiting) {
-          if (look) __nanosleep(100); // leave the SM's issue slots to the blocks doing work
-          continue;
-        }
-        if (w != p2p_wait::rank_failed && *error == 0)
-          *error = p2p_error_word(p2p_cause_of(w), a.sync, q);
-        *failed_mark = 1;
-        *given_up = 1;
-        __threadfence_system();
-        break;
-      }
-      ::cuda::atomic_thread_fence(::cuda::std::memory_order_acquire, ::cuda::thread_scope_system);
-    }
+  p2p_device_sync_memory m{a, sync, j, gave_up};
+  std::uint64_t want = 0;
+  if (member && *gave_up == 0) want = p2p_sync_arrive(m, a.members[j]);
+  if (member && want != 0) {
+    m.start = p2p_clock_ns();
+    (void)p2p_sync_wait(m, a.members[j], want);
   }
   __syncthreads();
   // A rank that gave up, now or before, publishes no epoch: its peers must not pass on the one
   // it counted (or on any earlier flag of it) when they arrive.
-  if (member && *given_up != 0) {
-    flag(a.peer_flags[j][a.rank]).store(p2p_abandoned(epoch), ::cuda::std::memory_order_release);
-  }
+  const bool passed = *gave_up == 0;
+  if (member && !passed) p2p_sync_abandon(m, a.members[j]);
+  __syncthreads(); // every thread has read the note before a later sync of the block writes it
+  return passed;
+}
+
+// The arguments stay in the parameter space (__grid_constant__), where p2p_sync_in_block reads
+// them by reference, rather than being copied per thread.
+template <class = void>
+__global__ void __launch_bounds__(p2p_sync_threads)
+    p2p_sync_kernel(const __grid_constant__ p2p_sync_args a) {
+  __shared__ int gave_up; // this sync gave up, for any member (or the rank had failed before)
+  (void)p2p_sync_in_block(a, a.sync, &gave_up);
 }
 
 } // namespace weft::cuda::detail
