@@ -18,6 +18,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -879,24 +880,76 @@ TEST(two_level, the_call_check_compares_the_two_level_call) {
 // --- chunks bounded by what a level takes in one call ------------------------------------------
 
 // Chunk elements: chunk_bytes' worth (rounded down, at least one), no more than the levels'
-// bound; a bound of 0 is refused.
+// bound, to whole 16 bytes where that leaves any; a bound of 0 is refused.
 TEST(two_level, chunk_elements_take_the_chunk_bytes_up_to_the_levels_bound) {
   using detail::two_level_chunk_elements;
   constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
   EXPECT_EQ(two_level_chunk_elements(4096, 4, none), 1024u);
   EXPECT_EQ(two_level_chunk_elements(4099, 4, none), 1024u); // not a whole element more
   EXPECT_EQ(two_level_chunk_elements(3, 4, none), 1u);       // less than one element: one
-  EXPECT_EQ(two_level_chunk_elements(4096, 4, 1023), 1023u); // the bound below the chunk
+  EXPECT_EQ(two_level_chunk_elements(4096, 4, 1023), 1020u); // the bound, to whole 16 bytes
   EXPECT_EQ(two_level_chunk_elements(4096, 4, 1024), 1024u); // at it
   EXPECT_EQ(two_level_chunk_elements(4096, 4, 1025), 1024u); // above it
-  EXPECT_EQ(two_level_chunk_elements(none, 2, 7), 7u);       // one level: the bound alone
-  EXPECT_EQ(two_level_chunk_elements(none, 1, none), none);
+  EXPECT_EQ(two_level_chunk_elements(none, 2, 7), 7u);       // under 16 bytes: the bound alone
+  EXPECT_EQ(two_level_chunk_elements(none, 2, 9), 8u);
+  EXPECT_EQ(two_level_chunk_elements(none, 1, none), none / 16 * 16);
   try {
     (void)two_level_chunk_elements(4096, 8, 0);
     ADD_FAILURE() << "a bound of 0 elements was taken";
   } catch (const error& e) {
     EXPECT_NE(std::string(e.what()).find("8 bytes"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("workspace_bytes"), std::string::npos) << e.what();
+  }
+}
+
+// Every chunk or level piece but the last starts 16 bytes apart from the buffer's start, for
+// every element size, wherever a whole 16 bytes fits the chunk and the bound; the reference
+// searches down from the largest chunk the bytes and the bound allow for one that spans whole
+// 16 bytes, and otherwise keeps it.
+TEST(two_level, every_chunk_but_the_last_starts_on_16_bytes) {
+  using detail::two_level_chunk_elements;
+  using detail::two_level_uniform_chunk;
+  constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
+  for (std::size_t es : {1, 2, 3, 4, 6, 8, 12, 16, 32}) {
+    for (std::size_t bytes : {std::size_t{1}, std::size_t{15}, std::size_t{100}, std::size_t{4099},
+                              std::size_t{4} << 20, none}) {
+      for (std::size_t limit :
+           {std::size_t{1}, std::size_t{5}, std::size_t{9}, std::size_t{1001}, none}) {
+        const std::size_t most = std::min(std::max<std::size_t>(1, bytes / es), limit);
+        std::size_t want = most;
+        if (most < 4096) {
+          for (std::size_t m = most; m >= 1; --m) {
+            if (m * es % 16 == 0) {
+              want = m;
+              break;
+            }
+          }
+        } else {
+          want = most - most % (16 / std::gcd<std::size_t>(16, es));
+        }
+        const std::size_t chunk = two_level_chunk_elements(bytes, es, limit);
+        EXPECT_EQ(chunk, want) << "element " << es << " bytes " << bytes << " limit " << limit;
+        if (want * es % 16 == 0) { // whole 16 bytes fit: every later chunk starts on them
+          for (std::size_t k = 1; k < 5; ++k)
+            EXPECT_EQ(k * chunk * es % 16, 0u) << "element " << es << " chunk " << chunk;
+        }
+      }
+    }
+    // Uniform nodes: each of a chunk's L blocks starts on 16 bytes too.
+    for (std::size_t L : {1, 2, 3, 4, 8}) {
+      for (std::size_t chunk :
+           {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{1} << 20}) {
+        const std::size_t u = two_level_uniform_chunk(chunk, L, es);
+        EXPECT_EQ(u % L, 0u);
+        EXPECT_GE(u, L);
+        EXPECT_LE(u, std::max(chunk, L));
+        const std::size_t block = u / L;
+        if (chunk >= L * 16) { // room for whole 16 bytes per block at any element size
+          EXPECT_EQ(block * es % 16, 0u) << "element " << es << " L " << L << " chunk " << chunk;
+          EXPECT_GT(u + L * 16, chunk / L * L) << "rounded down more than needed";
+        }
+      }
+    }
   }
 }
 

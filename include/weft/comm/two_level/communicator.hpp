@@ -20,7 +20,9 @@
 //
 // Chunk sizes: chunk_bytes' worth of elements, and no more than either level takes in one
 // all-reduce (detail::two_level_chunk_elements), so that every level call of a chunk fits a
-// p2p level's workspace.
+// p2p level's workspace; rounded down to whole 16 bytes where that leaves any, so that every
+// chunk and level piece but the last starts on a 16-byte boundary of the buffer, where a
+// device level's kernels move 16-byte packs.
 //
 // Every element is reduced at one place by Intra, then by Inter's all-reduce (bitwise equal on
 // every leader with weft's plans), then only copied: every rank ends with the same bits.
@@ -82,6 +84,7 @@
 #include <cstddef>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -121,9 +124,25 @@ std::size_t level_max_count(const Level& level, collective c, std::size_t elemen
   }
 }
 
+/// The boundary, in bytes relative to a call's buffer, on which two_level starts every chunk or
+/// level piece but the last: a device level's copy and reduce kernels move 16-byte packs, and a
+/// piece that starts off it runs element by element on buffers that start on it.
+inline constexpr std::size_t two_level_piece_bytes = 16;
+
+/// The fewest elements of element_size bytes that span a whole number of two_level_piece_bytes.
+constexpr std::size_t two_level_piece_quantum(std::size_t element_size) noexcept {
+  return two_level_piece_bytes / std::gcd(two_level_piece_bytes, element_size);
+}
+
+/// n rounded down to a multiple of `quantum`, where one fits; else n.
+constexpr std::size_t round_down_where_it_fits(std::size_t n, std::size_t quantum) noexcept {
+  return n >= quantum ? n / quantum * quantum : n;
+}
+
 /// Elements per chunk of a two_level call, of element_size bytes each: chunk_bytes' worth (at
-/// least one), and no more than `limit`, the most one level call takes (level_max_count). Throws
-/// where a level takes not even one element.
+/// least one), and no more than `limit`, the most one level call takes (level_max_count),
+/// rounded down to whole two_level_piece_bytes where that leaves at least one (so every chunk
+/// but the last starts on that boundary). Throws where a level takes not even one element.
 inline std::size_t two_level_chunk_elements(std::size_t chunk_bytes, std::size_t element_size,
                                             std::size_t limit) {
   if (limit == 0) {
@@ -131,7 +150,19 @@ inline std::size_t two_level_chunk_elements(std::size_t chunk_bytes, std::size_t
         "two_level: a level takes no call of even one element of " + std::to_string(element_size) +
         " bytes (a p2p level's workspace is too small: raise p2p::options::workspace_bytes)");
   }
-  return std::min(std::max<std::size_t>(1, chunk_bytes / element_size), limit);
+  return round_down_where_it_fits(
+      std::min(std::max<std::size_t>(1, chunk_bytes / element_size), limit),
+      two_level_piece_quantum(element_size));
+}
+
+/// The chunk of the uniform paths, whose chunks split into L blocks of chunk / L elements:
+/// `chunk` elements rounded down to a multiple of L, and of L * two_level_piece_quantum where one
+/// fits (so every chunk but the last, and each of its blocks, starts on two_level_piece_bytes);
+/// at least L.
+constexpr std::size_t two_level_uniform_chunk(std::size_t chunk, std::size_t L,
+                                              std::size_t element_size) noexcept {
+  return std::max(
+      L, round_down_where_it_fits(chunk / L * L, L * two_level_piece_quantum(element_size)));
 }
 
 } // namespace detail
@@ -409,12 +440,11 @@ private:
         std::min(detail::level_max_count(intra_, collective::all_reduce, sizeof(T)),
                  detail::level_max_count(inter_, collective::all_reduce, sizeof(T))));
   }
-  /// The uniform paths' chunk: chunk_elements() rounded down to a multiple of L elements, at least
-  /// L.
+  /// The uniform paths' chunk (detail::two_level_uniform_chunk of chunk_elements()).
   template <class T>
   [[nodiscard]] std::size_t uniform_chunk() const {
-    const auto L = to_size(layout_.min_ranks_per_node());
-    return std::max(L, chunk_elements<T>() / L * L);
+    return detail::two_level_uniform_chunk(chunk_elements<T>(),
+                                           to_size(layout_.min_ranks_per_node()), sizeof(T));
   }
   /// call(first, len) over [0, count) by the largest pieces that one call of c on `level` takes:
   /// the paths on one level (one node, or one rank per node), where nothing pipelines. For
