@@ -304,21 +304,18 @@ TEST(nccl, every_receive_reduce_has_its_operands_on_one_phase_mod_16) {
       if (n % static_cast<std::size_t>(p) == 0) continue;
       for (std::size_t es : {std::size_t{1}, std::size_t{2}, std::size_t{4}, std::size_t{8}}) {
         for (std::size_t out_phase : {std::size_t{0}, es}) {
-          // Where a plan reduces a block into another offset (reduce_scatter's last step reads
-          // input block r into output[0]; tree's reduce and recursive doubling's fold of the
-          // ranks past a power of two reduce into scratch[0]), only the temporary's phase is
-          // the layout's to choose.
+          // reduce_scatter's last step reads input block r into output[0]: there only the
+          // temporary's phase is the layout's to choose.
           for (collective coll :
                {collective::all_reduce, collective::reduce_scatter, collective::reduce}) {
             check_receive_reduce_phases<algo::ring>(coll, p, n, es, out_phase,
                                                     coll != collective::reduce_scatter);
-            check_receive_reduce_phases<algo::tree>(coll, p, n, es, out_phase,
-                                                    coll == collective::all_reduce);
+            check_receive_reduce_phases<algo::tree>(coll, p, n, es, out_phase, true);
           }
           check_receive_reduce_phases<algo::halving_doubling>(collective::all_reduce, p, n, es,
                                                               out_phase, true);
           check_receive_reduce_phases<algo::recursive_doubling>(collective::all_reduce, p, n, es,
-                                                                out_phase, false);
+                                                                out_phase, true);
           check_receive_reduce_phases<algo::hierarchical<algo::ring, algo::ring>>(
               collective::all_reduce, p, n, es, out_phase, true);
         }
