@@ -484,8 +484,8 @@ using C = collective;
 
 // On even nodes the all-reduce of each chunk is one Intra reduce_scatter, the leaders'
 // all-reduce of a third, and one Intra all_gather: 602 elements in chunks of 300 over nodes of
-// 3 are 2 chunks of 3 blocks of 100, and the 2 left over go by blocks of 0, 1 and 1 (a reduce
-// and a broadcast each, on local ranks 1 and 2).
+// 3 are 2 chunks of 3 blocks of 100, and the 2 left over go by blocks of 0, 0 and 2 (block
+// boundaries fall on 16 bytes: a reduce and a broadcast on local rank 2).
 TEST(two_level, even_nodes_all_reduce_by_reduce_scatter_and_all_gather) {
   const std::size_t count = 602;
   const auto got = trace_on_2x3([&](auto& tl, int rank) {
@@ -499,11 +499,10 @@ TEST(two_level, even_nodes_all_reduce_by_reduce_scatter_and_all_gather) {
   for (std::size_t r = 0; r < 6; ++r) {
     // RS 0, RS 1, AG 0, AG 1 (chunk 1's reduce before chunk 0's gather), then the 2 left over.
     const calls intra = {{C::reduce_scatter, 100}, {C::reduce_scatter, 100}, {C::all_gather, 100},
-                         {C::all_gather, 100},     {C::reduce, 1},           {C::reduce, 1},
-                         {C::broadcast, 1},        {C::broadcast, 1}};
+                         {C::all_gather, 100},     {C::reduce, 2},           {C::broadcast, 2}};
     EXPECT_EQ(got.intra[r], intra) << "rank " << r;
     calls inter = {{C::all_reduce, 100}, {C::all_reduce, 100}};
-    if (r % 3 != 0) inter.emplace_back(C::all_reduce, 1);
+    if (r % 3 == 2) inter.emplace_back(C::all_reduce, 2);
     EXPECT_EQ(got.inter[r], inter) << "rank " << r;
   }
 }
@@ -511,8 +510,8 @@ TEST(two_level, even_nodes_all_reduce_by_reduce_scatter_and_all_gather) {
 // On even nodes the broadcast of each chunk goes from the root across its node (Intra), a third
 // from each of its ranks to the other node (Inter) into scratch, and there one Intra
 // all_gather spreads it: 602 elements from root 4 (local rank 1 of node 1). The 2 left over go
-// by blocks of 0, 1 and 1: the root's node broadcasts them, local ranks 1 and 2 send theirs
-// across, the other node broadcasts those 2 blocks.
+// by blocks of 0, 0 and 2: the root's node broadcasts them, local rank 2 sends its block
+// across, the other node broadcasts it.
 TEST(two_level, even_nodes_broadcast_by_all_gather) {
   const std::size_t count = 602;
   const int root = 4;
@@ -527,22 +526,20 @@ TEST(two_level, even_nodes_broadcast_by_all_gather) {
       ASSERT_EQ(v[i], 7 * static_cast<std::int32_t>(i)) << "element " << i;
   });
   for (std::size_t r = 0; r < 6; ++r) {
-    const calls intra =
-        r >= 3
-            ? calls{{C::broadcast, 300}, {C::broadcast, 300}, {C::broadcast, 2}}
-            : calls{
-                  {C::all_gather, 100}, {C::all_gather, 100}, {C::broadcast, 1}, {C::broadcast, 1}};
+    const calls intra = r >= 3
+                            ? calls{{C::broadcast, 300}, {C::broadcast, 300}, {C::broadcast, 2}}
+                            : calls{{C::all_gather, 100}, {C::all_gather, 100}, {C::broadcast, 2}};
     EXPECT_EQ(got.intra[r], intra) << "rank " << r;
     calls inter = {{C::broadcast, 100}, {C::broadcast, 100}};
-    if (r % 3 != 0) inter.emplace_back(C::broadcast, 1);
+    if (r % 3 == 2) inter.emplace_back(C::broadcast, 2);
     EXPECT_EQ(got.inter[r], inter) << "rank " << r;
   }
 }
 
 // On even nodes the reduce of each chunk is one Intra reduce_scatter, the leaders' reduce of a
 // third onto the root's node, and there one Intra all_gather: 602 elements to root 4. The 2
-// left over go by blocks of 0, 1 and 1: reduces on local ranks 1 and 2, and on the root's node
-// local rank 2's block handed to the root by a broadcast.
+// left over go by blocks of 0, 0 and 2: a reduce on local rank 2, and on the root's node its
+// block handed to the root by a broadcast.
 TEST(two_level, even_nodes_reduce_by_reduce_scatter_and_all_gather) {
   const std::size_t count = 602;
   const int root = 4;
@@ -559,11 +556,11 @@ TEST(two_level, even_nodes_reduce_by_reduce_scatter_and_all_gather) {
     // RS 0, RS 1 (chunk 1's before chunk 0's gather), AG 0, AG 1 on the root's node only.
     calls intra = {{C::reduce_scatter, 100}, {C::reduce_scatter, 100}};
     if (root_node) intra.insert(intra.end(), {{C::all_gather, 100}, {C::all_gather, 100}});
-    intra.insert(intra.end(), {{C::reduce, 1}, {C::reduce, 1}});
-    if (root_node) intra.emplace_back(C::broadcast, 1);
+    intra.emplace_back(C::reduce, 2);
+    if (root_node) intra.emplace_back(C::broadcast, 2);
     EXPECT_EQ(got.intra[r], intra) << "rank " << r;
     calls inter = {{C::reduce, 100}, {C::reduce, 100}};
-    if (r % 3 != 0) inter.emplace_back(C::reduce, 1);
+    if (r % 3 == 2) inter.emplace_back(C::reduce, 2);
     EXPECT_EQ(got.inter[r], inter) << "rank " << r;
   }
 }
@@ -933,6 +930,28 @@ TEST(two_level, every_chunk_but_the_last_starts_on_16_bytes) {
           for (std::size_t k = 1; k < 5; ++k)
             EXPECT_EQ(k * chunk * es % 16, 0u) << "element " << es << " chunk " << chunk;
         }
+      }
+    }
+    // A chunk's m blocks (one per leader): contiguous over the chunk, each starting on 16 bytes,
+    // at the largest such boundary at or below the even split's len * j / m.
+    for (std::size_t m : {1, 2, 3, 4, 7}) {
+      for (std::size_t len :
+           {std::size_t{1}, std::size_t{10}, std::size_t{1000}, std::size_t{4099}}) {
+        std::size_t next = 0;
+        for (std::size_t j = 0; j < m; ++j) {
+          const auto [b, e] = detail::two_level_block(len, j, m, es);
+          EXPECT_EQ(b, next) << "blocks are contiguous";
+          next = e;
+          std::size_t want_b = len * j / m;
+          while (want_b * es % 16 != 0)
+            --want_b;
+          EXPECT_EQ(b, want_b) << "element " << es << " m " << m << " len " << len << " j " << j;
+          EXPECT_LE(b, e);
+          for (std::size_t longer : {len, len + 1, len + 100})
+            EXPECT_LE(e - b, detail::two_level_block_room(longer, m, es)) << "a slot holds it";
+        }
+        EXPECT_EQ(detail::two_level_block_room(len, m, es) * es % 16, 0u);
+        EXPECT_EQ(next, len) << "the blocks cover the chunk";
       }
     }
     // Uniform nodes: each of a chunk's L blocks starts on 16 bytes too.

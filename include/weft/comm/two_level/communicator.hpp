@@ -22,7 +22,8 @@
 // all-reduce (detail::two_level_chunk_elements), so that every level call of a chunk fits a
 // p2p level's workspace; rounded down to whole 16 bytes where that leaves any, so that every
 // chunk and level piece but the last starts on a 16-byte boundary of the buffer, where a
-// device level's kernels move 16-byte packs.
+// device level's kernels move 16-byte packs. A chunk's blocks (one per leader) start on such
+// boundaries too (detail::two_level_block).
 //
 // Every element is reduced at one place by Intra, then by Inter's all-reduce (bitwise equal on
 // every leader with weft's plans), then only copied: every rank ends with the same bits.
@@ -163,6 +164,27 @@ constexpr std::size_t two_level_uniform_chunk(std::size_t chunk, std::size_t L,
                                               std::size_t element_size) noexcept {
   return std::max(
       L, round_down_where_it_fits(chunk / L * L, L * two_level_piece_quantum(element_size)));
+}
+
+/// [begin, end) of block j of m of a chunk of len elements of element_size bytes: boundary j at
+/// len * j / m (sizes within one), rounded down to whole two_level_piece_bytes, so that every
+/// block starts on that boundary of the chunk (and of the buffer, as the chunk does); a block
+/// may then be empty, or up to two_level_piece_quantum - 1 elements longer than another.
+constexpr std::pair<std::size_t, std::size_t> two_level_block(std::size_t len, std::size_t j,
+                                                              std::size_t m,
+                                                              std::size_t element_size) noexcept {
+  const std::size_t q = two_level_piece_quantum(element_size);
+  const auto at = [&](std::size_t i) { return i >= m ? len : len * i / m / q * q; };
+  return {at(j), at(j + 1)};
+}
+
+/// Room for any block (two_level_block) of a chunk of at most len elements: ceil(len / m) plus
+/// two_level_piece_quantum - 1 (what rounding the boundaries down can add), rounded up to whole
+/// two_level_piece_bytes so that slots of this size side by side start on that boundary too.
+constexpr std::size_t two_level_block_room(std::size_t len, std::size_t m,
+                                           std::size_t element_size) noexcept {
+  const std::size_t q = two_level_piece_quantum(element_size);
+  return ((len + m - 1) / m + q - 1 + q - 1) / q * q;
 }
 
 } // namespace detail
@@ -478,10 +500,11 @@ private:
     const std::size_t first = k * chunk;
     return {first, std::min(chunk, count - first)};
   }
-  /// [begin, end) of block j of a chunk of len elements: m blocks, sizes within one.
+  /// [begin, end) of block j of a chunk of len elements of T (detail::two_level_block, m blocks).
+  template <class T>
   [[nodiscard]] std::pair<std::size_t, std::size_t> block(std::size_t len, int j) const noexcept {
     const auto m = static_cast<std::size_t>(layout_.min_ranks_per_node());
-    return {len * static_cast<std::size_t>(j) / m, len * static_cast<std::size_t>(j + 1) / m};
+    return detail::two_level_block(len, static_cast<std::size_t>(j), m, sizeof(T));
   }
   template <class A, class C, class T, class Op>
   static void run_all_reduce(C& comm, const T* in, T* out, std::size_t count, const Op& op) {
