@@ -18,6 +18,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -483,8 +484,8 @@ using C = collective;
 
 // On even nodes the all-reduce of each chunk is one Intra reduce_scatter, the leaders'
 // all-reduce of a third, and one Intra all_gather: 602 elements in chunks of 300 over nodes of
-// 3 are 2 chunks of 3 blocks of 100, and the 2 left over go by blocks of 0, 1 and 1 (a reduce
-// and a broadcast each, on local ranks 1 and 2).
+// 3 are 2 chunks of 3 blocks of 100, and the 2 left over go by blocks of 0, 0 and 2 (block
+// boundaries fall on 16 bytes: a reduce and a broadcast on local rank 2).
 TEST(two_level, even_nodes_all_reduce_by_reduce_scatter_and_all_gather) {
   const std::size_t count = 602;
   const auto got = trace_on_2x3([&](auto& tl, int rank) {
@@ -498,11 +499,10 @@ TEST(two_level, even_nodes_all_reduce_by_reduce_scatter_and_all_gather) {
   for (std::size_t r = 0; r < 6; ++r) {
     // RS 0, RS 1, AG 0, AG 1 (chunk 1's reduce before chunk 0's gather), then the 2 left over.
     const calls intra = {{C::reduce_scatter, 100}, {C::reduce_scatter, 100}, {C::all_gather, 100},
-                         {C::all_gather, 100},     {C::reduce, 1},           {C::reduce, 1},
-                         {C::broadcast, 1},        {C::broadcast, 1}};
+                         {C::all_gather, 100},     {C::reduce, 2},           {C::broadcast, 2}};
     EXPECT_EQ(got.intra[r], intra) << "rank " << r;
     calls inter = {{C::all_reduce, 100}, {C::all_reduce, 100}};
-    if (r % 3 != 0) inter.emplace_back(C::all_reduce, 1);
+    if (r % 3 == 2) inter.emplace_back(C::all_reduce, 2);
     EXPECT_EQ(got.inter[r], inter) << "rank " << r;
   }
 }
@@ -510,8 +510,8 @@ TEST(two_level, even_nodes_all_reduce_by_reduce_scatter_and_all_gather) {
 // On even nodes the broadcast of each chunk goes from the root across its node (Intra), a third
 // from each of its ranks to the other node (Inter) into scratch, and there one Intra
 // all_gather spreads it: 602 elements from root 4 (local rank 1 of node 1). The 2 left over go
-// by blocks of 0, 1 and 1: the root's node broadcasts them, local ranks 1 and 2 send theirs
-// across, the other node broadcasts those 2 blocks.
+// by blocks of 0, 0 and 2: the root's node broadcasts them, local rank 2 sends its block
+// across, the other node broadcasts it.
 TEST(two_level, even_nodes_broadcast_by_all_gather) {
   const std::size_t count = 602;
   const int root = 4;
@@ -526,22 +526,20 @@ TEST(two_level, even_nodes_broadcast_by_all_gather) {
       ASSERT_EQ(v[i], 7 * static_cast<std::int32_t>(i)) << "element " << i;
   });
   for (std::size_t r = 0; r < 6; ++r) {
-    const calls intra =
-        r >= 3
-            ? calls{{C::broadcast, 300}, {C::broadcast, 300}, {C::broadcast, 2}}
-            : calls{
-                  {C::all_gather, 100}, {C::all_gather, 100}, {C::broadcast, 1}, {C::broadcast, 1}};
+    const calls intra = r >= 3
+                            ? calls{{C::broadcast, 300}, {C::broadcast, 300}, {C::broadcast, 2}}
+                            : calls{{C::all_gather, 100}, {C::all_gather, 100}, {C::broadcast, 2}};
     EXPECT_EQ(got.intra[r], intra) << "rank " << r;
     calls inter = {{C::broadcast, 100}, {C::broadcast, 100}};
-    if (r % 3 != 0) inter.emplace_back(C::broadcast, 1);
+    if (r % 3 == 2) inter.emplace_back(C::broadcast, 2);
     EXPECT_EQ(got.inter[r], inter) << "rank " << r;
   }
 }
 
 // On even nodes the reduce of each chunk is one Intra reduce_scatter, the leaders' reduce of a
 // third onto the root's node, and there one Intra all_gather: 602 elements to root 4. The 2
-// left over go by blocks of 0, 1 and 1: reduces on local ranks 1 and 2, and on the root's node
-// local rank 2's block handed to the root by a broadcast.
+// left over go by blocks of 0, 0 and 2: a reduce on local rank 2, and on the root's node its
+// block handed to the root by a broadcast.
 TEST(two_level, even_nodes_reduce_by_reduce_scatter_and_all_gather) {
   const std::size_t count = 602;
   const int root = 4;
@@ -558,11 +556,11 @@ TEST(two_level, even_nodes_reduce_by_reduce_scatter_and_all_gather) {
     // RS 0, RS 1 (chunk 1's before chunk 0's gather), AG 0, AG 1 on the root's node only.
     calls intra = {{C::reduce_scatter, 100}, {C::reduce_scatter, 100}};
     if (root_node) intra.insert(intra.end(), {{C::all_gather, 100}, {C::all_gather, 100}});
-    intra.insert(intra.end(), {{C::reduce, 1}, {C::reduce, 1}});
-    if (root_node) intra.emplace_back(C::broadcast, 1);
+    intra.emplace_back(C::reduce, 2);
+    if (root_node) intra.emplace_back(C::broadcast, 2);
     EXPECT_EQ(got.intra[r], intra) << "rank " << r;
     calls inter = {{C::reduce, 100}, {C::reduce, 100}};
-    if (r % 3 != 0) inter.emplace_back(C::reduce, 1);
+    if (r % 3 == 2) inter.emplace_back(C::reduce, 2);
     EXPECT_EQ(got.inter[r], inter) << "rank " << r;
   }
 }
@@ -879,24 +877,98 @@ TEST(two_level, the_call_check_compares_the_two_level_call) {
 // --- chunks bounded by what a level takes in one call ------------------------------------------
 
 // Chunk elements: chunk_bytes' worth (rounded down, at least one), no more than the levels'
-// bound; a bound of 0 is refused.
+// bound, to whole 16 bytes where that leaves any; a bound of 0 is refused.
 TEST(two_level, chunk_elements_take_the_chunk_bytes_up_to_the_levels_bound) {
   using detail::two_level_chunk_elements;
   constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
   EXPECT_EQ(two_level_chunk_elements(4096, 4, none), 1024u);
   EXPECT_EQ(two_level_chunk_elements(4099, 4, none), 1024u); // not a whole element more
   EXPECT_EQ(two_level_chunk_elements(3, 4, none), 1u);       // less than one element: one
-  EXPECT_EQ(two_level_chunk_elements(4096, 4, 1023), 1023u); // the bound below the chunk
+  EXPECT_EQ(two_level_chunk_elements(4096, 4, 1023), 1020u); // the bound, to whole 16 bytes
   EXPECT_EQ(two_level_chunk_elements(4096, 4, 1024), 1024u); // at it
   EXPECT_EQ(two_level_chunk_elements(4096, 4, 1025), 1024u); // above it
-  EXPECT_EQ(two_level_chunk_elements(none, 2, 7), 7u);       // one level: the bound alone
-  EXPECT_EQ(two_level_chunk_elements(none, 1, none), none);
+  EXPECT_EQ(two_level_chunk_elements(none, 2, 7), 7u);       // under 16 bytes: the bound alone
+  EXPECT_EQ(two_level_chunk_elements(none, 2, 9), 8u);
+  EXPECT_EQ(two_level_chunk_elements(none, 1, none), none / 16 * 16);
   try {
     (void)two_level_chunk_elements(4096, 8, 0);
     ADD_FAILURE() << "a bound of 0 elements was taken";
   } catch (const error& e) {
     EXPECT_NE(std::string(e.what()).find("8 bytes"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("workspace_bytes"), std::string::npos) << e.what();
+  }
+}
+
+// Every chunk or level piece but the last starts 16 bytes apart from the buffer's start, for
+// every element size, wherever a whole 16 bytes fits the chunk and the bound; the reference
+// searches down from the largest chunk the bytes and the bound allow for one that spans whole
+// 16 bytes, and otherwise keeps it.
+TEST(two_level, every_chunk_but_the_last_starts_on_16_bytes) {
+  using detail::two_level_chunk_elements;
+  using detail::two_level_uniform_chunk;
+  constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
+  for (std::size_t es : {1, 2, 3, 4, 6, 8, 12, 16, 32}) {
+    for (std::size_t bytes : {std::size_t{1}, std::size_t{15}, std::size_t{100}, std::size_t{4099},
+                              std::size_t{4} << 20, none}) {
+      for (std::size_t limit :
+           {std::size_t{1}, std::size_t{5}, std::size_t{9}, std::size_t{1001}, none}) {
+        const std::size_t most = std::min(std::max<std::size_t>(1, bytes / es), limit);
+        std::size_t want = most;
+        if (most < 4096) {
+          for (std::size_t m = most; m >= 1; --m) {
+            if (m * es % 16 == 0) {
+              want = m;
+              break;
+            }
+          }
+        } else {
+          want = most - most % (16 / std::gcd<std::size_t>(16, es));
+        }
+        const std::size_t chunk = two_level_chunk_elements(bytes, es, limit);
+        EXPECT_EQ(chunk, want) << "element " << es << " bytes " << bytes << " limit " << limit;
+        if (want * es % 16 == 0) { // whole 16 bytes fit: every later chunk starts on them
+          for (std::size_t k = 1; k < 5; ++k)
+            EXPECT_EQ(k * chunk * es % 16, 0u) << "element " << es << " chunk " << chunk;
+        }
+      }
+    }
+    // A chunk's m blocks (one per leader): contiguous over the chunk, each starting on 16 bytes,
+    // at the largest such boundary at or below the even split's len * j / m.
+    for (std::size_t m : {1, 2, 3, 4, 7}) {
+      for (std::size_t len :
+           {std::size_t{1}, std::size_t{10}, std::size_t{1000}, std::size_t{4099}}) {
+        std::size_t next = 0;
+        for (std::size_t j = 0; j < m; ++j) {
+          const auto [b, e] = detail::two_level_block(len, j, m, es);
+          EXPECT_EQ(b, next) << "blocks are contiguous";
+          next = e;
+          std::size_t want_b = len * j / m;
+          while (want_b * es % 16 != 0)
+            --want_b;
+          EXPECT_EQ(b, want_b) << "element " << es << " m " << m << " len " << len << " j " << j;
+          EXPECT_LE(b, e);
+          for (std::size_t longer : {len, len + 1, len + 100})
+            EXPECT_LE(e - b, detail::two_level_block_room(longer, m, es)) << "a slot holds it";
+        }
+        EXPECT_EQ(detail::two_level_block_room(len, m, es) * es % 16, 0u);
+        EXPECT_EQ(next, len) << "the blocks cover the chunk";
+      }
+    }
+    // Uniform nodes: each of a chunk's L blocks starts on 16 bytes too.
+    for (std::size_t L : {1, 2, 3, 4, 8}) {
+      for (std::size_t chunk :
+           {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{1} << 20}) {
+        const std::size_t u = two_level_uniform_chunk(chunk, L, es);
+        EXPECT_EQ(u % L, 0u);
+        EXPECT_GE(u, L);
+        EXPECT_LE(u, std::max(chunk, L));
+        const std::size_t block = u / L;
+        if (chunk >= L * 16) { // room for whole 16 bytes per block at any element size
+          EXPECT_EQ(block * es % 16, 0u) << "element " << es << " L " << L << " chunk " << chunk;
+          EXPECT_GT(u + L * 16, chunk / L * L) << "rounded down more than needed";
+        }
+      }
+    }
   }
 }
 

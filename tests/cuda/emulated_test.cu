@@ -140,9 +140,15 @@ TEST(emulated_host, every_recv_reduce_takes_an_aligned_temporary_of_its_own) {
   ASSERT_EQ(at.size(), 4u);
   EXPECT_EQ(at[0], 0u);
   EXPECT_EQ(at[1], weft::cuda::detail::lands_in_place);
-  EXPECT_EQ(at[2], 256u);
+  EXPECT_EQ(at[2], 256u + 6); // output[3] of 2-byte elements: 6 bytes past a 16-byte boundary
   EXPECT_EQ(at[3], 512u);
   EXPECT_EQ(bytes, 768u);
+  // A destination whose buffer starts off a boundary: its temporary takes the same phase.
+  const std::uintptr_t off[3] = {in_at, out_at + 2, scratch_at};
+  weft::cuda::detail::place_receives(round, off, 2, at);
+  EXPECT_EQ(at[0], 2u);
+  EXPECT_EQ(at[2], 256u + 8);
+  EXPECT_EQ(at[3], 512u + 2);
 }
 
 TEST(emulated_host, plan_checks_name_the_operation_rank_and_peer) {

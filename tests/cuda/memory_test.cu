@@ -1,7 +1,7 @@
 // weft's stream-ordered memory (weft/cuda/memory.cuh): one pool per device, made once, keeping
-// freed memory (release threshold UINT64_MAX); stream_buffer allocates from it; the
-// application's default pool keeps its own settings unless it opts in (share_default_pool).
-// Skips without a device.
+// freed memory (release threshold UINT64_MAX unless the user sets one); stream_buffer allocates
+// from it; the application's default pool keeps its own settings unless it opts in
+// (share_default_pool). The device checks skip without a device.
 #include <weft/cuda/memory.cuh>
 
 #include <gtest/gtest.h>
@@ -45,6 +45,33 @@ TEST(cuda_memory, weft_keeps_its_own_pool_and_leaves_the_default_one_alone) {
   // Freed, but kept by the pool for the next allocation.
   EXPECT_GE(attribute(pool, cudaMemPoolAttrReservedMemCurrent), std::uint64_t{4} << 20);
   EXPECT_EQ(attribute(fallback, cudaMemPoolAttrReleaseThreshold), default_threshold);
+}
+
+// The release threshold is the user's: kept everything by default, set for the pools made so
+// far and later; trimming where weft made no pool calls nothing. Runs without a device.
+TEST(cuda_memory, the_pools_release_threshold_is_a_setting_with_keep_everything_as_default) {
+  EXPECT_EQ(weft::cuda::pool_release_threshold(), std::numeric_limits<std::uint64_t>::max());
+  EXPECT_EQ(weft::cuda::default_pool_release_threshold, std::numeric_limits<std::uint64_t>::max());
+  weft::cuda::set_pool_release_threshold(std::uint64_t{3} << 20);
+  EXPECT_EQ(weft::cuda::pool_release_threshold(), std::uint64_t{3} << 20);
+  if (weft::cuda::device_count() > 0) {
+    int device = 0;
+    WEFT_CUDA_TRY(cudaGetDevice(&device));
+    const cudaMemPool_t pool = weft::cuda::memory_pool(device);
+    EXPECT_EQ(attribute(pool, cudaMemPoolAttrReleaseThreshold), std::uint64_t{3} << 20);
+    weft::cuda::set_pool_release_threshold(0);
+    EXPECT_EQ(attribute(pool, cudaMemPoolAttrReleaseThreshold), 0u) << "a pool made before";
+    weft::cuda::stream s;
+    { weft::cuda::stream_buffer<float> b(std::size_t{1} << 20, s.get()); }
+    s.synchronize();
+    weft::cuda::trim_pools();
+    EXPECT_EQ(attribute(pool, cudaMemPoolAttrReservedMemCurrent), 0u)
+        << "threshold 0 and a trim give everything unused back";
+  } else {
+    weft::cuda::trim_pools(); // no pool: nothing to call
+  }
+  weft::cuda::set_pool_release_threshold(weft::cuda::default_pool_release_threshold);
+  EXPECT_EQ(weft::cuda::pool_release_threshold(), std::numeric_limits<std::uint64_t>::max());
 }
 
 // The opt-in for NCCL across the GPUs of one process on cudaMallocAsync buffers: every device

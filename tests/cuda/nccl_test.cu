@@ -188,8 +188,9 @@ weft::plan plan_for(int size, int rank) {
 device_plan_layout lay_out(const weft::plan& pl, std::size_t in, std::size_t out,
                            bool in_place = false) {
   const std::size_t sizes[3] = {in, out, pl.scratch_count()};
+  const std::size_t phase[3] = {0, 0, 0};
   device_plan_layout l;
-  weft::cuda::detail::lay_out(pl, pl.rank(), pl.size(), sizes, 4, in_place, "all_reduce", l);
+  weft::cuda::detail::lay_out(pl, pl.rank(), pl.size(), sizes, 4, in_place, phase, "all_reduce", l);
   return l;
 }
 
@@ -210,7 +211,9 @@ TEST(nccl, a_receive_lands_directly_unless_an_earlier_step_of_its_round_touches_
   pl.need_scratch(1);
   const auto l = lay_out(pl, 8, 8);
   const std::size_t a = device_plan_layout::alignment;
-  EXPECT_EQ(l.temp, (std::vector<std::size_t>{direct, direct, direct, 0, direct, direct, 0, 0, a}));
+  // Each temporary at its destination's address mod 16: output[2] is 8 bytes in, output[3] 12.
+  EXPECT_EQ(l.temp,
+            (std::vector<std::size_t>{direct, direct, direct, 8, direct, direct, 12, 0, a}));
   EXPECT_EQ(l.scratch_bytes, a);
   EXPECT_EQ(l.temp_bytes, 2 * a); // the largest round: two temporaries
   EXPECT_EQ(l.bytes(), 3 * a);
@@ -243,6 +246,82 @@ TEST(nccl, plan_layout_refuses_bad_ranges_peers_and_peer_access_steps) {
   auto syncs = plan_for(2, 0);
   syncs.sync(syncs.add_group({0, 1}));
   expect_error([&] { (void)lay_out(syncs, 8, 8); }, {"a sync step"});
+}
+
+// Every receive-reduce of the reducing plans, for 2 to 8 ranks and counts that the ranks do not
+// divide, reduces a temporary that agrees with its destination mod 16 (and, where input and
+// output index alike, with its other source: so its kernel runs in 16-byte packs), and every
+// temporary lies inside the round's temporaries, apart from the others of its round. Addresses
+// are computed here from the layout's offsets: buffers at the phases a caller can pass (the
+// output one element past a boundary, as a sub-span gives), the scratch at the start of the
+// device scratch, the temporaries after it.
+template <class Algo>
+void check_receive_reduce_phases(collective coll, int p, std::size_t n, std::size_t es,
+                                 std::size_t out_phase, bool operands_index_alike) {
+  if (!Algo::serves(coll)) return;
+  for (int r = 0; r < p; ++r) {
+    const weft::plan pl = Algo::make_plan(weft::plan_request{coll, p, r, n, 0, {}, es});
+    const std::size_t big = n * static_cast<std::size_t>(p);
+    const std::size_t sizes[3] = {big, big, pl.scratch_count()};
+    const std::size_t phase[3] = {0, out_phase, 0};
+    device_plan_layout l;
+    weft::cuda::detail::lay_out(pl, r, p, sizes, es, false, phase, "all_reduce", l);
+    const std::uintptr_t scratch_at = 0x7000000;
+    const std::uintptr_t at[3] = {0x1000000, 0x3000000 + out_phase, scratch_at};
+    const std::uintptr_t temps_at = scratch_at + l.scratch_bytes;
+    const auto& steps = pl.steps();
+    for (const weft::plan_round& round : weft::rounds_of(steps)) {
+      std::vector<std::pair<std::size_t, std::size_t>> taken;
+      for (std::size_t k = round.begin; k < round.end; ++k) {
+        const weft::step& st = steps[k];
+        if (l.temp[k] == direct) continue;
+        const std::size_t bytes = st.count * es;
+        EXPECT_LE(l.temp[k] + bytes, l.temp_bytes);
+        for (const auto& [b, e] : taken)
+          EXPECT_TRUE(l.temp[k] >= e || l.temp[k] + bytes <= b) << "temporaries overlap";
+        taken.emplace_back(l.temp[k], l.temp[k] + bytes);
+        const std::uintptr_t dst = at[static_cast<int>(st.dst)] + st.dst_offset * es;
+        const std::uintptr_t temp = temps_at + l.temp[k];
+        EXPECT_EQ(temp % 16, dst % 16)
+            << Algo::name << " " << weft::name_of(coll) << " p=" << p << " rank " << r << " n=" << n
+            << " element " << es << " step " << k;
+        // Where the plan reduces a block into the same offset of its destination, the plan's
+        // own operands agree too.
+        if (st.kind == weft::step_kind::recv_reduce && out_phase == 0 && operands_index_alike) {
+          const std::uintptr_t src = at[static_cast<int>(st.src)] + st.src_offset * es;
+          EXPECT_EQ(src % 16, dst % 16)
+              << Algo::name << " " << weft::name_of(coll) << " p=" << p << " rank " << r
+              << " n=" << n << " element " << es << " step " << k << ": the plan's own operands";
+        }
+      }
+    }
+  }
+}
+
+TEST(nccl, every_receive_reduce_has_its_operands_on_one_phase_mod_16) {
+  for (int p = 2; p <= 8; ++p) {
+    for (std::size_t n : {std::size_t{37}, std::size_t{1001}, std::size_t{10000} + 3}) {
+      if (n % static_cast<std::size_t>(p) == 0) continue;
+      for (std::size_t es : {std::size_t{1}, std::size_t{2}, std::size_t{4}, std::size_t{8}}) {
+        for (std::size_t out_phase : {std::size_t{0}, es}) {
+          // reduce_scatter's last step reads input block r into output[0]: there only the
+          // temporary's phase is the layout's to choose.
+          for (collective coll :
+               {collective::all_reduce, collective::reduce_scatter, collective::reduce}) {
+            check_receive_reduce_phases<algo::ring>(coll, p, n, es, out_phase,
+                                                    coll != collective::reduce_scatter);
+            check_receive_reduce_phases<algo::tree>(coll, p, n, es, out_phase, true);
+          }
+          check_receive_reduce_phases<algo::halving_doubling>(collective::all_reduce, p, n, es,
+                                                              out_phase, true);
+          check_receive_reduce_phases<algo::recursive_doubling>(collective::all_reduce, p, n, es,
+                                                                out_phase, true);
+          check_receive_reduce_phases<algo::hierarchical<algo::ring, algo::ring>>(
+              collective::all_reduce, p, n, es, out_phase, true);
+        }
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------

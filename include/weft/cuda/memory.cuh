@@ -74,13 +74,26 @@ private:
 };
 
 /// How much memory weft's pools keep once freed, rather than return to the system at the next
-/// synchronization (cudaMemPoolAttrReleaseThreshold): all of it. A training step frees and
-/// allocates the same transient buffers each time; CUDA's default of 0 gives them back at every
-/// synchronize and maps them afresh in the next step. cudaMemPoolTrimTo(memory_pool(d), bytes)
-/// gives memory back on demand.
-inline constexpr std::uint64_t pool_release_threshold = std::numeric_limits<std::uint64_t>::max();
+/// synchronization (cudaMemPoolAttrReleaseThreshold), unless set_pool_release_threshold says
+/// otherwise: all of it. A training step frees and allocates the same transient buffers each
+/// time; CUDA's default of 0 gives them back at every synchronize and maps them afresh in the
+/// next step. The pools then hold the peak of weft's transient memory: trim_pools gives it back.
+inline constexpr std::uint64_t default_pool_release_threshold =
+    std::numeric_limits<std::uint64_t>::max();
 
 namespace detail {
+
+/// weft's pools, one per device (null until made), and the release threshold they take.
+struct pool_registry {
+  std::mutex m;
+  std::vector<cudaMemPool_t> pools;
+  std::uint64_t release_threshold = default_pool_release_threshold;
+};
+
+inline pool_registry& pools() {
+  static pool_registry r;
+  return r;
+}
 
 /// Lets every device that can reach `device`'s memory read and write `pool`'s allocations
 /// (cudaMemPoolSetAccess; a pool's memory is otherwise reachable from its own device only,
@@ -131,13 +144,12 @@ inline void share_default_pool(int device) {
 /// device with peer access to `device` may read and write it (NCCL between the GPUs of one
 /// process, nccl::init_all, stores straight into a peer's buffers, and memory from a pool is
 /// reachable from other devices only where the pool grants them access), and it keeps freed
-/// memory for reuse (pool_release_threshold).
+/// memory up to pool_release_threshold() for reuse.
 inline cudaMemPool_t memory_pool(int device) {
-  static std::mutex m;
-  static std::vector<cudaMemPool_t> pools;
-  const std::lock_guard lock(m);
+  detail::pool_registry& r = detail::pools();
+  const std::lock_guard lock(r.m);
   const auto d = static_cast<std::size_t>(device);
-  if (d < pools.size() && pools[d] != nullptr) return pools[d];
+  if (d < r.pools.size() && r.pools[d] != nullptr) return r.pools[d];
   cudaMemPoolProps props{};
   props.allocType = cudaMemAllocationTypePinned;
   props.handleTypes = cudaMemHandleTypeNone;
@@ -146,16 +158,51 @@ inline cudaMemPool_t memory_pool(int device) {
   cudaMemPool_t pool{};
   WEFT_CUDA_TRY(cudaMemPoolCreate(&pool, &props));
   try {
-    std::uint64_t keep = pool_release_threshold;
+    std::uint64_t keep = r.release_threshold;
     WEFT_CUDA_TRY(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     detail::grant_peer_access(pool, device);
-    if (pools.size() <= d) pools.resize(d + 1, nullptr);
+    if (r.pools.size() <= d) r.pools.resize(d + 1, nullptr);
   } catch (...) {
     (void)cudaMemPoolDestroy(pool);
     throw;
   }
-  pools[d] = pool;
+  r.pools[d] = pool;
   return pool;
+}
+
+/// The release threshold of weft's pools (default_pool_release_threshold unless set).
+inline std::uint64_t pool_release_threshold() {
+  detail::pool_registry& r = detail::pools();
+  const std::lock_guard lock(r.m);
+  return r.release_threshold;
+}
+
+/// Sets how many bytes of freed memory each of weft's pools keeps rather than return to the
+/// system at the next synchronization (cudaMemPoolAttrReleaseThreshold), on the pools made so
+/// far and on those made later. 0 gives freed memory back at every synchronization (and maps
+/// it again at the next allocation); default_pool_release_threshold keeps everything.
+inline void set_pool_release_threshold(std::uint64_t bytes) {
+  detail::pool_registry& r = detail::pools();
+  const std::lock_guard lock(r.m);
+  for (cudaMemPool_t pool : r.pools) {
+    if (pool == nullptr) continue;
+    std::uint64_t keep = bytes;
+    WEFT_CUDA_TRY(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  }
+  r.release_threshold = bytes;
+}
+
+/// Gives the memory that weft's pools hold unused back to the system, down to keep_bytes per
+/// pool (cudaMemPoolTrimTo). Call it where the transient peak is over (after a training loop,
+/// between phases of a program), once the streams that freed weft's memory are synchronized:
+/// memory freed on a stream whose work has not finished is not unused yet and stays. The
+/// communicators' scratch is in use while they live. Does nothing where weft made no pool.
+inline void trim_pools(std::size_t keep_bytes = 0) {
+  detail::pool_registry& r = detail::pools();
+  const std::lock_guard lock(r.m);
+  for (cudaMemPool_t pool : r.pools) {
+    if (pool != nullptr) WEFT_CUDA_TRY(cudaMemPoolTrimTo(pool, keep_bytes));
+  }
 }
 
 namespace detail {

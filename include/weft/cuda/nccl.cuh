@@ -476,7 +476,10 @@ public:
     const std::size_t sizes[3] = {in_count, out_count, pl.scratch_count()};
     const bool in_place =
         plan_runs_in_place(in, in_count * sizeof(T), out, out_count * sizeof(T), operation, rank_);
-    detail::lay_out(pl, rank_, size_, sizes, sizeof(T), in_place, operation, layout_);
+    // The plan's scratch starts the device scratch, on a boundary of device_alignment.
+    const std::size_t phase[3] = {reinterpret_cast<std::uintptr_t>(in) % detail::pack_bytes,
+                                  reinterpret_cast<std::uintptr_t>(out) % detail::pack_bytes, 0};
+    detail::lay_out(pl, rank_, size_, sizes, sizeof(T), in_place, phase, operation, layout_);
     const detail::device_scope on(device_);
     check_buffers(in, in_count, out, out_count, operation);
     std::byte* const base = scratch_.reserve(layout_.bytes(), operation, rank_);

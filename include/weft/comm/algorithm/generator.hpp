@@ -8,6 +8,8 @@
 #include <weft/core/config.hpp>
 
 #include <concepts>
+#include <cstddef>
+#include <numeric>
 #include <string_view>
 
 namespace weft::algo {
@@ -57,5 +59,17 @@ static_assert(split_block(10, 4, 1).begin == 3 && split_block(10, 4, 1).count ==
 static_assert(split_block(10, 4, 2).begin == 6 && split_block(10, 4, 2).count == 2);
 static_assert(split_block(10, 4, 3).begin == 8 && split_block(10, 4, 3).count == 2);
 static_assert(split_block(2, 4, 3).begin == 2 && split_block(2, 4, 3).count == 0);
+
+/// The first scratch offset at or after `at` that lies `like` elements of element_size bytes
+/// past a 16-byte boundary, mod 16 bytes: a block kept there and a block at offset `like` of a
+/// buffer that starts on such a boundary reduce in 16-byte packs on a device (its kernels'
+/// packs, comm/detail/elementwise.hpp). At most 15 elements past `at`.
+constexpr std::size_t scratch_offset_like(std::size_t at, std::size_t like,
+                                          std::size_t element_size) noexcept {
+  const std::size_t q = 16 / std::gcd(std::size_t{16}, element_size == 0 ? 1 : element_size);
+  return at + (q + like % q - at % q) % q;
+}
+static_assert(scratch_offset_like(0, 19, 1) == 3 && scratch_offset_like(5, 5, 4) == 5);
+static_assert(scratch_offset_like(37, 0, 1) == 48 && scratch_offset_like(7, 3, 8) == 7);
 
 } // namespace weft::detail

@@ -60,9 +60,11 @@ struct recursive_doubling {
       pl.recv(r + 1, buffer::output, 0, n);
       return pl;
     }
-    // Scratch slots: odd rounds' results at 0, even rounds' (and the fold's) at n.
+    // Scratch slots: odd rounds' results at 0, even rounds' (and the fold's) at n, moved up to
+    // the input's phase mod 16 bytes, so that every reduce runs in packs on a device.
+    const std::size_t second = detail::scratch_offset_like(n, 0, q.element_size);
     const auto slot = [&](int k) {
-      const std::size_t off = k % 2 == 1 ? 0 : n;
+      const std::size_t off = k % 2 == 1 ? 0 : second;
       pl.need_scratch(off + n);
       return off;
     };

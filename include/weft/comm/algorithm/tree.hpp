@@ -97,9 +97,11 @@ struct tree {
       h.chunks = (h.count + chunk - 1) / chunk;
       h.height = shape[t].height[static_cast<std::size_t>(shape[t].root)];
       // reduce: a non-root rank accumulates its interior tree's half in scratch.
+      // It starts at the phase of the half's offset in the input, mod 16 bytes, so that every
+      // chunk reduces in 16-byte packs on a device.
       if (q.coll == collective::reduce && s.me >= 0 && !shape[t].leaf(s.me)) {
-        h.scratch_base = scratch;
-        scratch += h.count;
+        h.scratch_base = detail::scratch_offset_like(scratch, h.begin, q.element_size);
+        scratch = h.scratch_base + h.count;
       }
       const auto m = static_cast<std::int64_t>(h.chunks);
       rounds =

@@ -68,6 +68,11 @@ void run_planned(Comm& comm, const T* in, std::size_t in_n, T* out, std::size_t 
     if (C == collective::all_reduce || C == collective::reduce_scatter || C == collective::reduce) {
       // half ends at 65504: the sum of the inputs overflows where their mean need not. Each input
       // is scaled by 1/ranks first (as ncclAvg does for floating types), and the plan sums.
+      // The scale is a pass of its own, not folded into the plan's first reduce as ncclAvg's
+      // kernels fold it: a plan's sends and loads move the input's bytes as they are (ncclSend,
+      // a peer's load), so which operand of which later step still holds unscaled input depends
+      // on the peer's plan and on what the rank's own steps stored where (recursive doubling's
+      // fold receives a peer's input into scratch and reduces it there with its own).
       if constexpr (requires { comm.scaled_by_ranks(in, in_n, opname); }) {
         // Buffers the host cannot touch (device memory): the transport's kernel, into memory
         // that lives until the plan's work on the communicator's stream is done.

@@ -56,7 +56,7 @@ void two_level<Intra, Inter, Runtime>::all_reduce(const T* in, T* out, std::size
   const auto reduce_chunk = [&](std::size_t k) {
     const auto [first, len] = span_of(k);
     for (int j = 0; j < layout_.min_ranks_per_node(); ++j) {
-      const auto [b, e] = block(len, j);
+      const auto [b, e] = block<T>(len, j);
       if (b == e) continue;
       const std::span<const T> src(in + first + b, e - b);
       const std::span<T> dst(out + first + b, intra_.rank() == j ? e - b : 0);
@@ -65,7 +65,7 @@ void two_level<Intra, Inter, Runtime>::all_reduce(const T* in, T* out, std::size
   };
   const auto reduce_across = [&](std::size_t k) {
     const auto [first, len] = span_of(k);
-    const auto [b, e] = block(len, local_);
+    const auto [b, e] = block<T>(len, local_);
     if (b == e) return;
     weft::all_reduce<OA>(inter_, std::span<T>(out + first + b, e - b), sop);
     if constexpr (average) runtime_.divide(inter_, out + first + b, e - b, size());
@@ -73,7 +73,7 @@ void two_level<Intra, Inter, Runtime>::all_reduce(const T* in, T* out, std::size
   const auto broadcast_chunk = [&](std::size_t k) {
     const auto [first, len] = span_of(k);
     for (int j = 0; j < layout_.min_ranks_per_node(); ++j) {
-      const auto [b, e] = block(len, j);
+      const auto [b, e] = block<T>(len, j);
       if (b != e) weft::broadcast<IA>(intra_, std::span<T>(out + first + b, e - b), j);
     }
   };
@@ -130,7 +130,7 @@ void two_level<Intra, Inter, Runtime>::broadcast(T* data, std::size_t count, int
   const bool lead = leader();
   const auto across = [&](std::size_t k) {
     const auto [first, len] = chunk_span(k, chunk, count);
-    const auto [b, e] = block(len, local_);
+    const auto [b, e] = block<T>(len, local_);
     if (b != e) weft::broadcast<OA>(inter_, std::span<T>(data + first + b, e - b), root_node);
   };
   if (color_ == root_node) {
@@ -155,7 +155,7 @@ void two_level<Intra, Inter, Runtime>::broadcast(T* data, std::size_t count, int
       }
       const auto [first, len] = chunk_span(k, chunk, count);
       for (int j = 0; j < layout_.min_ranks_per_node(); ++j) {
-        const auto [b, e] = block(len, j);
+        const auto [b, e] = block<T>(len, j);
         if (b != e) weft::broadcast<IA>(intra_, std::span<T>(data + first + b, e - b), j);
       }
     }
@@ -214,14 +214,14 @@ void two_level<Intra, Inter, Runtime>::reduce(const T* in, T* out, std::size_t c
   // root's node the ranks that only pass blocks on to the root receive them into `sink`.
   // (sized by the longest chunk there is: chunk_bytes may well exceed the whole call)
   const std::size_t longest = std::min(chunk, count);
-  const std::size_t slot = (longest + static_cast<std::size_t>(layout_.min_ranks_per_node()) - 1) /
-                           static_cast<std::size_t>(layout_.min_ranks_per_node());
+  const std::size_t slot = detail::two_level_block_room(
+      longest, static_cast<std::size_t>(layout_.min_ranks_per_node()), sizeof(T));
   auto part = runtime_.template scratch<T>(intra_, lead ? chunks * slot : 0);
   auto sink = runtime_.template scratch<T>(intra_, on_root_node && !at_root ? slot : 0);
   const auto reduce_within = [&](std::size_t k) {
     const auto [first, len] = chunk_span(k, chunk, count);
     for (int j = 0; j < layout_.min_ranks_per_node(); ++j) {
-      const auto [b, e] = block(len, j);
+      const auto [b, e] = block<T>(len, j);
       if (b == e) continue;
       // Only rank j receives (part is empty on the others: no pointer into it there).
       const std::span<T> dst =
@@ -231,7 +231,7 @@ void two_level<Intra, Inter, Runtime>::reduce(const T* in, T* out, std::size_t c
   };
   const auto reduce_across = [&](std::size_t k) {
     const auto [first, len] = chunk_span(k, chunk, count);
-    const auto [b, e] = block(len, local_);
+    const auto [b, e] = block<T>(len, local_);
     if (b == e) return;
     T* const mine = part.data() + k * slot;
     T* const dst = at_root ? out + first + b : mine; // the root's node's other leaders: in place
@@ -241,7 +241,7 @@ void two_level<Intra, Inter, Runtime>::reduce(const T* in, T* out, std::size_t c
   const auto hand_to_root = [&](std::size_t k) {
     const auto [first, len] = chunk_span(k, chunk, count);
     for (int j = 0; j < layout_.min_ranks_per_node(); ++j) {
-      const auto [b, e] = block(len, j);
+      const auto [b, e] = block<T>(len, j);
       if (b == e || j == root_local) continue;
       T* const buf = at_root ? out + first + b : local_ == j ? part.data() + k * slot : sink.data();
       weft::broadcast<IA>(intra_, std::span<T>(buf, e - b), j);

@@ -20,7 +20,10 @@
 //
 // Chunk sizes: chunk_bytes' worth of elements, and no more than either level takes in one
 // all-reduce (detail::two_level_chunk_elements), so that every level call of a chunk fits a
-// p2p level's workspace.
+// p2p level's workspace; rounded down to whole 16 bytes where that leaves any, so that every
+// chunk and level piece but the last starts on a 16-byte boundary of the buffer, where a
+// device level's kernels move 16-byte packs. A chunk's blocks (one per leader) start on such
+// boundaries too (detail::two_level_block).
 //
 // Every element is reduced at one place by Intra, then by Inter's all-reduce (bitwise equal on
 // every leader with weft's plans), then only copied: every rank ends with the same bits.
@@ -82,6 +85,7 @@
 #include <cstddef>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -121,9 +125,25 @@ std::size_t level_max_count(const Level& level, collective c, std::size_t elemen
   }
 }
 
+/// The boundary, in bytes relative to a call's buffer, on which two_level starts every chunk or
+/// level piece but the last: a device level's copy and reduce kernels move 16-byte packs, and a
+/// piece that starts off it runs element by element on buffers that start on it.
+inline constexpr std::size_t two_level_piece_bytes = 16;
+
+/// The fewest elements of element_size bytes that span a whole number of two_level_piece_bytes.
+constexpr std::size_t two_level_piece_quantum(std::size_t element_size) noexcept {
+  return two_level_piece_bytes / std::gcd(two_level_piece_bytes, element_size);
+}
+
+/// n rounded down to a multiple of `quantum`, where one fits; else n.
+constexpr std::size_t round_down_where_it_fits(std::size_t n, std::size_t quantum) noexcept {
+  return n >= quantum ? n / quantum * quantum : n;
+}
+
 /// Elements per chunk of a two_level call, of element_size bytes each: chunk_bytes' worth (at
-/// least one), and no more than `limit`, the most one level call takes (level_max_count). Throws
-/// where a level takes not even one element.
+/// least one), and no more than `limit`, the most one level call takes (level_max_count),
+/// rounded down to whole two_level_piece_bytes where that leaves at least one (so every chunk
+/// but the last starts on that boundary). Throws where a level takes not even one element.
 inline std::size_t two_level_chunk_elements(std::size_t chunk_bytes, std::size_t element_size,
                                             std::size_t limit) {
   if (limit == 0) {
@@ -131,7 +151,40 @@ inline std::size_t two_level_chunk_elements(std::size_t chunk_bytes, std::size_t
         "two_level: a level takes no call of even one element of " + std::to_string(element_size) +
         " bytes (a p2p level's workspace is too small: raise p2p::options::workspace_bytes)");
   }
-  return std::min(std::max<std::size_t>(1, chunk_bytes / element_size), limit);
+  return round_down_where_it_fits(
+      std::min(std::max<std::size_t>(1, chunk_bytes / element_size), limit),
+      two_level_piece_quantum(element_size));
+}
+
+/// The chunk of the uniform paths, whose chunks split into L blocks of chunk / L elements:
+/// `chunk` elements rounded down to a multiple of L, and of L * two_level_piece_quantum where one
+/// fits (so every chunk but the last, and each of its blocks, starts on two_level_piece_bytes);
+/// at least L.
+constexpr std::size_t two_level_uniform_chunk(std::size_t chunk, std::size_t L,
+                                              std::size_t element_size) noexcept {
+  return std::max(
+      L, round_down_where_it_fits(chunk / L * L, L * two_level_piece_quantum(element_size)));
+}
+
+/// [begin, end) of block j of m of a chunk of len elements of element_size bytes: boundary j at
+/// len * j / m (sizes within one), rounded down to whole two_level_piece_bytes, so that every
+/// block starts on that boundary of the chunk (and of the buffer, as the chunk does); a block
+/// may then be empty, or up to two_level_piece_quantum - 1 elements longer than another.
+constexpr std::pair<std::size_t, std::size_t> two_level_block(std::size_t len, std::size_t j,
+                                                              std::size_t m,
+                                                              std::size_t element_size) noexcept {
+  const std::size_t q = two_level_piece_quantum(element_size);
+  const auto at = [&](std::size_t i) { return i >= m ? len : len * i / m / q * q; };
+  return {at(j), at(j + 1)};
+}
+
+/// Room for any block (two_level_block) of a chunk of at most len elements: ceil(len / m) plus
+/// two_level_piece_quantum - 1 (what rounding the boundaries down can add), rounded up to whole
+/// two_level_piece_bytes so that slots of this size side by side start on that boundary too.
+constexpr std::size_t two_level_block_room(std::size_t len, std::size_t m,
+                                           std::size_t element_size) noexcept {
+  const std::size_t q = two_level_piece_quantum(element_size);
+  return ((len + m - 1) / m + q - 1 + q - 1) / q * q;
 }
 
 } // namespace detail
@@ -409,12 +462,11 @@ private:
         std::min(detail::level_max_count(intra_, collective::all_reduce, sizeof(T)),
                  detail::level_max_count(inter_, collective::all_reduce, sizeof(T))));
   }
-  /// The uniform paths' chunk: chunk_elements() rounded down to a multiple of L elements, at least
-  /// L.
+  /// The uniform paths' chunk (detail::two_level_uniform_chunk of chunk_elements()).
   template <class T>
   [[nodiscard]] std::size_t uniform_chunk() const {
-    const auto L = to_size(layout_.min_ranks_per_node());
-    return std::max(L, chunk_elements<T>() / L * L);
+    return detail::two_level_uniform_chunk(chunk_elements<T>(),
+                                           to_size(layout_.min_ranks_per_node()), sizeof(T));
   }
   /// call(first, len) over [0, count) by the largest pieces that one call of c on `level` takes:
   /// the paths on one level (one node, or one rank per node), where nothing pipelines. For
@@ -448,10 +500,11 @@ private:
     const std::size_t first = k * chunk;
     return {first, std::min(chunk, count - first)};
   }
-  /// [begin, end) of block j of a chunk of len elements: m blocks, sizes within one.
+  /// [begin, end) of block j of a chunk of len elements of T (detail::two_level_block, m blocks).
+  template <class T>
   [[nodiscard]] std::pair<std::size_t, std::size_t> block(std::size_t len, int j) const noexcept {
     const auto m = static_cast<std::size_t>(layout_.min_ranks_per_node());
-    return {len * static_cast<std::size_t>(j) / m, len * static_cast<std::size_t>(j + 1) / m};
+    return detail::two_level_block(len, static_cast<std::size_t>(j), m, sizeof(T));
   }
   template <class A, class C, class T, class Op>
   static void run_all_reduce(C& comm, const T* in, T* out, std::size_t count, const Op& op) {

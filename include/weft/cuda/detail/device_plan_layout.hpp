@@ -41,12 +41,14 @@ struct device_plan_layout {
 /// element_size bytes; in_place: input and output are the same memory) and lays out its
 /// temporaries by detail/receive_landing.hpp's rule: recv_reduce always lands in a temporary;
 /// a recv does when an earlier step of its round touches an overlapping range of its
-/// destination.
+/// destination. buffer_phase[b] is buffer b's address mod pack_bytes (the scratch's 0: it
+/// starts the device scratch); each temporary takes its destination's phase, so the copy or
+/// reduce out of it runs in 16-byte packs.
 /// Throws weft::error naming `operation` on a peer-access step, a peer outside the ranks, or
 /// a range outside its buffer.
 inline void lay_out(const plan& pl, int rank, int size, const std::size_t (&sizes)[3],
-                    std::size_t element_size, bool in_place, std::string_view operation,
-                    device_plan_layout& out) {
+                    std::size_t element_size, bool in_place, const std::size_t (&buffer_phase)[3],
+                    std::string_view operation, device_plan_layout& out) {
   const auto& steps = pl.steps();
   out.temp.assign(steps.size(), device_plan_layout::direct);
   out.scratch_bytes = device_plan_layout::aligned(pl.scratch_count() * element_size);
@@ -66,9 +68,9 @@ inline void lay_out(const plan& pl, int rank, int size, const std::size_t (&size
       {.rank = rank, .size = size, .operation = operation, .sizes = sizes, .peer_access = false},
       hooks);
   for (const plan_round& r : rounds_of(steps)) {
-    const std::size_t round_bytes =
-        place_round_receives(std::span(steps).subspan(r.begin, r.end - r.begin), in_place,
-                             element_size, std::span(out.temp).subspan(r.begin, r.end - r.begin));
+    const std::size_t round_bytes = place_round_receives(
+        std::span(steps).subspan(r.begin, r.end - r.begin), in_place, element_size, buffer_phase,
+        std::span(out.temp).subspan(r.begin, r.end - r.begin));
     out.temp_bytes = std::max(out.temp_bytes, round_bytes);
   }
 }

@@ -151,12 +151,14 @@ private:
 
 /// Where the messages of one round land (detail/receive_landing.hpp's rule), for the rank's
 /// input, output and scratch at the addresses `base` (input == output in place): offsets[k]
-/// becomes round[k]'s byte offset in the round's temporary area, or lands_in_place. Returns
-/// the bytes of temporaries the round needs.
+/// becomes round[k]'s byte offset in the round's temporary area (at its destination's
+/// address mod 16, the area itself on a boundary of device_alignment), or lands_in_place.
+/// Returns the bytes of temporaries the round needs.
 inline std::size_t place_receives(std::span<const step> round, const std::uintptr_t (&base)[3],
                                   std::size_t element_size, std::vector<std::size_t>& offsets) {
   offsets.resize(round.size());
-  return place_round_receives(round, base[0] == base[1], element_size, offsets);
+  const std::size_t phase[3] = {base[0] % pack_bytes, base[1] % pack_bytes, base[2] % pack_bytes};
+  return place_round_receives(round, base[0] == base[1], element_size, phase, offsets);
 }
 
 /// Checks a plan against this rank's buffers and communicator before anything is queued:

@@ -57,11 +57,28 @@ struct touched_range {
   }
 }
 
+/// The byte phase, mod pack_bytes, that the temporary of a receive into `dst_offset` of a
+/// buffer starting at phase `buffer_phase` takes: the destination's own, so that the copy or
+/// reduce from the temporary into the destination runs in 16-byte packs from the same element
+/// on (split_for_packs, comm/detail/elementwise.hpp).
+inline constexpr std::size_t pack_bytes = 16;
+
+[[nodiscard]] constexpr std::size_t landing_phase(std::size_t buffer_phase, std::size_t dst_offset,
+                                                  std::size_t element_size) noexcept {
+  return (buffer_phase + dst_offset % pack_bytes * element_size) % pack_bytes;
+}
+
 /// Where the messages of one round land: offsets[k] becomes round[k]'s byte offset in the
-/// round's temporaries (each aligned to device_alignment), or lands_in_place. Returns the
-/// bytes of temporaries the round needs.
+/// round's temporaries, or lands_in_place. Each temporary starts on a boundary of
+/// device_alignment plus the phase of its destination (landing_phase, with
+/// buffer_phase[b] the address of buffer b mod pack_bytes; input and output one buffer in
+/// place), so that the temporaries' base on a boundary of device_alignment puts every
+/// temporary at its destination's address mod 16. Returns the bytes of temporaries the round
+/// needs, a multiple of device_alignment.
 inline std::size_t place_round_receives(std::span<const step> round, bool in_place,
-                                        std::size_t element_size, std::span<std::size_t> offsets) {
+                                        std::size_t element_size,
+                                        const std::size_t (&buffer_phase)[3],
+                                        std::span<std::size_t> offsets) {
   std::size_t bytes = 0;
   for (std::size_t k = 0; k < round.size(); ++k) {
     const step& s = round[k];
@@ -74,8 +91,9 @@ inline std::size_t place_round_receives(std::span<const step> round, bool in_pla
                   dst.overlaps(touched(round[j], false, in_place));
     }
     if (temporary) {
-      offsets[k] = bytes;
-      bytes += device_aligned(s.count * element_size);
+      offsets[k] = bytes + landing_phase(buffer_phase[static_cast<std::size_t>(s.dst)],
+                                         s.dst_offset, element_size);
+      bytes = device_aligned(offsets[k] + s.count * element_size);
     }
   }
   return bytes;
