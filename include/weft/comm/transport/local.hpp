@@ -93,7 +93,7 @@ struct options {
   /// than the best algorithm on 4 ranks here; docs/benchmarks.md). Unset: the environment's
   /// WEFT_AUTOMATIC (`measured` or `model`; anything else is a weft::error), else measured.
   /// A value set here wins over the environment.
-  std::optional<automatic_prices> automatic;
+  std::optional<automatic_prices> automatic{};
 };
 
 class communicator {
