@@ -12,6 +12,7 @@
 //   mpi4/automatic_measured automatic with mpi::options::measured_automatic: MPI's own
 //                           collective unless a plan of weft's measured cheaper (label: the pick)
 //   mpi4/MPI_Allreduce, MPI_Reduce_scatter_block, MPI_Allgather    MPI's own (Open MPI)
+//   mpi4/MPI_Iallreduce     MPI's nonblocking all-reduce, which mpi4/vendor calls
 //   local4/<algorithm>      weft's all-reduce on 4 threads of rank 0 (every algorithm)
 //   local4/automatic_measured    automatic with local::options::measured_automatic
 //   gloo4/ring, ring_chunked, halving_doubling    Gloo's all-reduce, 4 threads of rank 0 over TCP
@@ -279,6 +280,28 @@ void add_mpi(MPI_Comm comm) {
     });
     apply_sizes(b, per_rank_divisor * static_cast<std::int64_t>(sizeof(float)));
   }
+  // The nonblocking all-reduce that weft's mpi4/vendor rows call (MPI_Iallreduce, then
+  // MPI_Wait here where weft polls MPI_Test under its deadline): Open MPI runs it through
+  // another component (libnbc) than its blocking MPI_Allreduce.
+  const std::string series = "mpi" + std::to_string(p) + "/MPI_Iallreduce";
+  auto* b = benchmark::RegisterBenchmark(
+      ("all_reduce/" + series).c_str(), [p, comm, series](benchmark::State& state) {
+        const std::int64_t bytes = state.range(0);
+        const auto count = static_cast<int>(static_cast<std::size_t>(bytes) / sizeof(float));
+        std::vector<float> in(static_cast<std::size_t>(count), 1.0f), out(in.size());
+        for (auto _ : state) {
+          const double s = mpi_peer::time_calls(comm, iterations_for(bytes), repetitions, [&] {
+            MPI_Request r = MPI_REQUEST_NULL;
+            WEFT_MPI_TRY(MPI_Iallreduce(in.data(), out.data(), count, MPI_FLOAT, MPI_SUM, comm, &r),
+                         "MPI_Iallreduce");
+            WEFT_MPI_TRY(MPI_Wait(&r, MPI_STATUS_IGNORE), "MPI_Wait");
+          });
+          report(state, s, bytes, mpi_peer::bus_factor(mpi_peer::operation::all_reduce, p), true);
+          record("all_reduce", series, bytes,
+                 {s, mpi_peer::bus_factor(mpi_peer::operation::all_reduce, p)});
+        }
+      });
+  apply_sizes(b, static_cast<std::int64_t>(sizeof(float)));
 }
 #endif
 

@@ -10,7 +10,7 @@
 // A communicator offers its own collective library to automatic with the member
 //   std::optional<double> comm.vendor_price<C, T, Op>(const plan_request&)
 // the modelled seconds of its collective C for the call (weft::cuda::nccl: NCCL's tuning
-// model, comm/plan/nccl_model.hpp; weft::mpi: a measurement of MPI's own collective), or none
+// model, comm/plan/nccl_model.hpp), or none
 // where it has none for this call (an operator the library lacks). One without the member
 // (weft::local) runs weft's plans only. A communicator whose plans pay a fixed cost per round
 // beyond its links (an NCCL group and kernels per round on a GPU) says so with
@@ -21,7 +21,7 @@
 // them in measured_prices_of(c) (measured_prices.hpp); where it has a vendor
 // collective (a member vendor<C> for float sums, constrained to the types and operators it
 // runs) and no vendor_price, that collective is measured beside weft's plans and weighed by
-// the measurement.
+// the measurement (weft::mpi with options::measured_automatic: MPI's own collectives).
 #include <weft/comm/algorithm/automatic.hpp>
 #include <weft/comm/communicator.hpp>
 #include <weft/comm/detail/vendor_path.hpp>
