@@ -464,7 +464,7 @@ int run(std::vector<char*>& args, int rank, [[maybe_unused]] int size) {
   auto world = weft::mpi::world();
   mpi_world = &world;
   weft::mpi::options measured_options;
-  measured_options.measured_automatic = true;
+  measured_options.measured_automatic = weft::mpi::measured_automatic();
   auto measured = weft::mpi::world(measured_options);
   mpi_measured = &measured;
   add_mpi(MPI_COMM_WORLD);

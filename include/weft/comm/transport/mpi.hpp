@@ -93,6 +93,7 @@
 #include <weft/comm/detail/kernels.hpp>
 #include <weft/comm/detail/scratch.hpp>
 #include <weft/comm/failure.hpp>
+#include <weft/comm/measured_prices.hpp>
 #include <weft/comm/plan.hpp>
 #include <weft/comm/plan/check.hpp>
 #include <weft/comm/plan/engine.hpp>
@@ -129,11 +130,15 @@
 #include <utility>
 #include <vector>
 
-namespace weft {
-struct measured_prices; // comm/measured_prices.hpp
-} // namespace weft
-
 namespace weft::mpi {
+
+class communicator;
+
+/// Measures automatic's prices of a collective on an mpi communicator, weft's candidates and
+/// MPI's own collective, all its ranks together: what measured_automatic() gives
+/// options::measured_automatic.
+using measurer = std::shared_ptr<const measured_prices> (*)(communicator&, collective,
+                                                            bool peer_access, bool messages);
 
 struct options {
   /// Deadline of every wait (and of the collective set-up calls).
@@ -144,12 +149,12 @@ struct options {
   /// What a call that fails part-way does (weft/comm/failure.hpp): end the job (MPI_Abort)
   /// after printing weft's error, or throw it. Splits inherit it.
   weft::on_failure on_failure = weft::on_failure::abort_job;
-  /// automatic picks by prices measured on this machine, MPI's own collective among them (see
-  /// the header), where the nodes are real; every rank must pass the same. Splits inherit it.
-  bool measured_automatic = false;
+  /// With mpi::measured_automatic(), automatic picks by prices measured on this machine, MPI's
+  /// own collective among them (see the header), where the nodes are real; every rank must pass
+  /// the same. Splits inherit it. A program compiles the measurement only where it opts in.
+  measurer measured_automatic = nullptr;
 };
 
-class communicator;
 inline void broadcast_bytes(communicator& comm, std::span<std::byte> data, int root);
 
 class communicator {
@@ -404,7 +409,7 @@ public:
                                 timeout_, family_));
     });
     made->check_calls_ = check_calls_;
-    made->measured_automatic_ = measured_automatic_;
+    made->measurer_ = measurer_;
     return std::move(*made);
   }
 
@@ -499,7 +504,16 @@ public:
 
   /// Whether automatic picks by measured prices (options::measured_automatic, real nodes).
   [[nodiscard]] bool measures_automatic() const noexcept {
-    return measured_automatic_ && !emulated_;
+    return measurer_ != nullptr && !emulated_;
+  }
+  /// Measures automatic's prices of collective c now, all ranks together (where
+  /// measures_automatic()): weft's candidates and MPI's own collective.
+  static constexpr bool measure_prices_with_vendor = true;
+  [[nodiscard]] std::shared_ptr<const measured_prices> measure_prices(collective c,
+                                                                      bool peer_access,
+                                                                      bool messages) {
+    WEFT_EXPECTS(measurer_ != nullptr, "mpi::communicator::measure_prices: no measurer given");
+    return measurer_(*this, c, peer_access, messages);
   }
   /// automatic's measured prices of collective c: empty until its first automatic call of c.
   [[nodiscard]] std::shared_ptr<const measured_prices>& measured_prices_of(collective c) {
@@ -752,7 +766,7 @@ private:
   communicator(detail::mpi_comm_handle base, const options& opt)
       : base_(std::move(base)),
         timeout_(weft::detail::checked_timeout(opt.timeout, "mpi::options::timeout")),
-        measured_automatic_(opt.measured_automatic) {
+        measurer_(opt.measured_automatic) {
     if (!detail::mpi_alive()) {
       throw error(
           "weft: mpi::communicator: MPI is not initialized (or already finalized): "
@@ -854,7 +868,7 @@ private:
     auto policies = std::make_unique<int[]>(4);
     policies[0] = static_cast<int>(policy);
     policies[1] = -static_cast<int>(policy);
-    policies[2] = measured_automatic_ ? 1 : 0;
+    policies[2] = measurer_ != nullptr ? 1 : 0;
     policies[3] = -policies[2];
     WEFT_MPI_TRY(
         MPI_Iallreduce(MPI_IN_PLACE, policies.get(), 4, MPI_INT, MPI_MAX, dup_.get(), &req),
@@ -875,7 +889,7 @@ private:
       throw error(ctx.operation, rank_, error::unknown,
                   std::string("the ranks disagree on mpi::options::measured_automatic (this "
                               "rank: ") +
-                      (measured_automatic_ ? "true" : "false") +
+                      (measurer_ != nullptr ? "set" : "unset") +
                       "): every rank of a communicator must pass the same");
     }
     std::vector<int> roots(static_cast<std::size_t>(size_));
@@ -1280,9 +1294,37 @@ private:
   std::vector<std::unique_ptr<std::byte[]>> eager_copies_; // small steps' data, under throw_error
   std::unique_ptr<std::byte[]> p2p_copy_;                  // send()'s data, under throw_error
   std::string_view operation_ = "plan";                    // the plan running now, for errors
-  bool measured_automatic_ = false;                        // options::measured_automatic
+  measurer measurer_ = nullptr;                            // options::measured_automatic
   std::array<std::shared_ptr<const measured_prices>, 8> measured_; // by collective
 };
+
+/// The opt-in for options::measured_automatic: automatic picks by prices measured on this
+/// machine, MPI's own collective among the candidates (see the header).
+///   auto world = weft::mpi::world({.measured_automatic = weft::mpi::measured_automatic()});
+/// A template, so that only a program that opts in compiles the measurement.
+template <class Comm = communicator>
+[[nodiscard]] measurer measured_automatic() noexcept {
+  return [](Comm& comm, collective c, bool peer_access,
+            bool messages) -> std::shared_ptr<const measured_prices> {
+    using weft::detail::measured_prices_for;
+    switch (c) {
+      case collective::all_reduce:
+        return measured_prices_for<collective::all_reduce, true>(comm, peer_access, messages);
+      case collective::reduce_scatter:
+        return measured_prices_for<collective::reduce_scatter, true>(comm, peer_access, messages);
+      case collective::all_gather:
+        return measured_prices_for<collective::all_gather, true>(comm, peer_access, messages);
+      case collective::broadcast:
+        return measured_prices_for<collective::broadcast, true>(comm, peer_access, messages);
+      case collective::reduce:
+        return measured_prices_for<collective::reduce, true>(comm, peer_access, messages);
+      case collective::all_to_all:
+        return measured_prices_for<collective::all_to_all, true>(comm, peer_access, messages);
+    }
+    throw error("weft: mpi measured automatic: no such collective (" +
+                std::to_string(static_cast<int>(c)) + ")");
+  };
+}
 
 /// A communicator over MPI_COMM_WORLD (borrowed). Collective over all processes.
 inline communicator world(const options& opt = {}) {

@@ -135,8 +135,9 @@ TEST(vendor, buffer_layout) {
 }
 
 mpi::communicator measured_world() {
-  return mpi::world(
-      {.timeout = test::mpi_test_timeout, .topology = {}, .measured_automatic = true});
+  return mpi::world({.timeout = test::mpi_test_timeout,
+                     .topology = {},
+                     .measured_automatic = mpi::measured_automatic()});
 }
 
 std::size_t candidate_index(std::string_view name) {
@@ -221,7 +222,7 @@ TEST(measured_automatic, not_on_emulated_nodes) {
       {.timeout = test::mpi_test_timeout,
        .topology = topology::cluster({p}, topology::default_link(topology::link_kind::shm),
                                      topology::default_link(topology::link_kind::ethernet)),
-       .measured_automatic = true});
+       .measured_automatic = mpi::measured_automatic()});
   EXPECT_FALSE(c.measures_automatic());
   auto d = measured_world();
   EXPECT_TRUE(d.measures_automatic());
@@ -234,7 +235,8 @@ TEST(measured_automatic, every_rank_must_pass_the_same) {
     (void)mpi::world({.timeout = test::mpi_test_timeout,
                       .topology = {},
                       .on_failure = weft::on_failure::throw_error,
-                      .measured_automatic = test::mpi_world().rank() == 0});
+                      .measured_automatic =
+                          test::mpi_world().rank() == 0 ? mpi::measured_automatic() : nullptr});
     FAIL() << "no error";
   } catch (const weft::error& e) {
     EXPECT_NE(std::string(e.what()).find("disagree on mpi::options::measured_automatic"),
