@@ -35,12 +35,13 @@
 // (kept for good if the call fails); under abort_job on the caller's buffers.
 //
 // automatic. By default automatic prices weft's plans by the cost model over the cluster's
-// links. With options::measured_automatic (and nodes that are real, not emulated) it picks by
-// measurement instead (comm/measured_prices.hpp): at its first call of a collective on a group
-// shape, every rank measures weft's candidates and MPI's own collective at 4 KiB .. 16 MiB
-// (once per process and shape), and each call takes MPI's collective unless a plan of weft's
-// is measured cheaper at its size. That first call costs about 0.5 s for all_reduce on 4
-// processes of a 2-core machine, and every rank of the group must make it.
+// links. With options::measured_automatic = mpi::measured_automatic() (and nodes that are
+// real, not emulated) it picks by measurement instead (comm/measured_prices.hpp): at its first
+// call of a collective on a group shape, every rank measures weft's candidates and MPI's own
+// collective at 4 KiB .. 16 MiB (once per process and shape), and each call takes MPI's
+// collective unless a plan of weft's is measured cheaper at its size. That first call costs
+// 1.5-1.8 s for all_reduce and 0.3-0.8 s for reduce_scatter, all_gather or broadcast on 4
+// processes of a loaded 2-core machine, and every rank of the group must make it.
 //
 // Threads. A communicator is used by one thread at a time. MPI_THREAD_SERIALIZED (what
 // environment asks for) is enough for that; MPI_THREAD_MULTIPLE lets different
