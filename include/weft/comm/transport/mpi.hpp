@@ -507,9 +507,10 @@ public:
   [[nodiscard]] bool measures_automatic() const noexcept {
     return measurer_ != nullptr && !emulated_;
   }
+  /// measure_prices measures MPI's own collective too (automatic_choice.hpp).
+  static constexpr bool measure_prices_with_vendor = true;
   /// Measures automatic's prices of collective c now, all ranks together (where
   /// measures_automatic()): weft's candidates and MPI's own collective.
-  static constexpr bool measure_prices_with_vendor = true;
   [[nodiscard]] std::shared_ptr<const measured_prices> measure_prices(collective c,
                                                                       bool peer_access,
                                                                       bool messages) {
