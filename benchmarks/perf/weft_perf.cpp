@@ -513,6 +513,7 @@ inline int run_mpi(config cfg, int& argc, char**& argv) {
   try {
     mpi::options opt;
     opt.topology = cfg.cluster;
+    if (cfg.measured) opt.measured_automatic = mpi::measured_automatic();
     auto world = mpi::communicator::borrow(MPI_COMM_WORLD, opt);
     if (rep) {
       rep->header(world.cluster(), world.devices(), false);
