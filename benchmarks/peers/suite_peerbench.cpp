@@ -6,9 +6,15 @@
 //     --benchmark_counters_tabular=true                   (one command line)
 //
 // Rows, all named <collective>/<transport><ranks>/<algorithm or peer>/<bytes>:
-//   mpi4/<algorithm>        weft over MPI processes, every collective x algorithm it serves
+//   mpi4/<algorithm>        weft over MPI processes, every collective x algorithm it serves;
+//                           mpi4/vendor is MPI's own collective called through weft
+//                           (algo::vendor), mpi4/automatic the default (the cost model's pick)
+//   mpi4/automatic_measured automatic with mpi::options::measured_automatic: MPI's own
+//                           collective unless a plan of weft's measured cheaper (label: the pick)
 //   mpi4/MPI_Allreduce, MPI_Reduce_scatter_block, MPI_Allgather    MPI's own (Open MPI)
+//   mpi4/MPI_Iallreduce     MPI's nonblocking all-reduce, which mpi4/vendor calls
 //   local4/<algorithm>      weft's all-reduce on 4 threads of rank 0 (every algorithm)
+//   local4/automatic_measured    automatic with local::options::measured_automatic
 //   gloo4/ring, ring_chunked, halving_doubling    Gloo's all-reduce, 4 threads of rank 0 over TCP
 //   memcpy/<bytes>, stream_add                    the machine's copy and streaming bandwidth
 // While rank 0 runs a threaded row the other ranks sleep in a polling barrier (MPI_Barrier
@@ -30,6 +36,7 @@
 //   busbw_GBps   algbw * 2(p-1)/p for all-reduce, * (p-1)/p for reduce-scatter, all-gather and
 //                all-to-all, * 1 for broadcast and reduce
 //   model_us     weft's rows: the cost model's price of the same plans (label: the algorithm)
+//   measured_us  the *_measured rows: the measured price of the pick at the row's size
 //   peer         1 on MPI's and Gloo's rows, so plot.py tells them from weft's unpriced rows
 //   of_bound     local all-reduce: the fraction of the memory-traffic bound reached
 // After Google Benchmark's output rank 0 prints the all-reduce figures as one table, weft
@@ -58,6 +65,8 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -271,21 +280,45 @@ void add_mpi(MPI_Comm comm) {
     });
     apply_sizes(b, per_rank_divisor * static_cast<std::int64_t>(sizeof(float)));
   }
+  // The nonblocking all-reduce that weft's mpi4/vendor rows call (MPI_Iallreduce, then
+  // MPI_Wait here where weft polls MPI_Test under its deadline): Open MPI runs it through
+  // another component (libnbc) than its blocking MPI_Allreduce.
+  const std::string series = "mpi" + std::to_string(p) + "/MPI_Iallreduce";
+  auto* b = benchmark::RegisterBenchmark(
+      ("all_reduce/" + series).c_str(), [p, comm, series](benchmark::State& state) {
+        const std::int64_t bytes = state.range(0);
+        const auto count = static_cast<int>(static_cast<std::size_t>(bytes) / sizeof(float));
+        std::vector<float> in(static_cast<std::size_t>(count), 1.0f), out(in.size());
+        for (auto _ : state) {
+          const double s = mpi_peer::time_calls(comm, iterations_for(bytes), repetitions, [&] {
+            MPI_Request r = MPI_REQUEST_NULL;
+            WEFT_MPI_TRY(MPI_Iallreduce(in.data(), out.data(), count, MPI_FLOAT, MPI_SUM, comm, &r),
+                         "MPI_Iallreduce");
+            WEFT_MPI_TRY(MPI_Wait(&r, MPI_STATUS_IGNORE), "MPI_Wait");
+          });
+          report(state, s, bytes, mpi_peer::bus_factor(mpi_peer::operation::all_reduce, p), true);
+          record("all_reduce", series, bytes,
+                 {s, mpi_peer::bus_factor(mpi_peer::operation::all_reduce, p)});
+        }
+      });
+  apply_sizes(b, static_cast<std::int64_t>(sizeof(float)));
 }
 #endif
 
 // weft's rows.
 
+// `variant` names the row's options beside the algorithm ("_measured").
 template <class Algo>
-void add_local(int p) {
+void add_local(int p, const weft::local::options& opt = {}, std::string_view variant = {}) {
   if constexpr (Algo::serves(weft::collective::all_reduce)) {
-    const std::string series = "local" + std::to_string(p) + "/" + std::string(Algo::name);
-    benchmark::RegisterBenchmark(("all_reduce/" + series).c_str(), [p, series](
-                                                                       benchmark::State& state) {
+    const std::string series =
+        "local" + std::to_string(p) + "/" + std::string(Algo::name) + std::string(variant);
+    benchmark::RegisterBenchmark(("all_reduce/" + series).c_str(), [p, series,
+                                                                    opt](benchmark::State& state) {
       rank0_only(state, [&] {
         const auto bytes = static_cast<std::size_t>(state.range(0));
         weft::bench::run_local_case<weft::collective::all_reduce, Algo>(
-            state, weft::topology::host(p), {}, bytes);
+            state, weft::topology::host(p), opt, bytes);
         const double s = state.counters["time_us"] * 1e-6;
         state.counters["of_bound"] = weft::bench::of_bound(p, bytes, s);
         record("all_reduce", series, static_cast<std::int64_t>(bytes),
@@ -306,18 +339,21 @@ void add_references() {
 
 #if WEFT_PEERS_MPI
 weft::mpi::communicator* mpi_world = nullptr;
+weft::mpi::communicator* mpi_measured = nullptr; // with options::measured_automatic
 
+// `comm`: the communicator the row runs on; `variant` names its options beside the algorithm.
 template <weft::collective C, class Algo>
-void add_weft_mpi() {
+void add_weft_mpi(weft::mpi::communicator** comm = &mpi_world, std::string_view variant = {}) {
   if constexpr (Algo::serves(C)) {
     const int p = mpi_world->size();
-    const std::string series = "mpi" + std::to_string(p) + "/" + std::string(Algo::name);
+    const std::string series =
+        "mpi" + std::to_string(p) + "/" + std::string(Algo::name) + std::string(variant);
     constexpr bool blocks = C == weft::collective::reduce_scatter ||
                             C == weft::collective::all_gather || C == weft::collective::all_to_all;
     benchmark::RegisterBenchmark(
         (std::string(weft::name_of(C)) + "/" + series).c_str(),
-        [p, series](benchmark::State& state) {
-          auto& c = *mpi_world;
+        [p, series, comm](benchmark::State& state) {
+          auto& c = **comm;
           const std::int64_t bytes = state.range(0);
           const std::size_t count =
               weft::bench::count_for(C, static_cast<std::size_t>(bytes), p, sizeof(float));
@@ -328,9 +364,19 @@ void add_weft_mpi() {
                 c.native(), iterations_for(bytes), repetitions,
                 [&] { weft::bench::call<C, Algo>(c, std::span<const float>(in), std::span(out)); });
             report(state, s, bytes, weft::bench::bus_factor(C, p));
-            const auto model = weft::bench::predict<C, Algo>(c, count, sizeof(float));
-            state.counters["model_us"] = model.seconds * 1e6;
-            state.SetLabel(std::string(model.algorithm));
+            if constexpr (std::is_same_v<Algo, weft::algo::vendor>) {
+              state.SetLabel("MPI's own"); // no plan of weft's to price
+            } else if (std::is_same_v<Algo, weft::algo::automatic> && c.measures_automatic()) {
+              // Measured by the timed calls' first: every rank asks, as every rank calls.
+              const auto chosen = weft::automatic_choice<C, float>(c, count);
+              state.counters["measured_us"] =
+                  (chosen.vendor ? *chosen.vendor_seconds : chosen.plan_seconds) * 1e6;
+              state.SetLabel(std::string(chosen.name()));
+            } else {
+              const auto model = weft::bench::predict<C, Algo>(c, count, sizeof(float));
+              state.counters["model_us"] = model.seconds * 1e6;
+              state.SetLabel(std::string(model.algorithm));
+            }
             if (C == weft::collective::all_reduce) {
               record("all_reduce", series, bytes, {s, weft::bench::bus_factor(C, p)});
             }
@@ -354,6 +400,8 @@ void add_weft_mpi_all() {
   add_weft_mpi<C, algo::hierarchical<algo::ring, algo::ring>>();
   add_weft_mpi<C, algo::hierarchical<algo::ring, algo::tree>>();
   add_weft_mpi<C, algo::automatic>();
+  add_weft_mpi<C, algo::vendor>();
+  add_weft_mpi<C, algo::automatic>(&mpi_measured, "_measured");
 }
 #endif
 
@@ -415,6 +463,10 @@ int run(std::vector<char*>& args, int rank, [[maybe_unused]] int size) {
 #if WEFT_PEERS_MPI
   auto world = weft::mpi::world();
   mpi_world = &world;
+  weft::mpi::options measured_options;
+  measured_options.measured_automatic = weft::mpi::measured_automatic();
+  auto measured = weft::mpi::world(measured_options);
+  mpi_measured = &measured;
   add_mpi(MPI_COMM_WORLD);
 #endif
   namespace algo = weft::algo;
@@ -424,6 +476,8 @@ int run(std::vector<char*>& args, int rank, [[maybe_unused]] int size) {
   add_local<algo::recursive_doubling>(local_ranks);
   add_local<algo::direct>(local_ranks);
   add_local<algo::automatic>(local_ranks);
+  add_local<algo::automatic>(local_ranks, {.measured_automatic = weft::local::measured_automatic()},
+                             "_measured");
 #if WEFT_BENCH_HAVE_GLOO
   add_gloo(gloo_ranks);
 #endif

@@ -109,7 +109,7 @@ struct config {
   int iters = 20;
   int warmup = 5;
   bool check = true;
-  bool measured = true;                     // local::options::automatic
+  std::optional<bool> measured;             // unset: the transport's default
   std::string topology_spec;                // as given; empty: one node of `ranks`
   std::optional<topology::cluster> cluster; // parsed --topology
   std::string json_path;
@@ -148,7 +148,9 @@ inline constexpr std::string_view usage_text =
   -w, --warmup_iters N    untimed iterations first (default 5)
   -c, --check 0|1         verify every result and count wrong elements (default 1)
   -m, --measured 0|1      automatic picks by prices measured on this machine at its first call
-                          (default 1, as local::options::automatic; 0: the cost model's)
+                          (local::options::automatic, default 1; under mpirun
+                          mpi::options::measured_automatic, MPI's own collective among the
+                          candidates, default 0; 0: the cost model's)
       --topology SPEC     emulated cluster, e.g. "2x4,intra=shm:8GB/s:2us,inter=net:0.5GB/s:20us";
                           local ranks become its devices and transfers are paced by its links
       --json FILE         also write every row as JSON

@@ -380,9 +380,11 @@ inline std::string describe(const table_case& tc) {
 /// ends only itself. Returns the exit status.
 inline int run_local(const config& cfg) {
   const topology::cluster cluster = cfg.cluster ? *cfg.cluster : topology::host(cfg.ranks);
-  const local::options opt{.emulate_links = cfg.cluster.has_value(),
-                           .automatic = cfg.measured ? local::automatic_prices::measured
-                                                     : local::automatic_prices::model};
+  local::options opt{.emulate_links = cfg.cluster.has_value()};
+  if (cfg.measured) {
+    opt.automatic =
+        *cfg.measured ? local::automatic_prices::measured : local::automatic_prices::model;
+  }
   const std::vector<table_case> cases = cases_of(cfg, local::communicator::peer_access);
   if (cases.empty()) {
     std::fprintf(
@@ -521,6 +523,7 @@ inline int run_mpi(config cfg, int& argc, char**& argv) {
   try {
     mpi::options opt;
     opt.topology = cfg.cluster;
+    if (cfg.measured.value_or(false)) opt.measured_automatic = mpi::measured_automatic();
     auto world = mpi::communicator::borrow(MPI_COMM_WORLD, opt);
     if (rep) {
       rep->header(world.cluster(), world.devices(), false);

@@ -405,11 +405,11 @@ config parse(const std::vector<std::string_view>& args) {
   };
   if (c.host) {
     // What prices a GPU cluster has no meaning for the host trainer: refused, not ignored.
-    for (std::string_view f : {"--gpu", "--nodes", "--gpus-per-node", "--engine", "--grad-accum",
-                               "--top", "--memory-limit", "--trace", "--search", "--gated",
-                               "--flash", "--tp-across-nodes", "--tp-overlap", "--tp-comm-overlap",
-                               "--overlap-param-gather", "--sharding", "--shard-group",
-                               "--runnable"})
+    for (std::string_view f :
+         {"--gpu", "--nodes", "--gpus-per-node", "--engine", "--grad-accum", "--top",
+          "--memory-limit", "--trace", "--search", "--gated", "--flash", "--tp-across-nodes",
+          "--tp-overlap", "--tp-comm-overlap", "--overlap-param-gather", "--sharding",
+          "--shard-group", "--runnable"})
       if (given(f))
         bad(std::string(f) +
             " prices a GPU cluster; --host predicts the host trainer's memory (leave it out)");

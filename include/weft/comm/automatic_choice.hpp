@@ -10,18 +10,19 @@
 // A communicator offers its own collective library to automatic with the member
 //   std::optional<double> comm.vendor_price<C, T, Op>(const plan_request&)
 // the modelled seconds of its collective C for the call (weft::cuda::nccl: NCCL's tuning
-// model, comm/plan/nccl_model.hpp; weft::mpi: a measurement of MPI's own collective), or none
+// model, comm/plan/nccl_model.hpp), or none
 // where it has none for this call (an operator the library lacks). One without the member
 // (weft::local) runs weft's plans only. A communicator whose plans pay a fixed cost per round
 // beyond its links (an NCCL group and kernels per round on a GPU) says so with
 //   double comm.plan_round_seconds()
 // and automatic adds it to every plan's price, once per round. A communicator that picks by
-// prices measured on its machine (weft::local on one host, by default) says so with
-// measures_automatic(), measures them with measure_prices(c, peer_access, messages) and keeps
-// them in measured_prices_of(c) (measured_prices.hpp); where it has a vendor
-// collective (a member vendor<C> for float sums, constrained to the types and operators it
-// runs) and no vendor_price, that collective is measured beside weft's plans and weighed by
-// the measurement.
+// prices measured on its machine (weft::local on one host by default; weft::mpi on real nodes, opted in)
+// says so with measures_automatic(), measures them with measure_prices(c, peer_access,
+// messages) and keeps them in measured_prices_of(c) (measured_prices.hpp); where it has a
+// vendor collective (a member vendor<C> for float sums, constrained to the types and
+// operators it runs) and no vendor_price, that collective is measured beside weft's plans
+// (by measure_prices itself where the communicator declares measure_prices_with_vendor, as
+// weft::mpi does) and weighed by the measurement.
 #include <weft/comm/algorithm/automatic.hpp>
 #include <weft/comm/communicator.hpp>
 #include <weft/comm/detail/vendor_path.hpp>
@@ -70,6 +71,13 @@ concept measures_prices = requires(Comm& comm, collective c) {
   { comm.measured_prices_of(c) } -> std::same_as<std::shared_ptr<const measured_prices>&>;
 };
 
+/// A communicator whose measure_prices measures its own collective too (weft::mpi's, through
+/// the measurer the program opted in with, so that no other program compiles it).
+template <class Comm>
+concept measures_vendor_itself = requires {
+  requires Comm::measure_prices_with_vendor;
+};
+
 /// automatic's choice for q on comm; WithVendor false: among weft's plans only.
 template <collective C, class T, class Op, bool WithVendor = true, class Comm>
 algo::choice automatic_choice_for(Comm& comm, const plan_request& q) {
@@ -85,7 +93,7 @@ algo::choice automatic_choice_for(Comm& comm, const plan_request& q) {
           !prices_vendor<Comm, C, T, Op> && vendor_collective<Comm, C, float, op::sum>;
       auto& prices = comm.measured_prices_of(C);
       if (!prices) {
-        if constexpr (measure_vendor) {
+        if constexpr (measure_vendor && !measures_vendor_itself<Comm>) {
           prices = measured_prices_for<C, true>(comm, peer, messages);
         } else {
           prices = comm.measure_prices(C, peer, messages); // the transport's measurement

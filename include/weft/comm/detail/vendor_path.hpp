@@ -25,9 +25,10 @@ void run_vendor(Comm& comm, const T* in, std::size_t in_n, T* out, std::size_t o
                 std::size_t count, int root, const Op& op) {
   static_assert(vendor_collective<Comm, C, T, Op>,
                 "weft: algo::vendor forwards to the transport's own collective library, and this "
-                "communicator has none (weft::local and weft::mpi run weft's plans only): use "
-                "algo::automatic or an explicit algorithm such as algo::ring, or a "
-                "weft::cuda::nccl::communicator for NCCL's own collectives");
+                "communicator has none for this element type and operator (weft::local has "
+                "none; weft::mpi has MPI's for float, double, int32 and int64 with op::sum, "
+                "prod, min, max and avg, not half, bfloat16 or user functors): use "
+                "algo::automatic or an explicit algorithm such as algo::ring");
   if constexpr (vendor_collective<Comm, C, T, Op>) {
     check_root(comm, root, name_of(C));
     if (check_calls_enabled(comm))

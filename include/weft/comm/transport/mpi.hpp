@@ -24,6 +24,25 @@
 // communicator, hierarchical<direct, ...> is refused when it runs (weft::error), and
 // automatic picks neither.
 //
+// MPI's own collectives (algo::vendor). vendor<C> runs MPI_Iallreduce, MPI_Ireduce_scatter_block,
+// MPI_Iallgather, MPI_Ibcast, MPI_Ireduce or MPI_Ialltoall on the private duplicate, for the
+// types and operators MPI reduces itself (transport/detail/mpi_vendor.hpp: float, double,
+// int32, int64; sum, prod, min, max, and avg as MPI_SUM then a division by the ranks); for
+// half, bfloat16 or a user functor algo::vendor does not compile, and automatic runs weft's
+// plans. Its results follow MPI's reduction order, not weft's fixed one. The request is polled
+// with MPI_Test under the communicator's deadline, as every wait is. A nonblocking collective
+// cannot be cancelled, so under on_failure::throw_error it runs on a copy in weft's memory
+// (kept for good if the call fails); under abort_job on the caller's buffers.
+//
+// automatic. By default automatic prices weft's plans by the cost model over the cluster's
+// links. With options::measured_automatic = mpi::measured_automatic() (and nodes that are
+// real, not emulated) it picks by measurement instead (comm/measured_prices.hpp): at its first
+// call of a collective on a group shape, every rank measures weft's candidates and MPI's own
+// collective at 4 KiB .. 16 MiB (once per process and shape), and each call takes MPI's
+// collective unless a plan of weft's is measured cheaper at its size. That first call costs
+// 1.5-1.8 s for all_reduce and 0.3-0.8 s for reduce_scatter, all_gather or broadcast on 4
+// processes of a loaded 2-core machine, and every rank of the group must make it.
+//
 // Threads. A communicator is used by one thread at a time. MPI_THREAD_SERIALIZED (what
 // environment asks for) is enough for that; MPI_THREAD_MULTIPLE lets different
 // communicators run collectives from different threads at once.
@@ -75,6 +94,7 @@
 #include <weft/comm/detail/kernels.hpp>
 #include <weft/comm/detail/scratch.hpp>
 #include <weft/comm/failure.hpp>
+#include <weft/comm/measured_prices.hpp>
 #include <weft/comm/plan.hpp>
 #include <weft/comm/plan/check.hpp>
 #include <weft/comm/plan/engine.hpp>
@@ -85,6 +105,7 @@
 #include <weft/comm/transport/detail/mpi_error.hpp>
 #include <weft/comm/transport/detail/mpi_family.hpp>
 #include <weft/comm/transport/detail/mpi_requests.hpp>
+#include <weft/comm/transport/detail/mpi_vendor.hpp>
 #include <weft/comm/transport/mpi_environment.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/types.hpp>
@@ -93,6 +114,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <climits>
 #include <cstddef>
@@ -111,6 +133,14 @@
 
 namespace weft::mpi {
 
+class communicator;
+
+/// Measures automatic's prices of a collective on an mpi communicator, weft's candidates and
+/// MPI's own collective, all its ranks together: what measured_automatic() gives
+/// options::measured_automatic.
+using measurer = std::shared_ptr<const measured_prices> (*)(communicator&, collective,
+                                                            bool peer_access, bool messages);
+
 struct options {
   /// Deadline of every wait (and of the collective set-up calls).
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
@@ -120,9 +150,12 @@ struct options {
   /// What a call that fails part-way does (weft/comm/failure.hpp): end the job (MPI_Abort)
   /// after printing weft's error, or throw it. Splits inherit it.
   weft::on_failure on_failure = weft::on_failure::abort_job;
+  /// With mpi::measured_automatic(), automatic picks by prices measured on this machine, MPI's
+  /// own collective among them (see the header), where the nodes are real; every rank must pass
+  /// the same. Splits inherit it. A program compiles the measurement only where it opts in.
+  measurer measured_automatic = nullptr;
 };
 
-class communicator;
 inline void broadcast_bytes(communicator& comm, std::span<std::byte> data, int root);
 
 class communicator {
@@ -377,6 +410,7 @@ public:
                                 timeout_, family_));
     });
     made->check_calls_ = check_calls_;
+    made->measurer_ = measurer_;
     return std::move(*made);
   }
 
@@ -423,7 +457,141 @@ public:
   /// memory, the smallest of its transports'.
   static constexpr std::size_t credit_bytes = 4096;
 
+  /// MPI's own collective C (algo::vendor) on execute's buffers and counts (plan.hpp's table;
+  /// `count` per rank): MPI_Iallreduce, MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibcast,
+  /// MPI_Ireduce or MPI_Ialltoall, for the types and operators MPI has built in; avg is MPI_SUM,
+  /// then divided here. Waits at most timeout(). Counts above INT_MAX are a weft::error (MPI's
+  /// counts are int).
+  template <collective C, element T, class Op>
+  requires detail::mpi_vendor_type<T> && detail::mpi_vendor_op<Op>
+  void vendor(const T* in, std::size_t in_count, T* out, std::size_t out_count, std::size_t count,
+              int root, const Op&) {
+    constexpr std::string_view operation = name_of(C);
+    const auto p = static_cast<std::size_t>(size_);
+    constexpr bool blocks_in = C == collective::reduce_scatter || C == collective::all_to_all;
+    constexpr bool blocks_out = C == collective::all_gather || C == collective::all_to_all;
+    const std::size_t want_in = blocks_in ? count * p : count;
+    const std::size_t want_out = blocks_out ? count * p : count;
+    const bool output_used = C != collective::reduce || rank_ == root;
+    const bool input_used = C != collective::broadcast || rank_ == root;
+    if ((input_used && in_count != want_in) || (output_used && out_count != want_out)) {
+      throw error(operation, rank_, error::unknown,
+                  "vendor " + std::string(operation) + " of " + std::to_string(count) + " on " +
+                      std::to_string(size_) + " ranks needs an input of " +
+                      std::to_string(input_used ? want_in : 0) + " elements and an output of " +
+                      std::to_string(output_used ? want_out : 0) + ", not " +
+                      std::to_string(in_count) + " and " + std::to_string(out_count));
+    }
+    if (count > max_message || want_in > max_message || want_out > max_message) {
+      throw error(operation, rank_, error::unknown,
+                  "vendor " + std::string(operation) + " of " + std::to_string(count) +
+                      " elements per rank: MPI's collectives count in int, at most " +
+                      std::to_string(max_message) +
+                      " elements per buffer; use weft's plans "
+                      "(algo::automatic, algo::ring, ...), which cut messages to size");
+    }
+    const recorded scope(*this, operation);
+    const auto ctx = context(operation);
+    if (count == 0) return; // the same on every rank: nobody calls MPI
+    guarded(operation, [&] {
+      vendor_run<C>(in, in_count, out, out_count, count, root, detail::mpi_op_of<Op>(), ctx);
+    });
+    if constexpr (is_average_v<Op> &&
+                  (C == collective::all_reduce || C == collective::reduce_scatter ||
+                   C == collective::reduce)) {
+      if (output_used) detail::divide(out, count, size_);
+    }
+  }
+
+  /// Whether automatic picks by measured prices (options::measured_automatic, real nodes).
+  [[nodiscard]] bool measures_automatic() const noexcept {
+    return measurer_ != nullptr && !emulated_;
+  }
+  /// measure_prices measures MPI's own collective too (automatic_choice.hpp).
+  static constexpr bool measure_prices_with_vendor = true;
+  /// Measures automatic's prices of collective c now, all ranks together (where
+  /// measures_automatic()): weft's candidates and MPI's own collective.
+  [[nodiscard]] std::shared_ptr<const measured_prices> measure_prices(collective c,
+                                                                      bool peer_access,
+                                                                      bool messages) {
+    WEFT_EXPECTS(measurer_ != nullptr, "mpi::communicator::measure_prices: no measurer given");
+    return measurer_(*this, c, peer_access, messages);
+  }
+  /// automatic's measured prices of collective c: empty until its first automatic call of c.
+  [[nodiscard]] std::shared_ptr<const measured_prices>& measured_prices_of(collective c) {
+    return measured_.at(static_cast<std::size_t>(c));
+  }
+  [[nodiscard]] const std::shared_ptr<const measured_prices>& measured_prices_of(
+      collective c) const {
+    return measured_.at(static_cast<std::size_t>(c));
+  }
+
 private:
+  // vendor's MPI call and its wait: on the caller's buffers, or on a copy in weft's memory
+  // (staged) where MPI cannot take them as they are, and always under throw_error, whose
+  // failed calls must leave no request on the caller's buffers (a nonblocking collective can be
+  // neither cancelled nor freed: the copy is parked instead).
+  template <collective C, class T>
+  void vendor_run(const T* in, std::size_t in_count, T* out, std::size_t out_count,
+                  std::size_t count, int root, MPI_Op mop, const detail::mpi_wait_context& ctx) {
+    const MPI_Datatype type = detail::mpi_datatype<T>();
+    const int n = static_cast<int>(count);
+    const bool output_used = C != collective::reduce || rank_ == root;
+    const bool input_used = C != collective::broadcast || rank_ == root;
+    detail::mpi_vendor_buffers way = detail::mpi_vendor_layout(
+        C, in, input_used ? in_count * sizeof(T) : 0, out, output_used ? out_count * sizeof(T) : 0,
+        rank_, root, count * sizeof(T));
+    if (credits()) way = detail::mpi_vendor_buffers::staged;
+    std::unique_ptr<std::byte[]> copy;
+    const T* src = in;
+    T* dst = out;
+    if (way == detail::mpi_vendor_buffers::staged) {
+      const std::size_t in_n = input_used ? in_count : 0;
+      const std::size_t out_n = output_used ? out_count : 0;
+      copy = std::make_unique<std::byte[]>((in_n + out_n) * sizeof(T) + 1);
+      T* const staged_in = reinterpret_cast<T*>(copy.get());
+      if (in_n > 0) std::memcpy(staged_in, in, in_n * sizeof(T));
+      src = staged_in;
+      dst = staged_in + in_n;
+    }
+    const bool in_place = way == detail::mpi_vendor_buffers::in_place;
+    MPI_Comm comm = dup_.get();
+    MPI_Request req = MPI_REQUEST_NULL;
+    const char* what = "";
+    if constexpr (C == collective::all_reduce) {
+      what = "finish MPI_Iallreduce with every rank";
+      WEFT_MPI_TRY(MPI_Iallreduce(in_place ? MPI_IN_PLACE : src, dst, n, type, mop, comm, &req),
+                   ctx.operation, rank_);
+    } else if constexpr (C == collective::reduce_scatter) {
+      what = "finish MPI_Ireduce_scatter_block with every rank";
+      WEFT_MPI_TRY(MPI_Ireduce_scatter_block(src, dst, n, type, mop, comm, &req), ctx.operation,
+                   rank_);
+    } else if constexpr (C == collective::all_gather) {
+      what = "finish MPI_Iallgather with every rank";
+      WEFT_MPI_TRY(MPI_Iallgather(in_place ? MPI_IN_PLACE : src, n, type, dst, n, type, comm, &req),
+                   ctx.operation, rank_);
+    } else if constexpr (C == collective::broadcast) {
+      what = "finish MPI_Ibcast with every rank";
+      if (rank_ == root && src != dst) std::memmove(dst, src, count * sizeof(T));
+      WEFT_MPI_TRY(MPI_Ibcast(dst, n, type, root, comm, &req), ctx.operation, rank_);
+    } else if constexpr (C == collective::reduce) {
+      what = "finish MPI_Ireduce with every rank";
+      WEFT_MPI_TRY(MPI_Ireduce(in_place ? MPI_IN_PLACE : src, output_used ? dst : nullptr, n, type,
+                               mop, root, comm, &req),
+                   ctx.operation, rank_);
+    } else {
+      what = "finish MPI_Ialltoall with every rank";
+      WEFT_MPI_TRY(MPI_Ialltoall(src, n, type, dst, n, type, comm, &req), ctx.operation, rank_);
+    }
+    try {
+      detail::mpi_wait(req, ctx, what);
+    } catch (...) {
+      if (copy) family_->park(std::move(copy));
+      throw;
+    }
+    if (copy && output_used && dst != out) std::memcpy(out, dst, out_count * sizeof(T));
+  }
+
   friend void broadcast_bytes(communicator& comm, std::span<std::byte> data, int root);
 
   // The MPI transport's hooks for run_plan: a round hands MPI its sends at once (see
@@ -599,7 +767,8 @@ private:
   // A root communicator: duplicates `base`, then places its ranks on nodes.
   communicator(detail::mpi_comm_handle base, const options& opt)
       : base_(std::move(base)),
-        timeout_(weft::detail::checked_timeout(opt.timeout, "mpi::options::timeout")) {
+        timeout_(weft::detail::checked_timeout(opt.timeout, "mpi::options::timeout")),
+        measurer_(opt.measured_automatic) {
     if (!detail::mpi_alive()) {
       throw error(
           "weft: mpi::communicator: MPI is not initialized (or already finalized): "
@@ -696,12 +865,15 @@ private:
       (void)nonce.release();
       throw;
     }
-    // Every rank must have the same policy: it decides whether plans send credits.
-    auto policies = std::make_unique<int[]>(2);
+    // Every rank must have the same policy: it decides whether plans send credits. And the
+    // same measured_automatic: measuring is collective.
+    auto policies = std::make_unique<int[]>(4);
     policies[0] = static_cast<int>(policy);
     policies[1] = -static_cast<int>(policy);
+    policies[2] = measurer_ != nullptr ? 1 : 0;
+    policies[3] = -policies[2];
     WEFT_MPI_TRY(
-        MPI_Iallreduce(MPI_IN_PLACE, policies.get(), 2, MPI_INT, MPI_MAX, dup_.get(), &req),
+        MPI_Iallreduce(MPI_IN_PLACE, policies.get(), 4, MPI_INT, MPI_MAX, dup_.get(), &req),
         ctx.operation, rank_);
     try {
       detail::mpi_wait(req, ctx, "compare the failure policy with every rank");
@@ -713,6 +885,13 @@ private:
       throw error(ctx.operation, rank_, error::unknown,
                   "the ranks disagree on mpi::options::on_failure (this rank: " +
                       std::string(weft::name_of(policy)) +
+                      "): every rank of a communicator must pass the same");
+    }
+    if (policies[2] != -policies[3]) {
+      throw error(ctx.operation, rank_, error::unknown,
+                  std::string("the ranks disagree on mpi::options::measured_automatic (this "
+                              "rank: ") +
+                      (measurer_ != nullptr ? "set" : "unset") +
                       "): every rank of a communicator must pass the same");
     }
     std::vector<int> roots(static_cast<std::size_t>(size_));
@@ -1117,7 +1296,37 @@ private:
   std::vector<std::unique_ptr<std::byte[]>> eager_copies_; // small steps' data, under throw_error
   std::unique_ptr<std::byte[]> p2p_copy_;                  // send()'s data, under throw_error
   std::string_view operation_ = "plan";                    // the plan running now, for errors
+  measurer measurer_ = nullptr;                            // options::measured_automatic
+  std::array<std::shared_ptr<const measured_prices>, 8> measured_; // by collective
 };
+
+/// The opt-in for options::measured_automatic: automatic picks by prices measured on this
+/// machine, MPI's own collective among the candidates (see the header).
+///   auto world = weft::mpi::world({.measured_automatic = weft::mpi::measured_automatic()});
+/// A template, so that only a program that opts in compiles the measurement.
+template <class Comm = communicator>
+[[nodiscard]] measurer measured_automatic() noexcept {
+  return [](Comm& comm, collective c, bool peer_access,
+            bool messages) -> std::shared_ptr<const measured_prices> {
+    using weft::detail::measured_prices_for;
+    switch (c) {
+      case collective::all_reduce:
+        return measured_prices_for<collective::all_reduce, true>(comm, peer_access, messages);
+      case collective::reduce_scatter:
+        return measured_prices_for<collective::reduce_scatter, true>(comm, peer_access, messages);
+      case collective::all_gather:
+        return measured_prices_for<collective::all_gather, true>(comm, peer_access, messages);
+      case collective::broadcast:
+        return measured_prices_for<collective::broadcast, true>(comm, peer_access, messages);
+      case collective::reduce:
+        return measured_prices_for<collective::reduce, true>(comm, peer_access, messages);
+      case collective::all_to_all:
+        return measured_prices_for<collective::all_to_all, true>(comm, peer_access, messages);
+    }
+    throw error("weft: mpi measured automatic: no such collective (" +
+                std::to_string(static_cast<int>(c)) + ")");
+  };
+}
 
 /// A communicator over MPI_COMM_WORLD (borrowed). Collective over all processes.
 inline communicator world(const options& opt = {}) {

@@ -9,6 +9,8 @@
 //   stall_mpitest collective        a 4 MiB ring all-reduce, on_failure::throw_error
 //   stall_mpitest collective_abort  the same under the default on_failure::abort_job: the job
 //                                   ends with weft's message and MPI_Abort's errorcode 1
+//   stall_mpitest vendor            MPI's own all-reduce (algo::vendor: MPI_Iallreduce), 4 MiB,
+//                                   on_failure::throw_error
 //   stall_mpitest post              buffered post() sends to the stalled rank, then flush()
 //   stall_mpitest optimizer         data_parallel<zero<2>> with its bucket reductions on the
 //                                   progress thread
@@ -95,17 +97,17 @@ void after_the_stalled_rank_woke() {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+template <class Algo = weft::algo::ring>
 void collective(weft::mpi::communicator& world) {
   const int rank = world.rank();
   auto buf = std::make_unique<std::vector<float>>(elements, static_cast<float>(rank + 1));
   if (rank == stalled) {
     std::this_thread::sleep_for(asleep);
-    late_call(rank, [&] { weft::all_reduce<weft::algo::ring>(world, std::span(*buf)); });
+    late_call(rank, [&] { weft::all_reduce<Algo>(world, std::span(*buf)); });
     after_the_stalled_rank_woke();
     return;
   }
-  const std::string msg =
-      error_of([&] { weft::all_reduce<weft::algo::ring>(world, std::span(*buf)); });
+  const std::string msg = error_of([&] { weft::all_reduce<Algo>(world, std::span(*buf)); });
   survivor_checks(rank, msg, [&] { world.barrier(); });
   // Rank 1 frees its buffer, as unwinding would, and fills new memory (likely the same pages)
   // with a pattern; the others keep theirs. Nothing may change either after the error.
@@ -177,8 +179,10 @@ void optimizer(weft::mpi::communicator& world) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode != "collective" && mode != "collective_abort" && mode != "post" && mode != "optimizer") {
-    std::fprintf(stderr, "usage: stall_mpitest collective|collective_abort|post|optimizer\n");
+  if (mode != "collective" && mode != "collective_abort" && mode != "vendor" && mode != "post" &&
+      mode != "optimizer") {
+    std::fprintf(stderr,
+                 "usage: stall_mpitest collective|collective_abort|vendor|post|optimizer\n");
     return 2;
   }
   weft::mpi::environment env(argc, argv, MPI_THREAD_MULTIPLE);
@@ -191,6 +195,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (mode == "collective" || mode == "collective_abort") collective(world);
+    if (mode == "vendor") collective<weft::algo::vendor>(world);
     if (mode == "post") post(world);
     if (mode == "optimizer") optimizer(world);
   }
