@@ -13,8 +13,10 @@
 //                           collective unless a plan of weft's measured cheaper (label: the pick)
 //   mpi4/MPI_Allreduce, MPI_Reduce_scatter_block, MPI_Allgather    MPI's own (Open MPI)
 //   mpi4/MPI_Iallreduce     MPI's nonblocking all-reduce, which mpi4/vendor calls
-//   local4/<algorithm>      weft's all-reduce on 4 threads of rank 0 (every algorithm)
-//   local4/automatic_measured    automatic with local::options::measured_automatic
+//   local4/<algorithm>      weft's all-reduce on 4 threads of rank 0 (every algorithm);
+//                           local4/automatic the default (prices measured on the machine)
+//   local4/automatic_model  automatic with local::automatic_prices::model (the cost model's
+//                           nominal figures)
 //   gloo4/ring, ring_chunked, halving_doubling    Gloo's all-reduce, 4 threads of rank 0 over TCP
 //   memcpy/<bytes>, stream_add                    the machine's copy and streaming bandwidth
 // While rank 0 runs a threaded row the other ranks sleep in a polling barrier (MPI_Barrier
@@ -36,7 +38,7 @@
 //   busbw_GBps   algbw * 2(p-1)/p for all-reduce, * (p-1)/p for reduce-scatter, all-gather and
 //                all-to-all, * 1 for broadcast and reduce
 //   model_us     weft's rows: the cost model's price of the same plans (label: the algorithm)
-//   measured_us  the *_measured rows: the measured price of the pick at the row's size
+//   measured_us  mpi4/automatic_measured: the measured price of the pick at the row's size
 //   peer         1 on MPI's and Gloo's rows, so plot.py tells them from weft's unpriced rows
 //   of_bound     local all-reduce: the fraction of the memory-traffic bound reached
 // After Google Benchmark's output rank 0 prints the all-reduce figures as one table, weft
@@ -307,7 +309,7 @@ void add_mpi(MPI_Comm comm) {
 
 // weft's rows.
 
-// `variant` names the row's options beside the algorithm ("_measured").
+// `variant` names the row's options beside the algorithm ("_model").
 template <class Algo>
 void add_local(int p, const weft::local::options& opt = {}, std::string_view variant = {}) {
   if constexpr (Algo::serves(weft::collective::all_reduce)) {
@@ -476,8 +478,8 @@ int run(std::vector<char*>& args, int rank, [[maybe_unused]] int size) {
   add_local<algo::recursive_doubling>(local_ranks);
   add_local<algo::direct>(local_ranks);
   add_local<algo::automatic>(local_ranks);
-  add_local<algo::automatic>(local_ranks, {.measured_automatic = weft::local::measured_automatic()},
-                             "_measured");
+  add_local<algo::automatic>(local_ranks, {.automatic = weft::local::automatic_prices::model},
+                             "_model");
 #if WEFT_BENCH_HAVE_GLOO
   add_gloo(gloo_ranks);
 #endif
