@@ -17,12 +17,12 @@
 //   double comm.plan_round_seconds()
 // and automatic adds it to every plan's price, once per round. A communicator that picks by
 // prices measured on its machine (weft::local on one host by default; weft::mpi on real
-// nodes, opted in) says so with measures_automatic(), measures them with measure_prices(c,
-// peer_access, messages) and keeps them in measured_prices_of(c) (measured_prices.hpp); where it has a
-// vendor collective (a member vendor<C> for float sums, constrained to the types and
-// operators it runs) and no vendor_price, that collective is measured beside weft's plans
-// (by measure_prices itself where the communicator declares measure_prices_with_vendor, as
-// weft::mpi does) and weighed by the measurement.
+// nodes, opted in) says so with measures_automatic(), measures them with
+// measure_prices(c, peer_access, messages) and keeps them in measured_prices_of(c)
+// (measured_prices.hpp); where it has a vendor collective (a member vendor<C> for float sums,
+// constrained to the types and operators it runs) and no vendor_price, that collective is
+// measured beside weft's plans (by measure_prices itself where the communicator declares
+// measure_prices_with_vendor, as weft::mpi does) and weighed by the measurement.
 #include <weft/comm/algorithm/automatic.hpp>
 #include <weft/comm/communicator.hpp>
 #include <weft/comm/detail/vendor_path.hpp>
