@@ -1,6 +1,8 @@
 // automatic by measured prices on the host: the interpolation of measured times, the pick
 // among eligible candidates, and the local transport measuring at the first automatic call,
 // the same on every rank.
+#include <weft/comm/checked_calls.hpp>
+#include <weft/comm/traced.hpp>
 #include <weft/weft.hpp>
 
 #include <gtest/gtest.h>
@@ -225,6 +227,39 @@ void expect_vendor_weighed_by_measurement() {
 TEST(measured_prices, a_vendor_without_a_price_is_weighed_by_its_measurement) {
   expect_vendor_weighed_by_measurement<false>();
   expect_vendor_weighed_by_measurement<true>();
+}
+
+} // namespace
+
+namespace {
+
+// The wrappers take the wrapped communicator's measured pick: traced and checked_calls forward
+// the measurement, and their calls run what the wrapped communicator would.
+TEST(measured_prices, wrapped_communicators_take_the_measured_pick) {
+  using namespace weft;
+  local::run(
+      3,
+      [](local::communicator& base) {
+        traced<local::communicator> t(base.split(0, base.rank()));
+        checked_calls<local::communicator> k(base.split(0, base.rank()));
+        EXPECT_TRUE(t.measures_automatic());
+        EXPECT_TRUE(k.measures_automatic());
+        std::vector<int> v(300, 1);
+        all_reduce(t, std::span(v));
+        for (int x : v)
+          EXPECT_EQ(x, 3);
+        all_reduce(k, std::span(v));
+        for (int x : v)
+          EXPECT_EQ(x, 9);
+        ASSERT_NE(t.measured_prices_of(collective::all_reduce), nullptr);
+        ASSERT_NE(k.measured_prices_of(collective::all_reduce), nullptr);
+        const plan_request q{collective::all_reduce, 3,          base.rank(), v.size(), 0,
+                             base.node_of(),         sizeof(int)};
+        const auto* pick = t.measured_prices_of(collective::all_reduce)->pick(q, true, true);
+        EXPECT_EQ((automatic_choice<collective::all_reduce, int>(t, v.size()).plan), pick);
+        EXPECT_EQ((automatic_choice<collective::all_reduce, int>(k, v.size()).plan), pick);
+      },
+      measured);
 }
 
 } // namespace

@@ -29,6 +29,10 @@ class checked_calls {
 public:
   static constexpr bool peer_access = detail::declared_peer_access<Comm>();
   static constexpr bool messages = detail::declared_messages<Comm>();
+  /// Whether the wrapped communicator's measure_prices times its own collective too (weft::mpi).
+  static constexpr bool measure_prices_with_vendor = requires {
+    requires Comm::measure_prices_with_vendor;
+  };
 
   explicit checked_calls(Comm comm) : comm_(std::move(comm)) {}
 
@@ -78,6 +82,22 @@ public:
     c.plan_round_seconds();
   }
   { return comm_.plan_round_seconds(); }
+
+  /// automatic's measured prices (comm/measured_prices.hpp), where the wrapped communicator
+  /// picks by them: the wrapper takes the same pick, measured on the wrapped communicator.
+  [[nodiscard]] bool measures_automatic() const requires requires(const Comm& c) {
+    c.measures_automatic();
+  }
+  { return comm_.measures_automatic(); }
+  [[nodiscard]] decltype(auto) measured_prices_of(collective c) requires requires(Comm& w) {
+    w.measured_prices_of(c);
+  }
+  { return comm_.measured_prices_of(c); }
+  [[nodiscard]] decltype(auto) measure_prices(collective c, bool peer_access,
+                                              bool messages) requires requires(Comm& w) {
+    w.measure_prices(c, peer_access, messages);
+  }
+  { return comm_.measure_prices(c, peer_access, messages); }
 
   /// What automatic reads to weigh the wrapped communicator's own collective, where it has one.
   template <collective C, class T, class Op>
