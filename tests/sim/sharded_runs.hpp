@@ -1,5 +1,5 @@
 #pragma once
-// Reads data/sharded_runs.csv (published ZeRO-3 / FSDP / HSDP runs, all held out) into models,
+// Reads data/sharded_runs.csv (published ZeRO-3 / FSDP / HSDP runs, two of them for tuning) into models,
 // layouts and machines, and says of each row the simulator cannot express why.
 #include <weft/core/error.hpp>
 #include <weft/sim/hardware.hpp>

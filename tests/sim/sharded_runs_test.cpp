@@ -260,12 +260,16 @@ TEST(sim_sharded, held_out_rows_and_series) {
   std::printf("held-out rows: %zu expressible, mean |error| %.1f%%, worst %.1f%%, %d within 10%%\n",
               rows.size(), 100 * sum / rows.size(), 100 * worst, within);
   // What holds: the A100 rows of llm-foundry's A100 table and of torchtitan's A100 page, the
-  // two outliers aside, within 10% (A100 constants fitted on Megatron-LM rows only). The H100
-  // rows read high (the H100 constants rest on one tuning row) and IBM's A100 7B and 13B rows
-  // too: printed above, not asserted.
+  // two outliers aside, within 10% (A100 constants fitted on Megatron-LM rows only), and the
+  // rows of llm-foundry's H100 table on more than one node (overlap_slowdown fitted on one of
+  // them). MPT 13B on one H100 node, IBM's rows and the A100 rows' spread: printed above, not
+  // asserted.
   for (const auto& x : rows) {
     const auto& r = *x.run;
     if ((r.source == "FOUNDRY-A100-40" || r.source == "TITAN-A100") && !outlier(r)) {
+      EXPECT_LE(std::abs(x.error()), 0.10) << r.id;
+    }
+    if (r.source == "FOUNDRY-H100" && r.gpus > 8) {
       EXPECT_LE(std::abs(x.error()), 0.10) << r.id;
     }
   }
