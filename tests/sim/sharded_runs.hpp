@@ -1,6 +1,6 @@
 #pragma once
-// Reads data/sharded_runs.csv (published ZeRO-3 / FSDP / HSDP runs, two of them for tuning) into models,
-// layouts and machines, and says of each row the simulator cannot express why.
+// Reads data/sharded_runs.csv (published ZeRO-3 / FSDP / HSDP runs, two of them for tuning)
+// into models, layouts and machines, and says of each row the simulator cannot express why.
 #include <weft/core/error.hpp>
 #include <weft/sim/hardware.hpp>
 #include <weft/sim/model.hpp>
