@@ -1,8 +1,9 @@
 #pragma once
 // The simulator's calibration: every fitted constant, one set per GPU type, in this one file.
 // Nothing is tuned per run: the published runs of data/published_runs.csv marked `tune` fixed
-// these figures, and tests/sim/step_test.cpp (sim_step_test) checks every row (held-out rows
-// too) against them.
+// these figures (overlap_slowdown: those of data/sharded_runs.csv), and tests/sim/step_test.cpp
+// (sim_step_test) and tests/sim/sharded_runs_test.cpp check every row (held-out rows too)
+// against them.
 //
 //   GEMM time      2 m n k / (peak * e(m, n, k)),  e = gemm_peak_fraction * q(m) q(n) q(k),
 //                  q(d) = d / (d + gemm_half_dim): a GEMM with a small side fills the tensor
