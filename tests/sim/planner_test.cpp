@@ -472,7 +472,7 @@ struct published_standing {
   double published_s = 0, best_s = 0;
 };
 
-published_standing standing_of_published(const std::string& id) {
+published_standing standing_of_published(const std::string& id, int max_zero = 3) {
   const auto runs = weft_test::read_published_runs();
   const auto it = std::find_if(runs.begin(), runs.end(), [&](const auto& r) { return r.id == id; });
   if (it == runs.end()) throw weft::error("no published run " + id);
@@ -490,6 +490,7 @@ published_standing standing_of_published(const std::string& id) {
   }
   o.tp_overlap = run.layout.tp_overlap;
   o.grad_accumulation_bytes = run.layout.grad_accumulation_bytes;
+  o.max_zero = max_zero;
   const search_result s = search(run.model, mc, o);
   const step_result published = simulate_step(run.model, mc, run.layout);
   EXPECT_LE(published.memory_bytes(), mc.device.hbm_bytes) << id;
@@ -532,14 +533,50 @@ TEST(sim_planner, published_mt_nlg_530b_mesh_is_in_the_top_5) {
   EXPECT_LE(s.mesh_rank, 5u);
 }
 
-// SC21's 1T run: five meshes of the search, which also tries 3 and 4 chunks and ZeRO-1, beat
-// it, the best by 7%, within the simulator's error on published runs (10%); its mesh ranks in the
-// top 5.
+// SC21's 1T run against the 3D layouts of its software (Megatron-LM of 2021 shards no weights:
+// the search up to ZeRO-1, which also tries 3 and 4 chunks): five meshes beat it, the best by
+// 7%, within the simulator's error on published runs (10%); its mesh ranks in the top 5.
+// With ZeRO-3 in the search, TP 4 x DP 768 at micro-batches of 4 wins at 86.5 s against the
+// published 104.0 s: one micro-batch of 4 per rank, no bubble, 86.1 s of compute, and 48.7 s of
+// gathers and reduce-scatters per step hidden behind it (0.4 s shows; the A100's
+// overlap_slowdown, fitted on its sharded tuning row, is 0). No published row checks ZeRO-3
+// beyond 128 GPUs, nor a 1T model under it: that ranking is the simulator's, unchecked, and the
+// test asserts only what its split says.
 TEST(sim_planner, published_sc21_1t_layout_is_within_10_percent_of_the_best) {
-  const published_standing s = standing_of_published("gpt-1008b");
+  const published_standing s = standing_of_published("gpt-1008b", 1);
   EXPECT_LE(s.published_s, 1.10 * s.best_s);
   EXPECT_GE(s.mesh_rank, 1u);
   EXPECT_LE(s.mesh_rank, 5u);
+  const published_standing sharded = standing_of_published("gpt-1008b");
+  EXPECT_LE(sharded.best_s, s.best_s);
+}
+
+// The ZeRO-3 layout that the full search ranks first for SC21's 1T run, as a time split: one
+// micro-batch per rank, its step its compute with the gathers and reduce-scatters (over 40% of
+// the step) under it, under 2% of the step showing; never faster than its hardware FLOPs at the
+// A100's fitted GEMM efficiency (the reference, worked here), and within the GPU's memory.
+TEST(sim_planner, sc21_1t_under_zero3_hides_its_gathers_behind_compute) {
+  const auto runs = weft_test::read_published_runs();
+  const auto it =
+      std::find_if(runs.begin(), runs.end(), [](const auto& r) { return r.id == "gpt-1008b"; });
+  ASSERT_NE(it, runs.end());
+  const machine mc = dgx(it->device, (it->gpus + 7) / 8);
+  layout z{.tp = 4, .dp = 768, .micro_batch = 4, .global_batch = 3072, .zero = 3};
+  z.recomputation = recompute::full;
+  z.sequence_parallel = false;
+  z.grad_accumulation_bytes = it->layout.grad_accumulation_bytes;
+  const step_result r = simulate_step(it->model, mc, z);
+  std::printf(
+      "  SC21 1T as ZeRO-3 tp 4 dp 768 micro-batch 4: step %.2f s, forward %.2f s, backward "
+      "%.2f s, exposed sharding %.2f s, sharding sent %.2f s, TP %.2f s, memory %.1f GiB\n",
+      r.step_time_s, r.forward_s, r.backward_s, r.shard_exposed_s, r.dp.seconds, r.tp.seconds,
+      r.memory_bytes() / (1024.0 * 1024 * 1024));
+  EXPECT_EQ(r.microbatches, 1);
+  EXPECT_LT(r.shard_exposed_s, 0.02 * r.step_time_s);
+  EXPECT_GT(r.dp.seconds, 0.4 * r.step_time_s); // a large share of the step, hidden
+  EXPECT_LE(r.memory_bytes(), mc.device.hbm_bytes);
+  const double flops = it->model.hardware_flops(3072, recompute::full);
+  EXPECT_GE(r.step_time_s, flops / (3072 * mc.device.peak_flops * 0.67));
 }
 
 } // namespace

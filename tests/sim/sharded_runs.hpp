@@ -1,6 +1,6 @@
 #pragma once
-// Reads data/sharded_runs.csv (published ZeRO-3 / FSDP / HSDP runs, all held out) into models,
-// layouts and machines, and says of each row the simulator cannot express why.
+// Reads data/sharded_runs.csv (published ZeRO-3 / FSDP / HSDP runs, two of them for tuning)
+// into models, layouts and machines, and says of each row the simulator cannot express why.
 #include <weft/core/error.hpp>
 #include <weft/sim/hardware.hpp>
 #include <weft/sim/model.hpp>
@@ -41,10 +41,15 @@ inline weft::sim::machine machine_of(const sharded_run& r) {
   return mc;
 }
 
-/// Predicted tokens/s per GPU of a row.
-inline double predicted_tokens(const sharded_run& r) {
-  const auto res = weft::sim::simulate_step(r.model, machine_of(r), r.layout);
+/// Predicted tokens/s per GPU of a row under the constants `cal`.
+inline double predicted_tokens(const sharded_run& r, const weft::sim::calibration& cal) {
+  const auto res = weft::sim::simulate_step(r.model, machine_of(r), r.layout, cal);
   return r.layout.batch() * static_cast<double>(r.model.seq) / (res.step_time_s * r.gpus);
+}
+
+/// Predicted tokens/s per GPU of a row under calibration.hpp's constants.
+inline double predicted_tokens(const sharded_run& r) {
+  return predicted_tokens(r, weft::sim::calibration_of(r.device));
 }
 
 inline std::vector<sharded_run> read_sharded_runs(const std::string& path = data_dir() +

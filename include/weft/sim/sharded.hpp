@@ -9,7 +9,9 @@
 //              (prefetch 0: when block i - 1's ends), block i's trailing collective (the
 //              backward's reduce-scatter) when its compute ends. What a gather needs beyond the
 //              compute it runs behind shows; the first block's gather, and the last block's
-//              reduce-scatter, nothing hides.
+//              reduce-scatter, nothing hides. While the stream runs a collective, the compute
+//              beside it runs `slowdown` longer (1 + slowdown times its own time): the
+//              collective's kernels hold SMs and HBM bandwidth the GEMMs would use.
 //   engines    shard_engine_named: "deepspeed-zero3", "fsdp" (FSDP1 FULL_SHARD), "fsdp2"
 //              (fully_shard); HSDP is FSDP with layout::shard_group set.
 #include <weft/core/error.hpp>
@@ -38,12 +40,24 @@ struct shard_pass {
   double exposed_s = 0; // time_s less the blocks' compute
 };
 
-/// Runs `blocks` in order with gathers up to `prefetch` blocks ahead (see the header).
+/// Runs `blocks` in order with gathers up to `prefetch` blocks ahead, the compute slowed by
+/// `slowdown` while a collective runs beside it (see the header).
 [[nodiscard]] inline shard_pass run_sharded_pass(const std::vector<shard_block>& blocks,
-                                                 int prefetch) {
+                                                 int prefetch, double slowdown = 0) {
   if (prefetch < 0)
     throw error("weft: sim: sharded pass: prefetch must be at least 0, not " +
                 std::to_string(prefetch));
+  if (!(slowdown >= 0))
+    throw error("weft: sim: sharded pass: slowdown must be at least 0, not " +
+                std::to_string(slowdown));
+  // A block's compute of `work` seconds starting at `start`: the stream is busy from there
+  // until `comm` (what it runs was issued by then), and the compute runs 1 + slowdown times
+  // slower while it is.
+  const double slow = 1 + slowdown;
+  const auto compute_time = [slow](double work, double start, double busy_until) {
+    const double shared = std::max(0.0, busy_until - start);
+    return work * slow <= shared ? work * slow : shared + (work - shared / slow);
+  };
   const std::size_t n = blocks.size();
   const auto ahead = static_cast<std::size_t>(prefetch);
   std::vector<double> gathered(n, 0.0);
@@ -58,7 +72,7 @@ struct shard_pass {
     if (ahead == 0) gather(i, compute);
     const double start = std::max(compute, gathered[i]);
     if (ahead > 0 && i + ahead < n) gather(i + ahead, start);
-    compute = start + blocks[i].compute_s;
+    compute = start + compute_time(blocks[i].compute_s, start, comm);
     busy += blocks[i].compute_s;
     if (blocks[i].after_s > 0) comm = std::max(comm, compute) + blocks[i].after_s;
   }

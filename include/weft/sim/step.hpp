@@ -360,8 +360,8 @@ struct step_result {
     for (int k = 0; k < L; ++k)
       bwd_blocks.push_back({b_layer, regather ? q.gather : 0.0, q.reduce});
     bwd_blocks.push_back({0.0, 0.0, q.root_reduce});
-    e.forward = every * run_sharded_pass(fwd_blocks, l.prefetch).exposed_s;
-    e.backward = every * run_sharded_pass(bwd_blocks, l.prefetch).exposed_s;
+    e.forward = every * run_sharded_pass(fwd_blocks, l.prefetch, cal.overlap_slowdown).exposed_s;
+    e.backward = every * run_sharded_pass(bwd_blocks, l.prefetch, cal.overlap_slowdown).exposed_s;
     e.communication = every * ((regather ? 2.0 : 1.0) * (L * q.gather + q.root_gather) +
                                L * q.reduce + q.root_reduce);
     return e;
