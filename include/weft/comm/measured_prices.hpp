@@ -13,8 +13,8 @@
 //       process)
 //     else, for every candidate automatic may pick here, at 4 KiB, 16 KiB, ... 4 MiB per rank
 //       (by factors of 4; fewer on large groups, so that the buffers stay within 256 MiB):
-//         one untimed call, then the fastest of 20 timed calls (5 above 64 KiB, 3 above
-//         1 MiB), each after a barrier;
+//         one untimed call, then 3 batches of 8 calls back to back (2 above 64 KiB, 1
+//         above 1 MiB), each batch after a barrier: the fastest batch's mean per call;
 //         the slowest rank's figure, gathered from every rank
 //         past 64 KiB, no larger size once a call has taken over 20 ms (a slow machine, or
 //         a sanitizer's build, measures less)
@@ -30,7 +30,7 @@
 // the measurement's time.
 //
 // What it costs: at the first automatic call of each collective on a group shape, every
-// candidate runs up to 21 times per size; on 4 ranks of this 2-core machine about 0.1 s for
+// candidate runs up to 25 times per size; on 4 ranks of this 2-core machine about 0.1 s for
 // all_reduce, idle. Every rank of the group must make that call (it is a collective, as the
 // call is); weft::automatic_choice on such a communicator is collective at first use too.
 #include <weft/comm/algorithm/automatic.hpp>
@@ -139,6 +139,8 @@ WEFT_COLD std::vector<float> gather_all(Comm& comm, float mine) {
 /// Past this size a candidate is measured at larger sizes only while its calls stay below
 /// measured_call_limit seconds.
 inline constexpr double measured_always_bytes = 65536;
+/// Timed batches of calls per candidate and size (see time_sizes).
+inline constexpr int measured_batches = 3;
 inline constexpr double measured_call_limit = 0.02;
 
 /// Times run(count, in_n, out_n) of collective c on comm at each of m's sizes into `into`, all
@@ -159,15 +161,19 @@ WEFT_COLD void time_sizes(Comm& comm, collective c, const measured_prices& m,
     const std::size_t out_n = count * (blocks_out ? up : 1);
     in.assign(in_n, 1.0f);
     out.assign(out_n, 0.0f);
-    // Interference only adds time: the fastest of many small calls is this machine's figure.
-    const int timed = b <= 65536 ? 20 : b <= 1048576 ? 5 : 3;
+    // Calls back to back, as a program makes them (a plan's hand-offs and staging overlap the
+    // next call's), in batches after a barrier: a batch's mean is what a run of calls costs,
+    // and since interference only adds time, the fastest batch is this machine's figure.
+    const int batch = b <= 65536 ? 8 : b <= 1048576 ? 2 : 1;
+    run(count, in_n, out_n); // untimed: first touches, the plan's first build
     double fastest = std::numeric_limits<double>::infinity();
-    for (int k = 0; k <= timed; ++k) {
+    for (int k = 0; k < measured_batches; ++k) {
       comm.barrier();
       const auto t0 = clock::now();
-      run(count, in_n, out_n);
+      for (int i = 0; i < batch; ++i)
+        run(count, in_n, out_n);
       const double t = std::chrono::duration<double>(clock::now() - t0).count();
-      if (k > 0) fastest = std::min(fastest, t);
+      fastest = std::min(fastest, t / batch);
     }
     // The slowest rank's, the same on every rank: so are the sizes each rank measures next.
     const std::vector<float> all = gather_all(comm, static_cast<float>(fastest));
