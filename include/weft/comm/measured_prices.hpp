@@ -51,6 +51,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <typeindex>
 #include <typeinfo>
 #include <vector>
@@ -143,19 +144,33 @@ inline constexpr double measured_always_bytes = 65536;
 inline constexpr int measured_batches = 3;
 inline constexpr double measured_call_limit = 0.02;
 
-/// Times run(count, in_n, out_n) of collective c on comm at each of m's sizes into `into`, all
-/// ranks together, while calls stay short (see the top of this header); in and out are the
-/// buffers run reads and writes, sized here.
+/// Times each of several callers of collective c on comm at each of m's sizes, all ranks
+/// together: run(j, count, in_n, out_n) makes one call of caller j, whose times go to *into[j];
+/// in and out are the buffers the calls read and write, sized here. At each size the callers
+/// take turns, batch by batch, so that a passing disturbance of the machine falls on all of
+/// them rather than on whichever was being timed. A caller goes on to larger sizes while its
+/// calls stay short (see the top of this header).
 template <class Comm, class Run>
 WEFT_COLD void time_sizes(Comm& comm, collective c, const measured_prices& m,
-                          std::vector<double>& into, std::vector<float>& in,
+                          const std::vector<std::vector<double>*>& into, std::vector<float>& in,
                           std::vector<float>& out, const Run& run) {
   using clock = std::chrono::steady_clock;
   const auto up = static_cast<std::size_t>(comm.size());
   const bool blocks_in = c == collective::reduce_scatter || c == collective::all_to_all;
   const bool blocks_out = c == collective::all_gather || c == collective::all_to_all;
-  for (const double b : m.bytes) {
-    if (b > measured_always_bytes && !into.empty() && into.back() > measured_call_limit) break;
+  std::vector<std::size_t> live;
+  std::vector<double> fastest(into.size());
+  for (std::size_t s = 0; s < m.bytes.size(); ++s) {
+    const double b = m.bytes[s];
+    // The same on every rank: the times are the gathered ones.
+    live.clear();
+    for (std::size_t j = 0; j < into.size(); ++j) {
+      const std::vector<double>& t = *into[j];
+      if (t.size() == s &&
+          (b <= measured_always_bytes || t.empty() || t.back() <= measured_call_limit))
+        live.push_back(j);
+    }
+    if (live.empty()) break;
     const auto count = static_cast<std::size_t>(b) / sizeof(float);
     const std::size_t in_n = count * (blocks_in ? up : 1);
     const std::size_t out_n = count * (blocks_out ? up : 1);
@@ -165,44 +180,67 @@ WEFT_COLD void time_sizes(Comm& comm, collective c, const measured_prices& m,
     // next call's), in batches after a barrier: a batch's mean is what a run of calls costs,
     // and since interference only adds time, the fastest batch is this machine's figure.
     const int batch = b <= 65536 ? 8 : b <= 1048576 ? 2 : 1;
-    run(count, in_n, out_n); // untimed: first touches, the plan's first build
-    double fastest = std::numeric_limits<double>::infinity();
+    for (const std::size_t j : live) {
+      run(j, count, in_n, out_n); // untimed: first touches, the plan's first build
+      fastest[j] = std::numeric_limits<double>::infinity();
+    }
     for (int k = 0; k < measured_batches; ++k) {
-      comm.barrier();
-      const auto t0 = clock::now();
-      for (int i = 0; i < batch; ++i)
-        run(count, in_n, out_n);
-      const double t = std::chrono::duration<double>(clock::now() - t0).count();
-      fastest = std::min(fastest, t / batch);
+      for (const std::size_t j : live) {
+        comm.barrier();
+        const auto t0 = clock::now();
+        for (int i = 0; i < batch; ++i)
+          run(j, count, in_n, out_n);
+        const double t = std::chrono::duration<double>(clock::now() - t0).count();
+        fastest[j] = std::min(fastest[j], t / batch);
+      }
     }
     // The slowest rank's, the same on every rank: so are the sizes each rank measures next.
-    const std::vector<float> all = gather_all(comm, static_cast<float>(fastest));
-    into.push_back(static_cast<double>(*std::max_element(all.begin(), all.end())));
+    for (const std::size_t j : live) {
+      const std::vector<float> all = gather_all(comm, static_cast<float>(fastest[j]));
+      into[j]->push_back(static_cast<double>(*std::max_element(all.begin(), all.end())));
+    }
   }
 }
 
-/// Measures every eligible candidate for collective c on comm, all ranks together.
-template <class Comm>
-WEFT_COLD measured_prices measure_prices(Comm& comm, collective c, bool peer_access,
-                                         bool messages) {
+/// No vendor collective to measure (measure_prices' default).
+struct no_vendor {};
+
+/// Measures every eligible candidate for collective c on comm, all ranks together, and the
+/// communicator's own collective where vendor(src, in_n, dst, out_n, count) makes one call of it.
+template <class Comm, class Vendor = no_vendor>
+WEFT_COLD measured_prices measure_prices(Comm& comm, collective c, bool peer_access, bool messages,
+                                         const Vendor& vendor = {}) {
+  constexpr bool has_vendor = !std::is_same_v<Vendor, no_vendor>;
   const int p = comm.size();
   measured_prices m;
   m.bytes = measured_sizes(c, p);
   const auto table = algo::candidates();
   m.seconds.assign(table.size(), {});
-  std::vector<float> in, out;
   const plan_request shape{c, p, comm.rank(), 1, 0, comm.node_of(), sizeof(float)};
+  std::vector<std::size_t> candidate; // caller j times table[candidate[j]]; the vendor is last
+  std::vector<std::vector<double>*> into;
   for (std::size_t i = 0; i < table.size(); ++i) {
     if (!eligible(table[i], shape, peer_access, messages)) continue;
-    time_sizes(comm, c, m, m.seconds[i], in, out,
-               [&](std::size_t count, std::size_t in_n, std::size_t out_n) {
-                 plan_request q = shape;
-                 q.count = count;
-                 const plan& pl = plan_cache::mine().get(table[i].name, q, table[i].make_plan);
-                 const float* const src = c == collective::broadcast ? out.data() : in.data();
-                 comm.execute(pl, src, in_n, out.data(), out_n, op::sum{}, "measure automatic");
-               });
+    candidate.push_back(i);
+    into.push_back(&m.seconds[i]);
   }
+  if constexpr (has_vendor) into.push_back(&m.vendor);
+  std::vector<float> in, out;
+  time_sizes(comm, c, m, into, in, out,
+             [&](std::size_t j, std::size_t count, std::size_t in_n, std::size_t out_n) {
+               const float* const src = c == collective::broadcast ? out.data() : in.data();
+               if constexpr (has_vendor) {
+                 if (j == candidate.size()) {
+                   vendor(src, in_n, out.data(), out_n, count);
+                   return;
+                 }
+               }
+               const algo::candidate& a = table[candidate[j]];
+               plan_request q = shape;
+               q.count = count;
+               const plan& pl = plan_cache::mine().get(a.name, q, a.make_plan);
+               comm.execute(pl, src, in_n, out.data(), out_n, op::sum{}, "measure automatic");
+             });
   return m;
 }
 
@@ -263,16 +301,15 @@ template <collective C, bool Vendor, class Comm>
 WEFT_COLD std::shared_ptr<const measured_prices> measured_prices_for(Comm& comm, bool peer_access,
                                                                      bool messages) {
   return cached_prices(comm, C, peer_access, messages, Vendor, [&] {
-    measured_prices m = measure_prices(comm, C, peer_access, messages);
     if constexpr (Vendor) {
-      std::vector<float> in, out;
-      time_sizes(comm, C, m, m.vendor, in, out,
-                 [&](std::size_t count, std::size_t in_n, std::size_t out_n) {
-                   const float* const src = C == collective::broadcast ? out.data() : in.data();
-                   comm.template vendor<C>(src, in_n, out.data(), out_n, count, 0, op::sum{});
-                 });
+      return measure_prices(comm, C, peer_access, messages,
+                            [&](const float* src, std::size_t in_n, float* dst, std::size_t out_n,
+                                std::size_t count) {
+                              comm.template vendor<C>(src, in_n, dst, out_n, count, 0, op::sum{});
+                            });
+    } else {
+      return measure_prices(comm, C, peer_access, messages);
     }
-    return m;
   });
 }
 
