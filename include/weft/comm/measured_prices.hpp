@@ -9,10 +9,10 @@
 //
 //   first automatic call of collective C on the communicator (every rank makes it):
 //     agree whether this process has measured C for this group shape already
-//       (cached per communicator type, collective, size, cluster and placement: once per
-//       process)
+//       (cached per communicator type, collective, group size and nodes: once per process)
 //     else, for every candidate automatic may pick here, at 4 KiB, 16 KiB, ... 4 MiB per rank
-//       (by factors of 4; fewer on large groups, so that the buffers stay within 256 MiB):
+//       (by factors of 4; fewer on large groups, so that the buffers stay within 256 MiB),
+//       the candidates taking turns batch by batch at each size:
 //         one untimed call, then 3 batches of 8 calls back to back (2 above 64 KiB, 1
 //         above 1 MiB), each batch after a barrier: the fastest batch's mean per call;
 //         the slowest rank's figure, gathered from every rank
@@ -30,8 +30,8 @@
 // the measurement's time.
 //
 // What it costs: at the first automatic call of each collective on a group shape, every
-// candidate runs up to 25 times per size; on 4 ranks of this 2-core machine about 0.1 s for
-// all_reduce, idle. Every rank of the group must make that call (it is a collective, as the
+// candidate runs up to 25 times per size; on 4 ranks of this 2-core machine, idle, about
+// 0.05 s for all_reduce (0.25 s for all six collectives). Every rank of the group must make that call (it is a collective, as the
 // call is); weft::automatic_choice on such a communicator is collective at first use too.
 #include <weft/comm/algorithm/automatic.hpp>
 #include <weft/comm/algorithm/ring.hpp>

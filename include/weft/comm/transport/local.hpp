@@ -87,9 +87,9 @@ struct options {
   weft::on_failure on_failure = weft::on_failure::throw_error;
   /// How algo::automatic prices its candidates where the ranks share one node and links are
   /// not emulated (comm/measured_prices.hpp): measured on this machine at the first automatic
-  /// call of each collective on a group shape (once per process and shape; about 0.1-0.3 s for
+  /// call of each collective on a group shape (once per process and shape; about 0.05 s for
   /// all_reduce on 4 ranks of an idle 2-core machine), or by the cost model's nominal figures
-  /// for the host (topology::host), which measure nothing and pick worse (up to 1.7x slower
+  /// for the host (topology::host), which measure nothing and pick worse (1.3-2.7x slower
   /// than the best algorithm on 4 ranks here; docs/benchmarks.md). Unset: the environment's
   /// WEFT_AUTOMATIC (`measured` or `model`; anything else is a weft::error), else measured.
   /// A value set here wins over the environment.
