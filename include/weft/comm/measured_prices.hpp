@@ -31,8 +31,9 @@
 //
 // What it costs: at the first automatic call of each collective on a group shape, every
 // candidate runs up to 25 times per size; on 4 ranks of this 2-core machine, idle, about
-// 0.05 s for all_reduce (0.25 s for all six collectives). Every rank of the group must make that call (it is a collective, as the
-// call is); weft::automatic_choice on such a communicator is collective at first use too.
+// 0.05 s for all_reduce (0.25 s for all six collectives). Every rank of the group must make
+// that call (it is a collective, as the call is); weft::automatic_choice on such a
+// communicator is collective at first use too.
 #include <weft/comm/algorithm/automatic.hpp>
 #include <weft/comm/algorithm/ring.hpp>
 #include <weft/comm/detail/plan_cache.hpp>
