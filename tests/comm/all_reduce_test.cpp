@@ -63,17 +63,19 @@ TYPED_TEST(all_reduce_algorithms, half_averages_do_not_overflow) {
         },
         test::test_options);
   }
+  // The default algorithm is measured at its first call, so which one runs varies: partial sums
+  // of 1250 rounded to half may land one step of half (8 at 10000) away, never at inf.
   local::run(
       8,
       [&](local::communicator& c) {
         std::vector<half> in(16, half(10000.0f)), part(2), root(16);
         reduce_scatter(c, std::span<const half>(in), std::span(part), op::avg{});
         for (const half v : part)
-          EXPECT_EQ(static_cast<float>(v), 10000.0f);
+          EXPECT_NEAR(static_cast<float>(v), 10000.0f, 10000.0f / 1024);
         reduce(c, std::span<const half>(in), std::span(root), 3, op::avg{});
         if (c.rank() == 3) {
           for (const half v : root)
-            EXPECT_EQ(static_cast<float>(v), 10000.0f);
+            EXPECT_NEAR(static_cast<float>(v), 10000.0f, 10000.0f / 1024);
         }
       },
       test::test_options);
