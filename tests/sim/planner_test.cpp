@@ -463,6 +463,32 @@ TEST(sim_planner, a_model_without_dropout_keeps_no_masks) {
   EXPECT_NEAR(with_masks - without, 103 * 2 * 4096.0 * 18432 / 8, 1e-6 * with_masks);
 }
 
+// describe() names the engine that runs a layout's ZeRO stage and HSDP's groups.
+TEST(sim_planner, describe_names_the_shard_engine) {
+  layout l;
+  l.dp = 128;
+  const std::string head = "tp 1 pp 1 dp 128, micro-batch 1, 1f1b, recompute none";
+  EXPECT_EQ(describe(l), head);
+  l.zero = 2;
+  EXPECT_EQ(describe(l), head + ", ZeRO-2");
+  use_shard_engine(l, shard_engine::fsdp);
+  EXPECT_EQ(describe(l), head + ", ZeRO-3 (fsdp)");
+  l.shard_group = 8;
+  EXPECT_EQ(describe(l), head + ", ZeRO-3 (hsdp: fsdp over groups of 8, 16 replicas)");
+  use_shard_engine(l, shard_engine::fsdp2);
+  EXPECT_EQ(describe(l), head + ", ZeRO-3 (hsdp: fsdp2 over groups of 8, 16 replicas)");
+  use_shard_engine(l, shard_engine::deepspeed_zero3);
+  EXPECT_EQ(describe(l), head + ", ZeRO-3 (deepspeed-zero3 over groups of 8, 16 replicas)");
+  l.shard_group = 0;
+  EXPECT_EQ(describe(l), head + ", ZeRO-3 (deepspeed-zero3)");
+  l.sharding = shard_engine::none;
+  l.shard_group = 32;
+  EXPECT_EQ(describe(l), head + ", ZeRO-3 over groups of 32, 4 replicas");
+  l.shard_group = 0;
+  use_shard_engine(l, shard_engine::megatron_distopt);
+  EXPECT_EQ(describe(l), head + ", ZeRO-1 (megatron-distopt)");
+}
+
 // Published runs: the search, given the run's model, cluster, batch and software (engine, TP
 // overlap, gradient accumulation), finds a layout at least as fast in the simulator as the
 // published one. `layout_rank`: 1 + the ranked meshes whose best variant is faster than the

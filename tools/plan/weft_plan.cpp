@@ -69,11 +69,13 @@ layout (one simulation):
   --overlap-param-gather
                        with --zero 1: Megatron-LM's distributed optimizer, the updated weights'
                        all-gather behind the next step's first forward (one layout)
-  --sharding S         ZeRO-3 as an engine runs it: fsdp (PyTorch FSDP FULL_SHARD) | fsdp2
-                       (fully_shard) | deepspeed-zero3: each layer gathered before its forward and
-                       backward one layer ahead, its gradient reduce-scattered after its backward
-  --shard-group N      with --sharding: shard over groups of N DP ranks, replicated across them
-                       (HSDP; N divides DP)
+  --sharding S         the ZeRO stage as an engine runs it: fsdp (PyTorch FSDP FULL_SHARD) | fsdp2
+                       (fully_shard) | deepspeed-zero3: ZeRO-3, each layer gathered before its
+                       forward and backward one layer ahead, its gradient reduce-scattered after
+                       its backward | megatron-distopt: ZeRO-1, Megatron-core's distributed
+                       optimizer
+  --shard-group N      with a ZeRO-3 --sharding: shard over groups of N DP ranks, replicated
+                       across them (HSDP; N divides DP)
 search:
   --search             rank every mesh that fits; with --tp and --pp, say where that one ranks
   --top N              layouts to explain (default 5)
@@ -438,7 +440,7 @@ config parse(const std::vector<std::string_view>& args) {
   }
   take_chunks();
   if (c.sharding) {
-    if (given("--zero")) bad("--sharding is ZeRO-3 as its engine runs it; leave out --zero");
+    if (given("--zero")) bad("--sharding sets the ZeRO stage its engine runs; leave out --zero");
     sim::use_shard_engine(c.layout, *c.sharding);
   } else if (given("--shard-group")) {
     bad("--shard-group (HSDP) needs --sharding");
@@ -498,6 +500,8 @@ std::string json(const sim::model_spec& m, const sim::layout& l, const sim::step
        ", \"tp_across_nodes\": " + (l.tp_across_nodes ? "true" : "false") +
        ", \"tp_overlap\": " + (l.tp_overlap ? "true" : "false") +
        ", \"engine\": " + q(sim::name_of(sim::engine_of(l))) +
+       ", \"sharding\": " + q(sim::name_of(l.sharding)) +
+       ", \"shard_group\": " + std::to_string(l.zero > 0 ? l.shards() : 1) +
        ", \"grad_accumulation_bytes\": " + num(l.grad_accumulation_bytes) + "},\n";
   o += "  \"microbatches\": " + std::to_string(r.microbatches) + ",\n";
   o += "  \"step_time_s\": " + num(r.step_time_s) + ",\n";

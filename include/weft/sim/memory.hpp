@@ -1,7 +1,18 @@
 #pragma once
 // The memory account of a layout: the layers and weights each pipeline rank holds, the model
-// states (ZeRO) and activations of the fullest rank, and the micro-batches a schedule keeps
-// in flight.
+// states and activations of the fullest rank, and the micro-batches a schedule keeps in flight.
+//
+//   per pipeline rank r, per TP rank:
+//     states       2 bytes of weights, grad_bytes of gradients, 12 of optimizer state per
+//                  weight the rank holds, each divided by the GPUs it is sharded over
+//                  (layout::shard_groups: ZeRO-1 the optimizer state over the DP group, ZeRO-2
+//                  the gradients too, ZeRO-3 the weights too; HSDP the same over its shard group)
+//     activations  Korthikanti's per-layer bytes (model.hpp) x the rank's layers x the
+//                  (micro-batch, chunk) pairs it holds at its peak / chunks; the first rank adds
+//                  the embedding's output, the last the fp32 logits of
+//                  one micro-batch; full recompute one layer's activations while it reruns;
+//                  ZeRO-3 two layers' gathered weights
+//   the layout's memory: the rank with the most of both together.
 #include <weft/pipeline/generators.hpp>
 #include <weft/pipeline/schedule.hpp>
 #include <weft/sim/layout.hpp>
@@ -79,7 +90,7 @@ inline std::pair<state_memory, double> memory_of(const model_spec& m, const layo
     if (r == p - 1) a += 4.0 * T * m.vocab / t;                              // fp32 logits
     a += zero3_gather_bytes(m, l);
     const state_memory states =
-        zero_memory(weights[static_cast<std::size_t>(r)], l.dp, l.zero, l.grad_bytes);
+        state_memory_of(weights[static_cast<std::size_t>(r)], l.shard_groups(), l.grad_bytes);
     if (r == 0 || states.total() + a > worst.first.total() + worst.second) worst = {states, a};
   }
   return worst;

@@ -539,8 +539,8 @@ struct step_result {
   } else {
     out.dp_exposed_s = dp_time;
   }
-  const double shard = l.zero == 3 ? S : l.zero >= 1 ? l.dp : 1;
-  out.optimizer_s = rank_params / shard * 32.0 / (g.hbm_bandwidth * cal.hbm_fraction);
+  out.optimizer_s =
+      rank_params / l.shard_groups().optimizer * 32.0 / (g.hbm_bandwidth * cal.hbm_fraction);
   out.step_time_s = out.pipeline_s + out.dp_exposed_s + out.optimizer_s;
 
   // --- throughput ----------------------------------------------------------------------------
