@@ -1,6 +1,6 @@
 // The memory account (sim/memory.hpp) against bytes worked out by hand: each model state divided
 // by exactly the GPUs it is sharded over (ZeRO stages over the DP group, HSDP over its shard
-// group).
+// group), and Nemotron-4 340B's DGX Cloud recipe term by term.
 #include <weft/sim/memory.hpp>
 #include <weft/sim/sharded.hpp>
 #include <weft/sim/step.hpp>
@@ -12,6 +12,8 @@
 namespace {
 
 using namespace weft::sim;
+namespace pl = weft::pipeline;
+
 constexpr double gib = 1024.0 * 1024 * 1024;
 
 // Llama-2-7B's shape: 32 layers, hidden 4096, 32 heads (no grouped-query attention), a SwiGLU
@@ -120,6 +122,84 @@ TEST(sim_memory, hsdp_that_does_not_fit_is_not_taken_for_one_that_does) {
   EXPECT_GT(2 * P, limit);
   EXPECT_GE(estimate_memory(m, hsdp), 2 * P);
   EXPECT_GT(estimate_memory(m, hsdp), limit);
+}
+
+// Nemotron-4 340B's DGX Cloud recipe (dgxc-benchmarking's nemotron4-340b-synth.yaml and
+// configure.sh: NeMo 24.09, TP 8, PP 8, 12 virtual stages, sequence parallelism, micro-batch 1,
+// 4096-token sequences, 32 sequences on 128 H100, so DP 2 and 16 micro-batches; no dropout),
+// on its fullest GPU, the first pipeline rank, term by term.
+model_spec nemotron_340b() {
+  model_spec m;
+  m.name = "nemotron4-340b";
+  m.layers = 96;
+  m.hidden = 18432;
+  m.heads = 96;
+  m.kv_heads = 8;
+  m.ffn = 73728;
+  m.seq = 4096;
+  m.vocab = 256000;
+  m.flash_attention = true;
+  m.learned_positions = false;
+  m.tied_embeddings = false;
+  m.dropout = false;
+  return m;
+}
+
+layout nemotron_recipe() {
+  layout l;
+  l.tp = 8;
+  l.pp = 8;
+  l.dp = 2;
+  l.global_batch = 32;
+  l.schedule = pl::schedule_kind::interleaved;
+  l.chunks = 12;
+  l.sequence_parallel = true;
+  l.zero = 1;
+  return l;
+}
+
+// Weights of the first pipeline rank per TP rank: 12 layers and the word embedding, over TP 8.
+//   a layer: h^2 (1 + 2 x 8/96) (QKV, 8 key-value groups for 96 heads) + h^2 + 2 h f (the
+//   squared-ReLU MLP's two matrices) + 9 h + f = 396,361,728 + 339,738,624 + 2,717,908,992
+//   + 239,616 = 3,454,248,960
+//   (12 x 3,454,248,960 + 256,000 x 18,432) / 8 = 5,181,373,440 + 589,824,000 = 5,771,197,440
+constexpr double nemotron_first_rank_weights = 5771197440.0;
+
+// Its activations: Korthikanti et al. 2022, Table 2, with sequence parallelism, flash attention
+// (no s x s scores) and no dropout (no masks), each layer keeps s b h / t x (8 + 4 + 4 g/a +
+// 4 f/h) bytes: the two layer norms' inputs and outputs 8, Q and the attention's output 4, K and
+// V 4 x 8/96, the MLP's two f-wide tensors 4 x 73728/18432 = 16; 85/3 in all:
+//   4096 x 18432 / 8 x 85/3 = 9,437,184 x 85/3 = 267,386,880 bytes a layer.
+// The interleaved schedule's warm-up on the first rank, (p - 1) 2 + (v - 1) p = 14 + 88 = 102
+// one-layer chunks, and one more in the steady state: 103 held at once (Megatron-core's
+// forward_backward_pipelining_with_interleaving; Megatron-LM's theoretical_memory_usage.py has
+// the same: p (1 + (p - 1)/(p v)) micro-batches of a stage's 12 layers = 103 layers).
+//   103 x 267,386,880 = 27,540,848,640
+// and the token ids of the micro-batches chunk 0 holds (8 bytes each, 103/12 of them):
+//   8 x 4096 x 103 / 12 = 281,258.67
+constexpr double nemotron_first_rank_activations = 27540848640.0 + 8.0 * 4096 * 103 / 12;
+
+TEST(sim_memory, nemotron_4_340b_recipe_term_by_term) {
+  const model_spec m = nemotron_340b();
+  const layout l = nemotron_recipe();
+  const double P = nemotron_first_rank_weights;
+  const step_result r = simulate_step(m, dgx(h100_sxm, 16), l);
+  // Megatron-core's distributed optimizer on bf16 weights and gradients reduced in bf16: 2 + 2
+  // bytes whole and 12 of fp32 state over DP 2 (its guide: 4 + 12/d bytes a weight at the
+  // step's activation peak; the fp32 copy of the gradient shard it adds, 4/d, lives only during
+  // the optimizer step, when the activations are gone).
+  EXPECT_DOUBLE_EQ(r.states.weights, 2 * P);
+  EXPECT_DOUBLE_EQ(r.states.gradients, 2 * P);
+  EXPECT_DOUBLE_EQ(r.states.optimizer, 12 * P / 2);
+  const auto near = [](double x) { return 1e-12 * x; }; // the sums round in their last bits
+  EXPECT_NEAR(r.activation_bytes, nemotron_first_rank_activations,
+              near(nemotron_first_rank_activations));
+  // 4 P + 6 P + activations = 57,711,974,400 + 27,541,129,898.67 = 85,253,104,298.67 (79.4 GiB)
+  const double megatron = 10 * P + nemotron_first_rank_activations;
+  EXPECT_NEAR(r.memory_bytes(), megatron, near(megatron));
+  EXPECT_NEAR(estimate_memory(m, l), megatron, near(megatron));
+  std::printf("  Nemotron-4 340B, DGX Cloud recipe: %.1f GiB per GPU (%.1f usable)\n",
+              megatron / gib, h100_sxm.hbm_bytes / gib);
 }
 
 } // namespace
