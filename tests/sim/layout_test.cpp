@@ -1,6 +1,6 @@
 // A layout's sharding (sim/layout.hpp, with sharded.hpp's engine presets): the engines by name,
-// the ZeRO stage each runs, the groups each model state is divided over, and the check that
-// refuses what does not agree.
+// the ZeRO stage each runs, the groups each model state is divided over, the optimizer states
+// by name, and the checks that refuse what does not agree.
 #include <weft/sim/layout.hpp>
 #include <weft/sim/sharded.hpp>
 #include <weft/sim/step.hpp>
@@ -63,7 +63,14 @@ TEST(sim_layout, shard_groups_follow_the_stage_and_the_shard_group) {
   EXPECT_EQ(groups(), "4 4 4");
 }
 
-// A step refuses an engine that does not run the layout's ZeRO stage.
+TEST(sim_layout, optimizer_states_by_name) {
+  EXPECT_DOUBLE_EQ(optimizer_state_named("fp32"), 12);       // fp32 master, momentum, variance
+  EXPECT_DOUBLE_EQ(optimizer_state_named("remainders"), 10); // 16-bit remainders, fp32 moments
+  EXPECT_DOUBLE_EQ(optimizer_state_named("bf16"), 4);        // bf16 moments, no master
+  EXPECT_THROW((void)optimizer_state_named("fp16"), weft::error);
+}
+
+// A step refuses an engine that does not run the layout's ZeRO stage, and a negative state.
 TEST(sim_layout, the_engine_and_the_stage_must_agree) {
   model_spec m;
   m.name = "small";
@@ -92,6 +99,10 @@ TEST(sim_layout, the_engine_and_the_stage_must_agree) {
   EXPECT_EQ(refusal(l), "(none)");
   l.zero = 2;
   EXPECT_NE(refusal(l).find("sharding megatron-distopt runs ZeRO-1, not zero 2"), std::string::npos)
+      << refusal(l);
+  l.zero = 1;
+  l.optimizer_bytes = -1;
+  EXPECT_NE(refusal(l).find("optimizer_bytes must be at least 0, not -1"), std::string::npos)
       << refusal(l);
 }
 

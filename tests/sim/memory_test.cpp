@@ -198,8 +198,25 @@ TEST(sim_memory, nemotron_4_340b_recipe_term_by_term) {
   const double megatron = 10 * P + nemotron_first_rank_activations;
   EXPECT_NEAR(r.memory_bytes(), megatron, near(megatron));
   EXPECT_NEAR(estimate_memory(m, l), megatron, near(megatron));
-  std::printf("  Nemotron-4 340B, DGX Cloud recipe: %.1f GiB per GPU (%.1f usable)\n",
-              megatron / gib, h100_sxm.hbm_bytes / gib);
+  // The recipe's optimizer is NeMo's distributed_fused_adam (Apex's DistributedFusedAdam) with
+  // dtype bf16: bf16 momentum and variance, no master copy of the bf16 weights, 4 bytes over DP 2:
+  //   4 P + 2 P + activations = 62,168,314,538.67 (57.9 GiB)
+  layout bf16 = l;
+  bf16.optimizer_bytes = optimizer_state_named("bf16");
+  const double bf16_bytes = 6 * P + nemotron_first_rank_activations;
+  EXPECT_NEAR(estimate_memory(m, bf16), bf16_bytes, near(bf16_bytes));
+  // With an fp32 state it keeps the 16 bits that make a bf16 weight its fp32 master, and fp32
+  // moments: 10 bytes over DP 2: 4 P + 5 P + activations = 79,481,906,858.67 (74.0 GiB).
+  layout remainders = l;
+  remainders.optimizer_bytes = optimizer_state_named("remainders");
+  const double remainder_bytes = 9 * P + nemotron_first_rank_activations;
+  EXPECT_NEAR(estimate_memory(m, remainders), remainder_bytes, near(remainder_bytes));
+  std::printf(
+      "  Nemotron-4 340B, DGX Cloud recipe: %.1f GiB per GPU under Megatron-core's "
+      "distributed optimizer, %.1f with Apex's and fp32 state, %.1f with bf16 state "
+      "(%.1f usable)\n",
+      megatron / gib, estimate_memory(m, remainders) / gib, estimate_memory(m, bf16) / gib,
+      h100_sxm.hbm_bytes / gib);
 }
 
 } // namespace

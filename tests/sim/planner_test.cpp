@@ -465,7 +465,8 @@ TEST(sim_planner, a_model_without_dropout_keeps_no_masks) {
   EXPECT_NEAR(with_masks - without, (103 * 2 + 103.0 / 12) * 4096.0 * 18432 / 8, 1e-6 * with_masks);
 }
 
-// describe() names the engine that runs a layout's ZeRO stage and HSDP's groups.
+// describe() names the engine that runs a layout's ZeRO stage, HSDP's groups and an optimizer
+// state other than Adam's fp32 one.
 TEST(sim_planner, describe_names_the_shard_engine) {
   layout l;
   l.dp = 128;
@@ -488,7 +489,8 @@ TEST(sim_planner, describe_names_the_shard_engine) {
   EXPECT_EQ(describe(l), head + ", ZeRO-3 over groups of 32, 4 replicas");
   l.shard_group = 0;
   use_shard_engine(l, shard_engine::megatron_distopt);
-  EXPECT_EQ(describe(l), head + ", ZeRO-1 (megatron-distopt)");
+  l.optimizer_bytes = optimizer_state_named("bf16");
+  EXPECT_EQ(describe(l), head + ", ZeRO-1 (megatron-distopt), 4-byte optimizer state");
 }
 
 // Published runs: the search, given the run's model, cluster, batch and software (engine, TP

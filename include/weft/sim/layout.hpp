@@ -13,6 +13,7 @@
 #include <weft/sim/model.hpp>
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -94,6 +95,9 @@ struct layout {
                                   // backward's likewise. A collective shows by its excess over its
                                   // GEMM, plus one chunk (1/tp) of the shorter of the two
   double grad_bytes = 2;          // bytes per gradient element in the DP reduction
+  // Optimizer state per parameter before sharding: 12 for Adam's fp32 master weights, momentum
+  // and variance; optimizer_state_named gives the others.
+  double optimizer_bytes = adam_state_bytes;
   // Sharded data parallelism (zero 3: ZeRO-3, FSDP; sharded.hpp's use_shard_engine sets these).
   // Each block (a transformer layer; the embedding and output layer as one more) is gathered
   // before its forward and, with reshard_after_forward, again before its backward; its gradient
@@ -158,6 +162,19 @@ struct layout {
               "': expected fused, fp16 or fp32");
 }
 
+/// layout::optimizer_bytes of an optimizer's state by name: "fp32" (12: Adam's fp32 master
+/// weights, momentum and variance: Megatron-core's distributed optimizer, DeepSpeed),
+/// "remainders" (10: the 16 bits that, with a bf16 weight, make its fp32 master, and fp32
+/// moments: Apex's DistributedFusedAdam, NeMo's distributed_fused_adam with an fp32 state) or
+/// "bf16" (4: bf16 moments and no master copy: the same with its optimizer dtype bf16).
+[[nodiscard]] inline double optimizer_state_named(std::string_view s) {
+  if (s == "fp32") return adam_state_bytes;
+  if (s == "remainders") return 10;
+  if (s == "bf16") return 4;
+  throw error("weft: sim: unknown optimizer state '" + std::string(s) +
+              "': expected fp32, remainders or bf16");
+}
+
 namespace detail {
 
 inline void check_layout(const model_spec& m, const machine& mc, const layout& l) {
@@ -198,6 +215,11 @@ inline void check_layout(const model_spec& m, const machine& mc, const layout& l
   if (l.sharding != shard_engine::none && l.zero != zero_stage_of(l.sharding))
     fail("sharding " + std::string(name_of(l.sharding)) + " runs ZeRO-" +
          std::to_string(zero_stage_of(l.sharding)) + ", not zero " + std::to_string(l.zero));
+  if (!(l.optimizer_bytes >= 0)) {
+    char bytes[32];
+    std::snprintf(bytes, sizeof bytes, "%g", l.optimizer_bytes);
+    fail(std::string("optimizer_bytes must be at least 0, not ") + bytes);
+  }
   if (l.tp_comm_overlap && !l.sequence_parallel)
     fail(
         "tp_comm_overlap pipelines sequence parallelism's all-gathers and reduce-scatters: it "

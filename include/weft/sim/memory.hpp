@@ -3,8 +3,8 @@
 // states and activations of the fullest rank, and the micro-batches a schedule keeps in flight.
 //
 //   per pipeline rank r, per TP rank:
-//     states       2 bytes of weights, grad_bytes of gradients, 12 of optimizer state per
-//                  weight the rank holds, each divided by the GPUs it is sharded over
+//     states       2 bytes of weights, grad_bytes of gradients, optimizer_bytes of optimizer state
+//                  per weight the rank holds, each divided by the GPUs it is sharded over
 //                  (layout::shard_groups: ZeRO-1 the optimizer state over the DP group, ZeRO-2
 //                  the gradients too, ZeRO-3 the weights too; HSDP the same over its shard group)
 //     activations  Korthikanti's per-layer bytes (model.hpp) x the rank's layers x the
@@ -95,8 +95,8 @@ inline std::pair<state_memory, double> memory_of(const model_spec& m, const layo
       a += (8.0 * T + (m.dropout ? T * h / (l.sequence_parallel ? t : 1) : 0.0)) * held / v;
     if (r == p - 1) a += 4.0 * T * m.vocab / t; // fp32 logits
     a += zero3_gather_bytes(m, l);
-    const state_memory states =
-        state_memory_of(weights[static_cast<std::size_t>(r)], l.shard_groups(), l.grad_bytes);
+    const state_memory states = state_memory_of(weights[static_cast<std::size_t>(r)],
+                                                l.shard_groups(), l.grad_bytes, l.optimizer_bytes);
     if (r == 0 || states.total() + a > worst.first.total() + worst.second) worst = {states, a};
   }
   return worst;
