@@ -419,8 +419,9 @@ TEST(sim_planner, the_time_and_memory_splits_add_up) {
 
 // Without dropout a layer keeps neither 1-byte mask (sbh each, split over TP by sequence
 // parallelism) nor, of the attention core, the mask (a s^2 b) and the dropped probabilities
-// (2 a s^2 b, both split over TP); Nemotron-4's recipe on 128 H100 (DGX Cloud: TP 8, PP 8, DP 2,
-// 12 chunks, sequence parallelism, ZeRO-1) then holds 79.5 GiB instead of 81.4.
+// (2 a s^2 b, both split over TP), and the first stage no embedding dropout mask; Nemotron-4's
+// recipe on 128 H100 (DGX Cloud: TP 8, PP 8, DP 2, 12 chunks, sequence parallelism, ZeRO-1)
+// then holds 79.4 GiB instead of 81.3 (sim_memory_test works it out by hand).
 TEST(sim_planner, a_model_without_dropout_keeps_no_masks) {
   model_spec m = gpt("gpt-13b", 40, 5120, 40, 51200);
   model_spec dry = m;
@@ -459,8 +460,37 @@ TEST(sim_planner, a_model_without_dropout_keeps_no_masks) {
       "  Nemotron-4 340B, DGX Cloud recipe: %.1f GiB per GPU with dropout masks, %.1f without\n",
       with_masks / gib, without / gib);
   // 103 one-layer chunks in flight on the first stage (2 (p - 1) + (v - 1) p + 1), two masks of
-  // s b h / t bytes each
-  EXPECT_NEAR(with_masks - without, 103 * 2 * 4096.0 * 18432 / 8, 1e-6 * with_masks);
+  // s b h / t bytes each, and the embedding's mask of s b h / t for each of the 103/12
+  // micro-batches its first chunk holds
+  EXPECT_NEAR(with_masks - without, (103 * 2 + 103.0 / 12) * 4096.0 * 18432 / 8, 1e-6 * with_masks);
+}
+
+// describe() names the engine that runs a layout's ZeRO stage, HSDP's groups and an optimizer
+// state other than Adam's fp32 one.
+TEST(sim_planner, describe_names_the_shard_engine) {
+  layout l;
+  l.dp = 128;
+  const std::string head = "tp 1 pp 1 dp 128, micro-batch 1, 1f1b, recompute none";
+  EXPECT_EQ(describe(l), head);
+  l.zero = 2;
+  EXPECT_EQ(describe(l), head + ", ZeRO-2");
+  use_shard_engine(l, shard_engine::fsdp);
+  EXPECT_EQ(describe(l), head + ", ZeRO-3 (fsdp)");
+  l.shard_group = 8;
+  EXPECT_EQ(describe(l), head + ", ZeRO-3 (hsdp: fsdp over groups of 8, 16 replicas)");
+  use_shard_engine(l, shard_engine::fsdp2);
+  EXPECT_EQ(describe(l), head + ", ZeRO-3 (hsdp: fsdp2 over groups of 8, 16 replicas)");
+  use_shard_engine(l, shard_engine::deepspeed_zero3);
+  EXPECT_EQ(describe(l), head + ", ZeRO-3 (deepspeed-zero3 over groups of 8, 16 replicas)");
+  l.shard_group = 0;
+  EXPECT_EQ(describe(l), head + ", ZeRO-3 (deepspeed-zero3)");
+  l.sharding = shard_engine::none;
+  l.shard_group = 32;
+  EXPECT_EQ(describe(l), head + ", ZeRO-3 over groups of 32, 4 replicas");
+  l.shard_group = 0;
+  use_shard_engine(l, shard_engine::megatron_distopt);
+  l.optimizer_bytes = optimizer_state_named("bf16");
+  EXPECT_EQ(describe(l), head + ", ZeRO-1 (megatron-distopt), 4-byte optimizer state");
 }
 
 // Published runs: the search, given the run's model, cluster, batch and software (engine, TP

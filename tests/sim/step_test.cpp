@@ -171,10 +171,11 @@ TEST(sim_step, pipeline_bubble_and_memory_of_a_simple_layout) {
   EXPECT_GT(r.bubble, 7.0 / 64 - 0.002);
   EXPECT_LT(r.bubble, 0.13);
   // Rank 0 of 1F1B holds p micro-batches of its 2 layers, as Korthikanti Table 2 counts them
-  // (t = 1, no recompute), and of the embedding's output (s b h 16-bit values).
+  // (t = 1, no recompute), and of the embedding's input and dropout: the token ids (s b int64)
+  // and the mask (s b h bytes); its output is the first layer's input, counted there.
   const double sbh = 2048.0 * 2048;
   const double per_layer = sbh * (34 + 5.0 * 16 * 2048 / 2048);
-  EXPECT_NEAR(r.activation_bytes, 8 * (2 * per_layer + 2 * sbh), 1e-9 * r.activation_bytes);
+  EXPECT_NEAR(r.activation_bytes, 8 * (2 * per_layer + sbh + 8 * 2048), 1e-9 * r.activation_bytes);
   // The interleaved schedule's first stage holds (1 + (p - 1) / (p v)) times that (Korthikanti
   // et al. 2022, section 4.2.3): 1 + 7/16 with v = 2 chunks of one layer.
   layout li = l;

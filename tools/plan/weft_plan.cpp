@@ -69,11 +69,17 @@ layout (one simulation):
   --overlap-param-gather
                        with --zero 1: Megatron-LM's distributed optimizer, the updated weights'
                        all-gather behind the next step's first forward (one layout)
-  --sharding S         ZeRO-3 as an engine runs it: fsdp (PyTorch FSDP FULL_SHARD) | fsdp2
-                       (fully_shard) | deepspeed-zero3: each layer gathered before its forward and
-                       backward one layer ahead, its gradient reduce-scattered after its backward
-  --shard-group N      with --sharding: shard over groups of N DP ranks, replicated across them
-                       (HSDP; N divides DP)
+  --sharding S         the ZeRO stage as an engine runs it: fsdp (PyTorch FSDP FULL_SHARD) | fsdp2
+                       (fully_shard) | deepspeed-zero3: ZeRO-3, each layer gathered before its
+                       forward and backward one layer ahead, its gradient reduce-scattered after
+                       its backward | megatron-distopt: ZeRO-1, Megatron-core's distributed
+                       optimizer
+  --shard-group N      with a ZeRO-3 --sharding: shard over groups of N DP ranks, replicated
+                       across them (HSDP; N divides DP)
+  --optimizer-state S  bytes of optimizer state per weight: fp32 (default, 12: Adam's fp32 master
+                       weights and moments) | remainders (10: 16-bit remainders of bf16 weights for
+                       the master, fp32 moments; Apex's DistributedFusedAdam) | bf16 (4: bf16
+                       moments, no master copy; NeMo's distributed_fused_adam with dtype bf16)
 search:
   --search             rank every mesh that fits; with --tp and --pp, say where that one ranks
   --top N              layouts to explain (default 5)
@@ -285,6 +291,7 @@ config parse(const std::vector<std::string_view>& args) {
                                                   "--engine",
                                                   "--sharding",
                                                   "--shard-group",
+                                                  "--optimizer-state",
                                                   "--host",
                                                   "--optimizer",
                                                   "--bucket-elements",
@@ -356,6 +363,8 @@ config parse(const std::vector<std::string_view>& args) {
       c.sharding = sim::shard_engine_named(v);
     } else if (flag == "--shard-group") {
       c.layout.shard_group = whole(flag, v, 1);
+    } else if (flag == "--optimizer-state") {
+      c.layout.optimizer_bytes = sim::optimizer_state_named(v);
     } else if (flag == "--schedule") {
       if (v == "1f1b")
         c.layout.schedule = pl::schedule_kind::one_f_one_b;
@@ -409,7 +418,7 @@ config parse(const std::vector<std::string_view>& args) {
          {"--gpu", "--nodes", "--gpus-per-node", "--engine", "--grad-accum", "--top",
           "--memory-limit", "--trace", "--search", "--gated", "--flash", "--tp-across-nodes",
           "--tp-overlap", "--tp-comm-overlap", "--overlap-param-gather", "--sharding",
-          "--shard-group", "--runnable"})
+          "--shard-group", "--optimizer-state", "--runnable"})
       if (given(f))
         bad(std::string(f) +
             " prices a GPU cluster; --host predicts the host trainer's memory (leave it out)");
@@ -438,7 +447,7 @@ config parse(const std::vector<std::string_view>& args) {
   }
   take_chunks();
   if (c.sharding) {
-    if (given("--zero")) bad("--sharding is ZeRO-3 as its engine runs it; leave out --zero");
+    if (given("--zero")) bad("--sharding sets the ZeRO stage its engine runs; leave out --zero");
     sim::use_shard_engine(c.layout, *c.sharding);
   } else if (given("--shard-group")) {
     bad("--shard-group (HSDP) needs --sharding");
@@ -498,7 +507,10 @@ std::string json(const sim::model_spec& m, const sim::layout& l, const sim::step
        ", \"tp_across_nodes\": " + (l.tp_across_nodes ? "true" : "false") +
        ", \"tp_overlap\": " + (l.tp_overlap ? "true" : "false") +
        ", \"engine\": " + q(sim::name_of(sim::engine_of(l))) +
-       ", \"grad_accumulation_bytes\": " + num(l.grad_accumulation_bytes) + "},\n";
+       ", \"sharding\": " + q(sim::name_of(l.sharding)) +
+       ", \"shard_group\": " + std::to_string(l.zero > 0 ? l.shards() : 1) +
+       ", \"grad_accumulation_bytes\": " + num(l.grad_accumulation_bytes) +
+       ", \"optimizer_bytes\": " + num(l.optimizer_bytes) + "},\n";
   o += "  \"microbatches\": " + std::to_string(r.microbatches) + ",\n";
   o += "  \"step_time_s\": " + num(r.step_time_s) + ",\n";
   o += "  \"tflops_per_gpu\": " + num(r.tflops_per_gpu) + ",\n";
@@ -730,6 +742,7 @@ int main(int argc, char** argv) {
       o.memory_limit = c.memory_limit_gib * 1024.0 * 1024 * 1024;
       o.tp_overlap = c.layout.tp_overlap;
       o.grad_accumulation_bytes = c.layout.grad_accumulation_bytes;
+      o.optimizer_bytes = c.layout.optimizer_bytes;
       o.engine = c.engine;
       o.runnable_only = c.runnable;
       const sim::search_result s = sim::search(c.model, mc, o);

@@ -13,11 +13,54 @@
 #include <weft/sim/model.hpp>
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <string_view>
 #include <utility>
 
 namespace weft::sim {
+
+/// Whose software shards the model states of a layout (layout::sharding), where one is named.
+///   none              the ZeRO stage of layout::zero, by its number alone
+///   deepspeed_zero3   DeepSpeed's ZeRO stage 3
+///   fsdp              PyTorch FSDP1: FULL_SHARD, or with layout::shard_group HYBRID_SHARD (HSDP)
+///   fsdp2             PyTorch FSDP2 (fully_shard), HSDP over a 2-D mesh with a shard group
+///   megatron_distopt  Megatron-core's distributed optimizer: ZeRO-1, the optimizer state sharded
+///                     over the DP group, the gradients reduce-scattered, the weights whole
+/// sharded.hpp's use_shard_engine sets a layout to an engine's ZeRO stage and its gathering.
+enum class shard_engine : std::uint8_t { none, deepspeed_zero3, fsdp, fsdp2, megatron_distopt };
+
+[[nodiscard]] constexpr std::string_view name_of(shard_engine e) noexcept {
+  switch (e) {
+    case shard_engine::none: return "none";
+    case shard_engine::deepspeed_zero3: return "deepspeed-zero3";
+    case shard_engine::fsdp: return "fsdp";
+    case shard_engine::fsdp2: return "fsdp2";
+    case shard_engine::megatron_distopt: return "megatron-distopt";
+  }
+  return "?";
+}
+
+/// The engine named `s` ("deepspeed-zero3", "fsdp", "fsdp2" or "megatron-distopt").
+[[nodiscard]] inline shard_engine shard_engine_named(std::string_view s) {
+  for (shard_engine e : {shard_engine::deepspeed_zero3, shard_engine::fsdp, shard_engine::fsdp2,
+                         shard_engine::megatron_distopt})
+    if (name_of(e) == s) return e;
+  throw error("weft: sim: unknown sharding engine '" + std::string(s) +
+              "': expected deepspeed-zero3, fsdp, fsdp2 or megatron-distopt");
+}
+
+/// The ZeRO stage engine `e` runs (0 for none: the layout's own stage).
+[[nodiscard]] constexpr int zero_stage_of(shard_engine e) noexcept {
+  switch (e) {
+    case shard_engine::none: return 0;
+    case shard_engine::megatron_distopt: return 1;
+    case shard_engine::deepspeed_zero3:
+    case shard_engine::fsdp:
+    case shard_engine::fsdp2: return 3;
+  }
+  return 0;
+}
 
 /// How the model is spread, and how it trains.
 struct layout {
@@ -28,7 +71,9 @@ struct layout {
   int micro_batch = 1;  // sequences per micro-batch
   int global_batch = 0; // sequences per step; 0: one micro-batch per DP rank
   pipeline::schedule_kind schedule = pipeline::schedule_kind::one_f_one_b;
-  int zero = 0;                   // ZeRO stage 0..3 over the DP group
+  int zero = 0; // ZeRO stage 0..3 over the DP group
+  // Whose software runs the ZeRO stage, where the layout names it (sharded.hpp's use_shard_engine).
+  shard_engine sharding = shard_engine::none;
   bool sequence_parallel = false; // Korthikanti et al.: layer norms and dropout split over TP
   recompute recomputation = recompute::none;
   bool tp_across_nodes = false;   // number TP slowest: its ranks on different nodes
@@ -50,7 +95,10 @@ struct layout {
                                   // backward's likewise. A collective shows by its excess over its
                                   // GEMM, plus one chunk (1/tp) of the shorter of the two
   double grad_bytes = 2;          // bytes per gradient element in the DP reduction
-  // Sharded data parallelism (zero 3: ZeRO-3, FSDP; shard_engine.hpp sets these per engine).
+  // Optimizer state per parameter before sharding: 12 for Adam's fp32 master weights, momentum
+  // and variance; optimizer_state_named gives the others.
+  double optimizer_bytes = adam_state_bytes;
+  // Sharded data parallelism (zero 3: ZeRO-3, FSDP; sharded.hpp's use_shard_engine sets these).
   // Each block (a transformer layer; the embedding and output layer as one more) is gathered
   // before its forward and, with reshard_after_forward, again before its backward; its gradient
   // is reduce-scattered after its backward.
@@ -87,6 +135,9 @@ struct layout {
   [[nodiscard]] int microbatches() const noexcept { return batch() / (dp * micro_batch); }
   /// GPUs one set of shards spans under ZeRO-3: shard_group, or the whole DP group.
   [[nodiscard]] int shards() const noexcept { return shard_group > 0 ? shard_group : dp; }
+  /// GPUs each model state is divided over: the ZeRO stage's states over shards() (the DP
+  /// group, or HSDP's shard group), the others whole.
+  [[nodiscard]] state_shards shard_groups() const { return zero_shards(zero, shards()); }
 
   /// The rank numbering as a mesh: TP fastest, then DP, then PP (Megatron-LM's order); with
   /// tp_across_nodes DP fastest, then PP, then TP. Rank r runs on device r of the cluster.
@@ -109,6 +160,19 @@ struct layout {
   if (s == "fp32") return 10;
   throw error("weft: sim: unknown gradient accumulation '" + std::string(s) +
               "': expected fused, fp16 or fp32");
+}
+
+/// layout::optimizer_bytes of an optimizer's state by name: "fp32" (12: Adam's fp32 master
+/// weights, momentum and variance: Megatron-core's distributed optimizer, DeepSpeed),
+/// "remainders" (10: the 16 bits that, with a bf16 weight, make its fp32 master, and fp32
+/// moments: Apex's DistributedFusedAdam, NeMo's distributed_fused_adam with an fp32 state) or
+/// "bf16" (4: bf16 moments and no master copy: the same with its optimizer dtype bf16).
+[[nodiscard]] inline double optimizer_state_named(std::string_view s) {
+  if (s == "fp32") return adam_state_bytes;
+  if (s == "remainders") return 10;
+  if (s == "bf16") return 4;
+  throw error("weft: sim: unknown optimizer state '" + std::string(s) +
+              "': expected fp32, remainders or bf16");
 }
 
 namespace detail {
@@ -148,6 +212,14 @@ inline void check_layout(const model_spec& m, const machine& mc, const layout& l
          std::to_string(l.dp));
   if (l.shard_group > 0 && l.zero != 3)
     fail("shard_group (HSDP) shards the weights: it needs zero 3, not " + std::to_string(l.zero));
+  if (l.sharding != shard_engine::none && l.zero != zero_stage_of(l.sharding))
+    fail("sharding " + std::string(name_of(l.sharding)) + " runs ZeRO-" +
+         std::to_string(zero_stage_of(l.sharding)) + ", not zero " + std::to_string(l.zero));
+  if (!(l.optimizer_bytes >= 0)) {
+    char bytes[32];
+    std::snprintf(bytes, sizeof bytes, "%g", l.optimizer_bytes);
+    fail(std::string("optimizer_bytes must be at least 0, not ") + bytes);
+  }
   if (l.tp_comm_overlap && !l.sequence_parallel)
     fail(
         "tp_comm_overlap pipelines sequence parallelism's all-gathers and reduce-scatters: it "

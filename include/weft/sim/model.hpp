@@ -16,6 +16,7 @@
 //   of the layers (not of the logits): SC21 Eq. 3, 96 B s l h^2 (1 + s/6h + V/16lh).
 #include <weft/core/error.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -181,11 +182,13 @@ struct model_spec {
   return sbh * (replicated + split / tt + core / tt);
 }
 
-/// Bytes per GPU of the model states under ZeRO stage 0 (replicated) to 3 with mixed-precision
-/// Adam: 2 bytes of 16-bit weights, 2 of 16-bit gradients, K = 12 of optimizer state (fp32
-/// master weights, momentum and variance) per parameter, `params` parameters, sharded over
-/// `dp` data-parallel ranks: stage 1 shards the optimizer state, 2 the gradients too, 3 the
-/// weights too. (ZeRO, section 5: 7.5B parameters on 64 GPUs give 120, 31.4, 16.6, 1.9 GB.)
+/// Bytes per GPU of the model states with mixed-precision Adam: 2 bytes of 16-bit weights,
+/// `grad_bytes` of gradients and `optimizer_bytes` of optimizer state per parameter (K = 12 by
+/// default: fp32 master weights, momentum and variance), each divided by the GPUs it is sharded
+/// over. ZeRO stage 1 shards the optimizer state over the data-parallel group, 2 the gradients
+/// too, 3 the weights too (ZeRO, section 5: 7.5B parameters on 64 GPUs give 120, 31.4, 16.6,
+/// 1.9 GB); HSDP shards the same three over its shard group instead, and replicates them across
+/// the groups.
 struct state_memory {
   double weights = 0;
   double gradients = 0;
@@ -195,18 +198,41 @@ struct state_memory {
 
 inline constexpr double adam_state_bytes = 12;
 
-[[nodiscard]] inline state_memory zero_memory(double params, int dp, int stage,
-                                              double grad_bytes = 2) {
+/// GPUs each model state is divided over (1: every GPU holds all of it).
+struct state_shards {
+  int weights = 1;
+  int gradients = 1;
+  int optimizer = 1;
+};
+
+/// ZeRO stage `stage`'s sharding over `group` GPUs: the optimizer state from stage 1, the
+/// gradients from 2, the weights at 3.
+[[nodiscard]] inline state_shards zero_shards(int stage, int group) {
   if (stage < 0 || stage > 3)
     throw error("weft: sim: ZeRO stage must be 0, 1, 2 or 3, not " + std::to_string(stage));
-  if (dp < 1)
-    throw error("weft: sim: data-parallel degree must be at least 1, not " + std::to_string(dp));
-  const double n = dp;
-  state_memory m;
-  m.weights = 2.0 * params / (stage >= 3 ? n : 1.0);
-  m.gradients = grad_bytes * params / (stage >= 2 ? n : 1.0);
-  m.optimizer = adam_state_bytes * params / (stage >= 1 ? n : 1.0);
-  return m;
+  if (group < 1)
+    throw error("weft: sim: data-parallel degree must be at least 1, not " + std::to_string(group));
+  return {.weights = stage >= 3 ? group : 1,
+          .gradients = stage >= 2 ? group : 1,
+          .optimizer = stage >= 1 ? group : 1};
+}
+
+/// The model states of `params` parameters, each divided by the GPUs `s` shards it over.
+[[nodiscard]] inline state_memory state_memory_of(double params, const state_shards& s,
+                                                  double grad_bytes = 2,
+                                                  double optimizer_bytes = adam_state_bytes) {
+  if (s.weights < 1 || s.gradients < 1 || s.optimizer < 1)
+    throw error("weft: sim: model states are sharded over at least 1 GPU, not " +
+                std::to_string(std::min({s.weights, s.gradients, s.optimizer})));
+  return {.weights = 2.0 * params / s.weights,
+          .gradients = grad_bytes * params / s.gradients,
+          .optimizer = optimizer_bytes * params / s.optimizer};
+}
+
+/// ZeRO stage `stage` over `dp` data-parallel ranks.
+[[nodiscard]] inline state_memory zero_memory(double params, int dp, int stage,
+                                              double grad_bytes = 2) {
+  return state_memory_of(params, zero_shards(stage, dp), grad_bytes);
 }
 
 } // namespace weft::sim

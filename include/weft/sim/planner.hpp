@@ -51,6 +51,8 @@ struct search_options {
   bool sequence_parallel = true;      // with TP > 1
   bool tp_overlap = false;            // layout::tp_overlap of every variant
   double grad_accumulation_bytes = 0; // layout::grad_accumulation_bytes of every variant
+  // layout::optimizer_bytes of every variant
+  double optimizer_bytes = adam_state_bytes;
   pipeline_engine engine = pipeline_engine::megatron; // of every variant with PP > 1 (DeepSpeed's
       // runs only 1F1B under ZeRO 0 or 1; PP 1 runs no pipeline engine)
   bool runnable_only = false; // only variants weft::strategy runs as is (strategy_refusal)
@@ -125,8 +127,9 @@ namespace detail {
                "a GELU MLP and no grouped-query attention, layer::llama_model rotary "
                "positions and a SwiGLU MLP; this one has ") +
            (m.learned_positions ? "learned" : "rotary or ALiBi") + " positions, " +
-           (m.gated ? "a gated" : "an ungated") + " MLP and " + std::to_string(m.kv()) +
-           " key-value heads for " + std::to_string(m.heads);
+           (m.gated ? "a gated" : "an ungated") + " MLP and " +
+           std::to_string(m.kv_heads > 0 ? m.kv_heads : m.heads) + " key-value heads for " +
+           std::to_string(m.heads);
   if (m.hidden % m.heads != 0)
     return "hidden " + std::to_string(m.hidden) + " does not divide into " +
            std::to_string(m.heads) + " heads";
@@ -271,6 +274,7 @@ struct search_result {
             l.sequence_parallel = o.sequence_parallel && tp > 1;
             l.tp_overlap = o.tp_overlap;
             l.grad_accumulation_bytes = o.grad_accumulation_bytes;
+            l.optimizer_bytes = o.optimizer_bytes;
             if (kind == pipeline::schedule_kind::interleaved) {
               l.chunks = v;
               if (pp < 2 || v < 2 || m.layers % (v * pp) != 0 || micro % pp != 0) continue;
@@ -353,14 +357,36 @@ inline std::string format(const char* fmt, double a, double b = 0, double c = 0,
 } // namespace detail
 
 /// "tp 8 pp 35 dp 8, micro-batch 1, 1f1b, recompute full, ZeRO-1" (", DeepSpeed's pipeline engine"
-/// last where it runs)
+/// last where it runs). The ZeRO stage names the engine that runs it where the layout has one
+/// ("ZeRO-1 (megatron-distopt)", "ZeRO-3 (fsdp2)"), and a shard group smaller than the DP group
+/// ("ZeRO-3 (hsdp: fsdp over groups of 8, 16 replicas)"); an optimizer state other than Adam's
+/// 12 fp32 bytes follows it.
 [[nodiscard]] inline std::string describe(const layout& l) {
   std::string s = "tp " + std::to_string(l.tp) + " pp " + std::to_string(l.pp) + " dp " +
                   std::to_string(l.dp) + ", micro-batch " + std::to_string(l.micro_batch) + ", " +
                   std::string(pipeline::name_of(l.schedule));
   if (l.chunks > 1) s += "<" + std::to_string(l.chunks) + ">";
   s += ", recompute " + std::string(name_of(l.recomputation));
-  if (l.zero > 0) s += ", ZeRO-" + std::to_string(l.zero);
+  if (l.zero > 0) {
+    s += ", ZeRO-" + std::to_string(l.zero);
+    const std::string engine(name_of(l.sharding));
+    const bool groups = l.shards() < l.dp;
+    const std::string over = "over groups of " + std::to_string(l.shards()) + ", " +
+                             std::to_string(l.dp / std::max(1, l.shards())) + " replicas";
+    const bool hsdp =
+        groups && (l.sharding == shard_engine::fsdp || l.sharding == shard_engine::fsdp2);
+    if (hsdp)
+      s += " (hsdp: " + engine + " " + over + ")";
+    else if (l.sharding != shard_engine::none)
+      s += " (" + engine + (groups ? " " + over : "") + ")";
+    else if (groups)
+      s += " " + over;
+  }
+  if (l.optimizer_bytes != adam_state_bytes) {
+    char bytes[32];
+    std::snprintf(bytes, sizeof bytes, "%g", l.optimizer_bytes);
+    s += ", " + std::string(bytes) + "-byte optimizer state";
+  }
   if (l.sequence_parallel) s += ", sequence parallel";
   if (l.tp_across_nodes) s += ", TP across nodes";
   if (engine_of(l) == pipeline_engine::deepspeed) s += ", DeepSpeed's pipeline engine";

@@ -12,15 +12,15 @@
 //              reduce-scatter, nothing hides. While the stream runs a collective, the compute
 //              beside it runs `slowdown` longer (1 + slowdown times its own time): the
 //              collective's kernels hold SMs and HBM bandwidth the GEMMs would use.
-//   engines    shard_engine_named: "deepspeed-zero3", "fsdp" (FSDP1 FULL_SHARD), "fsdp2"
-//              (fully_shard); HSDP is FSDP with layout::shard_group set.
+//   engines    use_shard_engine: "deepspeed-zero3", "fsdp" (FSDP1 FULL_SHARD), "fsdp2"
+//              (fully_shard), "megatron-distopt" (ZeRO-1); HSDP is FSDP with layout::shard_group
+//              set. The engines themselves are layout.hpp's shard_engine.
 #include <weft/core/error.hpp>
 #include <weft/sim/layout.hpp>
 
 #include <algorithm>
 #include <cstddef>
 #include <string>
-#include <string_view>
 #include <vector>
 
 namespace weft::sim {
@@ -80,7 +80,7 @@ struct shard_pass {
   return {time, std::max(0.0, time - busy)};
 }
 
-/// Whose sharded data parallelism runs a ZeRO-3 layout, and how.
+/// How each engine (layout.hpp's shard_engine) runs its stage:
 ///   deepspeed_zero3  DeepSpeed's stage 3: every micro-batch gathers each block for its forward
 ///                    and again for its backward and reduce-scatters its gradients (buckets of
 ///                    reduce_bucket_size, 5e8 elements by default, overlapped with the backward
@@ -99,30 +99,18 @@ struct shard_pass {
 ///   fsdp2            PyTorch FSDP2, fully_shard: reshard_after_forward true by default,
 ///                    implicit one-module-ahead prefetch in forward and explicit one ahead in
 ///                    backward (pytorch/pytorch#128884): prefetch 1.
-enum class shard_engine { deepspeed_zero3, fsdp, fsdp2 };
+///   megatron_distopt ZeRO-1: the gathering settings do not apply; overlap_param_gather is the
+///                    layout's own choice (Megatron-LM's --overlap-param-gather).
+/// The ZeRO-3 engines differ in where their defaults come from, not in the figures: each
+/// regathers for the backward, prefetches one block and reduce-scatters every micro-batch.
 
-[[nodiscard]] constexpr std::string_view name_of(shard_engine e) noexcept {
-  switch (e) {
-    case shard_engine::deepspeed_zero3: return "deepspeed-zero3";
-    case shard_engine::fsdp: return "fsdp";
-    case shard_engine::fsdp2: return "fsdp2";
-  }
-  return "fsdp";
-}
-
-[[nodiscard]] inline shard_engine shard_engine_named(std::string_view s) {
-  for (shard_engine e : {shard_engine::deepspeed_zero3, shard_engine::fsdp, shard_engine::fsdp2})
-    if (name_of(e) == s) return e;
-  throw error("weft: sim: unknown sharding engine '" + std::string(s) +
-              "': expected deepspeed-zero3, fsdp or fsdp2");
-}
-
-/// Sets `l` to ZeRO-3 as engine `e` runs it (the engines differ in where their defaults come
-/// from, not in the figures: each regathers for the backward, prefetches one block and
-/// reduce-scatters every micro-batch). Keeps `l.shard_group` (HSDP).
+/// Sets `l` to engine `e`'s ZeRO stage and, for ZeRO-3, its gathering; records `e` in
+/// l.sharding (describe() names it). Keeps `l.shard_group` (HSDP).
 inline void use_shard_engine(layout& l, shard_engine e) {
-  (void)e;
-  l.zero = 3;
+  l.sharding = e;
+  if (e == shard_engine::none) return;
+  l.zero = zero_stage_of(e);
+  if (l.zero != 3) return;
   l.reshard_after_forward = true;
   l.shard_every_micro = true;
   l.prefetch = 1;

@@ -539,8 +539,10 @@ struct step_result {
   } else {
     out.dp_exposed_s = dp_time;
   }
-  const double shard = l.zero == 3 ? S : l.zero >= 1 ? l.dp : 1;
-  out.optimizer_s = rank_params / shard * 32.0 / (g.hbm_bandwidth * cal.hbm_fraction);
+  // The optimizer reads and writes its state and moves 8 bytes of gradient and 16-bit weight
+  // besides, per weight of its shard: 32 bytes in all for Adam's 12 of fp32 state.
+  out.optimizer_s = rank_params / l.shard_groups().optimizer * (2.0 * l.optimizer_bytes + 8.0) /
+                    (g.hbm_bandwidth * cal.hbm_fraction);
   out.step_time_s = out.pipeline_s + out.dp_exposed_s + out.optimizer_s;
 
   // --- throughput ----------------------------------------------------------------------------
