@@ -9,8 +9,10 @@
 #include <weft/comm/all_reduce.hpp>
 #include <weft/comm/all_to_all.hpp>
 #include <weft/comm/broadcast.hpp>
+#include <weft/comm/checked_calls.hpp>
 #include <weft/comm/reduce.hpp>
 #include <weft/comm/reduce_scatter.hpp>
+#include <weft/comm/traced.hpp>
 #include <weft/cuda/p2p.cuh>
 
 #include <gtest/gtest.h>
@@ -51,6 +53,16 @@ static_assert(weft::communicator<p2p::communicator>);
 static_assert(weft::plan_executor<p2p::communicator>);
 static_assert(weft::peer_access<p2p::communicator>,
               "algo::direct must compile with the p2p transport");
+// A traced or checked p2p communicator offers execute_whole as the bare one does, so
+// weft::all_reduce through it reaches the fused kernels (detail/planned_path.hpp).
+template <class C>
+constexpr bool runs_whole = requires(C& c, const plan& pl, const float* in, float* out) {
+  {
+    c.execute_whole(pl, in, std::size_t{}, out, std::size_t{}, op::avg{}, "")
+    } -> std::same_as<bool>;
+};
+static_assert(runs_whole<p2p::communicator> && runs_whole<weft::traced<p2p::communicator>> &&
+              runs_whole<weft::checked_calls<p2p::communicator>>);
 
 std::string failure_of(auto&& body) {
   try {

@@ -10,17 +10,13 @@
 
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
-namespace {
+#include "sim/csv_rows.hpp"
 
-std::string data_dir() {
-  std::string here = __FILE__;
-  return here.substr(0, here.rfind("/tests/sim/")) + "/data";
-}
+namespace {
 
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
@@ -51,24 +47,13 @@ std::vector<std::vector<int>> parse_groups(const std::string& s) {
 }
 
 TEST(sim_groups, emulated_runs_within_25_percent) {
-  const std::string path = data_dir() + "/emulated_runs.csv";
-  std::ifstream in(path);
-  ASSERT_TRUE(in) << path;
   const std::string links = ",intra=shm:1GB/s:5us,inter=net:0.25GB/s:20us,reduce=1.64GB/s";
-  std::string line;
-  bool header = true;
   int rows = 0;
   double worst = 0;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    if (header) {
-      header = false;
-      continue;
-    }
-    const auto cells = split(line, ',');
-    ASSERT_EQ(cells.size(), 7u) << line;
-    const auto cluster = weft::topology::parse(cells[2] + links);
-    const std::string& a = cells[3];
+  for (const weft_test::csv_row& row :
+       weft_test::read_csv_rows(weft_test::data_dir() + "/emulated_runs.csv")) {
+    const auto cluster = weft::topology::parse(row.at("shape") + links);
+    const std::string& a = row.at("algorithm");
     weft::plan (*make)(const weft::plan_request&) = nullptr;
     if (a == "ring")
       make = &weft::algo::ring::make_plan;
@@ -79,16 +64,16 @@ TEST(sim_groups, emulated_runs_within_25_percent) {
     else if (a == "hierarchical_ring_tree")
       make = &weft::algo::hierarchical<weft::algo::ring, weft::algo::tree>::make_plan;
     else
-      ASSERT_EQ(a, "automatic") << line;
-    const std::size_t bytes = std::stoull(cells[5]);
-    const double measured = std::stod(cells[6]) * 1e-3;
+      ASSERT_EQ(a, "automatic") << row.where();
+    const auto bytes = static_cast<std::size_t>(row.integer("bytes"));
+    const double measured = row.number("measured_ms") * 1e-3;
     const double predicted =
-        weft::sim::price_groups(weft::collective::all_reduce, parse_groups(cells[4]), cluster,
-                                bytes / sizeof(float), sizeof(float), make);
+        weft::sim::price_groups(weft::collective::all_reduce, parse_groups(row.at("groups")),
+                                cluster, bytes / sizeof(float), sizeof(float), make);
     const double err = predicted / measured - 1;
     std::printf("  %-40s %9zu B: measured %7.1f ms, simulated %7.1f ms (%+5.1f%%)\n",
-                cells[1].c_str(), bytes, measured * 1e3, predicted * 1e3, 100 * err);
-    EXPECT_LT(std::abs(err), 0.25) << line;
+                row.at("case").c_str(), bytes, measured * 1e3, predicted * 1e3, 100 * err);
+    EXPECT_LT(std::abs(err), 0.25) << row.where();
     worst = std::max(worst, std::abs(err));
     ++rows;
   }

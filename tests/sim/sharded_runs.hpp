@@ -7,13 +7,12 @@
 #include <weft/sim/sharded.hpp>
 #include <weft/sim/step.hpp>
 
-#include <fstream>
-#include <map>
-#include <sstream>
+#include <algorithm>
+#include <cctype>
 #include <string>
 #include <vector>
 
-#include "published_runs.hpp"
+#include "csv_rows.hpp"
 
 namespace weft_test {
 
@@ -54,33 +53,9 @@ inline double predicted_tokens(const sharded_run& r) {
 
 inline std::vector<sharded_run> read_sharded_runs(const std::string& path = data_dir() +
                                                                             "/sharded_runs.csv") {
-  std::ifstream in(path);
-  if (!in) throw weft::error("cannot open " + path);
-  std::vector<std::string> header;
   std::vector<sharded_run> out;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    std::vector<std::string> cells;
-    std::stringstream ss(line);
-    std::string cell;
-    while (std::getline(ss, cell, ','))
-      cells.push_back(cell);
-    if (line.back() == ',') cells.emplace_back();
-    if (header.empty()) {
-      header = cells;
-      continue;
-    }
-    if (cells.size() != header.size())
-      throw weft::error(path + ": a row of " + std::to_string(cells.size()) +
-                        " cells under a header of " + std::to_string(header.size()) + ": " + line);
-    std::map<std::string, std::string> row;
-    for (std::size_t i = 0; i < cells.size(); ++i)
-      row[header[i]] = cells[i];
-    const auto integer = [&](const char* k) {
-      const std::string& v = row.at(k);
-      return v == "-" ? 0 : std::stoi(v);
-    };
+  for (const csv_row& row : read_csv_rows(path)) {
+    const auto integer = [&](const char* k) { return row.at(k) == "-" ? 0 : row.integer(k); };
     sharded_run r;
     r.source = row.at("source");
     r.id = row.at("id");
@@ -89,8 +64,7 @@ inline std::vector<sharded_run> read_sharded_runs(const std::string& path = data
     r.batch_rule = row.at("batch_rule");
     r.set = row.at("set");
     r.gpus = integer("gpus");
-    const std::string tokens = row.at("tokens_per_gpu_s");
-    r.published_tokens = tokens == "-" ? 0 : std::stod(tokens);
+    r.published_tokens = row.at("tokens_per_gpu_s") == "-" ? 0 : row.number("tokens_per_gpu_s");
     const std::string precision = row.at("precision");
     const auto refuse = [&](const std::string& why) {
       if (r.why_not.empty()) r.why_not = why;

@@ -23,6 +23,16 @@ namespace {
 using weft::sim::run_sharded_pass;
 using weft::sim::shard_block;
 
+// The model of the row `id` of data/sharded_runs.csv, as read_sharded_runs reads it.
+weft::sim::model_spec model_of_row(const std::string& id) {
+  for (const auto& r : weft_test::read_sharded_runs())
+    if (r.id == id) {
+      if (!r.why_not.empty()) throw weft::error("sharded_runs.csv: row " + id + ": " + r.why_not);
+      return r.model;
+    }
+  throw weft::error("sharded_runs.csv: no row " + id);
+}
+
 // Three blocks of 10 s compute, gathers of 4 s (hidden) or 15 s (5 s of each shows): worked by
 // hand on a two-stream timeline.
 TEST(sim_sharded, pass_hides_a_gather_behind_the_block_before_it) {
@@ -63,14 +73,7 @@ TEST(sim_sharded, pass_slows_the_compute_beside_a_collective) {
 // slower the more blocks' gathers outlast their compute: a 13B model's step over 64 GPUs at
 // one sequence per GPU shows more of its gathers than at sixteen.
 TEST(sim_sharded, fewer_tokens_per_gpu_show_more_of_the_gathers) {
-  weft::sim::model_spec m;
-  m.name = "mpt-13b";
-  m.layers = 40;
-  m.hidden = 5120;
-  m.heads = 40;
-  m.seq = 2048;
-  m.vocab = 50368;
-  m.flash_attention = true;
+  const weft::sim::model_spec m = model_of_row("mpt-13b-a100-40-64");
   const auto mc = weft::sim::dgx(weft::sim::a100_80gb, 8);
   const auto exposed_share = [&](int micro) {
     weft::sim::layout l{.dp = 64, .micro_batch = micro, .global_batch = 64 * micro};
@@ -90,18 +93,7 @@ TEST(sim_sharded, fewer_tokens_per_gpu_show_more_of_the_gathers) {
 // shard across the replicas; the optimizer state is sharded over the node only: 8 times the
 // full shard's optimizer time on 64 GPUs.
 TEST(sim_sharded, hsdp_shards_inside_the_group_and_reduces_across_replicas) {
-  weft::sim::model_spec m;
-  m.name = "llama2-7b";
-  m.layers = 32;
-  m.hidden = 4096;
-  m.heads = 32;
-  m.ffn = 11008;
-  m.gated = true;
-  m.learned_positions = false;
-  m.tied_embeddings = false;
-  m.seq = 4096;
-  m.vocab = 32000;
-  m.flash_attention = true;
+  const weft::sim::model_spec m = model_of_row("llama2-7b-hsdp-a100-128");
   const auto mc = weft::sim::dgx(weft::sim::a100_80gb, 8);
   weft::sim::layout full{.dp = 64, .micro_batch = 2};
   weft::sim::use_shard_engine(full, weft::sim::shard_engine::fsdp);
@@ -120,14 +112,7 @@ TEST(sim_sharded, hsdp_shards_inside_the_group_and_reduces_across_replicas) {
 // micro-batches: over four micro-batches, less than a quarter of what gathering and
 // reduce-scattering for every one sends (which also regathers for the backward).
 TEST(sim_sharded, gathering_once_a_step_sends_less_than_a_share_per_micro_batch) {
-  weft::sim::model_spec m;
-  m.name = "mpt-7b";
-  m.layers = 32;
-  m.hidden = 4096;
-  m.heads = 32;
-  m.seq = 2048;
-  m.vocab = 50368;
-  m.flash_attention = true;
+  const weft::sim::model_spec m = model_of_row("mpt-7b-a100-40-64");
   const auto mc = weft::sim::dgx(weft::sim::a100_80gb, 4);
   weft::sim::layout every{.dp = 32, .micro_batch = 2, .global_batch = 256};
   weft::sim::use_shard_engine(every, weft::sim::shard_engine::fsdp2);
@@ -357,14 +342,7 @@ TEST(sim_sharded, held_out_rows_and_series) {
 // block's compute covers its gather and falls once it does not. Against a reference: the same
 // steps with their exposed communication taken out, which do not fall.
 TEST(sim_sharded, fixed_global_batch_loses_throughput_once_gathers_outlast_compute) {
-  weft::sim::model_spec m;
-  m.name = "mpt-13b";
-  m.layers = 40;
-  m.hidden = 5120;
-  m.heads = 40;
-  m.seq = 2048;
-  m.vocab = 50368;
-  m.flash_attention = true;
+  const weft::sim::model_spec m = model_of_row("mpt-13b-a100-40-64");
   std::printf("%6s %6s %12s %12s %14s\n", "gpus", "micro", "tokens/s/gpu", "exposed s",
               "without comm");
   std::vector<double> with, without;
