@@ -16,8 +16,8 @@
 namespace weft_test {
 
 struct fit_row {
-  std::string file, set, id; // file: "published" or "sharded"
-  bool zero3 = false;        // overlap_slowdown moves it
+  std::string file, set, id;                                  // file: "published" or "sharded"
+  bool zero3 = false;                                         // overlap_slowdown moves it
   std::function<double(const weft::sim::calibration&)> error; // predicted / published - 1
 };
 
@@ -36,8 +36,7 @@ inline std::vector<double> peak_fraction_grid() { // 0.55 to 0.85 by 0.01
   return v;
 }
 inline std::vector<double> half_dim_grid() {
-  return {1,   2,   4,   8,   16,  32,  48,  64,  96,  128,
-          160, 200, 256, 320, 384, 448, 512, 640, 768, 1024};
+  return {1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 200, 256, 320, 384, 448, 512, 640, 768, 1024};
 }
 inline std::vector<double> hbm_fraction_grid() { // 0.60 to 0.90 by 0.05
   std::vector<double> v;

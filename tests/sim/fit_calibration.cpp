@@ -35,7 +35,8 @@ using weft::sim::calibration;
 using weft_test::fit_row;
 
 // The largest |error| of `rows` under `c`, or any figure above `bound` once one row exceeds it.
-double worst_of(const std::vector<const fit_row*>& rows, const calibration& c, double bound = 1e300) {
+double worst_of(const std::vector<const fit_row*>& rows, const calibration& c,
+                double bound = 1e300) {
   double worst = 0;
   for (const fit_row* r : rows) {
     worst = std::max(worst, std::abs(r->error(c)));
@@ -89,8 +90,7 @@ void print(const char* what, const calibration& c, double worst) {
   std::printf(
       "  %-16s gemm_peak_fraction %.2f, gemm_half_dim %g, hbm_fraction %.2f, overlap_slowdown "
       "%.2f: largest tuning error %.2f%%\n",
-      what, c.gemm_peak_fraction, c.gemm_half_dim, c.hbm_fraction, c.overlap_slowdown,
-      100 * worst);
+      what, c.gemm_peak_fraction, c.gemm_half_dim, c.hbm_fraction, c.overlap_slowdown, 100 * worst);
 }
 
 } // namespace
