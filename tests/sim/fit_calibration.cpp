@@ -1,90 +1,168 @@
-// Refits the A100 constants of include/weft/sim/calibration.hpp on the rows of
-// data/published_runs.csv marked `tune`, as data/README.md describes: a grid over
-// gemm_peak_fraction, gemm_half_dim and hbm_fraction, the point with the smallest largest
-// error. Prints that point, every A100 row's error under it and under calibration.hpp's
-// constants, and exits 1 if they differ (the header then needs the printed figures), 2 if the
-// data has no A100 tuning row. The search starts from the header's constants and moves only
-// for a smaller largest error, so a tie keeps them.
+// Refits the constants of include/weft/sim/calibration.hpp, one set per GPU type, on every row
+// marked `tune` in data/published_runs.csv and data/sharded_runs.csv, as data/README.md
+// describes ("The fit"): a grid over gemm_peak_fraction, gemm_half_dim, hbm_fraction and
+// overlap_slowdown, the point with the smallest largest error of those rows. Prints that point,
+// every row of the GPU type (both files, held-out rows too) under it and under the header's
+// constants, and the time the search took; exits 1 if a GPU type's point differs from the
+// header's (the header then needs the printed figures), 2 if a GPU type has no tuning row, 3 if
+// the search's shortcut (below) missed a better overlap_slowdown.
 //
 //   cmake --build build --target sim_fit_calibration && build/tests/sim_fit_calibration
 //
-// hbm_fraction stops at 0.90: elementwise kernels on an A100 do not stream HBM faster than
-// that, and the minimax is nearly flat along it (a grid up to 1.0 found the same 2.3%, so the tie
-// keeps 0.90). Not a test: it takes about a minute, and what it fits the step test checks.
+// The search starts from the header's constants and moves only for a smaller largest error, so
+// a tie keeps them. overlap_slowdown changes only the ZeRO-3 rows, and each of their predictions
+// falls as it grows: the largest error over it is the larger of a falling curve (the most
+// positive error) and a rising one (the most negative), least where they cross, which a
+// bisection of its grid finds; the point found is then checked against the whole grid.
+// hbm_fraction stops at 0.90: elementwise kernels do not stream HBM faster than that.
+// gemm_peak_fraction's grid is wider than any fit has needed; a point on its edge is reported.
+// Not a test: what it fits, sim_step_test and sim_sharded_runs_test check.
 #include <weft/sim/calibration.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <string>
-#include <string_view>
 #include <vector>
 
-#include "sim/published_runs.hpp"
+#include "sim/calibration_fit.hpp"
 
 namespace {
 
 using weft::sim::calibration;
 
-double error_of(const weft_test::published_run& r, const calibration& c) {
-  return weft_test::predicted_tflops(r, c) / r.measured_tflops - 1;
+using weft_test::fit_row;
+
+// The largest |error| of `rows` under `c`, or any figure above `bound` once one row exceeds it.
+double worst_of(const std::vector<const fit_row*>& rows, const calibration& c,
+                double bound = 1e300) {
+  double worst = 0;
+  for (const fit_row* r : rows) {
+    worst = std::max(worst, std::abs(r->error(c)));
+    if (worst > bound) break;
+  }
+  return worst;
 }
 
-double worst_of(const std::vector<weft_test::published_run>& rows, const calibration& c) {
-  double worst = 0;
-  for (const auto& r : rows)
-    worst = std::max(worst, std::abs(error_of(r, c)));
-  return worst;
+// The overlap_slowdown on `grid` that minimises the ZeRO-3 rows' largest error under `c`: the
+// first at which the most positive error no longer exceeds the magnitude of the most negative
+// one, or the one before it.
+double best_overlap(const std::vector<const fit_row*>& zero3, calibration c,
+                    const std::vector<double>& grid) {
+  const auto spread = [&](std::size_t k) { // (most positive, most negative)
+    c.overlap_slowdown = grid[k];
+    double hi = -1e300, lo = 1e300;
+    for (const fit_row* r : zero3) {
+      const double e = r->error(c);
+      hi = std::max(hi, e);
+      lo = std::min(lo, e);
+    }
+    return std::pair{hi, lo};
+  };
+  const auto crossed = [&](std::size_t k) {
+    const auto [hi, lo] = spread(k);
+    return hi + lo <= 0;
+  };
+  std::size_t first = 0, last = grid.size() - 1; // the first crossed k lies in [first, last]
+  if (!crossed(last)) return grid[last];
+  while (first < last) {
+    const std::size_t mid = (first + last) / 2;
+    if (crossed(mid))
+      last = mid;
+    else
+      first = mid + 1;
+  }
+  if (first == 0) return grid[0];
+  const auto at = [&](std::size_t k) {
+    const auto [hi, lo] = spread(k);
+    return std::max(hi, -lo);
+  };
+  return at(first - 1) < at(first) ? grid[first - 1] : grid[first];
+}
+
+bool same(const calibration& a, const calibration& b) {
+  return a.gemm_peak_fraction == b.gemm_peak_fraction && a.gemm_half_dim == b.gemm_half_dim &&
+         a.hbm_fraction == b.hbm_fraction && a.overlap_slowdown == b.overlap_slowdown;
+}
+
+void print(const char* what, const calibration& c, double worst) {
+  std::printf(
+      "  %-16s gemm_peak_fraction %.2f, gemm_half_dim %g, hbm_fraction %.2f, overlap_slowdown "
+      "%.2f: largest tuning error %.2f%%\n",
+      what, c.gemm_peak_fraction, c.gemm_half_dim, c.hbm_fraction, c.overlap_slowdown, 100 * worst);
 }
 
 } // namespace
 
-int main(int argc, char** argv) {
-  const auto all =
-      argc > 1 ? weft_test::read_published_runs(argv[1]) : weft_test::read_published_runs();
-  const calibration current = weft::sim::a100_calibration;
-  std::vector<weft_test::published_run> tune;
-  for (const auto& r : all)
-    if (r.set == "tune" && r.device.name == current.gpu) tune.push_back(r);
-  if (tune.empty()) {
-    std::fprintf(stderr, "no A100 tuning rows\n");
-    return 2;
-  }
+int main() {
+  const auto start = std::chrono::steady_clock::now();
+  const auto published = weft_test::read_published_runs();
+  const auto sharded = weft_test::read_sharded_runs();
+  const std::vector<double> peak_fractions = weft_test::peak_fraction_grid(),
+                            half_dims = weft_test::half_dim_grid(),
+                            hbm_fractions = weft_test::hbm_fraction_grid(),
+                            overlaps = weft_test::overlap_slowdown_grid();
+  int status = 0;
+  for (const weft_test::gpu_type& type : weft_test::gpu_types(published, sharded)) {
+    std::vector<const fit_row*> fixed, zero3; // the tuning rows overlap_slowdown leaves, and moves
+    for (const fit_row& r : type.rows)
+      if (r.set == "tune") (r.zero3 ? zero3 : fixed).push_back(&r);
+    if (fixed.empty() && zero3.empty()) {
+      std::fprintf(stderr, "%s: no tuning rows\n", type.name.c_str());
+      return 2;
+    }
+    std::vector<const fit_row*> tuning = fixed;
+    tuning.insert(tuning.end(), zero3.begin(), zero3.end());
 
-  calibration best = current;
-  double best_worst = worst_of(tune, current);
-  for (int pf = 60; pf <= 80; ++pf)
-    for (double hd :
-         {1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0})
-      for (int hf = 60; hf <= 90; hf += 5) {
-        calibration c = current;
-        c.gemm_peak_fraction = pf / 100.0;
-        c.gemm_half_dim = hd;
-        c.hbm_fraction = hf / 100.0;
-        const double worst = worst_of(tune, c);
-        if (worst < best_worst - 1e-6) {
-          best_worst = worst;
-          best = c;
+    const calibration header = type.constants;
+    calibration best = header;
+    double best_worst = worst_of(tuning, header);
+    for (const double pf : peak_fractions)
+      for (const double hd : half_dims)
+        for (const double hf : hbm_fractions) {
+          calibration c = header;
+          c.gemm_peak_fraction = pf;
+          c.gemm_half_dim = hd;
+          c.hbm_fraction = hf;
+          const double fixed_worst = worst_of(fixed, c, best_worst);
+          if (fixed_worst >= best_worst - 1e-9) continue;
+          if (!zero3.empty()) c.overlap_slowdown = best_overlap(zero3, c, overlaps);
+          const double worst = std::max(fixed_worst, worst_of(zero3, c, best_worst));
+          if (worst < best_worst - 1e-9) {
+            best_worst = worst;
+            best = c;
+          }
         }
+    // The shortcut's check: no overlap_slowdown on the grid does better at the point found.
+    for (const double k : overlaps) {
+      calibration c = best;
+      c.overlap_slowdown = k;
+      if (!zero3.empty() && worst_of(tuning, c) < best_worst - 1e-9) {
+        std::fprintf(stderr, "%s: overlap_slowdown %.2f beats the search's %.2f\n",
+                     type.name.c_str(), c.overlap_slowdown, best.overlap_slowdown);
+        status = 3;
       }
+    }
 
-  std::printf(
-      "minimax over %zu tuning rows: gemm_peak_fraction %.2f, gemm_half_dim %g, hbm_fraction %.2f: "
-      "largest error %.2f%%\n",
-      tune.size(), best.gemm_peak_fraction, best.gemm_half_dim, best.hbm_fraction,
-      100 * best_worst);
-  std::printf(
-      "calibration.hpp:  gemm_peak_fraction %.2f, gemm_half_dim %g, hbm_fraction %.2f: largest "
-      "error %.2f%%\n",
-      current.gemm_peak_fraction, current.gemm_half_dim, current.hbm_fraction,
-      100 * worst_of(tune, current));
-  std::printf("%-8s %-20s %10s %10s\n", "set", "run", "refit", "header");
-  for (const auto& r : all)
-    if (r.device.name == current.gpu)
-      std::printf("%-8s %-20s %+9.1f%% %+9.1f%%\n", r.set.c_str(), r.id.c_str(),
-                  100 * error_of(r, best), 100 * error_of(r, current));
-  const bool same = best.gemm_peak_fraction == current.gemm_peak_fraction &&
-                    best.gemm_half_dim == current.gemm_half_dim &&
-                    best.hbm_fraction == current.hbm_fraction;
-  return same ? 0 : 1;
+    std::printf("%s: %zu tuning rows, %zu of them ZeRO-3\n", type.name.c_str(), tuning.size(),
+                zero3.size());
+    print("minimax:", best, best_worst);
+    print("calibration.hpp:", header, worst_of(tuning, header));
+    if (best.gemm_peak_fraction <= peak_fractions.front() ||
+        best.gemm_peak_fraction >= peak_fractions.back())
+      std::printf("  gemm_peak_fraction on the grid's edge: widen the grid\n");
+    if (best.overlap_slowdown >= overlaps.back())
+      std::printf("  overlap_slowdown on the grid's edge: widen the grid\n");
+    std::printf("  %-9s %-8s %-44s %9s %9s\n", "file", "set", "row", "minimax", "header");
+    for (const std::string set : {"tune", "holdout"})
+      for (const fit_row& r : type.rows)
+        if (r.set == set)
+          std::printf("  %-9s %-8s %-44s %+8.1f%% %+8.1f%%\n", r.file.c_str(), r.set.c_str(),
+                      r.id.c_str(), 100 * r.error(best), 100 * r.error(header));
+    if (!same(best, header) && status == 0) status = 1;
+  }
+  std::printf("search time %.1f s\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return status;
 }

@@ -74,6 +74,8 @@ inline std::vector<sharded_run> read_sharded_runs(const std::string& path = data
     if (precision != "bf16" && precision != "amp_bf16" && precision != "bf16_pure")
       refuse("precision " + precision + ": the simulator prices 16-bit GEMMs only");
     if (row.at("offload") != "none") refuse("offload " + row.at("offload") + ": not modelled");
+    if (row.at("recompute") == "blocks_unstated")
+      refuse("recompute of whole blocks on a fraction of them the source does not state");
     try {
       r.device = weft::sim::gpu_named(row.at("gpu"));
     } catch (const weft::error&) {

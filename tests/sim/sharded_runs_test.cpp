@@ -1,7 +1,7 @@
 // The sharded runs of data/sharded_runs.csv (FSDP, FSDP2, HSDP) against the simulator, row by
-// row and series by series; the fit of calibration.hpp's overlap_slowdown on the rows marked
-// `tune`; and the sharded pass against a hand-worked reference. No constant was fitted on a
-// held-out row.
+// row and series by series; calibration.hpp's constants against their fit on the rows of both
+// data files marked `tune`; and the sharded pass against a hand-worked reference. No constant
+// was fitted on a held-out row.
 #include "sharded_runs.hpp"
 
 #include <weft/sim/sharded.hpp>
@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "calibration_fit.hpp"
 #include "published_runs.hpp"
 
 namespace {
@@ -158,44 +159,65 @@ struct row_result {
   }
 };
 
-// calibration.hpp's overlap_slowdown of each GPU type is the fit on that type's tuning rows of
-// data/sharded_runs.csv: the value on a grid (0 to 1.5 by 0.01) minimising the rows' largest
-// error. The reference is the grid search itself, run here on the rows' published figures.
-TEST(sim_sharded, overlap_slowdown_is_the_fit_on_the_tuning_rows) {
-  const auto runs = weft_test::read_sharded_runs();
-  std::map<std::string, std::vector<const weft_test::sharded_run*>> tuning;
-  for (const auto& r : runs)
+// calibration.hpp's constants of each GPU type are the minimax of its tuning rows in both files
+// (tests/sim/fit_calibration.cpp searches the whole grid): along each constant's grid, the
+// others held, no value gives a smaller largest error of those rows. The reference is a plain
+// loop over each grid, run here on the rows' published figures.
+TEST(sim_sharded, calibration_is_the_fit_on_the_tuning_rows_along_each_constant) {
+  const auto published = weft_test::read_published_runs();
+  const auto sharded = weft_test::read_sharded_runs();
+  for (const auto& r : sharded)
     if (r.set == "tune") {
       ASSERT_TRUE(r.why_not.empty()) << r.id << ": " << r.why_not;
-      tuning[std::string(r.device.name)].push_back(&r);
     }
-  ASSERT_EQ(tuning.size(), 2U); // one row on H100, one on A100
-  for (const auto& [gpu, rows] : tuning) {
-    const weft::sim::calibration current = weft::sim::calibration_of(rows.front()->device);
-    double best = 0, best_worst = 1e9;
-    for (int k = 0; k <= 150; ++k) {
-      weft::sim::calibration c = current;
-      c.overlap_slowdown = k / 100.0;
-      double worst = 0;
-      for (const auto* r : rows)
-        worst =
-            std::max(worst, std::abs(weft_test::predicted_tokens(*r, c) / r->published_tokens - 1));
-      if (worst < best_worst - 1e-12) {
-        best_worst = worst;
-        best = c.overlap_slowdown;
+  const auto types = weft_test::gpu_types(published, sharded);
+  int fitted = 0;
+  for (const auto& type : types) {
+    std::vector<const weft_test::fit_row*> tuning;
+    for (const auto& r : type.rows)
+      if (r.set == "tune") tuning.push_back(&r);
+    if (tuning.empty()) continue;
+    ++fitted;
+    // overlap_slowdown moves the ZeRO-3 rows only: along it the others keep their errors.
+    const auto worst = [&](const weft::sim::calibration& c, bool zero3_only = false) {
+      double w = 0;
+      for (const auto* r : tuning)
+        if (r->zero3 || !zero3_only) w = std::max(w, std::abs(r->error(c)));
+      return w;
+    };
+    const weft::sim::calibration header = type.constants;
+    const double at_header = worst(header);
+    double others = 0;
+    for (const auto* r : tuning)
+      if (!r->zero3) others = std::max(others, std::abs(r->error(header)));
+    std::printf("%s: %zu tuning rows, largest error %.2f%% under calibration.hpp\n",
+                type.name.c_str(), tuning.size(), 100 * at_header);
+    const auto along = [&](const char* name, double weft::sim::calibration::*constant,
+                           const std::vector<double>& grid) {
+      double best = header.*constant, best_worst = at_header;
+      for (const double v : grid) {
+        weft::sim::calibration c = header;
+        c.*constant = v;
+        const double w = constant == &weft::sim::calibration::overlap_slowdown
+                             ? std::max(others, worst(c, true))
+                             : worst(c);
+        if (w < best_worst - 1e-9) {
+          best_worst = w;
+          best = v;
+        }
       }
-    }
-    std::printf(
-        "%s: overlap_slowdown fit %.2f (largest tuning error %.2f%%), calibration.hpp "
-        "%.2f\n",
-        gpu.c_str(), best, 100 * best_worst, current.overlap_slowdown);
-    EXPECT_NEAR(current.overlap_slowdown, best, 1e-9) << gpu;
+      std::printf("  %-18s calibration.hpp %g, best on its grid %g (%.2f%%)\n", name,
+                  header.*constant, best, 100 * best_worst);
+      EXPECT_EQ(best, header.*constant) << type.name << " " << name;
+    };
+    along("gemm_peak_fraction", &weft::sim::calibration::gemm_peak_fraction,
+          weft_test::peak_fraction_grid());
+    along("gemm_half_dim", &weft::sim::calibration::gemm_half_dim, weft_test::half_dim_grid());
+    along("hbm_fraction", &weft::sim::calibration::hbm_fraction, weft_test::hbm_fraction_grid());
+    along("overlap_slowdown", &weft::sim::calibration::overlap_slowdown,
+          weft_test::overlap_slowdown_grid());
   }
-  // The A100 40GB takes the 80GB's constants; H200 takes H100's.
-  EXPECT_EQ(weft::sim::a100_40gb_calibration.overlap_slowdown,
-            weft::sim::a100_calibration.overlap_slowdown);
-  EXPECT_EQ(weft::sim::h200_calibration.overlap_slowdown,
-            weft::sim::h100_calibration.overlap_slowdown);
+  EXPECT_EQ(fitted, 2); // A100 (80GB and 40GB) and H100
 }
 
 // Every expressible held-out row, and each scaling series point by point: the published and
@@ -204,6 +226,7 @@ TEST(sim_sharded, held_out_rows_and_series) {
   const auto runs = weft_test::read_sharded_runs();
   ASSERT_GE(runs.size(), 70U);
   std::vector<row_result> rows;
+  std::vector<double> tuning; // the tuning rows' errors
   std::printf("%-34s %-18s %5s %10s %10s %7s\n", "row", "series", "gpus", "published", "predicted",
               "error");
   for (const auto& r : runs) {
@@ -214,9 +237,10 @@ TEST(sim_sharded, held_out_rows_and_series) {
     ASSERT_TRUE(r.set == "holdout" || r.set == "tune") << r.id;
     ASSERT_EQ(r.layout.gpus(), r.gpus) << r.id;
     if (r.set == "tune") {
+      tuning.push_back(weft_test::predicted_tokens(r) / r.published_tokens - 1);
       std::printf("%-34s %-18s %5d %10.0f %10.0f %+6.1f%% (tuning row)\n", r.id.c_str(),
                   r.series.c_str(), r.gpus, r.published_tokens, weft_test::predicted_tokens(r),
-                  100 * (weft_test::predicted_tokens(r) / r.published_tokens - 1));
+                  100 * tuning.back());
       continue;
     }
     rows.push_back({&r, weft_test::predicted_tokens(r)});
@@ -227,7 +251,7 @@ TEST(sim_sharded, held_out_rows_and_series) {
   ASSERT_GE(rows.size(), 40U); // FOUNDRY's two tables, TITAN-A100, IBM-FSDP24
   // The rows their own table shows as outliers: per-GPU throughput 15% or more below another
   // row of the same model, software and GPU in the same source (MPT 1B on 32 A100s, MPT 70B on
-  // 64): a property of the published figures, not of any prediction.
+  // 64 A100s and on 32 H100s): a property of the published figures, not of any prediction.
   const auto outlier = [&](const weft_test::sharded_run& r) {
     return std::any_of(runs.begin(), runs.end(), [&](const weft_test::sharded_run& o) {
       return o.why_not.empty() && o.source == r.source && o.model.layers == r.model.layers &&
@@ -235,29 +259,46 @@ TEST(sim_sharded, held_out_rows_and_series) {
              r.published_tokens < 0.85 * o.published_tokens;
     });
   };
-  double sum = 0, worst = 0;
-  int within = 0;
+  const auto summary = [](const char* what, const std::vector<double>& errors) {
+    double sum = 0, worst = 0;
+    int within = 0;
+    for (const double e : errors) {
+      sum += std::abs(e);
+      worst = std::max(worst, std::abs(e));
+      within += std::abs(e) <= 0.10 ? 1 : 0;
+    }
+    std::printf("%s: %zu, mean |error| %.1f%%, worst %.1f%%, %d within 10%%\n", what, errors.size(),
+                100 * sum / static_cast<double>(errors.size()), 100 * worst, within);
+  };
+  summary("tuning rows", tuning);
+  std::vector<double> all, kept, a100, h100;
   for (const auto& x : rows) {
-    sum += std::abs(x.error());
-    worst = std::max(worst, std::abs(x.error()));
-    within += std::abs(x.error()) <= 0.10 ? 1 : 0;
+    all.push_back(x.error());
+    if (!outlier(*x.run)) kept.push_back(x.error());
+    (x.run->device.name == weft::sim::h100_sxm.name ? h100 : a100).push_back(x.error());
   }
-  std::printf("held-out rows: %zu expressible, mean |error| %.1f%%, worst %.1f%%, %d within 10%%\n",
-              rows.size(), 100 * sum / rows.size(), 100 * worst, within);
-  // What holds: the A100 rows of llm-foundry's A100 table and of torchtitan's A100 page, the
-  // two outliers aside, within 10% (A100 constants fitted on Megatron-LM rows only), and the
-  // rows of llm-foundry's H100 table on more than one node (overlap_slowdown fitted on one of
-  // them). MPT 13B on one H100 node, IBM's rows and the A100 rows' spread: printed above, not
-  // asserted.
+  summary("held-out rows", all);
+  summary("held-out rows, outliers aside", kept);
+  summary("held-out rows on A100", a100);
+  summary("held-out rows on H100", h100);
+  // What holds: every held-out row within 10%, but the outliers (printed, no bound) and two
+  // kinds of row held to 25%, named here:
+  // - HSDP (IBM's Llama 2 7B on A100 and H100, fms-fsdp's 7B and 13B on A100): +11 to +22%,
+  //   where every FSDP row of the same two sources reads within 8%. The model hides each
+  //   block's all-reduce across the replicas behind the backward; what the runs lose beyond
+  //   that is not in the sources (their NICs' kind and count, the software's timeline).
+  // - on one node (MPT 13B on 8 H100s, +12%; 16 to 64 read within 4%): the gathers ride
+  //   NVLink, short beside the compute, and the compute they slow (overlap_slowdown, per second
+  //   of overlap) barely slows. Interference inside a node at its own rate is not modelled.
+  int missed = 0;
   for (const auto& x : rows) {
     const auto& r = *x.run;
-    if ((r.source == "FOUNDRY-A100-40" || r.source == "TITAN-A100") && !outlier(r)) {
-      EXPECT_LE(std::abs(x.error()), 0.10) << r.id;
-    }
-    if (r.source == "FOUNDRY-H100" && r.gpus > 8) {
-      EXPECT_LE(std::abs(x.error()), 0.10) << r.id;
-    }
+    if (outlier(r)) continue;
+    const bool named = r.engine == "hsdp" || r.gpus <= 8;
+    EXPECT_LE(std::abs(x.error()), named ? 0.25 : 0.10) << r.id;
+    missed += std::abs(x.error()) > 0.10 ? 1 : 0;
   }
+  std::printf("held-out rows beyond 10%%, outliers aside: %d\n", missed);
   // The published runs of data/published_runs.csv (3D layouts, ZeRO 0 and 1), by set.
   for (const std::string set : {"tune", "holdout"}) {
     double s = 0, w = 0;

@@ -492,7 +492,9 @@ TEST(sim_step, tp_overlap_hides_the_column_parallel_collectives_of_the_backward)
   const double rs =
       detail::price_group(weft::collective::reduce_scatter, group, 4 * 2048 * 6144 / 8, 2, net);
   EXPECT_NEAR(sp_plain.backward_s - sp.backward_s, 4 * 2 * rs, 1e-9);
-  EXPECT_GT(sp.backward_s, overlapped.backward_s - 1e-12); // the gathers still show
+  // The gathers still show: with SP the overlap hides less than the two all-reduces it hides
+  // without (each about a reduce-scatter and a gather).
+  EXPECT_GT(plain.backward_s - overlapped.backward_s, sp_plain.backward_s - sp.backward_s);
 }
 
 TEST(sim_step, unfused_gradient_accumulation_reads_and_writes_the_weights_once_per_micro_batch) {

@@ -1,8 +1,8 @@
 #pragma once
 // The simulator's calibration: every fitted constant, one set per GPU type, in this one file.
-// Nothing is tuned per run: the published runs of data/published_runs.csv marked `tune` fixed
-// these figures (overlap_slowdown: those of data/sharded_runs.csv), and tests/sim/step_test.cpp
-// (sim_step_test) and tests/sim/sharded_runs_test.cpp check every row (held-out rows too)
+// Nothing is tuned per run: the rows marked `tune` in data/published_runs.csv and
+// data/sharded_runs.csv fixed these figures, and tests/sim/step_test.cpp (sim_step_test) and
+// tests/sim/sharded_runs_test.cpp (sim_sharded_runs_test) check every row, held-out rows too,
 // against them.
 //
 //   GEMM time      2 m n k / (peak * e(m, n, k)),  e = gemm_peak_fraction * q(m) q(n) q(k),
@@ -24,15 +24,28 @@
 //                  Nsight shows in NVIDIA's developer forum, "Compute-Communication Overlap Causes
 //                  Severe GEMM Performance Degradation because of Tail Effect") and HBM
 //                  bandwidth, and a GEMM sized for every SM runs a second, mostly idle wave.
-//                  Fitted per GPU type on the rows of data/sharded_runs.csv marked `tune`
-//                  (tests/sim/sharded_runs_test.cpp reruns the fit): H100 0.55; A100 0, its
-//                  tuning row reading low without it. Not applied to the DP bucket overlap, the
-//                  distributed optimizer's overlapped gathers or tp_comm_overlap: the constants
-//                  above were fitted on the rows that use those with the overlap as it stands.
+//                  Not applied to the DP bucket overlap, the distributed optimizer's overlapped
+//                  gathers or tp_comm_overlap: the constants were fitted on the rows that use
+//                  those with the overlap as it stands.
 //
-// The A100 40GB takes the 80GB's constants (the same die and clocks; its rows in
-// data/sharded_runs.csv are held out, none fitted). H200 has no published run here: it takes
-// H100's constants (the same compute die); its predictions are uncalibrated.
+// The fit (tests/sim/fit_calibration.cpp, sim_fit_calibration; data/README.md, "The fit"): per
+// GPU type, one grid over gemm_peak_fraction (0.55..0.85 by 0.01), gemm_half_dim (20 values
+// from 1 to 1,024), hbm_fraction (0.60..0.90 by 0.05) and overlap_slowdown (0..1.5 by 0.01),
+// the point with the smallest largest error of the type's tuning rows in both files; the
+// link shares and the H100's per-layer overhead are set by hand.
+//   A100  8 rows: SC21's 1.7B, 18.4B, 145.6B and 1T and MT-NLG (Megatron-LM and DeepSpeed 3D
+//         layouts, hidden 2,304 to 25,600, full recompute) and llm-foundry's MPT 760M, 13B and
+//         70B under FSDP on A100 40GB (hidden 1,536 to 8,192; none and full recompute).
+//         Largest error 5.1% (SC21 18.4B -5.1%, MPT 13B -4.9%, MT-NLG +4.8%). overlap_slowdown
+//         comes out 0: any slowdown takes MPT 13B, which reads low, lower.
+//   H100  4 rows: Llama 3 405B on 8,192 GPUs (hidden 16,384, no recompute) and llm-foundry's
+//         MPT 760M, 13B (none) and 70B (full) under FSDP. Largest error 0.3%.
+// The figures rest on the model as it stands: a collective charged one latency per round rather
+// than per chunk, an unfused gradient accumulation charged (layout::grad_accumulation_bytes),
+// and MT-NLG's rows at two sequences per micro-batch, which its three published scales imply.
+//
+// The A100 40GB takes the 80GB's constants (the same die and clocks); the H200 takes the
+// H100's (the same compute die), and no published run checks them.
 #include <weft/core/error.hpp>
 #include <weft/sim/hardware.hpp>
 
@@ -52,21 +65,16 @@ struct calibration {
   double overlap_slowdown = 0;     // compute's extra time while a ZeRO-3 collective runs beside it
 };
 
-// A100: fitted on the rows of data/published_runs.csv marked `tune` (a grid over the first
-// three figures, gemm_peak_fraction 0.60..0.80 by 0.01, gemm_half_dim 14 values from 1 to 128,
-// hbm_fraction 0.60..0.90 by 0.05, minimising the largest error: 2.3%;
-// tests/sim/fit_calibration.cpp reruns it, see data/README.md). H100: gemm_peak_fraction
-// fitted to its one tuning row (Llama 3 405B on 8,192 GPUs); the other figures set by hand.
-// The A100 figures are the fit under the model as it stands: a collective charged one latency
-// per round rather than per chunk, an unfused gradient accumulation charged
-// (layout::grad_accumulation_bytes), and MT-NLG's rows at two sequences per micro-batch, which
-// its three published scales imply. Without the accumulation charge the fit gives
-// gemm_peak_fraction 0.61 and gemm_half_dim 16; with it but one sequence per MT-NLG
-// micro-batch, 0.63 and 4, and a minimax of 6.5% between MT-NLG read high and SC21 read low.
-inline constexpr calibration a100_calibration{"a100-80gb", 0.67, 4, 0.90, 0.77, 0.90, 0};
-inline constexpr calibration a100_40gb_calibration{"a100-40gb", 0.67, 4, 0.90, 0.77, 0.90, 0};
-inline constexpr calibration h100_calibration{"h100-sxm", 0.71, 200, 0.70, 0.77, 0.90, 20e-6, 0.55};
-inline constexpr calibration h200_calibration{"h200", 0.71, 200, 0.70, 0.77, 0.90, 20e-6, 0.55};
+/// `c` for another GPU preset that takes the same constants.
+[[nodiscard]] constexpr calibration renamed(calibration c, std::string_view gpu) noexcept {
+  c.gpu = gpu;
+  return c;
+}
+
+inline constexpr calibration a100_calibration{"a100-80gb", 0.73, 64, 0.75, 0.77, 0.90, 0, 0};
+inline constexpr calibration a100_40gb_calibration = renamed(a100_calibration, "a100-40gb");
+inline constexpr calibration h100_calibration{"h100-sxm", 0.74, 256, 0.80, 0.77, 0.90, 20e-6, 0.54};
+inline constexpr calibration h200_calibration = renamed(h100_calibration, "h200");
 
 /// The constants of GPU `g`.
 [[nodiscard]] inline calibration calibration_of(const gpu& g) {
