@@ -180,13 +180,20 @@ std::vector<double> strategy_losses(Comm& world, strategy_config config, const R
   return losses;
 }
 
-/// Every step's loss within 1e-5 relative of the reference's.
+/// The first steps' losses within 1e-6 relative of the reference's, every later step's within
+/// 1e-4. Float sums in another order (tensor parallelism splits them, and the host BLAS orders
+/// them by the CPU's kernels) drift apart at a rate that grows over the steps: with OpenBLAS's
+/// AVX-512 kernels the eighteenth step differs by 3e-5 where its AVX2 kernels stay under 1e-5.
+/// A wrong gradient shows from the second step, the first after an update, far beyond 1e-6.
 inline void expect_same_losses(const std::vector<double>& got, const std::vector<double>& want,
                                const std::string& what) {
+  constexpr std::size_t early_steps = 5;
   ASSERT_EQ(got.size(), want.size()) << what;
   for (std::size_t s = 0; s < want.size(); ++s) {
-    EXPECT_LT(std::abs(got[s] - want[s]), 1e-5 * std::abs(want[s]))
-        << what << ", step " << s << ": " << got[s] << " vs the single rank's " << want[s];
+    const double bound = s < early_steps ? 1e-6 : 1e-4;
+    EXPECT_LT(std::abs(got[s] - want[s]), bound * std::abs(want[s]))
+        << what << ", step " << s << ": " << got[s] << " vs the single rank's " << want[s]
+        << " (bound " << bound << " relative)";
   }
 }
 
