@@ -437,8 +437,7 @@ int train(World& world, const options& o, const transport_traits& how) {
   // targets of one sequence of 16 shifted by a token in the 3D run's first step, and nothing
   // else, move the second step by 3e-4). Every later step is held to 1e-3. A loss that is NaN or
   // infinite (a broken gradient's likeliest symptom) never matches.
-  const bool match =
-      first_not_finite == 0 && worst_early < early_bound && worst < bound;
+  const bool match = first_not_finite == 0 && worst_early < early_bound && worst < bound;
   if (first_not_finite != 0) {
     std::printf(
         "\n  the two runs DO NOT MATCH: at step %d the loss is %g on 8 ranks and %g on 1 rank, and "
@@ -447,7 +446,8 @@ int train(World& world, const options& o, const transport_traits& how) {
         first_not_finite, not_finite_3d, not_finite_1, worst);
   } else {
     std::printf(
-        "\n  the two runs %s: largest relative difference %.1e in the first %d steps (bound %.0e),\n"
+        "\n  the two runs %s: largest relative difference %.1e in the first %d steps (bound "
+        "%.0e),\n"
         "  %.1e in all (bound %.0e). For scale, the 1-rank run with its batch cut into 2 "
         "microbatches\n"
         "  differs from it by up to %.1e: float sums in another order drift apart over the steps,\n"
