@@ -12,7 +12,8 @@
 //       (cached per communicator type, collective, group size and nodes: once per process)
 //     else, for every candidate automatic may pick here, at 4 KiB, 16 KiB, ... 4 MiB per rank
 //       (by factors of 4; fewer on large groups, so that the buffers stay within 256 MiB),
-//       the candidates taking turns batch by batch at each size:
+//       the candidates taking turns batch by batch at each size, each round starting one
+//       candidate further on (none is always the first after the barrier):
 //         one untimed call, then 3 batches of 8 calls back to back (2 above 64 KiB, 1
 //         above 1 MiB), each batch after a barrier: the fastest batch's mean per call;
 //         the slowest rank's figure, gathered from every rank
@@ -149,8 +150,11 @@ inline constexpr double measured_call_limit = 0.02;
 /// together: run(j, count, in_n, out_n) makes one call of caller j, whose times go to *into[j];
 /// in and out are the buffers the calls read and write, sized here. At each size the callers
 /// take turns, batch by batch, so that a passing disturbance of the machine falls on all of
-/// them rather than on whichever was being timed. A caller goes on to larger sizes while its
-/// calls stay short (see the top of this header).
+/// them rather than on whichever was being timed; each round starts one caller further on, so
+/// that none always runs first after the barrier, while some ranks may still be waking (4
+/// threads on 2 cores: in a fixed order recursive doubling took 4 KiB in 2 processes of 8,
+/// rotating, direct took it in 9 of 10). A caller goes on to larger sizes while its calls stay
+/// short (see the top of this header).
 template <class Comm, class Run>
 WEFT_COLD void time_sizes(Comm& comm, collective c, const measured_prices& m,
                           const std::vector<std::vector<double>*>& into, std::vector<float>& in,
@@ -186,7 +190,8 @@ WEFT_COLD void time_sizes(Comm& comm, collective c, const measured_prices& m,
       fastest[j] = std::numeric_limits<double>::infinity();
     }
     for (int k = 0; k < measured_batches; ++k) {
-      for (const std::size_t j : live) {
+      for (std::size_t q = 0; q < live.size(); ++q) {
+        const std::size_t j = live[(q + static_cast<std::size_t>(k)) % live.size()];
         comm.barrier();
         const auto t0 = clock::now();
         for (int i = 0; i < batch; ++i)
