@@ -9,9 +9,13 @@
 
 #include <cstdio>
 
+#include "sim/gpt.hpp"
+
 namespace {
 
 using namespace weft::sim;
+using weft_test::nemotron_340b;
+using weft_test::nemotron_recipe;
 namespace pl = weft::pipeline;
 
 constexpr double gib = 1024.0 * 1024 * 1024;
@@ -124,39 +128,8 @@ TEST(sim_memory, hsdp_that_does_not_fit_is_not_taken_for_one_that_does) {
   EXPECT_GT(estimate_memory(m, hsdp), limit);
 }
 
-// Nemotron-4 340B's DGX Cloud recipe (dgxc-benchmarking's nemotron4-340b-synth.yaml and
-// configure.sh: NeMo 24.09, TP 8, PP 8, 12 virtual stages, sequence parallelism, micro-batch 1,
-// 4096-token sequences, 32 sequences on 128 H100, so DP 2 and 16 micro-batches; no dropout),
-// on its fullest GPU, the first pipeline rank, term by term.
-model_spec nemotron_340b() {
-  model_spec m;
-  m.name = "nemotron4-340b";
-  m.layers = 96;
-  m.hidden = 18432;
-  m.heads = 96;
-  m.kv_heads = 8;
-  m.ffn = 73728;
-  m.seq = 4096;
-  m.vocab = 256000;
-  m.flash_attention = true;
-  m.learned_positions = false;
-  m.tied_embeddings = false;
-  m.dropout = false;
-  return m;
-}
-
-layout nemotron_recipe() {
-  layout l;
-  l.tp = 8;
-  l.pp = 8;
-  l.dp = 2;
-  l.global_batch = 32;
-  l.schedule = pl::schedule_kind::interleaved;
-  l.chunks = 12;
-  l.sequence_parallel = true;
-  l.zero = 1;
-  return l;
-}
+// Nemotron-4 340B's DGX Cloud recipe (sim/gpt.hpp: nemotron_340b, nemotron_recipe) on its
+// fullest GPU, the first pipeline rank, term by term.
 
 // Weights of the first pipeline rank per TP rank: 12 layers and the word embedding, over TP 8.
 //   a layer: h^2 (1 + 2 x 8/96) (QKV, 8 key-value groups for 96 heads) + h^2 + 2 h f (the

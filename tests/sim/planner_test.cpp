@@ -437,21 +437,9 @@ TEST(sim_planner, a_model_without_dropout_keeps_no_masks) {
           << name_of(rc) << (sp ? " with SP" : "");
     }
   }
-  model_spec nemotron = gpt("nemotron4-340b", 96, 18432, 96, 256000, 4096);
-  nemotron.kv_heads = 8;
-  nemotron.ffn = 73728;
-  nemotron.flash_attention = true;
-  nemotron.learned_positions = false;
-  nemotron.tied_embeddings = false;
-  layout l;
-  l.tp = 8;
-  l.pp = 8;
-  l.dp = 2;
-  l.global_batch = 32;
-  l.schedule = pl::schedule_kind::interleaved;
-  l.chunks = 12;
-  l.sequence_parallel = true;
-  l.zero = 1;
+  model_spec nemotron = weft_test::nemotron_340b();
+  nemotron.dropout = true;
+  const layout l = weft_test::nemotron_recipe();
   const double gib = 1024.0 * 1024 * 1024;
   const double with_masks = estimate_memory(nemotron, l);
   nemotron.dropout = false;
