@@ -430,8 +430,8 @@ int train(World& world, const options& o, const transport_traits& how) {
   // Float sums in another order drift apart as training goes on, and faster the longer it goes:
   // the same 1-rank model with its batch cut into microbatches shows by how much; tensor
   // parallelism reorders more sums (each row-parallel product adds two halves, the softmax sums
-  // split over the vocabulary), and the host BLAS's kernels order them by the CPU (the last of 30
-  // steps differs by 4e-5 with OpenBLAS's AVX2 kernels, by 1.3e-4 with its AVX-512 ones). So the
+  // split over the vocabulary), and the host BLAS's kernels order them by the CPU (over 30 steps
+  // they differ by up to 4e-5 with OpenBLAS's AVX2 kernels, 1.3e-4 with its AVX-512 ones). So the
   // first steps, before the drift has grown, are held tight: a wrong gradient moves the second
   // step's loss, the first after an update, far more than the 1e-8 a right one differs by (the
   // targets of one sequence of 16 shifted by a token in the 3D run's first step, and nothing

@@ -183,7 +183,7 @@ std::vector<double> strategy_losses(Comm& world, strategy_config config, const R
 /// The first steps' losses within 1e-6 relative of the reference's, every later step's within
 /// 1e-4. Float sums in another order (tensor parallelism splits them, and the host BLAS orders
 /// them by the CPU's kernels) drift apart at a rate that grows over the steps: with OpenBLAS's
-/// AVX-512 kernels the eighteenth step differs by 3e-5 where its AVX2 kernels stay under 1e-5.
+/// AVX-512 kernels the nineteenth step differs by 3e-5 where its AVX2 kernels stay under 1e-5.
 /// A wrong gradient shows from the second step, the first after an update, far beyond 1e-6.
 inline void expect_same_losses(const std::vector<double>& got, const std::vector<double>& want,
                                const std::string& what) {
