@@ -2,6 +2,7 @@
 // the serial reference's losses and gradients; messages received out of the sender's order;
 // results that view the executor's own buffers; and the errors, each naming rank, action and
 // microbatch. The same training runs under MPI in mpi/executor_mpitest.cpp.
+#include <weft/comm/traced.hpp>
 #include <weft/comm/transport/local.hpp>
 #include <weft/pipeline/executor.hpp>
 
@@ -285,6 +286,11 @@ TEST(executor_errors, a_schedule_that_overfills_a_channel_is_refused_at_construc
     EXPECT_TRUE(contains(what, "rank 1 at send:F64.0->0 with 64 messages to rank 0 unreceived"))
         << what;
     EXPECT_EQ(failure_of([&] { ex2(c, 129, 1, {.group_size = 129}); }), "");
+    // A traced communicator has the channels of the one it wraps, and is refused the same.
+    weft::traced<communicator> t(c.split(0, c.rank()));
+    using traced2 = pl::executor<pl::interleaved<2>, weft::traced<communicator>>;
+    EXPECT_TRUE(contains(failure_of([&] { traced2(t, 130, 1, {.group_size = 130}); }),
+                         "the schedule queues more than 64 messages to a peer"));
   });
   EXPECT_EQ(pl::detail::stalls_with_bounded_channels(
                 pl::interleaved<2>::make(2, 130, {.group_size = 130}), 1000),

@@ -111,6 +111,19 @@ static_assert(checked_calls<fake<true>>::check_calls());
 // What the fake declares, the wrappers declare.
 static_assert(peer_access<traced<fake<true>>> && peer_access<checked_calls<fake<false>>>);
 static_assert(traced<fake<true>>::messages && !traced<fake<true>>::measure_prices_with_vendor);
+// A bound on unreceived messages (weft::local's channels), where the fake declares one.
+template <class W>
+constexpr bool has_message_bound = requires {
+  W::queued_messages_per_peer;
+};
+struct bounded : fake<true> {
+  static constexpr std::size_t queued_messages_per_peer = 5;
+  [[nodiscard]] bounded split(int, int) { return *this; }
+};
+static_assert(!has_message_bound<traced<fake<true>>> &&
+              !has_message_bound<checked_calls<fake<true>>>);
+static_assert(traced<bounded>::queued_messages_per_peer == 5 &&
+              checked_calls<bounded>::queued_messages_per_peer == 5);
 
 TEST(forwarding_communicator, traced_records_a_call_run_whole_once) {
   traced<fake<true>> t(fake<true>{}, "tp");

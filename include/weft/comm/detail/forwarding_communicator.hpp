@@ -35,8 +35,18 @@ struct forwarded_call {
   dtype type = dtype::float32;
 };
 
+/// Comm's bound on the messages a peer may hold unreceived (weft::local's channels: the
+/// pipeline executor refuses a schedule that would overfill them), where Comm declares one.
+template <class Comm>
+struct forwarded_message_bound {};
+template <class Comm>
+requires requires { Comm::queued_messages_per_peer; }
+struct forwarded_message_bound<Comm> {
+  static constexpr std::size_t queued_messages_per_peer = Comm::queued_messages_per_peer;
+};
+
 template <class Derived, communicator Comm>
-class forwarding_communicator {
+class forwarding_communicator : public forwarded_message_bound<Comm> {
 public:
   static constexpr bool peer_access = declared_peer_access<Comm>();
   static constexpr bool messages = declared_messages<Comm>();
