@@ -11,6 +11,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "sim/gpt.hpp"
@@ -77,7 +78,8 @@ TEST(sim_planner, search_of_a_1t_model_on_3072_gpus_takes_under_30_seconds) {
 }
 
 // Each mesh's fastest variant, by brute force over every variant the search could take, against
-// the search's own pick.
+// the search's own pick. ZeRO-3 also runs as HSDP over the DP ranks of a node: with TP fastest in
+// the rank order, a node of G devices holds G / tp of them.
 void expect_each_mesh_best_as_brute_force_finds(const model_spec& m, const machine& mc,
                                                 const search_options& o) {
   const search_result s = search(m, mc, o);
@@ -85,18 +87,24 @@ void expect_each_mesh_best_as_brute_force_finds(const model_spec& m, const machi
   std::map<std::tuple<int, int, int>, std::pair<double, std::string>> best;
   for (const auto& x : s.ranked) {
     const layout& base = x.l;
+    const int per_node = mc.cluster.devices_on(0);
+    const int node_dp = per_node % base.tp == 0 ? per_node / base.tp : 0;
+    std::vector<std::pair<int, int>> shardings{{0, 0}, {1, 0}, {2, 0}, {3, 0}}; // stage, group
+    if (o.hybrid_sharding && node_dp > 1 && node_dp < base.dp && base.dp % node_dp == 0)
+      shardings.emplace_back(3, node_dp);
     for (int mb : o.micro_batches) {
       for (pl::schedule_kind kind : o.schedules) {
         for (int v : {1, 2, 3, 4}) {
           if ((kind == pl::schedule_kind::interleaved) != (v > 1)) continue;
           for (recompute rc : {recompute::none, recompute::selective, recompute::full}) {
-            for (int zero = 0; zero <= 3; ++zero) {
+            for (const auto& [zero, group] : shardings) {
               layout l = base;
               l.micro_batch = mb;
               l.schedule = kind;
               l.chunks = v;
               l.recomputation = rc;
               l.zero = zero;
+              l.shard_group = group;
               if (o.global_batch % (l.dp * mb) != 0 || (l.dp == 1 && zero > 0)) continue;
               if (m.layers % (l.pp * v) != 0) continue; // the search splits the layers evenly
               step_result r;
@@ -455,6 +463,80 @@ TEST(sim_planner, a_model_without_dropout_keeps_no_masks) {
 
 // describe() names the engine that runs a layout's ZeRO stage, HSDP's groups and an optimizer
 // state other than Adam's fp32 one.
+// Llama-2 13B on 16 A100 nodes whose NICs carry 50 Gb/s each (400 Gb/s a node), one sequence of
+// 4,096 per GPU: fms-fsdp's published run (data/sharded_runs.csv, llama2-13b-hsdp-noac-a100-128),
+// which chose HSDP. Sharding over all 128 GPUs sends every gather across that network, more than
+// the backward hides; HSDP sends only each block's gradient shard across it (an all-reduce over
+// 16 replicas), so it is the faster layout here and the search must find it; without
+// hybrid_sharding it cannot.
+TEST(sim_planner, the_search_shards_over_a_node_where_that_is_faster) {
+  model_spec m = gpt("llama2-13b", 40, 5120, 40, 32000, 4096);
+  m.ffn = 13824;
+  m.gated = true;
+  m.learned_positions = false;
+  m.tied_embeddings = false;
+  m.flash_attention = true;
+  machine mc = dgx(a100_80gb, 16);
+  weft::topology::link inter = mc.cluster.inter();
+  inter.bandwidth = 50e9 / 8;
+  mc.cluster = weft::topology::cluster(mc.cluster.devices_per_node(), mc.cluster.intra(), inter,
+                                       mc.cluster.nics_per_node(), mc.cluster.reduce_bandwidth());
+  search_options o;
+  o.global_batch = 128;
+  o.micro_batches = {1};
+  o.schedules = {pl::schedule_kind::one_f_one_b};
+  o.recomputes = {recompute::none};
+  expect_each_mesh_best_as_brute_force_finds(m, mc, o);
+  const auto mesh_of = [](const search_result& s, int tp, int pp) {
+    for (const ranked_layout& x : s.ranked)
+      if (x.l.tp == tp && x.l.pp == pp) return x;
+    ADD_FAILURE() << "no mesh tp " << tp << " pp " << pp;
+    return s.ranked.front();
+  };
+  const ranked_layout hybrid = mesh_of(search(m, mc, o), 1, 1);
+  o.hybrid_sharding = false;
+  const ranked_layout whole = mesh_of(search(m, mc, o), 1, 1);
+  std::printf("  llama2-13b on 128 A100, 50 Gb/s NICs: %s at %.3f s; without HSDP %s at %.3f s\n",
+              describe(hybrid.l).c_str(), hybrid.r.step_time_s, describe(whole.l).c_str(),
+              whole.r.step_time_s);
+  EXPECT_EQ(hybrid.l.zero, 3);
+  EXPECT_EQ(hybrid.l.shards(), 8);
+  EXPECT_EQ(whole.l.shards(), 128);
+  EXPECT_LT(hybrid.r.step_time_s, whole.r.step_time_s);
+  EXPECT_EQ(hybrid.refusal, "") << "weft::optim::hybrid<zero<3>, zero<0>> runs it";
+}
+
+// weft::strategy's hybrid<zero<3>, zero<0>> shards over the DP ranks of a node: that layout is
+// spelt with it, any other shard group is refused with the reason.
+TEST(sim_planner, strategy_type_spells_hsdp_as_optim_hybrid) {
+  model_spec llama = gpt("llama", 32, 4096, 32, 32000, 4096);
+  llama.gated = true;
+  llama.learned_positions = false;
+  llama.tied_embeddings = false;
+  const machine mc = dgx(a100_80gb, 16);
+  layout l;
+  l.tp = 2;
+  l.dp = 64;
+  l.global_batch = 64;
+  l.zero = 3;
+  l.shard_group = 4; // 8 devices a node / tp 2
+  EXPECT_EQ(strategy_type(llama, mc, l),
+            "weft::strategy<weft::mesh<weft::tp<2>, weft::dp<64>, weft::pp<1>>, "
+            "weft::pipeline::one_f_one_b, weft::optim::hybrid<weft::optim::zero<3>, "
+            "weft::optim::zero<0>>, weft::layer::recompute::none, "
+            "weft::layer::no_sequence_parallel, weft::layer::llama_model>");
+  l.shard_group = 8;
+  EXPECT_EQ(
+      strategy_refusal(llama, mc, l),
+      "shard groups of 8 DP ranks: weft::optim::hybrid shards over the DP ranks of a node (4)");
+  l.zero = 1;
+  EXPECT_EQ(strategy_refusal(llama, mc, l),
+            "ZeRO-1 over groups of 8: the simulator prices shard groups under ZeRO-3 only");
+  l.zero = 3;
+  l.shard_group = 0;
+  EXPECT_EQ(strategy_refusal(llama, mc, l), "");
+}
+
 TEST(sim_planner, describe_names_the_shard_engine) {
   layout l;
   l.dp = 128;

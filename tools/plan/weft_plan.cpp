@@ -81,7 +81,9 @@ layout (one simulation):
                        the master, fp32 moments; Apex's DistributedFusedAdam) | bf16 (4: bf16
                        moments, no master copy; NeMo's distributed_fused_adam with dtype bf16)
 search:
-  --search             rank every mesh that fits; with --tp and --pp, say where that one ranks
+  --search             rank every mesh that fits, each by its fastest micro-batch, schedule,
+                       recompute and ZeRO stage (ZeRO-3 over the DP group, or as HSDP over the
+                       DP ranks of a node); with --tp and --pp, say where that one ranks
   --top N              layouts to explain (default 5)
   --runnable           only layouts weft::strategy runs as is (each ranked layout says whether
                        it does, and why not; the best that does is printed as a

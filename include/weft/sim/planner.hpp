@@ -56,9 +56,11 @@ struct search_options {
   pipeline_engine engine = pipeline_engine::megatron; // of every variant with PP > 1 (DeepSpeed's
       // runs only 1F1B under ZeRO 0 or 1; PP 1 runs no pipeline engine)
   bool runnable_only = false; // only variants weft::strategy runs as is (strategy_refusal)
-  // The variants of a mesh are every micro-batch, schedule, recompute and ZeRO stage 0..3 above.
-  // Another way to shard (an FSDP engine, HSDP's groups) joins them where layout.hpp carries it
-  // and step.hpp prices it: one more loop beside the ZeRO stages in search().
+  // ZeRO-3 also as HSDP (PyTorch FSDP's HYBRID_SHARD, weft::optim::hybrid<zero<3>, zero<0>>):
+  // sharded over the DP ranks of one node, replicated across the nodes (detail::node_shard_group).
+  bool hybrid_sharding = true;
+  // The variants of a mesh are every micro-batch, schedule, recompute and ZeRO stage 0..3 above,
+  // and ZeRO-3 over the whole DP group or, with hybrid_sharding, a node's part of it.
 };
 
 /// One mesh's fastest variant.
@@ -88,6 +90,36 @@ namespace detail {
   return "";
 }
 
+/// HSDP's shard group on `cluster` for the mesh of `l`: the DP ranks of one pipeline rank that
+/// share a node (weft::optim::hybrid's default inner group, and HYBRID_SHARD's usual one), or 0
+/// where that is no proper part of the DP group: TP groups that straddle nodes, a DP group on
+/// one node, or nodes that split it unevenly. The rank order is layout::mesh()'s, TP fastest
+/// then DP, so a node holds devices_on(0) / tp consecutive DP ranks.
+[[nodiscard]] inline int node_shard_group(const layout& l, const topology::cluster& cluster) {
+  const int per_node = cluster.devices_on(0);
+  if (l.tp_across_nodes || per_node % l.tp != 0) return 0;
+  const int group = per_node / l.tp;
+  if (group < 2 || group >= l.dp || l.dp % group != 0) return 0;
+  return group;
+}
+
+/// Why weft::strategy's hybrid<zero<3>, zero<0>> does not shard as `l` does ("" where it does,
+/// or where `l` shards over the whole DP group): it shards over the DP ranks of a node.
+[[nodiscard]] inline std::string hybrid_group_refusal(const layout& l,
+                                                      const topology::cluster& cluster) {
+  if (l.zero == 0 || l.shards() >= l.dp) return "";
+  if (l.zero != 3)
+    return "ZeRO-" + std::to_string(l.zero) + " over groups of " + std::to_string(l.shards()) +
+           ": the simulator prices shard groups under ZeRO-3 only";
+  const int node = node_shard_group(l, cluster);
+  if (l.shards() != node)
+    return "shard groups of " + std::to_string(l.shards()) +
+           " DP ranks: weft::optim::hybrid shards over the DP ranks of a node (" +
+           (node > 0 ? std::to_string(node) : std::string("here, none smaller than the group")) +
+           ")";
+  return "";
+}
+
 } // namespace detail
 
 /// Why weft::strategy does not run `l` of `m` on `mc` as is ("" where it does): the rules of
@@ -104,6 +136,8 @@ namespace detail {
 ///     uneven split needs config.layout, which strategy_config_of does not write)
 ///   - the batch: a multiple of dp * micro_batch (trainer)
 ///   - placement: every TP group inside a node (make_comms, strict)
+///   - HSDP: a shard group smaller than the DP group is the DP ranks of a node
+///     (optim::hybrid<zero<3>, zero<0>>; detail::hybrid_group_refusal)
 /// ZeRO 0..3 and every recompute policy run. What strategy_refusal does not judge: weft::strategy
 /// trains in float32 with host BLAS (layer::cblas), so it runs the layout's composition, not
 /// the mixed-precision GPU step the simulator prices; and it runs weft's pipeline executor,
@@ -162,12 +196,13 @@ namespace detail {
 [[nodiscard]] inline std::string strategy_refusal(const model_spec& m, const machine& mc,
                                                   const layout& l) {
   std::string why = detail::strategy_refusal_in_place(m, l);
-  return why.empty() ? detail::tp_placement_refusal(l, mc.cluster) : why;
+  if (why.empty()) why = detail::tp_placement_refusal(l, mc.cluster);
+  return why.empty() ? detail::hybrid_group_refusal(l, mc.cluster) : why;
 }
 
 /// The weft::strategy<...> that runs `l` of `m`, spelt as C++ (with weft:: in full): the mesh in
 /// the simulator's rank order (TP fastest, then DP, then PP), the schedule, ZeRO as
-/// optim::zero<k>, the recompute policy, sequence parallelism and, for a Llama-shaped model,
+/// optim::zero<k> (optim::hybrid<zero<3>, zero<0>> for HSDP), the recompute policy, sequence parallelism and, for a Llama-shaped model,
 /// layer::llama_model. Throws weft::error with strategy_refusal's reason where it does not run.
 [[nodiscard]] inline std::string strategy_type(const model_spec& m, const machine& mc,
                                                const layout& l) {
@@ -183,10 +218,14 @@ namespace detail {
       break;
     case pipeline::schedule_kind::zero_bubble_h1: break; // refused above
   }
+  const std::string zero = "weft::optim::zero<" + std::to_string(l.zero) + ">";
+  const std::string sharding = l.zero > 0 && l.shards() < l.dp
+                                   ? "weft::optim::hybrid<" + zero + ", weft::optim::zero<0>>"
+                                   : zero;
   std::string s = "weft::strategy<weft::mesh<weft::tp<" + std::to_string(l.tp) + ">, weft::dp<" +
                   std::to_string(l.dp) + ">, weft::pp<" + std::to_string(l.pp) + ">>, " + schedule +
-                  ", weft::optim::zero<" + std::to_string(l.zero) +
-                  ">, weft::layer::recompute::" + std::string(name_of(l.recomputation)) +
+                  ", " + sharding +
+                  ", weft::layer::recompute::" + std::string(name_of(l.recomputation)) +
                   (l.sequence_parallel ? ", weft::layer::sequence_parallel"
                                        : ", weft::layer::no_sequence_parallel");
   if (!m.learned_positions) s += ", weft::layer::llama_model";
@@ -258,6 +297,9 @@ struct search_result {
         mesh_only.dp = dp;
         placement = detail::tp_placement_refusal(mesh_only, mc.cluster);
       }
+      const int hybrid = o.hybrid_sharding ? detail::node_shard_group(
+                                                 layout{.tp = tp, .pp = pp, .dp = dp}, mc.cluster)
+                                           : 0;
       for (int mb : o.micro_batches) {
         if (o.global_batch % (dp * mb) != 0) continue;
         const int micro = o.global_batch / (dp * mb);
@@ -291,25 +333,29 @@ struct search_result {
                 detail::peak_in_flight(pipeline::generate(kind, pp, micro, l.chunks));
             for (recompute rc : o.recomputes) {
               for (int zero = 0; zero <= (dp > 1 ? o.max_zero : 0); ++zero) {
-                l.recomputation = rc;
-                l.zero = zero;
-                if (pp > 1) {
-                  if (!engine_refusal(l, o.engine).empty()) continue;
-                  use_engine(l, o.engine);
+                for (int group :
+                     zero == 3 && hybrid > 0 ? std::vector<int>{0, hybrid} : std::vector<int>{0}) {
+                  l.recomputation = rc;
+                  l.zero = zero;
+                  l.shard_group = group;
+                  if (pp > 1) {
+                    if (!engine_refusal(l, o.engine).empty()) continue;
+                    use_engine(l, o.engine);
+                  }
+                  if (estimate_memory(m, l, peak) > limit) continue;
+                  fits = true;
+                  std::string refusal = detail::strategy_refusal_in_place(m, l);
+                  if (refusal.empty()) refusal = placement;
+                  if (o.runnable_only && !refusal.empty()) continue;
+                  ++out.simulated;
+                  step_result r = simulate_step(m, mc, l, cal);
+                  r.schedule = {}; // the ranking keeps figures, not timelines
+                  r.timeline = {};
+                  if (refusal.empty() &&
+                      (!out.best_runnable || r.step_time_s < out.best_runnable->r.step_time_s))
+                    out.best_runnable = ranked_layout{l, r, ""};
+                  variants.push_back({l, std::move(r), std::move(refusal)});
                 }
-                if (estimate_memory(m, l, peak) > limit) continue;
-                fits = true;
-                std::string refusal = detail::strategy_refusal_in_place(m, l);
-                if (refusal.empty()) refusal = placement;
-                if (o.runnable_only && !refusal.empty()) continue;
-                ++out.simulated;
-                step_result r = simulate_step(m, mc, l, cal);
-                r.schedule = {}; // the ranking keeps figures, not timelines
-                r.timeline = {};
-                if (refusal.empty() &&
-                    (!out.best_runnable || r.step_time_s < out.best_runnable->r.step_time_s))
-                  out.best_runnable = ranked_layout{l, r, ""};
-                variants.push_back({l, std::move(r), std::move(refusal)});
               }
             }
           }
