@@ -63,6 +63,8 @@ struct calibration {
   double ib_fraction = 0.9;        // achieved share of the InfiniBand bandwidth
   double layer_overhead_s = 0;     // fixed cost of one layer pass (launches, syncs)
   double overlap_slowdown = 0;     // compute's extra time while a ZeRO-3 collective runs beside it
+  double fp8_gemm_peak_fraction = 0; // the most of the FP8 peak a large FP8 GEMM reaches; 0: no
+                                     // FP8 tensor cores
 };
 
 /// `c` for another GPU preset that takes the same constants.
@@ -71,9 +73,10 @@ struct calibration {
   return c;
 }
 
-inline constexpr calibration a100_calibration{"a100-80gb", 0.73, 64, 0.75, 0.77, 0.90, 0, 0};
+inline constexpr calibration a100_calibration{"a100-80gb", 0.73, 64, 0.75, 0.77, 0.90, 0, 0, 0};
 inline constexpr calibration a100_40gb_calibration = renamed(a100_calibration, "a100-40gb");
-inline constexpr calibration h100_calibration{"h100-sxm", 0.74, 256, 0.80, 0.77, 0.90, 20e-6, 0.54};
+inline constexpr calibration h100_calibration{"h100-sxm", 0.74, 256, 0.80, 0.77, 0.90, 20e-6, 0.54,
+                                              0.60};
 inline constexpr calibration h200_calibration = renamed(h100_calibration, "h200");
 
 /// The constants of GPU `g`.
