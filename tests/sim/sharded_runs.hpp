@@ -74,7 +74,8 @@ inline std::vector<sharded_run> read_sharded_runs(const std::string& path = data
       refuse("engine " + r.engine + ": its layout or precision is not stated or not modelled");
     const bool fp8 = precision == "fp8" || precision == "fp8_cs" || precision == "fp8_linear";
     if (precision != "bf16" && precision != "amp_bf16" && precision != "bf16_pure" && !fp8)
-      refuse("precision " + precision + ": the simulator prices 16-bit GEMMs only");
+      refuse(precision == "-" ? std::string("precision not stated")
+                              : "precision " + precision + ": not modelled");
     if (integer("cp") > 1) refuse("context parallelism (cp " + row.at("cp") + "): not modelled");
     if (row.at("recompute") == "-") refuse("recompute not stated");
     if (row.at("offload") != "none") refuse("offload " + row.at("offload") + ": not modelled");
@@ -128,7 +129,8 @@ inline std::vector<sharded_run> read_sharded_runs(const std::string& path = data
     l.sequence_parallel = integer("sp") != 0;
     // The column is Megatron's --tp-comm-overlap for Megatron-core's rows (the TP collectives
     // pipelined with the GEMMs in both passes), the backward's overlap otherwise.
-    (r.engine == "megatron-distopt" ? l.tp_comm_overlap : l.tp_overlap) = integer("tp_overlap") != 0;
+    bool& overlap = r.engine == "megatron-distopt" ? l.tp_comm_overlap : l.tp_overlap;
+    overlap = integer("tp_overlap") != 0;
     weft::sim::use_shard_engine(
         l, weft::sim::shard_engine_named(r.engine == "hsdp" ? "fsdp" : r.engine));
     if (r.engine == "hsdp") l.shard_group = integer("shard_group");

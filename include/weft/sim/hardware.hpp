@@ -30,7 +30,7 @@ struct gpu {
                             // 74.5 GiB of the A100's 80 GiB), which leaves ~5 GiB for the CUDA
                             // context, NCCL's buffers, workspaces and fragmentation
   double hbm_bandwidth = 0; // bytes/s
-  double fp8_peak_flops = 0; // dense FP8 (E4M3 and E5M2) tensor-core FLOP/s; 0: none
+  double fp8_flops = 0;     // dense FP8 (E4M3, E5M2) tensor-core FLOP/s; 0: no FP8 tensor cores
 };
 
 inline constexpr gpu a100_80gb{"a100-80gb", 312e12, 80e9, 2.039e12};

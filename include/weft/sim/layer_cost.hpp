@@ -33,7 +33,7 @@ namespace detail {
 inline double gemm_time(double m, double n, double k, double batch, const gpu& g,
                         const calibration& cal, precision p = precision::bf16) {
   const bool fp8 = p != precision::bf16;
-  const double peak = fp8 ? g.fp8_peak_flops : g.peak_flops;
+  const double peak = fp8 ? g.fp8_flops : g.peak_flops;
   const double fraction = fp8 ? cal.fp8_gemm_peak_fraction : cal.gemm_peak_fraction;
   if (!(peak > 0) || !(fraction > 0))
     throw error("weft: sim: GPU '" + std::string(g.name) + "' has no " +
@@ -80,10 +80,10 @@ struct layer_cost {
   double up_gemm_s = 0;          // Megatron-LM overlaps (layout::tp_overlap)
   double proj_gemm_s = 0;        // the row-parallel GEMMs: attention's output projection and
   double down_gemm_s = 0;        // the MLP's down projection (layout::tp_comm_overlap)
-  double cast_s = 0;        // FP8: the forward's casts of the Linears' inputs (and, under
-                            // fp8_linear, of their weights)
-  double grad_cast_s = 0;   // FP8: the backward's casts of the Linears' output gradients
-  double weight_cast_s = 0; // FP8 under Transformer Engine: the weights' casts, once a step
+  double cast_s = 0;             // FP8: the forward's casts of the Linears' inputs (and, under
+                                 // fp8_linear, of their weights)
+  double grad_cast_s = 0;        // FP8: the backward's casts of the Linears' output gradients
+  double weight_cast_s = 0;      // FP8 under Transformer Engine: the weights' casts, once a step
   [[nodiscard]] double total() const noexcept {
     return gemm_s + attention_s + elementwise_s + cast_s;
   }

@@ -110,25 +110,25 @@ struct layout {
   bool sequence_parallel = false; // Korthikanti et al.: layer norms and dropout split over TP
   recompute recomputation = recompute::none;
   precision gemm_precision = precision::bf16; // the transformer Linears' GEMMs and their casts
-  bool tp_across_nodes = false;   // number TP slowest: its ranks on different nodes
-  bool overlap_dp = true;         // DP reduction overlaps the last backward (bucketed)
-  int dp_buckets = 4;             // gradient buckets per pipeline rank
-  bool p2p_scatter_gather = true; // each TP rank sends 1/tp of an activation (SC21 4.1)
-  bool p2p_blocking = false;      // sends and receives hold the rank (DeepSpeed's pipeline
-                                  // engine) instead of overlapping its compute (Megatron-LM)
-  bool tp_overlap = false;        // the backward's TP collectives run during GEMMs (Megatron-LM
-                                  // since late 2021: a column-parallel linear's input-gradient
-                                  // all-reduce, or reduce-scatter with SP, during its
-                                  // weight-gradient GEMM, SP's re-gather of its input during
-                                  // its input-gradient GEMM); false: on the critical path
-  bool tp_comm_overlap = false;   // TP communication pipelined with the GEMMs in forward and
-                                  // backward (Megatron-core with Transformer Engine,
-                                  // --tp-comm-overlap; needs sequence parallelism): each all-gather
-                                  // in chunks under the column-parallel GEMM that consumes it, each
-                                  // reduce-scatter under the row-parallel GEMM that makes it; the
-                                  // backward's likewise. A collective shows by its excess over its
-                                  // GEMM, plus one chunk (1/tp) of the shorter of the two
-  double grad_bytes = 2;          // bytes per gradient element in the DP reduction
+  bool tp_across_nodes = false;               // number TP slowest: its ranks on different nodes
+  bool overlap_dp = true;                     // DP reduction overlaps the last backward (bucketed)
+  int dp_buckets = 4;                         // gradient buckets per pipeline rank
+  bool p2p_scatter_gather = true;             // each TP rank sends 1/tp of an activation (SC21 4.1)
+  bool p2p_blocking = false;    // sends and receives hold the rank (DeepSpeed's pipeline
+                                // engine) instead of overlapping its compute (Megatron-LM)
+  bool tp_overlap = false;      // the backward's TP collectives run during GEMMs (Megatron-LM
+                                // since late 2021: a column-parallel linear's input-gradient
+                                // all-reduce, or reduce-scatter with SP, during its
+                                // weight-gradient GEMM, SP's re-gather of its input during
+                                // its input-gradient GEMM); false: on the critical path
+  bool tp_comm_overlap = false; // TP communication pipelined with the GEMMs in forward and
+                                // backward (Megatron-core with Transformer Engine,
+                                // --tp-comm-overlap; needs sequence parallelism): each all-gather
+                                // in chunks under the column-parallel GEMM that consumes it, each
+                                // reduce-scatter under the row-parallel GEMM that makes it; the
+                                // backward's likewise. A collective shows by its excess over its
+                                // GEMM, plus one chunk (1/tp) of the shorter of the two
+  double grad_bytes = 2;        // bytes per gradient element in the DP reduction
   // Optimizer state per parameter before sharding: 12 for Adam's fp32 master weights, momentum
   // and variance; optimizer_state_named gives the others.
   double optimizer_bytes = adam_state_bytes;
@@ -264,7 +264,7 @@ inline void check_layout(const model_spec& m, const machine& mc, const layout& l
          std::to_string(l.zero) + "'s");
   if (l.chunks > 1 && l.schedule != pipeline::schedule_kind::interleaved)
     fail("chunks > 1 needs the interleaved schedule");
-  if (l.gemm_precision != precision::bf16 && !(mc.device.fp8_peak_flops > 0))
+  if (l.gemm_precision != precision::bf16 && !(mc.device.fp8_flops > 0))
     fail("precision " + std::string(name_of(l.gemm_precision)) + " runs FP8 GEMMs, which GPU '" +
          std::string(mc.device.name) + "' has no tensor cores for");
 }

@@ -89,7 +89,7 @@ struct step_result {
                               // (inside pipeline_s: they hold the passes that wait on them)
   double optimizer_s = 0;
   double weight_cast_s = 0; // FP8 (Transformer Engine): the weights' casts, once a step
-  state_memory states; // bytes per GPU on the rank holding the most
+  state_memory states;      // bytes per GPU on the rank holding the most
   double activation_bytes = 0;
   [[nodiscard]] double memory_bytes() const noexcept { return states.total() + activation_bytes; }
   pipeline::schedule schedule; // the simulated step, for traces
@@ -235,8 +235,8 @@ struct step_result {
                                  shows(q.scatter, fwd.up_gemm_s)
                            : shows(q.call, fwd.qkv_gemm_s) + shows(q.call, fwd.up_gemm_s);
     }
-    lt.b_input = fwd.gemm_s + 2.0 * (fwd.attention_s + fwd.elementwise_s) + fwd.grad_cast_s +
-                 lt.tp_backward;
+    lt.b_input =
+        fwd.gemm_s + 2.0 * (fwd.attention_s + fwd.elementwise_s) + fwd.grad_cast_s + lt.tp_backward;
     if (l.tp_comm_overlap && t > 1) {
       // Pipelined in tp chunks: the excess over the GEMM shows, and one chunk of the shorter.
       const auto piped = [t](double comm, double gemm) {
