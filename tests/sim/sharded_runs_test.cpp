@@ -316,9 +316,10 @@ TEST(sim_sharded, held_out_rows_and_series) {
   //   of overlap) barely slows. Interference inside a node at its own rate is not modelled.
   // - FP8 (NeMo's GPT-3 175B on 128 and 512 H100s, +13 to +14%; its Llama 2 13B and 70B read
   //   within 4%): fp8_gemm_peak_fraction, fitted on Llama 2 7B, sits on its grid's edge (0.90)
-  //   with that row still -9%. The 7B's step is priced half bf16 attention core (a GEMM of
-  //   K = head size, no causal saving): priced slower than the run ran it, which the constant,
-  //   at the edge, cannot make up; GPT-3's step is nearly all FP8 GEMMs, and reads fast.
+  //   with that row still -9%. The 7B's step is priced half bf16 attention core (batched GEMMs
+  //   with a side of head size, no causal saving): priced slower than the run ran it, which the
+  //   constant, at the edge, cannot make up; GPT-3's step is nearly all FP8 GEMMs, and reads
+  //   fast.
   int missed = 0;
   for (const auto& x : rows) {
     const auto& r = *x.run;

@@ -44,9 +44,9 @@
 //   H100  4 rows: Llama 3 405B on 8,192 GPUs (hidden 16,384, no recompute) and llm-foundry's
 //         MPT 760M, 13B (none) and 70B (full) under FSDP. Largest error 0.3%. FP8, 1 row: NeMo
 //         24.07's Llama 2 7B on 8 GPUs, -9.2% at fp8_gemm_peak_fraction 0.90, the grid's edge:
-//         the rest of its step (the bf16 attention core above all, priced as a GEMM of K = head
-//         size with no causal saving) is priced longer than the run took, and the fraction
-//         makes up what it can. Held out, NeMo's GPT-3 175B reads +13 to +14% at 0.90.
+//         the rest of its step (the bf16 attention core above all, priced as batched GEMMs with
+//         a side of head size and no causal saving) is priced longer than the run took, and the
+//         fraction makes up what it can. Held out, NeMo's GPT-3 175B reads +13 to +14% at 0.90.
 // The figures rest on the model as it stands: a collective charged one latency per round rather
 // than per chunk, an unfused gradient accumulation charged (layout::grad_accumulation_bytes),
 // and MT-NLG's rows at two sequences per micro-batch, which its three published scales imply.

@@ -63,7 +63,7 @@ enum class shard_engine : std::uint8_t { none, deepspeed_zero3, fsdp, fsdp2, meg
 }
 
 /// The number format of a layout's GEMMs (layer_cost.hpp prices each).
-///   bf16        every GEMM in bf16 (fp16 prices the same)
+///   bf16        every GEMM in bf16
 ///   fp8         Transformer Engine's FP8 with delayed scaling, as Megatron-core and NeMo run it
 ///               (`fp8: hybrid`): the three GEMMs of each transformer Linear (forward, input
 ///               gradient, weight gradient) in FP8, E4M3 for the forward's operands and E5M2 for
