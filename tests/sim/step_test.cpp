@@ -615,6 +615,32 @@ TEST(sim_step, fp8_casts_each_linear_operand_at_hbm_speed) {
   EXPECT_EQ(simulate_step(m, dgx(h100_sxm, 1), l).weight_cast_s, 0.0);
 }
 
+// The output layer under torchao (every Linear converted) and Transformer Engine (not one of its
+// modules), one micro-batch of one sequence on one GPU: the forward differs from bf16's by the
+// logit GEMM's FP8 time less its bf16 time, and the casts of its input (T h) and weight (V h) at
+// 6 bytes an element, beside the layers' own; under fp8 only the layers' own.
+TEST(sim_step, fp8_linear_runs_the_output_layer_in_fp8_too) {
+  const model_spec m = gpt("gpt-small", 2, 1024, 16, 50304, 1024);
+  const calibration cal = calibration_of(h100_sxm);
+  const double T = 1024, h = 1024, V = 50304, hbm = 3.35e12 * cal.hbm_fraction;
+  const layout l{.tp = 1, .pp = 1, .dp = 1};
+  const auto forward = [&](precision p) {
+    layout x = l;
+    x.gemm_precision = p;
+    return simulate_step(m, dgx(h100_sxm, 1), x).forward_s;
+  };
+  const auto layers = [&](precision p) {
+    const layer_cost c = layer_forward(m, 1, 1, false, h100_sxm, cal, p);
+    return 2 * (c.total() - layer_forward(m, 1, 1, false, h100_sxm, cal).total());
+  };
+  const double logit_fp8 = detail::gemm_time(T, V, h, 1, h100_sxm, cal, precision::fp8_linear);
+  const double logit_bf16 = detail::gemm_time(T, V, h, 1, h100_sxm, cal);
+  EXPECT_NEAR(forward(precision::fp8_linear) - forward(precision::bf16),
+              layers(precision::fp8_linear) + logit_fp8 - logit_bf16 + (T * h + V * h) * 6 / hbm,
+              1e-9);
+  EXPECT_NEAR(forward(precision::fp8) - forward(precision::bf16), layers(precision::fp8), 1e-9);
+}
+
 TEST(sim_step, fp8_needs_a_gpu_with_fp8_tensor_cores_and_a_known_name) {
   const model_spec m = gpt("gpt-2.7b", 32, 2560, 32);
   const layout l{.tp = 1, .pp = 1, .dp = 8, .gemm_precision = precision::fp8};

@@ -4,8 +4,7 @@
 //
 // FP8 (layout.hpp's precision): the four Linears' GEMMs (QKV, attention output, MLP up and
 // down) run on the FP8 peak at fp8_gemm_peak_fraction, with 1-byte operands; the attention core
-// and the output layer stay bf16 (Megatron-core's output layer is not a Transformer Engine
-// module; torchtitan's float8 converter leaves the output layer out). Each FP8 operand is cast
+// stays bf16, and so does the output layer but under torchao (step.hpp). Each FP8 operand is cast
 // from bf16 first, at HBM speed, and counted, not fitted. Hopper's FP8 GEMMs take both operands
 // K-major (the cuBLASLt "TN" layout), so of Y = X W^T, dX = dY W and dW = dY^T X each operand
 // is needed in both layouts: a cast reads the bf16 tensor (2 bytes an element) and writes its

@@ -73,8 +73,8 @@ enum class shard_engine : std::uint8_t { none, deepspeed_zero3, fsdp, fsdp2, meg
 ///   fp8_cs      the same GEMMs with Transformer Engine's current scaling: each tensor's own amax,
 ///               one more read of it before the cast, and no cast fused into the layer norm
 ///   fp8_linear  torchao's float8 nn.Linear (tensorwise dynamic scaling, as torchtitan runs it):
-///               the same GEMMs in FP8 and each operand scaled by its own amax; the weights are
-///               cast again on every forward
+///               the same GEMMs and the output layer's in FP8, each operand scaled by its own
+///               amax; the weights are cast again on every forward
 enum class precision : std::uint8_t { bf16, fp8, fp8_cs, fp8_linear };
 
 [[nodiscard]] constexpr std::string_view name_of(precision p) noexcept {

@@ -263,10 +263,21 @@ struct step_result {
   const double layer_b_weight = fwd.gemm_s;
 
   // The logits and the cross-entropy (fp32, read and written three times) on the last rank.
-  const double logit_gemm = detail::gemm_time(T, m.vocab / static_cast<double>(t), h, 1, g, cal);
+  // The output layer's GEMMs are FP8 under torchao's float8 (torchtitan converts every Linear
+  // whose sides divide by 16, and filters none by default), with the casts of its input and
+  // weight in the forward and of its output gradient in the backward; bf16 otherwise
+  // (Megatron-core's output layer is not a Transformer Engine module).
+  const precision logit_precision =
+      l.gemm_precision == precision::fp8_linear ? l.gemm_precision : precision::bf16;
+  const double logit_gemm =
+      detail::gemm_time(T, m.vocab / static_cast<double>(t), h, 1, g, cal, logit_precision);
   const double logit_f =
       logit_gemm + 3.0 * 4.0 * T * m.vocab / t / (g.hbm_bandwidth * cal.hbm_fraction);
   const double logit_w = logit_gemm;
+  const double cast_per_element =
+      detail::cast_bytes(logit_precision) / (g.hbm_bandwidth * cal.hbm_fraction);
+  const double logit_cast = cast_per_element * (T * h + h * m.vocab / t);
+  const double logit_grad_cast = cast_per_element * T * m.vocab / t;
 
   const std::vector<int> layers_of = detail::layers_per_rank(m, p);
   const std::vector<double> rank_weights = detail::weights_per_rank(m, l, layers_of);
@@ -391,8 +402,8 @@ struct step_result {
       c.b += messages * l.chunks;
     }
     if (r == p - 1) {
-      c.f += logit_f;
-      c.b += logit_w + 2.0 * (logit_f - logit_w);
+      c.f += logit_f + logit_cast;
+      c.b += logit_w + 2.0 * (logit_f - logit_w) + logit_grad_cast;
       c.w += logit_w;
     }
     // Adding this micro-batch's weight gradients to the step's, unless the GEMMs do it.
