@@ -1,6 +1,7 @@
 #pragma once
-// Reads data/sharded_runs.csv (published ZeRO-3 / FSDP / HSDP runs, two of them for tuning)
-// into models, layouts and machines, and says of each row the simulator cannot express why.
+// Reads data/sharded_runs.csv (published ZeRO-3 / FSDP / HSDP runs and Megatron-core runs with
+// the distributed optimizer, in bf16 or FP8) into models, layouts and machines, and says of each
+// row the simulator cannot express why.
 #include <weft/core/error.hpp>
 #include <weft/sim/hardware.hpp>
 #include <weft/sim/model.hpp>

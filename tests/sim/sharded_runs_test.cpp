@@ -1,7 +1,8 @@
-// The sharded runs of data/sharded_runs.csv (FSDP, FSDP2, HSDP) against the simulator, row by
-// row and series by series; calibration.hpp's constants against their fit on the rows of both
-// data files marked `tune`; and the sharded pass against a hand-worked reference. No constant
-// was fitted on a held-out row.
+// The sharded runs of data/sharded_runs.csv (FSDP, FSDP2, HSDP, Megatron-core's distributed
+// optimizer; bf16 and FP8) against the simulator, row by row and series by series;
+// calibration.hpp's constants against their fit on the rows of both data files marked `tune`;
+// and the sharded pass against a hand-worked reference. No constant was fitted on a held-out
+// row.
 #include "sharded_runs.hpp"
 
 #include <weft/sim/sharded.hpp>
