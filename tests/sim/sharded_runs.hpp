@@ -1,6 +1,7 @@
 #pragma once
-// Reads data/sharded_runs.csv (published ZeRO-3 / FSDP / HSDP runs, two of them for tuning)
-// into models, layouts and machines, and says of each row the simulator cannot express why.
+// Reads data/sharded_runs.csv (published ZeRO-3 / FSDP / HSDP runs and Megatron-core runs with
+// the distributed optimizer, in bf16 or FP8) into models, layouts and machines, and says of each
+// row the simulator cannot express why.
 #include <weft/core/error.hpp>
 #include <weft/sim/hardware.hpp>
 #include <weft/sim/model.hpp>
@@ -69,10 +70,15 @@ inline std::vector<sharded_run> read_sharded_runs(const std::string& path = data
     const auto refuse = [&](const std::string& why) {
       if (r.why_not.empty()) r.why_not = why;
     };
-    if (r.engine != "fsdp" && r.engine != "fsdp2" && r.engine != "hsdp")
+    if (r.engine != "fsdp" && r.engine != "fsdp2" && r.engine != "hsdp" &&
+        r.engine != "megatron-distopt")
       refuse("engine " + r.engine + ": its layout or precision is not stated or not modelled");
-    if (precision != "bf16" && precision != "amp_bf16" && precision != "bf16_pure")
-      refuse("precision " + precision + ": the simulator prices 16-bit GEMMs only");
+    const bool fp8 = precision == "fp8" || precision == "fp8_cs" || precision == "fp8_linear";
+    if (precision != "bf16" && precision != "amp_bf16" && precision != "bf16_pure" && !fp8)
+      refuse(precision == "-" ? std::string("precision not stated")
+                              : "precision " + precision + ": not modelled");
+    if (integer("cp") > 1) refuse("context parallelism (cp " + row.at("cp") + "): not modelled");
+    if (row.at("recompute") == "-") refuse("recompute not stated");
     if (row.at("offload") != "none") refuse("offload " + row.at("offload") + ": not modelled");
     if (row.at("recompute") == "blocks_unstated")
       refuse("recompute of whole blocks on a fraction of them the source does not state");
@@ -120,11 +126,16 @@ inline std::vector<sharded_run> read_sharded_runs(const std::string& path = data
                                                      : weft::pipeline::schedule_kind::one_f_one_b;
     l.chunks = std::max(1, integer("chunks"));
     l.recomputation = weft::sim::recompute_named(row.at("recompute"));
+    l.gemm_precision = fp8 ? weft::sim::precision_named(precision) : weft::sim::precision::bf16;
     l.sequence_parallel = integer("sp") != 0;
-    l.tp_overlap = integer("tp_overlap") != 0;
+    // The column is Megatron's --tp-comm-overlap for Megatron-core's rows (the TP collectives
+    // pipelined with the GEMMs in both passes), the backward's overlap otherwise.
+    bool& overlap = r.engine == "megatron-distopt" ? l.tp_comm_overlap : l.tp_overlap;
+    overlap = integer("tp_overlap") != 0;
     weft::sim::use_shard_engine(
         l, weft::sim::shard_engine_named(r.engine == "hsdp" ? "fsdp" : r.engine));
     if (r.engine == "hsdp") l.shard_group = integer("shard_group");
+    l.overlap_param_gather = row.at("prefetch") == "overlap_param_gather";
     l.shard_every_micro = row.at("sync_per_micro") != "no";
     // Gradients reduced in fp32 where the software's default says so: torchtitan's
     // mixed_precision_reduce and Composer's DEFAULT mixed precision (amp_bf16); in bf16 under

@@ -1,7 +1,8 @@
-// The sharded runs of data/sharded_runs.csv (FSDP, FSDP2, HSDP) against the simulator, row by
-// row and series by series; calibration.hpp's constants against their fit on the rows of both
-// data files marked `tune`; and the sharded pass against a hand-worked reference. No constant
-// was fitted on a held-out row.
+// The sharded runs of data/sharded_runs.csv (FSDP, FSDP2, HSDP, Megatron-core's distributed
+// optimizer; bf16 and FP8) against the simulator, row by row and series by series;
+// calibration.hpp's constants against their fit on the rows of both data files marked `tune`;
+// and the sharded pass against a hand-worked reference. No constant was fitted on a held-out
+// row.
 #include "sharded_runs.hpp"
 
 #include <weft/sim/sharded.hpp>
@@ -173,9 +174,11 @@ TEST(sim_sharded, calibration_is_the_fit_on_the_tuning_rows_along_each_constant)
   const auto types = weft_test::gpu_types(published, sharded);
   int fitted = 0;
   for (const auto& type : types) {
-    std::vector<const weft_test::fit_row*> tuning;
+    // The bf16 constants are fitted on the bf16 rows, fp8_gemm_peak_fraction after them on the
+    // FP8 rows (fit_calibration.cpp).
+    std::vector<const weft_test::fit_row*> tuning, fp8;
     for (const auto& r : type.rows)
-      if (r.set == "tune") tuning.push_back(&r);
+      if (r.set == "tune") (r.fp8 ? fp8 : tuning).push_back(&r);
     if (tuning.empty()) continue;
     ++fitted;
     // overlap_slowdown moves the ZeRO-3 rows only: along it the others keep their errors.
@@ -216,6 +219,26 @@ TEST(sim_sharded, calibration_is_the_fit_on_the_tuning_rows_along_each_constant)
     along("hbm_fraction", &weft::sim::calibration::hbm_fraction, weft_test::hbm_fraction_grid());
     along("overlap_slowdown", &weft::sim::calibration::overlap_slowdown,
           weft_test::overlap_slowdown_grid());
+    if (fp8.empty()) continue;
+    const auto fp8_worst = [&](const weft::sim::calibration& c) {
+      double w = 0;
+      for (const auto* r : fp8)
+        w = std::max(w, std::abs(r->error(c)));
+      return w;
+    };
+    double best = header.fp8_gemm_peak_fraction, best_worst = fp8_worst(header);
+    for (const double v : weft_test::fp8_peak_fraction_grid()) {
+      weft::sim::calibration c = header;
+      c.fp8_gemm_peak_fraction = v;
+      if (fp8_worst(c) < best_worst - 1e-9) {
+        best_worst = fp8_worst(c);
+        best = v;
+      }
+    }
+    std::printf("  %-18s calibration.hpp %g, best on its grid %g (%.2f%% of %zu FP8 rows)\n",
+                "fp8_gemm_peak_fraction", header.fp8_gemm_peak_fraction, best, 100 * best_worst,
+                fp8.size());
+    EXPECT_EQ(best, header.fp8_gemm_peak_fraction) << type.name;
   }
   EXPECT_EQ(fitted, 2); // A100 (80GB and 40GB) and H100
 }
@@ -271,9 +294,10 @@ TEST(sim_sharded, held_out_rows_and_series) {
                 100 * sum / static_cast<double>(errors.size()), 100 * worst, within);
   };
   summary("tuning rows", tuning);
-  std::vector<double> all, kept, a100, h100;
+  std::vector<double> all, kept, a100, h100, fp8;
   for (const auto& x : rows) {
     all.push_back(x.error());
+    if (x.run->layout.gemm_precision != weft::sim::precision::bf16) fp8.push_back(x.error());
     if (!outlier(*x.run)) kept.push_back(x.error());
     (x.run->device.name == weft::sim::h100_sxm.name ? h100 : a100).push_back(x.error());
   }
@@ -281,6 +305,7 @@ TEST(sim_sharded, held_out_rows_and_series) {
   summary("held-out rows, outliers aside", kept);
   summary("held-out rows on A100", a100);
   summary("held-out rows on H100", h100);
+  summary("held-out FP8 rows", fp8);
   // What holds: every held-out row within 10%, but the outliers (printed, no bound) and two
   // kinds of row held to 25%, named here:
   // - HSDP (IBM's Llama 2 7B on A100 and H100, fms-fsdp's 7B and 13B on A100): +11 to +22%,
@@ -290,11 +315,18 @@ TEST(sim_sharded, held_out_rows_and_series) {
   // - on one node (MPT 13B on 8 H100s, +12%; 16 to 64 read within 4%): the gathers ride
   //   NVLink, short beside the compute, and the compute they slow (overlap_slowdown, per second
   //   of overlap) barely slows. Interference inside a node at its own rate is not modelled.
+  // - FP8 (NeMo's GPT-3 175B on 128 and 512 H100s, +13 to +14%; its Llama 2 13B and 70B read
+  //   within 4%): fp8_gemm_peak_fraction, fitted on Llama 2 7B, sits on its grid's edge (0.90)
+  //   with that row still -9%. The 7B's step is priced half bf16 attention core (batched GEMMs
+  //   with a side of head size, no causal saving): priced slower than the run ran it, which the
+  //   constant, at the edge, cannot make up; GPT-3's step is nearly all FP8 GEMMs, and reads
+  //   fast.
   int missed = 0;
   for (const auto& x : rows) {
     const auto& r = *x.run;
     if (outlier(r)) continue;
-    const bool named = r.engine == "hsdp" || r.gpus <= 8;
+    const bool named =
+        r.engine == "hsdp" || r.gpus <= 8 || r.layout.gemm_precision != weft::sim::precision::bf16;
     EXPECT_LE(std::abs(x.error()), named ? 0.25 : 0.10) << r.id;
     missed += std::abs(x.error()) > 0.10 ? 1 : 0;
   }

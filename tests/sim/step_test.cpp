@@ -551,6 +551,113 @@ TEST(sim_step, gemm_efficiency_saturates_and_bounds_by_memory) {
   EXPECT_GE(mv, 2 * n * n / (a100_80gb.hbm_bandwidth * cal.hbm_fraction));
 }
 
+// FP8 GEMMs by hand: a large square one on the H100's datasheet FP8 peak (1,979 TFLOP/s) at
+// fp8_gemm_peak_fraction and the three q(n) factors; a matrix-vector product bound by its
+// 1-byte operands and bf16 result crossing HBM.
+TEST(sim_step, fp8_gemm_runs_on_the_fp8_peak_and_moves_one_byte_operands) {
+  const calibration cal = calibration_of(h100_sxm);
+  const double n = 16384;
+  const double q = n / (n + cal.gemm_half_dim);
+  EXPECT_NEAR(detail::gemm_time(n, n, n, 1, h100_sxm, cal, precision::fp8),
+              2 * n * n * n / (1979e12 * cal.fp8_gemm_peak_fraction * q * q * q), 1e-12);
+  const double hbm = 3.35e12 * cal.hbm_fraction;
+  EXPECT_NEAR(detail::gemm_time(1, n, n, 1, h100_sxm, cal, precision::fp8),
+              (n + n * n + 2 * n) / hbm, 1e-12);
+  EXPECT_NEAR(detail::gemm_time(1, n, n, 1, h100_sxm, cal), (2 * n + 2 * n * n + 2 * n) / hbm,
+              1e-12);
+  // No FP8 tensor cores on the A100: refused, not priced at some other rate.
+  EXPECT_THROW(
+      (void)detail::gemm_time(n, n, n, 1, a100_80gb, calibration_of(a100_80gb), precision::fp8),
+      weft::error);
+}
+
+// The casts of one GPT layer (hidden h, FFN 4h, no TP) by hand: the four Linears' inputs
+// T (h + h + h + 4h), their output gradients T (3h + h + 4h + h), their weights
+// 3h^2 + h^2 + 4h^2 + 4h^2; 4 bytes an element under delayed scaling (read bf16, write the FP8
+// copy and its transpose), 6 where each tensor's amax is read first. Transformer Engine casts
+// the weights once a step (simulate_step charges every layer's once), torchao every forward.
+TEST(sim_step, fp8_casts_each_linear_operand_at_hbm_speed) {
+  const model_spec m = gpt("gpt-2.7b", 32, 2560, 32);
+  const calibration cal = calibration_of(h100_sxm);
+  const double h = 2560, T = 2 * 2048.0, hbm = 3.35e12 * cal.hbm_fraction;
+  const double inputs = T * 7 * h, gradients = T * 9 * h, weights = 12 * h * h;
+  const layer_cost bf16 = layer_forward(m, 2, 1, false, h100_sxm, cal);
+  EXPECT_EQ(bf16.cast_s + bf16.grad_cast_s + bf16.weight_cast_s, 0.0);
+  const layer_cost te = layer_forward(m, 2, 1, false, h100_sxm, cal, precision::fp8);
+  EXPECT_NEAR(te.cast_s, inputs * 4 / hbm, 1e-12);
+  EXPECT_NEAR(te.grad_cast_s, gradients * 4 / hbm, 1e-12);
+  EXPECT_NEAR(te.weight_cast_s, weights * 4 / hbm, 1e-12);
+  const layer_cost cs = layer_forward(m, 2, 1, false, h100_sxm, cal, precision::fp8_cs);
+  EXPECT_NEAR(cs.cast_s, inputs * 6 / hbm, 1e-12);
+  EXPECT_NEAR(cs.weight_cast_s, weights * 6 / hbm, 1e-12);
+  const layer_cost ao = layer_forward(m, 2, 1, false, h100_sxm, cal, precision::fp8_linear);
+  EXPECT_NEAR(ao.cast_s, (inputs + weights) * 6 / hbm, 1e-12);
+  EXPECT_NEAR(ao.grad_cast_s, gradients * 6 / hbm, 1e-12);
+  EXPECT_EQ(ao.weight_cast_s, 0.0);
+  // The attention core stays bf16: the same seconds in every precision.
+  EXPECT_EQ(te.attention_s, bf16.attention_s);
+  EXPECT_EQ(ao.attention_s, bf16.attention_s);
+  // With TP 4 each rank casts its quarter of the split widths and all of the unsplit ones:
+  // inputs T (h + h/4 + h + 4h/4), gradients T (3h/4 + h + 4h/4 + h), weights a quarter.
+  const layer_cost te4 = layer_forward(m, 2, 4, false, h100_sxm, cal, precision::fp8);
+  EXPECT_NEAR(te4.cast_s, T * 3.25 * h * 4 / hbm, 1e-12);
+  EXPECT_NEAR(te4.grad_cast_s, T * 3.75 * h * 4 / hbm, 1e-12);
+  EXPECT_NEAR(te4.weight_cast_s, weights / 4 * 4 / hbm, 1e-12);
+
+  // The step: every layer's weights once under Transformer Engine, none apart under torchao.
+  const layout l{.tp = 1, .pp = 1, .dp = 8, .micro_batch = 2, .global_batch = 64};
+  layout fp8 = l;
+  fp8.gemm_precision = precision::fp8;
+  const step_result r = simulate_step(m, dgx(h100_sxm, 1), fp8);
+  EXPECT_NEAR(r.weight_cast_s, 32 * weights * 4 / hbm, 1e-12);
+  fp8.gemm_precision = precision::fp8_linear;
+  EXPECT_EQ(simulate_step(m, dgx(h100_sxm, 1), fp8).weight_cast_s, 0.0);
+  EXPECT_EQ(simulate_step(m, dgx(h100_sxm, 1), l).weight_cast_s, 0.0);
+}
+
+// The output layer under torchao (every Linear converted) and Transformer Engine (not one of its
+// modules), one micro-batch of one sequence on one GPU: the forward differs from bf16's by the
+// logit GEMM's FP8 time less its bf16 time, and the casts of its input (T h) and weight (V h) at
+// 6 bytes an element, beside the layers' own; under fp8 only the layers' own.
+TEST(sim_step, fp8_linear_runs_the_output_layer_in_fp8_too) {
+  const model_spec m = gpt("gpt-small", 2, 1024, 16, 50304, 1024);
+  const calibration cal = calibration_of(h100_sxm);
+  const double T = 1024, h = 1024, V = 50304, hbm = 3.35e12 * cal.hbm_fraction;
+  const layout l{.tp = 1, .pp = 1, .dp = 1};
+  const auto forward = [&](precision p) {
+    layout x = l;
+    x.gemm_precision = p;
+    return simulate_step(m, dgx(h100_sxm, 1), x).forward_s;
+  };
+  const auto layers = [&](precision p) {
+    const layer_cost c = layer_forward(m, 1, 1, false, h100_sxm, cal, p);
+    return 2 * (c.total() - layer_forward(m, 1, 1, false, h100_sxm, cal).total());
+  };
+  const double logit_fp8 = detail::gemm_time(T, V, h, 1, h100_sxm, cal, precision::fp8_linear);
+  const double logit_bf16 = detail::gemm_time(T, V, h, 1, h100_sxm, cal);
+  EXPECT_NEAR(forward(precision::fp8_linear) - forward(precision::bf16),
+              layers(precision::fp8_linear) + logit_fp8 - logit_bf16 + (T * h + V * h) * 6 / hbm,
+              1e-9);
+  EXPECT_NEAR(forward(precision::fp8) - forward(precision::bf16), layers(precision::fp8), 1e-9);
+}
+
+TEST(sim_step, fp8_needs_a_gpu_with_fp8_tensor_cores_and_a_known_name) {
+  const model_spec m = gpt("gpt-2.7b", 32, 2560, 32);
+  const layout l{.tp = 1, .pp = 1, .dp = 8, .gemm_precision = precision::fp8};
+  try {
+    (void)simulate_step(m, dgx(a100_80gb, 1), l);
+    ADD_FAILURE() << "fp8 on an A100 was priced";
+  } catch (const weft::error& e) {
+    EXPECT_NE(std::string(e.what()).find("precision fp8 runs FP8 GEMMs, which GPU 'a100-80gb'"),
+              std::string::npos)
+        << e.what();
+  }
+  for (const precision p :
+       {precision::bf16, precision::fp8, precision::fp8_cs, precision::fp8_linear})
+    EXPECT_EQ(precision_named(name_of(p)), p);
+  EXPECT_THROW((void)precision_named("fp16"), weft::error);
+}
+
 TEST(sim_step, one_layout_of_a_1t_model_on_3072_gpus_takes_under_a_second) {
   model_spec m = gpt("gpt-1t", 128, 25600, 160, 51200);
   const layout l{.tp = 8,

@@ -60,6 +60,10 @@ layout (one simulation):
   --tp-comm-overlap    every TP collective of forward and backward pipelined with its GEMM
                        (Megatron-core with Transformer Engine; needs --sequence-parallel; one
                        layout, not --search)
+  --precision P        bf16 (default) | fp8 | fp8_cs | fp8_linear: the transformer Linears' GEMMs
+                       in FP8 on the GPU's FP8 peak (h100-sxm, h200), each operand cast from bf16
+                       at HBM speed; fp8: Transformer Engine with delayed scaling (Megatron-core,
+                       NeMo), fp8_cs: its current scaling, fp8_linear: torchao's float8 Linear
   --grad-accum A       fused (default: the weight-gradient GEMMs accumulate, Megatron-LM since
                        2022) | fp16 (a separate 16-bit add per micro-batch) | fp32 (into fp32)
   --engine E           the pipeline engine: megatron (default: 1/tp of an activation per TP rank,
@@ -290,6 +294,7 @@ config parse(const std::vector<std::string_view>& args) {
                                                   "--memory-limit",
                                                   "--trace",
                                                   "--grad-accum",
+                                                  "--precision",
                                                   "--engine",
                                                   "--sharding",
                                                   "--shard-group",
@@ -357,6 +362,8 @@ config parse(const std::vector<std::string_view>& args) {
       if (c.layout.zero > 3) bad("--zero takes a stage 0..3, not " + std::string(v));
     } else if (flag == "--recompute") {
       c.layout.recomputation = sim::recompute_named(v);
+    } else if (flag == "--precision") {
+      c.layout.gemm_precision = sim::precision_named(v);
     } else if (flag == "--grad-accum") {
       c.layout.grad_accumulation_bytes = sim::grad_accumulation_named(v);
     } else if (flag == "--engine") {
@@ -416,11 +423,26 @@ config parse(const std::vector<std::string_view>& args) {
   };
   if (c.host) {
     // What prices a GPU cluster has no meaning for the host trainer: refused, not ignored.
-    for (std::string_view f :
-         {"--gpu", "--nodes", "--gpus-per-node", "--engine", "--grad-accum", "--top",
-          "--memory-limit", "--trace", "--search", "--gated", "--flash", "--tp-across-nodes",
-          "--tp-overlap", "--tp-comm-overlap", "--overlap-param-gather", "--sharding",
-          "--shard-group", "--optimizer-state", "--runnable"})
+    for (std::string_view f : {"--gpu",
+                               "--nodes",
+                               "--gpus-per-node",
+                               "--engine",
+                               "--grad-accum",
+                               "--precision",
+                               "--top",
+                               "--memory-limit",
+                               "--trace",
+                               "--search",
+                               "--gated",
+                               "--flash",
+                               "--tp-across-nodes",
+                               "--tp-overlap",
+                               "--tp-comm-overlap",
+                               "--overlap-param-gather",
+                               "--sharding",
+                               "--shard-group",
+                               "--optimizer-state",
+                               "--runnable"})
       if (given(f))
         bad(std::string(f) +
             " prices a GPU cluster; --host predicts the host trainer's memory (leave it out)");
@@ -512,6 +534,7 @@ std::string json(const sim::model_spec& m, const sim::layout& l, const sim::step
        ", \"sharding\": " + q(sim::name_of(l.sharding)) +
        ", \"shard_group\": " + std::to_string(l.zero > 0 ? l.shards() : 1) +
        ", \"grad_accumulation_bytes\": " + num(l.grad_accumulation_bytes) +
+       ", \"precision\": " + q(sim::name_of(l.gemm_precision)) +
        ", \"optimizer_bytes\": " + num(l.optimizer_bytes) + "},\n";
   o += "  \"microbatches\": " + std::to_string(r.microbatches) + ",\n";
   o += "  \"step_time_s\": " + num(r.step_time_s) + ",\n";
@@ -744,6 +767,7 @@ int main(int argc, char** argv) {
       o.memory_limit = c.memory_limit_gib * 1024.0 * 1024 * 1024;
       o.tp_overlap = c.layout.tp_overlap;
       o.grad_accumulation_bytes = c.layout.grad_accumulation_bytes;
+      o.gemm_precision = c.layout.gemm_precision;
       o.optimizer_bytes = c.layout.optimizer_bytes;
       o.engine = c.engine;
       o.runnable_only = c.runnable;

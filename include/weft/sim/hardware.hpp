@@ -10,8 +10,9 @@
 // Figures are the vendors' datasheets (dense, without sparsity): NVIDIA A100 Tensor Core GPU
 // datasheet (80GB SXM: 312 TFLOP/s bf16, 80 GB HBM2e, 2,039 GB/s; 40GB SXM: 312 TFLOP/s,
 // 40 GB HBM2, 1,555 GB/s), NVIDIA H100 Tensor Core
-// GPU datasheet (SXM5: 989 TFLOP/s bf16 dense, 80 GB HBM3, 3.35 TB/s), NVIDIA H200 datasheet
-// (SXM: 989 TFLOP/s bf16 dense, 141 GB HBM3e, 4.8 TB/s). Node links: topology.hpp's dgx_*.
+// GPU datasheet (SXM5: 989 TFLOP/s bf16 dense, 1,979 TFLOP/s FP8 dense, 80 GB HBM3, 3.35 TB/s),
+// NVIDIA H200 datasheet (SXM: 989 TFLOP/s bf16 dense, 1,979 TFLOP/s FP8 dense, 141 GB HBM3e,
+// 4.8 TB/s); the A100 has no FP8 tensor cores. Node links: topology.hpp's dgx_*.
 #include <weft/core/error.hpp>
 #include <weft/topology/topology.hpp>
 
@@ -29,12 +30,13 @@ struct gpu {
                             // 74.5 GiB of the A100's 80 GiB), which leaves ~5 GiB for the CUDA
                             // context, NCCL's buffers, workspaces and fragmentation
   double hbm_bandwidth = 0; // bytes/s
+  double fp8_flops = 0;     // dense FP8 (E4M3, E5M2) tensor-core FLOP/s; 0: no FP8 tensor cores
 };
 
 inline constexpr gpu a100_80gb{"a100-80gb", 312e12, 80e9, 2.039e12};
 inline constexpr gpu a100_40gb{"a100-40gb", 312e12, 40e9, 1.555e12};
-inline constexpr gpu h100_sxm{"h100-sxm", 989e12, 80e9, 3.35e12};
-inline constexpr gpu h200_sxm{"h200", 989e12, 141e9, 4.8e12};
+inline constexpr gpu h100_sxm{"h100-sxm", 989e12, 80e9, 3.35e12, 1979e12};
+inline constexpr gpu h200_sxm{"h200", 989e12, 141e9, 4.8e12, 1979e12};
 
 inline constexpr gpu gpu_presets[] = {a100_80gb, a100_40gb, h100_sxm, h200_sxm};
 

@@ -62,6 +62,39 @@ enum class shard_engine : std::uint8_t { none, deepspeed_zero3, fsdp, fsdp2, meg
   return 0;
 }
 
+/// The number format of a layout's GEMMs (layer_cost.hpp prices each).
+///   bf16        every GEMM in bf16
+///   fp8         Transformer Engine's FP8 with delayed scaling, as Megatron-core and NeMo run it
+///               (`fp8: hybrid`): the three GEMMs of each transformer Linear (forward, input
+///               gradient, weight gradient) in FP8, E4M3 for the forward's operands and E5M2 for
+///               the gradients; the attention core, the output layer and the rest in bf16. Each
+///               tensor is scaled by an amax of earlier steps, so a cast is one pass; the weights'
+///               FP8 copies are made on a step's first micro-batch and kept for the others
+///   fp8_cs      the same GEMMs with Transformer Engine's current scaling: each tensor's own amax,
+///               one more read of it before the cast, and no cast fused into the layer norm
+///   fp8_linear  torchao's float8 nn.Linear (tensorwise dynamic scaling, as torchtitan runs it):
+///               the same GEMMs and the output layer's in FP8, each operand scaled by its own
+///               amax; the weights are cast again on every forward
+enum class precision : std::uint8_t { bf16, fp8, fp8_cs, fp8_linear };
+
+[[nodiscard]] constexpr std::string_view name_of(precision p) noexcept {
+  switch (p) {
+    case precision::bf16: return "bf16";
+    case precision::fp8: return "fp8";
+    case precision::fp8_cs: return "fp8_cs";
+    case precision::fp8_linear: return "fp8_linear";
+  }
+  return "?";
+}
+
+/// The precision named `s` ("bf16", "fp8", "fp8_cs" or "fp8_linear").
+[[nodiscard]] inline precision precision_named(std::string_view s) {
+  for (precision p : {precision::bf16, precision::fp8, precision::fp8_cs, precision::fp8_linear})
+    if (name_of(p) == s) return p;
+  throw error("weft: sim: unknown precision '" + std::string(s) +
+              "': expected bf16, fp8, fp8_cs or fp8_linear");
+}
+
 /// How the model is spread, and how it trains.
 struct layout {
   int tp = 1;
@@ -76,25 +109,26 @@ struct layout {
   shard_engine sharding = shard_engine::none;
   bool sequence_parallel = false; // Korthikanti et al.: layer norms and dropout split over TP
   recompute recomputation = recompute::none;
-  bool tp_across_nodes = false;   // number TP slowest: its ranks on different nodes
-  bool overlap_dp = true;         // DP reduction overlaps the last backward (bucketed)
-  int dp_buckets = 4;             // gradient buckets per pipeline rank
-  bool p2p_scatter_gather = true; // each TP rank sends 1/tp of an activation (SC21 4.1)
-  bool p2p_blocking = false;      // sends and receives hold the rank (DeepSpeed's pipeline
-                                  // engine) instead of overlapping its compute (Megatron-LM)
-  bool tp_overlap = false;        // the backward's TP collectives run during GEMMs (Megatron-LM
-                                  // since late 2021: a column-parallel linear's input-gradient
-                                  // all-reduce, or reduce-scatter with SP, during its
-                                  // weight-gradient GEMM, SP's re-gather of its input during
-                                  // its input-gradient GEMM); false: on the critical path
-  bool tp_comm_overlap = false;   // TP communication pipelined with the GEMMs in forward and
-                                  // backward (Megatron-core with Transformer Engine,
-                                  // --tp-comm-overlap; needs sequence parallelism): each all-gather
-                                  // in chunks under the column-parallel GEMM that consumes it, each
-                                  // reduce-scatter under the row-parallel GEMM that makes it; the
-                                  // backward's likewise. A collective shows by its excess over its
-                                  // GEMM, plus one chunk (1/tp) of the shorter of the two
-  double grad_bytes = 2;          // bytes per gradient element in the DP reduction
+  precision gemm_precision = precision::bf16; // the transformer Linears' GEMMs and their casts
+  bool tp_across_nodes = false;               // number TP slowest: its ranks on different nodes
+  bool overlap_dp = true;                     // DP reduction overlaps the last backward (bucketed)
+  int dp_buckets = 4;                         // gradient buckets per pipeline rank
+  bool p2p_scatter_gather = true;             // each TP rank sends 1/tp of an activation (SC21 4.1)
+  bool p2p_blocking = false;    // sends and receives hold the rank (DeepSpeed's pipeline
+                                // engine) instead of overlapping its compute (Megatron-LM)
+  bool tp_overlap = false;      // the backward's TP collectives run during GEMMs (Megatron-LM
+                                // since late 2021: a column-parallel linear's input-gradient
+                                // all-reduce, or reduce-scatter with SP, during its
+                                // weight-gradient GEMM, SP's re-gather of its input during
+                                // its input-gradient GEMM); false: on the critical path
+  bool tp_comm_overlap = false; // TP communication pipelined with the GEMMs in forward and
+                                // backward (Megatron-core with Transformer Engine,
+                                // --tp-comm-overlap; needs sequence parallelism): each all-gather
+                                // in chunks under the column-parallel GEMM that consumes it, each
+                                // reduce-scatter under the row-parallel GEMM that makes it; the
+                                // backward's likewise. A collective shows by its excess over its
+                                // GEMM, plus one chunk (1/tp) of the shorter of the two
+  double grad_bytes = 2;        // bytes per gradient element in the DP reduction
   // Optimizer state per parameter before sharding: 12 for Adam's fp32 master weights, momentum
   // and variance; optimizer_state_named gives the others.
   double optimizer_bytes = adam_state_bytes;
@@ -230,6 +264,9 @@ inline void check_layout(const model_spec& m, const machine& mc, const layout& l
          std::to_string(l.zero) + "'s");
   if (l.chunks > 1 && l.schedule != pipeline::schedule_kind::interleaved)
     fail("chunks > 1 needs the interleaved schedule");
+  if (l.gemm_precision != precision::bf16 && !(mc.device.fp8_flops > 0))
+    fail("precision " + std::string(name_of(l.gemm_precision)) + " runs FP8 GEMMs, which GPU '" +
+         std::string(mc.device.name) + "' has no tensor cores for");
 }
 
 } // namespace detail

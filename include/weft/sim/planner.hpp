@@ -46,11 +46,12 @@ struct search_options {
                                                     pipeline::schedule_kind::zero_bubble_h1};
   std::vector<int> chunks = {2, 3, 4}; // model chunks per rank of the interleaved schedule
   std::vector<recompute> recomputes = {recompute::none, recompute::selective, recompute::full};
-  int max_zero = 3;                   // ZeRO stages 0..max_zero (with DP > 1)
-  int max_tp = 0;                     // 0: twice the devices of a node
-  bool sequence_parallel = true;      // with TP > 1
-  bool tp_overlap = false;            // layout::tp_overlap of every variant
-  double grad_accumulation_bytes = 0; // layout::grad_accumulation_bytes of every variant
+  int max_zero = 3;                           // ZeRO stages 0..max_zero (with DP > 1)
+  int max_tp = 0;                             // 0: twice the devices of a node
+  bool sequence_parallel = true;              // with TP > 1
+  bool tp_overlap = false;                    // layout::tp_overlap of every variant
+  double grad_accumulation_bytes = 0;         // layout::grad_accumulation_bytes of every variant
+  precision gemm_precision = precision::bf16; // layout::gemm_precision of every variant
   // layout::optimizer_bytes of every variant
   double optimizer_bytes = adam_state_bytes;
   pipeline_engine engine = pipeline_engine::megatron; // of every variant with PP > 1 (DeepSpeed's
@@ -316,6 +317,7 @@ struct search_result {
             l.sequence_parallel = o.sequence_parallel && tp > 1;
             l.tp_overlap = o.tp_overlap;
             l.grad_accumulation_bytes = o.grad_accumulation_bytes;
+            l.gemm_precision = o.gemm_precision;
             l.optimizer_bytes = o.optimizer_bytes;
             if (kind == pipeline::schedule_kind::interleaved) {
               l.chunks = v;
@@ -433,6 +435,8 @@ inline std::string format(const char* fmt, double a, double b = 0, double c = 0,
     std::snprintf(bytes, sizeof bytes, "%g", l.optimizer_bytes);
     s += ", " + std::string(bytes) + "-byte optimizer state";
   }
+  if (l.gemm_precision != precision::bf16)
+    s += ", " + std::string(name_of(l.gemm_precision)) + " GEMMs";
   if (l.sequence_parallel) s += ", sequence parallel";
   if (l.tp_across_nodes) s += ", TP across nodes";
   if (engine_of(l) == pipeline_engine::deepspeed) s += ", DeepSpeed's pipeline engine";

@@ -16,7 +16,8 @@
 //          over the GEMM, and one chunk, shows;
 //          split schedules (zb-h1) run it as B (input gradient) and W (weight gradient);
 //          where the weight-gradient GEMMs do not accumulate into the step's gradients, a
-//          pass over the rank's weights at HBM speed adds them (grad_accumulation_bytes)
+//          pass over the rank's weights at HBM speed adds them (grad_accumulation_bytes);
+//          FP8 (layout::gemm_precision) prices the Linears' GEMMs and casts as layer_cost.hpp says
 //   the step = the pipeline schedule of weft::pipeline's generators run with those costs,
 //          activations sent between stages over the slowest link each hop crosses (each TP
 //          rank sends 1/t of it, SC21's scatter/gather), then the exposed part of the slowest
@@ -87,7 +88,8 @@ struct step_result {
   double shard_exposed_s = 0; // ZeRO-3: the gathers and reduce-scatters no compute covers
                               // (inside pipeline_s: they hold the passes that wait on them)
   double optimizer_s = 0;
-  state_memory states; // bytes per GPU on the rank holding the most
+  double weight_cast_s = 0; // FP8 (Transformer Engine): the weights' casts, once a step
+  state_memory states;      // bytes per GPU on the rank holding the most
   double activation_bytes = 0;
   [[nodiscard]] double memory_bytes() const noexcept { return states.total() + activation_bytes; }
   pipeline::schedule schedule; // the simulated step, for traces
@@ -207,14 +209,15 @@ struct step_result {
 
   // --- compute per micro-batch per rank ----------------------------------------------------
   const bool split = l.schedule == pipeline::schedule_kind::zero_bubble_h1;
-  const layer_cost fwd = layer_forward(m, b, t, l.sequence_parallel, g, cal);
+  const layer_cost fwd = layer_forward(m, b, t, l.sequence_parallel, g, cal, l.gemm_precision);
   // One layer's forward and backward with a pipeline rank's TP prices. The backward's TP
   // collectives: two, like the forward's, on the critical path; with tp_overlap the two
   // column-parallel linears' collectives run during their GEMMs (only what outlasts a GEMM
   // shows), and with SP the gathers of the gradient before the two row-parallel linears
   // remain. A split schedule runs the weight-gradient GEMMs apart.
   // The backward: input-gradient GEMMs (as many FLOPs as the forward's), the attention core and
-  // the elementwise kernels twice over, the TP collectives, and what is recomputed (full: the
+  // the elementwise kernels twice over, under FP8 the output gradients' casts, the TP
+  // collectives, and what is recomputed (full: the
   // whole forward; selective: the attention core, its QK^T and AV GEMMs and its softmax and
   // dropout); the weight-gradient GEMMs (W) as many FLOPs as the forward's again.
   struct layer_times {
@@ -232,7 +235,8 @@ struct step_result {
                                  shows(q.scatter, fwd.up_gemm_s)
                            : shows(q.call, fwd.qkv_gemm_s) + shows(q.call, fwd.up_gemm_s);
     }
-    lt.b_input = fwd.gemm_s + 2.0 * (fwd.attention_s + fwd.elementwise_s) + lt.tp_backward;
+    lt.b_input =
+        fwd.gemm_s + 2.0 * (fwd.attention_s + fwd.elementwise_s) + fwd.grad_cast_s + lt.tp_backward;
     if (l.tp_comm_overlap && t > 1) {
       // Pipelined in tp chunks: the excess over the GEMM shows, and one chunk of the shorter.
       const auto piped = [t](double comm, double gemm) {
@@ -248,7 +252,8 @@ struct step_result {
           (split ? 2.0 * q.call
                  : piped(q.gather, fwd.qkv_gemm_s) + piped(q.scatter, fwd.qkv_gemm_s) +
                        piped(q.gather, fwd.up_gemm_s) + piped(q.scatter, fwd.up_gemm_s));
-      lt.b_input = fwd.gemm_s + 2.0 * (fwd.attention_s + fwd.elementwise_s) + lt.tp_backward;
+      lt.b_input = fwd.gemm_s + 2.0 * (fwd.attention_s + fwd.elementwise_s) + fwd.grad_cast_s +
+                   lt.tp_backward;
     }
     if (l.recomputation == recompute::full) lt.b_input += lt.f;
     if (l.recomputation == recompute::selective)
@@ -258,10 +263,21 @@ struct step_result {
   const double layer_b_weight = fwd.gemm_s;
 
   // The logits and the cross-entropy (fp32, read and written three times) on the last rank.
-  const double logit_gemm = detail::gemm_time(T, m.vocab / static_cast<double>(t), h, 1, g, cal);
+  // The output layer's GEMMs are FP8 under torchao's float8 (torchtitan converts every Linear
+  // whose sides divide by 16, and filters none by default), with the casts of its input and
+  // weight in the forward and of its output gradient in the backward; bf16 otherwise
+  // (Megatron-core's output layer is not a Transformer Engine module).
+  const precision logit_precision =
+      l.gemm_precision == precision::fp8_linear ? l.gemm_precision : precision::bf16;
+  const double logit_gemm =
+      detail::gemm_time(T, m.vocab / static_cast<double>(t), h, 1, g, cal, logit_precision);
   const double logit_f =
       logit_gemm + 3.0 * 4.0 * T * m.vocab / t / (g.hbm_bandwidth * cal.hbm_fraction);
   const double logit_w = logit_gemm;
+  const double cast_per_element =
+      detail::cast_bytes(logit_precision) / (g.hbm_bandwidth * cal.hbm_fraction);
+  const double logit_cast = cast_per_element * (T * h + h * m.vocab / t);
+  const double logit_grad_cast = cast_per_element * T * m.vocab / t;
 
   const std::vector<int> layers_of = detail::layers_per_rank(m, p);
   const std::vector<double> rank_weights = detail::weights_per_rank(m, l, layers_of);
@@ -386,8 +402,8 @@ struct step_result {
       c.b += messages * l.chunks;
     }
     if (r == p - 1) {
-      c.f += logit_f;
-      c.b += logit_w + 2.0 * (logit_f - logit_w);
+      c.f += logit_f + logit_cast;
+      c.b += logit_w + 2.0 * (logit_f - logit_w) + logit_grad_cast;
       c.w += logit_w;
     }
     // Adding this micro-batch's weight gradients to the step's, unless the GEMMs do it.
@@ -543,7 +559,10 @@ struct step_result {
   // besides, per weight of its shard: 32 bytes in all for Adam's 12 of fp32 state.
   out.optimizer_s = rank_params / l.shard_groups().optimizer * (2.0 * l.optimizer_bytes + 8.0) /
                     (g.hbm_bandwidth * cal.hbm_fraction);
-  out.step_time_s = out.pipeline_s + out.dp_exposed_s + out.optimizer_s;
+  // FP8 under Transformer Engine: each layer's weights cast once a step, as the first
+  // micro-batch's forward reaches it; that forward crosses every layer in turn.
+  out.weight_cast_s = m.layers * fwd.weight_cast_s;
+  out.step_time_s = out.pipeline_s + out.dp_exposed_s + out.optimizer_s + out.weight_cast_s;
 
   // --- throughput ----------------------------------------------------------------------------
   const double gpus = l.gpus();
