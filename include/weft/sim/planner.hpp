@@ -203,8 +203,9 @@ namespace detail {
 
 /// The weft::strategy<...> that runs `l` of `m`, spelt as C++ (with weft:: in full): the mesh in
 /// the simulator's rank order (TP fastest, then DP, then PP), the schedule, ZeRO as
-/// optim::zero<k> (optim::hybrid<zero<3>, zero<0>> for HSDP), the recompute policy, sequence parallelism and, for a Llama-shaped model,
-/// layer::llama_model. Throws weft::error with strategy_refusal's reason where it does not run.
+/// optim::zero<k> (optim::hybrid<zero<3>, zero<0>> for HSDP), the recompute policy, sequence
+/// parallelism and, for a Llama-shaped model, layer::llama_model. Throws weft::error with
+/// strategy_refusal's reason where it does not run.
 [[nodiscard]] inline std::string strategy_type(const model_spec& m, const machine& mc,
                                                const layout& l) {
   if (const std::string why = strategy_refusal(m, mc, l); !why.empty())
