@@ -24,20 +24,22 @@ struct sharded_run {
   weft::sim::model_spec model;
   weft::sim::layout layout;
   int gpus = 0;
+  int gpus_per_node = 8;       // from the row's interconnect ("<N>_GPUs_per_node"); the DGX's
   double nic_gbps = 0;         // per NIC, from the row's interconnect; 0: the DGX preset's
   double published_tokens = 0; // tokens/s per GPU, as the source states it
 };
 
-/// The machine a row ran on: its GPU's DGX nodes, with the NICs' bandwidth the source states.
+/// The machine a row ran on: nodes of the row's GPUs per node with its GPU's DGX links and one
+/// NIC per GPU (as every DGX preset has), at the NICs' bandwidth the source states.
 inline weft::sim::machine machine_of(const sharded_run& r) {
-  weft::sim::machine mc = weft::sim::dgx(r.device, (r.gpus + 7) / 8);
-  if (r.nic_gbps > 0) {
-    const weft::topology::cluster& c = mc.cluster;
-    weft::topology::link inter = c.inter();
-    inter.bandwidth = r.nic_gbps * 1e9 / 8;
-    mc.cluster = weft::topology::cluster(c.devices_per_node(), c.intra(), inter, c.nics_per_node(),
-                                         c.reduce_bandwidth());
-  }
+  weft::sim::machine mc = weft::sim::dgx(r.device, 1);
+  const weft::topology::cluster& c = mc.cluster;
+  weft::topology::link inter = c.inter();
+  if (r.nic_gbps > 0) inter.bandwidth = r.nic_gbps * 1e9 / 8;
+  const int n = r.gpus_per_node;
+  mc.cluster =
+      weft::topology::cluster(std::vector<int>(static_cast<std::size_t>((r.gpus + n - 1) / n), n),
+                              c.intra(), inter, n, c.reduce_bandwidth());
   return mc;
 }
 
@@ -94,15 +96,25 @@ inline std::vector<sharded_run> read_sharded_runs(const std::string& path = data
       out.push_back(std::move(r));
       continue;
     }
-    // The NICs: "<N>Gbps" per node (8 NICs of N/8) or "_per_GPU" (8 NICs of N); none stated:
-    // the DGX preset's.
+    // The node: "<N>_GPUs_per_node" (N GPUs and N NICs), the DGX's 8 where not stated. The
+    // NICs: "<N>Gbps" per node (one NIC per GPU sharing N) or "_per_GPU" (each NIC N); none
+    // stated: the DGX preset's.
     const std::string net = row.at("interconnect");
-    if (const auto at = net.find("Gbps"); at != std::string::npos) {
+    const auto number_before = [&](std::size_t at) {
       auto from = at;
       while (from > 0 && std::isdigit(static_cast<unsigned char>(net[from - 1])) != 0)
         --from;
-      const double gbps = std::stod(net.substr(from, at - from));
-      r.nic_gbps = net.find("per_GPU") != std::string::npos ? gbps : gbps / 8;
+      if (from == at) throw weft::error(r.id + ": no number before '" + net.substr(at) + "'");
+      return std::stoi(net.substr(from, at - from));
+    };
+    if (const auto at = net.find("_GPUs_per_node"); at != std::string::npos) {
+      r.gpus_per_node = number_before(at);
+      if (r.gpus_per_node < 1)
+        throw weft::error(r.id + ": " + std::to_string(r.gpus_per_node) + " GPUs per node");
+    }
+    if (const auto at = net.find("Gbps"); at != std::string::npos) {
+      const double gbps = number_before(at);
+      r.nic_gbps = net.find("per_GPU") != std::string::npos ? gbps : gbps / r.gpus_per_node;
     }
     r.model.name = r.id;
     r.model.layers = integer("layers");
