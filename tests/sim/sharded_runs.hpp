@@ -144,15 +144,21 @@ inline std::vector<sharded_run> read_sharded_runs(const std::string& path = data
     // pipelined with the GEMMs in both passes), the backward's overlap otherwise.
     bool& overlap = r.engine == "megatron-distopt" ? l.tp_comm_overlap : l.tp_overlap;
     overlap = integer("tp_overlap") != 0;
+    // Gradients reduced in fp32 where the software's default says so: torchtitan's
+    // mixed_precision_reduce and Composer's DEFAULT mixed precision (amp_bf16); in bf16 under
+    // Composer's PURE and where the source says bf16 only.
+    l.grad_bytes = r.engine == "fsdp2" || precision == "amp_bf16" ? 4 : 2;
     weft::sim::use_shard_engine(
         l, weft::sim::shard_engine_named(r.engine == "hsdp" ? "fsdp" : r.engine));
     if (r.engine == "hsdp") l.shard_group = integer("shard_group");
     l.overlap_param_gather = row.at("prefetch") == "overlap_param_gather";
     l.shard_every_micro = row.at("sync_per_micro") != "no";
-    // Gradients reduced in fp32 where the software's default says so: torchtitan's
-    // mixed_precision_reduce and Composer's DEFAULT mixed precision (amp_bf16); in bf16 under
-    // Composer's PURE and where the source says bf16 only.
-    l.grad_bytes = r.engine == "fsdp2" || precision == "amp_bf16" ? 4 : 2;
+    // The optimizer as each source's software runs it (data/README.md, "The software's own costs"):
+    // Composer's DecoupledAdamW (llm-foundry) updates each fp32 weight in unfused steps, 88
+    // bytes a weight; fms-fsdp's torch.optim.AdamW runs foreach (multi-tensor, unfused) steps,
+    // 80 bytes, and clips the gradients' norm every step, 12 more. The others: a fused step.
+    if (r.source.rfind("FOUNDRY", 0) == 0) l.optimizer_traffic_bytes = 88;
+    if (r.source == "IBM-FSDP24" || r.source == "FMSFSDP-README") l.optimizer_traffic_bytes = 92;
     out.push_back(std::move(r));
   }
   return out;

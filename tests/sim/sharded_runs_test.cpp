@@ -318,30 +318,26 @@ TEST(sim_sharded, held_out_rows_and_series) {
   summary("held-out rows on H200", h200);
   // What holds: every held-out row within 10%, but the outliers (printed, no bound) and two
   // kinds of row held to 25%, named here:
-  // - HSDP (IBM's Llama 2 7B on A100 and H100, fms-fsdp's 7B and 13B on A100): +11 to +22%,
+  // - HSDP (IBM's Llama 2 7B on A100 and H100, fms-fsdp's 7B and 13B on A100): +8 to +18%,
   //   where every FSDP row of the same two sources reads within 8%. The model hides each
   //   block's all-reduce across the replicas behind the backward; what the runs lose beyond
   //   that is not in the sources (their NICs' kind and count, the software's timeline).
-  // - on one node (MPT 13B on 8 H100s, +12%; 16 to 64 read within 4%): the gathers ride
-  //   NVLink, short beside the compute, and the compute they slow (overlap_slowdown, per second
-  //   of overlap) barely slows. Interference inside a node at its own rate is not modelled.
-  // - FP8 (NeMo's GPT-3 175B on 128 and 512 H100s, +13 to +14%; its Llama 2 13B and 70B read
+  // - FP8 (NeMo's GPT-3 175B on 128 and 512 H100s, +13%; its Llama 2 13B and 70B read
   //   within 4%): fp8_gemm_peak_fraction, fitted on Llama 2 7B, sits on its grid's edge (0.90)
-  //   with that row still -9%. The 7B's step is priced half bf16 attention core (batched GEMMs
+  //   with that row still -10%. The 7B's step is priced half bf16 attention core (batched GEMMs
   //   with a side of head size, no causal saving): priced slower than the run ran it, which the
   //   constant, at the edge, cannot make up; GPT-3's step is nearly all FP8 GEMMs, and reads
   //   fast.
   // And the H200 rows (KempnerForge's), held to 35%: the H200 takes the H100's constants and no
-  // H200 row tunes them. Its 7B without TP reads 26 to 31% low, the single GPU, which sends
-  // nothing, 31%: the compute itself runs faster than those constants price it. Its 13B reads 12
-  // to 21% low, its 7B on TP 4 within 10% and its 70B within 4%. A bound chosen after seeing
+  // H200 row tunes them. Its 7B without TP reads 27 to 33% low, the single GPU, which sends
+  // nothing, 33%: the compute itself runs faster than those constants price it. Its 13B reads 12
+  // to 20% low, its 7B on TP 4 within 11% and its 70B within 11%. A bound chosen after seeing
   // these errors, with nothing fitted to them.
   int missed = 0;
   for (const auto& x : rows) {
     const auto& r = *x.run;
     if (outlier(r)) continue;
-    const bool named =
-        r.engine == "hsdp" || r.gpus <= 8 || r.layout.gemm_precision != weft::sim::precision::bf16;
+    const bool named = r.engine == "hsdp" || r.layout.gemm_precision != weft::sim::precision::bf16;
     const bool h200 = r.device.name == weft::sim::h200_sxm.name;
     EXPECT_LE(std::abs(x.error()), h200 ? 0.35 : named ? 0.25 : 0.10) << r.id;
     missed += std::abs(x.error()) > 0.10 ? 1 : 0;
@@ -454,10 +450,11 @@ TEST(sim_sharded, fixed_global_batch_loses_throughput_once_gathers_outlast_compu
     std::printf("%6d %6d %12.0f %12.3f %14.0f\n", gpus, l.micro_batch, with.back(),
                 r.shard_exposed_s, without.back());
   }
-  // Without its exposed communication the step's per-GPU rate is flat within 3% (GEMM shapes
-  // shrink with the micro-batch); with it, it falls from 64 to 2,048 GPUs, and by more than
-  // the communication-free rate does.
-  EXPECT_NEAR(without.back() / without.front(), 1.0, 0.03);
+  // Without its exposed communication the step's per-GPU rate is flat within 6% (GEMM shapes
+  // shrink with the micro-batch, and FSDP's gradient copy runs once per micro-batch, of eight
+  // times fewer tokens at 2,048 GPUs); with it, it falls from 64 to 2,048 GPUs, and by more
+  // than the communication-free rate does.
+  EXPECT_NEAR(without.back() / without.front(), 1.0, 0.06);
   EXPECT_LT(with.back() / with.front(), without.back() / without.front() - 0.05);
   for (std::size_t i = 1; i < with.size(); ++i)
     EXPECT_LE(with[i], with[i - 1] * 1.001) << i;

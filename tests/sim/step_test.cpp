@@ -729,6 +729,48 @@ TEST(sim_step, deepspeeds_pipeline_engine_sends_whole_activations_and_reduces_af
             std::string::npos);
 }
 
+// The optimizer step at HBM speed over the rank's shard: a fused Adam's 32 bytes a weight (its
+// 12 bytes of fp32 state read and written, the gradient and the 16-bit weight), or what
+// optimizer_traffic_bytes says an unfused one moves.
+TEST(sim_step, the_optimizer_moves_its_traffic_over_the_shard_at_hbm_speed) {
+  const model_spec m = gpt("gpt-1.3b", 24, 2048, 16, 51200);
+  const machine mc = dgx(a100_80gb, 1);
+  const calibration cal = calibration_of(a100_80gb);
+  layout l{.dp = 8, .global_batch = 8, .zero = 1};
+  const double hbm = a100_80gb.hbm_bandwidth * cal.hbm_fraction;
+  EXPECT_NEAR(simulate_step(m, mc, l).optimizer_s, m.parameters() / 8 * 32 / hbm, 1e-12);
+  l.optimizer_traffic_bytes = 92;
+  EXPECT_NEAR(simulate_step(m, mc, l).optimizer_s, m.parameters() / 8 * 92 / hbm, 1e-12);
+}
+
+// ZeRO-3's own copies (shard_copy_bytes per weight and micro-batch): one pass over the rank's
+// whole weights at HBM speed in each micro-batch's backward; none without sharding (dp 1).
+TEST(sim_step, zero3_copies_cost_a_pass_over_the_weights_each_micro_batch) {
+  const model_spec m = gpt("gpt-1.3b", 24, 2048, 16, 51200);
+  const machine mc = dgx(a100_80gb, 1);
+  const calibration cal = calibration_of(a100_80gb);
+  layout l{.dp = 8, .micro_batch = 4, .global_batch = 64};
+  use_shard_engine(l, shard_engine::fsdp);
+  EXPECT_EQ(l.shard_copy_bytes, 4); // FSDP1, 16-bit reduction: the flat gradient's copy
+  l.shard_copy_bytes = 0;
+  const step_result without = simulate_step(m, mc, l);
+  l.shard_copy_bytes = 10;
+  const step_result with = simulate_step(m, mc, l);
+  const double pass = m.parameters() * 10 / (a100_80gb.hbm_bandwidth * cal.hbm_fraction);
+  EXPECT_NEAR(with.backward_s - without.backward_s, pass, pass * 0.02);
+  EXPECT_GT(with.step_time_s - without.step_time_s, 0.95 * 2 * pass); // two micro-batches
+  l.grad_bytes = 4;
+  use_shard_engine(l, shard_engine::fsdp);
+  EXPECT_EQ(l.shard_copy_bytes, 10); // and the fp32 cast
+  use_shard_engine(l, shard_engine::fsdp2);
+  EXPECT_EQ(l.shard_copy_bytes, 14); // copy-out twice, copy-in cast to fp32
+  layout single{.dp = 1, .global_batch = 4};
+  use_shard_engine(single, shard_engine::fsdp2);
+  const double one = simulate_step(m, mc, single).step_time_s;
+  single.shard_copy_bytes = 0;
+  EXPECT_EQ(simulate_step(m, mc, single).step_time_s, one);
+}
+
 TEST(sim_step, bad_layouts_throw_and_say_why) {
   model_spec m = gpt("m", 4, 256, 4, 1000, 128);
   const machine mc = dgx(a100_80gb, 1);

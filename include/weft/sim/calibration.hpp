@@ -42,7 +42,7 @@
 //         Largest error 5.1% (SC21 18.4B -5.1%, MPT 13B -4.9%, MT-NLG +4.8%). overlap_slowdown
 //         comes out 0: any slowdown takes MPT 13B, which reads low, lower.
 //   H100  4 rows: Llama 3 405B on 8,192 GPUs (hidden 16,384, no recompute) and llm-foundry's
-//         MPT 760M, 13B (none) and 70B (full) under FSDP. Largest error 0.3%. FP8, 1 row: NeMo
+//         MPT 760M, 13B (none) and 70B (full) under FSDP. Largest error 0.6%. FP8, 1 row: NeMo
 //         24.07's Llama 2 7B on 8 GPUs, -9.2% at fp8_gemm_peak_fraction 0.90, the grid's edge:
 //         the rest of its step (the bf16 attention core above all, priced as batched GEMMs with
 //         a side of head size and no causal saving) is priced longer than the run took, and the
@@ -53,7 +53,7 @@
 //
 // The A100 40GB takes the 80GB's constants (the same die and clocks); the H200 takes the
 // H100's (the same compute die). No H200 row tunes them; KempnerForge's held-out H200 runs
-// (data/README.md) read faster than they price its compute: its 7B without TP 26-31%.
+// (data/README.md) read faster than they price its compute: its 7B without TP 27-33%.
 #include <weft/core/error.hpp>
 #include <weft/sim/hardware.hpp>
 
@@ -84,7 +84,7 @@ struct calibration {
 inline constexpr calibration a100_calibration{"a100-80gb", 0.73, 64, 0.75, 0.77, 0.90, 0, 0, 0};
 inline constexpr calibration a100_40gb_calibration = renamed(a100_calibration, "a100-40gb");
 inline constexpr calibration h100_calibration{"h100-sxm", 0.74,  256,  0.80, 0.77,
-                                              0.90,       20e-6, 0.54, 0.90};
+                                              0.90,       20e-6, 0.34, 0.90};
 inline constexpr calibration h200_calibration = renamed(h100_calibration, "h200");
 
 /// The constants of GPU `g`.

@@ -147,6 +147,13 @@ struct layout {
   bool shard_every_micro = true;      // every micro-batch gathers and reduce-scatters; false: the
                                       // first forward gathers and the weights stay whole until the
                                       // last backward, whose gradients are reduce-scattered once
+  double shard_copy_bytes = 0;        // ZeRO-3: HBM bytes per weight and micro-batch that the
+                                      // engine copies besides its collectives (FSDP1's flat
+                                      // gradient, FSDP2's gather copy-out and reduce copy-in;
+                                      // sharded.hpp's use_shard_engine sets it)
+  double optimizer_traffic_bytes = 0; // HBM bytes per weight of its shard the optimizer step
+                                      // moves; 0: a fused step's, reading and writing its state
+                                      // once (2 optimizer_bytes + 8)
   int prefetch = 1;                   // blocks whose gather may start ahead: block i's gather
                                       // starts when block i - prefetch's compute starts; 0: when
                                       // block i - 1's ends (no overlap)

@@ -114,6 +114,17 @@ inline void use_shard_engine(layout& l, shard_engine e) {
   l.reshard_after_forward = true;
   l.shard_every_micro = true;
   l.prefetch = 1;
+  // What each engine copies through HBM per weight and micro-batch besides its collectives
+  // (layout::shard_copy_bytes; set l.grad_bytes first). FSDP1's weights are views into its flat
+  // parameter, so autograd's backward copies each weight's 16-bit gradient into the flat
+  // gradient (4 bytes: 2 read, 2 written), and reducing in fp32 casts it (6 more: 2 read, 4
+  // written; _runtime_utils.py's _reduce_grad). FSDP2 copies each gather's output into the
+  // weights (4 bytes, twice with the backward's re-gather) and the gradients into the
+  // reduce-scatter's input (4 bytes, 6 cast to fp32). DeepSpeed's stage 3: not counted.
+  const bool fp32_reduce = l.grad_bytes > 2;
+  l.shard_copy_bytes = e == shard_engine::fsdp    ? 4.0 + (fp32_reduce ? 6.0 : 0.0)
+                       : e == shard_engine::fsdp2 ? 8.0 + (fp32_reduce ? 6.0 : 4.0)
+                                                  : 0.0;
 }
 
 } // namespace weft::sim

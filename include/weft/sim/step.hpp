@@ -406,12 +406,15 @@ struct step_result {
       c.b += logit_w + 2.0 * (logit_f - logit_w) + logit_grad_cast;
       c.w += logit_w;
     }
-    // Adding this micro-batch's weight gradients to the step's, unless the GEMMs do it.
-    c.w += rank_weights[static_cast<std::size_t>(r)] * l.grad_accumulation_bytes /
-           (g.hbm_bandwidth * cal.hbm_fraction);
+    // Adding this micro-batch's weight gradients to the step's, unless the GEMMs do it, and
+    // under ZeRO-3 the engine's own copies (layout::shard_copy_bytes).
+    const double copies =
+        l.grad_accumulation_bytes + (l.zero == 3 && l.dp > 1 ? l.shard_copy_bytes : 0.0);
+    c.w +=
+        rank_weights[static_cast<std::size_t>(r)] * copies / (g.hbm_bandwidth * cal.hbm_fraction);
     // ZeRO-3: the gathers and reduce-scatters no compute covers, in the passes that run them.
     const double accumulation =
-        m.layer_parameters() / t * l.grad_accumulation_bytes / (g.hbm_bandwidth * cal.hbm_fraction);
+        m.layer_parameters() / t * copies / (g.hbm_bandwidth * cal.hbm_fraction);
     c.shard = shard_exposed(r, c.f, lt.f, c.b + c.w, lt.b_input + layer_b_weight + accumulation);
     c.f += c.shard.forward;
     c.b += c.shard.backward;
@@ -555,9 +558,12 @@ struct step_result {
   } else {
     out.dp_exposed_s = dp_time;
   }
-  // The optimizer reads and writes its state and moves 8 bytes of gradient and 16-bit weight
-  // besides, per weight of its shard: 32 bytes in all for Adam's 12 of fp32 state.
-  out.optimizer_s = rank_params / l.shard_groups().optimizer * (2.0 * l.optimizer_bytes + 8.0) /
+  // A fused optimizer reads and writes its state and moves 8 bytes of gradient and 16-bit weight
+  // besides, per weight of its shard: 32 bytes in all for Adam's 12 of fp32 state; an unfused
+  // one what layout::optimizer_traffic_bytes says.
+  const double optimizer_traffic =
+      l.optimizer_traffic_bytes > 0 ? l.optimizer_traffic_bytes : 2.0 * l.optimizer_bytes + 8.0;
+  out.optimizer_s = rank_params / l.shard_groups().optimizer * optimizer_traffic /
                     (g.hbm_bandwidth * cal.hbm_fraction);
   // FP8 under Transformer Engine: each layer's weights cast once a step, as the first
   // micro-batch's forward reaches it; that forward crosses every layer in turn.
