@@ -152,7 +152,15 @@ inline std::vector<sharded_run> read_sharded_runs(const std::string& path = data
         l, weft::sim::shard_engine_named(r.engine == "hsdp" ? "fsdp" : r.engine));
     if (r.engine == "hsdp") l.shard_group = integer("shard_group");
     l.overlap_param_gather = row.at("prefetch") == "overlap_param_gather";
-    l.shard_every_micro = row.at("sync_per_micro") != "no";
+    // yes: every micro-batch gathers and reduce-scatters; no: once a step; gather: every
+    // micro-batch gathers, the last one reduce-scatters (no_sync on the others); '-': one
+    // micro-batch a step.
+    const std::string sync = row.at("sync_per_micro");
+    if (sync != "yes" && sync != "no" && sync != "gather" && sync != "-")
+      throw weft::error("sharded_runs.csv: " + r.id + ": sync_per_micro '" + sync +
+                        "': expected yes, no, gather or -");
+    l.shard_every_micro = sync != "no";
+    l.reduce_every_micro = sync != "gather";
     // The optimizer as each source's software runs it (data/README.md, "The software's own costs"):
     // Composer's DecoupledAdamW (llm-foundry) updates each fp32 weight in unfused steps, 88
     // bytes a weight; fms-fsdp's torch.optim.AdamW runs foreach (multi-tensor, unfused) steps,

@@ -771,6 +771,36 @@ TEST(sim_step, zero3_copies_cost_a_pass_over_the_weights_each_micro_batch) {
   EXPECT_EQ(simulate_step(m, mc, single).step_time_s, one);
 }
 
+// What ZeRO-3 sends a step over m micro-batches, per layer gathered (G) and reduced (R):
+// every micro-batch gathers twice and reduces, m (2G + R); under no_sync (reduce_every_micro
+// false) each still gathers twice and only the last reduces, 2mG + R; gathered once a step
+// (shard_every_micro false), G + R. Two of them give G and R; the third must agree.
+TEST(sim_step, no_sync_gathers_every_micro_batch_and_reduces_once) {
+  const model_spec m = gpt("gpt-1.3b", 24, 2048, 16, 51200);
+  const machine mc = dgx(a100_80gb, 2);
+  layout l{.dp = 16, .micro_batch = 1, .global_batch = 64}; // 4 micro-batches
+  use_shard_engine(l, shard_engine::fsdp);
+  const step_result every = simulate_step(m, mc, l);
+  l.reduce_every_micro = false;
+  const step_result no_sync = simulate_step(m, mc, l);
+  l.reduce_every_micro = true;
+  l.shard_every_micro = false;
+  const step_result once = simulate_step(m, mc, l);
+  const double micro = 4;
+  const double reduce = (every.dp.seconds - no_sync.dp.seconds) / (micro - 1);
+  const double gather = (no_sync.dp.seconds - reduce) / (2 * micro);
+  EXPECT_GT(reduce, 0);
+  EXPECT_GT(gather, 0);
+  EXPECT_NEAR(once.dp.seconds, gather + reduce, 1e-9 * every.dp.seconds);
+  EXPECT_LT(no_sync.step_time_s, every.step_time_s);
+  // One micro-batch a step: no_sync changes nothing.
+  layout one{.dp = 16, .micro_batch = 4, .global_batch = 64};
+  use_shard_engine(one, shard_engine::fsdp);
+  const double t = simulate_step(m, mc, one).step_time_s;
+  one.reduce_every_micro = false;
+  EXPECT_EQ(simulate_step(m, mc, one).step_time_s, t);
+}
+
 TEST(sim_step, bad_layouts_throw_and_say_why) {
   model_spec m = gpt("m", 4, 256, 4, 1000, 128);
   const machine mc = dgx(a100_80gb, 1);

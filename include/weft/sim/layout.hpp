@@ -154,6 +154,11 @@ struct layout {
   double optimizer_traffic_bytes = 0; // HBM bytes per weight of its shard the optimizer step
                                       // moves; 0: a fused step's, reading and writing its state
                                       // once (2 optimizer_bytes + 8)
+  bool reduce_every_micro = true;     // with shard_every_micro, every micro-batch's backward
+                                      // reduce-scatters; false: only the step's last one, the
+                                      // others accumulating whole gradients (FSDP1's no_sync,
+                                      // FSDP2's set_requires_gradient_sync(False)) while the
+                                      // gathers still run every micro-batch
   int prefetch = 1;                   // blocks whose gather may start ahead: block i's gather
                                       // starts when block i - prefetch's compute starts; 0: when
                                       // block i - 1's ends (no overlap)

@@ -30,7 +30,8 @@
 //          ahead, its gradient reduce-scattered after its backward (with HSDP then all-reduced
 //          across the replica group); what no compute covers lengthens the pass. Gathered once
 //          a step (shard_every_micro false), the first forward gathers and the last backward
-//          reduce-scatters, spread over the micro-batches.
+//          reduce-scatters, spread over the micro-batches; under no_sync (reduce_every_micro
+//          false) every micro-batch gathers and only the last one's backward reduce-scatters.
 //   ZeRO-1   with overlap_param_gather (Megatron-LM's distributed optimizer): the reduce-scatter
 //          behind the last backward, the all-gather behind the next step's first forward.
 //   prices   the collectives by collective_price.hpp, each layer's compute by layer_cost.hpp,
@@ -372,14 +373,23 @@ struct step_result {
       fwd_blocks.push_back({f_layer, q.gather, 0.0});
     fwd_blocks.back().compute_s += f - L * f_layer; // the logits, the messages
     const bool regather = l.reshard_after_forward && l.shard_every_micro;
-    std::vector<shard_block> bwd_blocks{{b - L * b_layer, 0.0, 0.0}};
-    for (int k = 0; k < L; ++k)
-      bwd_blocks.push_back({b_layer, regather ? q.gather : 0.0, q.reduce});
-    bwd_blocks.push_back({0.0, 0.0, q.root_reduce});
+    // The backward with its reduce-scatters (`reduce` 1) or without (0: a micro-batch under
+    // no_sync, when only the last one of the step reduces).
+    const auto backward = [&](double reduce) {
+      std::vector<shard_block> bwd_blocks{{b - L * b_layer, 0.0, 0.0}};
+      for (int k = 0; k < L; ++k)
+        bwd_blocks.push_back({b_layer, regather ? q.gather : 0.0, reduce * q.reduce});
+      bwd_blocks.push_back({0.0, 0.0, reduce * q.root_reduce});
+      return run_sharded_pass(bwd_blocks, l.prefetch, cal.overlap_slowdown).exposed_s;
+    };
+    // The share of the micro-batches whose backward reduce-scatters.
+    const double reducing =
+        l.shard_every_micro && !l.reduce_every_micro ? 1.0 / out.microbatches : 1.0;
     e.forward = every * run_sharded_pass(fwd_blocks, l.prefetch, cal.overlap_slowdown).exposed_s;
-    e.backward = every * run_sharded_pass(bwd_blocks, l.prefetch, cal.overlap_slowdown).exposed_s;
+    e.backward =
+        every * (reducing * backward(1) + (reducing < 1 ? (1 - reducing) * backward(0) : 0));
     e.communication = every * ((regather ? 2.0 : 1.0) * (L * q.gather + q.root_gather) +
-                               L * q.reduce + q.root_reduce);
+                               reducing * (L * q.reduce + q.root_reduce));
     return e;
   };
 
