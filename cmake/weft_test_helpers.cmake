@@ -69,3 +69,28 @@ function(weft_add_file_executable name_var src)
   target_include_directories(${name} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
   set(${name_var} ${name} PARENT_SCOPE)
 endfunction()
+
+# weft_precompiled_test_headers(<target>): where WEFT_PRECOMPILE_HEADERS is ON, <target>, a
+# GoogleTest executable of tests/, reuses the precompiled tests/support/precompiled.hpp. GCC and
+# clang take a precompiled header only with the flags it was built with, and the tests' flags
+# differ in one respect, WEFT_COMPILE_BOUND (-O0), so there is one header per value of it, each
+# built by an object library of its own (weft_test_pch, weft_test_pch_compile_bound) with the
+# tests' flags. Call it once the target's WEFT_COMPILE_BOUND is final.
+function(weft_precompiled_test_headers target)
+  if(NOT WEFT_PRECOMPILE_HEADERS)
+    return()
+  endif()
+  get_property(bound TARGET ${target} PROPERTY WEFT_COMPILE_BOUND)
+  set(owner weft_test_pch)
+  if(bound)
+    set(owner weft_test_pch_compile_bound)
+  endif()
+  if(NOT TARGET ${owner})
+    add_library(${owner} OBJECT ${PROJECT_SOURCE_DIR}/tests/support/precompiled.cpp)
+    target_link_libraries(${owner} PRIVATE weft::weft weft_dev_flags GTest::gtest)
+    target_include_directories(${owner} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+    set_target_properties(${owner} PROPERTIES WEFT_COMPILE_BOUND "${bound}")
+    target_precompile_headers(${owner} PRIVATE ${PROJECT_SOURCE_DIR}/tests/support/precompiled.hpp)
+  endif()
+  target_precompile_headers(${target} REUSE_FROM ${owner})
+endfunction()
