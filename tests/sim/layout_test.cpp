@@ -70,7 +70,8 @@ TEST(sim_layout, optimizer_states_by_name) {
   EXPECT_THROW((void)optimizer_state_named("fp16"), weft::error);
 }
 
-// A step refuses an engine that does not run the layout's ZeRO stage, and a negative state.
+// A step refuses an engine that does not run the layout's ZeRO stage, a negative byte count,
+// and ZeRO-3's copies on another stage.
 TEST(sim_layout, the_engine_and_the_stage_must_agree) {
   model_spec m;
   m.name = "small";
@@ -103,6 +104,26 @@ TEST(sim_layout, the_engine_and_the_stage_must_agree) {
   l.zero = 1;
   l.optimizer_bytes = -1;
   EXPECT_NE(refusal(l).find("optimizer_bytes must be at least 0, not -1"), std::string::npos)
+      << refusal(l);
+  l.optimizer_bytes = 12;
+  l.grad_accumulation_bytes = -6;
+  EXPECT_NE(refusal(l).find("grad_accumulation_bytes must be at least 0, not -6"),
+            std::string::npos)
+      << refusal(l);
+  l.grad_accumulation_bytes = 0;
+  l.optimizer_traffic_bytes = -88;
+  EXPECT_NE(refusal(l).find("optimizer_traffic_bytes must be at least 0, not -88"),
+            std::string::npos)
+      << refusal(l);
+  l.optimizer_traffic_bytes = 0;
+  l.shard_copy_bytes = 4; // ZeRO-3's copies, on ZeRO-1
+  EXPECT_NE(refusal(l).find("shard_copy_bytes are ZeRO-3's copies: they need zero 3, not 1"),
+            std::string::npos)
+      << refusal(l);
+  use_shard_engine(l, shard_engine::fsdp);
+  EXPECT_EQ(refusal(l), "(none)");
+  l.shard_copy_bytes = -4;
+  EXPECT_NE(refusal(l).find("shard_copy_bytes must be at least 0, not -4"), std::string::npos)
       << refusal(l);
 }
 

@@ -743,15 +743,17 @@ TEST(sim_step, the_optimizer_moves_its_traffic_over_the_shard_at_hbm_speed) {
   EXPECT_NEAR(simulate_step(m, mc, l).optimizer_s, m.parameters() / 8 * 92 / hbm, 1e-12);
 }
 
-// ZeRO-3's own copies (shard_copy_bytes per weight and micro-batch): one pass over the rank's
-// whole weights at HBM speed in each micro-batch's backward; none without sharding (dp 1).
+// ZeRO-3's own copies (shard_copy_bytes_of per weight and micro-batch): one pass over the rank's
+// whole weights at HBM speed in each micro-batch's backward; none without sharding (dp 1). The
+// engine's figure follows grad_bytes whenever it is set (fp32 reduction adds a cast), and a value
+// the layout sets overrides it.
 TEST(sim_step, zero3_copies_cost_a_pass_over_the_weights_each_micro_batch) {
   const model_spec m = gpt("gpt-1.3b", 24, 2048, 16, 51200);
   const machine mc = dgx(a100_80gb, 1);
   const calibration cal = calibration_of(a100_80gb);
   layout l{.dp = 8, .micro_batch = 4, .global_batch = 64};
   use_shard_engine(l, shard_engine::fsdp);
-  EXPECT_EQ(l.shard_copy_bytes, 4); // FSDP1, 16-bit reduction: the flat gradient's copy
+  EXPECT_EQ(shard_copy_bytes_of(l), 4); // FSDP1, 16-bit reduction: the flat gradient's copy
   l.shard_copy_bytes = 0;
   const step_result without = simulate_step(m, mc, l);
   l.shard_copy_bytes = 10;
@@ -759,16 +761,27 @@ TEST(sim_step, zero3_copies_cost_a_pass_over_the_weights_each_micro_batch) {
   const double pass = m.parameters() * 10 / (a100_80gb.hbm_bandwidth * cal.hbm_fraction);
   EXPECT_NEAR(with.backward_s - without.backward_s, pass, pass * 0.02);
   EXPECT_GT(with.step_time_s - without.step_time_s, 0.95 * 2 * pass); // two micro-batches
-  l.grad_bytes = 4;
-  use_shard_engine(l, shard_engine::fsdp);
-  EXPECT_EQ(l.shard_copy_bytes, 10); // and the fp32 cast
+  l.shard_copy_bytes.reset();
+  l.grad_bytes = 4;                      // after the engine: still counted
+  EXPECT_EQ(shard_copy_bytes_of(l), 10); // and the fp32 cast
+  EXPECT_EQ(simulate_step(m, mc, l).step_time_s, [&] {
+    layout fixed = l;
+    fixed.shard_copy_bytes = 10;
+    return simulate_step(m, mc, fixed).step_time_s;
+  }());
   use_shard_engine(l, shard_engine::fsdp2);
-  EXPECT_EQ(l.shard_copy_bytes, 14); // copy-out twice, copy-in cast to fp32
+  EXPECT_EQ(shard_copy_bytes_of(l), 14); // copy-out twice, copy-in cast to fp32
+  l.grad_bytes = 2;
+  EXPECT_EQ(shard_copy_bytes_of(l), 12); // copy-out twice, copy-in
+  use_shard_engine(l, shard_engine::deepspeed_zero3);
+  EXPECT_EQ(shard_copy_bytes_of(l), 0); // not counted
   layout single{.dp = 1, .global_batch = 4};
   use_shard_engine(single, shard_engine::fsdp2);
+  EXPECT_EQ(shard_copy_bytes_of(single), 0);
   const double one = simulate_step(m, mc, single).step_time_s;
-  single.shard_copy_bytes = 0;
-  EXPECT_EQ(simulate_step(m, mc, single).step_time_s, one);
+  single.shard_copy_bytes = 14; // set: charged even on one rank
+  EXPECT_GT(simulate_step(m, mc, single).step_time_s,
+            one + 0.95 * m.parameters() * 14 / (a100_80gb.hbm_bandwidth * cal.hbm_fraction));
 }
 
 // What ZeRO-3 sends a step over m micro-batches, per layer gathered (G) and reduced (R):

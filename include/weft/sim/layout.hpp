@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -136,21 +137,21 @@ struct layout {
   // Each block (a transformer layer; the embedding and output layer as one more) is gathered
   // before its forward and, with reshard_after_forward, again before its backward; its gradient
   // is reduce-scattered after its backward.
-  int shard_group = 0;                // GPUs a set of shards spans: 0 the whole DP group (ZeRO-3,
-                                      // FSDP FULL_SHARD); a divisor of dp for HSDP (HYBRID_SHARD):
-                                      // sharded inside consecutive groups of it, replicated across
-                                      // them (each block's reduce-scattered gradient then
-                                      // all-reduced across the replicas)
-  bool reshard_after_forward = true;  // the backward gathers each block again (ZeRO-3, FSDP
-                                      // FULL_SHARD, FSDP2's default); false: the forward's gathered
-                                      // weights stay until the backward (SHARD_GRAD_OP)
-  bool shard_every_micro = true;      // every micro-batch gathers and reduce-scatters; false: the
-                                      // first forward gathers and the weights stay whole until the
-                                      // last backward, whose gradients are reduce-scattered once
-  double shard_copy_bytes = 0;        // ZeRO-3: HBM bytes per weight and micro-batch that the
-                                      // engine copies besides its collectives (FSDP1's flat
-                                      // gradient, FSDP2's gather copy-out and reduce copy-in;
-                                      // sharded.hpp's use_shard_engine sets it)
+  int shard_group = 0;               // GPUs a set of shards spans: 0 the whole DP group (ZeRO-3,
+                                     // FSDP FULL_SHARD); a divisor of dp for HSDP (HYBRID_SHARD):
+                                     // sharded inside consecutive groups of it, replicated across
+                                     // them (each block's reduce-scattered gradient then
+                                     // all-reduced across the replicas)
+  bool reshard_after_forward = true; // the backward gathers each block again (ZeRO-3, FSDP
+                                     // FULL_SHARD, FSDP2's default); false: the forward's gathered
+                                     // weights stay until the backward (SHARD_GRAD_OP)
+  bool shard_every_micro = true;     // every micro-batch gathers and reduce-scatters; false: the
+                                     // first forward gathers and the weights stay whole until the
+                                     // last backward, whose gradients are reduce-scattered once
+  // ZeRO-3: HBM bytes per weight and micro-batch that the engine copies besides its collectives
+  // (FSDP1's flat gradient, FSDP2's gather copy-out and reduce copy-in); unset: the engine's,
+  // from sharding and grad_bytes (sharded.hpp's shard_copy_bytes_of).
+  std::optional<double> shard_copy_bytes = std::nullopt;
   double optimizer_traffic_bytes = 0; // HBM bytes per weight of its shard the optimizer step
                                       // moves; 0: a fused step's, reading and writing its state
                                       // once (2 optimizer_bytes + 8)
@@ -261,11 +262,18 @@ inline void check_layout(const model_spec& m, const machine& mc, const layout& l
   if (l.sharding != shard_engine::none && l.zero != zero_stage_of(l.sharding))
     fail("sharding " + std::string(name_of(l.sharding)) + " runs ZeRO-" +
          std::to_string(zero_stage_of(l.sharding)) + ", not zero " + std::to_string(l.zero));
-  if (!(l.optimizer_bytes >= 0)) {
-    char bytes[32];
-    std::snprintf(bytes, sizeof bytes, "%g", l.optimizer_bytes);
-    fail(std::string("optimizer_bytes must be at least 0, not ") + bytes);
+  for (auto [name, v] : {std::pair{"optimizer_bytes", l.optimizer_bytes},
+                         {"optimizer_traffic_bytes", l.optimizer_traffic_bytes},
+                         {"grad_accumulation_bytes", l.grad_accumulation_bytes},
+                         {"shard_copy_bytes", l.shard_copy_bytes.value_or(0)}}) {
+    if (!(v >= 0)) {
+      char bytes[32];
+      std::snprintf(bytes, sizeof bytes, "%g", v);
+      fail(std::string(name) + " must be at least 0, not " + bytes);
+    }
   }
+  if (l.shard_copy_bytes && l.zero != 3)
+    fail("shard_copy_bytes are ZeRO-3's copies: they need zero 3, not " + std::to_string(l.zero));
   if (l.tp_comm_overlap && !l.sequence_parallel)
     fail(
         "tp_comm_overlap pipelines sequence parallelism's all-gathers and reduce-scatters: it "

@@ -104,6 +104,29 @@ struct shard_pass {
 /// The ZeRO-3 engines differ in where their defaults come from, not in the figures: each
 /// regathers for the backward, prefetches one block and reduce-scatters every micro-batch.
 
+/// HBM bytes per weight and micro-batch that `l`'s ZeRO-3 engine copies besides its collectives:
+/// l.shard_copy_bytes where set, else the engine's (0 without ZeRO-3, and on one DP rank, where
+/// the single-GPU runs of data/sharded_runs.csv show no such cost). FSDP1's
+/// weights are views into its flat parameter, so autograd's backward copies each weight's 16-bit
+/// gradient into the flat gradient (4 bytes: 2 read, 2 written), and reducing in fp32 (grad_bytes
+/// 4) casts it (6 more: 2 read, 4 written; _runtime_utils.py's _reduce_grad). FSDP2 copies each
+/// gather's output into the weights (4 bytes, twice with the backward's re-gather) and the
+/// gradients into the reduce-scatter's input (4 bytes, 6 cast to fp32). DeepSpeed's stage 3:
+/// not counted.
+[[nodiscard]] inline double shard_copy_bytes_of(const layout& l) noexcept {
+  if (l.shard_copy_bytes) return *l.shard_copy_bytes;
+  if (l.zero != 3 || l.dp == 1) return 0;
+  const bool fp32_reduce = l.grad_bytes > 2;
+  switch (l.sharding) {
+    case shard_engine::fsdp: return 4.0 + (fp32_reduce ? 6.0 : 0.0);
+    case shard_engine::fsdp2: return 8.0 + (fp32_reduce ? 6.0 : 4.0);
+    case shard_engine::none:
+    case shard_engine::deepspeed_zero3:
+    case shard_engine::megatron_distopt: return 0;
+  }
+  return 0;
+}
+
 /// Sets `l` to engine `e`'s ZeRO stage and, for ZeRO-3, its gathering; records `e` in
 /// l.sharding (describe() names it). Keeps `l.shard_group` (HSDP).
 inline void use_shard_engine(layout& l, shard_engine e) {
@@ -114,17 +137,6 @@ inline void use_shard_engine(layout& l, shard_engine e) {
   l.reshard_after_forward = true;
   l.shard_every_micro = true;
   l.prefetch = 1;
-  // What each engine copies through HBM per weight and micro-batch besides its collectives
-  // (layout::shard_copy_bytes; set l.grad_bytes first). FSDP1's weights are views into its flat
-  // parameter, so autograd's backward copies each weight's 16-bit gradient into the flat
-  // gradient (4 bytes: 2 read, 2 written), and reducing in fp32 casts it (6 more: 2 read, 4
-  // written; _runtime_utils.py's _reduce_grad). FSDP2 copies each gather's output into the
-  // weights (4 bytes, twice with the backward's re-gather) and the gradients into the
-  // reduce-scatter's input (4 bytes, 6 cast to fp32). DeepSpeed's stage 3: not counted.
-  const bool fp32_reduce = l.grad_bytes > 2;
-  l.shard_copy_bytes = e == shard_engine::fsdp    ? 4.0 + (fp32_reduce ? 6.0 : 0.0)
-                       : e == shard_engine::fsdp2 ? 8.0 + (fp32_reduce ? 6.0 : 4.0)
-                                                  : 0.0;
 }
 
 } // namespace weft::sim

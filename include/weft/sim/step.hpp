@@ -417,9 +417,8 @@ struct step_result {
       c.w += logit_w;
     }
     // Adding this micro-batch's weight gradients to the step's, unless the GEMMs do it, and
-    // under ZeRO-3 the engine's own copies (layout::shard_copy_bytes).
-    const double copies =
-        l.grad_accumulation_bytes + (l.zero == 3 && l.dp > 1 ? l.shard_copy_bytes : 0.0);
+    // under ZeRO-3 the engine's own copies (sharded.hpp's shard_copy_bytes_of).
+    const double copies = l.grad_accumulation_bytes + shard_copy_bytes_of(l);
     c.w +=
         rank_weights[static_cast<std::size_t>(r)] * copies / (g.hbm_bandwidth * cal.hbm_fraction);
     // ZeRO-3: the gathers and reduce-scatters no compute covers, in the passes that run them.
