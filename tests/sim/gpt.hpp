@@ -1,6 +1,6 @@
 #pragma once
-// A GPT-style model (learned positions, tied embedding, 4h FFN) from its shape, and Nemotron-4
-// 340B with its DGX Cloud recipe's layout, for the simulator's tests.
+// A GPT-style model (learned positions, tied embedding, 4h FFN) and a Llama-style one from their
+// shapes, and Nemotron-4 340B with its DGX Cloud recipe's layout, for the simulator's tests.
 #include <weft/sim/layout.hpp>
 #include <weft/sim/model.hpp>
 
@@ -18,6 +18,22 @@ inline weft::sim::model_spec gpt(std::string name, int layers, int hidden, int h
   m.heads = heads;
   m.seq = seq;
   m.vocab = vocab;
+  return m;
+}
+
+/// A Llama-style model from its shape: rotary positions, a SwiGLU MLP of width `ffn` (0: 4 h),
+/// `kv_heads` key-value heads (0: one per head), an output layer of its own, no dropout, fused
+/// attention.
+inline weft::sim::model_spec llama(std::string name, int layers, int hidden, int heads,
+                                   int kv_heads, int ffn, int vocab = 32000, int seq = 4096) {
+  weft::sim::model_spec m = gpt(std::move(name), layers, hidden, heads, vocab, seq);
+  m.kv_heads = kv_heads;
+  m.ffn = ffn;
+  m.gated = true;
+  m.learned_positions = false;
+  m.tied_embeddings = false;
+  m.dropout = false;
+  m.flash_attention = true;
   return m;
 }
 

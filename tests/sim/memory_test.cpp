@@ -14,6 +14,7 @@
 namespace {
 
 using namespace weft::sim;
+using weft_test::llama;
 using weft_test::nemotron_340b;
 using weft_test::nemotron_recipe;
 namespace pl = weft::pipeline;
@@ -21,24 +22,8 @@ namespace pl = weft::pipeline;
 constexpr double gib = 1024.0 * 1024 * 1024;
 
 // Llama-2-7B's shape: 32 layers, hidden 4096, 32 heads (no grouped-query attention), a SwiGLU
-// MLP of 11008, 4096-token sequences, a 32000-word vocabulary, rotary positions, an output
-// layer of its own.
-model_spec llama_7b() {
-  model_spec m;
-  m.name = "llama-7b";
-  m.layers = 32;
-  m.hidden = 4096;
-  m.heads = 32;
-  m.seq = 4096;
-  m.vocab = 32000;
-  m.ffn = 11008;
-  m.gated = true;
-  m.flash_attention = true;
-  m.learned_positions = false;
-  m.tied_embeddings = false;
-  m.dropout = false;
-  return m;
-}
+// MLP of 11008, 4096-token sequences, a 32000-word vocabulary.
+model_spec llama_7b() { return llama("llama-7b", 32, 4096, 32, 0, 11008); }
 
 // Its weights as the simulator counts a layer (model_spec::layer_parameters: Q, K, V and the
 // output projection 4 h^2, three MLP matrices 3 h f, and GPT's biases and norms 9 h + f), plus

@@ -18,6 +18,7 @@ using weft::sim::model_spec;
 using weft::sim::recompute;
 
 using weft_test::gpt;
+using weft_test::llama;
 
 TEST(sim_model, parameters_follow_sc21_eq2_and_table1) {
   // SC21 Table 1: (layers, hidden, heads, published billions).
@@ -42,18 +43,10 @@ TEST(sim_model, parameters_follow_sc21_eq2_and_table1) {
 // model counts GPT's biases and norms (9h + f per layer) where Llama has 2h: 7h + f too many per
 // layer, under 0.01%; an output layer tied to the embedding would be 0.4% and 0.5% short.
 TEST(sim_model, llama_parameters_are_the_published_counts) {
-  const auto llama = [](int l, int h, int a, int g, int f, int v) {
-    model_spec m = gpt("gpt", l, h, a, v, 4096);
-    m.kv_heads = g;
-    m.ffn = f;
-    m.gated = true;
-    m.learned_positions = false;
-    m.tied_embeddings = false;
-    return m;
-  };
   const double llama2_70b = 68976648192.0, llama3_405b = 405853388800.0;
-  EXPECT_NEAR(llama(80, 8192, 64, 8, 28672, 32000).parameters(), llama2_70b, 1e-4 * llama2_70b);
-  EXPECT_NEAR(llama(126, 16384, 128, 8, 53248, 128256).parameters(), llama3_405b,
+  EXPECT_NEAR(llama("llama", 80, 8192, 64, 8, 28672, 32000).parameters(), llama2_70b,
+              1e-4 * llama2_70b);
+  EXPECT_NEAR(llama("llama", 126, 16384, 128, 8, 53248, 128256).parameters(), llama3_405b,
               1e-4 * llama3_405b);
 }
 

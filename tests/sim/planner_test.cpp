@@ -23,6 +23,7 @@ using namespace weft::sim;
 namespace pl = weft::pipeline;
 
 using weft_test::gpt;
+using weft_test::llama;
 
 TEST(sim_planner, mt_nlg_published_mesh_is_in_the_top_5) {
   const model_spec m = gpt("mt-nlg-530b", 105, 20480, 128, 50272);
@@ -240,11 +241,8 @@ TEST(sim_planner, nothing_fits_throws) {
 // "" where it runs.
 TEST(sim_planner, strategy_refusal_follows_what_weft_strategy_accepts) {
   const model_spec g = gpt("gpt-6.7b", 32, 4096, 32, 51200);
-  model_spec llama = g;
-  llama.gated = true;
-  llama.learned_positions = false;
-  llama.kv_heads = 8;
-  model_spec nemotron = llama; // rotary and GQA, but an ungated MLP
+  const model_spec llama_7b = llama("llama-6.7b", 32, 4096, 32, 8, 0, 51200, 2048);
+  model_spec nemotron = llama_7b; // rotary and GQA, but an ungated MLP
   nemotron.gated = false;
   model_spec bloom = g; // ALiBi: no learned positions, an ungated MLP
   bloom.learned_positions = false;
@@ -274,8 +272,8 @@ TEST(sim_planner, strategy_refusal_follows_what_weft_strategy_accepts) {
       {"interleaved<2>", g, at(8, 2, 2, pl::schedule_kind::interleaved, 2), ""},
       {"interleaved<4> with pp 1", g, at(8, 1, 4, pl::schedule_kind::interleaved, 4), "pp >= 2"},
       {"zb-h1", g, at(8, 2, 2, pl::schedule_kind::zero_bubble_h1), "zb-h1"},
-      {"llama", llama, at(8, 4, 1), ""},
-      {"llama, tp 16 over 8 kv heads", llama, at(16, 2, 1), "spans nodes"},
+      {"llama", llama_7b, at(8, 4, 1), ""},
+      {"llama, tp 16 over 8 kv heads", llama_7b, at(16, 2, 1), "spans nodes"},
       {"nemotron's ungated rotary MLP", nemotron, at(8, 4, 1), "no model of this shape"},
       {"bloom's ALiBi", bloom, at(8, 4, 1), "no model of this shape"},
       {"GQA in a GPT", gqa_gpt, at(8, 4, 1), "no model of this shape"},
@@ -339,17 +337,13 @@ TEST(sim_planner, strategy_type_spells_the_layout) {
   EXPECT_EQ(launch_line(mc, l, "./train"), "mpirun -n 128 --map-by ppr:8:node ./train");
   // A Llama-shaped model spells its FFN width even where the simulator's 0 says 4 h: 0 in
   // layer::llama_config is Llama's rule (8 h / 3, rounded).
-  model_spec llama = gpt("llama", 32, 4096, 32, 32000, 4096);
-  llama.gated = true;
-  llama.learned_positions = false;
-  llama.tied_embeddings = false;
-  llama.kv_heads = 8;
+  const model_spec gqa = llama("llama", 32, 4096, 32, 8, 0);
   l.schedule = pl::schedule_kind::one_f_one_b;
   l.chunks = 1;
-  EXPECT_EQ(strategy_config_of(llama, l),
+  EXPECT_EQ(strategy_config_of(gqa, l),
             "{.model = {.vocab = 32000, .hidden = 4096, .heads = 32, .kv_heads = 8, .ffn = 16384, "
             ".seq = 4096, .layers = 32}, .micro_batch = 1, .global_batch = 64}");
-  EXPECT_EQ(strategy_type(llama, mc, l),
+  EXPECT_EQ(strategy_type(gqa, mc, l),
             "weft::strategy<weft::mesh<weft::tp<8>, weft::dp<4>, weft::pp<4>>, "
             "weft::pipeline::one_f_one_b, weft::optim::zero<1>, weft::layer::recompute::selective, "
             "weft::layer::sequence_parallel, weft::layer::llama_model>");
@@ -461,8 +455,6 @@ TEST(sim_planner, a_model_without_dropout_keeps_no_masks) {
   EXPECT_NEAR(with_masks - without, (103 * 2 + 103.0 / 12) * 4096.0 * 18432 / 8, 1e-6 * with_masks);
 }
 
-// describe() names the engine that runs a layout's ZeRO stage, HSDP's groups and an optimizer
-// state other than Adam's fp32 one.
 // Llama-2 13B on 16 A100 nodes whose NICs carry 50 Gb/s each (400 Gb/s a node), one sequence of
 // 4,096 per GPU: fms-fsdp's published run (data/sharded_runs.csv, llama2-13b-hsdp-noac-a100-128),
 // which chose HSDP. Sharding over all 128 GPUs sends every gather across that network, more than
@@ -470,12 +462,7 @@ TEST(sim_planner, a_model_without_dropout_keeps_no_masks) {
 // 16 replicas), so it is the faster layout here and the search must find it; without
 // hybrid_sharding it cannot.
 TEST(sim_planner, the_search_shards_over_a_node_where_that_is_faster) {
-  model_spec m = gpt("llama2-13b", 40, 5120, 40, 32000, 4096);
-  m.ffn = 13824;
-  m.gated = true;
-  m.learned_positions = false;
-  m.tied_embeddings = false;
-  m.flash_attention = true;
+  const model_spec m = llama("llama2-13b", 40, 5120, 40, 0, 13824);
   machine mc = dgx(a100_80gb, 16);
   weft::topology::link inter = mc.cluster.inter();
   inter.bandwidth = 50e9 / 8;
@@ -509,10 +496,7 @@ TEST(sim_planner, the_search_shards_over_a_node_where_that_is_faster) {
 // weft::strategy's hybrid<zero<3>, zero<0>> shards over the DP ranks of a node: that layout is
 // spelt with it, any other shard group is refused with the reason.
 TEST(sim_planner, strategy_type_spells_hsdp_as_optim_hybrid) {
-  model_spec llama = gpt("llama", 32, 4096, 32, 32000, 4096);
-  llama.gated = true;
-  llama.learned_positions = false;
-  llama.tied_embeddings = false;
+  const model_spec m = llama("llama", 32, 4096, 32, 0, 0);
   const machine mc = dgx(a100_80gb, 16);
   layout l;
   l.tp = 2;
@@ -520,23 +504,25 @@ TEST(sim_planner, strategy_type_spells_hsdp_as_optim_hybrid) {
   l.global_batch = 64;
   l.zero = 3;
   l.shard_group = 4; // 8 devices a node / tp 2
-  EXPECT_EQ(strategy_type(llama, mc, l),
+  EXPECT_EQ(strategy_type(m, mc, l),
             "weft::strategy<weft::mesh<weft::tp<2>, weft::dp<64>, weft::pp<1>>, "
             "weft::pipeline::one_f_one_b, weft::optim::hybrid<weft::optim::zero<3>, "
             "weft::optim::zero<0>>, weft::layer::recompute::none, "
             "weft::layer::no_sequence_parallel, weft::layer::llama_model>");
   l.shard_group = 8;
   EXPECT_EQ(
-      strategy_refusal(llama, mc, l),
+      strategy_refusal(m, mc, l),
       "shard groups of 8 DP ranks: weft::optim::hybrid shards over the DP ranks of a node (4)");
   l.zero = 1;
-  EXPECT_EQ(strategy_refusal(llama, mc, l),
+  EXPECT_EQ(strategy_refusal(m, mc, l),
             "ZeRO-1 over groups of 8: the simulator prices shard groups under ZeRO-3 only");
   l.zero = 3;
   l.shard_group = 0;
-  EXPECT_EQ(strategy_refusal(llama, mc, l), "");
+  EXPECT_EQ(strategy_refusal(m, mc, l), "");
 }
 
+// describe() names the engine that runs a layout's ZeRO stage, HSDP's groups and an optimizer
+// state other than Adam's fp32 one.
 TEST(sim_planner, describe_names_the_shard_engine) {
   layout l;
   l.dp = 128;

@@ -20,6 +20,7 @@ namespace {
 using namespace weft::sim;
 
 using weft_test::gpt;
+using weft_test::llama;
 
 // `d`'s links as collectives reach them (calibration.hpp's shares), with `nics` NICs per node.
 weft::topology::cluster achieved_links(const weft::topology::cluster& d, const calibration& cal,
@@ -111,24 +112,8 @@ TEST(sim_step, mt_nlg_micro_batch_is_the_one_its_three_scales_imply) {
     EXPECT_EQ(r.layout.micro_batch, best) << r.id;
 }
 
-model_spec llama_70b() {
-  model_spec m;
-  m.name = "llama-70b";
-  m.layers = 80;
-  m.hidden = 8192;
-  m.heads = 64;
-  m.kv_heads = 8;
-  m.ffn = 28672;
-  m.gated = true;
-  m.learned_positions = false;
-  m.flash_attention = true;
-  m.seq = 4096;
-  m.vocab = 32000;
-  return m;
-}
-
 TEST(sim_step, tp8_across_dgx_h100_nodes_loses_more_than_half_the_throughput) {
-  const model_spec m = llama_70b();
+  const model_spec m = llama("llama-70b", 80, 8192, 64, 8, 28672);
   const machine mc = dgx(h100_sxm, 8);
   layout l{.tp = 8,
            .pp = 1,
