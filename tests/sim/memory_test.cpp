@@ -9,13 +9,11 @@
 
 #include <cstdio>
 
-#include "sim/gpt.hpp"
+#include "sim/nemotron_recipe.hpp"
 
 namespace {
 
 using namespace weft::sim;
-using weft_test::llama;
-using weft_test::nemotron_340b;
 using weft_test::nemotron_recipe;
 namespace pl = weft::pipeline;
 
@@ -23,7 +21,7 @@ constexpr double gib = 1024.0 * 1024 * 1024;
 
 // Llama-2-7B's shape: 32 layers, hidden 4096, 32 heads (no grouped-query attention), a SwiGLU
 // MLP of 11008, 4096-token sequences, a 32000-word vocabulary.
-model_spec llama_7b() { return llama("llama-7b", 32, 4096, 32, 0, 11008); }
+model_spec llama_7b() { return llama_shaped("llama-7b", 32, 4096, 32, 0, 11008); }
 
 // Its weights as the simulator counts a layer (model_spec::layer_parameters: Q, K, V and the
 // output projection 4 h^2, three MLP matrices 3 h f, and GPT's biases and norms 9 h + f), plus
@@ -113,7 +111,7 @@ TEST(sim_memory, hsdp_that_does_not_fit_is_not_taken_for_one_that_does) {
   EXPECT_GT(estimate_memory(m, hsdp), limit);
 }
 
-// Nemotron-4 340B's DGX Cloud recipe (sim/gpt.hpp: nemotron_340b, nemotron_recipe) on its
+// Nemotron-4 340B's DGX Cloud recipe (sim::model_named, sim/nemotron_recipe.hpp) on its
 // fullest GPU, the first pipeline rank, term by term.
 
 // Weights of the first pipeline rank per TP rank: 12 layers and the word embedding, over TP 8.
@@ -138,7 +136,7 @@ constexpr double nemotron_first_rank_weights = 5771197440.0;
 constexpr double nemotron_first_rank_activations = 27540848640.0 + 8.0 * 4096 * 103 / 12;
 
 TEST(sim_memory, nemotron_4_340b_recipe_term_by_term) {
-  const model_spec m = nemotron_340b();
+  const model_spec m = model_named("nemotron4-340b");
   const layout l = nemotron_recipe();
   const double P = nemotron_first_rank_weights;
   const step_result r = simulate_step(m, dgx(h100_sxm, 16), l);

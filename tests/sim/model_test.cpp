@@ -9,16 +9,17 @@
 
 #include <cmath>
 #include <cstdio>
-
-#include "sim/gpt.hpp"
+#include <string>
+#include <string_view>
+#include <utility>
 
 namespace {
 
+using weft::sim::gpt_shaped;
+using weft::sim::llama_shaped;
+using weft::sim::model_named;
 using weft::sim::model_spec;
 using weft::sim::recompute;
-
-using weft_test::gpt;
-using weft_test::llama;
 
 TEST(sim_model, parameters_follow_sc21_eq2_and_table1) {
   // SC21 Table 1: (layers, hidden, heads, published billions).
@@ -28,7 +29,7 @@ TEST(sim_model, parameters_follow_sc21_eq2_and_table1) {
   };
   for (const row r : {row{24, 2304, 24, 1.7}, row{40, 6144, 48, 18.4}, row{80, 12288, 96, 145.6},
                       row{96, 16384, 128, 310.1}, row{128, 25600, 160, 1008.0}}) {
-    const model_spec m = gpt("gpt", r.l, r.h, r.a);
+    const model_spec m = gpt_shaped("gpt", r.l, r.h, r.a);
     const double l = r.l, h = r.h, V = 51200, s = 2048;
     const double eq2 = 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h));
     EXPECT_NEAR(m.parameters(), eq2, eq2 * 1e-12) << r.billions;
@@ -44,14 +45,39 @@ TEST(sim_model, parameters_follow_sc21_eq2_and_table1) {
 // layer, under 0.01%; an output layer tied to the embedding would be 0.4% and 0.5% short.
 TEST(sim_model, llama_parameters_are_the_published_counts) {
   const double llama2_70b = 68976648192.0, llama3_405b = 405853388800.0;
-  EXPECT_NEAR(llama("llama", 80, 8192, 64, 8, 28672, 32000).parameters(), llama2_70b,
+  EXPECT_NEAR(model_named("llama2-70b").parameters(), llama2_70b, 1e-4 * llama2_70b);
+  EXPECT_NEAR(model_named("llama3-405b").parameters(), llama3_405b, 1e-4 * llama3_405b);
+  EXPECT_NEAR(llama_shaped("llama", 80, 8192, 64, 8, 28672, 32000).parameters(), llama2_70b,
               1e-4 * llama2_70b);
-  EXPECT_NEAR(llama("llama", 126, 16384, 128, 8, 53248, 128256).parameters(), llama3_405b,
-              1e-4 * llama3_405b);
+}
+
+// The other presets against the counts their sources give: GPT-3 175.0B (Brown et al. 2020,
+// Table 2.1; the preset pads the vocabulary to 51,200 as Megatron-LM does, 0.4 B more than
+// 50,257), MT-NLG 530B, SC21's 1T row 1,008.0B (Narayanan et al., Table 1), BLOOM
+// 176,247,271,424 (its model card), Nemotron-4 340B (the count its name gives).
+TEST(sim_model, presets_have_their_published_sizes) {
+  for (const auto& [name, published] : {std::pair{"gpt3-175b", 175.0e9},
+                                        {"mt-nlg-530b", 530e9},
+                                        {"gpt-1t", 1008.0e9},
+                                        {"bloom-176b", 176247271424.0},
+                                        {"nemotron4-340b", 340e9}})
+    EXPECT_NEAR(model_named(name).parameters(), published, 0.01 * published) << name;
+  for (std::string_view name : weft::sim::model_presets)
+    EXPECT_EQ(model_named(name).name, name);
+  try {
+    (void)model_named("gpt-5");
+    ADD_FAILURE() << "gpt-5 is no preset";
+  } catch (const weft::error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown model 'gpt-5': expected one of gpt3-175b, "
+                                         "mt-nlg-530b, gpt-1t, bloom-176b, llama2-70b, "
+                                         "llama3-405b, nemotron4-340b"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(sim_model, flops_with_full_recompute_are_sc21_eq3) {
-  const model_spec m = gpt("gpt", 105, 20480, 128, 50272);
+  const model_spec m = gpt_shaped("gpt", 105, 20480, 128, 50272);
   const double B = 1920, s = 2048, l = 105, h = 20480, V = 50272;
   const double eq3 = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
   EXPECT_NEAR(m.hardware_flops(B, recompute::full), eq3, eq3 * 1e-12);
@@ -82,7 +108,7 @@ TEST(sim_model, zero_paper_example) {
 }
 
 TEST(sim_model, activation_memory_is_korthikanti_table2) {
-  const model_spec m = gpt("gpt", 96, 12288, 96); // GPT-3 175B
+  const model_spec m = gpt_shaped("gpt", 96, 12288, 96); // GPT-3 175B
   const double s = 2048, b = 1, h = 12288, a = 96, t = 8;
   const auto act = [&](bool sp, recompute r) {
     return weft::sim::activation_bytes_per_layer(m, b, static_cast<int>(t), sp, r);
@@ -134,7 +160,7 @@ TEST(sim_model, activation_memory_follows_the_ffn_width_the_gate_and_the_key_val
   for (const int f : {4096, 16384, 65536}) {
     for (const bool gated : {false, true}) {
       for (const int kv : {32, 8}) {
-        model_spec m = gpt("m", 24, 4096, 32);
+        model_spec m = gpt_shaped("m", 24, 4096, 32);
         m.ffn = f;
         m.gated = gated;
         m.kv_heads = kv;
@@ -169,9 +195,9 @@ TEST(sim_model, one_f_one_b_bubble_with_8_stages_and_64_microbatches_is_about_11
 }
 
 TEST(sim_model, bad_specs_throw) {
-  model_spec m = gpt("gpt", 2, 64, 3);
+  model_spec m = gpt_shaped("gpt", 2, 64, 3);
   EXPECT_THROW(m.check(), weft::error); // 64 is not a multiple of 3 heads
-  m = gpt("gpt", 0, 64, 4);
+  m = gpt_shaped("gpt", 0, 64, 4);
   EXPECT_THROW(m.check(), weft::error);
   EXPECT_THROW((void)weft::sim::recompute_named("some"), weft::error);
   EXPECT_EQ(weft::sim::recompute_named("selective"), recompute::selective);

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "sim/gpt.hpp"
+#include "sim/nemotron_recipe.hpp"
 #include "sim/published_runs.hpp"
 
 namespace {
@@ -22,11 +22,8 @@ namespace {
 using namespace weft::sim;
 namespace pl = weft::pipeline;
 
-using weft_test::gpt;
-using weft_test::llama;
-
 TEST(sim_planner, mt_nlg_published_mesh_is_in_the_top_5) {
-  const model_spec m = gpt("mt-nlg-530b", 105, 20480, 128, 50272);
+  const model_spec m = gpt_shaped("mt-nlg-530b", 105, 20480, 128, 50272);
   const machine mc = dgx(a100_80gb, 280);
   search_options o;
   o.global_batch = 1920;
@@ -65,7 +62,7 @@ TEST(sim_planner, search_of_a_1t_model_on_3072_gpus_takes_under_30_seconds) {
 #ifdef WEFT_TEST_SANITIZED
   GTEST_SKIP() << "timing is meaningless under a sanitizer (10-40x slower)";
 #else
-  const model_spec m = gpt("gpt-1t", 128, 25600, 160, 51200);
+  const model_spec m = gpt_shaped("gpt-1t", 128, 25600, 160, 51200);
   search_options o;
   o.global_batch = 3072;
   const std::clock_t start = std::clock(); // CPU time: the machine may be shared
@@ -137,7 +134,7 @@ TEST(sim_planner, pruning_recompute_and_zero_matches_brute_force) {
   search_options o;
   o.global_batch = 64;
   o.memory_limit = 24e9; // tight, so that memory savers matter
-  expect_each_mesh_best_as_brute_force_finds(gpt("gpt-2.7b", 32, 2560, 32, 51200),
+  expect_each_mesh_best_as_brute_force_finds(gpt_shaped("gpt-2.7b", 32, 2560, 32, 51200),
                                              dgx(a100_80gb, 2), o);
 }
 
@@ -148,12 +145,12 @@ TEST(sim_planner, pruning_recompute_and_zero_matches_brute_force) {
 TEST(sim_planner, less_recomputation_is_not_always_faster) {
   search_options o;
   o.global_batch = 1920;
-  expect_each_mesh_best_as_brute_force_finds(gpt("mt-nlg-530b", 105, 20480, 128, 50272),
+  expect_each_mesh_best_as_brute_force_finds(gpt_shaped("mt-nlg-530b", 105, 20480, 128, 50272),
                                              dgx(a100_80gb, 280), o);
 }
 
 TEST(sim_planner, memory_estimate_is_the_simulated_memory) {
-  const model_spec m = gpt("gpt-6.7b", 32, 4096, 32, 51200);
+  const model_spec m = gpt_shaped("gpt-6.7b", 32, 4096, 32, 51200);
   const machine mc = dgx(a100_80gb, 1);
   for (pl::schedule_kind kind : {pl::schedule_kind::one_f_one_b, pl::schedule_kind::interleaved,
                                  pl::schedule_kind::zero_bubble_h1, pl::schedule_kind::gpipe}) {
@@ -172,7 +169,7 @@ TEST(sim_planner, memory_estimate_is_the_simulated_memory) {
 TEST(sim_planner, grouped_query_attention_keeps_tp_within_the_key_value_heads) {
   // 64 query heads in 4 key-value groups on 2 DGX H100: TP 8 and 16 divide the heads but not
   // the groups, so only TP 1, 2 and 4 are meshes (Megatron-core splits the groups over TP).
-  model_spec m = gpt("gqa-13b", 40, 5120, 64, 32000);
+  model_spec m = gpt_shaped("gqa-13b", 40, 5120, 64, 32000);
   m.kv_heads = 4;
   search_options o;
   o.global_batch = 64;
@@ -192,7 +189,7 @@ TEST(sim_planner, grouped_query_attention_keeps_tp_within_the_key_value_heads) {
 // else where PP > 1, prices those layouts with its sends and its reduction after the flush, and
 // leaves PP 1 (no pipeline engine) as it is. Its best is no faster than Megatron-LM's best.
 TEST(sim_planner, a_deepspeed_search_keeps_to_what_its_pipeline_engine_runs) {
-  const model_spec m = gpt("gpt-175b", 96, 12288, 96, 51200);
+  const model_spec m = gpt_shaped("gpt-175b", 96, 12288, 96, 51200);
   const machine mc = dgx(a100_80gb, 16);
   search_options o;
   o.global_batch = 256;
@@ -228,7 +225,7 @@ TEST(sim_planner, a_deepspeed_search_keeps_to_what_its_pipeline_engine_runs) {
 }
 
 TEST(sim_planner, nothing_fits_throws) {
-  const model_spec m = gpt("gpt-175b", 96, 12288, 96, 51200);
+  const model_spec m = gpt_shaped("gpt-175b", 96, 12288, 96, 51200);
   search_options o;
   o.global_batch = 8;
   EXPECT_THROW((void)search(m, dgx(a100_80gb, 1), o), weft::error);
@@ -240,8 +237,8 @@ TEST(sim_planner, nothing_fits_throws) {
 // refusals are tests/strategy/compile_fail's): each case's layout and a phrase of the reason, or
 // "" where it runs.
 TEST(sim_planner, strategy_refusal_follows_what_weft_strategy_accepts) {
-  const model_spec g = gpt("gpt-6.7b", 32, 4096, 32, 51200);
-  const model_spec llama_7b = llama("llama-6.7b", 32, 4096, 32, 8, 0, 51200, 2048);
+  const model_spec g = gpt_shaped("gpt-6.7b", 32, 4096, 32, 51200);
+  const model_spec llama_7b = llama_shaped("llama-6.7b", 32, 4096, 32, 8, 0, 51200, 2048);
   model_spec nemotron = llama_7b; // rotary and GQA, but an ungated MLP
   nemotron.gated = false;
   model_spec bloom = g; // ALiBi: no learned positions, an ungated MLP
@@ -315,7 +312,7 @@ TEST(sim_planner, strategy_refusal_follows_what_weft_strategy_accepts) {
 }
 
 TEST(sim_planner, strategy_type_spells_the_layout) {
-  const model_spec g = gpt("gpt-175b", 96, 12288, 96, 51200);
+  const model_spec g = gpt_shaped("gpt-175b", 96, 12288, 96, 51200);
   const machine mc = dgx(a100_80gb, 16);
   layout l;
   l.tp = 8;
@@ -337,7 +334,7 @@ TEST(sim_planner, strategy_type_spells_the_layout) {
   EXPECT_EQ(launch_line(mc, l, "./train"), "mpirun -n 128 --map-by ppr:8:node ./train");
   // A Llama-shaped model spells its FFN width even where the simulator's 0 says 4 h: 0 in
   // layer::llama_config is Llama's rule (8 h / 3, rounded).
-  const model_spec gqa = llama("llama", 32, 4096, 32, 8, 0);
+  const model_spec gqa = llama_shaped("llama", 32, 4096, 32, 8, 0);
   l.schedule = pl::schedule_kind::one_f_one_b;
   l.chunks = 1;
   EXPECT_EQ(strategy_config_of(gqa, l),
@@ -353,7 +350,7 @@ TEST(sim_planner, strategy_type_spells_the_layout) {
 // --runnable every ranked layout is one it runs, each ranked layout's refusal is the rule's, and
 // the restricted best is no faster than the unrestricted one.
 TEST(sim_planner, a_runnable_search_keeps_to_what_weft_strategy_runs) {
-  const model_spec m = gpt("mt-nlg-530b", 105, 20480, 128, 50272);
+  const model_spec m = gpt_shaped("mt-nlg-530b", 105, 20480, 128, 50272);
   const machine mc = dgx(a100_80gb, 280);
   search_options o;
   o.global_batch = 1920;
@@ -384,7 +381,7 @@ TEST(sim_planner, a_runnable_search_keeps_to_what_weft_strategy_runs) {
 // The splits add up: time to the step, memory to the simulated bytes, for every ranked layout;
 // ZeRO-3's gathers show as buffers, taken from the activations.
 TEST(sim_planner, the_time_and_memory_splits_add_up) {
-  const model_spec m = gpt("gpt-175b", 96, 12288, 96, 51200);
+  const model_spec m = gpt_shaped("gpt-175b", 96, 12288, 96, 51200);
   const machine mc = dgx(a100_80gb, 16);
   search_options o;
   o.global_batch = 256;
@@ -425,7 +422,7 @@ TEST(sim_planner, the_time_and_memory_splits_add_up) {
 // recipe on 128 H100 (DGX Cloud: TP 8, PP 8, DP 2, 12 chunks, sequence parallelism, ZeRO-1)
 // then holds 79.4 GiB instead of 81.3 (sim_memory_test works it out by hand).
 TEST(sim_planner, a_model_without_dropout_keeps_no_masks) {
-  model_spec m = gpt("gpt-13b", 40, 5120, 40, 51200);
+  model_spec m = gpt_shaped("gpt-13b", 40, 5120, 40, 51200);
   model_spec dry = m;
   dry.dropout = false;
   const double s = m.seq, h = m.hidden, a = m.heads, b = 2, t = 4;
@@ -439,7 +436,7 @@ TEST(sim_planner, a_model_without_dropout_keeps_no_masks) {
           << name_of(rc) << (sp ? " with SP" : "");
     }
   }
-  model_spec nemotron = weft_test::nemotron_340b();
+  model_spec nemotron = model_named("nemotron4-340b");
   nemotron.dropout = true;
   const layout l = weft_test::nemotron_recipe();
   const double gib = 1024.0 * 1024 * 1024;
@@ -462,7 +459,7 @@ TEST(sim_planner, a_model_without_dropout_keeps_no_masks) {
 // 16 replicas), so it is the faster layout here and the search must find it; without
 // hybrid_sharding it cannot.
 TEST(sim_planner, the_search_shards_over_a_node_where_that_is_faster) {
-  const model_spec m = llama("llama2-13b", 40, 5120, 40, 0, 13824);
+  const model_spec m = llama_shaped("llama2-13b", 40, 5120, 40, 0, 13824);
   machine mc = dgx(a100_80gb, 16);
   weft::topology::link inter = mc.cluster.inter();
   inter.bandwidth = 50e9 / 8;
@@ -496,7 +493,7 @@ TEST(sim_planner, the_search_shards_over_a_node_where_that_is_faster) {
 // weft::strategy's hybrid<zero<3>, zero<0>> shards over the DP ranks of a node: that layout is
 // spelt with it, any other shard group is refused with the reason.
 TEST(sim_planner, strategy_type_spells_hsdp_as_optim_hybrid) {
-  const model_spec m = llama("llama", 32, 4096, 32, 0, 0);
+  const model_spec m = llama_shaped("llama", 32, 4096, 32, 0, 0);
   const machine mc = dgx(a100_80gb, 16);
   layout l;
   l.tp = 2;

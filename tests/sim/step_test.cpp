@@ -12,15 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "sim/gpt.hpp"
 #include "sim/published_runs.hpp"
 
 namespace {
 
 using namespace weft::sim;
-
-using weft_test::gpt;
-using weft_test::llama;
 
 // `d`'s links as collectives reach them (calibration.hpp's shares), with `nics` NICs per node.
 weft::topology::cluster achieved_links(const weft::topology::cluster& d, const calibration& cal,
@@ -113,7 +109,7 @@ TEST(sim_step, mt_nlg_micro_batch_is_the_one_its_three_scales_imply) {
 }
 
 TEST(sim_step, tp8_across_dgx_h100_nodes_loses_more_than_half_the_throughput) {
-  const model_spec m = llama("llama-70b", 80, 8192, 64, 8, 28672);
+  const model_spec m = llama_shaped("llama-70b", 80, 8192, 64, 8, 28672);
   const machine mc = dgx(h100_sxm, 8);
   layout l{.tp = 8,
            .pp = 1,
@@ -146,7 +142,7 @@ TEST(sim_step, tp8_across_dgx_h100_nodes_loses_more_than_half_the_throughput) {
 
 TEST(sim_step, pipeline_bubble_and_memory_of_a_simple_layout) {
   model_spec m =
-      gpt("gpt-small", 16, 2048, 16, 128);        // logits too small to unbalance the last stage
+      gpt_shaped("gpt-small", 16, 2048, 16, 128); // logits too small to unbalance the last stage
   layout l{.pp = 8, .dp = 1, .global_batch = 64}; // 64 micro-batches of 1
   const step_result r = simulate_step(m, dgx(a100_80gb, 1), l);
   EXPECT_EQ(r.microbatches, 64);
@@ -182,7 +178,7 @@ TEST(sim_step, pipeline_bubble_and_memory_of_a_simple_layout) {
 // DP traffic grows with the micro-batches (ZeRO-1's is once a step), not one reduction (and one
 // gather) whatever m.
 TEST(sim_step, zero_2_and_3_communicate_every_micro_batch) {
-  const model_spec m = gpt("gpt3-175b", 96, 12288, 96);
+  const model_spec m = gpt_shaped("gpt3-175b", 96, 12288, 96);
   const machine mc = dgx(a100_80gb, 16);
   const auto dp_seconds = [&](int zero, int batch) {
     const layout l{.tp = 8,
@@ -215,7 +211,7 @@ TEST(sim_step, zero_2_and_3_communicate_every_micro_batch) {
 // the GEMM plus 1/8 of the shorter of the two, in place of all four whole. The backward lies
 // between no TP communication and all of it shown; it needs sequence parallelism.
 TEST(sim_step, tp_comm_overlap_hides_all_but_a_chunk_of_each_collective) {
-  const model_spec m = gpt("gpt3-175b", 96, 12288, 96, 51200, 4096);
+  const model_spec m = gpt_shaped("gpt3-175b", 96, 12288, 96, 51200, 4096);
   const machine mc = dgx(h100_sxm, 1);
   const calibration cal = calibration_of(h100_sxm);
   layout l{.tp = 8, .pp = 1, .dp = 1, .micro_batch = 4, .sequence_parallel = true};
@@ -245,7 +241,7 @@ TEST(sim_step, tp_comm_overlap_hides_all_but_a_chunk_of_each_collective) {
 // 4 stages, rank 2 holds the extra layer (the most states) and rank 0 the embedding's output and
 // the most micro-batches (the most activations). Adding each maximum over-counted.
 TEST(sim_step, memory_is_the_fullest_ranks_states_and_activations_together) {
-  model_spec m = gpt("m", 5, 4096, 32, 32000);
+  model_spec m = gpt_shaped("m", 5, 4096, 32, 32000);
   layout l{.pp = 4, .dp = 1, .global_batch = 4};
   const step_result r = simulate_step(m, dgx(a100_80gb, 1), l);
   const double s = 2048, h = 4096, sbh = s * h;
@@ -266,7 +262,7 @@ TEST(sim_step, dp_groups_sharing_a_nodes_nics_are_priced_as_if_run_together) {
   // tp 2 x dp 8 on 2 DGX A100: the two DP groups {0,2,..,14} and {1,3,..,15} cross the nodes at
   // once through the same NICs. The step splits the NICs between them; pricing both groups'
   // merged plans (groups.hpp) is the reference.
-  model_spec m = gpt("gpt-1.3b", 24, 2048, 16, 51200);
+  model_spec m = gpt_shaped("gpt-1.3b", 24, 2048, 16, 51200);
   layout l{.tp = 2, .dp = 8, .global_batch = 8};
   const calibration cal = calibration_of(a100_80gb);
   const double grads = (24 * (12.0 * 2048 * 2048 + 13 * 2048) + (51200.0 + 2048) * 2048) / 2;
@@ -298,7 +294,7 @@ TEST(sim_step, tp_groups_that_straddle_nodes_gate_the_step) {
   // its slowest group's all-reduces. Reference: those groups' plans priced by the cost model
   // on the node's links as the collectives reach them, with all 8 NICs of node 0 (the one
   // group that leaves it uses them alone).
-  model_spec m = gpt("gpt-24-heads", 12, 3072, 24, 51200);
+  model_spec m = gpt_shaped("gpt-24-heads", 12, 3072, 24, 51200);
   layout l{.tp = 6, .pp = 2, .dp = 4, .global_batch = 16};
   const auto& mc = dgx(a100_80gb, 6);
   const calibration cal = calibration_of(a100_80gb);
@@ -331,7 +327,7 @@ TEST(sim_step, tp_groups_that_straddle_nodes_gate_the_step) {
 TEST(sim_step, pipeline_hops_are_priced_on_the_link_each_one_crosses) {
   // tp 2 x dp 2 x pp 4 on 2 DGX A100: stages 0 and 1 on the first node, 2 and 3 on the second.
   // The hop from stage 1 to 2 crosses InfiniBand; pricing stage 0 to 1 alone would say NVLink.
-  model_spec m = gpt("gpt-1.3b", 24, 2048, 16, 51200);
+  model_spec m = gpt_shaped("gpt-1.3b", 24, 2048, 16, 51200);
   layout l{.tp = 2, .pp = 4, .dp = 2, .global_batch = 16};
   const auto& mc = dgx(a100_80gb, 2);
   const calibration cal = calibration_of(a100_80gb);
@@ -362,7 +358,7 @@ TEST(sim_step, dp_groups_that_straddle_nodes_gate_the_reduction) {
   // and priced by the cost model (groups.hpp) on the node's links as collectives reach them, for
   // the first stage's gradients (the most: 12 layers, the embedding and the positions, over
   // tp 2); with 8, 2 and 1 NICs per node (the groups inside node 0 take none of them).
-  model_spec m = gpt("gpt-1.3b", 24, 2048, 16, 51200);
+  model_spec m = gpt_shaped("gpt-1.3b", 24, 2048, 16, 51200);
   layout l{.tp = 2, .pp = 2, .dp = 3, .global_batch = 6};
   const calibration cal = calibration_of(a100_80gb);
   const auto grads = static_cast<std::size_t>(
@@ -433,7 +429,7 @@ TEST(sim_step, all_gathers_and_reduce_scatters_across_nodes_go_over_rails) {
 }
 
 model_spec gpt_22b() {
-  return gpt("gpt-22b", 4, 6144, 64, 64); // no logits to speak of
+  return gpt_shaped("gpt-22b", 4, 6144, 64, 64); // no logits to speak of
 }
 
 TEST(sim_step, selective_recompute_reruns_the_attention_core_with_its_softmax_and_dropout) {
@@ -562,7 +558,7 @@ TEST(sim_step, fp8_gemm_runs_on_the_fp8_peak_and_moves_one_byte_operands) {
 // copy and its transpose), 6 where each tensor's amax is read first. Transformer Engine casts
 // the weights once a step (simulate_step charges every layer's once), torchao every forward.
 TEST(sim_step, fp8_casts_each_linear_operand_at_hbm_speed) {
-  const model_spec m = gpt("gpt-2.7b", 32, 2560, 32);
+  const model_spec m = gpt_shaped("gpt-2.7b", 32, 2560, 32);
   const calibration cal = calibration_of(h100_sxm);
   const double h = 2560, T = 2 * 2048.0, hbm = 3.35e12 * cal.hbm_fraction;
   const double inputs = T * 7 * h, gradients = T * 9 * h, weights = 12 * h * h;
@@ -605,7 +601,7 @@ TEST(sim_step, fp8_casts_each_linear_operand_at_hbm_speed) {
 // logit GEMM's FP8 time less its bf16 time, and the casts of its input (T h) and weight (V h) at
 // 6 bytes an element, beside the layers' own; under fp8 only the layers' own.
 TEST(sim_step, fp8_linear_runs_the_output_layer_in_fp8_too) {
-  const model_spec m = gpt("gpt-small", 2, 1024, 16, 50304, 1024);
+  const model_spec m = gpt_shaped("gpt-small", 2, 1024, 16, 50304, 1024);
   const calibration cal = calibration_of(h100_sxm);
   const double T = 1024, h = 1024, V = 50304, hbm = 3.35e12 * cal.hbm_fraction;
   const layout l{.tp = 1, .pp = 1, .dp = 1};
@@ -627,7 +623,7 @@ TEST(sim_step, fp8_linear_runs_the_output_layer_in_fp8_too) {
 }
 
 TEST(sim_step, fp8_needs_a_gpu_with_fp8_tensor_cores_and_a_known_name) {
-  const model_spec m = gpt("gpt-2.7b", 32, 2560, 32);
+  const model_spec m = gpt_shaped("gpt-2.7b", 32, 2560, 32);
   const layout l{.tp = 1, .pp = 1, .dp = 8, .gemm_precision = precision::fp8};
   try {
     (void)simulate_step(m, dgx(a100_80gb, 1), l);
@@ -644,7 +640,7 @@ TEST(sim_step, fp8_needs_a_gpu_with_fp8_tensor_cores_and_a_known_name) {
 }
 
 TEST(sim_step, one_layout_of_a_1t_model_on_3072_gpus_takes_under_a_second) {
-  model_spec m = gpt("gpt-1t", 128, 25600, 160, 51200);
+  model_spec m = gpt_shaped("gpt-1t", 128, 25600, 160, 51200);
   const layout l{.tp = 8,
                  .pp = 64,
                  .dp = 6,
@@ -667,7 +663,7 @@ TEST(sim_step, one_layout_of_a_1t_model_on_3072_gpus_takes_under_a_second) {
 // activations on the link instead of 1/tp per TP rank, sends that hold the rank, the gradient
 // reduction after the flush with nothing hidden; and the layouts it cannot run are refused.
 TEST(sim_step, deepspeeds_pipeline_engine_sends_whole_activations_and_reduces_after_the_flush) {
-  const model_spec m = gpt("gpt-175b", 96, 12288, 96, 51200);
+  const model_spec m = gpt_shaped("gpt-175b", 96, 12288, 96, 51200);
   const machine mc = dgx(a100_80gb, 16);
   layout l;
   l.tp = 8;
@@ -718,7 +714,7 @@ TEST(sim_step, deepspeeds_pipeline_engine_sends_whole_activations_and_reduces_af
 // 12 bytes of fp32 state read and written, the gradient and the 16-bit weight), or what
 // optimizer_traffic_bytes says an unfused one moves.
 TEST(sim_step, the_optimizer_moves_its_traffic_over_the_shard_at_hbm_speed) {
-  const model_spec m = gpt("gpt-1.3b", 24, 2048, 16, 51200);
+  const model_spec m = gpt_shaped("gpt-1.3b", 24, 2048, 16, 51200);
   const machine mc = dgx(a100_80gb, 1);
   const calibration cal = calibration_of(a100_80gb);
   layout l{.dp = 8, .global_batch = 8, .zero = 1};
@@ -733,7 +729,7 @@ TEST(sim_step, the_optimizer_moves_its_traffic_over_the_shard_at_hbm_speed) {
 // engine's figure follows grad_bytes whenever it is set (fp32 reduction adds a cast), and a value
 // the layout sets overrides it.
 TEST(sim_step, zero3_copies_cost_a_pass_over_the_weights_each_micro_batch) {
-  const model_spec m = gpt("gpt-1.3b", 24, 2048, 16, 51200);
+  const model_spec m = gpt_shaped("gpt-1.3b", 24, 2048, 16, 51200);
   const machine mc = dgx(a100_80gb, 1);
   const calibration cal = calibration_of(a100_80gb);
   layout l{.dp = 8, .micro_batch = 4, .global_batch = 64};
@@ -774,7 +770,7 @@ TEST(sim_step, zero3_copies_cost_a_pass_over_the_weights_each_micro_batch) {
 // false) each still gathers twice and only the last reduces, 2mG + R; gathered once a step
 // (shard_every_micro false), G + R. Two of them give G and R; the third must agree.
 TEST(sim_step, no_sync_gathers_every_micro_batch_and_reduces_once) {
-  const model_spec m = gpt("gpt-1.3b", 24, 2048, 16, 51200);
+  const model_spec m = gpt_shaped("gpt-1.3b", 24, 2048, 16, 51200);
   const machine mc = dgx(a100_80gb, 2);
   layout l{.dp = 16, .micro_batch = 1, .global_batch = 64}; // 4 micro-batches
   use_shard_engine(l, shard_engine::fsdp);
@@ -800,7 +796,7 @@ TEST(sim_step, no_sync_gathers_every_micro_batch_and_reduces_once) {
 }
 
 TEST(sim_step, bad_layouts_throw_and_say_why) {
-  model_spec m = gpt("m", 4, 256, 4, 1000, 128);
+  model_spec m = gpt_shaped("m", 4, 256, 4, 1000, 128);
   const machine mc = dgx(a100_80gb, 1);
   const auto message = [&](layout l) {
     try {

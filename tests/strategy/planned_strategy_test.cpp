@@ -42,30 +42,15 @@ sim::layout layout_of(int tp, int pp, int dp, pl::schedule_kind kind, int chunks
   return l;
 }
 
-sim::model_spec gpt_spec(int layers, int hidden, int heads, int vocab, int seq, int ffn = 0) {
-  sim::model_spec m;
-  m.name = "gpt";
-  m.layers = layers;
-  m.hidden = hidden;
-  m.heads = heads;
-  m.vocab = vocab;
-  m.seq = seq;
-  m.ffn = ffn;
-  return m;
-}
-
-sim::model_spec llama_spec(int layers, int hidden, int heads, int kv, int ffn, int vocab, int seq) {
-  sim::model_spec m = gpt_spec(layers, hidden, heads, vocab, seq, ffn);
-  m.name = "llama";
-  m.kv_heads = kv;
-  m.gated = true;
-  m.learned_positions = false;
-  m.tied_embeddings = false;
+// strategy_support's GPT: 4 layers, hidden 16, 4 heads, FFN 24, sequences of 8, vocabulary 53.
+sim::model_spec small_gpt() {
+  sim::model_spec m = sim::gpt_shaped("gpt", 4, 16, 4, 53, 8);
+  m.ffn = 24;
   return m;
 }
 
 TEST(planned_strategy, the_printed_types_of_large_layouts_compile) {
-  const sim::model_spec mt_nlg = gpt_spec(105, 20480, 128, 50272, 2048);
+  const sim::model_spec mt_nlg = sim::model_named("mt-nlg-530b");
   const sim::machine a100 = sim::dgx(sim::a100_80gb, 280);
   sim::layout l = layout_of(8, 7, 40, pl::schedule_kind::one_f_one_b, 1, 1, 1920);
   l.zero = 1;
@@ -80,7 +65,7 @@ TEST(planned_strategy, the_printed_types_of_large_layouts_compile) {
                                      weft::layer::sequence_parallel>);
   // clang-format on
 
-  const sim::model_spec g1t = gpt_spec(128, 25600, 160, 51200, 2048);
+  const sim::model_spec g1t = sim::model_named("gpt-1t");
   const sim::machine a100_384 = sim::dgx(sim::a100_80gb, 384);
   l = layout_of(8, 64, 6, pl::schedule_kind::interleaved, 2, 1, 3072);
   l.recomputation = sim::recompute::full;
@@ -93,7 +78,7 @@ TEST(planned_strategy, the_printed_types_of_large_layouts_compile) {
                                      weft::layer::no_sequence_parallel>);
   // clang-format on
 
-  const sim::model_spec llama70 = llama_spec(80, 8192, 64, 8, 28672, 32000, 4096);
+  const sim::model_spec llama70 = sim::model_named("llama2-70b");
   const sim::machine h100 = sim::dgx(sim::h100_sxm, 64);
   l = layout_of(4, 1, 128, pl::schedule_kind::gpipe, 1, 2, 1024);
   l.zero = 3;
@@ -133,8 +118,7 @@ std::vector<std::vector<double>> losses_of(const typename S::config& c, int n) {
 }
 
 TEST(planned_strategy, a_small_printed_gpt_layout_trains_as_one_rank_does) {
-  // strategy_support's GPT: 4 layers, hidden 16, 4 heads, FFN 24, sequences of 8, vocabulary 53.
-  const sim::model_spec m = gpt_spec(4, 16, 4, 53, 8, 24);
+  const sim::model_spec m = small_gpt();
   const sim::machine mc = sim::dgx(sim::a100_80gb, 1);
   sim::layout l = layout_of(2, 2, 2, pl::schedule_kind::interleaved, 2, 1, 8);
   l.zero = 1;
@@ -205,7 +189,7 @@ void expect_both_refuse(const sim::model_spec& m, const sim::machine& mc, const 
 TEST(planned_strategy, what_the_planner_refuses_the_strategy_refuses) {
   const sim::machine one_node = sim::dgx(sim::a100_80gb, 1);
   weft::strategy_config c{.model = ts::shape, .micro_batch = 1, .global_batch = 8};
-  const sim::model_spec m = gpt_spec(4, 16, 4, 53, 8, 24);
+  const sim::model_spec m = small_gpt();
   sim::layout l = layout_of(2, 3, 1, pl::schedule_kind::interleaved, 2, 1, 8);
   l.sequence_parallel = true;
   // 4 layers over 3 stages x 2 chunks
@@ -236,7 +220,7 @@ TEST(planned_strategy, what_the_planner_refuses_the_strategy_refuses) {
 }
 
 TEST(planned_strategy, the_printed_llama_configuration_compiles) {
-  const sim::model_spec llama70 = llama_spec(80, 8192, 64, 8, 28672, 32000, 4096);
+  const sim::model_spec llama70 = sim::model_named("llama2-70b");
   sim::layout l = layout_of(4, 1, 128, pl::schedule_kind::gpipe, 1, 2, 1024);
   using S =
       weft::strategy<weft::mesh<weft::tp<4>, weft::dp<128>, weft::pp<1>>, weft::pipeline::gpipe,

@@ -163,50 +163,6 @@ double real(std::string_view flag, std::string_view text) {
   return v;
 }
 
-sim::model_spec preset(std::string_view name) {
-  sim::model_spec m;
-  m.name = std::string(name);
-  const auto gpt = [&](int l, int h, int a, int v) {
-    m.layers = l;
-    m.hidden = h;
-    m.heads = a;
-    m.seq = 2048;
-    m.vocab = v;
-  };
-  const auto llama = [&](int l, int h, int a, int g, int f, int s, int v) {
-    gpt(l, h, a, v);
-    m.kv_heads = g;
-    m.ffn = f;
-    m.seq = s;
-    m.gated = true;
-    m.flash_attention = true;
-    m.learned_positions = false;
-    m.tied_embeddings = false;
-    m.dropout = false; // Llama 2 and 3 and Nemotron-4 (NeMo: hidden and attention dropout 0)
-  };
-  if (name == "gpt3-175b")
-    gpt(96, 12288, 96, 51200);
-  else if (name == "mt-nlg-530b")
-    gpt(105, 20480, 128, 50272);
-  else if (name == "gpt-1t")
-    gpt(128, 25600, 160, 51200);
-  else if (name == "bloom-176b") {
-    gpt(70, 14336, 112, 250880);
-    m.learned_positions = false; // ALiBi
-  } else if (name == "llama2-70b")
-    llama(80, 8192, 64, 8, 28672, 4096, 32000);
-  else if (name == "llama3-405b")
-    llama(126, 16384, 128, 8, 53248, 8192, 128256);
-  else if (name == "nemotron4-340b") { // GQA and rotary like Llama, but a squared-ReLU MLP of 4h
-    llama(96, 18432, 96, 8, 73728, 4096, 256000);
-    m.gated = false;
-  } else
-    bad("unknown model '" + std::string(name) +
-        "' (gpt3-175b, mt-nlg-530b, gpt-1t, bloom-176b, llama2-70b, llama3-405b or "
-        "nemotron4-340b)");
-  return m;
-}
-
 config parse(const std::vector<std::string_view>& args) {
   config c;
   c.model.name = "model";
@@ -316,7 +272,7 @@ config parse(const std::vector<std::string_view>& args) {
     const std::string_view v = inline_value ? *inline_value : args[++i];
     if (flag == "--model") {
       const auto keep = c.model;
-      c.model = preset(v);
+      c.model = sim::model_named(v);
       has_preset = true;
       if (keep.gated) c.model.gated = true;
       if (keep.flash_attention) c.model.flash_attention = true;

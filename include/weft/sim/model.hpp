@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace weft::sim {
 
@@ -140,6 +141,68 @@ struct model_spec {
     return model_flops(batch) + tokens * layers * extra;
   }
 };
+
+/// A GPT-style model from its shape: learned positions, an output layer tied to the word
+/// embedding, an MLP of 4 h, dropout, the attention core unfused (GPT-3 and MT-NLG as
+/// Megatron-LM and DeepSpeed trained them).
+[[nodiscard]] inline model_spec gpt_shaped(std::string name, int layers, int hidden, int heads,
+                                           int vocab = 51200, int seq = 2048) {
+  model_spec m;
+  m.name = std::move(name);
+  m.layers = layers;
+  m.hidden = hidden;
+  m.heads = heads;
+  m.seq = seq;
+  m.vocab = vocab;
+  return m;
+}
+
+/// A Llama-style model from its shape: rotary positions, a SwiGLU MLP of width `ffn` (0: 4 h),
+/// `kv_heads` key-value heads (0: one per head), an output layer of its own, no dropout (Llama 2
+/// and 3; Nemotron-4 under NeMo, whose hidden and attention dropout are 0), the attention core
+/// fused.
+[[nodiscard]] inline model_spec llama_shaped(std::string name, int layers, int hidden, int heads,
+                                             int kv_heads, int ffn, int vocab = 32000,
+                                             int seq = 4096) {
+  model_spec m = gpt_shaped(std::move(name), layers, hidden, heads, vocab, seq);
+  m.kv_heads = kv_heads;
+  m.ffn = ffn;
+  m.gated = true;
+  m.learned_positions = false;
+  m.tied_embeddings = false;
+  m.dropout = false;
+  m.flash_attention = true;
+  return m;
+}
+
+/// The models `weft-plan --model` names, as their papers and model cards give them.
+inline constexpr std::string_view model_presets[] = {"gpt3-175b",     "mt-nlg-530b", "gpt-1t",
+                                                     "bloom-176b",    "llama2-70b",  "llama3-405b",
+                                                     "nemotron4-340b"};
+
+/// The preset named `name` (model_presets).
+[[nodiscard]] inline model_spec model_named(std::string_view name) {
+  const std::string n(name);
+  if (name == "gpt3-175b") return gpt_shaped(n, 96, 12288, 96, 51200);
+  if (name == "mt-nlg-530b") return gpt_shaped(n, 105, 20480, 128, 50272);
+  if (name == "gpt-1t") return gpt_shaped(n, 128, 25600, 160, 51200);
+  if (name == "bloom-176b") {
+    model_spec m = gpt_shaped(n, 70, 14336, 112, 250880);
+    m.learned_positions = false; // ALiBi
+    return m;
+  }
+  if (name == "llama2-70b") return llama_shaped(n, 80, 8192, 64, 8, 28672, 32000, 4096);
+  if (name == "llama3-405b") return llama_shaped(n, 126, 16384, 128, 8, 53248, 128256, 8192);
+  if (name == "nemotron4-340b") { // GQA and rotary like Llama, but a squared-ReLU MLP
+    model_spec m = llama_shaped(n, 96, 18432, 96, 8, 73728, 256000, 4096);
+    m.gated = false;
+    return m;
+  }
+  std::string known;
+  for (std::string_view p : model_presets)
+    known += (known.empty() ? "" : ", ") + std::string(p);
+  throw error("weft: sim: unknown model '" + n + "': expected one of " + known);
+}
 
 /// SC21 Eq. 2: P = 12 l h^2 (1 + 13/(12 h) + (V + s)/(12 l h)).
 [[nodiscard]] constexpr double sc21_parameters(double l, double h, double V, double s) noexcept {
