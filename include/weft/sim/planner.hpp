@@ -29,8 +29,10 @@
 #include <weft/topology/topology.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -336,8 +338,9 @@ struct search_result {
                 detail::peak_in_flight(pipeline::generate(kind, pp, micro, l.chunks));
             for (recompute rc : o.recomputes) {
               for (int zero = 0; zero <= (dp > 1 ? o.max_zero : 0); ++zero) {
-                for (int group :
-                     zero == 3 && hybrid > 0 ? std::vector<int>{0, hybrid} : std::vector<int>{0}) {
+                // The shard groups: the whole DP group, and under ZeRO-3 a node's DP ranks (HSDP).
+                const std::array<int, 2> groups{0, hybrid};
+                for (int group : std::span(groups.data(), zero == 3 && hybrid > 0 ? 2 : 1)) {
                   l.recomputation = rc;
                   l.zero = zero;
                   l.shard_group = group;
