@@ -167,6 +167,10 @@ inline std::vector<sharded_run> read_sharded_runs(const std::string& path = data
     // 80 bytes, and clips the gradients' norm every step, 12 more. The others: a fused step.
     if (r.source.rfind("FOUNDRY", 0) == 0) l.optimizer_traffic_bytes = 88;
     if (r.source == "IBM-FSDP24" || r.source == "FMSFSDP-README") l.optimizer_traffic_bytes = 92;
+    // KempnerForge's April code (KF-MFU) keeps its weights in bf16 (model.to(bf16)), so its fused
+    // AdamW keeps bf16 moments and no fp32 master (the report's 80.7 GB for 7B on one GPU holds no
+    // fp32 state).
+    if (r.source == "KF-MFU") l.optimizer_bytes = weft::sim::optimizer_state_named("bf16");
     out.push_back(std::move(r));
   }
   return out;
