@@ -53,7 +53,7 @@
 //
 // The A100 40GB takes the 80GB's constants (the same die and clocks); the H200 takes the
 // H100's (the same compute die). No H200 row tunes them; KempnerForge's held-out H200 runs
-// (data/README.md) read faster than they price its compute: its 7B without TP 26-31%.
+// (data/README.md) read faster than they price its compute: its 7B without TP 26-30%.
 #include <weft/core/error.hpp>
 #include <weft/sim/hardware.hpp>
 
