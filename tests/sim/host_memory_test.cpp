@@ -298,7 +298,7 @@ TEST(host_memory, names_what_the_trainer_refuses) {
   expect_error(
       [] { (void)sim::host_memory_of(small_gpt, host_layout{.pp = 2, .global_batch = 2}, 2, 0); },
       "no rank (pp 2, tp 0) in a mesh of pp 2 x tp 1");
-  expect_error([] { (void)sim::host_family_named("bert"); },
+  expect_error([] { (void)sim::model_family_named("bert"); },
                "unknown model family 'bert': expected gpt or llama");
 }
 

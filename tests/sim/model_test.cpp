@@ -76,6 +76,26 @@ TEST(sim_model, presets_have_their_published_sizes) {
   }
 }
 
+// A family gives a shape its architecture, whatever it had: Llama's, as Meta's Llama 2 (its
+// published count above), GPT's, as SC21's Eq. 2 counts it (tied, learned positions).
+TEST(sim_model, a_family_gives_a_shape_its_architecture) {
+  using weft::sim::model_family;
+  const model_spec llama = weft::sim::with_architecture(
+      gpt_shaped("llama2-70b", 80, 8192, 64, 32000, 4096), model_family::llama);
+  EXPECT_TRUE(llama.gated && llama.flash_attention);
+  EXPECT_FALSE(llama.learned_positions || llama.tied_embeddings || llama.dropout);
+  model_spec shaped = llama;
+  shaped.kv_heads = 8;
+  shaped.ffn = 28672;
+  EXPECT_EQ(shaped.parameters(), model_named("llama2-70b").parameters());
+  const model_spec gpt = weft::sim::with_architecture(llama, model_family::gpt);
+  EXPECT_EQ(gpt.parameters(), gpt_shaped("gpt", 80, 8192, 64, 32000, 4096).parameters());
+  EXPECT_TRUE(gpt.learned_positions && gpt.tied_embeddings && gpt.dropout);
+  EXPECT_FALSE(gpt.gated || gpt.flash_attention);
+  for (model_family f : {model_family::gpt, model_family::llama})
+    EXPECT_EQ(weft::sim::model_family_named(name_of(f)), f);
+}
+
 TEST(sim_model, flops_with_full_recompute_are_sc21_eq3) {
   const model_spec m = gpt_shaped("gpt", 105, 20480, 128, 50272);
   const double B = 1920, s = 2048, l = 105, h = 20480, V = 50272;

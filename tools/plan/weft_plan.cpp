@@ -40,6 +40,9 @@ model, by preset or by shape:
   --model NAME         gpt3-175b | mt-nlg-530b | gpt-1t | bloom-176b | llama2-70b | llama3-405b
                        | nemotron4-340b
   --layers L --hidden H --heads A --seq S --vocab V
+  --family F           gpt (default: learned positions, tied output layer, GELU MLP, dropout,
+                       attention core unfused) | llama (rotary, SwiGLU, own output layer, no
+                       dropout, attention core fused)
   --ffn F              FFN size (default 4H)       --kv-heads G   grouped-query attention
   --gated              SwiGLU MLP                  --flash        fused attention
 cluster (DGX nodes of the GPU: NVLink/NVSwitch inside, InfiniBand NICs between):
@@ -120,7 +123,9 @@ struct config {
   sim::pipeline_engine engine = sim::pipeline_engine::megatron;
   std::optional<sim::shard_engine> sharding;
   std::optional<int> tp, pp, dp, chunks;
-  std::optional<int> ffn, kv_heads; // applied after --model, wherever they come
+  std::optional<int> ffn, kv_heads;        // applied after --model, wherever they come
+  std::optional<sim::model_family> family; // a shape's architecture
+  bool gated = false, flash = false;       // switched on over the preset or the family
   bool search = false;
   bool runnable = false;
   int top = 5;
@@ -183,11 +188,11 @@ config parse(const std::vector<std::string_view>& args) {
     flags.push_back(flag);
     // Switches.
     if (flag == "--gated") {
-      c.model.gated = true;
+      c.gated = true;
       continue;
     }
     if (flag == "--flash") {
-      c.model.flash_attention = true;
+      c.flash = true;
       continue;
     }
     if (flag == "--sequence-parallel") {
@@ -234,6 +239,7 @@ config parse(const std::vector<std::string_view>& args) {
                                                   "--vocab",
                                                   "--ffn",
                                                   "--kv-heads",
+                                                  "--family",
                                                   "--gpu",
                                                   "--nodes",
                                                   "--gpus-per-node",
@@ -271,12 +277,11 @@ config parse(const std::vector<std::string_view>& args) {
     if (!inline_value && i + 1 == args.size()) bad(std::string(flag) + " needs a value");
     const std::string_view v = inline_value ? *inline_value : args[++i];
     if (flag == "--model") {
-      const auto keep = c.model;
       c.model = sim::model_named(v);
       has_preset = true;
-      if (keep.gated) c.model.gated = true;
-      if (keep.flash_attention) c.model.flash_attention = true;
-    } else if (flag == "--layers") {
+    } else if (flag == "--family")
+      c.family = sim::model_family_named(v);
+    else if (flag == "--layers") {
       c.model.layers = whole(flag, v, 1);
       has_shape = true;
     } else if (flag == "--hidden") {
@@ -348,7 +353,7 @@ config parse(const std::vector<std::string_view>& args) {
     else if (flag == "--trace")
       c.trace = std::string(v);
     else if (flag == "--host")
-      c.host = sim::host_family_named(v);
+      c.host = sim::model_family_named(v);
     else if (flag == "--optimizer") {
       if (v != "adamw" && v != "adam" && v != "sgd" && v != "sgd-momentum")
         bad("unknown optimizer '" + std::string(v) + "' (adamw, adam, sgd or sgd-momentum)");
@@ -364,6 +369,13 @@ config parse(const std::vector<std::string_view>& args) {
   if (c.ffn) c.model.ffn = *c.ffn;
   if (c.kv_heads) c.model.kv_heads = *c.kv_heads;
   if (has_preset && has_shape) bad("--model and shape flags (--layers ...) exclude each other");
+  if (c.family) {
+    if (has_preset) bad("--family gives a shape its architecture; --model names a whole model");
+    if (c.host) bad("--family prices a GPU cluster's model; --host names the family itself");
+    c.model = sim::with_architecture(c.model, *c.family);
+  }
+  if (c.gated) c.model.gated = true;
+  if (c.flash) c.model.flash_attention = true;
   if (!has_preset && !has_shape)
     bad("a model is required: --model NAME or --layers --hidden --heads --seq --vocab");
   if (c.global_batch == 0) bad("--global-batch is required");

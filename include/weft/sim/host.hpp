@@ -70,20 +70,10 @@
 
 namespace weft::sim {
 
-/// The model family the host trainer builds: layer::gpt_model (LayerNorm, GELU MLP, biases,
-/// learned positions) or layer::llama_model (RMSNorm, SwiGLU, no biases, rotary, grouped-query).
-enum class host_family : std::uint8_t { gpt, llama };
-
-[[nodiscard]] constexpr std::string_view name_of(host_family f) noexcept {
-  return f == host_family::llama ? "llama" : "gpt";
-}
-
-[[nodiscard]] inline host_family host_family_named(std::string_view s) {
-  for (host_family f : {host_family::gpt, host_family::llama})
-    if (name_of(f) == s) return f;
-  throw error("weft: sim: host: unknown model family '" + std::string(s) +
-              "': expected gpt or llama");
-}
+/// The model family the host trainer builds (model.hpp's model_family): layer::gpt_model
+/// (LayerNorm, GELU MLP, biases, learned positions) or layer::llama_model (RMSNorm, SwiGLU, no
+/// biases, rotary, grouped-query).
+using host_family = model_family;
 
 /// The model, as layer::gpt_config or layer::llama_config gives it.
 struct host_model {

@@ -142,9 +142,35 @@ struct model_spec {
   }
 };
 
-/// A GPT-style model from its shape: learned positions, an output layer tied to the word
-/// embedding, an MLP of 4 h, dropout, the attention core unfused (GPT-3 and MT-NLG as
-/// Megatron-LM and DeepSpeed trained them).
+/// The architectures a model of a given shape can have: gpt, as Megatron-LM and DeepSpeed trained
+/// GPT-3 and MT-NLG (learned positions, an output layer tied to the word embedding, a GELU MLP of
+/// 4 h unless the shape says otherwise, dropout, the attention core unfused), or llama (rotary
+/// positions, a SwiGLU MLP, an output layer of its own, no dropout, as Llama 2 and 3 and, under
+/// NeMo, Nemotron-4 train; the attention core fused).
+enum class model_family : std::uint8_t { gpt, llama };
+
+[[nodiscard]] constexpr std::string_view name_of(model_family f) noexcept {
+  return f == model_family::llama ? "llama" : "gpt";
+}
+
+[[nodiscard]] inline model_family model_family_named(std::string_view s) {
+  for (model_family f : {model_family::gpt, model_family::llama})
+    if (name_of(f) == s) return f;
+  throw error("weft: sim: unknown model family '" + std::string(s) + "': expected gpt or llama");
+}
+
+/// `m`'s shape (layers, hidden, heads, seq, vocab, ffn, kv_heads) with family `f`'s architecture.
+[[nodiscard]] inline model_spec with_architecture(model_spec m, model_family f) noexcept {
+  const bool llama = f == model_family::llama;
+  m.gated = llama;
+  m.learned_positions = !llama;
+  m.tied_embeddings = !llama;
+  m.dropout = !llama;
+  m.flash_attention = llama;
+  return m;
+}
+
+/// A GPT-style model (model_family::gpt) from its shape.
 [[nodiscard]] inline model_spec gpt_shaped(std::string name, int layers, int hidden, int heads,
                                            int vocab = 51200, int seq = 2048) {
   model_spec m;
@@ -154,25 +180,18 @@ struct model_spec {
   m.heads = heads;
   m.seq = seq;
   m.vocab = vocab;
-  return m;
+  return with_architecture(m, model_family::gpt);
 }
 
-/// A Llama-style model from its shape: rotary positions, a SwiGLU MLP of width `ffn` (0: 4 h),
-/// `kv_heads` key-value heads (0: one per head), an output layer of its own, no dropout (Llama 2
-/// and 3; Nemotron-4 under NeMo, whose hidden and attention dropout are 0), the attention core
-/// fused.
+/// A Llama-style model (model_family::llama) from its shape: a SwiGLU MLP of width `ffn` (0: 4 h),
+/// `kv_heads` key-value heads (0: one per head).
 [[nodiscard]] inline model_spec llama_shaped(std::string name, int layers, int hidden, int heads,
                                              int kv_heads, int ffn, int vocab = 32000,
                                              int seq = 4096) {
   model_spec m = gpt_shaped(std::move(name), layers, hidden, heads, vocab, seq);
   m.kv_heads = kv_heads;
   m.ffn = ffn;
-  m.gated = true;
-  m.learned_positions = false;
-  m.tied_embeddings = false;
-  m.dropout = false;
-  m.flash_attention = true;
-  return m;
+  return with_architecture(m, model_family::llama);
 }
 
 /// The models `weft-plan --model` names, as their papers and model cards give them.
