@@ -30,8 +30,9 @@
 //          ahead (backward_prefetch in the backward), its gradient reduce-scattered after its
 //          backward (with HSDP then all-reduced across the replica group); what no compute
 //          covers lengthens the pass. Gathered once a step (shard_every_micro false), the first
-//          forward gathers and the last backward reduce-scatters, spread over the micro-batches; under no_sync (reduce_every_micro
-//          false) every micro-batch gathers and only the last one's backward reduce-scatters.
+//          forward gathers and the last backward reduce-scatters, spread over the micro-batches;
+//          under no_sync (reduce_every_micro false) every micro-batch gathers and only the last
+//          one's backward reduce-scatters.
 //   ZeRO-1   with overlap_param_gather (Megatron-LM's distributed optimizer): the reduce-scatter
 //          behind the last backward, the all-gather behind the next step's first forward.
 //   prices   the collectives by collective_price.hpp, each layer's compute by layer_cost.hpp,
