@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -54,6 +55,56 @@ TEST(sim_sharded, pass_hides_a_gather_behind_the_block_before_it) {
   EXPECT_DOUBLE_EQ(run_sharded_pass({{10, 4, 3}, {10, 4, 3}, {10, 4, 3}}, 1).time_s, 37);
   EXPECT_THROW((void)run_sharded_pass({}, -1), weft::error);
   EXPECT_THROW((void)run_sharded_pass({}, 1, -0.5), weft::error);
+}
+
+// The prefetch column checked against each row's engine, and refused where it names another
+// engine's setting or something unknown. llm-foundry's rows (FSDP1, BACKWARD_POST) are priced
+// at the engine's default backward prefetch, 1 (sharded_runs.hpp says why); Megatron's rows
+// overlap their parameter gather.
+TEST(sim_sharded, reader_checks_the_prefetch_column_and_refuses_what_it_cannot) {
+  int overlapped = 0;
+  for (const auto& r : weft_test::read_sharded_runs()) {
+    if (!r.why_not.empty()) continue;
+    EXPECT_EQ(r.layout.backward_prefetch, 1) << r.id;
+    EXPECT_EQ(r.layout.prefetch, 1) << r.id;
+    EXPECT_EQ(r.layout.overlap_param_gather, r.engine == "megatron-distopt") << r.id;
+    overlapped += r.layout.overlap_param_gather ? 1 : 0;
+  }
+  EXPECT_GT(overlapped, 0);
+  // One row of the file with its prefetch replaced, read alone.
+  std::ifstream in(weft_test::data_dir() + "/sharded_runs.csv");
+  std::string line, header, row;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    if (header.empty())
+      header = line;
+    else if (line.rfind("FOUNDRY-H100,mpt-13b-h100-8,", 0) == 0)
+      row = line;
+  }
+  ASSERT_FALSE(row.empty());
+  const std::string recorded = "backward_post+limit_all_gathers";
+  ASSERT_NE(row.find(recorded), std::string::npos);
+  const auto read_with = [&](const std::string& prefetch) {
+    std::string edited = row;
+    edited.replace(edited.find(recorded), recorded.size(), prefetch);
+    const std::string path = testing::TempDir() + "sharded_runs_prefetch.csv";
+    std::ofstream(path) << header << '\n' << edited << '\n';
+    return weft_test::read_sharded_runs(path);
+  };
+  const auto refused = [&](const std::string& prefetch, const std::string& why) {
+    try {
+      (void)read_with(prefetch);
+      ADD_FAILURE() << prefetch << " read without a word";
+    } catch (const weft::error& e) {
+      EXPECT_NE(std::string(e.what()).find("mpt-13b-h100-8"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  refused("backward_pre", "prefetch 'backward_pre': expected");
+  refused("implicit_one_ahead", "is not engine fsdp's");
+  refused("overlap_param_gather", "is not engine fsdp's");
+  EXPECT_EQ(read_with("backward_post").at(0).why_not, "");
+  EXPECT_EQ(read_with("-").at(0).layout.backward_prefetch, 1); // the engine's default
 }
 
 // The compute slowed while the stream is busy. Slowdown 1 (half speed), gathers 4, prefetch 1:

@@ -770,6 +770,36 @@ TEST(sim_step, zero3_copies_cost_a_pass_over_the_weights_each_micro_batch) {
             one + 0.95 * m.parameters() * 14 / (a100_80gb.hbm_bandwidth * cal.hbm_fraction));
 }
 
+// FSDP1's backward prefetch, by hand, on one micro-batch whose layers' backward (B) outlasts a
+// gather (G) and a reduce-scatter (R) together, and whose output layer's backward outlasts G,
+// the compute not slowed beside a collective. BACKWARD_PRE (backward_prefetch 1): each layer's
+// gather runs behind the block before it, and only the last layer's and the embedding's
+// reduce-scatters show. BACKWARD_POST (0): each of the L layers waits for its gather, issued
+// when the block before it ends and ahead of that block's reduce-scatter, which then runs
+// behind this layer's B: L G more, the forward's exposure unchanged.
+TEST(sim_step, backward_post_shows_every_layers_gather_in_the_backward) {
+  const model_spec m = gpt_shaped("gpt-1.3b", 24, 2048, 16, 51200);
+  const machine mc = dgx(a100_80gb, 2);
+  calibration cal = calibration_of(a100_80gb);
+  cal.overlap_slowdown = 0;
+  for (const int micro : {1, 2}) {
+    layout l{.dp = 16, .micro_batch = 8, .global_batch = 128 * micro};
+    use_shard_engine(l, shard_engine::fsdp);
+    EXPECT_EQ(l.backward_prefetch, 1);
+    const step_result pre = simulate_step(m, mc, l, cal);
+    l.backward_prefetch = 0;
+    const step_result post = simulate_step(m, mc, l, cal);
+    const double gather = pre.dp.per_call_s; // one layer's all-gather over the 16 ranks
+    EXPECT_GT(gather, 1e-4);                 // across two nodes: most of a millisecond
+    const double more = micro * m.layers * gather;
+    EXPECT_NEAR(post.shard_exposed_s - pre.shard_exposed_s, more, 1e-9 * more) << micro;
+    EXPECT_NEAR(post.step_time_s - pre.step_time_s, more, 1e-9 * more) << micro;
+    EXPECT_EQ(post.dp.seconds, pre.dp.seconds); // the same traffic, less of it hidden
+    l.backward_prefetch = -1;
+    EXPECT_THROW((void)simulate_step(m, mc, l, cal), weft::error);
+  }
+}
+
 // What ZeRO-3 sends a step over m micro-batches, per layer gathered (G) and reduced (R):
 // every micro-batch gathers twice and reduces, m (2G + R); under no_sync (reduce_every_micro
 // false) each still gathers twice and only the last reduces, 2mG + R; gathered once a step

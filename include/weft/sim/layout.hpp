@@ -162,7 +162,10 @@ struct layout {
                                       // gathers still run every micro-batch
   int prefetch = 1;                   // blocks whose gather may start ahead: block i's gather
                                       // starts when block i - prefetch's compute starts; 0: when
-                                      // block i - 1's ends (no overlap)
+                                      // block i - 1's ends (no overlap); the forward's
+  int backward_prefetch = 1;          // the same for the backward's gathers (ZeRO-3): FSDP1's
+                                      // BACKWARD_PRE 1, BACKWARD_POST 0 (the next gather issued
+                                      // after the current block's gradient computation)
   bool overlap_param_gather = false;  // ZeRO-1 (Megatron-LM's distributed optimizer): the updated
                                       // weights' all-gather runs behind the next step's first
                                       // forward, in dp_buckets buckets; false: after the
@@ -279,6 +282,8 @@ inline void check_layout(const model_spec& m, const machine& mc, const layout& l
         "tp_comm_overlap pipelines sequence parallelism's all-gathers and reduce-scatters: it "
         "needs sequence_parallel");
   if (l.prefetch < 0) fail("prefetch must be at least 0, not " + std::to_string(l.prefetch));
+  if (l.backward_prefetch < 0)
+    fail("backward_prefetch must be at least 0, not " + std::to_string(l.backward_prefetch));
   if (l.overlap_param_gather && l.zero != 1)
     fail("overlap_param_gather is the distributed optimizer's (zero 1), not zero " +
          std::to_string(l.zero) + "'s");

@@ -6,7 +6,8 @@
 //   a pass     blocks in order; block i computes once its gather has ended and block i - 1's
 //              compute has; the communication stream runs its collectives one at a time in the
 //              order they are issued: block i's gather when block i - prefetch's compute starts
-//              (prefetch 0: when block i - 1's ends), block i's trailing collective (the
+//              (prefetch 0: when block i - 1's ends, ahead of block i - 1's trailing
+//              collective, as FSDP1's BACKWARD_POST issues it), block i's trailing collective (the
 //              backward's reduce-scatter) when its compute ends. What a gather needs beyond the
 //              compute it runs behind shows; the first block's gather, and the last block's
 //              reduce-scatter, nothing hides. While the stream runs a collective, the compute
@@ -68,12 +69,13 @@ struct shard_pass {
   };
   for (std::size_t i = 0; i < std::min(ahead, n); ++i)
     gather(i, 0.0); // issued before the pass's first compute
+  if (ahead == 0 && n > 0) gather(0, 0.0);
   for (std::size_t i = 0; i < n; ++i) {
-    if (ahead == 0) gather(i, compute);
     const double start = std::max(compute, gathered[i]);
     if (ahead > 0 && i + ahead < n) gather(i + ahead, start);
     compute = start + compute_time(blocks[i].compute_s, start, comm);
     busy += blocks[i].compute_s;
+    if (ahead == 0 && i + 1 < n) gather(i + 1, compute); // before this block's collective
     if (blocks[i].after_s > 0) comm = std::max(comm, compute) + blocks[i].after_s;
   }
   const double time = std::max(compute, comm);
@@ -92,10 +94,14 @@ struct shard_pass {
 ///                    (reshard after forward) its backward; the forward's next gather is issued
 ///                    while the current unit computes, at most two in flight under
 ///                    limit_all_gathers (the default since PyTorch 2.1, pytorch/pytorch#104900),
-///                    and BACKWARD_PRE issues the backward's next gather before the current
-///                    unit's gradient computation: prefetch 1 both ways (PyTorch docs, "FSDP
-///                    Notes: FSDP Prefetch Nuances"). Every micro-batch gathers and
-///                    reduce-scatters unless the loop runs under no_sync.
+///                    and BACKWARD_PRE (PyTorch's default) issues the backward's next gather
+///                    before the current unit's gradient computation: prefetch 1 both ways
+///                    (PyTorch docs, "FSDP Notes: FSDP Prefetch Nuances"). BACKWARD_POST
+///                    issues it in the current unit's post-backward hook, after its gradient
+///                    computation and before its reduce-scatter (_runtime_utils.py:
+///                    _post_backward_reshard, then _reduce_grad): layout::backward_prefetch
+///                    0. Every micro-batch gathers and reduce-scatters unless the loop runs
+///                    under no_sync.
 ///   fsdp2            PyTorch FSDP2, fully_shard: reshard_after_forward true by default,
 ///                    implicit one-module-ahead prefetch in forward and explicit one ahead in
 ///                    backward (pytorch/pytorch#128884): prefetch 1.
@@ -137,6 +143,7 @@ inline void use_shard_engine(layout& l, shard_engine e) {
   l.reshard_after_forward = true;
   l.shard_every_micro = true;
   l.prefetch = 1;
+  l.backward_prefetch = 1;
 }
 
 } // namespace weft::sim

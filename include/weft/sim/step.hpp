@@ -27,11 +27,12 @@
 //   ZeRO-3   (FSDP, HSDP) runs each micro-batch's forward and backward as sharded.hpp's passes
 //          over the rank's blocks: each layer's weights gathered over the shard group before
 //          its forward and again before its backward (reshard_after_forward), prefetch blocks
-//          ahead, its gradient reduce-scattered after its backward (with HSDP then all-reduced
-//          across the replica group); what no compute covers lengthens the pass. Gathered once
-//          a step (shard_every_micro false), the first forward gathers and the last backward
-//          reduce-scatters, spread over the micro-batches; under no_sync (reduce_every_micro
-//          false) every micro-batch gathers and only the last one's backward reduce-scatters.
+//          ahead (backward_prefetch in the backward), its gradient reduce-scattered after its
+//          backward (with HSDP then all-reduced across the replica group); what no compute
+//          covers lengthens the pass. Gathered once a step (shard_every_micro false), the first
+//          forward gathers and the last backward reduce-scatters, spread over the micro-batches;
+//          under no_sync (reduce_every_micro false) every micro-batch gathers and only the last
+//          one's backward reduce-scatters.
 //   ZeRO-1   with overlap_param_gather (Megatron-LM's distributed optimizer): the reduce-scatter
 //          behind the last backward, the all-gather behind the next step's first forward.
 //   prices   the collectives by collective_price.hpp, each layer's compute by layer_cost.hpp,
@@ -380,7 +381,7 @@ struct step_result {
       for (int k = 0; k < L; ++k)
         bwd_blocks.push_back({b_layer, regather ? q.gather : 0.0, reduce * q.reduce});
       bwd_blocks.push_back({0.0, 0.0, reduce * q.root_reduce});
-      return run_sharded_pass(bwd_blocks, l.prefetch, cal.overlap_slowdown).exposed_s;
+      return run_sharded_pass(bwd_blocks, l.backward_prefetch, cal.overlap_slowdown).exposed_s;
     };
     // The share of the micro-batches whose backward reduce-scatters.
     const double reducing =
