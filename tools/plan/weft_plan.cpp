@@ -83,6 +83,10 @@ layout (one simulation):
                        optimizer
   --shard-group N      with a ZeRO-3 --sharding: shard over groups of N DP ranks, replicated
                        across them (HSDP; N divides DP)
+  --backward-prefetch P
+                       with --sharding fsdp: pre (default, PyTorch's BACKWARD_PRE: the next
+                       layer's gather runs beside this one's gradients) | post (BACKWARD_POST:
+                       issued after them, so no compute hides it)
   --optimizer-state S  bytes of optimizer state per weight: fp32 (default, 12: Adam's fp32 master
                        weights and moments) | remainders (10: 16-bit remainders of bf16 weights for
                        the master, fp32 moments; Apex's DistributedFusedAdam) | bf16 (4: bf16
@@ -126,6 +130,7 @@ struct config {
   std::optional<int> ffn, kv_heads;        // applied after --model, wherever they come
   std::optional<sim::model_family> family; // a shape's architecture
   bool gated = false, flash = false;       // switched on over the preset or the family
+  bool backward_post = false;              // --backward-prefetch post
   bool search = false;
   bool runnable = false;
   int top = 5;
@@ -260,6 +265,7 @@ config parse(const std::vector<std::string_view>& args) {
                                                   "--engine",
                                                   "--sharding",
                                                   "--shard-group",
+                                                  "--backward-prefetch",
                                                   "--optimizer-state",
                                                   "--host",
                                                   "--optimizer",
@@ -333,6 +339,10 @@ config parse(const std::vector<std::string_view>& args) {
       c.sharding = sim::shard_engine_named(v);
     } else if (flag == "--shard-group") {
       c.layout.shard_group = whole(flag, v, 1);
+    } else if (flag == "--backward-prefetch") {
+      if (v != "pre" && v != "post")
+        bad("unknown --backward-prefetch '" + std::string(v) + "' (pre or post)");
+      c.backward_post = v == "post";
     } else if (flag == "--optimizer-state") {
       c.layout.optimizer_bytes = sim::optimizer_state_named(v);
     } else if (flag == "--schedule") {
@@ -409,6 +419,7 @@ config parse(const std::vector<std::string_view>& args) {
                                "--overlap-param-gather",
                                "--sharding",
                                "--shard-group",
+                               "--backward-prefetch",
                                "--optimizer-state",
                                "--runnable"})
       if (given(f))
@@ -427,7 +438,7 @@ config parse(const std::vector<std::string_view>& args) {
   if (c.search) {
     // The search chooses these itself: given, they would be ignored without a word.
     for (std::string_view f : {"--micro-batch", "--zero", "--recompute", "--schedule", "--chunks",
-                               "--sharding", "--shard-group"})
+                               "--sharding", "--shard-group", "--backward-prefetch"})
       if (std::find(seen.begin(), seen.end(), f) != seen.end())
         bad(std::string(f) +
             " sets one layout; --search chooses it (leave it out, or drop --search)");
@@ -443,6 +454,11 @@ config parse(const std::vector<std::string_view>& args) {
     sim::use_shard_engine(c.layout, *c.sharding);
   } else if (given("--shard-group")) {
     bad("--shard-group (HSDP) needs --sharding");
+  }
+  if (given("--backward-prefetch")) {
+    if (c.sharding != sim::shard_engine::fsdp)
+      bad("--backward-prefetch is FSDP1's backward_prefetch: it needs --sharding fsdp");
+    c.layout.backward_prefetch = c.backward_post ? 0 : 1;
   }
   if (!c.search) { // the engine's limits are the layout's: say so before simulating
     sim::layout l = c.layout;
@@ -501,6 +517,8 @@ std::string json(const sim::model_spec& m, const sim::layout& l, const sim::step
        ", \"engine\": " + q(sim::name_of(sim::engine_of(l))) +
        ", \"sharding\": " + q(sim::name_of(l.sharding)) +
        ", \"shard_group\": " + std::to_string(l.zero > 0 ? l.shards() : 1) +
+       ", \"prefetch\": " + std::to_string(l.prefetch) +
+       ", \"backward_prefetch\": " + std::to_string(l.backward_prefetch) +
        ", \"grad_accumulation_bytes\": " + num(l.grad_accumulation_bytes) +
        ", \"precision\": " + q(sim::name_of(l.gemm_precision)) +
        ", \"optimizer_bytes\": " + num(l.optimizer_bytes) + "},\n";
