@@ -62,8 +62,8 @@ TEST(sim_model, presets_have_their_published_sizes) {
                                         {"bloom-176b", 176247271424.0},
                                         {"nemotron4-340b", 340e9}})
     EXPECT_NEAR(model_named(name).parameters(), published, 0.01 * published) << name;
-  for (std::string_view name : weft::sim::model_presets)
-    EXPECT_EQ(model_named(name).name, name);
+  for (const weft::sim::model_preset& p : weft::sim::model_presets)
+    EXPECT_EQ(model_named(p.name).name, p.name);
   try {
     (void)model_named("gpt-5");
     ADD_FAILURE() << "gpt-5 is no preset";

@@ -53,6 +53,12 @@ TEST(sim_sharded, pass_hides_a_gather_behind_the_block_before_it) {
   // G0 0-4, B0 4-14, G1 4-8, RS0 14-17, G2 14-18 (issued at B1's start, after RS0: 17-21),
   // B1 14-24, RS1 24-27, B2 24-34 (G2 ended 21), RS2 34-37.
   EXPECT_DOUBLE_EQ(run_sharded_pass({{10, 4, 3}, {10, 4, 3}, {10, 4, 3}}, 1).time_s, 37);
+  // The same backward at prefetch 0 (FSDP1's BACKWARD_POST): each next gather issued when a
+  // block's compute ends, ahead of that block's reduce-scatter. G0 0-4, B0 4-14, G1 14-18,
+  // RS0 18-21, B1 18-28, G2 28-32, RS1 32-35, B2 32-42, RS2 42-45. (Issued behind the
+  // reduce-scatter instead, G1 would end at 21 and the pass at 51.)
+  EXPECT_DOUBLE_EQ(run_sharded_pass({{10, 4, 3}, {10, 4, 3}, {10, 4, 3}}, 0).time_s, 45);
+  EXPECT_DOUBLE_EQ(run_sharded_pass({{10, 4, 3}, {10, 4, 3}, {10, 4, 3}}, 0).exposed_s, 15);
   EXPECT_THROW((void)run_sharded_pass({}, -1), weft::error);
   EXPECT_THROW((void)run_sharded_pass({}, 1, -0.5), weft::error);
 }

@@ -43,7 +43,8 @@ model, by preset or by shape:
   --family F           gpt (default: learned positions, tied output layer, GELU MLP, dropout,
                        attention core unfused) | llama (rotary, SwiGLU, own output layer, no
                        dropout, attention core fused)
-  --ffn F              FFN size (default 4H)       --kv-heads G   grouped-query attention
+  --ffn F              FFN size (default 4H; with --family llama, Llama's: 8H/3 rounded up to
+                       a multiple of 256)          --kv-heads G   grouped-query attention
   --gated              SwiGLU MLP                  --flash        fused attention
 cluster (DGX nodes of the GPU: NVLink/NVSwitch inside, InfiniBand NICs between):
   --gpu NAME           a100-80gb | h100-sxm | h200
@@ -116,6 +117,14 @@ weft's host trainer (weft::strategy in float32 on the CPU; memory only, no timin
   --prefetch N         ZeRO 3: units gathered ahead of the one in use (default 1)
   --pipeline-layout S  blocks per virtual stage, as "Et*3|t*2|t*2|tL" (default: even)
 )";
+
+// The usage text names every preset, as sim::model_presets has them.
+constexpr bool usage_names_every_preset() {
+  for (const sim::model_preset& p : sim::model_presets)
+    if (usage_text.find(p.name) == std::string_view::npos) return false;
+  return true;
+}
+static_assert(usage_names_every_preset(), "list every sim::model_presets name under --model");
 
 struct config {
   sim::model_spec model;
@@ -383,6 +392,8 @@ config parse(const std::vector<std::string_view>& args) {
     if (has_preset) bad("--family gives a shape its architecture; --model names a whole model");
     if (c.host) bad("--family prices a GPU cluster's model; --host names the family itself");
     c.model = sim::with_architecture(c.model, *c.family);
+    if (*c.family == sim::model_family::llama && !c.ffn)
+      c.model.ffn = sim::llama_ffn(c.model.hidden);
   }
   if (c.gated) c.model.gated = true;
   if (c.flash) c.model.flash_attention = true;
@@ -438,10 +449,12 @@ config parse(const std::vector<std::string_view>& args) {
   if (c.search) {
     // The search chooses these itself: given, they would be ignored without a word.
     for (std::string_view f : {"--micro-batch", "--zero", "--recompute", "--schedule", "--chunks",
-                               "--sharding", "--shard-group", "--backward-prefetch"})
+                               "--sharding", "--shard-group"})
       if (std::find(seen.begin(), seen.end(), f) != seen.end())
         bad(std::string(f) +
             " sets one layout; --search chooses it (leave it out, or drop --search)");
+    if (given("--backward-prefetch"))
+      bad("--backward-prefetch sets one layout; the search does not vary it (leave it out)");
     if (c.layout.tp_across_nodes)
       bad("--tp-across-nodes sets one layout; --search keeps TP inside nodes");
     if (c.layout.tp_comm_overlap || c.layout.overlap_param_gather)
@@ -517,8 +530,8 @@ std::string json(const sim::model_spec& m, const sim::layout& l, const sim::step
        ", \"engine\": " + q(sim::name_of(sim::engine_of(l))) +
        ", \"sharding\": " + q(sim::name_of(l.sharding)) +
        ", \"shard_group\": " + std::to_string(l.zero > 0 ? l.shards() : 1) +
-       ", \"prefetch\": " + std::to_string(l.prefetch) +
-       ", \"backward_prefetch\": " + std::to_string(l.backward_prefetch) +
+       ", \"prefetch\": " + (l.zero == 3 ? std::to_string(l.prefetch) : "null") +
+       ", \"backward_prefetch\": " + (l.zero == 3 ? std::to_string(l.backward_prefetch) : "null") +
        ", \"grad_accumulation_bytes\": " + num(l.grad_accumulation_bytes) +
        ", \"precision\": " + q(sim::name_of(l.gemm_precision)) +
        ", \"optimizer_bytes\": " + num(l.optimizer_bytes) + "},\n";

@@ -87,11 +87,11 @@ struct host_model {
   std::size_t layers = 0;
   bool tied = false; // tie_embeddings
 
-  /// The MLP's width: as given, or GPT's 4 hidden, or Llama's 2/3 of 4 hidden rounded up to 256.
+  /// The MLP's width: as given, or GPT's 4 hidden, or Llama's (model.hpp's llama_ffn).
   [[nodiscard]] constexpr std::size_t ffn_size() const noexcept {
     if (ffn != 0) return ffn;
     if (family == host_family::gpt) return 4 * hidden;
-    return (2 * (4 * hidden) / 3 + 255) / 256 * 256;
+    return static_cast<std::size_t>(llama_ffn(static_cast<int>(hidden)));
   }
   [[nodiscard]] constexpr std::size_t kv() const noexcept {
     return kv_heads == 0 ? heads : kv_heads;

@@ -133,7 +133,8 @@ struct layout {
   // Optimizer state per parameter before sharding: 12 for Adam's fp32 master weights, momentum
   // and variance; optimizer_state_named gives the others.
   double optimizer_bytes = adam_state_bytes;
-  // Sharded data parallelism (zero 3: ZeRO-3, FSDP; sharded.hpp's use_shard_engine sets these).
+  // Sharded data parallelism (zero 3: ZeRO-3, FSDP; sharded.hpp's use_shard_engine sets the
+  // gathering: reshard_after_forward, shard_every_micro, prefetch, backward_prefetch).
   // Each block (a transformer layer; the embedding and output layer as one more) is gathered
   // before its forward and, with reshard_after_forward, again before its backward; its gradient
   // is reduce-scattered after its backward.

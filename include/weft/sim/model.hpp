@@ -145,8 +145,8 @@ struct model_spec {
 /// The architectures a model of a given shape can have: gpt, as Megatron-LM and DeepSpeed trained
 /// GPT-3 and MT-NLG (learned positions, an output layer tied to the word embedding, a GELU MLP of
 /// 4 h unless the shape says otherwise, dropout, the attention core unfused), or llama (rotary
-/// positions, a SwiGLU MLP, an output layer of its own, no dropout, as Llama 2 and 3 and, under
-/// NeMo, Nemotron-4 train; the attention core fused).
+/// positions, a SwiGLU MLP, an output layer of its own, no dropout, as Llama 2 and 3 train; the
+/// attention core fused).
 enum class model_family : std::uint8_t { gpt, llama };
 
 [[nodiscard]] constexpr std::string_view name_of(model_family f) noexcept {
@@ -159,7 +159,15 @@ enum class model_family : std::uint8_t { gpt, llama };
   throw error("weft: sim: unknown model family '" + std::string(s) + "': expected gpt or llama");
 }
 
-/// `m`'s shape (layers, hidden, heads, seq, vocab, ffn, kv_heads) with family `f`'s architecture.
+/// Llama's MLP width for `hidden` where its configuration gives none: two thirds of 4 hidden,
+/// rounded up to a multiple of 256 (11,008 for 4,096).
+[[nodiscard]] constexpr int llama_ffn(int hidden) noexcept {
+  return (2 * (4 * hidden) / 3 + 255) / 256 * 256;
+}
+static_assert(llama_ffn(4096) == 11008 && llama_ffn(5120) == 13824);
+
+/// `m`'s shape (layers, hidden, heads, seq, vocab, ffn, kv_heads) with family `f`'s architecture;
+/// ffn stays as given (0: 4 hidden, as model_spec counts it, under either family).
 [[nodiscard]] inline model_spec with_architecture(model_spec m, model_family f) noexcept {
   const bool llama = f == model_family::llama;
   m.gated = llama;
@@ -194,33 +202,47 @@ enum class model_family : std::uint8_t { gpt, llama };
   return with_architecture(m, model_family::llama);
 }
 
-/// The models `weft-plan --model` names, as their papers and model cards give them.
-inline constexpr std::string_view model_presets[] = {"gpt3-175b",     "mt-nlg-530b", "gpt-1t",
-                                                     "bloom-176b",    "llama2-70b",  "llama3-405b",
-                                                     "nemotron4-340b"};
+/// A model `weft-plan --model` names, as its paper or model card gives it.
+struct model_preset {
+  std::string_view name;
+  model_spec (*make)(); // the model, unnamed
+};
+
+inline constexpr model_preset model_presets[] = {
+    // GPT-3 175B (Brown et al. 2020, Table 2.1), the vocabulary padded to 51,200 as Megatron-LM
+    // pads GPT-2's 50,257.
+    {"gpt3-175b", [] { return gpt_shaped({}, 96, 12288, 96, 51200); }},
+    {"mt-nlg-530b", [] { return gpt_shaped({}, 105, 20480, 128, 50272); }},
+    {"gpt-1t", [] { return gpt_shaped({}, 128, 25600, 160, 51200); }},
+    {"bloom-176b",
+     [] { // ALiBi positions, no dropout (its config's hidden and attention dropout are 0)
+       model_spec m = gpt_shaped({}, 70, 14336, 112, 250880);
+       m.learned_positions = false;
+       m.dropout = false;
+       return m;
+     }},
+    {"llama2-70b", [] { return llama_shaped({}, 80, 8192, 64, 8, 28672, 32000, 4096); }},
+    {"llama3-405b", [] { return llama_shaped({}, 126, 16384, 128, 8, 53248, 128256, 8192); }},
+    {"nemotron4-340b",
+     [] { // rotary, grouped-query and untied like Llama, but a squared-ReLU MLP of 4 h
+       model_spec m = llama_shaped({}, 96, 18432, 96, 8, 73728, 256000, 4096);
+       m.gated = false;
+       return m;
+     }},
+};
 
 /// The preset named `name` (model_presets).
 [[nodiscard]] inline model_spec model_named(std::string_view name) {
-  const std::string n(name);
-  if (name == "gpt3-175b") return gpt_shaped(n, 96, 12288, 96, 51200);
-  if (name == "mt-nlg-530b") return gpt_shaped(n, 105, 20480, 128, 50272);
-  if (name == "gpt-1t") return gpt_shaped(n, 128, 25600, 160, 51200);
-  if (name == "bloom-176b") {
-    model_spec m = gpt_shaped(n, 70, 14336, 112, 250880);
-    m.learned_positions = false; // ALiBi
-    return m;
-  }
-  if (name == "llama2-70b") return llama_shaped(n, 80, 8192, 64, 8, 28672, 32000, 4096);
-  if (name == "llama3-405b") return llama_shaped(n, 126, 16384, 128, 8, 53248, 128256, 8192);
-  if (name == "nemotron4-340b") { // GQA and rotary like Llama, but a squared-ReLU MLP
-    model_spec m = llama_shaped(n, 96, 18432, 96, 8, 73728, 256000, 4096);
-    m.gated = false;
-    return m;
-  }
   std::string known;
-  for (std::string_view p : model_presets)
-    known += (known.empty() ? "" : ", ") + std::string(p);
-  throw error("weft: sim: unknown model '" + n + "': expected one of " + known);
+  for (const model_preset& p : model_presets) {
+    if (p.name == name) {
+      model_spec m = p.make();
+      m.name = std::string(name);
+      return m;
+    }
+    known += (known.empty() ? "" : ", ") + std::string(p.name);
+  }
+  throw error("weft: sim: unknown model '" + std::string(name) + "': expected one of " + known);
 }
 
 /// SC21 Eq. 2: P = 12 l h^2 (1 + 13/(12 h) + (V + s)/(12 l h)).

@@ -433,6 +433,8 @@ inline std::string format(const char* fmt, double a, double b = 0, double c = 0,
       s += " (" + engine + (groups ? " " + over : "") + ")";
     else if (groups)
       s += " " + over;
+    if (l.zero == 3 && l.backward_prefetch != 1)
+      s += ", backward prefetch " + std::to_string(l.backward_prefetch);
   }
   if (l.optimizer_bytes != adam_state_bytes) {
     char bytes[32];
