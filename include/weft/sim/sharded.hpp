@@ -67,9 +67,10 @@ struct shard_pass {
     comm = std::max(comm, issued) + blocks[i].gather_s;
     gathered[i] = comm;
   };
-  for (std::size_t i = 0; i < std::min(ahead, n); ++i)
-    gather(i, 0.0); // issued before the pass's first compute
-  if (ahead == 0 && n > 0) gather(0, 0.0);
+  // Issued before the pass's first compute: the first `prefetch` blocks' gathers, at least the
+  // first block's.
+  for (std::size_t i = 0; i < std::min(std::max<std::size_t>(ahead, 1), n); ++i)
+    gather(i, 0.0);
   for (std::size_t i = 0; i < n; ++i) {
     const double start = std::max(compute, gathered[i]);
     if (ahead > 0 && i + ahead < n) gather(i + ahead, start);
