@@ -311,28 +311,28 @@ inline std::vector<rank_progress> world_progress(local_world& world) {
   for (int w = 0; w < world.size; ++w) {
     const std::string status = name_of(world.status_of(w));
     std::size_t lines = 0;
-    const progress_record* latest = nullptr;
+    // The rank's idle line: the record that finished last. A record read as active may have
+    // finished by the time its snapshot is taken, so the snapshot decides, not active().
+    rank_progress idle;
+    std::int64_t idle_done = -1;
     for (const auto& g : groups) {
       for (int r = 0; r < g->size; ++r) {
         if (g->world_rank[static_cast<std::size_t>(r)] != w) continue;
         const progress_record& rec = g->progress[static_cast<std::size_t>(r)];
-        if (rec.active()) {
-          auto p = rec.snapshot(w, status, &g->world_rank);
-          if (p.in_operation()) {
-            out.push_back(std::move(p));
-            ++lines;
-          }
-        } else if (latest == nullptr || rec.last_done() > latest->last_done()) {
-          latest = &rec;
+        auto p = rec.snapshot(w, status, &g->world_rank);
+        if (p.in_operation()) {
+          out.push_back(std::move(p));
+          ++lines;
+        } else if (rec.last_done() > idle_done) {
+          idle_done = rec.last_done();
+          idle = std::move(p);
         }
       }
     }
     if (lines == 0) {
-      rank_progress p = latest != nullptr ? latest->snapshot(w, status) : rank_progress{};
-      p.rank = w;
-      p.status = status;
-      p.operation.clear();
-      out.push_back(std::move(p));
+      idle.rank = w;
+      idle.status = status;
+      out.push_back(std::move(idle));
     }
   }
   return out;
