@@ -731,8 +731,8 @@ TEST(sim_step, the_optimizer_moves_its_traffic_over_the_shard_at_hbm_speed) {
 
 // ZeRO-3's own copies (shard_copy_bytes_of per weight and micro-batch): one pass over the rank's
 // whole weights at HBM speed in each micro-batch's backward; none without sharding (dp 1). The
-// engine's figure follows grad_bytes whenever it is set (fp32 reduction adds a cast), and a value
-// the layout sets overrides it.
+// engine's figure follows grad_bytes whenever it is set (fp32 reduction adds a cast) and how often
+// the layout gathers and reduce-scatters, and a value the layout sets overrides it.
 TEST(sim_step, zero3_copies_cost_a_pass_over_the_weights_each_micro_batch) {
   const model_spec m = gpt_shaped("gpt-1.3b", 24, 2048, 16, 51200);
   const machine mc = dgx(a100_80gb, 1);
@@ -759,6 +759,23 @@ TEST(sim_step, zero3_copies_cost_a_pass_over_the_weights_each_micro_batch) {
   EXPECT_EQ(shard_copy_bytes_of(l), 14); // copy-out twice, copy-in cast to fp32
   l.grad_bytes = 2;
   EXPECT_EQ(shard_copy_bytes_of(l), 12); // copy-out twice, copy-in
+  // FSDP2's copies come with its collectives; this layout has two micro-batches a step.
+  ASSERT_EQ(l.microbatches(), 2);
+  l.reduce_every_micro = false; // no_sync: gathers twice a micro-batch, reduce-scatters once a step
+  EXPECT_EQ(shard_copy_bytes_of(l), 4 * 2 + 4 * 0.5);
+  l.grad_bytes = 4;
+  EXPECT_EQ(shard_copy_bytes_of(l), 4 * 2 + 6 * 0.5);
+  l.grad_bytes = 2;
+  l.reduce_every_micro = true;
+  l.reshard_after_forward = false; // the forward's gather serves the backward too
+  EXPECT_EQ(shard_copy_bytes_of(l), 4 + 4);
+  l.shard_every_micro = false; // one gather and one reduce-scatter a step
+  EXPECT_EQ(shard_copy_bytes_of(l), (4 + 4) * 0.5);
+  use_shard_engine(l, shard_engine::fsdp);
+  l.grad_bytes = 4;
+  l.reduce_every_micro = false; // FSDP1 under no_sync: the flat gradient every backward, the cast
+                                // once a step
+  EXPECT_EQ(shard_copy_bytes_of(l), 4 + 6 * 0.5);
   use_shard_engine(l, shard_engine::deepspeed_zero3);
   EXPECT_EQ(shard_copy_bytes_of(l), 0); // not counted
   layout single{.dp = 1, .global_batch = 4};

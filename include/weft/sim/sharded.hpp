@@ -111,22 +111,31 @@ struct shard_pass {
 /// The ZeRO-3 engines differ in where their defaults come from, not in the figures: each
 /// regathers for the backward, prefetches one block and reduce-scatters every micro-batch.
 
-/// HBM bytes per weight and micro-batch that `l`'s ZeRO-3 engine copies besides its collectives:
-/// l.shard_copy_bytes where set, else the engine's (0 without ZeRO-3, and on one DP rank, where
-/// the single-GPU runs of data/sharded_runs.csv show no such cost). FSDP1's
-/// weights are views into its flat parameter, so autograd's backward copies each weight's 16-bit
-/// gradient into the flat gradient (4 bytes: 2 read, 2 written), and reducing in fp32 (grad_bytes
-/// 4) casts it (6 more: 2 read, 4 written; _runtime_utils.py's _reduce_grad). FSDP2 copies each
-/// gather's output into the weights (4 bytes, twice with the backward's re-gather) and the
-/// gradients into the reduce-scatter's input (4 bytes, 6 cast to fp32). DeepSpeed's stage 3:
+/// HBM bytes per weight and micro-batch that `l`'s ZeRO-3 engine copies besides its collectives,
+/// averaged over the step's micro-batches: l.shard_copy_bytes where set, else the engine's (0
+/// without ZeRO-3, and on one DP rank, where the single-GPU runs of data/sharded_runs.csv show no
+/// such cost). FSDP1's weights are views into its flat parameter, so every backward copies each
+/// weight's 16-bit gradient into the flat gradient (4 bytes: 2 read, 2 written), and a
+/// reduce-scatter in fp32 (grad_bytes 4) casts it first (6 more: 2 read, 4 written;
+/// _runtime_utils.py's _reduce_grad). FSDP2's copies come with its collectives: each gather's
+/// output into the weights (4 bytes), each reduce-scatter's input from the gradients (4, or 6 cast
+/// to fp32). So a layout that gathers once a step (shard_every_micro false), keeps the forward's
+/// weights for the backward (reshard_after_forward false) or reduce-scatters on the step's last
+/// micro-batch alone (reduce_every_micro false) copies that much less often. DeepSpeed's stage 3:
 /// not counted.
 [[nodiscard]] inline double shard_copy_bytes_of(const layout& l) noexcept {
   if (l.shard_copy_bytes) return *l.shard_copy_bytes;
   if (l.zero != 3 || l.dp == 1) return 0;
+  const double micro = l.microbatches() > 1 ? l.microbatches() : 1;
+  // The share of micro-batches that gather (each pass that gathers counted) and reduce-scatter,
+  // as step.hpp's shard_exposed runs them.
+  const double every = l.shard_every_micro ? 1.0 : 1.0 / micro;
+  const double gathers = every * (l.reshard_after_forward && l.shard_every_micro ? 2.0 : 1.0);
+  const double reduces = every * (l.shard_every_micro && !l.reduce_every_micro ? 1.0 / micro : 1.0);
   const bool fp32_reduce = l.grad_bytes > 2;
   switch (l.sharding) {
-    case shard_engine::fsdp: return 4.0 + (fp32_reduce ? 6.0 : 0.0);
-    case shard_engine::fsdp2: return 8.0 + (fp32_reduce ? 6.0 : 4.0);
+    case shard_engine::fsdp: return 4.0 + (fp32_reduce ? 6.0 * reduces : 0.0);
+    case shard_engine::fsdp2: return 4.0 * gathers + (fp32_reduce ? 6.0 : 4.0) * reduces;
     case shard_engine::none:
     case shard_engine::deepspeed_zero3:
     case shard_engine::megatron_distopt: return 0;
