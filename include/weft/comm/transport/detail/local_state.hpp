@@ -384,9 +384,11 @@ inline std::string find_culprit(const std::shared_ptr<local_group>& start, int p
       }
       p = other->progress[static_cast<std::size_t>(other_rank)].snapshot(w, "running",
                                                                          &other->world_rank);
-      said += "rank " + std::to_string(w) + " has not made the call on comm " +
-              std::to_string(g->id) + ": it is in " + p.position() + " on comm " +
-              std::to_string(other->id) + "; ";
+      if (p.in_operation()) { // else it finished that one meanwhile: look again from there
+        said += "rank " + std::to_string(w) + " has not made the call on comm " +
+                std::to_string(g->id) + ": it is in " + p.position() + " on comm " +
+                std::to_string(other->id) + "; ";
+      }
       g = other;
       r = other_rank;
       if (!p.in_operation()) continue;
