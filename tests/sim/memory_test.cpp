@@ -2,6 +2,7 @@
 // by exactly the GPUs it is sharded over (ZeRO stages over the DP group, HSDP over its shard
 // group), and Nemotron-4 340B's DGX Cloud recipe term by term.
 #include <weft/sim/memory.hpp>
+#include <weft/sim/planner.hpp>
 #include <weft/sim/sharded.hpp>
 #include <weft/sim/step.hpp>
 
@@ -63,6 +64,48 @@ TEST(sim_memory, fsdp_shards_every_state_over_the_dp_group_and_hsdp_over_its_sha
   EXPECT_DOUBLE_EQ(hsdp.total(), 13479362560.0);
   std::printf("  Llama 7B on 128 H100: FSDP %.2f GiB of states per GPU, HSDP 8 x 16 %.2f GiB\n",
               fsdp.total() / gib, hsdp.total() / gib);
+}
+
+// ZeRO-3's buffers beside the shards, in 16 bits: two layers' gathered weights (the one in use
+// and the next) by default; all of the rank's weights where the forward's gathers stay for the
+// backward (SHARD_GRAD_OP, reshard_after_forward false) or for the step (gathered once a step),
+// and all its gradients besides where they accumulate whole across micro-batches (no_sync, or
+// once a step), in 16 bits, or FSDP2's reduce dtype. Llama 7B on 128 H100s, two micro-batches a
+// step:
+//   one layer 202,423,040 weights, so two layers' buffers 4 x 202,423,040 = 809,692,160 bytes;
+//   the whole model 6,739,681,280 weights, 2 bytes each = 13,479,362,560 bytes.
+TEST(sim_memory, zero3_buffers_follow_what_the_layout_keeps_whole) {
+  const model_spec m = llama_7b();
+  const machine mc = dgx(h100_sxm, 16);
+  layout l = on_128(0);
+  l.global_batch = 256;
+  ASSERT_EQ(l.microbatches(), 2);
+  const auto buffers = [&](const layout& x) {
+    const step_result r = simulate_step(m, mc, x);
+    EXPECT_DOUBLE_EQ(estimate_memory(m, x), r.memory_bytes()) << describe(x);
+    return r.buffer_bytes;
+  };
+  const double layers_two = 809692160.0, whole = 13479362560.0;
+  EXPECT_DOUBLE_EQ(buffers(l), layers_two);
+  layout shard_grad_op = l;
+  shard_grad_op.reshard_after_forward = false;
+  EXPECT_DOUBLE_EQ(buffers(shard_grad_op), whole);
+  layout no_sync = l;
+  no_sync.reduce_every_micro = false;
+  EXPECT_DOUBLE_EQ(buffers(no_sync), layers_two + whole);
+  layout once = l;
+  once.shard_every_micro = false;
+  EXPECT_DOUBLE_EQ(buffers(once), whole + whole);
+  // FSDP2 accumulates the whole gradients in its reduce dtype: fp32, 4 x 6,739,681,280.
+  layout fsdp2 = no_sync;
+  use_shard_engine(fsdp2, shard_engine::fsdp2);
+  fsdp2.grad_bytes = 4;
+  EXPECT_DOUBLE_EQ(buffers(fsdp2), layers_two + 26958725120.0);
+  // Below ZeRO-3 nothing is gathered.
+  layout zero2 = l;
+  use_shard_engine(zero2, shard_engine::none);
+  zero2.zero = 2;
+  EXPECT_DOUBLE_EQ(buffers(zero2), 0);
 }
 
 // Each ZeRO stage divides its own states by the DP group and leaves the others whole: stage 1 the

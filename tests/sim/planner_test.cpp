@@ -393,7 +393,7 @@ TEST(sim_planner, the_time_and_memory_splits_add_up) {
         << describe(x.l);
     EXPECT_GT(t.compute, 0) << describe(x.l);
     EXPECT_GE(t.bubble, 0) << describe(x.l);
-    const memory_split b = split_memory(m, x.l, x.r);
+    const memory_split b = split_memory(x.r);
     EXPECT_NEAR(b.parameters + b.gradients + b.optimizer + b.activations + b.buffers,
                 x.r.memory_bytes(), 1e-9 * x.r.memory_bytes())
         << describe(x.l);
@@ -406,11 +406,11 @@ TEST(sim_planner, the_time_and_memory_splits_add_up) {
   z3.zero = 3;
   z3.recomputation = recompute::full;
   const step_result r = simulate_step(m, mc, z3);
-  const memory_split b = split_memory(m, z3, r);
+  const memory_split b = split_memory(r);
   // a layer's weights in 16 bits, twice (in use and prefetched), over TP 8
   EXPECT_DOUBLE_EQ(b.buffers, 2 * 2 * (12.0 * 12288 * 12288 + 13 * 12288) / 8);
   EXPECT_DOUBLE_EQ(b.parameters, r.states.weights);
-  const std::string why = explain_winner(m, s);
+  const std::string why = explain_winner(s);
   for (const char* part : {"compute", "bubble", "exposed TP", "exposed DP", "parameters",
                            "gradients", "optimizer state", "activations", "buffers", "#2"})
     EXPECT_NE(why.find(part), std::string::npos) << part << "\n" << why;

@@ -88,6 +88,15 @@ layout (one simulation):
                        with --sharding fsdp: pre (default, PyTorch's BACKWARD_PRE: the next
                        layer's gather runs beside this one's gradients) | post (BACKWARD_POST:
                        issued after them, so no compute hides it)
+  --reshard-after-forward R
+                       with --sharding fsdp or fsdp2: yes (default: the backward gathers each
+                       layer again) | no (the forward's gathered weights stay until the backward:
+                       FSDP's SHARD_GRAD_OP, fully_shard(reshard_after_forward=False))
+  --micro-batch-sync S with --sharding fsdp or fsdp2: every (default: each micro-batch gathers and
+                       reduce-scatters) | last (each gathers, only the step's last reduce-scatters,
+                       the others accumulate whole gradients: no_sync(),
+                       set_requires_gradient_sync(False)) | once (gathered by the step's first
+                       forward, weights and gradients whole until its last backward)
   --optimizer-state S  bytes of optimizer state per weight: fp32 (default, 12: Adam's fp32 master
                        weights and moments) | remainders (10: 16-bit remainders of bf16 weights for
                        the master, fp32 moments; Apex's DistributedFusedAdam) | bf16 (4: bf16
@@ -140,6 +149,8 @@ struct config {
   std::optional<sim::model_family> family; // a shape's architecture
   bool gated = false, flash = false;       // switched on over the preset or the family
   bool backward_post = false;              // --backward-prefetch post
+  std::optional<bool> reshard;             // --reshard-after-forward
+  std::string micro_batch_sync;            // --micro-batch-sync
   bool search = false;
   bool runnable = false;
   int top = 5;
@@ -275,6 +286,8 @@ config parse(const std::vector<std::string_view>& args) {
                                                   "--sharding",
                                                   "--shard-group",
                                                   "--backward-prefetch",
+                                                  "--reshard-after-forward",
+                                                  "--micro-batch-sync",
                                                   "--optimizer-state",
                                                   "--host",
                                                   "--optimizer",
@@ -352,6 +365,14 @@ config parse(const std::vector<std::string_view>& args) {
       if (v != "pre" && v != "post")
         bad("unknown --backward-prefetch '" + std::string(v) + "' (pre or post)");
       c.backward_post = v == "post";
+    } else if (flag == "--reshard-after-forward") {
+      if (v != "yes" && v != "no")
+        bad("unknown --reshard-after-forward '" + std::string(v) + "' (yes or no)");
+      c.reshard = v == "yes";
+    } else if (flag == "--micro-batch-sync") {
+      if (v != "every" && v != "last" && v != "once")
+        bad("unknown --micro-batch-sync '" + std::string(v) + "' (every, last or once)");
+      c.micro_batch_sync = v;
     } else if (flag == "--optimizer-state") {
       c.layout.optimizer_bytes = sim::optimizer_state_named(v);
     } else if (flag == "--schedule") {
@@ -431,6 +452,8 @@ config parse(const std::vector<std::string_view>& args) {
                                "--sharding",
                                "--shard-group",
                                "--backward-prefetch",
+                               "--reshard-after-forward",
+                               "--micro-batch-sync",
                                "--optimizer-state",
                                "--runnable"})
       if (given(f))
@@ -453,8 +476,10 @@ config parse(const std::vector<std::string_view>& args) {
       if (std::find(seen.begin(), seen.end(), f) != seen.end())
         bad(std::string(f) +
             " sets one layout; --search chooses it (leave it out, or drop --search)");
-    if (given("--backward-prefetch"))
-      bad("--backward-prefetch sets one layout; the search does not vary it (leave it out)");
+    for (std::string_view f :
+         {"--backward-prefetch", "--reshard-after-forward", "--micro-batch-sync"})
+      if (given(f))
+        bad(std::string(f) + " sets one layout; the search does not vary it (leave it out)");
     if (c.layout.tp_across_nodes)
       bad("--tp-across-nodes sets one layout; --search keeps TP inside nodes");
     if (c.layout.tp_comm_overlap || c.layout.overlap_param_gather)
@@ -472,6 +497,15 @@ config parse(const std::vector<std::string_view>& args) {
     if (c.sharding != sim::shard_engine::fsdp)
       bad("--backward-prefetch is FSDP1's backward_prefetch: it needs --sharding fsdp");
     c.layout.backward_prefetch = c.backward_post ? 0 : 1;
+  }
+  for (std::string_view f : {"--reshard-after-forward", "--micro-batch-sync"}) {
+    if (given(f) && c.sharding != sim::shard_engine::fsdp && c.sharding != sim::shard_engine::fsdp2)
+      bad(std::string(f) + " is PyTorch FSDP's: it needs --sharding fsdp or fsdp2");
+  }
+  if (c.reshard) c.layout.reshard_after_forward = *c.reshard;
+  if (!c.micro_batch_sync.empty()) {
+    c.layout.shard_every_micro = c.micro_batch_sync != "once";
+    c.layout.reduce_every_micro = c.micro_batch_sync == "every";
   }
   if (!c.search) { // the engine's limits are the layout's: say so before simulating
     sim::layout l = c.layout;
@@ -532,6 +566,13 @@ std::string json(const sim::model_spec& m, const sim::layout& l, const sim::step
        ", \"shard_group\": " + std::to_string(l.zero > 0 ? l.shards() : 1) +
        ", \"prefetch\": " + (l.zero == 3 ? std::to_string(l.prefetch) : "null") +
        ", \"backward_prefetch\": " + (l.zero == 3 ? std::to_string(l.backward_prefetch) : "null") +
+       ", \"reshard_after_forward\": " +
+       (l.zero == 3 ? (l.reshard_after_forward ? "true" : "false") : "null") +
+       ", \"micro_batch_sync\": " +
+       (l.zero == 3 ? q(!l.shard_every_micro   ? "once"
+                        : l.reduce_every_micro ? "every"
+                                               : "last")
+                    : "null") +
        ", \"grad_accumulation_bytes\": " + num(l.grad_accumulation_bytes) +
        ", \"precision\": " + q(sim::name_of(l.gemm_precision)) +
        ", \"optimizer_bytes\": " + num(l.optimizer_bytes) + "},\n";
@@ -571,18 +612,23 @@ std::string text(const sim::model_spec& m, const sim::layout& l, const sim::step
       std::to_string(mc.cluster.size()) + " " + std::string(mc.device.name) +
       (l.gpus() < mc.cluster.size() ? " (" + std::to_string(l.gpus()) + " of them used)" : "") +
       ": " + sim::describe(l) + "\n";
+  // ZeRO-3's gathered weights (and whole gradients), apart from the activations they sit with.
+  char buffers[64] = "";
+  if (r.buffer_bytes > 0)
+    std::snprintf(buffers, sizeof buffers, ", ZeRO-3 buffers %.1f", r.buffer_bytes / gib);
   std::snprintf(buf, sizeof buf,
                 "  step %.3f s, %d micro-batches; %.1f TFLOP/s per GPU (SC21 Eq. 3), %.1f model "
                 "TFLOP/s (MFU %.1f%%)\n"
                 "  bubble %.1f%% of ideal compute; per micro-batch on the busiest rank: forward "
                 "%.4f s, backward %.4f s%s\n"
                 "  memory per GPU %.1f GiB: weights %.1f, gradients %.1f, optimizer %.1f, "
-                "activations %.1f (of %.1f GiB usable)\n",
+                "activations %.1f%s (of %.1f GiB usable)\n",
                 r.step_time_s, r.microbatches, r.tflops_per_gpu, r.model_tflops_per_gpu,
                 100 * r.mfu, 100 * r.bubble, r.forward_s, r.backward_s,
                 r.weight_s > 0 ? (", weight gradients " + num(r.weight_s) + " s").c_str() : "",
                 r.memory_bytes() / gib, r.states.weights / gib, r.states.gradients / gib,
-                r.states.optimizer / gib, r.activation_bytes / gib, limit / gib);
+                r.states.optimizer / gib, (r.activation_bytes - r.buffer_bytes) / gib, buffers,
+                limit / gib);
   o += buf;
   std::snprintf(buf, sizeof buf,
                 "  communication per step: TP %.3f s on %s, PP %.3f s on %s, DP %.3f s on %s (%.3f "
@@ -811,7 +857,7 @@ int main(int argc, char** argv) {
           }
         }
         // The given mesh as a column of its own unless it is #1 or #2 already.
-        out += sim::explain_winner(c.model, s, rank > 2 ? &s.ranked[rank - 1] : nullptr, "given");
+        out += sim::explain_winner(s, rank > 2 ? &s.ranked[rank - 1] : nullptr, "given");
         out += runnable_report(c, mc, s);
       }
       std::fputs(out.c_str(), stdout);

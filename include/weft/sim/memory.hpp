@@ -10,8 +10,10 @@
 //     activations  Korthikanti's per-layer bytes (model.hpp) x the rank's layers x the
 //                  (micro-batch, chunk) pairs it holds at its peak / chunks; the first rank adds
 //                  the token ids (and the embedding's dropout mask), the last the fp32 logits of
-//                  one micro-batch; full recompute one layer's activations while it reruns;
-//                  ZeRO-3 two layers' gathered weights
+//                  one micro-batch; full recompute one layer's activations while it reruns
+//     buffers      ZeRO-3's gathered weights: two layers', or all of the rank's where the
+//                  forward's gathers stay for the backward, and its whole gradients where they
+//                  accumulate across micro-batches (zero3_gather_bytes)
 //   the layout's memory: the rank with the most of both together.
 #include <weft/pipeline/generators.hpp>
 #include <weft/pipeline/schedule.hpp>
@@ -63,24 +65,42 @@ inline double rank_parameters(const model_spec& m, const layout& l,
   return *std::max_element(w.begin(), w.end());
 }
 
-/// ZeRO-3's gathered weights in 16 bits: the layer in use and the next, prefetched (0 below
-/// ZeRO-3). Counted with the activations of every rank; explain() shows it as buffers.
-inline double zero3_gather_bytes(const model_spec& m, const layout& l) {
-  return l.zero >= 3 ? 2.0 * 2.0 * m.layer_parameters() / l.tp : 0.0;
+/// ZeRO-3's whole (gathered) weights and gradients in 16 bits beside the shards, on a pipeline
+/// rank holding `weights` per TP rank (0 below ZeRO-3). Resharding each block after its forward
+/// and reduce-scattering every micro-batch, two blocks' weights: the one in use and the next,
+/// prefetched. Every block's weights when the forward's gathers serve the backward
+/// (reshard_after_forward false) or the step (shard_every_micro false); every block's gradients
+/// besides when they accumulate whole until the step's last backward (reduce_every_micro false,
+/// or shard_every_micro false): FSDP2 accumulates them in its reduce dtype (grad_bytes;
+/// FSDPParam's unsharded_accumulated_grad), the others in 16 bits. Counted with the activations;
+/// explain() shows it as buffers.
+inline double zero3_gather_bytes(const model_spec& m, const layout& l, double weights) {
+  if (l.zero < 3) return 0.0;
+  const bool whole_weights = !l.reshard_after_forward || !l.shard_every_micro;
+  const bool whole_gradients = !l.reduce_every_micro || !l.shard_every_micro;
+  const double gradient_bytes = l.sharding == shard_engine::fsdp2 ? l.grad_bytes : 2.0;
+  return (whole_weights ? 2.0 * weights : 2.0 * 2.0 * m.layer_parameters() / l.tp) +
+         (whole_gradients ? gradient_bytes * weights : 0.0);
 }
 
-/// Model states and activations of the fullest rank (the most of both together), given how
-/// many (micro-batch, chunk) pairs each pipeline rank holds at its peak (a chunk's pair holds
-/// 1/V of the rank's layers).
-inline std::pair<state_memory, double> memory_of(const model_spec& m, const layout& l,
-                                                 const std::vector<int>& layers_of,
-                                                 const std::vector<int>& peak) {
+/// The memory of the fullest rank (the most of all three together).
+struct rank_memory {
+  state_memory states;
+  double activations = 0; // the activations alone
+  double buffers = 0;     // ZeRO-3's whole weights and gradients (zero3_gather_bytes)
+};
+
+/// Model states, activations and ZeRO-3's buffers of the fullest rank, given how many
+/// (micro-batch, chunk) pairs each pipeline rank holds at its peak (a chunk's pair holds 1/V of
+/// the rank's layers).
+inline rank_memory memory_of(const model_spec& m, const layout& l,
+                             const std::vector<int>& layers_of, const std::vector<int>& peak) {
   const int t = l.tp, p = l.pp;
   const double b = l.micro_batch, T = b * m.seq, h = m.h(), v = l.chunks;
   const std::vector<double> weights = weights_per_rank(m, l, layers_of);
   const double per_layer =
       activation_bytes_per_layer(m, b, t, l.sequence_parallel, l.recomputation);
-  std::pair<state_memory, double> worst{};
+  rank_memory worst{};
   for (int r = 0; r < p; ++r) {
     const double held = peak[static_cast<std::size_t>(r)];
     double a = per_layer * layers_of[static_cast<std::size_t>(r)] * held / v;
@@ -94,10 +114,13 @@ inline std::pair<state_memory, double> memory_of(const model_spec& m, const layo
     if (r == 0)
       a += (8.0 * T + (m.dropout ? T * h / (l.sequence_parallel ? t : 1) : 0.0)) * held / v;
     if (r == p - 1) a += 4.0 * T * m.vocab / t; // fp32 logits
-    a += zero3_gather_bytes(m, l);
-    const state_memory states = state_memory_of(weights[static_cast<std::size_t>(r)],
-                                                l.shard_groups(), l.grad_bytes, l.optimizer_bytes);
-    if (r == 0 || states.total() + a > worst.first.total() + worst.second) worst = {states, a};
+    const rank_memory here{state_memory_of(weights[static_cast<std::size_t>(r)], l.shard_groups(),
+                                           l.grad_bytes, l.optimizer_bytes),
+                           a, zero3_gather_bytes(m, l, weights[static_cast<std::size_t>(r)])};
+    const auto total = [](const rank_memory& x) {
+      return x.states.total() + x.activations + x.buffers;
+    };
+    if (r == 0 || total(here) > total(worst)) worst = here;
   }
   return worst;
 }
@@ -129,7 +152,7 @@ inline std::vector<int> peak_in_flight(const pipeline::schedule& s) {
 [[nodiscard]] inline double estimate_memory(const model_spec& m, const layout& l,
                                             const std::vector<int>& peak) {
   const auto mem = detail::memory_of(m, l, detail::layers_per_rank(m, l.pp), peak);
-  return mem.first.total() + mem.second;
+  return mem.states.total() + mem.activations + mem.buffers;
 }
 
 [[nodiscard]] inline double estimate_memory(const model_spec& m, const layout& l) {

@@ -435,6 +435,12 @@ inline std::string format(const char* fmt, double a, double b = 0, double c = 0,
       s += " " + over;
     if (l.zero == 3 && l.backward_prefetch != 1)
       s += ", backward prefetch " + std::to_string(l.backward_prefetch);
+    if (l.zero == 3 && !l.shard_every_micro)
+      s += ", gathered once a step";
+    else if (l.zero == 3 && !l.reshard_after_forward)
+      s += ", weights kept from forward to backward";
+    if (l.zero == 3 && l.shard_every_micro && !l.reduce_every_micro)
+      s += ", gradients reduce-scattered on the last micro-batch";
   }
   if (l.optimizer_bytes != adam_state_bytes) {
     char bytes[32];
@@ -477,23 +483,22 @@ struct time_split {
 /// Where a GPU's memory goes, on the fullest rank: the parts add up to step_result::memory_bytes.
 struct memory_split {
   double parameters = 0, gradients = 0, optimizer = 0, activations = 0;
-  double buffers = 0; // ZeRO-3's gathered layers
+  double buffers = 0; // ZeRO-3's gathered weights and whole gradients
 };
 
-[[nodiscard]] inline memory_split split_memory(const model_spec& m, const layout& l,
-                                               const step_result& r) {
+[[nodiscard]] inline memory_split split_memory(const step_result& r) {
   memory_split s;
   s.parameters = r.states.weights;
   s.gradients = r.states.gradients;
   s.optimizer = r.states.optimizer;
-  s.buffers = detail::zero3_gather_bytes(m, l);
+  s.buffers = r.buffer_bytes;
   s.activations = r.activation_bytes - s.buffers;
   return s;
 }
 
 /// Why the winner wins: the time and memory splits of the search's #1 beside its #2 and, where
 /// given, a reference layout (a published run's), one column each.
-[[nodiscard]] inline std::string explain_winner(const model_spec& m, const search_result& s,
+[[nodiscard]] inline std::string explain_winner(const search_result& s,
                                                 const ranked_layout* given = nullptr,
                                                 const std::string& given_name = "given") {
   std::vector<std::pair<std::string, const ranked_layout*>> cols;
@@ -526,7 +531,7 @@ struct memory_split {
     return [field](const ranked_layout& x) { return split_time(x.r).*field; };
   };
   const auto mem = [&](auto field) {
-    return [field, &m](const ranked_layout& x) { return split_memory(m, x.l, x.r).*field; };
+    return [field](const ranked_layout& x) { return split_memory(x.r).*field; };
   };
   out += row(
       "step", [](const ranked_layout& x) { return x.r.step_time_s; }, 1, "s");

@@ -90,9 +90,10 @@ struct step_result {
   double shard_exposed_s = 0; // ZeRO-3: the gathers and reduce-scatters no compute covers
                               // (inside pipeline_s: they hold the passes that wait on them)
   double optimizer_s = 0;
-  double weight_cast_s = 0; // FP8 (Transformer Engine): the weights' casts, once a step
-  state_memory states;      // bytes per GPU on the rank holding the most
-  double activation_bytes = 0;
+  double weight_cast_s = 0;    // FP8 (Transformer Engine): the weights' casts, once a step
+  state_memory states;         // bytes per GPU on the rank holding the most
+  double activation_bytes = 0; // ZeRO-3's buffer_bytes included
+  double buffer_bytes = 0;     // ZeRO-3's whole weights and gradients (memory.hpp)
   [[nodiscard]] double memory_bytes() const noexcept { return states.total() + activation_bytes; }
   pipeline::schedule schedule; // the simulated step, for traces
   pipeline::timeline timeline;
@@ -590,8 +591,9 @@ struct step_result {
   // --- memory ----------------------------------------------------------------------------
   const std::vector<int> peak = detail::peak_in_flight(s);
   const auto mem = detail::memory_of(m, l, layers_of, peak);
-  out.states = mem.first;
-  out.activation_bytes = mem.second;
+  out.states = mem.states;
+  out.activation_bytes = mem.activations + mem.buffers;
+  out.buffer_bytes = mem.buffers;
   return out;
 }
 
