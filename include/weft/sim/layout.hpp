@@ -96,6 +96,20 @@ enum class precision : std::uint8_t { bf16, fp8, fp8_cs, fp8_linear };
               "': expected bf16, fp8, fp8_cs or fp8_linear");
 }
 
+/// How often a ZeRO-3 layout gathers and reduce-scatters, per micro-batch as averaged over a
+/// step's m (layout::cadence, from shard_every_micro, reshard_after_forward and
+/// reduce_every_micro).
+struct shard_cadence {
+  double every = 1;     // the share of micro-batches whose passes gather: 1, or 1/m once a step
+  bool regather = true; // the backward gathers each block again
+  double reducing = 1;  // of those, the share whose backward reduce-scatters: 1, or 1/m under
+                        // no_sync
+  /// Passes that gather each block, per micro-batch.
+  [[nodiscard]] double gathers() const noexcept { return every * (regather ? 2.0 : 1.0); }
+  /// Backwards that reduce-scatter each block, per micro-batch.
+  [[nodiscard]] double reduces() const noexcept { return every * reducing; }
+};
+
 /// How the model is spread, and how it trains.
 struct layout {
   int tp = 1;
@@ -184,6 +198,13 @@ struct layout {
     return global_batch > 0 ? global_batch : dp * micro_batch;
   }
   [[nodiscard]] int microbatches() const noexcept { return batch() / (dp * micro_batch); }
+  /// How often ZeRO-3 gathers and reduce-scatters (shard_cadence).
+  [[nodiscard]] shard_cadence cadence() const noexcept {
+    const double m = microbatches() > 1 ? microbatches() : 1;
+    return {.every = shard_every_micro ? 1.0 : 1.0 / m,
+            .regather = reshard_after_forward && shard_every_micro,
+            .reducing = shard_every_micro && !reduce_every_micro ? 1.0 / m : 1.0};
+  }
   /// GPUs one set of shards spans under ZeRO-3: shard_group, or the whole DP group.
   [[nodiscard]] int shards() const noexcept { return shard_group > 0 ? shard_group : dp; }
   /// GPUs each model state is divided over: the ZeRO stage's states over shards() (the DP

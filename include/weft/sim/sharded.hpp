@@ -126,16 +126,11 @@ struct shard_pass {
 [[nodiscard]] inline double shard_copy_bytes_of(const layout& l) noexcept {
   if (l.shard_copy_bytes) return *l.shard_copy_bytes;
   if (l.zero != 3 || l.dp == 1) return 0;
-  const double micro = l.microbatches() > 1 ? l.microbatches() : 1;
-  // The share of micro-batches that gather (each pass that gathers counted) and reduce-scatter,
-  // as step.hpp's shard_exposed runs them.
-  const double every = l.shard_every_micro ? 1.0 : 1.0 / micro;
-  const double gathers = every * (l.reshard_after_forward && l.shard_every_micro ? 2.0 : 1.0);
-  const double reduces = every * (l.shard_every_micro && !l.reduce_every_micro ? 1.0 / micro : 1.0);
+  const shard_cadence k = l.cadence();
   const bool fp32_reduce = l.grad_bytes > 2;
   switch (l.sharding) {
-    case shard_engine::fsdp: return 4.0 + (fp32_reduce ? 6.0 * reduces : 0.0);
-    case shard_engine::fsdp2: return 4.0 * gathers + (fp32_reduce ? 6.0 : 4.0) * reduces;
+    case shard_engine::fsdp: return 4.0 + (fp32_reduce ? 6.0 * k.reduces() : 0.0);
+    case shard_engine::fsdp2: return 4.0 * k.gathers() + (fp32_reduce ? 6.0 : 4.0) * k.reduces();
     case shard_engine::none:
     case shard_engine::deepspeed_zero3:
     case shard_engine::megatron_distopt: return 0;

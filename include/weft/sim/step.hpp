@@ -369,29 +369,26 @@ struct step_result {
     if (l.zero != 3 || l.dp == 1) return e;
     const shard_price& q = shard_of[static_cast<std::size_t>(r)];
     const int L = layers_of[static_cast<std::size_t>(r)];
-    const double every = l.shard_every_micro ? 1.0 : 1.0 / out.microbatches;
+    const shard_cadence cadence = l.cadence();
     std::vector<shard_block> fwd_blocks{{0.0, q.root_gather, 0.0}};
     for (int k = 0; k < L; ++k)
       fwd_blocks.push_back({f_layer, q.gather, 0.0});
     fwd_blocks.back().compute_s += f - L * f_layer; // the logits, the messages
-    const bool regather = l.reshard_after_forward && l.shard_every_micro;
     // The backward with its reduce-scatters (`reduce` 1) or without (0: a micro-batch under
     // no_sync, when only the last one of the step reduces).
     const auto backward = [&](double reduce) {
       std::vector<shard_block> bwd_blocks{{b - L * b_layer, 0.0, 0.0}};
       for (int k = 0; k < L; ++k)
-        bwd_blocks.push_back({b_layer, regather ? q.gather : 0.0, reduce * q.reduce});
+        bwd_blocks.push_back({b_layer, cadence.regather ? q.gather : 0.0, reduce * q.reduce});
       bwd_blocks.push_back({0.0, 0.0, reduce * q.root_reduce});
       return run_sharded_pass(bwd_blocks, l.backward_prefetch, cal.overlap_slowdown).exposed_s;
     };
-    // The share of the micro-batches whose backward reduce-scatters.
-    const double reducing =
-        l.shard_every_micro && !l.reduce_every_micro ? 1.0 / out.microbatches : 1.0;
+    const double every = cadence.every, reducing = cadence.reducing;
     e.forward = every * run_sharded_pass(fwd_blocks, l.prefetch, cal.overlap_slowdown).exposed_s;
     e.backward =
         every * (reducing * backward(1) + (reducing < 1 ? (1 - reducing) * backward(0) : 0));
-    e.communication = every * ((regather ? 2.0 : 1.0) * (L * q.gather + q.root_gather) +
-                               reducing * (L * q.reduce + q.root_reduce));
+    e.communication = cadence.gathers() * (L * q.gather + q.root_gather) +
+                      cadence.reduces() * (L * q.reduce + q.root_reduce);
     return e;
   };
 
