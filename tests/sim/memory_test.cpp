@@ -101,6 +101,14 @@ TEST(sim_memory, zero3_buffers_follow_what_the_layout_keeps_whole) {
   use_shard_engine(fsdp2, shard_engine::fsdp2);
   fsdp2.grad_bytes = 4;
   EXPECT_DOUBLE_EQ(buffers(fsdp2), layers_two + 26958725120.0);
+  // With one micro-batch a step no gradient waits for a later one: the only backward
+  // reduce-scatters each block's, as without no_sync; the weights stay whole once a step.
+  layout single = no_sync;
+  single.global_batch = 128;
+  ASSERT_EQ(single.microbatches(), 1);
+  EXPECT_DOUBLE_EQ(buffers(single), layers_two);
+  single.shard_every_micro = false;
+  EXPECT_DOUBLE_EQ(buffers(single), whole);
   // Below ZeRO-3 nothing is gathered.
   layout zero2 = l;
   use_shard_engine(zero2, shard_engine::none);

@@ -70,14 +70,16 @@ inline double rank_parameters(const model_spec& m, const layout& l,
 /// and reduce-scattering every micro-batch, two blocks' weights: the one in use and the next,
 /// prefetched. Every block's weights when the forward's gathers serve the backward
 /// (reshard_after_forward false) or the step (shard_every_micro false); every block's gradients
-/// besides when they accumulate whole until the step's last backward (reduce_every_micro false,
-/// or shard_every_micro false): FSDP2 accumulates them in its reduce dtype (grad_bytes;
-/// FSDPParam's unsharded_accumulated_grad), the others in 16 bits. Counted with the activations;
-/// explain() shows it as buffers.
+/// besides when some micro-batch's backward does not reduce-scatter them, so that they accumulate
+/// whole until the step's last (reduce_every_micro false, or shard_every_micro false, over more
+/// than one micro-batch): FSDP2 accumulates them in its reduce dtype (grad_bytes; FSDPParam's
+/// unsharded_accumulated_grad), the others in 16 bits. Counted with the activations; explain()
+/// shows it as buffers.
 inline double zero3_gather_bytes(const model_spec& m, const layout& l, double weights) {
   if (l.zero < 3) return 0.0;
-  const bool whole_weights = !l.reshard_after_forward || !l.shard_every_micro;
-  const bool whole_gradients = !l.reduce_every_micro || !l.shard_every_micro;
+  const shard_cadence cadence = l.cadence();
+  const bool whole_weights = !cadence.regather;
+  const bool whole_gradients = cadence.reduces() < 1;
   const double gradient_bytes = l.sharding == shard_engine::fsdp2 ? l.grad_bytes : 2.0;
   return (whole_weights ? 2.0 * weights : 2.0 * 2.0 * m.layer_parameters() / l.tp) +
          (whole_gradients ? gradient_bytes * weights : 0.0);
@@ -88,6 +90,7 @@ struct rank_memory {
   state_memory states;
   double activations = 0; // the activations alone
   double buffers = 0;     // ZeRO-3's whole weights and gradients (zero3_gather_bytes)
+  [[nodiscard]] double total() const noexcept { return states.total() + activations + buffers; }
 };
 
 /// Model states, activations and ZeRO-3's buffers of the fullest rank, given how many
@@ -117,10 +120,7 @@ inline rank_memory memory_of(const model_spec& m, const layout& l,
     const rank_memory here{state_memory_of(weights[static_cast<std::size_t>(r)], l.shard_groups(),
                                            l.grad_bytes, l.optimizer_bytes),
                            a, zero3_gather_bytes(m, l, weights[static_cast<std::size_t>(r)])};
-    const auto total = [](const rank_memory& x) {
-      return x.states.total() + x.activations + x.buffers;
-    };
-    if (r == 0 || total(here) > total(worst)) worst = here;
+    if (r == 0 || here.total() > worst.total()) worst = here;
   }
   return worst;
 }
@@ -151,8 +151,7 @@ inline std::vector<int> peak_in_flight(const pipeline::schedule& s) {
 /// (detail::peak_in_flight of the layout's schedule), when the caller has it.
 [[nodiscard]] inline double estimate_memory(const model_spec& m, const layout& l,
                                             const std::vector<int>& peak) {
-  const auto mem = detail::memory_of(m, l, detail::layers_per_rank(m, l.pp), peak);
-  return mem.states.total() + mem.activations + mem.buffers;
+  return detail::memory_of(m, l, detail::layers_per_rank(m, l.pp), peak).total();
 }
 
 [[nodiscard]] inline double estimate_memory(const model_spec& m, const layout& l) {
