@@ -91,14 +91,15 @@ TEST(sim_memory, zero3_buffers_follow_what_the_layout_keeps_whole) {
   shard_grad_op.reshard_after_forward = false;
   EXPECT_DOUBLE_EQ(buffers(shard_grad_op), whole);
   layout no_sync = l;
-  no_sync.reduce_every_micro = false;
+  no_sync.sync = shard_sync::last;
   EXPECT_DOUBLE_EQ(buffers(no_sync), layers_two + whole);
   layout once = l;
-  once.shard_every_micro = false;
+  once.sync = shard_sync::once;
   EXPECT_DOUBLE_EQ(buffers(once), whole + whole);
   // FSDP2 accumulates the whole gradients in its reduce dtype: fp32, 4 x 6,739,681,280.
-  layout fsdp2 = no_sync;
+  layout fsdp2 = l;
   use_shard_engine(fsdp2, shard_engine::fsdp2);
+  fsdp2.sync = shard_sync::last;
   fsdp2.grad_bytes = 4;
   EXPECT_DOUBLE_EQ(buffers(fsdp2), layers_two + 26958725120.0);
   // With one micro-batch a step no gradient waits for a later one: the only backward
@@ -107,7 +108,7 @@ TEST(sim_memory, zero3_buffers_follow_what_the_layout_keeps_whole) {
   single.global_batch = 128;
   ASSERT_EQ(single.microbatches(), 1);
   EXPECT_DOUBLE_EQ(buffers(single), layers_two);
-  single.shard_every_micro = false;
+  single.sync = shard_sync::once;
   EXPECT_DOUBLE_EQ(buffers(single), whole);
   // Below ZeRO-3 nothing is gathered.
   layout zero2 = l;

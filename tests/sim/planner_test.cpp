@@ -90,31 +90,53 @@ void expect_each_mesh_best_as_brute_force_finds(const model_spec& m, const machi
     std::vector<std::pair<int, int>> shardings{{0, 0}, {1, 0}, {2, 0}, {3, 0}}; // stage, group
     if (o.hybrid_sharding && node_dp > 1 && node_dp < base.dp && base.dp % node_dp == 0)
       shardings.emplace_back(3, node_dp);
+    // ZeRO-3's modes: under the default search every reshard_after_forward with every
+    // micro-batch sync, so that the one the search leaves out (keeping the forward's weights
+    // under no_sync: once a step's memory, more collectives) is shown never to win.
+    std::vector<std::pair<bool, shard_sync>> modes;
+    if (o.zero3_modes.size() == search_options{}.zero3_modes.size()) {
+      for (bool reshard : {true, false})
+        for (shard_sync sync : {shard_sync::every, shard_sync::last, shard_sync::once})
+          modes.emplace_back(reshard, sync);
+    } else {
+      for (const zero3_mode& x : o.zero3_modes)
+        modes.emplace_back(x.reshard_after_forward, x.sync);
+    }
     for (int mb : o.micro_batches) {
       for (pl::schedule_kind kind : o.schedules) {
         for (int v : {1, 2, 3, 4}) {
           if ((kind == pl::schedule_kind::interleaved) != (v > 1)) continue;
           for (recompute rc : {recompute::none, recompute::selective, recompute::full}) {
             for (const auto& [zero, group] : shardings) {
-              layout l = base;
-              l.micro_batch = mb;
-              l.schedule = kind;
-              l.chunks = v;
-              l.recomputation = rc;
-              l.zero = zero;
-              l.shard_group = group;
-              if (o.global_batch % (l.dp * mb) != 0 || (l.dp == 1 && zero > 0)) continue;
-              if (m.layers % (l.pp * v) != 0) continue; // the search splits the layers evenly
-              step_result r;
-              try {
-                r = simulate_step(m, mc, l);
-              } catch (const weft::error&) {
-                continue; // a schedule that cannot take this many micro-batches
+              for (const auto& [reshard, sync] : modes) {
+                for (bool overlap : {false, true}) {
+                  if (overlap && (zero != 1 || !o.overlap_param_gather ||
+                                  o.engine != weft::sim::pipeline_engine::megatron))
+                    continue;
+                  layout l = base;
+                  l.overlap_param_gather = overlap;
+                  l.micro_batch = mb;
+                  l.schedule = kind;
+                  l.chunks = v;
+                  l.recomputation = rc;
+                  l.zero = zero;
+                  l.shard_group = group;
+                  l.reshard_after_forward = zero < 3 || reshard;
+                  l.sync = zero < 3 ? shard_sync::every : sync;
+                  if (o.global_batch % (l.dp * mb) != 0 || (l.dp == 1 && zero > 0)) continue;
+                  if (m.layers % (l.pp * v) != 0) continue; // the search splits the layers evenly
+                  step_result r;
+                  try {
+                    r = simulate_step(m, mc, l);
+                  } catch (const weft::error&) {
+                    continue; // a schedule that cannot take this many micro-batches
+                  }
+                  if (r.memory_bytes() > limit) continue;
+                  auto& b = best.try_emplace({l.tp, l.pp, l.dp}, r.step_time_s, describe(l))
+                                .first->second;
+                  if (r.step_time_s < b.first) b = {r.step_time_s, describe(l)};
+                }
               }
-              if (r.memory_bytes() > limit) continue;
-              auto& b =
-                  best.try_emplace({l.tp, l.pp, l.dp}, r.step_time_s, describe(l)).first->second;
-              if (r.step_time_s < b.first) b = {r.step_time_s, describe(l)};
             }
           }
         }
@@ -295,10 +317,32 @@ TEST(sim_planner, strategy_refusal_follows_what_weft_strategy_accepts) {
     for (recompute rc : {recompute::none, recompute::selective, recompute::full}) {
       layout l = at(4, 2, 4);
       l.zero = zero;
+      l.sync = shard_sync::last; // what optim::zero<3> runs; no other stage reads it
       l.recomputation = rc;
       cases.push_back({"every ZeRO stage and recompute", g, l, ""});
     }
   }
+  // optim::zero<3> under the trainer gathers each unit for every forward and every backward and
+  // reduce-scatters its whole gradients after the step's last backward (trainer.hpp's enter and
+  // leave): FSDP's other modes are priced, not run. With one micro-batch a step every backward
+  // is the last.
+  layout z3 = at(4, 2, 4); // 4 micro-batches of 4
+  z3.zero = 3;
+  z3.micro_batch = 4;
+  ASSERT_EQ(z3.microbatches(), 4);
+  cases.push_back({"ZeRO-3 reduce-scattering every micro-batch", g, z3, "after its last backward"});
+  z3.sync = shard_sync::once;
+  cases.push_back({"ZeRO-3 gathered once a step", g, z3, "gathers each unit before every"});
+  z3.sync = shard_sync::last;
+  z3.reshard_after_forward = false;
+  cases.push_back({"ZeRO-3 keeping weights from forward to backward", g, z3, "gathers them again"});
+  layout z3_single = at(4, 2, 4);
+  z3_single.zero = 3;
+  z3_single.micro_batch = 16;
+  ASSERT_EQ(z3_single.microbatches(), 1);
+  cases.push_back({"ZeRO-3, one micro-batch, every", g, z3_single, ""});
+  z3_single.sync = shard_sync::once;
+  cases.push_back({"ZeRO-3, one micro-batch, once", g, z3_single, "gathers them again"});
   for (const kase& c : cases) {
     const std::string why = strategy_refusal(c.m, mc, c.l);
     if (std::string(c.refusal).empty()) {
@@ -470,6 +514,7 @@ TEST(sim_planner, the_search_shards_over_a_node_where_that_is_faster) {
   o.micro_batches = {1};
   o.schedules = {pl::schedule_kind::one_f_one_b};
   o.recomputes = {recompute::none};
+  o.zero3_modes = {{}}; // FULL_SHARD, as weft::optim::hybrid<zero<3>, zero<0>> runs it
   expect_each_mesh_best_as_brute_force_finds(m, mc, o);
   const auto mesh_of = [](const search_result& s, int tp, int pp) {
     for (const ranked_layout& x : s.ranked)
@@ -574,6 +619,9 @@ published_standing standing_of_published(const std::string& id, int max_zero = 3
   o.tp_overlap = run.layout.tp_overlap;
   o.grad_accumulation_bytes = run.layout.grad_accumulation_bytes;
   o.max_zero = max_zero;
+  // Software that shards no weights (max_zero < 3: SC21's Megatron-LM of 2021) has no
+  // distributed optimizer either, so no overlapped parameter gather.
+  o.overlap_param_gather = max_zero >= 3;
   const search_result s = search(run.model, mc, o);
   const step_result published = simulate_step(run.model, mc, run.layout);
   EXPECT_LE(published.memory_bytes(), mc.device.hbm_bytes) << id;

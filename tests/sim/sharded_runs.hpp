@@ -184,8 +184,9 @@ inline std::vector<sharded_run> read_sharded_runs(const std::string& path = data
     if (sync != "yes" && sync != "no" && sync != "gather" && sync != "-")
       throw weft::error("sharded_runs.csv: " + r.id + ": sync_per_micro '" + sync +
                         "': expected yes, no, gather or -");
-    l.shard_every_micro = sync != "no";
-    l.reduce_every_micro = sync != "gather";
+    l.sync = sync == "no"       ? weft::sim::shard_sync::once
+             : sync == "gather" ? weft::sim::shard_sync::last
+                                : weft::sim::shard_sync::every;
     // The optimizer as each source's software runs it (data/README.md, "The software's own costs"):
     // Composer's DecoupledAdamW (llm-foundry) updates each fp32 weight in unfused steps, 88
     // bytes a weight; fms-fsdp's torch.optim.AdamW runs foreach (multi-tensor, unfused) steps,

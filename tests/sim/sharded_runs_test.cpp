@@ -167,7 +167,7 @@ TEST(sim_sharded, hsdp_shards_inside_the_group_and_reduces_across_replicas) {
   EXPECT_LT(h.dp.per_call_s, f.dp.per_call_s);
 }
 
-// Gathered once a step (shard_every_micro false) the weights cross the network once for m
+// Gathered once a step (sync once) the weights cross the network once for m
 // micro-batches: over four micro-batches, less than a quarter of what gathering and
 // reduce-scattering for every one sends (which also regathers for the backward).
 TEST(sim_sharded, gathering_once_a_step_sends_less_than_a_share_per_micro_batch) {
@@ -176,7 +176,7 @@ TEST(sim_sharded, gathering_once_a_step_sends_less_than_a_share_per_micro_batch)
   weft::sim::layout every{.dp = 32, .micro_batch = 2, .global_batch = 256};
   weft::sim::use_shard_engine(every, weft::sim::shard_engine::fsdp2);
   weft::sim::layout once = every;
-  once.shard_every_micro = false;
+  once.sync = weft::sim::shard_sync::once;
   const auto e = weft::sim::simulate_step(m, mc, every);
   const auto o = weft::sim::simulate_step(m, mc, once);
   ASSERT_EQ(e.microbatches, 4);

@@ -761,20 +761,20 @@ TEST(sim_step, zero3_copies_cost_a_pass_over_the_weights_each_micro_batch) {
   EXPECT_EQ(shard_copy_bytes_of(l), 12); // copy-out twice, copy-in
   // FSDP2's copies come with its collectives; this layout has two micro-batches a step.
   ASSERT_EQ(l.microbatches(), 2);
-  l.reduce_every_micro = false; // no_sync: gathers twice a micro-batch, reduce-scatters once a step
+  l.sync = shard_sync::last; // no_sync: gathers twice a micro-batch, reduce-scatters once a step
   EXPECT_EQ(shard_copy_bytes_of(l), 4 * 2 + 4 * 0.5);
   l.grad_bytes = 4;
   EXPECT_EQ(shard_copy_bytes_of(l), 4 * 2 + 6 * 0.5);
   l.grad_bytes = 2;
-  l.reduce_every_micro = true;
+  l.sync = shard_sync::every;
   l.reshard_after_forward = false; // the forward's gather serves the backward too
   EXPECT_EQ(shard_copy_bytes_of(l), 4 + 4);
-  l.shard_every_micro = false; // one gather and one reduce-scatter a step
+  l.sync = shard_sync::once; // one gather and one reduce-scatter a step
   EXPECT_EQ(shard_copy_bytes_of(l), (4 + 4) * 0.5);
   use_shard_engine(l, shard_engine::fsdp);
   l.grad_bytes = 4;
-  l.reduce_every_micro = false; // FSDP1 under no_sync: the flat gradient every backward, the cast
-                                // once a step
+  l.sync = shard_sync::last; // FSDP1 under no_sync: the flat gradient every backward, the cast
+                             // once a step
   EXPECT_EQ(shard_copy_bytes_of(l), 4 + 6 * 0.5);
   use_shard_engine(l, shard_engine::deepspeed_zero3);
   EXPECT_EQ(shard_copy_bytes_of(l), 0); // not counted
@@ -818,19 +818,18 @@ TEST(sim_step, backward_post_shows_every_layers_gather_in_the_backward) {
 }
 
 // What ZeRO-3 sends a step over m micro-batches, per layer gathered (G) and reduced (R):
-// every micro-batch gathers twice and reduces, m (2G + R); under no_sync (reduce_every_micro
-// false) each still gathers twice and only the last reduces, 2mG + R; gathered once a step
-// (shard_every_micro false), G + R. Two of them give G and R; the third must agree.
+// every micro-batch gathers twice and reduces, m (2G + R); under no_sync (sync last) each
+// still gathers twice and only the last reduces, 2mG + R; gathered once a step (sync once),
+// G + R. Two of them give G and R; the third must agree.
 TEST(sim_step, no_sync_gathers_every_micro_batch_and_reduces_once) {
   const model_spec m = gpt_shaped("gpt-1.3b", 24, 2048, 16, 51200);
   const machine mc = dgx(a100_80gb, 2);
   layout l{.dp = 16, .micro_batch = 1, .global_batch = 64}; // 4 micro-batches
   use_shard_engine(l, shard_engine::fsdp);
   const step_result every = simulate_step(m, mc, l);
-  l.reduce_every_micro = false;
+  l.sync = shard_sync::last;
   const step_result no_sync = simulate_step(m, mc, l);
-  l.reduce_every_micro = true;
-  l.shard_every_micro = false;
+  l.sync = shard_sync::once;
   const step_result once = simulate_step(m, mc, l);
   const double micro = 4;
   const double reduce = (every.dp.seconds - no_sync.dp.seconds) / (micro - 1);
@@ -843,7 +842,7 @@ TEST(sim_step, no_sync_gathers_every_micro_batch_and_reduces_once) {
   layout one{.dp = 16, .micro_batch = 4, .global_batch = 64};
   use_shard_engine(one, shard_engine::fsdp);
   const double t = simulate_step(m, mc, one).step_time_s;
-  one.reduce_every_micro = false;
+  one.sync = shard_sync::last;
   EXPECT_EQ(simulate_step(m, mc, one).step_time_s, t);
 }
 

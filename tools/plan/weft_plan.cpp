@@ -150,7 +150,7 @@ struct config {
   bool gated = false, flash = false;       // switched on over the preset or the family
   bool backward_post = false;              // --backward-prefetch post
   std::optional<bool> reshard;             // --reshard-after-forward
-  std::string micro_batch_sync;            // --micro-batch-sync
+  std::optional<sim::shard_sync> sync;     // --micro-batch-sync
   bool search = false;
   bool runnable = false;
   int top = 5;
@@ -372,7 +372,7 @@ config parse(const std::vector<std::string_view>& args) {
     } else if (flag == "--micro-batch-sync") {
       if (v != "every" && v != "last" && v != "once")
         bad("unknown --micro-batch-sync '" + std::string(v) + "' (every, last or once)");
-      c.micro_batch_sync = v;
+      c.sync = sim::shard_sync_named(v);
     } else if (flag == "--optimizer-state") {
       c.layout.optimizer_bytes = sim::optimizer_state_named(v);
     } else if (flag == "--schedule") {
@@ -471,20 +471,21 @@ config parse(const std::vector<std::string_view>& args) {
   if (c.runnable && !c.search) bad("--runnable restricts --search: give --search too");
   if (c.search) {
     // The search chooses these itself: given, they would be ignored without a word.
-    for (std::string_view f : {"--micro-batch", "--zero", "--recompute", "--schedule", "--chunks",
-                               "--sharding", "--shard-group"})
+    for (std::string_view f :
+         {"--micro-batch", "--zero", "--recompute", "--schedule", "--chunks", "--sharding",
+          "--shard-group", "--reshard-after-forward", "--micro-batch-sync"})
       if (std::find(seen.begin(), seen.end(), f) != seen.end())
         bad(std::string(f) +
             " sets one layout; --search chooses it (leave it out, or drop --search)");
-    for (std::string_view f :
-         {"--backward-prefetch", "--reshard-after-forward", "--micro-batch-sync"})
-      if (given(f))
-        bad(std::string(f) + " sets one layout; the search does not vary it (leave it out)");
+    if (given("--backward-prefetch"))
+      bad("--backward-prefetch sets one layout; the search does not vary it (leave it out)");
     if (c.layout.tp_across_nodes)
       bad("--tp-across-nodes sets one layout; --search keeps TP inside nodes");
-    if (c.layout.tp_comm_overlap || c.layout.overlap_param_gather)
-      bad(std::string(c.layout.tp_comm_overlap ? "--tp-comm-overlap" : "--overlap-param-gather") +
-          " sets one layout; the search does not vary it (leave it out)");
+    if (c.layout.tp_comm_overlap)
+      bad("--tp-comm-overlap sets one layout; the search does not vary it (leave it out)");
+    if (c.layout.overlap_param_gather)
+      bad("--overlap-param-gather sets one layout; --search chooses it (leave it out, or drop "
+          "--search)");
   }
   take_chunks();
   if (c.sharding) {
@@ -503,10 +504,7 @@ config parse(const std::vector<std::string_view>& args) {
       bad(std::string(f) + " is PyTorch FSDP's: it needs --sharding fsdp or fsdp2");
   }
   if (c.reshard) c.layout.reshard_after_forward = *c.reshard;
-  if (!c.micro_batch_sync.empty()) {
-    c.layout.shard_every_micro = c.micro_batch_sync != "once";
-    c.layout.reduce_every_micro = c.micro_batch_sync == "every";
-  }
+  if (c.sync) c.layout.sync = *c.sync;
   if (!c.search) { // the engine's limits are the layout's: say so before simulating
     sim::layout l = c.layout;
     l.pp = *c.pp;
@@ -561,6 +559,8 @@ std::string json(const sim::model_spec& m, const sim::layout& l, const sim::step
        ", \"sequence_parallel\": " + (l.sequence_parallel ? "true" : "false") +
        ", \"tp_across_nodes\": " + (l.tp_across_nodes ? "true" : "false") +
        ", \"tp_overlap\": " + (l.tp_overlap ? "true" : "false") +
+       ", \"tp_comm_overlap\": " + (l.tp_comm_overlap ? "true" : "false") +
+       ", \"overlap_param_gather\": " + (l.overlap_param_gather ? "true" : "false") +
        ", \"engine\": " + q(sim::name_of(sim::engine_of(l))) +
        ", \"sharding\": " + q(sim::name_of(l.sharding)) +
        ", \"shard_group\": " + std::to_string(l.zero > 0 ? l.shards() : 1) +
@@ -568,11 +568,7 @@ std::string json(const sim::model_spec& m, const sim::layout& l, const sim::step
        ", \"backward_prefetch\": " + (l.zero == 3 ? std::to_string(l.backward_prefetch) : "null") +
        ", \"reshard_after_forward\": " +
        (l.zero == 3 ? (l.reshard_after_forward ? "true" : "false") : "null") +
-       ", \"micro_batch_sync\": " +
-       (l.zero == 3 ? q(!l.shard_every_micro   ? "once"
-                        : l.reduce_every_micro ? "every"
-                                               : "last")
-                    : "null") +
+       ", \"micro_batch_sync\": " + (l.zero == 3 ? q(sim::name_of(l.sync)) : "null") +
        ", \"grad_accumulation_bytes\": " + num(l.grad_accumulation_bytes) +
        ", \"precision\": " + q(sim::name_of(l.gemm_precision)) +
        ", \"optimizer_bytes\": " + num(l.optimizer_bytes) + "},\n";

@@ -96,9 +96,37 @@ enum class precision : std::uint8_t { bf16, fp8, fp8_cs, fp8_linear };
               "': expected bf16, fp8, fp8_cs or fp8_linear");
 }
 
+/// How a ZeRO-3 layout's collectives run across the micro-batches of a step (layout::sync).
+///   every  every micro-batch gathers each block and reduce-scatters its gradients (DeepSpeed's
+///          stage 3; FSDP and FSDP2 by default)
+///   last   every micro-batch gathers, only the step's last reduce-scatters; the others
+///          accumulate whole gradients (FSDP1's no_sync, FSDP2's
+///          set_requires_gradient_sync(False), weft::optim::zero<3> under weft::strategy)
+///   once   the first forward gathers and the weights stay whole until the last backward,
+///          whose gradients are reduce-scattered once (FSDP2 with reshard_after_forward False,
+///          set_reshard_after_backward(False) and set_requires_gradient_sync(False) on all
+///          micro-batches but the last)
+enum class shard_sync : std::uint8_t { every, last, once };
+
+[[nodiscard]] constexpr std::string_view name_of(shard_sync s) noexcept {
+  switch (s) {
+    case shard_sync::every: return "every";
+    case shard_sync::last: return "last";
+    case shard_sync::once: return "once";
+  }
+  return "?";
+}
+
+/// The synchronisation named `s` ("every", "last" or "once").
+[[nodiscard]] inline shard_sync shard_sync_named(std::string_view s) {
+  for (shard_sync x : {shard_sync::every, shard_sync::last, shard_sync::once})
+    if (name_of(x) == s) return x;
+  throw error("weft: sim: unknown micro-batch synchronisation '" + std::string(s) +
+              "': expected every, last or once");
+}
+
 /// How often a ZeRO-3 layout gathers and reduce-scatters, per micro-batch as averaged over a
-/// step's m (layout::cadence, from shard_every_micro, reshard_after_forward and
-/// reduce_every_micro).
+/// step's m (layout::cadence, from sync and reshard_after_forward).
 struct shard_cadence {
   double every = 1;     // the share of micro-batches whose passes gather: 1, or 1/m once a step
   bool regather = true; // the backward gathers each block again
@@ -148,7 +176,7 @@ struct layout {
   // and variance; optimizer_state_named gives the others.
   double optimizer_bytes = adam_state_bytes;
   // Sharded data parallelism (zero 3: ZeRO-3, FSDP; sharded.hpp's use_shard_engine sets the
-  // gathering: reshard_after_forward, shard_every_micro, prefetch, backward_prefetch).
+  // gathering: reshard_after_forward, sync, prefetch, backward_prefetch).
   // Each block (a transformer layer; the embedding and output layer as one more) is gathered
   // before its forward and, with reshard_after_forward, again before its backward; its gradient
   // is reduce-scattered after its backward.
@@ -160,9 +188,7 @@ struct layout {
   bool reshard_after_forward = true; // the backward gathers each block again (ZeRO-3, FSDP
                                      // FULL_SHARD, FSDP2's default); false: the forward's gathered
                                      // weights stay until the backward (SHARD_GRAD_OP)
-  bool shard_every_micro = true;     // every micro-batch gathers and reduce-scatters; false: the
-                                     // first forward gathers and the weights stay whole until the
-                                     // last backward, whose gradients are reduce-scattered once
+  shard_sync sync = shard_sync::every; // across a step's micro-batches (shard_sync)
   // ZeRO-3: HBM bytes per weight and micro-batch that the engine copies besides its collectives
   // (FSDP1's flat gradient, FSDP2's gather copy-out and reduce copy-in); unset: the engine's,
   // from sharding and grad_bytes (sharded.hpp's shard_copy_bytes_of).
@@ -170,11 +196,6 @@ struct layout {
   double optimizer_traffic_bytes = 0; // HBM bytes per weight of its shard the optimizer step
                                       // moves; 0: a fused step's, reading and writing its state
                                       // once (2 optimizer_bytes + 8)
-  bool reduce_every_micro = true;     // with shard_every_micro, every micro-batch's backward
-                                      // reduce-scatters; false: only the step's last one, the
-                                      // others accumulating whole gradients (FSDP1's no_sync,
-                                      // FSDP2's set_requires_gradient_sync(False)) while the
-                                      // gathers still run every micro-batch
   int prefetch = 1;                   // blocks whose gather may start ahead: block i's gather
                                       // starts when block i - prefetch's compute starts; 0: when
                                       // block i - 1's ends (no overlap); the forward's
@@ -201,9 +222,9 @@ struct layout {
   /// How often ZeRO-3 gathers and reduce-scatters (shard_cadence).
   [[nodiscard]] shard_cadence cadence() const noexcept {
     const double m = microbatches() > 1 ? microbatches() : 1;
-    return {.every = shard_every_micro ? 1.0 : 1.0 / m,
-            .regather = reshard_after_forward && shard_every_micro,
-            .reducing = shard_every_micro && !reduce_every_micro ? 1.0 / m : 1.0};
+    return {.every = sync == shard_sync::once ? 1.0 / m : 1.0,
+            .regather = reshard_after_forward && sync != shard_sync::once,
+            .reducing = sync == shard_sync::last ? 1.0 / m : 1.0};
   }
   /// GPUs one set of shards spans under ZeRO-3: shard_group, or the whole DP group.
   [[nodiscard]] int shards() const noexcept { return shard_group > 0 ? shard_group : dp; }

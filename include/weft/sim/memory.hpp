@@ -69,9 +69,9 @@ inline double rank_parameters(const model_spec& m, const layout& l,
 /// rank holding `weights` per TP rank (0 below ZeRO-3). Resharding each block after its forward
 /// and reduce-scattering every micro-batch, two blocks' weights: the one in use and the next,
 /// prefetched. Every block's weights when the forward's gathers serve the backward
-/// (reshard_after_forward false) or the step (shard_every_micro false); every block's gradients
+/// (reshard_after_forward false) or the step (sync once); every block's gradients
 /// besides when some micro-batch's backward does not reduce-scatter them, so that they accumulate
-/// whole until the step's last (reduce_every_micro false, or shard_every_micro false, over more
+/// whole until the step's last (sync last or once, over more
 /// than one micro-batch): FSDP2 accumulates them in its reduce dtype (grad_bytes; FSDPParam's
 /// unsharded_accumulated_grad), the others in 16 bits. Counted with the activations; explain()
 /// shows it as buffers.

@@ -9,7 +9,9 @@
 //       every recomputation with every ZeRO stage that fits: neither dominates (less
 //       recomputation may fit only under ZeRO-2 or 3, whose collectives every micro-batch cost
 //       more than the recomputation saves; ZeRO adds communication but shards the optimizer
-//       step); memory is checked (estimate_memory) before anything is simulated
+//       step); ZeRO-3 in each of its modes (zero3_mode: what it keeps whole between the
+//       forward and the backward and across micro-batches trades memory for collectives);
+//       memory is checked (estimate_memory) before anything is simulated
 //       simulate the step (step.hpp)
 //     keep the mesh's fastest variant (with search_options::runnable_only, the fastest that
 //     weft::strategy runs as is: strategy_refusal)
@@ -39,6 +41,12 @@
 
 namespace weft::sim {
 
+/// How a ZeRO-3 layout gathers: layout::reshard_after_forward and layout::sync.
+struct zero3_mode {
+  bool reshard_after_forward = true;
+  shard_sync sync = shard_sync::every;
+};
+
 struct search_options {
   int global_batch = 0;    // sequences per step (required)
   double memory_limit = 0; // bytes per GPU; 0: the GPU's HBM
@@ -62,8 +70,21 @@ struct search_options {
   // ZeRO-3 also as HSDP (PyTorch FSDP's HYBRID_SHARD, weft::optim::hybrid<zero<3>, zero<0>>):
   // sharded over the DP ranks of one node, replicated across the nodes (detail::node_shard_group).
   bool hybrid_sharding = true;
+  // ZeRO-1 also with the distributed optimizer's overlapped parameter gather (Megatron-core's
+  // --overlap-param-gather; layout::overlap_param_gather), under Megatron's pipeline engine.
+  bool overlap_param_gather = true;
+  // ZeRO-3's modes: FSDP's FULL_SHARD and SHARD_GRAD_OP reduce-scattering every micro-batch,
+  // FULL_SHARD under no_sync (as weft::optim::zero<3> runs), and gathering once a step. What
+  // each keeps whole counts in memory (memory.hpp's zero3_gather_bytes). SHARD_GRAD_OP under
+  // no_sync is left out: it keeps what gathering once a step keeps and gathers more often.
+  std::vector<zero3_mode> zero3_modes = {{true, shard_sync::every},
+                                         {false, shard_sync::every},
+                                         {true, shard_sync::last},
+                                         {true, shard_sync::once}};
   // The variants of a mesh are every micro-batch, schedule, recompute and ZeRO stage 0..3 above,
-  // and ZeRO-3 over the whole DP group or, with hybrid_sharding, a node's part of it.
+  // ZeRO-1 with and without the overlapped parameter gather, ZeRO-3 in each of zero3_modes
+  // (those that differ with the step's micro-batches), over the whole DP group or, with
+  // hybrid_sharding, a node's part of it.
 };
 
 /// One mesh's fastest variant.
@@ -74,6 +95,23 @@ struct ranked_layout {
 };
 
 namespace detail {
+
+inline constexpr zero3_mode default_mode{};
+
+/// Whether one of `before`, in place of `l`'s mode, gathers and reduce-scatters as `l` does
+/// (with one micro-batch a step FSDP's no_sync changes nothing, and gathering once a step is
+/// keeping the forward's weights for the backward): the search simulates each cadence once.
+[[nodiscard]] inline bool same_cadence_before(const layout& l, std::span<const zero3_mode> before) {
+  const shard_cadence c = l.cadence();
+  for (const zero3_mode& x : before) {
+    layout other = l;
+    other.reshard_after_forward = x.reshard_after_forward;
+    other.sync = x.sync;
+    const shard_cadence d = other.cadence();
+    if (d.every == c.every && d.regather == c.regather && d.reducing == c.reducing) return true;
+  }
+  return false;
+}
 
 /// Why the TP groups of `l` cannot stay inside nodes of `cluster` ("" where each does):
 /// make_comms' strict placement, which weft::strategy uses, refuses a TP group across nodes.
@@ -141,6 +179,9 @@ namespace detail {
 ///   - placement: every TP group inside a node (make_comms, strict)
 ///   - HSDP: a shard group smaller than the DP group is the DP ranks of a node
 ///     (optim::hybrid<zero<3>, zero<0>>; detail::hybrid_group_refusal)
+///   - ZeRO-3: as optim::zero<3> runs it under the trainer, each unit gathered for every forward
+///     and backward, its gradients reduce-scattered once a step after its last backward (the
+///     layout's reshard_after_forward true, sync last; with one micro-batch a step, every)
 /// ZeRO 0..3 and every recompute policy run. What strategy_refusal does not judge: weft::strategy
 /// trains in float32 with host BLAS (layer::cblas), so it runs the layout's composition, not
 /// the mixed-precision GPU step the simulator prices; and it runs weft's pipeline executor,
@@ -191,6 +232,22 @@ namespace detail {
            "micro_batch = " + std::to_string(l.dp * l.micro_batch);
   if (l.tp_across_nodes && l.tp > 1)
     return "TP across nodes: make_comms' strict placement refuses a TP group that spans nodes";
+  if (l.zero == 3) {
+    // weft::optim::zero<3> under the trainer: each unit gathered before every forward and
+    // every backward, its whole gradients accumulated over the step and reduce-scattered after
+    // its last backward (strategy/trainer.hpp's enter and leave).
+    const bool several = l.microbatches() > 1;
+    if (l.sync == shard_sync::once && several)
+      return "ZeRO-3 gathering once a step: weft::optim::zero<3> gathers each unit before every "
+             "forward and backward";
+    if (!l.cadence().regather)
+      return "ZeRO-3 keeping the forward's gathered weights for the backward: "
+             "weft::optim::zero<3> frees them after each unit's forward and gathers them again";
+    if (l.sync == shard_sync::every && several)
+      return "ZeRO-3 reduce-scattering every micro-batch: weft::optim::zero<3> accumulates each "
+             "unit's whole gradients over the step and reduce-scatters them after its last "
+             "backward (micro-batch sync last)";
+  }
   return "";
 }
 
@@ -284,6 +341,7 @@ struct search_result {
   const int max_tp = o.max_tp > 0 ? o.max_tp : 2 * per_node;
   const double limit = o.memory_limit > 0 ? o.memory_limit : mc.device.hbm_bytes;
   search_result out;
+  schedule_memo memo; // the variants of a micro-batch size and schedule share theirs
   for (int tp = 1; tp <= max_tp && tp <= gpus; tp *= 2) {
     if (m.heads % tp != 0 || (m.kv_heads > 0 && m.kv_heads % tp != 0)) continue;
     for (int pp = 1; pp <= m.layers && tp * pp <= gpus; ++pp) {
@@ -340,27 +398,43 @@ struct search_result {
               for (int zero = 0; zero <= (dp > 1 ? o.max_zero : 0); ++zero) {
                 // The shard groups: the whole DP group, and under ZeRO-3 a node's DP ranks (HSDP).
                 const std::array<int, 2> groups{0, hybrid};
+                const std::span<const zero3_mode> modes =
+                    zero == 3 ? std::span<const zero3_mode>(o.zero3_modes)
+                              : std::span<const zero3_mode>(&detail::default_mode, 1);
+                // ZeRO-1 also as Megatron's distributed optimizer gathers the updated weights:
+                // behind the next step's first forward.
+                const int param_gathers =
+                    zero == 1 && o.overlap_param_gather && o.engine == pipeline_engine::megatron
+                        ? 2
+                        : 1;
                 for (int group : std::span(groups.data(), zero == 3 && hybrid > 0 ? 2 : 1)) {
-                  l.recomputation = rc;
-                  l.zero = zero;
-                  l.shard_group = group;
-                  if (pp > 1) {
-                    if (!engine_refusal(l, o.engine).empty()) continue;
-                    use_engine(l, o.engine);
+                  for (std::size_t k = 0; k < modes.size() * param_gathers; ++k) {
+                    l.recomputation = rc;
+                    l.zero = zero;
+                    l.shard_group = group;
+                    l.overlap_param_gather = zero == 1 && k == 1;
+                    const zero3_mode& mode = modes[zero == 3 ? k : 0];
+                    l.reshard_after_forward = mode.reshard_after_forward;
+                    l.sync = mode.sync;
+                    if (zero == 3 && detail::same_cadence_before(l, modes.first(k))) continue;
+                    if (pp > 1) {
+                      if (!engine_refusal(l, o.engine).empty()) continue;
+                      use_engine(l, o.engine);
+                    }
+                    if (estimate_memory(m, l, peak) > limit) continue;
+                    fits = true;
+                    std::string refusal = detail::strategy_refusal_in_place(m, l);
+                    if (refusal.empty()) refusal = placement;
+                    if (o.runnable_only && !refusal.empty()) continue;
+                    ++out.simulated;
+                    step_result r = simulate_step(m, mc, l, cal, &memo);
+                    r.schedule = {}; // the ranking keeps figures, not timelines
+                    r.timeline = {};
+                    if (refusal.empty() &&
+                        (!out.best_runnable || r.step_time_s < out.best_runnable->r.step_time_s))
+                      out.best_runnable = ranked_layout{l, r, ""};
+                    variants.push_back({l, std::move(r), std::move(refusal)});
                   }
-                  if (estimate_memory(m, l, peak) > limit) continue;
-                  fits = true;
-                  std::string refusal = detail::strategy_refusal_in_place(m, l);
-                  if (refusal.empty()) refusal = placement;
-                  if (o.runnable_only && !refusal.empty()) continue;
-                  ++out.simulated;
-                  step_result r = simulate_step(m, mc, l, cal);
-                  r.schedule = {}; // the ranking keeps figures, not timelines
-                  r.timeline = {};
-                  if (refusal.empty() &&
-                      (!out.best_runnable || r.step_time_s < out.best_runnable->r.step_time_s))
-                    out.best_runnable = ranked_layout{l, r, ""};
-                  variants.push_back({l, std::move(r), std::move(refusal)});
                 }
               }
             }
@@ -433,13 +507,15 @@ inline std::string format(const char* fmt, double a, double b = 0, double c = 0,
       s += " (" + engine + (groups ? " " + over : "") + ")";
     else if (groups)
       s += " " + over;
+    if (l.zero == 1 && l.overlap_param_gather)
+      s += ", parameter gather overlapped with the next forward";
     if (l.zero == 3 && l.backward_prefetch != 1)
       s += ", backward prefetch " + std::to_string(l.backward_prefetch);
-    if (l.zero == 3 && !l.shard_every_micro)
+    if (l.zero == 3 && l.sync == shard_sync::once)
       s += ", gathered once a step";
     else if (l.zero == 3 && !l.reshard_after_forward)
       s += ", weights kept from forward to backward";
-    if (l.zero == 3 && l.shard_every_micro && !l.reduce_every_micro)
+    if (l.zero == 3 && l.sync == shard_sync::last)
       s += ", gradients reduce-scattered on the last micro-batch";
   }
   if (l.optimizer_bytes != adam_state_bytes) {
@@ -584,8 +660,11 @@ struct memory_split {
     out += detail::format(
         "    %.1f TFLOP/s per GPU (SC21), %.1f model TFLOP/s (MFU %.0f%%), step %.2f s\n",
         r.tflops_per_gpu, r.model_tflops_per_gpu, 100 * r.mfu, r.step_time_s);
-    out += detail::format("    memory %.1f GiB per GPU (states %.1f, activations %.1f)\n",
-                          r.memory_bytes() / gib, r.states.total() / gib, r.activation_bytes / gib);
+    const memory_split mem = split_memory(r);
+    out += detail::format("    memory %.1f GiB per GPU (states %.1f, activations %.1f",
+                          r.memory_bytes() / gib, r.states.total() / gib, mem.activations / gib) +
+           (mem.buffers > 0 ? detail::format(", ZeRO-3 buffers %.1f", mem.buffers / gib) : "") +
+           ")\n";
     if (l.tp > 1)
       out += detail::format("    TP %.0f on ", l.tp) + std::string(r.tp.link) +
              detail::format(": %.2f s per step (%.0f%% of it)\n", r.tp.seconds,
@@ -597,8 +676,8 @@ struct memory_split {
           l.pp, r.microbatches, 100 * r.bubble, 100.0 * (l.pp - 1) / r.microbatches);
     if (l.dp > 1)
       out += detail::format("    DP %.0f on ", l.dp) + std::string(r.dp.link) +
-             detail::format(": %.2f s of reduction, %.2f s not hidden behind the backward\n",
-                            r.dp.seconds, r.dp_exposed_s);
+             detail::format(": %.2f s of collectives, %.2f s not hidden behind compute\n",
+                            r.dp.seconds, split_time(r).dp_exposed);
     out +=
         "    weft::strategy runs it: " + (refusal.empty() ? std::string("yes") : "no, " + refusal) +
         "\n";

@@ -119,9 +119,9 @@ struct shard_pass {
 /// reduce-scatter in fp32 (grad_bytes 4) casts it first (6 more: 2 read, 4 written;
 /// _runtime_utils.py's _reduce_grad). FSDP2's copies come with its collectives: each gather's
 /// output into the weights (4 bytes), each reduce-scatter's input from the gradients (4, or 6 cast
-/// to fp32). So a layout that gathers once a step (shard_every_micro false), keeps the forward's
+/// to fp32). So a layout that gathers once a step (sync once), keeps the forward's
 /// weights for the backward (reshard_after_forward false) or reduce-scatters on the step's last
-/// micro-batch alone (reduce_every_micro false) copies that much less often. DeepSpeed's stage 3:
+/// micro-batch alone (sync last) copies that much less often. DeepSpeed's stage 3:
 /// not counted.
 [[nodiscard]] inline double shard_copy_bytes_of(const layout& l) noexcept {
   if (l.shard_copy_bytes) return *l.shard_copy_bytes;
@@ -146,7 +146,7 @@ inline void use_shard_engine(layout& l, shard_engine e) {
   l.zero = zero_stage_of(e);
   if (l.zero != 3) return;
   l.reshard_after_forward = true;
-  l.shard_every_micro = true;
+  l.sync = shard_sync::every;
   l.prefetch = 1;
   l.backward_prefetch = 1;
 }

@@ -29,9 +29,9 @@
 //          its forward and again before its backward (reshard_after_forward), prefetch blocks
 //          ahead (backward_prefetch in the backward), its gradient reduce-scattered after its
 //          backward (with HSDP then all-reduced across the replica group); what no compute
-//          covers lengthens the pass. Gathered once a step (shard_every_micro false), the first
+//          covers lengthens the pass. Gathered once a step (sync once), the first
 //          forward gathers and the last backward reduce-scatters, spread over the micro-batches;
-//          under no_sync (reduce_every_micro false) every micro-batch gathers and only the last
+//          under no_sync (sync last) every micro-batch gathers and only the last
 //          one's backward reduce-scatters.
 //   ZeRO-1   with overlap_param_gather (Megatron-LM's distributed optimizer): the reduce-scatter
 //          behind the last backward, the all-gather behind the next step's first forward.
@@ -99,10 +99,25 @@ struct step_result {
   pipeline::timeline timeline;
 };
 
-/// Simulates one step of `m` on `mc` laid out as `l`, with the constants `cal`. Throws
-/// weft::error naming what is wrong with the layout or schedule.
+/// A pipeline schedule simulate_step generated and validated, kept for later calls whose layout
+/// yields the same one (the planner simulates many variants of a mesh that share a schedule):
+/// a call that finds its schedule here neither generates nor validates it, and its
+/// step_result::schedule stays empty (the memo holds it). A call that does not replaces it.
+struct schedule_memo {
+  pipeline::schedule schedule;
+  std::vector<int> peak; // detail::peak_in_flight(schedule)
+  pipeline::schedule_kind kind{};
+  int stages = 0, microbatches = 0, chunks = 0;
+  std::size_t message_bytes = 0;
+  bool held = false;
+};
+
+/// Simulates one step of `m` on `mc` laid out as `l`, with the constants `cal` (and `memo`, a
+/// schedule kept from an earlier call, or none). Throws weft::error naming what is wrong with
+/// the layout or schedule.
 [[nodiscard]] inline step_result simulate_step(const model_spec& m, const machine& mc,
-                                               const layout& l, const calibration& cal) {
+                                               const layout& l, const calibration& cal,
+                                               schedule_memo* memo = nullptr) {
   m.check();
   detail::check_layout(m, mc, l);
   const gpu& g = mc.device;
@@ -439,12 +454,29 @@ struct step_result {
   out.weight_s = busiest->w;
 
   // --- the pipeline ------------------------------------------------------------------------
-  pipeline::options po;
-  po.activation_bytes = msg_bytes;
-  po.gradient_bytes = msg_bytes;
-  out.schedule = pipeline::generate(l.schedule, p, out.microbatches, l.chunks, po);
-  pipeline::validate(out.schedule);
-  const pipeline::schedule& s = out.schedule;
+  const bool kept = memo != nullptr && memo->held && memo->kind == l.schedule &&
+                    memo->stages == p && memo->microbatches == out.microbatches &&
+                    memo->chunks == l.chunks && memo->message_bytes == msg_bytes;
+  if (!kept) {
+    pipeline::options po;
+    po.activation_bytes = msg_bytes;
+    po.gradient_bytes = msg_bytes;
+    out.schedule = pipeline::generate(l.schedule, p, out.microbatches, l.chunks, po);
+    pipeline::validate(out.schedule);
+    if (memo != nullptr) {
+      *memo = {.schedule = std::move(out.schedule),
+               .peak = {},
+               .kind = l.schedule,
+               .stages = p,
+               .microbatches = out.microbatches,
+               .chunks = l.chunks,
+               .message_bytes = msg_bytes,
+               .held = true};
+      memo->peak = detail::peak_in_flight(memo->schedule);
+      out.schedule = {};
+    }
+  }
+  const pipeline::schedule& s = memo != nullptr ? memo->schedule : out.schedule;
   const double v = s.chunks;
   auto times = pipeline::detail::run(
       s, "simulating schedule " + s.name,
@@ -543,14 +575,21 @@ struct step_result {
   } else if (l.overlap_param_gather && l.dp > 1) {
     // The distributed optimizer: the reduce-scatter behind the last backward, in buckets; the
     // updated weights' all-gather behind the next step's first forward, in buckets.
+    // Groups whose members share nodes in the same pattern are priced once, as above.
     double rs = 0, ag = 0;
+    std::map<std::vector<int>, std::pair<double, double>> priced;
     for (int r = 0; r < p; ++r) {
       for (int i = 0; i < t; ++i) {
         const std::vector<int> members = mesh.group(axis::dp, device(i, r, 0));
-        const auto shard = grad_elems / static_cast<std::size_t>(l.dp);
-        rs = std::max(
-            rs, detail::price_group(collective::reduce_scatter, members, shard, grad_size, dp_net));
-        ag = std::max(ag, detail::price_group(collective::all_gather, members, shard, 2, dp_net));
+        auto [it, fresh] = priced.try_emplace(detail::node_pattern(members, mc.cluster));
+        if (fresh) {
+          const auto shard = grad_elems / static_cast<std::size_t>(l.dp);
+          it->second = {
+              detail::price_group(collective::reduce_scatter, members, shard, grad_size, dp_net),
+              detail::price_group(collective::all_gather, members, shard, 2, dp_net)};
+        }
+        rs = std::max(rs, it->second.first);
+        ag = std::max(ag, it->second.second);
       }
     }
     const double backward = out.backward_s + out.weight_s;
@@ -586,7 +625,9 @@ struct step_result {
   out.mfu = out.model_tflops_per_gpu * 1e12 / g.peak_flops;
 
   // --- memory ----------------------------------------------------------------------------
-  const std::vector<int> peak = detail::peak_in_flight(s);
+  std::vector<int> own_peak;
+  if (memo == nullptr) own_peak = detail::peak_in_flight(s);
+  const std::vector<int>& peak = memo != nullptr ? memo->peak : own_peak;
   const auto mem = detail::memory_of(m, l, layers_of, peak);
   out.states = mem.states;
   out.activation_bytes = mem.activations + mem.buffers;
