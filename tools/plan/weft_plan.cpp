@@ -97,6 +97,10 @@ layout (one simulation):
                        the others accumulate whole gradients: no_sync(),
                        set_requires_gradient_sync(False)) | once (gathered by the step's first
                        forward, weights and gradients whole until its last backward)
+  --reduce-dtype T     bf16 (default: gradients reduced over DP in 16 bits) | fp32 (PyTorch FSDP's
+                       MixedPrecision reduce_dtype=float32, Megatron-LM's
+                       --accumulate-allreduce-grads-in-fp32): twice the bytes on the wire; FSDP2
+                       also accumulates whole gradients in it and casts before each reduce-scatter
   --optimizer-state S  bytes of optimizer state per weight: fp32 (default, 12: Adam's fp32 master
                        weights and moments) | remainders (10: 16-bit remainders of bf16 weights for
                        the master, fp32 moments; Apex's DistributedFusedAdam) | bf16 (4: bf16
@@ -289,6 +293,7 @@ config parse(const std::vector<std::string_view>& args) {
                                                   "--reshard-after-forward",
                                                   "--micro-batch-sync",
                                                   "--optimizer-state",
+                                                  "--reduce-dtype",
                                                   "--host",
                                                   "--optimizer",
                                                   "--bucket-elements",
@@ -375,6 +380,10 @@ config parse(const std::vector<std::string_view>& args) {
       c.sync = sim::shard_sync_named(v);
     } else if (flag == "--optimizer-state") {
       c.layout.optimizer_bytes = sim::optimizer_state_named(v);
+    } else if (flag == "--reduce-dtype") {
+      if (v != "bf16" && v != "fp32")
+        bad("unknown --reduce-dtype '" + std::string(v) + "' (bf16 or fp32)");
+      c.layout.grad_bytes = v == "fp32" ? 4 : 2;
     } else if (flag == "--schedule") {
       if (v == "1f1b")
         c.layout.schedule = pl::schedule_kind::one_f_one_b;
@@ -455,6 +464,7 @@ config parse(const std::vector<std::string_view>& args) {
                                "--reshard-after-forward",
                                "--micro-batch-sync",
                                "--optimizer-state",
+                               "--reduce-dtype",
                                "--runnable"})
       if (given(f))
         bad(std::string(f) +
@@ -571,7 +581,8 @@ std::string json(const sim::model_spec& m, const sim::layout& l, const sim::step
        ", \"micro_batch_sync\": " + (l.zero == 3 ? q(sim::name_of(l.sync)) : "null") +
        ", \"grad_accumulation_bytes\": " + num(l.grad_accumulation_bytes) +
        ", \"precision\": " + q(sim::name_of(l.gemm_precision)) +
-       ", \"optimizer_bytes\": " + num(l.optimizer_bytes) + "},\n";
+       ", \"optimizer_bytes\": " + num(l.optimizer_bytes) +
+       ", \"grad_bytes\": " + num(l.grad_bytes) + "},\n";
   o += "  \"microbatches\": " + std::to_string(r.microbatches) + ",\n";
   o += "  \"step_time_s\": " + num(r.step_time_s) + ",\n";
   o += "  \"tflops_per_gpu\": " + num(r.tflops_per_gpu) + ",\n";
@@ -810,6 +821,7 @@ int main(int argc, char** argv) {
       o.grad_accumulation_bytes = c.layout.grad_accumulation_bytes;
       o.gemm_precision = c.layout.gemm_precision;
       o.optimizer_bytes = c.layout.optimizer_bytes;
+      o.grad_bytes = c.layout.grad_bytes;
       o.engine = c.engine;
       o.runnable_only = c.runnable;
       const sim::search_result s = sim::search(c.model, mc, o);

@@ -64,6 +64,7 @@ struct search_options {
   precision gemm_precision = precision::bf16; // layout::gemm_precision of every variant
   // layout::optimizer_bytes of every variant
   double optimizer_bytes = adam_state_bytes;
+  double grad_bytes = 2;                              // layout::grad_bytes of every variant
   pipeline_engine engine = pipeline_engine::megatron; // of every variant with PP > 1 (DeepSpeed's
       // runs only 1F1B under ZeRO 0 or 1; PP 1 runs no pipeline engine)
   bool runnable_only = false; // only variants weft::strategy runs as is (strategy_refusal)
@@ -380,6 +381,7 @@ struct search_result {
             l.grad_accumulation_bytes = o.grad_accumulation_bytes;
             l.gemm_precision = o.gemm_precision;
             l.optimizer_bytes = o.optimizer_bytes;
+            l.grad_bytes = o.grad_bytes;
             if (kind == pipeline::schedule_kind::interleaved) {
               l.chunks = v;
               if (pp < 2 || v < 2 || m.layers % (v * pp) != 0 || micro % pp != 0) continue;
@@ -517,6 +519,11 @@ inline std::string format(const char* fmt, double a, double b = 0, double c = 0,
       s += ", weights kept from forward to backward";
     if (l.zero == 3 && l.sync == shard_sync::last)
       s += ", gradients reduce-scattered on the last micro-batch";
+  }
+  if (l.grad_bytes != 2) {
+    char bytes[32];
+    std::snprintf(bytes, sizeof bytes, "%g", l.grad_bytes);
+    s += ", " + std::string(bytes) + "-byte gradient reduction";
   }
   if (l.optimizer_bytes != adam_state_bytes) {
     char bytes[32];
