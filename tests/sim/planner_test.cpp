@@ -319,7 +319,10 @@ TEST(sim_planner, strategy_refusal_follows_what_weft_strategy_accepts) {
       l.zero = zero;
       l.sync = shard_sync::last; // what optim::zero<3> runs; no other stage reads it
       l.recomputation = rc;
-      cases.push_back({"every ZeRO stage and recompute", g, l, ""});
+      cases.push_back({"every ZeRO stage and recompute", g, l,
+                       zero == 2 ? "reduce-scatters them after its last backward" : ""});
+      l.micro_batch = 16; // one micro-batch a step
+      cases.push_back({"every ZeRO stage and recompute, one micro-batch", g, l, ""});
     }
   }
   // optim::zero<3> under the trainer gathers each unit for every forward and every backward and

@@ -107,8 +107,10 @@ layout (one simulation):
                        moments, no master copy; NeMo's distributed_fused_adam with dtype bf16)
 search:
   --search             rank every mesh that fits, each by its fastest micro-batch, schedule,
-                       recompute and ZeRO stage (ZeRO-3 over the DP group, or as HSDP over the
-                       DP ranks of a node); with --tp and --pp, say where that one ranks
+                       recompute and ZeRO stage (ZeRO-1 with or without the overlapped parameter
+                       gather; ZeRO-3 as FULL_SHARD or SHARD_GRAD_OP, under no_sync, or gathered
+                       once a step, over the DP group or as HSDP over the DP ranks of a node);
+                       with --tp and --pp, say where that one ranks
   --top N              layouts to explain (default 5)
   --runnable           only layouts weft::strategy runs as is (each ranked layout says whether
                        it does, and why not; the best that does is printed as a

@@ -182,7 +182,9 @@ inline constexpr zero3_mode default_mode{};
 ///     (optim::hybrid<zero<3>, zero<0>>; detail::hybrid_group_refusal)
 ///   - ZeRO-3: as optim::zero<3> runs it under the trainer, each unit gathered for every forward
 ///     and backward, its gradients reduce-scattered once a step after its last backward (the
-///     layout's reshard_after_forward true, sync last; with one micro-batch a step, every)
+///     layout's reshard_after_forward true, sync last; with one micro-batch a step, every);
+///     ZeRO-2 with one micro-batch a step only (optim::zero<2> also reduces once a step, where
+///     the simulator's ZeRO-2 reduce-scatters every micro-batch)
 /// ZeRO 0..3 and every recompute policy run. What strategy_refusal does not judge: weft::strategy
 /// trains in float32 with host BLAS (layer::cblas), so it runs the layout's composition, not
 /// the mixed-precision GPU step the simulator prices; and it runs weft's pipeline executor,
@@ -233,11 +235,16 @@ namespace detail {
            "micro_batch = " + std::to_string(l.dp * l.micro_batch);
   if (l.tp_across_nodes && l.tp > 1)
     return "TP across nodes: make_comms' strict placement refuses a TP group that spans nodes";
+  const bool several = l.microbatches() > 1;
+  if (l.zero == 2 && several)
+    return "ZeRO-2 over " + std::to_string(l.microbatches()) +
+           " micro-batches: the simulator prices DeepSpeed's stage 2, a reduce-scatter every "
+           "micro-batch; weft::optim::zero<2> accumulates each bucket's whole gradients over the "
+           "step and reduce-scatters them after its last backward";
   if (l.zero == 3) {
     // weft::optim::zero<3> under the trainer: each unit gathered before every forward and
     // every backward, its whole gradients accumulated over the step and reduce-scattered after
     // its last backward (strategy/trainer.hpp's enter and leave).
-    const bool several = l.microbatches() > 1;
     if (l.sync == shard_sync::once && several)
       return "ZeRO-3 gathering once a step: weft::optim::zero<3> gathers each unit before every "
              "forward and backward";
