@@ -94,7 +94,12 @@ void expect_each_mesh_best_as_brute_force_finds(const model_spec& m, const machi
     // micro-batch sync, so that the one the search leaves out (keeping the forward's weights
     // under no_sync: once a step's memory, more collectives) is shown never to win.
     std::vector<std::pair<bool, shard_sync>> modes;
-    if (o.zero3_modes.size() == search_options{}.zero3_modes.size()) {
+    const auto same_modes = [](const std::vector<zero3_mode>& a, const std::vector<zero3_mode>& b) {
+      return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const auto& x, const auto& y) {
+        return x.reshard_after_forward == y.reshard_after_forward && x.sync == y.sync;
+      });
+    };
+    if (same_modes(o.zero3_modes, search_options{}.zero3_modes)) {
       for (bool reshard : {true, false})
         for (shard_sync sync : {shard_sync::every, shard_sync::last, shard_sync::once})
           modes.emplace_back(reshard, sync);
@@ -150,6 +155,35 @@ void expect_each_mesh_best_as_brute_force_finds(const model_spec& m, const machi
         << "the search took " << describe(x.l) << "; the fastest that fits is "
         << it->second.second;
   }
+}
+
+// The search simulates a ZeRO-3 mode once per cadence: with one micro-batch a step no_sync
+// reduces as every micro-batch does, and gathering once a step is keeping the forward's weights.
+TEST(sim_planner, zero3_modes_of_one_cadence_are_simulated_once) {
+  using weft::sim::detail::same_cadence_before;
+  layout l{.dp = 8, .micro_batch = 1, .global_batch = 8, .zero = 3};
+  ASSERT_EQ(l.microbatches(), 1);
+  const std::vector<zero3_mode> full{{true, shard_sync::every}};
+  const std::vector<zero3_mode> both{{true, shard_sync::every}, {false, shard_sync::every}};
+  l.sync = shard_sync::last;
+  EXPECT_TRUE(same_cadence_before(l, full));
+  l.sync = shard_sync::once;
+  EXPECT_FALSE(same_cadence_before(l, full));
+  EXPECT_TRUE(same_cadence_before(l, both));
+  l.global_batch = 32; // four micro-batches: every mode its own
+  for (shard_sync sync : {shard_sync::last, shard_sync::once}) {
+    l.sync = sync;
+    EXPECT_FALSE(same_cadence_before(l, both)) << name_of(sync);
+  }
+  // FSDP1 keeps SHARD_GRAD_OP's weights under no_sync until a backward reduces: once a step.
+  use_shard_engine(l, shard_engine::fsdp);
+  l.reshard_after_forward = false;
+  l.sync = shard_sync::last;
+  EXPECT_TRUE(same_cadence_before(l, std::vector<zero3_mode>{{true, shard_sync::once}}));
+  use_shard_engine(l, shard_engine::fsdp2);
+  l.reshard_after_forward = false;
+  l.sync = shard_sync::last;
+  EXPECT_FALSE(same_cadence_before(l, std::vector<zero3_mode>{{true, shard_sync::once}}));
 }
 
 TEST(sim_planner, pruning_recompute_and_zero_matches_brute_force) {
@@ -317,7 +351,8 @@ TEST(sim_planner, strategy_refusal_follows_what_weft_strategy_accepts) {
     for (recompute rc : {recompute::none, recompute::selective, recompute::full}) {
       layout l = at(4, 2, 4);
       l.zero = zero;
-      l.sync = shard_sync::last; // what optim::zero<3> runs; no other stage reads it
+      l.sync = shard_sync::last;          // what optim::zero<3> runs; no other stage reads it
+      l.overlap_param_gather = zero == 1; // what optim::zero<1> runs (ZeRO-1 only)
       l.recomputation = rc;
       cases.push_back({"every ZeRO stage and recompute", g, l,
                        zero == 2 ? "reduce-scatters them after its last backward" : ""});
@@ -369,6 +404,7 @@ TEST(sim_planner, strategy_type_spells_the_layout) {
   l.schedule = pl::schedule_kind::interleaved;
   l.chunks = 3;
   l.zero = 1;
+  l.overlap_param_gather = true; // as optim::zero<1> gathers
   l.recomputation = recompute::selective;
   l.sequence_parallel = true;
   EXPECT_EQ(strategy_type(g, mc, l),
@@ -517,7 +553,7 @@ TEST(sim_planner, the_search_shards_over_a_node_where_that_is_faster) {
   o.micro_batches = {1};
   o.schedules = {pl::schedule_kind::one_f_one_b};
   o.recomputes = {recompute::none};
-  o.zero3_modes = {{}}; // FULL_SHARD, as weft::optim::hybrid<zero<3>, zero<0>> runs it
+  o.zero3_modes = {{true, shard_sync::last}}; // as weft::optim::hybrid<zero<3>, zero<0>> runs it
   expect_each_mesh_best_as_brute_force_finds(m, mc, o);
   const auto mesh_of = [](const search_result& s, int tp, int pp) {
     for (const ranked_layout& x : s.ranked)
@@ -559,8 +595,10 @@ TEST(sim_planner, strategy_type_spells_hsdp_as_optim_hybrid) {
       strategy_refusal(m, mc, l),
       "shard groups of 8 DP ranks: weft::optim::hybrid shards over the DP ranks of a node (4)");
   l.zero = 1;
+  l.overlap_param_gather = true; // as optim::zero<1> gathers
   EXPECT_EQ(strategy_refusal(m, mc, l),
             "ZeRO-1 over groups of 8: the simulator prices shard groups under ZeRO-3 only");
+  l.overlap_param_gather = false;
   l.zero = 3;
   l.shard_group = 0;
   EXPECT_EQ(strategy_refusal(m, mc, l), "");

@@ -54,6 +54,7 @@ TEST(planned_strategy, the_printed_types_of_large_layouts_compile) {
   const sim::machine a100 = sim::dgx(sim::a100_80gb, 280);
   sim::layout l = layout_of(8, 7, 40, pl::schedule_kind::one_f_one_b, 1, 1, 1920);
   l.zero = 1;
+  l.overlap_param_gather = true; // as optim::zero<1> gathers
   l.recomputation = sim::recompute::selective;
   l.sequence_parallel = true;
   // The spellings are compared as written:
@@ -123,6 +124,7 @@ TEST(planned_strategy, a_small_printed_gpt_layout_trains_as_one_rank_does) {
   const sim::machine mc = sim::dgx(sim::a100_80gb, 1);
   sim::layout l = layout_of(2, 2, 2, pl::schedule_kind::interleaved, 2, 1, 8);
   l.zero = 1;
+  l.overlap_param_gather = true; // as optim::zero<1> gathers
   l.recomputation = sim::recompute::selective;
   l.sequence_parallel = true;
   using S = weft::strategy<weft::mesh<weft::tp<2>, weft::dp<2>, weft::pp<2>>,

@@ -89,18 +89,19 @@ layout (one simulation):
                        layer's gather runs beside this one's gradients) | post (BACKWARD_POST:
                        issued after them, so no compute hides it)
   --reshard-after-forward R
-                       with --sharding fsdp or fsdp2: yes (default: the backward gathers each
-                       layer again) | no (the forward's gathered weights stay until the backward:
-                       FSDP's SHARD_GRAD_OP, fully_shard(reshard_after_forward=False))
-  --micro-batch-sync S with --sharding fsdp or fsdp2: every (default: each micro-batch gathers and
-                       reduce-scatters) | last (each gathers, only the step's last reduce-scatters,
-                       the others accumulate whole gradients: no_sync(),
+                       with --zero 3 or --sharding fsdp or fsdp2: yes (default: the backward
+                       gathers each layer again) | no (the forward's gathered weights stay until
+                       the backward: FSDP's SHARD_GRAD_OP, fully_shard(reshard_after_forward=False))
+  --micro-batch-sync S with --zero 3 or --sharding fsdp or fsdp2: every (default: each micro-batch
+                       gathers and reduce-scatters) | last (each gathers, only the step's last
+                       reduce-scatters, the others accumulate whole gradients: no_sync(),
                        set_requires_gradient_sync(False)) | once (gathered by the step's first
-                       forward, weights and gradients whole until its last backward)
+                       forward, weights and gradients whole until its last backward);
+                       weft::optim::zero<3> runs last
   --reduce-dtype T     bf16 (default: gradients reduced over DP in 16 bits) | fp32 (PyTorch FSDP's
                        MixedPrecision reduce_dtype=float32, Megatron-LM's
-                       --accumulate-allreduce-grads-in-fp32): twice the bytes on the wire; FSDP2
-                       also accumulates whole gradients in it and casts before each reduce-scatter
+                       --accumulate-allreduce-grads-in-fp32): twice the gradients' bytes on the
+                       wire and in memory; FSDP2 also accumulates whole gradients in it
   --optimizer-state S  bytes of optimizer state per weight: fp32 (default, 12: Adam's fp32 master
                        weights and moments) | remainders (10: 16-bit remainders of bf16 weights for
                        the master, fp32 moments; Apex's DistributedFusedAdam) | bf16 (4: bf16
@@ -511,9 +512,15 @@ config parse(const std::vector<std::string_view>& args) {
       bad("--backward-prefetch is FSDP1's backward_prefetch: it needs --sharding fsdp");
     c.layout.backward_prefetch = c.backward_post ? 0 : 1;
   }
+  // How ZeRO-3 gathers: FSDP's settings, or those of ZeRO-3 named by its stage alone (weft's own
+  // optim::zero<3> runs --micro-batch-sync last).
+  const bool zero3_modes = c.sharding == sim::shard_engine::fsdp ||
+                           c.sharding == sim::shard_engine::fsdp2 ||
+                           (!c.sharding && c.layout.zero == 3);
   for (std::string_view f : {"--reshard-after-forward", "--micro-batch-sync"}) {
-    if (given(f) && c.sharding != sim::shard_engine::fsdp && c.sharding != sim::shard_engine::fsdp2)
-      bad(std::string(f) + " is PyTorch FSDP's: it needs --sharding fsdp or fsdp2");
+    if (given(f) && !zero3_modes)
+      bad(std::string(f) +
+          " sets how ZeRO-3 gathers: it needs --zero 3 or --sharding fsdp or fsdp2");
   }
   if (c.reshard) c.layout.reshard_after_forward = *c.reshard;
   if (c.sync) c.layout.sync = *c.sync;

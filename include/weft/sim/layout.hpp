@@ -222,9 +222,15 @@ struct layout {
   /// How often ZeRO-3 gathers and reduce-scatters (shard_cadence).
   [[nodiscard]] shard_cadence cadence() const noexcept {
     const double m = microbatches() > 1 ? microbatches() : 1;
-    return {.every = sync == shard_sync::once ? 1.0 / m : 1.0,
-            .regather = reshard_after_forward && sync != shard_sync::once,
-            .reducing = sync == shard_sync::last ? 1.0 / m : 1.0};
+    // FSDP1 frees SHARD_GRAD_OP's gathered weights only in a backward that reduces the
+    // gradients (_should_free_in_backward), so under no_sync they stay whole from the first
+    // forward to the last backward: once a step.
+    const bool once =
+        sync == shard_sync::once ||
+        (sharding == shard_engine::fsdp && !reshard_after_forward && sync == shard_sync::last);
+    return {.every = once ? 1.0 / m : 1.0,
+            .regather = reshard_after_forward && !once,
+            .reducing = !once && sync == shard_sync::last ? 1.0 / m : 1.0};
   }
   /// GPUs one set of shards spans under ZeRO-3: shard_group, or the whole DP group.
   [[nodiscard]] int shards() const noexcept { return shard_group > 0 ? shard_group : dp; }

@@ -72,12 +72,14 @@ struct search_options {
   // sharded over the DP ranks of one node, replicated across the nodes (detail::node_shard_group).
   bool hybrid_sharding = true;
   // ZeRO-1 also with the distributed optimizer's overlapped parameter gather (Megatron-core's
-  // --overlap-param-gather; layout::overlap_param_gather), under Megatron's pipeline engine.
+  // --overlap-param-gather; layout::overlap_param_gather); not with engine DeepSpeed, whose ZeRO-1
+  // has no such overlap (PP 1 meshes included).
   bool overlap_param_gather = true;
   // ZeRO-3's modes: FSDP's FULL_SHARD and SHARD_GRAD_OP reduce-scattering every micro-batch,
   // FULL_SHARD under no_sync (as weft::optim::zero<3> runs), and gathering once a step. What
   // each keeps whole counts in memory (memory.hpp's zero3_gather_bytes). SHARD_GRAD_OP under
-  // no_sync is left out: it keeps what gathering once a step keeps and gathers more often.
+  // no_sync is left out: as FSDP2 runs it, it keeps what gathering once a step keeps and gathers
+  // more often; FSDP1 runs it as gathering once a step (layout::cadence).
   std::vector<zero3_mode> zero3_modes = {{true, shard_sync::every},
                                          {false, shard_sync::every},
                                          {true, shard_sync::last},
@@ -183,6 +185,8 @@ inline constexpr zero3_mode default_mode{};
 ///   - ZeRO-3: as optim::zero<3> runs it under the trainer, each unit gathered for every forward
 ///     and backward, its gradients reduce-scattered once a step after its last backward (the
 ///     layout's reshard_after_forward true, sync last; with one micro-batch a step, every);
+///     ZeRO-1 with overlap_param_gather (optim::zero<1> waits for each bucket's gather where the
+///     next forward first uses it);
 ///     ZeRO-2 with one micro-batch a step only (optim::zero<2> also reduces once a step, where
 ///     the simulator's ZeRO-2 reduce-scatters every micro-batch)
 /// ZeRO 0..3 and every recompute policy run. What strategy_refusal does not judge: weft::strategy
@@ -236,6 +240,13 @@ namespace detail {
   if (l.tp_across_nodes && l.tp > 1)
     return "TP across nodes: make_comms' strict placement refuses a TP group that spans nodes";
   const bool several = l.microbatches() > 1;
+  // weft::optim::zero<1> and <2> start the updated weights' all-gathers after the optimizer
+  // step and wait for each bucket's where the next forward first uses it
+  // (data_parallel.hpp's bucket_parameters).
+  if (l.zero == 1 && l.dp > 1 && !l.overlap_param_gather)
+    return "ZeRO-1 gathering the updated weights after the optimizer step: "
+           "weft::optim::zero<1> gathers them behind the next step's first forward "
+           "(--overlap-param-gather)";
   if (l.zero == 2 && several)
     return "ZeRO-2 over " + std::to_string(l.microbatches()) +
            " micro-batches: the simulator prices DeepSpeed's stage 2, a reduce-scatter every "
@@ -245,16 +256,17 @@ namespace detail {
     // weft::optim::zero<3> under the trainer: each unit gathered before every forward and
     // every backward, its whole gradients accumulated over the step and reduce-scattered after
     // its last backward (strategy/trainer.hpp's enter and leave).
-    if (l.sync == shard_sync::once && several)
+    const shard_cadence k = l.cadence();
+    if (k.every < 1)
       return "ZeRO-3 gathering once a step: weft::optim::zero<3> gathers each unit before every "
              "forward and backward";
-    if (!l.cadence().regather)
+    if (!k.regather)
       return "ZeRO-3 keeping the forward's gathered weights for the backward: "
              "weft::optim::zero<3> frees them after each unit's forward and gathers them again";
-    if (l.sync == shard_sync::every && several)
+    if (k.reducing == 1 && several)
       return "ZeRO-3 reduce-scattering every micro-batch: weft::optim::zero<3> accumulates each "
              "unit's whole gradients over the step and reduce-scatters them after its last "
-             "backward (micro-batch sync last)";
+             "backward (--micro-batch-sync last)";
   }
   return "";
 }

@@ -33,8 +33,10 @@
 //          forward gathers and the last backward reduce-scatters, spread over the micro-batches;
 //          under no_sync (sync last) every micro-batch gathers and only the last
 //          one's backward reduce-scatters.
-//   ZeRO-1   with overlap_param_gather (Megatron-LM's distributed optimizer): the reduce-scatter
-//          behind the last backward, the all-gather behind the next step's first forward.
+//   ZeRO-1   the gradients' reduce-scatter behind the last backward, the updated 16-bit weights'
+//          all-gather after the optimizer step, where it shows whole; with
+//          overlap_param_gather (Megatron-LM's distributed optimizer) behind the next step's
+//          first forward.
 //   prices   the collectives by collective_price.hpp, each layer's compute by layer_cost.hpp,
 //          the memory by memory.hpp; the layout and its rank numbering are layout.hpp's, the
 //          engine presets pipeline_engine.hpp's. This header includes them all.
@@ -572,9 +574,11 @@ struct schedule_memo {
     out.dp = {c.shard.communication * out.microbatches, shard_of[busiest_rank].gather, shard_link};
     out.shard_exposed_s = (c.shard.forward + c.shard.backward) * out.microbatches;
     out.dp_exposed_s = 0;
-  } else if (l.overlap_param_gather && l.dp > 1) {
-    // The distributed optimizer: the reduce-scatter behind the last backward, in buckets; the
-    // updated weights' all-gather behind the next step's first forward, in buckets.
+  } else if (l.zero == 1 && l.dp > 1) {
+    // ZeRO-1: the gradients' reduce-scatter behind the last backward, in buckets; the updated
+    // 16-bit weights' all-gather after the optimizer step, where nothing hides it, or with
+    // overlap_param_gather (the distributed optimizer's) behind the next step's first forward,
+    // in buckets.
     // Groups whose members share nodes in the same pattern are priced once, as above.
     double rs = 0, ag = 0;
     std::map<std::vector<int>, std::pair<double, double>> priced;
@@ -596,7 +600,7 @@ struct schedule_memo {
     const double buckets = l.dp_buckets;
     out.dp = {rs + ag, rs + ag, dp_link};
     out.dp_exposed_s = (l.overlap_dp ? std::max(rs / buckets, rs - backward) : rs) +
-                       std::max(ag / buckets, ag - out.forward_s);
+                       (l.overlap_param_gather ? std::max(ag / buckets, ag - out.forward_s) : ag);
   } else if (l.overlap_dp) {
     // The last micro-batch's backward; ZeRO-2 communicates under every micro-batch's backward.
     const double backward = out.backward_s + out.weight_s;
