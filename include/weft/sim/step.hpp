@@ -534,8 +534,10 @@ struct schedule_memo {
   double dp_time = 0;
   std::string_view dp_link = "none";
   if (l.dp > 1) {
-    // ZeRO-1 reduce-scatters the gradients and all-gathers the updated weights once a step:
-    // the two halves of a ring all-reduce, priced as one. ZeRO-2 keeps 1/dp of the gradients,
+    // ZeRO-0 all-reduces the gradients once a step. ZeRO-1 reduce-scatters them and all-gathers
+    // the updated weights once a step, each priced apart below (each shows behind different
+    // compute); here, as the all-reduce they make up, it names the slowest group's link. ZeRO-2
+    // keeps 1/dp of the gradients,
     // so each micro-batch's are reduce-scattered as its backward makes them (m reduce-scatters,
     // then the all-gather). ZeRO-3 keeps 1/dp of the weights too and gathers them for every
     // micro-batch's forward and backward: 2m all-gathers and m reduce-scatters (DeepSpeed's
