@@ -136,6 +136,7 @@ struct shard_cadence {
   [[nodiscard]] double gathers() const noexcept { return every * (regather ? 2.0 : 1.0); }
   /// Backwards that reduce-scatter each block, per micro-batch.
   [[nodiscard]] double reduces() const noexcept { return every * reducing; }
+  friend bool operator==(const shard_cadence&, const shard_cadence&) = default;
 };
 
 /// How the model is spread, and how it trains.

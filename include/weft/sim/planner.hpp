@@ -105,15 +105,12 @@ inline constexpr zero3_mode default_mode{};
 /// (with one micro-batch a step FSDP's no_sync changes nothing, and gathering once a step is
 /// keeping the forward's weights for the backward): the search simulates each cadence once.
 [[nodiscard]] inline bool same_cadence_before(const layout& l, std::span<const zero3_mode> before) {
-  const shard_cadence c = l.cadence();
-  for (const zero3_mode& x : before) {
-    layout other = l;
+  layout other = l;
+  return std::any_of(before.begin(), before.end(), [&](const zero3_mode& x) {
     other.reshard_after_forward = x.reshard_after_forward;
     other.sync = x.sync;
-    const shard_cadence d = other.cadence();
-    if (d.every == c.every && d.regather == c.regather && d.reducing == c.reducing) return true;
-  }
-  return false;
+    return other.cadence() == l.cadence();
+  });
 }
 
 /// Why the TP groups of `l` cannot stay inside nodes of `cluster` ("" where each does):

@@ -532,38 +532,46 @@ struct schedule_memo {
   const auto grad_elems = static_cast<std::size_t>(rank_params);
   const auto grad_size = static_cast<std::size_t>(l.grad_bytes);
   double dp_time = 0;
+  double dp_scatter = 0, dp_gather = 0; // ZeRO-1's two halves, the slowest group's each
   std::string_view dp_link = "none";
   if (l.dp > 1) {
     // ZeRO-0 all-reduces the gradients once a step. ZeRO-1 reduce-scatters them and all-gathers
-    // the updated weights once a step, each priced apart below (each shows behind different
-    // compute); here, as the all-reduce they make up, it names the slowest group's link. ZeRO-2
-    // keeps 1/dp of the gradients,
-    // so each micro-batch's are reduce-scattered as its backward makes them (m reduce-scatters,
-    // then the all-gather). ZeRO-3 keeps 1/dp of the weights too and gathers them for every
-    // micro-batch's forward and backward: 2m all-gathers and m reduce-scatters (DeepSpeed's
-    // stages 2 and 3 under gradient accumulation). The slowest group's.
+    // the updated 16-bit weights once a step, priced apart (each shows behind different
+    // compute, below). ZeRO-2 keeps 1/dp of the gradients, so each micro-batch's are
+    // reduce-scattered as its backward makes them (m reduce-scatters, then the all-gather).
+    // ZeRO-3 keeps 1/dp of the weights too and gathers them for every micro-batch's forward and
+    // backward: 2m all-gathers and m reduce-scatters (DeepSpeed's stages 2 and 3 under gradient
+    // accumulation). The slowest group's.
     const double micro = out.microbatches;
     const auto shard = grad_elems / static_cast<std::size_t>(l.dp);
-    std::map<std::vector<int>, double> priced;
+    struct group_price {
+      double total = 0, scatter = 0, gather = 0;
+    };
+    std::map<std::vector<int>, group_price> priced;
     for (int r = 0; r < p; ++r) {
       for (int i = 0; i < t; ++i) {
         const std::vector<int> members = mesh.group(axis::dp, device(i, r, 0));
-        auto [it, fresh] = priced.try_emplace(detail::node_pattern(members, mc.cluster), 0.0);
+        auto [it, fresh] = priced.try_emplace(detail::node_pattern(members, mc.cluster));
+        group_price& x = it->second;
         if (fresh) {
           const auto price = [&](collective c, std::size_t n, std::size_t bytes) {
             return detail::price_group(c, members, n, bytes, dp_net);
           };
-          if (l.zero <= 1) {
-            it->second = price(collective::all_reduce, grad_elems, grad_size);
+          if (l.zero == 0) {
+            x.total = price(collective::all_reduce, grad_elems, grad_size);
+          } else if (l.zero == 1) {
+            x.scatter = price(collective::reduce_scatter, shard, grad_size);
+            x.gather = price(collective::all_gather, shard, 2);
+            x.total = x.scatter + x.gather;
           } else if (l.zero == 2) {
-            it->second = price(collective::all_reduce, grad_elems, grad_size) +
-                         (micro - 1) * price(collective::reduce_scatter, shard, grad_size);
-          } else {
-            it->second = 0; // ZeRO-3: per block, in the passes (above)
-          }
+            x.total = price(collective::all_reduce, grad_elems, grad_size) +
+                      (micro - 1) * price(collective::reduce_scatter, shard, grad_size);
+          } // ZeRO-3: per block, in the passes (above)
         }
-        if (it->second > dp_time || dp_link == "none") {
-          dp_time = it->second;
+        dp_scatter = std::max(dp_scatter, x.scatter);
+        dp_gather = std::max(dp_gather, x.gather);
+        if (x.total > dp_time || dp_link == "none") {
+          dp_time = x.total;
           dp_link = detail::link_name(members, mc.cluster);
         }
       }
@@ -578,26 +586,10 @@ struct schedule_memo {
     out.dp_exposed_s = 0;
   } else if (l.zero == 1 && l.dp > 1) {
     // ZeRO-1: the gradients' reduce-scatter behind the last backward, in buckets; the updated
-    // 16-bit weights' all-gather after the optimizer step, where nothing hides it, or with
+    // weights' all-gather after the optimizer step, where nothing hides it, or with
     // overlap_param_gather (the distributed optimizer's) behind the next step's first forward,
     // in buckets.
-    // Groups whose members share nodes in the same pattern are priced once, as above.
-    double rs = 0, ag = 0;
-    std::map<std::vector<int>, std::pair<double, double>> priced;
-    for (int r = 0; r < p; ++r) {
-      for (int i = 0; i < t; ++i) {
-        const std::vector<int> members = mesh.group(axis::dp, device(i, r, 0));
-        auto [it, fresh] = priced.try_emplace(detail::node_pattern(members, mc.cluster));
-        if (fresh) {
-          const auto shard = grad_elems / static_cast<std::size_t>(l.dp);
-          it->second = {
-              detail::price_group(collective::reduce_scatter, members, shard, grad_size, dp_net),
-              detail::price_group(collective::all_gather, members, shard, 2, dp_net)};
-        }
-        rs = std::max(rs, it->second.first);
-        ag = std::max(ag, it->second.second);
-      }
-    }
+    const double rs = dp_scatter, ag = dp_gather;
     const double backward = out.backward_s + out.weight_s;
     const double buckets = l.dp_buckets;
     out.dp = {rs + ag, rs + ag, dp_link};
@@ -606,7 +598,7 @@ struct schedule_memo {
   } else if (l.overlap_dp) {
     // The last micro-batch's backward; ZeRO-2 communicates under every micro-batch's backward.
     const double backward = out.backward_s + out.weight_s;
-    const double window = l.zero <= 1 ? backward : out.microbatches * backward;
+    const double window = l.zero == 0 ? backward : out.microbatches * backward;
     out.dp_exposed_s = std::max(dp_time / l.dp_buckets, dp_time - window);
   } else {
     out.dp_exposed_s = dp_time;
