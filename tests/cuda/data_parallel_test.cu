@@ -165,6 +165,42 @@ TEST(device_data_parallel,
   EXPECT_EQ((train_on_device<wo::zero<2>>(m, 4, sgd_rule(), 1.0f / batch, o)), expected);
 }
 
+// reduce_bucket on the device: each micro-batch's bucket reduce-scattered and added into the
+// shard by a kernel in the collectives' stream. The sums by hand, as in the host test
+// (tests/optim/data_parallel_test.cpp): a accumulates 1 + 2 + 3 times the rank's 1 or 2 over the
+// step and is reduced once (18), b is written afresh and reduced every micro-batch (1,800).
+TEST(device_data_parallel, reduce_bucket_adds_every_micro_batch_into_the_shard) {
+  WEFT_REQUIRE_DEVICE();
+  wo::param_set ps;
+  ps.add("a", {6});
+  ps.add("b", {6});
+  for (const bool overlap : {false, true}) {
+    emu::run(2, [&](emu::communicator& c) {
+      auto opt = wo::make_data_parallel<wo::zero<2>>(c, ps, wo::sgd{.lr = 1.0f},
+                                                     {.bucket_elements = 6, .overlap = overlap});
+      opt->set_parameters(std::vector<float>(12, 0.0f));
+      const device_access io{c.stream()};
+      const auto r = static_cast<float>(c.rank() + 1);
+      std::vector<float> a(6, 0.0f);
+      for (int k = 0; k < 3; ++k) {
+        for (auto& x : a)
+          x += static_cast<float>(k + 1) * r;
+        io.write(opt->grad("a"), a.data(), 1.0f);
+        const std::vector<float> b(6, 100.0f * static_cast<float>(k + 1) * r);
+        io.write(opt->grad("b"), b.data(), 1.0f);
+        opt->reduce_bucket(1);
+      }
+      opt->grad_ready("a");
+      (void)opt->step();
+      const auto p = opt->gather_parameters();
+      for (std::size_t i = 0; i < 6; ++i) {
+        EXPECT_EQ(p[i], -18.0f) << "a[" << i << "] overlap " << overlap;
+        EXPECT_EQ(p[6 + i], -1800.0f) << "b[" << i << "] overlap " << overlap;
+      }
+    });
+  }
+}
+
 TEST(device_data_parallel, memory_report_counts_what_the_host_path_allocates) {
   WEFT_REQUIRE_DEVICE();
   const mlp m(batch);

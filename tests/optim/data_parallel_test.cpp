@@ -261,6 +261,104 @@ TEST(data_parallel, ranks_marking_gradients_in_different_orders_reduce_the_same_
   }
 }
 
+// reduce_bucket: each micro-batch's bucket reduce-scattered and added into the shard, the
+// full-size bucket freed in between. SGD with lr 1 from 0 gives minus the sums over ranks and
+// micro-batches, by hand: on rank r micro-batch k writes a[i] = (k + 1) * (r + 1) and
+// b[i] = 100 * (k + 1) * (r + 1), so over 3 micro-batches and 2 ranks a sums to 6 * 3 = 18 and
+// b to 1,800. Bucket b (the last) is reduced every micro-batch, a once, at step().
+template <class Policy>
+void check_reduce_every_microbatch(bool overlap, bool hybrid_pairs) {
+  wo::param_set ps;
+  ps.add("a", {6});
+  ps.add("b", {6});
+  const int ranks = hybrid_pairs ? 4 : 2;
+  local::run(ranks, [&](local::communicator& c) {
+    auto opt = wo::make_data_parallel<Policy>(
+        c, ps, wo::sgd{.lr = 1.0f},
+        {.bucket_elements = 6, .overlap = overlap, .inner_size = hybrid_pairs ? 2 : 0});
+    ASSERT_EQ(opt->buckets().buckets().size(), 2u);
+    opt->set_parameters(std::vector<float>(12, 0.0f));
+    opt->reset_peaks();
+    const auto r = static_cast<float>(c.rank() % 2 + 1);
+    const float pairs = static_cast<float>(ranks / 2);
+    for (int step = 1; step <= 2; ++step) { // the second starts from a shard the first summed
+      for (int k = 0; k < 3; ++k) {
+        for (auto& x : opt->grad("a"))
+          x += static_cast<float>(k + 1) * r;
+        for (auto& x : opt->grad("b"))
+          x = 100.0f * static_cast<float>(k + 1) * r; // a fresh bucket each micro-batch
+        opt->reduce_bucket(1);
+      }
+      opt->grad_ready("a");
+      (void)opt->step();
+      const auto p = opt->gather_parameters();
+      const auto steps = static_cast<float>(step);
+      for (std::size_t i = 0; i < 6; ++i) {
+        EXPECT_EQ(p[i], -18.0f * pairs * steps) << "a[" << i << "] on rank " << c.rank();
+        EXPECT_EQ(p[6 + i], -1800.0f * pairs * steps) << "b[" << i << "] on rank " << c.rank();
+      }
+    }
+    // Full buckets at once, at most: a's (written all step) and b's of one micro-batch; with
+    // overlap also b's of the micro-batch before, until the progress thread has reduced it
+    // (reduce_bucket keeps one reduction in flight).
+    EXPECT_LE(opt->memory().gradient_buckets.peak, (overlap ? 3 : 2) * 6 * sizeof(float));
+    EXPECT_EQ(opt->memory().gradient_buckets.current, 0u);
+  });
+}
+
+TEST(data_parallel, zero_2_and_3_reduce_a_bucket_every_micro_batch_into_the_shard) {
+  for (const bool overlap : {false, true}) {
+    check_reduce_every_microbatch<wo::zero<2>>(overlap, false);
+    check_reduce_every_microbatch<wo::zero<3>>(overlap, false);
+    check_reduce_every_microbatch<wo::hybrid<wo::zero<2>, wo::zero<0>>>(overlap, true);
+  }
+}
+
+// reduce_bucket is zero<2>/<3>'s; a bucket written after its last reduce_bucket is an error at
+// step(), not a dropped gradient; a bucket already reduced as the step's last is not reopened.
+TEST(data_parallel, reduce_bucket_misuse_is_reported) {
+  wo::param_set ps;
+  ps.add("a", {4});
+  ps.add("b", {4});
+  const auto says = [](auto&& f, const std::string& what) {
+    try {
+      f();
+      ADD_FAILURE() << "no error, expected one saying " << what;
+    } catch (const weft::error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  local::run(1, [&](local::communicator& c) {
+    auto z1 =
+        wo::make_data_parallel<wo::zero<1>>(c, ps, wo::sgd{.lr = 1.0f}, {.bucket_elements = 4});
+    says([&] { z1->reduce_bucket(0); }, "keeps whole gradients");
+    auto z2 =
+        wo::make_data_parallel<wo::zero<2>>(c, ps, wo::sgd{.lr = 1.0f}, {.bucket_elements = 4});
+    z2->set_parameters(std::vector<float>(8, 0.0f));
+    says([&] { z2->reduce_bucket(2); }, "no bucket 2");
+    z2->reduce_bucket(1);
+    z2->grad("b")[0] = 1.0f;
+    says([&] { (void)z2->step(); },
+         "opened (grad, bucket_gradients) or marked ready after its last");
+  });
+  local::run(1, [&](local::communicator& c) {
+    auto z2 =
+        wo::make_data_parallel<wo::zero<2>>(c, ps, wo::sgd{.lr = 1.0f}, {.bucket_elements = 4});
+    z2->set_parameters(std::vector<float>(8, 0.0f));
+    z2->grad("b")[0] = 1.0f;
+    z2->grad_ready("b");
+    says([&] { z2->reduce_bucket(1); }, "already being reduced");
+  });
+  local::run(1, [&](local::communicator& c) {
+    auto z3 =
+        wo::make_data_parallel<wo::zero<3>>(c, ps, wo::sgd{.lr = 1.0f}, {.bucket_elements = 4});
+    z3->set_parameters(std::vector<float>(8, 0.0f));
+    z3->reduce_bucket(0);
+    z3->reduce_gradients();
+    says([&] { z3->reduce_bucket(0); }, "already started this step's last reductions");
+  });
+}
+
 // An empty tensor after the last bucket closed joins it (it had a bucket index past the end).
 TEST(data_parallel, an_empty_last_tensor_joins_the_last_bucket) {
   wo::param_set ps;

@@ -28,6 +28,7 @@ struct record {
   std::mutex mutex;
   std::vector<std::string> wrong; // "<call> on the <lane> lane, run on the <other> thread"
   std::atomic<long> main_calls{0}, side_calls{0};
+  std::atomic<long> adds{0}; // add calls (reduce_bucket's accumulation into the shard)
 };
 inline record& log() {
   static record r;
@@ -67,6 +68,12 @@ public:
   void copy(T* dst, const T* src, std::size_t n, lane l) {
     check(l, "copy");
     base::copy(dst, src, n, l);
+  }
+  template <class T>
+  void add(T* dst, const T* src, std::size_t n, lane l) {
+    check(l, "add");
+    ++lane_probe::log().adds;
+    base::add(dst, src, n, l);
   }
   template <class T>
   void upload(T* dst, const T* src, std::size_t n) {
@@ -164,6 +171,39 @@ TEST(data_parallel_lanes, hybrid_zero3) {
 }
 TEST(data_parallel_lanes, half_with_loss_scaling) {
   check_lanes<wo::zero<2>, weft::half>(0.0f, true);
+}
+
+// reduce_bucket: each micro-batch's bucket handed from the main lane to a side-lane job that
+// reduce-scatters it and adds the result into the shard; hybrid's replica all-reduce at step().
+// The result is the sum by hand (3 micro-batches of 1 + 2 per rank pair, two pairs).
+TEST(data_parallel_lanes, reduce_bucket_every_micro_batch) {
+  auto& r = lane_probe::log();
+  r.wrong.clear();
+  r.main_calls = 0;
+  r.side_calls = 0;
+  r.adds = 0;
+  wo::param_set ps;
+  ps.add("a", {6});
+  weft::local::run(4, [&](weft::local::communicator& world) {
+    auto c = lane_probe::comm(std::move(world), "dp");
+    auto opt = wo::make_data_parallel<wo::hybrid<wo::zero<3>, wo::zero<0>>>(
+        c, ps, wo::sgd{.lr = 1.0f}, {.bucket_elements = 6, .overlap = true, .inner_size = 2});
+    opt->set_parameters(std::vector<float>(6, 0.0f));
+    for (int k = 0; k < 3; ++k) {
+      for (auto& x : opt->grad("a"))
+        x = static_cast<float>(c.rank() % 2 + 1);
+      opt->reduce_bucket(0);
+    }
+    (void)opt->step();
+    const auto p = opt->gather_parameters();
+    for (std::size_t i = 0; i < p.size(); ++i)
+      EXPECT_EQ(p[i], -18.0f) << "a[" << i << "] on rank " << c.rank();
+  });
+  std::string wrong;
+  for (const auto& w : r.wrong)
+    wrong += "\n  " + w;
+  EXPECT_TRUE(r.wrong.empty()) << r.wrong.size() << " calls on the wrong lane:" << wrong;
+  EXPECT_EQ(r.adds.load(), 4 * 2) << "rounds 2 and 3 add on each of the 4 ranks";
 }
 
 } // namespace

@@ -354,21 +354,20 @@ TEST(sim_planner, strategy_refusal_follows_what_weft_strategy_accepts) {
       l.sync = shard_sync::last;          // what optim::zero<3> runs; no other stage reads it
       l.overlap_param_gather = zero == 1; // what optim::zero<1> runs (ZeRO-1 only)
       l.recomputation = rc;
-      cases.push_back({"every ZeRO stage and recompute", g, l,
-                       zero == 2 ? "reduce-scatters them after its last backward" : ""});
+      cases.push_back({"every ZeRO stage and recompute", g, l, ""});
       l.micro_batch = 16; // one micro-batch a step
       cases.push_back({"every ZeRO stage and recompute, one micro-batch", g, l, ""});
     }
   }
   // optim::zero<3> under the trainer gathers each unit for every forward and every backward and
-  // reduce-scatters its whole gradients after the step's last backward (trainer.hpp's enter and
-  // leave): FSDP's other modes are priced, not run. With one micro-batch a step every backward
-  // is the last.
+  // reduce-scatters its gradients after the step's last backward or after every one
+  // (trainer.hpp's enter and leave, config.gradient_sync): FSDP's other modes are priced, not
+  // run. With one micro-batch a step every backward is the last.
   layout z3 = at(4, 2, 4); // 4 micro-batches of 4
   z3.zero = 3;
   z3.micro_batch = 4;
   ASSERT_EQ(z3.microbatches(), 4);
-  cases.push_back({"ZeRO-3 reduce-scattering every micro-batch", g, z3, "after its last backward"});
+  cases.push_back({"ZeRO-3 reduce-scattering every micro-batch", g, z3, ""});
   z3.sync = shard_sync::once;
   cases.push_back({"ZeRO-3 gathered once a step", g, z3, "gathers each unit before every"});
   z3.sync = shard_sync::last;
@@ -427,6 +426,24 @@ TEST(sim_planner, strategy_type_spells_the_layout) {
             "weft::strategy<weft::mesh<weft::tp<8>, weft::dp<4>, weft::pp<4>>, "
             "weft::pipeline::one_f_one_b, weft::optim::zero<1>, weft::layer::recompute::selective, "
             "weft::layer::sequence_parallel, weft::layer::llama_model>");
+  // Reducing every micro-batch, as the simulator prices ZeRO-2 and ZeRO-3's sync every, is
+  // config.gradient_sync every; one micro-batch a step (dp 4 x 16 = 64) needs nothing said.
+  const std::string every = ", .gradient_sync = weft::optim::gradient_sync::every}";
+  const auto ends_with = [](const std::string& s, const std::string& end) {
+    return s.size() >= end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
+  };
+  ASSERT_EQ(l.microbatches(), 16);
+  for (const auto& [zero, sync, says_every] :
+       {std::tuple{1, shard_sync::every, false}, std::tuple{2, shard_sync::every, true},
+        std::tuple{3, shard_sync::every, true}, std::tuple{3, shard_sync::last, false}}) {
+    l.zero = zero;
+    l.sync = sync;
+    EXPECT_EQ(ends_with(strategy_config_of(g, l), every), says_every)
+        << "zero " << zero << " sync " << name_of(sync) << ": " << strategy_config_of(g, l);
+  }
+  l.micro_batch = 16;
+  l.zero = 2;
+  EXPECT_TRUE(ends_with(strategy_config_of(g, l), ".global_batch = 64}"));
 }
 
 // Without the restriction the MT-NLG search ranks ZB-H1 first, which weft::strategy refuses; with

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <map>
 #include <mutex>
@@ -218,6 +219,39 @@ TEST(memory_strategy, zero_stages_hold_what_the_zero_paper_says) {
   check(measure<strategy_of<M, optim::zero<0>, wl::gpt_model>>(cfg), 0, "zero<0>");
   check(measure<strategy_of<M, optim::zero<1>, wl::gpt_model>>(cfg), 1, "zero<1>");
   check(measure<strategy_of<M, optim::zero<2>, wl::gpt_model>>(cfg), 2, "zero<2>");
+}
+
+// zero<2> over 4 microbatches: gradient_sync last holds the whole gradients (one bucket of every
+// unit) until the step's last backward; every holds one unit's bucket at a time (reductions
+// inline, overlap off), the largest unit padded to a multiple of DP, and trains the same model.
+// With overlap, at most one reduction runs behind the backward: two units' buckets at most.
+TEST(memory_strategy, zero2_reducing_every_microbatch_holds_one_unit_of_gradients) {
+  using M = mesh<tp<1>, pp<1>, dp<2>>;
+  using S = strategy_of<M, optim::zero<2>, wl::gpt_model>;
+  S::config cfg{.model = gpt_shape, .micro_batch = 1, .global_batch = 8};
+  cfg.optimizer.overlap = false;
+  std::vector<double> last_losses, every_losses;
+  const auto last = measure<S>(cfg, 2, &last_losses);
+  cfg.gradient_sync = optim::gradient_sync::every;
+  const auto every = measure<S>(cfg, 2, &every_losses);
+  cfg.optimizer.overlap = true;
+  const auto overlapped = measure<S>(cfg, 2);
+  for (std::size_t r = 0; r < every.size(); ++r) {
+    const auto n = static_cast<std::size_t>(every[r].dp);
+    std::size_t all = 0, largest = 0;
+    for (const auto& [name, e] : every[r].units) {
+      all += e;
+      largest = std::max(largest, (e + n - 1) / n * n);
+    }
+    EXPECT_EQ(last[r].account.gradient_buckets.peak, 4 * ((all + n - 1) / n * n)) << "rank " << r;
+    EXPECT_EQ(every[r].account.gradient_buckets.peak, 4 * largest) << "rank " << r;
+    EXPECT_LE(overlapped[r].account.gradient_buckets.peak, 2 * 4 * largest) << "rank " << r;
+    EXPECT_LT(4 * largest, 4 * all / 2) << "the model should have several units";
+    EXPECT_EQ(every[r].account.gradient_buckets.current, 0u);
+  }
+  ASSERT_EQ(every_losses.size(), last_losses.size());
+  for (std::size_t s = 0; s < every_losses.size(); ++s)
+    EXPECT_NEAR(every_losses[s], last_losses[s], 1e-5 * std::abs(last_losses[s])) << "step " << s;
 }
 
 // Full recompute keeps each block's input (tokens x hidden floats) and the embedding stage its

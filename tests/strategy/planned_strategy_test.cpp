@@ -83,7 +83,7 @@ TEST(planned_strategy, the_printed_types_of_large_layouts_compile) {
   const sim::machine h100 = sim::dgx(sim::h100_sxm, 64);
   l = layout_of(4, 1, 128, pl::schedule_kind::gpipe, 1, 2, 1024);
   l.zero = 3;
-  l.sync = sim::shard_sync::last; // optim::zero<3> reduce-scatters after a step's last backward
+  l.sync = sim::shard_sync::last; // optim::zero<3>'s default (config.gradient_sync last)
   l.sequence_parallel = true;
   // The spellings are compared as written:
   // clang-format off
@@ -145,6 +145,37 @@ TEST(planned_strategy, a_small_printed_gpt_layout_trains_as_one_rank_does) {
                  .tie_embeddings = true}, .micro_batch = 1, .global_batch = 8});
   // clang-format on
   EXPECT_EQ(sim::launch_line(mc, l, "./train"), "mpirun -n 8 --map-by ppr:8:node ./train");
+  constexpr int steps = 3;
+  weft::layer::gpt_shape untied = c.model;
+  untied.tie_embeddings = false;
+  const std::vector<double> want = ts::reference_losses_of<weft::layer::gpt_model>(
+      untied, [&](int s) { return ts::batch_of(s, c.global_batch, c.model); }, ts::adamw_rule, true,
+      1, steps);
+  const auto got = losses_of<S>(c, steps);
+  for (std::size_t r = 0; r < got.size(); ++r)
+    ts::expect_same_losses(got[r], want, "rank " + std::to_string(r));
+}
+
+// ZeRO-2 over several micro-batches runs as the simulator prices it (a reduce-scatter every
+// micro-batch): the printed configuration says gradient_sync every, compiles, and trains as one
+// rank does.
+TEST(planned_strategy, a_printed_zero_2_layout_reduces_every_micro_batch_and_trains_as_one_rank) {
+  const sim::model_spec m = small_gpt();
+  const sim::machine mc = sim::dgx(sim::a100_80gb, 1);
+  sim::layout l = layout_of(1, 2, 2, pl::schedule_kind::one_f_one_b, 1, 1, 8);
+  l.zero = 2;
+  ASSERT_EQ(l.microbatches(), 4);
+  ASSERT_EQ(sim::strategy_refusal(m, mc, l), "");
+  using S = weft::strategy<weft::mesh<weft::tp<1>, weft::dp<2>, weft::pp<2>>,
+                           weft::pipeline::one_f_one_b, weft::optim::zero<2>,
+                           weft::layer::recompute::none, weft::layer::no_sequence_parallel>;
+  // The spelling is compared as written:
+  // clang-format off
+  const auto c = CONFIG_SPELLED(S, m, l,
+      {.model = {.vocab = 53, .hidden = 16, .heads = 4, .ffn = 24, .seq = 8, .layers = 4,
+                 .tie_embeddings = true}, .micro_batch = 1, .global_batch = 8,
+       .gradient_sync = weft::optim::gradient_sync::every});
+  // clang-format on
   constexpr int steps = 3;
   weft::layer::gpt_shape untied = c.model;
   untied.tie_embeddings = false;

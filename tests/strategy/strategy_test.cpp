@@ -165,6 +165,30 @@ TEST(strategy, tied_embeddings_match) {
   EXPECT_NE(reference(ts::sgd_rule, true)[1], reference(ts::sgd_rule, false)[1]);
 }
 
+// gradient_sync every: zero<2>/<3> reduce-scatter each unit's gradients after every backward
+// (4 microbatches a step here) and add them into the shard; the losses are still the one-rank
+// reference's. Interleaved with sequence parallelism (a unit's TP partial sums reduced each
+// microbatch), tied embeddings (whole over the step, reduced after the pipeline) and an uneven
+// layout.
+TEST(strategy, gradient_sync_every_microbatch_matches) {
+  using every = weft::optim::gradient_sync;
+  expect_matches<weft::strategy<mesh<tp<2>, pp<2>, dp<2>>, pipeline::interleaved<2>, optim::zero<2>,
+                                recompute::selective, sequence_parallel>>(
+      {.micro_batch = 1, .gradient_sync = every::every}, "2x2x2 V=2 SP zero<2> every");
+  expect_matches<weft::strategy<mesh<tp<2>, pp<1>, dp<2>>, pipeline::one_f_one_b, optim::zero<3>,
+                                recompute::none>>(
+      {.model = {.tie_embeddings = true}, .micro_batch = 1, .gradient_sync = every::every},
+      "2x1x2 tied zero<3> every");
+  if constexpr (!sanitized) {
+    expect_matches<weft::strategy<mesh<tp<1>, pp<4>, dp<2>>, pipeline::one_f_one_b, optim::zero<3>,
+                                  recompute::none>>({.model = {.tie_embeddings = true},
+                                                     .micro_batch = 1,
+                                                     .layout = pipeline::parse_layout("Et*2|t|t|L"),
+                                                     .gradient_sync = every::every},
+                                                    "1x4x2 tied uneven zero<3> every");
+  }
+}
+
 TEST(strategy, gradient_clipping_by_the_global_norm_matches) {
   // The norm spans TP, PP and DP: tensor-replicated parameters (norms, row-parallel biases) and
   // the tied head count once. A bound under every step's norm, so every step clips.
@@ -267,6 +291,20 @@ TEST(strategy_errors, a_batch_that_does_not_divide) {
   expect_every_rank_says(errors_of<S>(2, {.micro_batch = 3}),
                          "a global batch of 8 sequences does not split into 2 data-parallel ranks "
                          "x microbatches of 3");
+}
+
+// Reducing every microbatch into a shard needs a sharded gradient (zero<2>/<3>) and a bucket per
+// unit (what the trainer reduces after a unit's backward).
+TEST(strategy_errors, gradient_sync_every_where_it_cannot_run) {
+  using Z1 = weft::strategy<mesh<tp<1>, pp<1>, dp<2>>, pipeline::one_f_one_b, optim::zero<1>,
+                            recompute::none>;
+  using Z2 = weft::strategy<mesh<tp<1>, pp<1>, dp<2>>, pipeline::one_f_one_b, optim::zero<2>,
+                            recompute::none>;
+  expect_every_rank_says(errors_of<Z1>(2, {.gradient_sync = optim::gradient_sync::every}),
+                         "zero<1> keeps whole gradients");
+  weft::strategy_config c{.gradient_sync = optim::gradient_sync::every};
+  c.optimizer.bucket_elements = 1000;
+  expect_every_rank_says(errors_of<Z2>(2, c), "leave optimizer.bucket_elements 0 (or 1), not 1000");
 }
 
 // The strategy trains in float and scales no loss: a loss scale would shrink every update.

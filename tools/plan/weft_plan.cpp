@@ -97,7 +97,7 @@ layout (one simulation):
                        reduce-scatters, the others accumulate whole gradients: no_sync(),
                        set_requires_gradient_sync(False)) | once (gathered by the step's first
                        forward, weights and gradients whole until its last backward);
-                       weft::optim::zero<3> runs last
+                       weft::optim::zero<3> runs every and last (config.gradient_sync)
   --reduce-dtype T     bf16 (default: gradients reduced over DP in 16 bits) | fp32 (PyTorch FSDP's
                        MixedPrecision reduce_dtype=float32, Megatron-LM's
                        --accumulate-allreduce-grads-in-fp32): twice the gradients' bytes on the
@@ -513,7 +513,7 @@ config parse(const std::vector<std::string_view>& args) {
     c.layout.backward_prefetch = c.backward_post ? 0 : 1;
   }
   // How ZeRO-3 gathers: FSDP's settings, or those of ZeRO-3 named by its stage alone (weft's own
-  // optim::zero<3> runs --micro-batch-sync last).
+  // optim::zero<3> runs --micro-batch-sync every and last).
   const bool zero3_modes = c.sharding == sim::shard_engine::fsdp ||
                            c.sharding == sim::shard_engine::fsdp2 ||
                            (!c.sharding && c.layout.zero == 3);

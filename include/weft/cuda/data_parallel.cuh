@@ -163,6 +163,11 @@ public:
           cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToDevice, stream_of(l)));
     }
   }
+  /// dst[i] += src[i], a kernel in l's stream.
+  template <class T>
+  void add(T* dst, const T* src, std::size_t n, lane l) {
+    if (n != 0) cuda::reduce(dst, dst, src, n, op::sum{}, stream_of(l));
+  }
   template <class T>
   void upload(T* dst, const T* src, std::size_t n) {
     if (n == 0) return;

@@ -15,6 +15,10 @@
 //                                                // on the progress thread
 //   opt->step(1.0f / global_batch);              // waits, clips, updates, queues the all-gathers
 //
+// A step of several micro-batches accumulates into the gradients as they are; zero<2>/<3> may
+// instead reduce a bucket after each micro-batch (reduce_bucket: each reduce-scatter added into
+// the shard, the full-size bucket freed), keeping only the shard between micro-batches.
+//
 // Collectives run on a progress thread (options::overlap) over private splits of the
 // communicator: the shard group S (size N: the ranks a bucket is sharded over) and the
 // replica group R (ranks holding the same shard). zero<0>: N = 1, R = all; zero<k>: N = all,
@@ -161,6 +165,8 @@ public:
     ready_.assign(nb, 0);
     marked_.assign(layout_.tensors().size(), 0);
     submitted_.assign(nb, false);
+    rounds_.assign(nb, 0);
+    last_round_ = nb;
     unlaunched_ = nb;
     reductions_.assign(nb, work_t{});
     staging_.resize(nb);
@@ -281,8 +287,8 @@ public:
     release_bucket(layout_.tensors()[layout_index(name)].bucket);
   }
 
-  /// Tensor `name`'s gradient, zero at the start of a step; write (or add) it, then call
-  /// grad_ready.
+  /// Tensor `name`'s gradient, zero at the start of a step (and after reduce_bucket reduced its
+  /// bucket); write (or add) it, then call grad_ready.
   [[nodiscard]] std::span<P> grad(std::string_view name) {
     const auto& ti = layout_.tensors()[layout_index(name)];
     backward_ = true;
@@ -318,21 +324,64 @@ public:
     }
     marked_[t] = 1;
     ++ready_[ti.bucket];
-    while (unlaunched_ > 0 && complete(unlaunched_ - 1))
-      submit_reduction(--unlaunched_);
+    launch_in_order(false);
   }
 
   /// Starts the reductions of every bucket not yet started (last bucket first, as grad_ready):
-  /// what step() does first; call it to reduce after the backward instead of during it.
-  void reduce_gradients() {
-    while (unlaunched_ > 0)
-      submit_reduction(--unlaunched_);
+  /// what step() does first; call it to reduce after the backward instead of during it. A bucket
+  /// reduce_bucket has reduced this step is not reduced again (hybrid: its shard is all-reduced
+  /// across the replicas now, once).
+  void reduce_gradients() { launch_in_order(true, "reduce_gradients"); }
+
+  /// zero<2>/<3>, for a step of several micro-batches: starts reducing what was written into
+  /// bucket b since its last reduction (its reduce-scatter over the shard group is added into
+  /// this rank's gradient shard, in P; the full-size bucket is freed once reduced) and opens b
+  /// for the next micro-batch, whose bucket_gradients(b) is a fresh one of zeros. Marks of its
+  /// tensors since then are cleared. At most one such reduction runs behind the caller: the one
+  /// before is waited for first, so the caller holds its own bucket and at most one being
+  /// reduced. Hybrid sharding all-reduces the shard across the replicas once, at step().
+  /// Once reduce_bucket has reduced b in a step, step() reduces b only through it: call it after
+  /// the last micro-batch too. Every rank calls it for the same buckets in the same order, and
+  /// the buckets grad_ready completes in the same place among those calls: grad_ready's pairing
+  /// of buckets completed in different orders does not reach across reduce_bucket.
+  void reduce_bucket(std::size_t b) {
+    if constexpr (stage < 2) {
+      throw error("data_parallel::reduce_bucket", dp_rank_, error::unknown,
+                  "zero<" + std::to_string(stage) +
+                      "> keeps whole gradients and reduces them once a step (grad_ready, "
+                      "step()); reducing every micro-batch is zero<2>/<3>'s");
+    } else {
+      check_bucket(b, "reduce_bucket");
+      if (closed_) {
+        throw error("data_parallel::reduce_bucket", dp_rank_, error::unknown,
+                    "bucket " + std::to_string(b) +
+                        ": reduce_gradients() already started this step's last reductions");
+      }
+      if (submitted_[b]) {
+        throw error("data_parallel::reduce_bucket", dp_rank_, error::unknown,
+                    "bucket " + std::to_string(b) +
+                        " is already being reduced as the step's last (grad_ready completed it, "
+                        "or reduce_gradients() or step() was called)");
+      }
+      if (last_round_ < reductions_.size())
+        reductions_[last_round_].wait(); // one reduction in flight behind the caller, no more
+      reductions_[b].wait();
+      submit_reduction(b, true);
+      last_round_ = b;
+      ++rounds_[b];
+      submitted_[b] = false;
+      ready_[b] = 0;
+      const bucket_info& bi = layout_.buckets()[b];
+      std::fill(marked_.begin() + static_cast<std::ptrdiff_t>(bi.first_tensor),
+                marked_.begin() + static_cast<std::ptrdiff_t>(bi.end_tensor), 0);
+      launch_in_order(false); // the buckets grad_ready completed below it may start now
+    }
   }
 
   /// Reduces what is left, then updates: see the header comment for `multiplier`.
   step_result step(float multiplier = 1.0f) {
     drop_host_copy();
-    reduce_gradients();
+    launch_in_order(true, "step");
     wait_all(); // the reductions, and any zero<3> gather still reading the parameters
     step_result r;
     r.loss_scale = scaler_.scale();
@@ -474,7 +523,8 @@ public:
     if constexpr (stage == 3) free_gathered(b);
   }
   /// Bucket b's gradients, full (padded), zero at the start of a step: zero<0>/<1> the gradient
-  /// buffer; zero<2>/<3> a bucket allocated at the first call of the step and freed once reduced.
+  /// buffer; zero<2>/<3> a bucket allocated at the first call of the step (or after
+  /// reduce_bucket(b)) and freed once reduced.
   /// Accumulate into it, then call bucket_ready(b).
   [[nodiscard]] std::span<P> bucket_gradients(std::size_t b) {
     check_bucket(b, "bucket_gradients");
@@ -679,7 +729,46 @@ private:
     const bucket_info& b = layout_.buckets()[bi];
     return ready_[bi] == b.end_tensor - b.first_tensor;
   }
-  void submit_reduction(std::size_t bi) {
+  // Starts the reductions of the buckets not yet started, last first: every one (all: from
+  // `caller`, reduce_gradients or step), or while the next is complete. A bucket reduce_bucket
+  // reduced this step is passed over (it is reduced only through reduce_bucket); under `all` one
+  // opened or marked since its last reduce_bucket is an error, not a dropped gradient, and
+  // hybrid sharding all-reduces the shards reduce_bucket summed across the replicas, once.
+  void launch_in_order(bool all, const char* caller = "") {
+    if (all) {
+      for (std::size_t b = 0; b < rounds_.size(); ++b) {
+        if (rounds_[b] > 0 && (!staging_[b].empty() || ready_[b] != 0)) {
+          throw error("data_parallel::" + std::string(caller), dp_rank_, error::unknown,
+                      "bucket " + std::to_string(b) +
+                          " was opened (grad, bucket_gradients) or marked ready after its last "
+                          "reduce_bucket this step: call reduce_bucket after the last micro-batch "
+                          "too");
+        }
+      }
+    }
+    while (unlaunched_ > 0) {
+      const std::size_t b = unlaunched_ - 1;
+      if (rounds_[b] == 0 && !all && !complete(b)) break;
+      --unlaunched_;
+      if (rounds_[b] == 0) submit_reduction(b, false);
+    }
+    if (all && !closed_) {
+      closed_ = true;
+      if (replica_.size() > 1) {
+        for (std::size_t b = rounds_.size(); b-- > 0;) {
+          if (rounds_[b] == 0) continue;
+          reductions_[b].wait();
+          reductions_[b] = queue_->submit([this, &bi = layout_.buckets()[b]] {
+            mem_.run(replica_,
+                     [&](Comm& c) { all_reduce(c, std::span<P>(grad_shard(bi), bi.shard)); });
+          });
+        }
+      }
+    }
+  }
+  // Bucket bi's reduction, queued. round: reduce_bucket's, whose shard is all-reduced across
+  // hybrid replicas at the step's end rather than every micro-batch.
+  void submit_reduction(std::size_t bi, bool round) {
     submitted_[bi] = true;
     const bucket_info& b = layout_.buckets()[bi];
     if constexpr (stage == 0) {
@@ -698,25 +787,33 @@ private:
           alloc_transient(full, b.padded, lane::main,
                           transient_kind::gradient_buckets); // no grad(): zeros
       }
-      reductions_[bi] = queue_->submit([this, &b, full = std::move(full)]() mutable {
-        const P* in = stage >= 2 ? full.data() : grads_.data() + b.offset;
-        buffer<P> tmp;
-        alloc_transient(tmp, b.shard, lane::side, transient_kind::scratch);
-        const std::span<P> out(tmp.data(), b.shard);
-        if (shard_.size() > 1) {
-          mem_.run(shard_,
-                   [&](Comm& c) { reduce_scatter(c, std::span<const P>(in, b.padded), out); });
-        } else {
-          mem_.copy(out.data(), in, b.padded, lane::side);
-        }
-        if (replica_.size() > 1) mem_.run(replica_, [&](Comm& c) { all_reduce(c, out); });
-        mem_.copy(grad_shard(b), out.data(), b.shard, lane::side);
-        free_transient(tmp, lane::side, transient_kind::scratch);
-        if constexpr (stage >= 2)
-          free_transient(
-              full, lane::side,
-              transient_kind::gradient_buckets); // the full-size bucket is gone once reduced
-      });
+      // zero<2>/<3>: a bucket reduce_bucket reduced before this step adds into its shard
+      const bool accumulate = rounds_[bi] > 0;
+      reductions_[bi] =
+          queue_->submit([this, &b, accumulate, round, full = std::move(full)]() mutable {
+            const P* in = stage >= 2 ? full.data() : grads_.data() + b.offset;
+            buffer<P> tmp;
+            alloc_transient(tmp, b.shard, lane::side, transient_kind::scratch);
+            const std::span<P> out(tmp.data(), b.shard);
+            if (shard_.size() > 1) {
+              mem_.run(shard_,
+                       [&](Comm& c) { reduce_scatter(c, std::span<const P>(in, b.padded), out); });
+            } else {
+              mem_.copy(out.data(), in, b.padded, lane::side);
+            }
+            if (replica_.size() > 1 && !round)
+              mem_.run(replica_, [&](Comm& c) { all_reduce(c, out); });
+            if (accumulate) {
+              mem_.add(grad_shard(b), out.data(), b.shard, lane::side);
+            } else {
+              mem_.copy(grad_shard(b), out.data(), b.shard, lane::side);
+            }
+            free_transient(tmp, lane::side, transient_kind::scratch);
+            if constexpr (stage >= 2)
+              free_transient(
+                  full, lane::side,
+                  transient_kind::gradient_buckets); // the full-size bucket is gone once reduced
+          });
     }
   }
 
@@ -818,6 +915,9 @@ private:
     std::fill(ready_.begin(), ready_.end(), 0);
     std::fill(marked_.begin(), marked_.end(), 0);
     std::fill(submitted_.begin(), submitted_.end(), false);
+    std::fill(rounds_.begin(), rounds_.end(), 0);
+    last_round_ = rounds_.size();
+    closed_ = false;
     unlaunched_ = submitted_.size();
     for (auto& w : reductions_)
       w = work_t{};
@@ -874,6 +974,9 @@ private:
   std::vector<std::size_t> ready_; // per bucket: its tensors marked ready this step
   std::vector<char> marked_;       // per tensor: marked ready this step
   std::vector<bool> submitted_;
+  std::vector<int> rounds_;    // per bucket: reduce_bucket's reductions this step
+  std::size_t last_round_ = 0; // the bucket reduce_bucket reduced last this step (none: size)
+  bool closed_ = false;        // reduce_gradients or step began the step's last reductions
   std::size_t unlaunched_ = 0; // buckets [0, unlaunched_) have not started reducing this step
   std::vector<work_t> reductions_;
   std::vector<buffer<P>> staging_, gathered_;

@@ -10,7 +10,10 @@
 //             the next bucket prefetched) and freed after
 //   hybrid<zero<k>, zero<0>>   zero<k> inside a node, replicated across nodes (HSDP): the
 //             shards are reduced across the nodes' replicas with an all-reduce
+//
+// gradient_sync says when a step of several micro-batches reduces zero<2>/<3>'s gradients.
 #include <concepts>
+#include <cstdint>
 #include <type_traits>
 
 namespace weft::optim {
@@ -34,6 +37,17 @@ struct hybrid {
   static constexpr int stage = Inner::stage;
   static constexpr bool is_hybrid = true;
 };
+
+/// When zero<2>/<3> reduce the gradients of a step of several micro-batches (a trainer's
+/// basic_strategy_config::gradient_sync; data_parallel::reduce_bucket does `every`'s reductions):
+///   last   each unit's whole gradients accumulate over the step in full-size buckets and are
+///          reduce-scattered once, after its last backward: one reduction a step, whole
+///          gradients held meanwhile (PyTorch FSDP under no_sync, Megatron-core's overlapped
+///          reduce-scatter)
+///   every  each micro-batch's gradients are reduce-scattered after the unit's backward and
+///          added into this rank's shard, so only the shard is kept between micro-batches: one
+///          reduction a micro-batch (DeepSpeed's ZeRO stage 2 and 3, FSDP outside no_sync)
+enum class gradient_sync : std::uint8_t { last, every };
 
 template <class P>
 concept sharding_policy = requires {

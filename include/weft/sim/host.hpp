@@ -12,7 +12,10 @@
 //                     1 + prefetch largest (an upper bound)
 //   gradients         the persistent gradient buffer: padded (zero<2>, <3>: the shard)
 //   gradient_buckets  zero<2>, <3>: full-size buckets the backward accumulates into until they
-//                     are reduced: all of them (an upper bound)
+//                     are reduced: all of them (an upper bound); gradient_sync every: a tied
+//                     model's embedding and head units (whole over the step) and the two largest
+//                     other units, the one whose backward runs and the one being reduced (an
+//                     upper bound; with the reductions keeping up, the largest alone)
 //   optimizer_state   slots x optim::slot_stride(shard) floats (AdamW: 2 slots, SGD: 0, with
 //                     momentum 1); the gap between slots counts, as it is allocated
 //   master_weights    0: float parameters need no fp32 copy
@@ -21,13 +24,14 @@
 //                     stashes from its F to its B
 //
 // The rank's parameters form units, in the optimizer's order: [the embedding stage, pp rank 0],
-// [the head stage, last pp rank], each block of chunk 0, of chunk 1, .... A bucket closes at a
-// unit boundary once it holds bucket_elements (default optim::default_bucket_elements(dp);
-// zero<3>: one bucket per unit) and is padded to a multiple of the shard group (zero<0>: 1 rank,
-// zero<1..3>: dp). The head holds its own output weight also when tied (a copy of the table, on
-// the last stage, at pp = 1 too). Parameter elements per TP rank, with h hidden, d = h / heads,
-// a = heads / tp, g the rank's kv heads (kv / tp, or 1 where tp > kv: replicated), W = (a + 2g) d
-// (GPT: 3 a d) and split_range's shares V_r of the vocabulary and f_r of the FFN:
+// [the head stage, last pp rank], each block of chunk 0, of chunk 1, .... A bucket closes at a unit
+// boundary once it holds bucket_elements (default optim::default_bucket_elements(dp); zero<3>, and
+// zero<2> under gradient_sync every: one bucket per unit) and is padded to a multiple of the shard
+// group (zero<0>: 1 rank, zero<1..3>: dp). The head holds its own output weight also when tied (a
+// copy of the table, on the last stage, at pp = 1 too). Parameter elements per TP rank, with h
+// hidden, d = h / heads, a = heads / tp, g the rank's kv heads (kv / tp, or 1 where tp > kv:
+// replicated), W = (a + 2g) d (GPT: 3 a d) and split_range's shares V_r of the vocabulary and f_r
+// of the FFN:
 //
 //   GPT block    4h (two LayerNorms) + W h + W (q, k, v) + a d h + h (output; its bias replicated)
 //                + f_r h + f_r + h f_r + h (MLP)            tp = 1, f = 4h: 12 h^2 + 13 h
@@ -55,6 +59,7 @@
 #include <weft/layer/init.hpp>
 #include <weft/optim/optimizers.hpp>
 #include <weft/optim/param_set.hpp>
+#include <weft/optim/sharding.hpp>
 #include <weft/pipeline/generators.hpp>
 #include <weft/pipeline/layout.hpp>
 #include <weft/pipeline/schedule.hpp>
@@ -110,8 +115,9 @@ struct host_layout {
   int zero = 0;         // optim::zero<0..3>
   recompute recomputation = recompute::none;
   bool sequence_parallel = false;
-  std::size_t bucket_elements = 0;        // 0: the optimizer's default (see the header comment)
-  int prefetch = 1;                       // zero<3>: units gathered ahead of the one in use
+  std::size_t bucket_elements = 0; // 0: the optimizer's default (see the header comment)
+  int prefetch = 1;                // zero<3>: units gathered ahead of the one in use
+  optim::gradient_sync gradient_sync = optim::gradient_sync::last; // zero<2>/<3>'s
   int slots = 2;                          // the rule's state per element: adamw 2, sgd 0 or 1
   std::vector<int> blocks_per_stage = {}; // per virtual stage (V x pp); empty: an even split
 
@@ -191,6 +197,12 @@ inline void check_host(const host_model& m, const host_layout& l) {
   if (l.zero < 0 || l.zero > 3)
     fail("ZeRO stage must be 0, 1, 2 or 3, not " + std::to_string(l.zero));
   if (l.prefetch < 0) fail("prefetch must not be negative, not " + std::to_string(l.prefetch));
+  if (l.gradient_sync == optim::gradient_sync::every) { // the trainer's own refusals
+    if (l.zero < 2) fail("gradient_sync every needs zero 2 or 3, not " + std::to_string(l.zero));
+    if (l.bucket_elements > 1)
+      fail("gradient_sync every runs a bucket per unit: bucket_elements 0 or 1, not " +
+           n(l.bucket_elements));
+  }
   if (l.slots < 0)
     fail("optimizer state slots must not be negative, not " + std::to_string(l.slots));
   if (l.schedule == pipeline::schedule_kind::zero_bubble_h1)
@@ -307,10 +319,12 @@ struct host_widths {
   std::vector<std::size_t> units;
   if (pp_rank == 0) units.push_back(part.embedding);
   if (pp_rank == l.pp - 1) units.push_back(part.head);
+  const std::size_t deferred_units = m.tied ? units.size() : 0; // tied: whole over the step
   for (int c = 0; c < l.chunks; ++c)
     units.insert(units.end(), blocks_of(c), part.block);
+  const bool every = l.zero >= 2 && l.gradient_sync == optim::gradient_sync::every;
   const std::size_t close_at = l.bucket_elements != 0 ? l.bucket_elements
-                               : l.zero == 3          ? 1
+                               : l.zero == 3 || every ? 1
                                                       : optim::default_bucket_elements(l.dp);
   const std::size_t group = l.zero == 0 ? 1 : static_cast<std::size_t>(l.dp);
   const auto padded_to_group = [&](std::size_t n) { return (n + group - 1) / group * group; };
@@ -335,7 +349,17 @@ struct host_widths {
   out.gradients = (l.zero >= 2 ? shard : padded) * f4;
   out.optimizer_state =
       l.slots > 0 ? optim::slot_stride(shard) * static_cast<std::size_t>(l.slots) * f4 : 0;
-  if (l.zero >= 2) out.gradient_buckets = padded * f4;
+  if (every) { // a bucket per unit, in the units' order
+    std::vector<std::size_t> others(buckets.begin() + static_cast<std::ptrdiff_t>(deferred_units),
+                                    buckets.end());
+    for (std::size_t i = 0; i < deferred_units; ++i)
+      out.gradient_buckets += buckets[i] * f4;
+    std::sort(others.begin(), others.end(), std::greater<>{});
+    for (std::size_t i = 0; i < std::min<std::size_t>(2, others.size()); ++i)
+      out.gradient_buckets += others[i] * f4;
+  } else if (l.zero >= 2) {
+    out.gradient_buckets = padded * f4;
+  }
   if (l.zero == 3) {
     std::sort(buckets.begin(), buckets.end(), std::greater<>{});
     const auto gathered = std::min(buckets.size(), static_cast<std::size_t>(l.prefetch) + 1);

@@ -101,7 +101,8 @@ enum class precision : std::uint8_t { bf16, fp8, fp8_cs, fp8_linear };
 ///          stage 3; FSDP and FSDP2 by default)
 ///   last   every micro-batch gathers, only the step's last reduce-scatters; the others
 ///          accumulate whole gradients (FSDP1's no_sync, FSDP2's
-///          set_requires_gradient_sync(False), weft::optim::zero<3> under weft::strategy)
+///          set_requires_gradient_sync(False), weft::optim::zero<3> under weft::strategy by
+///          default; its config.gradient_sync every runs `every`)
 ///   once   the first forward gathers and the weights stay whole until the last backward,
 ///          whose gradients are reduce-scattered once (FSDP2 with reshard_after_forward False,
 ///          set_reshard_after_backward(False) and set_requires_gradient_sync(False) on all

@@ -76,7 +76,8 @@ struct search_options {
   // has no such overlap (PP 1 meshes included).
   bool overlap_param_gather = true;
   // ZeRO-3's modes: FSDP's FULL_SHARD and SHARD_GRAD_OP reduce-scattering every micro-batch,
-  // FULL_SHARD under no_sync (as weft::optim::zero<3> runs), and gathering once a step. What
+  // FULL_SHARD under no_sync, and gathering once a step (weft::optim::zero<3> runs FULL_SHARD
+  // either way: config.gradient_sync every or last). What
   // each keeps whole counts in memory (memory.hpp's zero3_gather_bytes). SHARD_GRAD_OP under
   // no_sync is left out: as FSDP2 runs it, it keeps what gathering once a step keeps and gathers
   // more often; FSDP1 runs it as gathering once a step (layout::cadence).
@@ -180,12 +181,11 @@ inline constexpr zero3_mode default_mode{};
 ///   - HSDP: a shard group smaller than the DP group is the DP ranks of a node
 ///     (optim::hybrid<zero<3>, zero<0>>; detail::hybrid_group_refusal)
 ///   - ZeRO-3: as optim::zero<3> runs it under the trainer, each unit gathered for every forward
-///     and backward, its gradients reduce-scattered once a step after its last backward (the
-///     layout's reshard_after_forward true, sync last; with one micro-batch a step, every);
+///     and backward (the layout's reshard_after_forward true, sync last or every: its gradients
+///     reduce-scattered once a step or every micro-batch, config.gradient_sync);
 ///     ZeRO-1 with overlap_param_gather (optim::zero<1> waits for each bucket's gather where the
 ///     next forward first uses it);
-///     ZeRO-2 with one micro-batch a step only (optim::zero<2> also reduces once a step, where
-///     the simulator's ZeRO-2 reduce-scatters every micro-batch)
+///     ZeRO-2 as the simulator prices it, a reduce-scatter every micro-batch (gradient_sync every)
 /// ZeRO 0..3 and every recompute policy run. What strategy_refusal does not judge: weft::strategy
 /// trains in float32 with host BLAS (layer::cblas), so it runs the layout's composition, not
 /// the mixed-precision GPU step the simulator prices; and it runs weft's pipeline executor,
@@ -236,7 +236,6 @@ namespace detail {
            "micro_batch = " + std::to_string(l.dp * l.micro_batch);
   if (l.tp_across_nodes && l.tp > 1)
     return "TP across nodes: make_comms' strict placement refuses a TP group that spans nodes";
-  const bool several = l.microbatches() > 1;
   // weft::optim::zero<1> and <2> start the updated weights' all-gathers after the optimizer
   // step and wait for each bucket's where the next forward first uses it
   // (data_parallel.hpp's bucket_parameters).
@@ -244,15 +243,10 @@ namespace detail {
     return "ZeRO-1 gathering the updated weights after the optimizer step: "
            "weft::optim::zero<1> gathers them behind the next step's first forward "
            "(--overlap-param-gather)";
-  if (l.zero == 2 && several)
-    return "ZeRO-2 over " + std::to_string(l.microbatches()) +
-           " micro-batches: the simulator prices DeepSpeed's stage 2, a reduce-scatter every "
-           "micro-batch; weft::optim::zero<2> accumulates each bucket's whole gradients over the "
-           "step and reduce-scatters them after its last backward";
   if (l.zero == 3) {
     // weft::optim::zero<3> under the trainer: each unit gathered before every forward and
-    // every backward, its whole gradients accumulated over the step and reduce-scattered after
-    // its last backward (strategy/trainer.hpp's enter and leave).
+    // every backward (strategy/trainer.hpp's enter and leave), its gradients reduce-scattered
+    // after its last backward or after every one (strategy_gradient_sync).
     const shard_cadence k = l.cadence();
     if (k.every < 1)
       return "ZeRO-3 gathering once a step: weft::optim::zero<3> gathers each unit before every "
@@ -260,15 +254,19 @@ namespace detail {
     if (!k.regather)
       return "ZeRO-3 keeping the forward's gathered weights for the backward: "
              "weft::optim::zero<3> frees them after each unit's forward and gathers them again";
-    if (k.reducing == 1 && several)
-      return "ZeRO-3 reduce-scattering every micro-batch: weft::optim::zero<3> accumulates each "
-             "unit's whole gradients over the step and reduce-scatters them after its last "
-             "backward (--micro-batch-sync last)";
   }
   return "";
 }
 
 } // namespace detail
+
+/// Whether weft::strategy runs `l` with config.gradient_sync every: ZeRO-2 over several
+/// micro-batches (the simulator prices DeepSpeed's stage 2, a reduce-scatter every micro-batch)
+/// and ZeRO-3 reduce-scattering every micro-batch; otherwise last, the default.
+[[nodiscard]] inline bool strategy_gradient_sync_every(const layout& l) {
+  if (l.microbatches() < 2) return false;
+  return l.zero == 2 || (l.zero == 3 && l.cadence().reducing == 1);
+}
 
 [[nodiscard]] inline std::string strategy_refusal(const model_spec& m, const machine& mc,
                                                   const layout& l) {
@@ -324,7 +322,9 @@ namespace detail {
   model += ", .seq = " + std::to_string(m.seq) + ", .layers = " + std::to_string(m.layers);
   if (m.tied_embeddings) model += ", .tie_embeddings = true";
   return "{.model = " + model + "}, .micro_batch = " + std::to_string(l.micro_batch) +
-         ", .global_batch = " + std::to_string(l.batch()) + "}";
+         ", .global_batch = " + std::to_string(l.batch()) +
+         (strategy_gradient_sync_every(l) ? ", .gradient_sync = weft::optim::gradient_sync::every}"
+                                          : "}");
 }
 
 /// The command that starts `program` on every rank of `l` over `mc`: one MPI process per GPU,

@@ -26,6 +26,10 @@ struct basic_strategy_config {
   /// zero<3>: how many units (blocks, the embedding and head stages) are gathered ahead of the
   /// one in use, in the order the schedule uses them; unset: 1. Not for zero<0..2>.
   std::optional<int> prefetch = std::nullopt;
+  /// zero<2>/<3> over several microbatches: each unit's gradients reduce-scattered once a step,
+  /// after its last backward (last), or after every backward, only the shard kept between
+  /// microbatches (every; optim::gradient_sync). Not for zero<0>/<1>.
+  optim::gradient_sync gradient_sync = optim::gradient_sync::last;
 };
 
 /// What a trainer holds on this rank, by category: now (current) and the most at once during

@@ -143,6 +143,20 @@ protected:
         fail("prefetch must be 0 or more, not " + std::to_string(*config_.prefetch));
       prefetch_ = *config_.prefetch;
     }
+    if (config_.gradient_sync == optim::gradient_sync::every) {
+      if (Sharding::stage < 2) {
+        fail("gradient_sync every: zero<" + std::to_string(Sharding::stage) +
+             "> keeps whole gradients and reduces them once a step; reducing every microbatch "
+             "into a shard is zero<2>/<3>'s (leave gradient_sync last)");
+      }
+      if (config_.optimizer.bucket_elements > 1) {
+        fail(
+            "gradient_sync every reduces each unit's bucket after its backward, so each unit "
+            "is a bucket: leave optimizer.bucket_elements 0 (or 1), not " +
+            std::to_string(config_.optimizer.bucket_elements));
+      }
+      every_microbatch_ = true;
+    }
     if (config_.optimizer.loss_scaling.value_or(false)) {
       fail(
           "optimizer.loss_scaling: the strategy trains in float and does not scale its losses; "
@@ -244,7 +258,7 @@ protected:
       u.deferred = tied_ && (index == embedding_unit_ || index == head_unit_);
     }
     auto options = config_.optimizer;
-    if (Sharding::stage == 3 && options.bucket_elements == 0)
+    if ((Sharding::stage == 3 || every_microbatch_) && options.bucket_elements == 0)
       options.bucket_elements = 1; // a bucket per unit
     optimizer_ = std::make_unique<optimizer_type>(dp_, ps, rule, options);
     if (tp_.size() * p > 1) {
@@ -608,7 +622,7 @@ private:
     }
   }
   // After unit u ran: zero<3> frees its gathered parameters; after its last backward of the step
-  // its gradients are complete.
+  // its gradients are complete (gradient_sync every: after each backward, its microbatch's).
   void leave(std::size_t index, bool backward) {
     unit& u = units_[index];
     if (u.end_tensor == u.first_tensor) return;
@@ -617,7 +631,28 @@ private:
       for (std::size_t b = u.first_bucket; b < u.end_bucket; ++b)
         optimizer_->release_bucket(b);
     }
-    if (backward && ++u.backwards == microbatches_ && !u.deferred) gradients_complete(u);
+    if (!backward) return;
+    ++u.backwards;
+    if (u.deferred) return; // tied: whole over the step, made ready after the pipeline
+    if (every_microbatch_) {
+      microbatch_complete(u);
+    } else if (u.backwards == microbatches_) {
+      gradients_complete(u);
+    }
+  }
+  // gradient_sync every: unit u's gradients of one microbatch are complete: the sequence-parallel
+  // partial sums reduced over TP, then each of its buckets (the unit's own) reduce-scattered into
+  // the shard and freed; the next backward binds fresh ones.
+  void microbatch_complete(unit& u) {
+    if constexpr (Sharding::stage >= 2) {
+      if constexpr (SP::enabled) {
+        auto qs = u.parameters();
+        layer::reduce_sequence_parallel_grads(tp_, std::span(qs));
+      }
+      for (std::size_t b = u.first_bucket; b < u.end_bucket; ++b)
+        optimizer_->reduce_bucket(b);
+      bind_gradients(u, false);
+    }
   }
   // Unit u's gradients are final: the sequence-parallel partial sums reduced over TP, then each
   // tensor marked ready (a bucket's reduction starts once all its tensors are).
@@ -769,6 +804,7 @@ private:
   std::size_t cursor_ = 0;            // where in sequence_ the step is
   std::string broken_;                // the error of a train_step that failed part-way
   int prefetch_ = 1;
+  bool every_microbatch_ = false; // config.gradient_sync every
   memory_account::amount activations_;
   std::optional<pipeline::executor<Schedule, Comm, T>> executor_;
   std::map<std::pair<int, int>, saved_activations> saved_;

@@ -9,7 +9,9 @@
 // run), `side` the order of the queued collectives (the progress thread here; a side stream
 // on a device). On the host both are plain loops on the calling thread.
 #include <weft/comm/async.hpp>
+#include <weft/comm/detail/kernels.hpp>
 #include <weft/core/error.hpp>
+#include <weft/core/ops.hpp>
 #include <weft/optim/optimizers.hpp>
 
 #include <algorithm>
@@ -87,6 +89,11 @@ public:
   template <class T>
   void copy(T* dst, const T* src, std::size_t n, lane) {
     std::copy_n(src, n, dst);
+  }
+  /// dst[i] += src[i] (summed in T's accumulation type, rounded once).
+  template <class T>
+  void add(T* dst, const T* src, std::size_t n, lane) {
+    weft::detail::reduce2(dst, dst, src, n, op::sum{});
   }
   /// dst (this memory) = the host array src; src may go once it returns.
   template <class T>
