@@ -119,6 +119,21 @@ std::vector<std::vector<double>> losses_of(const typename S::config& c, int n) {
   return per_rank;
 }
 
+// Every rank of S over 3 steps has the losses of the tied GPT c.model trained on one rank on the
+// whole batch (strategy_support's reference).
+template <class S>
+void expect_trains_as_one_rank(const typename S::config& c) {
+  constexpr int steps = 3;
+  weft::layer::gpt_shape untied = c.model;
+  untied.tie_embeddings = false;
+  const std::vector<double> want = ts::reference_losses_of<weft::layer::gpt_model>(
+      untied, [&](int s) { return ts::batch_of(s, c.global_batch, c.model); }, ts::adamw_rule, true,
+      1, steps);
+  const auto got = losses_of<S>(c, steps);
+  for (std::size_t r = 0; r < got.size(); ++r)
+    ts::expect_same_losses(got[r], want, "rank " + std::to_string(r));
+}
+
 TEST(planned_strategy, a_small_printed_gpt_layout_trains_as_one_rank_does) {
   const sim::model_spec m = small_gpt();
   const sim::machine mc = sim::dgx(sim::a100_80gb, 1);
@@ -145,15 +160,7 @@ TEST(planned_strategy, a_small_printed_gpt_layout_trains_as_one_rank_does) {
                  .tie_embeddings = true}, .micro_batch = 1, .global_batch = 8});
   // clang-format on
   EXPECT_EQ(sim::launch_line(mc, l, "./train"), "mpirun -n 8 --map-by ppr:8:node ./train");
-  constexpr int steps = 3;
-  weft::layer::gpt_shape untied = c.model;
-  untied.tie_embeddings = false;
-  const std::vector<double> want = ts::reference_losses_of<weft::layer::gpt_model>(
-      untied, [&](int s) { return ts::batch_of(s, c.global_batch, c.model); }, ts::adamw_rule, true,
-      1, steps);
-  const auto got = losses_of<S>(c, steps);
-  for (std::size_t r = 0; r < got.size(); ++r)
-    ts::expect_same_losses(got[r], want, "rank " + std::to_string(r));
+  expect_trains_as_one_rank<S>(c);
 }
 
 // ZeRO-2 over several micro-batches runs as the simulator prices it (a reduce-scatter every
@@ -176,15 +183,7 @@ TEST(planned_strategy, a_printed_zero_2_layout_reduces_every_micro_batch_and_tra
                  .tie_embeddings = true}, .micro_batch = 1, .global_batch = 8,
        .gradient_sync = weft::optim::gradient_sync::every});
   // clang-format on
-  constexpr int steps = 3;
-  weft::layer::gpt_shape untied = c.model;
-  untied.tie_embeddings = false;
-  const std::vector<double> want = ts::reference_losses_of<weft::layer::gpt_model>(
-      untied, [&](int s) { return ts::batch_of(s, c.global_batch, c.model); }, ts::adamw_rule, true,
-      1, steps);
-  const auto got = losses_of<S>(c, steps);
-  for (std::size_t r = 0; r < got.size(); ++r)
-    ts::expect_same_losses(got[r], want, "rank " + std::to_string(r));
+  expect_trains_as_one_rank<S>(c);
 }
 
 // The reasons strategy_refusal gives for layouts whose type compiles are the strategy's own: each
