@@ -5,7 +5,9 @@
 //   zero<1>   optimizer state and fp32 master weights sharded: gradients reduce-scattered,
 //             each rank updates its shard, parameters all-gathered
 //   zero<2>   gradients sharded too: each bucket is reduce-scattered as soon as it is complete
-//             and its full-size buffer freed
+//             and its full-size buffer freed (over several micro-batches a bucket completes after
+//             the last by default, so it is full all step: gradient_sync every reduces it after
+//             each micro-batch instead, as DeepSpeed's stage 2 does)
 //   zero<3>   parameters sharded too: a bucket's parameters are all-gathered before use (with
 //             the next bucket prefetched) and freed after
 //   hybrid<zero<k>, zero<0>>   zero<k> inside a node, replicated across nodes (HSDP): the
