@@ -155,7 +155,6 @@ protected:
             "is a bucket: leave optimizer.bucket_elements 0 (or 1), not " +
             std::to_string(config_.optimizer.bucket_elements));
       }
-      every_microbatch_ = true;
     }
     if (config_.optimizer.loss_scaling.value_or(false)) {
       fail(
@@ -258,7 +257,7 @@ protected:
       u.deferred = tied_ && (index == embedding_unit_ || index == head_unit_);
     }
     auto options = config_.optimizer;
-    if ((Sharding::stage == 3 || every_microbatch_) && options.bucket_elements == 0)
+    if ((Sharding::stage == 3 || every_microbatch()) && options.bucket_elements == 0)
       options.bucket_elements = 1; // a bucket per unit
     optimizer_ = std::make_unique<optimizer_type>(dp_, ps, rule, options);
     if (tp_.size() * p > 1) {
@@ -633,39 +632,32 @@ private:
     }
     if (!backward) return;
     ++u.backwards;
-    if (u.deferred) return; // tied: whole over the step, made ready after the pipeline
-    if (every_microbatch_) {
-      microbatch_complete(u);
-    } else if (u.backwards == microbatches_) {
-      gradients_complete(u);
-    }
+    // A tied unit's are whole over the step, made ready after the pipeline (finish_tied).
+    if (!u.deferred && (every_microbatch() || u.backwards == microbatches_)) gradients_complete(u);
   }
-  // gradient_sync every: unit u's gradients of one microbatch are complete: the sequence-parallel
-  // partial sums reduced over TP, then each of its buckets (the unit's own) reduce-scattered into
-  // the shard and freed; the next backward binds fresh ones.
-  void microbatch_complete(unit& u) {
-    if constexpr (Sharding::stage >= 2) {
-      if constexpr (SP::enabled) {
-        auto qs = u.parameters();
-        layer::reduce_sequence_parallel_grads(tp_, std::span(qs));
-      }
-      for (std::size_t b = u.first_bucket; b < u.end_bucket; ++b)
-        optimizer_->reduce_bucket(b);
-      bind_gradients(u, false);
-    }
-  }
-  // Unit u's gradients are final: the sequence-parallel partial sums reduced over TP, then each
-  // tensor marked ready (a bucket's reduction starts once all its tensors are).
+  // Unit u's gradients are final (gradient_sync every, but for a tied unit: its microbatch's
+  // are): the sequence-parallel partial sums reduced over TP, then each tensor marked ready (a
+  // bucket's reduction starts once all its tensors are), or under every each of its buckets (the
+  // unit's own) reduce-scattered into the shard; zero<2>/<3> unbind the buckets, freed once
+  // reduced (the next backward binds fresh ones).
   void gradients_complete(unit& u) {
     if (u.end_tensor == u.first_tensor) return;
     if constexpr (SP::enabled) {
       auto qs = u.parameters();
       layer::reduce_sequence_parallel_grads(tp_, std::span(qs));
     }
-    for (std::size_t t = u.first_tensor; t < u.end_tensor; ++t)
-      optimizer_->grad_ready(t);
-    if constexpr (Sharding::stage >= 2)
-      bind_gradients(u, false); // the bucket is freed once reduced
+    if (every_microbatch() && !u.deferred) {
+      for (std::size_t b = u.first_bucket; b < u.end_bucket; ++b)
+        optimizer_->reduce_bucket(b);
+    } else {
+      for (std::size_t t = u.first_tensor; t < u.end_tensor; ++t)
+        optimizer_->grad_ready(t);
+    }
+    if constexpr (Sharding::stage >= 2) bind_gradients(u, false);
+  }
+  // config.gradient_sync every (refused at construction below zero<2>).
+  [[nodiscard]] bool every_microbatch() const noexcept {
+    return config_.gradient_sync == optim::gradient_sync::every;
   }
 
   // Adds a span to the timeline when it goes out of scope.
@@ -804,7 +796,6 @@ private:
   std::size_t cursor_ = 0;            // where in sequence_ the step is
   std::string broken_;                // the error of a train_step that failed part-way
   int prefetch_ = 1;
-  bool every_microbatch_ = false; // config.gradient_sync every
   memory_account::amount activations_;
   std::optional<pipeline::executor<Schedule, Comm, T>> executor_;
   std::map<std::pair<int, int>, saved_activations> saved_;
