@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <concepts>
@@ -116,6 +117,67 @@ TEST(measured_prices, the_local_transport_measures_once_and_every_rank_agrees) {
     for (double t : tables[0].seconds[i])
       EXPECT_GT(t, 0) << table[i].name;
   }
+}
+
+// The sizes past 4 MiB are measured at the first call that needs them, not extrapolated from
+// the 1-4 MiB slope: a 4 KiB call measures 4 KiB .. 4 MiB; a call of 4 MiB and 4 bytes measures
+// 16 MiB too (64 MiB on 4 ranks would pass the 256 MiB of buffers), keeping the first figures,
+// the same on every rank; a later group of the same shape takes both from this process's cache.
+TEST(measured_prices, larger_sizes_are_measured_at_the_first_call_that_needs_them) {
+  constexpr double mib = 1048576.0;
+  std::mutex mutex;
+  std::vector<measured_prices> small, large;
+  local::run(
+      4,
+      [&](local::communicator& c) {
+        std::vector<float> v(1024, 1.0f);
+        all_reduce(c, std::span(v));
+        const measured_prices first = *c.measured_prices_of(collective::all_reduce);
+        std::vector<float> w(1048577, 1.0f); // 4 MiB and 4 bytes
+        all_reduce(c, std::span(w));
+        EXPECT_EQ(w.front(), 4.0f);
+        EXPECT_EQ(w.back(), 4.0f);
+        const measured_prices then = *c.measured_prices_of(collective::all_reduce);
+        const std::lock_guard lock(mutex);
+        small.push_back(first);
+        large.push_back(then);
+      },
+      measured);
+  ASSERT_EQ(small.size(), 4u);
+  EXPECT_FALSE(small[0].large);
+  EXPECT_EQ(small[0].bytes.back(), 4 * mib);
+  EXPECT_TRUE(large[0].large);
+  EXPECT_EQ(large[0].bytes,
+            (std::vector<double>{4096, 16384, 65536, 262144, mib, 4 * mib, 16 * mib}));
+  std::size_t measured_at_16 = 0;
+  for (std::size_t i = 0; i < large[0].seconds.size(); ++i) {
+    const auto& was = small[0].seconds[i];
+    const auto& now = large[0].seconds[i];
+    ASSERT_GE(now.size(), was.size());
+    EXPECT_TRUE(std::equal(was.begin(), was.end(), now.begin())) << "candidate " << i;
+    // only a candidate measured at every first size goes on
+    if (now.size() > was.size()) {
+      EXPECT_EQ(was.size(), small[0].bytes.size()) << "candidate " << i;
+      EXPECT_GT(now.back(), 0.0);
+      ++measured_at_16;
+    }
+  }
+#ifndef WEFT_TEST_SANITIZED // there 4 MiB calls may pass measured_call_limit: none goes on
+  EXPECT_GE(measured_at_16, 1u) << "no candidate measured at 16 MiB";
+#endif
+  for (std::size_t r = 1; r < 4; ++r) {
+    EXPECT_EQ(large[r].seconds, large[0].seconds) << "rank " << r;
+    EXPECT_EQ(large[r].bytes, large[0].bytes) << "rank " << r;
+  }
+  // The cache: a new group of 4 takes the large table at its first call past 4 MiB, unchanged.
+  local::run(
+      4,
+      [&](local::communicator& c) {
+        std::vector<float> w(1048577, 1.0f);
+        all_reduce(c, std::span(w));
+        EXPECT_EQ(c.measured_prices_of(collective::all_reduce)->seconds, large[0].seconds);
+      },
+      measured);
 }
 
 TEST(measured_prices, by_default_the_local_transport_measures) {

@@ -92,13 +92,19 @@ algo::choice automatic_choice_for(Comm& comm, const plan_request& q) {
       constexpr bool measure_vendor =
           !prices_vendor<Comm, C, T, Op> && vendor_collective<Comm, C, float, op::sum>;
       auto& prices = comm.measured_prices_of(C);
-      if (!prices) {
+      // The first call measures 4 KiB .. 4 MiB; the first past them the large sizes too. The
+      // same on every rank: so are the call's size and the measurement.
+      const auto measure = [&](bool large) {
         if constexpr (measure_vendor && !measures_vendor_itself<Comm>) {
-          prices = measured_prices_for<C, true>(comm, peer, messages);
+          prices = measured_prices_for<C, true>(comm, peer, messages, large);
         } else {
-          prices = comm.measure_prices(C, peer, messages); // the transport's measurement
+          prices = comm.measure_prices(C, peer, messages, large); // the transport's measurement
         }
-      }
+      };
+      if (!prices) measure(false);
+      if (!prices->large && !prices->bytes.empty() &&
+          static_cast<double>(q.count) * static_cast<double>(q.element_size) > prices->bytes.back())
+        measure(true);
       if constexpr (WithVendor && measure_vendor && vendor_collective<Comm, C, T, Op>) {
         vendor = prices->vendor_estimate(static_cast<double>(q.count) *
                                          static_cast<double>(q.element_size));

@@ -21,14 +21,18 @@
 //         a sanitizer's build, measures less)
 //     and the communicator's own collective (algo::vendor: MPI's, say) likewise, where it
 //     has one for float sums: automatic then weighs the vendor by this measurement
+//   first automatic call of C past the measured sizes (over 4 MiB per rank), every rank again:
+//     the same for 16 and 64 MiB (those within 256 MiB of buffers), for the candidates
+//     measured at every size so far, kept beside the first measurement (once per process)
 //   every call: the candidate whose measured time, interpolated at the call's bytes, is least
 //     (linear between measured sizes, the smallest size's time below them, the last
 //     segment's slope above them; a tie goes to the earlier candidate)
 //
-// Why 4 MiB at most: past a few MiB per rank every candidate streams from memory and their
-// times grow in proportion (on this machine all but recursive doubling within 1.1x of each
-// other at 16 and 64 MiB), so the 1-4 MiB slope ranks them; measuring 16 MiB as well tripled
-// the measurement's time.
+// Why the sizes past 4 MiB only when a call needs them: measuring them triples the
+// measurement's time, which a program calling nothing that large would pay for nothing; and
+// the 1-4 MiB slope does not rank the larger sizes: on one 2-core machine all but recursive
+// doubling ran within 1.1x of each other at 16 and 64 MiB, on another (a 480 MiB L3) tree led
+// at 4 MiB and direct was 1.2-1.6x faster than tree at 16 and 64 MiB.
 //
 // What it costs: at the first automatic call of each collective on a group shape, every
 // candidate runs up to 25 times per size; on 4 ranks of this 2-core machine, idle, about
@@ -67,6 +71,7 @@ struct measured_prices {
                                             // none (not measured)
 
   std::vector<double> vendor; // the vendor collective's, at the first sizes; or none
+  bool large = false;         // the sizes past 4 MiB are measured (those within the cap)
 
   /// Seconds for candidate i at b bytes (see the header); infinity where i is not measured.
   [[nodiscard]] double estimate(std::size_t i, double b) const {
@@ -114,14 +119,17 @@ struct measured_prices {
 
 namespace detail {
 
-/// The sizes measured, per rank; fewer where p ranks' buffers would pass 256 MiB.
-inline std::vector<double> measured_sizes(collective c, int p) {
+/// The sizes measured first per rank, 4 KiB .. 4 MiB (large: 16 and 64 MiB, measured at the first
+/// call past 4 MiB); fewer where p ranks' buffers would pass 256 MiB (never fewer than one first).
+inline std::vector<double> measured_sizes(collective c, int p, bool large = false) {
   const bool blocked =
       c == collective::reduce_scatter || c == collective::all_gather || c == collective::all_to_all;
   const double per_byte = 2.0 * p * (blocked ? p : 1); // input and output on every rank
   std::vector<double> out;
-  for (double b = 4096; b <= 4194304; b *= 4)
-    if (out.empty() || b * per_byte <= 256.0 * 1048576.0) out.push_back(b);
+  const double from = large ? 16.0 * 1048576.0 : 4096.0;
+  const double to = large ? 64.0 * 1048576.0 : 4194304.0;
+  for (double b = from; b <= to; b *= 4)
+    if ((out.empty() && !large) || b * per_byte <= 256.0 * 1048576.0) out.push_back(b);
   return out;
 }
 
@@ -146,8 +154,9 @@ inline constexpr double measured_always_bytes = 65536;
 inline constexpr int measured_batches = 3;
 inline constexpr double measured_call_limit = 0.02;
 
-/// Times each of several callers of collective c on comm at each of m's sizes, all ranks
-/// together: run(j, count, in_n, out_n) makes one call of caller j, whose times go to *into[j];
+/// Times each of several callers of collective c on comm at each of m's sizes from the first-th
+/// on, all ranks together: run(j, count, in_n, out_n) makes one call of caller j, whose times go
+/// to *into[j] (a caller with a time at every size before `first` goes on);
 /// in and out are the buffers the calls read and write, sized here. At each size the callers
 /// take turns, batch by batch, so that a passing disturbance of the machine falls on all of
 /// them rather than on whichever was being timed; each round starts one caller further on, so
@@ -158,14 +167,14 @@ inline constexpr double measured_call_limit = 0.02;
 template <class Comm, class Run>
 WEFT_COLD void time_sizes(Comm& comm, collective c, const measured_prices& m,
                           const std::vector<std::vector<double>*>& into, std::vector<float>& in,
-                          std::vector<float>& out, const Run& run) {
+                          std::vector<float>& out, const Run& run, std::size_t first = 0) {
   using clock = std::chrono::steady_clock;
   const auto up = static_cast<std::size_t>(comm.size());
   const bool blocks_in = c == collective::reduce_scatter || c == collective::all_to_all;
   const bool blocks_out = c == collective::all_gather || c == collective::all_to_all;
   std::vector<std::size_t> live;
   std::vector<double> fastest(into.size());
-  for (std::size_t s = 0; s < m.bytes.size(); ++s) {
+  for (std::size_t s = first; s < m.bytes.size(); ++s) {
     const double b = m.bytes[s];
     // The same on every rank: the times are the gathered ones.
     live.clear();
@@ -213,15 +222,23 @@ struct no_vendor {};
 
 /// Measures every eligible candidate for collective c on comm, all ranks together, and the
 /// communicator's own collective where vendor(src, in_n, dst, out_n, count) makes one call of it.
+/// base: the first measurement, continued at the large sizes (measured_sizes).
 template <class Comm, class Vendor = no_vendor>
 WEFT_COLD measured_prices measure_prices(Comm& comm, collective c, bool peer_access, bool messages,
-                                         const Vendor& vendor = {}) {
+                                         const Vendor& vendor = {},
+                                         const measured_prices* base = nullptr) {
   constexpr bool has_vendor = !std::is_same_v<Vendor, no_vendor>;
   const int p = comm.size();
   measured_prices m;
   m.bytes = measured_sizes(c, p);
+  if (base != nullptr) {
+    m = *base;
+    const std::vector<double> more = measured_sizes(c, p, true);
+    m.bytes.insert(m.bytes.end(), more.begin(), more.end());
+    m.large = true;
+  }
   const auto table = algo::candidates();
-  m.seconds.assign(table.size(), {});
+  if (base == nullptr) m.seconds.assign(table.size(), {});
   const plan_request shape{c, p, comm.rank(), 1, 0, comm.node_of(), sizeof(float)};
   std::vector<std::size_t> candidate; // caller j times table[candidate[j]]; the vendor is last
   std::vector<std::vector<double>*> into;
@@ -232,31 +249,34 @@ WEFT_COLD measured_prices measure_prices(Comm& comm, collective c, bool peer_acc
   }
   if constexpr (has_vendor) into.push_back(&m.vendor);
   std::vector<float> in, out;
-  time_sizes(comm, c, m, into, in, out,
-             [&](std::size_t j, std::size_t count, std::size_t in_n, std::size_t out_n) {
-               const float* const src = c == collective::broadcast ? out.data() : in.data();
-               if constexpr (has_vendor) {
-                 if (j == candidate.size()) {
-                   vendor(src, in_n, out.data(), out_n, count);
-                   return;
-                 }
-               }
-               const algo::candidate& a = table[candidate[j]];
-               plan_request q = shape;
-               q.count = count;
-               const plan& pl = plan_cache::mine().get(a.name, q, a.make_plan);
-               comm.execute(pl, src, in_n, out.data(), out_n, op::sum{}, "measure automatic");
-             });
+  time_sizes(
+      comm, c, m, into, in, out,
+      [&](std::size_t j, std::size_t count, std::size_t in_n, std::size_t out_n) {
+        const float* const src = c == collective::broadcast ? out.data() : in.data();
+        if constexpr (has_vendor) {
+          if (j == candidate.size()) {
+            vendor(src, in_n, out.data(), out_n, count);
+            return;
+          }
+        }
+        const algo::candidate& a = table[candidate[j]];
+        plan_request q = shape;
+        q.count = count;
+        const plan& pl = plan_cache::mine().get(a.name, q, a.make_plan);
+        comm.execute(pl, src, in_n, out.data(), out_n, op::sum{}, "measure automatic");
+      },
+      base != nullptr ? base->bytes.size() : 0);
   return m;
 }
 
-/// What this process has measured, by communicator type, collective, group size and nodes.
+/// What this process has measured, by communicator type, collective, group size and nodes (and
+/// the flags: peer access, messages, vendor, large sizes).
 /// Not by the cluster's figures, nor by which devices the ranks are: only a communicator whose
 /// links are the machine's own measures (weft::local without emulated links; MPI across its
 /// nodes), and its speed is the machine's whatever the cluster says, so groups of one shape
 /// (the TP groups of a mesh, say) share one measurement.
 struct measured_cache {
-  using key = std::tuple<std::type_index, int, int, std::vector<int>, bool, bool, bool>;
+  using key = std::tuple<std::type_index, int, int, std::vector<int>, bool, bool, bool, bool>;
   std::mutex mutex;
   std::map<key, std::shared_ptr<const measured_prices>> prices;
 };
@@ -268,11 +288,12 @@ inline measured_cache& measured() {
 
 /// The measured prices of c on comm: this process's, where every rank finds them, else
 /// measured now by measure(), all ranks together, and kept. vendor: whether measure() times
-/// the communicator's own collective too (a key of its own).
+/// the communicator's own collective too; large: whether it measures the large sizes too (each
+/// a key of its own).
 template <class Comm, class Measure>
 WEFT_COLD std::shared_ptr<const measured_prices> cached_prices(Comm& comm, collective c,
                                                                bool peer_access, bool messages,
-                                                               bool vendor,
+                                                               bool vendor, bool large,
                                                                const Measure& measure) {
   measured_cache::key key{std::type_index(typeid(Comm)),
                           static_cast<int>(c),
@@ -280,7 +301,8 @@ WEFT_COLD std::shared_ptr<const measured_prices> cached_prices(Comm& comm, colle
                           comm.node_of(),
                           peer_access,
                           messages,
-                          vendor};
+                          vendor,
+                          large};
   std::shared_ptr<const measured_prices> found;
   {
     auto& cache = measured();
@@ -302,31 +324,46 @@ WEFT_COLD std::shared_ptr<const measured_prices> cached_prices(Comm& comm, colle
 }
 
 /// The measured prices of C on comm (cached_prices); Vendor: the communicator's own collective
-/// for float sums is measured beside weft's candidates.
+/// for float sums is measured beside weft's candidates. large: the first measurement continued
+/// at the large sizes (the first measured or found first).
 template <collective C, bool Vendor, class Comm>
 WEFT_COLD std::shared_ptr<const measured_prices> measured_prices_for(Comm& comm, bool peer_access,
-                                                                     bool messages) {
-  return cached_prices(comm, C, peer_access, messages, Vendor, [&] {
+                                                                     bool messages,
+                                                                     bool large = false) {
+  const auto measure = [&](const measured_prices* base) {
     if constexpr (Vendor) {
-      return measure_prices(comm, C, peer_access, messages,
-                            [&](const float* src, std::size_t in_n, float* dst, std::size_t out_n,
-                                std::size_t count) {
-                              comm.template vendor<C>(src, in_n, dst, out_n, count, 0, op::sum{});
-                            });
+      return measure_prices(
+          comm, C, peer_access, messages,
+          [&](const float* src, std::size_t in_n, float* dst, std::size_t out_n,
+              std::size_t count) {
+            comm.template vendor<C>(src, in_n, dst, out_n, count, 0, op::sum{});
+          },
+          base);
     } else {
-      return measure_prices(comm, C, peer_access, messages);
+      return measure_prices(comm, C, peer_access, messages, no_vendor{}, base);
     }
-  });
+  };
+  const auto first = cached_prices(comm, C, peer_access, messages, Vendor, false,
+                                   [&] { return measure(nullptr); });
+  if (!large) return first;
+  return cached_prices(comm, C, peer_access, messages, Vendor, true,
+                       [&] { return measure(first.get()); });
 }
 
 /// The measured prices of collective c on comm, without a vendor collective: what the local
-/// transport measures where automatic picks by measurement (local::options::automatic). One
-/// function for every collective, so that a program compiles the measurement once.
+/// transport measures where automatic picks by measured prices (local::options::automatic). One
+/// function for every collective, so that a program compiles the measurement once. large: the
+/// first measurement continued at the large sizes.
 template <class Comm>
 std::shared_ptr<const measured_prices> measure_collective(Comm& comm, collective c,
-                                                          bool peer_access, bool messages) {
-  return cached_prices(comm, c, peer_access, messages, false,
-                       [&] { return measure_prices(comm, c, peer_access, messages); });
+                                                          bool peer_access, bool messages,
+                                                          bool large) {
+  const auto first = cached_prices(comm, c, peer_access, messages, false, false,
+                                   [&] { return measure_prices(comm, c, peer_access, messages); });
+  if (!large) return first;
+  return cached_prices(comm, c, peer_access, messages, false, true, [&] {
+    return measure_prices(comm, c, peer_access, messages, no_vendor{}, first.get());
+  });
 }
 
 } // namespace detail

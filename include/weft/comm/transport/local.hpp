@@ -138,11 +138,12 @@ public:
                        [&](int n) { return n == node_of_.front(); });
   }
   /// Measures automatic's prices of collective c now, all ranks together (where
-  /// measures_automatic()).
+  /// measures_automatic()); large: the first measurement continued at the large sizes.
   [[nodiscard]] std::shared_ptr<const measured_prices> measure_prices(collective c,
                                                                       bool peer_access,
-                                                                      bool messages) {
-    return group_->world->measurer(*this, c, peer_access, messages);
+                                                                      bool messages,
+                                                                      bool large = false) {
+    return group_->world->measurer(*this, c, peer_access, messages, large);
   }
   /// automatic's measured prices of collective c: empty until its first automatic call of c.
   [[nodiscard]] std::shared_ptr<const measured_prices>& measured_prices_of(collective c) {

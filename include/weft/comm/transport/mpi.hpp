@@ -38,7 +38,8 @@
 // links. With options::measured_automatic = mpi::measured_automatic() (and nodes that are
 // real, not emulated) it picks by measurement instead (comm/measured_prices.hpp): at its first
 // call of a collective on a group shape, every rank measures weft's candidates and MPI's own
-// collective at 4 KiB .. 16 MiB (once per process and shape), and each call takes MPI's
+// collective at 4 KiB .. 4 MiB, and at 16 and 64 MiB at the first call past 4 MiB (each once per
+// process and shape), and each call takes MPI's
 // collective unless a plan of weft's is measured cheaper at its size. That first call costs
 // 1.5-1.8 s for all_reduce and 0.3-0.8 s for reduce_scatter, all_gather or broadcast on 4
 // processes of a loaded 2-core machine, and every rank of the group must make it.
@@ -139,7 +140,8 @@ class communicator;
 /// MPI's own collective, all its ranks together: what measured_automatic() gives
 /// options::measured_automatic.
 using measurer = std::shared_ptr<const measured_prices> (*)(communicator&, collective,
-                                                            bool peer_access, bool messages);
+                                                            bool peer_access, bool messages,
+                                                            bool large);
 
 struct options {
   /// Deadline of every wait (and of the collective set-up calls).
@@ -510,12 +512,14 @@ public:
   /// measure_prices measures MPI's own collective too (automatic_choice.hpp).
   static constexpr bool measure_prices_with_vendor = true;
   /// Measures automatic's prices of collective c now, all ranks together (where
-  /// measures_automatic()): weft's candidates and MPI's own collective.
+  /// measures_automatic()): weft's candidates and MPI's own collective; large: the first
+  /// measurement continued at the large sizes.
   [[nodiscard]] std::shared_ptr<const measured_prices> measure_prices(collective c,
                                                                       bool peer_access,
-                                                                      bool messages) {
+                                                                      bool messages,
+                                                                      bool large = false) {
     WEFT_EXPECTS(measurer_ != nullptr, "mpi::communicator::measure_prices: no measurer given");
-    return measurer_(*this, c, peer_access, messages);
+    return measurer_(*this, c, peer_access, messages, large);
   }
   /// automatic's measured prices of collective c: empty until its first automatic call of c.
   [[nodiscard]] std::shared_ptr<const measured_prices>& measured_prices_of(collective c) {
@@ -1306,22 +1310,26 @@ private:
 /// A template, so that only a program that opts in compiles the measurement.
 template <class Comm = communicator>
 [[nodiscard]] measurer measured_automatic() noexcept {
-  return [](Comm& comm, collective c, bool peer_access,
-            bool messages) -> std::shared_ptr<const measured_prices> {
+  return [](Comm& comm, collective c, bool peer_access, bool messages,
+            bool large) -> std::shared_ptr<const measured_prices> {
     using weft::detail::measured_prices_for;
     switch (c) {
       case collective::all_reduce:
-        return measured_prices_for<collective::all_reduce, true>(comm, peer_access, messages);
+        return measured_prices_for<collective::all_reduce, true>(comm, peer_access, messages,
+                                                                 large);
       case collective::reduce_scatter:
-        return measured_prices_for<collective::reduce_scatter, true>(comm, peer_access, messages);
+        return measured_prices_for<collective::reduce_scatter, true>(comm, peer_access, messages,
+                                                                     large);
       case collective::all_gather:
-        return measured_prices_for<collective::all_gather, true>(comm, peer_access, messages);
+        return measured_prices_for<collective::all_gather, true>(comm, peer_access, messages,
+                                                                 large);
       case collective::broadcast:
-        return measured_prices_for<collective::broadcast, true>(comm, peer_access, messages);
+        return measured_prices_for<collective::broadcast, true>(comm, peer_access, messages, large);
       case collective::reduce:
-        return measured_prices_for<collective::reduce, true>(comm, peer_access, messages);
+        return measured_prices_for<collective::reduce, true>(comm, peer_access, messages, large);
       case collective::all_to_all:
-        return measured_prices_for<collective::all_to_all, true>(comm, peer_access, messages);
+        return measured_prices_for<collective::all_to_all, true>(comm, peer_access, messages,
+                                                                 large);
     }
     throw error("weft: mpi measured automatic: no such collective (" +
                 std::to_string(static_cast<int>(c)) + ")");
