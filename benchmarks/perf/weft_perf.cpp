@@ -277,11 +277,14 @@ std::int64_t run_table(Comm& c, Agree& agree, const config& cfg, const table_cas
   std::vector<T> in_buf(cfg.max_bytes / sizeof(T));
   std::vector<T> out_buf(cfg.max_bytes / sizeof(T));
   std::int64_t table_wrong = 0;
-  // automatic on a communicator that measures its prices does so at its first call, all ranks
-  // together: here, before any call is timed, whatever the warm-up.
-  if (make_plan == nullptr) {
+  // automatic on a communicator that measures its prices does so at its first call, and at
+  // its first call past the first sizes measured, all ranks together: here, for the largest
+  // size of the run, before any call is timed, whatever the warm-up.
+  if (make_plan == nullptr && !cfg.sizes().empty()) {
+    const std::size_t largest = cfg.sizes().back() / sizeof(T);
+    const std::size_t count = std::max<std::size_t>(1, blocked(tc.op) ? largest / up : largest);
     with_collective(tc.op, [&](auto op) {
-      (void)automatic_choice<decltype(op)::value, T>(c, 1, root);
+      (void)automatic_choice<decltype(op)::value, T>(c, count, root);
       return 0;
     });
   }

@@ -8,9 +8,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <concepts>
+#include <cstdint>
 #include <cstdlib>
 #include <limits>
 #include <mutex>
@@ -52,10 +54,56 @@ TEST(measured_prices, estimates_interpolate_hold_below_and_extend_above) {
   EXPECT_DOUBLE_EQ(m.estimate(d, 1048576), 400e-6);
   // Above: the last segment's slope, (400 - 20) us per (1 MiB - 64 KiB).
   EXPECT_NEAR(m.estimate(d, 2097152), 400e-6 + 380e-6 * (1048576.0 / (1048576 - 65536)), 1e-12);
-  // A candidate measured at two sizes extends its own last segment: 50 us per 60 KiB.
+  // A candidate measured at two sizes interpolates there; past them, where others were
+  // measured (it passed the call limit and they did not), it is not taken.
   const auto rd = index_of("recursive_doubling");
-  EXPECT_NEAR(m.estimate(rd, 1048576), 60e-6 + 50e-6 * (1048576.0 - 65536) / (65536 - 4096), 1e-12);
+  EXPECT_NEAR(m.estimate(rd, 32768), 10e-6 + 50e-6 * (32768.0 - 4096) / (65536 - 4096), 1e-12);
+  EXPECT_DOUBLE_EQ(m.estimate(rd, 65536), 60e-6);
+  EXPECT_EQ(m.estimate(rd, 65540), std::numeric_limits<double>::infinity());
   EXPECT_EQ(m.estimate(index_of("tree"), 4096), std::numeric_limits<double>::infinity());
+  // Where no candidate reaches further, the last segment extends: rd alone, 50 us per 60 KiB.
+  measured_prices alone = m;
+  alone.seconds[d].clear();
+  alone.seconds[index_of("ring")].clear();
+  EXPECT_NEAR(alone.estimate(rd, 1048576), 60e-6 + 50e-6 * (1048576.0 - 65536) / (65536 - 4096),
+              1e-12);
+  // The vendor likewise: past its last size where a candidate reaches further, none.
+  measured_prices v = m;
+  v.vendor = {1e-6, 2e-6};
+  EXPECT_DOUBLE_EQ(*v.vendor_estimate(65536), 2e-6);
+  EXPECT_EQ(*v.vendor_estimate(1048576), std::numeric_limits<double>::infinity());
+  v.vendor.push_back(3e-6);
+  EXPECT_DOUBLE_EQ(*v.vendor_estimate(1048576), 3e-6);
+  // pick counts the vendor's reach where it competes: with ring alone to 64 KiB and the
+  // vendor to 1 MiB, past 64 KiB ring is out beside the vendor, and extends without it.
+  measured_prices w;
+  w.bytes = {4096, 65536, 1048576};
+  w.seconds.assign(algo::candidates().size(), {});
+  w.seconds[index_of("ring")] = {30e-6, 40e-6};
+  w.vendor = {1e-6, 2e-6, 3e-6};
+  const plan_request q{collective::all_reduce, 4, 0, 32768, 0, {0, 0, 0, 0}, 4}; // 128 KiB
+  EXPECT_EQ(w.pick(q, true, true, nullptr, true), nullptr);
+  ASSERT_NE(w.pick(q, true, true, nullptr, false), nullptr);
+  EXPECT_EQ(w.pick(q, true, true, nullptr, false)->name, "ring");
+}
+
+// A table goes between ranks as floats (pack) and comes back bit for bit (unpack).
+TEST(measured_prices, a_table_packs_and_unpacks_exactly) {
+  measured_prices m = three_sizes();
+  m.vendor = {1.0 / 3.0, 2e-300, 7.25e12};
+  m.large = true;
+  m.seconds[0] = {}; // an empty one among them
+  const std::vector<float> packed = detail::pack(m);
+  for (const float f : packed)
+    EXPECT_EQ(f, static_cast<float>(static_cast<std::uint32_t>(f))) << "not a small integer";
+  const measured_prices back = detail::unpack(packed.data());
+  EXPECT_EQ(back.bytes, m.bytes);
+  EXPECT_EQ(back.seconds, m.seconds);
+  EXPECT_EQ(back.vendor, m.vendor);
+  EXPECT_EQ(back.large, m.large);
+  EXPECT_EQ(back.digest(), m.digest());
+  m.large = false;
+  EXPECT_NE(detail::unpack(detail::pack(m).data()).digest(), back.digest());
 }
 
 TEST(measured_prices, pick_takes_the_least_estimate_among_eligible_candidates) {
@@ -69,8 +117,18 @@ TEST(measured_prices, pick_takes_the_least_estimate_among_eligible_candidates) {
   EXPECT_DOUBLE_EQ(price, 10e-6);
   q.count = 16384; // 64 KiB: direct 20 us, ring 40, recursive doubling 60
   EXPECT_EQ(m.pick(q, true, true)->name, "direct");
-  q.count = 262144; // 1 MiB: ring 200 us, direct 400, recursive doubling extended: 860
+  q.count = 262144; // 1 MiB: ring 200 us, direct 400, recursive doubling not measured
   EXPECT_EQ(m.pick(q, true, true)->name, "ring");
+  // Past 64 KiB recursive doubling is out, though its last segment extended would be least.
+  measured_prices late = m;
+  late.seconds[index_of("recursive_doubling")] = {10e-6, 11e-6};
+  late.seconds[index_of("ring")].clear();
+  q.count = 16385;
+  EXPECT_EQ(late.pick(q, true, true)->name, "direct");
+  // Where the candidates that reach further are not eligible (direct, without peer access),
+  // the rest extend their last segment.
+  EXPECT_EQ(late.pick(q, false, true, &price)->name, "recursive_doubling");
+  EXPECT_NEAR(price, 11e-6 + 1e-6 * 4.0 / (65536 - 4096), 1e-15);
   // Nothing measured is eligible (all_to_all without peer access: pairwise): none.
   q.coll = collective::all_to_all;
   EXPECT_EQ(m.pick(q, false, true), nullptr);
@@ -121,7 +179,8 @@ TEST(measured_prices, the_local_transport_measures_once_and_every_rank_agrees) {
 
 // The sizes past 4 MiB are measured at the first call that needs them, not extrapolated from
 // the 1-4 MiB slope: a 4 KiB call measures 4 KiB .. 4 MiB; a call of 4 MiB and 4 bytes measures
-// 16 MiB too (64 MiB on 4 ranks would pass the 256 MiB of buffers), keeping the first figures,
+// 16 and 64 MiB too (4 ranks' buffers and scratch within the 1 GiB a node), keeping the first
+// figures,
 // the same on every rank; a later group of the same shape takes both from this process's cache.
 TEST(measured_prices, larger_sizes_are_measured_at_the_first_call_that_needs_them) {
   constexpr double mib = 1048576.0;
@@ -148,7 +207,7 @@ TEST(measured_prices, larger_sizes_are_measured_at_the_first_call_that_needs_the
   EXPECT_EQ(small[0].bytes.back(), 4 * mib);
   EXPECT_TRUE(large[0].large);
   EXPECT_EQ(large[0].bytes,
-            (std::vector<double>{4096, 16384, 65536, 262144, mib, 4 * mib, 16 * mib}));
+            (std::vector<double>{4096, 16384, 65536, 262144, mib, 4 * mib, 16 * mib, 64 * mib}));
   std::size_t measured_at_16 = 0;
   for (std::size_t i = 0; i < large[0].seconds.size(); ++i) {
     const auto& was = small[0].seconds[i];
@@ -162,9 +221,8 @@ TEST(measured_prices, larger_sizes_are_measured_at_the_first_call_that_needs_the
       ++measured_at_16;
     }
   }
-#ifndef WEFT_TEST_SANITIZED // there 4 MiB calls may pass measured_call_limit: none goes on
+  // the fastest at 4 MiB goes on whatever its time (a sanitizer's build too)
   EXPECT_GE(measured_at_16, 1u) << "no candidate measured at 16 MiB";
-#endif
   for (std::size_t r = 1; r < 4; ++r) {
     EXPECT_EQ(large[r].seconds, large[0].seconds) << "rank " << r;
     EXPECT_EQ(large[r].bytes, large[0].bytes) << "rank " << r;
@@ -176,6 +234,220 @@ TEST(measured_prices, larger_sizes_are_measured_at_the_first_call_that_needs_the
         std::vector<float> w(1048577, 1.0f);
         all_reduce(c, std::span(w));
         EXPECT_EQ(c.measured_prices_of(collective::all_reduce)->seconds, large[0].seconds);
+      },
+      measured);
+}
+
+// The large sizes continue the communicator's own table (the one its ranks agreed on), not
+// whatever this process's cache holds: a table given by hand keeps its figures at 4 KiB ..
+// 4 MiB and gains the large sizes for the candidates it priced at every first size.
+TEST(measured_prices, the_large_sizes_continue_the_communicators_own_table) {
+  constexpr double mib = 1048576.0;
+  const auto table = algo::candidates();
+  const plan_request shape{collective::all_reduce, 4, 0, 1, 0, {0, 0, 0, 0}, 4};
+  measured_prices given;
+  given.bytes = {4096, 16384, 65536, 262144, mib, 4 * mib};
+  given.seconds.assign(table.size(), {});
+  std::size_t priced = 0;
+  for (std::size_t i = 0; i < table.size(); ++i) {
+    if (!detail::eligible(table[i], shape, true, true)) continue;
+    // 1 ms at every size for the first two, 1 ms to 1 MiB only for the rest
+    given.seconds[i].assign(priced < 2 ? 6 : 5, 1e-3);
+    ++priced;
+  }
+  ASSERT_GE(priced, 3u);
+  std::mutex mutex;
+  std::vector<measured_prices> got;
+  local::run(
+      4,
+      [&](local::communicator& c) {
+        c.measured_prices_of(collective::all_reduce) =
+            std::make_shared<const measured_prices>(given);
+        std::vector<float> w(1048577, 1.0f); // 4 MiB and 4 bytes
+        all_reduce(c, std::span(w));
+        EXPECT_EQ(w.front(), 4.0f);
+        EXPECT_EQ(w.back(), 4.0f);
+        const std::lock_guard lock(mutex);
+        got.push_back(*c.measured_prices_of(collective::all_reduce));
+      },
+      measured);
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_TRUE(got[0].large);
+  for (std::size_t i = 0; i < table.size(); ++i) {
+    const auto& was = given.seconds[i];
+    const auto& now = got[0].seconds[i];
+    ASSERT_GE(now.size(), was.size()) << table[i].name;
+    EXPECT_TRUE(std::equal(was.begin(), was.end(), now.begin())) << table[i].name;
+    if (was.size() < 6) {
+      EXPECT_EQ(now.size(), was.size()) << table[i].name << " went on";
+    }
+  }
+  EXPECT_EQ(got[0].bytes.back(), 64 * mib);
+  for (std::size_t r = 1; r < 4; ++r)
+    EXPECT_EQ(got[r].digest(), got[0].digest()) << "rank " << r;
+}
+
+// What a rank holds to measure counts the plans' scratch beside the buffers, and the sizes
+// measured are those at which every node's ranks together stay within the cap.
+TEST(measured_prices, the_sizes_measured_count_buffers_and_scratch_per_node) {
+  constexpr double mib = 1048576.0;
+  const auto table = algo::candidates();
+  const plan_request shape{collective::all_reduce, 4, 1, 1, 0, {0, 0, 0, 0}, 4};
+  const algo::candidate* ring = &table[index_of("ring")];
+  // The candidate whose plan has the most scratch at 16 MiB, with ring (none at all_reduce).
+  plan_request at16 = shape;
+  at16.count = 4194304;
+  const algo::candidate* most = ring;
+  for (const auto& a : table)
+    if (detail::eligible(a, shape, true, true) &&
+        a.make_plan(at16).scratch_count() > most->make_plan(at16).scratch_count())
+      most = &a;
+  const double scratch = 4.0 * static_cast<double>(most->make_plan(at16).scratch_count());
+  ASSERT_GT(scratch, 0.0) << "no scratch: the test shows nothing";
+  const auto held = detail::held_bytes(shape, {ring, most}, {16 * mib});
+  ASSERT_EQ(held.size(), 1u);
+  // input and output of 16 MiB, and the larger scratch of the two plans
+  EXPECT_EQ(held[0], static_cast<float>(32 * mib + scratch)) << most->name;
+  // reduce_scatter's input is p blocks
+  plan_request rs = shape;
+  rs.coll = collective::reduce_scatter;
+  const auto held_rs = detail::held_bytes(rs, {ring}, {mib});
+  plan_request rs1 = rs;
+  rs1.count = 262144;
+  EXPECT_EQ(held_rs[0], static_cast<float>(5 * mib + 4.0 * ring->make_plan(rs1).scratch_count()));
+
+  // What measured_prices.hpp says of 4 ranks on one node: 16 and 64 MiB for all_reduce,
+  // broadcast and reduce; 16 MiB only for the blocked collectives.
+  for (const collective c :
+       {collective::all_reduce, collective::broadcast, collective::reduce,
+        collective::reduce_scatter, collective::all_gather, collective::all_to_all}) {
+    plan_request q = shape;
+    q.coll = c;
+    std::vector<const algo::candidate*> all;
+    for (const auto& a : table)
+      if (detail::eligible(a, q, true, true)) all.push_back(&a);
+    std::vector<float> every_rank;
+    for (int r = 0; r < 4; ++r) {
+      q.rank = r;
+      const auto mine = detail::held_bytes(q, all, detail::measured_sizes(true));
+      every_rank.insert(every_rank.end(), mine.begin(), mine.end());
+    }
+    const bool blocked = c == collective::reduce_scatter || c == collective::all_gather ||
+                         c == collective::all_to_all;
+    EXPECT_EQ(detail::sizes_within(2, every_rank, {0, 0, 0, 0}, detail::measured_large_memory_bytes,
+                                   false),
+              blocked ? 1u : 2u)
+        << name_of(c);
+  }
+
+  // Two sizes, two ranks a node: 100 and 200 bytes at the first size, 150 and 250 at the second.
+  const std::vector<float> two{100, 150, 200, 250};
+  EXPECT_EQ(detail::sizes_within(2, two, {0, 0}, 400, false), 2u);
+  EXPECT_EQ(detail::sizes_within(2, two, {0, 0}, 399, false), 1u);
+  EXPECT_EQ(detail::sizes_within(2, two, {0, 0}, 299, false), 0u);
+  EXPECT_EQ(detail::sizes_within(2, two, {0, 0}, 299, true), 1u); // the first kept
+  // Per node: one rank a node holds at most 250.
+  EXPECT_EQ(detail::sizes_within(2, two, {0, 1}, 250, false), 2u);
+  EXPECT_EQ(detail::sizes_within(2, two, {0, 1}, 249, false), 1u);
+  // Any ids; none given: all on one node.
+  EXPECT_EQ(detail::sizes_within(2, two, {-1, 7}, 250, false), 2u);
+  EXPECT_EQ(detail::sizes_within(2, two, {}, 400, false), 2u);
+  EXPECT_EQ(detail::sizes_within(2, two, {}, 399, false), 1u);
+}
+
+// Whether a rank continues the table hangs on its call's size: with calls checked, a call of
+// another size on one rank is reported on every rank before any measures, not left to hang.
+TEST(measured_prices, a_call_of_another_size_is_reported_before_measuring) {
+  std::atomic<int> reported{0};
+  local::options opt = measured;
+  opt.check_calls = true;
+  local::run(
+      3,
+      [&](local::communicator& c) {
+        std::vector<float> v(1024, 1.0f);
+        all_reduce(c, std::span(v)); // the first sizes, every rank alike
+        std::vector<float> w(c.rank() == 1 ? 1048577 : 1024, 1.0f);
+        try {
+          all_reduce(c, std::span(w));
+          ADD_FAILURE() << "rank " << c.rank() << ": no error";
+        } catch (const weft::error& e) {
+          EXPECT_NE(std::string(e.what()).find("all_reduce<automatic> of 1048577"),
+                    std::string::npos)
+              << e.what();
+          ++reported;
+        }
+      },
+      opt);
+  EXPECT_EQ(reported.load(), 3);
+}
+
+// Who goes on to the next size (time_sizes): at the first sizes, past 64 KiB, a caller whose
+// calls took over 20 ms stops; at the large sizes (a call needs them) a caller within 1.5x of
+// the fastest goes on past the 20 ms, up to 1 s.
+TEST(measured_prices, who_goes_on_to_the_next_size) {
+  local::run(
+      2,
+      [](local::communicator& c) {
+        std::vector<float> in, out;
+        const auto none = [](std::size_t, std::size_t, std::size_t, std::size_t) {};
+        // first sizes: caller 1 sleeps 25 ms a call at 128 KiB
+        measured_prices m;
+        m.bytes = {131072, 524288};
+        std::vector<double> t0, t1;
+        detail::time_sizes(c, collective::all_reduce, m, {&t0, &t1}, in, out,
+                           [](std::size_t j, std::size_t, std::size_t, std::size_t) {
+                             if (j == 1) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+                           });
+        EXPECT_EQ(t0.size(), 2u);
+        ASSERT_EQ(t1.size(), 1u);
+        EXPECT_GE(t1[0], 0.025);
+        // large sizes, from given times at 4 MiB
+        measured_prices l;
+        l.bytes = {4194304, 16777216};
+        std::vector<double> fastest{0.025}, near{0.036}, far{0.040};
+        detail::time_sizes(c, collective::all_reduce, l, {&fastest, &near, &far}, in, out, none, 1);
+        EXPECT_EQ(fastest.size(), 2u);
+        EXPECT_EQ(near.size(), 2u);
+        EXPECT_EQ(far.size(), 1u);
+        // and not past 1 s
+        std::vector<double> slow{0.9}, slower{1.1};
+        detail::time_sizes(c, collective::all_reduce, l, {&slow, &slower}, in, out, none, 1);
+        EXPECT_EQ(slow.size(), 2u);
+        EXPECT_EQ(slower.size(), 1u);
+      },
+      measured);
+}
+
+// A communicator whose measure_prices takes no table to continue (the three-argument form)
+// keeps its first table past 4 MiB and extrapolates it.
+class three_argument_measure : public local::communicator {
+public:
+  explicit three_argument_measure(local::communicator c) : local::communicator(std::move(c)) {}
+  three_argument_measure split(int color, int key) {
+    return three_argument_measure(local::communicator::split(color, key));
+  }
+  [[nodiscard]] std::shared_ptr<const measured_prices> measure_prices(collective c, bool peer,
+                                                                      bool messages) {
+    return local::communicator::measure_prices(c, peer, messages);
+  }
+};
+static_assert(detail::continues_prices<local::communicator>);
+static_assert(!detail::continues_prices<three_argument_measure>);
+static_assert(detail::continues_prices<traced<local::communicator>>);
+static_assert(!detail::continues_prices<traced<three_argument_measure>>);
+
+TEST(measured_prices, a_communicator_that_cannot_continue_extrapolates) {
+  local::run(
+      2,
+      [&](local::communicator& base) {
+        three_argument_measure c(std::move(base));
+        std::vector<float> w(1048577, 1.0f);
+        all_reduce(c, std::span(w));
+        EXPECT_EQ(w.back(), 2.0f);
+        const auto m = c.measured_prices_of(collective::all_reduce);
+        ASSERT_NE(m, nullptr);
+        EXPECT_FALSE(m->large);
+        EXPECT_LE(m->bytes.back(), 4 * 1048576.0);
       },
       measured);
 }
@@ -289,6 +561,35 @@ void expect_vendor_weighed_by_measurement() {
 TEST(measured_prices, a_vendor_without_a_price_is_weighed_by_its_measurement) {
   expect_vendor_weighed_by_measurement<false>();
   expect_vendor_weighed_by_measurement<true>();
+}
+
+// Beside a vendor collective (the dispatch path), a call of another size on one rank is
+// reported before any rank measures, as on weft's plans alone.
+TEST(measured_prices, beside_a_vendor_a_call_of_another_size_is_reported_before_measuring) {
+  using namespace weft;
+  int calls[3] = {0, 0, 0};
+  std::atomic<int> reported{0};
+  local::options opt = measured;
+  opt.check_calls = true;
+  local::run(
+      3,
+      [&](local::communicator& base) {
+        measured_vendor<false> c(std::move(base), calls);
+        std::vector<float> v(1024, 1.0f);
+        all_reduce(c, std::span(v));
+        std::vector<float> w(c.rank() == 1 ? 1048577 : 1024, 1.0f);
+        try {
+          all_reduce(c, std::span(w));
+          ADD_FAILURE() << "rank " << c.rank() << ": no error";
+        } catch (const weft::error& e) {
+          EXPECT_NE(std::string(e.what()).find("all_reduce<automatic> of 1048577"),
+                    std::string::npos)
+              << e.what();
+          ++reported;
+        }
+      },
+      opt);
+  EXPECT_EQ(reported.load(), 3);
 }
 
 } // namespace

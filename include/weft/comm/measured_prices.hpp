@@ -8,10 +8,13 @@
 // in 120 us), so the host's prices come from the host.
 //
 //   first automatic call of collective C on the communicator (every rank makes it):
-//     agree whether this process has measured C for this group shape already
-//       (cached per communicator type, collective, group size and nodes: once per process)
+//     agree whether every rank holds a measurement of C for this group shape already (cached
+//       per communicator type, collective, group size and nodes: once per process): the same
+//       one (by digest) is taken; different ones (a process in several groups of one shape
+//       holds the last one's), the lowest rank's, sent to all
 //     else, for every candidate automatic may pick here, at 4 KiB, 16 KiB, ... 4 MiB per rank
-//       (by factors of 4; fewer on large groups, so that the buffers stay within 256 MiB),
+//       (by factors of 4; fewer on large groups, so that the buffers and the plans' scratch of
+//       a node's ranks stay within 256 MiB),
 //       the candidates taking turns batch by batch at each size, each round starting one
 //       candidate further on (none is always the first after the barrier):
 //         one untimed call, then 3 batches of 8 calls back to back (2 above 64 KiB, 1
@@ -22,23 +25,32 @@
 //     and the communicator's own collective (algo::vendor: MPI's, say) likewise, where it
 //     has one for float sums: automatic then weighs the vendor by this measurement
 //   first automatic call of C past the measured sizes (over 4 MiB per rank), every rank again:
-//     the same for 16 and 64 MiB (those within 256 MiB of buffers), for the candidates
-//     measured at every size so far, kept beside the first measurement (once per process)
+//     the communicator's table continued at 16 and 64 MiB (those within 1 GiB a node: on 4
+//     ranks of one node, both for all_reduce, broadcast and reduce, 16 MiB only for
+//     reduce_scatter, all_gather and all_to_all; none on one rank), for
+//     the candidates it measured at every size so far, past 20 ms too where within 1.5x of
+//     the fastest (agreed and cached as above, by the table it continues); a communicator
+//     whose measure_prices takes no table to continue (three arguments) extrapolates instead
 //   every call: the candidate whose measured time, interpolated at the call's bytes, is least
 //     (linear between measured sizes, the smallest size's time below them, the last
-//     segment's slope above them; a tie goes to the earlier candidate)
+//     segment's slope above them; a tie goes to the earlier candidate). Past its last
+//     measured size, a candidate that another one outlasted (it passed the 20 ms while the
+//     other did not) is not taken
 //
-// Why the sizes past 4 MiB only when a call needs them: measuring them triples the
-// measurement's time, which a program calling nothing that large would pay for nothing; and
+// Why the sizes past 4 MiB only when a call needs them: measuring them takes many times the
+// first sizes' time (below), which a program calling nothing that large would pay for nothing;
+// and
 // the 1-4 MiB slope does not rank the larger sizes: on one 2-core machine all but recursive
 // doubling ran within 1.1x of each other at 16 and 64 MiB, on another (a 480 MiB L3) tree led
 // at 4 MiB and direct was 1.2-1.6x faster than tree at 16 and 64 MiB.
 //
 // What it costs: at the first automatic call of each collective on a group shape, every
 // candidate runs up to 25 times per size; on 4 ranks of this 2-core machine, idle, about
-// 0.05 s for all_reduce (0.25 s for all six collectives). Every rank of the group must make
-// that call (it is a collective, as the call is); weft::automatic_choice on such a
-// communicator is collective at first use too.
+// 0.05 s for all_reduce (0.25 s for all six collectives), and about 1.3 s more at the first
+// all_reduce past 4 MiB (4 ranks at 16 and 64 MiB), after which each rank keeps the plans'
+// scratch at its largest, as after a call of that size. Every rank of the group must make
+// that call (it is a collective, as the call is), and every rank its first call past 4 MiB;
+// weft::automatic_choice on such a communicator is collective at those calls too.
 #include <weft/comm/algorithm/automatic.hpp>
 #include <weft/comm/algorithm/ring.hpp>
 #include <weft/comm/detail/plan_cache.hpp>
@@ -50,6 +62,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <memory>
@@ -67,27 +81,40 @@ namespace weft {
 /// Measured seconds of one call of every candidate of automatic at a few sizes.
 struct measured_prices {
   std::vector<double> bytes;                // per rank, in plan.hpp's count sense; ascending
-  std::vector<std::vector<double>> seconds; // [candidate][size]: the first sizes only, or
-                                            // none (not measured)
+  std::vector<std::vector<double>> seconds; // [candidate][size]: at the first of `bytes`
+                                            // (those it was measured at), or none
 
-  std::vector<double> vendor; // the vendor collective's, at the first sizes; or none
+  std::vector<double> vendor; // the vendor collective's, likewise; or none
   bool large = false;         // the sizes past 4 MiB are measured (those within the cap)
 
-  /// Seconds for candidate i at b bytes (see the header); infinity where i is not measured.
+  /// Seconds for candidate i at b bytes (see the header); infinity where i is not measured,
+  /// or b is past its last measured size and another candidate's times reach further.
   [[nodiscard]] double estimate(std::size_t i, double b) const {
     if (i >= seconds.size()) return std::numeric_limits<double>::infinity();
-    return interpolate(seconds[i], b);
+    return interpolate(seconds[i], b, reach());
   }
-  /// Seconds for the vendor collective at b bytes; none where it is not measured.
+  /// Seconds for the vendor collective at b bytes (as estimate: infinity past its last size
+  /// where a candidate's times reach further); none where it is not measured.
   [[nodiscard]] std::optional<double> vendor_estimate(double b) const {
     if (vendor.empty()) return std::nullopt;
-    return interpolate(vendor, b);
+    return interpolate(vendor, b, reach());
   }
 
-  /// Seconds at b bytes from times t at the first t.size() of `bytes` (see the header).
-  [[nodiscard]] double interpolate(const std::vector<double>& t, double b) const {
+  /// The most sizes any candidate is measured at.
+  [[nodiscard]] std::size_t reach() const {
+    std::size_t n = 0;
+    for (const auto& t : seconds)
+      n = std::max(n, t.size());
+    return std::min(n, bytes.size());
+  }
+
+  /// Seconds at b bytes from times t at the first t.size() of `bytes` (see the header):
+  /// infinity past them where a table measured at `reach` sizes went further.
+  [[nodiscard]] double interpolate(const std::vector<double>& t, double b,
+                                   std::size_t reach) const {
     if (t.empty() || bytes.empty()) return std::numeric_limits<double>::infinity();
     const std::size_t n = std::min(t.size(), bytes.size());
+    if (n < reach && b > bytes[n - 1]) return std::numeric_limits<double>::infinity();
     if (b <= bytes.front() || n == 1) return t.front();
     std::size_t k = 1;
     while (k + 1 < n && b > bytes[k])
@@ -96,17 +123,23 @@ struct measured_prices {
     return std::max(0.0, t[k - 1] + slope * (b - bytes[k - 1]));
   }
 
-  /// The candidate automatic takes for q (eligible as choose() has them): the least estimate;
-  /// null where none is measured and eligible.
+  /// The candidate automatic takes for q (eligible as choose() has them): the least estimate
+  /// (past the sizes an eligible candidate's times reach, or the vendor's where it competes,
+  /// none); null where none is measured and eligible.
   [[nodiscard]] const algo::candidate* pick(const plan_request& q, bool peer_access, bool messages,
-                                            double* price = nullptr) const {
+                                            double* price = nullptr,
+                                            bool vendor_competes = false) const {
     const auto table = algo::candidates();
     const double b = static_cast<double>(q.count) * static_cast<double>(q.element_size);
+    std::size_t far = vendor_competes ? std::min(vendor.size(), bytes.size()) : 0;
+    for (std::size_t i = 0; i < table.size() && i < seconds.size(); ++i)
+      if (detail::eligible(table[i], q, peer_access, messages))
+        far = std::max(far, std::min(seconds[i].size(), bytes.size()));
     const algo::candidate* best = nullptr;
     double best_t = std::numeric_limits<double>::infinity();
-    for (std::size_t i = 0; i < table.size(); ++i) {
+    for (std::size_t i = 0; i < table.size() && i < seconds.size(); ++i) {
       if (!detail::eligible(table[i], q, peer_access, messages)) continue;
-      const double t = estimate(i, b);
+      const double t = interpolate(seconds[i], b, far);
       if (t < best_t) {
         best = &table[i];
         best_t = t;
@@ -115,35 +148,102 @@ struct measured_prices {
     if (price != nullptr) *price = best_t;
     return best;
   }
+
+  /// A digest of the whole table (sizes, times, flags): what the ranks of a group compare to
+  /// agree that they hold the same one.
+  [[nodiscard]] std::uint64_t digest() const {
+    std::uint64_t h = 14695981039346656037ull; // FNV-1a
+    const auto mix = [&](const void* p, std::size_t n) {
+      const auto* c = static_cast<const unsigned char*>(p);
+      for (std::size_t k = 0; k < n; ++k)
+        h = (h ^ c[k]) * 1099511628211ull;
+    };
+    const auto mix_all = [&](const std::vector<double>& v) {
+      const std::size_t n = v.size();
+      mix(&n, sizeof n);
+      mix(v.data(), n * sizeof(double));
+    };
+    mix_all(bytes);
+    for (const auto& t : seconds)
+      mix_all(t);
+    mix_all(vendor);
+    mix(&large, sizeof large);
+    return h;
+  }
 };
 
 namespace detail {
 
-/// The sizes measured first per rank, 4 KiB .. 4 MiB (large: 16 and 64 MiB, measured at the first
-/// call past 4 MiB); fewer where p ranks' buffers would pass 256 MiB (never fewer than one first).
-inline std::vector<double> measured_sizes(collective c, int p, bool large = false) {
-  const bool blocked =
-      c == collective::reduce_scatter || c == collective::all_gather || c == collective::all_to_all;
-  const double per_byte = 2.0 * p * (blocked ? p : 1); // input and output on every rank
+/// The sizes measured per rank: 4 KiB .. 4 MiB by factors of 4 first; large: 16 and 64 MiB, at
+/// the first call past 4 MiB (measure_prices keeps those within measured_memory_bytes).
+inline std::vector<double> measured_sizes(bool large) {
   std::vector<double> out;
   const double from = large ? 16.0 * 1048576.0 : 4096.0;
   const double to = large ? 64.0 * 1048576.0 : 4194304.0;
   for (double b = from; b <= to; b *= 4)
-    if ((out.empty() && !large) || b * per_byte <= 256.0 * 1048576.0) out.push_back(b);
+    out.push_back(b);
   return out;
 }
 
+/// The most memory a measurement takes on a node, its ranks' buffers and plan scratch together:
+/// at the first sizes, and at the large ones (measured only for a program that calls past 4 MiB
+/// per rank, whose own buffers are of that order).
+inline constexpr double measured_memory_bytes = 256.0 * 1048576.0;
+inline constexpr double measured_large_memory_bytes = 1024.0 * 1048576.0;
+
+/// What rank shape.rank holds to measure candidates at each of `sizes` (bytes per rank, float
+/// elements): its input and output, and the largest scratch of the candidates' plans (built
+/// here, not kept).
+inline std::vector<float> held_bytes(const plan_request& shape,
+                                     const std::vector<const algo::candidate*>& candidates,
+                                     const std::vector<double>& sizes) {
+  const auto up = static_cast<std::size_t>(shape.size);
+  const collective c = shape.coll;
+  const bool blocks_in = c == collective::reduce_scatter || c == collective::all_to_all;
+  const bool blocks_out = c == collective::all_gather || c == collective::all_to_all;
+  std::vector<float> held;
+  for (const double b : sizes) {
+    plan_request q = shape;
+    q.count = static_cast<std::size_t>(b) / sizeof(float);
+    std::size_t scratch = 0;
+    for (const algo::candidate* a : candidates)
+      scratch = std::max(scratch, a->make_plan(q).scratch_count());
+    const std::size_t elements = q.count * ((blocks_in ? up : 1) + (blocks_out ? up : 1)) + scratch;
+    held.push_back(static_cast<float>(static_cast<double>(elements) * sizeof(float)));
+  }
+  return held;
+}
+
+/// How many of `sizes` (ascending) a measurement takes: those at which every node's ranks hold
+/// at most `cap` bytes together; held[r * sizes.size() + k]: what rank r holds at size k (the
+/// same figures, so the same answer, on every rank). At least one where keep_first.
+inline std::size_t sizes_within(std::size_t sizes, const std::vector<float>& held,
+                                const std::vector<int>& node_of, double cap, bool keep_first) {
+  const std::size_t ranks = sizes == 0 ? 0 : held.size() / sizes;
+  std::size_t n = 0;
+  for (; n < sizes; ++n) {
+    std::map<int, double> node_total; // node_of empty: all on node 0
+    for (std::size_t r = 0; r < ranks; ++r)
+      node_total[r < node_of.size() ? node_of[r] : 0] += static_cast<double>(held[r * sizes + n]);
+    const bool fits = std::all_of(node_total.begin(), node_total.end(),
+                                  [&](const auto& t) { return t.second <= cap; });
+    if (!fits && !(keep_first && n == 0)) break;
+  }
+  return n;
+}
+
 /// Every rank's `mine`, gathered with weft's ring plan (no automatic inside), on the path the
-/// measurement runs itself (float, op::sum: the operator goes unused), so that agreeing on a
-/// figure compiles no plan run of its own.
+/// measurement runs itself (float, op::sum: the operator goes unused), so that agreeing on
+/// figures compiles no plan run of its own: rank r's k figures at [r k, r k + k).
 template <class Comm>
-WEFT_COLD std::vector<float> gather_all(Comm& comm, float mine) {
-  const plan_request q{collective::all_gather, comm.size(),  comm.rank(), 1, 0,
+WEFT_COLD std::vector<float> gather_all(Comm& comm, const std::vector<float>& mine) {
+  const plan_request q{collective::all_gather, comm.size(),  comm.rank(), mine.size(), 0,
                        comm.node_of(),         sizeof(float)};
   const plan& pl = plan_cache::mine().get(
       algo::ring::name, q, [](const plan_request& r) { return algo::ring::make_plan(r); });
-  std::vector<float> all(static_cast<std::size_t>(comm.size()));
-  comm.execute(pl, &mine, 1, all.data(), all.size(), op::sum{}, "measure automatic");
+  std::vector<float> all(static_cast<std::size_t>(comm.size()) * mine.size());
+  comm.execute(pl, mine.data(), mine.size(), all.data(), all.size(), op::sum{},
+               "measure automatic");
   return all;
 }
 
@@ -153,10 +253,15 @@ inline constexpr double measured_always_bytes = 65536;
 /// Timed batches of calls per candidate and size (see time_sizes).
 inline constexpr int measured_batches = 3;
 inline constexpr double measured_call_limit = 0.02;
+/// At the large sizes, a caller within this factor of the fastest at the size before goes on
+/// past measured_call_limit (while under measured_contender_limit): a call needs the size, and
+/// noise at the limit must not decide.
+inline constexpr double measured_contender = 1.5;
+inline constexpr double measured_contender_limit = 1.0;
 
 /// Times each of several callers of collective c on comm at each of m's sizes from the first-th
 /// on, all ranks together: run(j, count, in_n, out_n) makes one call of caller j, whose times go
-/// to *into[j] (a caller with a time at every size before `first` goes on);
+/// to *into[j] (a caller with a time at every size before `first` goes on, see live below);
 /// in and out are the buffers the calls read and write, sized here. At each size the callers
 /// take turns, batch by batch, so that a passing disturbance of the machine falls on all of
 /// them rather than on whichever was being timed; each round starts one caller further on, so
@@ -176,12 +281,18 @@ WEFT_COLD void time_sizes(Comm& comm, collective c, const measured_prices& m,
   std::vector<double> fastest(into.size());
   for (std::size_t s = first; s < m.bytes.size(); ++s) {
     const double b = m.bytes[s];
-    // The same on every rank: the times are the gathered ones.
+    // The same on every rank: the times are the gathered ones. Past the first sizes (a call
+    // needs them), a caller within measured_contender of the fastest goes on whatever its time.
+    double best = std::numeric_limits<double>::infinity();
+    for (const auto* t : into)
+      if (t->size() == s && !t->empty()) best = std::min(best, t->back());
     live.clear();
     for (std::size_t j = 0; j < into.size(); ++j) {
       const std::vector<double>& t = *into[j];
       if (t.size() == s &&
-          (b <= measured_always_bytes || t.empty() || t.back() <= measured_call_limit))
+          (b <= measured_always_bytes || t.empty() || t.back() <= measured_call_limit ||
+           (first > 0 && t.back() <= measured_contender * best &&
+            t.back() <= measured_contender_limit)))
         live.push_back(j);
     }
     if (live.empty()) break;
@@ -210,9 +321,15 @@ WEFT_COLD void time_sizes(Comm& comm, collective c, const measured_prices& m,
       }
     }
     // The slowest rank's, the same on every rank: so are the sizes each rank measures next.
-    for (const std::size_t j : live) {
-      const std::vector<float> all = gather_all(comm, static_cast<float>(fastest[j]));
-      into[j]->push_back(static_cast<double>(*std::max_element(all.begin(), all.end())));
+    std::vector<float> mine;
+    for (const std::size_t j : live)
+      mine.push_back(static_cast<float>(fastest[j]));
+    const std::vector<float> all = gather_all(comm, mine);
+    for (std::size_t q = 0; q < live.size(); ++q) {
+      float slowest = 0;
+      for (std::size_t r = 0; r < up; ++r)
+        slowest = std::max(slowest, all[r * live.size() + q]);
+      into[live[q]]->push_back(static_cast<double>(slowest));
     }
   }
 }
@@ -222,23 +339,26 @@ struct no_vendor {};
 
 /// Measures every eligible candidate for collective c on comm, all ranks together, and the
 /// communicator's own collective where vendor(src, in_n, dst, out_n, count) makes one call of it.
-/// base: the first measurement, continued at the large sizes (measured_sizes).
+/// base: a table of the first sizes to continue at the large ones (measured_sizes), for the
+/// callers it measured at every size; the sizes are those whose buffers and plan scratch stay
+/// within measured_memory_bytes (measured_large_memory_bytes) on every node (at least one first
+/// size). A base that is not automatic's table of the first sizes (another candidate list, or
+/// large already), or one rank alone, is returned as it is, marked large: extrapolated.
 template <class Comm, class Vendor = no_vendor>
 WEFT_COLD measured_prices measure_prices(Comm& comm, collective c, bool peer_access, bool messages,
                                          const Vendor& vendor = {},
                                          const measured_prices* base = nullptr) {
   constexpr bool has_vendor = !std::is_same_v<Vendor, no_vendor>;
   const int p = comm.size();
+  const auto table = algo::candidates();
   measured_prices m;
-  m.bytes = measured_sizes(c, p);
   if (base != nullptr) {
     m = *base;
-    const std::vector<double> more = measured_sizes(c, p, true);
-    m.bytes.insert(m.bytes.end(), more.begin(), more.end());
     m.large = true;
+    if (p == 1 || base->large || base->seconds.size() != table.size()) return m;
+  } else {
+    m.seconds.assign(table.size(), {});
   }
-  const auto table = algo::candidates();
-  if (base == nullptr) m.seconds.assign(table.size(), {});
   const plan_request shape{c, p, comm.rank(), 1, 0, comm.node_of(), sizeof(float)};
   std::vector<std::size_t> candidate; // caller j times table[candidate[j]]; the vendor is last
   std::vector<std::vector<double>*> into;
@@ -248,6 +368,17 @@ WEFT_COLD measured_prices measure_prices(Comm& comm, collective c, bool peer_acc
     into.push_back(&m.seconds[i]);
   }
   if constexpr (has_vendor) into.push_back(&m.vendor);
+
+  // The sizes, by what each rank holds at each, summed over each node's ranks.
+  const std::vector<double> sizes = measured_sizes(base != nullptr);
+  std::vector<const algo::candidate*> timed;
+  for (const std::size_t i : candidate)
+    timed.push_back(&table[i]);
+  const std::size_t fit = sizes_within(
+      sizes.size(), gather_all(comm, held_bytes(shape, timed, sizes)), comm.node_of(),
+      base != nullptr ? measured_large_memory_bytes : measured_memory_bytes, base == nullptr);
+  m.bytes.insert(m.bytes.end(), sizes.begin(), sizes.begin() + static_cast<std::ptrdiff_t>(fit));
+
   std::vector<float> in, out;
   time_sizes(
       comm, c, m, into, in, out,
@@ -266,17 +397,22 @@ WEFT_COLD measured_prices measure_prices(Comm& comm, collective c, bool peer_acc
         comm.execute(pl, src, in_n, out.data(), out_n, op::sum{}, "measure automatic");
       },
       base != nullptr ? base->bytes.size() : 0);
+  // No size that nothing reached (every caller stopped before it).
+  const std::size_t reached = std::max<std::size_t>(m.reach(), m.vendor.size());
+  m.bytes.resize(std::max<std::size_t>(reached, 1));
   return m;
 }
 
 /// What this process has measured, by communicator type, collective, group size and nodes (and
-/// the flags: peer access, messages, vendor, large sizes).
+/// the flags: peer access, messages, vendor; and for a table of the large sizes, the digest of
+/// the table it continues, 0 for a first table).
 /// Not by the cluster's figures, nor by which devices the ranks are: only a communicator whose
 /// links are the machine's own measures (weft::local without emulated links; MPI across its
 /// nodes), and its speed is the machine's whatever the cluster says, so groups of one shape
 /// (the TP groups of a mesh, say) share one measurement.
 struct measured_cache {
-  using key = std::tuple<std::type_index, int, int, std::vector<int>, bool, bool, bool, bool>;
+  using key =
+      std::tuple<std::type_index, int, int, std::vector<int>, bool, bool, bool, std::uint64_t>;
   std::mutex mutex;
   std::map<key, std::shared_ptr<const measured_prices>> prices;
 };
@@ -286,14 +422,62 @@ inline measured_cache& measured() {
   return cache;
 }
 
-/// The measured prices of c on comm: this process's, where every rank finds them, else
-/// measured now by measure(), all ranks together, and kept. vendor: whether measure() times
-/// the communicator's own collective too; large: whether it measures the large sizes too (each
-/// a key of its own).
+/// A table as floats that carry it exactly (counts, and each double in four 16-bit parts), for
+/// gather_all; unpack reads it back.
+inline std::vector<float> pack(const measured_prices& m) {
+  std::vector<float> out;
+  const auto count = [&](std::size_t n) { out.push_back(static_cast<float>(n)); };
+  const auto numbers = [&](const std::vector<double>& v) {
+    count(v.size());
+    for (const double d : v) {
+      std::uint64_t bits = 0;
+      std::memcpy(&bits, &d, sizeof bits);
+      for (int k = 0; k < 4; ++k)
+        out.push_back(static_cast<float>((bits >> (16 * k)) & 0xffffu));
+    }
+  };
+  numbers(m.bytes);
+  count(m.seconds.size());
+  for (const auto& t : m.seconds)
+    numbers(t);
+  numbers(m.vendor);
+  count(m.large ? 1 : 0);
+  return out;
+}
+
+inline measured_prices unpack(const float* f) {
+  measured_prices m;
+  const auto count = [&] { return static_cast<std::size_t>(*f++); };
+  const auto numbers = [&] {
+    std::vector<double> v(count());
+    for (double& d : v) {
+      std::uint64_t bits = 0;
+      for (int k = 0; k < 4; ++k)
+        bits |= static_cast<std::uint64_t>(*f++) << (16 * k);
+      std::memcpy(&d, &bits, sizeof d);
+    }
+    return v;
+  };
+  m.bytes = numbers();
+  m.seconds.resize(count());
+  for (auto& t : m.seconds)
+    t = numbers();
+  m.vendor = numbers();
+  m.large = count() != 0;
+  return m;
+}
+
+/// The measured prices of c on comm, the same on every rank: this process's where every rank
+/// holds the same table (by its digest); the lowest rank's where every rank holds one but they
+/// differ (a process in several groups of one shape holds the last one's); else measured now by
+/// measure(), all ranks together. What is taken is kept in place of this process's. vendor:
+/// whether measure() times the communicator's own collective too; base: the table measure()
+/// continues at the large sizes, or none (each a key of its own).
 template <class Comm, class Measure>
 WEFT_COLD std::shared_ptr<const measured_prices> cached_prices(Comm& comm, collective c,
                                                                bool peer_access, bool messages,
-                                                               bool vendor, bool large,
+                                                               bool vendor,
+                                                               const measured_prices* base,
                                                                const Measure& measure) {
   measured_cache::key key{std::type_index(typeid(Comm)),
                           static_cast<int>(c),
@@ -302,35 +486,59 @@ WEFT_COLD std::shared_ptr<const measured_prices> cached_prices(Comm& comm, colle
                           peer_access,
                           messages,
                           vendor,
-                          large};
+                          base != nullptr ? base->digest() | 1 : 0};
   std::shared_ptr<const measured_prices> found;
   {
     auto& cache = measured();
     const std::lock_guard lock(cache.mutex);
     if (const auto it = cache.prices.find(key); it != cache.prices.end()) found = it->second;
   }
-  // Every rank must take the same prices: the cached ones only where all ranks have them
-  // (another group of this shape may be storing them while this one looks).
-  const std::vector<float> all_found = gather_all(comm, found ? 1.0f : 0.0f);
-  if (std::all_of(all_found.begin(), all_found.end(), [](float f) { return f == 1.0f; }))
-    return found;
-  auto mine = std::make_shared<const measured_prices>(measure());
+  // Whether each rank holds one, its digest in three 22-bit parts (each exact in a float), and
+  // its packed length. Another group of this shape may be storing one while this one looks.
+  constexpr std::size_t fields = 5;
+  std::vector<float> packed;
+  std::vector<float> mine(fields, 0.0f);
+  if (found) {
+    packed = pack(*found);
+    const std::uint64_t d = found->digest();
+    mine[0] = 1;
+    for (std::size_t k = 0; k < 3; ++k)
+      mine[1 + k] = static_cast<float>((d >> (22 * k)) & ((std::uint64_t{1} << 22) - 1));
+    mine[4] = static_cast<float>(packed.size());
+  }
+  const std::vector<float> all = gather_all(comm, mine);
+  bool every = true;
+  bool same = true;
+  std::size_t longest = 0;
+  for (std::size_t r = 0; r * fields < all.size(); ++r) {
+    every = every && all[r * fields] == 1;
+    for (std::size_t k = 1; k < 4; ++k)
+      same = same && all[r * fields + k] == all[k];
+    longest = std::max(longest, static_cast<std::size_t>(all[r * fields + 4]));
+  }
+  std::shared_ptr<const measured_prices> taken;
+  if (every && same) return found;
+  if (every) {
+    packed.resize(longest, 0.0f);
+    taken = std::make_shared<const measured_prices>(unpack(gather_all(comm, packed).data()));
+  } else {
+    taken = std::make_shared<const measured_prices>(measure());
+  }
   {
     auto& cache = measured();
     const std::lock_guard lock(cache.mutex);
-    cache.prices.try_emplace(std::move(key), mine);
+    cache.prices.insert_or_assign(std::move(key), taken);
   }
-  return mine;
+  return taken;
 }
 
 /// The measured prices of C on comm (cached_prices); Vendor: the communicator's own collective
-/// for float sums is measured beside weft's candidates. large: the first measurement continued
-/// at the large sizes (the first measured or found first).
+/// for float sums is measured beside weft's candidates. base: the communicator's table,
+/// continued at the large sizes; none: the first sizes.
 template <collective C, bool Vendor, class Comm>
-WEFT_COLD std::shared_ptr<const measured_prices> measured_prices_for(Comm& comm, bool peer_access,
-                                                                     bool messages,
-                                                                     bool large = false) {
-  const auto measure = [&](const measured_prices* base) {
+WEFT_COLD std::shared_ptr<const measured_prices> measured_prices_for(
+    Comm& comm, bool peer_access, bool messages, const measured_prices* base = nullptr) {
+  return cached_prices(comm, C, peer_access, messages, Vendor, base, [&] {
     if constexpr (Vendor) {
       return measure_prices(
           comm, C, peer_access, messages,
@@ -342,27 +550,19 @@ WEFT_COLD std::shared_ptr<const measured_prices> measured_prices_for(Comm& comm,
     } else {
       return measure_prices(comm, C, peer_access, messages, no_vendor{}, base);
     }
-  };
-  const auto first = cached_prices(comm, C, peer_access, messages, Vendor, false,
-                                   [&] { return measure(nullptr); });
-  if (!large) return first;
-  return cached_prices(comm, C, peer_access, messages, Vendor, true,
-                       [&] { return measure(first.get()); });
+  });
 }
 
 /// The measured prices of collective c on comm, without a vendor collective: what the local
 /// transport measures where automatic picks by measured prices (local::options::automatic). One
-/// function for every collective, so that a program compiles the measurement once. large: the
-/// first measurement continued at the large sizes.
+/// function for every collective, so that a program compiles the measurement once. base: the
+/// communicator's table, continued at the large sizes; none: the first sizes.
 template <class Comm>
 std::shared_ptr<const measured_prices> measure_collective(Comm& comm, collective c,
                                                           bool peer_access, bool messages,
-                                                          bool large) {
-  const auto first = cached_prices(comm, c, peer_access, messages, false, false,
-                                   [&] { return measure_prices(comm, c, peer_access, messages); });
-  if (!large) return first;
-  return cached_prices(comm, c, peer_access, messages, false, true, [&] {
-    return measure_prices(comm, c, peer_access, messages, no_vendor{}, first.get());
+                                                          const measured_prices* base) {
+  return cached_prices(comm, c, peer_access, messages, false, base, [&] {
+    return measure_prices(comm, c, peer_access, messages, no_vendor{}, base);
   });
 }
 

@@ -31,8 +31,9 @@ void run_collective(Comm& comm, const T* in, std::size_t in_n, T* out, std::size
                        (prices_vendor<Comm, C, std::remove_cv_t<T>, Op> ||
                         measures_prices<Comm>)&&vendor_collective<Comm, C, T, Op>) {
     check_root(comm, root, name_of(C));
-    const algo::choice chosen =
-        automatic_choice_for<C, std::remove_cv_t<T>, Op>(comm, request_of<C, T>(comm, count, root));
+    const plan_request q = request_of<C, T>(comm, count, root);
+    check_before_measuring<C, std::remove_cv_t<T>, Op>(comm, q);
+    const algo::choice chosen = automatic_choice_for<C, std::remove_cv_t<T>, Op>(comm, q);
     if (chosen.vendor) {
       run_vendor<C>(comm, in, in_n, out, out_n, count, root, op);
     } else {

@@ -182,11 +182,17 @@ public:
     w.measured_prices_of(c);
   }
   { return comm_.measured_prices_of(c); }
-  [[nodiscard]] decltype(auto) measure_prices(collective c, bool peer_access, bool messages,
-                                              bool large = false) requires requires(Comm& w) {
-    w.measure_prices(c, peer_access, messages, large);
+  [[nodiscard]] decltype(auto) measure_prices(collective c, bool peer_access,
+                                              bool messages) requires requires(Comm& w) {
+    w.measure_prices(c, peer_access, messages);
   }
-  { return comm_.measure_prices(c, peer_access, messages, large); }
+  { return comm_.measure_prices(c, peer_access, messages); }
+  template <class Table>
+  [[nodiscard]] decltype(auto) measure_prices(collective c, bool peer_access, bool messages,
+                                              const Table* base) requires requires(Comm& w) {
+    w.measure_prices(c, peer_access, messages, base);
+  }
+  { return comm_.measure_prices(c, peer_access, messages, base); }
 
   /// What automatic reads to weigh the wrapped communicator's own collective, where it has one.
   template <collective C, class T, class Op>

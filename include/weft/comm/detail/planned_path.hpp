@@ -48,8 +48,10 @@ void run_planned(Comm& comm, const T* in, std::size_t in_n, T* out, std::size_t 
   std::string_view algorithm;
   const plan* pl = nullptr;
   if constexpr (std::is_same_v<Algo, algo::automatic>) {
-    if (chosen == nullptr)
+    if (chosen == nullptr) {
+      check_before_measuring<C, std::remove_cv_t<T>, Op>(comm, q);
       chosen = automatic_choice_for<C, std::remove_cv_t<T>, Op, false>(comm, q).plan;
+    }
     algorithm = chosen->name;
     pl = &plan_cache::mine().get(chosen->name, q, chosen->make_plan);
   } else {

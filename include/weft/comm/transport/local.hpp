@@ -88,7 +88,8 @@ struct options {
   /// How algo::automatic prices its candidates where the ranks share one node and links are
   /// not emulated (comm/measured_prices.hpp): measured on this machine at the first automatic
   /// call of each collective on a group shape (once per process and shape; about 0.05 s for
-  /// all_reduce on 4 ranks of an idle 2-core machine), or by the cost model's nominal figures
+  /// all_reduce on 4 ranks of an idle 2-core machine), and at 16 and 64 MiB at the first call
+  /// past 4 MiB (about 1.3 s more), or by the cost model's nominal figures
   /// for the host (topology::host), which measure nothing and pick worse (1.3-2.7x slower
   /// than the best algorithm on 4 ranks here; docs/benchmarks.md). Unset: the environment's
   /// WEFT_AUTOMATIC (`measured` or `model`; anything else is a weft::error), else measured.
@@ -138,12 +139,10 @@ public:
                        [&](int n) { return n == node_of_.front(); });
   }
   /// Measures automatic's prices of collective c now, all ranks together (where
-  /// measures_automatic()); large: the first measurement continued at the large sizes.
-  [[nodiscard]] std::shared_ptr<const measured_prices> measure_prices(collective c,
-                                                                      bool peer_access,
-                                                                      bool messages,
-                                                                      bool large = false) {
-    return group_->world->measurer(*this, c, peer_access, messages, large);
+  /// measures_automatic()); base: its table to continue at the large sizes, or none.
+  [[nodiscard]] std::shared_ptr<const measured_prices> measure_prices(
+      collective c, bool peer_access, bool messages, const measured_prices* base = nullptr) {
+    return group_->world->measurer(*this, c, peer_access, messages, base);
   }
   /// automatic's measured prices of collective c: empty until its first automatic call of c.
   [[nodiscard]] std::shared_ptr<const measured_prices>& measured_prices_of(collective c) {

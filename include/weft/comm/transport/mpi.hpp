@@ -39,10 +39,10 @@
 // real, not emulated) it picks by measurement instead (comm/measured_prices.hpp): at its first
 // call of a collective on a group shape, every rank measures weft's candidates and MPI's own
 // collective at 4 KiB .. 4 MiB, and at 16 and 64 MiB at the first call past 4 MiB (each once per
-// process and shape), and each call takes MPI's
-// collective unless a plan of weft's is measured cheaper at its size. That first call costs
-// 1.5-1.8 s for all_reduce and 0.3-0.8 s for reduce_scatter, all_gather or broadcast on 4
-// processes of a loaded 2-core machine, and every rank of the group must make it.
+// process and shape), and each call takes MPI's collective unless a plan of weft's is measured
+// cheaper at its size. On 4 processes of an idle 2-core machine that first call costs about
+// 0.2 s for all_reduce (1.5-1.8 s loaded), the first broadcast past 4 MiB about 0.9 s; every
+// rank of the group must make both.
 //
 // Threads. A communicator is used by one thread at a time. MPI_THREAD_SERIALIZED (what
 // environment asks for) is enough for that; MPI_THREAD_MULTIPLE lets different
@@ -139,9 +139,10 @@ class communicator;
 /// Measures automatic's prices of a collective on an mpi communicator, weft's candidates and
 /// MPI's own collective, all its ranks together: what measured_automatic() gives
 /// options::measured_automatic.
+/// base: the communicator's table to continue at the large sizes, or none.
 using measurer = std::shared_ptr<const measured_prices> (*)(communicator&, collective,
                                                             bool peer_access, bool messages,
-                                                            bool large);
+                                                            const measured_prices* base);
 
 struct options {
   /// Deadline of every wait (and of the collective set-up calls).
@@ -512,14 +513,12 @@ public:
   /// measure_prices measures MPI's own collective too (automatic_choice.hpp).
   static constexpr bool measure_prices_with_vendor = true;
   /// Measures automatic's prices of collective c now, all ranks together (where
-  /// measures_automatic()): weft's candidates and MPI's own collective; large: the first
-  /// measurement continued at the large sizes.
-  [[nodiscard]] std::shared_ptr<const measured_prices> measure_prices(collective c,
-                                                                      bool peer_access,
-                                                                      bool messages,
-                                                                      bool large = false) {
+  /// measures_automatic()): weft's candidates and MPI's own collective; base: its table to
+  /// continue at the large sizes, or none.
+  [[nodiscard]] std::shared_ptr<const measured_prices> measure_prices(
+      collective c, bool peer_access, bool messages, const measured_prices* base = nullptr) {
     WEFT_EXPECTS(measurer_ != nullptr, "mpi::communicator::measure_prices: no measurer given");
-    return measurer_(*this, c, peer_access, messages, large);
+    return measurer_(*this, c, peer_access, messages, base);
   }
   /// automatic's measured prices of collective c: empty until its first automatic call of c.
   [[nodiscard]] std::shared_ptr<const measured_prices>& measured_prices_of(collective c) {
@@ -1311,25 +1310,22 @@ private:
 template <class Comm = communicator>
 [[nodiscard]] measurer measured_automatic() noexcept {
   return [](Comm& comm, collective c, bool peer_access, bool messages,
-            bool large) -> std::shared_ptr<const measured_prices> {
+            const measured_prices* base) -> std::shared_ptr<const measured_prices> {
     using weft::detail::measured_prices_for;
     switch (c) {
       case collective::all_reduce:
-        return measured_prices_for<collective::all_reduce, true>(comm, peer_access, messages,
-                                                                 large);
+        return measured_prices_for<collective::all_reduce, true>(comm, peer_access, messages, base);
       case collective::reduce_scatter:
         return measured_prices_for<collective::reduce_scatter, true>(comm, peer_access, messages,
-                                                                     large);
+                                                                     base);
       case collective::all_gather:
-        return measured_prices_for<collective::all_gather, true>(comm, peer_access, messages,
-                                                                 large);
+        return measured_prices_for<collective::all_gather, true>(comm, peer_access, messages, base);
       case collective::broadcast:
-        return measured_prices_for<collective::broadcast, true>(comm, peer_access, messages, large);
+        return measured_prices_for<collective::broadcast, true>(comm, peer_access, messages, base);
       case collective::reduce:
-        return measured_prices_for<collective::reduce, true>(comm, peer_access, messages, large);
+        return measured_prices_for<collective::reduce, true>(comm, peer_access, messages, base);
       case collective::all_to_all:
-        return measured_prices_for<collective::all_to_all, true>(comm, peer_access, messages,
-                                                                 large);
+        return measured_prices_for<collective::all_to_all, true>(comm, peer_access, messages, base);
     }
     throw error("weft: mpi measured automatic: no such collective (" +
                 std::to_string(static_cast<int>(c)) + ")");

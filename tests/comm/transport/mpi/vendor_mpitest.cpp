@@ -4,6 +4,7 @@
 // this program under mpirun with 2, 3 and 4 processes on the machine's real node.
 #include <weft/comm/measured_prices.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -214,6 +215,67 @@ TEST(measured_automatic, the_first_call_measures_the_vendor_too) {
   test::call_and_check<algo::automatic, collective::all_reduce, half, op::sum>(
       d, 100, 0, test::pattern::exact, false);
   EXPECT_FALSE((automatic_choice<collective::all_reduce, half>(d, 100).vendor));
+}
+
+// A process in several groups of one shape holds the last one's measurement; a group takes a
+// kept one where its ranks hold the same (by digest), the lowest rank's where they hold
+// different ones, and measures only where some rank holds none. With groups A = {0, 1}, then
+// C = {0, 2}, then B = {1, 2}: at B's first call process 1 holds A's table and process 2 C's;
+// each taking its own would pick differently and mismatch. B takes A's, from process 1.
+TEST(measured_automatic, a_group_takes_the_same_measurement_on_every_rank) {
+  auto world = measured_world();
+  if (world.size() < 3) GTEST_SKIP() << "needs 3 processes";
+  const auto& nodes = world.node_of();
+  if (std::any_of(nodes.begin(), nodes.end(), [&](int n) { return n != nodes.front(); }))
+    GTEST_SKIP() << "the groups span nodes: each shape its own measurement";
+  const int r = world.rank();
+  const auto first_call = [](mpi::communicator& g) {
+    test::call_and_check<algo::automatic, collective::broadcast, float, op::sum>(
+        g, 300, 0, test::pattern::exact, false);
+    const auto m = g.measured_prices_of(collective::broadcast);
+    EXPECT_TRUE(m);
+    const std::uint64_t d = m ? m->digest() : 0;
+    test::expect_identical_across_processes(g, std::vector<std::uint64_t>{d},
+                                            "the table a group's ranks take");
+    return d;
+  };
+  std::uint64_t a = 0;
+  for (const auto& in_group :
+       {std::vector<int>{0, 1}, std::vector<int>{0, 2}, std::vector<int>{1, 2}}) {
+    const bool in = r == in_group[0] || r == in_group[1];
+    auto g = world.split(in ? 0 : 1, r);
+    if (!in) continue;
+    const std::uint64_t d = first_call(g);
+    if (in_group[1] == 1) a = d; // A
+    // B: process 1's table (A's); process 2 learns it from the call
+    if (in_group[0] == 1 && r == 1) {
+      EXPECT_EQ(d, a) << "B measured anew or took C's";
+    }
+  }
+}
+
+// The first call past 4 MiB continues the group's table at the large sizes, MPI's collective
+// too, the same on every rank.
+TEST(measured_automatic, the_first_call_past_4_mib_measures_the_large_sizes) {
+  auto c = measured_world();
+  test::call_and_check<algo::automatic, collective::broadcast, float, op::sum>(
+      c, 1024, 0, test::pattern::exact, false);
+  const auto first = c.measured_prices_of(collective::broadcast);
+  ASSERT_TRUE(first);
+  EXPECT_FALSE(first->large);
+  test::call_and_check<algo::automatic, collective::broadcast, float, op::sum>(
+      c, 1048577, 0, test::pattern::exact, false);
+  const auto m = c.measured_prices_of(collective::broadcast);
+  ASSERT_TRUE(m);
+  EXPECT_TRUE(m->large);
+  ASSERT_EQ(m->bytes.size(), first->bytes.size() + 2); // 16 and 64 MiB: p x 128 MiB < 1 GiB
+  EXPECT_EQ(m->bytes.back(), 64.0 * 1048576.0);
+  // MPI's collective goes on too where it was measured at every first size.
+  if (first->vendor.size() == first->bytes.size()) {
+    EXPECT_GT(m->vendor.size(), first->vendor.size());
+  }
+  test::expect_identical_across_processes(c, std::vector<std::uint64_t>{m->digest()},
+                                          "the large table");
 }
 
 TEST(measured_automatic, not_on_emulated_nodes) {

@@ -33,15 +33,16 @@ namespace weft::detail {
 
 /// Measures automatic's prices of a collective on a local communicator, all its ranks together
 /// (comm/measured_prices.hpp).
+/// base: the communicator's table to continue at the large sizes, or none.
 using local_measurer = std::shared_ptr<const measured_prices> (*)(local::communicator&, collective,
                                                                   bool peer_access, bool messages,
-                                                                  bool large);
+                                                                  const measured_prices* base);
 
 /// The measurement local_measurer points at (defined in comm/measured_prices.hpp).
 template <class Comm>
 std::shared_ptr<const measured_prices> measure_collective(Comm& comm, collective c,
                                                           bool peer_access, bool messages,
-                                                          bool large);
+                                                          const measured_prices* base);
 
 // left: a rank of the world that a shrink() did not take into the new one.
 struct local_group;
