@@ -129,7 +129,7 @@ algo::choice automatic_choice_for(Comm& comm, const plan_request& q) {
       if (!prices) measure(nullptr);
       if constexpr (continues) {
         if (!prices->large && static_cast<double>(q.count) * static_cast<double>(q.element_size) >
-                                  measured_sizes(false).back()) {
+                                  measured_first_bytes) {
           const std::shared_ptr<const measured_prices> base = prices;
           measure(base.get());
           if (!prices->large) { // a communicator's own measure_prices did not say so
@@ -171,7 +171,7 @@ void check_before_measuring(Comm& comm, const plan_request& q) {
     const auto& prices = comm.measured_prices_of(C);
     if (prices && (prices->large || !continues_measurement<Comm, C, T, Op> ||
                    static_cast<double>(q.count) * static_cast<double>(q.element_size) <=
-                       measured_sizes(false).back()))
+                       measured_first_bytes))
       return;
     check_same_call(comm,
                     {C, algo::automatic::name, q.count, dtype_of<T>, call_op_name<Op>(), q.root});

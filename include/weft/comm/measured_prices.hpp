@@ -174,12 +174,15 @@ struct measured_prices {
 
 namespace detail {
 
+/// The largest of the first sizes measured per rank: a call past it measures the large ones.
+inline constexpr double measured_first_bytes = 4194304.0;
+
 /// The sizes measured per rank: 4 KiB .. 4 MiB by factors of 4 first; large: 16 and 64 MiB, at
 /// the first call past 4 MiB (measure_prices keeps those within measured_memory_bytes).
 inline std::vector<double> measured_sizes(bool large) {
   std::vector<double> out;
-  const double from = large ? 16.0 * 1048576.0 : 4096.0;
-  const double to = large ? 64.0 * 1048576.0 : 4194304.0;
+  const double from = large ? 4.0 * measured_first_bytes : 4096.0;
+  const double to = large ? 16.0 * measured_first_bytes : measured_first_bytes;
   for (double b = from; b <= to; b *= 4)
     out.push_back(b);
   return out;
