@@ -53,6 +53,7 @@
 // weft::automatic_choice on such a communicator is collective at those calls too.
 #include <weft/comm/algorithm/automatic.hpp>
 #include <weft/comm/algorithm/ring.hpp>
+#include <weft/comm/detail/call_check.hpp>
 #include <weft/comm/detail/plan_cache.hpp>
 #include <weft/comm/plan.hpp>
 #include <weft/core/config.hpp>
@@ -70,6 +71,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <typeindex>
@@ -147,28 +149,6 @@ struct measured_prices {
     }
     if (price != nullptr) *price = best_t;
     return best;
-  }
-
-  /// A digest of the whole table (sizes, times, flags): what the ranks of a group compare to
-  /// agree that they hold the same one.
-  [[nodiscard]] std::uint64_t digest() const {
-    std::uint64_t h = 14695981039346656037ull; // FNV-1a
-    const auto mix = [&](const void* p, std::size_t n) {
-      const auto* c = static_cast<const unsigned char*>(p);
-      for (std::size_t k = 0; k < n; ++k)
-        h = (h ^ c[k]) * 1099511628211ull;
-    };
-    const auto mix_all = [&](const std::vector<double>& v) {
-      const std::size_t n = v.size();
-      mix(&n, sizeof n);
-      mix(v.data(), n * sizeof(double));
-    };
-    mix_all(bytes);
-    for (const auto& t : seconds)
-      mix_all(t);
-    mix_all(vendor);
-    mix(&large, sizeof large);
-    return h;
   }
 };
 
@@ -470,6 +450,14 @@ inline measured_prices unpack(const float* f) {
   return m;
 }
 
+/// A digest of a table as pack encodes it (FNV-1a of its floats): what the ranks of a group
+/// compare to agree that they hold the same table.
+inline std::uint64_t digest(const std::vector<float>& packed) {
+  return fnv1a(std::string_view(reinterpret_cast<const char*>(packed.data()),
+                                packed.size() * sizeof(float)));
+}
+inline std::uint64_t digest(const measured_prices& m) { return digest(pack(m)); }
+
 /// The measured prices of c on comm, the same on every rank: this process's where every rank
 /// holds the same table (by its digest); the lowest rank's where every rank holds one but they
 /// differ (a process in several groups of one shape holds the last one's); else measured now by
@@ -489,7 +477,7 @@ WEFT_COLD std::shared_ptr<const measured_prices> cached_prices(Comm& comm, colle
                           peer_access,
                           messages,
                           vendor,
-                          base != nullptr ? base->digest() | 1 : 0};
+                          base != nullptr ? digest(*base) | 1 : 0};
   std::shared_ptr<const measured_prices> found;
   {
     auto& cache = measured();
@@ -503,7 +491,7 @@ WEFT_COLD std::shared_ptr<const measured_prices> cached_prices(Comm& comm, colle
   std::vector<float> mine(fields, 0.0f);
   if (found) {
     packed = pack(*found);
-    const std::uint64_t d = found->digest();
+    const std::uint64_t d = digest(packed);
     mine[0] = 1;
     for (std::size_t k = 0; k < 3; ++k)
       mine[1 + k] = static_cast<float>((d >> (22 * k)) & ((std::uint64_t{1} << 22) - 1));
