@@ -177,10 +177,10 @@ constexpr bool blocked(collective c) noexcept {
          c == collective::all_to_all;
 }
 constexpr std::size_t input_count(collective c, std::size_t count, std::size_t p) noexcept {
-  return c == collective::reduce_scatter || c == collective::all_to_all ? count * p : count;
+  return input_per_rank(c) ? count * p : count;
 }
 constexpr std::size_t output_count(collective c, std::size_t count, std::size_t p) noexcept {
-  return c == collective::all_gather || c == collective::all_to_all ? count * p : count;
+  return output_per_rank(c) ? count * p : count;
 }
 
 template <class Comm, class T>

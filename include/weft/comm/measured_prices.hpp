@@ -70,6 +70,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -182,8 +183,8 @@ inline std::vector<float> held_bytes(const plan_request& shape,
                                      const std::vector<double>& sizes) {
   const auto up = static_cast<std::size_t>(shape.size);
   const collective c = shape.coll;
-  const bool blocks_in = c == collective::reduce_scatter || c == collective::all_to_all;
-  const bool blocks_out = c == collective::all_gather || c == collective::all_to_all;
+  const bool blocks_in = input_per_rank(c);
+  const bool blocks_out = output_per_rank(c);
   std::vector<float> held;
   for (const double b : sizes) {
     plan_request q = shape;
@@ -258,8 +259,8 @@ WEFT_COLD void time_sizes(Comm& comm, collective c, const measured_prices& m,
                           std::vector<float>& out, const Run& run, std::size_t first = 0) {
   using clock = std::chrono::steady_clock;
   const auto up = static_cast<std::size_t>(comm.size());
-  const bool blocks_in = c == collective::reduce_scatter || c == collective::all_to_all;
-  const bool blocks_out = c == collective::all_gather || c == collective::all_to_all;
+  const bool blocks_in = input_per_rank(c);
+  const bool blocks_out = output_per_rank(c);
   std::vector<std::size_t> live;
   std::vector<double> fastest(into.size());
   for (std::size_t s = first; s < m.bytes.size(); ++s) {
@@ -453,8 +454,7 @@ inline measured_prices unpack(const float* f) {
 /// A digest of a table as pack encodes it (FNV-1a of its floats): what the ranks of a group
 /// compare to agree that they hold the same table.
 inline std::uint64_t digest(const std::vector<float>& packed) {
-  return fnv1a(std::string_view(reinterpret_cast<const char*>(packed.data()),
-                                packed.size() * sizeof(float)));
+  return fnv1a(std::as_bytes(std::span(packed)));
 }
 inline std::uint64_t digest(const measured_prices& m) { return digest(pack(m)); }
 

@@ -57,6 +57,18 @@ constexpr std::string_view name_of(collective c) noexcept {
   return "?";
 }
 
+/// Whether a call of c takes a block of every rank as its input (count*p elements, in the
+/// table below): reduce_scatter's and all_to_all's.
+constexpr bool input_per_rank(collective c) noexcept {
+  return c == collective::reduce_scatter || c == collective::all_to_all;
+}
+
+/// Whether a call of c gives a block of every rank as its output: all_gather's and
+/// all_to_all's.
+constexpr bool output_per_rank(collective c) noexcept {
+  return c == collective::all_gather || c == collective::all_to_all;
+}
+
 /// Which buffer a step addresses. Buffer sizes, in elements, for a call of `count` on p ranks:
 ///   all_reduce       input count,     output count     (input may alias output: in place)
 ///   reduce_scatter   input count*p,   output count     (output = reduced block `rank`)

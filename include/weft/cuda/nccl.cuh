@@ -549,8 +549,8 @@ private:
     constexpr std::string_view operation = name_of(C);
     enter(operation);
     const auto p = static_cast<std::size_t>(size_);
-    const bool blocks_in = C == collective::reduce_scatter || C == collective::all_to_all;
-    const bool blocks_out = C == collective::all_gather || C == collective::all_to_all;
+    const bool blocks_in = input_per_rank(C);
+    const bool blocks_out = output_per_rank(C);
     const std::size_t want_in = blocks_in ? count * p : count;
     const std::size_t want_out = blocks_out ? count * p : count;
     const bool output_used = C != collective::reduce || rank_ == root;

@@ -4,6 +4,7 @@
 // weft::error on every rank, raised before any of the call's data moves.
 #include <weft/comm/plan.hpp>
 #include <weft/core/config.hpp>
+#include <weft/core/detail/fnv1a.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/ops.hpp>
 #include <weft/core/types.hpp>
@@ -19,13 +20,6 @@
 #include <vector>
 
 namespace weft::detail {
-
-inline std::uint64_t fnv1a(std::string_view s) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (char c : s)
-    h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-  return h;
-}
 
 // A user functor's type as text, the same in every process of one program: its RTTI name
 // (which tells two lambdas of one function apart), or the compiler's function signature

@@ -471,8 +471,8 @@ public:
               int root, const Op&) {
     constexpr std::string_view operation = name_of(C);
     const auto p = static_cast<std::size_t>(size_);
-    constexpr bool blocks_in = C == collective::reduce_scatter || C == collective::all_to_all;
-    constexpr bool blocks_out = C == collective::all_gather || C == collective::all_to_all;
+    constexpr bool blocks_in = input_per_rank(C);
+    constexpr bool blocks_out = output_per_rank(C);
     const std::size_t want_in = blocks_in ? count * p : count;
     const std::size_t want_out = blocks_out ? count * p : count;
     const bool output_used = C != collective::reduce || rank_ == root;

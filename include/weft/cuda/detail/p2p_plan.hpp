@@ -150,8 +150,8 @@ struct p2p_region_counts {
 
 constexpr p2p_region_counts p2p_region_elements(collective c, std::size_t size,
                                                 std::size_t count) noexcept {
-  const bool blocks_in = c == collective::reduce_scatter || c == collective::all_to_all;
-  const bool blocks_out = c == collective::all_gather || c == collective::all_to_all;
+  const bool blocks_in = input_per_rank(c);
+  const bool blocks_out = output_per_rank(c);
   const std::size_t in = blocks_in ? p2p_saturating_product(count, size) : count;
   const std::size_t out = blocks_out ? p2p_saturating_product(count, size) : count;
   return {c == collective::broadcast ? out : in, out};

@@ -2,6 +2,7 @@
 // The on-disk format of weft::optim::checkpoint (weft/optim/checkpoint.hpp has the layout):
 // a rank file's header and its entries, the index, their parsing with every failure named, the
 // checksums, and reading a rank file entry by entry. Nothing here knows an optimizer.
+#include <weft/core/detail/fnv1a.hpp>
 #include <weft/core/error.hpp>
 #include <weft/optim/detail/json.hpp>
 
@@ -58,14 +59,6 @@ struct index {
   std::vector<std::string> files;
   std::vector<index_tensor> tensors;
 };
-
-/// FNV-1a, 64 bits, over bytes.
-[[nodiscard]] inline std::uint64_t fnv1a64(std::span<const std::byte> data) noexcept {
-  std::uint64_t h = 1469598103934665603ull;
-  for (std::byte b : data)
-    h = (h ^ static_cast<std::uint64_t>(b)) * 1099511628211ull;
-  return h;
-}
 
 namespace detail {
 
@@ -247,7 +240,7 @@ inline void write_then_rename(const std::filesystem::path& final_name, std::stri
 
 /// Throws unless `data` (entry e's bytes) matches e's checksum.
 inline void verify(std::span<const std::byte> data, const entry& e, std::string_view source) {
-  if (data.size() != e.bytes || fnv1a64(data) != e.checksum) {
+  if (data.size() != e.bytes || weft::detail::fnv1a(data) != e.checksum) {
     detail::fail(source, "tensor " + e.name + ": checksum mismatch (the file is damaged)");
   }
 }
