@@ -6,10 +6,14 @@
 //   weft-perf --topology "2x4,intra=shm:8GB/s:2us,inter=net:0.5GB/s:20us" -a ring,hierarchical
 //   mpirun -n 4 weft-perf -t mpi -o all -d all -r all -a all -c 1
 //
-// Each (op, dtype, redop, algorithm) is one table. For every size, all ranks fill their
-// inputs, run -w untimed calls, meet at a barrier, run -n timed calls; the reported time is
-// the mean per call of the slowest rank. With -c 1 one more call runs over poisoned outputs
-// and every rank compares its output with a serial reference (pattern.hpp).
+// Each (op, dtype, redop, algorithm) is one table; the tables of one (op, dtype, redop) are
+// timed together, so that the algorithms compare under the same conditions. For every size,
+// all ranks fill their inputs and every algorithm runs -w untimed calls; then the -n timed
+// calls of each algorithm go in 4 turns (fewer if -n is smaller), the algorithms in rotation,
+// each turn's calls back to back after a barrier; the reported time is the mean per call of
+// the slowest rank. With -c 1 one more call of each runs over poisoned outputs and every rank
+// compares its output with a serial reference (pattern.hpp). A comparison's tables print when
+// all its sizes are done.
 #include <weft/weft.hpp>
 
 #include "memory.hpp"
@@ -261,26 +265,67 @@ std::int64_t check_output(collective op, const pattern& pat, int r, int p, int r
   return 0;
 }
 
-/// Runs one table on this rank. `agree` gives every rank the max and the sum of a value over
-/// the ranks; `rep` is non-null on rank 0 only. Returns the table's wrong elements (all ranks).
+/// The tables of one comparison: the cases of one op, type and redop, one per algorithm
+/// (cases_of lists them consecutively).
+inline std::vector<std::span<const table_case>> comparisons(const std::vector<table_case>& cases) {
+  std::vector<std::span<const table_case>> out;
+  std::size_t first = 0;
+  for (std::size_t i = 1; i <= cases.size(); ++i) {
+    if (i == cases.size() || cases[i].op != cases[first].op || cases[i].type != cases[first].type ||
+        cases[i].rop != cases[first].rop) {
+      out.push_back(std::span(cases).subspan(first, i - first));
+      first = i;
+    }
+  }
+  return out;
+}
+
+/// Runs body(const std::vector<call_fn<Comm, T>>&) with the calls of a comparison's tables.
+template <class Comm, class Body>
+void with_calls(std::span<const table_case> group, Body&& body) {
+  with_type(group.front().type, [&]<class T>(std::type_identity<T>) {
+    std::vector<call_fn<Comm, T>> fns;
+    for (const table_case& tc : group) {
+      with_call<Comm>(tc, [&]<class U>(call_fn<Comm, U> fn) {
+        if constexpr (std::is_same_v<U, T>) fns.push_back(fn);
+      });
+    }
+    body(fns);
+  });
+}
+
+/// How many turns a comparison's algorithms take at each size (fewer when -n is smaller).
+inline constexpr int comparison_turns = 4;
+
+/// Runs one comparison's tables on this rank, size by size, the algorithms taking turns: at
+/// each size every algorithm runs its -w untimed calls, then the -n timed calls go in
+/// comparison_turns turns, each turn starting one algorithm further on, each algorithm's calls
+/// back to back after a barrier. Whatever slows the machine for a while (where the scheduler
+/// has put the threads, another program) so falls on all of them alike. `agree` gives every
+/// rank the max and the sum of a value over the ranks; `rows` (one list per table) is non-null
+/// on rank 0 only. Returns the comparison's wrong elements (all ranks).
 template <class Comm, class T, class Agree>
-std::int64_t run_table(Comm& c, Agree& agree, const config& cfg, const table_case& tc,
-                       call_fn<Comm, T> fn, reporter* rep) {
+std::int64_t run_comparison(Comm& c, Agree& agree, const config& cfg,
+                            std::span<const table_case> group,
+                            const std::vector<call_fn<Comm, T>>& fns,
+                            std::vector<std::vector<row>>* rows) {
   using clock = std::chrono::steady_clock;
   const int p = c.size();
   const int r = c.rank();
   const auto up = static_cast<std::size_t>(p);
-  const int root = rooted(tc.op) ? cfg.root : 0;
-  const pattern pat(tc.op, tc.rop, tc.type, p);
-  const auto [make_plan, algorithm_name] = generator_of(tc.algo);
+  const std::size_t n = group.size();
+  const table_case& first = group.front();
+  const int root = rooted(first.op) ? cfg.root : 0;
+  const pattern pat(first.op, first.rop, first.type, p);
   // Every size fits buffers of max_bytes (the blocked ops' count x ranks never exceeds it).
   std::vector<T> in_buf(cfg.max_bytes / sizeof(T));
   std::vector<T> out_buf(cfg.max_bytes / sizeof(T));
-  std::int64_t table_wrong = 0;
+  std::int64_t group_wrong = 0;
   // automatic on a communicator that measures its prices does so at its first call, and at
   // its first call past the first sizes measured, all ranks together: here, for the largest
   // size of the run, before any call is timed, whatever the warm-up.
-  if (make_plan == nullptr && !cfg.sizes().empty()) {
+  for (const table_case& tc : group) {
+    if (generator_of(tc.algo).first != nullptr || cfg.sizes().empty()) continue;
     const std::size_t largest = cfg.sizes().back() / sizeof(T);
     const std::size_t count = std::max<std::size_t>(1, blocked(tc.op) ? largest / up : largest);
     with_collective(tc.op, [&](auto op) {
@@ -288,42 +333,58 @@ std::int64_t run_table(Comm& c, Agree& agree, const config& cfg, const table_cas
       return 0;
     });
   }
+  const int turns = std::max(1, std::min(cfg.iters, comparison_turns));
+  std::vector<double> mine(n);
   for (const std::size_t bytes : cfg.sizes()) {
     const std::size_t elements = bytes / sizeof(T);
-    const std::size_t count = blocked(tc.op) ? elements / up : elements;
-    const std::size_t total = blocked(tc.op) ? count * up : count;
-    const std::span<T> in(in_buf.data(), input_count(tc.op, count, up));
-    const std::span<T> out(out_buf.data(), output_count(tc.op, count, up));
-    fill_input(pat, r, in);
-    // Broadcast works in place on `out`: the root's holds the data.
-    if (tc.op == collective::broadcast && r == root) fill_input(pat, r, out);
-    const auto once = [&] { fn(c, std::span<const T>(in), out, count, root); };
+    const std::size_t count = blocked(first.op) ? elements / up : elements;
+    const std::size_t total = blocked(first.op) ? count * up : count;
+    const std::span<T> in(in_buf.data(), input_count(first.op, count, up));
+    const std::span<T> out(out_buf.data(), output_count(first.op, count, up));
+    // Broadcast works in place on `out`: the root's holds the data, which every call keeps.
+    const auto fill = [&] {
+      fill_input(pat, r, in);
+      if (first.op == collective::broadcast && r == root) fill_input(pat, r, out);
+    };
+    fill();
+    const auto once = [&](std::size_t j) { fns[j](c, std::span<const T>(in), out, count, root); };
 
-    for (int i = 0; i < cfg.warmup; ++i)
-      once();
-    c.barrier();
-    const auto t0 = clock::now();
-    for (int i = 0; i < cfg.iters; ++i)
-      once();
-    const double mine = std::chrono::duration<double>(clock::now() - t0).count() / cfg.iters;
-    const double seconds = agree.max(c, mine);
-
-    std::int64_t wrong = -1;
-    if (cfg.check) {
-      if (tc.op == collective::broadcast && r == root) {
-        fill_input(pat, r, out);
-      } else {
-        fill_poison(out);
+    for (std::size_t j = 0; j < n; ++j) {
+      for (int i = 0; i < cfg.warmup; ++i)
+        once(j);
+    }
+    std::fill(mine.begin(), mine.end(), 0.0);
+    for (int k = 0; k < turns; ++k) {
+      const int calls = cfg.iters / turns + (k < cfg.iters % turns ? 1 : 0);
+      for (std::size_t q = 0; q < n; ++q) {
+        const std::size_t j = (q + static_cast<std::size_t>(k)) % n;
+        c.barrier();
+        const auto t0 = clock::now();
+        for (int i = 0; i < calls; ++i)
+          once(j);
+        mine[j] += std::chrono::duration<double>(clock::now() - t0).count();
       }
-      c.barrier();
-      once();
-      wrong = agree.sum(c, check_output<T>(tc.op, pat, r, p, root, count, out));
-      table_wrong += wrong;
     }
 
-    if (rep != nullptr) {
+    for (std::size_t j = 0; j < n; ++j) {
+      const table_case& tc = group[j];
+      const double seconds = agree.max(c, mine[j] / cfg.iters);
+      std::int64_t wrong = -1;
+      if (cfg.check) {
+        if (tc.op == collective::broadcast && r == root) {
+          fill_input(pat, r, out);
+        } else {
+          fill_poison(out);
+        }
+        c.barrier();
+        once(j);
+        wrong = agree.sum(c, check_output<T>(tc.op, pat, r, p, root, count, out));
+        group_wrong += wrong;
+      }
+      if (rows == nullptr) continue;
       // The model prices the plans this call ran: automatic's pick, asked as dispatch asks it
       // (the calls above have measured what a measuring communicator needs).
+      const auto [make_plan, algorithm_name] = generator_of(tc.algo);
       const plan_request q{tc.op, p, 0, count, root, c.node_of(), sizeof(T)};
       plan (*generator)(const plan_request&) = make_plan;
       std::string chosen(algorithm_name);
@@ -337,12 +398,23 @@ std::int64_t run_table(Comm& c, Agree& agree, const config& cfg, const table_cas
       const double model = cost_model::price(cost_model::plans_of(generator, q), c.cluster(),
                                              c.devices(), sizeof(T));
       const double algbw = static_cast<double>(total * sizeof(T)) / seconds / 1e9;
-      rep->add(row{tc.op, tc.type, tc.rop, tc.algo, chosen, total * sizeof(T), count,
-                   rooted(tc.op) ? root : -1, seconds * 1e6, algbw,
-                   algbw * bench::bus_factor(tc.op, p), model * 1e6, wrong});
+      (*rows)[j].push_back(row{tc.op, tc.type, tc.rop, tc.algo, chosen, total * sizeof(T), count,
+                               rooted(tc.op) ? root : -1, seconds * 1e6, algbw,
+                               algbw * bench::bus_factor(tc.op, p), model * 1e6, wrong});
     }
   }
-  return table_wrong;
+  return group_wrong;
+}
+
+/// Prints a comparison's tables, each with the rows it finished.
+inline void report_comparison(reporter& rep, std::span<const table_case> group,
+                              std::vector<std::vector<row>>& rows) {
+  for (std::size_t j = 0; j < group.size(); ++j) {
+    const table_case& tc = group[j];
+    rep.table_header(tc.op, tc.type, tc.rop, tc.algo);
+    for (row& x : rows[j])
+      rep.add(std::move(x));
+  }
 }
 
 // --- transports ----------------------------------------------------------------------------
@@ -374,13 +446,19 @@ private:
   std::vector<std::int64_t> n_;
 };
 
-inline std::string describe(const table_case& tc) {
-  return std::string(name_of(tc.op)) + " " + std::string(name_of(tc.type)) + " " +
-         std::string(name_of(tc.rop)) + " " + std::string(name_of(tc.algo));
+/// A comparison as an error names it: "all_reduce float sum (ring, tree)".
+inline std::string describe(std::span<const table_case> group) {
+  const table_case& tc = group.front();
+  std::string out = std::string(name_of(tc.op)) + " " + std::string(name_of(tc.type)) + " " +
+                    std::string(name_of(tc.rop)) + " (";
+  for (std::size_t j = 0; j < group.size(); ++j)
+    out += (j == 0 ? "" : ", ") + std::string(name_of(group[j].algo));
+  return out + ")";
 }
 
-/// Every table on ranks as threads, each table in its own local::run so that one that throws
-/// ends only itself. Returns the exit status.
+/// Every table on ranks as threads, each comparison (one op, type and redop, every algorithm
+/// asked for) in its own local::run, so that one that throws ends only its own tables, after
+/// printing the rows they finished. Returns the exit status.
 inline int run_local(const config& cfg) {
   const topology::cluster cluster = cfg.cluster ? *cfg.cluster : topology::host(cfg.ranks);
   local::options opt{.emulate_links = cfg.cluster.has_value()};
@@ -416,22 +494,25 @@ inline int run_local(const config& cfg) {
   rep.header(cluster, devices, opt.emulate_links);
   rep.skipped(skipped_of(cfg, local::communicator::peer_access, "local"));
   bool threw = false;
-  for (const table_case& tc : cases) {
-    rep.table_header(tc.op, tc.type, tc.rop, tc.algo);
+  for (const std::span<const table_case> group : comparisons(cases)) {
+    std::vector<std::vector<row>> rows(group.size());
     try {
-      with_call<local::communicator>(tc, [&]<class T>(call_fn<local::communicator, T> fn) {
-        local_agree agree(cluster.size());
-        local::run(
-            cluster,
-            [&](local::communicator& c) {
-              run_table<local::communicator, T>(c, agree, cfg, tc, fn,
-                                                c.rank() == 0 ? &rep : nullptr);
-            },
-            opt);
-      });
+      with_calls<local::communicator>(
+          group, [&]<class T>(const std::vector<call_fn<local::communicator, T>>& fns) {
+            local_agree agree(cluster.size());
+            local::run(
+                cluster,
+                [&](local::communicator& c) {
+                  run_comparison<local::communicator, T>(c, agree, cfg, group, fns,
+                                                         c.rank() == 0 ? &rows : nullptr);
+                },
+                opt);
+          });
+      report_comparison(rep, group, rows);
     } catch (const std::exception& e) {
       threw = true;
-      const std::string what = describe(tc) + ": " + e.what();
+      report_comparison(rep, group, rows);
+      const std::string what = describe(group) + ": " + e.what();
       std::fprintf(stderr, "weft-perf: %s\n", what.c_str());
       rep.failed(what);
     }
@@ -533,11 +614,14 @@ inline int run_mpi(config cfg, int& argc, char**& argv) {
       rep->skipped(skipped_of(cfg, mpi::communicator::peer_access, "mpi"));
     }
     mpi_agree agree;
-    for (const table_case& tc : cases) {
-      if (rep) rep->table_header(tc.op, tc.type, tc.rop, tc.algo);
-      with_call<mpi::communicator>(tc, [&]<class T>(call_fn<mpi::communicator, T> fn) {
-        wrong += run_table<mpi::communicator, T>(world, agree, cfg, tc, fn, rep ? &*rep : nullptr);
-      });
+    for (const std::span<const table_case> group : comparisons(cases)) {
+      std::vector<std::vector<row>> rows(group.size());
+      with_calls<mpi::communicator>(
+          group, [&]<class T>(const std::vector<call_fn<mpi::communicator, T>>& fns) {
+            wrong += run_comparison<mpi::communicator, T>(world, agree, cfg, group, fns,
+                                                          rep ? &rows : nullptr);
+          });
+      if (rep) report_comparison(*rep, group, rows);
     }
     if (rep) {
       rep->summary();
