@@ -141,16 +141,33 @@ algo::choice automatic_choice_for(Comm& comm, const plan_request& q) {
       }
       constexpr bool vendor_competes =
           WithVendor && measure_vendor && vendor_collective<Comm, C, T, Op>;
+      check_request(q, "automatic");
+      // Without a modelled vendor price the pick hangs on the table and the call's count alone
+      // (the collective, the type and what the communicator lends are this function's
+      // parameters; the table is the group shape's): each thread keeps its last, so that a run
+      // of calls of one size picks once. It holds the table, whose address so stays its own.
+      struct last_pick {
+        const Comm* comm = nullptr;
+        std::shared_ptr<const measured_prices> table;
+        std::size_t count = 0;
+        algo::choice out;
+      };
+      [[maybe_unused]] last_pick* last = nullptr;
+      if constexpr (!prices_vendor<Comm, C, T, Op>) {
+        thread_local last_pick kept;
+        if (kept.comm == &comm && kept.table == prices && kept.count == q.count) return kept.out;
+        last = &kept;
+      }
       if constexpr (vendor_competes) {
         vendor = prices->vendor_estimate(static_cast<double>(q.count) *
                                          static_cast<double>(q.element_size));
       }
       algo::choice out;
-      check_request(q, "automatic");
       out.plan = prices->pick(q, peer, messages, &out.plan_seconds, vendor_competes);
       out.vendor_seconds = vendor;
       out.vendor = vendor && (out.plan == nullptr || *vendor <= out.plan_seconds);
       if (!out.vendor && out.plan == nullptr) no_candidate(q, peer, messages);
+      if (last != nullptr) *last = last_pick{&comm, prices, q.count, out};
       return out;
     }
   }

@@ -134,14 +134,16 @@ struct measured_prices {
                                             bool vendor_competes = false) const {
     const auto table = algo::candidates();
     const double b = static_cast<double>(q.count) * static_cast<double>(q.element_size);
+    const bool nodes = detail::spans_nodes(q.node_of);
+    const std::size_t n = std::min(table.size(), seconds.size());
     std::size_t far = vendor_competes ? std::min(vendor.size(), bytes.size()) : 0;
-    for (std::size_t i = 0; i < table.size() && i < seconds.size(); ++i)
-      if (detail::eligible(table[i], q, peer_access, messages))
+    for (std::size_t i = 0; i < n; ++i)
+      if (detail::eligible(table[i], q.coll, nodes, peer_access, messages))
         far = std::max(far, std::min(seconds[i].size(), bytes.size()));
     const algo::candidate* best = nullptr;
     double best_t = std::numeric_limits<double>::infinity();
-    for (std::size_t i = 0; i < table.size() && i < seconds.size(); ++i) {
-      if (!detail::eligible(table[i], q, peer_access, messages)) continue;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!detail::eligible(table[i], q.coll, nodes, peer_access, messages)) continue;
       const double t = interpolate(seconds[i], b, far);
       if (t < best_t) {
         best = &table[i];

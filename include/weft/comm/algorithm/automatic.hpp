@@ -178,14 +178,19 @@ namespace weft::detail {
 
 /// Whether automatic may pick a for q: it plans the collective, the communicator lends what it
 /// needs, and it is hierarchical only where the group spans nodes.
-inline bool eligible(const algo::candidate& a, const plan_request& q, bool peer_access,
+/// `nodes`: whether the group spans nodes (spans_nodes(q.node_of)), for callers that ask of
+/// every candidate.
+inline bool eligible(const algo::candidate& a, collective c, bool nodes, bool peer_access,
                      bool messages) {
-  const bool nodes = spans_nodes(q.node_of);
   // A flat peer-access plan would read buffers on other nodes, which real machines cannot
   // (the local transport can only because its nodes are emulated in one process).
   const bool flat_loads_across_nodes = a.needs_peer_access && !a.needs_nodes && nodes;
-  return a.serves(q.coll) && (!a.needs_peer_access || peer_access) &&
-         (!a.needs_messages || messages) && (!a.needs_nodes || nodes) && !flat_loads_across_nodes;
+  return a.serves(c) && (!a.needs_peer_access || peer_access) && (!a.needs_messages || messages) &&
+         (!a.needs_nodes || nodes) && !flat_loads_across_nodes;
+}
+inline bool eligible(const algo::candidate& a, const plan_request& q, bool peer_access,
+                     bool messages) {
+  return eligible(a, q.coll, spans_nodes(q.node_of), peer_access, messages);
 }
 
 /// The most rounds any rank's plan runs.
