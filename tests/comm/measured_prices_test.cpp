@@ -241,6 +241,43 @@ TEST(measured_prices, larger_sizes_are_measured_at_the_first_call_that_needs_the
 // The large sizes continue the communicator's own table (the one its ranks agreed on), not
 // whatever this process's cache holds: a table given by hand keeps its figures at 4 KiB ..
 // 4 MiB and gains the large sizes for the candidates it priced at every first size.
+// Each thread keeps its last pick with the table and count it was made for: a call of another
+// count, or a table put in place of the communicator's, picks again.
+TEST(measured_prices, the_kept_pick_is_the_tables_and_the_counts) {
+  const auto table_where = [](std::string_view fast, std::string_view slow) {
+    measured_prices m;
+    m.bytes = {4096, 65536};
+    m.seconds.assign(algo::candidates().size(), {});
+    m.seconds[index_of(fast)] = {1e-6, 2e-6};
+    m.seconds[index_of(slow)] = {1e-3, 2e-3};
+    return m;
+  };
+  std::mutex mutex;
+  std::vector<std::string> picks;
+  local::run(
+      4,
+      [&](local::communicator& c) {
+        std::vector<std::string> mine;
+        const auto pick = [&](std::size_t count) {
+          mine.emplace_back(automatic_choice<collective::all_reduce, float>(c, count).name());
+        };
+        auto& prices = c.measured_prices_of(collective::all_reduce);
+        prices = std::make_shared<const measured_prices>(table_where("direct", "ring"));
+        pick(1024);
+        pick(1024);
+        prices = std::make_shared<const measured_prices>(table_where("ring", "direct"));
+        pick(1024); // the same count, another table
+        pick(4096);
+        // A table like the first, at a new address while the kept one still holds the second.
+        prices = std::make_shared<const measured_prices>(table_where("direct", "ring"));
+        pick(4096);
+        const std::lock_guard lock(mutex);
+        if (c.rank() == 0) picks = mine;
+      },
+      measured);
+  EXPECT_EQ(picks, (std::vector<std::string>{"direct", "direct", "ring", "ring", "direct"}));
+}
+
 TEST(measured_prices, the_large_sizes_continue_the_communicators_own_table) {
   constexpr double mib = 1048576.0;
   const auto table = algo::candidates();
