@@ -10,8 +10,8 @@
 // timed together, so that the algorithms compare under the same conditions. For every size,
 // all ranks fill their inputs and every algorithm runs -w untimed calls; then the -n timed
 // calls of each algorithm go in 4 turns (fewer if -n is smaller), the algorithms in rotation,
-// each turn's calls back to back after a barrier; the reported time is the mean per call of
-// the slowest rank. With -c 1 one more call of each runs over poisoned outputs and every rank
+// each turn's calls back to back after a barrier and one untimed call; the reported time is
+// the mean per call of the slowest rank. With -c 1 one more call of each runs over poisoned outputs and every rank
 // compares its output with a serial reference (pattern.hpp). A comparison's tables print when
 // all its sizes are done.
 #include <weft/weft.hpp>
@@ -297,18 +297,27 @@ void with_calls(std::span<const table_case> group, Body&& body) {
 /// How many turns a comparison's algorithms take at each size (fewer when -n is smaller).
 inline constexpr int comparison_turns = 4;
 
+/// What rank 0 has finished of a comparison, and what it is running: for the report when a
+/// call fails.
+struct comparison_progress {
+  std::vector<std::vector<row>> rows; // one list per table
+  std::string running;                // "tree at 65536 B"
+};
+
 /// Runs one comparison's tables on this rank, size by size, the algorithms taking turns: at
 /// each size every algorithm runs its -w untimed calls, then the -n timed calls go in
-/// comparison_turns turns, each turn starting one algorithm further on, each algorithm's calls
-/// back to back after a barrier. Whatever slows the machine for a while (where the scheduler
-/// has put the threads, another program) so falls on all of them alike. `agree` gives every
-/// rank the max and the sum of a value over the ranks; `rows` (one list per table) is non-null
-/// on rank 0 only. Returns the comparison's wrong elements (all ranks).
+/// comparison_turns turns, each turn starting one algorithm further on; in a turn the ranks
+/// meet at a barrier, make one untimed call (which also absorbs the ranks' leaving the barrier
+/// at different times and the switch from another algorithm) and then the turn's calls back
+/// to back. Whatever slows the machine for a while (where the scheduler has put the threads,
+/// another program) so falls on all of them alike. `agree` gives every rank the max and the
+/// sum of a value over the ranks; `progress` is non-null on rank 0 only. Returns the
+/// comparison's wrong elements (all ranks).
 template <class Comm, class T, class Agree>
 std::int64_t run_comparison(Comm& c, Agree& agree, const config& cfg,
                             std::span<const table_case> group,
                             const std::vector<call_fn<Comm, T>>& fns,
-                            std::vector<std::vector<row>>* rows) {
+                            comparison_progress* progress) {
   using clock = std::chrono::steady_clock;
   const int p = c.size();
   const int r = c.rank();
@@ -349,7 +358,13 @@ std::int64_t run_comparison(Comm& c, Agree& agree, const config& cfg,
     fill();
     const auto once = [&](std::size_t j) { fns[j](c, std::span<const T>(in), out, count, root); };
 
+    const auto running = [&](std::size_t j) {
+      if (progress != nullptr)
+        progress->running =
+            std::string(name_of(group[j].algo)) + " at " + std::to_string(total * sizeof(T)) + " B";
+    };
     for (std::size_t j = 0; j < n; ++j) {
+      running(j);
       for (int i = 0; i < cfg.warmup; ++i)
         once(j);
     }
@@ -358,7 +373,9 @@ std::int64_t run_comparison(Comm& c, Agree& agree, const config& cfg,
       const int calls = cfg.iters / turns + (k < cfg.iters % turns ? 1 : 0);
       for (std::size_t q = 0; q < n; ++q) {
         const std::size_t j = (q + static_cast<std::size_t>(k)) % n;
+        running(j);
         c.barrier();
+        once(j);
         const auto t0 = clock::now();
         for (int i = 0; i < calls; ++i)
           once(j);
@@ -371,6 +388,7 @@ std::int64_t run_comparison(Comm& c, Agree& agree, const config& cfg,
       const double seconds = agree.max(c, mine[j] / cfg.iters);
       std::int64_t wrong = -1;
       if (cfg.check) {
+        running(j);
         if (tc.op == collective::broadcast && r == root) {
           fill_input(pat, r, out);
         } else {
@@ -381,26 +399,35 @@ std::int64_t run_comparison(Comm& c, Agree& agree, const config& cfg,
         wrong = agree.sum(c, check_output<T>(tc.op, pat, r, p, root, count, out));
         group_wrong += wrong;
       }
-      if (rows == nullptr) continue;
+      if (progress == nullptr) continue;
       // The model prices the plans this call ran: automatic's pick, asked as dispatch asks it
-      // (the calls above have measured what a measuring communicator needs).
+      // (the calls above have measured what a measuring communicator needs); where automatic
+      // took the communicator's own collective, the price automatic weighed it by.
       const auto [make_plan, algorithm_name] = generator_of(tc.algo);
       const plan_request q{tc.op, p, 0, count, root, c.node_of(), sizeof(T)};
       plan (*generator)(const plan_request&) = make_plan;
       std::string chosen(algorithm_name);
+      std::optional<double> vendor_price;
       if (generator == nullptr) {
         const algo::choice pick = with_collective(tc.op, [&](auto op) {
-          return automatic_choice<decltype(op)::value, T>(c, count, root);
+          return with_redop(tc.rop, [&]<class Op>(std::type_identity<Op>) {
+            return automatic_choice<decltype(op)::value, T, Op>(c, count, root);
+          });
         });
-        generator = pick.plan->make_plan;
         chosen = pick.name();
+        if (pick.vendor) {
+          vendor_price = pick.vendor_seconds;
+        } else {
+          generator = pick.plan->make_plan;
+        }
       }
-      const double model = cost_model::price(cost_model::plans_of(generator, q), c.cluster(),
-                                             c.devices(), sizeof(T));
+      const double model = vendor_price ? *vendor_price
+                                        : cost_model::price(cost_model::plans_of(generator, q),
+                                                            c.cluster(), c.devices(), sizeof(T));
       const double algbw = static_cast<double>(total * sizeof(T)) / seconds / 1e9;
-      (*rows)[j].push_back(row{tc.op, tc.type, tc.rop, tc.algo, chosen, total * sizeof(T), count,
-                               rooted(tc.op) ? root : -1, seconds * 1e6, algbw,
-                               algbw * bench::bus_factor(tc.op, p), model * 1e6, wrong});
+      progress->rows[j].push_back(row{tc.op, tc.type, tc.rop, tc.algo, chosen, total * sizeof(T),
+                                      count, rooted(tc.op) ? root : -1, seconds * 1e6, algbw,
+                                      algbw * bench::bus_factor(tc.op, p), model * 1e6, wrong});
     }
   }
   return group_wrong;
@@ -408,12 +435,13 @@ std::int64_t run_comparison(Comm& c, Agree& agree, const config& cfg,
 
 /// Prints a comparison's tables, each with the rows it finished.
 inline void report_comparison(reporter& rep, std::span<const table_case> group,
-                              std::vector<std::vector<row>>& rows) {
+                              comparison_progress& progress) {
   for (std::size_t j = 0; j < group.size(); ++j) {
     const table_case& tc = group[j];
     rep.table_header(tc.op, tc.type, tc.rop, tc.algo);
-    for (row& x : rows[j])
+    for (row& x : progress.rows[j])
       rep.add(std::move(x));
+    progress.rows[j].clear();
   }
 }
 
@@ -495,7 +523,7 @@ inline int run_local(const config& cfg) {
   rep.skipped(skipped_of(cfg, local::communicator::peer_access, "local"));
   bool threw = false;
   for (const std::span<const table_case> group : comparisons(cases)) {
-    std::vector<std::vector<row>> rows(group.size());
+    comparison_progress progress{std::vector<std::vector<row>>(group.size()), {}};
     try {
       with_calls<local::communicator>(
           group, [&]<class T>(const std::vector<call_fn<local::communicator, T>>& fns) {
@@ -504,15 +532,17 @@ inline int run_local(const config& cfg) {
                 cluster,
                 [&](local::communicator& c) {
                   run_comparison<local::communicator, T>(c, agree, cfg, group, fns,
-                                                         c.rank() == 0 ? &rows : nullptr);
+                                                         c.rank() == 0 ? &progress : nullptr);
                 },
                 opt);
           });
-      report_comparison(rep, group, rows);
+      report_comparison(rep, group, progress);
     } catch (const std::exception& e) {
       threw = true;
-      report_comparison(rep, group, rows);
-      const std::string what = describe(group) + ": " + e.what();
+      report_comparison(rep, group, progress);
+      const std::string what = describe(group) + ", " +
+                               (progress.running.empty() ? "before any call" : progress.running) +
+                               ": " + e.what();
       std::fprintf(stderr, "weft-perf: %s\n", what.c_str());
       rep.failed(what);
     }
@@ -604,6 +634,10 @@ inline int run_mpi(config cfg, int& argc, char**& argv) {
   WEFT_MPI_TRY(MPI_Bcast(&json_ok, 1, MPI_INT, 0, MPI_COMM_WORLD), "weft-perf --json");
   if (json_ok == 0) return 2;
   std::int64_t wrong = 0;
+  // The comparison under way and, on rank 0, the rows it finished: printed before an error
+  // ends the job (another rank's error ends it from that rank, without them).
+  std::span<const table_case> running;
+  comparison_progress progress;
   try {
     mpi::options opt;
     opt.topology = cfg.cluster;
@@ -615,19 +649,27 @@ inline int run_mpi(config cfg, int& argc, char**& argv) {
     }
     mpi_agree agree;
     for (const std::span<const table_case> group : comparisons(cases)) {
-      std::vector<std::vector<row>> rows(group.size());
+      running = group;
+      progress = comparison_progress{std::vector<std::vector<row>>(group.size()), {}};
       with_calls<mpi::communicator>(
           group, [&]<class T>(const std::vector<call_fn<mpi::communicator, T>>& fns) {
             wrong += run_comparison<mpi::communicator, T>(world, agree, cfg, group, fns,
-                                                          rep ? &rows : nullptr);
+                                                          rep ? &progress : nullptr);
           });
-      if (rep) report_comparison(*rep, group, rows);
+      if (rep) report_comparison(*rep, group, progress);
+      running = {};
     }
     if (rep) {
       rep->summary();
       if (!cfg.json_path.empty()) rep->write_json(world.cluster().to_string());
     }
   } catch (const std::exception& e) {
+    if (rep && !running.empty()) {
+      report_comparison(*rep, running, progress);
+      rep->failed(describe(running) + ", " +
+                  (progress.running.empty() ? "before any call" : progress.running) + ": " +
+                  e.what());
+    }
     std::fprintf(stderr, "weft-perf: rank %d: %s\n", rank, e.what());
     std::fflush(stderr);
     env.abort(1);

@@ -238,9 +238,6 @@ TEST(measured_prices, larger_sizes_are_measured_at_the_first_call_that_needs_the
       measured);
 }
 
-// The large sizes continue the communicator's own table (the one its ranks agreed on), not
-// whatever this process's cache holds: a table given by hand keeps its figures at 4 KiB ..
-// 4 MiB and gains the large sizes for the candidates it priced at every first size.
 // Each thread keeps its last pick with the table and count it was made for: a call of another
 // count, or a table put in place of the communicator's, picks again.
 TEST(measured_prices, the_kept_pick_is_the_tables_and_the_counts) {
@@ -271,13 +268,25 @@ TEST(measured_prices, the_kept_pick_is_the_tables_and_the_counts) {
         // A table like the first, at a new address while the kept one still holds the second.
         prices = std::make_shared<const measured_prices>(table_where("direct", "ring"));
         pick(4096);
+        // Two communicators of one thread, each with its table, alternating at one count.
+        local::communicator other = c.split(0, c.rank());
+        other.measured_prices_of(collective::all_reduce) =
+            std::make_shared<const measured_prices>(table_where("ring", "direct"));
+        for (int i = 0; i < 2; ++i) {
+          pick(4096);
+          mine.emplace_back(automatic_choice<collective::all_reduce, float>(other, 4096).name());
+        }
         const std::lock_guard lock(mutex);
         if (c.rank() == 0) picks = mine;
       },
       measured);
-  EXPECT_EQ(picks, (std::vector<std::string>{"direct", "direct", "ring", "ring", "direct"}));
+  EXPECT_EQ(picks, (std::vector<std::string>{"direct", "direct", "ring", "ring", "direct", "direct",
+                                             "ring", "direct", "ring"}));
 }
 
+// The large sizes continue the communicator's own table (the one its ranks agreed on), not
+// whatever this process's cache holds: a table given by hand keeps its figures at 4 KiB ..
+// 4 MiB and gains the large sizes for the candidates it priced at every first size.
 TEST(measured_prices, the_large_sizes_continue_the_communicators_own_table) {
   constexpr double mib = 1048576.0;
   const auto table = algo::candidates();

@@ -119,7 +119,7 @@ void save(Opt& opt, Comm& dp, const std::filesystem::path& dir, save_options so 
       for (int j = 0; j < 4; ++j)
         bytes[i * 4 + static_cast<std::size_t>(j)] = static_cast<char>((u >> (8 * j)) & 0xFF);
     }
-    const auto sum = weft::detail::fnv1a(std::as_bytes(std::span(bytes.data(), bytes.size())));
+    const auto sum = fnv1a64(std::as_bytes(std::span(bytes.data(), bytes.size())));
     json += std::string(first ? "" : ", ") + "{\"name\": " + weft::detail::json_quote(name) +
             ", \"dtype\": \"F32\", \"begin\": " + std::to_string(lo) +
             ", \"end\": " + std::to_string(hi) + ", \"offset\": " + std::to_string(data.size()) +

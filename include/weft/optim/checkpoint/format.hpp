@@ -60,6 +60,11 @@ struct index {
   std::vector<index_tensor> tensors;
 };
 
+/// FNV-1a, 64 bits, over bytes: the checksum of every tensor in the index.
+[[nodiscard]] inline std::uint64_t fnv1a64(std::span<const std::byte> data) noexcept {
+  return weft::detail::fnv1a(data);
+}
+
 namespace detail {
 
 [[noreturn]] inline void fail(std::string_view source, const std::string& what) {
@@ -240,7 +245,7 @@ inline void write_then_rename(const std::filesystem::path& final_name, std::stri
 
 /// Throws unless `data` (entry e's bytes) matches e's checksum.
 inline void verify(std::span<const std::byte> data, const entry& e, std::string_view source) {
-  if (data.size() != e.bytes || weft::detail::fnv1a(data) != e.checksum) {
+  if (data.size() != e.bytes || fnv1a64(data) != e.checksum) {
     detail::fail(source, "tensor " + e.name + ": checksum mismatch (the file is damaged)");
   }
 }
