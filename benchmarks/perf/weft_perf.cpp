@@ -11,9 +11,9 @@
 // all ranks fill their inputs and every algorithm runs -w untimed calls; then the -n timed
 // calls of each algorithm go in 4 turns (fewer if -n is smaller), the algorithms in rotation,
 // each turn's calls back to back after a barrier and one untimed call; the reported time is
-// the mean per call of the slowest rank. With -c 1 one more call of each runs over poisoned outputs and every rank
-// compares its output with a serial reference (pattern.hpp). A comparison's tables print when
-// all its sizes are done.
+// the mean per call of the slowest rank. With -c 1 one more call of each runs over poisoned
+// outputs and every rank compares its output with a serial reference (pattern.hpp). A
+// comparison's tables print when all its sizes are done.
 #include <weft/weft.hpp>
 
 #include "memory.hpp"
