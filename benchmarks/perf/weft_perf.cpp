@@ -350,12 +350,9 @@ std::int64_t run_comparison(Comm& c, Agree& agree, const config& cfg,
     const std::size_t total = blocked(first.op) ? count * up : count;
     const std::span<T> in(in_buf.data(), input_count(first.op, count, up));
     const std::span<T> out(out_buf.data(), output_count(first.op, count, up));
+    fill_input(pat, r, in);
     // Broadcast works in place on `out`: the root's holds the data, which every call keeps.
-    const auto fill = [&] {
-      fill_input(pat, r, in);
-      if (first.op == collective::broadcast && r == root) fill_input(pat, r, out);
-    };
-    fill();
+    if (first.op == collective::broadcast && r == root) fill_input(pat, r, out);
     const auto once = [&](std::size_t j) { fns[j](c, std::span<const T>(in), out, count, root); };
 
     const auto running = [&](std::size_t j) {
@@ -474,14 +471,17 @@ private:
   std::vector<std::int64_t> n_;
 };
 
-/// A comparison as an error names it: "all_reduce float sum (ring, tree)".
-inline std::string describe(std::span<const table_case> group) {
+/// A comparison's failure as the report names it: "all_reduce float sum (ring, tree), tree at
+/// 65536 B: <what>".
+inline std::string describe_failure(std::span<const table_case> group,
+                                    const comparison_progress& progress, std::string_view what) {
   const table_case& tc = group.front();
   std::string out = std::string(name_of(tc.op)) + " " + std::string(name_of(tc.type)) + " " +
                     std::string(name_of(tc.rop)) + " (";
   for (std::size_t j = 0; j < group.size(); ++j)
     out += (j == 0 ? "" : ", ") + std::string(name_of(group[j].algo));
-  return out + ")";
+  return out + "), " + (progress.running.empty() ? "before any call" : progress.running) + ": " +
+         std::string(what);
 }
 
 /// Every table on ranks as threads, each comparison (one op, type and redop, every algorithm
@@ -540,9 +540,7 @@ inline int run_local(const config& cfg) {
     } catch (const std::exception& e) {
       threw = true;
       report_comparison(rep, group, progress);
-      const std::string what = describe(group) + ", " +
-                               (progress.running.empty() ? "before any call" : progress.running) +
-                               ": " + e.what();
+      const std::string what = describe_failure(group, progress, e.what());
       std::fprintf(stderr, "weft-perf: %s\n", what.c_str());
       rep.failed(what);
     }
@@ -666,9 +664,7 @@ inline int run_mpi(config cfg, int& argc, char**& argv) {
   } catch (const std::exception& e) {
     if (rep && !running.empty()) {
       report_comparison(*rep, running, progress);
-      rep->failed(describe(running) + ", " +
-                  (progress.running.empty() ? "before any call" : progress.running) + ": " +
-                  e.what());
+      rep->failed(describe_failure(running, progress, e.what()));
     }
     std::fprintf(stderr, "weft-perf: rank %d: %s\n", rank, e.what());
     std::fflush(stderr);

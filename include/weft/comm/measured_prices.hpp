@@ -53,10 +53,10 @@
 // weft::automatic_choice on such a communicator is collective at those calls too.
 #include <weft/comm/algorithm/automatic.hpp>
 #include <weft/comm/algorithm/ring.hpp>
-#include <weft/comm/detail/call_check.hpp>
 #include <weft/comm/detail/plan_cache.hpp>
 #include <weft/comm/plan.hpp>
 #include <weft/core/config.hpp>
+#include <weft/core/detail/fnv1a.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/ops.hpp>
 
@@ -72,7 +72,6 @@
 #include <optional>
 #include <span>
 #include <string>
-#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <typeindex>
