@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -469,6 +470,43 @@ TEST(measured_prices, who_goes_on_to_the_next_size) {
         detail::time_sizes(c, collective::all_reduce, l, {&slow, &slower}, in, out, none, 1);
         EXPECT_EQ(slow.size(), 2u);
         EXPECT_EQ(slower.size(), 1u);
+      },
+      measured);
+}
+
+// A candidate's figure is its median batch, each batch timed after a barrier and one untimed
+// call: a candidate fast in one batch of three and slow in the others is priced slow, and the
+// call after the barrier is not timed.
+TEST(measured_prices, a_candidate_is_priced_by_its_median_batch_after_an_untimed_call) {
+  local::run(
+      2,
+      [](local::communicator& c) {
+        std::vector<float> in, out;
+        measured_prices m;
+        m.bytes = {4096}; // batches of 8 calls
+        std::vector<double> swinging, steady, first_slow;
+        std::array<int, 3> calls{};
+        // Call 0 is the size's untimed first; batch k is calls 1 + 9k (untimed) to 9 + 9k.
+        const auto run = [&](std::size_t j, std::size_t, std::size_t, std::size_t) {
+          const int call = calls[j]++;
+          const bool later_batch = call > 9;
+          const bool leads = call > 0 && (call - 1) % 9 == 0;
+          std::chrono::microseconds sleep{0};
+          if (j == 0 && later_batch) sleep = std::chrono::microseconds(4000);
+          if (j == 1) sleep = std::chrono::microseconds(1000);
+          if (j == 2 && leads) sleep = std::chrono::microseconds(50000);
+          std::this_thread::sleep_for(sleep);
+        };
+        detail::time_sizes(c, collective::all_reduce, m, {&swinging, &steady, &first_slow}, in, out,
+                           run);
+        EXPECT_EQ(calls, (std::array<int, 3>{28, 28, 28}));
+        ASSERT_EQ(swinging.size(), 1u);
+        ASSERT_EQ(steady.size(), 1u);
+        ASSERT_EQ(first_slow.size(), 1u);
+        EXPECT_GE(swinging[0], 0.004); // not its fast first batch
+        EXPECT_GE(steady[0], 0.001);
+        EXPECT_LT(steady[0], swinging[0]);
+        EXPECT_LT(first_slow[0], 0.005); // its 50 ms lead-in calls untimed
       },
       measured);
 }

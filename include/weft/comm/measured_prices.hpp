@@ -18,7 +18,8 @@
 //       the candidates taking turns batch by batch at each size, each round starting one
 //       candidate further on (none is always the first after the barrier):
 //         one untimed call, then 3 batches of 8 calls back to back (2 above 64 KiB, 1
-//         above 1 MiB), each batch after a barrier: the fastest batch's mean per call;
+//         above 1 MiB), each after a barrier and one untimed call: the median batch's mean
+//         per call;
 //         the slowest rank's figure, gathered from every rank
 //         past 64 KiB, no larger size once a call has taken over 20 ms (a slow machine, or
 //         a sanitizer's build, measures less)
@@ -45,8 +46,8 @@
 // at 4 MiB and direct was 1.2-1.6x faster than tree at 16 and 64 MiB.
 //
 // What it costs: at the first automatic call of each collective on a group shape, every
-// candidate runs up to 25 times per size; on 4 ranks of this 2-core machine, idle, about
-// 0.05 s for all_reduce (0.25 s for all six collectives), and about 1.3 s more at the first
+// candidate runs up to 28 times per size; on 4 ranks of this 2-core machine, idle, about
+// 0.14 s for all_reduce (0.62 s for all six collectives), and about 1.6 s more at the first
 // all_reduce past 4 MiB (4 ranks at 16 and 64 MiB), after which each rank keeps the plans'
 // scratch at its largest, as after a call of that size. Every rank of the group must make
 // that call (it is a collective, as the call is), and every rank its first call past 4 MiB;
@@ -61,6 +62,7 @@
 #include <weft/core/ops.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -263,7 +265,7 @@ WEFT_COLD void time_sizes(Comm& comm, collective c, const measured_prices& m,
   const bool blocks_in = input_per_rank(c);
   const bool blocks_out = output_per_rank(c);
   std::vector<std::size_t> live;
-  std::vector<double> fastest(into.size());
+  std::vector<std::array<double, measured_batches>> batches(into.size());
   for (std::size_t s = first; s < m.bytes.size(); ++s) {
     const double b = m.bytes[s];
     // The same on every rank: the times are the gathered ones. Past the first sizes (a call
@@ -287,28 +289,32 @@ WEFT_COLD void time_sizes(Comm& comm, collective c, const measured_prices& m,
     in.assign(in_n, 1.0f);
     out.assign(out_n, 0.0f);
     // Calls back to back, as a program makes them (a plan's hand-offs and staging overlap the
-    // next call's), in batches after a barrier: a batch's mean is what a run of calls costs,
-    // and since interference only adds time, the fastest batch is this machine's figure.
+    // next call's), in batches after a barrier and one untimed call: a batch's mean is what a
+    // run of calls costs, and the median batch is what the candidate costs most of the time.
+    // The fastest batch ranked candidates whose time swings (a lucky batch) above steadier
+    // ones; without the untimed call, the ranks' wake-up from the barrier fell on a short batch
+    // (2 calls at 256 KiB: tree measured 35-37 us there and ran at 30-31 in weft-perf).
     const int batch = b <= 65536 ? 8 : b <= 1048576 ? 2 : 1;
-    for (const std::size_t j : live) {
+    for (const std::size_t j : live)
       run(j, count, in_n, out_n); // untimed: first touches, the plan's first build
-      fastest[j] = std::numeric_limits<double>::infinity();
-    }
     for (int k = 0; k < measured_batches; ++k) {
       for (std::size_t q = 0; q < live.size(); ++q) {
         const std::size_t j = live[(q + static_cast<std::size_t>(k)) % live.size()];
         comm.barrier();
+        run(j, count, in_n, out_n); // untimed: the ranks leave the barrier one by one
         const auto t0 = clock::now();
         for (int i = 0; i < batch; ++i)
           run(j, count, in_n, out_n);
-        const double t = std::chrono::duration<double>(clock::now() - t0).count();
-        fastest[j] = std::min(fastest[j], t / batch);
+        batches[j][static_cast<std::size_t>(k)] =
+            std::chrono::duration<double>(clock::now() - t0).count() / batch;
       }
     }
     // The slowest rank's, the same on every rank: so are the sizes each rank measures next.
     std::vector<float> mine;
-    for (const std::size_t j : live)
-      mine.push_back(static_cast<float>(fastest[j]));
+    for (const std::size_t j : live) {
+      std::ranges::sort(batches[j]);
+      mine.push_back(static_cast<float>(batches[j][measured_batches / 2]));
+    }
     const std::vector<float> all = gather_all(comm, mine);
     for (std::size_t q = 0; q < live.size(); ++q) {
       float slowest = 0;
