@@ -3,6 +3,7 @@
 // -r redop, -a algorithm, -t transport, --topology, --json). Parsing only: every mistake is a
 // weft::error saying which flag and what it accepts, and main turns it into exit status 2.
 #include <weft/comm/plan.hpp>
+#include <weft/comm/transport/local.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/types.hpp>
 #include <weft/topology/topology.hpp>
@@ -109,9 +110,10 @@ struct config {
   int iters = 20;
   int warmup = 5;
   bool check = true;
-  std::optional<bool> measured;             // unset: the transport's default
-  std::string topology_spec;                // as given; empty: one node of `ranks`
-  std::optional<topology::cluster> cluster; // parsed --topology
+  std::optional<bool> measured;                 // unset: the transport's default
+  std::optional<local::thread_binding> binding; // unset: WEFT_BINDING where set, else automatic
+  std::string topology_spec;                    // as given; empty: one node of `ranks`
+  std::optional<topology::cluster> cluster;     // parsed --topology
   std::string json_path;
   bool help = false;
 
@@ -151,6 +153,10 @@ inline constexpr std::string_view usage_text =
                           (local::options::automatic, default 1; under mpirun
                           mpi::options::measured_automatic, MPI's own collective among the
                           candidates, default 0; 0: the cost model's)
+  -B, --binding B         where local ranks' threads run: automatic (default: one CPU each,
+                          round robin, where they outnumber the CPUs; else free), cpu (always
+                          bound), none (free); WEFT_BINDING where -B is not given. Bound, which
+                          ranks share a core stays put, and with it the fastest algorithm
       --topology SPEC     emulated cluster, e.g. "2x4,intra=shm:8GB/s:2us,inter=net:0.5GB/s:20us";
                           local ranks become its devices and transfers are paced by its links
       --json FILE         also write every row as JSON
@@ -321,7 +327,7 @@ inline config parse_args(const std::vector<std::string_view>& args) {
       cfg.help = true;
       continue;
     }
-    static constexpr std::array<std::string_view, 31> known = {"-b",
+    static constexpr std::array<std::string_view, 33> known = {"-b",
                                                                "--minbytes",
                                                                "-e",
                                                                "--maxbytes",
@@ -348,6 +354,8 @@ inline config parse_args(const std::vector<std::string_view>& args) {
                                                                "--check",
                                                                "-m",
                                                                "--measured",
+                                                               "-B",
+                                                               "--binding",
                                                                "--topology",
                                                                "--json",
                                                                "-h",
@@ -395,6 +403,18 @@ inline config parse_args(const std::vector<std::string_view>& args) {
       cfg.check = detail::parse_int(flag, value, 0, 1) == 1;
     } else if (flag == "-m" || flag == "--measured") {
       cfg.measured = detail::parse_int(flag, value, 0, 1) == 1;
+    } else if (flag == "-B" || flag == "--binding") {
+      const std::string b = detail::lower(value);
+      if (b == "none") {
+        cfg.binding = local::thread_binding::none;
+      } else if (b == "automatic") {
+        cfg.binding = local::thread_binding::automatic;
+      } else if (b == "cpu") {
+        cfg.binding = local::thread_binding::cpu;
+      } else {
+        detail::bad("unknown binding '" + std::string(value) +
+                    "'; expected none, automatic or cpu");
+      }
     } else if (flag == "--topology") {
       cfg.topology_spec = std::string(value);
       try {
@@ -420,6 +440,18 @@ inline config parse_args(const std::vector<std::string_view>& args) {
                   std::to_string(cfg.cluster->size()) + " devices");
     }
     cfg.ranks = cfg.cluster->size();
+  }
+  if (!cfg.binding) {
+    try { // WEFT_BINDING, as local::run will read it: a bad one is a bad option here
+      (void)weft::detail::thread_binding_of({});
+    } catch (const error& e) {
+      detail::bad(e.what());
+    }
+  }
+  if (cfg.transport == transport_kind::mpi && cfg.binding) {
+    detail::bad(
+        "-B binds ranks that run as threads (-t local); under mpirun, its own binding "
+        "places the processes (--bind-to)");
   }
   if (cfg.transport == transport_kind::local && cfg.root >= cfg.ranks) {
     detail::bad("--root " + std::to_string(cfg.root) + " is not a rank of " +

@@ -36,9 +36,10 @@ class reporter {
 public:
   explicit reporter(const config& cfg) : cfg_(cfg) {}
 
-  /// The opening lines: options, then where each rank runs.
-  void header(const topology::cluster& cluster, const std::vector<int>& devices,
-              bool emulated) const {
+  /// The opening lines: options, then where each rank runs (`cpus`: the CPUs each rank's
+  /// thread is bound to, empty where the threads run free or the ranks are processes).
+  void header(const topology::cluster& cluster, const std::vector<int>& devices, bool emulated,
+              const std::vector<std::vector<int>>& cpus = {}) const {
     std::printf(
         "# weft-perf  transport: %s  ranks: %zu  minBytes %zu  maxBytes %zu  step: %zu(factor)  "
         "warmup iters: %d  iters: %d  validation: %d\n",
@@ -49,8 +50,17 @@ public:
         emulated ? "emulated: transfers paced at these figures" : "not emulated: model only");
     std::printf("#\n# Using devices\n");
     for (std::size_t r = 0; r < devices.size(); ++r) {
+      std::string where = cfg_.transport == transport_kind::local ? "thread" : "process";
+      if (cfg_.transport == transport_kind::local) {
+        std::string list;
+        for (int c : r < cpus.size() ? cpus[r] : std::vector<int>{}) {
+          if (!list.empty()) list += ',';
+          list += std::to_string(c);
+        }
+        where += list.empty() ? ", free" : ", CPU " + list;
+      }
       std::printf("#  Rank %3zu on node %3d device %3d (%s)\n", r, cluster.node_of(devices[r]),
-                  devices[r], cfg_.transport == transport_kind::local ? "thread" : "process");
+                  devices[r], where.c_str());
     }
     std::fflush(stdout);
   }

@@ -494,6 +494,14 @@ inline int run_local(const config& cfg) {
     opt.automatic =
         *cfg.measured ? local::automatic_prices::measured : local::automatic_prices::model;
   }
+  // Bound where the threads outnumber the CPUs, so that which ranks share a core stays put
+  // while the tables run (docs/benchmarks.md); the environment's binding where it is set.
+  const char* env_binding = std::getenv("WEFT_BINDING");
+  if (cfg.binding) {
+    opt.binding = cfg.binding;
+  } else if (env_binding == nullptr || *env_binding == '\0') {
+    opt.binding = local::thread_binding::automatic;
+  }
   const std::vector<table_case> cases = cases_of(cfg, local::communicator::peer_access);
   if (cases.empty()) {
     std::fprintf(
@@ -519,7 +527,8 @@ inline int run_local(const config& cfg) {
   std::vector<int> devices(static_cast<std::size_t>(cluster.size()));
   for (std::size_t i = 0; i < devices.size(); ++i)
     devices[i] = static_cast<int>(i);
-  rep.header(cluster, devices, opt.emulate_links);
+  rep.header(cluster, devices, opt.emulate_links,
+             weft::detail::bound_cpus(opt, cluster.size(), weft::detail::allowed_cpus()).of_rank);
   rep.skipped(skipped_of(cfg, local::communicator::peer_access, "local"));
   bool threw = false;
   for (const std::span<const table_case> group : comparisons(cases)) {

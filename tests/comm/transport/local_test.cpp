@@ -9,11 +9,17 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
+
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 #include "support/rank_errors.hpp"
 #include "support/scale.hpp"
@@ -341,6 +347,178 @@ TEST(local, direct_collectives_with_counts_that_differ_between_ranks_are_an_erro
     });
   });
   EXPECT_NE(gather.find("the ranks disagree on the call"), std::string::npos) << gather;
+}
+
+using weft::local::thread_binding;
+
+// Where the rank threads run (local::options::binding). The tests read each thread's CPUs
+// with sched_getaffinity, not with the transport's own allowed_cpus.
+#if defined(__linux__)
+std::vector<int> cpus_of_this_thread() {
+  cpu_set_t set; // the test machines have under 1,024 CPUs
+  CPU_ZERO(&set);
+  EXPECT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+  std::vector<int> out;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) out.push_back(c);
+  return out;
+}
+
+// Each rank's CPUs, as its thread sees them inside the run.
+std::vector<std::vector<int>> cpus_by_rank(int n, const weft::local::options& opt) {
+  std::vector<std::vector<int>> seen(static_cast<std::size_t>(n));
+  weft::local::run(
+      n,
+      [&](weft::local::communicator& c) {
+        seen[static_cast<std::size_t>(c.rank())] = cpus_of_this_thread();
+      },
+      opt);
+  return seen;
+}
+
+// Sets an environment variable for one scope, and puts back what was there.
+class scoped_environment {
+public:
+  scoped_environment(const char* name, const char* value) : name_(name) {
+    const char* before = std::getenv(name);
+    if (before != nullptr) before_ = before;
+    ::setenv(name, value, 1);
+  }
+  ~scoped_environment() {
+    if (before_) {
+      ::setenv(name_, before_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  scoped_environment(const scoped_environment&) = delete;
+  scoped_environment& operator=(const scoped_environment&) = delete;
+
+private:
+  const char* name_;
+  std::optional<std::string> before_;
+};
+
+TEST(local, binding_cpu_over_more_ranks_than_cpus_goes_round_robin) {
+  const std::vector<int> mine = cpus_of_this_thread();
+  const int n = static_cast<int>(mine.size()) + 3;
+  const auto seen = cpus_by_rank(n, {.binding = thread_binding::cpu});
+  for (int r = 0; r < n; ++r)
+    EXPECT_EQ(seen[static_cast<std::size_t>(r)],
+              std::vector<int>{mine[static_cast<std::size_t>(r) % mine.size()]})
+        << "rank " << r;
+  EXPECT_EQ(cpus_of_this_thread(), mine); // the caller's CPUs back
+}
+
+TEST(local, binding_cpu_over_fewer_ranks_gives_each_a_block) {
+  const std::vector<int> mine = cpus_of_this_thread();
+  if (mine.size() < 2) GTEST_SKIP() << "one CPU";
+  const std::size_t block = mine.size() / 2;
+  const auto seen = cpus_by_rank(2, {.binding = thread_binding::cpu});
+  EXPECT_EQ(seen[0], std::vector<int>(mine.begin(), mine.begin() + static_cast<long>(block)));
+  EXPECT_EQ(seen[1], std::vector<int>(mine.begin() + static_cast<long>(block),
+                                      mine.begin() + static_cast<long>(2 * block)));
+  EXPECT_EQ(cpus_of_this_thread(), mine);
+}
+
+TEST(local, a_bound_run_that_throws_gives_the_caller_its_cpus_back) {
+  const std::vector<int> mine = cpus_of_this_thread();
+  if (mine.size() < 2) GTEST_SKIP() << "one CPU: bound and free look alike";
+  EXPECT_THROW(weft::local::run(3,
+                                [](weft::local::communicator& c) {
+                                  if (c.rank() == 0) throw weft::error("rank 0 fails");
+                                },
+                                {.binding = thread_binding::cpu}),
+               weft::error);
+  EXPECT_EQ(cpus_of_this_thread(), mine);
+}
+
+TEST(local, automatic_binding_binds_only_where_the_ranks_outnumber_the_cpus) {
+  const std::vector<int> mine = cpus_of_this_thread();
+  if (mine.size() < 2) GTEST_SKIP() << "one CPU: bound and free look alike";
+  const auto n = static_cast<int>(mine.size());
+  const weft::local::options automatic{.binding = thread_binding::automatic};
+  for (const auto& cpus : cpus_by_rank(n, automatic))
+    EXPECT_EQ(cpus, mine); // as many ranks as CPUs: free
+  const auto over = cpus_by_rank(n + 1, automatic);
+  EXPECT_EQ(over[0], std::vector<int>{mine[0]});
+  EXPECT_EQ(over[static_cast<std::size_t>(n)], std::vector<int>{mine[0]});
+  for (const auto& cpus : cpus_by_rank(n + 1, {.binding = thread_binding::none}))
+    EXPECT_EQ(cpus, mine);
+  EXPECT_EQ(cpus_of_this_thread(), mine);
+}
+
+TEST(local, by_default_the_threads_run_free) {
+  const char* env = std::getenv("WEFT_BINDING");
+  if (env != nullptr && *env != '\0') GTEST_SKIP() << "WEFT_BINDING=" << env << " is set";
+  const std::vector<int> mine = cpus_of_this_thread();
+  if (mine.size() < 2) GTEST_SKIP() << "one CPU: bound and free look alike";
+  for (const auto& cpus : cpus_by_rank(static_cast<int>(mine.size()) + 2, {}))
+    EXPECT_EQ(cpus, mine);
+}
+
+TEST(local, the_environment_chooses_the_binding_where_the_program_does_not) {
+  const std::vector<int> mine = cpus_of_this_thread();
+  if (mine.size() < 2) GTEST_SKIP() << "one CPU: bound and free look alike";
+  const int n = static_cast<int>(mine.size()) + 1;
+  {
+    const scoped_environment cpu("WEFT_BINDING", "cpu");
+    EXPECT_EQ(cpus_by_rank(n, {})[0], std::vector<int>{mine[0]});
+    // What the program sets wins.
+    for (const auto& cpus : cpus_by_rank(n, {.binding = thread_binding::none}))
+      EXPECT_EQ(cpus, mine);
+  }
+  {
+    const scoped_environment automatic("WEFT_BINDING", "automatic");
+    EXPECT_EQ(cpus_by_rank(n, {})[0], std::vector<int>{mine[0]});
+  }
+  const scoped_environment cores("WEFT_BINDING", "cores");
+  const std::string what = failure_of([&] { (void)cpus_by_rank(n, {}); });
+  EXPECT_NE(what.find("WEFT_BINDING=\"cores\""), std::string::npos) << what;
+  EXPECT_NE(what.find("\"cpu\""), std::string::npos) << what;
+}
+
+TEST(local, a_cpu_the_thread_may_not_use_fails_a_required_binding_and_nothing_else) {
+  const std::vector<int> mine = cpus_of_this_thread();
+  const std::vector<int> outside{mine.back() + 1};
+  try {
+    const weft::detail::cpu_binding bound(outside, true, 2);
+    ADD_FAILURE() << "bound to CPU " << outside[0] << ", outside this thread's CPUs";
+  } catch (const weft::error& e) {
+    EXPECT_NE(std::string(e.what()).find("could not bind rank 2's thread to CPU " +
+                                         std::to_string(outside[0])),
+              std::string::npos)
+        << e.what();
+  }
+  {
+    const weft::detail::cpu_binding bound(outside, false, 2);
+    EXPECT_EQ(cpus_of_this_thread(), mine);
+  }
+  EXPECT_EQ(cpus_of_this_thread(), mine);
+}
+#endif
+
+// The binding's decision, on CPU lists the test makes up.
+TEST(local, bound_cpus_go_round_robin_over_more_ranks_and_by_blocks_over_fewer) {
+  const std::vector<int> cpus{3, 5, 6, 9, 10};
+  const auto of = [&](thread_binding b, int ranks) {
+    return weft::detail::bound_cpus({.binding = b}, ranks, cpus);
+  };
+  using cpu_lists = std::vector<std::vector<int>>;
+  EXPECT_EQ(of(thread_binding::automatic, 7).of_rank,
+            (cpu_lists{{3}, {5}, {6}, {9}, {10}, {3}, {5}}));
+  EXPECT_FALSE(of(thread_binding::automatic, 7).required);
+  EXPECT_TRUE(of(thread_binding::automatic, 5).of_rank.empty());
+  EXPECT_EQ(of(thread_binding::cpu, 5).of_rank, (cpu_lists{{3}, {5}, {6}, {9}, {10}}));
+  EXPECT_EQ(of(thread_binding::cpu, 2).of_rank, (cpu_lists{{3, 5}, {6, 9}}));
+  EXPECT_EQ(of(thread_binding::cpu, 1).of_rank, (cpu_lists{{3, 5, 6, 9, 10}}));
+  EXPECT_TRUE(of(thread_binding::cpu, 1).required);
+  EXPECT_TRUE(of(thread_binding::none, 9).of_rank.empty());
+  // where the platform cannot say which CPUs: automatic leaves the threads free, cpu fails
+  EXPECT_TRUE(
+      weft::detail::bound_cpus({.binding = thread_binding::automatic}, 5, {}).of_rank.empty());
+  EXPECT_THROW((void)weft::detail::bound_cpus({.binding = thread_binding::cpu}, 5, {}),
+               weft::error);
 }
 
 } // namespace

@@ -44,6 +44,7 @@
 #include <weft/comm/plan/check.hpp>
 #include <weft/comm/plan/engine.hpp>
 #include <weft/comm/progress.hpp>
+#include <weft/comm/transport/detail/cpu_binding.hpp>
 #include <weft/comm/transport/detail/host_plan_steps.hpp>
 #include <weft/comm/transport/detail/local_state.hpp>
 #include <weft/core/error.hpp>
@@ -73,6 +74,13 @@ enum class automatic_prices {
   model,    ///< the cost model's nominal figures for the host
 };
 
+/// Where local::run's rank threads run (options::binding; comm/transport/detail/cpu_binding.hpp).
+enum class thread_binding {
+  none,      ///< wherever the scheduler puts them
+  automatic, ///< bound as `cpu` where the ranks outnumber the CPUs the caller may run on
+  cpu,       ///< each on one CPU: rank r on the (r mod n)-th of the caller's n CPUs
+};
+
 struct options {
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
   /// The deadline on every wait; off, a stalled rank holds the others forever.
@@ -87,14 +95,26 @@ struct options {
   weft::on_failure on_failure = weft::on_failure::throw_error;
   /// How algo::automatic prices its candidates where the ranks share one node and links are
   /// not emulated (comm/measured_prices.hpp): measured on this machine at the first automatic
-  /// call of each collective on a group shape (once per process and shape; about 0.05 s for
+  /// call of each collective on a group shape (once per process and shape; about 0.14 s for
   /// all_reduce on 4 ranks of an idle 2-core machine), and at 16 and 64 MiB at the first call
-  /// past 4 MiB (about 1.3 s more), or by the cost model's nominal figures
+  /// past 4 MiB (about 1.6 s more), or by the cost model's nominal figures
   /// for the host (topology::host), which measure nothing and pick worse (1.3-2.7x slower
   /// than the best algorithm on 4 ranks here; docs/benchmarks.md). Unset: the environment's
   /// WEFT_AUTOMATIC (`measured` or `model`; anything else is a weft::error), else measured.
   /// A value set here wins over the environment.
   std::optional<automatic_prices> automatic{};
+  /// Where the rank threads run: free (the default, as threads and MPI processes that
+  /// outnumber the cores are by default), or bound, each to its share of the CPUs the caller
+  /// may run on (comm/transport/detail/cpu_binding.hpp), so that which ranks share a CPU stays
+  /// as automatic measured it. On an idle machine binding is faster and steadier (4 ranks on
+  /// 2 cores: all_reduce 1.3-1.9x faster from 4 KiB to 1 MiB, and automatic within 1.25x of
+  /// the best fixed algorithm in 7 runs of 8; docs/benchmarks.md); beside a busy process a
+  /// bound thread cannot move off its CPU (a compile on one core: 2.4 ms a 4 KiB call, against
+  /// 7 us free). Threads a rank starts inherit its CPUs; rank 0 runs on the caller's thread,
+  /// whose CPUs it gives back when the run ends. Linux only (`cpu` elsewhere is a weft::error).
+  /// Unset: the environment's WEFT_BINDING (`none`, `automatic` or `cpu`; anything else is a
+  /// weft::error), else none. A value set here wins over the environment.
+  std::optional<thread_binding> binding{};
 };
 
 class communicator {
@@ -960,16 +980,73 @@ private:
 
 namespace weft::detail {
 
+/// A run's option: the value set, else the environment variable's (one of `names`, the first
+/// when unset or empty), naming `what` the option decides when the variable holds another.
+template <class E, std::size_t N>
+E set_or_environment(const std::optional<E>& set, const char* variable,
+                     const std::array<std::pair<std::string_view, E>, N>& names,
+                     std::string_view what) {
+  if (set) return *set;
+  const char* v = std::getenv(variable);
+  if (v == nullptr || *v == '\0') return names[0].second;
+  std::string expected;
+  for (const auto& [name, value] : names) {
+    if (std::string_view(v) == name) return value;
+    if (!expected.empty()) expected += ", ";
+    expected += '"';
+    expected += name;
+    expected += '"';
+  }
+  throw error("weft: local::run: " + std::string(variable) + "=\"" + std::string(v) +
+              "\": expected one of " + expected + " (" + std::string(what) + ")");
+}
+
 /// The prices automatic picks by for a run with options opt: opt.automatic, else the
 /// environment's WEFT_AUTOMATIC, else measured.
 inline local::automatic_prices automatic_prices_of(const local::options& opt) {
-  if (opt.automatic) return *opt.automatic;
-  const char* v = std::getenv("WEFT_AUTOMATIC");
-  if (v == nullptr || *v == '\0' || std::string_view(v) == "measured")
-    return local::automatic_prices::measured;
-  if (std::string_view(v) == "model") return local::automatic_prices::model;
-  throw error("weft: local::run: WEFT_AUTOMATIC=\"" + std::string(v) +
-              "\": expected \"measured\" or \"model\" (how algo::automatic prices its candidates)");
+  using local::automatic_prices;
+  return set_or_environment(
+      opt.automatic, "WEFT_AUTOMATIC",
+      std::array{std::pair{std::string_view("measured"), automatic_prices::measured},
+                 std::pair{std::string_view("model"), automatic_prices::model}},
+      "how algo::automatic prices its candidates");
+}
+
+/// A run's binding with options opt: opt.binding, else the environment's WEFT_BINDING, else
+/// none.
+inline local::thread_binding thread_binding_of(const local::options& opt) {
+  using local::thread_binding;
+  return set_or_environment(
+      opt.binding, "WEFT_BINDING",
+      std::array{std::pair{std::string_view("none"), thread_binding::none},
+                 std::pair{std::string_view("automatic"), thread_binding::automatic},
+                 std::pair{std::string_view("cpu"), thread_binding::cpu}},
+      "where local::run's rank threads run");
+}
+
+/// Where a run binds its rank threads: the CPUs of each rank (see cpus_of_rank), none where
+/// it leaves them free; `required` where a thread that cannot be bound fails the run.
+struct rank_cpus {
+  std::vector<std::vector<int>> of_rank;
+  bool required = false;
+};
+
+/// Where a run of `ranks` ranks with options opt binds its threads; `cpus`: those the caller
+/// may run on.
+inline rank_cpus bound_cpus(const local::options& opt, int ranks, std::span<const int> cpus) {
+  using local::thread_binding;
+  const thread_binding b = thread_binding_of(opt);
+  const bool bind = b == thread_binding::cpu || (b == thread_binding::automatic && !cpus.empty() &&
+                                                 static_cast<std::size_t>(ranks) > cpus.size());
+  if (!bind) return {};
+  if (cpus.empty()) // binding cpu where the platform cannot say
+    throw error(
+        "weft: local::run: binding cpu: the CPUs this thread may run on are unknown here; "
+        "run with local::options::binding none (or WEFT_BINDING=none)");
+  rank_cpus out{.of_rank = {}, .required = b == thread_binding::cpu};
+  for (int r = 0; r < ranks; ++r)
+    out.of_rank.push_back(cpus_of_rank(r, ranks, cpus));
+  return out;
 }
 
 template <class F>
@@ -986,8 +1063,12 @@ void run_ranks(topology::cluster cluster, F&& f, local::options opt) {
     everyone[static_cast<std::size_t>(r)] = r;
   auto group = local_group::make(world, everyone);
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  const rank_cpus cpus = bound_cpus(opt, n, allowed_cpus());
   const auto body = [&](int r) {
     try {
+      std::optional<cpu_binding> bound;
+      if (!cpus.of_rank.empty())
+        bound.emplace(cpus.of_rank[static_cast<std::size_t>(r)], cpus.required, r);
       if (opt.emulate_links) link_pacer::precise_sleeps();
       local::communicator c(group, r, opt.timeout);
       c.set_watchdog(opt.watchdog);

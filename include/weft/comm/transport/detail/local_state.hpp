@@ -7,6 +7,7 @@
 #include <weft/comm/failure.hpp>
 #include <weft/comm/plan.hpp>
 #include <weft/comm/progress.hpp>
+#include <weft/comm/transport/detail/cpu_binding.hpp>
 #include <weft/comm/transport/detail/doorbell.hpp>
 #include <weft/comm/transport/detail/link_pacer.hpp>
 #include <weft/core/error.hpp>
@@ -67,7 +68,7 @@ struct local_world {
         status(std::make_unique<std::atomic<int>[]>(static_cast<std::size_t>(size))),
         failures(std::make_unique<failure_state[]>(static_cast<std::size_t>(size))),
         pacer(emulate_links ? std::make_unique<link_pacer>(cluster) : nullptr),
-        spins(static_cast<unsigned>(size) > std::thread::hardware_concurrency() ? 0 : 64) {
+        spins(static_cast<std::size_t>(size) > usable_cpus() ? 0 : 64) {
     for (int r = 0; r < size; ++r)
       status[static_cast<std::size_t>(r)].store(0);
   }
