@@ -108,7 +108,7 @@ struct options {
   /// may run on (comm/transport/detail/cpu_binding.hpp), so that which ranks share a CPU stays
   /// as automatic measured it. On an idle machine binding is faster and steadier (4 ranks on
   /// 2 cores: all_reduce 1.3-1.9x faster from 4 KiB to 1 MiB, and automatic within 1.25x of
-  /// the best fixed algorithm in 7 runs of 8; docs/benchmarks.md); beside a busy process a
+  /// the best fixed algorithm in 14 runs of 16; docs/benchmarks.md); beside a busy process a
   /// bound thread cannot move off its CPU (a compile on one core: 2.4 ms a 4 KiB call, against
   /// 7 us free). Threads a rank starts inherit its CPUs; rank 0 runs on the caller's thread,
   /// whose CPUs it gives back when the run ends. Linux only (`cpu` elsewhere is a weft::error).
