@@ -511,6 +511,50 @@ TEST(measured_prices, a_candidate_is_priced_by_its_median_batch_after_an_untimed
       measured);
 }
 
+// A local communicator that counts its barriers.
+class counting_barriers : public local::communicator {
+public:
+  counting_barriers(local::communicator c, int* barriers)
+      : local::communicator(std::move(c)), barriers_(barriers) {}
+  void barrier() {
+    ++*barriers_;
+    local::communicator::barrier();
+  }
+
+private:
+  int* barriers_;
+};
+
+// Each batch's barrier comes before its untimed call: the ranks' wake-up from the barrier
+// falls on a call that is not timed.
+TEST(measured_prices, each_batch_is_a_barrier_then_an_untimed_call_then_the_timed_ones) {
+  local::run(
+      2,
+      [](local::communicator& base) {
+        int barriers = 0;
+        counting_barriers c(std::move(base), &barriers);
+        std::vector<float> in, out;
+        measured_prices m;
+        m.bytes = {4096}; // batches of 8 calls
+        std::vector<double> a, b;
+        std::array<std::vector<int>, 2> seen; // the barrier count at each call, per candidate
+        detail::time_sizes(c, collective::all_reduce, m, {&a, &b}, in, out,
+                           [&](std::size_t j, std::size_t, std::size_t, std::size_t) {
+                             seen[j].push_back(barriers);
+                           });
+        for (std::size_t j = 0; j < 2; ++j) {
+          ASSERT_EQ(seen[j].size(), 28u);
+          for (std::size_t k = 0; k < 3; ++k) {
+            const std::size_t lead = 1 + 9 * k;
+            EXPECT_GT(seen[j][lead], seen[j][lead - 1]) << "candidate " << j << ", batch " << k;
+            for (std::size_t i = lead; i < lead + 9; ++i)
+              EXPECT_EQ(seen[j][i], seen[j][lead]) << "candidate " << j << ", call " << i;
+          }
+        }
+      },
+      measured);
+}
+
 // A communicator whose measure_prices takes no table to continue (the three-argument form)
 // keeps its first table past 4 MiB and extrapolates it.
 class three_argument_measure : public local::communicator {
