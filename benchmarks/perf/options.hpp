@@ -405,13 +405,10 @@ inline config parse_args(const std::vector<std::string_view>& args) {
       cfg.measured = detail::parse_int(flag, value, 0, 1) == 1;
     } else if (flag == "-B" || flag == "--binding") {
       const std::string b = detail::lower(value);
-      if (b == "none") {
-        cfg.binding = local::thread_binding::none;
-      } else if (b == "automatic") {
-        cfg.binding = local::thread_binding::automatic;
-      } else if (b == "cpu") {
-        cfg.binding = local::thread_binding::cpu;
-      } else {
+      cfg.binding.reset();
+      for (const auto& [name, binding] : weft::detail::thread_binding_names)
+        if (b == name) cfg.binding = binding;
+      if (!cfg.binding) {
         detail::bad("unknown binding '" + std::string(value) +
                     "'; expected none, automatic or cpu");
       }

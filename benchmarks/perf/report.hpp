@@ -51,14 +51,8 @@ public:
     std::printf("#\n# Using devices\n");
     for (std::size_t r = 0; r < devices.size(); ++r) {
       std::string where = cfg_.transport == transport_kind::local ? "thread" : "process";
-      if (cfg_.transport == transport_kind::local) {
-        std::string list;
-        for (int c : r < cpus.size() ? cpus[r] : std::vector<int>{}) {
-          if (!list.empty()) list += ',';
-          list += std::to_string(c);
-        }
-        where += list.empty() ? ", free" : ", CPU " + list;
-      }
+      if (cfg_.transport == transport_kind::local)
+        where += r < cpus.size() ? ", CPU " + weft::detail::cpu_list(cpus[r]) : ", free";
       std::printf("#  Rank %3zu on node %3d device %3d (%s)\n", r, cluster.node_of(devices[r]),
                   devices[r], where.c_str());
     }

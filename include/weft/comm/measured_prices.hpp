@@ -291,9 +291,10 @@ WEFT_COLD void time_sizes(Comm& comm, collective c, const measured_prices& m,
     // Calls back to back, as a program makes them (a plan's hand-offs and staging overlap the
     // next call's), in batches after a barrier and one untimed call: a batch's mean is what a
     // run of calls costs, and the median batch is what the candidate costs most of the time.
-    // The fastest batch ranked candidates whose time swings (a lucky batch) above steadier
-    // ones; without the untimed call, the ranks' wake-up from the barrier fell on a short batch
-    // (2 calls at 256 KiB: tree measured 35-37 us there and ran at 30-31 in weft-perf).
+    // The fastest batch would rank a candidate whose time swings (one lucky batch) above
+    // steadier ones; without the untimed call the ranks' wake-up from the barrier falls on a
+    // short batch (2 calls at 256 KiB: tree measures 35-37 us so, and runs at 30-31 in
+    // weft-perf).
     const int batch = b <= 65536 ? 8 : b <= 1048576 ? 2 : 1;
     for (const std::size_t j : live)
       run(j, count, in_n, out_n); // untimed: first touches, the plan's first build

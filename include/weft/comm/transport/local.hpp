@@ -78,7 +78,7 @@ enum class automatic_prices {
 enum class thread_binding {
   none,      ///< wherever the scheduler puts them
   automatic, ///< bound as `cpu` where the ranks outnumber the CPUs the caller may run on
-  cpu,       ///< each on one CPU: rank r on the (r mod n)-th of the caller's n CPUs
+  cpu,       ///< each on its share of the caller's CPUs (comm/transport/detail/cpu_binding.hpp)
 };
 
 struct options {
@@ -1012,16 +1012,18 @@ inline local::automatic_prices automatic_prices_of(const local::options& opt) {
       "how algo::automatic prices its candidates");
 }
 
+/// The bindings by name, as WEFT_BINDING (and weft-perf's -B) spell them; the first is the
+/// default.
+inline constexpr std::array thread_binding_names{
+    std::pair{std::string_view("none"), local::thread_binding::none},
+    std::pair{std::string_view("automatic"), local::thread_binding::automatic},
+    std::pair{std::string_view("cpu"), local::thread_binding::cpu}};
+
 /// A run's binding with options opt: opt.binding, else the environment's WEFT_BINDING, else
 /// none.
 inline local::thread_binding thread_binding_of(const local::options& opt) {
-  using local::thread_binding;
-  return set_or_environment(
-      opt.binding, "WEFT_BINDING",
-      std::array{std::pair{std::string_view("none"), thread_binding::none},
-                 std::pair{std::string_view("automatic"), thread_binding::automatic},
-                 std::pair{std::string_view("cpu"), thread_binding::cpu}},
-      "where local::run's rank threads run");
+  return set_or_environment(opt.binding, "WEFT_BINDING", thread_binding_names,
+                            "where local::run's rank threads run");
 }
 
 /// Where a run binds its rank threads: the CPUs of each rank (see cpus_of_rank), none where

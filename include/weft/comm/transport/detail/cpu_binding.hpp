@@ -95,6 +95,16 @@ inline std::vector<int> cpus_of_rank(int r, int ranks, std::span<const int> cpus
           cpus.begin() + static_cast<std::ptrdiff_t>((rank + 1) * block)};
 }
 
+/// CPUs as the reports name them: "0,2,5".
+inline std::string cpu_list(std::span<const int> cpus) {
+  std::string list;
+  for (int c : cpus) {
+    if (!list.empty()) list += ',';
+    list += std::to_string(c);
+  }
+  return list;
+}
+
 /// Binds the calling thread to `cpus` while it lives, and gives the thread its former CPUs
 /// back when it ends (rank 0 runs on the caller's thread). Where the thread cannot be bound
 /// (or its former CPUs cannot be read, to give back), it throws when `required`, else leaves
@@ -105,16 +115,11 @@ public:
     const int failed = former_.empty() ? static_cast<int>(std::errc::function_not_supported)
                                        : run_this_thread_on(cpus);
     bound_ = failed == 0;
-    if (!bound_ && required) {
-      std::string list;
-      for (int c : cpus) {
-        if (!list.empty()) list += ',';
-        list += std::to_string(c);
-      }
+    if (!bound_ && required)
       throw error("weft: local::run: could not bind rank " + std::to_string(rank) +
-                  "'s thread to CPU " + list + " (" + std::system_category().message(failed) +
+                  "'s thread to CPU " + cpu_list(cpus) + " (" +
+                  std::system_category().message(failed) +
                   "); run with local::options::binding none (or WEFT_BINDING=none)");
-    }
   }
   ~cpu_binding() {
     if (bound_) (void)run_this_thread_on(former_);
