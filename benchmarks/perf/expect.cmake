@@ -1,5 +1,7 @@
-# cmake -DEXIT=<status> -DMATCH=<regex> [-DNO_MATCH=<regex>] [-DJSON=<file>] -P expect.cmake -- <command...>
+# cmake -DEXIT=<status> -DMATCH=<regex> [-DNO_MATCH=<regex>] [-DJSON=<file>] [-DITERS_ABOVE=<n>]
+#       -P expect.cmake -- <command...>
 # NO_MATCH: a regex the output must not match (a doubled prefix, tables that should not have run).
+# ITERS_ABOVE: with JSON, every row made more than n timed calls (-T raised -n).
 cmake_minimum_required(VERSION 3.21)
 include(${CMAKE_CURRENT_LIST_DIR}/../../cmake/expect_run.cmake)
 weft_expect_run(${JSON})
@@ -11,12 +13,21 @@ if(DEFINED JSON)
     message(FATAL_ERROR "${JSON} has no rows")
   endif()
   foreach(field op dtype redop algorithm chosen transport ranks topology bytes count time_us algbw_GBps
-                busbw_GBps model_us wrong)
+                busbw_GBps model_us wrong iters)
     string(JSON value ERROR_VARIABLE missing GET "${json}" rows 0 ${field})
     if(missing)
       message(FATAL_ERROR "${JSON}: row 0 lacks '${field}': ${missing}")
     endif()
   endforeach()
+  if(DEFINED ITERS_ABOVE)
+    math(EXPR last "${rows} - 1")
+    foreach(i RANGE ${last})
+      string(JSON iters GET "${json}" rows ${i} iters)
+      if(NOT iters GREATER ITERS_ABOVE)
+        message(FATAL_ERROR "${JSON}: row ${i} made ${iters} timed calls, not more than ${ITERS_ABOVE}")
+      endif()
+    endforeach()
+  endif()
   string(JSON wrong GET "${json}" rows 0 wrong)
   message("${JSON}: ${rows} rows, row 0 wrong = ${wrong}")
 endif()

@@ -109,6 +109,7 @@ struct config {
   int root = 0;
   int iters = 20;
   int warmup = 5;
+  int min_time_ms = 0; // 0: -n calls a row; else at least this long a row (more calls)
   bool check = true;
   std::optional<bool> measured;                 // unset: the transport's default
   std::optional<local::thread_binding> binding; // unset: WEFT_BINDING where set, else automatic
@@ -148,6 +149,8 @@ inline constexpr std::string_view usage_text =
       --root R            root of broadcast and reduce (default 0)
   -n, --iters N           timed iterations per size (default 20)
   -w, --warmup_iters N    untimed iterations first (default 5)
+  -T, --min_time_ms N     at least N ms of timed calls in each row: more than -n where the
+                          fastest algorithm's warm-up calls say -n would take less (default 0)
   -c, --check 0|1         verify every result and count wrong elements (default 1)
   -m, --measured 0|1      automatic picks by prices measured on this machine at its first call
                           (local::options::automatic, default 1; under mpirun
@@ -327,7 +330,7 @@ inline config parse_args(const std::vector<std::string_view>& args) {
       cfg.help = true;
       continue;
     }
-    static constexpr std::array<std::string_view, 33> known = {"-b",
+    static constexpr std::array<std::string_view, 35> known = {"-b",
                                                                "--minbytes",
                                                                "-e",
                                                                "--maxbytes",
@@ -350,6 +353,8 @@ inline config parse_args(const std::vector<std::string_view>& args) {
                                                                "--iters",
                                                                "-w",
                                                                "--warmup_iters",
+                                                               "-T",
+                                                               "--min_time_ms",
                                                                "-c",
                                                                "--check",
                                                                "-m",
@@ -399,6 +404,8 @@ inline config parse_args(const std::vector<std::string_view>& args) {
       cfg.iters = detail::parse_int(flag, value, 1, 1 << 30);
     } else if (flag == "-w" || flag == "--warmup_iters") {
       cfg.warmup = detail::parse_int(flag, value, 0, 1 << 30);
+    } else if (flag == "-T" || flag == "--min_time_ms") {
+      cfg.min_time_ms = detail::parse_int(flag, value, 0, 3600000);
     } else if (flag == "-c" || flag == "--check") {
       cfg.check = detail::parse_int(flag, value, 0, 1) == 1;
     } else if (flag == "-m" || flag == "--measured") {

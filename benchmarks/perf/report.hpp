@@ -30,6 +30,7 @@ struct row {
   double busbw; // GB/s
   double model_us;
   std::int64_t wrong; // -1 when not checked
+  int iters;          // timed calls (-n, or more under -T)
 };
 
 class reporter {
@@ -45,6 +46,11 @@ public:
         "warmup iters: %d  iters: %d  validation: %d\n",
         std::string(name_of(cfg_.transport)).c_str(), devices.size(), cfg_.min_bytes,
         cfg_.max_bytes, cfg_.factor, cfg_.warmup, cfg_.iters, cfg_.check ? 1 : 0);
+    if (cfg_.min_time_ms > 0)
+      std::printf(
+          "# min time: %d ms a row (iters: more where -n calls of the fastest algorithm "
+          "take less)\n",
+          cfg_.min_time_ms);
     std::printf(
         "# topology: %s  (links %s)\n", cluster.to_string().c_str(),
         emulated ? "emulated: transfers paced at these figures" : "not emulated: model only");
@@ -140,7 +146,8 @@ public:
       << ",\n    \"algorithms\": " << list(cfg_.algorithms)
       << ",\n    \"transport\": " << quote(name_of(cfg_.transport))
       << ",\n    \"ranks\": " << cfg_.ranks << ",\n    \"root\": " << cfg_.root
-      << ",\n    \"iters\": " << cfg_.iters << ",\n    \"warmup\": " << cfg_.warmup
+      << ",\n    \"iters\": " << cfg_.iters << ",\n    \"min_time_ms\": " << cfg_.min_time_ms
+      << ",\n    \"warmup\": " << cfg_.warmup
       << ",\n    \"check\": " << (cfg_.check ? "true" : "false")
       << ",\n    \"topology\": " << quote(topology_text) << "\n  },\n  \"rows\": [";
     for (std::size_t i = 0; i < rows_.size(); ++i) {
@@ -153,7 +160,7 @@ public:
         << ", \"count\": " << r.count << ", \"root\": " << r.root
         << ", \"time_us\": " << number(r.time_us) << ", \"algbw_GBps\": " << number(r.algbw)
         << ", \"busbw_GBps\": " << number(r.busbw) << ", \"model_us\": " << number(r.model_us)
-        << ", \"wrong\": " << r.wrong << "}";
+        << ", \"wrong\": " << r.wrong << ", \"iters\": " << r.iters << "}";
     }
     f << "\n  ],\n  \"errors\": [";
     for (std::size_t i = 0; i < errors_.size(); ++i)

@@ -9,7 +9,8 @@
 // Each (op, dtype, redop, algorithm) is one table; the tables of one (op, dtype, redop) are
 // timed together, so that the algorithms compare under the same conditions. For every size,
 // all ranks fill their inputs and every algorithm runs -w untimed calls; then the -n timed
-// calls of each algorithm go in 4 turns (fewer if -n is smaller), the algorithms in rotation,
+// calls of each algorithm (under -T, as many more as the fastest algorithm's warm-up calls say
+// fill the time) go in 4 turns (fewer if there are fewer calls), the algorithms in rotation,
 // each turn's calls back to back after a barrier and one untimed call; the reported time is
 // the mean per call of the slowest rank. With -c 1 one more call of each runs over poisoned
 // outputs and every rank compares its output with a serial reference (pattern.hpp). A
@@ -27,8 +28,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <exception>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -342,7 +345,6 @@ std::int64_t run_comparison(Comm& c, Agree& agree, const config& cfg,
       return 0;
     });
   }
-  const int turns = std::max(1, std::min(cfg.iters, comparison_turns));
   std::vector<double> mine(n);
   for (const std::size_t bytes : cfg.sizes()) {
     const std::size_t elements = bytes / sizeof(T);
@@ -360,14 +362,30 @@ std::int64_t run_comparison(Comm& c, Agree& agree, const config& cfg,
         progress->running =
             std::string(name_of(group[j].algo)) + " at " + std::to_string(total * sizeof(T)) + " B";
     };
+    // The warm-up calls, timed under -T: each algorithm's per call, the slowest rank's.
+    const int warm_timed = cfg.min_time_ms > 0 ? std::max(cfg.warmup, 1) : 0;
+    double fastest = std::numeric_limits<double>::infinity();
     for (std::size_t j = 0; j < n; ++j) {
       running(j);
-      for (int i = 0; i < cfg.warmup; ++i)
+      for (int i = 0; i < cfg.warmup - warm_timed; ++i)
         once(j);
+      if (warm_timed == 0) continue;
+      const auto t0 = clock::now();
+      for (int i = 0; i < warm_timed; ++i)
+        once(j);
+      const double per_call = std::chrono::duration<double>(clock::now() - t0).count() / warm_timed;
+      fastest = std::min(fastest, agree.max(c, per_call));
     }
+    // Under -T every row makes as many calls as the fastest algorithm needs to fill the time
+    // (the same count in every row of the size, so that the rows compare like for like).
+    int iters = cfg.iters;
+    if (warm_timed > 0 && fastest > 0)
+      iters = static_cast<int>(std::clamp(std::ceil(cfg.min_time_ms * 1e-3 / fastest),
+                                          static_cast<double>(cfg.iters), double{1 << 24}));
+    const int turns = std::max(1, std::min(iters, comparison_turns));
     std::fill(mine.begin(), mine.end(), 0.0);
     for (int k = 0; k < turns; ++k) {
-      const int calls = cfg.iters / turns + (k < cfg.iters % turns ? 1 : 0);
+      const int calls = iters / turns + (k < iters % turns ? 1 : 0);
       for (std::size_t q = 0; q < n; ++q) {
         const std::size_t j = (q + static_cast<std::size_t>(k)) % n;
         running(j);
@@ -382,7 +400,7 @@ std::int64_t run_comparison(Comm& c, Agree& agree, const config& cfg,
 
     for (std::size_t j = 0; j < n; ++j) {
       const table_case& tc = group[j];
-      const double seconds = agree.max(c, mine[j] / cfg.iters);
+      const double seconds = agree.max(c, mine[j] / iters);
       std::int64_t wrong = -1;
       if (cfg.check) {
         running(j);
@@ -424,7 +442,8 @@ std::int64_t run_comparison(Comm& c, Agree& agree, const config& cfg,
       const double algbw = static_cast<double>(total * sizeof(T)) / seconds / 1e9;
       progress->rows[j].push_back(row{tc.op, tc.type, tc.rop, tc.algo, chosen, total * sizeof(T),
                                       count, rooted(tc.op) ? root : -1, seconds * 1e6, algbw,
-                                      algbw * bench::bus_factor(tc.op, p), model * 1e6, wrong});
+                                      algbw * bench::bus_factor(tc.op, p), model * 1e6, wrong,
+                                      iters});
     }
   }
   return group_wrong;
