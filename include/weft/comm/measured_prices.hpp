@@ -17,9 +17,9 @@
 //       a node's ranks stay within 256 MiB),
 //       the candidates taking turns batch by batch at each size, each round starting one
 //       candidate further on (none is always the first after the barrier):
-//         one untimed call, then 3 batches of 8 calls back to back (2 above 64 KiB, 1
-//         above 1 MiB), each after a barrier and one untimed call: the median batch's mean
-//         per call;
+//         one untimed call, then 3 batches of 8 calls back to back (2 above 64 KiB, 4
+//         above 1 MiB, 1 above 4 MiB), each after a barrier and one untimed call: the median
+//         batch's mean per call;
 //         the slowest rank's figure, gathered from every rank
 //         past 64 KiB, no larger size once a call has taken over 20 ms (a slow machine, or
 //         a sanitizer's build, measures less)
@@ -47,9 +47,10 @@
 //
 // What it costs: at the first automatic call of each collective on a group shape, every
 // candidate runs up to 28 times per size; on 4 ranks of this 2-core machine, idle, about
-// 0.14 s for all_reduce (0.62 s for all six collectives), and about 1.6 s more at the first
-// all_reduce past 4 MiB (4 ranks at 16 and 64 MiB), after which each rank keeps the plans'
-// scratch at its largest, as after a call of that size. Every rank of the group must make
+// 0.21 s for all_reduce (0.9 s for all six collectives; 0.12 s and 0.55 s with one call a
+// batch at 4 MiB), and about 2 s more at the first all_reduce past 4 MiB (4 ranks at 16 and
+// 64 MiB), after which each rank keeps the plans' scratch at its largest, as after a call of
+// that size. Every rank of the group must make
 // that call (it is a collective, as the call is), and every rank its first call past 4 MiB;
 // weft::automatic_choice on such a communicator is collective at those calls too.
 #include <weft/comm/algorithm/automatic.hpp>
@@ -294,8 +295,10 @@ WEFT_COLD void time_sizes(Comm& comm, collective c, const measured_prices& m,
     // The fastest batch would rank a candidate whose time swings (one lucky batch) above
     // steadier ones; without the untimed call the ranks' wake-up from the barrier falls on a
     // short batch (2 calls at 256 KiB: tree measures 35-37 us so, and runs at 30-31 in
-    // weft-perf).
-    const int batch = b <= 65536 ? 8 : b <= 1048576 ? 2 : 1;
+    // weft-perf). At 4 MiB one call a batch priced direct near tree, and took it in 8 of 16
+    // runs of weft-perf where direct's table ran 1.11-1.24x tree's; 4 calls a batch took tree
+    // in 7 of 8.
+    const int batch = b <= 65536 ? 8 : b <= 1048576 ? 2 : b <= 4194304 ? 4 : 1;
     for (const std::size_t j : live)
       run(j, count, in_n, out_n); // untimed: first touches, the plan's first build
     for (int k = 0; k < measured_batches; ++k) {

@@ -95,9 +95,9 @@ struct options {
   weft::on_failure on_failure = weft::on_failure::throw_error;
   /// How algo::automatic prices its candidates where the ranks share one node and links are
   /// not emulated (comm/measured_prices.hpp): measured on this machine at the first automatic
-  /// call of each collective on a group shape (once per process and shape; about 0.14 s for
+  /// call of each collective on a group shape (once per process and shape; about 0.21 s for
   /// all_reduce on 4 ranks of an idle 2-core machine), and at 16 and 64 MiB at the first call
-  /// past 4 MiB (about 1.6 s more), or by the cost model's nominal figures
+  /// past 4 MiB (about 2 s more), or by the cost model's nominal figures
   /// for the host (topology::host), which measure nothing and pick worse (1.3-2.7x slower
   /// than the best algorithm on 4 ranks here; docs/benchmarks.md). Unset: the environment's
   /// WEFT_AUTOMATIC (`measured` or `model`; anything else is a weft::error), else measured.
