@@ -1,7 +1,8 @@
 # cmake -DEXIT=<status> -DMATCH=<regex> [-DNO_MATCH=<regex>] [-DJSON=<file>] [-DITERS_ABOVE=<n>]
 #       -P expect.cmake -- <command...>
 # NO_MATCH: a regex the output must not match (a doubled prefix, tables that should not have run).
-# ITERS_ABOVE: with JSON, every row made more than n timed calls (-T raised -n).
+# ITERS_ABOVE: with JSON, every row made more than n timed calls (--min_time_ms raised -n), and
+# the rows of one size as many.
 cmake_minimum_required(VERSION 3.21)
 include(${CMAKE_CURRENT_LIST_DIR}/../../cmake/expect_run.cmake)
 weft_expect_run(${JSON})
@@ -23,9 +24,14 @@ if(DEFINED JSON)
     math(EXPR last "${rows} - 1")
     foreach(i RANGE ${last})
       string(JSON iters GET "${json}" rows ${i} iters)
+      string(JSON bytes GET "${json}" rows ${i} bytes)
       if(NOT iters GREATER ITERS_ABOVE)
         message(FATAL_ERROR "${JSON}: row ${i} made ${iters} timed calls, not more than ${ITERS_ABOVE}")
       endif()
+      if(DEFINED iters_at_${bytes} AND NOT iters_at_${bytes} EQUAL iters)
+        message(FATAL_ERROR "${JSON}: rows of ${bytes} B made ${iters_at_${bytes}} and ${iters} timed calls")
+      endif()
+      set(iters_at_${bytes} ${iters})
     endforeach()
   endif()
   string(JSON wrong GET "${json}" rows 0 wrong)

@@ -149,8 +149,10 @@ inline constexpr std::string_view usage_text =
       --root R            root of broadcast and reduce (default 0)
   -n, --iters N           timed iterations per size (default 20)
   -w, --warmup_iters N    untimed iterations first (default 5)
-  -T, --min_time_ms N     at least N ms of timed calls in each row: more than -n where the
-                          fastest algorithm's warm-up calls say -n would take less (default 0)
+      --min_time_ms N     about N ms of timed calls in each row at least: every row of a size
+                          makes more than -n calls where the fastest algorithm's timed warm-up
+                          calls (after one more untimed) say -n would take less; slower rows
+                          take longer (default 0: -n calls)
   -c, --check 0|1         verify every result and count wrong elements (default 1)
   -m, --measured 0|1      automatic picks by prices measured on this machine at its first call
                           (local::options::automatic, default 1; under mpirun
@@ -330,7 +332,7 @@ inline config parse_args(const std::vector<std::string_view>& args) {
       cfg.help = true;
       continue;
     }
-    static constexpr std::array<std::string_view, 35> known = {"-b",
+    static constexpr std::array<std::string_view, 34> known = {"-b",
                                                                "--minbytes",
                                                                "-e",
                                                                "--maxbytes",
@@ -353,7 +355,6 @@ inline config parse_args(const std::vector<std::string_view>& args) {
                                                                "--iters",
                                                                "-w",
                                                                "--warmup_iters",
-                                                               "-T",
                                                                "--min_time_ms",
                                                                "-c",
                                                                "--check",
@@ -404,7 +405,7 @@ inline config parse_args(const std::vector<std::string_view>& args) {
       cfg.iters = detail::parse_int(flag, value, 1, 1 << 30);
     } else if (flag == "-w" || flag == "--warmup_iters") {
       cfg.warmup = detail::parse_int(flag, value, 0, 1 << 30);
-    } else if (flag == "-T" || flag == "--min_time_ms") {
+    } else if (flag == "--min_time_ms") {
       cfg.min_time_ms = detail::parse_int(flag, value, 0, 3600000);
     } else if (flag == "-c" || flag == "--check") {
       cfg.check = detail::parse_int(flag, value, 0, 1) == 1;

@@ -30,7 +30,7 @@ struct row {
   double busbw; // GB/s
   double model_us;
   std::int64_t wrong; // -1 when not checked
-  int iters;          // timed calls (-n, or more under -T)
+  int iters;          // timed calls (-n, or more under --min_time_ms)
 };
 
 class reporter {

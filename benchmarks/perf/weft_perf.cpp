@@ -9,12 +9,12 @@
 // Each (op, dtype, redop, algorithm) is one table; the tables of one (op, dtype, redop) are
 // timed together, so that the algorithms compare under the same conditions. For every size,
 // all ranks fill their inputs and every algorithm runs -w untimed calls; then the -n timed
-// calls of each algorithm (under -T, as many more as the fastest algorithm's warm-up calls say
-// fill the time) go in 4 turns (fewer if there are fewer calls), the algorithms in rotation,
-// each turn's calls back to back after a barrier and one untimed call; the reported time is
-// the mean per call of the slowest rank. With -c 1 one more call of each runs over poisoned
-// outputs and every rank compares its output with a serial reference (pattern.hpp). A
-// comparison's tables print when all its sizes are done.
+// calls of each algorithm (under --min_time_ms, as many more as the fastest algorithm's
+// warm-up calls say fill the time) go in 4 turns (fewer if there are fewer calls), the
+// algorithms in rotation, each turn's calls back to back after a barrier and one untimed
+// call; the reported time is the mean per call of the slowest rank. With -c 1 one more call
+// of each runs over poisoned outputs and every rank compares its output with a serial
+// reference (pattern.hpp). A comparison's tables print when all its sizes are done.
 #include <weft/weft.hpp>
 
 #include "memory.hpp"
@@ -362,26 +362,34 @@ std::int64_t run_comparison(Comm& c, Agree& agree, const config& cfg,
         progress->running =
             std::string(name_of(group[j].algo)) + " at " + std::to_string(total * sizeof(T)) + " B";
     };
-    // The warm-up calls, timed under -T: each algorithm's per call, the slowest rank's.
-    const int warm_timed = cfg.min_time_ms > 0 ? std::max(cfg.warmup, 1) : 0;
+    // The warm-up calls; under --min_time_ms the last of them (at least one) timed after a
+    // barrier and one more untimed call, as a turn is: each algorithm's per call, the slowest
+    // rank's, agreed by all ranks.
+    const bool min_time = cfg.min_time_ms > 0;
+    const int warm_timed = min_time ? std::max(cfg.warmup - 1, 1) : 0;
     double fastest = std::numeric_limits<double>::infinity();
     for (std::size_t j = 0; j < n; ++j) {
       running(j);
       for (int i = 0; i < cfg.warmup - warm_timed; ++i)
         once(j);
-      if (warm_timed == 0) continue;
+      if (!min_time) continue;
+      c.barrier();
+      once(j);
       const auto t0 = clock::now();
       for (int i = 0; i < warm_timed; ++i)
         once(j);
       const double per_call = std::chrono::duration<double>(clock::now() - t0).count() / warm_timed;
       fastest = std::min(fastest, agree.max(c, per_call));
     }
-    // Under -T every row makes as many calls as the fastest algorithm needs to fill the time
-    // (the same count in every row of the size, so that the rows compare like for like).
+    // Under --min_time_ms every row of the size makes as many calls as the fastest algorithm
+    // needs to fill the time (the same count in every row, so that the rows compare like for
+    // like; a slower algorithm's row takes longer), never fewer than -n, at most 2^24 unless
+    // -n asks more.
     int iters = cfg.iters;
-    if (warm_timed > 0 && fastest > 0)
-      iters = static_cast<int>(std::clamp(std::ceil(cfg.min_time_ms * 1e-3 / fastest),
-                                          static_cast<double>(cfg.iters), double{1 << 24}));
+    if (min_time && fastest > 0) {
+      const double wanted = std::ceil(cfg.min_time_ms * 1e-3 / fastest);
+      iters = std::max(cfg.iters, static_cast<int>(std::min(wanted, double{1 << 24})));
+    }
     const int turns = std::max(1, std::min(iters, comparison_turns));
     std::fill(mine.begin(), mine.end(), 0.0);
     for (int k = 0; k < turns; ++k) {

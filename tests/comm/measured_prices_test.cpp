@@ -511,6 +511,28 @@ TEST(measured_prices, a_candidate_is_priced_by_its_median_batch_after_an_untimed
       measured);
 }
 
+// A batch is 8 calls to 64 KiB, 2 to 1 MiB, 4 at 4 MiB (one call a batch priced direct near tree
+// there, where tree ran 1.1-1.2x faster) and 1 past it: per size one untimed call, then 3
+// batches, each after one untimed call.
+TEST(measured_prices, calls_a_batch_by_size) {
+  local::run(
+      2,
+      [](local::communicator& c) {
+        std::vector<float> in, out;
+        for (const auto& [bytes, calls_expected] :
+             {std::pair{65536.0, 28}, {1048576.0, 10}, {4194304.0, 16}, {16777216.0, 7}}) {
+          measured_prices m;
+          m.bytes = {bytes};
+          std::vector<double> t;
+          int calls = 0;
+          detail::time_sizes(c, collective::all_reduce, m, {&t}, in, out,
+                             [&](std::size_t, std::size_t, std::size_t, std::size_t) { ++calls; });
+          EXPECT_EQ(calls, calls_expected) << bytes << " B";
+        }
+      },
+      measured);
+}
+
 // A local communicator that counts its barriers.
 class counting_barriers : public local::communicator {
 public:

@@ -297,7 +297,7 @@ WEFT_COLD void time_sizes(Comm& comm, collective c, const measured_prices& m,
     // short batch (2 calls at 256 KiB: tree measures 35-37 us so, and runs at 30-31 in
     // weft-perf). At 4 MiB one call a batch priced direct near tree, and took it in 8 of 16
     // runs of weft-perf where direct's table ran 1.11-1.24x tree's; 4 calls a batch took tree
-    // in 7 of 8.
+    // in 24 of 26 (7 of 8 with 4 calls past 4 MiB too, 17 of 18 as here).
     const int batch = b <= 65536 ? 8 : b <= 1048576 ? 2 : b <= 4194304 ? 4 : 1;
     for (const std::size_t j : live)
       run(j, count, in_n, out_n); // untimed: first touches, the plan's first build
