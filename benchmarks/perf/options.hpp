@@ -109,7 +109,7 @@ struct config {
   int root = 0;
   int iters = 20;
   int warmup = 5;
-  int min_time_ms = 0; // 0: -n calls a row; else at least this long a row (more calls)
+  int min_time_ms = 0; // 0: -n calls a row; else about this long a row at least (more calls)
   bool check = true;
   std::optional<bool> measured;                 // unset: the transport's default
   std::optional<local::thread_binding> binding; // unset: WEFT_BINDING where set, else automatic

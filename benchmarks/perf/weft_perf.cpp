@@ -356,6 +356,16 @@ std::int64_t run_comparison(Comm& c, Agree& agree, const config& cfg,
     // Broadcast works in place on `out`: the root's holds the data, which every call keeps.
     if (first.op == collective::broadcast && r == root) fill_input(pat, r, out);
     const auto once = [&](std::size_t j) { fns[j](c, std::span<const T>(in), out, count, root); };
+    // A barrier, one untimed call (the ranks leave the barrier one by one), then `calls` calls
+    // of algorithm j back to back: their seconds on this rank.
+    const auto timed = [&](std::size_t j, int calls) {
+      c.barrier();
+      once(j);
+      const auto t0 = clock::now();
+      for (int i = 0; i < calls; ++i)
+        once(j);
+      return std::chrono::duration<double>(clock::now() - t0).count();
+    };
 
     const auto running = [&](std::size_t j) {
       if (progress != nullptr)
@@ -372,14 +382,7 @@ std::int64_t run_comparison(Comm& c, Agree& agree, const config& cfg,
       running(j);
       for (int i = 0; i < cfg.warmup - warm_timed; ++i)
         once(j);
-      if (!min_time) continue;
-      c.barrier();
-      once(j);
-      const auto t0 = clock::now();
-      for (int i = 0; i < warm_timed; ++i)
-        once(j);
-      const double per_call = std::chrono::duration<double>(clock::now() - t0).count() / warm_timed;
-      fastest = std::min(fastest, agree.max(c, per_call));
+      if (min_time) fastest = std::min(fastest, agree.max(c, timed(j, warm_timed) / warm_timed));
     }
     // Under --min_time_ms every row of the size makes as many calls as the fastest algorithm
     // needs to fill the time (the same count in every row, so that the rows compare like for
@@ -397,12 +400,7 @@ std::int64_t run_comparison(Comm& c, Agree& agree, const config& cfg,
       for (std::size_t q = 0; q < n; ++q) {
         const std::size_t j = (q + static_cast<std::size_t>(k)) % n;
         running(j);
-        c.barrier();
-        once(j);
-        const auto t0 = clock::now();
-        for (int i = 0; i < calls; ++i)
-          once(j);
-        mine[j] += std::chrono::duration<double>(clock::now() - t0).count();
+        mine[j] += timed(j, calls);
       }
     }
 

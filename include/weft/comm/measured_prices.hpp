@@ -50,9 +50,9 @@
 // 0.21 s for all_reduce (0.9 s for all six collectives; 0.12 s and 0.55 s with one call a
 // batch at 4 MiB), and about 2 s more at the first all_reduce past 4 MiB (4 ranks at 16 and
 // 64 MiB), after which each rank keeps the plans' scratch at its largest, as after a call of
-// that size. Every rank of the group must make
-// that call (it is a collective, as the call is), and every rank its first call past 4 MiB;
-// weft::automatic_choice on such a communicator is collective at those calls too.
+// that size. Every rank of the group must make that call (it is a collective, as the call
+// is), and every rank its first call past 4 MiB; weft::automatic_choice on such a
+// communicator is collective at those calls too.
 #include <weft/comm/algorithm/automatic.hpp>
 #include <weft/comm/algorithm/ring.hpp>
 #include <weft/comm/detail/plan_cache.hpp>
@@ -295,8 +295,8 @@ WEFT_COLD void time_sizes(Comm& comm, collective c, const measured_prices& m,
     // The fastest batch would rank a candidate whose time swings (one lucky batch) above
     // steadier ones; without the untimed call the ranks' wake-up from the barrier falls on a
     // short batch (2 calls at 256 KiB: tree measures 35-37 us so, and runs at 30-31 in
-    // weft-perf). At 4 MiB one call a batch priced direct near tree, and took it in 8 of 16
-    // runs of weft-perf where direct's table ran 1.11-1.24x tree's; 4 calls a batch took tree
+    // weft-perf). At 4 MiB one call a batch prices direct near tree, and takes it in 8 of 16
+    // runs of weft-perf where direct's table runs 1.11-1.24x tree's; 4 calls a batch take tree
     // in 24 of 26 (7 of 8 with 4 calls past 4 MiB too, 17 of 18 as here).
     const int batch = b <= 65536 ? 8 : b <= 1048576 ? 2 : b <= 4194304 ? 4 : 1;
     for (const std::size_t j : live)
