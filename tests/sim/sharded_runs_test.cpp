@@ -330,18 +330,22 @@ TEST(sim_sharded, held_out_rows_and_series) {
   }
   ASSERT_GE(rows.size(), 40U); // FOUNDRY's two tables, TITAN-A100, IBM-FSDP24
   // The rows their own table shows as outliers: per-GPU throughput 15% or more below a row on
-  // more GPUs of the same model, TP and PP degrees, software and GPU in the same source (MPT 1B
-  // on 32 A100s, MPT 70B on 64 A100s and on 32 H100s, KempnerForge's 70B on 8 H200s, which its
-  // report calls memory-bound at 128.5 of 141 GB): a property of the published figures, not of
-  // any prediction. Per-GPU throughput may fall as GPUs are added (the gathers cross more nodes;
-  // KempnerForge's 7B on TP 4 loses 22% from one node to eight); a row far below a larger run
-  // lost something of its own.
+  // more GPUs of the same model, TP and PP degrees, micro-batch and micro-batches a step,
+  // software and GPU in the same source (MPT 1B on 32 A100s; KempnerForge's 70B on 8 H200s,
+  // which its report calls memory-bound at 128.5 of 141 GB): a property of the published
+  // figures, not of any prediction. Per-GPU throughput may fall as GPUs are added (the gathers
+  // cross more nodes; KempnerForge's 7B on TP 4 loses 22% from one node to eight); a row far
+  // below a larger run of the same batch lost something of its own. A row with a smaller
+  // micro-batch is no outlier: less compute hides each gather, and pricing that is the model's
+  // job (MPT 70B on 64 A100s at 2 sequences, 27% below 128 A100s at 4).
   const auto outlier = [&](const weft_test::sharded_run& r) {
     return std::any_of(runs.begin(), runs.end(), [&](const weft_test::sharded_run& o) {
       return o.why_not.empty() && o.source == r.source && o.gpus > r.gpus &&
              o.model.layers == r.model.layers && o.model.hidden == r.model.hidden &&
              o.layout.tp == r.layout.tp && o.layout.pp == r.layout.pp &&
-             o.device.name == r.device.name && r.published_tokens < 0.85 * o.published_tokens;
+             o.layout.micro_batch == r.layout.micro_batch &&
+             o.layout.microbatches() == r.layout.microbatches() && o.device.name == r.device.name &&
+             r.published_tokens < 0.85 * o.published_tokens;
     });
   };
   const auto summary = [](const char* what, const std::vector<double>& errors) {
@@ -373,8 +377,8 @@ TEST(sim_sharded, held_out_rows_and_series) {
   summary("held-out rows on H100", h100);
   summary("held-out FP8 rows", fp8);
   summary("held-out rows on H200", h200);
-  // What holds: every held-out row within 10%, but the outliers (printed, no bound) and two
-  // kinds of row held to 25%, named here:
+  // What holds: every held-out row within 10%, but the outliers (printed, no bound), two kinds
+  // of row held to 25% and one row held to 40%, named here:
   // - HSDP (IBM's Llama 2 7B on A100 and H100, fms-fsdp's 7B and 13B on A100): +8 to +18%,
   //   where every FSDP row of the same two sources reads within 8%. The model hides each
   //   block's all-reduce across the replicas behind the backward; what the runs lose beyond
@@ -385,6 +389,10 @@ TEST(sim_sharded, held_out_rows_and_series) {
   //   with a side of head size, no causal saving): priced slower than the run ran it, which the
   //   constant, at the edge, cannot make up; GPT-3's step is nearly all FP8 GEMMs, and reads
   //   fast.
+  // - MPT 70B on 64 A100 40GB at 2 sequences a GPU, held to 40%: +37%, where the same table's
+  //   run at 4 sequences on 128 A100s reads +3%. The model prices the halved compute behind
+  //   each block's gather at 3% (the gathers stay hidden at the DGX's 8 x 200 Gb/s a node: the
+  //   source states no network); the run lost 27%.
   // And the H200 rows (KempnerForge's), held to 35%: the H200 takes the H100's constants and no
   // H200 row tunes them. Its 7B without TP reads 25 to 30% low, the single GPU, which sends
   // nothing, 30%: the compute itself runs faster than those constants price it. On TP 4 its 13B
@@ -397,7 +405,8 @@ TEST(sim_sharded, held_out_rows_and_series) {
     if (outlier(r)) continue;
     const bool named = r.engine == "hsdp" || r.layout.gemm_precision != weft::sim::precision::bf16;
     const bool h200 = r.device.name == weft::sim::h200_sxm.name;
-    EXPECT_LE(std::abs(x.error()), h200 ? 0.35 : named ? 0.25 : 0.10) << r.id;
+    const bool small_batch = r.id == "mpt-70b-a100-40-64";
+    EXPECT_LE(std::abs(x.error()), h200 ? 0.35 : small_batch ? 0.40 : named ? 0.25 : 0.10) << r.id;
     missed += std::abs(x.error()) > 0.10 ? 1 : 0;
   }
   std::printf("held-out rows beyond 10%%, outliers aside: %d\n", missed);
