@@ -39,7 +39,7 @@
 //   A100  8 rows: SC21's 1.7B, 18.4B, 145.6B and 1T and MT-NLG (Megatron-LM and DeepSpeed 3D
 //         layouts, hidden 2,304 to 25,600, full recompute) and llm-foundry's MPT 760M, 13B and
 //         70B under FSDP on A100 40GB (hidden 1,536 to 8,192; none and full recompute).
-//         Largest error 5.1% (SC21 18.4B -5.1%, MPT 13B -4.9%, MT-NLG +4.8%). overlap_slowdown
+//         Largest error 5.2% (MPT 13B -5.2%, SC21 18.4B -5.1%, MT-NLG +4.8%). overlap_slowdown
 //         comes out 0: any slowdown takes MPT 13B, which reads low, lower.
 //   H100  4 rows: Llama 3 405B on 8,192 GPUs (hidden 16,384, no recompute) and llm-foundry's
 //         MPT 760M, 13B (none) and 70B (full) under FSDP. Largest error 0.6%. FP8, 1 row: NeMo
@@ -53,7 +53,7 @@
 //
 // The A100 40GB takes the 80GB's constants (the same die and clocks); the H200 takes the
 // H100's (the same compute die). No H200 row tunes them; KempnerForge's held-out H200 runs
-// (data/README.md) read faster than they price its compute: its 7B without TP 26-30%.
+// (data/README.md) read faster than they price its compute: its 7B without TP 25-30%.
 #include <weft/core/error.hpp>
 #include <weft/sim/hardware.hpp>
 
