@@ -777,3 +777,29 @@ TEST(sim_planner, sc21_1t_under_zero3_hides_its_gathers_behind_compute) {
 }
 
 } // namespace
+
+// With context parallelism given (search_options::cp, weft-plan --cp), every mesh the search
+// ranks splits each sequence over that many ranks: tp * cp * pp * dp fills the cluster, no
+// shard group is a node's (HSDP with CP is not modelled), and weft::strategy, which has no CP
+// axis, refuses each by name.
+TEST(sim_planner, a_context_parallel_search_keeps_cp_in_every_mesh) {
+  const model_spec m = llama_shaped("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 32768);
+  const machine mc = dgx(h100_sxm, 2);
+  search_options o;
+  o.global_batch = 16;
+  o.cp = 2;
+  const search_result s = search(m, mc, o);
+  ASSERT_FALSE(s.ranked.empty());
+  for (const auto& x : s.ranked) {
+    EXPECT_EQ(x.l.cp, 2) << describe(x.l);
+    EXPECT_EQ(x.l.tp * x.l.cp * x.l.pp * x.l.dp, 16) << describe(x.l);
+    EXPECT_EQ(x.l.shard_group, 0) << describe(x.l);
+    EXPECT_NE(x.refusal.find("context parallelism"), std::string::npos) << x.refusal;
+  }
+  EXPECT_FALSE(s.best_runnable.has_value());
+  // Each ranked figure is the step the simulator gives that layout on its own.
+  const auto& best = s.ranked.front();
+  EXPECT_DOUBLE_EQ(best.r.step_time_s, simulate_step(m, mc, best.l).step_time_s);
+  o.cp = 3; // 32,768 tokens do not split into 6 chunks
+  EXPECT_THROW((void)search(m, mc, o), weft::error);
+}

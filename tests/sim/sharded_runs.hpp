@@ -80,7 +80,6 @@ inline std::vector<sharded_run> read_sharded_runs(const std::string& path = data
     if (precision != "bf16" && precision != "amp_bf16" && precision != "bf16_pure" && !fp8)
       refuse(precision == "-" ? std::string("precision not stated")
                               : "precision " + precision + ": not modelled");
-    if (integer("cp") > 1) refuse("context parallelism (cp " + row.at("cp") + "): not modelled");
     if (row.at("recompute") == "-") refuse("recompute not stated");
     if (row.at("offload") != "none") refuse("offload " + row.at("offload") + ": not modelled");
     if (row.at("recompute") == "blocks_unstated")
@@ -153,6 +152,7 @@ inline std::vector<sharded_run> read_sharded_runs(const std::string& path = data
     l.tp = integer("tp");
     l.pp = integer("pp");
     l.dp = integer("dp");
+    l.cp = std::max(1, integer("cp"));
     l.micro_batch = integer("micro_batch");
     l.global_batch = integer("global_batch");
     l.schedule = row.at("schedule") == "interleaved" ? weft::pipeline::schedule_kind::interleaved

@@ -952,3 +952,149 @@ TEST(sim_step, bad_layouts_throw_and_say_why) {
 }
 
 } // namespace
+
+// Context parallelism (Megatron-core's --context-parallel-size) on two DGX H100: TP 2 x CP 2 x
+// DP 4, Llama 3 8B's shape at 8,192 tokens. Each CP rank holds half of each sequence's tokens for
+// every layer, so its activations are half those of the same layout without CP; the gradients
+// are reduced over the DP and CP ranks together (8 ranks a TP index, across both nodes), so the
+// distributed optimizer's state is split 8 ways; and each of a layer's cp - 1 ring steps sends the
+// rank's keys and values, 2 x 4,096 tokens x (8 heads x 128) / tp 16-bit values, to its CP peer
+// over NVLink.
+TEST(sim_step, context_parallelism_splits_the_tokens_and_reduces_over_dp_and_cp) {
+  const model_spec m = llama_shaped("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192);
+  const machine mc = dgx(h100_sxm, 2);
+  const calibration cal = calibration_of(h100_sxm);
+  layout l{.tp = 2,
+           .pp = 1,
+           .dp = 4,
+           .cp = 2,
+           .global_batch = 16,
+           .zero = 1,
+           .sequence_parallel = true,
+           .recomputation = recompute::selective};
+  const step_result cp = simulate_step(m, mc, l);
+  layout without = l;
+  without.cp = 1;
+  const step_result one = simulate_step(m, dgx(h100_sxm, 1), without);
+  EXPECT_NEAR(cp.activation_bytes, one.activation_bytes / 2, 1e-9 * one.activation_bytes);
+  EXPECT_NEAR(cp.states.optimizer, one.states.optimizer / 2, 1e-9 * one.states.optimizer);
+  EXPECT_EQ(cp.states.weights, one.states.weights);
+  // The ring's message on NVLink, worked by hand.
+  const double bytes = 2.0 * 4096 * (8 * 128) / 2 * 2;
+  const weft::topology::link nvlink = mc.cluster.intra();
+  EXPECT_EQ(cp.cp.link, "nvlink");
+  EXPECT_NEAR(cp.cp.per_call_s, nvlink.latency + bytes / (nvlink.bandwidth * cal.nvlink_fraction),
+              1e-12);
+  // The gradient group of TP index 0: ranks 0, 2, ..., 14 (rank = tp + 2 cp + 4 dp), across both
+  // nodes; ZeRO-1 reduce-scatters the gradients over it and all-gathers the updated weights.
+  std::vector<int> group;
+  for (int rank = 0; rank < 16; rank += 2)
+    group.push_back(rank);
+  const auto net = detail::achieved(mc.cluster, cal);
+  const double weights = m.parameters() / 2; // per TP rank (the embedding and output split too)
+  const auto shard = static_cast<std::size_t>(weights) / 8;
+  const double expected =
+      detail::price_group(weft::collective::reduce_scatter, group, shard, 2, net) +
+      detail::price_group(weft::collective::all_gather, group, shard, 2, net);
+  EXPECT_NEAR(cp.dp.seconds, expected, 0.02 * expected);
+  EXPECT_EQ(cp.dp.link, "ib");
+  std::printf(
+      "  Llama 3 8B at 8K tokens, TP 2 x CP 2 x DP 4 on 2 DGX H100: %.1f model TFLOP/s per "
+      "GPU, activations %.1f GiB (%.1f without CP), CP ring %.1f us a step\n",
+      cp.model_tflops_per_gpu, cp.activation_bytes / (1 << 30), one.activation_bytes / (1 << 30),
+      1e6 * cp.cp.per_call_s);
+}
+
+// The ring shows only beyond the attention it runs beside. CP groups across DGX H100 nodes (TP 8
+// inside each node, CP 2 over two nodes and CP 4 over four: the keys and values cross
+// InfiniBand), GPT-3's shape with fused attention and as many key-value heads as heads at 4,096
+// tokens, so that each message outlasts the attention step it runs beside. Each layer's forward
+// sends cp - 1 messages of keys and values, each beside a step of the rank's attention core
+// (1/cp of it); its backward sends cp: keys and values first, their gradients last, both
+// together (twice the bytes) between, each beside a step of the backward's (twice the
+// forward's), as Transformer Engine's AttnFuncWithCPAndKVP2P does. Against the same layout where
+// the NICs are fast enough to hide every message (nothing else crosses them: no DP, no PP), the
+// forward and the backward are longer by what each message needs beyond its step; with
+// tp_comm_overlap too.
+TEST(sim_step, context_parallel_ring_shows_beyond_the_attention_it_runs_beside) {
+  model_spec m = gpt_shaped("gpt", 4, 12288, 96, 51200, 4096);
+  m.flash_attention = true;
+  const calibration cal = calibration_of(h100_sxm);
+  for (const int cp : {2, 4}) {
+    const machine slow = dgx(h100_sxm, cp);
+    machine fast = slow;
+    weft::topology::link inter = slow.cluster.inter();
+    inter.bandwidth *= 1000;
+    inter.latency = 0;
+    fast.cluster =
+        weft::topology::cluster(slow.cluster.devices_per_node(), slow.cluster.intra(), inter,
+                                slow.cluster.nics_per_node(), slow.cluster.reduce_bandwidth());
+    layout l{.tp = 8, .pp = 1, .dp = 1, .cp = cp, .sequence_parallel = true};
+    const step_result across = simulate_step(m, slow, l);
+    const step_result hidden = simulate_step(m, fast, l);
+    EXPECT_EQ(across.cp.link, "ib");
+    const weft::topology::link ib = slow.cluster.inter();
+    const double tokens = 4096.0 / cp;
+    const double bytes = 2.0 * tokens * 12288 / 8 * 2; // keys and values, 1/tp of their width
+    const double message = ib.latency + bytes / (ib.bandwidth * cal.ib_fraction);
+    const double both = ib.latency + 2 * bytes / (ib.bandwidth * cal.ib_fraction);
+    EXPECT_NEAR(across.cp.per_call_s, message, 1e-12);
+    const double step = layer_forward(m, 1.0 / cp, 8, true, h100_sxm, cal).attention_s / cp;
+    ASSERT_GT(message, 2 * step) << "cp " << cp; // exposed in both passes: the test measures
+    const double forward = (cp - 1) * (message - step);
+    const double backward = 2 * (message - 2 * step) + (cp - 2) * (both - 2 * step);
+    EXPECT_NEAR(across.forward_s - hidden.forward_s, 4 * forward, 1e-9) << "cp " << cp;
+    EXPECT_NEAR(across.backward_s - hidden.backward_s, 4 * backward, 1e-9) << "cp " << cp;
+    // What it sends and what shows of it, on each of the 4 layers.
+    EXPECT_NEAR(across.cp.seconds, 4 * ((cp - 1) * message + 2 * message + (cp - 2) * both), 1e-12);
+    EXPECT_NEAR(across.cp_exposed_s, 4 * (forward + backward), 1e-9);
+    EXPECT_NEAR(hidden.cp_exposed_s, 0, 1e-15);
+    // Transformer Engine's TP overlap pipelines the TP collectives; the ring shows the same.
+    l.tp_comm_overlap = true;
+    const double overlapped =
+        simulate_step(m, slow, l).forward_s - simulate_step(m, fast, l).forward_s;
+    EXPECT_NEAR(overlapped, 4 * forward, 1e-9) << "cp " << cp;
+  }
+}
+
+// Bad context-parallel layouts are refused by name.
+TEST(sim_step, context_parallelism_refuses_what_it_cannot_split) {
+  const model_spec m = llama_shaped("llama", 4, 4096, 32, 8, 14336, 32000, 4096);
+  const machine mc = dgx(h100_sxm, 1);
+  const auto refusal_of = [&](const model_spec& model, const layout& l) {
+    try {
+      (void)simulate_step(model, mc, l);
+    } catch (const weft::error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const auto refusal = [&](const layout& l) { return refusal_of(m, l); };
+  // 4,096 tokens do not split into 2 x 3 chunks.
+  EXPECT_NE(refusal(layout{.tp = 1, .pp = 1, .dp = 2, .cp = 3}).find("2 * cp chunks"),
+            std::string::npos);
+  EXPECT_NE(refusal(layout{.tp = 4, .pp = 1, .dp = 2, .cp = 2}).find("tp * cp * pp * dp = 16"),
+            std::string::npos);
+  EXPECT_NE(
+      refusal(layout{.tp = 1, .pp = 1, .dp = 4, .cp = 2, .zero = 3, .shard_group = 2}).find("HSDP"),
+      std::string::npos);
+  EXPECT_NE(refusal(layout{.tp = 1, .pp = 1, .dp = 1, .cp = 0}).find("cp must be at least 1"),
+            std::string::npos);
+  // Sequence parallelism splits each CP rank's 4,096 / 2 tokens over TP: 3 does not divide them
+  // (the heads are 24 here so that tp 3 divides them).
+  model_spec odd = llama_shaped("llama", 4, 3072, 24, 0, 8192, 32000, 4096);
+  EXPECT_NE(refusal_of(odd, layout{.tp = 3, .pp = 1, .dp = 1, .cp = 2, .sequence_parallel = true})
+                .find("2048 tokens a CP rank holds of each sequence over tp 3"),
+            std::string::npos);
+  // Transformer Engine's ring attention runs in its fused backends only.
+  odd.flash_attention = false;
+  EXPECT_NE(refusal_of(odd, layout{.tp = 1, .pp = 1, .dp = 2, .cp = 2}).find("unfused"),
+            std::string::npos);
+  // The ring priced is Megatron-core's: not FSDP's or DeepSpeed's.
+  layout fsdp{.tp = 1, .pp = 1, .dp = 2, .cp = 2};
+  use_shard_engine(fsdp, shard_engine::fsdp2);
+  EXPECT_NE(refusal(fsdp).find("not under sharding fsdp2"), std::string::npos);
+  layout deepspeed{.tp = 1, .pp = 2, .dp = 1, .cp = 2};
+  use_engine(deepspeed, pipeline_engine::deepspeed);
+  EXPECT_NE(refusal(deepspeed).find("DeepSpeed's pipeline engine"), std::string::npos);
+}

@@ -52,11 +52,14 @@ cluster (DGX nodes of the GPU: NVLink/NVSwitch inside, InfiniBand NICs between):
   --gpus-per-node G    default 8, with a NIC per GPU
   --global-batch B     sequences per step
 layout (one simulation):
-  --tp T --pp P --dp D D defaults to the GPUs left: nodes * G / (T * P)
+  --tp T --pp P --dp D D defaults to the GPUs left: nodes * G / (T * C * P)
+  --cp C               context parallelism (default 1): each sequence split over C ranks
+                       (Megatron-core's --context-parallel-size; ring attention), gradients
+                       reduced over D * C; with --search, every mesh takes it
   --schedule NAME      1f1b (default) | gpipe | interleaved | zb-h1
   --chunks V           model chunks per rank (interleaved; default 2 there)
   --micro-batch b      sequences per micro-batch (default 1)
-  --zero Z             ZeRO stage 0..3 over the DP group (default 0)
+  --zero Z             ZeRO stage 0..3 over the DP group (default 0; with --cp, DP x CP)
   --recompute R        none (default) | selective | full
   --sequence-parallel  split layer norms and dropout over TP
   --tp-across-nodes    place the TP group one rank per node (the mistake, to measure it)
@@ -152,6 +155,7 @@ struct config {
   sim::pipeline_engine engine = sim::pipeline_engine::megatron;
   std::optional<sim::shard_engine> sharding;
   std::optional<int> tp, pp, dp, chunks;
+  int cp = 1;
   std::optional<int> ffn, kv_heads;        // applied after --model, wherever they come
   std::optional<sim::model_family> family; // a shape's architecture
   bool gated = false, flash = false;       // switched on over the preset or the family
@@ -277,6 +281,7 @@ config parse(const std::vector<std::string_view>& args) {
                                                   "--gpus-per-node",
                                                   "--global-batch",
                                                   "--tp",
+                                                  "--cp",
                                                   "--pp",
                                                   "--dp",
                                                   "--schedule",
@@ -346,6 +351,8 @@ config parse(const std::vector<std::string_view>& args) {
       c.global_batch = whole(flag, v, 1);
     else if (flag == "--tp")
       c.tp = whole(flag, v, 1);
+    else if (flag == "--cp")
+      c.cp = whole(flag, v, 1);
     else if (flag == "--pp")
       c.pp = whole(flag, v, 1);
     else if (flag == "--dp")
@@ -468,7 +475,8 @@ config parse(const std::vector<std::string_view>& args) {
                                "--micro-batch-sync",
                                "--optimizer-state",
                                "--reduce-dtype",
-                               "--runnable"})
+                               "--runnable",
+                               "--cp"})
       if (given(f))
         bad(std::string(f) +
             " prices a GPU cluster; --host predicts the host trainer's memory (leave it out)");
@@ -524,6 +532,7 @@ config parse(const std::vector<std::string_view>& args) {
   }
   if (c.reshard) c.layout.reshard_after_forward = *c.reshard;
   if (c.sync) c.layout.sync = *c.sync;
+  c.layout.cp = c.cp;
   if (!c.search) { // the engine's limits are the layout's: say so before simulating
     sim::layout l = c.layout;
     l.pp = *c.pp;
@@ -569,8 +578,9 @@ std::string json(const sim::model_spec& m, const sim::layout& l, const sim::step
   o += "  \"cluster\": {\"nodes\": " + std::to_string(mc.cluster.nodes()) +
        ", \"gpus_per_node\": " + std::to_string(mc.cluster.devices_on(0)) +
        ", \"nics_per_node\": " + std::to_string(mc.cluster.nics_per_node()) + "},\n";
-  o += "  \"layout\": {\"tp\": " + std::to_string(l.tp) + ", \"pp\": " + std::to_string(l.pp) +
-       ", \"dp\": " + std::to_string(l.dp) + ", \"chunks\": " + std::to_string(l.chunks) +
+  o += "  \"layout\": {\"tp\": " + std::to_string(l.tp) + ", \"cp\": " + std::to_string(l.cp) +
+       ", \"pp\": " + std::to_string(l.pp) + ", \"dp\": " + std::to_string(l.dp) +
+       ", \"chunks\": " + std::to_string(l.chunks) +
        ", \"micro_batch\": " + std::to_string(l.micro_batch) +
        ", \"global_batch\": " + std::to_string(l.batch()) +
        ", \"schedule\": " + q(pl::name_of(l.schedule)) + ", \"zero\": " + std::to_string(l.zero) +
@@ -605,8 +615,8 @@ std::string json(const sim::model_spec& m, const sim::layout& l, const sim::step
        ", \"total\": " + num(r.memory_bytes() / gib) + "},\n";
   o += "  \"forward_s\": " + num(r.forward_s) + ", \"backward_s\": " + num(r.backward_s) +
        ", \"weight_s\": " + num(r.weight_s) + ",\n";
-  o += "  \"communication\": {\"tp\": " + axis(r.tp) + ", \"pp\": " + axis(r.pp) +
-       ", \"dp\": " + axis(r.dp) +
+  o += "  \"communication\": {\"tp\": " + axis(r.tp) + ", \"cp\": " + axis(r.cp) +
+       ", \"pp\": " + axis(r.pp) + ", \"dp\": " + axis(r.dp) +
        ", \"dp_exposed_s\": " + num(r.dp_exposed_s + r.shard_exposed_s) + "},\n";
   o += "  \"optimizer_s\": " + num(r.optimizer_s) + ",\n";
   // Whether weft::strategy runs the layout (the reasons and the type hold no '"' or '\\').
@@ -653,6 +663,11 @@ std::string text(const sim::model_spec& m, const sim::layout& l, const sim::step
                 std::string(r.pp.link).c_str(), r.dp.seconds, std::string(r.dp.link).c_str(),
                 r.dp_exposed_s + r.shard_exposed_s);
   o += buf;
+  if (l.cp > 1) {
+    std::snprintf(buf, sizeof buf, "  CP %d on %s: %.3f s of key-value ring messages per step\n",
+                  l.cp, std::string(r.cp.link).c_str(), r.cp.seconds);
+    o += buf;
+  }
   if (r.memory_bytes() > limit)
     o += memory_limit_gib > 0 ? "  warning: this layout does not fit the memory limit\n"
                               : "  warning: this layout does not fit the GPU's memory\n";
@@ -833,6 +848,7 @@ int main(int argc, char** argv) {
       o.grad_bytes = c.layout.grad_bytes;
       o.engine = c.engine;
       o.runnable_only = c.runnable;
+      o.cp = c.cp;
       const sim::search_result s = sim::search(c.model, mc, o);
       std::string out;
       if (c.json) {
@@ -853,7 +869,7 @@ int main(int argc, char** argv) {
         out += sim::explain(s, mc, static_cast<std::size_t>(c.top));
         std::size_t rank = 0;
         if (c.tp && c.pp) {
-          const int dp = c.dp.value_or(mc.cluster.size() / (*c.tp * *c.pp));
+          const int dp = c.dp.value_or(mc.cluster.size() / (*c.tp * c.cp * *c.pp));
           for (std::size_t i = 0; i < s.ranked.size() && rank == 0; ++i)
             if (s.ranked[i].l.tp == *c.tp && s.ranked[i].l.pp == *c.pp && s.ranked[i].l.dp == dp)
               rank = i + 1;
@@ -885,19 +901,20 @@ int main(int argc, char** argv) {
     l.pp = *c.pp;
     sim::use_engine(l, c.engine);
     int gpus = 0;
-    const std::int64_t tp_pp = std::int64_t{l.tp} * l.pp;
+    const std::int64_t tp_pp = std::int64_t{l.tp} * l.cp * l.pp;
+    const std::string tp_pp_name = l.cp > 1 ? "tp * cp * pp" : "tp * pp";
     if (c.dp) {
       l.dp = *c.dp;
       const std::int64_t want = tp_pp * l.dp, most = std::int64_t{65536} * c.gpus_per_node;
       if (want > most)
-        throw weft::error("weft-plan: tp * pp * dp = " + std::to_string(want) +
+        throw weft::error("weft-plan: " + tp_pp_name + " * dp = " + std::to_string(want) +
                           " GPUs, more than 65536 nodes of " + std::to_string(c.gpus_per_node));
       gpus = static_cast<int>(want);
     } else {
       if (c.nodes == 0) throw weft::error("weft-plan: give --dp or --nodes");
       const int all = c.nodes * c.gpus_per_node;
       if (all % tp_pp != 0)
-        throw weft::error("weft-plan: tp * pp = " + std::to_string(tp_pp) +
+        throw weft::error("weft-plan: " + tp_pp_name + " = " + std::to_string(tp_pp) +
                           " does not divide the " + std::to_string(all) + " GPUs; give --dp");
       l.dp = static_cast<int>(all / tp_pp);
       gpus = all;

@@ -145,6 +145,9 @@ struct layout {
   int tp = 1;
   int pp = 1;
   int dp = 1;
+  int cp = 1; // context parallelism (Megatron-core's --context-parallel-size): each sequence split
+              // over cp ranks, which run every layer on their part of it, exchanging keys and
+              // values in a ring inside attention; the gradients are reduced over dp * cp
   int chunks = 1;       // V: model chunks per pipeline rank (interleaved schedule)
   int micro_batch = 1;  // sequences per micro-batch
   int global_batch = 0; // sequences per step; 0: one micro-batch per DP rank
@@ -216,7 +219,10 @@ struct layout {
                                       // into fp32; charged every micro-batch (autograd skips the
                                       // first one's add: one pass in m too many)
 
-  [[nodiscard]] int gpus() const noexcept { return tp * pp * dp; }
+  [[nodiscard]] int gpus() const noexcept { return tp * cp * pp * dp; }
+  /// The ranks a weight's gradient is reduced over: the DP group, with context parallelism the
+  /// DP and CP ranks together (Megatron-core's data-parallel group with CP).
+  [[nodiscard]] int grad_ranks() const noexcept { return dp * cp; }
   [[nodiscard]] int batch() const noexcept {
     return global_batch > 0 ? global_batch : dp * micro_batch;
   }
@@ -234,22 +240,27 @@ struct layout {
             .regather = reshard_after_forward && !once,
             .reducing = !once && sync == shard_sync::last ? 1.0 / m : 1.0};
   }
-  /// GPUs one set of shards spans under ZeRO-3: shard_group, or the whole DP group.
-  [[nodiscard]] int shards() const noexcept { return shard_group > 0 ? shard_group : dp; }
+  /// GPUs one set of shards spans under ZeRO-3: shard_group, or the whole DP group (with CP,
+  /// grad_ranks()).
+  [[nodiscard]] int shards() const noexcept { return shard_group > 0 ? shard_group : grad_ranks(); }
   /// GPUs each model state is divided over: the ZeRO stage's states over shards() (the DP
   /// group, or HSDP's shard group), the others whole.
   [[nodiscard]] state_shards shard_groups() const { return zero_shards(zero, shards()); }
 
-  /// The rank numbering as a mesh: TP fastest, then DP, then PP (Megatron-LM's order); with
-  /// tp_across_nodes DP fastest, then PP, then TP. Rank r runs on device r of the cluster.
+  /// The rank numbering as a mesh: TP fastest, then CP, then DP, then PP (Megatron-core's
+  /// order); with tp_across_nodes DP fastest, then CP, PP and TP. Rank r runs on device r of
+  /// the cluster.
   [[nodiscard]] mesh_layout mesh() const {
-    if (tp_across_nodes) return mesh_layout{{axis::dp, dp}, {axis::pp, pp}, {axis::tp, tp}};
-    return mesh_layout{{axis::tp, tp}, {axis::dp, dp}, {axis::pp, pp}};
+    if (tp_across_nodes)
+      return cp > 1 ? mesh_layout{{axis::dp, dp}, {axis::cp, cp}, {axis::pp, pp}, {axis::tp, tp}}
+                    : mesh_layout{{axis::dp, dp}, {axis::pp, pp}, {axis::tp, tp}};
+    return cp > 1 ? mesh_layout{{axis::tp, tp}, {axis::cp, cp}, {axis::dp, dp}, {axis::pp, pp}}
+                  : mesh_layout{{axis::tp, tp}, {axis::dp, dp}, {axis::pp, pp}};
   }
 
-  /// Device of the rank at (tp index, pp index, dp index).
-  [[nodiscard]] int device(int t, int p, int d) const {
-    return mesh().rank({.tp = t, .pp = p, .dp = d});
+  /// Device of the rank at (tp index, pp index, dp index, cp index).
+  [[nodiscard]] int device(int t, int p, int d, int c = 0) const {
+    return mesh().rank({.tp = t, .pp = p, .dp = d, .cp = c});
   }
 };
 
@@ -283,15 +294,48 @@ inline void check_layout(const model_spec& m, const machine& mc, const layout& l
   for (auto [name, v] : {std::pair{"tp", l.tp},
                          {"pp", l.pp},
                          {"dp", l.dp},
+                         {"cp", l.cp},
                          {"chunks", l.chunks},
                          {"micro_batch", l.micro_batch}}) {
     if (v < 1) fail(std::string(name) + " must be at least 1, not " + std::to_string(v));
   }
   // Products in 64 bits: flags near INT_MAX must not wrap into a small or zero divisor.
-  const std::int64_t gpus = std::int64_t{l.tp} * l.pp * l.dp;
-  if (gpus > mc.cluster.size())
-    fail("tp * pp * dp = " + std::to_string(gpus) + " GPUs, more than the cluster's " +
-         std::to_string(mc.cluster.size()));
+  const std::int64_t gpus = std::int64_t{l.tp} * l.cp * l.pp * l.dp;
+  if (gpus > mc.cluster.size()) {
+    std::string what = l.cp > 1 ? "tp * cp * pp * dp = " : "tp * pp * dp = ";
+    what += std::to_string(gpus) + " GPUs, more than the cluster's " +
+            std::to_string(mc.cluster.size());
+    fail(what);
+  }
+  // Each CP rank takes two of 2 cp chunks of a sequence (one from each end, which balances the
+  // causal mask's work: Megatron-core's load balancing).
+  if (l.cp > 1 && m.seq % (2 * l.cp) != 0)
+    fail("cp " + std::to_string(l.cp) + " splits each sequence into 2 * cp chunks: " +
+         std::to_string(m.seq) + " tokens do not divide by " + std::to_string(2 * l.cp));
+  if (l.cp > 1) {
+    if (l.shard_group > 0) fail("shard_group (HSDP) with context parallelism is not modelled");
+    // Transformer Engine runs its ring attention in its flash and fused backends only.
+    if (!m.flash_attention)
+      fail(
+          "context parallelism runs the attention core fused (Transformer Engine's ring "
+          "attention): the model's core is unfused");
+    // The ring priced is Megatron-core's; FSDP and DeepSpeed split sequences otherwise.
+    if (l.sharding == shard_engine::fsdp || l.sharding == shard_engine::fsdp2 ||
+        l.sharding == shard_engine::deepspeed_zero3)
+      fail(
+          "context parallelism is priced as Megatron-core runs it (Transformer Engine's ring), "
+          "not under sharding " +
+          std::string(name_of(l.sharding)));
+    if (l.p2p_blocking)
+      fail(
+          "context parallelism is priced as Megatron-core runs it, not under DeepSpeed's "
+          "pipeline engine");
+    // Sequence parallelism splits each rank's s / cp tokens of a sequence over TP.
+    if (l.sequence_parallel && (m.seq / l.cp) % l.tp != 0)
+      fail("sequence parallelism splits the " + std::to_string(m.seq / l.cp) +
+           " tokens a CP rank holds of each sequence over tp " + std::to_string(l.tp) +
+           ": they do not divide");
+  }
   const std::int64_t per_microbatch = std::int64_t{l.dp} * l.micro_batch;
   if (l.global_batch < 0 || (l.global_batch > 0 && l.global_batch % per_microbatch != 0))
     fail("global batch " + std::to_string(l.global_batch) +

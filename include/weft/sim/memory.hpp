@@ -99,7 +99,10 @@ struct rank_memory {
 inline rank_memory memory_of(const model_spec& m, const layout& l,
                              const std::vector<int>& layers_of, const std::vector<int>& peak) {
   const int t = l.tp, p = l.pp;
-  const double b = l.micro_batch, T = b * m.seq, h = m.h(), v = l.chunks;
+  // With context parallelism a rank holds 1/cp of each sequence's tokens (b / cp sequences'
+  // worth), and its attention's queries against the whole sequence.
+  const double b = static_cast<double>(l.micro_batch) / l.cp, T = b * m.seq, h = m.h(),
+               v = l.chunks;
   const std::vector<double> weights = weights_per_rank(m, l, layers_of);
   const double per_layer =
       activation_bytes_per_layer(m, b, t, l.sequence_parallel, l.recomputation);

@@ -56,8 +56,9 @@ struct search_options {
                                                     pipeline::schedule_kind::zero_bubble_h1};
   std::vector<int> chunks = {2, 3, 4}; // model chunks per rank of the interleaved schedule
   std::vector<recompute> recomputes = {recompute::none, recompute::selective, recompute::full};
-  int max_zero = 3;                           // ZeRO stages 0..max_zero (with DP > 1)
-  int max_tp = 0;                             // 0: twice the devices of a node
+  int max_zero = 3; // ZeRO stages 0..max_zero (with DP > 1)
+  int max_tp = 0;   // 0: twice the devices of a node
+  int cp = 1;       // context parallelism of every mesh (layout::cp): the search takes it as given
   bool sequence_parallel = true;              // with TP > 1
   bool tp_overlap = false;                    // layout::tp_overlap of every variant
   double grad_accumulation_bytes = 0;         // layout::grad_accumulation_bytes of every variant
@@ -139,7 +140,7 @@ inline constexpr zero3_mode default_mode{};
 /// then DP, so a node holds devices_on(0) / tp consecutive DP ranks.
 [[nodiscard]] inline int node_shard_group(const layout& l, const topology::cluster& cluster) {
   const int per_node = cluster.devices_on(0);
-  if (l.tp_across_nodes || per_node % l.tp != 0) return 0;
+  if (l.tp_across_nodes || l.cp > 1 || per_node % l.tp != 0) return 0;
   const int group = per_node / l.tp;
   if (group < 2 || group >= l.dp || l.dp % group != 0) return 0;
   return group;
@@ -194,6 +195,9 @@ namespace detail {
 
 /// strategy_refusal's rules but the placement's, which depend on the mesh alone.
 [[nodiscard]] inline std::string strategy_refusal_in_place(const model_spec& m, const layout& l) {
+  if (l.cp > 1)
+    return "context parallelism: weft's layers compute attention over a whole sequence, and "
+           "weft::strategy has no CP axis";
   if (l.schedule == pipeline::schedule_kind::zero_bubble_h1)
     return "zb-h1 splits the backward into input and weight gradients, which weft's layers "
            "compute together (weft::strategy takes gpipe, 1f1b or interleaved)";
@@ -359,11 +363,31 @@ struct search_result {
   const double limit = o.memory_limit > 0 ? o.memory_limit : mc.device.hbm_bytes;
   search_result out;
   schedule_memo memo; // the variants of a micro-batch size and schedule share theirs
-  for (int tp = 1; tp <= max_tp && tp <= gpus; tp *= 2) {
+  if (o.cp < 1)
+    throw error("weft: sim: search: cp must be at least 1, not " + std::to_string(o.cp));
+  if (o.cp > 1) {
+    const auto refuse = [&](const std::string& why) {
+      throw error("weft: sim: search: cp " + std::to_string(o.cp) + ": " + why);
+    };
+    if (m.seq % (2 * o.cp) != 0)
+      refuse("splits each sequence into 2 * cp chunks: " + std::to_string(m.seq) +
+             " tokens do not divide by " + std::to_string(2 * o.cp));
+    if (o.cp > gpus) refuse("more ranks than the cluster's " + std::to_string(gpus) + " GPUs");
+    if (!m.flash_attention)
+      refuse("context parallelism runs the attention core fused, and the model's is unfused");
+    if (o.engine == pipeline_engine::deepspeed)
+      refuse(
+          "context parallelism is priced as Megatron-core runs it, not under DeepSpeed's "
+          "pipeline engine");
+  }
+  const int cp = o.cp;
+  for (int tp = 1; tp <= max_tp && tp * cp <= gpus; tp *= 2) {
     if (m.heads % tp != 0 || (m.kv_heads > 0 && m.kv_heads % tp != 0)) continue;
-    for (int pp = 1; pp <= m.layers && tp * pp <= gpus; ++pp) {
-      if (m.layers % pp != 0 || gpus % (tp * pp) != 0) continue;
-      const int dp = gpus / (tp * pp);
+    // With CP and sequence parallelism each CP rank's tokens of a sequence split over TP.
+    if (cp > 1 && o.sequence_parallel && tp > 1 && (m.seq / cp) % tp != 0) continue;
+    for (int pp = 1; pp <= m.layers && tp * cp * pp <= gpus; ++pp) {
+      if (m.layers % pp != 0 || gpus % (tp * cp * pp) != 0) continue;
+      const int dp = gpus / (tp * cp * pp);
       if (o.global_batch % dp != 0) continue;
       ++out.meshes;
       std::vector<ranked_layout> variants;
@@ -372,13 +396,15 @@ struct search_result {
       {
         layout mesh_only;
         mesh_only.tp = tp;
+        mesh_only.cp = cp;
         mesh_only.pp = pp;
         mesh_only.dp = dp;
         placement = detail::tp_placement_refusal(mesh_only, mc.cluster);
       }
-      const int hybrid = o.hybrid_sharding ? detail::node_shard_group(
-                                                 layout{.tp = tp, .pp = pp, .dp = dp}, mc.cluster)
-                                           : 0;
+      const int hybrid =
+          o.hybrid_sharding
+              ? detail::node_shard_group(layout{.tp = tp, .pp = pp, .dp = dp, .cp = cp}, mc.cluster)
+              : 0;
       for (int mb : o.micro_batches) {
         if (o.global_batch % (dp * mb) != 0) continue;
         const int micro = o.global_batch / (dp * mb);
@@ -387,6 +413,7 @@ struct search_result {
                kind == pipeline::schedule_kind::interleaved ? o.chunks : std::vector<int>{1}) {
             layout l;
             l.tp = tp;
+            l.cp = cp;
             l.pp = pp;
             l.dp = dp;
             l.micro_batch = mb;
@@ -413,7 +440,7 @@ struct search_result {
             const std::vector<int> peak =
                 detail::peak_in_flight(pipeline::generate(kind, pp, micro, l.chunks));
             for (recompute rc : o.recomputes) {
-              for (int zero = 0; zero <= (dp > 1 ? o.max_zero : 0); ++zero) {
+              for (int zero = 0; zero <= (dp * cp > 1 ? o.max_zero : 0); ++zero) {
                 // The shard groups: the whole DP group, and under ZeRO-3 a node's DP ranks (HSDP).
                 const std::array<int, 2> groups{0, hybrid};
                 const std::span<const zero3_mode> modes =
@@ -506,9 +533,10 @@ inline std::string format(const char* fmt, double a, double b = 0, double c = 0,
 /// ("ZeRO-3 (hsdp: fsdp over groups of 8, 16 replicas)"); an optimizer state other than Adam's
 /// 12 fp32 bytes follows it.
 [[nodiscard]] inline std::string describe(const layout& l) {
-  std::string s = "tp " + std::to_string(l.tp) + " pp " + std::to_string(l.pp) + " dp " +
-                  std::to_string(l.dp) + ", micro-batch " + std::to_string(l.micro_batch) + ", " +
-                  std::string(pipeline::name_of(l.schedule));
+  std::string s = "tp " + std::to_string(l.tp);
+  if (l.cp > 1) s += " cp " + std::to_string(l.cp);
+  s += " pp " + std::to_string(l.pp) + " dp " + std::to_string(l.dp) + ", micro-batch " +
+       std::to_string(l.micro_batch) + ", " + std::string(pipeline::name_of(l.schedule));
   if (l.chunks > 1) s += "<" + std::to_string(l.chunks) + ">";
   s += ", recompute " + std::string(name_of(l.recomputation));
   if (l.zero > 0) {
@@ -558,6 +586,7 @@ inline std::string format(const char* fmt, double a, double b = 0, double c = 0,
 struct time_split {
   double compute = 0;    // forward, backward and recomputation, with blocking sends
   double tp_exposed = 0; // TP collectives on the critical path
+  double cp_exposed = 0; // context parallelism's ring messages no attention covers
   double bubble = 0;     // the pipeline's fill and drain, with the sends it waits on
   double dp_exposed = 0; // DP reduction (ZeRO's gathers) not hidden behind the backward
   double optimizer = 0;  // the optimizer step
@@ -571,7 +600,8 @@ struct time_split {
   // forwards and backwards (step.hpp): counted as exposed DP communication, not compute.
   const double shard = std::min(r.shard_exposed_s, std::max(0.0, busy - r.tp.seconds));
   t.tp_exposed = r.tp.seconds;
-  t.compute = busy - r.tp.seconds - shard;
+  t.cp_exposed = std::min(r.cp_exposed_s, std::max(0.0, busy - r.tp.seconds - shard));
+  t.compute = busy - r.tp.seconds - shard - t.cp_exposed;
   t.bubble = r.pipeline_s - busy;
   t.dp_exposed = r.dp_exposed_s + shard;
   t.optimizer = r.optimizer_s;
@@ -637,6 +667,8 @@ struct memory_split {
   out += row("  compute", t(&time_split::compute), 1, "s");
   out += row("  bubble (with PP waits)", t(&time_split::bubble), 1, "s");
   out += row("  exposed TP communication", t(&time_split::tp_exposed), 1, "s");
+  if (std::any_of(cols.begin(), cols.end(), [](const auto& c) { return c.second->l.cp > 1; }))
+    out += row("  exposed CP communication", t(&time_split::cp_exposed), 1, "s");
   out += row("  exposed DP communication", t(&time_split::dp_exposed), 1, "s");
   out += row("  optimizer step", t(&time_split::optimizer), 1, "s");
   out += row("  (PP sends in all)", t(&time_split::pp_sends), 1, "s");
@@ -655,10 +687,12 @@ struct memory_split {
         {"compute", o.compute - w.compute},
         {"bubble", o.bubble - w.bubble},
         {"exposed TP communication", o.tp_exposed - w.tp_exposed},
+        {"exposed CP communication", o.cp_exposed - w.cp_exposed},
         {"exposed DP communication", o.dp_exposed - w.dp_exposed},
         {"optimizer step", o.optimizer - w.optimizer}};
-    const auto most = std::max_element(
-        parts, parts + 5, [](const auto& a, const auto& b) { return a.second < b.second; });
+    const auto most =
+        std::max_element(std::begin(parts), std::end(parts),
+                         [](const auto& a, const auto& b) { return a.second < b.second; });
     const double gap = cols[i].second->r.step_time_s - s.ranked.front().r.step_time_s;
     out += "  #1 is " + detail::format("%.2f s", gap) + " a step faster than " + cols[i].first;
     if (gap > 0 && most->second > 0)
@@ -697,8 +731,14 @@ struct memory_split {
           "    PP %.0f stages, %.0f micro-batches: bubble %.1f%% of ideal compute (1F1B's (p-1)/m "
           "= %.1f%%)\n",
           l.pp, r.microbatches, 100 * r.bubble, 100.0 * (l.pp - 1) / r.microbatches);
-    if (l.dp > 1)
-      out += detail::format("    DP %.0f on ", l.dp) + std::string(r.dp.link) +
+    if (l.cp > 1)
+      out += detail::format("    CP %.0f on ", l.cp) + std::string(r.cp.link) +
+             detail::format(": %.2f s of key-value ring messages per step\n", r.cp.seconds);
+    if (l.grad_ranks() > 1)
+      out += detail::format("    DP %.0f", l.dp) +
+             (l.cp > 1 ? detail::format(" (gradients over DP x CP, %.0f ranks)", l.grad_ranks())
+                       : std::string()) +
+             " on " + std::string(r.dp.link) +
              detail::format(": %.2f s of collectives, %.2f s not hidden behind compute\n",
                             r.dp.seconds, split_time(r).dp_exposed);
     out +=

@@ -125,7 +125,7 @@ struct shard_pass {
 /// not counted.
 [[nodiscard]] inline double shard_copy_bytes_of(const layout& l) noexcept {
   if (l.shard_copy_bytes) return *l.shard_copy_bytes;
-  if (l.zero != 3 || l.dp == 1) return 0;
+  if (l.zero != 3 || l.grad_ranks() == 1) return 0;
   const shard_cadence k = l.cadence();
   const bool fp32_reduce = l.grad_bytes > 2;
   switch (l.sharding) {

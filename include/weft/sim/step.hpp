@@ -88,9 +88,13 @@ struct step_result {
   double backward_s = 0;
   double weight_s = 0; // split schedules only
   axis_time tp, pp, dp;
+  axis_time cp; // context parallelism's key-value ring: what it sends on the busiest rank, one
+                // message (a step of the ring), and the link; its exposed part is in the passes
   double dp_exposed_s = 0;    // after the pipeline: the DP reduction no backward covers
   double shard_exposed_s = 0; // ZeRO-3: the gathers and reduce-scatters no compute covers
                               // (inside pipeline_s: they hold the passes that wait on them)
+  double cp_exposed_s = 0;    // context parallelism: the ring's messages no attention covers, on
+                              // the busiest rank (inside pipeline_s, as above)
   double optimizer_s = 0;
   double weight_cast_s = 0;    // FP8 (Transformer Engine): the weights' casts, once a step
   state_memory states;         // bytes per GPU on the rank holding the most
@@ -124,8 +128,11 @@ struct schedule_memo {
   detail::check_layout(m, mc, l);
   const gpu& g = mc.device;
   const topology::cluster net = detail::achieved(mc.cluster, cal);
-  const int t = l.tp, p = l.pp;
-  const double b = l.micro_batch;
+  const int t = l.tp, p = l.pp, G = l.grad_ranks();
+  // Sequences per micro-batch on a rank: with context parallelism each rank holds 1/cp of each
+  // sequence's tokens for every layer, and computes attention for its queries against the
+  // whole sequence (1/cp of the core's work), which b / cp prices.
+  const double b = static_cast<double>(l.micro_batch) / l.cp;
   const double T = b * m.seq, h = m.h();
   step_result out;
   out.microbatches = l.microbatches();
@@ -137,27 +144,45 @@ struct schedule_memo {
   // inside one. Groups whose members share nodes in the same pattern are priced once.
   // Ranks, groups and their order come from the layout's mesh_layout: rank r is device r.
   const mesh_layout mesh = l.mesh();
-  const auto device = [&](int i, int r, int d) { return mesh.rank({.tp = i, .pp = r, .dp = d}); };
-  // How many TP and DP groups have members on one node (the first) and others elsewhere: they
-  // run their collectives at once and share its NICs (a group inside the node uses none).
-  int tp_sharing = 0, dp_sharing = 0;
-  for (const axis a : {axis::tp, axis::dp}) {
+  const auto device = [&](int i, int r, int d, int c = 0) {
+    return mesh.rank({.tp = i, .pp = r, .dp = d, .cp = c});
+  };
+  // The ranks a weight's gradient is reduced over (layout::grad_ranks): those of `dev`'s DP
+  // group, and with context parallelism of its CP groups too, in rank order.
+  const auto grad_group = [&](int dev) {
+    if (l.cp == 1) return mesh.group(axis::dp, dev);
+    const mesh_coord at = mesh.coords(dev);
+    std::vector<int> members;
+    for (int d = 0; d < l.dp; ++d)
+      for (int c = 0; c < l.cp; ++c)
+        members.push_back(device(at.tp, at.pp, d, c));
+    std::sort(members.begin(), members.end());
+    return members;
+  };
+  // How many TP, CP and DP groups have members on one node (the first) and others elsewhere:
+  // they run their collectives at once and share its NICs (a group inside the node uses none).
+  int tp_sharing = 0, cp_sharing = 0, dp_sharing = 0;
+  for (const axis a : {axis::tp, axis::cp, axis::dp}) {
+    const auto group_of = [&](int dev) {
+      return a == axis::dp ? grad_group(dev) : mesh.group(a, dev);
+    };
     // The groups with a member on the first node, each once, named by its first member.
     std::vector<int> firsts;
     const int first_node = std::min(mc.cluster.devices_on(0), l.gpus());
     for (int dev = 0; dev < first_node; ++dev)
-      firsts.push_back(mesh.group_member(a, dev, 0));
+      firsts.push_back(group_of(dev).front());
     std::sort(firsts.begin(), firsts.end());
     firsts.erase(std::unique(firsts.begin(), firsts.end()), firsts.end());
-    int& sharing = a == axis::tp ? tp_sharing : dp_sharing;
+    int& sharing = a == axis::tp ? tp_sharing : a == axis::cp ? cp_sharing : dp_sharing;
     for (const int first : firsts) {
-      const std::vector<int> members = mesh.group(a, first);
+      const std::vector<int> members = group_of(first);
       if (std::any_of(members.begin(), members.end(),
                       [&](int d) { return mc.cluster.node_of(d) != 0; }))
         ++sharing;
     }
   }
   const topology::cluster tp_net = detail::nic_share(net, tp_sharing);
+  const topology::cluster cp_net = detail::nic_share(net, cp_sharing);
   const topology::cluster dp_net = detail::nic_share(net, dp_sharing);
   const auto act = static_cast<std::size_t>(T * h);
   // One of a layer's two TP collectives per pass: an all-reduce, or with sequence parallelism
@@ -171,8 +196,8 @@ struct schedule_memo {
   if (t > 1) {
     std::map<std::vector<int>, tp_price> priced;
     for (int r = 0; r < p; ++r) {
-      for (int d = 0; d < l.dp; ++d) {
-        const std::vector<int> members = mesh.group(axis::tp, device(0, r, d));
+      for (int d = 0; d < l.dp * l.cp; ++d) {
+        const std::vector<int> members = mesh.group(axis::tp, device(0, r, d / l.cp, d % l.cp));
         auto [it, fresh] = priced.try_emplace(detail::node_pattern(members, mc.cluster));
         tp_price& q = it->second;
         if (fresh) {
@@ -197,6 +222,34 @@ struct schedule_memo {
                         [](const tp_price& a, const tp_price& x) { return a.call < x.call; });
   out.tp = {0, tp_worst.call, tp_worst.link};
 
+  // Context parallelism's ring (Megatron-core with Transformer Engine's ring attention,
+  // AttnFuncWithCPAndKVP2P): in each of a layer's forward steps but the last the rank sends the
+  // keys and values it holds (its T tokens, 2 kv width / tp 16-bit values each) to the next CP
+  // rank while it computes attention against them. The backward sends the same way: the keys and
+  // values on its first step, their gradients on its last, both together (twice the bytes) on
+  // the cp - 2 between. Priced on the slowest CP group's slowest hop.
+  double cp_message = 0, cp_double = 0; // keys and values; keys, values and their gradients
+  std::string_view cp_link = "none";
+  if (l.cp > 1) {
+    const double bytes = 2.0 * T * (m.qkv_width() - h) / t;
+    for (int r = 0; r < p; ++r) {
+      for (int d = 0; d < l.dp; ++d) {
+        for (int i = 0; i < t; ++i) {
+          const std::vector<int> ring = mesh.group(axis::cp, device(i, r, d));
+          for (std::size_t k = 0; k < ring.size(); ++k) {
+            const topology::link& lk = cp_net.link_between(ring[k], ring[(k + 1) % ring.size()]);
+            const double x = lk.latency + bytes / lk.bandwidth;
+            if (x > cp_message) {
+              cp_message = x;
+              cp_double = lk.latency + 2.0 * bytes / lk.bandwidth;
+              cp_link = topology::name_of(lk.kind);
+            }
+          }
+        }
+      }
+    }
+  }
+
   // Activation messages between pipeline neighbours: hop r joins rank r to rank r + 1 (the
   // last to the first, for the interleaved schedule's next chunk), on the slowest link any
   // replica's TP ranks cross there.
@@ -209,9 +262,11 @@ struct schedule_memo {
   for (int r = 0; r < p && p > 1; ++r) {
     if (r == p - 1 && l.chunks == 1) break;
     const topology::link* slowest = nullptr;
-    for (int d = 0; d < l.dp; ++d) {
+    for (int d = 0; d < l.dp * l.cp; ++d) {
       for (int i = 0; i < t; ++i) {
-        const topology::link& lk = net.link_between(device(i, r, d), device(i, (r + 1) % p, d));
+        const int dd = d / l.cp, c = d % l.cp;
+        const topology::link& lk =
+            net.link_between(device(i, r, dd, c), device(i, (r + 1) % p, dd, c));
         if (slowest == nullptr || lk.bandwidth < slowest->bandwidth ||
             (lk.bandwidth == slowest->bandwidth && lk.latency > slowest->latency))
           slowest = &lk;
@@ -243,9 +298,18 @@ struct schedule_memo {
   struct layer_times {
     double f, b_input, tp_backward;
   };
+  // What the CP ring shows beyond the attention it runs beside, message by message: each beside
+  // a step of the rank's attention core as priced (1/cp of it, no causal saving), the backward's
+  // twice the forward's.
+  const double cp_step = fwd.attention_s / l.cp;
+  const auto beyond = [](double message, double step) { return std::max(0.0, message - step); };
+  const double cp_forward = (l.cp - 1) * beyond(cp_message, cp_step);
+  const double cp_backward = l.cp > 1 ? 2.0 * beyond(cp_message, 2.0 * cp_step) +
+                                            (l.cp - 2) * beyond(cp_double, 2.0 * cp_step)
+                                      : 0.0;
   const auto layer_with = [&](const tp_price& q) {
     layer_times lt{};
-    lt.f = fwd.total() + 2.0 * q.call;
+    lt.f = fwd.total() + 2.0 * q.call + cp_forward;
     lt.tp_backward = 2.0 * q.call;
     if (l.tp_overlap && !split && t > 1) {
       const auto shows = [](double comm, double gemm) { return std::max(0.0, comm - gemm); };
@@ -255,15 +319,15 @@ struct schedule_memo {
                                  shows(q.scatter, fwd.up_gemm_s)
                            : shows(q.call, fwd.qkv_gemm_s) + shows(q.call, fwd.up_gemm_s);
     }
-    lt.b_input =
-        fwd.gemm_s + 2.0 * (fwd.attention_s + fwd.elementwise_s) + fwd.grad_cast_s + lt.tp_backward;
+    lt.b_input = fwd.gemm_s + 2.0 * (fwd.attention_s + fwd.elementwise_s) + fwd.grad_cast_s +
+                 lt.tp_backward + cp_backward;
     if (l.tp_comm_overlap && t > 1) {
       // Pipelined in tp chunks: the excess over the GEMM shows, and one chunk of the shorter.
       const auto piped = [t](double comm, double gemm) {
         return std::max(0.0, comm - gemm) + std::min(comm, gemm) / t;
       };
       lt.f = fwd.total() + piped(q.gather, fwd.qkv_gemm_s) + piped(q.scatter, fwd.proj_gemm_s) +
-             piped(q.gather, fwd.up_gemm_s) + piped(q.scatter, fwd.down_gemm_s);
+             piped(q.gather, fwd.up_gemm_s) + piped(q.scatter, fwd.down_gemm_s) + cp_forward;
       // The output gradients' gathers under the row-parallel input-gradient GEMMs; the inputs'
       // re-gathers and the input gradients' reduce-scatters under the column-parallel ones'
       // input- and weight-gradient GEMMs (a split schedule runs those apart: there they show).
@@ -273,11 +337,11 @@ struct schedule_memo {
                  : piped(q.gather, fwd.qkv_gemm_s) + piped(q.scatter, fwd.qkv_gemm_s) +
                        piped(q.gather, fwd.up_gemm_s) + piped(q.scatter, fwd.up_gemm_s));
       lt.b_input = fwd.gemm_s + 2.0 * (fwd.attention_s + fwd.elementwise_s) + fwd.grad_cast_s +
-                   lt.tp_backward;
+                   lt.tp_backward + cp_backward;
     }
     if (l.recomputation == recompute::full) lt.b_input += lt.f;
     if (l.recomputation == recompute::selective)
-      lt.b_input += fwd.attention_s + fwd.core_elementwise_s;
+      lt.b_input += fwd.attention_s + fwd.core_elementwise_s + cp_forward;
     return lt;
   };
   const double layer_b_weight = fwd.gemm_s;
@@ -313,24 +377,24 @@ struct schedule_memo {
   std::vector<shard_price> shard_of(static_cast<std::size_t>(p));
   std::string_view shard_link = "none";
   const int S = l.shards();
-  if (l.zero == 3 && l.dp > 1) {
+  if (l.zero == 3 && G > 1) {
     const auto inner_of = [&](const std::vector<int>& dp_group, int d) {
       const auto first = dp_group.begin() + (d / S) * S;
       return std::vector<int>(first, first + S);
     };
     const auto outer_of = [&](const std::vector<int>& dp_group, int d) {
       std::vector<int> g;
-      for (int k = d % S; k < l.dp; k += S)
+      for (int k = d % S; k < G; k += S)
         g.push_back(dp_group[static_cast<std::size_t>(k)]);
       return g;
     };
     // NIC sharing of the replica groups: those with a member on the first node that cross nodes.
     int outer_sharing = 0;
-    if (S < l.dp) {
+    if (S < G) {
       std::vector<int> firsts;
       const int first_node = std::min(mc.cluster.devices_on(0), l.gpus());
       for (int dev = 0; dev < first_node; ++dev) {
-        const std::vector<int> g = mesh.group(axis::dp, dev);
+        const std::vector<int> g = grad_group(dev);
         const int d = static_cast<int>(std::find(g.begin(), g.end(), dev) - g.begin());
         const std::vector<int> o = outer_of(g, d);
         if (std::any_of(o.begin(), o.end(), [&](int x) { return mc.cluster.node_of(x) != 0; }))
@@ -339,7 +403,7 @@ struct schedule_memo {
       std::sort(firsts.begin(), firsts.end());
       outer_sharing = static_cast<int>(std::unique(firsts.begin(), firsts.end()) - firsts.begin());
     }
-    const topology::cluster inner_net = S < l.dp ? net : dp_net;
+    const topology::cluster inner_net = S < G ? net : dp_net;
     const topology::cluster outer_net = detail::nic_share(net, outer_sharing);
     const double layer_weights = m.layer_parameters() / t;
     // Groups whose members share nodes in the same pattern cost the same: priced once per
@@ -349,7 +413,7 @@ struct schedule_memo {
       const double root = rank_weights[static_cast<std::size_t>(r)] -
                           layers_of[static_cast<std::size_t>(r)] * layer_weights;
       for (int i = 0; i < t; ++i) {
-        const std::vector<int> group = mesh.group(axis::dp, device(i, r, 0));
+        const std::vector<int> group = grad_group(device(i, r, 0));
         const std::vector<int> pattern = detail::node_pattern(group, mc.cluster);
         const auto price = [&](double weights) {
           const auto n = static_cast<std::size_t>(weights / S);
@@ -372,8 +436,8 @@ struct schedule_memo {
         if (g + rs > q.gather + q.reduce) q = {g, rs, rg, rrs};
       }
     }
-    const std::vector<int> group0 = mesh.group(axis::dp, device(0, 0, 0));
-    shard_link = detail::link_name(S < l.dp ? group0 : inner_of(group0, 0), mc.cluster);
+    const std::vector<int> group0 = grad_group(device(0, 0, 0));
+    shard_link = detail::link_name(S < G ? group0 : inner_of(group0, 0), mc.cluster);
   }
   // One micro-batch's exposed gathers and reduce-scatters on a rank whose forward is `f`
   // (`f_layer` per layer) and backward `b` (`b_layer`): the two passes run; averaged over the
@@ -383,7 +447,7 @@ struct schedule_memo {
   };
   const auto shard_exposed = [&](int r, double f, double f_layer, double b, double b_layer) {
     shard_exposure e;
-    if (l.zero != 3 || l.dp == 1) return e;
+    if (l.zero != 3 || G == 1) return e;
     const shard_price& q = shard_of[static_cast<std::size_t>(r)];
     const int L = layers_of[static_cast<std::size_t>(r)];
     const shard_cadence cadence = l.cadence();
@@ -526,6 +590,15 @@ struct schedule_memo {
                    layer_with(tp_of[busiest_rank]).tp_backward)
             : 0.0;
   out.pp.seconds = p > 1 ? 2.0 * out.microbatches * s.chunks * p2p_call : 0.0;
+  // The ring's messages on the busiest rank: the forward's (again where its attention is
+  // recomputed) and the backward's.
+  const double forwards = l.recomputation == recompute::none ? 1.0 : 2.0;
+  const double layer_messages =
+      l.cp > 1 ? forwards * (l.cp - 1) * cp_message + 2.0 * cp_message + (l.cp - 2) * cp_double
+               : 0.0;
+  out.cp = {out.microbatches * layers_of[busiest_rank] * layer_messages, cp_message, cp_link};
+  out.cp_exposed_s =
+      out.microbatches * layers_of[busiest_rank] * (forwards * cp_forward + cp_backward);
 
   // --- data parallelism and the optimizer ---------------------------------------------------
   const double rank_params = detail::rank_parameters(m, l, layers_of);
@@ -534,7 +607,7 @@ struct schedule_memo {
   double dp_time = 0;
   double dp_scatter = 0, dp_gather = 0; // ZeRO-1's two halves, the slowest group's each
   std::string_view dp_link = "none";
-  if (l.dp > 1) {
+  if (G > 1) {
     // ZeRO-0 all-reduces the gradients once a step. ZeRO-1 reduce-scatters them and all-gathers
     // the updated 16-bit weights once a step, priced apart (each shows behind different
     // compute, below). ZeRO-2 keeps 1/dp of the gradients, so each micro-batch's are
@@ -543,14 +616,14 @@ struct schedule_memo {
     // backward: 2m all-gathers and m reduce-scatters (DeepSpeed's stages 2 and 3 under gradient
     // accumulation). The slowest group's.
     const double micro = out.microbatches;
-    const auto shard = grad_elems / static_cast<std::size_t>(l.dp);
+    const auto shard = grad_elems / static_cast<std::size_t>(G);
     struct group_price {
       double total = 0, scatter = 0, gather = 0;
     };
     std::map<std::vector<int>, group_price> priced;
     for (int r = 0; r < p; ++r) {
       for (int i = 0; i < t; ++i) {
-        const std::vector<int> members = mesh.group(axis::dp, device(i, r, 0));
+        const std::vector<int> members = grad_group(device(i, r, 0));
         auto [it, fresh] = priced.try_emplace(detail::node_pattern(members, mc.cluster));
         group_price& x = it->second;
         if (fresh) {
@@ -578,13 +651,13 @@ struct schedule_memo {
     }
   }
   out.dp = {dp_time, dp_time, dp_link};
-  if (l.zero == 3 && l.dp > 1) {
+  if (l.zero == 3 && G > 1) {
     // Its exposed part is already in the passes (pipeline_s); dp says what it sends.
     const rank_cost& c = *busiest;
     out.dp = {c.shard.communication * out.microbatches, shard_of[busiest_rank].gather, shard_link};
     out.shard_exposed_s = (c.shard.forward + c.shard.backward) * out.microbatches;
     out.dp_exposed_s = 0;
-  } else if (l.zero == 1 && l.dp > 1) {
+  } else if (l.zero == 1 && G > 1) {
     // ZeRO-1: the gradients' reduce-scatter behind the last backward, in buckets; the updated
     // weights' all-gather after the optimizer step, where nothing hides it, or with
     // overlap_param_gather (the distributed optimizer's) behind the next step's first forward,
