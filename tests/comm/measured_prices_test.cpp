@@ -205,11 +205,19 @@ TEST(measured_prices, larger_sizes_are_measured_at_the_first_call_that_needs_the
       measured);
   ASSERT_EQ(small.size(), 4u);
   EXPECT_FALSE(small[0].large);
+  // The first sizes up to where a caller's calls stayed short: 4 MiB here, unless a sanitizer
+  // slows the 1 MiB calls past measured_call_limit; the large table then measures 4 MiB first.
+  const std::vector<double> first{4096, 16384, 65536, 262144, mib, 4 * mib};
+  ASSERT_FALSE(small[0].bytes.empty());
+  ASSERT_LE(small[0].bytes.size(), first.size());
+  EXPECT_TRUE(std::equal(small[0].bytes.begin(), small[0].bytes.end(), first.begin()));
+#ifndef WEFT_TEST_SANITIZED
   EXPECT_EQ(small[0].bytes.back(), 4 * mib);
+#endif
   EXPECT_TRUE(large[0].large);
   EXPECT_EQ(large[0].bytes,
             (std::vector<double>{4096, 16384, 65536, 262144, mib, 4 * mib, 16 * mib, 64 * mib}));
-  std::size_t measured_at_16 = 0;
+  std::size_t continued = 0;
   for (std::size_t i = 0; i < large[0].seconds.size(); ++i) {
     const auto& was = small[0].seconds[i];
     const auto& now = large[0].seconds[i];
@@ -219,11 +227,11 @@ TEST(measured_prices, larger_sizes_are_measured_at_the_first_call_that_needs_the
     if (now.size() > was.size()) {
       EXPECT_EQ(was.size(), small[0].bytes.size()) << "candidate " << i;
       EXPECT_GT(now.back(), 0.0);
-      ++measured_at_16;
+      ++continued;
     }
   }
-  // the fastest at 4 MiB goes on whatever its time (a sanitizer's build too)
-  EXPECT_GE(measured_at_16, 1u) << "no candidate measured at 16 MiB";
+  // the fastest at the base's last size goes on whatever its time (a sanitizer's build too)
+  EXPECT_GE(continued, 1u) << "no candidate measured past the first table";
   for (std::size_t r = 1; r < 4; ++r) {
     EXPECT_EQ(large[r].seconds, large[0].seconds) << "rank " << r;
     EXPECT_EQ(large[r].bytes, large[0].bytes) << "rank " << r;
@@ -332,6 +340,47 @@ TEST(measured_prices, the_large_sizes_continue_the_communicators_own_table) {
   EXPECT_EQ(got[0].bytes.back(), 64 * mib);
   for (std::size_t r = 1; r < 4; ++r)
     EXPECT_EQ(detail::digest(got[r]), detail::digest(got[0])) << "rank " << r;
+}
+
+// A first table whose callers all stopped at 1 MiB (their calls past measured_call_limit, as a
+// sanitizer's build can make them) continues at 4 MiB, the first size it did not reach, and then
+// at 16 and 64 MiB: the large table skipped 4 MiB and priced it between 1 and 16 MiB.
+TEST(measured_prices, a_first_table_stopped_short_continues_where_it_stopped) {
+  constexpr double mib = 1048576.0;
+  const auto table = algo::candidates();
+  const plan_request shape{collective::all_reduce, 4, 0, 1, 0, {0, 0, 0, 0}, 4};
+  measured_prices given;
+  given.bytes = {4096, 16384, 65536, 262144, mib};
+  given.seconds.assign(table.size(), {});
+  for (std::size_t i = 0; i < table.size(); ++i)
+    if (detail::eligible(table[i], shape, true, true)) given.seconds[i].assign(5, 1e-3);
+  std::mutex mutex;
+  std::vector<measured_prices> got;
+  local::run(
+      4,
+      [&](local::communicator& c) {
+        c.measured_prices_of(collective::all_reduce) =
+            std::make_shared<const measured_prices>(given);
+        std::vector<float> w(1048577, 1.0f); // 4 MiB and 4 bytes
+        all_reduce(c, std::span(w));
+        EXPECT_EQ(w.back(), 4.0f);
+        const std::lock_guard lock(mutex);
+        got.push_back(*c.measured_prices_of(collective::all_reduce));
+      },
+      measured);
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_TRUE(got[0].large);
+  EXPECT_EQ(got[0].bytes,
+            (std::vector<double>{4096, 16384, 65536, 262144, mib, 4 * mib, 16 * mib, 64 * mib}));
+  std::size_t at_4_mib = 0;
+  for (std::size_t i = 0; i < table.size(); ++i) {
+    const auto& now = got[0].seconds[i];
+    if (now.size() > 5) {
+      EXPECT_GT(now[5], 0.0) << table[i].name;
+      ++at_4_mib;
+    }
+  }
+  EXPECT_GE(at_4_mib, 1u) << "no candidate measured at 4 MiB";
 }
 
 // What a rank holds to measure counts the plans' scratch beside the buffers, and the sizes

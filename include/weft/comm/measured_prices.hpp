@@ -364,8 +364,17 @@ WEFT_COLD measured_prices measure_prices(Comm& comm, collective c, bool peer_acc
   }
   if constexpr (has_vendor) into.push_back(&m.vendor);
 
-  // The sizes, by what each rank holds at each, summed over each node's ranks.
-  const std::vector<double> sizes = measured_sizes(base != nullptr);
+  // The sizes, by what each rank holds at each, summed over each node's ranks. A base whose
+  // callers all stopped short of the last first size (their calls past measured_call_limit, as
+  // under a sanitizer) continues there: the first sizes it did not reach, then the large ones.
+  std::vector<double> sizes = measured_sizes(base != nullptr);
+  if (base != nullptr) {
+    const std::vector<double> first = measured_sizes(false);
+    sizes.insert(
+        sizes.begin(),
+        first.begin() + static_cast<std::ptrdiff_t>(std::min(first.size(), base->bytes.size())),
+        first.end());
+  }
   std::vector<const algo::candidate*> timed;
   for (const std::size_t i : candidate)
     timed.push_back(&table[i]);
