@@ -344,7 +344,7 @@ TEST(measured_prices, the_large_sizes_continue_the_communicators_own_table) {
 
 // A first table whose callers all stopped at 1 MiB (their calls past measured_call_limit, as a
 // sanitizer's build can make them) continues at 4 MiB, the first size it did not reach, and then
-// at 16 and 64 MiB: the large table skipped 4 MiB and priced it between 1 and 16 MiB.
+// at 16 and 64 MiB, rather than pricing 4 MiB between its 1 and 16 MiB figures.
 TEST(measured_prices, a_first_table_stopped_short_continues_where_it_stopped) {
   constexpr double mib = 1048576.0;
   const auto table = algo::candidates();
